@@ -1,0 +1,3 @@
+"""asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents."""
+
+__version__ = "0.1.0"
