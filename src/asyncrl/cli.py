@@ -1,0 +1,170 @@
+"""The ``asyncrl`` command line: thin entry points that parse arguments, then import the heavy parts.
+
+Every user mistake (bad config, bad path, bad plugin) ends with one readable message on
+stderr and exit code 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+EXIT_USER_ERROR = 2
+
+HELP = """\
+asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents.
+
+commands:
+  config show CONFIG [--set k=v ...]   print the resolved configuration (YAML)
+  config explain [SECTION]             list every config field with its type, default and meaning
+  env check PATH                       exercise a user environment (pkg.module:Class) and report contract violations
+  sft CONFIG [--set k=v ...]           warm-start the policy on corrupted reference-solver demonstrations (cached)
+  eval CONFIG --checkpoint DIR [--json]  evaluate a checkpoint on the held-out split
+"""
+
+
+def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("config", nargs=None if required else "?", help="YAML run configuration")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set trainer.lr=1e-5 (repeatable; values are read as YAML)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    cfg = sub.add_parser("config", help="show or explain run configurations")
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    show = cfg_sub.add_parser("show", help="print the resolved configuration (file + overrides + defaults)")
+    _add_config_args(show, required=False)
+    explain = cfg_sub.add_parser("explain", help="list config fields with type, default and documentation")
+    explain.add_argument("section", nargs="?", help="only this section, e.g. trainer or env.guard")
+
+    env = sub.add_parser("env", help="environment tools")
+    env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND")
+    check = env_sub.add_parser("check", help="exercise a user environment and report contract violations")
+    check.add_argument("path", help="import path of the environment class, e.g. my_pkg.my_env:MyEnv")
+    check.add_argument("--episodes", type=int, default=3, help="episodes to run (default 3)")
+
+    sft = sub.add_parser("sft", help="warm-start the policy with supervised training on demonstrations")
+    _add_config_args(sft)
+    sft.add_argument("--force", action="store_true", help="retrain even if a cached result exists")
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint on the held-out split")
+    _add_config_args(ev)
+    ev.add_argument("--checkpoint", required=True, help="policy directory (as written by sft or train)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "config": _cmd_config,
+        "env": _cmd_env,
+        "sft": _cmd_sft,
+        "eval": _cmd_eval,
+    }
+    if args.command not in handlers:
+        parser.print_help()
+        return EXIT_USER_ERROR if argv else 0
+    from asyncrl.errors import UserError
+
+    try:
+        return handlers[args.command](args)
+    except UserError as exc:
+        print(f"asyncrl: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("asyncrl: interrupted", file=sys.stderr)
+        return 130
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from asyncrl import config as C
+
+    if args.config_command == "show":
+        cfg = C.load_config(args.config, args.overrides)
+        sys.stdout.write(C.dump_yaml(cfg))
+        return 0
+    if args.config_command == "explain":
+        return _explain(args.section)
+    print("usage: asyncrl config {show,explain} ... (see asyncrl config --help)", file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def _explain(section: str | None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from asyncrl import config as C
+    from asyncrl.errors import UserError
+
+    rows = C.explain(C.RunConfig)
+    if section:
+        rows = [r for r in rows if r[0] == section or r[0].startswith(section + ".")]
+        if not rows:
+            raise UserError(f"no config section or field {section!r}; sections: {', '.join(C.SECTIONS)}")
+    table = Table(title=f"asyncrl config fields{' — ' + section if section else ''}", show_lines=False)
+    for col in ("field", "type", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for path, type_name, default, doc in rows:
+        style = "bold cyan" if type_name == "section" else None
+        table.add_row(path, type_name, default, doc, style=style)
+    Console(width=max(120, Console().width)).print(table)
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    if args.env_command != "check":
+        print("usage: asyncrl env check PATH", file=sys.stderr)
+        return EXIT_USER_ERROR
+    from asyncrl.envs.check import check_environment
+
+    report = check_environment(args.path, episodes=args.episodes)
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from asyncrl.config import load_config
+    from asyncrl.trainer.sft import warm_start
+
+    cfg = load_config(args.config, args.overrides)
+    result = warm_start(cfg, force=args.force, progress=True)
+    print(f"warm-start policy: {result.path}")
+    print(
+        f"held-out success {result.heldout_success:.1%} after {result.seconds:.0f}s"
+        + (" (cached)" if result.cached else "")
+    )
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from asyncrl.config import load_config
+    from asyncrl.rollout.evaluate import evaluate_checkpoint, render_eval
+
+    cfg = load_config(args.config, args.overrides)
+    report = evaluate_checkpoint(cfg, args.checkpoint, limit=args.limit)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        render_eval(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,478 @@
+"""The run configuration: one pydantic model tree, the only place defaults live.
+
+A run is described by a YAML file whose top level is :class:`RunConfig`, plus dotted
+overrides from the command line (``--set trainer.lr=1e-5``). Every model forbids unknown
+keys, constrains every number, and documents every field (``asyncrl config explain``
+prints those docs). :func:`load_config` turns any user mistake into one
+:class:`ConfigError` whose message names the field path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from asyncrl.algo.config import PolicyLossConfig
+from asyncrl.errors import UserError
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, fields carry docstrings."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+# ---------------------------------------------------------------------------------------------
+class ModelConfig(Section):
+    """The policy network: built fresh from these numbers, or loaded from a local directory."""
+
+    path: str | None = None
+    """Local Hugging Face model directory (config.json, safetensors, tokenizer). When set,
+    the architecture fields below are ignored. Nothing is ever downloaded."""
+    family: Literal["qwen2", "llama"] = "qwen2"
+    """Architecture family of a freshly built model."""
+    hidden_size: int = Field(64, ge=8, le=16384)
+    """Width of the residual stream."""
+    num_layers: int = Field(2, ge=1, le=256)
+    """Number of transformer blocks."""
+    num_heads: int = Field(4, ge=1, le=256)
+    """Attention heads; must divide hidden_size."""
+    num_kv_heads: int = Field(2, ge=1, le=256)
+    """Key/value heads (grouped-query attention); must divide num_heads."""
+    intermediate_size: int = Field(192, ge=8, le=65536)
+    """Width of the MLP."""
+    max_context: int = Field(512, ge=16, le=131072)
+    """Context length in tokens: prompt + all turns. Longer episodes end as ``truncated``."""
+    tokenizer: Literal["char", "byte"] = "char"
+    """Locally built tokenizer: one token per printable ASCII character, or per byte."""
+    seed: int = Field(0, ge=0)
+    """Seed of the random initialisation."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.path is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        return self
+
+
+class LatencyConfig(Section):
+    """Simulated tool latency added to every environment step."""
+
+    kind: Literal["none", "constant", "lognormal", "pareto"] = "none"
+    """Distribution of the added delay."""
+    seconds: float = Field(0.0, ge=0, le=600)
+    """Constant delay, or the median (lognormal) / scale x_m (pareto) of the delay."""
+    sigma: float = Field(1.0, gt=0, le=10)
+    """Lognormal shape (std of the log-delay)."""
+    alpha: float = Field(1.5, gt=0.1, le=100)
+    """Pareto tail index; smaller means heavier tail (1 < alpha < 2: infinite variance)."""
+    max_seconds: float = Field(60.0, gt=0, le=3600)
+    """Cap on any single delay."""
+
+
+class FaultConfig(Section):
+    """Injected environment faults, for testing robustness."""
+
+    exception_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a step raises an exception."""
+    hang_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a step hangs (until the guard's timeout)."""
+    malformed_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a step returns a malformed observation."""
+
+
+class GuardConfig(Section):
+    """Isolation of environment faults: timeouts, retries and the fallback observation."""
+
+    step_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Wall-clock limit of one environment call."""
+    retries: int = Field(1, ge=0, le=10)
+    """Extra attempts after a failed call."""
+    fault_reward: float = Field(-0.1, ge=-10, le=0)
+    """Process reward given to a turn whose environment call failed on every attempt."""
+    fault_observation: str = "[tool error]"
+    """Observation text returned after the last failed attempt."""
+
+
+class EnvConfig(Section):
+    """The environment the agent acts in, and its task source."""
+
+    kind: Literal["calculator", "kb_lookup", "python", "plugin"] = "calculator"
+    """Built-in environment, or ``plugin`` for a user class named by ``path``."""
+    path: str | None = None
+    """Import path ``package.module:ClassName`` of a user environment (kind: plugin)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to the environment's constructor."""
+    max_turns: int = Field(6, ge=1, le=256)
+    """Model turns per episode before it ends as ``truncated``."""
+    min_difficulty: int = Field(2, ge=0, le=100)
+    """Lowest task difficulty drawn (calculator: number of steps)."""
+    max_difficulty: int = Field(3, ge=0, le=100)
+    """Highest task difficulty drawn."""
+    heldout_size: int = Field(64, ge=1, le=100000)
+    """Number of held-out evaluation tasks (disjoint from training tasks)."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the task generator (and knowledge base)."""
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvConfig:
+        if self.kind == "plugin" and not self.path:
+            raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
+        if self.min_difficulty > self.max_difficulty:
+            raise ValueError(
+                f"min_difficulty ({self.min_difficulty}) must not exceed max_difficulty ({self.max_difficulty})"
+            )
+        return self
+
+
+class SamplingConfig(Section):
+    """How the rollout engine samples model turns."""
+
+    temperature: float = Field(1.0, gt=0, le=10)
+    """Softmax temperature. Behaviour log-probs are those of this tempered distribution."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass. Log-probs are of the renormalised nucleus distribution."""
+    max_new_tokens: int = Field(48, ge=1, le=32768)
+    """Tokens per model turn at most."""
+
+
+class EngineConfig(Section):
+    """The generation engine behind the rollout workers."""
+
+    kind: Literal["hf"] = "hf"
+    """``hf``: batched sampling with transformers on the worker's own device."""
+    max_batch: int = Field(64, ge=1, le=4096)
+    """Sequences generated together at most."""
+
+
+class RolloutConfig(Section):
+    """Rollout workers: how many, how many concurrent episodes, how they sample."""
+
+    num_workers: int = Field(1, ge=1, le=1024)
+    """Rollout worker processes."""
+    concurrent_episodes: int = Field(32, ge=1, le=4096)
+    """Episodes each worker runs at once (their model turns are batched together)."""
+    group_size: int = Field(8, ge=1, le=1024)
+    """Trajectories sampled per task (a group, for group baselines)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    temperature_jitter: float = Field(0.0, ge=0, le=1)
+    """Per-episode temperature is drawn uniformly from temperature·(1 ± jitter)."""
+    exploration_rate: float = Field(0.0, ge=0, le=1)
+    """Share of episodes drawn from the hardest difficulty regardless of curriculum."""
+
+
+class SFTConfig(Section):
+    """Warm start: supervised training on corrupted reference-solver demonstrations."""
+
+    steps: int = Field(300, ge=0, le=1_000_000)
+    """Optimiser steps."""
+    batch_size: int = Field(32, ge=1, le=4096)
+    lr: float = Field(3e-3, gt=0, le=1)
+    num_demos: int = Field(2000, ge=1, le=10_000_000)
+    """Demonstrations generated by the reference solver."""
+    corruption_rate: float = Field(0.3, ge=0, le=1)
+    """Share of demonstrations with a mistake (wrong operand, skipped call, wrong final copy)."""
+    seed: int = Field(0, ge=0)
+
+
+class TrainerConfig(Section):
+    """The learner: batches, optimisation, publishing and checkpoints."""
+
+    lr: float = Field(1e-3, gt=0, le=1)
+    """Adam learning rate."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over ``total_steps`` (after warm-up)."""
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    batch_size: int = Field(64, ge=1, le=1_000_000)
+    """Trajectories per training step (a multiple of rollout.group_size keeps groups whole)."""
+    epochs: int = Field(1, ge=1, le=100)
+    """Passes over each batch."""
+    minibatches: int = Field(1, ge=1, le=1024)
+    """Optimiser steps per epoch."""
+    target_kl: float | None = Field(None, gt=0)
+    """Stop the epochs early when approximate KL to the batch's start exceeds this."""
+    grad_clip: float = Field(1.0, gt=0, le=1e6)
+    """Global gradient-norm clip."""
+    total_steps: int = Field(100, ge=1, le=10_000_000)
+    """Training steps in the run."""
+    sync_every: int = Field(1, ge=1, le=100000)
+    """Publish weights every N steps."""
+    checkpoint_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+
+
+class AlgoConfig(Section):
+    """Loss and regularisation."""
+
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    kl_coef: float = Field(0.0, ge=0, le=100)
+    """Weight of the KL penalty to the reference (warm-start) policy; 0 disables."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=-1, le=1)
+    """Entropy bonus weight."""
+
+
+class CreditConfig(Section):
+    """Credit assignment: how a trajectory's reward becomes per-token advantages."""
+
+    strategy: Literal["outcome", "process"] = "outcome"
+    """``outcome``: final reward with a group baseline on every model token; ``process``: plus
+    per-turn rule rewards weighted by ``process_weight``."""
+    baseline: Literal["grpo", "dr_grpo", "rloo", "batch_mean"] = "grpo"
+    """Outcome baseline within a group."""
+    process_weight: float = Field(0.15, ge=0, le=10)
+    """Weight α of process rewards relative to the outcome."""
+    gamma: float = Field(1.0, ge=0, le=1)
+
+
+class OrchestratorConfig(Section):
+    """Flow control: training mode and the staleness budget."""
+
+    mode: Literal["async", "one_step_off", "sync"] = "async"
+    """``sync``: generate one batch, train, publish; ``one_step_off``: overlap one batch;
+    ``async``: fully asynchronous within ``max_staleness``."""
+    max_staleness: int = Field(2, ge=0, le=1000)
+    """Largest allowed version lag of the oldest token of a trained sample."""
+    stale_policy: Literal["drop", "downweight"] = "drop"
+    """What happens to a sample older than ``max_staleness``."""
+    high_watermark: float = Field(0.9, gt=0, le=1)
+    """Queue fill fraction at which admission of new episodes pauses."""
+    low_watermark: float = Field(0.5, ge=0, lt=1)
+    """Queue fill fraction at which admission resumes."""
+
+    @model_validator(mode="after")
+    def _check(self) -> OrchestratorConfig:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"low_watermark ({self.low_watermark}) must be below high_watermark ({self.high_watermark})"
+            )
+        return self
+
+
+class TransportConfig(Section):
+    """The trajectory queue between rollout workers and the trainer."""
+
+    kind: Literal["embedded", "redis"] = "embedded"
+    """``embedded``: durable SQLite queue in the run directory, no server; ``redis``: Redis Streams."""
+    capacity: int = Field(1024, ge=1, le=10_000_000)
+    """Unacknowledged trajectories at most; producers block beyond it (back-pressure)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis server (kind: redis)."""
+    lease_seconds: float = Field(60.0, gt=0, le=86400)
+    """A taken but unacknowledged entry is redelivered after this long."""
+
+
+class WeightsConfig(Section):
+    """The versioned weight store."""
+
+    kind: Literal["local"] = "local"
+    """``local``: snapshots under the run directory."""
+    keep: int = Field(3, ge=1, le=10000)
+    """Snapshots kept (older ones are deleted)."""
+
+
+class PriceConfig(Section):
+    """Example prices (replace with your own): dollars per unit."""
+
+    device_hour: float = Field(2.0, ge=0)
+    """One accelerator (or, on CPU runs, one core) for an hour."""
+    cpu_core_hour: float = Field(0.04, ge=0)
+    env_call: float = Field(0.0, ge=0)
+    """One environment / tool call."""
+    gb_stored_month: float = Field(0.02, ge=0)
+    gb_transferred: float = Field(0.01, ge=0)
+
+
+class CostConfig(Section):
+    """Cost ledger settings."""
+
+    enabled: bool = True
+    """Keep a cost ledger for the run."""
+    prices: PriceConfig = Field(default_factory=PriceConfig)
+
+
+class TelemetryConfig(Section):
+    """Metrics, evaluation and reports."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files next to metrics.jsonl."""
+    eval_every: int = Field(10, ge=0)
+    """Evaluate on the held-out split every N published versions (0: only at start and end)."""
+    log_every_s: float = Field(2.0, gt=0)
+    """Seconds between metric records of each role."""
+
+
+class LauncherConfig(Section):
+    """How role processes are placed."""
+
+    kind: Literal["local", "ray"] = "local"
+    """``local``: OS processes on this machine; ``ray``: Ray actors."""
+    torch_threads: int = Field(1, ge=1, le=1024)
+    """torch threads per role process (1 avoids oversubscription on small machines)."""
+
+
+class RunConfig(Section):
+    """Root of a run's configuration."""
+
+    name: str = "run"
+    """Run name; the run directory is ``{run_root}/{name}``."""
+    run_root: str = "runs"
+    """Folder holding run directories."""
+    cache_dir: str = ".cache/asyncrl"
+    """Cache of warm-start checkpoints, keyed by config hash."""
+    seed: int = Field(0, ge=0)
+    """Global seed."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+
+
+SECTIONS: tuple[str, ...] = tuple(
+    name for name, f in RunConfig.model_fields.items() if isinstance(f.default_factory, type)
+)
+
+
+# ---------------------------------------------------------------------------------------------
+class ConfigError(UserError, ValueError):
+    """A user mistake in a config file or override; the message is meant for people."""
+
+
+def _describe_allowed(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown key (check spelling; `asyncrl config explain` lists the fields)"
+    if kind == "literal_error":
+        return f"allowed values: {ctx.get('expected')}"
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    if kind in bounds:
+        limit = next(iter(v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le")), "?")
+        return f"must be {bounds[kind]} {limit}"
+    return str(err["msg"])
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(root)"
+        value = err.get("input")
+        shown = repr(value) if not isinstance(value, dict) else "{...}"
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        if err["type"] == "value_error":
+            lines.append(f"  {path}: {str(err['msg']).removeprefix('Value error, ')}")
+        elif err["type"] == "missing":
+            lines.append(f"  {path}: required field is missing")
+        else:
+            lines.append(f"  {path} = {shown}: {_describe_allowed(err)}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML (numbers, booleans, lists, null)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.field=value, e.g. trainer.lr=1e-5")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply dotted overrides."""
+    data = load_yaml(path) if path is not None else {}
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        source = str(path) if path is not None else "defaults"
+        if overrides:
+            source += " with --set " + " ".join(overrides)
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def dump_yaml(cfg: BaseModel) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_hash(*parts: BaseModel) -> str:
+    """Stable short hash of config sections (used to key caches)."""
+    import hashlib
+    import json
+
+    blob = json.dumps([p.model_dump(mode="json") for p in parts], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def explain(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Rows (path, type, default, doc) for every field of ``model``, recursing into sections."""
+    rows: list[tuple[str, str, str, str]] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.append((path, "section", "", (ann.__doc__ or "").strip().splitlines()[0]))
+            rows.extend(explain(ann, path + "."))
+            continue
+        type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        default = "" if field.default_factory is not None else repr(field.default)
+        if field.default_factory is not None:
+            default = repr(field.default_factory())  # type: ignore[call-arg]
+        bounds = [f"{m.__class__.__name__.lower()} {next(iter(vars(m).values()))}" for m in field.metadata]
+        doc = (field.description or "").strip().replace("\n", " ")
+        if bounds:
+            doc = f"{doc} [{', '.join(bounds)}]".strip()
+        rows.append((path, type_name, default, doc))
+    return rows

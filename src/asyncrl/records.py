@@ -1,0 +1,244 @@
+"""The one typed wire record that every asyncrl process agrees on.
+
+A :class:`Trajectory` is what a rollout worker produces and the trainer consumes.
+It is a ``msgspec.Struct`` tree, encoded with MessagePack. Decoding is pure data
+parsing and validation: it never executes code (no pickle anywhere), and any
+malformed, truncated or wrong-version input raises :class:`RecordDecodeError`.
+
+Token layout of one trajectory::
+
+    prompt tokens | model turn 1 | observation 1 | model turn 2 | observation 2 | ...
+
+``Turn.role`` is ``"env"`` for the prompt (the environment's first observation),
+``"model"`` for sampled tokens and ``"tool"`` for observations caused by a model turn.
+Only model tokens carry behaviour log-probs and a policy version, and only they have
+``loss_mask == 1``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a field changes meaning or type; decoders reject other versions."""
+
+Role = Literal["model", "tool", "env"]
+Outcome = Literal["success", "failure", "truncated", "timeout", "env_error", "early_stopped"]
+OUTCOMES: tuple[str, ...] = ("success", "failure", "truncated", "timeout", "env_error", "early_stopped")
+
+
+class RecordDecodeError(ValueError):
+    """Raised for bytes that are not a valid, current-version asyncrl record."""
+
+
+class RecordEncodeError(ValueError):
+    """Raised for a record holding a value MessagePack cannot carry (e.g. an int beyond 64 bits)."""
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """One problem instance handed to an environment."""
+
+    id: str
+    task_type: str
+    difficulty: int = 0
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Environment-specific data (question, answer, knowledge base keys, ...)."""
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """What a model turn asked a tool to do, and what came of it."""
+
+    name: str
+    arguments: str
+    ok: bool
+    result: str = ""
+    error: str = ""
+    latency_s: float = 0.0
+
+
+class Fault(msgspec.Struct, kw_only=True):
+    """An environment misbehaviour the guard absorbed (exception, hang, garbage)."""
+
+    kind: Literal["exception", "timeout", "malformed", "bad_reward"]
+    message: str
+    attempts: int = 1
+
+
+class Turn(msgspec.Struct, kw_only=True):
+    """A contiguous span of tokens produced by one party."""
+
+    role: Role
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    """Behaviour log-prob of every sampled token (model turns only)."""
+    version: int | None = None
+    """Policy (weight) version that produced this turn (model turns only)."""
+    process_reward: float = 0.0
+    """Rule-based reward given by the environment for this turn."""
+    tool_call: ToolCall | None = None
+    fault: Fault | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+
+class Lifecycle(msgspec.Struct, kw_only=True):
+    """Wall-clock timestamps (``time.time()``) of a trajectory's stages; 0 = not reached."""
+
+    created: float = 0.0
+    rollout_start: float = 0.0
+    rollout_end: float = 0.0
+    enqueued: float = 0.0
+    dequeued: float = 0.0
+    trained: float = 0.0
+
+
+class Trajectory(msgspec.Struct, kw_only=True):
+    """One episode of an agent in an environment: the unit on the trajectory bus."""
+
+    id: str
+    task: Task
+    turns: list[Turn]
+    final_reward: float = 0.0
+    outcome: Outcome = "failure"
+    reward_components: dict[str, float] = msgspec.field(default_factory=dict)
+    lifecycle: Lifecycle = msgspec.field(default_factory=Lifecycle)
+    worker_id: str = ""
+    group_id: str = ""
+    """Trajectories sampled for the same task in one group share this id."""
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    schema_version: int = SCHEMA_VERSION
+
+    # ---- derived views -------------------------------------------------------------
+    def token_ids(self) -> list[int]:
+        """The flat token sequence: every turn's tokens in order."""
+        return [t for turn in self.turns for t in turn.token_ids]
+
+    def loss_mask(self) -> list[int]:
+        """1 exactly on model-sampled tokens, 0 on prompt and observation tokens."""
+        return [1 if turn.role == "model" else 0 for turn in self.turns for _ in turn.token_ids]
+
+    def behaviour_logprobs(self) -> list[float]:
+        """Per-token behaviour log-probs, 0.0 on non-model tokens."""
+        out: list[float] = []
+        for turn in self.turns:
+            if turn.role == "model" and turn.logprobs is not None:
+                out.extend(turn.logprobs)
+            else:
+                out.extend([0.0] * len(turn.token_ids))
+        return out
+
+    def token_versions(self) -> list[int]:
+        """Per-token policy version, -1 on non-model tokens."""
+        out: list[int] = []
+        for turn in self.turns:
+            v = turn.version if turn.role == "model" and turn.version is not None else -1
+            out.extend([v] * len(turn.token_ids))
+        return out
+
+    def model_versions(self) -> list[int]:
+        return [t.version for t in self.turns if t.role == "model" and t.version is not None]
+
+    def oldest_version(self) -> int | None:
+        """The oldest policy version that produced any token (what staleness is measured on)."""
+        versions = self.model_versions()
+        return min(versions) if versions else None
+
+    def num_model_tokens(self) -> int:
+        return sum(len(t.token_ids) for t in self.turns if t.role == "model")
+
+    def segments(self) -> list[tuple[int, int]]:
+        """Token spans ``[start, end)`` of each segment: one model turn plus the observation it caused."""
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for turn in self.turns:
+            n = len(turn.token_ids)
+            if turn.role == "model":
+                spans.append((pos, pos + n))
+            elif spans and turn.role == "tool":
+                spans[-1] = (spans[-1][0], pos + n)
+            pos += n
+        return spans
+
+    def validate(self) -> None:
+        """Check internal consistency; raises :class:`RecordDecodeError` on violation."""
+        if self.schema_version != SCHEMA_VERSION:
+            raise RecordDecodeError(
+                f"trajectory {self.id!r} has schema_version {self.schema_version}, "
+                f"this asyncrl reads version {SCHEMA_VERSION}"
+            )
+        for i, turn in enumerate(self.turns):
+            if turn.role == "model":
+                if turn.logprobs is None or len(turn.logprobs) != len(turn.token_ids):
+                    raise RecordDecodeError(
+                        f"trajectory {self.id!r} turn {i}: a model turn needs one behaviour log-prob per "
+                        f"token ({len(turn.token_ids)} tokens, "
+                        f"{0 if turn.logprobs is None else len(turn.logprobs)} log-probs)"
+                    )
+                if turn.version is None or turn.version < 0:
+                    raise RecordDecodeError(f"trajectory {self.id!r} turn {i}: a model turn needs a version >= 0")
+            elif turn.logprobs is not None:
+                raise RecordDecodeError(f"trajectory {self.id!r} turn {i}: only model turns carry log-probs")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now() -> float:
+    return time.time()
+
+
+_encoder = msgspec.msgpack.Encoder()
+_traj_decoder = msgspec.msgpack.Decoder(Trajectory)
+_version_probe = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def encode(record: msgspec.Struct) -> bytes:
+    """Encode any record struct to MessagePack bytes."""
+    try:
+        return _encoder.encode(record)
+    except (OverflowError, TypeError) as exc:
+        raise RecordEncodeError(f"cannot encode {type(record).__name__}: {exc}") from None
+
+
+def decode_trajectory(data: bytes) -> Trajectory:
+    """Decode and validate a trajectory; never executes code.
+
+    Raises :class:`RecordDecodeError` for bytes that are truncated, malformed, of the
+    wrong type or of another schema version.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise RecordDecodeError(f"expected bytes, got {type(data).__name__}")
+    try:
+        traj = _traj_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        # Say "wrong version" rather than a field error when the version field disagrees.
+        try:
+            version = _version_probe.decode(data).get("schema_version")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            version = None
+        if version is not None and version != SCHEMA_VERSION:
+            raise RecordDecodeError(
+                f"trajectory has schema_version {version!r}, this asyncrl reads version {SCHEMA_VERSION}"
+            ) from None
+        raise RecordDecodeError(f"not a valid trajectory record: {exc}") from None
+    traj.validate()
+    return traj
+
+
+def decode(data: bytes, type_: type[msgspec.Struct]) -> Any:
+    """Decode bytes into an arbitrary record struct type; errors become :class:`RecordDecodeError`."""
+    try:
+        return msgspec.msgpack.decode(data, type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RecordDecodeError(f"not a valid {type_.__name__} record: {exc}") from None

@@ -1,0 +1,206 @@
+"""The episode runner: one agent episode as a coroutine, many of them sharing one batched engine.
+
+Token layout (one template for every environment)::
+
+    <bos> PROMPT  | model turn | <obs> OBSERVATION </obs> | model turn | ... | <answer>..</answer>
+
+* The token ids kept for a model turn are exactly those the engine sampled — the text is
+  decoded only to hand it to the environment, never re-encoded (no re-tokenisation drift).
+* Observation tokens come from the environment's text through :class:`ChatTemplate`.
+* The loss mask is 1 only on model-sampled tokens (see :meth:`Trajectory.loss_mask`).
+* The context limit (``model.max_context``) is enforced: an episode that would not fit ends
+  with outcome ``truncated``; so does one that uses up ``env.max_turns`` model turns.
+
+Concurrency: every episode awaits :meth:`TurnBatcher.generate` for its model turns; the
+batcher serves all episodes that are waiting at that moment with one ``engine.generate``
+call (in a worker thread, so environment steps of other episodes progress meanwhile).
+Environment calls go through the guard (:class:`asyncrl.envs.GuardedEnv`), so nothing an
+environment does can crash this runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.envs import EnvResetError, StepResult
+from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.rollout.engine import GenerationEngine, Sample
+
+
+class ChatTemplate:
+    """Maps environment text to token ids: ``<bos> prompt`` and ``<obs> text </obs>``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>")}
+        missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
+        if missing:
+            raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with asyncrl.policy")
+        self.bos, self.obs_open, self.obs_close = ids["<bos>"], ids["<obs>"], ids["</obs>"]
+        self.stop_ids = [ids["</tool>"], ids["</answer>"], ids["<eos>"]]
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt(self, text: str) -> list[int]:
+        return [self.bos, *self.encode_text(text)]
+
+    def observation(self, text: str) -> list[int]:
+        return [self.obs_open, *self.encode_text(text), self.obs_close]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future[tuple[Sample, int]]
+
+
+@dataclass
+class TurnBatcher:
+    """Serves model-turn requests of concurrently running episodes in batched engine calls.
+
+    ``before_batch`` runs between batches (in the event loop thread) — the rollout worker uses
+    it to load new weights, so an in-flight episode picks up a new version at a turn boundary.
+    Each result carries the engine version that produced it.
+    """
+
+    engine: GenerationEngine
+    before_batch: Callable[[], None] | None = None
+    _pending: list[_Request] = field(default_factory=list)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+    batches: int = 0
+    sequences: int = 0
+    busy_seconds: float = 0.0
+
+    async def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[Sample, int]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._serve())
+        fut: asyncio.Future[tuple[Sample, int]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(prompt, sampling, fut))
+        self._wakeup.set()
+        return await fut
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            await asyncio.sleep(0)  # let episodes that are ready in this tick join the batch
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            if self.before_batch is not None:
+                self.before_batch()
+            version = self.engine.version
+            t0 = time.perf_counter()
+            try:
+                samples = await asyncio.to_thread(
+                    self.engine.generate, [r.prompt for r in batch], [r.sampling for r in batch]
+                )
+            except Exception as exc:  # an engine failure fails the waiting episodes, not the loop
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            self.busy_seconds += time.perf_counter() - t0
+            self.batches += 1
+            self.sequences += len(batch)
+            for r, s in zip(batch, samples, strict=True):
+                if not r.future.done():
+                    r.future.set_result((s, version))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+@dataclass
+class EpisodeSettings:
+    max_turns: int
+    max_context: int
+    sampling: SamplingParams
+    worker_id: str = ""
+
+
+async def run_episode(
+    task: Task,
+    env: Any,
+    batcher: TurnBatcher,
+    template: ChatTemplate,
+    settings: EpisodeSettings,
+    group_id: str = "",
+) -> Trajectory:
+    """Play one episode of ``env`` (already guarded) on ``task`` and return its trajectory."""
+    life = Lifecycle(created=time.time(), rollout_start=time.time())
+    traj = Trajectory(id=new_id(), task=task, turns=[], lifecycle=life, worker_id=settings.worker_id,
+                      group_id=group_id, sampling=settings.sampling)
+    # 1. reset: the first observation is the prompt
+    try:
+        prompt_text = await env.reset(task)
+    except EnvResetError as exc:
+        traj.outcome = "env_error"
+        traj.reward_components["env_error"] = 1.0
+        traj.turns.append(Turn(role="env", token_ids=[], fault=Fault(kind="exception", message=str(exc))))
+        life.rollout_end = time.time()
+        return traj
+    context = template.prompt(prompt_text)
+    if len(context) >= settings.max_context:
+        context = context[: settings.max_context]
+        traj.turns.append(Turn(role="env", token_ids=context))
+        traj.outcome = "truncated"
+        life.rollout_end = time.time()
+        return traj
+    traj.turns.append(Turn(role="env", token_ids=list(context)))
+    outcome: str = "truncated"  # unless the environment ends the episode first
+    for _ in range(settings.max_turns):
+        # 2. model turn: sample within the remaining context
+        room = settings.max_context - len(context)
+        if room <= 0:
+            break
+        sp = SamplingParams(temperature=settings.sampling.temperature, top_p=settings.sampling.top_p,
+                            max_new_tokens=min(settings.sampling.max_new_tokens, room))
+        started = time.time()
+        sample, version = await batcher.generate(context, sp)
+        turn = Turn(role="model", token_ids=list(sample.token_ids), logprobs=list(sample.logprobs),
+                    version=version, started_at=started, ended_at=time.time())
+        traj.turns.append(turn)
+        context.extend(sample.token_ids)
+        # 3. environment step (guarded: faults come back as a default observation)
+        result: StepResult = await env.step(template.decode(sample.token_ids))
+        turn.process_reward = float(result.process_reward)
+        turn.tool_call = result.tool_call
+        fault = result.info.get("fault") if isinstance(result.info, dict) else None
+        if isinstance(fault, Fault):
+            turn.fault = fault
+        if result.done:
+            traj.final_reward = float(result.reward)
+            outcome = result.outcome or ("success" if result.reward > 0 else "failure")
+            break
+        # 4. observation, unless it would overflow the context
+        obs = template.observation(result.observation)
+        if len(context) + len(obs) >= settings.max_context:
+            break
+        traj.turns.append(Turn(role="tool", token_ids=obs, started_at=turn.ended_at, ended_at=time.time()))
+        context.extend(obs)
+    traj.outcome = outcome  # type: ignore[assignment]
+    traj.reward_components["outcome"] = traj.final_reward
+    traj.reward_components["process"] = sum(t.process_reward for t in traj.turns)
+    life.rollout_end = time.time()
+    return traj
+
+
+def jittered(sampling: SamplingParams, jitter: float, rng: random.Random) -> SamplingParams:
+    """Per-episode temperature drawn uniformly from temperature·(1 ± jitter) (exploration knob)."""
+    if jitter <= 0:
+        return sampling
+    t = sampling.temperature * (1 + rng.uniform(-jitter, jitter))
+    return SamplingParams(temperature=max(t, 1e-3), top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens)

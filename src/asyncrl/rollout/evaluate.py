@@ -1,0 +1,134 @@
+"""Held-out evaluation: run the policy on the environment's held-out split and summarise.
+
+Evaluation measures the policy, not the tools: simulated latency and fault injection are
+switched off (the guard stays on). Episodes are sampled with the rollout sampling settings
+(pass@1 under the policy's own distribution, the quantity RL optimises); the engine is seeded,
+so the same checkpoint and config give the same numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+from typing import Any
+
+from asyncrl.config import RunConfig
+from asyncrl.records import SamplingParams, Task, Trajectory
+
+
+def eval_env_config(cfg: RunConfig) -> Any:
+    """The env config used for evaluation: same tasks, no simulated latency or faults."""
+    env = cfg.env.model_copy(deep=True)
+    env.latency.kind = "none"
+    env.faults.exception_rate = env.faults.hang_rate = env.faults.malformed_rate = 0.0
+    return env
+
+
+async def run_episodes(
+    cfg: RunConfig, policy: Any, tasks: list[Task], *, seed: int = 0, env_cfg: Any = None,
+    sampling: SamplingParams | None = None,
+) -> list[Trajectory]:
+    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes)."""
+    from asyncrl.envs import make_env
+    from asyncrl.rollout.engine import make_engine
+    from asyncrl.rollout.episode import ChatTemplate, EpisodeSettings, TurnBatcher, run_episode
+
+    env_cfg = env_cfg or eval_env_config(cfg)
+    template = ChatTemplate(policy.tokenizer)
+    engine = make_engine(cfg.rollout.engine, policy, template.stop_ids, seed=seed)
+    batcher = TurnBatcher(engine)
+    s = cfg.rollout.sampling
+    settings = EpisodeSettings(
+        max_turns=cfg.env.max_turns,
+        max_context=cfg.model.max_context,
+        sampling=sampling or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
+        worker_id="eval",
+    )
+    gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
+
+    async def one(i: int, task: Task) -> Trajectory:
+        async with gate:
+            env = make_env(env_cfg, seed + i)
+            try:
+                return await run_episode(task, env, batcher, template, settings)
+            finally:
+                close = getattr(env, "close", None)
+                if close is not None:
+                    await close()
+
+    try:
+        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+    finally:
+        batcher.close()
+
+
+def _distinct(seqs: list[list[int]], n: int) -> float:
+    grams = [tuple(s[i : i + n]) for s in seqs for i in range(len(s) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
+    """Success rate, average model turns, tool-call success and output diversity, overall and per task type."""
+
+    def stats(ts: list[Trajectory]) -> dict[str, Any]:
+        calls = [t.tool_call for tr in ts for t in tr.turns if t.role == "model" and t.tool_call is not None]
+        outputs = [t.token_ids for tr in ts for t in tr.turns if t.role == "model"]
+        n = max(len(ts), 1)
+        return {
+            "episodes": len(ts),
+            "success_rate": sum(t.outcome == "success" for t in ts) / n,
+            "avg_steps": sum(sum(1 for u in t.turns if u.role == "model") for t in ts) / n,
+            "tool_calls": len(calls),
+            "tool_success_rate": (sum(c.ok for c in calls) / len(calls)) if calls else 0.0,
+            "distinct_1": _distinct(outputs, 1),
+            "distinct_2": _distinct(outputs, 2),
+            "mean_reward": sum(t.final_reward for t in ts) / n,
+            "outcomes": dict(Counter(t.outcome for t in ts)),
+        }
+
+    report = stats(trajs)
+    by_type: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_type[t.task.task_type].append(t)
+    report["per_task_type"] = {k: stats(v) for k, v in sorted(by_type.items())}
+    by_diff: dict[int, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_diff[t.task.difficulty].append(t)
+    report["per_difficulty"] = {str(k): stats(v)["success_rate"] for k, v in sorted(by_diff.items())}
+    return report
+
+
+def heldout_tasks(cfg: RunConfig, limit: int | None = None) -> list[Task]:
+    from asyncrl.envs import make_task_source
+
+    tasks = make_task_source(cfg.env).heldout()
+    return tasks[:limit] if limit else tasks
+
+
+def evaluate_policy(cfg: RunConfig, policy: Any, *, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
+    tasks = heldout_tasks(cfg, limit)
+    trajs = asyncio.run(run_episodes(cfg, policy, tasks, seed=seed))
+    return summarise(trajs)
+
+
+def evaluate_checkpoint(cfg: RunConfig, path: str, *, limit: int | None = None) -> dict[str, Any]:
+    from asyncrl.policy import Policy
+
+    policy = Policy.load(path)
+    report = evaluate_policy(cfg, policy, limit=limit, seed=cfg.seed)
+    report["checkpoint"] = str(path)
+    return report
+
+
+def render_eval(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"held-out evaluation ({report['episodes']} episodes)")
+    for col in ("task type", "episodes", "success", "avg steps", "tool success", "distinct-2"):
+        table.add_column(col, justify="right" if col != "task type" else "left")
+    rows = [("all", report), *report["per_task_type"].items()]
+    for name, r in rows:
+        table.add_row(name, str(r["episodes"]), f"{r['success_rate']:.1%}", f"{r['avg_steps']:.2f}",
+                      f"{r['tool_success_rate']:.1%}", f"{r['distinct_2']:.3f}")
+    Console().print(table)
