@@ -47,8 +47,20 @@ def test_defaults_and_overrides() -> None:
 
 def test_sections_have_the_required_shape() -> None:
     names = set(RunConfig.model_fields)
-    for section in ("model", "env", "rollout", "trainer", "algo", "credit", "orchestrator",
-                    "transport", "weights", "cost", "telemetry", "launcher"):
+    for section in (
+        "model",
+        "env",
+        "rollout",
+        "trainer",
+        "algo",
+        "credit",
+        "orchestrator",
+        "transport",
+        "weights",
+        "cost",
+        "telemetry",
+        "launcher",
+    ):
         assert section in names
 
 
@@ -109,13 +121,14 @@ def test_bad_file_errors(tmp_path: Path) -> None:
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(lst)
-    with pytest.raises(ConfigError, match="section.field=value"):
+    with pytest.raises(ConfigError, match=r"section\.field=value"):
         load_config(None, ["trainer.lr"])
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 def test_cli_config_show_and_explain() -> None:

@@ -40,10 +40,20 @@ def turns(draw: st.DrawFn) -> Turn:
             version=draw(st.integers(0, 10_000)),
             process_reward=draw(finite),
         )
-    call = draw(st.none() | st.builds(ToolCall, name=st.text(max_size=8), arguments=st.text(max_size=20),
-                                      ok=st.booleans(), result=st.text(max_size=20)))
-    fault = draw(st.none() | st.builds(Fault, kind=st.sampled_from(["exception", "timeout"]),
-                                       message=st.text(max_size=20)))
+    call = draw(
+        st.none()
+        | st.builds(
+            ToolCall,
+            name=st.text(max_size=8),
+            arguments=st.text(max_size=20),
+            ok=st.booleans(),
+            result=st.text(max_size=20),
+        )
+    )
+    fault = draw(
+        st.none()
+        | st.builds(Fault, kind=st.sampled_from(["exception", "timeout"]), message=st.text(max_size=20))
+    )
     return Turn(role=role, token_ids=ids, tool_call=call, fault=fault)
 
 
@@ -53,7 +63,11 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
         id=draw(st.text(min_size=1, max_size=10)),
         task_type=draw(st.sampled_from(["calculator", "kb_lookup"])),
         difficulty=draw(st.integers(0, 9)),
-        payload=draw(st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10), max_size=3)),
+        payload=draw(
+            st.dictionaries(
+                st.text(max_size=5), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10), max_size=3
+            )
+        ),
     )
     return Trajectory(
         id=draw(st.text(min_size=1, max_size=12)),
@@ -79,7 +93,12 @@ def test_round_trip(traj: Trajectory) -> None:
 @settings(max_examples=50, deadline=None)
 @given(trajectories())
 def test_flat_views_are_consistent(traj: Trajectory) -> None:
-    ids, mask, lps, vers = traj.token_ids(), traj.loss_mask(), traj.behaviour_logprobs(), traj.token_versions()
+    ids, mask, lps, vers = (
+        traj.token_ids(),
+        traj.loss_mask(),
+        traj.behaviour_logprobs(),
+        traj.token_versions(),
+    )
     assert len(ids) == len(mask) == len(lps) == len(vers)
     assert sum(mask) == traj.num_model_tokens()
     pos = 0

@@ -106,6 +106,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def _explain(section: str | None) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from asyncrl import config as C
@@ -121,7 +122,7 @@ def _explain(section: str | None) -> int:
         table.add_column(col, overflow="fold")
     for path, type_name, default, doc in rows:
         style = "bold cyan" if type_name == "section" else None
-        table.add_row(path, type_name, default, doc, style=style)
+        table.add_row(escape(path), escape(type_name), escape(default), escape(doc), style=style)
     Console(width=max(120, Console().width)).print(table)
     return 0
 

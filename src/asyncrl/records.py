@@ -185,7 +185,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
                         f"{0 if turn.logprobs is None else len(turn.logprobs)} log-probs)"
                     )
                 if turn.version is None or turn.version < 0:
-                    raise RecordDecodeError(f"trajectory {self.id!r} turn {i}: a model turn needs a version >= 0")
+                    raise RecordDecodeError(
+                        f"trajectory {self.id!r} turn {i}: a model turn needs a version >= 0"
+                    )
             elif turn.logprobs is not None:
                 raise RecordDecodeError(f"trajectory {self.id!r} turn {i}: only model turns carry log-probs")
 

@@ -37,7 +37,10 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>")}
+        ids = {
+            t: tokenizer.convert_tokens_to_ids(t)
+            for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>")
+        }
         missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
         if missing:
             raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with asyncrl.policy")
@@ -141,8 +144,15 @@ async def run_episode(
 ) -> Trajectory:
     """Play one episode of ``env`` (already guarded) on ``task`` and return its trajectory."""
     life = Lifecycle(created=time.time(), rollout_start=time.time())
-    traj = Trajectory(id=new_id(), task=task, turns=[], lifecycle=life, worker_id=settings.worker_id,
-                      group_id=group_id, sampling=settings.sampling)
+    traj = Trajectory(
+        id=new_id(),
+        task=task,
+        turns=[],
+        lifecycle=life,
+        worker_id=settings.worker_id,
+        group_id=group_id,
+        sampling=settings.sampling,
+    )
     # 1. reset: the first observation is the prompt
     try:
         prompt_text = await env.reset(task)
@@ -166,12 +176,21 @@ async def run_episode(
         room = settings.max_context - len(context)
         if room <= 0:
             break
-        sp = SamplingParams(temperature=settings.sampling.temperature, top_p=settings.sampling.top_p,
-                            max_new_tokens=min(settings.sampling.max_new_tokens, room))
+        sp = SamplingParams(
+            temperature=settings.sampling.temperature,
+            top_p=settings.sampling.top_p,
+            max_new_tokens=min(settings.sampling.max_new_tokens, room),
+        )
         started = time.time()
         sample, version = await batcher.generate(context, sp)
-        turn = Turn(role="model", token_ids=list(sample.token_ids), logprobs=list(sample.logprobs),
-                    version=version, started_at=started, ended_at=time.time())
+        turn = Turn(
+            role="model",
+            token_ids=list(sample.token_ids),
+            logprobs=list(sample.logprobs),
+            version=version,
+            started_at=started,
+            ended_at=time.time(),
+        )
         traj.turns.append(turn)
         context.extend(sample.token_ids)
         # 3. environment step (guarded: faults come back as a default observation)
@@ -203,4 +222,6 @@ def jittered(sampling: SamplingParams, jitter: float, rng: random.Random) -> Sam
     if jitter <= 0:
         return sampling
     t = sampling.temperature * (1 + rng.uniform(-jitter, jitter))
-    return SamplingParams(temperature=max(t, 1e-3), top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens)
+    return SamplingParams(
+        temperature=max(t, 1e-3), top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens
+    )

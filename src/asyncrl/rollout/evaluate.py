@@ -25,7 +25,12 @@ def eval_env_config(cfg: RunConfig) -> Any:
 
 
 async def run_episodes(
-    cfg: RunConfig, policy: Any, tasks: list[Task], *, seed: int = 0, env_cfg: Any = None,
+    cfg: RunConfig,
+    policy: Any,
+    tasks: list[Task],
+    *,
+    seed: int = 0,
+    env_cfg: Any = None,
     sampling: SamplingParams | None = None,
 ) -> list[Trajectory]:
     """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes)."""
@@ -41,7 +46,8 @@ async def run_episodes(
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,
         max_context=cfg.model.max_context,
-        sampling=sampling or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
+        sampling=sampling
+        or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
         worker_id="eval",
     )
     gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
@@ -105,7 +111,9 @@ def heldout_tasks(cfg: RunConfig, limit: int | None = None) -> list[Task]:
     return tasks[:limit] if limit else tasks
 
 
-def evaluate_policy(cfg: RunConfig, policy: Any, *, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
+def evaluate_policy(
+    cfg: RunConfig, policy: Any, *, limit: int | None = None, seed: int = 0
+) -> dict[str, Any]:
     tasks = heldout_tasks(cfg, limit)
     trajs = asyncio.run(run_episodes(cfg, policy, tasks, seed=seed))
     return summarise(trajs)
@@ -129,6 +137,12 @@ def render_eval(report: dict[str, Any]) -> None:
         table.add_column(col, justify="right" if col != "task type" else "left")
     rows = [("all", report), *report["per_task_type"].items()]
     for name, r in rows:
-        table.add_row(name, str(r["episodes"]), f"{r['success_rate']:.1%}", f"{r['avg_steps']:.2f}",
-                      f"{r['tool_success_rate']:.1%}", f"{r['distinct_2']:.3f}")
+        table.add_row(
+            name,
+            str(r["episodes"]),
+            f"{r['success_rate']:.1%}",
+            f"{r['avg_steps']:.2f}",
+            f"{r['tool_success_rate']:.1%}",
+            f"{r['distinct_2']:.3f}",
+        )
     Console().print(table)

@@ -76,7 +76,9 @@ def build_demonstrations(cfg: RunConfig, template: Any) -> list[tuple[list[int],
     if demonstrate is None:
         from asyncrl.errors import UserError
 
-        raise UserError(f"environment {cfg.env.kind!r} has no reference solver (demonstrate); cannot warm-start")
+        raise UserError(
+            f"environment {cfg.env.kind!r} has no reference solver (demonstrate); cannot warm-start"
+        )
 
     async def all_demos() -> list[tuple[list[int], list[int]]]:
         out = []
@@ -103,11 +105,15 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
         attn[i, : len(x)] = 1
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     target, m = ids[:, 1:], mask[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
+    )
     return (nll.view_as(m) * m).sum() / m.sum().clamp(min=1.0)
 
 
-def train_sft(cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool = False) -> list[float]:
+def train_sft(
+    cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool = False
+) -> list[float]:
     sft = cfg.trainer.sft
     rng = random.Random(sft.seed + 1)
     torch.manual_seed(sft.seed)
@@ -155,10 +161,14 @@ def _progress(enabled: bool, total: int) -> Any:
         return _NoProgress()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+    )
 
 
-def warm_start(cfg: RunConfig, *, force: bool = False, progress: bool = False, eval_limit: int | None = None) -> WarmStartResult:
+def warm_start(
+    cfg: RunConfig, *, force: bool = False, progress: bool = False, eval_limit: int | None = None
+) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
     from asyncrl.policy import Policy
     from asyncrl.rollout.episode import ChatTemplate
