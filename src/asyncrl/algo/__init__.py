@@ -1,0 +1,77 @@
+"""Pure RL algorithm core of asyncrl: tensors and plain config in, tensors and metrics out.
+
+This package imports only ``torch``, ``pydantic`` and the standard library (``typing``, ``math``)
+— never another ``asyncrl`` module — and performs no I/O. Formulas, conventions and references
+for every function are in ``docs/algorithms.md``.
+"""
+
+from __future__ import annotations
+
+from .advantages import (
+    GROUP_MODES,
+    GroupMode,
+    batch_mean_baseline,
+    group_advantages,
+    masked_mean,
+    masked_var,
+    normalize_rewards,
+    whiten_advantages,
+)
+from .config import AGG_MODES, POLICY_LOSS_KINDS, AggMode, PolicyLossConfig, PolicyLossKind
+from .kl import (
+    KL_KINDS,
+    LOG_RATIO_CLAMP,
+    AdaptiveKLController,
+    FixedKLController,
+    KLKind,
+    approx_kl,
+    clip_fraction,
+    entropy_from_logits,
+    kl_estimate,
+    kl_mean,
+)
+from .losses import (
+    aggregate_loss,
+    entropy_loss,
+    kl_penalty_loss,
+    policy_loss,
+    staleness_weight,
+    value_loss,
+)
+from .returns import broadcast_turn_values, discounted_returns, gae, turn_level_gae
+
+__all__ = [
+    "AGG_MODES",
+    "GROUP_MODES",
+    "KL_KINDS",
+    "LOG_RATIO_CLAMP",
+    "POLICY_LOSS_KINDS",
+    "AdaptiveKLController",
+    "AggMode",
+    "FixedKLController",
+    "GroupMode",
+    "KLKind",
+    "PolicyLossConfig",
+    "PolicyLossKind",
+    "aggregate_loss",
+    "approx_kl",
+    "batch_mean_baseline",
+    "broadcast_turn_values",
+    "clip_fraction",
+    "discounted_returns",
+    "entropy_from_logits",
+    "entropy_loss",
+    "gae",
+    "group_advantages",
+    "kl_estimate",
+    "kl_mean",
+    "kl_penalty_loss",
+    "masked_mean",
+    "masked_var",
+    "normalize_rewards",
+    "policy_loss",
+    "staleness_weight",
+    "turn_level_gae",
+    "value_loss",
+    "whiten_advantages",
+]

@@ -1,0 +1,312 @@
+"""Outcome-reward baselines, group-relative advantages and masked normalisation.
+
+Everything here is a pure function of tensors: no I/O, no global state, no other ``asyncrl``
+module. Masks are ``bool`` or numeric ``{0, 1}`` tensors; any non-zero entry counts as valid.
+Masked statistics use ``torch.where`` (never multiplication), so ``nan``/``inf`` stored at
+masked positions cannot leak into the result.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "GROUP_MODES",
+    "GroupMode",
+    "batch_mean_baseline",
+    "group_advantages",
+    "masked_mean",
+    "masked_var",
+    "normalize_rewards",
+    "whiten_advantages",
+]
+
+GroupMode = Literal["grpo", "dr_grpo", "rloo"]
+GROUP_MODES: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
+
+
+# --------------------------------------------------------------------------- helpers (package-private)
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    """Return ``x`` as a floating tensor of at least float32 precision (autograd-transparent)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _as_mask(mask: torch.Tensor, shape: torch.Size, name: str = "mask") -> torch.Tensor:
+    """Validate ``mask`` against ``shape`` and return it as a ``bool`` tensor."""
+    if mask.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {tuple(shape)}")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _check_ndim(name: str, x: torch.Tensor, ndim: int) -> None:
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+
+
+def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.shape != ref.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but {ref_name} has shape {tuple(ref.shape)}")
+
+
+# --------------------------------------------------------------------------- masked statistics
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the positions where ``mask`` is non-zero.
+
+    Formula: ``mean = Σ_i x_i·m_i / Σ_i m_i`` (over all elements, or along ``dim``).
+
+    Conventions:
+        * ``mask`` must have the same shape as ``x``; it is converted to ``bool``.
+        * Masked entries are removed with ``torch.where`` so ``nan``/``inf`` there are harmless,
+          and gradients to masked entries are exactly zero.
+        * An empty selection (``Σ m = 0``) yields ``0`` (not ``nan``) and a zero gradient.
+
+    Shapes: ``x``, ``mask``: any identical shape. Returns a 0-d tensor (``dim=None``) or ``x``
+    reduced along ``dim``. Non-floating ``x`` (e.g. bool indicators) is promoted to float32.
+    Reference: the masked token mean of PPO-for-LLM implementations (TRL / verl ``masked_mean``).
+    """
+    m = _as_mask(mask, x.shape)
+    xf = _float(x)
+    xs = torch.where(m, xf, torch.zeros((), dtype=xf.dtype, device=xf.device))
+    if dim is None:
+        return xs.sum() / m.sum().clamp_min(1).to(xf.dtype)
+    return xs.sum(dim) / m.sum(dim).clamp_min(1).to(xf.dtype)
+
+
+def masked_var(
+    x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, dim: int | None = None
+) -> torch.Tensor:
+    """Variance of ``x`` over the positions where ``mask`` is non-zero.
+
+    Formula: ``var = Σ_i m_i (x_i − μ)² / (n − 1)`` with ``μ = masked_mean(x, mask)`` and
+    ``n = Σ m`` (Bessel's correction, as ``torch.var`` and TRL/verl ``masked_var``); with
+    ``unbiased=False`` the divisor is ``n``.
+
+    Conventions: when fewer than two (``unbiased``) or zero (biased) entries are selected the
+    variance is defined as ``0`` rather than ``nan``. Masked entries never contribute.
+
+    Shapes: ``x``, ``mask``: any identical shape. Returns a 0-d tensor or ``x`` reduced along ``dim``.
+    Reference: TRL / verl ``masked_var(unbiased=True)`` (which raise on ``n <= 1`` instead).
+    """
+    m = _as_mask(mask, x.shape)
+    xf = _float(x)
+    zero = torch.zeros((), dtype=xf.dtype, device=xf.device)
+    if dim is None:
+        mu = masked_mean(xf, m)
+        sq = torch.where(m, (xf - mu) ** 2, zero).sum()
+        n = m.sum()
+    else:
+        mu = masked_mean(xf, m, dim=dim).unsqueeze(dim)
+        sq = torch.where(m, (xf - mu) ** 2, zero).sum(dim)
+        n = m.sum(dim)
+    denom = (n - 1) if unbiased else n
+    # With n <= 1 (unbiased) the numerator is exactly 0, so clamping the divisor yields var = 0.
+    return sq / denom.clamp_min(1).to(xf.dtype)
+
+
+# --------------------------------------------------------------------------- outcome-level baselines
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    mode: GroupMode,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group-relative outcome advantages (one scalar per sample).
+
+    Let ``g`` be the group of sample ``i`` (all samples sharing ``group_ids[i]``, typically the
+    ``n`` rollouts of one prompt), ``n_g`` its size, ``mean_g`` its mean reward and ``std_g`` its
+    *unbiased* (``n_g − 1``) standard deviation.
+
+    * ``"grpo"`` — GRPO, Shao et al. 2024 (DeepSeekMath):
+      ``A_i = (r_i − mean_g) / (std_g + eps)``. ``eps`` is added to the std (not the variance),
+      as in verl; TRL uses the same placement with ``eps = 1e-4``.
+    * ``"dr_grpo"`` — Dr. GRPO, Liu et al. 2025 ("Understanding R1-Zero-Like Training"):
+      ``A_i = r_i − mean_g`` (no std division; removes the question-difficulty bias).
+    * ``"rloo"`` — RLOO, Ahmadian et al. 2024 ("Back to Basics"):
+      ``A_i = r_i − (Σ_{j∈g, j≠i} r_j) / (n_g − 1)`` (leave-one-out mean of the *other* samples),
+      which equals ``n_g/(n_g − 1) · (r_i − mean_g)``.
+
+    Conventions:
+        * Singleton groups (``n_g = 1``) get advantage exactly ``0`` in every mode (no baseline
+          can be formed; the unbiased std is undefined).
+        * Groups whose rewards are all equal (``max == min``) get exactly ``0`` in every mode.
+          Mathematically this is already the case; the explicit rule prevents round-off in
+          ``mean_g`` from being amplified by ``1/(std_g + eps)`` into ``O(0.01)`` advantages.
+        * Group ids need not be contiguous or sorted; any integer values work.
+        * The output is detached (advantages are data, not part of the graph).
+
+    Shapes: ``rewards`` ``[N]`` floating, ``group_ids`` ``[N]`` integer. Returns ``(adv [N], metrics)``.
+    Metrics: ``adv/mean``, ``adv/std`` (population), ``adv/min``, ``adv/max``, ``reward/mean``,
+    ``reward/std`` (population), ``group/count``, ``group/size_mean``, ``group/frac_constant``
+    (fraction of groups with zero reward spread, singletons included — the groups DAPO's dynamic
+    sampling would drop) and ``group/frac_singleton``.
+
+    Raises:
+        ValueError: unknown ``mode``, non-1-D inputs, length mismatch, non-integer ``group_ids``,
+            or negative ``eps``.
+    """
+    if mode not in GROUP_MODES:
+        raise ValueError(f"unknown group advantage mode {mode!r}; allowed values: {', '.join(GROUP_MODES)}")
+    _check_ndim("rewards", rewards, 1)
+    _check_ndim("group_ids", group_ids, 1)
+    if rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"rewards has shape {tuple(rewards.shape)} but group_ids has shape {tuple(group_ids.shape)}"
+        )
+    if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+
+    with torch.no_grad():
+        r = _float(rewards.detach())
+        n_total = r.numel()
+        if n_total == 0:
+            empty_metrics = {
+                k: 0.0
+                for k in (
+                    "adv/mean",
+                    "adv/std",
+                    "adv/min",
+                    "adv/max",
+                    "reward/mean",
+                    "reward/std",
+                    "group/count",
+                    "group/size_mean",
+                    "group/frac_constant",
+                    "group/frac_singleton",
+                )
+            }
+            return r.clone(), empty_metrics
+
+        uniq, inv = torch.unique(group_ids, return_inverse=True)
+        n_groups = uniq.numel()
+        zeros_g = torch.zeros(n_groups, dtype=r.dtype, device=r.device)
+        count = zeros_g.index_add(0, inv, torch.ones_like(r))
+        sums = zeros_g.index_add(0, inv, r)
+        mean = sums / count  # every group has >= 1 member
+        gmax = torch.full_like(zeros_g, float("-inf")).scatter_reduce(0, inv, r, reduce="amax")
+        gmin = torch.full_like(zeros_g, float("inf")).scatter_reduce(0, inv, r, reduce="amin")
+        constant_g = gmax == gmin  # includes singletons
+        n_i = count[inv]
+        centered = r - mean[inv]
+
+        if mode == "grpo":
+            var = zeros_g.index_add(0, inv, centered**2) / (count - 1).clamp_min(1)
+            adv = centered / (var.sqrt()[inv] + eps)
+        elif mode == "dr_grpo":
+            adv = centered
+        else:  # rloo
+            adv = r - (sums[inv] - r) / (n_i - 1).clamp_min(1)
+
+        adv = torch.where(constant_g[inv], torch.zeros_like(adv), adv)
+
+        stats = torch.stack(
+            [
+                adv.mean(),
+                adv.std(unbiased=False),
+                adv.min(),
+                adv.max(),
+                r.mean(),
+                r.std(unbiased=False),
+                torch.tensor(float(n_groups), dtype=r.dtype, device=r.device),
+                count.mean(),
+                constant_g.to(r.dtype).mean(),
+                (count == 1).to(r.dtype).mean(),
+            ]
+        ).tolist()
+    keys = (
+        "adv/mean",
+        "adv/std",
+        "adv/min",
+        "adv/max",
+        "reward/mean",
+        "reward/std",
+        "group/count",
+        "group/size_mean",
+        "group/frac_constant",
+        "group/frac_singleton",
+    )
+    return adv, {k: float(v) for k, v in zip(keys, stats, strict=True)}
+
+
+def batch_mean_baseline(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with a batch-mean baseline: ``A_i = r_i − mean_j r_j``.
+
+    The classic variance-reduction baseline of Williams 1992 (REINFORCE) with the baseline set
+    to the mean reward of the current batch (as in e.g. ReMax/REINFORCE++ style baselines).
+    Unlike :func:`group_advantages` it ignores prompt grouping.
+
+    Shapes: ``rewards`` any shape (typically ``[N]``); the mean is over all elements and the
+    result has the same shape. An empty tensor is returned unchanged. Output is detached.
+    """
+    r = _float(rewards.detach())
+    if r.numel() == 0:
+        return r.clone()
+    return r - r.mean()
+
+
+def normalize_rewards(
+    rewards: torch.Tensor, clip: bool = True, eps: float = 1e-6, clip_value: float = 1.0
+) -> torch.Tensor:
+    """Batch z-score of rewards, optionally clipped.
+
+    Formula: ``z_i = (r_i − mean) / (std + eps)`` with the *unbiased* std (divisor ``N − 1``) and
+    ``eps`` added to the std; if ``clip``: ``z_i ← clamp(z_i, −clip_value, clip_value)``
+    (default ``[−1, 1]``, applied *after* standardisation).
+
+    Conventions: for ``N <= 1`` the std is taken to be 0, so the output is all zeros; a constant
+    batch also maps to zeros. Output is detached.
+
+    Shapes: ``rewards`` any shape (statistics over all elements); output has the same shape.
+    Reference: reward scaling/normalisation as used in PPO implementations (e.g. Engstrom et al.
+    2020, "Implementation Matters in Deep Policy Gradients").
+    """
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    if clip_value <= 0:
+        raise ValueError(f"clip_value must be > 0, got {clip_value}")
+    r = _float(rewards.detach())
+    n = r.numel()
+    if n == 0:
+        return r.clone()
+    mean = r.mean()
+    var = ((r - mean) ** 2).sum() / max(n - 1, 1)
+    z = (r - mean) / (var.sqrt() + eps)
+    if clip:
+        z = z.clamp(-clip_value, clip_value)
+    return z
+
+
+def whiten_advantages(
+    adv: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Masked whitening of token-level advantages (PPO advantage normalisation).
+
+    Formula: ``Â = (A − μ) / sqrt(σ² + eps)`` and, if ``shift_mean=False``, ``Â ← Â + μ`` (the
+    scale is normalised but the mean is kept), where ``μ = masked_mean(A, mask)`` and
+    ``σ² = masked_var(A, mask, unbiased=True)`` over *all* valid tokens of the batch.
+
+    Conventions: ``eps`` is added to the variance inside the square root (TRL/verl
+    ``masked_whiten``); Bessel-corrected variance (``0`` when fewer than two valid tokens);
+    masked positions of the output are set to ``0``. Autograd-transparent (no detach).
+
+    Shapes: ``adv``, ``mask``: ``[B, T]`` (any identical shape works). Returns the same shape.
+    Reference: advantage normalisation of PPO (Schulman et al. 2017; OpenAI baselines).
+    """
+    m = _as_mask(mask, adv.shape)
+    a = _float(adv)
+    mu = masked_mean(a, m)
+    var = masked_var(a, m, unbiased=True)
+    w = (a - mu) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        w = w + mu
+    return torch.where(m, w, torch.zeros((), dtype=w.dtype, device=w.device))
