@@ -1,1 +1,54 @@
-"""asyncrl.transport"""
+"""The trajectory bus: a durable, at-least-once queue from rollout workers to the trainer.
+
+Rollout workers :meth:`~TrajectoryQueue.put` trajectories; the trainer leases batches with
+:meth:`~TrajectoryQueue.get_batch` and :meth:`~TrajectoryQueue.ack`\\ s them after use. Entries
+not acked within ``transport.lease_seconds`` are redelivered, so delivery is at-least-once and
+**the consumer de-duplicates by trajectory id**. Semantics: :mod:`asyncrl.transport.base`;
+backend details: :mod:`asyncrl.transport.embedded`; both: ``docs/transport.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.transport.base import (
+    STAT_KEYS,
+    BackendUnavailableError,
+    DeadLetter,
+    Delivery,
+    QueueClosedError,
+    TrajectoryQueue,
+)
+from asyncrl.transport.embedded import EmbeddedQueue
+
+if TYPE_CHECKING:  # importing the config pulls in torch; keep worker start-up light
+    from asyncrl.config import TransportConfig
+
+QUEUE_FILENAME = "queue.sqlite"
+
+__all__ = [
+    "QUEUE_FILENAME",
+    "STAT_KEYS",
+    "BackendUnavailableError",
+    "DeadLetter",
+    "Delivery",
+    "EmbeddedQueue",
+    "QueueClosedError",
+    "TrajectoryQueue",
+    "make_queue",
+]
+
+
+def make_queue(cfg: TransportConfig, run_dir: Path) -> TrajectoryQueue:
+    """Open (creating if needed) the run's trajectory queue; every process calls this itself."""
+    if cfg.kind == "embedded":
+        return EmbeddedQueue(
+            Path(run_dir) / QUEUE_FILENAME, capacity=cfg.capacity, lease_seconds=cfg.lease_seconds
+        )
+    if cfg.kind == "redis":
+        raise BackendUnavailableError(
+            "transport.kind 'redis' (Redis Streams) is not implemented yet; "
+            "use transport.kind: embedded (a durable SQLite queue in the run directory, no server)"
+        )
+    raise BackendUnavailableError(f"unknown transport.kind {cfg.kind!r}; use 'embedded'")

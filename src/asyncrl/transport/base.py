@@ -1,0 +1,152 @@
+"""The trajectory queue interface between rollout workers (producers) and the trainer (consumer).
+
+Delivery semantics (every backend)
+----------------------------------
+* **At-least-once.** An entry accepted by :meth:`TrajectoryQueue.put` (it returned ``True``)
+  is durable and is delivered until somebody acknowledges it. A consumer that takes entries
+  with :meth:`~TrajectoryQueue.get_batch` holds a *lease* on them; if it does not
+  :meth:`~TrajectoryQueue.ack` them within the lease (it crashed, hung or was killed), they
+  become ready again and are redelivered with ``attempts + 1``. The same trajectory can
+  therefore reach the trainer more than once: **the consumer de-duplicates by trajectory id**
+  (``Delivery.trajectory.id``), and acks every delivery, duplicate or not.
+* **Idempotent producers.** Putting a trajectory whose id is already queued (ready or leased)
+  is a no-op that returns ``True``, so a producer may retry a put whose outcome it does not
+  know. Once an entry is acked it is gone; a later put of the same id enqueues it again
+  (the consumer's de-duplication covers that case too).
+* **Exclusive leases.** While a lease is live, no other consumer receives that entry.
+* **Back-pressure.** At most ``capacity`` un-acked entries (ready + leased) exist; ``put``
+  blocks beyond that until entries are acked, or returns ``False`` at its timeout.
+* **Poison entries never block the queue.** A stored entry that does not decode or validate
+  as a current :class:`~asyncrl.records.Trajectory` is moved to a dead-letter area with the
+  reason, counted, and skipped; the rest of the batch is delivered.
+* **Order** is FIFO by enqueue time on a best-effort basis; redelivered entries come back in
+  the order their leases expired. Nothing depends on order.
+
+Ack ids (:attr:`Delivery.entry_id`) are opaque strings assigned by the backend; they are
+never reused, so a late ack of an expired lease can never remove a different entry.
+
+The interface maps onto Redis Streams: ``put`` = idempotency check + ``XADD``, ``get_batch``
+= ``XAUTOCLAIM`` (expired leases) then ``XREADGROUP`` (new entries), ``ack`` = ``XACK`` +
+``XDEL``, ``attempts`` = the PEL delivery counter. See ``docs/transport.md``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from asyncrl.errors import UserError
+from asyncrl.records import Trajectory
+
+STAT_KEYS: tuple[str, ...] = (
+    "queue/depth",
+    "queue/ready",
+    "queue/leased",
+    "queue/dead_letters",
+    "queue/put_total",
+    "queue/acked_total",
+    "queue/redelivered_total",
+    "queue/bytes_in",
+    "queue/capacity",
+)
+"""Keys every backend's :meth:`TrajectoryQueue.stats` returns."""
+
+
+class QueueClosedError(RuntimeError):
+    """An operation was attempted on a queue after :meth:`TrajectoryQueue.close`."""
+
+
+class BackendUnavailableError(UserError, NotImplementedError):
+    """The configured transport backend is not available in this build."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One leased entry handed to a consumer."""
+
+    entry_id: str
+    """Queue-assigned id; pass it to :meth:`TrajectoryQueue.ack`."""
+    trajectory: Trajectory
+    """The decoded, validated trajectory (``lifecycle.dequeued`` stamped at this delivery)."""
+    attempts: int
+    """1 on first delivery, 2 after one expired lease, ..."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An entry set aside because it could not be delivered as a valid trajectory."""
+
+    entry_id: str
+    trajectory_id: str
+    """Id the producer stored the entry under (the payload itself may not be readable)."""
+    reason: str
+    payload: bytes
+    """The raw stored bytes, for inspection."""
+    attempts: int
+    """Deliveries attempted before it was set aside."""
+    dead_at: float
+    """Wall-clock time it was set aside."""
+
+
+class TrajectoryQueue(ABC):
+    """A durable, multi-producer multi-consumer, at-least-once queue of trajectories.
+
+    Every method is safe to call from several threads of one process, and several processes
+    may open the same queue at once (each opens its own handle with :func:`make_queue`).
+    """
+
+    capacity: int
+    lease_seconds: float
+
+    @abstractmethod
+    def put(self, traj: Trajectory, timeout: float | None = None) -> bool:
+        """Enqueue ``traj`` durably; stamps ``traj.lifecycle.enqueued`` (on the caller's object).
+
+        Blocks while ``capacity`` un-acked entries exist. ``timeout=None`` waits forever,
+        ``0`` tries once. Returns ``True`` once the entry is committed (or was already queued
+        under the same id), ``False`` if the queue stayed full until the timeout.
+        Raises ``ValueError`` (``RecordDecodeError``/``RecordEncodeError``) for a trajectory
+        that could never be decoded by the consumer.
+        """
+
+    @abstractmethod
+    def get_batch(self, max_items: int, timeout: float = 0.0, consumer: str = "trainer") -> list[Delivery]:
+        """Lease up to ``max_items`` ready entries to ``consumer``.
+
+        Expired leases of any consumer count as ready. Returns as soon as at least one entry
+        is available, or an empty list after ``timeout`` seconds (``0``: do not wait).
+        Undecodable entries are dead-lettered on the way and never raise.
+        """
+
+    @abstractmethod
+    def ack(self, entry_ids: Sequence[str]) -> None:
+        """Acknowledge (and delete) delivered entries. Unknown or already-acked ids are ignored."""
+
+    @abstractmethod
+    def depth(self) -> int:
+        """Un-acked entries: ready + leased (what back-pressure counts)."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, float]:
+        """Gauges and counters, keys as in :data:`STAT_KEYS` (totals are queue-wide, all processes)."""
+
+    @abstractmethod
+    def dead_letters(self) -> list[DeadLetter]:
+        """Entries set aside as undeliverable, oldest first."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release this handle's resources. Idempotent; the queue's contents persist."""
+
+    def __enter__(self) -> TrajectoryQueue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,404 @@
+"""Embedded, durable trajectory queue: one SQLite database in WAL mode, no server.
+
+Several processes open ``run_dir/queue.sqlite`` at once, each with its own connection.
+Delivery semantics are those of :mod:`asyncrl.transport.base`: **at-least-once**, leases
+expire after ``lease_seconds`` and the entry is redelivered with ``attempts + 1``, and **the
+consumer de-duplicates by trajectory id**.
+
+How the guarantees are met
+--------------------------
+* **Durability.** ``put`` returns ``True`` only after its transaction committed. In WAL mode
+  with ``synchronous=NORMAL`` (the default) a committed transaction survives a crash of any
+  process, including ``kill -9`` mid-transaction; the newest commits can be lost only on a
+  power cut or kernel crash (the database is never corrupted). ``synchronous="FULL"`` also
+  survives those, at one fsync per commit.
+* **Exclusive leases.** Every state change runs in a ``BEGIN IMMEDIATE`` transaction, which
+  takes SQLite's single write lock up front, so two consumers can never select and lease
+  the same entry; waiting for the lock is bounded by ``busy_timeout``. Polling while the
+  queue is empty or full is done with lock-free WAL reads, sleeping 5-20 ms between polls.
+* **Leases** are a per-entry ``visible_at`` time: ``enqueue time`` for a fresh entry,
+  ``lease time + lease_seconds`` for a leased one. An entry is ready iff
+  ``visible_at <= now``, so an expired lease needs no sweeper. Times are wall-clock
+  (``time.time()``), comparable across processes and restarts.
+* **Idempotent put.** ``traj_id`` is ``UNIQUE``; re-putting a queued id is a no-op.
+* **Bounded disk.** Acked entries are deleted (their pages are reused by new entries).
+* **Poison entries.** A stored payload that raises :class:`~asyncrl.records.RecordDecodeError`
+  (or whose id disagrees with the row) is moved, in the same transaction, to the
+  ``dead_letters`` table with the reason.
+* **Threads.** A handle holds one connection guarded by a lock (sleeps happen outside it). A
+  handle used in a forked child transparently opens a fresh connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from asyncrl.records import RecordDecodeError, Trajectory, decode_trajectory, encode
+from asyncrl.transport.base import DeadLetter, Delivery, QueueClosedError, TrajectoryQueue
+
+SCHEMA_VERSION = 1
+"""Stored in ``PRAGMA user_version``; a database of another version is refused."""
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+_POLL_MIN_S = 0.005
+_POLL_MAX_S = 0.020
+_ACK_CHUNK = 500
+_COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in", "dead_lettered_total")
+
+_SCHEMA: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS entries (
+        seq          INTEGER PRIMARY KEY AUTOINCREMENT,  -- entry id (AUTOINCREMENT: never reused)
+        traj_id      TEXT    NOT NULL UNIQUE,
+        state        TEXT    NOT NULL DEFAULT 'ready',   -- 'ready' | 'leased' (a leased entry whose
+                                                         -- visible_at has passed is ready again)
+        visible_at   REAL    NOT NULL,                   -- deliverable when visible_at <= now
+        lease_owner  TEXT,
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        enqueued_at  REAL    NOT NULL,
+        nbytes       INTEGER NOT NULL
+    )
+    """,
+    # Payloads live in their own table: leasing rewrites only the small entries row
+    # (SQLite rewrites a whole record on UPDATE, large blobs included).
+    """
+    CREATE TABLE IF NOT EXISTS payloads (
+        seq          INTEGER PRIMARY KEY,                -- = entries.seq
+        data         BLOB    NOT NULL                    -- records.encode(trajectory), msgpack
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS entries_visible ON entries (visible_at)
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS dead_letters (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        entry_id     TEXT    NOT NULL,
+        traj_id      TEXT    NOT NULL,
+        reason       TEXT    NOT NULL,
+        payload      BLOB    NOT NULL,
+        attempts     INTEGER NOT NULL,
+        dead_at      REAL    NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS counters (
+        name         TEXT    PRIMARY KEY,
+        value        INTEGER NOT NULL
+    )
+    """,
+)
+
+
+def _int(rows: list[tuple[object, ...]]) -> int:
+    value = rows[0][0]
+    assert isinstance(value, int), value
+    return value
+
+
+class EmbeddedQueue(TrajectoryQueue):
+    """The SQLite-backed :class:`TrajectoryQueue` (``transport.kind: embedded``)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        capacity: int = 1024,
+        lease_seconds: float = 60.0,
+        synchronous: Synchronous = "NORMAL",
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        self.path = Path(path)
+        self.capacity = capacity
+        self.lease_seconds = float(lease_seconds)
+        self.synchronous: Synchronous = synchronous
+        self.busy_timeout_s = busy_timeout_s
+        self._lock = threading.RLock()
+        self._closed = False
+        self._pid = os.getpid()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db: sqlite3.Connection | None = self._open()
+
+    # ---- connection management ---------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
+            if str(mode).lower() != "wal":
+                raise RuntimeError(f"{self.path}: could not switch the queue database to WAL (got {mode!r})")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+                if version not in (0, SCHEMA_VERSION):
+                    raise RuntimeError(
+                        f"{self.path}: queue schema version {version}, this asyncrl reads {SCHEMA_VERSION}"
+                    )
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.executemany(
+                    "INSERT OR IGNORE INTO counters (name, value) VALUES (?, 0)", [(c,) for c in _COUNTERS]
+                )
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        """This handle's connection (caller holds ``self._lock``)."""
+        if self._closed:
+            raise QueueClosedError(f"queue {self.path} is closed")
+        if os.getpid() != self._pid:
+            # Forked child: never use the parent's SQLite connection; abandon it unclosed.
+            self._pid = os.getpid()
+            self._db = self._open()
+        assert self._db is not None
+        return self._db
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` transaction, committed on success, rolled back on error."""
+        with self._lock:
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _scalar(self, sql: str, params: Sequence[object] = ()) -> int:
+        """A lock-free integer read (count, exists)."""
+        with self._lock:
+            return _int(self._conn().execute(sql, params).fetchall())
+
+    @staticmethod
+    def _bump(conn: sqlite3.Connection, name: str, by: int) -> None:
+        if by:
+            conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
+
+    @staticmethod
+    def _sleep(attempt: int, deadline: float | None) -> None:
+        delay = min(_POLL_MAX_S, _POLL_MIN_S * (1.5**attempt)) * random.uniform(0.8, 1.2)
+        if deadline is not None:
+            delay = min(delay, max(0.0, deadline - time.monotonic()))
+        time.sleep(delay)
+
+    # ---- producer ----------------------------------------------------------------------
+    def put(self, traj: Trajectory, timeout: float | None = None) -> bool:
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
+        traj.validate()  # fail at the producer, not as a dead letter at the trainer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        traj.lifecycle.enqueued = time.time()
+        payload = encode(traj)
+        attempt = 0
+        while True:
+            # Cheap lock-free check first, so blocked producers never hold the write lock.
+            full = self._scalar("SELECT count(*) FROM entries") >= self.capacity
+            if full and self._scalar("SELECT count(*) FROM entries WHERE traj_id = ?", (traj.id,)):
+                return True
+            if not full:
+                with self._write() as conn:
+                    if conn.execute("SELECT 1 FROM entries WHERE traj_id = ?", (traj.id,)).fetchall():
+                        return True
+                    if _int(conn.execute("SELECT count(*) FROM entries").fetchall()) < self.capacity:
+                        now = time.time()
+                        cur = conn.execute(
+                            "INSERT INTO entries (traj_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
+                            (traj.id, now, now, len(payload)),
+                        )
+                        conn.execute(
+                            "INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload)
+                        )
+                        self._bump(conn, "put_total", 1)
+                        self._bump(conn, "bytes_in", len(payload))
+                        return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._sleep(attempt, deadline)
+            attempt += 1
+
+    # ---- consumer ----------------------------------------------------------------------
+    def get_batch(self, max_items: int, timeout: float = 0.0, consumer: str = "trainer") -> list[Delivery]:
+        if max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {max_items}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        deadline = time.monotonic() + timeout
+        attempt = 0
+        while True:
+            if self._scalar(
+                "SELECT count(*) FROM (SELECT 1 FROM entries WHERE visible_at <= ? LIMIT 1)", (time.time(),)
+            ):
+                out = self._lease(max_items, consumer)
+                if out:
+                    return out
+                # Everything visible was poison (now dead-lettered) or a rival took it: poll again.
+            if time.monotonic() >= deadline:
+                return []
+            self._sleep(attempt, deadline)
+            attempt += 1
+
+    def _lease(self, max_items: int, consumer: str) -> list[Delivery]:
+        out: list[Delivery] = []
+        with self._write() as conn:
+            now = time.time()
+            rows = conn.execute(
+                "SELECT e.seq, e.traj_id, p.data, e.attempts FROM entries AS e "
+                "LEFT JOIN payloads AS p ON p.seq = e.seq "
+                "WHERE e.visible_at <= ? ORDER BY e.visible_at, e.seq LIMIT ?",
+                (now, max_items),
+            ).fetchall()
+            leased: list[tuple[float, str, int]] = []
+            redelivered = dead = 0
+            for seq, traj_id, payload, attempts in rows:
+                payload = b"" if payload is None else bytes(payload)
+                try:
+                    traj = decode_trajectory(payload)
+                    if traj.id != traj_id:
+                        raise RecordDecodeError(
+                            f"payload id {traj.id!r} differs from the entry's id {traj_id!r}"
+                        )
+                except Exception as exc:  # poison must never crash the consumer
+                    reason = (
+                        str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
+                    )
+                    conn.execute(
+                        "INSERT INTO dead_letters (entry_id, traj_id, reason, payload, attempts, dead_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (str(seq), traj_id, reason, payload, attempts + 1, now),
+                    )
+                    conn.execute("DELETE FROM entries WHERE seq = ?", (seq,))
+                    conn.execute("DELETE FROM payloads WHERE seq = ?", (seq,))
+                    dead += 1
+                    continue
+                traj.lifecycle.dequeued = now
+                redelivered += attempts > 0
+                leased.append((now + self.lease_seconds, consumer, seq))
+                out.append(Delivery(entry_id=str(seq), trajectory=traj, attempts=attempts + 1))
+            conn.executemany(
+                "UPDATE entries SET state = 'leased', visible_at = ?, lease_owner = ?, "
+                "attempts = attempts + 1 WHERE seq = ?",
+                leased,
+            )
+            self._bump(conn, "redelivered_total", redelivered)
+            self._bump(conn, "dead_lettered_total", dead)
+        return out
+
+    def ack(self, entry_ids: Sequence[str]) -> None:
+        if isinstance(entry_ids, str):
+            raise TypeError("ack() takes a sequence of entry ids, not a single string")
+        seqs: list[int] = []
+        for entry_id in entry_ids:
+            try:
+                seqs.append(int(entry_id))
+            except (TypeError, ValueError):
+                raise ValueError(f"{entry_id!r} is not an entry id of this queue") from None
+        if not seqs:
+            return
+        with self._write() as conn:
+            acked = 0
+            for i in range(0, len(seqs), _ACK_CHUNK):
+                chunk = seqs[i : i + _ACK_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                # (no DELETE ... RETURNING: it needs SQLite >= 3.35)
+                gone = conn.execute(
+                    f"SELECT seq FROM entries WHERE state = 'leased' AND seq IN ({marks})", chunk
+                ).fetchall()
+                conn.executemany("DELETE FROM entries WHERE seq = ?", gone)
+                conn.executemany("DELETE FROM payloads WHERE seq = ?", gone)
+                acked += len(gone)
+            self._bump(conn, "acked_total", acked)
+
+    # ---- introspection -----------------------------------------------------------------
+    def depth(self) -> int:
+        return self._scalar("SELECT count(*) FROM entries")
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            conn = self._conn()
+            conn.execute("BEGIN")  # one consistent snapshot for all numbers
+            try:
+                depth = _int(conn.execute("SELECT count(*) FROM entries").fetchall())
+                ready = _int(
+                    conn.execute(
+                        "SELECT count(*) FROM entries WHERE visible_at <= ?", (time.time(),)
+                    ).fetchall()
+                )
+                dead = _int(conn.execute("SELECT count(*) FROM dead_letters").fetchall())
+                counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
+            finally:
+                conn.execute("COMMIT")
+        return {
+            "queue/depth": float(depth),
+            "queue/ready": float(ready),
+            "queue/leased": float(depth - ready),
+            "queue/dead_letters": float(dead),
+            "queue/put_total": float(counters.get("put_total", 0)),
+            "queue/acked_total": float(counters.get("acked_total", 0)),
+            "queue/redelivered_total": float(counters.get("redelivered_total", 0)),
+            "queue/bytes_in": float(counters.get("bytes_in", 0)),
+            "queue/capacity": float(self.capacity),
+        }
+
+    def dead_letters(self) -> list[DeadLetter]:
+        with self._lock:
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT entry_id, traj_id, reason, payload, attempts, dead_at FROM dead_letters ORDER BY id"
+                )
+                .fetchall()
+            )
+        return [
+            DeadLetter(
+                entry_id=str(entry_id),
+                trajectory_id=str(traj_id),
+                reason=str(reason),
+                payload=bytes(payload),
+                attempts=int(attempts),
+                dead_at=float(dead_at),
+            )
+            for entry_id, traj_id, reason, payload, attempts, dead_at in rows
+        ]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            db, self._db = self._db, None
+            if db is not None and os.getpid() == self._pid:
+                db.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"EmbeddedQueue({str(self.path)!r}, capacity={self.capacity}, "
+            f"lease_seconds={self.lease_seconds}, synchronous={self.synchronous!r})"
+        )

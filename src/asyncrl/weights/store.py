@@ -1,0 +1,459 @@
+"""Versioned weight snapshots: the trainer publishes, rollout workers (other processes) load.
+
+Layout of ``run_dir/weights/``::
+
+    latest                  {"version": N}: the newest published version (the pointer)
+    v000007/                one immutable snapshot per version
+        model.safetensors   the tensors (safetensors: data only, never code)
+        manifest.json       version, sha256 + byte size of model.safetensors, step, created_at, extra
+    .tmp-v000008-*/         a snapshot being written (never read)
+    .trash-v000005-*/       a snapshot being deleted (never read)
+
+Atomicity (writer)
+------------------
+A snapshot is written into a ``.tmp-*`` directory next to the final one, both files and the
+directory are fsynced, and the directory is ``os.rename``\\ d to ``v{N:06d}`` (atomic, same
+filesystem), then the parent is fsynced. Only then is the ``latest`` pointer replaced
+(temp file + fsync + ``os.replace`` + parent fsync). So a ``v*`` directory is always complete
+unless its files were damaged afterwards, and the pointer never names a version whose
+directory was not fully written first. Versions increase strictly. There is **one publisher
+per store** (the trainer); it removes leftover ``.tmp-*``/``.trash-*`` entries of crashed
+publishes. Retention keeps the newest ``keep`` versions and always the pointer's target; a
+version is deleted by renaming it to ``.trash-*`` first (readers then see it vanish as a
+whole, never half-deleted) and removing that.
+
+Verification and fallback (readers)
+-----------------------------------
+:meth:`WeightStore.load` reads ``manifest.json`` (it must parse and name the directory's
+version) and the whole ``model.safetensors`` into memory once, checks byte size and sha256 of
+those very bytes, and only then decodes them: the tensors returned are exactly the verified
+bytes, even if the version is deleted meanwhile. Any failure raises
+:class:`CorruptSnapshotError` (:class:`SnapshotNotFoundError` if the version is absent).
+
+:meth:`WeightStore.load_latest` never raises for a bad snapshot: it loads the pointer's target,
+and if that is corrupt or partial it **falls back** to the newest older valid version,
+reporting ``fell_back_from`` (the version it wanted), ``problems`` and a ``logging`` warning.
+If a version vanished because the writer published newer ones and retention removed it, the
+pointer is re-read and loading restarts from the new target (that is not a fallback). With no
+valid version at all it returns ``None``. Directories newer than the pointer are snapshots
+whose publish did not finish; readers ignore them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+if TYPE_CHECKING:  # only needed for types
+    from asyncrl.config import WeightsConfig
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+MANIFEST_FILE = "manifest.json"
+POINTER_FILE = "latest"
+MANIFEST_FORMAT = "asyncrl-weights"
+MANIFEST_FORMAT_VERSION = 1
+
+_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+_MAX_RESTARTS = 100
+_CHUNK = 1 << 20
+
+
+class CorruptSnapshotError(RuntimeError):
+    """A weight snapshot is missing, partial, or fails verification."""
+
+
+class SnapshotNotFoundError(CorruptSnapshotError):
+    """The requested version has no snapshot directory (never published, or deleted by retention)."""
+
+
+@dataclass
+class LoadedWeights:
+    """A verified snapshot, loaded on CPU."""
+
+    version: int
+    path: Path
+    tensors: dict[str, torch.Tensor]
+    manifest: dict[str, Any]
+    fell_back_from: int | None = None
+    """The version :meth:`WeightStore.load_latest` wanted when it had to return an older one."""
+    problems: list[str] = field(default_factory=list)
+    """What was wrong with the versions skipped on the way (empty on a clean load)."""
+
+
+class WeightStore(ABC):
+    """Numbered weight versions: one publisher, any number of readers in any process."""
+
+    @abstractmethod
+    def publish(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        *,
+        step: int,
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Atomically publish ``tensors`` as ``version`` (> every existing version) and return its path."""
+
+    @abstractmethod
+    def latest_version(self) -> int | None:
+        """The pointer's version (cheap: one small file read); ``None`` before the first publish."""
+
+    @abstractmethod
+    def load_latest(self) -> LoadedWeights | None:
+        """The newest valid snapshot, falling back past corrupt ones; ``None`` if there is none."""
+
+    @abstractmethod
+    def load(self, version: int) -> LoadedWeights:
+        """One verified snapshot, or :class:`CorruptSnapshotError`."""
+
+    @abstractmethod
+    def versions(self) -> list[int]:
+        """Versions that have a snapshot directory, ascending (not verified)."""
+
+
+# ---- filesystem helpers ---------------------------------------------------------------------
+def version_dirname(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _hash_and_fsync(path: Path) -> tuple[str, int]:
+    """sha256 and size of a freshly written file, which is fsynced on the way."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb+") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        os.fsync(f.fileno())
+    return digest.hexdigest(), size
+
+
+def _check_version(version: object, what: str = "version") -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {version!r}")
+    return version
+
+
+def _prepare_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors; tensors sharing storage (tied weights) are cloned."""
+    if not isinstance(tensors, dict) or not tensors:
+        raise ValueError("tensors must be a non-empty dict[str, torch.Tensor]")
+    out: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in tensors.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tensor names must be non-empty strings, got {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"tensors[{name!r}] is a {type(tensor).__name__}, not a torch.Tensor")
+        t = tensor.detach().to("cpu").contiguous()
+        if t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in storages:
+                t = t.clone()
+                ptr = t.untyped_storage().data_ptr()
+            storages.add(ptr)
+        out[name] = t
+    return out
+
+
+# ---- the local store ------------------------------------------------------------------------
+class LocalWeightStore(WeightStore):
+    """Snapshots under one directory on a local (POSIX) filesystem (``weights.kind: local``)."""
+
+    def __init__(self, root: str | Path, *, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._publish_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LocalWeightStore({str(self.root)!r}, keep={self.keep})"
+
+    # ---- pointer ---------------------------------------------------------------------------
+    def _read_pointer(self) -> tuple[int | None, str | None]:
+        """(version, problem): ``(None, None)`` if there is no pointer, a problem if it is unreadable."""
+        try:
+            raw = (self.root / POINTER_FILE).read_bytes()
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            return None, f"latest pointer unreadable: {exc}"
+        try:
+            data = json.loads(raw)
+            version = data["version"]
+            return _check_version(version), None
+        except (ValueError, TypeError, KeyError) as exc:
+            return None, f"latest pointer is corrupt ({exc}): {raw[:80]!r}"
+
+    def _write_pointer(self, version: int) -> None:
+        tmp = self.root / f".latest.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            _write_file_durably(tmp, json.dumps({"version": version}).encode())
+            os.replace(tmp, self.root / POINTER_FILE)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        _fsync_dir(self.root)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def versions(self) -> list[int]:
+        out: list[int] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            m = _VERSION_DIR.match(entry.name)
+            if m and entry.is_dir(follow_symlinks=False):
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def latest_version(self) -> int | None:
+        version, problem = self._read_pointer()
+        if problem is not None:
+            on_disk = self.versions()
+            logger.warning("weight store %s: %s; using the newest directory instead", self.root, problem)
+            return on_disk[-1] if on_disk else None
+        return version
+
+    def load(self, version: int) -> LoadedWeights:
+        version = _check_version(version)
+        path = self.root / version_dirname(version)
+
+        def missing(what: str) -> CorruptSnapshotError:
+            if not path.is_dir():
+                return SnapshotNotFoundError(f"version {version}: no snapshot directory {path}")
+            return CorruptSnapshotError(f"version {version}: {what} is missing (partial snapshot)")
+
+        try:
+            manifest_raw = (path / MANIFEST_FILE).read_bytes()
+        except FileNotFoundError:
+            raise missing(MANIFEST_FILE) from None
+        except OSError as exc:
+            raise CorruptSnapshotError(f"version {version}: cannot read {MANIFEST_FILE}: {exc}") from None
+        manifest = self._parse_manifest(version, manifest_raw)
+        try:
+            data = (path / MODEL_FILE).read_bytes()
+        except FileNotFoundError:
+            raise missing(MODEL_FILE) from None
+        except OSError as exc:
+            raise CorruptSnapshotError(f"version {version}: cannot read {MODEL_FILE}: {exc}") from None
+        if len(data) != manifest["bytes"]:
+            raise CorruptSnapshotError(
+                f"version {version}: {MODEL_FILE} has {len(data)} bytes, the manifest says {manifest['bytes']}"
+                " (truncated or partial)"
+            )
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != manifest["sha256"]:
+            raise CorruptSnapshotError(
+                f"version {version}: sha256 of {MODEL_FILE} is {digest[:16]}..., "
+                f"the manifest says {manifest['sha256'][:16]}... (corrupt)"
+            )
+        try:
+            tensors = safetensors.torch.load(data)
+        except (safetensors.SafetensorError, ValueError, RuntimeError) as exc:
+            raise CorruptSnapshotError(f"version {version}: {MODEL_FILE} does not decode: {exc}") from None
+        return LoadedWeights(version=version, path=path, tensors=tensors, manifest=manifest)
+
+    @staticmethod
+    def _parse_manifest(version: int, raw: bytes) -> dict[str, Any]:
+        try:
+            manifest = json.loads(raw)
+        except ValueError as exc:
+            raise CorruptSnapshotError(
+                f"version {version}: {MANIFEST_FILE} is not valid JSON: {exc}"
+            ) from None
+        if not isinstance(manifest, dict):
+            raise CorruptSnapshotError(f"version {version}: {MANIFEST_FILE} is not a JSON object")
+        checks = (
+            (manifest.get("format") == MANIFEST_FORMAT, "format"),
+            (manifest.get("format_version") == MANIFEST_FORMAT_VERSION, "format_version"),
+            (manifest.get("version") == version, "version (must match the directory name)"),
+            (isinstance(manifest.get("sha256"), str) and len(manifest["sha256"]) == 64, "sha256"),
+            (isinstance(manifest.get("bytes"), int) and manifest["bytes"] >= 0, "bytes"),
+            (manifest.get("file") == MODEL_FILE, "file"),
+        )
+        for ok, name in checks:
+            if not ok:
+                raise CorruptSnapshotError(f"version {version}: {MANIFEST_FILE} has a bad or missing {name}")
+        return manifest
+
+    def load_latest(self) -> LoadedWeights | None:
+        problems: list[str] = []
+        for _ in range(_MAX_RESTARTS):
+            target, pointer_problem = self._read_pointer()
+            problems = [pointer_problem] if pointer_problem else []
+            on_disk = self.versions()
+            if target is None:
+                candidates = sorted(on_disk, reverse=True)
+            else:
+                candidates = [target, *sorted((v for v in on_disk if v < target), reverse=True)]
+            restart = False
+            for version in candidates:
+                try:
+                    loaded = self.load(version)
+                except SnapshotNotFoundError as exc:
+                    if self._read_pointer()[0] != target:
+                        restart = True  # the writer moved on and retention removed it: not a fault
+                        break
+                    problems.append(str(exc))
+                    continue
+                except CorruptSnapshotError as exc:
+                    problems.append(str(exc))
+                    continue
+                if problems:
+                    loaded.problems = problems
+                    loaded.fell_back_from = target if target != version else None
+                    logger.warning(
+                        "weight store %s: loaded version %d instead of %s: %s",
+                        self.root,
+                        version,
+                        "the newest" if target is None else target,
+                        "; ".join(problems),
+                    )
+                return loaded
+            if not restart:
+                break
+        if problems:
+            logger.warning("weight store %s: no valid snapshot: %s", self.root, "; ".join(problems))
+        return None
+
+    # ---- writing ---------------------------------------------------------------------------
+    def publish(
+        self,
+        version: int,
+        tensors: dict[str, torch.Tensor],
+        *,
+        step: int,
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        version = _check_version(version)
+        step = _check_version(step, "step")
+        extra = dict(extra or {})
+        try:
+            json.dumps(extra, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"extra must be JSON-serialisable (finite numbers): {exc}") from None
+        prepared = _prepare_tensors(tensors)
+        with self._publish_lock:
+            pointer, _ = self._read_pointer()
+            newest = max([*self.versions(), -1 if pointer is None else pointer])
+            if version <= newest:
+                raise ValueError(
+                    f"weight versions must increase strictly: cannot publish {version}, "
+                    f"version {newest} already exists in {self.root}"
+                )
+            self._remove_leftovers()
+            final = self.root / version_dirname(version)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version_dirname(version)}-", dir=self.root))
+            try:
+                os.chmod(tmp, 0o755)
+                model_path = tmp / MODEL_FILE
+                safetensors.torch.save_file(prepared, model_path, metadata={"asyncrl_version": str(version)})
+                digest, size = _hash_and_fsync(model_path)
+                manifest = {
+                    "format": MANIFEST_FORMAT,
+                    "format_version": MANIFEST_FORMAT_VERSION,
+                    "version": version,
+                    "step": step,
+                    "created_at": time.time(),
+                    "file": MODEL_FILE,
+                    "sha256": digest,
+                    "bytes": size,
+                    "num_tensors": len(prepared),
+                    "num_parameters": sum(t.numel() for t in prepared.values()),
+                    "extra": extra,
+                }
+                _write_file_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+                _fsync_dir(tmp)
+                os.rename(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            _fsync_dir(self.root)
+            self._write_pointer(version)
+            self._apply_retention(version)
+        return final
+
+    def _apply_retention(self, pointer: int) -> None:
+        on_disk = self.versions()
+        keep = set(on_disk[-self.keep :]) | {pointer}
+        for version in on_disk:
+            if version not in keep:
+                self._delete(version)
+
+    def _delete(self, version: int) -> None:
+        """Rename away first (readers see the version vanish as a whole), then remove."""
+        trash = self.root / f".trash-{version_dirname(version)}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self.root / version_dirname(version), trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _remove_leftovers(self) -> None:
+        """Remove temp and trash entries of crashed publishes (one publisher per store)."""
+        for entry in os.scandir(self.root):
+            if entry.name.startswith((".tmp-", ".trash-")):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            elif entry.name.startswith(".latest.tmp-"):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
+    """The run's weight store (``run_dir/weights``); every process opens its own."""
+    if cfg.kind == "local":
+        return LocalWeightStore(Path(run_dir) / "weights", keep=cfg.keep)
+    raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local'")
+
+
+__all__ = [
+    "MANIFEST_FILE",
+    "MODEL_FILE",
+    "POINTER_FILE",
+    "CorruptSnapshotError",
+    "LoadedWeights",
+    "LocalWeightStore",
+    "SnapshotNotFoundError",
+    "WeightStore",
+    "make_weight_store",
+    "version_dirname",
+]

@@ -1,0 +1,509 @@
+"""Trajectory queue: the at-least-once contract, multi-process safety, crashes, back-pressure.
+
+Contract tests run against every backend of the ``backend`` fixture ("embedded" now; add
+"redis" there). Child processes use the spawn start method and open the queue themselves.
+This module deliberately does not import :mod:`asyncrl.config` at import time (it pulls in
+torch), so spawned children start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.records import Task, Trajectory, Turn, encode
+from asyncrl.transport import (
+    QUEUE_FILENAME,
+    STAT_KEYS,
+    BackendUnavailableError,
+    EmbeddedQueue,
+    QueueClosedError,
+    TrajectoryQueue,
+    make_queue,
+)
+
+SPAWN = mp.get_context("spawn")
+
+
+# ---- trajectories ----------------------------------------------------------------------------
+def make_traj(traj_id: str, model_tokens: int = 4, turns: int = 1) -> Trajectory:
+    """A valid trajectory; ``model_tokens=400, turns=4`` encodes to about 20 KB."""
+    parts = [Turn(role="env", token_ids=[30000 + j for j in range(model_tokens // 2 or 1)])]
+    for k in range(turns):
+        parts.append(
+            Turn(
+                role="model",
+                token_ids=[30000 + j for j in range(model_tokens)],
+                logprobs=[-0.123456789 - j * 1e-3 for j in range(model_tokens)],
+                version=k,
+            )
+        )
+    return Trajectory(id=traj_id, task=Task(id=f"task-{traj_id}", task_type="unit"), turns=parts)
+
+
+# ---- backends --------------------------------------------------------------------------------
+def open_queue(kind: str, run_dir: str, capacity: int, lease_seconds: float) -> TrajectoryQueue:
+    """Open a backend's queue without importing the config module (used in child processes)."""
+    if kind == "embedded":
+        return EmbeddedQueue(Path(run_dir) / QUEUE_FILENAME, capacity=capacity, lease_seconds=lease_seconds)
+    raise ValueError(f"no test opener for backend {kind!r}")
+
+
+@dataclass
+class Backend:
+    kind: str
+    run_dir: Path
+    opened: list[TrajectoryQueue]
+
+    def make(self, capacity: int = 1024, lease_seconds: float = 60.0) -> TrajectoryQueue:
+        from asyncrl.config import TransportConfig
+
+        cfg = TransportConfig.model_validate(
+            {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds}
+        )
+        q = make_queue(cfg, self.run_dir)
+        self.opened.append(q)
+        return q
+
+    def inject_raw(self, traj_id: str, payload: bytes) -> None:
+        """Store raw bytes as an entry, bypassing every check of put()."""
+        if self.kind == "embedded":
+            conn = sqlite3.connect(self.run_dir / QUEUE_FILENAME, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                now = time.time()
+                cur = conn.execute(
+                    "INSERT INTO entries (traj_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
+                    (traj_id, now, now, len(payload)),
+                )
+                conn.execute("INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload))
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        else:  # pragma: no cover - per-backend hook
+            raise NotImplementedError(self.kind)
+
+    def check_integrity(self) -> None:
+        if self.kind == "embedded":
+            conn = sqlite3.connect(self.run_dir / QUEUE_FILENAME)
+            try:
+                assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            finally:
+                conn.close()
+
+
+@pytest.fixture(params=["embedded"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    b = Backend(kind=request.param, run_dir=tmp_path / "run", opened=[])
+    yield b
+    for q in b.opened:
+        q.close()
+
+
+def drain(q: TrajectoryQueue, consumer: str = "trainer", timeout: float = 0.5) -> list[str]:
+    """Take and ack everything currently deliverable; returns trajectory ids in delivery order."""
+    ids: list[str] = []
+    while batch := q.get_batch(64, timeout=timeout, consumer=consumer):
+        ids.extend(d.trajectory.id for d in batch)
+        q.ack([d.entry_id for d in batch])
+    return ids
+
+
+# ---- child processes (module level: spawn imports them by name) --------------------------------
+def _produce(kind: str, run_dir: str, capacity: int, prefix: str, n: int, log_path: str) -> None:
+    """Put n trajectories, appending each id to log_path only after put() returned True."""
+    q = open_queue(kind, run_dir, capacity, 60.0)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for i in range(n):
+        tid = f"{prefix}-{i}"
+        assert q.put(make_traj(tid), timeout=60.0)
+        os.write(fd, f"{tid}\n".encode())  # unbuffered: survives kill -9 of this process
+    os.close(fd)
+    q.close()
+
+
+def _consume(kind: str, run_dir: str, name: str, stop: Any, out_path: str) -> None:
+    """Take batches until told to stop and the queue is empty; record every delivery."""
+    q = open_queue(kind, run_dir, 1, 60.0)
+    seen: list[list[Any]] = []
+    while True:
+        batch = q.get_batch(16, timeout=0.05, consumer=name)
+        for d in batch:
+            seen.append([d.trajectory.id, d.entry_id, d.attempts])
+        if batch:
+            time.sleep(0.002)  # hold the leases a moment, so consumers overlap
+            q.ack([d.entry_id for d in batch])
+        elif stop.is_set():
+            break
+    Path(out_path).write_text(json.dumps(seen))
+    q.close()
+
+
+def _hold_leases(kind: str, run_dir: str, lease_seconds: float, n: int, out_path: str) -> None:
+    """Lease n entries, report them, then hang without acking (until killed)."""
+    q = open_queue(kind, run_dir, 1024, lease_seconds)
+    batch = q.get_batch(n, timeout=10.0, consumer="doomed")
+    tmp = out_path + ".tmp"
+    Path(tmp).write_text(json.dumps([d.trajectory.id for d in batch]))
+    os.replace(tmp, out_path)
+    time.sleep(600)
+
+
+def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _kill(proc: Any) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join(10)
+
+
+# ---- contract: single process ----------------------------------------------------------------
+def test_put_get_ack_round_trip(backend: Backend) -> None:
+    q = backend.make()
+    before = time.time()
+    sent = [make_traj(f"t{i}") for i in range(5)]
+    for t in sent:
+        assert q.put(t)
+        assert t.lifecycle.enqueued >= before
+    assert q.depth() == 5
+    batch = q.get_batch(3)
+    assert [d.trajectory.id for d in batch] == ["t0", "t1", "t2"]  # FIFO
+    assert all(d.attempts == 1 for d in batch)
+    assert all(d.trajectory.lifecycle.dequeued >= d.trajectory.lifecycle.enqueued > 0 for d in batch)
+    assert batch[0].trajectory.turns == sent[0].turns and batch[0].trajectory.task == sent[0].task
+    assert len({d.entry_id for d in batch}) == 3
+    stats = q.stats()
+    assert set(STAT_KEYS) <= set(stats)
+    assert (stats["queue/depth"], stats["queue/ready"], stats["queue/leased"]) == (5, 2, 3)
+    assert stats["queue/put_total"] == 5 and stats["queue/bytes_in"] == sum(len(encode(t)) for t in sent)
+    q.ack([d.entry_id for d in batch])
+    q.ack([d.entry_id for d in batch])  # idempotent
+    q.ack([])
+    assert q.depth() == 2 and q.stats()["queue/acked_total"] == 3
+    assert drain(q) == ["t3", "t4"]
+    assert q.depth() == 0 and q.get_batch(10) == []
+    stats = q.stats()
+    assert (stats["queue/acked_total"], stats["queue/redelivered_total"], stats["queue/dead_letters"]) == (
+        5,
+        0,
+        0,
+    )
+
+
+def test_get_batch_waits_for_timeout_then_returns_empty(backend: Backend) -> None:
+    q = backend.make()
+    t0 = time.monotonic()
+    assert q.get_batch(4, timeout=0.2) == []
+    assert 0.18 <= time.monotonic() - t0 < 2.0
+    threading.Timer(0.1, lambda: q.put(make_traj("late"))).start()
+    t0 = time.monotonic()
+    batch = q.get_batch(4, timeout=5.0)
+    assert [d.trajectory.id for d in batch] == ["late"] and time.monotonic() - t0 < 2.0
+
+
+def test_expired_lease_is_redelivered_and_late_ack_is_harmless(backend: Backend) -> None:
+    q = backend.make(lease_seconds=0.3)
+    q.put(make_traj("a"))
+    first = q.get_batch(5, consumer="c1")
+    assert [d.attempts for d in first] == [1]
+    assert q.get_batch(5, consumer="c2") == []  # leased: invisible to others
+    time.sleep(0.35)
+    second = q.get_batch(5, consumer="c2")
+    assert [(d.trajectory.id, d.attempts) for d in second] == [("a", 2)]
+    assert q.stats()["queue/redelivered_total"] == 1
+    q.ack([first[0].entry_id])  # the first consumer's late ack still settles the entry
+    q.ack([second[0].entry_id])
+    assert q.depth() == 0 and q.stats()["queue/acked_total"] == 1
+
+
+def test_idempotent_put_of_same_id(backend: Backend) -> None:
+    q = backend.make(capacity=2)
+    assert q.put(make_traj("dup")) and q.put(make_traj("dup"))
+    assert q.depth() == 1 and q.stats()["queue/put_total"] == 1
+    leased = q.get_batch(5)
+    assert q.put(make_traj("dup"), timeout=0)  # still queued (leased): still a no-op
+    assert q.put(make_traj("other"))
+    assert q.put(make_traj("dup"), timeout=0)  # at capacity, but already queued: True at once
+    q.ack([d.entry_id for d in leased])
+    assert q.put(make_traj("dup"))  # after the ack it is a new entry (consumers de-duplicate)
+    assert sorted(drain(q)) == ["dup", "other"]
+
+
+def test_back_pressure_blocks_times_out_and_unblocks_after_ack(backend: Backend) -> None:
+    q = backend.make(capacity=3)
+    for i in range(3):
+        assert q.put(make_traj(f"t{i}"), timeout=0)
+    assert not q.put(make_traj("x"), timeout=0)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    assert not q.put(make_traj("x"), timeout=0.5)
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    assert 0.45 <= wall < 3.0
+    assert cpu < 0.5 * wall, f"blocked put burned {cpu:.3f}s CPU in {wall:.3f}s: busy-spinning"
+    batch = q.get_batch(1)
+    assert not q.put(make_traj("x"), timeout=0.05)  # leased entries still count against capacity
+
+    result: list[bool] = []
+    blocked = threading.Thread(target=lambda: result.append(q.put(make_traj("x"), timeout=10.0)))
+    blocked.start()
+    time.sleep(0.2)
+    assert blocked.is_alive() and not result
+    t0 = time.monotonic()
+    q.ack([d.entry_id for d in batch])
+    blocked.join(5.0)
+    assert result == [True] and time.monotonic() - t0 < 1.0
+    assert q.depth() == 3
+
+
+def test_malformed_stored_entry_is_dead_lettered_rest_delivered(backend: Backend) -> None:
+    q = backend.make()
+    q.put(make_traj("good-0"))
+    backend.inject_raw("garbage", b"\xc1\x00not msgpack at all")
+    q.put(make_traj("good-1"))
+    wrong_version = make_traj("old-schema")
+    wrong_version.schema_version = 999
+    backend.inject_raw("old-schema", encode(wrong_version))
+    invalid = make_traj("no-logprobs")
+    invalid.turns[1].logprobs = None  # decodes, but fails validation
+    backend.inject_raw("no-logprobs", encode(invalid))
+    backend.inject_raw("mismatch", encode(make_traj("someone-else")))
+    q.put(make_traj("good-2"))
+
+    batch = q.get_batch(10)
+    assert [d.trajectory.id for d in batch] == ["good-0", "good-1", "good-2"]
+    dead = q.dead_letters()
+    assert [d.trajectory_id for d in dead] == ["garbage", "old-schema", "no-logprobs", "mismatch"]
+    assert "schema_version" in dead[1].reason and "log-prob" in dead[2].reason and "differs" in dead[3].reason
+    assert dead[0].payload == b"\xc1\x00not msgpack at all" and all(d.attempts == 1 for d in dead)
+    stats = q.stats()
+    assert stats["queue/dead_letters"] == 4 and stats["queue/depth"] == 3
+    q.ack([d.entry_id for d in batch])
+    assert q.get_batch(10) == [] and q.depth() == 0
+    # A batch made only of poison returns empty (after dead-lettering) instead of raising.
+    backend.inject_raw("garbage-2", b"\x00")
+    assert q.get_batch(10, timeout=0.1) == [] and len(q.dead_letters()) == 5
+
+
+def test_put_rejects_trajectory_that_could_never_be_consumed(backend: Backend) -> None:
+    q = backend.make()
+    bad = make_traj("bad")
+    bad.turns[1].version = None
+    with pytest.raises(ValueError, match="version"):
+        q.put(bad)
+    assert q.depth() == 0
+
+
+def test_reopen_after_close_keeps_unacked_entries(backend: Backend) -> None:
+    q = backend.make(lease_seconds=0.3)
+    for i in range(5):
+        q.put(make_traj(f"t{i}"))
+    batch = q.get_batch(2)
+    q.ack([batch[0].entry_id])  # t0 done, t1 leased and never acked
+    q.close()
+    q.close()  # idempotent
+    with pytest.raises(QueueClosedError):
+        q.depth()
+    q2 = backend.make(lease_seconds=0.3)
+    assert q2.depth() == 4
+    assert q2.stats()["queue/put_total"] == 5  # counters are durable too
+    rest = q2.get_batch(10)
+    assert [d.trajectory.id for d in rest] == ["t2", "t3", "t4"]
+    q2.ack([d.entry_id for d in rest])
+    time.sleep(0.35)
+    again = q2.get_batch(10)
+    assert [(d.trajectory.id, d.attempts) for d in again] == [("t1", 2)]
+
+
+def test_threads_share_one_handle(backend: Backend) -> None:
+    q = backend.make(capacity=16)
+    n_threads, per_thread = 4, 50
+    got: list[str] = []
+    done = threading.Event()
+
+    def produce(k: int) -> None:
+        for i in range(per_thread):
+            assert q.put(make_traj(f"p{k}-{i}"), timeout=30.0)
+
+    def consume() -> None:
+        while not (done.is_set() and q.depth() == 0):
+            batch = q.get_batch(8, timeout=0.05)
+            got.extend(d.trajectory.id for d in batch)
+            q.ack([d.entry_id for d in batch])
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(n_threads)]
+    consumers = [threading.Thread(target=consume) for _ in range(2)]
+    for t in threads + consumers:
+        t.start()
+    for t in threads:
+        t.join(30)
+    done.set()
+    for t in consumers:
+        t.join(30)
+    assert Counter(got) == Counter(f"p{k}-{i}" for k in range(n_threads) for i in range(per_thread))
+
+
+def test_make_queue_redis_is_not_available_yet(tmp_path: Path) -> None:
+    from asyncrl.config import TransportConfig
+
+    with pytest.raises(NotImplementedError, match="redis"):
+        make_queue(TransportConfig(kind="redis"), tmp_path)
+    assert issubclass(BackendUnavailableError, NotImplementedError)
+
+
+def test_bad_arguments(backend: Backend) -> None:
+    q = backend.make()
+    with pytest.raises(ValueError):
+        q.get_batch(0)
+    with pytest.raises(TypeError):
+        q.ack("1")
+    with pytest.raises(ValueError):
+        q.ack(["not-an-id"])
+    q.ack(["123456"])  # unknown ids are ignored
+
+
+# ---- contract: multiple processes ------------------------------------------------------------
+def test_multiprocess_producers_and_consumers_deliver_everything_once(
+    backend: Backend, tmp_path: Path
+) -> None:
+    n_producers, per_producer, capacity = 3, 300, 64
+    backend.make(capacity=capacity)  # create the queue before the children race to
+    stop = SPAWN.Event()
+    run_dir = str(backend.run_dir)
+    producers = [
+        SPAWN.Process(
+            target=_produce,
+            args=(backend.kind, run_dir, capacity, f"p{k}", per_producer, str(tmp_path / f"p{k}.log")),
+        )
+        for k in range(n_producers)
+    ]
+    consumers = [
+        SPAWN.Process(
+            target=_consume, args=(backend.kind, run_dir, f"c{k}", stop, str(tmp_path / f"c{k}.json"))
+        )
+        for k in range(2)
+    ]
+    try:
+        for p in producers + consumers:
+            p.start()
+        for p in producers:
+            p.join(60)
+            assert p.exitcode == 0
+        stop.set()
+        for p in consumers:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        for p in producers + consumers:
+            _kill(p)
+
+    deliveries = [row for k in range(2) for row in json.loads((tmp_path / f"c{k}.json").read_text())]
+    per_consumer = [len(json.loads((tmp_path / f"c{k}.json").read_text())) for k in range(2)]
+    expected = {f"p{k}-{i}" for k in range(n_producers) for i in range(per_producer)}
+    counts = Counter(row[0] for row in deliveries)
+    assert set(counts) == expected  # nothing lost
+    assert max(counts.values()) == 1  # leases are exclusive: nothing delivered twice
+    assert all(row[2] == 1 for row in deliveries)
+    assert len({row[1] for row in deliveries}) == len(deliveries)
+    assert min(per_consumer) > 0, per_consumer  # both consumers took part
+    q = backend.make()
+    stats = q.stats()
+    assert stats["queue/put_total"] == stats["queue/acked_total"] == len(expected)
+    assert stats["queue/depth"] == 0 and stats["queue/redelivered_total"] == 0
+    backend.check_integrity()
+
+
+def test_killed_consumer_leases_are_redelivered(backend: Backend, tmp_path: Path) -> None:
+    lease = 1.0
+    q = backend.make(lease_seconds=lease)
+    ids = [f"t{i}" for i in range(20)]
+    for tid in ids:
+        q.put(make_traj(tid))
+    out = tmp_path / "held.json"
+    child = SPAWN.Process(target=_hold_leases, args=(backend.kind, str(backend.run_dir), lease, 8, str(out)))
+    child.start()
+    try:
+        _wait_for(out.exists, 30, "the consumer to lease entries")
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(10)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        _kill(child)
+    held = json.loads(out.read_text())
+    assert held == ids[:8]
+    leased_at = time.monotonic()
+    first = drain(q, timeout=0.0)
+    assert first == ids[8:]  # the dead consumer's entries stay leased until the lease runs out
+    assert q.stats()["queue/leased"] == 8
+    redelivered = q.get_batch(20, timeout=lease + 5.0)
+    assert time.monotonic() - leased_at < lease + 5.0
+    assert sorted(d.trajectory.id for d in redelivered) == sorted(held)
+    assert all(d.attempts == 2 for d in redelivered)
+    q.ack([d.entry_id for d in redelivered])
+    assert q.depth() == 0 and q.stats()["queue/redelivered_total"] == 8
+    backend.check_integrity()
+
+
+def test_killed_producer_loses_no_acknowledged_put(backend: Backend, tmp_path: Path) -> None:
+    q = backend.make(capacity=100_000)
+    log = tmp_path / "producer.log"
+    child = SPAWN.Process(
+        target=_produce, args=(backend.kind, str(backend.run_dir), 100_000, "k", 100_000, str(log))
+    )
+    child.start()
+    try:
+        _wait_for(lambda: log.exists() and log.read_text().count("\n") >= 150, 30, "the producer to put")
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]  # mid-stream, likely mid-transaction
+        child.join(10)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        _kill(child)
+    confirmed = set(log.read_text().split())
+    delivered = drain(q)
+    assert confirmed <= set(delivered), f"lost {len(confirmed - set(delivered))} confirmed puts"
+    assert len(delivered) - len(confirmed) <= 1  # at most the put in flight when killed
+    assert len(delivered) == len(set(delivered))
+    backend.check_integrity()
+
+
+# ---- throughput (printed, not asserted) ------------------------------------------------------
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+def test_embedded_throughput(synchronous: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    n = 400 if synchronous == "NORMAL" else 150
+    trajs = [make_traj(f"t{i}", model_tokens=400, turns=4) for i in range(n)]
+    size = len(encode(trajs[0]))
+    q = EmbeddedQueue(tmp_path / QUEUE_FILENAME, capacity=n, synchronous=synchronous)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    for t in trajs:
+        assert q.put(t)
+    put_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = 0
+    while got < n:
+        batch = q.get_batch(32)
+        q.ack([d.entry_id for d in batch])
+        got += len(batch)
+    get_s = time.perf_counter() - t0
+    q.close()
+    with capsys.disabled():
+        print(
+            f"\n[queue throughput] synchronous={synchronous} {size / 1024:.1f} KB trajectories: "
+            f"put {n / put_s:,.0f}/s ({n * size / put_s / 2**20:.1f} MiB/s), "
+            f"get_batch(32)+ack {n / get_s:,.0f}/s"
+        )
