@@ -1,0 +1,344 @@
+"""``calculator``: multi-step arithmetic word problems solved with a ``calc`` tool.
+
+Example (difficulty 3 = three steps = three tool calls)::
+
+    prompt : Ann has 12 pens. She gets 7 more. She gives away 5. Then she has 2 times as many. How many pens?
+    model  : <tool>calc(12+7)</tool>        -> 19
+    model  : <tool>calc(19-5)</tool>        -> 14
+    model  : <tool>calc(14*2)</tool>        -> 28
+    model  : <answer>28</answer>            -> correct, reward 1.0
+
+Learnability (a documented property the generator guarantees): the problem's numbers appear
+in the text in the order they are used, and the problem is a *chain*: step 1 combines the first
+two numbers (``n0 op1 n1``), every later step k combines the previous result with the next
+number (``r_{k-1} op_k n_k``), and the reference solution writes each call as
+``calc(<previous result><op><next number>)``. Each sentence maps to exactly one operation by
+its verb (``gets/buys/finds ... more`` = ``+``, ``gives away/loses/sells`` = ``-``,
+``bags of`` / ``times as many`` = ``*``). Operands are 1..20 (multipliers after the first step
+2..5); every intermediate result is a non-negative integer below 1000. A ~100k-parameter
+character-level model only has to learn "copy the next number, pick the operator from the verb,
+copy the tool result" -- no arithmetic of its own.
+
+The ``calc`` tool uses its own tiny recursive-descent parser (integers, ``+ - * /``,
+parentheses, unary minus); it never calls ``eval``. Division must be exact.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
+from asyncrl.envs.toolenv import ToolEnv
+from asyncrl.records import Task
+
+if TYPE_CHECKING:
+    from asyncrl.config import EnvConfig
+
+__all__ = ["CalcError", "CalculatorEnv", "CalculatorTasks", "calc_demonstrate", "calc_solve", "evaluate"]
+
+MAX_EXPR_CHARS = 120
+MAX_ABS_VALUE = 10**15
+
+
+# ---------------------------------------------------------------------------------------------
+# The safe expression evaluator
+# ---------------------------------------------------------------------------------------------
+class CalcError(ValueError):
+    """An expression the calculator does not accept; the message is the observation."""
+
+
+_TOKEN_RE = re.compile(r"\s*(?:(\d+)|(\S))")
+
+
+def _tokenize(expr: str) -> list[str]:
+    tokens: list[str] = []
+    for m in _TOKEN_RE.finditer(expr):
+        num, ch = m.group(1), m.group(2)
+        if num is not None:
+            if len(num) > 15:
+                raise CalcError("number too large")
+            tokens.append(num)
+        elif ch is not None:
+            if ch not in "+-*/()":
+                raise CalcError(f"unexpected character {ch!r}; use digits, + - * / and ( )")
+            tokens.append(ch)
+    return tokens
+
+
+class _Parser:
+    """expr := term (('+'|'-') term)* ; term := unary (('*'|'/') unary)* ;
+    unary := '-' unary | atom ; atom := INT | '(' expr ')'"""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
+        self.pos = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise CalcError("expression ends too early")
+        self.pos += 1
+        return tok
+
+    def expr(self) -> int:
+        value = self.term()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            rhs = self.term()
+            value = _check(value + rhs if op == "+" else value - rhs)
+        return value
+
+    def term(self) -> int:
+        value = self.unary()
+        while self.peek() in ("*", "/"):
+            op = self.take()
+            rhs = self.unary()
+            if op == "*":
+                value = _check(value * rhs)
+            else:
+                if rhs == 0:
+                    raise CalcError("division by zero")
+                if value % rhs:
+                    raise CalcError(f"{value}/{rhs} is not a whole number")
+                value = value // rhs
+        return value
+
+    def unary(self) -> int:
+        if self.peek() == "-":
+            self.take()
+            return -self.unary()
+        return self.atom()
+
+    def atom(self) -> int:
+        tok = self.take()
+        if tok == "(":
+            value = self.expr()
+            if self.take() != ")":
+                raise CalcError("missing )")
+            return value
+        if tok.isdigit():
+            return int(tok)
+        raise CalcError(f"unexpected {tok!r}")
+
+
+def _check(value: int) -> int:
+    if abs(value) > MAX_ABS_VALUE:
+        raise CalcError("result too large")
+    return value
+
+
+def evaluate(expr: str) -> int:
+    """Evaluate an integer arithmetic expression safely (no ``eval``); raises :class:`CalcError`."""
+    if len(expr) > MAX_EXPR_CHARS:
+        raise CalcError(f"expression longer than {MAX_EXPR_CHARS} characters")
+    if expr.count("(") > 20:
+        raise CalcError("too many parentheses")
+    tokens = _tokenize(expr)
+    if not tokens:
+        raise CalcError("empty expression")
+    parser = _Parser(tokens)
+    value = parser.expr()
+    if parser.peek() is not None:
+        raise CalcError(f"unexpected {parser.peek()!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Task generation
+# ---------------------------------------------------------------------------------------------
+NAMES: tuple[tuple[str, str], ...] = (
+    ("Ann", "she"), ("Bob", "he"), ("Cid", "he"), ("Dee", "she"), ("Eve", "she"), ("Fay", "she"),
+    ("Gus", "he"), ("Hal", "he"), ("Ivy", "she"), ("Jon", "he"), ("Kim", "she"), ("Lea", "she"),
+    ("Max", "he"), ("Ned", "he"), ("Pam", "she"), ("Ray", "he"), ("Sue", "she"), ("Tom", "he"),
+)  # fmt: skip
+OBJECTS: tuple[str, ...] = (
+    "pens",
+    "apples",
+    "cards",
+    "coins",
+    "books",
+    "eggs",
+    "shells",
+    "stamps",
+    "cups",
+    "rocks",
+)
+_FIRST: dict[str, tuple[str, ...]] = {
+    "+": ("{N} has {a} {o}. {P} gets {b} more.", "{N} has {a} {o}. {P} buys {b} more."),
+    "-": ("{N} has {a} {o}. {P} gives away {b}.", "{N} has {a} {o}. {P} loses {b}."),
+    "*": ("{N} has {a} bags of {b} {o}.",),
+}
+_NEXT: dict[str, tuple[str, ...]] = {
+    "+": ("{P} gets {n} more.", "{P} buys {n} more.", "{P} finds {n} more."),
+    "-": ("{P} gives away {n}.", "{P} loses {n}.", "{P} sells {n}."),
+    "*": ("Then {p} has {n} times as many.",),
+}
+LIMIT = 1000
+
+
+def _apply(r: int, op: str, n: int) -> int:
+    return r + n if op == "+" else r - n if op == "-" else r * n
+
+
+class CalculatorTasks(HashSplitTaskSource):
+    """Arithmetic word problems; difficulty = number of steps = number of ``calc`` calls.
+
+    The held-out split is decided by the arithmetic (``12+7-5*2``), not by the story, so a
+    held-out problem never reappears in training with other names.
+    """
+
+    task_types = ("arithmetic",)
+    difficulties = (1, 2, 3, 4, 5)
+    salt = "calculator"
+
+    def generate(self, rng: random.Random, difficulty: int) -> Task:
+        name, pron = rng.choice(NAMES)
+        obj = rng.choice(OBJECTS)
+        op = rng.choice("+-*")
+        if op == "*":
+            a, b = rng.randint(2, 9), rng.randint(2, 12)
+        elif op == "-":
+            a = rng.randint(2, 20)
+            b = rng.randint(1, a)
+        else:
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
+        steps: list[tuple[str, int]] = [(op, b)]
+        fmt = {"N": name, "P": pron.capitalize(), "p": pron, "o": obj, "a": a, "b": b}
+        sentences = [rng.choice(_FIRST[op]).format(**fmt)]
+        r = _apply(a, op, b)
+        for _ in range(difficulty - 1):
+            options = ["+"] if r + 20 < LIMIT else []
+            if r >= 1:
+                options.append("-")
+            if r > 0 and r * 2 < LIMIT:
+                options.append("*")
+            op = rng.choice(options)
+            if op == "+":
+                n = rng.randint(1, 20)
+            elif op == "-":
+                n = rng.randint(1, min(20, r))
+            else:
+                n = rng.randint(2, min(5, (LIMIT - 1) // r))
+            steps.append((op, n))
+            sentences.append(rng.choice(_NEXT[op]).format(n=n, **{k: v for k, v in fmt.items() if k != "n"}))
+            r = _apply(r, op, n)
+        sentences.append(f"How many {obj}?")
+        key = f"{a}" + "".join(f"{o}{n}" for o, n in steps)
+        payload: dict[str, Any] = {
+            "prompt": " ".join(sentences),
+            "start": a,
+            "steps": [[o, n] for o, n in steps],
+            "answer": str(r),
+        }
+        return Task(id=task_id("calc", key), task_type="arithmetic", difficulty=difficulty, payload=payload)
+
+    def content_key(self, task: Task) -> str:
+        p = task.payload
+        return f"{p['start']}" + "".join(f"{o}{n}" for o, n in p["steps"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference solver
+# ---------------------------------------------------------------------------------------------
+def _chain(task: Task) -> list[tuple[int, str, int, int]]:
+    """(lhs, op, rhs, result) of each step."""
+    r = int(task.payload["start"])
+    out = []
+    for op, n in task.payload["steps"]:
+        res = _apply(r, op, int(n))
+        out.append((r, op, int(n), res))
+        r = res
+    return out
+
+
+def calc_solve(task: Task) -> list[str]:
+    """``calc(<previous result><op><next number>)`` per step, then the answer."""
+    chain = _chain(task)
+    texts = [f"<tool>calc({lhs}{op}{rhs})</tool>" for lhs, op, rhs, _ in chain]
+    return [*texts, f"<answer>{chain[-1][3]}</answer>"]
+
+
+def calc_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+    """The reference episode, or (with probability ``corruption_rate``) one with ONE mistake.
+
+    Mistakes a plausible weak agent makes: a wrong operand in one call (later calls then chain
+    on the wrong result), a skipped call (that number is ignored), or a wrong final copy (the
+    answer is not the last tool result). A corrupted demonstration always differs from
+    :func:`calc_solve`'s.
+    """
+    if rng.random() >= corruption_rate:
+        return calc_solve(task)
+    steps = [(op, int(n)) for op, n in task.payload["steps"]]
+    kind = rng.choice(("wrong_operand", "skipped_call", "wrong_final_copy"))
+    texts: list[str] = []
+    r = int(task.payload["start"])
+    if kind == "wrong_final_copy":
+        chain = _chain(task)
+        texts = [f"<tool>calc({lhs}{op}{rhs})</tool>" for lhs, op, rhs, _ in chain]
+        final = chain[-1][3]
+        wrong = chain[-2][3] if len(chain) > 1 and chain[-2][3] != final else final + rng.choice((-1, 1))
+        return [*texts, f"<answer>{wrong}</answer>"]
+    k = rng.randrange(len(steps))
+    if kind == "skipped_call" and len(steps) == 1:
+        return [f"<answer>{r}</answer>"]  # answered without calling the tool at all
+    if kind == "skipped_call" and k == 0:
+        k = 1
+    for i, (op, n) in enumerate(steps):
+        if i == k and kind == "skipped_call":
+            continue
+        if i == k:
+            n = max(1, n + rng.choice((-2, -1, 1, 2))) if n > 1 else n + rng.choice((1, 2))
+        texts.append(f"<tool>calc({r}{op}{n})</tool>")
+        r = _apply(r, op, n)
+    return [*texts, f"<answer>{r}</answer>"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The environment
+# ---------------------------------------------------------------------------------------------
+class CalculatorEnv(ToolEnv):
+    """Arithmetic word problems with a ``calc(EXPR)`` tool; see the module docstring."""
+
+    kind = "calculator"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tools = [
+            Tool(
+                name="calc",
+                description="Evaluate integer arithmetic: digits, + - * / and parentheses. Returns the integer.",
+                args_schema={"type": "string", "description": "arithmetic expression", "example": "3*4"},
+            )
+        ]
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> CalculatorTasks:
+        if cfg.options:
+            from asyncrl.envs.toolenv import EnvOptionsError
+
+            raise EnvOptionsError(f"env.options for 'calculator' must be empty, got {sorted(cfg.options)}")
+        return CalculatorTasks.from_config(cfg)  # type: ignore[return-value]
+
+    solve = staticmethod(calc_solve)
+    demonstrate = staticmethod(calc_demonstrate)
+
+    def prompt(self, task: Task) -> str:
+        return str(task.payload["prompt"])
+
+    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
+        try:
+            return True, str(evaluate(args))
+        except CalcError as exc:
+            return False, str(exc)
+
+    def is_correct(self, answer: str) -> bool:
+        assert self.task is not None
+        return answer.strip() == str(self.task.payload["answer"])
+
+    def result_used(self, text: str, result: str) -> bool:
+        return mentions_number(text, result)

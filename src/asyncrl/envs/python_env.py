@@ -1,0 +1,237 @@
+"""``python``: small computation questions answered by running code in a sandbox.
+
+The model calls ``<tool>python(CODE)</tool>``; CODE (the raw text between the first ``(`` and
+the last ``)``, so nested parentheses and newlines are fine) runs via
+:func:`asyncrl.envs.sandbox.run_python` and the observation is its stripped stdout (or
+``error: <last line of the traceback>``), at most 200 characters.
+
+Example (difficulty 1)::
+
+    prompt : What is the sum of the squares of 1..7? Use python, print the result.
+    model  : <tool>python(print(sum(i*i for i in range(1, 8))))</tool>   -> 140
+    model  : <answer>140</answer>                                      -> correct, reward 1.0
+
+Reference code is always ONE line (statements joined by ``;``), which keeps episodes short
+for the 512-token default context. Difficulty is the tier of the question (1: one expression, 2: a filtered count/sum,
+3: a loop or search). Answers are computed in-process by the task source (never by running
+model code), so grading does not depend on the sandbox.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
+from asyncrl.envs.sandbox import SandboxLimits, run_python
+from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
+from asyncrl.records import Task
+
+if TYPE_CHECKING:
+    from asyncrl.config import EnvConfig
+
+__all__ = ["PythonEnv", "PythonTasks", "py_demonstrate", "py_solve"]
+
+OBSERVATION_CHARS = 200
+
+
+def _is_prime(k: int) -> bool:
+    return k >= 2 and all(k % d for d in range(2, math.isqrt(k) + 1))
+
+
+def _fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+@dataclass(frozen=True)
+class _Template:
+    name: str
+    tier: int
+    question: str
+    code: str
+    answer: Callable[..., int]
+    params: Callable[[random.Random], dict[str, int]]
+
+
+TEMPLATES: tuple[_Template, ...] = (
+    _Template(
+        "sum_squares", 1, "What is the sum of the squares of 1..{n}?",
+        "print(sum(i*i for i in range(1, {n1})))",
+        lambda n, n1: sum(i * i for i in range(1, n1)),
+        lambda r: {"n": (n := r.randint(3, 99)), "n1": n + 1},
+    ),
+    _Template(
+        "sum_cubes", 1, "What is the sum of the cubes of 1..{n}?",
+        "print(sum(i**3 for i in range(1, {n1})))",
+        lambda n, n1: sum(i**3 for i in range(1, n1)),
+        lambda r: {"n": (n := r.randint(3, 60)), "n1": n + 1},
+    ),
+    _Template(
+        "power", 1, "What is {a} to the power {b}?",
+        "print({a}**{b})",
+        lambda a, b: a**b,
+        lambda r: {"a": r.randint(2, 9), "b": r.randint(5, 25)},
+    ),
+    _Template(
+        "count_div", 2, "How many numbers in 1..{n} are divisible by {a} or {b}?",
+        "print(sum(1 for i in range(1, {n1}) if i % {a} == 0 or i % {b} == 0))",
+        lambda n, n1, a, b: sum(1 for i in range(1, n1) if i % a == 0 or i % b == 0),
+        lambda r: {"n": (n := r.randint(50, 500)), "n1": n + 1, "a": (a := r.randint(2, 9)),
+                   "b": r.choice([x for x in range(2, 12) if x != a])},
+    ),
+    _Template(
+        "digit_sum", 2, "What is the sum of the digits of {a}**{b}?",
+        "print(sum(int(c) for c in str({a}**{b})))",
+        lambda a, b: sum(int(c) for c in str(a**b)),
+        lambda r: {"a": r.randint(2, 9), "b": r.randint(10, 60)},
+    ),
+    _Template(
+        "count_primes", 2, "How many primes are below {n}?",
+        "print(sum(1 for k in range(2, {n}) if all(k % d for d in range(2, k))))",
+        lambda n: sum(1 for k in range(2, n) if _is_prime(k)),
+        lambda r: {"n": r.randint(20, 400)},
+    ),
+    _Template(
+        "fib_mod", 3, "What is Fibonacci number {n} mod {m}? (F1=F2=1)",
+        "f = [0, 1]; [f.append(f[-1] + f[-2]) for _ in range({n})]; print(f[{n}] % {m})",
+        lambda n, m: _fib(n) % m,
+        lambda r: {"n": r.randint(20, 200), "m": r.choice([97, 100, 101, 1000, 997])},
+    ),
+    _Template(
+        "largest_prime", 3, "What is the largest prime below {n}?",
+        "print(max(k for k in range(2, {n}) if all(k % d for d in range(2, k))))",
+        lambda n: max(k for k in range(2, n) if _is_prime(k)),
+        lambda r: {"n": r.randint(30, 2000)},
+    ),
+    _Template(
+        "sum_primes", 3, "What is the sum of the primes below {n}?",
+        "print(sum(k for k in range(2, {n}) if all(k % d for d in range(2, k))))",
+        lambda n: sum(k for k in range(2, n) if _is_prime(k)),
+        lambda r: {"n": r.randint(20, 400)},
+    ),
+)  # fmt: skip
+_BY_NAME = {t.name: t for t in TEMPLATES}
+SUFFIX = " Use python, print the result."
+
+
+class PythonTasks(HashSplitTaskSource):
+    """Computation questions; difficulty = template tier. Split by (template, parameters)."""
+
+    task_types = tuple(t.name for t in TEMPLATES)
+    difficulties = (1, 2, 3)
+    salt = "python"
+
+    def generate(self, rng: random.Random, difficulty: int) -> Task:
+        tpl = rng.choice([t for t in TEMPLATES if t.tier == difficulty])
+        params = tpl.params(rng)
+        key = tpl.name + "|" + ",".join(f"{k}={v}" for k, v in sorted(params.items()))
+        payload: dict[str, Any] = {
+            "prompt": tpl.question.format(**params) + SUFFIX,
+            "template": tpl.name,
+            "params": params,
+            "answer": str(tpl.answer(**params)),
+        }
+        return Task(id=task_id("py", key), task_type=tpl.name, difficulty=difficulty, payload=payload)
+
+    def content_key(self, task: Task) -> str:
+        p = task.payload
+        return str(p["template"]) + "|" + ",".join(f"{k}={v}" for k, v in sorted(p["params"].items()))
+
+
+def _code(task: Task, **override: int) -> str:
+    tpl = _BY_NAME[task.payload["template"]]
+    return str(tpl.code).format(**{**task.payload["params"], **override})
+
+
+def py_solve(task: Task) -> list[str]:
+    """One python call with the template's reference code, then the answer."""
+    return [f"<tool>python({_code(task)})</tool>", f"<answer>{task.payload['answer']}</answer>"]
+
+
+def py_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+    """Reference episode, or with probability ``corruption_rate`` one mistake: an off-by-one
+    range/operand in the code (answering what that code prints), a skipped call (a guessed
+    answer), or a wrong final copy (the printed result off by one)."""
+    if rng.random() >= corruption_rate:
+        return py_solve(task)
+    answer = int(task.payload["answer"])
+    kind = rng.choice(("wrong_operand", "skipped_call", "wrong_final_copy"))
+    if kind == "wrong_operand":
+        tpl = _BY_NAME[task.payload["template"]]
+        params = dict(task.payload["params"])
+        name = rng.choice(sorted(k for k in params if k not in ("n1", "m")))
+        params[name] = params[name] + rng.choice((-1, 1))
+        if "n1" in params and name == "n":
+            params["n1"] = params["n"] + 1
+        with_bad = tpl.code.format(**params)
+        try:
+            wrong = tpl.answer(**params)
+        except ValueError:  # e.g. no prime below the perturbed bound
+            wrong = answer + 1
+        if with_bad != _code(task):
+            return [f"<tool>python({with_bad})</tool>", f"<answer>{wrong}</answer>"]
+        kind = "wrong_final_copy"
+    if kind == "skipped_call":
+        return [f"<answer>{answer + rng.choice((-10, -2, -1, 1, 2, 10))}</answer>"]
+    return [f"<tool>python({_code(task)})</tool>", f"<answer>{answer + rng.choice((-1, 1))}</answer>"]
+
+
+_LIMIT_FIELDS = {f.name for f in fields(SandboxLimits)}
+
+
+class PythonEnv(ToolEnv):
+    """Computation questions with a sandboxed ``python(CODE)`` tool; see the module docstring.
+
+    Options (``env.options``) are :class:`~asyncrl.envs.sandbox.SandboxLimits` fields, e.g.
+    ``{"cpu_seconds": 2, "wall_seconds": 5, "memory_bytes": 268435456}``.
+    """
+
+    kind = "python"
+
+    def __init__(self, **limits: Any) -> None:
+        super().__init__()
+        unknown = sorted(set(limits) - _LIMIT_FIELDS)
+        if unknown:
+            raise EnvOptionsError(
+                f"env.options for 'python': unknown {unknown}; allowed: {sorted(_LIMIT_FIELDS)}"
+            )
+        self.limits = SandboxLimits(**limits)
+        self.tools = [
+            Tool(
+                name="python",
+                description="Run Python 3 code in a sandbox (no network, no files outside its temp dir); "
+                "returns what it prints.",
+                args_schema={"type": "string", "description": "Python source code", "example": "print(6*7)"},
+            )
+        ]
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> PythonEnv:
+        return cls(**cfg.options)
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> PythonTasks:
+        return PythonTasks.from_config(cfg)  # type: ignore[return-value]
+
+    solve = staticmethod(py_solve)
+    demonstrate = staticmethod(py_demonstrate)
+
+    def prompt(self, task: Task) -> str:
+        return str(task.payload["prompt"])
+
+    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
+        result = await run_python(args, self.limits)
+        return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
+
+    def is_correct(self, answer: str) -> bool:
+        assert self.task is not None
+        return answer.strip() == str(self.task.payload["answer"])
+
+    def result_used(self, text: str, result: str) -> bool:
+        return mentions_number(text, result)

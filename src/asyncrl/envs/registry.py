@@ -1,0 +1,178 @@
+"""Building environments and task sources from config; loading plugin environments.
+
+Conventions a plugin class (``env.path = "my_pkg.my_env:MyEnv"``) follows -- the built-ins
+follow the very same ones:
+
+* **Construction**: if the class has a classmethod ``from_config(cfg: EnvConfig)``, it is used;
+  otherwise the class is called with ``**cfg.options``.
+* **Task source**: a classmethod ``make_task_source(cfg: EnvConfig) -> TaskSource`` (anything
+  with ``sample(rng, difficulty=None)``, ``heldout()``, ``task_types``, ``difficulties``;
+  subclass :class:`~asyncrl.envs.base.HashSplitTaskSource` to get a disjoint held-out split for
+  free).
+* **Reference solver** (optional; used for warm starts and by ``check_environment``): static
+  methods ``solve(task) -> list[str]`` and ``demonstrate(task, rng, corruption_rate) -> list[str]``.
+
+Every user mistake in this chain is an :class:`EnvPluginError` whose message says what to fix;
+no traceback is needed to understand it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import random
+import sys
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.envs.base import TaskSource
+from asyncrl.envs.calculator import CalculatorEnv
+from asyncrl.envs.kb_lookup import KBLookupEnv
+from asyncrl.envs.python_env import PythonEnv
+from asyncrl.envs.toolenv import EnvOptionsError
+from asyncrl.envs.wrappers import FaultWrapper, GuardedEnv, LatencyWrapper
+from asyncrl.errors import UserError
+
+if TYPE_CHECKING:
+    from asyncrl.config import EnvConfig
+
+__all__ = ["BUILTIN_ENVS", "EnvPluginError", "env_class", "load_plugin", "make_env", "make_task_source"]
+
+BUILTIN_ENVS: dict[str, type[Any]] = {
+    "calculator": CalculatorEnv,
+    "kb_lookup": KBLookupEnv,
+    "python": PythonEnv,
+}
+
+
+class EnvPluginError(UserError, ValueError):
+    """A plugin environment could not be loaded, built, or does not follow the contract.
+
+    A :class:`~asyncrl.errors.UserError`: the CLI prints the message without a traceback."""
+
+
+def load_plugin(path: str) -> type[Any]:
+    """Import ``package.module:ClassName`` and check it looks like an environment class.
+
+    The current directory is searched too (after installed packages). Raises
+    :class:`EnvPluginError` for a malformed path, a missing module, an import that fails inside
+    the module, a missing attribute, or an object that is not an environment class.
+    """
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:ClassName'")
+    module_name, attr = (s.strip() for s in path.split(":"))
+    if not module_name or not attr:
+        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:ClassName'")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        # Console scripts do not put the working directory on sys.path; a plugin module next to
+        # the user's config should still be found (appended, so it never shadows a package).
+        sys.path.append(cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing == module_name or module_name.startswith(missing + "."):
+            raise EnvPluginError(
+                f"module {module_name!r} not found (is the package installed, or on PYTHONPATH?)"
+            ) from None
+        raise EnvPluginError(
+            f"importing {module_name!r} failed: it needs module {missing!r}, which is not installed"
+        ) from None
+    except SyntaxError as exc:
+        raise EnvPluginError(
+            f"importing {module_name!r} failed: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}"
+        ) from None
+    except Exception as exc:
+        raise EnvPluginError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise EnvPluginError(f"{module_name!r} has no attribute {attr!r}{hint}")
+        obj = getattr(obj, part)
+    if not inspect.isclass(obj):
+        raise EnvPluginError(f"{path} is a {type(obj).__name__}, not an environment class")
+    missing_methods = [m for m in ("reset", "step") if not callable(getattr(obj, m, None))]
+    if missing_methods:
+        raise EnvPluginError(
+            f"{path} is not an environment: it has no {' or '.join(missing_methods)} method "
+            "(needs reset(task) -> str, step(model_text) -> StepResult and a tools list)"
+        )
+    return obj
+
+
+def env_class(cfg: EnvConfig) -> type[Any]:
+    """The environment class for ``cfg``: a built-in by ``kind`` or the plugin at ``path``."""
+    if cfg.kind == "plugin":
+        if not cfg.path:
+            raise EnvPluginError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
+        return load_plugin(cfg.path)
+    return BUILTIN_ENVS[cfg.kind]
+
+
+def _construct(cls: type[Any], cfg: EnvConfig) -> Any:
+    where = cfg.path if cfg.kind == "plugin" else cfg.kind
+    try:
+        from_config = getattr(cls, "from_config", None)
+        env = from_config(cfg) if callable(from_config) else cls(**cfg.options)
+    except (EnvOptionsError, EnvPluginError) as exc:
+        raise EnvPluginError(str(exc)) from None
+    except TypeError as exc:
+        raise EnvPluginError(f"could not construct {where} with env.options {cfg.options!r}: {exc}") from exc
+    except Exception as exc:
+        raise EnvPluginError(f"constructing {where} raised {type(exc).__name__}: {exc}") from exc
+    tools = getattr(env, "tools", None)
+    if not isinstance(tools, (list, tuple)):
+        raise EnvPluginError(f"{where}: the environment needs a 'tools' list attribute (it may be empty)")
+    return env
+
+
+def make_raw_env(cfg: EnvConfig) -> Any:
+    """The environment without wrappers (for checks and tests)."""
+    return _construct(env_class(cfg), cfg)
+
+
+def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv:
+    """Build the environment for ``cfg`` wrapped as Guard(Fault(Latency(env))).
+
+    ``rng_seed`` seeds the latency and fault draws (give each worker/episode slot its own);
+    the task content itself is seeded by ``cfg.seed`` through the task source. Latency and
+    fault wrappers are only added when configured.
+    """
+    env = make_raw_env(cfg)
+    rng = random.Random(rng_seed)
+    if cfg.latency.kind != "none":
+        env = LatencyWrapper(env, cfg.latency, random.Random(rng.getrandbits(64)))
+    f = cfg.faults
+    if f.exception_rate or f.hang_rate or f.malformed_rate:
+        env = FaultWrapper(env, f, random.Random(rng.getrandbits(64)))
+    return GuardedEnv(env, cfg.guard)
+
+
+def make_task_source(cfg: EnvConfig) -> TaskSource:
+    """The task source for ``cfg``, via the class's ``make_task_source(cfg)`` classmethod."""
+    cls = env_class(cfg)
+    where = cfg.path if cfg.kind == "plugin" else cfg.kind
+    factory = getattr(cls, "make_task_source", None)
+    if not callable(factory):
+        raise EnvPluginError(
+            f"{where} provides no task source: define a classmethod make_task_source(cls, cfg) -> TaskSource"
+        )
+    try:
+        source = factory(cfg)
+    except (EnvOptionsError, EnvPluginError) as exc:
+        raise EnvPluginError(str(exc)) from None
+    except ValueError as exc:
+        raise EnvPluginError(f"{where}: {exc}") from exc
+    except Exception as exc:
+        raise EnvPluginError(f"{where}.make_task_source raised {type(exc).__name__}: {exc}") from exc
+    missing = [m for m in ("sample", "heldout") if not callable(getattr(source, m, None))]
+    if missing:
+        raise EnvPluginError(
+            f"{where}.make_task_source returned {type(source).__name__}, which has no {' or '.join(missing)} method"
+        )
+    return source  # type: ignore[no-any-return]

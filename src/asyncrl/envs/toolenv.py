@@ -1,0 +1,171 @@
+"""Shared episode logic of the built-in environments.
+
+All built-ins follow the same loop -- parse the turn with :func:`parse_action`, dispatch a tool
+call or grade an answer, pay process rewards with :class:`EpisodeRewards` -- so that the three
+environments differ only in their tools, prompts and answer checks. Keeping this in one place
+means a policy trained on one built-in sees exactly the same protocol on the others.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from asyncrl.envs.base import (
+    AnswerAction,
+    EpisodeRewards,
+    MalformedAction,
+    StepResult,
+    Tool,
+    parse_action,
+)
+from asyncrl.errors import UserError
+from asyncrl.records import Task, ToolCall
+
+if TYPE_CHECKING:
+    import random
+
+    from asyncrl.config import EnvConfig
+    from asyncrl.envs.base import HashSplitTaskSource
+
+MAX_ARGS_CHARS = 4000
+"""Longest ARGS text accepted by a built-in tool (longer calls are tool errors)."""
+
+
+class EnvOptionsError(UserError, ValueError):
+    """Unknown or invalid ``env.options`` for a built-in environment (a user mistake)."""
+
+
+class ToolEnv(ABC):
+    """Base of the built-in environments (async).
+
+    Subclasses set :attr:`tools`, and implement :meth:`prompt`, :meth:`run_tool`,
+    :meth:`is_correct` and :meth:`result_used`. One instance runs one episode at a time.
+    Stepping after the episode ended returns the same final result again (reward and outcome
+    unchanged, no process reward), so a retried final step is harmless.
+    """
+
+    kind: ClassVar[str] = ""
+    tools: list[Tool]
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self.rewards = EpisodeRewards()
+        self.turns = 0
+        self._final: StepResult | None = None
+
+    # -- construction conventions (also used by plugins, see registry.py) ----------------------
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> ToolEnv:
+        """Build the environment from ``env`` config; unknown options are a clear error."""
+        try:
+            return cls(**cfg.options)
+        except TypeError as exc:
+            raise EnvOptionsError(f"env.options for {cls.kind!r} are invalid: {exc}") from None
+
+    @classmethod
+    @abstractmethod
+    def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
+        """The task source matching this environment and config."""
+
+    @staticmethod
+    @abstractmethod
+    def solve(task: Task) -> list[str]:
+        """Model-turn texts of a perfect episode."""
+
+    @staticmethod
+    @abstractmethod
+    def demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+        """A demonstration that, with probability ``corruption_rate``, contains one mistake."""
+
+    # -- to implement ---------------------------------------------------------------------------
+    @abstractmethod
+    def prompt(self, task: Task) -> str:
+        """The first observation."""
+
+    @abstractmethod
+    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
+        """Run a tool; ``(True, result)`` or ``(False, error message)``."""
+
+    @abstractmethod
+    def is_correct(self, answer: str) -> bool:
+        """Grade the final answer against ``self.task``."""
+
+    @abstractmethod
+    def result_used(self, text: str, result: str) -> bool:
+        """Whether ``text`` (later args or the answer) uses an earlier tool ``result``."""
+
+    # -- the protocol ---------------------------------------------------------------------------
+    async def reset(self, task: Task) -> str:
+        self.task = task
+        self.rewards = EpisodeRewards()
+        self.turns = 0
+        self._final = None
+        return self.prompt(task)
+
+    async def step(self, model_text: str) -> StepResult:
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+        if self._final is not None:
+            return StepResult(
+                observation=self._final.observation,
+                done=True,
+                reward=self._final.reward,
+                outcome=self._final.outcome,
+                info={"after_done": True},
+            )
+        self.turns += 1
+        action = parse_action(model_text)
+        if isinstance(action, MalformedAction):
+            reward, parts = self.rewards.malformed()
+            return StepResult(
+                observation=f"error: {action.reason}",
+                process_reward=reward,
+                info={"action": "malformed", "reward_parts": parts},
+            )
+        if isinstance(action, AnswerAction):
+            correct = self.is_correct(action.answer)
+            reward, parts = self.rewards.answer(action.answer, self.result_used)
+            self._final = StepResult(
+                observation="correct" if correct else "incorrect",
+                process_reward=reward,
+                done=True,
+                reward=1.0 if correct else 0.0,
+                outcome="success" if correct else "failure",
+                info={"action": "answer", "answer": action.answer, "reward_parts": parts},
+            )
+            return self._final
+        names = [t.name for t in self.tools]
+        if action.name not in names:
+            reward, parts = self.rewards.malformed()
+            return StepResult(
+                observation=f"error: unknown tool {action.name!r}; tools: {', '.join(names)}",
+                process_reward=reward,
+                info={"action": "malformed", "reward_parts": parts},
+            )
+        started = time.monotonic()
+        if len(action.args) > MAX_ARGS_CHARS:
+            ok, text = False, f"arguments longer than {MAX_ARGS_CHARS} characters"
+        else:
+            ok, text = await self.run_tool(action.name, action.args)
+        latency = time.monotonic() - started
+        call = ToolCall(
+            name=action.name,
+            arguments=action.args,
+            ok=ok,
+            result=text if ok else "",
+            error="" if ok else text,
+            latency_s=latency,
+        )
+        if ok:
+            reward, parts = self.rewards.tool_ok(action.name, action.args, text, self.result_used)
+            observation = text
+        else:
+            reward, parts = self.rewards.tool_error()
+            observation = f"error: {text}"
+        info: dict[str, Any] = {"action": "tool", "reward_parts": parts}
+        return StepResult(observation=observation, process_reward=reward, info=info, tool_call=call)
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
+        """Nothing to release by default."""

@@ -1,0 +1,336 @@
+"""Environment wrappers: simulated latency, injected faults, and the fault-isolating guard.
+
+``make_env`` stacks them as ``GuardedEnv(FaultWrapper(LatencyWrapper(env)))``: latency and
+faults are *inside* the guard, so the guard's timeout covers slow tools and its retries
+absorb injected faults exactly like real ones.
+
+Guard semantics (:class:`GuardedEnv`)
+-------------------------------------
+* Every ``reset``/``step`` attempt runs with a wall-clock limit (``step_timeout_s``). An
+  attempt fails if it raises (anything, including ``SystemExit``), exceeds the limit, returns
+  something that is not a :class:`StepResult` (or, for reset, not a str), an observation that is
+  not a str or longer than ``max_observation_chars``, a non-finite/non-numeric
+  ``process_reward``/``reward``, a non-bool ``done``, or ``done`` without a valid outcome.
+* A failed attempt is retried up to ``retries`` times. RETRYING RE-SENDS THE SAME MODEL TEXT:
+  for a non-idempotent environment the failed attempt may already have changed its state (a
+  tool may have run twice). Built-in environments tolerate this (tools are pure; a repeated
+  final answer returns the same result).
+* After the last failed step attempt the guard returns
+  ``StepResult(observation=fault_observation, process_reward=fault_reward, done=False)`` with a
+  :class:`~asyncrl.records.Fault` in ``info["fault"]``; the episode continues (the runner may end
+  it). A reset that fails every attempt raises :class:`EnvResetError` (runner: ``env_error``).
+* Hung attempts are abandoned, not awaited: an async step that swallows cancellation keeps
+  running detached, and a blocked synchronous step leaks its (daemon) thread. Neither can stall
+  the guard. What no wrapper can preempt is an ``async def`` that blocks the event loop itself
+  (e.g. ``time.sleep`` inside a coroutine) -- write such environments as plain ``def``.
+* Results are rebuilt from validated fields (rewards converted to ``float``), so odd subclasses
+  returned by an environment never leak further.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import numbers
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.envs.base import StepResult, Tool, call_env, close_env
+from asyncrl.records import OUTCOMES, Fault, ToolCall
+
+if TYPE_CHECKING:
+    from asyncrl.config import FaultConfig, GuardConfig, LatencyConfig
+    from asyncrl.records import Task
+
+__all__ = ["EnvResetError", "EnvWrapper", "FaultWrapper", "GuardedEnv", "InjectedFault", "LatencyWrapper"]
+
+
+class EnvResetError(RuntimeError):
+    """``reset`` failed on every attempt; ``fault`` says how (the runner records ``env_error``)."""
+
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(
+            f"environment reset failed after {fault.attempts} attempt(s): {fault.kind}: {fault.message}"
+        )
+        self.fault = fault
+
+
+class InjectedFault(RuntimeError):
+    """The exception :class:`FaultWrapper` raises on purpose."""
+
+
+class EnvWrapper:
+    """Base wrapper: forwards ``tools``, ``reset``, ``step``, ``close`` (sync or async inner env)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    def __getattr__(self, name: str) -> Any:
+        """Forward other attributes (``solve``, ``demonstrate``, ``kb`` ...) to the inner env.
+
+        Only protocol methods are wrapped; anything reached through this forwarding bypasses
+        the guard, which is why it is meant for static helpers like the reference solver.
+        """
+        if name == "env" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    @property
+    def tools(self) -> list[Tool]:
+        tools = getattr(self.env, "tools", [])
+        return list(tools) if isinstance(tools, (list, tuple)) else []
+
+    @property
+    def unwrapped(self) -> Any:
+        env = self.env
+        while isinstance(env, EnvWrapper):
+            env = env.env
+        return env
+
+    async def reset(self, task: Task) -> str:
+        return await call_env(self.env.reset, task)  # type: ignore[no-any-return]
+
+    async def step(self, model_text: str) -> StepResult:
+        return await call_env(self.env.step, model_text)  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        await close_env(self.env)
+
+
+# ---------------------------------------------------------------------------------------------
+class LatencyWrapper(EnvWrapper):
+    """Adds a random delay before every step (simulated tool latency).
+
+    ``constant``: ``seconds``; ``lognormal``: median ``seconds``, shape ``sigma``;
+    ``pareto``: scale ``x_m = seconds``, tail index ``alpha`` (median ``x_m * 2**(1/alpha)``).
+    Every delay is capped at ``max_seconds``. The delay is added to ``tool_call.latency_s``.
+    """
+
+    def __init__(self, env: Any, cfg: LatencyConfig, rng: random.Random) -> None:
+        super().__init__(env)
+        self.cfg = cfg
+        self.rng = rng
+
+    def sample_delay(self) -> float:
+        c = self.cfg
+        if c.kind == "none" or c.seconds <= 0:
+            delay = 0.0
+        elif c.kind == "constant":
+            delay = c.seconds
+        elif c.kind == "lognormal":
+            delay = self.rng.lognormvariate(math.log(c.seconds), c.sigma)
+        elif c.kind == "pareto":
+            delay = c.seconds * self.rng.paretovariate(c.alpha)
+        else:
+            raise ValueError(f"unknown latency kind {c.kind!r}")
+        return min(delay, c.max_seconds)
+
+    async def step(self, model_text: str) -> StepResult:
+        delay = self.sample_delay()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        result = await super().step(model_text)
+        if isinstance(result, StepResult) and isinstance(result.tool_call, ToolCall):
+            result.tool_call.latency_s += delay
+        return result
+
+
+# ---------------------------------------------------------------------------------------------
+class FaultWrapper(EnvWrapper):
+    """Injects faults into steps, for robustness tests.
+
+    Per step, one uniform draw decides (rates are stacked in this order): raise
+    :class:`InjectedFault` (``exception_rate``), hang forever (``hang_rate``), or return a
+    malformed result (``malformed_rate``) -- a non-str observation, a huge observation, a
+    non-finite reward, or not a StepResult at all. Faults replace the inner step (the inner
+    environment is not called), so the guard's retry sees an untouched environment.
+    """
+
+    MALFORMED_KINDS = ("non_str", "huge", "nan_reward", "inf_process_reward", "not_a_result")
+
+    def __init__(self, env: Any, cfg: FaultConfig, rng: random.Random) -> None:
+        super().__init__(env)
+        self.cfg = cfg
+        self.rng = rng
+
+    def _malformed(self) -> Any:
+        kind = self.rng.choice(self.MALFORMED_KINDS)
+        if kind == "non_str":
+            return StepResult(observation=12345)  # type: ignore[arg-type]
+        if kind == "huge":
+            return StepResult(observation="x" * 1_000_000)
+        if kind == "nan_reward":
+            return StepResult(observation="ok", done=True, reward=float("nan"), outcome="success")
+        if kind == "inf_process_reward":
+            return StepResult(observation="ok", process_reward=float("inf"))
+        return {"observation": "not a StepResult"}
+
+    async def step(self, model_text: str) -> StepResult:
+        u = self.rng.random()
+        c = self.cfg
+        if u < c.exception_rate:
+            raise InjectedFault("injected fault: exception")
+        if u < c.exception_rate + c.hang_rate:
+            await asyncio.Event().wait()  # hang forever
+        if u < c.exception_rate + c.hang_rate + c.malformed_rate:
+            return self._malformed()  # type: ignore[no-any-return]
+        return await super().step(model_text)
+
+
+# ---------------------------------------------------------------------------------------------
+class _AttemptFailed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def _finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _AttemptFailed("bad_reward", f"{name} is {type(value).__name__}, expected a number")
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _AttemptFailed("bad_reward", f"{name} is not convertible to float: {exc}") from None
+    if not math.isfinite(x):
+        raise _AttemptFailed("bad_reward", f"{name} is {x}, expected a finite number")
+    return x
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if (
+        isinstance(exc, RuntimeError)
+        and isinstance(exc.__cause__, BaseException)
+        and str(exc).startswith(type(exc.__cause__).__name__)
+    ):
+        text = str(exc)
+    return text[:500]
+
+
+class GuardedEnv(EnvWrapper):
+    """Isolates every environment fault; see the module docstring for the exact semantics."""
+
+    def __init__(self, env: Any, cfg: GuardConfig, *, max_observation_chars: int = 8192) -> None:
+        super().__init__(env)
+        self.cfg = cfg
+        self.max_observation_chars = max_observation_chars
+
+    async def _attempt(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One attempt with the timeout; converts every failure into :class:`_AttemptFailed`."""
+
+        async def run() -> tuple[bool, Any]:
+            try:
+                return True, await call()
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # SystemExit etc. must not reach the loop
+                return False, exc
+
+        task = asyncio.ensure_future(run())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.cfg.step_timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()  # not awaited: an environment that ignores cancellation cannot stall us
+            task.add_done_callback(_consume)
+            raise _AttemptFailed("timeout", f"no result within {self.cfg.step_timeout_s:g}s")
+        if task.cancelled():  # we did not cancel it: the environment raised CancelledError itself
+            raise _AttemptFailed("exception", "CancelledError raised by the environment")
+        ok, value = task.result()
+        if not ok:
+            raise _AttemptFailed("exception", _describe(value))
+        return value
+
+    async def _guarded(
+        self, call: Callable[[], Awaitable[Any]], validate: Callable[[Any], Any]
+    ) -> tuple[Any, list[Fault]]:
+        failures: list[Fault] = []
+        attempts = self.cfg.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return validate(await self._attempt(call)), failures
+            except _AttemptFailed as failed:
+                failures.append(Fault(kind=failed.kind, message=failed.message, attempts=attempt))  # type: ignore[arg-type]
+        return None, failures
+
+    # -- validation ----------------------------------------------------------------------------
+    def _check_text(self, obs: Any, what: str) -> str:
+        if not isinstance(obs, str):
+            raise _AttemptFailed("malformed", f"{what} is {type(obs).__name__}, expected str")
+        if len(obs) > self.max_observation_chars:
+            raise _AttemptFailed(
+                "malformed", f"{what} has {len(obs)} characters (limit {self.max_observation_chars})"
+            )
+        return str.__str__(obs)
+
+    def _validate_reset(self, value: Any) -> str:
+        return self._check_text(value, "reset() result")
+
+    def _validate_step(self, value: Any) -> StepResult:
+        if not isinstance(value, StepResult):
+            raise _AttemptFailed("malformed", f"step() returned {type(value).__name__}, expected StepResult")
+        observation = self._check_text(value.observation, "observation")
+        process_reward = _finite(value.process_reward, "process_reward")
+        reward = _finite(value.reward, "reward")
+        if not isinstance(value.done, bool):
+            raise _AttemptFailed("malformed", f"done is {type(value.done).__name__}, expected bool")
+        if value.outcome is not None and value.outcome not in OUTCOMES:
+            raise _AttemptFailed(
+                "malformed", f"outcome {value.outcome!r} is not one of {', '.join(OUTCOMES)}"
+            )
+        if value.done and value.outcome is None:
+            raise _AttemptFailed("malformed", "done=True needs an outcome (e.g. 'success' or 'failure')")
+        if not isinstance(value.info, dict):
+            raise _AttemptFailed("malformed", f"info is {type(value.info).__name__}, expected dict")
+        if value.tool_call is not None and not isinstance(value.tool_call, ToolCall):
+            raise _AttemptFailed(
+                "malformed", f"tool_call is {type(value.tool_call).__name__}, expected ToolCall"
+            )
+        return StepResult(
+            observation=observation,
+            process_reward=process_reward,
+            done=value.done,
+            reward=reward,
+            outcome=value.outcome,
+            info=dict(value.info),
+            tool_call=value.tool_call,
+        )
+
+    # -- the protocol --------------------------------------------------------------------------
+    async def reset(self, task: Task) -> str:
+        obs, failures = await self._guarded(lambda: call_env(self.env.reset, task), self._validate_reset)
+        if obs is None:
+            last = failures[-1]
+            raise EnvResetError(Fault(kind=last.kind, message=last.message, attempts=len(failures)))
+        return obs  # type: ignore[no-any-return]
+
+    async def step(self, model_text: str) -> StepResult:
+        result, failures = await self._guarded(
+            lambda: call_env(self.env.step, model_text), self._validate_step
+        )
+        if result is None:
+            last = failures[-1]
+            return StepResult(
+                observation=self.cfg.fault_observation,
+                process_reward=self.cfg.fault_reward,
+                info={"fault": Fault(kind=last.kind, message=last.message, attempts=len(failures))},
+            )
+        if failures:
+            result.info["retried_faults"] = failures
+        return result  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        """Close the inner environment; errors and hangs are swallowed (nothing escapes)."""
+        with contextlib.suppress(_AttemptFailed):
+            await self._attempt(lambda: close_env(self.env))
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned attempt's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
