@@ -1,1 +1,1 @@
-"""asyncrl.rollout"""
+"""Rollout: generation engines (``engine``), the episode runner (``episode``) and evaluation."""

@@ -1,0 +1,450 @@
+"""The policy network: build, save, load, move weights, and score tokens.
+
+The policy is a plain Hugging Face causal LM (Qwen2 or Llama architecture) in float32,
+so any local HF checkpoint directory can be used in place of a freshly built one, and
+what asyncrl saves can be opened by other HF tools.
+
+:func:`token_logprobs` is the single definition of "the log-probability the policy
+assigns to a token" used by the trainer. The rollout engine records behaviour
+log-probs under the same definition (tempered softmax; see :mod:`asyncrl.rollout.engine`),
+so with identical weights the two agree to float32 rounding and the importance ratio
+of on-policy data is exactly 1 up to that rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.utils import logging as hf_logging
+
+from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
+
+if TYPE_CHECKING:
+    from asyncrl.config import ModelConfig
+
+AttnImpl = Literal["sdpa", "eager"]
+
+DEFAULT_ATTN: AttnImpl = "sdpa"
+"""Attention kernel of built and loaded models. Both kernels agree with the engine to
+float32 rounding (the engine passes explicit masks and position ids); sdpa is faster."""
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+class PolicyLoadError(RuntimeError):
+    """A policy directory is missing, incomplete or corrupt; the message is meant for people."""
+
+
+# ---------------------------------------------------------------------------------------------
+def build_model(
+    cfg: ModelConfig, vocab_size: int, attn_implementation: AttnImpl = DEFAULT_ATTN
+) -> PreTrainedModel:
+    """A freshly initialised causal LM from the architecture fields of ``cfg``.
+
+    Initialisation is seeded with ``cfg.seed`` inside a forked RNG, so building a model
+    neither depends on nor disturbs the caller's global torch RNG state. Dropout is 0 so
+    train and eval mode compute the same function (log-probs recomputed by the trainer
+    must match those recorded by the sampler); the model is returned in train mode.
+    """
+    common: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "max_position_embeddings": cfg.max_context,
+        "tie_word_embeddings": True,
+        "attention_dropout": 0.0,
+        "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
+        "bos_token_id": SPECIAL_TOKENS.index("<bos>"),
+        "eos_token_id": SPECIAL_TOKENS.index("<eos>"),
+    }
+    if cfg.family not in ("qwen2", "llama"):  # pragma: no cover - ModelConfig validates the literal
+        raise ValueError(f"unknown model family {cfg.family!r}; allowed: 'qwen2', 'llama'")
+    model: PreTrainedModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        if cfg.family == "qwen2":
+            qcfg = Qwen2Config(**common, use_sliding_window=False)
+            qcfg._attn_implementation = attn_implementation
+            model = Qwen2ForCausalLM(qcfg)
+        else:
+            lcfg = LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+            lcfg._attn_implementation = attn_implementation
+            model = LlamaForCausalLM(lcfg)
+    torch.nn.Module.float(model)  # PreTrainedModel.float is an untyped wrapper
+    model.train()
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+def _alias_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names whose tensor shares storage with an earlier name (tied weights)."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    aliases: set[str] = set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:
+            aliases.add(name)
+        seen.add(key)
+    return aliases
+
+
+def state_dict_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of every weight, tied duplicates left out.
+
+    Copies, not views: a published snapshot must not change when the optimiser later
+    updates the live parameters in place. Tied aliases (``lm_head.weight``) are dropped,
+    as safetensors files cannot hold shared storage and HF checkpoints omit them too.
+    """
+    aliases = _alias_names(model)
+    return {
+        name: t.detach().to("cpu", copy=True).contiguous()
+        for name, t in model.state_dict().items()
+        if name not in aliases
+    }
+
+
+def load_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` into ``model``'s parameters and buffers in place.
+
+    In place (``copy_``), so optimiser state and any engine holding the same module keep
+    valid references. Strict: every non-tied weight must be present with the right shape,
+    and unknown names are errors, because a silently partial load would make samples
+    come from a policy nobody can name.
+    """
+    current = model.state_dict()
+    aliases = _alias_names(model)
+    required = set(current) - aliases
+    missing = sorted(required - set(tensors))
+    unknown = sorted(set(tensors) - set(current))
+    problems: list[str] = []
+    if missing:
+        problems.append(f"missing {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
+    if unknown:
+        problems.append(f"unknown tensor name(s), e.g. {', '.join(unknown[:3])}")
+    for name, t in tensors.items():
+        if name in current and tuple(t.shape) != tuple(current[name].shape):
+            problems.append(f"{name} has shape {tuple(t.shape)}, model expects {tuple(current[name].shape)}")
+    if problems:
+        raise ValueError("cannot load weights: " + "; ".join(problems[:5]))
+    with torch.no_grad():
+        for name, t in tensors.items():
+            current[name].copy_(t)
+
+
+def input_vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the input embedding (may exceed the tokenizer's size, never fall short of it)."""
+    weight = model.get_input_embeddings().weight
+    assert isinstance(weight, torch.Tensor)
+    return int(weight.shape[0])
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameter elements (tied weights counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel()
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet_hf() -> Iterator[None]:
+    """Silence HF's per-call progress bars and load reports.
+
+    Weights are saved every training step, and asyncrl turns load problems into its own
+    one-line :class:`PolicyLoadError`, so HF's tables would only be noise.
+    """
+    bars = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def _short(exc: BaseException) -> str:
+    """First line of an exception message, for error messages meant for people."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class Policy:
+    """A causal LM and its tokenizer, with offline save/load and raw-tensor weight transfer."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def build(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
+        """A fresh policy from ``cfg``'s architecture fields and a locally built tokenizer."""
+        tok = build_tokenizer(cfg.tokenizer)
+        return cls(build_model(cfg, len(tok), attn_implementation), tok)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
+        """:meth:`load` ``cfg.path`` when it is set, else :meth:`build`."""
+        if cfg.path is not None:
+            return cls.load(cfg.path, attn_implementation)
+        return cls.build(cfg, attn_implementation)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
+        """Load any local HF causal-LM directory that also holds tokenizer files.
+
+        Never touches the network. Every failure (missing directory, missing or corrupt
+        config, weights or tokenizer) becomes one :class:`PolicyLoadError` that names the
+        path and what is wrong.
+        """
+        p = Path(path)
+        where = f"policy directory {str(p)!r}"
+        if not p.is_dir():
+            raise PolicyLoadError(f"{where} does not exist or is not a directory")
+        if not (p / "config.json").is_file():
+            raise PolicyLoadError(f"{where} has no config.json (expected a Hugging Face model directory)")
+        try:
+            json.loads((p / "config.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PolicyLoadError(f"{where}: config.json is not valid JSON ({_short(exc)})") from None
+        weight_files = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+        if not any((p / f).is_file() for f in weight_files):
+            raise PolicyLoadError(f"{where} has no weights (expected one of {', '.join(weight_files)})")
+        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        if not any((p / f).is_file() for f in tokenizer_files):
+            raise PolicyLoadError(f"{where} has no tokenizer files (expected tokenizer.json)")
+        try:
+            # tokenizer.json is loaded as-is: AutoTokenizer would pick a class from the
+            # model type (e.g. Qwen2Tokenizer), which may change pre-processing.
+            if (p / "tokenizer.json").is_file():
+                tok = PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
+            else:
+                tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        except Exception as exc:
+            raise PolicyLoadError(f"{where}: cannot load the tokenizer ({_short(exc)})") from None
+        try:
+            with _quiet_hf():
+                loaded: Any = AutoModelForCausalLM.from_pretrained(
+                    str(p),
+                    local_files_only=True,
+                    dtype=torch.float32,
+                    attn_implementation=attn_implementation,
+                    ignore_mismatched_sizes=True,  # reported below, in one line
+                    output_loading_info=True,
+                )
+        except Exception as exc:
+            raise PolicyLoadError(f"{where}: cannot load the model weights ({_short(exc)})") from None
+        model: PreTrainedModel = loaded[0]
+        info: dict[str, Any] = loaded[1]
+        # HF re-initialises missing or mis-shaped weights with a warning; a policy that is
+        # partly random must not start sampling, so both are errors here.
+        mismatched = [f"{k} {tuple(a)} vs config {tuple(b)}" for k, a, b in info.get("mismatched_keys", [])]
+        if mismatched:
+            raise PolicyLoadError(
+                f"{where}: cannot load the model weights (shapes disagree with config.json: "
+                f"{'; '.join(sorted(mismatched)[:2])}{' ...' if len(mismatched) > 2 else ''})"
+            )
+        missing = sorted(info.get("missing_keys", []))
+        if missing:
+            raise PolicyLoadError(
+                f"{where}: cannot load the model weights ({len(missing)} tensor(s) missing from the "
+                f"checkpoint, e.g. {', '.join(missing[:3])})"
+            )
+        vocab = input_vocab_size(model)
+        if len(tok) > vocab:
+            raise PolicyLoadError(
+                f"{where}: tokenizer has {len(tok)} tokens but the model's vocabulary is {vocab}"
+            )
+        model.train()
+        return cls(model, tok)
+
+    # ---- persistence -----------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write ``model.safetensors``, ``config.json`` and tokenizer files to ``path``.
+
+        Written to a sibling temp directory first and renamed into place, so a reader (or
+        a crash) never sees a half-written checkpoint. An existing directory at ``path``
+        is replaced.
+        """
+        dst = Path(path)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        try:
+            with _quiet_hf():
+                self.model.save_pretrained(str(tmp))
+            self.tokenizer.save_pretrained(str(tmp))
+            if not (tmp / WEIGHTS_NAME).is_file():  # pragma: no cover - sharding is off for small models
+                raise RuntimeError(f"save_pretrained did not write {WEIGHTS_NAME} in {tmp}")
+            if dst.exists():
+                os.replace(dst, old)
+            os.replace(tmp, dst)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+
+    # ---- raw weights -----------------------------------------------------------------------
+    def state_dict_tensors(self) -> dict[str, torch.Tensor]:
+        """See :func:`state_dict_tensors`."""
+        return state_dict_tensors(self.model)
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """See :func:`load_tensors`."""
+        load_tensors(self.model, tensors)
+
+    def num_parameters(self) -> int:
+        return num_parameters(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence (prompt + generated tokens) the model accepts."""
+        return int(self.model.config.max_position_embeddings)
+
+
+# ---------------------------------------------------------------------------------------------
+def _is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row is ones followed by zeros (the trainer's layout)."""
+    m = attention_mask.to(torch.bool)
+    return bool((m[:, 1:] <= m[:, :-1]).all())
+
+
+def padded_attention_inputs(
+    attention_mask: torch.Tensor, attn_implementation: str
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Position ids and a 4D attention mask for an arbitrarily padded batch.
+
+    Positions count real tokens only, so a left-padded prompt and the same prompt
+    right-padded see identical rotary phases. Each padding query attends to itself, so
+    no softmax row is empty (an all-masked row yields NaN in sdpa, and NaN values at
+    padding keys would leak into real rows as ``0 * NaN``). For right padding the mask is
+    omitted: plain causal attention already keeps real tokens from seeing the padding
+    behind them, and lets sdpa use its fast causal kernel.
+    """
+    valid = attention_mask.to(torch.bool)
+    position_ids = (valid.long().cumsum(-1) - 1).clamp_min(0)
+    if _is_right_padded(valid):
+        return None, position_ids
+    t = valid.shape[1]
+    idx = torch.arange(t, device=valid.device)
+    causal = idx[None, :] <= idx[:, None]
+    allowed = causal[None] & (valid[:, None, :] | torch.eye(t, dtype=torch.bool, device=valid.device)[None])
+    return as_attention_bias(allowed[:, None], attn_implementation), position_ids
+
+
+def as_attention_bias(
+    allowed: torch.Tensor, attn_implementation: str, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A boolean "may attend" mask in the form the attention kernel expects.
+
+    sdpa takes booleans; eager adds the mask to the scores, so it needs 0 / -inf-like floats.
+    """
+    if attn_implementation == "sdpa":
+        return allowed
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
+
+
+def _tempered_logits(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float | torch.Tensor,
+) -> torch.Tensor:
+    """Logits predicting tokens 1..T-1 (shape [B, T-1, V]), divided by the temperature."""
+    mask4d, position_ids = padded_attention_inputs(attention_mask, model.config._attn_implementation)
+    out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
+    logits: torch.Tensor = out.logits[:, :-1].float()
+    if isinstance(temperature, torch.Tensor):
+        temp = temperature.to(device=logits.device, dtype=logits.dtype).reshape(-1, 1, 1)
+        if temp.shape[0] != logits.shape[0]:
+            raise ValueError(f"temperature has {temp.shape[0]} entries for a batch of {logits.shape[0]}")
+        return logits / temp
+    if temperature != 1.0:
+        return logits / temperature
+    return logits
+
+
+def token_logprobs_and_entropy(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+    *,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs and entropies ``[B, T]`` under ``softmax(logits / temperature)``.
+
+    ``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``; position 0 (no context)
+    and padding positions (``attention_mask == 0``) are 0.0. ``entropy[b, t]`` is the
+    entropy of the distribution that token ``t`` was drawn from, with the same zeros.
+    ``temperature`` is a float or one value per row (per-episode temperature jitter).
+    Differentiable; works with right padding (the trainer's layout) and any other.
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, T]"
+        )
+    b, t = input_ids.shape
+    valid = attention_mask.to(torch.bool)
+    input_ids = input_ids.masked_fill(~valid, 0)  # padding may hold any id (e.g. -100)
+    zeros = torch.zeros(b, 1, dtype=torch.float32, device=input_ids.device)
+    if t < 2:
+        return zeros.expand(b, t).clone(), (zeros.expand(b, t).clone() if with_entropy else None)
+    logits = _tempered_logits(model, input_ids, attention_mask, temperature)
+    keep = valid[:, 1:] & valid[:, :-1]
+    targets = input_ids[:, 1:]
+    # gather - logsumexp avoids materialising a second [B, T, V] tensor for log_softmax.
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    lp = torch.where(keep, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+    logprobs = torch.cat([zeros, lp], dim=1)
+    entropy: torch.Tensor | None = None
+    if with_entropy:
+        logp = logits - lse.unsqueeze(-1)
+        ent = -(logp.exp() * logp).sum(-1)
+        ent = torch.where(keep, ent, torch.zeros((), dtype=ent.dtype, device=ent.device))
+        entropy = torch.cat([zeros, ent], dim=1)
+    return logprobs, entropy
+
+
+def token_logprobs(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+) -> torch.Tensor:
+    """Per-token log-probs ``[B, T]``; see :func:`token_logprobs_and_entropy`."""
+    return token_logprobs_and_entropy(model, input_ids, attention_mask, temperature, with_entropy=False)[0]

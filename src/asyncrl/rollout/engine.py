@@ -1,0 +1,327 @@
+"""Generation engines: turn token prompts into sampled continuations with behaviour log-probs.
+
+Callers (rollout workers, evaluation) depend only on :class:`GenerationEngine`, so a
+vLLM or SGLang backend can be added next to :class:`HFEngine` and selected by
+:func:`make_engine` without touching them.
+
+**Behaviour log-prob definition.** For every sampled token the engine records
+``log q(token)``, where ``q`` is the distribution the token was actually drawn from:
+
+1. ``softmax(logits / temperature)``;
+2. restricted to the top-p nucleus (the smallest set of most likely tokens whose mass
+   reaches ``top_p``) and renormalised over it.
+
+With ``top_p = 1`` step 2 is the identity, so the recorded value equals
+:func:`asyncrl.policy.model.token_logprobs` with the same temperature, which is what the
+trainer recomputes (to float32 rounding; the test suite pins mean ``|Δ| < 1e-4``). With
+``top_p < 1`` the recorded value is larger by ``-log(nucleus mass)``: the trainer's
+tempered-softmax log-prob does not model truncation, and that gap is absorbed by the
+importance ratio like any other behaviour/target mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from safetensors.torch import load_file
+from transformers import DynamicCache, PreTrainedModel
+
+from asyncrl.policy.model import WEIGHTS_NAME, Policy, as_attention_bias, input_vocab_size, load_tensors
+from asyncrl.records import SamplingParams
+
+if TYPE_CHECKING:
+    from asyncrl.config import EngineConfig
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class Sample:
+    """One sampled continuation of one prompt."""
+
+    token_ids: list[int]
+    """Sampled tokens, including the stop token if one was hit."""
+    logprobs: list[float]
+    """Behaviour log-prob of each sampled token (see the module docstring)."""
+    finish_reason: FinishReason
+    """``stop``: a stop token was sampled; ``length``: max_new_tokens or the context ran out."""
+
+
+class GenerationEngine(ABC):
+    """Batched sampler with versioned weights; the only interface rollout code depends on."""
+
+    version: int
+    """Version of the weights currently loaded (0 for the initial weights)."""
+    max_context: int
+    """Longest prompt + continuation the engine accepts, in tokens."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
+    ) -> list[Sample]:
+        """Sample one continuation per prompt; ``sampling`` is shared or one per prompt.
+
+        A continuation ends at the first stop token (included), after
+        ``max_new_tokens`` tokens, or when prompt + continuation fill the context
+        (``finish_reason == "length"`` for both). A prompt longer than the context raises
+        ``ValueError``.
+        """
+
+    @abstractmethod
+    def load_weights(self, version: int, path: str) -> None:
+        """Load ``path/model.safetensors`` (as :meth:`Policy.save` writes it) and set :attr:`version`."""
+
+    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Load weights handed over in-process (e.g. :meth:`Policy.state_dict_tensors`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights from in-process tensors")
+
+
+# ---------------------------------------------------------------------------------------------
+def _check_sampling(sp: SamplingParams, index: int) -> None:
+    if not (math.isfinite(sp.temperature) and sp.temperature > 0):
+        raise ValueError(
+            f"sampling[{index}].temperature = {sp.temperature!r}: must be > 0 "
+            "(use a small value such as 1e-4 for near-greedy decoding)"
+        )
+    if not (0 < sp.top_p <= 1):
+        raise ValueError(f"sampling[{index}].top_p = {sp.top_p!r}: must be in (0, 1]")
+    if sp.max_new_tokens < 1:
+        raise ValueError(f"sampling[{index}].max_new_tokens = {sp.max_new_tokens!r}: must be >= 1")
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; return ``(tokens [B], behaviour log-probs [B])``.
+
+    ``logits`` is ``[B, V]``, ``temperature`` and ``top_p`` are ``[B]``. The log-prob is
+    taken from ``log_softmax`` (not ``log(softmax)``) and the nucleus correction is
+    ``- log(kept mass)``, so both are exact to float32 rounding even for unlikely tokens.
+    """
+    logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
+    probs = logp.exp()
+    log_mass = torch.zeros_like(temperature)
+    nucleus = top_p < 1.0
+    if bool(nucleus.any()):
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_p.cumsum(-1) - sorted_p
+        # Keep a token while the mass of strictly more likely tokens is below top_p; the
+        # most likely token is always kept, so the nucleus is never empty.
+        keep_sorted = mass_before < top_p[:, None]
+        keep_sorted |= ~nucleus[:, None]
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
+        log_mass = torch.where(nucleus, probs.sum(-1).log(), log_mass)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    lp = logp.gather(-1, tokens[:, None]).squeeze(-1) - log_mass
+    return tokens, lp
+
+
+class HFEngine(GenerationEngine):
+    """Batched sampling with a Hugging Face causal LM and a KV cache.
+
+    Prompts are left-padded into chunks of at most ``max_batch`` rows. Position ids
+    count real tokens only, and explicit attention masks hide the padding, so a
+    prompt's continuation does not depend on its batch-mates (up to float rounding)
+    and its log-probs match the trainer's right-padded recomputation. Rows that finish
+    early are dropped from the batch (and the KV cache) once enough have finished to be
+    worth the copy. The sampling loop is written out rather than using
+    ``model.generate`` so that the recorded log-probs are, by construction, those of
+    the distribution each token was drawn from.
+
+    The engine samples from ``policy.model`` itself (no copy): :meth:`load_weights`
+    overwrites those parameters in place. Give the engine its own :class:`Policy` when
+    something else (a trainer) must keep its weights.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        stop_token_ids: Sequence[int],
+        *,
+        max_batch: int = 64,
+        seed: int | None = None,
+        compact_fraction: float = 0.25,
+    ) -> None:
+        """``seed`` makes sampling reproducible (the generator persists across calls);
+        ``compact_fraction``: drop finished rows once they are this share of the batch."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.policy = policy
+        self.model: PreTrainedModel = policy.model
+        self.version = 0
+        self.max_context = policy.max_context
+        self.max_batch = max_batch
+        self.compact_fraction = compact_fraction
+        vocab = input_vocab_size(self.model)
+        self.vocab_size = vocab
+        bad = [t for t in stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab - 1})")
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        pad = getattr(policy.tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self.device = policy.device
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        self._stop = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
+
+    # ---- weights ---------------------------------------------------------------------------
+    def load_weights(self, version: int, path: str) -> None:
+        p = Path(path)
+        file = p / WEIGHTS_NAME if p.is_dir() else p
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})"
+            )
+        self.load_weights_from_tensors(version, load_file(str(file), device=str(self.device)))
+
+    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        load_tensors(self.model, tensors)
+        self.version = version
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
+    ) -> list[Sample]:
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        for i, sp in enumerate(params):
+            _check_sampling(sp, i)
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
+            if len(prompt) > self.max_context:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens, longer than the model's context of "
+                    f"{self.max_context} tokens"
+                )
+            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+                raise ValueError(
+                    f"prompt {i} holds token ids outside the vocabulary (0..{self.vocab_size - 1})"
+                )
+
+        results: list[Sample | None] = [None] * len(prompts)
+        # Similar lengths share a chunk: less padding to attend over.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        todo = []
+        for i in order:
+            if len(prompts[i]) >= self.max_context:  # no room for even one token
+                results[i] = Sample([], [], "length")
+            else:
+                todo.append(i)
+        was_training = self.model.training
+        self.model.train(False)
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(todo), self.max_batch):
+                    idx = todo[start : start + self.max_batch]
+                    for i, s in zip(
+                        idx,
+                        self._generate_chunk([prompts[i] for i in idx], [params[i] for i in idx]),
+                        strict=True,
+                    ):
+                        results[i] = s
+        finally:
+            self.model.train(was_training)
+        return [r for r in results if r is not None]
+
+    def _generate_chunk(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sample]:
+        dev = self.device
+        attn = self.model.config._attn_implementation
+        b = len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
+        width = int(lengths.max())
+        padded = [[self.pad_token_id] * (width - len(p)) + p for p in prompts]
+        input_ids = torch.tensor(padded, dtype=torch.long).to(dev)  # one host-to-device copy
+        cols = torch.arange(width, device=dev)
+        valid = cols[None, :] >= (width - lengths)[:, None]  # [B, kv]: real (non-pad) keys
+        position_ids = (cols[None, :] - (width - lengths)[:, None]).clamp_min(0)
+        # Prefill mask: causal, real keys only, plus the diagonal so pad rows are never empty.
+        causal = cols[None, :] <= cols[:, None]
+        allowed = causal[None] & (valid[:, None, :] | torch.eye(width, dtype=torch.bool, device=dev)[None])
+        mask = as_attention_bias(allowed[:, None], attn)
+
+        temperature = torch.tensor([sp.temperature for sp in params], dtype=torch.float32, device=dev)
+        top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32, device=dev)
+        budget = torch.minimum(
+            torch.tensor([sp.max_new_tokens for sp in params], dtype=torch.long, device=dev),
+            self.max_context - lengths,
+        )
+        max_steps = int(budget.max())
+        out_tokens = torch.full((b, max_steps), self.pad_token_id, dtype=torch.long, device=dev)
+        out_logprobs = torch.zeros((b, max_steps), dtype=torch.float32, device=dev)
+        n_out = torch.zeros(b, dtype=torch.long, device=dev)
+        stopped = torch.zeros(b, dtype=torch.bool, device=dev)
+
+        rows = torch.arange(b, device=dev)  # active row -> original row
+        finished = torch.zeros(b, dtype=torch.bool, device=dev)  # per active row
+        next_pos = lengths.clone()  # position id of the next token of each active row
+        cache = DynamicCache(config=self.model.config)
+        cur_ids, cur_pos = input_ids, position_ids
+        for step in range(max_steps):
+            out = self.model(
+                input_ids=cur_ids,
+                attention_mask=mask,
+                position_ids=cur_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            tok, lp = sample_tokens(out.logits[:, -1], temperature, top_p, self.generator)
+            # Finished rows still in the batch write past their n_out; those are ignored.
+            live = ~finished
+            out_tokens[rows, step] = tok
+            out_logprobs[rows, step] = lp
+            n_out[rows] = torch.where(live, step + 1, n_out[rows])
+            hit_stop = live & torch.isin(tok, self._stop)
+            stopped[rows] |= hit_stop
+            finished = finished | hit_stop | (step + 1 >= budget)
+            n_done = int(finished.sum())
+            if n_done == finished.shape[0]:
+                break
+            if n_done >= max(1.0, self.compact_fraction * finished.shape[0]):
+                keep = (~finished).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, tok, valid, finished = rows[keep], tok[keep], valid[keep], finished[keep]
+                temperature, top_p, budget, next_pos = (
+                    temperature[keep],
+                    top_p[keep],
+                    budget[keep],
+                    next_pos[keep],
+                )
+            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
+            mask = as_attention_bias(valid[:, None, None, :], attn)
+            cur_ids, cur_pos = tok[:, None], next_pos[:, None]
+            next_pos = next_pos + 1
+        return self._collect(out_tokens, out_logprobs, n_out, stopped)
+
+    @staticmethod
+    def _collect(
+        out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
+    ) -> list[Sample]:
+        tokens = out_tokens.cpu().tolist()
+        logprobs = out_logprobs.cpu().tolist()
+        counts = n_out.cpu().tolist()
+        stop_flags = stopped.cpu().tolist()
+        return [
+            Sample(t[:n], lp[:n], "stop" if s else "length")
+            for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
+        ]
+
+
+def make_engine(
+    cfg: EngineConfig, policy: Policy, stop_token_ids: list[int], *, seed: int | None = None
+) -> GenerationEngine:
+    """The engine ``cfg.kind`` names, sampling from ``policy``."""
+    if cfg.kind == "hf":
+        return HFEngine(policy, stop_token_ids, max_batch=cfg.max_batch, seed=seed)
+    raise ValueError(f"unknown engine kind {cfg.kind!r}; allowed: 'hf'")  # pragma: no cover

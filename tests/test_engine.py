@@ -1,0 +1,299 @@
+"""The HF generation engine: behaviour log-probs agree with the trainer's, sampling is correct."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.policy import Policy, token_logprobs
+from asyncrl.records import SamplingParams
+from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engine
+
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(family: str = "qwen2", seed: int = 0, peaky: float = 0.0, **kw: int) -> Policy:
+    """A tiny policy; ``peaky`` scales the (tied) embeddings so next-token distributions are far from uniform."""
+    policy = Policy.build(ModelConfig(family=family, seed=seed, **{**TINY, **kw}))  # type: ignore[arg-type,unused-ignore]
+    if peaky:
+        with torch.no_grad():
+            weight = policy.model.get_input_embeddings().weight
+            assert isinstance(weight, torch.Tensor)
+            weight.mul_(peaky)
+    return policy
+
+
+def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [torch.randint(10, 100, (length,), generator=g).tolist() for length in lengths]
+
+
+def right_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def recomputed(
+    policy: Policy, prompts: list[list[int]], samples: list[Sample], temps: list[float]
+) -> list[torch.Tensor]:
+    """The trainer's view: token_logprobs on right-padded prompt+sample, sliced to the sample."""
+    ids, mask = right_padded([p + s.token_ids for p, s in zip(prompts, samples, strict=True)])
+    with torch.no_grad():
+        lp = token_logprobs(policy.model, ids, mask, torch.tensor(temps))
+    return [
+        lp[i, len(p) : len(p) + len(s.token_ids)]
+        for i, (p, s) in enumerate(zip(prompts, samples, strict=True))
+    ]
+
+
+def greedy_reference(policy: Policy, prompt: list[int], n: int) -> list[int]:
+    """Unbatched, uncached argmax decoding."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(policy.model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt) :]
+
+
+# ---- the key property ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("family", "temperature", "compact", "attn"),
+    [
+        ("qwen2", 1.0, 0.25, "sdpa"),
+        ("qwen2", 0.7, 0.0, "sdpa"),
+        ("llama", 1.0, 1.0, "sdpa"),
+        ("llama", 0.7, 0.25, "sdpa"),
+        ("qwen2", 0.7, 0.25, "eager"),
+    ],
+)
+def test_logprobs_agree_with_trainer(family: str, temperature: float, compact: float, attn: str) -> None:
+    policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
+    prompts = random_prompts(24, 2, 40, seed=1)
+    assert len({len(p) for p in prompts}) > 10
+    engine = make_engine(EngineConfig(max_batch=16), policy, stop_token_ids=[2, 50, 60], seed=0)
+    assert isinstance(engine, HFEngine)
+    engine.compact_fraction = compact
+    samples = engine.generate(prompts, SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=24))
+    assert {s.finish_reason for s in samples} == {"stop", "length"}
+    ref = recomputed(policy, prompts, samples, [temperature] * len(prompts))
+    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
+    print(
+        f"{family}/{attn} T={temperature}: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}"
+    )
+    assert delta.mean() < 1e-4
+    assert delta.max() < 1e-3
+
+
+def test_logprobs_agree_with_per_prompt_temperature() -> None:
+    policy = tiny()
+    prompts = random_prompts(16, 1, 30, seed=2)
+    temps = [0.5 + 0.05 * i for i in range(16)]
+    params = [SamplingParams(temperature=t, max_new_tokens=16) for t in temps]
+    samples = HFEngine(policy, [2], seed=3).generate(prompts, params)
+    ref = recomputed(policy, prompts, samples, temps)
+    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
+    assert delta.mean() < 1e-4 and delta.max() < 1e-3
+
+
+def test_top_p_logprobs_are_of_the_renormalised_nucleus() -> None:
+    """With top_p < 1 the recorded log-prob exceeds the tempered one by -log(nucleus mass) >= 0."""
+    policy = tiny(peaky=8.0)
+    prompts = random_prompts(16, 3, 20, seed=4)
+    samples = HFEngine(policy, [], seed=5).generate(
+        prompts, SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=8)
+    )
+    ref = recomputed(policy, prompts, samples, [1.0] * len(prompts))
+    gap = torch.cat([torch.tensor(s.logprobs) - r for r, s in zip(ref, samples, strict=True)])
+    assert (gap > -1e-5).all()
+    assert (gap > 1e-3).any()
+    assert all(lp <= 1e-6 for s in samples for lp in s.logprobs)
+
+
+# ---- sampling correctness --------------------------------------------------------------------
+def test_small_temperature_is_greedy_and_matches_unbatched_decoding() -> None:
+    policy = tiny(peaky=4.0)
+    prompts = random_prompts(8, 1, 25, seed=6)
+    engine = HFEngine(policy, [], seed=0, max_batch=8)
+    samples = engine.generate(prompts, SamplingParams(temperature=1e-4, max_new_tokens=12))
+    for p, s in zip(prompts, samples, strict=True):
+        assert s.token_ids == greedy_reference(policy, p, 12)
+        assert s.finish_reason == "length"
+        assert max(abs(x) for x in s.logprobs) < 1e-4
+    nucleus = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=1e-9, max_new_tokens=12))
+    assert [s.token_ids for s in nucleus] == [s.token_ids for s in samples]
+    assert max(abs(x) for s in nucleus for x in s.logprobs) < 1e-5
+
+
+def test_seeded_sampling_is_reproducible() -> None:
+    policy = tiny()
+    prompts = random_prompts(12, 2, 20, seed=7)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+    a = HFEngine(policy, [2], seed=11).generate(prompts, sp)
+    b = HFEngine(policy, [2], seed=11).generate(prompts, sp)
+    assert a == b
+    c = HFEngine(policy, [2], seed=12).generate(prompts, sp)
+    assert [s.token_ids for s in a] != [s.token_ids for s in c]
+    engine = HFEngine(policy, [2], seed=11)
+    first, second = engine.generate(prompts, sp), engine.generate(prompts, sp)
+    assert first == a and second != first  # the generator advances across calls
+
+
+def test_stop_tokens_end_samples() -> None:
+    policy = tiny()
+    stops = list(range(40, 56))
+    samples = HFEngine(policy, stops, seed=1).generate(
+        random_prompts(32, 1, 20, seed=8), SamplingParams(max_new_tokens=30)
+    )
+    reasons = [s.finish_reason for s in samples]
+    assert "stop" in reasons
+    for s in samples:
+        assert len(s.token_ids) == len(s.logprobs) >= 1
+        assert not set(s.token_ids[:-1]) & set(stops)
+        if s.finish_reason == "stop":
+            assert s.token_ids[-1] in stops
+        else:
+            assert len(s.token_ids) == 30 and s.token_ids[-1] not in stops
+
+
+def test_max_new_tokens_per_prompt() -> None:
+    policy = tiny()
+    prompts = random_prompts(8, 1, 12, seed=9)
+    params = [SamplingParams(max_new_tokens=n) for n in range(1, 9)]
+    samples = HFEngine(policy, [], seed=2).generate(prompts, params)
+    assert [len(s.token_ids) for s in samples] == list(range(1, 9))
+    assert all(s.finish_reason == "length" for s in samples)
+
+
+def test_context_limit() -> None:
+    policy = tiny(max_context=16)
+    engine = HFEngine(policy, [], seed=0)
+    with pytest.raises(ValueError, match=r"prompt 1 has 17 tokens, longer than the model's context of 16"):
+        engine.generate([[11, 12], [11] * 17], SamplingParams())
+    full, near = engine.generate([[11] * 16, [12] * 13], SamplingParams(max_new_tokens=10))
+    assert full == Sample([], [], "length")
+    assert len(near.token_ids) == 3 and near.finish_reason == "length"
+
+
+def test_invalid_requests() -> None:
+    engine = HFEngine(tiny(), [2], seed=0)
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate([[10, 5000]], SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate([[10]], SamplingParams(temperature=0.0))
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate([[10]], SamplingParams(top_p=0.0))
+    with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
+        engine.generate([[10]], [SamplingParams(), SamplingParams()])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        HFEngine(tiny(), [9999])
+    assert engine.generate([], SamplingParams()) == []
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson statistic over bins with expected count >= 5 (the rest pooled) and its dof."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)])
+    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)])
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    return stat, int(keep.sum()) - 1
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.6, 1.0), (1.0, 0.8)])
+def test_first_token_frequencies_match_distribution(temperature: float, top_p: float) -> None:
+    policy = tiny(peaky=4.0)
+    prompt = [1, 20, 30, 40]
+    n = 6000
+    engine = HFEngine(policy, [], seed=13, max_batch=n)
+    samples = engine.generate(
+        [prompt] * n, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1)
+    )
+    with torch.no_grad():
+        logits = policy.model(torch.tensor([prompt])).logits[0, -1]
+    probs = torch.softmax(logits / temperature, -1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        keep_sorted = (sorted_p.cumsum(0) - sorted_p) < top_p
+        keep = torch.zeros_like(keep_sorted).scatter_(0, order, keep_sorted)
+        probs = torch.where(keep, probs, 0.0)
+        probs = probs / probs.sum()
+    assert 0.05 < float(probs.max()) < 0.95, "the test needs a non-trivial distribution"
+    tokens = torch.tensor([s.token_ids[0] for s in samples])
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    assert counts[probs == 0].sum() == 0, "sampled outside the nucleus"
+    stat, dof = _chi_square(counts, probs.double())
+    assert stat < dof + 6 * math.sqrt(2 * dof), (stat, dof)
+    # every recorded log-prob is that of the sampled token under the sampled-from distribution
+    for s in samples[:50]:
+        assert abs(s.logprobs[0] - math.log(float(probs[s.token_ids[0]]))) < 1e-4
+
+
+# ---- weights -----------------------------------------------------------------------------------
+def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
+    prompts = random_prompts(6, 2, 12, seed=14)
+    greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)
+    engine: GenerationEngine = HFEngine(tiny(seed=0), [], seed=0)
+    assert engine.version == 0
+    before = [s.token_ids for s in engine.generate(prompts, greedy)]
+    other = tiny(seed=1)
+    other.save(tmp_path / "v3")
+    engine.load_weights(3, str(tmp_path / "v3"))
+    assert engine.version == 3
+    after = [s.token_ids for s in engine.generate(prompts, greedy)]
+    assert after != before
+    assert after == [s.token_ids for s in HFEngine(other, [], seed=0).generate(prompts, greedy)]
+    engine.load_weights_from_tensors(4, tiny(seed=0).state_dict_tensors())
+    assert engine.version == 4
+    assert [s.token_ids for s in engine.generate(prompts, greedy)] == before
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
+        engine.load_weights(5, str(tmp_path / "missing"))
+    assert engine.version == 4
+
+
+def test_generate_leaves_train_mode_and_grads_alone() -> None:
+    policy = tiny()
+    policy.model.train()
+    HFEngine(policy, [2], seed=0).generate([[10, 11]], SamplingParams(max_new_tokens=4))
+    assert policy.model.training
+    assert all(p.grad is None for p in policy.model.parameters())
+
+
+# ---- throughput (printed, not asserted) -------------------------------------------------------
+def test_throughput_default_model(capsys: pytest.CaptureFixture[str]) -> None:
+    policy = Policy.build(ModelConfig())
+    engine = make_engine(EngineConfig(), policy, stop_token_ids=[], seed=0)
+    prompts = random_prompts(64, 8, 40, seed=15)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=48)
+    engine.generate(prompts, sp)  # warm-up
+    t0 = time.perf_counter()
+    tokens = sum(len(s.token_ids) for _ in range(2) for s in engine.generate(prompts, sp))
+    dt = time.perf_counter() - t0
+    assert tokens == 2 * 64 * 48
+    with capsys.disabled():
+        print(
+            f"\n[throughput] HFEngine, default ModelConfig, 64 prompts x 48 new tokens: {tokens / dt:,.0f} tokens/s"
+        )
