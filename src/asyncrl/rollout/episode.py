@@ -159,7 +159,8 @@ async def run_episode(
     except EnvResetError as exc:
         traj.outcome = "env_error"
         traj.reward_components["env_error"] = 1.0
-        traj.turns.append(Turn(role="env", token_ids=[], fault=Fault(kind="exception", message=str(exc))))
+        fault = exc.fault if isinstance(getattr(exc, "fault", None), Fault) else None
+        traj.turns.append(Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc))))
         life.rollout_end = time.time()
         return traj
     context = template.prompt(prompt_text)
