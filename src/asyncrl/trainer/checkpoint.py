@@ -1,0 +1,588 @@
+"""Resumable trainer checkpoints: policy, optimiser, LR schedule, RNG and counters.
+
+Layout of one checkpoint, ``root/step_{N:08d}/`` (``N`` = optimiser steps done)::
+
+    policy/                 Policy.save: model.safetensors, config.json, tokenizer files
+    optimizer.safetensors   every tensor of optimizer.state_dict(), keys "state.{param}.{name}"
+                            (tensors in param_groups, e.g. a tensor lr, as "param_groups.{g}.{name}")
+    optimizer.json          optimiser class, param_groups and every non-tensor state entry
+    scheduler.json          scheduler.state_dict() minus callables (LambdaLR's lambdas are code,
+                            recreated by the caller; only last_epoch, base_lrs, _last_lr ... are kept)
+    scheduler.safetensors   only when the scheduler state holds tensors
+    rng.safetensors         torch.get_rng_state() (and CUDA generator states, when present)
+    rng.json                random.Random.getstate() as JSON lists, when a py_rng was given
+    trainer_state.json      TrainerState: step, last_published, consumed, extra
+    manifest.json           sha256 and size of every other file; written LAST
+
+No Python object serialisation is used: tensors go to safetensors, the rest to JSON. Non-JSON Python
+values (tuples, int dict keys, tensors nested in state) are stored with small tagged JSON
+objects (``{"__tuple__": [...]}``, ``{"__items__": [[k, v], ...]}``, ``{"__tensor__": key}``)
+so the state dicts round-trip exactly; floats round-trip exactly through JSON.
+
+Atomicity: a checkpoint is written into ``root/.tmp-step_{N:08d}-<random>/``; every file
+is fsynced, ``manifest.json`` is written last, the directory is fsynced and then renamed
+to ``step_{N:08d}`` (one ``os.rename``, atomic on POSIX), and ``root`` is fsynced. A crash
+at any point leaves either the complete checkpoint or a temp directory that readers
+ignore and the next save deletes. A ``step_*`` directory without ``manifest.json`` is
+incomplete and never returned by :func:`latest_checkpoint`; a file whose hash disagrees
+with the manifest makes :func:`load_checkpoint` raise :class:`CheckpointError` naming it.
+
+Retention: after each save the newest ``keep`` complete checkpoints (by step) are kept,
+older ones are deleted, and so are stale temp directories. The checkpoint just written is
+always kept, even when newer-numbered ones exist (a run resumed from an older checkpoint).
+One writer per ``root`` is assumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as st_save
+
+from asyncrl.errors import UserError
+
+if TYPE_CHECKING:
+    from asyncrl.policy.model import Policy
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+POLICY_DIR = "policy"
+POLICY_WEIGHTS = f"{POLICY_DIR}/model.safetensors"
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_JSON = "optimizer.json"
+SCHEDULER_JSON = "scheduler.json"
+SCHEDULER_TENSORS = "scheduler.safetensors"
+RNG_TENSORS = "rng.safetensors"
+RNG_JSON = "rng.json"
+TRAINER_STATE = "trainer_state.json"
+
+_STEP_RE = re.compile(r"^step_(\d{8,})$")
+_TMP_PREFIX = ".tmp-step_"
+_OLD_PREFIX = ".old-step_"
+_CHUNK = 1 << 20
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, incomplete or corrupt, or cannot be written; names the file."""
+
+
+@dataclass
+class TrainerState:
+    """Counters of the training loop that a resumed run must continue from."""
+
+    step: int
+    """Optimiser steps done (== weight version of the model in the checkpoint)."""
+    last_published: int
+    """Newest weight version published to the weight store (may exceed ``step`` after a crash)."""
+    consumed: int
+    """Trajectories consumed so far (trained + dropped)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """JSON-serialisable extras (metrics accumulators, etc.)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "step": self.step,
+            "last_published": self.last_published,
+            "consumed": self.consumed,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> TrainerState:
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object")
+        for name in ("step", "last_published", "consumed"):
+            v = data.get(name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"field {name!r} must be a non-negative integer, got {v!r}")
+        extra = data.get("extra", {})
+        if not isinstance(extra, dict):
+            raise ValueError(f"field 'extra' must be an object, got {type(extra).__name__}")
+        return cls(
+            step=data["step"], last_published=data["last_published"], consumed=data["consumed"], extra=extra
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tagged JSON: exact round-trip of state dicts, data only.
+_TAGS = ("__tuple__", "__items__", "__tensor__")
+
+
+def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor], *, drop_callables: bool, where: str) -> Any:
+    """``obj`` as JSON data; tensors are moved to ``tensors`` under ``key`` (a dotted path)."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        tensors[key] = obj.detach().to("cpu", copy=True).contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, (list, tuple)):
+        items: list[Any] = []
+        for i, v in enumerate(obj):
+            if drop_callables and callable(v) and not isinstance(v, torch.Tensor):
+                items.append(None)
+            else:
+                items.append(_encode(v, f"{key}.{i}", tensors, drop_callables=drop_callables, where=where))
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if isinstance(obj, dict):
+        pairs = [
+            (k, v)
+            for k, v in obj.items()
+            if not (drop_callables and callable(v) and not isinstance(v, torch.Tensor))
+        ]
+        plain = all(isinstance(k, str) for k, _ in pairs) and not any(k in _TAGS for k, _ in pairs)
+        enc = {
+            k: _encode(v, f"{key}.{k}", tensors, drop_callables=drop_callables, where=where) for k, v in pairs
+        }
+        if plain:
+            return enc
+        for k, _ in pairs:
+            if not (k is None or isinstance(k, (bool, int, float, str))):
+                raise CheckpointError(f"cannot store {where}: dict key {k!r} at {key!r} is not a scalar")
+        return {"__items__": [[k, enc[k]] for k, _ in pairs]}
+    raise CheckpointError(
+        f"cannot store {where}: value of type {type(obj).__name__} at {key!r} is neither a tensor "
+        "nor JSON data (bool/int/float/str/None/list/tuple/dict)"
+    )
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`_encode`."""
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if len(obj) == 1:
+            ((tag, val),) = obj.items()
+            if tag == "__tuple__":
+                return tuple(_decode(v, tensors) for v in val)
+            if tag == "__items__":
+                return {k: _decode(v, tensors) for k, v in val}
+            if tag == "__tensor__":
+                if val not in tensors:
+                    raise KeyError(f"tensor {val!r} is referenced but not stored")
+                return tensors[val]
+        return {k: _decode(v, tensors) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# File helpers
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_bytes(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
+
+
+def _hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return h.hexdigest(), size
+
+
+def _files_under(path: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_*`` directory with a manifest, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        step = _step_of(child)
+        if step is not None and child.is_dir() and (child / MANIFEST).is_file():
+            found.append((step, child))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# Save
+def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    where = f"the {type(optimizer).__name__} optimizer state"
+    state: dict[str, Any] = {}
+    non_tensor: dict[str, dict[str, str]] = {}
+    for idx, entries in sd["state"].items():
+        enc: dict[str, Any] = {}
+        for name, value in entries.items():
+            enc[name] = _encode(value, f"state.{idx}.{name}", tensors, drop_callables=False, where=where)
+            if not isinstance(value, torch.Tensor):
+                non_tensor.setdefault(str(idx), {})[name] = type(value).__name__
+        state[str(idx)] = enc
+    groups = _encode(sd["param_groups"], "param_groups", tensors, drop_callables=False, where=where)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "class": type(optimizer).__name__,
+        "param_groups": groups,
+        "state": state,
+        "non_tensor_state": non_tensor,  # informational: names and Python types
+    }
+    return tensors, meta
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"torch": torch.get_rng_state().clone()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            out[f"cuda.{i}"] = s.cpu().clone()
+    return out
+
+
+def _py_rng_json(rng: random.Random) -> dict[str, Any]:
+    version, internal, gauss_next = rng.getstate()
+    return {"version": version, "state": list(internal), "gauss_next": gauss_next}
+
+
+def save_checkpoint(
+    root: Path,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    state: TrainerState,
+    py_rng: random.Random | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write ``root/step_{state.step:08d}`` atomically, apply retention, return its path.
+
+    An existing checkpoint of the same step is replaced. Raises :class:`CheckpointError`
+    when some state is neither tensors nor JSON data (e.g. non-JSON ``state.extra``).
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    if state.step < 0:
+        raise ValueError(f"state.step must be >= 0, got {state.step}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{state.step:08d}"
+    final = root / name
+    tmp = root / f"{_TMP_PREFIX}{state.step:08d}-{uuid.uuid4().hex[:8]}"
+    try:
+        trainer_json = json.dumps(state.to_json(), indent=1)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"cannot store TrainerState.extra as JSON ({_short(exc)})") from None
+    opt_tensors, opt_meta = _optimizer_payload(optimizer)
+    sched_meta: dict[str, Any] | None = None
+    sched_tensors: dict[str, torch.Tensor] = {}
+    if scheduler is not None:
+        sched_meta = {
+            "format_version": FORMAT_VERSION,
+            "class": type(scheduler).__name__,
+            "state": _encode(
+                scheduler.state_dict(),
+                "state",
+                sched_tensors,
+                drop_callables=True,
+                where=f"the {type(scheduler).__name__} scheduler state",
+            ),
+        }
+    tmp.mkdir()
+    try:
+        policy.save(tmp / POLICY_DIR)
+        _write_bytes(tmp / OPTIMIZER_TENSORS, st_save(opt_tensors, metadata={"format": "pt"}))
+        _write_json(tmp / OPTIMIZER_JSON, opt_meta)
+        if sched_meta is not None:
+            _write_json(tmp / SCHEDULER_JSON, sched_meta)
+            if sched_tensors:
+                _write_bytes(tmp / SCHEDULER_TENSORS, st_save(sched_tensors, metadata={"format": "pt"}))
+        _write_bytes(tmp / RNG_TENSORS, st_save(_rng_tensors(), metadata={"format": "pt"}))
+        if py_rng is not None:
+            _write_json(tmp / RNG_JSON, _py_rng_json(py_rng))
+        _write_bytes(tmp / TRAINER_STATE, (trainer_json + "\n").encode())
+
+        files: dict[str, dict[str, Any]] = {}
+        for f in _files_under(tmp):
+            digest, size = _hash_file(f, fsync=True)  # fsync covers Policy.save's files too
+            files[f.relative_to(tmp).as_posix()] = {"sha256": digest, "bytes": size}
+        _fsync_dir(tmp / POLICY_DIR)
+        _write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, "step": state.step, "files": files})
+        _fsync_dir(tmp)
+        old: Path | None = None
+        if final.exists():
+            old = root / f"{_OLD_PREFIX}{state.step:08d}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _apply_retention(root, keep, final)
+    return final
+
+
+def _apply_retention(root: Path, keep: int, current: Path) -> None:
+    complete = _complete_checkpoints(root)
+    keepers = {p for _, p in complete[-keep:]} | {current}
+    for _, path in complete:
+        if path not in keepers:
+            log.info("checkpoint retention: deleting %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+    for child in root.iterdir():
+        if child.name.startswith((_TMP_PREFIX, _OLD_PREFIX)) and child.is_dir():
+            log.info("checkpoint retention: deleting stale temp directory %s", child)
+            shutil.rmtree(child, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Find / verify
+def _read_manifest(path: Path) -> dict[str, dict[str, Any]]:
+    mpath = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a directory")
+    if not mpath.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no {MANIFEST}: it is incomplete (a save was interrupted)"
+        )
+    try:
+        data = json.loads(mpath.read_text())
+        files = data["files"]
+        if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in files.values()
+        ):
+            raise ValueError("'files' must map names to {sha256, bytes}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupt ({_short(exc)})") from None
+    return files
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise :class:`CheckpointError` unless every file of the manifest is present and intact."""
+    path = Path(path)
+    files = _read_manifest(path)
+    for required in (POLICY_WEIGHTS, OPTIMIZER_TENSORS, OPTIMIZER_JSON, RNG_TENSORS, TRAINER_STATE):
+        if required not in files:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} does not list {required}")
+    for rel, entry in files.items():
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is missing")
+        try:
+            digest, size = _hash_file(f)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {rel} ({_short(exc)})") from None
+        if digest != entry["sha256"] or ("bytes" in entry and size != entry["bytes"]):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: {rel} is corrupt (sha256 does not match {MANIFEST})"
+            )
+
+
+def latest_checkpoint(root: Path, verify: bool = False) -> Path | None:
+    """Newest complete checkpoint under ``root`` (has a manifest), or None.
+
+    Temp and partial directories are ignored. With ``verify=True`` every file's hash is
+    checked and corrupt checkpoints are skipped (with a warning) in favour of older ones.
+    """
+    for _, path in reversed(_complete_checkpoints(Path(root))):
+        if not verify:
+            return path
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as exc:
+            log.warning("skipping corrupt checkpoint: %s", exc)
+            continue
+        return path
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+def _load_tensors(path: Path, rel: str) -> dict[str, torch.Tensor]:
+    f = path / rel
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is missing")
+    try:
+        out: dict[str, torch.Tensor] = {}
+        with safe_open(str(f), framework="pt", device="cpu") as st:
+            for k in st.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                out[k] = st.get_tensor(k)
+        return out
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is corrupt ({_short(exc)})") from None
+
+
+def _load_json(path: Path, rel: str) -> Any:
+    f = path / rel
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is missing")
+    try:
+        return json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is corrupt ({_short(exc)})") from None
+
+
+def _guard(path: Path, rel: str, what: str) -> Callable[[BaseException], CheckpointError]:
+    def wrap(exc: BaseException) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})")
+
+    return wrap
+
+
+def load_checkpoint(
+    path: Path,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    py_rng: random.Random | None = None,
+    *,
+    verify: bool = True,
+) -> TrainerState:
+    """Restore policy weights, optimiser, scheduler and RNG states in place; return the counters.
+
+    Every file is hash-checked against the manifest first (``verify=False`` skips that).
+    Weights are copied into the existing parameters, so ``optimizer`` must have been built
+    on ``policy.model`` the same way as when saving. Every failure is one
+    :class:`CheckpointError` naming the file.
+    """
+    path = Path(path)
+    if verify:
+        verify_checkpoint(path)
+    else:
+        _read_manifest(path)
+
+    err = _guard(path, TRAINER_STATE, "the trainer state")
+    try:
+        state = TrainerState.from_json(_load_json(path, TRAINER_STATE))
+    except ValueError as exc:
+        raise err(exc) from None
+
+    # Parse everything before mutating anything, so a bad file leaves the objects untouched.
+    weights = _load_tensors(path, POLICY_WEIGHTS)
+    opt_tensors = _load_tensors(path, OPTIMIZER_TENSORS)
+    opt_meta = _load_json(path, OPTIMIZER_JSON)
+    err = _guard(path, OPTIMIZER_JSON, "the optimizer")
+    try:
+        if opt_meta.get("class") != type(optimizer).__name__:
+            raise ValueError(
+                f"it was written by a {opt_meta.get('class')} optimizer, got {type(optimizer).__name__}"
+            )
+        opt_sd = {
+            "state": {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()},
+            "param_groups": _decode(opt_meta["param_groups"], opt_tensors),
+        }
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise err(exc) from None
+
+    sched_sd: dict[str, Any] | None = None
+    if scheduler is not None:
+        meta = _load_json(path, SCHEDULER_JSON)
+        err = _guard(path, SCHEDULER_JSON, "the LR scheduler")
+        sched_tensors = _load_tensors(path, SCHEDULER_TENSORS) if (path / SCHEDULER_TENSORS).exists() else {}
+        try:
+            if meta.get("class") != type(scheduler).__name__:
+                raise ValueError(
+                    f"it was written by a {meta.get('class')} scheduler, got {type(scheduler).__name__}"
+                )
+            sched_sd = _decode(meta["state"], sched_tensors)
+            if not isinstance(sched_sd, dict):
+                raise TypeError("state is not an object")
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise err(exc) from None
+
+    rng = _load_tensors(path, RNG_TENSORS)
+    if "torch" not in rng or rng["torch"].dtype != torch.uint8:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {RNG_TENSORS} has no uint8 'torch' RNG state")
+    py_state: tuple[Any, ...] | None = None
+    if py_rng is not None:
+        data = _load_json(path, RNG_JSON)
+        try:
+            py_state = (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
+
+    try:
+        policy.load_tensors(weights)
+    except ValueError as exc:
+        raise _guard(path, POLICY_WEIGHTS, "the policy weights")(exc) from None
+    try:
+        optimizer.load_state_dict(opt_sd)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _guard(path, OPTIMIZER_JSON, "the optimizer")(exc) from None
+    if scheduler is not None and sched_sd is not None:
+        try:
+            scheduler.load_state_dict(sched_sd)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise _guard(path, SCHEDULER_JSON, "the LR scheduler")(exc) from None
+    try:
+        torch.set_rng_state(rng["torch"])
+        cuda = [rng[f"cuda.{i}"] for i in range(len(rng)) if f"cuda.{i}" in rng]
+        if cuda and torch.cuda.is_available():
+            if len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
+            else:
+                log.warning(
+                    "checkpoint has %d CUDA RNG states but %d devices are visible; CUDA RNG not restored",
+                    len(cuda),
+                    torch.cuda.device_count(),
+                )
+    except (RuntimeError, ValueError) as exc:
+        raise _guard(path, RNG_TENSORS, "the torch RNG")(exc) from None
+    if py_rng is not None and py_state is not None:
+        try:
+            py_rng.setstate(py_state)
+        except (TypeError, ValueError) as exc:
+            raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
+    return state
+
+
+__all__ = [
+    "CheckpointError",
+    "TrainerState",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]
