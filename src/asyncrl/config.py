@@ -221,6 +221,14 @@ class TrainerConfig(Section):
     once a checkpoint covers them, so a crash loses nothing)."""
     keep_checkpoints: int = Field(2, ge=1, le=1000)
     """Checkpoints kept on disk (older ones are deleted)."""
+    buffer_steps: int = Field(4, ge=1, le=100000)
+    """Replay-buffer capacity in training steps (× batch_size samples); the oldest groups beyond it
+    are evicted and counted as dropped."""
+    buffer_sampling: Literal["fifo", "freshness", "advantage"] = "fifo"
+    """Order in which ready groups are taken: oldest first, newest policy version first, or largest
+    reward spread first."""
+    buffer_random_fraction: float = Field(0.0, ge=0, le=1)
+    """Share of each batch's groups drawn uniformly at random instead (no group starves)."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
 
@@ -362,6 +370,23 @@ class RunConfig(Section):
     cost: CostConfig = Field(default_factory=CostConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> RunConfig:
+        if self.trainer.batch_size % self.rollout.group_size:
+            raise ValueError(
+                f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of rollout.group_size "
+                f"({self.rollout.group_size}) so that batches hold whole groups"
+            )
+        lag = {"sync": 0, "one_step_off": 1}.get(self.orchestrator.mode, self.orchestrator.max_staleness)
+        if self.trainer.sync_every - 1 > lag:
+            raise ValueError(
+                f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({lag + 1}) in "
+                f"mode {self.orchestrator.mode!r}: samples from one published version are trained up to "
+                "sync_every - 1 steps later"
+            )
+        return self
 
 
 SECTIONS: tuple[str, ...] = tuple(

@@ -81,6 +81,8 @@ class TurnBatcher:
     _pending: list[_Request] = field(default_factory=list)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while weights may change or a batch is generated: weight loads never race generation."""
     batches: int = 0
     sequences: int = 0
     busy_seconds: float = 0.0
@@ -101,19 +103,20 @@ class TurnBatcher:
             batch, self._pending = self._pending, []
             if not batch:
                 continue
-            if self.before_batch is not None:
-                self.before_batch()
-            version = self.engine.version
-            t0 = time.perf_counter()
-            try:
-                samples = await asyncio.to_thread(
-                    self.engine.generate, [r.prompt for r in batch], [r.sampling for r in batch]
-                )
-            except Exception as exc:  # an engine failure fails the waiting episodes, not the loop
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-                continue
+            async with self.lock:
+                if self.before_batch is not None:
+                    self.before_batch()
+                version = self.engine.version
+                t0 = time.perf_counter()
+                try:
+                    samples = await asyncio.to_thread(
+                        self.engine.generate, [r.prompt for r in batch], [r.sampling for r in batch]
+                    )
+                except Exception as exc:  # an engine failure fails the waiting episodes, not the loop
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(exc)
+                    continue
             self.busy_seconds += time.perf_counter() - t0
             self.batches += 1
             self.sequences += len(batch)

@@ -1,0 +1,61 @@
+"""Outcome and process credit: a trajectory's rewards become per-token advantages.
+
+``outcome``: every model token of trajectory ``i`` gets the group-relative advantage of its
+final reward, ``A_i`` from :func:`asyncrl.algo.group_advantages` (or the batch mean baseline).
+
+``process``: segment ``k`` (model turn ``k`` and the observation it caused) additionally gets
+``α · G_k`` where ``G_k = Σ_{j≥k} γ^{j−k} p_j`` is the reward-to-go of the environment's rule
+rewards ``p_j`` (each clipped to [-1, 1]), centred by the batch mean over segments; ``α`` is
+``credit.process_weight``. Tokens of the same model turn share the turn's advantage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl.algo import batch_mean_baseline, group_advantages
+from asyncrl.config import CreditConfig
+from asyncrl.records import Trajectory
+
+
+def sequence_advantages(batch: list[Trajectory], cfg: CreditConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """One outcome advantage per trajectory ``[B]``."""
+    rewards = torch.tensor([t.final_reward for t in batch], dtype=torch.float32)
+    if cfg.baseline == "batch_mean":
+        adv = batch_mean_baseline(rewards)
+        return adv, {"adv/outcome_mean": float(adv.mean()), "adv/outcome_std": float(adv.std()) if len(adv) > 1 else 0.0}
+    keys = {g: i for i, g in enumerate(dict.fromkeys(t.group_id or t.id for t in batch))}
+    groups = torch.tensor([keys[t.group_id or t.id] for t in batch], dtype=torch.long)
+    adv, metrics = group_advantages(rewards, groups, cfg.baseline)
+    return adv, metrics
+
+
+def token_advantages(batch: list[Trajectory], T: int, cfg: CreditConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token advantages ``[B, T]`` (right padded; zero off model tokens)."""
+    seq_adv, metrics = sequence_advantages(batch, cfg)
+    out = torch.zeros(len(batch), T)
+    process: list[list[tuple[int, int, float]]] = []
+    for i, traj in enumerate(batch):
+        pos, spans = 0, []
+        for turn in traj.turns:
+            n = len(turn.token_ids)
+            if turn.role == "model":
+                out[i, pos : pos + n] = seq_adv[i]
+                spans.append((pos, pos + n, max(-1.0, min(1.0, turn.process_reward))))
+            pos += n
+        process.append(spans)
+    if cfg.strategy == "process" and cfg.process_weight > 0:
+        to_go: list[list[float]] = []
+        for spans in process:
+            g, acc = [], 0.0
+            for _, _, p in reversed(spans):
+                acc = p + cfg.gamma * acc
+                g.append(acc)
+            to_go.append(g[::-1])
+        flat = [x for g in to_go for x in g]
+        centre = sum(flat) / len(flat) if flat else 0.0
+        for i, spans in enumerate(process):
+            for (a, b, _), g in zip(spans, to_go[i], strict=True):
+                out[i, a:b] += cfg.process_weight * (g - centre)
+        metrics["adv/process_mean_to_go"] = centre
+    return out, metrics

@@ -1,0 +1,81 @@
+"""Staleness: the single statement of asyncrl's off-policy rules. Every role calls these functions.
+
+Definitions
+-----------
+* A **version** is the trainer step count of a set of weights. Version 0 is the warm start;
+  the trainer publishes version ``v`` after its ``v``-th optimiser step (every ``sync_every``
+  steps, so published versions are multiples of ``sync_every``).
+* The **age** of a sample, when the trainer is at version ``v``, is ``v − oldest``, where
+  ``oldest`` is the oldest version that produced any of its tokens (a multi-turn episode can
+  span several versions when weights are updated between its turns).
+
+Rules
+-----
+1. **Admission (who may start what).** An episode may start only if, counting it,
+   ``admitted − dropped ≤ (max_staleness + v + 1) × batch_size`` where ``admitted`` counts every
+   episode ever started, ``dropped`` every sample the trainer dropped (plus admissions of a dead
+   worker, returned by the orchestrator), and ``v`` is the trainer's current version (AReaL's rule). Episodes are admitted a whole group at a time, atomically
+   across all workers. With ``max_staleness = 0`` exactly one batch is generated per version:
+   the synchronous schedule.
+2. **Refresh before starting.** A worker whose weights lag the newest version by more than
+   ``max_staleness`` loads the newest weights before it starts another episode.
+3. **In-flight updates.** In ``async`` mode a worker also loads new weights between the turns of
+   running episodes (each turn records the version that produced it); in ``one_step_off`` and
+   ``sync`` it loads only before starting new episodes.
+4. **Too old to train (what happens to it).** When a batch is assembled at version ``v``, a sample
+   with ``age > max_staleness`` is *dropped* (counted, recorded in the ledger, and returned to
+   the admission budget) when ``stale_policy = drop``; with ``downweight`` it is kept and the loss
+   weights its tokens by ``staleness_gamma ** age``.
+5. **Modes.** ``sync``: ``max_staleness = 0`` and no in-flight updates — the barrier schedule
+   (generate one batch with the current version, train, publish). ``one_step_off``:
+   ``max_staleness = 1``, no in-flight updates — batch ``k+1`` is generated while batch ``k``
+   trains. ``async``: the configured ``max_staleness`` with in-flight updates.
+6. **Adaptive tightening.** The orchestrator may lower the effective ``max_staleness`` (never
+   below 0, never above the configured value) when the measured mean age stays above the limit;
+   every rule above reads the effective value from the control state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["async", "one_step_off", "sync"]
+
+
+@dataclass(frozen=True)
+class StalenessPolicy:
+    mode: Mode
+    max_staleness: int
+    batch_size: int
+    stale_policy: Literal["drop", "downweight"] = "drop"
+
+    @classmethod
+    def from_config(cls, mode: Mode, max_staleness: int, batch_size: int, stale_policy: str = "drop") -> StalenessPolicy:
+        """Apply rule 5: the mode fixes the lag for ``sync`` and ``one_step_off``."""
+        lag = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
+        policy: Literal["drop", "downweight"] = "downweight" if stale_policy == "downweight" else "drop"
+        return cls(mode=mode, max_staleness=lag, batch_size=batch_size, stale_policy=policy)
+
+    @property
+    def inflight_updates(self) -> bool:
+        """Rule 3."""
+        return self.mode == "async"
+
+    def admission_limit(self, version: int, max_staleness: int | None = None) -> int:
+        """Rule 1: the most episodes (net of drops) that may have been started at ``version``."""
+        lag = self.max_staleness if max_staleness is None else max_staleness
+        return (lag + version + 1) * self.batch_size
+
+    def must_refresh(self, worker_version: int, latest_version: int, max_staleness: int | None = None) -> bool:
+        """Rule 2."""
+        lag = self.max_staleness if max_staleness is None else max_staleness
+        return latest_version - worker_version > lag
+
+    def age(self, trainer_version: int, oldest_version: int) -> int:
+        return max(0, trainer_version - oldest_version)
+
+    def too_stale(self, trainer_version: int, oldest_version: int, max_staleness: int | None = None) -> bool:
+        """Rule 4: True when the sample may not be trained as is."""
+        lag = self.max_staleness if max_staleness is None else max_staleness
+        return self.age(trainer_version, oldest_version) > lag

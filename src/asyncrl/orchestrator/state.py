@@ -1,0 +1,162 @@
+"""Shared control-plane state of a run: counters, flags and the trained/dropped ledger.
+
+Every role process opens its own :class:`ControlState` on ``run_dir/control.sqlite`` (SQLite in
+WAL mode, safe across processes). It holds only small rows:
+
+* ``counters``: named integers — ``admitted`` (episodes granted by the staleness budget),
+  ``dropped`` (samples the trainer dropped as stale or invalid), ``version`` (newest published
+  weight version), ``max_staleness`` and ``sync_every`` (the orchestrator may tighten them).
+* ``flags``: ``paused`` (queue above high water), ``stop`` (end of run).
+* ``ledger``: one row per trajectory the trainer consumed, with its fate (``trained`` or
+  ``dropped_stale`` / ``dropped_invalid``) and the trainer step. The primary key on the
+  trajectory id makes "trained twice" impossible to record silently: a second insert is counted
+  in ``duplicates``.
+
+The staleness *rules* live in :mod:`asyncrl.orchestrator.staleness`; this module only stores.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger (
+    traj_id TEXT PRIMARY KEY, fate TEXT NOT NULL, step INTEGER NOT NULL, age INTEGER NOT NULL,
+    at REAL NOT NULL);
+"""
+
+
+class ControlState:
+    """Cross-process counters, flags and ledger for one run (see module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    # -- counters ---------------------------------------------------------------------------
+    def get(self, name: str, default: int = 0) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+        return int(row[0]) if row else default
+
+    def set(self, name: str, value: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value",
+                (name, int(value)),
+            )
+
+    def add(self, name: str, delta: int) -> int:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+                value = (int(row[0]) if row else 0) + int(delta)
+                self._db.execute(
+                    "INSERT INTO counters(name, value) VALUES(?, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
+                    (name, value),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return value
+
+    def try_add_within(self, name: str, delta: int, limit_fn: object) -> bool:
+        """Atomically add ``delta`` to counter ``name`` if ``limit_fn(counters) `` allows it.
+
+        ``limit_fn`` receives a dict of all counters (read inside the same write transaction) and
+        returns the largest value ``name`` may take. Used by the staleness budget so that two
+        workers can never both take the last admission slot.
+        """
+        assert callable(limit_fn)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                counters = {str(k): int(v) for k, v in self._db.execute("SELECT name, value FROM counters")}
+                value = counters.get(name, 0) + int(delta)
+                ok = value <= int(limit_fn(counters))
+                if ok:
+                    self._db.execute(
+                        "INSERT INTO counters(name, value) VALUES(?, ?) "
+                        "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
+                        (name, value),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return ok
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {str(k): int(v) for k, v in self._db.execute("SELECT name, value FROM counters")}
+
+    # -- flags ------------------------------------------------------------------------------
+    def flag(self, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM flags WHERE name=?", (name,)).fetchone()
+        return bool(row and row[0])
+
+    def set_flag(self, name: str, value: bool) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO flags(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value",
+                (name, int(value)),
+            )
+
+    # -- ledger -----------------------------------------------------------------------------
+    def record(self, rows: Iterable[tuple[str, str, int, int]]) -> int:
+        """Record ``(traj_id, fate, step, age)`` rows; returns how many ids were already recorded."""
+        dup = 0
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for traj_id, fate, step, age in rows:
+                    cur = self._db.execute(
+                        "INSERT OR IGNORE INTO ledger(traj_id, fate, step, age, at) VALUES(?, ?, ?, ?, ?)",
+                        (traj_id, fate, step, age, now),
+                    )
+                    if cur.rowcount == 0:
+                        dup += 1
+                if dup:
+                    self._db.execute(
+                        "INSERT INTO counters(name, value) VALUES('duplicates', ?) "
+                        "ON CONFLICT(name) DO UPDATE SET value=value+excluded.value",
+                        (dup,),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return dup
+
+    def ledger_ids(self) -> set[str]:
+        with self._lock:
+            return {str(r[0]) for r in self._db.execute("SELECT traj_id FROM ledger")}
+
+    def ledger_counts(self) -> dict[str, int]:
+        with self._lock:
+            return {str(f): int(n) for f, n in self._db.execute("SELECT fate, COUNT(*) FROM ledger GROUP BY fate")}
+
+    def ages(self) -> list[int]:
+        """Version lag of every trained sample (for the staleness histogram)."""
+        with self._lock:
+            return [int(r[0]) for r in self._db.execute("SELECT age FROM ledger WHERE fate='trained'")]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

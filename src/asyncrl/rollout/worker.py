@@ -1,0 +1,192 @@
+"""A rollout worker process: many concurrent episodes, one batched engine, trajectories to the queue.
+
+The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It starts a new *group*
+(``group_size`` episodes of one task) only when the staleness budget admits it and the queue is
+not above high water (rules in :mod:`asyncrl.orchestrator.staleness`); before starting, it loads
+newer weights if its own lag exceeds ``max_staleness``. In ``async`` mode it also loads new
+weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
+the version that produced it. A corrupt newest snapshot is reported and the worker keeps the
+newest valid one. Finished groups are put on the queue (blocking put = back-pressure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import RunConfig
+from asyncrl.orchestrator.staleness import StalenessPolicy
+from asyncrl.orchestrator.state import ControlState
+from asyncrl.records import SamplingParams, Task, Trajectory, new_id
+from asyncrl.telemetry.jsonl import MetricWriter
+
+log = logging.getLogger("asyncrl.rollout")
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, run_dir: Path, index: int) -> None:
+        from asyncrl.envs import make_task_source
+        from asyncrl.policy import Policy
+        from asyncrl.rollout.engine import make_engine
+        from asyncrl.rollout.episode import ChatTemplate
+        from asyncrl.transport import make_queue
+        from asyncrl.weights import make_weight_store
+
+        self.cfg, self.run_dir, self.index = cfg, run_dir, index
+        self.name = f"rollout-{index}"
+        self.rng = random.Random(cfg.seed * 1000 + index * 7919 + os.getpid())
+        self.state = ControlState(run_dir / "control.sqlite")
+        self.queue = make_queue(cfg.transport, run_dir)
+        self.store = make_weight_store(cfg.weights, run_dir)
+        self.policy = Policy.load(run_dir / "initial_policy")
+        self.template = ChatTemplate(self.policy.tokenizer)
+        self.engine = make_engine(cfg.rollout.engine, self.policy, self.template.stop_ids, seed=self.rng.randrange(2**31))
+        self.engine.version = -1
+        self.tasks = make_task_source(cfg.env)
+        self.staleness = StalenessPolicy.from_config(
+            cfg.orchestrator.mode, cfg.orchestrator.max_staleness, cfg.trainer.batch_size, cfg.orchestrator.stale_policy
+        )
+        self.metrics = MetricWriter(run_dir / "metrics" / f"{self.name}.jsonl", role=self.name)
+        self.bad_versions: set[int] = set()
+        self.counts = {"episodes": 0, "tokens": 0, "groups": 0, "put_seconds": 0.0, "weight_loads": 0,
+                       "weight_fallbacks": 0, "faults": 0, "success": 0}
+        self._refresh(force=True)
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _refresh(self, force: bool = False) -> None:
+        """Load the newest valid snapshot if it is newer than ours."""
+        latest = self.store.latest_version()
+        if latest is None or (latest <= self.engine.version and not force) or latest in self.bad_versions:
+            return
+        loaded = self.store.load_latest()
+        if loaded is None:
+            return
+        if loaded.fell_back_from is not None:
+            self.bad_versions.add(loaded.fell_back_from)
+            self.counts["weight_fallbacks"] += 1
+            log.warning("%s: weight version %s is corrupt (%s); using version %s",
+                        self.name, loaded.fell_back_from, "; ".join(loaded.problems), loaded.version)
+            self.metrics.event("weights/fallback", {"bad_version": loaded.fell_back_from, "used": loaded.version,
+                                                    "problems": loaded.problems})
+        if loaded.version > self.engine.version:
+            self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
+            self.counts["weight_loads"] += 1
+
+    def _newest_valid(self) -> int:
+        latest = self.store.latest_version()
+        if latest is None or latest in self.bad_versions:
+            return self.engine.version
+        return latest
+
+    # -- admission -------------------------------------------------------------------------------
+    def _may_start_group(self) -> bool:
+        if self.state.flag("paused") or self.state.flag("stop"):
+            return False
+        lag = self.state.get("max_staleness", self.staleness.max_staleness)
+        G = self.cfg.rollout.group_size
+        return self.state.try_add_within(
+            "admitted", G,
+            lambda c: self.staleness.admission_limit(c.get("version", 0), lag) + c.get("dropped", 0) + c.get("released", 0),
+        )
+
+    # -- episodes --------------------------------------------------------------------------------
+    async def _run_group(self, batcher: Any, task: Task) -> None:
+        from asyncrl.envs import make_env
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
+
+        rc = self.cfg.rollout
+        base = SamplingParams(temperature=rc.sampling.temperature, top_p=rc.sampling.top_p,
+                              max_new_tokens=rc.sampling.max_new_tokens)
+        group_id = new_id()
+
+        async def one(k: int) -> Trajectory:
+            env = make_env(self.cfg.env, self.rng.randrange(2**31))
+            settings = EpisodeSettings(self.cfg.env.max_turns, self.cfg.model.max_context,
+                                       jittered(base, rc.temperature_jitter, self.rng), self.name)
+            try:
+                return await run_episode(task, env, batcher, self.template, settings, group_id=group_id)
+            finally:
+                close = getattr(env, "close", None)
+                if close is not None:
+                    await close()
+
+        trajs = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
+        t0 = time.perf_counter()
+        for traj in trajs:
+            ok = False
+            while not ok and not self.state.flag("stop"):
+                ok = await asyncio.to_thread(self.queue.put, traj, 1.0)
+            self.state.add(f"inflight:{self.name}", -1)
+            self.counts["episodes"] += 1
+            self.counts["tokens"] += traj.num_model_tokens()
+            self.counts["success"] += traj.outcome == "success"
+            self.counts["faults"] += sum(1 for t in traj.turns if t.fault is not None)
+        self.counts["put_seconds"] += time.perf_counter() - t0
+        self.counts["groups"] += 1
+
+    def _next_task(self) -> Task:
+        rc, ec = self.cfg.rollout, self.cfg.env
+        if rc.exploration_rate and self.rng.random() < rc.exploration_rate:
+            return self.tasks.sample(self.rng, difficulty=ec.max_difficulty)
+        return self.tasks.sample(self.rng)
+
+    async def run(self) -> None:
+        from asyncrl.rollout.episode import TurnBatcher
+
+        inflight = self.staleness.inflight_updates
+        batcher = TurnBatcher(self.engine, before_batch=self._refresh if inflight else None)
+        running: set[asyncio.Task[None]] = set()
+        G = self.cfg.rollout.group_size
+        cap = max(self.cfg.rollout.concurrent_episodes, G)
+        last_report = time.time()
+        while not self.state.flag("stop"):
+            started = False
+            if len(running) * G + G <= cap:
+                lag = self.state.get("max_staleness", self.staleness.max_staleness)
+                if self.staleness.must_refresh(self.engine.version, self._newest_valid(), lag) and (
+                    inflight or not running  # sync / one_step_off: running episodes keep their version
+                ):
+                    async with batcher.lock:  # rule 2; never while a batch is being generated
+                        self._refresh()
+                if not self.staleness.must_refresh(self.engine.version, self._newest_valid(), lag) and (
+                    self._may_start_group()
+                ):
+                    self.state.add(f"inflight:{self.name}", G)  # returned to the budget if this process dies
+                    running.add(asyncio.create_task(self._run_group(batcher, self._next_task())))
+                    started = True
+            done = {t for t in running if t.done()}
+            for t in done:
+                running.discard(t)
+                t.result()  # an unexpected error propagates to the supervisor (restart)
+            if time.time() - last_report > self.cfg.telemetry.log_every_s:
+                self._report(batcher)
+                last_report = time.time()
+            if not started:
+                await asyncio.sleep(0.01 if running else 0.02)
+        for t in running:
+            t.cancel()
+        batcher.close()
+        self._report(batcher)
+
+    def _report(self, batcher: Any) -> None:
+        self.metrics.write({
+            **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
+            "rollout/version": float(self.engine.version),
+            "rollout/gen_busy_seconds": batcher.busy_seconds,
+            "rollout/gen_batches": float(batcher.batches),
+            "rollout/gen_sequences": float(batcher.sequences),
+        })
+
+
+def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
+    """Process entry point (spawned by the launcher)."""
+    from asyncrl.launch.local import init_role_process
+
+    cfg = init_role_process(cfg_json)
+    worker = RolloutWorker(cfg, Path(run_dir), index)
+    asyncio.run(worker.run())

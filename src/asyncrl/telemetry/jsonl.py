@@ -1,0 +1,58 @@
+"""Per-role metric files: each role appends JSON lines to ``run_dir/metrics/{role}.jsonl``.
+
+One file per process means no cross-process locking; the orchestrator tails them all, merges
+them into the run's ``metrics.jsonl`` and drives the live display from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricWriter:
+    def __init__(self, path: Path, role: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.role = role
+        self._f = path.open("a", buffering=1)
+
+    def write(self, metrics: dict[str, float], **fields: Any) -> None:
+        clean = {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()}
+        self._f.write(json.dumps({"time": time.time(), "role": self.role, **fields, **clean}) + "\n")
+
+    def event(self, name: str, data: dict[str, Any]) -> None:
+        self._f.write(json.dumps({"time": time.time(), "role": self.role, "event": name, **data}) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class MetricTail:
+    """Reads new complete lines from a set of JSONL files (tolerates partial last lines)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not self.folder.is_dir():
+            return out
+        for path in sorted(self.folder.glob("*.jsonl")):
+            pos = self._offsets.get(path, 0)
+            with path.open("rb") as f:
+                f.seek(pos)
+                data = f.read()
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            for line in data[: end + 1].splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            self._offsets[path] = pos + end + 1
+        return out

@@ -1,0 +1,152 @@
+"""The trainer-side replay buffer: staleness admission, whole groups, and batch assembly.
+
+* Samples arrive from the queue and are held **by group** (the ``n`` trajectories sampled for one
+  task). A group is *ready* once all ``group_size`` members have arrived; group baselines are
+  only computed over whole groups.
+* **Staleness** (rule 4 of :mod:`asyncrl.orchestrator.staleness`) is checked when a batch is
+  assembled, against the trainer's version at that moment: a too-old sample is dropped (and
+  reported to the caller so it can be recorded and returned to the admission budget) or kept
+  for down-weighting, by config. A sample with no model tokens (an environment that failed at
+  reset) is dropped as invalid.
+* **Capacity** is expressed in training steps (``capacity_steps × batch_size`` samples); beyond
+  it the oldest ready groups are evicted — reported as dropped, never silently lost.
+* **Sampling** of ready groups: ``fifo`` (oldest first), ``freshness`` (newest policy version
+  first), or ``advantage`` (groups with the largest reward spread first — they carry the most
+  signal); ``random_fraction`` of each batch is drawn uniformly instead, so no group starves.
+* **Mix**: with ``task_mix`` set, groups are taken so that each task type's share of the batch is
+  as close as possible to its configured proportion.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from asyncrl.orchestrator.staleness import StalenessPolicy
+from asyncrl.records import Trajectory
+
+
+@dataclass
+class Dropped:
+    traj: Trajectory
+    reason: Literal["dropped_stale", "dropped_invalid", "dropped_evicted"]
+    age: int
+
+
+@dataclass
+class ReplayBuffer:
+    group_size: int
+    batch_size: int
+    staleness: StalenessPolicy
+    capacity_steps: int = 4
+    sampling: Literal["fifo", "freshness", "advantage"] = "fifo"
+    random_fraction: float = 0.0
+    task_mix: dict[str, float] | None = None
+    seed: int = 0
+    _groups: OrderedDict[str, list[Trajectory]] = field(default_factory=OrderedDict)
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._groups.values())
+
+    def add(self, traj: Trajectory) -> None:
+        key = traj.group_id or traj.id
+        self._groups.setdefault(key, []).append(traj)
+
+    def _ready(self) -> list[str]:
+        return [k for k, g in self._groups.items() if len(g) >= self.group_size or not g[0].group_id]
+
+    def take(self, version: int, max_staleness: int | None = None) -> tuple[list[Trajectory] | None, list[Dropped]]:
+        """Assemble one batch at trainer ``version``; returns (batch or None, dropped samples)."""
+        dropped = self._screen(version, max_staleness)
+        dropped += self._evict()
+        ready = self._ready()
+        if sum(len(self._groups[k]) for k in ready) < self.batch_size:
+            return None, dropped
+        chosen: list[str] = []
+        count = 0
+        for key in self._order(ready):
+            if count >= self.batch_size:
+                break
+            chosen.append(key)
+            count += len(self._groups[key])
+        batch = [t for k in chosen for t in self._groups.pop(k)]
+        return batch, dropped
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _screen(self, version: int, max_staleness: int | None) -> list[Dropped]:
+        out: list[Dropped] = []
+        for key in list(self._groups):
+            keep: list[Trajectory] = []
+            for t in self._groups[key]:
+                oldest = t.oldest_version()
+                if oldest is None:
+                    out.append(Dropped(t, "dropped_invalid", 0))
+                elif self.staleness.stale_policy == "drop" and self.staleness.too_stale(version, oldest, max_staleness):
+                    out.append(Dropped(t, "dropped_stale", self.staleness.age(version, oldest)))
+                else:
+                    keep.append(t)
+            # dropped members still count towards the group being complete
+            missing = len(self._groups[key]) - len(keep)
+            if missing and keep:
+                for t in keep:
+                    t.reward_components["group_dropped"] = float(missing)
+            self._groups[key] = keep
+            if not keep:
+                del self._groups[key]
+        return out
+
+    def _evict(self) -> list[Dropped]:
+        out: list[Dropped] = []
+        limit = self.capacity_steps * self.batch_size
+        while len(self) > limit and self._groups:
+            _, group = self._groups.popitem(last=False)
+            out += [Dropped(t, "dropped_evicted", 0) for t in group]
+        return out
+
+    def _order(self, ready: list[str]) -> list[str]:
+        if self.sampling == "freshness":
+            ordered = sorted(ready, key=lambda k: -min(t.oldest_version() or 0 for t in self._groups[k]))
+        elif self.sampling == "advantage":
+            ordered = sorted(ready, key=lambda k: -self._spread(k))
+        else:
+            ordered = list(ready)
+        if self.random_fraction > 0 and len(ordered) > 1:
+            n_random = round(self.random_fraction * len(ordered))
+            picked = self._rng.sample(ordered, n_random)
+            ordered = picked + [k for k in ordered if k not in picked]
+        if self.task_mix:
+            ordered = self._mix(ordered)
+        return ordered
+
+    def _spread(self, key: str) -> float:
+        rewards = [t.final_reward for t in self._groups[key]]
+        return statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+
+    def _mix(self, ordered: list[str]) -> list[str]:
+        """Greedy: repeatedly take the next group of the task type furthest below its target share."""
+        assert self.task_mix is not None
+        total = sum(self.task_mix.values()) or 1.0
+        target = {k: v / total for k, v in self.task_mix.items()}
+        taken: dict[str, int] = dict.fromkeys(target, 0)
+        queue = list(ordered)
+        out: list[str] = []
+        while queue:
+            n = sum(taken.values()) or 1
+
+            def deficit(key: str) -> float:
+                tt = self._groups[key][0].task.task_type
+                return target.get(tt, 0.0) - taken.get(tt, 0) / n
+
+            best = max(queue, key=deficit)
+            queue.remove(best)
+            out.append(best)
+            tt = self._groups[best][0].task.task_type
+            taken[tt] = taken.get(tt, 0) + len(self._groups[best])
+        return out

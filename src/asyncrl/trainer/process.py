@@ -1,0 +1,181 @@
+"""The trainer process: queue → de-duplicate → replay buffer → learner → publish → checkpoint.
+
+Nothing lost, nothing trained twice:
+
+* Entries taken from the queue are acknowledged only after a checkpoint that covers them is on
+  disk and their fate (trained / dropped) is in the control ledger. A crash before that
+  leaves them un-acked: they are redelivered, and the resumed trainer (restored to the same
+  checkpoint) trains them once.
+* Every delivery is de-duplicated by trajectory id against the ledger (durable) and the ids
+  consumed since the last checkpoint (in memory); duplicates are acknowledged with the rest.
+
+Versions: the weights after ``step`` optimiser steps are version ``step + offset``; ``offset``
+is 0 on a fresh run and, after a resume, whatever keeps the published sequence strictly
+increasing (versions published after the checkpoint by the crashed trainer are never reused).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+import torch
+
+from asyncrl.config import RunConfig
+from asyncrl.orchestrator.staleness import StalenessPolicy
+from asyncrl.orchestrator.state import ControlState
+from asyncrl.records import Trajectory
+from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.trainer.buffer import Dropped, ReplayBuffer
+
+log = logging.getLogger("asyncrl.trainer")
+
+
+class TrainerRole:
+    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = True) -> None:
+        from asyncrl.policy import Policy
+        from asyncrl.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
+        from asyncrl.trainer.learner import Learner
+        from asyncrl.transport import make_queue
+        from asyncrl.weights import make_weight_store
+
+        self.cfg, self.run_dir = cfg, run_dir
+        torch.manual_seed(cfg.seed)
+        self.py_rng = random.Random(cfg.seed)
+        self.state = ControlState(run_dir / "control.sqlite")
+        self.queue = make_queue(cfg.transport, run_dir)
+        self.store = make_weight_store(cfg.weights, run_dir)
+        self.ckpt_root = run_dir / "checkpoints"
+        ckpt = latest_checkpoint(self.ckpt_root, verify=True) if resume else None
+        self.policy = Policy.load(ckpt / "policy" if ckpt else run_dir / "initial_policy")
+        ref = Policy.load(run_dir / "initial_policy") if cfg.algo.kl_coef > 0 else None
+        self.learner = Learner(cfg, self.policy, ref)
+        ts = TrainerState(step=0, last_published=0, consumed=0, extra={})
+        if ckpt is not None:
+            ts = load_checkpoint(ckpt, self.policy, self.learner.optimizer, self.learner.scheduler, self.py_rng)
+            log.info("resumed from %s (step %d)", ckpt, ts.step)
+        self.step = ts.step
+        published = max(self.store.latest_version() or 0, ts.last_published)
+        self.offset = max(0, published - ts.step)
+        self.last_published = published
+        self.staleness = StalenessPolicy.from_config(
+            cfg.orchestrator.mode, cfg.orchestrator.max_staleness, cfg.trainer.batch_size, cfg.orchestrator.stale_policy
+        )
+        self.buffer = ReplayBuffer(cfg.rollout.group_size, cfg.trainer.batch_size, self.staleness,
+                                   capacity_steps=cfg.trainer.buffer_steps, sampling=cfg.trainer.buffer_sampling,
+                                   random_fraction=cfg.trainer.buffer_random_fraction, seed=cfg.seed)
+        self.done_ids = self.state.ledger_ids()  # durable: consumed before the last checkpoint
+        self.pending: dict[str, tuple[str, int, int]] = {}  # traj id -> (fate, step, age) since checkpoint
+        self.pending_acks: list[str] = []
+        self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer")
+        self.busy = self.idle = 0.0
+        self.state.set("version", self.version)
+        self.state.set("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
+
+    @property
+    def version(self) -> int:
+        return self.step + self.offset
+
+    # -- phases ------------------------------------------------------------------------------------
+    def _pull(self) -> None:
+        for d in self.queue.get_batch(2 * self.cfg.trainer.batch_size, timeout=0.05, consumer="trainer"):
+            self.pending_acks.append(d.entry_id)
+            tid = d.trajectory.id
+            if tid in self.done_ids or tid in self.pending or any(t.id == tid for t in self._buffered()):
+                continue  # at-least-once delivery: a duplicate, acknowledged with the rest
+            d.trajectory.lifecycle.dequeued = time.time()
+            self.buffer.add(d.trajectory)
+
+    def _buffered(self) -> list[Trajectory]:
+        return [t for g in self.buffer._groups.values() for t in g]
+
+    def _record_drops(self, dropped: list[Dropped]) -> None:
+        for d in dropped:
+            self.pending[d.traj.id] = (d.reason, self.step, d.age)
+        if dropped:
+            self.state.add("dropped", len(dropped))  # returns the slots to the admission budget
+
+    def _publish(self) -> None:
+        self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
+        self.last_published = self.version
+        self.state.set("published", self.version)
+        self.state.add("versions_published", 1)
+
+    def _checkpoint(self) -> None:
+        from asyncrl.trainer.checkpoint import TrainerState, save_checkpoint
+
+        ts = TrainerState(step=self.step, last_published=self.last_published,
+                          consumed=len(self.done_ids) + len(self.pending), extra={"offset": self.offset})
+        save_checkpoint(self.ckpt_root, self.policy, self.learner.optimizer, self.learner.scheduler, ts,
+                        self.py_rng, keep=self.cfg.trainer.keep_checkpoints)
+        # fate first, then ack: a crash in between only causes a redelivery that is de-duplicated
+        self.state.record((tid, fate, step, age) for tid, (fate, step, age) in self.pending.items())
+        self.done_ids.update(self.pending)
+        self.pending.clear()
+        self.queue.ack(self.pending_acks)
+        self.pending_acks = []
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        tc = self.cfg.trainer
+        last_report = 0.0
+        while self.step < tc.total_steps and not self.state.flag("stop"):
+            t0 = time.perf_counter()
+            # 1. take what the queue has; 2. assemble a batch within the staleness bound
+            self._pull()
+            lag = self.state.get("max_staleness", self.staleness.max_staleness)
+            batch, dropped = self.buffer.take(self.version, lag)
+            self._record_drops(dropped)
+            if batch is None:
+                self.idle += time.perf_counter() - t0
+                continue
+            # 3. learn; a non-finite step is skipped and never published
+            metrics = self.learner.step(batch, self.version)
+            skipped = metrics["train/skipped"] > 0
+            ages = [self.staleness.age(self.version, t.oldest_version() or 0) for t in batch]
+            for t, age in zip(batch, ages, strict=True):
+                t.lifecycle.trained = time.time()
+                self.pending[t.id] = ("skipped" if skipped else "trained", self.step, age)
+            if skipped:
+                self.state.add("dropped", len(batch))
+                self.metrics.event("train/non_finite_step", {"step": self.step})
+            else:
+                self.step += 1
+                self.state.set("version", self.version)
+                # 4. publish every sync_every steps; 5. checkpoint every checkpoint_every steps
+                if self.step % tc.sync_every == 0 or self.step == tc.total_steps:
+                    self._publish()
+                if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
+                    self._checkpoint()
+            self.busy += time.perf_counter() - t0
+            if time.time() - last_report > 0.5 or self.step == tc.total_steps:
+                self._report(metrics, batch)
+                last_report = time.time()
+        if self.pending or self.pending_acks:
+            self._checkpoint()
+        if self.step >= tc.total_steps:
+            self.state.set_flag("trainer_done", True)
+
+    def _report(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
+        total = self.busy + self.idle
+        waits = [t.lifecycle.dequeued - t.lifecycle.enqueued for t in batch if t.lifecycle.enqueued]
+        self.metrics.write({
+            **metrics,
+            "trainer/step": float(self.step),
+            "trainer/version": float(self.version),
+            "trainer/busy_fraction": self.busy / total if total else 0.0,
+            "trainer/busy_seconds": self.busy,
+            "trainer/idle_seconds": self.idle,
+            "trainer/buffer_size": float(len(self.buffer)),
+            "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
+            **self.queue.stats(),
+        }, step=self.step)
+
+
+def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:
+    """Process entry point (spawned by the launcher)."""
+    from asyncrl.launch.local import init_role_process
+
+    cfg = init_role_process(cfg_json)
+    TrainerRole(cfg, Path(run_dir), resume=resume).run()
