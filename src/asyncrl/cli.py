@@ -67,13 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
 
-    tr = sub.add_parser("train", help="warm start (cached), then RL with rollout workers, trainer and orchestrator")
+    tr = sub.add_parser(
+        "train", help="warm start (cached), then RL with rollout workers, trainer and orchestrator"
+    )
     _add_config_args(tr, required=False)
-    tr.add_argument("--resume", metavar="RUN", help="continue the run in this run directory (its config is used)")
+    tr.add_argument(
+        "--resume", metavar="RUN", help="continue the run in this run directory (its config is used)"
+    )
     tr.add_argument("--no-display", action="store_true", help="no live display (for logs and CI)")
-    tr.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N held-out tasks only")
+    tr.add_argument(
+        "--eval-limit", type=int, default=None, help="evaluate on the first N held-out tasks only"
+    )
 
-    demo = sub.add_parser("demo", help="the main job: train on the demo config and print a before/after table")
+    demo = sub.add_parser(
+        "demo", help="the main job: train on the demo config and print a before/after table"
+    )
     _add_config_args(demo, required=False)
     demo.add_argument("--no-display", action="store_true", help="no live display")
     return parser
@@ -181,10 +189,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     import json
 
@@ -216,8 +220,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     table = Table(title=f"asyncrl demo — {cfg.env.kind}, mode {s['mode']}, {s['wall_seconds']:.0f}s")
     for col in ("", "warm start", "after RL", "change"):
         table.add_column(col, justify="right")
-    table.add_row("held-out success", f"{s['initial_success']:.1%}", f"{s['final_success']:.1%}",
-                  f"{(s['final_success'] - s['initial_success']) * 100:+.1f} pts")
+    table.add_row(
+        "held-out success",
+        f"{s['initial_success']:.1%}",
+        f"{s['final_success']:.1%}",
+        f"{(s['final_success'] - s['initial_success']) * 100:+.1f} pts",
+    )
     Console().print(table)
     print(
         f"trained {s['samples_trained']} samples over {s['trainer_steps']} steps; "
@@ -227,3 +235,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     print(f"run directory: {run_dir}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

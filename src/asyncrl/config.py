@@ -155,6 +155,9 @@ class EngineConfig(Section):
     """``hf``: batched sampling with transformers on the worker's own device."""
     max_batch: int = Field(64, ge=1, le=4096)
     """Sequences generated together at most."""
+    batch_wait_ms: float = Field(20.0, ge=0, le=10000)
+    """How long a model turn may wait for others to join its batch (never when every live episode is
+    already waiting)."""
 
 
 class RolloutConfig(Section):
@@ -371,7 +374,6 @@ class RunConfig(Section):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
 
-
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
         if self.trainer.batch_size % self.rollout.group_size:
@@ -385,6 +387,13 @@ class RunConfig(Section):
                 f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({lag + 1}) in "
                 f"mode {self.orchestrator.mode!r}: samples from one published version are trained up to "
                 "sync_every - 1 steps later"
+            )
+        held = (self.trainer.checkpoint_every + self.trainer.buffer_steps + 1) * self.trainer.batch_size
+        if self.transport.capacity < held:
+            raise ValueError(
+                f"transport.capacity ({self.transport.capacity}) must be at least "
+                f"(trainer.checkpoint_every + trainer.buffer_steps + 1) x trainer.batch_size = {held}: the trainer "
+                "holds entries un-acknowledged until a checkpoint covers them"
             )
         return self
 

@@ -23,14 +23,19 @@ def sequence_advantages(batch: list[Trajectory], cfg: CreditConfig) -> tuple[tor
     rewards = torch.tensor([t.final_reward for t in batch], dtype=torch.float32)
     if cfg.baseline == "batch_mean":
         adv = batch_mean_baseline(rewards)
-        return adv, {"adv/outcome_mean": float(adv.mean()), "adv/outcome_std": float(adv.std()) if len(adv) > 1 else 0.0}
+        return adv, {
+            "adv/outcome_mean": float(adv.mean()),
+            "adv/outcome_std": float(adv.std()) if len(adv) > 1 else 0.0,
+        }
     keys = {g: i for i, g in enumerate(dict.fromkeys(t.group_id or t.id for t in batch))}
     groups = torch.tensor([keys[t.group_id or t.id] for t in batch], dtype=torch.long)
     adv, metrics = group_advantages(rewards, groups, cfg.baseline)
     return adv, metrics
 
 
-def token_advantages(batch: list[Trajectory], T: int, cfg: CreditConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def token_advantages(
+    batch: list[Trajectory], T: int, cfg: CreditConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token advantages ``[B, T]`` (right padded; zero off model tokens)."""
     seq_adv, metrics = sequence_advantages(batch, cfg)
     out = torch.zeros(len(batch), T)
@@ -47,12 +52,13 @@ def token_advantages(batch: list[Trajectory], T: int, cfg: CreditConfig) -> tupl
     if cfg.strategy == "process" and cfg.process_weight > 0:
         to_go: list[list[float]] = []
         for spans in process:
-            g, acc = [], 0.0
+            rtg: list[float] = []
+            acc = 0.0
             for _, _, p in reversed(spans):
                 acc = p + cfg.gamma * acc
-                g.append(acc)
-            to_go.append(g[::-1])
-        flat = [x for g in to_go for x in g]
+                rtg.append(acc)
+            to_go.append(rtg[::-1])
+        flat = [x for seq in to_go for x in seq]
         centre = sum(flat) / len(flat) if flat else 0.0
         for i, spans in enumerate(process):
             for (a, b, _), g in zip(spans, to_go[i], strict=True):

@@ -75,7 +75,10 @@ class Orchestrator:
         self.state = ControlState(run_dir / "control.sqlite")
         self.launcher = make_launcher(cfg.launcher)
         self.staleness = StalenessPolicy.from_config(
-            cfg.orchestrator.mode, cfg.orchestrator.max_staleness, cfg.trainer.batch_size, cfg.orchestrator.stale_policy
+            cfg.orchestrator.mode,
+            cfg.orchestrator.max_staleness,
+            cfg.trainer.batch_size,
+            cfg.orchestrator.stale_policy,
         )
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
@@ -93,6 +96,8 @@ class Orchestrator:
             self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
         else:
             self.launcher.start(name, worker_main, cfg_json, str(self.run_dir), int(name.split("-")[1]))
+        pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
+        (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
 
     def _supervise(self) -> None:
         for name in self.launcher.names():
@@ -104,13 +109,14 @@ class Orchestrator:
                 lost = self.state.get(f"inflight:{name}")
                 if lost:
                     self.state.add("released", lost)
-                    self.state.set(f"inflight:{name}", 0)
+                    self.state.set_value(f"inflight:{name}", 0)
             self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
             self._start(name, resume_trainer=True)
 
     # -- flow control --------------------------------------------------------------------------------
     def _watermarks(self) -> None:
-        oc, depth = self.cfg.orchestrator, float(self.live.trainer.get("queue/depth") or 0.0)
+        # ready entries only: leased ones are already the trainer's (acknowledged at its next checkpoint)
+        oc, depth = self.cfg.orchestrator, float(self.live.trainer.get("queue/ready") or 0.0)
         fill = depth / self.cfg.transport.capacity
         if fill >= oc.high_watermark and not self.state.flag("paused"):
             self.state.set_flag("paused", True)
@@ -122,10 +128,10 @@ class Orchestrator:
         current = self.state.get("max_staleness", configured)
         ages = self.live.ages
         if len(ages) == ages.maxlen and min(ages) > configured and current > 0:
-            self.state.set("max_staleness", current - 1)  # runaway: tighten
+            self.state.set_value("max_staleness", current - 1)  # runaway: tighten
             ages.clear()
         elif ages and max(ages) <= configured / 2 and current < configured:
-            self.state.set("max_staleness", current + 1)  # recovered: relax
+            self.state.set_value("max_staleness", current + 1)  # recovered: relax
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -133,8 +139,8 @@ class Orchestrator:
         self.state.set_flag("stop", False)
         if self.resume:
             return
-        self.state.set("max_staleness", self.staleness.max_staleness)
-        self.state.set("version", 0)
+        self.state.set_value("max_staleness", self.staleness.max_staleness)
+        self.state.set_value("version", 0)
 
     def run(self) -> dict[str, Any]:
         self.prepare()
@@ -204,15 +210,23 @@ class _Display:
         eta = (elapsed / step * (total - step)) if step else float("nan")
         episodes = o.live.total("rollout/episodes")
         tokens = o.live.total("rollout/tokens")
-        table = Table(title=f"asyncrl {o.cfg.orchestrator.mode} — {o.run_dir}", show_header=False, expand=False)
+        table = Table(
+            title=f"asyncrl {o.cfg.orchestrator.mode} — {o.run_dir}", show_header=False, expand=False
+        )
         table.add_column(style="bold")
         table.add_column(justify="right")
         rows = [
             ("version / step", f"{int(t.get('trainer/version') or 0)} / {step} of {total}"),
             ("samples/s (rollout)", f"{episodes / elapsed:.1f}" if elapsed else "-"),
             ("tokens/s (rollout)", f"{tokens / elapsed:.0f}" if elapsed else "-"),
-            ("queue depth", f"{int(t.get('queue/depth') or 0)}" + (" (paused)" if o.state.flag("paused") else "")),
-            ("staleness mean / max", f"{float(t.get('staleness/mean') or 0):.2f} / {int(t.get('staleness/max') or 0)}"),
+            (
+                "queue depth",
+                f"{int(t.get('queue/depth') or 0)}" + (" (paused)" if o.state.flag("paused") else ""),
+            ),
+            (
+                "staleness mean / max",
+                f"{float(t.get('staleness/mean') or 0):.2f} / {int(t.get('staleness/max') or 0)}",
+            ),
             ("reward (train batch)", f"{float(t.get('reward/mean') or 0):.3f}"),
             ("success (train batch)", f"{float(t.get('reward/success_rate') or 0):.1%}"),
             ("trainer busy", f"{float(t.get('trainer/busy_fraction') or 0):.0%}"),
@@ -260,14 +274,22 @@ def train(
         policy.load_tensors(loaded.tensors)
     final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
-    summary = _summary(cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir))
+    summary = _summary(
+        cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir)
+    )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir, summary
 
 
 def _summary(
-    cfg: RunConfig, run_dir: Path, orch: Orchestrator, last: dict[str, Any], prior: dict[str, Any],
-    final: dict[str, Any], wall: float, queue: Any,
+    cfg: RunConfig,
+    run_dir: Path,
+    orch: Orchestrator,
+    last: dict[str, Any],
+    prior: dict[str, Any],
+    final: dict[str, Any],
+    wall: float,
+    queue: Any,
 ) -> dict[str, Any]:
     state = orch.state
     fates = state.ledger_counts()
@@ -289,7 +311,8 @@ def _summary(
         "samples_dropped_other": sum(v for k, v in fates.items() if k not in ("trained", "dropped_stale")),
         "samples_left_in_queue": leftover,
         "samples_accepted": accepted,
-        "lost_trajectories": accepted - consumed - leftover,
+        "samples_admitted": state.get("admitted"),
+        "lost_trajectories": accepted - consumed - leftover - int(qs["queue/dead_letters"]),
         "duplicates_recorded": state.get("duplicates"),
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,

@@ -51,7 +51,9 @@ class StalenessPolicy:
     stale_policy: Literal["drop", "downweight"] = "drop"
 
     @classmethod
-    def from_config(cls, mode: Mode, max_staleness: int, batch_size: int, stale_policy: str = "drop") -> StalenessPolicy:
+    def from_config(
+        cls, mode: Mode, max_staleness: int, batch_size: int, stale_policy: str = "drop"
+    ) -> StalenessPolicy:
         """Apply rule 5: the mode fixes the lag for ``sync`` and ``one_step_off``."""
         lag = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
         policy: Literal["drop", "downweight"] = "downweight" if stale_policy == "downweight" else "drop"
@@ -67,7 +69,9 @@ class StalenessPolicy:
         lag = self.max_staleness if max_staleness is None else max_staleness
         return (lag + version + 1) * self.batch_size
 
-    def must_refresh(self, worker_version: int, latest_version: int, max_staleness: int | None = None) -> bool:
+    def must_refresh(
+        self, worker_version: int, latest_version: int, max_staleness: int | None = None
+    ) -> bool:
         """Rule 2."""
         lag = self.max_staleness if max_staleness is None else max_staleness
         return latest_version - worker_version > lag

@@ -39,7 +39,9 @@ class ControlState:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(
+            str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
@@ -50,7 +52,7 @@ class ControlState:
             row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
         return int(row[0]) if row else default
 
-    def set(self, name: str, value: int) -> None:
+    def set_value(self, name: str, value: int) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value",
@@ -150,7 +152,9 @@ class ControlState:
 
     def ledger_counts(self) -> dict[str, int]:
         with self._lock:
-            return {str(f): int(n) for f, n in self._db.execute("SELECT fate, COUNT(*) FROM ledger GROUP BY fate")}
+            return {
+                str(f): int(n) for f, n in self._db.execute("SELECT fate, COUNT(*) FROM ledger GROUP BY fate")
+            }
 
     def ages(self) -> list[int]:
         """Version lag of every trained sample (for the staleness histogram)."""

@@ -74,6 +74,10 @@ class TurnBatcher:
     ``before_batch`` runs between batches (in the event loop thread) — the rollout worker uses
     it to load new weights, so an in-flight episode picks up a new version at a turn boundary.
     Each result carries the engine version that produced it.
+
+    Batching policy: a generation call costs nearly the same for 4 sequences as for 64, so the
+    batcher waits up to ``max_wait_s`` for more requests — but never when every live episode
+    is already waiting (nothing more can arrive) or the batch is full (``max_batch``).
     """
 
     engine: GenerationEngine
@@ -83,6 +87,10 @@ class TurnBatcher:
     _task: asyncio.Task[None] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while weights may change or a batch is generated: weight loads never race generation."""
+    max_batch: int = 64
+    max_wait_s: float = 0.02
+    live_episodes: int = 0
+    """Episodes currently running on this batcher (maintained by :func:`run_episode`)."""
     batches: int = 0
     sequences: int = 0
     busy_seconds: float = 0.0
@@ -100,7 +108,10 @@ class TurnBatcher:
             await self._wakeup.wait()
             self._wakeup.clear()
             await asyncio.sleep(0)  # let episodes that are ready in this tick join the batch
-            batch, self._pending = self._pending, []
+            await self._gather_more()
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            if self._pending:
+                self._wakeup.set()
             if not batch:
                 continue
             async with self.lock:
@@ -124,6 +135,19 @@ class TurnBatcher:
                 if not r.future.done():
                     r.future.set_result((s, version))
 
+    async def _gather_more(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        while 0 < len(self._pending) < min(self.max_batch, self.live_episodes):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except TimeoutError:
+                return
+
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -146,6 +170,21 @@ async def run_episode(
     group_id: str = "",
 ) -> Trajectory:
     """Play one episode of ``env`` (already guarded) on ``task`` and return its trajectory."""
+    batcher.live_episodes += 1
+    try:
+        return await _run_episode(task, env, batcher, template, settings, group_id)
+    finally:
+        batcher.live_episodes -= 1
+
+
+async def _run_episode(
+    task: Task,
+    env: Any,
+    batcher: TurnBatcher,
+    template: ChatTemplate,
+    settings: EpisodeSettings,
+    group_id: str,
+) -> Trajectory:
     life = Lifecycle(created=time.time(), rollout_start=time.time())
     traj = Trajectory(
         id=new_id(),
@@ -163,7 +202,9 @@ async def run_episode(
         traj.outcome = "env_error"
         traj.reward_components["env_error"] = 1.0
         fault = exc.fault if isinstance(getattr(exc, "fault", None), Fault) else None
-        traj.turns.append(Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc))))
+        traj.turns.append(
+            Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc)))
+        )
         life.rollout_end = time.time()
         return traj
     context = template.prompt(prompt_text)

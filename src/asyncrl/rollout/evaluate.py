@@ -41,7 +41,9 @@ async def run_episodes(
     env_cfg = env_cfg or eval_env_config(cfg)
     template = ChatTemplate(policy.tokenizer)
     engine = make_engine(cfg.rollout.engine, policy, template.stop_ids, seed=seed)
-    batcher = TurnBatcher(engine)
+    batcher = TurnBatcher(
+        engine, max_batch=cfg.rollout.engine.max_batch, max_wait_s=cfg.rollout.engine.batch_wait_ms / 1000
+    )
     s = cfg.rollout.sampling
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,

@@ -28,6 +28,55 @@ from asyncrl.telemetry.jsonl import MetricWriter
 log = logging.getLogger("asyncrl.rollout")
 
 
+class WeightFollower:
+    """Keeps an engine on the newest *valid* weight version.
+
+    A corrupt or partial newest snapshot is reported once (log + metric event) and remembered;
+    the engine keeps the newest valid version until a newer good one appears.
+    """
+
+    def __init__(self, store: Any, engine: Any, metrics: MetricWriter | None = None, name: str = "") -> None:
+        self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
+        self.bad_versions: set[int] = set()
+        self.loads = self.fallbacks = 0
+
+    def newest_valid(self) -> int:
+        latest = self.store.latest_version()
+        if latest is None or latest in self.bad_versions:
+            return int(self.engine.version)
+        return int(latest)
+
+    def refresh(self, force: bool = False) -> None:
+        latest = self.store.latest_version()
+        if latest is None or latest in self.bad_versions or (latest <= self.engine.version and not force):
+            return
+        loaded = self.store.load_latest()
+        if loaded is None:
+            return
+        if loaded.fell_back_from is not None:
+            self.bad_versions.add(loaded.fell_back_from)
+            self.fallbacks += 1
+            log.warning(
+                "%s: weight version %s is corrupt (%s); keeping version %s",
+                self.name,
+                loaded.fell_back_from,
+                "; ".join(loaded.problems),
+                max(loaded.version, self.engine.version),
+            )
+            if self.metrics is not None:
+                self.metrics.event(
+                    "weights/fallback",
+                    {
+                        "bad_version": loaded.fell_back_from,
+                        "used": loaded.version,
+                        "problems": loaded.problems,
+                    },
+                )
+        if loaded.version > self.engine.version:
+            self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
+            self.loads += 1
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, index: int) -> None:
         from asyncrl.envs import make_task_source
@@ -45,43 +94,37 @@ class RolloutWorker:
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy")
         self.template = ChatTemplate(self.policy.tokenizer)
-        self.engine = make_engine(cfg.rollout.engine, self.policy, self.template.stop_ids, seed=self.rng.randrange(2**31))
+        self.engine = make_engine(
+            cfg.rollout.engine, self.policy, self.template.stop_ids, seed=self.rng.randrange(2**31)
+        )
         self.engine.version = -1
         self.tasks = make_task_source(cfg.env)
         self.staleness = StalenessPolicy.from_config(
-            cfg.orchestrator.mode, cfg.orchestrator.max_staleness, cfg.trainer.batch_size, cfg.orchestrator.stale_policy
+            cfg.orchestrator.mode,
+            cfg.orchestrator.max_staleness,
+            cfg.trainer.batch_size,
+            cfg.orchestrator.stale_policy,
         )
         self.metrics = MetricWriter(run_dir / "metrics" / f"{self.name}.jsonl", role=self.name)
-        self.bad_versions: set[int] = set()
-        self.counts = {"episodes": 0, "tokens": 0, "groups": 0, "put_seconds": 0.0, "weight_loads": 0,
-                       "weight_fallbacks": 0, "faults": 0, "success": 0}
+        self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name)
+        self.counts = {
+            "episodes": 0,
+            "tokens": 0,
+            "groups": 0,
+            "put_seconds": 0.0,
+            "weight_loads": 0,
+            "weight_fallbacks": 0,
+            "faults": 0,
+            "success": 0,
+        }
         self._refresh(force=True)
 
     # -- weights ---------------------------------------------------------------------------------
     def _refresh(self, force: bool = False) -> None:
-        """Load the newest valid snapshot if it is newer than ours."""
-        latest = self.store.latest_version()
-        if latest is None or (latest <= self.engine.version and not force) or latest in self.bad_versions:
-            return
-        loaded = self.store.load_latest()
-        if loaded is None:
-            return
-        if loaded.fell_back_from is not None:
-            self.bad_versions.add(loaded.fell_back_from)
-            self.counts["weight_fallbacks"] += 1
-            log.warning("%s: weight version %s is corrupt (%s); using version %s",
-                        self.name, loaded.fell_back_from, "; ".join(loaded.problems), loaded.version)
-            self.metrics.event("weights/fallback", {"bad_version": loaded.fell_back_from, "used": loaded.version,
-                                                    "problems": loaded.problems})
-        if loaded.version > self.engine.version:
-            self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
-            self.counts["weight_loads"] += 1
+        self.weights.refresh(force)
 
     def _newest_valid(self) -> int:
-        latest = self.store.latest_version()
-        if latest is None or latest in self.bad_versions:
-            return self.engine.version
-        return latest
+        return self.weights.newest_valid()
 
     # -- admission -------------------------------------------------------------------------------
     def _may_start_group(self) -> bool:
@@ -90,8 +133,13 @@ class RolloutWorker:
         lag = self.state.get("max_staleness", self.staleness.max_staleness)
         G = self.cfg.rollout.group_size
         return self.state.try_add_within(
-            "admitted", G,
-            lambda c: self.staleness.admission_limit(c.get("version", 0), lag) + c.get("dropped", 0) + c.get("released", 0),
+            "admitted",
+            G,
+            lambda c: (
+                self.staleness.admission_limit(c.get("version", 0), lag)
+                + c.get("dropped", 0)
+                + c.get("released", 0)
+            ),
         )
 
     # -- episodes --------------------------------------------------------------------------------
@@ -100,14 +148,21 @@ class RolloutWorker:
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
         rc = self.cfg.rollout
-        base = SamplingParams(temperature=rc.sampling.temperature, top_p=rc.sampling.top_p,
-                              max_new_tokens=rc.sampling.max_new_tokens)
+        base = SamplingParams(
+            temperature=rc.sampling.temperature,
+            top_p=rc.sampling.top_p,
+            max_new_tokens=rc.sampling.max_new_tokens,
+        )
         group_id = new_id()
 
         async def one(k: int) -> Trajectory:
             env = make_env(self.cfg.env, self.rng.randrange(2**31))
-            settings = EpisodeSettings(self.cfg.env.max_turns, self.cfg.model.max_context,
-                                       jittered(base, rc.temperature_jitter, self.rng), self.name)
+            settings = EpisodeSettings(
+                self.cfg.env.max_turns,
+                self.cfg.model.max_context,
+                jittered(base, rc.temperature_jitter, self.rng),
+                self.name,
+            )
             try:
                 return await run_episode(task, env, batcher, self.template, settings, group_id=group_id)
             finally:
@@ -139,7 +194,12 @@ class RolloutWorker:
         from asyncrl.rollout.episode import TurnBatcher
 
         inflight = self.staleness.inflight_updates
-        batcher = TurnBatcher(self.engine, before_batch=self._refresh if inflight else None)
+        batcher = TurnBatcher(
+            self.engine,
+            before_batch=self._refresh if inflight else None,
+            max_batch=self.cfg.rollout.engine.max_batch,
+            max_wait_s=self.cfg.rollout.engine.batch_wait_ms / 1000,
+        )
         running: set[asyncio.Task[None]] = set()
         G = self.cfg.rollout.group_size
         cap = max(self.cfg.rollout.concurrent_episodes, G)
@@ -174,13 +234,17 @@ class RolloutWorker:
         self._report(batcher)
 
     def _report(self, batcher: Any) -> None:
-        self.metrics.write({
-            **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
-            "rollout/version": float(self.engine.version),
-            "rollout/gen_busy_seconds": batcher.busy_seconds,
-            "rollout/gen_batches": float(batcher.batches),
-            "rollout/gen_sequences": float(batcher.sequences),
-        })
+        self.metrics.write(
+            {
+                **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
+                "rollout/weight_loads": float(self.weights.loads),
+                "rollout/weight_fallbacks": float(self.weights.fallbacks),
+                "rollout/version": float(self.engine.version),
+                "rollout/gen_busy_seconds": batcher.busy_seconds,
+                "rollout/gen_batches": float(batcher.batches),
+                "rollout/gen_sequences": float(batcher.sequences),
+            }
+        )
 
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:

@@ -20,7 +20,9 @@ class MetricWriter:
         self._f = path.open("a", buffering=1)
 
     def write(self, metrics: dict[str, float], **fields: Any) -> None:
-        clean = {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()}
+        clean = {
+            k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()
+        }
         self._f.write(json.dumps({"time": time.time(), "role": self.role, **fields, **clean}) + "\n")
 
     def event(self, name: str, data: dict[str, Any]) -> None:

@@ -62,7 +62,9 @@ class ReplayBuffer:
     def _ready(self) -> list[str]:
         return [k for k, g in self._groups.items() if len(g) >= self.group_size or not g[0].group_id]
 
-    def take(self, version: int, max_staleness: int | None = None) -> tuple[list[Trajectory] | None, list[Dropped]]:
+    def take(
+        self, version: int, max_staleness: int | None = None
+    ) -> tuple[list[Trajectory] | None, list[Dropped]]:
         """Assemble one batch at trainer ``version``; returns (batch or None, dropped samples)."""
         dropped = self._screen(version, max_staleness)
         dropped += self._evict()
@@ -88,7 +90,9 @@ class ReplayBuffer:
                 oldest = t.oldest_version()
                 if oldest is None:
                     out.append(Dropped(t, "dropped_invalid", 0))
-                elif self.staleness.stale_policy == "drop" and self.staleness.too_stale(version, oldest, max_staleness):
+                elif self.staleness.stale_policy == "drop" and self.staleness.too_stale(
+                    version, oldest, max_staleness
+                ):
                     out.append(Dropped(t, "dropped_stale", self.staleness.age(version, oldest)))
                 else:
                     keep.append(t)
@@ -140,7 +144,7 @@ class ReplayBuffer:
         while queue:
             n = sum(taken.values()) or 1
 
-            def deficit(key: str) -> float:
+            def deficit(key: str, n: int = n) -> float:
                 tt = self._groups[key][0].task.task_type
                 return target.get(tt, 0.0) - taken.get(tt, 0) / n
 

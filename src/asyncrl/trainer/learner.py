@@ -92,7 +92,9 @@ class Learner:
             prox, _ = token_logprobs_and_entropy(self.model, b.ids, b.attn, b.temperature, with_entropy=False)
             ref = None
             if self.ref is not None and algo.kl_coef > 0:
-                ref, _ = token_logprobs_and_entropy(self.ref.model, b.ids, b.attn, b.temperature, with_entropy=False)
+                ref, _ = token_logprobs_and_entropy(
+                    self.ref.model, b.ids, b.attn, b.temperature, with_entropy=False
+                )
         # 3. epochs x minibatches with approximate-KL early stop
         order = torch.arange(len(trajs))
         n_mb = min(tc.minibatches, len(trajs))
@@ -101,7 +103,9 @@ class Learner:
             for mb in torch.chunk(order[torch.randperm(len(order))] if n_mb > 1 else order, n_mb):
                 logp, ent = token_logprobs_and_entropy(self.model, b.ids[mb], b.attn[mb], b.temperature[mb])
                 m = b.mask[mb]
-                loss, pm = policy_loss(logp, b.behaviour[mb], adv[mb], m, algo.policy_loss, prox_logp=prox[mb], age=age[mb])
+                loss, pm = policy_loss(
+                    logp, b.behaviour[mb], adv[mb], m, algo.policy_loss, prox_logp=prox[mb], age=age[mb]
+                )
                 if algo.entropy_coef and ent is not None:
                     el, em = entropy_loss(ent, m, algo.entropy_coef)
                     loss, pm = loss + el, {**pm, **em}
@@ -109,7 +113,7 @@ class Learner:
                     kl, km = kl_penalty_loss(logp, ref[mb], m, algo.kl_coef, algo.kl_estimator)
                     loss, pm = loss + kl, {**pm, **km}
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
                 if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
                     skipped += 1  # never step on a non-finite loss or gradient
@@ -122,24 +126,29 @@ class Learner:
                     metrics["entropy/mean"] = float(masked_mean(ent.detach(), m))
             if tc.target_kl is not None:
                 with torch.no_grad():
-                    now, _ = token_logprobs_and_entropy(self.model, b.ids, b.attn, b.temperature, with_entropy=False)
+                    now, _ = token_logprobs_and_entropy(
+                        self.model, b.ids, b.attn, b.temperature, with_entropy=False
+                    )
                 kl_now = float(approx_kl(now, prox, b.mask))
                 metrics["train/approx_kl"] = kl_now
                 if kl_now > tc.target_kl:
                     stopped = 1
                     break
-        self.scheduler.step()
+        if not skipped:
+            self.scheduler.step()
         ages = age[b.mask > 0].float()
-        metrics.update({
-            "train/skipped": float(skipped > 0),
-            "train/early_stopped": float(stopped),
-            "train/lr": float(self.scheduler.get_last_lr()[0]),
-            "train/tokens": float(b.tokens),
-            "train/samples": float(len(trajs)),
-            "staleness/mean": float(ages.mean()) if ages.numel() else 0.0,
-            "staleness/max": float(ages.max()) if ages.numel() else 0.0,
-            "reward/mean": float(sum(t.final_reward for t in trajs) / len(trajs)),
-            "reward/success_rate": sum(t.outcome == "success" for t in trajs) / len(trajs),
-            "length/mean_tokens": float(b.attn.sum(1).float().mean()),
-        })
+        metrics.update(
+            {
+                "train/skipped": float(skipped > 0),
+                "train/early_stopped": float(stopped),
+                "train/lr": float(self.scheduler.get_last_lr()[0]),
+                "train/tokens": float(b.tokens),
+                "train/samples": float(len(trajs)),
+                "staleness/mean": float(ages.mean()) if ages.numel() else 0.0,
+                "staleness/max": float(ages.max()) if ages.numel() else 0.0,
+                "reward/mean": float(sum(t.final_reward for t in trajs) / len(trajs)),
+                "reward/success_rate": sum(t.outcome == "success" for t in trajs) / len(trajs),
+                "length/mean_tokens": float(b.attn.sum(1).float().mean()),
+            }
+        )
         return metrics

@@ -20,6 +20,7 @@ import logging
 import random
 import time
 from pathlib import Path
+
 import torch
 
 from asyncrl.config import RunConfig
@@ -53,25 +54,37 @@ class TrainerRole:
         self.learner = Learner(cfg, self.policy, ref)
         ts = TrainerState(step=0, last_published=0, consumed=0, extra={})
         if ckpt is not None:
-            ts = load_checkpoint(ckpt, self.policy, self.learner.optimizer, self.learner.scheduler, self.py_rng)
+            ts = load_checkpoint(
+                ckpt, self.policy, self.learner.optimizer, self.learner.scheduler, self.py_rng
+            )
             log.info("resumed from %s (step %d)", ckpt, ts.step)
         self.step = ts.step
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
         self.last_published = published
         self.staleness = StalenessPolicy.from_config(
-            cfg.orchestrator.mode, cfg.orchestrator.max_staleness, cfg.trainer.batch_size, cfg.orchestrator.stale_policy
+            cfg.orchestrator.mode,
+            cfg.orchestrator.max_staleness,
+            cfg.trainer.batch_size,
+            cfg.orchestrator.stale_policy,
         )
-        self.buffer = ReplayBuffer(cfg.rollout.group_size, cfg.trainer.batch_size, self.staleness,
-                                   capacity_steps=cfg.trainer.buffer_steps, sampling=cfg.trainer.buffer_sampling,
-                                   random_fraction=cfg.trainer.buffer_random_fraction, seed=cfg.seed)
+        self.buffer = ReplayBuffer(
+            cfg.rollout.group_size,
+            cfg.trainer.batch_size,
+            self.staleness,
+            capacity_steps=cfg.trainer.buffer_steps,
+            sampling=cfg.trainer.buffer_sampling,
+            random_fraction=cfg.trainer.buffer_random_fraction,
+            seed=cfg.seed,
+        )
         self.done_ids = self.state.ledger_ids()  # durable: consumed before the last checkpoint
         self.pending: dict[str, tuple[str, int, int]] = {}  # traj id -> (fate, step, age) since checkpoint
-        self.pending_acks: list[str] = []
+        self.entries: dict[str, list[str]] = {}  # traj id -> its un-acked queue entry ids
+        self.acks_ready: list[str] = []  # duplicates of trajectories already recorded in the ledger
         self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer")
         self.busy = self.idle = 0.0
-        self.state.set("version", self.version)
-        self.state.set("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
+        self.state.set_value("version", self.version)
+        self.state.set_value("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
 
     @property
     def version(self) -> int:
@@ -80,15 +93,16 @@ class TrainerRole:
     # -- phases ------------------------------------------------------------------------------------
     def _pull(self) -> None:
         for d in self.queue.get_batch(2 * self.cfg.trainer.batch_size, timeout=0.05, consumer="trainer"):
-            self.pending_acks.append(d.entry_id)
             tid = d.trajectory.id
-            if tid in self.done_ids or tid in self.pending or any(t.id == tid for t in self._buffered()):
-                continue  # at-least-once delivery: a duplicate, acknowledged with the rest
+            if tid in self.done_ids:  # a redelivery of something already recorded: just acknowledge it
+                self.acks_ready.append(d.entry_id)
+                continue
+            seen = tid in self.entries
+            self.entries.setdefault(tid, []).append(d.entry_id)
+            if seen:
+                continue  # at-least-once delivery: a duplicate of a buffered or not-yet-recorded sample
             d.trajectory.lifecycle.dequeued = time.time()
             self.buffer.add(d.trajectory)
-
-    def _buffered(self) -> list[Trajectory]:
-        return [t for g in self.buffer._groups.values() for t in g]
 
     def _record_drops(self, dropped: list[Dropped]) -> None:
         for d in dropped:
@@ -99,22 +113,35 @@ class TrainerRole:
     def _publish(self) -> None:
         self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
         self.last_published = self.version
-        self.state.set("published", self.version)
+        self.state.set_value("published", self.version)
         self.state.add("versions_published", 1)
 
     def _checkpoint(self) -> None:
         from asyncrl.trainer.checkpoint import TrainerState, save_checkpoint
 
-        ts = TrainerState(step=self.step, last_published=self.last_published,
-                          consumed=len(self.done_ids) + len(self.pending), extra={"offset": self.offset})
-        save_checkpoint(self.ckpt_root, self.policy, self.learner.optimizer, self.learner.scheduler, ts,
-                        self.py_rng, keep=self.cfg.trainer.keep_checkpoints)
-        # fate first, then ack: a crash in between only causes a redelivery that is de-duplicated
+        ts = TrainerState(
+            step=self.step,
+            last_published=self.last_published,
+            consumed=len(self.done_ids) + len(self.pending),
+            extra={"offset": self.offset},
+        )
+        save_checkpoint(
+            self.ckpt_root,
+            self.policy,
+            self.learner.optimizer,
+            self.learner.scheduler,
+            ts,
+            self.py_rng,
+            keep=self.cfg.trainer.keep_checkpoints,
+        )
+        # fate first, then ack: a crash in between only causes a redelivery that is de-duplicated.
+        # Only samples with a fate are acknowledged; buffered ones stay leased until trained or dropped.
         self.state.record((tid, fate, step, age) for tid, (fate, step, age) in self.pending.items())
+        acks = [e for tid in self.pending for e in self.entries.pop(tid, [])] + self.acks_ready
         self.done_ids.update(self.pending)
         self.pending.clear()
-        self.queue.ack(self.pending_acks)
-        self.pending_acks = []
+        self.queue.ack(acks)
+        self.acks_ready = []
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -142,7 +169,7 @@ class TrainerRole:
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
                 self.step += 1
-                self.state.set("version", self.version)
+                self.state.set_value("version", self.version)
                 # 4. publish every sync_every steps; 5. checkpoint every checkpoint_every steps
                 if self.step % tc.sync_every == 0 or self.step == tc.total_steps:
                     self._publish()
@@ -152,7 +179,7 @@ class TrainerRole:
             if time.time() - last_report > 0.5 or self.step == tc.total_steps:
                 self._report(metrics, batch)
                 last_report = time.time()
-        if self.pending or self.pending_acks:
+        if self.pending or self.acks_ready:
             self._checkpoint()
         if self.step >= tc.total_steps:
             self.state.set_flag("trainer_done", True)
@@ -160,17 +187,20 @@ class TrainerRole:
     def _report(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
         total = self.busy + self.idle
         waits = [t.lifecycle.dequeued - t.lifecycle.enqueued for t in batch if t.lifecycle.enqueued]
-        self.metrics.write({
-            **metrics,
-            "trainer/step": float(self.step),
-            "trainer/version": float(self.version),
-            "trainer/busy_fraction": self.busy / total if total else 0.0,
-            "trainer/busy_seconds": self.busy,
-            "trainer/idle_seconds": self.idle,
-            "trainer/buffer_size": float(len(self.buffer)),
-            "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
-            **self.queue.stats(),
-        }, step=self.step)
+        self.metrics.write(
+            {
+                **metrics,
+                "trainer/step": float(self.step),
+                "trainer/version": float(self.version),
+                "trainer/busy_fraction": self.busy / total if total else 0.0,
+                "trainer/busy_seconds": self.busy,
+                "trainer/idle_seconds": self.idle,
+                "trainer/buffer_size": float(len(self.buffer)),
+                "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
+                **self.queue.stats(),
+            },
+            step=self.step,
+        )
 
 
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:

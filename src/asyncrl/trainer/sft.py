@@ -99,16 +99,17 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), T), dtype=torch.float32)
     attn = torch.zeros((len(batch), T), dtype=torch.long)
-    for i, (x, m) in enumerate(batch):
+    for i, (x, xm) in enumerate(batch):
         ids[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        mask[i, : len(xm)] = torch.tensor(xm, dtype=torch.float32)
         attn[i, : len(x)] = 1
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     target, m = ids[:, 1:], mask[:, 1:]
     nll = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
     )
-    return (nll.view_as(m) * m).sum() / m.sum().clamp(min=1.0)
+    loss: torch.Tensor = (nll.view_as(m) * m).sum() / m.sum().clamp(min=1.0)
+    return loss
 
 
 def train_sft(
@@ -138,10 +139,10 @@ def train_sft(
             batch = rng.sample(demos, min(sft.batch_size, len(demos)))
             loss = sft_loss(model, batch, policy.tokenizer.pad_token_id)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if bar is not None and task_id is not None:
                 bar.update(task_id, advance=1, description=f"warm start (SFT) loss {loss.item():.3f}")
     model.eval()

@@ -1,0 +1,328 @@
+"""Unit tests of the runtime's parts: staleness rules, control state, replay buffer, credit,
+learner, and the weight follower's fallback on a corrupt snapshot."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
+from asyncrl.orchestrator.staleness import StalenessPolicy
+from asyncrl.orchestrator.state import ControlState
+from asyncrl.records import Task, Trajectory, Turn
+from asyncrl.trainer.buffer import ReplayBuffer
+
+
+def traj(
+    group: str,
+    reward: float,
+    versions: tuple[int, ...] = (0,),
+    tid: str | None = None,
+    task_type: str = "calc",
+) -> Trajectory:
+    turns = [Turn(role="env", token_ids=[1, 2])]
+    for v in versions:
+        turns += [
+            Turn(role="model", token_ids=[3, 4], logprobs=[-0.5, -0.5], version=v),
+            Turn(role="tool", token_ids=[5]),
+        ]
+    return Trajectory(
+        id=tid or f"{group}-{reward}-{versions}-{id(turns)}",
+        task=Task(id=group, task_type=task_type),
+        turns=turns,
+        final_reward=reward,
+        outcome="success" if reward > 0 else "failure",
+        group_id=group,
+    )
+
+
+# ---- staleness rules -------------------------------------------------------------------------------
+def test_modes_fix_the_lag() -> None:
+    assert StalenessPolicy.from_config("sync", 5, 8).max_staleness == 0
+    assert StalenessPolicy.from_config("one_step_off", 5, 8).max_staleness == 1
+    assert StalenessPolicy.from_config("async", 5, 8).max_staleness == 5
+    assert StalenessPolicy.from_config("async", 5, 8).inflight_updates
+    assert not StalenessPolicy.from_config("one_step_off", 5, 8).inflight_updates
+
+
+def test_admission_limit_is_arealS_rule() -> None:
+    p = StalenessPolicy.from_config("async", 2, 16)
+    assert p.admission_limit(0) == 3 * 16
+    assert p.admission_limit(4) == 7 * 16
+    assert p.admission_limit(4, max_staleness=0) == 5 * 16
+    assert StalenessPolicy.from_config("sync", 2, 16).admission_limit(3) == 4 * 16  # one batch per version
+
+
+def test_refresh_and_too_stale() -> None:
+    p = StalenessPolicy.from_config("async", 2, 8)
+    assert not p.must_refresh(3, 5) and p.must_refresh(2, 5)
+    assert not p.too_stale(5, 3) and p.too_stale(6, 3)
+    assert p.age(5, 7) == 0
+
+
+def _grab(path: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    st = ControlState(path)
+    got = sum(st.try_add_within("admitted", 1, lambda c: 50) for _ in range(n))
+    out.put(got)
+
+
+def test_admission_is_atomic_across_processes(tmp_path: Path) -> None:
+    path = str(tmp_path / "control.sqlite")
+    ControlState(path)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_grab, args=(path, 40, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    grants = [out.get(timeout=5) for _ in procs]
+    assert sum(grants) == 50  # 120 attempts, exactly the 50 slots granted
+    assert ControlState(path).get("admitted") == 50
+
+
+def test_ledger_counts_duplicates(tmp_path: Path) -> None:
+    st = ControlState(tmp_path / "c.sqlite")
+    assert st.record([("a", "trained", 1, 0), ("b", "dropped_stale", 1, 3)]) == 0
+    assert st.record([("a", "trained", 2, 0)]) == 1
+    assert st.get("duplicates") == 1
+    assert st.ledger_counts() == {"trained": 1, "dropped_stale": 1}
+    assert st.ages() == [0]
+
+
+# ---- replay buffer ---------------------------------------------------------------------------------
+def _buffer(**kw: object) -> ReplayBuffer:
+    return ReplayBuffer(
+        group_size=2, batch_size=4, staleness=StalenessPolicy.from_config("async", 1, 4), **kw
+    )  # type: ignore[arg-type]
+
+
+def test_buffer_waits_for_whole_groups() -> None:
+    b = _buffer()
+    for t in (traj("g1", 1), traj("g1", 0), traj("g2", 1)):
+        b.add(t)
+    batch, dropped = b.take(version=0)
+    assert batch is None and dropped == []
+    b.add(traj("g2", 0))
+    batch, dropped = b.take(version=0)
+    assert batch is not None and sorted(t.group_id for t in batch) == ["g1", "g1", "g2", "g2"]
+
+
+def test_buffer_drops_too_stale_and_invalid() -> None:
+    b = _buffer()
+    b.add(traj("g1", 1, versions=(0, 2)))  # oldest token is version 0
+    b.add(traj("g1", 0, versions=(2,)))
+    empty = Trajectory(
+        id="e", task=Task(id="x", task_type="calc"), turns=[Turn(role="env", token_ids=[1])], group_id="g3"
+    )
+    b.add(empty)
+    _, dropped = b.take(version=2)  # age 2 > max_staleness 1
+    reasons = sorted(d.reason for d in dropped)
+    assert reasons == ["dropped_invalid", "dropped_stale"]
+    assert [d.age for d in dropped if d.reason == "dropped_stale"] == [2]
+
+
+def test_buffer_never_returns_stale_samples() -> None:
+    b = _buffer()
+    for v in range(6):
+        b.add(traj(f"g{v}", 1, versions=(v,)))
+        b.add(traj(f"g{v}", 0, versions=(v,)))
+    batch, _ = b.take(version=5)
+    assert batch is not None
+    assert all(5 - (t.oldest_version() or 0) <= 1 for t in batch)
+
+
+def test_buffer_capacity_evicts_and_reports() -> None:
+    b = ReplayBuffer(
+        group_size=1, batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2), capacity_steps=1
+    )
+    for i in range(5):
+        b.add(traj(f"g{i}", 1))
+    b._groups.move_to_end("g4")
+    dropped = b._evict()
+    assert len(dropped) == 3 and all(d.reason == "dropped_evicted" for d in dropped)
+    assert len(b) == 2
+
+
+def test_buffer_orders() -> None:
+    b = ReplayBuffer(
+        group_size=2, batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2), sampling="freshness"
+    )
+    b.add(traj("old", 1, (0,)))
+    b.add(traj("old", 0, (0,)))
+    b.add(traj("new", 1, (3,)))
+    b.add(traj("new", 0, (3,)))
+    batch, _ = b.take(version=3)
+    assert batch is not None and {t.group_id for t in batch} == {"new"}
+    b = ReplayBuffer(
+        group_size=2, batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2), sampling="advantage"
+    )
+    b.add(traj("flat", 1))
+    b.add(traj("flat", 1))
+    b.add(traj("spread", 1))
+    b.add(traj("spread", 0))
+    batch, _ = b.take(version=0)
+    assert batch is not None and {t.group_id for t in batch} == {"spread"}
+
+
+def test_buffer_task_mix() -> None:
+    b = ReplayBuffer(
+        group_size=1,
+        batch_size=4,
+        staleness=StalenessPolicy.from_config("async", 9, 4),
+        task_mix={"a": 0.5, "b": 0.5},
+    )
+    for i in range(6):
+        b.add(traj(f"a{i}", 1, task_type="a"))
+    for i in range(2):
+        b.add(traj(f"b{i}", 1, task_type="b"))
+    batch, _ = b.take(version=0)
+    assert batch is not None
+    assert sorted(t.task.task_type for t in batch) == ["a", "a", "b", "b"]
+
+
+# ---- credit ----------------------------------------------------------------------------------------
+def test_outcome_advantages_on_model_tokens_only() -> None:
+    batch = [traj("g", 1.0), traj("g", 0.0)]
+    T = len(batch[0].token_ids())
+    from asyncrl.credit.outcome import token_advantages
+
+    adv, _ = token_advantages(batch, T, CreditConfig(baseline="dr_grpo"))
+    mask = torch.tensor([t.loss_mask() for t in batch], dtype=torch.bool)
+    assert torch.all(adv[~mask] == 0)
+    assert torch.allclose(adv[0][mask[0]], torch.tensor(0.5))
+    assert torch.allclose(adv[1][mask[1]], torch.tensor(-0.5))
+
+
+def test_process_credit_reward_to_go() -> None:
+    from asyncrl.credit.outcome import token_advantages
+
+    t = traj("g", 0.0, versions=(0, 0))
+    t.turns[1].process_reward = 1.0  # first model turn
+    t.turns[3].process_reward = 0.0
+    adv, _ = token_advantages(
+        [t],
+        len(t.token_ids()),
+        CreditConfig(strategy="process", baseline="dr_grpo", process_weight=0.5, gamma=1.0),
+    )
+    # reward-to-go: turn 1 -> 1.0, turn 2 -> 0.0; centred by their mean 0.5; times alpha 0.5
+    assert adv[0, 2].item() == pytest.approx(0.25) and adv[0, 5].item() == pytest.approx(-0.25)
+
+
+# ---- learner ---------------------------------------------------------------------------------------
+def _tiny_cfg() -> RunConfig:
+    return load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+            "model.intermediate_size=64",
+            "trainer.lr=0.01",
+            "rollout.group_size=2",
+            "trainer.batch_size=2",
+        ],
+    )
+
+
+def test_learner_step_moves_probability_towards_positive_advantage() -> None:
+    from asyncrl.policy import Policy
+    from asyncrl.policy.model import token_logprobs
+    from asyncrl.trainer.learner import Learner, collate
+
+    torch.manual_seed(0)
+    cfg = _tiny_cfg()
+    policy = Policy.build(cfg.model)
+    good, bad = traj("g", 1.0), traj("g", 0.0)
+    good.turns[1].token_ids = [20, 21]
+    bad.turns[1].token_ids = [30, 31]
+    # behaviour log-probs = the current policy's (on-policy)
+    for t in (good, bad):
+        b = collate([t], 0)
+        with torch.no_grad():
+            lp = token_logprobs(policy.model, b.ids, b.attn)[0]
+        t.turns[1].logprobs = lp[2:4].tolist()
+    before = [
+        token_logprobs(policy.model, collate([t], 0).ids, collate([t], 0).attn)[0, 2:4].sum()
+        for t in (good, bad)
+    ]
+    learner = Learner(cfg, policy)
+    for _ in range(3):
+        m = learner.step([good, bad], version=0)
+    assert m["train/skipped"] == 0
+    after = [
+        token_logprobs(policy.model, collate([t], 0).ids, collate([t], 0).attn)[0, 2:4].sum()
+        for t in (good, bad)
+    ]
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_learner_skips_non_finite_step() -> None:
+    from asyncrl.policy import Policy
+    from asyncrl.trainer.learner import Learner
+
+    cfg = _tiny_cfg()
+    policy = Policy.build(cfg.model)
+    learner = Learner(cfg, policy)
+    params = [p.detach().clone() for p in policy.model.parameters()]
+    bad = traj("g", float("nan"))
+    m = learner.step([bad, traj("g", 1.0)], version=0)
+    assert m["train/skipped"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(params, policy.model.parameters(), strict=True))
+
+
+# ---- weight follower -------------------------------------------------------------------------------
+class _Engine:
+    def __init__(self) -> None:
+        self.version = -1
+        self.loaded: list[int] = []
+
+    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        self.version = version
+        self.loaded.append(version)
+
+
+def test_corrupt_latest_snapshot_keeps_previous_version(tmp_path: Path) -> None:
+    from asyncrl.config import WeightsConfig
+    from asyncrl.rollout.worker import WeightFollower
+    from asyncrl.telemetry.jsonl import MetricWriter
+    from asyncrl.weights import make_weight_store
+
+    store = make_weight_store(WeightsConfig(keep=5), tmp_path)
+    engine = _Engine()
+    metrics = MetricWriter(tmp_path / "m.jsonl", role="rollout-0")
+    follower = WeightFollower(store, engine, metrics, "rollout-0")
+    store.publish(0, {"w": torch.zeros(4)}, step=0)
+    follower.refresh()
+    assert engine.version == 0
+    store.publish(1, {"w": torch.ones(4)}, step=1)
+    blob = next((tmp_path / "weights").glob("v*1/model.safetensors"))
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    follower.refresh()
+    assert engine.version == 0 and follower.fallbacks == 1 and follower.newest_valid() == 0
+    follower.refresh()  # reported once, not retried
+    assert follower.fallbacks == 1
+    metrics.close()
+    assert "weights/fallback" in (tmp_path / "m.jsonl").read_text()
+    store.publish(2, {"w": torch.full((4,), 2.0)}, step=2)
+    follower.refresh()
+    assert engine.version == 2 and engine.loaded == [0, 2]
+
+
+def test_config_cross_checks() -> None:
+    from asyncrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"multiple of rollout\.group_size"):
+        load_config(None, ["trainer.batch_size=10", "rollout.group_size=4"])
+    with pytest.raises(ConfigError, match="sync_every"):
+        load_config(None, ["trainer.sync_every=3", "orchestrator.mode=sync"])
+
+
+def test_unused_model_config_is_valid() -> None:
+    assert ModelConfig().hidden_size == 64
