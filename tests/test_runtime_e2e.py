@@ -28,22 +28,22 @@ from asyncrl.orchestrator.state import ControlState
 
 pytestmark = pytest.mark.slow
 
-BASE = [
-    "model.max_context=256",
+BASE = [  # the demo's model, task mix and warm start (shared by all tests here through the cache)
+    "model.max_context=320",
     "env.kind=calculator",
-    "env.min_difficulty=1",
-    "env.max_difficulty=2",
-    "env.heldout_size=64",
+    "env.min_difficulty=2",
+    "env.max_difficulty=3",
+    "env.heldout_size=128",
     "env.latency.kind=lognormal",
     "env.latency.seconds=0.01",
     "rollout.group_size=8",
-    "rollout.concurrent_episodes=32",
+    "rollout.concurrent_episodes=64",
     "rollout.sampling.max_new_tokens=24",
-    "trainer.batch_size=32",
-    "trainer.lr=3e-4",
+    "trainer.batch_size=64",
+    "trainer.lr=1e-4",
     "trainer.checkpoint_every=2",
-    "trainer.sft.steps=300",
-    "trainer.sft.corruption_rate=0.5",
+    "trainer.sft.steps=800",
+    "trainer.sft.corruption_rate=0.4",
     "telemetry.log_every_s=0.5",
 ]
 
@@ -90,7 +90,7 @@ def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path
     run_dir, s = train(cfg, display=False)
     assert s["final_success"] >= s["initial_success"] + 0.10, s
     assert s["staleness_max"] <= 2
-    assert s["trainer_steps"] == 40 and s["samples_trained"] == 40 * 32
+    assert s["trainer_steps"] == 40 and s["samples_trained"] == 40 * 64
     assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
     for name in ("config.yaml", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).is_file()
@@ -105,10 +105,22 @@ def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(tmp_path: Path, 
     wait_for(lambda: state.get("version") >= 3, 240, "training to start")
     pid = json.loads((run_dir / "pids.json").read_text())["rollout-0"]
     os.kill(pid, signal.SIGKILL)
+
     # corrupt one accepted entry at rest: it must be set aside, not crash the trainer
-    conn = sqlite3.connect(run_dir / "queue.sqlite", isolation_level=None)
-    conn.execute("UPDATE payloads SET data=? WHERE seq=(SELECT MAX(seq) FROM payloads)", (b"\xc1garbage",))
-    conn.close()
+    def corrupt_one_ready_entry() -> bool:
+        conn = sqlite3.connect(run_dir / "queue.sqlite", isolation_level=None, timeout=30)
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # the queue leases under the same lock: no race
+            cur = conn.execute(
+                "UPDATE payloads SET data=? WHERE seq=(SELECT MAX(seq) FROM entries WHERE state='ready')",
+                (b"\xc1garbage",),
+            )
+            conn.execute("COMMIT")
+            return cur.rowcount == 1
+        finally:
+            conn.close()
+
+    wait_for(corrupt_one_ready_entry, 120, "a ready queue entry to corrupt")
     th.join(300)
     assert "error" not in out, out.get("error")
     s = out["summary"]
@@ -188,6 +200,6 @@ def test_async_with_zero_staleness_behaves_as_sync(tmp_path: Path, cache_dir: Pa
         results[mode] = (s, _steps_and_ages(run_dir))
     for _mode, (s, by_step) in results.items():
         assert sorted(by_step) == list(range(6))
-        assert all(ages == [0] * 32 for ages in by_step.values())
+        assert all(ages == [0] * 64 for ages in by_step.values())
         assert s["samples_dropped_stale"] == 0 and s["staleness_max"] == 0 and s["lost_trajectories"] == 0
     assert results["sync"][0]["samples_admitted"] == results["async"][0]["samples_admitted"]

@@ -36,6 +36,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from asyncrl.errors import UserError
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ float32 rounding (the engine passes explicit masks and position ids); sdpa is fa
 WEIGHTS_NAME = "model.safetensors"
 
 
-class PolicyLoadError(RuntimeError):
+class PolicyLoadError(UserError, RuntimeError):
     """A policy directory is missing, incomplete or corrupt; the message is meant for people."""
 
 
