@@ -43,7 +43,7 @@ BASE = [  # the demo's model, task mix and warm start (shared by all tests here 
     "trainer.lr=1e-4",
     "trainer.checkpoint_every=2",
     "trainer.sft.steps=800",
-    "trainer.sft.corruption_rate=0.4",
+    "trainer.sft.corruption_rate=0.5",
     "telemetry.log_every_s=0.5",
 ]
 

@@ -84,6 +84,7 @@ class Orchestrator:
         self.live = Live()
         self.restarts: dict[str, int] = {}
         self.started = time.time()
+        self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
 
     # -- roles ---------------------------------------------------------------------------------------
@@ -163,6 +164,7 @@ class Orchestrator:
                     if view:
                         view.refresh()
         finally:
+            self.rl_seconds = time.time() - self.started
             self.shutdown()
         self.live.absorb(self.tail.poll())
         return self.live.trainer
@@ -319,6 +321,7 @@ def _summary(
         "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         "trainer_busy_fraction": float(last.get("trainer/busy_fraction") or 0.0),
         "wall_seconds": wall,
+        "rl_seconds": orch.rl_seconds,
         "versions_published": state.get("versions_published"),
         "last_version": state.get("published"),
         "trainer_steps": int(last.get("trainer/step") or 0),

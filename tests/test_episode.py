@@ -1,0 +1,188 @@
+"""The episode runner: multi-turn token layout, loss mask, context limit, and fault isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+
+from asyncrl.config import EnvConfig, GuardConfig, load_config
+from asyncrl.envs import GuardedEnv, StepResult, make_env, make_task_source
+from asyncrl.policy.tokenizer import build_tokenizer
+from asyncrl.records import SamplingParams, Task
+from asyncrl.rollout.engine import GenerationEngine, Sample
+from asyncrl.rollout.episode import ChatTemplate, EpisodeSettings, TurnBatcher, run_episode
+
+TOK = build_tokenizer("char")
+TEMPLATE = ChatTemplate(TOK)
+
+
+class ScriptedEngine(GenerationEngine):
+    """Returns scripted model turns (as the tokens a sampler would have produced), version 7."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = list(texts)
+        self.version = 7
+        self.max_context = 10_000
+        self.calls: list[int] = []
+
+    def generate(self, prompts: list[list[int]], sampling: Any) -> list[Sample]:
+        self.calls.append(len(prompts))
+        out = []
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        for _prompt, sp in zip(prompts, params, strict=True):
+            ids = TEMPLATE.encode_text(self.texts.pop(0) if self.texts else "<answer>0</answer>")
+            ids = ids[: sp.max_new_tokens]
+            out.append(Sample(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop"))
+        return out
+
+    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+        self.version = version
+
+
+def settings(max_context: int = 512, max_turns: int = 6) -> EpisodeSettings:
+    return EpisodeSettings(max_turns=max_turns, max_context=max_context,
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=40))
+
+
+def calc_task() -> Task:
+    return Task(id="t", task_type="arithmetic", difficulty=2,
+                payload={"prompt": "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?", "start": 3,
+                         "steps": [["*", 4], ["+", 5]], "answer": "17"})
+
+
+def play(texts: list[str], env: Any = None, **kw: Any) -> Any:
+    async def go() -> Any:
+        batcher = TurnBatcher(ScriptedEngine(texts))
+        try:
+            return await run_episode(calc_task(), env or make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(**kw))
+        finally:
+            batcher.close()
+
+    return asyncio.run(go())
+
+
+def test_token_layout_and_loss_mask() -> None:
+    texts = ["<tool>calc(3*4)</tool>", "<tool>calc(12+5)</tool>", "<answer>17</answer>"]
+    traj = play(texts)
+    assert traj.outcome == "success" and traj.final_reward == 1.0
+    roles = [t.role for t in traj.turns]
+    assert roles == ["env", "model", "tool", "model", "tool", "model"]
+    # model tokens are exactly the sampled ones; observations go through the one template
+    for turn, text in zip([t for t in traj.turns if t.role == "model"], texts, strict=True):
+        assert turn.token_ids == TEMPLATE.encode_text(text)
+        assert turn.version == 7 and turn.logprobs == [-0.25] * len(turn.token_ids)
+    assert TEMPLATE.decode(traj.turns[2].token_ids) == "<obs>12</obs>"
+    assert traj.turns[0].token_ids[0] == TEMPLATE.bos
+    mask = traj.loss_mask()
+    model_positions = {i for i, m in enumerate(mask) if m}
+    pos, expected = 0, set()
+    for turn in traj.turns:
+        if turn.role == "model":
+            expected |= set(range(pos, pos + len(turn.token_ids)))
+        pos += len(turn.token_ids)
+    assert model_positions == expected
+    assert traj.turns[1].tool_call is not None and traj.turns[1].tool_call.ok
+    assert sum(t.process_reward for t in traj.turns) > 0
+
+
+def test_context_limit_ends_as_truncated() -> None:
+    traj = play(["<tool>calc(3*4)</tool>"] * 6, max_context=90)
+    assert traj.outcome == "truncated"
+    assert len(traj.token_ids()) <= 90
+
+
+def test_turn_limit_ends_as_truncated() -> None:
+    traj = play(["<tool>calc(3*4)</tool>"] * 10, max_turns=2)
+    assert traj.outcome == "truncated"
+    assert sum(1 for t in traj.turns if t.role == "model") == 2
+
+
+class Misbehaving:
+    """An environment that raises, hangs, returns garbage or a non-finite reward, by name."""
+
+    tools: list[Any] = []
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def reset(self, task: Task) -> str:
+        if self.how == "reset_raises":
+            raise RuntimeError("cannot reset")
+        return "Q?"
+
+    async def step(self, text: str) -> Any:
+        if self.how == "raises":
+            raise RuntimeError("tool crashed")
+        if self.how == "hangs":
+            await asyncio.Event().wait()
+        if self.how == "garbage":
+            return {"not": "a StepResult"}
+        if self.how == "nan_reward":
+            return StepResult(observation="x", process_reward=math.nan, done=True, reward=math.inf)
+        return StepResult(observation="ok")
+
+
+@pytest.mark.parametrize("how", ["raises", "hangs", "garbage", "nan_reward"])
+def test_nothing_an_environment_does_crashes_the_runner(how: str) -> None:
+    env = GuardedEnv(Misbehaving(how), GuardConfig(step_timeout_s=0.2, retries=1, fault_reward=-0.5))
+    traj = play(["<tool>calc(1+1)</tool>"] * 2, env=env, max_turns=2)
+    faults = [t.fault for t in traj.turns if t.fault is not None]
+    assert faults, traj
+    assert all(math.isfinite(t.process_reward) for t in traj.turns)
+    assert math.isfinite(traj.final_reward)
+    assert traj.turns[1].process_reward == -0.5
+
+
+def test_reset_failure_is_recorded_as_env_error() -> None:
+    env = GuardedEnv(Misbehaving("reset_raises"), GuardConfig(step_timeout_s=0.2, retries=0))
+    traj = play([], env=env)
+    assert traj.outcome == "env_error"
+    assert traj.turns[0].fault is not None and "cannot reset" in traj.turns[0].fault.message
+    assert traj.oldest_version() is None  # nothing to train on
+
+
+def test_concurrent_episodes_share_batches() -> None:
+    engine = ScriptedEngine(["<answer>1</answer>"] * 16)
+
+    async def go() -> list[Any]:
+        batcher = TurnBatcher(engine, max_wait_s=0.05)
+        src = make_task_source(EnvConfig())
+        import random
+
+        rng = random.Random(0)
+        tasks = [src.sample(rng) for _ in range(16)]
+        try:
+            return await asyncio.gather(
+                *(run_episode(t, make_env(EnvConfig(), i), batcher, TEMPLATE, settings()) for i, t in enumerate(tasks))
+            )
+        finally:
+            batcher.close()
+
+    trajs = asyncio.run(go())
+    assert len(trajs) == 16
+    assert engine.calls == [16]  # one batched call served all sixteen first turns
+
+
+def test_eval_json_cli(tmp_path: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from asyncrl.policy import Policy
+
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+                             "model.num_kv_heads=1", "model.intermediate_size=64", "env.heldout_size=4"])
+    Policy.build(cfg.model).save(tmp_path / "p")
+    res = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "eval", "--set", "env.heldout_size=4", "--set", "model.max_context=256",
+         "--checkpoint", str(tmp_path / "p"), "--json", "configs/demo.yaml"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    for key in ("success_rate", "avg_steps", "tool_success_rate", "per_task_type", "distinct_2"):
+        assert key in report
+    assert report["episodes"] == 4
