@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -43,21 +43,34 @@ class ScriptedEngine(GenerationEngine):
 
 
 def settings(max_context: int = 512, max_turns: int = 6) -> EpisodeSettings:
-    return EpisodeSettings(max_turns=max_turns, max_context=max_context,
-                           sampling=SamplingParams(temperature=1.0, max_new_tokens=40))
+    return EpisodeSettings(
+        max_turns=max_turns,
+        max_context=max_context,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=40),
+    )
 
 
 def calc_task() -> Task:
-    return Task(id="t", task_type="arithmetic", difficulty=2,
-                payload={"prompt": "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?", "start": 3,
-                         "steps": [["*", 4], ["+", 5]], "answer": "17"})
+    return Task(
+        id="t",
+        task_type="arithmetic",
+        difficulty=2,
+        payload={
+            "prompt": "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?",
+            "start": 3,
+            "steps": [["*", 4], ["+", 5]],
+            "answer": "17",
+        },
+    )
 
 
 def play(texts: list[str], env: Any = None, **kw: Any) -> Any:
     async def go() -> Any:
         batcher = TurnBatcher(ScriptedEngine(texts))
         try:
-            return await run_episode(calc_task(), env or make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(**kw))
+            return await run_episode(
+                calc_task(), env or make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(**kw)
+            )
         finally:
             batcher.close()
 
@@ -103,7 +116,7 @@ def test_turn_limit_ends_as_truncated() -> None:
 class Misbehaving:
     """An environment that raises, hangs, returns garbage or a non-finite reward, by name."""
 
-    tools: list[Any] = []
+    tools: ClassVar[list[Any]] = []
 
     def __init__(self, how: str) -> None:
         self.how = how
@@ -156,7 +169,10 @@ def test_concurrent_episodes_share_batches() -> None:
         tasks = [src.sample(rng) for _ in range(16)]
         try:
             return await asyncio.gather(
-                *(run_episode(t, make_env(EnvConfig(), i), batcher, TEMPLATE, settings()) for i, t in enumerate(tasks))
+                *(
+                    run_episode(t, make_env(EnvConfig(), i), batcher, TEMPLATE, settings())
+                    for i, t in enumerate(tasks)
+                )
             )
         finally:
             batcher.close()
@@ -173,13 +189,36 @@ def test_eval_json_cli(tmp_path: Any) -> None:
 
     from asyncrl.policy import Policy
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-                             "model.num_kv_heads=1", "model.intermediate_size=64", "env.heldout_size=4"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+            "model.intermediate_size=64",
+            "env.heldout_size=4",
+        ],
+    )
     Policy.build(cfg.model).save(tmp_path / "p")
     res = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "eval", "--set", "env.heldout_size=4", "--set", "model.max_context=256",
-         "--checkpoint", str(tmp_path / "p"), "--json", "configs/demo.yaml"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            "eval",
+            "--set",
+            "env.heldout_size=4",
+            "--set",
+            "model.max_context=256",
+            "--checkpoint",
+            str(tmp_path / "p"),
+            "--json",
+            "configs/demo.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
