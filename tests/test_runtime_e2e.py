@@ -95,6 +95,21 @@ def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path
     for name in ("config.yaml", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).is_file()
     assert list((run_dir / "checkpoints").glob("step_*"))
+    # the cost ledger: components add up, waste is part of the total, and device time reconciles
+    cost = json.loads((run_dir / "cost.json").read_text())
+    assert cost["total_usd"] == pytest.approx(sum(cost["components_usd"].values()))
+    assert 0 < cost["waste_total_usd"] <= cost["total_usd"]
+    assert abs(cost["reconciliation"]["ratio"] - 1) <= 0.05, cost["reconciliation"]
+    assert cost["usage"]["samples_trained"] == 40 * 64
+    res = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "cost", "report", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["estimate_from_first_10pct"]["total_usd"] > 0
 
 
 def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(tmp_path: Path, cache_dir: Path) -> None:
@@ -190,7 +205,7 @@ def _steps_and_ages(run_dir: Path) -> dict[int, list[int]]:
 
 def test_async_with_zero_staleness_behaves_as_sync(tmp_path: Path, cache_dir: Path) -> None:
     """Compared: for every training step s, the trained batch has exactly batch_size samples, all generated
-    entirely by version s (age 0); nothing is dropped; and the same number of episodes is admitted."""
+    entirely by version s (age 0); nothing is dropped; and at most one batch is ever admitted ahead."""
     results = {}
     for mode, extra in (("sync", []), ("async", ["orchestrator.max_staleness=0"])):
         cfg = make_cfg(
@@ -202,4 +217,6 @@ def test_async_with_zero_staleness_behaves_as_sync(tmp_path: Path, cache_dir: Pa
         assert sorted(by_step) == list(range(6))
         assert all(ages == [0] * 64 for ages in by_step.values())
         assert s["samples_dropped_stale"] == 0 and s["staleness_max"] == 0 and s["lost_trajectories"] == 0
-    assert results["sync"][0]["samples_admitted"] == results["async"][0]["samples_admitted"]
+        # the budget never admits more than one batch ahead of the trainer (how far into that last batch the
+        # workers got before the stop flag is timing, so it is bounded rather than compared)
+        assert 6 * 64 <= s["samples_admitted"] <= 7 * 64

@@ -23,6 +23,8 @@ commands:
   eval CONFIG --checkpoint DIR [--json]  evaluate a checkpoint on the held-out split
   train CONFIG [--set k=v ...] [--resume RUN]  warm start, then asynchronous RL with a live display
   demo [CONFIG]                        the main job (make demo): train on the demo config, print before/after
+  cost estimate CONFIG [--from-run RUN] [--trajectories N ...]  budget a run before starting it
+  cost report RUN [--json]             a finished run's cost by component, waste, efficiency, estimate vs actual
 """
 
 
@@ -79,6 +81,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-limit", type=int, default=None, help="evaluate on the first N held-out tasks only"
     )
 
+    cost = sub.add_parser("cost", help="cost estimates and reports")
+    cost_sub = cost.add_subparsers(dest="cost_command", metavar="SUBCOMMAND")
+    est = cost_sub.add_parser(
+        "estimate",
+        help="estimate a run's cost: N·L/P_rollout + N·L/P_train device time, env calls, reward, storage, transfer",
+    )
+    _add_config_args(est)
+    est.add_argument(
+        "--from-run", metavar="RUN", help="take every measured figure from an earlier run directory"
+    )
+    est.add_argument("--json", action="store_true", help="print one JSON object")
+    from asyncrl.cost.estimate import Assumptions
+
+    for name, f in Assumptions.__dataclass_fields__.items():
+        est.add_argument(
+            f"--{name.replace('_', '-')}", type=float, default=None, help=f"(default {f.default})"
+        )
+    rep = cost_sub.add_parser("report", help="a finished run's cost by component, waste and efficiency")
+    rep.add_argument("run", help="run directory")
+    rep.add_argument("--json", action="store_true", help="print one JSON object")
+
     demo = sub.add_parser(
         "demo", help="the main job: train on the demo config and print a before/after table"
     )
@@ -97,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "eval": _cmd_eval,
         "train": _cmd_train,
         "demo": _cmd_demo,
+        "cost": _cmd_cost,
     }
     if args.command not in handlers:
         parser.print_help()
@@ -234,6 +258,58 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"trainer busy {s['trainer_busy_fraction']:.0%}"
     )
     print(f"run directory: {run_dir}")
+    return 0
+
+
+def _cmd_cost(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from asyncrl.config import load_config
+    from asyncrl.cost.estimate import Assumptions, estimate, measured_assumptions, to_dict
+    from asyncrl.cost.report import cost_report, render_estimate, render_report
+    from asyncrl.errors import UserError
+
+    if args.cost_command == "report":
+        run = Path(args.run)
+        report = cost_report(run)
+        if args.json:
+            print(json.dumps(report, sort_keys=True))
+        else:
+            render_report(report, run)
+        return 0
+    if args.cost_command != "estimate":
+        print("usage: asyncrl cost {estimate,report} ...", file=sys.stderr)
+        return EXIT_USER_ERROR
+    cfg = load_config(args.config, args.overrides)
+    if args.from_run:
+        run = Path(args.from_run)
+        if not (run / "metrics").is_dir():
+            raise UserError(f"--from-run {str(run)!r}: not a run directory with metrics/")
+        a = measured_assumptions(run)
+    else:
+        a = Assumptions()
+    given = {k: getattr(args, k) for k in Assumptions.__dataclass_fields__ if getattr(args, k) is not None}
+    bad = [k for k, v in given.items() if v < 0]
+    if bad:
+        raise UserError(f"--{bad[0].replace('_', '-')} must be >= 0")
+    a = dataclasses.replace(a, **given)
+    components = estimate(a, cfg.cost)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "assumptions": to_dict(a),
+                    "components_usd": components,
+                    "total_usd": sum(components.values()),
+                    "device": cfg.cost.device,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        render_estimate(components, to_dict(a), cfg.cost.device)
     return 0
 
 

@@ -310,11 +310,13 @@ class WeightsConfig(Section):
 class PriceConfig(Section):
     """Example prices (replace with your own): dollars per unit."""
 
-    device_hour: float = Field(2.0, ge=0)
-    """One accelerator (or, on CPU runs, one core) for an hour."""
+    device_hour: dict[str, float] = Field(
+        default_factory=lambda: {"cpu": 0.05, "a100": 1.8, "h100": 2.5, "h200": 3.2}
+    )
+    """Dollars per device-hour by device type; a role process occupies one device (on CPU runs, one core)."""
     cpu_core_hour: float = Field(0.04, ge=0)
     """One CPU core for an hour (environments, reward computation)."""
-    env_call: float = Field(0.0, ge=0)
+    env_call: float = Field(0.00001, ge=0)
     """One environment / tool call."""
     gb_stored_month: float = Field(0.02, ge=0)
     """One GB of checkpoints, weights or queue data kept for a month."""
@@ -327,7 +329,19 @@ class CostConfig(Section):
 
     enabled: bool = True
     """Keep a cost ledger for the run."""
+    device: str = "cpu"
+    """Device type the roles run on; its hourly price is ``prices.device_hour[device]``."""
     prices: PriceConfig = Field(default_factory=PriceConfig)
+    reward_cache: bool = True
+    """Cache verdicts of deterministic answer verifiers by (environment, task, answer) (a cost lever)."""
+
+    @model_validator(mode="after")
+    def _priced(self) -> CostConfig:
+        if self.device not in self.prices.device_hour:
+            raise ValueError(
+                f"cost.device {self.device!r} has no price; cost.prices.device_hour has {sorted(self.prices.device_hour)}"
+            )
+        return self
 
 
 class TelemetryConfig(Section):

@@ -83,6 +83,8 @@ class Turn(msgspec.Struct, kw_only=True):
     fault: Fault | None = None
     started_at: float = 0.0
     ended_at: float = 0.0
+    env_seconds: float = 0.0
+    """Model turns: wall time of the environment step this turn caused (tool call, grading)."""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):

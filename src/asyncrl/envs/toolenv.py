@@ -37,6 +37,43 @@ class EnvOptionsError(UserError, ValueError):
     """Unknown or invalid ``env.options`` for a built-in environment (a user mistake)."""
 
 
+class VerifierCache:
+    """Caches the verdicts of deterministic verifiers by (environment, task id, answer).
+
+    A cost lever: the 8 samples of a group often give the same answer, and the same task returns
+    across epochs; a deterministic grader need not run twice. Hit rate and time spent grading are
+    reported in the cost ledger (``cost/reward_cache_hit_rate``, ``cost/reward_seconds``).
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        from collections import OrderedDict
+
+        self.enabled = True
+        self.max_entries = max_entries
+        self._verdicts: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+        self.hits = self.misses = 0
+        self.seconds = 0.0
+
+    def verdict(self, key: tuple[str, str, str], grade: Any) -> bool:
+        if self.enabled and key in self._verdicts:
+            self.hits += 1
+            self._verdicts.move_to_end(key)
+            return self._verdicts[key]
+        t0 = time.perf_counter()
+        result = bool(grade())
+        self.seconds += time.perf_counter() - t0
+        self.misses += 1
+        if self.enabled:
+            self._verdicts[key] = result
+            if len(self._verdicts) > self.max_entries:
+                self._verdicts.popitem(last=False)
+        return result
+
+
+VERIFIER_CACHE = VerifierCache()
+"""Process-wide: one per rollout worker."""
+
+
 class ToolEnv(ABC):
     """Base of the built-in environments (async).
 
@@ -125,7 +162,10 @@ class ToolEnv(ABC):
                 info={"action": "malformed", "reward_parts": parts},
             )
         if isinstance(action, AnswerAction):
-            correct = self.is_correct(action.answer)
+            answer = action.answer
+            correct = VERIFIER_CACHE.verdict(
+                (type(self).__name__, self.task.id, answer.strip()), lambda: self.is_correct(answer)
+            )
             reward, parts = self.rewards.answer(action.answer, self.result_used)
             self._final = StepResult(
                 observation="correct" if correct else "incorrect",

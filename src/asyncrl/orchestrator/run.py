@@ -40,9 +40,12 @@ class Live:
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     ages: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    per_process: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     def absorb(self, rows: list[dict[str, Any]]) -> None:
         for r in rows:
+            if "pid" in r and "event" not in r:
+                self.per_process[(str(r["role"]), int(r["pid"]))] = r
             if "event" in r:
                 self.events.append(r)
             elif r.get("role") == TRAINER:
@@ -51,6 +54,11 @@ class Live:
                     self.ages.append(float(r["staleness/mean"]))
             else:
                 self.workers[str(r.get("role"))] = r
+
+    def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
+        from asyncrl.cost.ledger import collect_usage, price
+
+        return price(collect_usage(list(self.per_process.values()), wall_seconds=wall_seconds), cfg.cost)
 
     def total(self, key: str) -> float:
         return sum(float(w.get(key) or 0.0) for w in self.workers.values())
@@ -83,6 +91,8 @@ class Orchestrator:
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
         self.restarts: dict[str, int] = {}
+        self.lifetimes: dict[tuple[str, int], list[float]] = {}
+        """(role, pid) -> [launched, ended]: the device time each role process held (cost ledger)."""
         self.started = time.time()
         self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
@@ -97,8 +107,17 @@ class Orchestrator:
             self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
         else:
             self.launcher.start(name, worker_main, cfg_json, str(self.run_dir), int(name.split("-")[1]))
+        pid = self.launcher.pid(name)
+        if pid is not None:
+            self.lifetimes[(name, pid)] = [time.time(), 0.0]
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
         (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
+
+    def _ended(self, name: str) -> None:
+        pid = self.launcher.pid(name)
+        life = self.lifetimes.get((name, pid)) if pid is not None else None
+        if life is not None and not life[1]:
+            life[1] = time.time()
 
     def _supervise(self) -> None:
         for name in self.launcher.names():
@@ -106,6 +125,7 @@ class Orchestrator:
             if code is None or (name == TRAINER and self.state.flag("trainer_done")):
                 continue
             self.restarts[name] = self.restarts.get(name, 0) + 1
+            self._ended(name)
             if name != TRAINER:  # give back the admissions it will never deliver
                 lost = self.state.get(f"inflight:{name}")
                 if lost:
@@ -164,8 +184,8 @@ class Orchestrator:
                     if view:
                         view.refresh()
         finally:
-            self.rl_seconds = time.time() - self.started
             self.shutdown()
+            self.rl_seconds = time.time() - self.started
         self.live.absorb(self.tail.poll())
         return self.live.trainer
 
@@ -173,6 +193,7 @@ class Orchestrator:
         self.state.set_flag("stop", True)
         for name in self.launcher.names():
             self.launcher.stop(name, timeout=20.0)
+            self._ended(name)
         self._merged.close()
 
 
@@ -235,6 +256,12 @@ class _Display:
             ("elapsed / ETA", f"{elapsed:.0f}s / {eta:.0f}s" if step else f"{elapsed:.0f}s / -"),
             ("restarts", ", ".join(f"{k}×{v}" for k, v in o.restarts.items()) or "none"),
         ]
+        if o.cfg.cost.enabled:
+            c = o.live.cost(o.cfg, elapsed)
+            rows.append(
+                ("cost: rate / so far", f"${c.efficiency['cost_rate_usd_per_hour']:.3f}/h / ${c.total:.4f}")
+            )
+            rows.append(("cost: wasted", f"{c.waste_total / c.total:.0%}" if c.total else "-"))
         for k, v in rows:
             table.add_row(k, v)
         return table
@@ -304,6 +331,25 @@ def _summary(
     leftover = int(qs["queue/depth"])
     consumed = sum(fates.values())
     queue.close()
+    cost: dict[str, Any] = {}
+    if cfg.cost.enabled:
+        from asyncrl.cost.ledger import collect_usage, price, read_rows, stored_bytes
+
+        lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
+        usage = collect_usage(
+            read_rows(run_dir),
+            wall_seconds=orch.rl_seconds,
+            stored_bytes=stored_bytes(run_dir),
+            lifetimes=lifetimes,
+        )
+        gain = (final["success_rate"] - prior["success_rate"]) * 100
+        cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
+        cost["reconciliation"] = {
+            "device_seconds": usage.device_seconds,
+            "wall_x_devices": orch.rl_seconds * usage.devices,
+            "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
+        }
+        (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
     return {
         "mode": cfg.orchestrator.mode,
         "initial_success": prior["success_rate"],
@@ -328,4 +374,7 @@ def _summary(
         "restarts": orch.restarts,
         "dead_letters": int(qs["queue/dead_letters"]),
         "run_dir": str(run_dir),
+        "cost_usd": cost.get("total_usd"),
+        "cost_waste_share": cost.get("waste_total_share"),
+        "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
     }

@@ -239,7 +239,14 @@ async def _run_episode(
         traj.turns.append(turn)
         context.extend(sample.token_ids)
         # 3. environment step (guarded: faults come back as a default observation)
+        step_start = time.perf_counter()
         result: StepResult = await env.step(template.decode(sample.token_ids))
+        turn.env_seconds = time.perf_counter() - step_start
+        retried = result.info.get("retried_faults") if isinstance(result.info, dict) else None
+        if retried:
+            traj.reward_components["env_retries"] = traj.reward_components.get("env_retries", 0.0) + len(
+                retried
+            )
         turn.process_reward = float(result.process_reward)
         turn.tool_call = result.tool_call
         fault = result.info.get("fault") if isinstance(result.info, dict) else None

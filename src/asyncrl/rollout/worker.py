@@ -39,6 +39,7 @@ class WeightFollower:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
         self.bad_versions: set[int] = set()
         self.loads = self.fallbacks = 0
+        self.bytes_loaded = 0
 
     def newest_valid(self) -> int:
         latest = self.store.latest_version()
@@ -75,10 +76,11 @@ class WeightFollower:
         if loaded.version > self.engine.version:
             self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
             self.loads += 1
+            self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, run_dir: Path, index: int) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, index: int, started: float | None = None) -> None:
         from asyncrl.envs import make_task_source
         from asyncrl.policy import Policy
         from asyncrl.rollout.engine import make_engine
@@ -105,17 +107,25 @@ class RolloutWorker:
             cfg.trainer.batch_size,
             cfg.orchestrator.stale_policy,
         )
-        self.metrics = MetricWriter(run_dir / "metrics" / f"{self.name}.jsonl", role=self.name)
+        self.metrics = MetricWriter(
+            run_dir / "metrics" / f"{self.name}.jsonl", role=self.name, started=started
+        )
+        from asyncrl.envs.toolenv import VERIFIER_CACHE
+
+        VERIFIER_CACHE.enabled = cfg.cost.reward_cache
+        self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name)
-        self.counts = {
+        self.counts: dict[str, float] = {
             "episodes": 0,
             "tokens": 0,
             "groups": 0,
             "put_seconds": 0.0,
-            "weight_loads": 0,
-            "weight_fallbacks": 0,
             "faults": 0,
             "success": 0,
+            "env_calls": 0,
+            "env_seconds": 0.0,
+            "env_retries": 0,
+            "truncated_tokens": 0,
         }
         self._refresh(force=True)
 
@@ -181,6 +191,12 @@ class RolloutWorker:
             self.counts["tokens"] += traj.num_model_tokens()
             self.counts["success"] += traj.outcome == "success"
             self.counts["faults"] += sum(1 for t in traj.turns if t.fault is not None)
+            model_turns = [t for t in traj.turns if t.role == "model"]
+            self.counts["env_calls"] += len(model_turns)
+            self.counts["env_seconds"] += sum(t.env_seconds for t in model_turns)
+            self.counts["env_retries"] += int(traj.reward_components.get("env_retries", 0))
+            if traj.outcome in ("truncated", "timeout", "early_stopped"):
+                self.counts["truncated_tokens"] += traj.num_model_tokens()
         self.counts["put_seconds"] += time.perf_counter() - t0
         self.counts["groups"] += 1
 
@@ -239,6 +255,10 @@ class RolloutWorker:
                 **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
                 "rollout/weight_loads": float(self.weights.loads),
                 "rollout/weight_fallbacks": float(self.weights.fallbacks),
+                "rollout/weight_bytes_loaded": float(self.weights.bytes_loaded),
+                "cost/reward_cache_hits": float(self.verifier.hits),
+                "cost/reward_cache_misses": float(self.verifier.misses),
+                "cost/reward_seconds": self.verifier.seconds,
                 "rollout/version": float(self.engine.version),
                 "rollout/gen_busy_seconds": batcher.busy_seconds,
                 "rollout/gen_batches": float(batcher.batches),
@@ -249,8 +269,9 @@ class RolloutWorker:
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
     """Process entry point (spawned by the launcher)."""
+    started = time.time()  # the ledger counts this process's whole life, start-up included
     from asyncrl.launch.local import init_role_process
 
     cfg = init_role_process(cfg_json)
-    worker = RolloutWorker(cfg, Path(run_dir), index)
+    worker = RolloutWorker(cfg, Path(run_dir), index, started=started)
     asyncio.run(worker.run())

@@ -8,22 +8,31 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 
 class MetricWriter:
-    def __init__(self, path: Path, role: str) -> None:
+    """Appends metric rows for one role process; every row carries the process id and how long the
+    process has been alive (``alive_s``, from ``started``), so the cost ledger can add up every
+    incarnation of a role that was restarted."""
+
+    def __init__(self, path: Path, role: str, started: float | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.role = role
+        self.started = started if started is not None else time.time()
+        self.pid = os.getpid()
         self._f = path.open("a", buffering=1)
 
     def write(self, metrics: dict[str, float], **fields: Any) -> None:
         clean = {
             k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()
         }
-        self._f.write(json.dumps({"time": time.time(), "role": self.role, **fields, **clean}) + "\n")
+        now = time.time()
+        head = {"time": now, "role": self.role, "pid": self.pid, "alive_s": now - self.started}
+        self._f.write(json.dumps({**head, **fields, **clean}) + "\n")
 
     def event(self, name: str, data: dict[str, Any]) -> None:
         self._f.write(json.dumps({"time": time.time(), "role": self.role, "event": name, **data}) + "\n")

@@ -34,7 +34,9 @@ log = logging.getLogger("asyncrl.trainer")
 
 
 class TrainerRole:
-    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = True) -> None:
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, resume: bool = True, started: float | None = None
+    ) -> None:
         from asyncrl.policy import Policy
         from asyncrl.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
         from asyncrl.trainer.learner import Learner
@@ -81,7 +83,22 @@ class TrainerRole:
         self.pending: dict[str, tuple[str, int, int]] = {}  # traj id -> (fate, step, age) since checkpoint
         self.entries: dict[str, list[str]] = {}  # traj id -> its un-acked queue entry ids
         self.acks_ready: list[str] = []  # duplicates of trajectories already recorded in the ledger
-        self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer")
+        self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", started=started)
+        self.tally: dict[str, float] = dict.fromkeys(
+            (
+                "samples_trained",
+                "tokens_trained",
+                "tokens_processed",
+                "truncated_tokens",
+                "zero_adv_samples",
+                "zero_adv_tokens",
+                "zero_adv_model_tokens",
+                "dropped_stale_tokens",
+                "dropped_other_tokens",
+                "bytes_published",
+            ),
+            0.0,
+        )
         self.busy = self.idle = 0.0
         self.state.set_value("version", self.version)
         self.state.set_value("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
@@ -107,11 +124,14 @@ class TrainerRole:
     def _record_drops(self, dropped: list[Dropped]) -> None:
         for d in dropped:
             self.pending[d.traj.id] = (d.reason, self.step, d.age)
+            key = "dropped_stale_tokens" if d.reason == "dropped_stale" else "dropped_other_tokens"
+            self.tally[key] += d.traj.num_model_tokens()
         if dropped:
             self.state.add("dropped", len(dropped))  # returns the slots to the admission budget
 
     def _publish(self) -> None:
-        self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
+        path = self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
+        self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
         self.state.set_value("published", self.version)
         self.state.add("versions_published", 1)
@@ -147,6 +167,7 @@ class TrainerRole:
     def run(self) -> None:
         tc = self.cfg.trainer
         last_report = 0.0
+        last: tuple[dict[str, float], list[Trajectory]] | None = None
         while self.step < tc.total_steps and not self.state.flag("stop"):
             t0 = time.perf_counter()
             # 1. take what the queue has; 2. assemble a batch within the staleness bound
@@ -168,6 +189,7 @@ class TrainerRole:
                 self.state.add("dropped", len(batch))
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
+                self._tally_batch(batch)
                 self.step += 1
                 self.state.set_value("version", self.version)
                 # 4. publish every sync_every steps; 5. checkpoint every checkpoint_every steps
@@ -179,10 +201,33 @@ class TrainerRole:
             if time.time() - last_report > 0.5 or self.step == tc.total_steps:
                 self._report(metrics, batch)
                 last_report = time.time()
+            last = (metrics, batch)
         if self.pending or self.acks_ready:
             self._checkpoint()
+        if last is not None:
+            self._report(*last)  # final figures (the cost ledger reads the last row of each process)
         if self.step >= tc.total_steps:
             self.state.set_flag("trainer_done", True)
+
+    def _tally_batch(self, batch: list[Trajectory]) -> None:
+        """Token accounting for the cost ledger: trained, processed, and zero-signal groups."""
+        groups: dict[str, list[Trajectory]] = {}
+        for t in batch:
+            groups.setdefault(t.group_id or t.id, []).append(t)
+            self.tally["samples_trained"] += 1
+            self.tally["tokens_trained"] += t.num_model_tokens()
+            self.tally["tokens_processed"] += len(t.token_ids())
+        for members in groups.values():
+            if len(members) > 1 and len({m.final_reward for m in members}) == 1:  # advantage 0 everywhere
+                self.tally["zero_adv_samples"] += len(members)
+                self.tally["zero_adv_tokens"] += sum(len(m.token_ids()) for m in members)
+                self.tally["zero_adv_model_tokens"] += sum(m.num_model_tokens() for m in members)
+            else:  # disjoint from zero-advantage waste: early-terminated samples that did carry signal
+                self.tally["truncated_tokens"] += sum(
+                    m.num_model_tokens()
+                    for m in members
+                    if m.outcome in ("truncated", "timeout", "early_stopped")
+                )
 
     def _report(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
         total = self.busy + self.idle
@@ -197,6 +242,7 @@ class TrainerRole:
                 "trainer/idle_seconds": self.idle,
                 "trainer/buffer_size": float(len(self.buffer)),
                 "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
+                **{f"trainer/{k}": v for k, v in self.tally.items()},
                 **self.queue.stats(),
             },
             step=self.step,
@@ -205,7 +251,8 @@ class TrainerRole:
 
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:
     """Process entry point (spawned by the launcher)."""
+    started = time.time()  # the ledger counts this process's whole life, start-up included
     from asyncrl.launch.local import init_role_process
 
     cfg = init_role_process(cfg_json)
-    TrainerRole(cfg, Path(run_dir), resume=resume).run()
+    TrainerRole(cfg, Path(run_dir), resume=resume, started=started).run()

@@ -1,0 +1,101 @@
+"""``asyncrl cost report RUN``: actual cost by component, waste, efficiency, and estimate vs actual."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.cost.estimate import estimate, measured_assumptions
+from asyncrl.errors import UserError
+
+EARLY_FRACTION = 0.1
+
+
+def cost_report(run_dir: Path) -> dict[str, Any]:
+    """The run's cost figures plus an estimate made from its first 10% (the estimator's accuracy check)."""
+    path = run_dir / "cost.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no cost.json (the run did not finish, or cost.enabled was false)")
+    cfg: RunConfig = load_config(run_dir / "config.yaml")
+    actual = json.loads(path.read_text())
+    usage = actual["usage"]
+    early = measured_assumptions(run_dir, EARLY_FRACTION)
+    early.trajectories = usage["samples_generated"]  # the plan: the same number of trajectories
+    early.wall_seconds = usage["wall_seconds"]
+    early.stored_bytes = usage["stored_bytes"]
+    predicted = estimate(early, cfg.cost)
+    total_pred = sum(predicted.values())
+    return {
+        **actual,
+        "estimate_from_first_10pct": {
+            "components_usd": predicted,
+            "total_usd": total_pred,
+            "relative_error": (total_pred - actual["total_usd"]) / actual["total_usd"]
+            if actual["total_usd"]
+            else 0.0,
+        },
+    }
+
+
+def render_report(report: dict[str, Any], run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    total = report["total_usd"]
+    t = Table(title=f"cost of {run_dir} — total ${total:.6f}")
+    for col in ("component", "USD", "share", "estimate (first 10%)"):
+        t.add_column(col, justify="right" if col != "component" else "left")
+    est = report["estimate_from_first_10pct"]["components_usd"]
+    for k, v in report["components_usd"].items():
+        t.add_row(k, f"{v:.6f}", f"{report['components_share'][k]:.1%}", f"{est.get(k, 0.0):.6f}")
+    if "startup_device" in est:
+        t.add_row("(start-up, in devices)", "", "", f"{est['startup_device']:.6f}")
+    t.add_row(
+        "total",
+        f"{total:.6f}",
+        "100%",
+        f"{report['estimate_from_first_10pct']['total_usd']:.6f}",
+        style="bold",
+    )
+    console.print(t)
+    w = Table(title=f"waste — {report['waste_total_share']:.1%} of the total")
+    for col in ("cause", "USD", "share of total"):
+        w.add_column(col, justify="right" if col != "cause" else "left")
+    for k, v in report["waste_usd"].items():
+        w.add_row(k, f"{v:.6f}", f"{report['waste_share'][k]:.1%}")
+    console.print(w)
+    e = Table(title="efficiency")
+    e.add_column("figure")
+    e.add_column("value", justify="right")
+    for k, v in report["efficiency"].items():
+        e.add_row(k, f"{v:.6g}")
+    rec = report.get("reconciliation", {})
+    if rec:
+        e.add_row("device-seconds / (wall × devices)", f"{rec['ratio']:.3f}")
+    e.add_row("estimate error (first 10%)", f"{report['estimate_from_first_10pct']['relative_error']:+.1%}")
+    console.print(e)
+
+
+def render_estimate(components: dict[str, float], assumptions: dict[str, float], device: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    a = Table(title="assumptions")
+    a.add_column("assumption")
+    a.add_column("value", justify="right")
+    for k, v in assumptions.items():
+        a.add_row(k, f"{v:,.6g}")
+    a.add_row("device", device)
+    console.print(a)
+    total = sum(components.values())
+    t = Table(title=f"estimated cost — total ${total:,.4f}")
+    t.add_column("component")
+    t.add_column("USD", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in components.items():
+        t.add_row(k, f"{v:,.6f}", f"{(v / total if total else 0):.1%}")
+    console.print(t)
