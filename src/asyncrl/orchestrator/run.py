@@ -82,12 +82,7 @@ class Orchestrator:
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = ControlState(run_dir / "control.sqlite")
         self.launcher = make_launcher(cfg.launcher)
-        self.staleness = StalenessPolicy.from_config(
-            cfg.orchestrator.mode,
-            cfg.orchestrator.max_staleness,
-            cfg.trainer.batch_size,
-            cfg.orchestrator.stale_policy,
-        )
+        self.staleness = StalenessPolicy.of(cfg)
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
         self.restarts: dict[str, int] = {}

@@ -38,7 +38,7 @@ Rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Mode = Literal["async", "one_step_off", "sync"]
 
@@ -58,6 +58,12 @@ class StalenessPolicy:
         lag = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
         policy: Literal["drop", "downweight"] = "downweight" if stale_policy == "downweight" else "drop"
         return cls(mode=mode, max_staleness=lag, batch_size=batch_size, stale_policy=policy)
+
+    @classmethod
+    def of(cls, cfg: Any) -> StalenessPolicy:
+        """From a :class:`~asyncrl.config.RunConfig`."""
+        oc = cfg.orchestrator
+        return cls.from_config(oc.mode, oc.max_staleness, cfg.trainer.batch_size, oc.stale_policy)
 
     @property
     def inflight_updates(self) -> bool:

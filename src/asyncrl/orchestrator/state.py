@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 _SCHEMA = """
@@ -52,50 +52,43 @@ class ControlState:
             row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
         return int(row[0]) if row else default
 
+    _UPSERT = (
+        "INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value"
+    )
+
     def set_value(self, name: str, value: int) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value",
-                (name, int(value)),
-            )
+            self._db.execute(self._UPSERT, (name, int(value)))
 
     def add(self, name: str, delta: int) -> int:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
-                value = (int(row[0]) if row else 0) + int(delta)
-                self._db.execute(
-                    "INSERT INTO counters(name, value) VALUES(?, ?) "
-                    "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
-                    (name, value),
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        """Atomically add ``delta`` to counter ``name``; returns the new value."""
+        value = 0
+
+        def bump(counters: dict[str, int]) -> bool:
+            nonlocal value
+            value = counters.get(name, 0) + int(delta)
+            return True
+
+        self._transact(name, delta, bump)
         return value
 
-    def try_add_within(self, name: str, delta: int, limit_fn: object) -> bool:
-        """Atomically add ``delta`` to counter ``name`` if ``limit_fn(counters) `` allows it.
+    def try_add_within(self, name: str, delta: int, limit_fn: Callable[[dict[str, int]], int]) -> bool:
+        """Atomically add ``delta`` to counter ``name`` if ``limit_fn(counters)`` allows it.
 
         ``limit_fn`` receives a dict of all counters (read inside the same write transaction) and
         returns the largest value ``name`` may take. Used by the staleness budget so that two
         workers can never both take the last admission slot.
         """
-        assert callable(limit_fn)
+        return self._transact(name, delta, lambda c: c.get(name, 0) + int(delta) <= int(limit_fn(c)))
+
+    def _transact(self, name: str, delta: int, allowed: Callable[[dict[str, int]], bool]) -> bool:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 counters = {str(k): int(v) for k, v in self._db.execute("SELECT name, value FROM counters")}
-                value = counters.get(name, 0) + int(delta)
-                ok = value <= int(limit_fn(counters))
+                ok = allowed(counters)
                 if ok:
-                    self._db.execute(
-                        "INSERT INTO counters(name, value) VALUES(?, ?) "
-                        "ON CONFLICT(name) DO UPDATE SET value=excluded.value",
-                        (name, value),
-                    )
+                    self._db.execute(self._UPSERT, (name, counters.get(name, 0) + int(delta)))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -101,12 +101,7 @@ class RolloutWorker:
         )
         self.engine.version = -1
         self.tasks = make_task_source(cfg.env)
-        self.staleness = StalenessPolicy.from_config(
-            cfg.orchestrator.mode,
-            cfg.orchestrator.max_staleness,
-            cfg.trainer.batch_size,
-            cfg.orchestrator.stale_policy,
-        )
+        self.staleness = StalenessPolicy.of(cfg)
         self.metrics = MetricWriter(
             run_dir / "metrics" / f"{self.name}.jsonl", role=self.name, started=started
         )

@@ -64,12 +64,7 @@ class TrainerRole:
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
         self.last_published = published
-        self.staleness = StalenessPolicy.from_config(
-            cfg.orchestrator.mode,
-            cfg.orchestrator.max_staleness,
-            cfg.trainer.batch_size,
-            cfg.orchestrator.stale_policy,
-        )
+        self.staleness = StalenessPolicy.of(cfg)
         self.buffer = ReplayBuffer(
             cfg.rollout.group_size,
             cfg.trainer.batch_size,
