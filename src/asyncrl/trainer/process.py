@@ -186,10 +186,12 @@ class TrainerRole:
             else:
                 self._tally_batch(batch)
                 self.step += 1
-                self.state.set_value("version", self.version)
-                # 4. publish every sync_every steps; 5. checkpoint every checkpoint_every steps
+                # 4. publish every sync_every steps — before announcing the version, so that the budget
+                # never admits episodes for a version whose weights workers cannot load yet
                 if self.step % tc.sync_every == 0 or self.step == tc.total_steps:
                     self._publish()
+                self.state.set_value("version", self.version)
+                # 5. checkpoint every checkpoint_every steps
                 if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
                     self._checkpoint()
             self.busy += time.perf_counter() - t0
