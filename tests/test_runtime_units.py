@@ -184,6 +184,35 @@ def test_buffer_task_mix() -> None:
     assert sorted(t.task.task_type for t in batch) == ["a", "a", "b", "b"]
 
 
+def test_buffer_behaviour_kl_priority_and_length_mix() -> None:
+    scores = {"near": 0.01, "far": 0.5}
+    b = ReplayBuffer(
+        group_size=1,
+        batch_size=1,
+        staleness=StalenessPolicy.from_config("async", 9, 1),
+        sampling="behaviour_kl",
+        scorer=lambda g: scores[g[0].group_id],
+    )
+    b.add(traj("near", 1))
+    b.add(traj("far", 1))
+    batch, _ = b.take(version=0)
+    assert batch is not None and batch[0].group_id == "far"
+    b = ReplayBuffer(
+        group_size=1,
+        batch_size=4,
+        staleness=StalenessPolicy.from_config("async", 9, 4),
+        length_mix={"short": 0.5, "long": 0.5},
+        length_split=8,
+    )
+    for i in range(5):
+        b.add(traj(f"s{i}", 1))  # 2 + 2 + 1 = 5 tokens: short
+    for i in range(2):
+        b.add(traj(f"l{i}", 1, versions=(0, 0, 0)))  # 11 tokens: long
+    batch, _ = b.take(version=0)
+    assert batch is not None
+    assert sorted(len(t.token_ids()) > 8 for t in batch) == [False, False, True, True]
+
+
 # ---- credit ----------------------------------------------------------------------------------------
 def test_outcome_advantages_on_model_tokens_only() -> None:
     batch = [traj("g", 1.0), traj("g", 0.0)]

@@ -227,11 +227,17 @@ class TrainerConfig(Section):
     buffer_steps: int = Field(4, ge=1, le=100000)
     """Replay-buffer capacity in training steps (× batch_size samples); the oldest groups beyond it
     are evicted and counted as dropped."""
-    buffer_sampling: Literal["fifo", "freshness", "advantage"] = "fifo"
-    """Order in which ready groups are taken: oldest first, newest policy version first, or largest
-    reward spread first."""
+    buffer_sampling: Literal["fifo", "freshness", "advantage", "behaviour_kl"] = "fifo"
+    """Order in which ready groups are taken: oldest first, newest policy version first, largest
+    reward spread first, or largest KL between their behaviour policy and the current one first."""
     buffer_random_fraction: float = Field(0.0, ge=0, le=1)
     """Share of each batch's groups drawn uniformly at random instead (no group starves)."""
+    buffer_task_mix: dict[str, float] | None = None
+    """Target share of each task type in a batch, e.g. {arithmetic: 0.7, multi_hop: 0.3}."""
+    buffer_length_mix: dict[Literal["short", "long"], float] | None = None
+    """Target share of short and long samples in a batch (split at buffer_length_split tokens)."""
+    buffer_length_split: int = Field(128, ge=1, le=1_000_000)
+    """Length in tokens above which a sample counts as long (for buffer_length_mix)."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
 

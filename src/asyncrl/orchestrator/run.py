@@ -86,6 +86,7 @@ class Orchestrator:
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
         self.restarts: dict[str, int] = {}
+        self.fills: deque[float] = deque(maxlen=10)
         self.lifetimes: dict[tuple[str, int], list[float]] = {}
         """(role, pid) -> [launched, ended]: the device time each role process held (cost ledger)."""
         self.started = time.time()
@@ -140,14 +141,27 @@ class Orchestrator:
             self.state.set_flag("paused", False)
 
     def _adapt_staleness(self) -> None:
-        configured = self.staleness.max_staleness
+        """The seed documents' rules: off-policy degree above its limit → tighter lag and faster sync;
+        queue utilisation below 30% → faster sync; both relax back to the configured values."""
+        configured, configured_sync = self.staleness.max_staleness, self.cfg.trainer.sync_every
         current = self.state.get("max_staleness", configured)
+        sync = self.state.get("sync_every", configured_sync)
         ages = self.live.ages
+        fill = float(self.live.trainer.get("queue/ready") or 0.0) / self.cfg.transport.capacity
+        self.fills.append(fill)
         if len(ages) == ages.maxlen and min(ages) > configured and current > 0:
-            self.state.set_value("max_staleness", current - 1)  # runaway: tighten
+            current, sync = current - 1, max(1, sync - 1)  # runaway: tighten and sync faster
             ages.clear()
         elif ages and max(ages) <= configured / 2 and current < configured:
-            self.state.set_value("max_staleness", current + 1)  # recovered: relax
+            current = current + 1  # recovered: relax
+        if len(self.fills) == self.fills.maxlen and max(self.fills) < 0.3:
+            sync = max(1, sync - 1)  # under-used queue: sync faster
+            self.fills.clear()
+        elif len(self.fills) == self.fills.maxlen and min(self.fills) >= 0.3 and sync < configured_sync:
+            sync += 1
+        sync = min(sync, current + 1)  # samples of one version are trained at most sync_every - 1 steps later
+        self.state.set_value("max_staleness", current)
+        self.state.set_value("sync_every", sync)
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:

@@ -31,8 +31,9 @@ Rules
    ``max_staleness = 1``, no in-flight updates — batch ``k+1`` is generated while batch ``k``
    trains. ``async``: the configured ``max_staleness`` with in-flight updates.
 6. **Adaptive tightening.** The orchestrator may lower the effective ``max_staleness`` (never
-   below 0, never above the configured value) when the measured mean age stays above the limit;
-   every rule above reads the effective value from the control state.
+   below 0, never above the configured value) when the measured mean age stays above the limit,
+   and publish more often (a lower effective ``sync_every``, never above lag + 1); every rule above
+   reads the effective values from the control state.
 """
 
 from __future__ import annotations

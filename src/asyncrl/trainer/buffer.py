@@ -11,10 +11,13 @@
 * **Capacity** is expressed in training steps (``capacity_steps × batch_size`` samples); beyond
   it the oldest ready groups are evicted — reported as dropped, never silently lost.
 * **Sampling** of ready groups: ``fifo`` (oldest first), ``freshness`` (newest policy version
-  first), or ``advantage`` (groups with the largest reward spread first — they carry the most
-  signal); ``random_fraction`` of each batch is drawn uniformly instead, so no group starves.
-* **Mix**: with ``task_mix`` set, groups are taken so that each task type's share of the batch is
-  as close as possible to its configured proportion.
+  first), ``advantage`` (groups with the largest reward spread first — they carry the most
+  signal), or ``behaviour_kl`` (groups whose behaviour policy differs most from the current one,
+  by a scorer the trainer supplies); ``random_fraction`` of each batch is drawn uniformly
+  instead, so no group starves.
+* **Mix**: with ``task_mix`` and/or ``length_mix`` set, groups are taken so that each category's
+  share of the batch (task type × short/long, split at ``length_split`` tokens) is as close as
+  possible to the product of the configured proportions.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,9 +46,13 @@ class ReplayBuffer:
     batch_size: int
     staleness: StalenessPolicy
     capacity_steps: int = 4
-    sampling: Literal["fifo", "freshness", "advantage"] = "fifo"
+    sampling: Literal["fifo", "freshness", "advantage", "behaviour_kl"] = "fifo"
     random_fraction: float = 0.0
     task_mix: dict[str, float] | None = None
+    length_mix: dict[str, float] | None = None
+    length_split: int = 128
+    scorer: Callable[[list[Trajectory]], float] | None = None
+    """Behaviour-KL of a group under the current policy (``sampling: behaviour_kl``)."""
     seed: int = 0
     _groups: OrderedDict[str, list[Trajectory]] = field(default_factory=OrderedDict)
     _rng: random.Random = field(init=False)
@@ -119,13 +127,16 @@ class ReplayBuffer:
             ordered = sorted(ready, key=lambda k: -min(t.oldest_version() or 0 for t in self._groups[k]))
         elif self.sampling == "advantage":
             ordered = sorted(ready, key=lambda k: -self._spread(k))
+        elif self.sampling == "behaviour_kl" and self.scorer is not None:
+            scorer = self.scorer
+            ordered = sorted(ready, key=lambda k: -scorer(self._groups[k]))
         else:
             ordered = list(ready)
         if self.random_fraction > 0 and len(ordered) > 1:
             n_random = round(self.random_fraction * len(ordered))
             picked = self._rng.sample(ordered, n_random)
             ordered = picked + [k for k in ordered if k not in picked]
-        if self.task_mix:
+        if self.task_mix or self.length_mix:
             ordered = self._mix(ordered)
         return ordered
 
@@ -133,24 +144,37 @@ class ReplayBuffer:
         rewards = [t.final_reward for t in self._groups[key]]
         return statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
 
+    def _category(self, key: str) -> tuple[str, str]:
+        group = self._groups[key]
+        task = group[0].task.task_type if self.task_mix else "*"
+        mean_len = sum(len(t.token_ids()) for t in group) / len(group)
+        length = ("long" if mean_len > self.length_split else "short") if self.length_mix else "*"
+        return task, length
+
     def _mix(self, ordered: list[str]) -> list[str]:
-        """Greedy: repeatedly take the next group of the task type furthest below its target share."""
-        assert self.task_mix is not None
-        total = sum(self.task_mix.values()) or 1.0
-        target = {k: v / total for k, v in self.task_mix.items()}
-        taken: dict[str, int] = dict.fromkeys(target, 0)
+        """Greedy: repeatedly take the next group of the category furthest below its target share."""
+
+        def shares(mix: dict[str, float] | None) -> dict[str, float]:
+            if not mix:
+                return {"*": 1.0}
+            total = sum(mix.values()) or 1.0
+            return {k: v / total for k, v in mix.items()}
+
+        tasks, lengths = shares(self.task_mix), shares(self.length_mix)
+        target = {(t, b): tasks[t] * lengths[b] for t in tasks for b in lengths}
+        taken: dict[tuple[str, str], int] = {}
         queue = list(ordered)
         out: list[str] = []
         while queue:
             n = sum(taken.values()) or 1
 
             def deficit(key: str, n: int = n) -> float:
-                tt = self._groups[key][0].task.task_type
-                return target.get(tt, 0.0) - taken.get(tt, 0) / n
+                cat = self._category(key)
+                return target.get(cat, 0.0) - taken.get(cat, 0) / n
 
             best = max(queue, key=deficit)
             queue.remove(best)
             out.append(best)
-            tt = self._groups[best][0].task.task_type
-            taken[tt] = taken.get(tt, 0) + len(self._groups[best])
+            cat = self._category(best)
+            taken[cat] = taken.get(cat, 0) + len(self._groups[best])
         return out

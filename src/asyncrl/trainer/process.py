@@ -72,6 +72,10 @@ class TrainerRole:
             capacity_steps=cfg.trainer.buffer_steps,
             sampling=cfg.trainer.buffer_sampling,
             random_fraction=cfg.trainer.buffer_random_fraction,
+            task_mix=cfg.trainer.buffer_task_mix,
+            length_mix={str(k): v for k, v in (cfg.trainer.buffer_length_mix or {}).items()} or None,
+            length_split=cfg.trainer.buffer_length_split,
+            scorer=self._behaviour_kl,
             seed=cfg.seed,
         )
         self.done_ids = self.state.ledger_ids()  # durable: consumed before the last checkpoint
@@ -97,6 +101,17 @@ class TrainerRole:
         self.busy = self.idle = 0.0
         self.state.set_value("version", self.version)
         self.state.set_value("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
+
+    def _behaviour_kl(self, group: list[Trajectory]) -> float:
+        """Mean k3 KL between the behaviour policy and the current one on a group's model tokens."""
+        from asyncrl.algo import kl_mean
+        from asyncrl.policy.model import token_logprobs
+        from asyncrl.trainer.learner import collate
+
+        b = collate(group, self.policy.tokenizer.pad_token_id)
+        with torch.no_grad():
+            now = token_logprobs(self.policy.model, b.ids, b.attn, b.temperature)
+        return float(kl_mean(b.behaviour, now, "k3", b.mask))
 
     @property
     def version(self) -> int:
@@ -188,7 +203,8 @@ class TrainerRole:
                 self.step += 1
                 # 4. publish every sync_every steps — before announcing the version, so that the budget
                 # never admits episodes for a version whose weights workers cannot load yet
-                if self.step % tc.sync_every == 0 or self.step == tc.total_steps:
+                sync_every = self.state.get("sync_every", tc.sync_every)  # the orchestrator may lower it
+                if self.step % sync_every == 0 or self.step == tc.total_steps:
                     self._publish()
                 self.state.set_value("version", self.version)
                 # 5. checkpoint every checkpoint_every steps
