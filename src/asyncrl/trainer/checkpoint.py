@@ -52,6 +52,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
+from asyncrl.durable import fsync_dir, write_durably
 from asyncrl.errors import UserError
 
 if TYPE_CHECKING:
@@ -182,28 +183,10 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # File helpers
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _write_json(path: Path, data: Any) -> None:
-    _write_bytes(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
+    write_durably(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
 
 
 def _hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
@@ -331,30 +314,30 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         policy.save(tmp / POLICY_DIR)
-        _write_bytes(tmp / OPTIMIZER_TENSORS, st_save(opt_tensors, metadata={"format": "pt"}))
+        write_durably(tmp / OPTIMIZER_TENSORS, st_save(opt_tensors, metadata={"format": "pt"}))
         _write_json(tmp / OPTIMIZER_JSON, opt_meta)
         if sched_meta is not None:
             _write_json(tmp / SCHEDULER_JSON, sched_meta)
             if sched_tensors:
-                _write_bytes(tmp / SCHEDULER_TENSORS, st_save(sched_tensors, metadata={"format": "pt"}))
-        _write_bytes(tmp / RNG_TENSORS, st_save(_rng_tensors(), metadata={"format": "pt"}))
+                write_durably(tmp / SCHEDULER_TENSORS, st_save(sched_tensors, metadata={"format": "pt"}))
+        write_durably(tmp / RNG_TENSORS, st_save(_rng_tensors(), metadata={"format": "pt"}))
         if py_rng is not None:
             _write_json(tmp / RNG_JSON, _py_rng_json(py_rng))
-        _write_bytes(tmp / TRAINER_STATE, (trainer_json + "\n").encode())
+        write_durably(tmp / TRAINER_STATE, (trainer_json + "\n").encode())
 
         files: dict[str, dict[str, Any]] = {}
         for f in _files_under(tmp):
             digest, size = _hash_file(f, fsync=True)  # fsync covers Policy.save's files too
             files[f.relative_to(tmp).as_posix()] = {"sha256": digest, "bytes": size}
-        _fsync_dir(tmp / POLICY_DIR)
+        fsync_dir(tmp / POLICY_DIR)
         _write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, "step": state.step, "files": files})
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old: Path | None = None
         if final.exists():
             old = root / f"{_OLD_PREFIX}{state.step:08d}-{uuid.uuid4().hex[:8]}"
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

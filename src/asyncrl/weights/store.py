@@ -61,6 +61,8 @@ import safetensors
 import safetensors.torch
 import torch
 
+from asyncrl.durable import fsync_dir, write_durably
+
 if TYPE_CHECKING:  # only needed for types
     from asyncrl.config import WeightsConfig
 
@@ -133,21 +135,6 @@ class WeightStore(ABC):
 # ---- filesystem helpers ---------------------------------------------------------------------
 def version_dirname(version: int) -> str:
     return f"v{version:06d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _hash_and_fsync(path: Path) -> tuple[str, int]:
@@ -224,13 +211,13 @@ class LocalWeightStore(WeightStore):
     def _write_pointer(self, version: int) -> None:
         tmp = self.root / f".latest.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            _write_file_durably(tmp, json.dumps({"version": version}).encode())
+            write_durably(tmp, json.dumps({"version": version}).encode())
             os.replace(tmp, self.root / POINTER_FILE)
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     # ---- reading ---------------------------------------------------------------------------
     def versions(self) -> list[int]:
@@ -401,13 +388,13 @@ class LocalWeightStore(WeightStore):
                     "num_parameters": sum(t.numel() for t in prepared.values()),
                     "extra": extra,
                 }
-                _write_file_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
-                _fsync_dir(tmp)
+                write_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+                fsync_dir(tmp)
                 os.rename(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             self._write_pointer(version)
             self._apply_retention(version)
         return final
@@ -443,17 +430,3 @@ def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
     if cfg.kind == "local":
         return LocalWeightStore(Path(run_dir) / "weights", keep=cfg.keep)
     raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local'")
-
-
-__all__ = [
-    "MANIFEST_FILE",
-    "MODEL_FILE",
-    "POINTER_FILE",
-    "CorruptSnapshotError",
-    "LoadedWeights",
-    "LocalWeightStore",
-    "SnapshotNotFoundError",
-    "WeightStore",
-    "make_weight_store",
-    "version_dirname",
-]
