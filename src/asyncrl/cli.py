@@ -92,11 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-run", metavar="RUN", help="take every measured figure from an earlier run directory"
     )
     est.add_argument("--json", action="store_true", help="print one JSON object")
-    from asyncrl.cost.estimate import Assumptions
+    from asyncrl.cost.estimate import ASSUMPTION_HELP, Assumptions
 
     for name, f in Assumptions.__dataclass_fields__.items():
         est.add_argument(
-            f"--{name.replace('_', '-')}", type=float, default=None, help=f"(default {f.default})"
+            f"--{name.replace('_', '-')}",
+            type=float,
+            default=None,
+            metavar="X",
+            help=f"{ASSUMPTION_HELP[name]} (default {f.default})",
         )
     rep = cost_sub.add_parser("report", help="a finished run's cost by component, waste and efficiency")
     rep.add_argument("run", help="run directory")

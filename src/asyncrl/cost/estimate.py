@@ -24,29 +24,36 @@ from asyncrl.cost.ledger import GB, MONTH_S, Usage, collect_usage, read_rows
 
 @dataclass
 class Assumptions:
+    """Inputs of :func:`estimate`; each is explained in :data:`ASSUMPTION_HELP`."""
+
     trajectories: float = 10_000
-    """N: trajectories generated."""
     tokens_per_trajectory: float = 100
-    """L: model (sampled) tokens per trajectory."""
     rollout_tokens_per_s: float = 1_000
-    """P_rollout: generated model tokens per rollout device-second (idle included)."""
     train_tokens_per_s: float = 1_000
-    """P_train: trained model tokens per trainer device-second (idle included)."""
     env_calls_per_trajectory: float = 3
-    """E: environment calls per trajectory."""
     env_seconds_per_call: float = 0.1
-    """Wall time a call occupies a tool server's core."""
     reward_seconds_per_trajectory: float = 0.0
     value_model_fraction: float = 0.0
-    """Value-model compute as a fraction of training compute."""
     transfer_bytes_per_trajectory: float = 20_000
-    """Queue plus weight-store traffic per trajectory."""
     stored_bytes: float = 1e8
-    """Bytes kept (checkpoints, weights, queue) during the run."""
     wall_seconds: float = 3600
-    """Run duration (for storage months and the cost rate)."""
     startup_device_seconds: float = 0.0
-    """Fixed device time before the roles produce anything (interpreter and model start-up)."""
+
+
+ASSUMPTION_HELP: dict[str, str] = {  # one line per assumption (also the CLI's --help)
+    "trajectories": "N: trajectories generated.",
+    "tokens_per_trajectory": "L: model (sampled) tokens per trajectory.",
+    "rollout_tokens_per_s": "P_rollout: generated model tokens per rollout device-second (idle included).",
+    "train_tokens_per_s": "P_train: trained model tokens per trainer device-second (idle included).",
+    "env_calls_per_trajectory": "E: environment calls per trajectory.",
+    "env_seconds_per_call": "Wall time a call occupies a tool server's core.",
+    "reward_seconds_per_trajectory": "Seconds of answer verification per trajectory (CPU).",
+    "value_model_fraction": "Value-model compute as a fraction of training compute.",
+    "transfer_bytes_per_trajectory": "Queue plus weight-store traffic per trajectory.",
+    "stored_bytes": "Bytes kept (checkpoints, weights, queue) during the run.",
+    "wall_seconds": "Run duration (for storage months and the cost rate).",
+    "startup_device_seconds": "Fixed device time before the roles produce anything (interpreter and model start-up).",
+}
 
 
 def estimate(a: Assumptions, cfg: CostConfig) -> dict[str, float]:
