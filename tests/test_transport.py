@@ -1,7 +1,8 @@
 """Trajectory queue: the at-least-once contract, multi-process safety, crashes, back-pressure.
 
-Contract tests run against every backend of the ``backend`` fixture ("embedded" now; add
-"redis" there). Child processes use the spawn start method and open the queue themselves.
+Contract tests run against every backend of the ``backend`` fixture ("embedded", and "redis"
+against the server at ``$ASYNCRL_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``; those
+are skipped when no server answers, unless ``ASYNCRL_REQUIRE_REDIS=1``). Child processes use the spawn start method and open the queue themselves.
 This module deliberately does not import :mod:`asyncrl.config` at import time (it pulls in
 torch), so spawned children start fast.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.records import Task, Trajectory, Turn, encode
+from asyncrl.records import Task, Trajectory, Turn, encode, new_id
 from asyncrl.transport import (
     QUEUE_FILENAME,
     STAT_KEYS,
@@ -35,6 +36,7 @@ from asyncrl.transport import (
 )
 
 SPAWN = mp.get_context("spawn")
+REDIS_URL = os.environ.get("ASYNCRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 # ---- trajectories ----------------------------------------------------------------------------
@@ -58,6 +60,10 @@ def open_queue(kind: str, run_dir: str, capacity: int, lease_seconds: float) -> 
     """Open a backend's queue without importing the config module (used in child processes)."""
     if kind == "embedded":
         return EmbeddedQueue(Path(run_dir) / QUEUE_FILENAME, capacity=capacity, lease_seconds=lease_seconds)
+    if kind == "redis":
+        from asyncrl.transport.redis_backend import RedisQueue
+
+        return RedisQueue(REDIS_URL, run_dir, capacity=capacity, lease_seconds=lease_seconds)
     raise ValueError(f"no test opener for backend {kind!r}")
 
 
@@ -71,7 +77,7 @@ class Backend:
         from asyncrl.config import TransportConfig
 
         cfg = TransportConfig.model_validate(
-            {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds}
+            {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds, "redis_url": REDIS_URL}
         )
         q = make_queue(cfg, self.run_dir)
         self.opened.append(q)
@@ -92,6 +98,16 @@ class Backend:
                 conn.execute("COMMIT")
             finally:
                 conn.close()
+        elif self.kind == "redis":
+            from asyncrl.transport.redis_backend import RedisQueue
+
+            q = RedisQueue(REDIS_URL, self.run_dir)  # creates the stream and group if needed
+            q.close()
+            r = _redis_client()
+            entry_id = r.xadd(q.stream_key, {"id": traj_id, "data": payload})
+            r.hset(q.ids_key, traj_id, entry_id)
+            r.hset(q.entries_key, entry_id, traj_id)
+            r.close()
         else:  # pragma: no cover - per-backend hook
             raise NotImplementedError(self.kind)
 
@@ -102,11 +118,80 @@ class Backend:
                 assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
             finally:
                 conn.close()
+        elif self.kind == "redis":
+            check_redis_invariants(self.run_dir)
 
 
-@pytest.fixture(params=["embedded"])
+def _redis_client() -> Any:
+    import redis
+
+    return redis.Redis.from_url(REDIS_URL)
+
+
+def check_redis_invariants(run_dir: Path) -> None:
+    """The run's keys agree: every stream entry has a queued id and back, pending ⊆ stream."""
+    from asyncrl.transport.redis_backend import GROUP, key_prefix
+
+    prefix = key_prefix(run_dir)
+    r = _redis_client()
+    try:
+        stream = {eid.decode(): f[b"id"].decode() for eid, f in r.xrange(f"{prefix}:stream", "-", "+")}
+        ids = {k.decode(): v.decode() for k, v in r.hgetall(f"{prefix}:ids").items()}
+        entries = {k.decode(): v.decode() for k, v in r.hgetall(f"{prefix}:entries").items()}
+        assert entries == stream, "entry -> id map disagrees with the stream"
+        assert {v: k for k, v in stream.items()} == ids, "queued-id map disagrees with the stream"
+        pending = r.xpending_range(f"{prefix}:stream", GROUP, min="-", max="+", count=100_000)
+        assert {p["message_id"].decode() for p in pending} <= set(stream), "pending entry not in stream"
+        known = {f"{prefix}:{k}" for k in ("stream", "ids", "entries", "counters", "dead")}
+        assert {k.decode() for k in r.scan_iter(match=f"{prefix}*")} <= known
+    finally:
+        r.close()
+
+
+def _redis_available() -> bool:
+    try:
+        r = _redis_client()
+        try:
+            return bool(r.ping())
+        finally:
+            r.close()
+    except Exception:
+        return False
+
+
+def delete_redis_keys(prefix: str) -> int:
+    r = _redis_client()
+    try:
+        keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+        assert not list(r.scan_iter(match=f"{prefix}*")), "keys left behind"
+        return len(keys)
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def redis_run_dir(tmp_path: Path) -> Iterator[Path]:
+    """A run directory whose Redis keys are deleted afterwards (skips if no server answers)."""
+    from asyncrl.transport.redis_backend import key_prefix
+
+    if not _redis_available():
+        if os.environ.get("ASYNCRL_REQUIRE_REDIS") == "1":
+            pytest.fail(f"no Redis server at {REDIS_URL} (ASYNCRL_REQUIRE_REDIS=1)")
+        pytest.skip(f"no Redis server at {REDIS_URL}")
+    run_dir = tmp_path / "run"
+    prefix = key_prefix(run_dir)
+    delete_redis_keys(prefix)
+    yield run_dir
+    delete_redis_keys(prefix)
+
+
+@pytest.fixture(params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = Backend(kind=request.param, run_dir=tmp_path / "run", opened=[])
+    # redis_run_dir skips without a server and deletes the run's keys afterwards.
+    run_dir = request.getfixturevalue("redis_run_dir") if request.param == "redis" else tmp_path / "run"
+    b = Backend(kind=request.param, run_dir=run_dir, opened=[])
     yield b
     for q in b.opened:
         q.close()
@@ -359,12 +444,108 @@ def test_threads_share_one_handle(backend: Backend) -> None:
     assert Counter(got) == Counter(f"p{k}-{i}" for k in range(n_threads) for i in range(per_thread))
 
 
-def test_make_queue_redis_is_not_available_yet(tmp_path: Path) -> None:
+@pytest.mark.redis
+def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
+    from asyncrl.config import TransportConfig
+    from asyncrl.transport.redis_backend import RedisQueue, key_prefix
+
+    cfg = TransportConfig(kind="redis", redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
+    with make_queue(cfg, redis_run_dir) as q:
+        assert isinstance(q, RedisQueue)
+        assert (q.capacity, q.lease_seconds, q.prefix) == (7, 3.0, key_prefix(redis_run_dir))
+        assert q.put(make_traj("a"))
+    # Another run directory is another stream: nothing collides.
+    other = redis_run_dir.parent / "other-run"
+    assert key_prefix(other) != key_prefix(redis_run_dir)
+    with RedisQueue(REDIS_URL, other) as q2:
+        try:
+            assert q2.depth() == 0 and q2.get_batch(5) == []
+        finally:
+            delete_redis_keys(key_prefix(other))
+    assert issubclass(BackendUnavailableError, NotImplementedError)
+
+
+def test_make_queue_unknown_kind_is_refused(tmp_path: Path) -> None:
     from asyncrl.config import TransportConfig
 
-    with pytest.raises(NotImplementedError, match="redis"):
-        make_queue(TransportConfig(kind="redis"), tmp_path)
-    assert issubclass(BackendUnavailableError, NotImplementedError)
+    cfg = TransportConfig.model_construct(kind="kafka")  # bypass validation on purpose
+    with pytest.raises(BackendUnavailableError, match="kafka"):
+        make_queue(cfg, tmp_path)
+
+
+def test_redis_retry_wrapper_backs_off_then_gives_up() -> None:
+    import redis
+
+    from asyncrl.transport.redis_backend import redact_url, with_retries
+
+    sleeps: list[float] = []
+    calls = iter([redis.ConnectionError("down"), redis.TimeoutError("slow"), "ok"])
+
+    def flaky() -> str:
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    assert with_retries(flaky, sleep=sleeps.append) == "ok"
+    assert len(sleeps) == 2 and sleeps[1] > sleeps[0] >= 0.04
+    sleeps.clear()
+
+    def down() -> None:
+        raise redis.ConnectionError("down")
+
+    with pytest.raises(redis.ConnectionError):
+        with_retries(down, sleep=sleeps.append)
+    assert len(sleeps) == 4 and max(sleeps) <= 0.8 * 1.2
+    with pytest.raises(redis.ResponseError):  # other errors are not retried
+        with_retries(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")), sleep=sleeps.append)
+    assert len(sleeps) == 4
+    assert redact_url("rediss://:s3cret@host:6380/1") == "rediss://:***@host:6380/1"
+    assert redact_url("redis://u:pw@h/0") == "redis://u:***@h/0"
+    assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
+@pytest.mark.redis
+def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path) -> None:
+    from asyncrl.transport.redis_backend import RedisQueue
+
+    q = RedisQueue(REDIS_URL, redis_run_dir, lease_seconds=5.0)
+    try:
+        assert q.put(make_traj("before"))
+        name = f"asyncrl-test-{new_id()}"
+        q._client().client_setname(name)
+        admin = _redis_client()
+        try:
+            assert admin.client_kill_filter(_type="normal", skipme=True) >= 1  # drop every other client
+        finally:
+            admin.close()
+        assert q.put(make_traj("after"))  # transparently reconnected
+        assert [d.trajectory.id for d in q.get_batch(5)] == ["before", "after"]
+        assert "***" not in repr(q) and "RedisQueue(" in repr(q)
+    finally:
+        q.close()
+    check_redis_invariants(redis_run_dir)
+
+
+@pytest.mark.redis
+def test_redis_poison_entry_with_no_fields_and_late_ack_of_dead_letter(redis_run_dir: Path) -> None:
+    from asyncrl.transport.redis_backend import RedisQueue
+
+    q = RedisQueue(REDIS_URL, redis_run_dir, lease_seconds=0.2)
+    try:
+        _redis_client().xadd(q.stream_key, {"junk": b"x"})  # neither id nor data
+        assert q.put(make_traj("ok"))
+        batch = q.get_batch(10)
+        assert [d.trajectory.id for d in batch] == ["ok"]
+        dead = q.dead_letters()
+        assert len(dead) == 1 and dead[0].trajectory_id == "" and dead[0].payload == b""
+        q.ack([dead[0].entry_id])  # acking a dead-lettered entry changes nothing
+        q.ack([d.entry_id for d in batch])
+        stats = q.stats()
+        assert (stats["queue/depth"], stats["queue/acked_total"], stats["queue/dead_letters"]) == (0, 1, 1)
+    finally:
+        q.close()
+    check_redis_invariants(redis_run_dir)
 
 
 def test_bad_arguments(backend: Backend) -> None:

@@ -4,7 +4,8 @@ Rollout workers :meth:`~TrajectoryQueue.put` trajectories; the trainer leases ba
 :meth:`~TrajectoryQueue.get_batch` and :meth:`~TrajectoryQueue.ack`\\ s them after use. Entries
 not acked within ``transport.lease_seconds`` are redelivered, so delivery is at-least-once and
 **the consumer de-duplicates by trajectory id**. Semantics: :mod:`asyncrl.transport.base`;
-backend details: :mod:`asyncrl.transport.embedded`; both: ``docs/transport.md``.
+backend details: :mod:`asyncrl.transport.embedded` and :mod:`asyncrl.transport.redis_backend`
+(imported only when ``transport.kind: redis`` is used); all: ``docs/transport.md``.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ def make_queue(cfg: TransportConfig, run_dir: Path) -> TrajectoryQueue:
             Path(run_dir) / QUEUE_FILENAME, capacity=cfg.capacity, lease_seconds=cfg.lease_seconds
         )
     if cfg.kind == "redis":
-        raise BackendUnavailableError(
-            "transport.kind 'redis' (Redis Streams) is not implemented yet; "
-            "use transport.kind: embedded (a durable SQLite queue in the run directory, no server)"
-        )
-    raise BackendUnavailableError(f"unknown transport.kind {cfg.kind!r}; use 'embedded'")
+        from asyncrl.transport.redis_backend import RedisQueue  # lazy: embedded users skip redis
+
+        return RedisQueue(cfg.redis_url, run_dir, capacity=cfg.capacity, lease_seconds=cfg.lease_seconds)
+    raise BackendUnavailableError(f"unknown transport.kind {cfg.kind!r}; use 'embedded' or 'redis'")

@@ -1,0 +1,417 @@
+"""Redis Streams trajectory queue (``transport.kind: redis``).
+
+Delivery semantics are those of :mod:`asyncrl.transport.base`: **at-least-once**, leases
+expire after ``lease_seconds`` and the entry is redelivered with ``attempts + 1``, and **the
+consumer de-duplicates by trajectory id**.
+
+Keys (one set per run; ``P = asyncrl:{<sha1(abs run_dir)[:12]>}``, the braces are a Redis
+Cluster hash tag so every key of a run lives in one slot and Lua scripts may touch them all):
+
+* ``P:stream`` - the stream; each entry has the fields ``id`` (trajectory id) and ``data``
+  (``records.encode(traj)``, MessagePack; nothing is pickled). Consumer group ``trainers``.
+* ``P:ids`` - HASH trajectory id -> stream id of every queued (ready or leased) entry.
+* ``P:entries`` - HASH stream id -> trajectory id (lets ``ack`` find the id to release).
+* ``P:counters`` - HASH of the queue-wide totals (shared by every process).
+* ``P:dead`` - the dead-letter stream.
+
+How the guarantees are met
+--------------------------
+* **Idempotent put, back-pressure.** One Lua script (atomic on the server) checks ``P:ids``,
+  checks ``XLEN < capacity`` (acked entries are ``XDEL``'d, so ``XLEN`` = ready + leased) and
+  ``XADD``\\ s. A full queue is polled with 5-20 ms sleeps.
+* **Leases** are the consumer group's pending entries list (PEL). ``get_batch`` first
+  ``XAUTOCLAIM``\\ s entries idle for at least ``lease_seconds`` (redelivery; ``attempts`` is
+  the PEL delivery counter), then ``XREADGROUP ... >`` for new ones, blocking in short slices
+  so expired leases are noticed while waiting. Idle times are measured by the server clock.
+* **Ack** is a Lua script: ``XACK``; when that settled a pending entry, ``XDEL`` it and release
+  its trajectory id. Unknown or already-acked ids are ignored.
+* **Poison entries** are moved by a Lua script to ``P:dead`` (with the reason) and
+  ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting).
+* **Reconnects.** Every command runs under a retry wrapper (5 tries, back-off 0.05 -> 0.8 s)
+  on connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
+  and a lost ``XREADGROUP`` reply only leaves entries leased until their lease expires.
+* **Durability** is the server's: ``put`` returns ``True`` once Redis executed the write. Run
+  Redis with ``appendonly yes`` (``appendfsync everysec`` loses at most ~1 s on a server
+  crash; ``always`` loses nothing) to survive a Redis restart.
+* **Connection.** ``redis_url`` carries everything: ``redis://host:6379/0``,
+  ``redis://:password@host:6379/0``, ``redis://user:password@host/0`` (ACL) and
+  ``rediss://...`` for TLS (``?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from asyncrl.records import RecordDecodeError, decode_trajectory, encode
+from asyncrl.records import Trajectory as _Trajectory
+from asyncrl.transport.base import DeadLetter, Delivery, QueueClosedError, TrajectoryQueue
+
+T = TypeVar("T")
+
+GROUP = "trainers"
+"""The consumer group every handle reads through."""
+
+_POLL_MIN_S = 0.005
+_POLL_MAX_S = 0.020
+_BLOCK_SLICE_S = 0.1
+"""Longest single ``XREADGROUP BLOCK``: expired leases are re-checked at least this often."""
+_RETRIES = 5
+_BACKOFF_MIN_S = 0.05
+_BACKOFF_MAX_S = 0.8
+_ACK_CHUNK = 500
+_STATS_SCAN_MAX = 100_000
+_ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
+
+# KEYS: stream ids entries counters; ARGV: traj_id payload capacity
+# returns 1: already queued, 0: full, else the new stream id
+_PUT_LUA = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 1 end
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+local id = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'data', ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], id)
+redis.call('HSET', KEYS[3], id, ARGV[1])
+redis.call('HINCRBY', KEYS[4], 'put_total', 1)
+redis.call('HINCRBY', KEYS[4], 'bytes_in', string.len(ARGV[2]))
+return id
+"""
+
+# KEYS: stream ids entries counters; ARGV: group, entry ids...; returns the number settled
+_ACK_LUA = """
+local n = 0
+for i = 2, #ARGV do
+  local e = ARGV[i]
+  if redis.call('XACK', KEYS[1], ARGV[1], e) == 1 then
+    redis.call('XDEL', KEYS[1], e)
+    local tid = redis.call('HGET', KEYS[3], e)
+    redis.call('HDEL', KEYS[3], e)
+    if tid and redis.call('HGET', KEYS[2], tid) == e then redis.call('HDEL', KEYS[2], tid) end
+    n = n + 1
+  end
+end
+if n > 0 then redis.call('HINCRBY', KEYS[4], 'acked_total', n) end
+return n
+"""
+
+# KEYS: stream ids entries counters dead; ARGV: group entry_id traj_id reason payload attempts dead_at
+_DEAD_LUA = """
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'traj_id', ARGV[3], 'reason', ARGV[4],
+           'payload', ARGV[5], 'attempts', ARGV[6], 'dead_at', ARGV[7])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[2])
+if redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then redis.call('HDEL', KEYS[2], ARGV[3]) end
+redis.call('HINCRBY', KEYS[4], 'dead_lettered_total', 1)
+return 1
+"""
+
+# KEYS: stream counters dead; ARGV: group lease_ms scan_max
+# returns {xlen, pending, expired, dead, counters...}
+_STATS_LUA = """
+local len = redis.call('XLEN', KEYS[1])
+local summary = redis.call('XPENDING', KEYS[1], ARGV[1])
+local pending = tonumber(summary[1])
+local expired = 0
+if pending > 0 then
+  local n = math.min(pending, tonumber(ARGV[3]))
+  expired = #redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[2], '-', '+', n)
+end
+return {len, pending, expired, redis.call('XLEN', KEYS[3]), redis.call('HGETALL', KEYS[2])}
+"""
+
+
+def key_prefix(run_dir: str | Path) -> str:
+    """The run's key prefix: ``asyncrl:{<sha1 of the absolute run_dir, 12 hex digits>}``."""
+    digest = hashlib.sha1(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
+    return f"asyncrl:{{{digest}}}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and reprs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def with_retries(
+    fn: Callable[[], T], *, tries: int = _RETRIES, sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """Run ``fn``, retrying on Redis connection errors/timeouts with exponential back-off."""
+    delay = _BACKOFF_MIN_S
+    for attempt in range(tries):
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError):
+            if attempt == tries - 1:
+                raise
+            sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(_BACKOFF_MAX_S, delay * 2)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class RedisQueue(TrajectoryQueue):
+    """The Redis-Streams-backed :class:`TrajectoryQueue` (``transport.kind: redis``)."""
+
+    def __init__(
+        self,
+        url: str,
+        run_dir: str | Path,
+        *,
+        capacity: int = 1024,
+        lease_seconds: float = 60.0,
+        prefix: str | None = None,
+        socket_timeout_s: float = 30.0,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        self.url = url
+        self.capacity = capacity
+        self.lease_seconds = float(lease_seconds)
+        self.prefix = prefix if prefix is not None else key_prefix(run_dir)
+        self.stream_key = f"{self.prefix}:stream"
+        self.ids_key = f"{self.prefix}:ids"
+        self.entries_key = f"{self.prefix}:entries"
+        self.counters_key = f"{self.prefix}:counters"
+        self.dead_key = f"{self.prefix}:dead"
+        self._lease_ms = max(1, int(self.lease_seconds * 1000))
+        self._lock = threading.Lock()
+        self._closed = False
+        # from_url takes password, username, db and TLS (rediss://) from the URL.
+        self._r: redis.Redis | None = redis.Redis.from_url(
+            url,
+            socket_timeout=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0),
+            socket_connect_timeout=5.0,
+            health_check_interval=30,
+        )
+        self._put_script = self._r.register_script(_PUT_LUA)
+        self._ack_script = self._r.register_script(_ACK_LUA)
+        self._dead_script = self._r.register_script(_DEAD_LUA)
+        self._stats_script = self._r.register_script(_STATS_LUA)
+        self._ensure_group()
+
+    # ---- plumbing ----------------------------------------------------------------------
+    def _client(self) -> redis.Redis:
+        if self._closed or self._r is None:
+            raise QueueClosedError(f"queue {self.prefix} on {redact_url(self.url)} is closed")
+        return self._r
+
+    def _ensure_group(self) -> None:
+        def create() -> None:
+            try:
+                self._client().xgroup_create(self.stream_key, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        with_retries(create)
+
+    def _call(self, fn: Callable[[Any], Any]) -> Any:
+        """One command (or pipeline/script) with reconnect back-off; recreates a lost group.
+
+        (Typed ``Any``: redis-py's reply types are a union over its sync/async clients.)
+        """
+
+        def run() -> Any:
+            try:
+                return fn(self._client())
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                self._ensure_group()
+                return fn(self._client())
+
+        return with_retries(run)
+
+    @staticmethod
+    def _sleep(attempt: int, deadline: float | None) -> None:
+        delay = min(_POLL_MAX_S, _POLL_MIN_S * (1.5**attempt)) * random.uniform(0.8, 1.2)
+        if deadline is not None:
+            delay = min(delay, max(0.0, deadline - time.monotonic()))
+        time.sleep(delay)
+
+    # ---- producer ----------------------------------------------------------------------
+    def put(self, traj: _Trajectory, timeout: float | None = None) -> bool:
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
+        self._client()
+        traj.validate()  # fail at the producer, not as a dead letter at the trainer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        traj.lifecycle.enqueued = time.time()
+        payload = encode(traj)
+        keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
+        attempt = 0
+        while True:
+            result = self._call(lambda r: self._put_script(keys=keys, args=[traj.id, payload, self.capacity]))
+            if result != 0:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._sleep(attempt, deadline)
+            attempt += 1
+
+    # ---- consumer ----------------------------------------------------------------------
+    def get_batch(self, max_items: int, timeout: float = 0.0, consumer: str = "trainer") -> list[Delivery]:
+        if max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {max_items}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self._reclaim(max_items, consumer)
+            if len(out) < max_items:
+                block_s = 0.0 if out else min(_BLOCK_SLICE_S, max(0.0, deadline - time.monotonic()))
+                out.extend(self._read_new(max_items - len(out), consumer, block_s))
+            if out or time.monotonic() >= deadline:
+                return out
+            # Nothing (or only poison, now dead-lettered): look again until the deadline.
+
+    def _reclaim(self, max_items: int, consumer: str) -> list[Delivery]:
+        """Claim entries whose lease expired (redelivery), at most ``max_items``."""
+        claimed: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor: Any = "0-0"
+        while len(claimed) < max_items:
+            count = max_items - len(claimed)
+            reply = self._call(
+                functools.partial(self._xautoclaim, consumer=consumer, start=cursor, count=count)
+            )
+            cursor = reply[0]
+            claimed.extend((eid, fields) for eid, fields in reply[1] if fields is not None)
+            if _s(cursor) == "0-0":
+                break
+        if not claimed:
+            return []
+
+        def counts(r: redis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            for eid, _ in claimed:
+                pipe.xpending_range(self.stream_key, GROUP, min=eid, max=eid, count=1)
+            return pipe.execute()
+
+        attempts = [int(rows[0]["times_delivered"]) if rows else 2 for rows in self._call(counts)]
+        out = self._decode(claimed, attempts, consumer)
+        redelivered = len(out)
+        if redelivered:
+            self._call(lambda r: r.hincrby(self.counters_key, "redelivered_total", redelivered))
+        return out
+
+    def _xautoclaim(self, r: Any, *, consumer: str, start: Any, count: int) -> Any:
+        return r.xautoclaim(self.stream_key, GROUP, consumer, self._lease_ms, start_id=start, count=count)
+
+    def _read_new(self, n: int, consumer: str, block_s: float) -> list[Delivery]:
+        block_ms = int(block_s * 1000)
+        reply = self._call(
+            lambda r: r.xreadgroup(
+                GROUP, consumer, {self.stream_key: ">"}, count=n, block=block_ms if block_ms > 0 else None
+            )
+        )
+        entries = [(eid, fields) for _, rows in (reply or []) for eid, fields in rows if fields is not None]
+        return self._decode(entries, [1] * len(entries), consumer)
+
+    def _decode(
+        self, entries: list[tuple[bytes, dict[bytes, bytes]]], attempts: list[int], consumer: str
+    ) -> list[Delivery]:
+        out: list[Delivery] = []
+        now = time.time()
+        keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key, self.dead_key]
+        for (raw_id, fields), tries in zip(entries, attempts, strict=True):
+            entry_id = _s(raw_id)
+            traj_id = _s(fields.get(b"id", b""))
+            payload = bytes(fields.get(b"data", b""))
+            try:
+                traj = decode_trajectory(payload)
+                if traj.id != traj_id:
+                    raise RecordDecodeError(f"payload id {traj.id!r} differs from the entry's id {traj_id!r}")
+            except Exception as exc:  # poison must never crash the consumer
+                reason = str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
+                args: list[bytes | str | int] = [GROUP, entry_id, traj_id, reason, payload, tries, repr(now)]
+                self._call(functools.partial(self._dead_script, keys, args))
+                continue
+            traj.lifecycle.dequeued = now
+            out.append(Delivery(entry_id=entry_id, trajectory=traj, attempts=tries))
+        return out
+
+    def ack(self, entry_ids: Sequence[str]) -> None:
+        if isinstance(entry_ids, str):
+            raise TypeError("ack() takes a sequence of entry ids, not a single string")
+        ids = list(entry_ids)
+        for entry_id in ids:
+            if not isinstance(entry_id, str) or not _ENTRY_ID.match(entry_id):
+                raise ValueError(f"{entry_id!r} is not an entry id of this queue")
+        keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
+        for i in range(0, len(ids), _ACK_CHUNK):
+            chunk = ids[i : i + _ACK_CHUNK]
+            self._call(functools.partial(self._ack_script, keys, [GROUP, *chunk]))
+
+    # ---- introspection -----------------------------------------------------------------
+    def depth(self) -> int:
+        return int(self._call(lambda r: r.xlen(self.stream_key)))
+
+    def stats(self) -> dict[str, float]:
+        keys = [self.stream_key, self.counters_key, self.dead_key]
+        length, pending, expired, dead, flat = self._call(
+            lambda r: self._stats_script(keys=keys, args=[GROUP, self._lease_ms, _STATS_SCAN_MAX])
+        )
+        counters = {_s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        leased = int(pending) - int(expired)
+        return {
+            "queue/depth": float(length),
+            "queue/ready": float(int(length) - leased),
+            "queue/leased": float(leased),
+            "queue/dead_letters": float(dead),
+            "queue/put_total": float(counters.get("put_total", 0)),
+            "queue/acked_total": float(counters.get("acked_total", 0)),
+            "queue/redelivered_total": float(counters.get("redelivered_total", 0)),
+            "queue/bytes_in": float(counters.get("bytes_in", 0)),
+            "queue/capacity": float(self.capacity),
+        }
+
+    def dead_letters(self) -> list[DeadLetter]:
+        rows = self._call(lambda r: r.xrange(self.dead_key, "-", "+"))
+        return [
+            DeadLetter(
+                entry_id=_s(f[b"entry_id"]),
+                trajectory_id=_s(f[b"traj_id"]),
+                reason=_s(f[b"reason"]),
+                payload=bytes(f[b"payload"]),
+                attempts=int(f[b"attempts"]),
+                dead_at=float(f[b"dead_at"]),
+            )
+            for _, f in rows
+        ]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            r, self._r = self._r, None
+            if r is not None:
+                # Idle connections only: a command still in flight on another thread finishes
+                # normally (its connection is closed when the pool is garbage-collected).
+                r.connection_pool.disconnect(inuse_connections=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisQueue({redact_url(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
+            f"lease_seconds={self.lease_seconds})"
+        )
