@@ -32,13 +32,15 @@ The interface maps onto Redis Streams: ``put`` = idempotency check + ``XADD``, `
 
 from __future__ import annotations
 
+import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 from asyncrl.errors import UserError
-from asyncrl.records import Trajectory
+from asyncrl.records import Trajectory, encode
 
 STAT_KEYS: tuple[str, ...] = (
     "queue/depth",
@@ -90,6 +92,26 @@ class DeadLetter:
     """Wall-clock time it was set aside."""
 
 
+_POLL_MIN_S = 0.005
+_POLL_MAX_S = 0.020
+
+
+def backoff_sleep(attempt: int, deadline: float | None) -> None:
+    """Sleep 5 ms growing to 20 ms (with jitter), never past ``deadline``: how blocked producers and
+    idle consumers poll without busy-spinning."""
+    delay = min(_POLL_MAX_S, _POLL_MIN_S * (1.5**attempt)) * random.uniform(0.8, 1.2)
+    if deadline is not None:
+        delay = min(delay, max(0.0, deadline - time.monotonic()))
+    time.sleep(delay)
+
+
+def check_batch_args(max_items: int, timeout: float) -> None:
+    if max_items < 1:
+        raise ValueError(f"max_items must be >= 1, got {max_items}")
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout}")
+
+
 class TrajectoryQueue(ABC):
     """A durable, multi-producer multi-consumer, at-least-once queue of trajectories.
 
@@ -100,7 +122,6 @@ class TrajectoryQueue(ABC):
     capacity: int
     lease_seconds: float
 
-    @abstractmethod
     def put(self, traj: Trajectory, timeout: float | None = None) -> bool:
         """Enqueue ``traj`` durably; stamps ``traj.lifecycle.enqueued`` (on the caller's object).
 
@@ -110,6 +131,28 @@ class TrajectoryQueue(ABC):
         Raises ``ValueError`` (``RecordDecodeError``/``RecordEncodeError``) for a trajectory
         that could never be decoded by the consumer.
         """
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
+        self._before_put()
+        traj.validate()  # fail at the producer, not as a dead letter at the trainer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        traj.lifecycle.enqueued = time.time()
+        payload = encode(traj)
+        attempt = 0
+        while not self._try_put(traj.id, payload):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            backoff_sleep(attempt, deadline)
+            attempt += 1
+        return True
+
+    def _before_put(self) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Hook run once per put before validation (e.g. to fail fast on a closed handle)."""
+
+    @abstractmethod
+    def _try_put(self, traj_id: str, payload: bytes) -> bool:
+        """One attempt: commit ``payload`` under ``traj_id`` (True), find it already queued (True),
+        or find the queue full (False)."""
 
     @abstractmethod
     def get_batch(self, max_items: int, timeout: float = 0.0, consumer: str = "trainer") -> list[Delivery]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import sqlite3
 import threading
 import time
@@ -41,16 +40,21 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from asyncrl.records import RecordDecodeError, Trajectory, decode_trajectory, encode
-from asyncrl.transport.base import DeadLetter, Delivery, QueueClosedError, TrajectoryQueue
+from asyncrl.records import RecordDecodeError, decode_trajectory
+from asyncrl.transport.base import (
+    DeadLetter,
+    Delivery,
+    QueueClosedError,
+    TrajectoryQueue,
+    backoff_sleep,
+    check_batch_args,
+)
 
 SCHEMA_VERSION = 1
 """Stored in ``PRAGMA user_version``; a database of another version is refused."""
 
 Synchronous = Literal["NORMAL", "FULL"]
 
-_POLL_MIN_S = 0.005
-_POLL_MAX_S = 0.020
 _ACK_CHUNK = 500
 _COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in", "dead_lettered_total")
 
@@ -202,54 +206,30 @@ class EmbeddedQueue(TrajectoryQueue):
         if by:
             conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
 
-    @staticmethod
-    def _sleep(attempt: int, deadline: float | None) -> None:
-        delay = min(_POLL_MAX_S, _POLL_MIN_S * (1.5**attempt)) * random.uniform(0.8, 1.2)
-        if deadline is not None:
-            delay = min(delay, max(0.0, deadline - time.monotonic()))
-        time.sleep(delay)
-
     # ---- producer ----------------------------------------------------------------------
-    def put(self, traj: Trajectory, timeout: float | None = None) -> bool:
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
-        traj.validate()  # fail at the producer, not as a dead letter at the trainer
-        deadline = None if timeout is None else time.monotonic() + timeout
-        traj.lifecycle.enqueued = time.time()
-        payload = encode(traj)
-        attempt = 0
-        while True:
-            # Cheap lock-free check first, so blocked producers never hold the write lock.
-            full = self._scalar("SELECT count(*) FROM entries") >= self.capacity
-            if full and self._scalar("SELECT count(*) FROM entries WHERE traj_id = ?", (traj.id,)):
+    def _try_put(self, traj_id: str, payload: bytes) -> bool:
+        # Cheap lock-free check first, so blocked producers never hold the write lock.
+        full = self._scalar("SELECT count(*) FROM entries") >= self.capacity
+        if full:
+            return bool(self._scalar("SELECT count(*) FROM entries WHERE traj_id = ?", (traj_id,)))
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM entries WHERE traj_id = ?", (traj_id,)).fetchall():
                 return True
-            if not full:
-                with self._write() as conn:
-                    if conn.execute("SELECT 1 FROM entries WHERE traj_id = ?", (traj.id,)).fetchall():
-                        return True
-                    if _int(conn.execute("SELECT count(*) FROM entries").fetchall()) < self.capacity:
-                        now = time.time()
-                        cur = conn.execute(
-                            "INSERT INTO entries (traj_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
-                            (traj.id, now, now, len(payload)),
-                        )
-                        conn.execute(
-                            "INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload)
-                        )
-                        self._bump(conn, "put_total", 1)
-                        self._bump(conn, "bytes_in", len(payload))
-                        return True
-            if deadline is not None and time.monotonic() >= deadline:
+            if _int(conn.execute("SELECT count(*) FROM entries").fetchall()) >= self.capacity:
                 return False
-            self._sleep(attempt, deadline)
-            attempt += 1
+            now = time.time()
+            cur = conn.execute(
+                "INSERT INTO entries (traj_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
+                (traj_id, now, now, len(payload)),
+            )
+            conn.execute("INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload))
+            self._bump(conn, "put_total", 1)
+            self._bump(conn, "bytes_in", len(payload))
+            return True
 
     # ---- consumer ----------------------------------------------------------------------
     def get_batch(self, max_items: int, timeout: float = 0.0, consumer: str = "trainer") -> list[Delivery]:
-        if max_items < 1:
-            raise ValueError(f"max_items must be >= 1, got {max_items}")
-        if timeout < 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        check_batch_args(max_items, timeout)
         deadline = time.monotonic() + timeout
         attempt = 0
         while True:
@@ -262,7 +242,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 # Everything visible was poison (now dead-lettered) or a rival took it: poll again.
             if time.monotonic() >= deadline:
                 return []
-            self._sleep(attempt, deadline)
+            backoff_sleep(attempt, deadline)
             attempt += 1
 
     def _lease(self, max_items: int, consumer: str) -> list[Delivery]:

@@ -53,17 +53,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from asyncrl.records import RecordDecodeError, decode_trajectory, encode
-from asyncrl.records import Trajectory as _Trajectory
-from asyncrl.transport.base import DeadLetter, Delivery, QueueClosedError, TrajectoryQueue
+from asyncrl.records import RecordDecodeError, decode_trajectory
+from asyncrl.transport.base import (
+    DeadLetter,
+    Delivery,
+    QueueClosedError,
+    TrajectoryQueue,
+    check_batch_args,
+)
 
 T = TypeVar("T")
 
 GROUP = "trainers"
 """The consumer group every handle reads through."""
 
-_POLL_MIN_S = 0.005
-_POLL_MAX_S = 0.020
 _BLOCK_SLICE_S = 0.1
 """Longest single ``XREADGROUP BLOCK``: expired leases are re-checked at least this often."""
 _RETRIES = 5
@@ -242,39 +245,18 @@ class RedisQueue(TrajectoryQueue):
 
         return with_retries(run)
 
-    @staticmethod
-    def _sleep(attempt: int, deadline: float | None) -> None:
-        delay = min(_POLL_MAX_S, _POLL_MIN_S * (1.5**attempt)) * random.uniform(0.8, 1.2)
-        if deadline is not None:
-            delay = min(delay, max(0.0, deadline - time.monotonic()))
-        time.sleep(delay)
-
     # ---- producer ----------------------------------------------------------------------
-    def put(self, traj: _Trajectory, timeout: float | None = None) -> bool:
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
-        self._client()
-        traj.validate()  # fail at the producer, not as a dead letter at the trainer
-        deadline = None if timeout is None else time.monotonic() + timeout
-        traj.lifecycle.enqueued = time.time()
-        payload = encode(traj)
+    def _before_put(self) -> None:
+        self._client()  # a closed handle fails before any work
+
+    def _try_put(self, traj_id: str, payload: bytes) -> bool:
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
-        attempt = 0
-        while True:
-            result = self._call(lambda r: self._put_script(keys=keys, args=[traj.id, payload, self.capacity]))
-            if result != 0:
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            self._sleep(attempt, deadline)
-            attempt += 1
+        result = self._call(lambda r: self._put_script(keys=keys, args=[traj_id, payload, self.capacity]))
+        return bool(result != 0)
 
     # ---- consumer ----------------------------------------------------------------------
     def get_batch(self, max_items: int, timeout: float = 0.0, consumer: str = "trainer") -> list[Delivery]:
-        if max_items < 1:
-            raise ValueError(f"max_items must be >= 1, got {max_items}")
-        if timeout < 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        check_batch_args(max_items, timeout)
         deadline = time.monotonic() + timeout
         while True:
             out = self._reclaim(max_items, consumer)
