@@ -113,6 +113,21 @@ def masked_var(
 # --------------------------------------------------------------------------- outcome-level baselines
 
 
+_GROUP_METRIC_KEYS: tuple[str, ...] = (
+    "adv/mean",
+    "adv/std",
+    "adv/min",
+    "adv/max",
+    "reward/mean",
+    "reward/std",
+    "group/count",
+    "group/size_mean",
+    "group/frac_constant",
+    "group/frac_singleton",
+)
+"""Metric keys :func:`group_advantages` returns (zeros for an empty batch)."""
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -170,21 +185,7 @@ def group_advantages(
         r = _float(rewards.detach())
         n_total = r.numel()
         if n_total == 0:
-            empty_metrics = {
-                k: 0.0
-                for k in (
-                    "adv/mean",
-                    "adv/std",
-                    "adv/min",
-                    "adv/max",
-                    "reward/mean",
-                    "reward/std",
-                    "group/count",
-                    "group/size_mean",
-                    "group/frac_constant",
-                    "group/frac_singleton",
-                )
-            }
+            empty_metrics = {k: 0.0 for k in _GROUP_METRIC_KEYS}
             return r.clone(), empty_metrics
 
         uniq, inv = torch.unique(group_ids, return_inverse=True)
@@ -223,18 +224,7 @@ def group_advantages(
                 (count == 1).to(r.dtype).mean(),
             ]
         ).tolist()
-    keys = (
-        "adv/mean",
-        "adv/std",
-        "adv/min",
-        "adv/max",
-        "reward/mean",
-        "reward/std",
-        "group/count",
-        "group/size_mean",
-        "group/frac_constant",
-        "group/frac_singleton",
-    )
+    keys = _GROUP_METRIC_KEYS
     return adv, {k: float(v) for k, v in zip(keys, stats, strict=True)}
 
 

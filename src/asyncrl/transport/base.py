@@ -112,6 +112,23 @@ def check_batch_args(max_items: int, timeout: float) -> None:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
 
 
+def stats_dict(
+    depth: int, ready: int, dead: int, counters: dict[str, int], capacity: int
+) -> dict[str, float]:
+    """The :data:`STAT_KEYS` dict every backend's :meth:`TrajectoryQueue.stats` returns."""
+    return {
+        "queue/depth": float(depth),
+        "queue/ready": float(ready),
+        "queue/leased": float(depth - ready),
+        "queue/dead_letters": float(dead),
+        "queue/put_total": float(counters.get("put_total", 0)),
+        "queue/acked_total": float(counters.get("acked_total", 0)),
+        "queue/redelivered_total": float(counters.get("redelivered_total", 0)),
+        "queue/bytes_in": float(counters.get("bytes_in", 0)),
+        "queue/capacity": float(capacity),
+    }
+
+
 class TrajectoryQueue(ABC):
     """A durable, multi-producer multi-consumer, at-least-once queue of trajectories.
 

@@ -48,6 +48,7 @@ from asyncrl.transport.base import (
     TrajectoryQueue,
     backoff_sleep,
     check_batch_args,
+    stats_dict,
 )
 
 SCHEMA_VERSION = 1
@@ -335,17 +336,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
             finally:
                 conn.execute("COMMIT")
-        return {
-            "queue/depth": float(depth),
-            "queue/ready": float(ready),
-            "queue/leased": float(depth - ready),
-            "queue/dead_letters": float(dead),
-            "queue/put_total": float(counters.get("put_total", 0)),
-            "queue/acked_total": float(counters.get("acked_total", 0)),
-            "queue/redelivered_total": float(counters.get("redelivered_total", 0)),
-            "queue/bytes_in": float(counters.get("bytes_in", 0)),
-            "queue/capacity": float(self.capacity),
-        }
+        return stats_dict(int(depth), int(ready), int(dead), counters, self.capacity)
 
     def dead_letters(self) -> list[DeadLetter]:
         with self._lock:

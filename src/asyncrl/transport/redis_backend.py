@@ -60,6 +60,7 @@ from asyncrl.transport.base import (
     QueueClosedError,
     TrajectoryQueue,
     check_batch_args,
+    stats_dict,
 )
 
 T = TypeVar("T")
@@ -355,17 +356,7 @@ class RedisQueue(TrajectoryQueue):
         )
         counters = {_s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         leased = int(pending) - int(expired)
-        return {
-            "queue/depth": float(length),
-            "queue/ready": float(int(length) - leased),
-            "queue/leased": float(leased),
-            "queue/dead_letters": float(dead),
-            "queue/put_total": float(counters.get("put_total", 0)),
-            "queue/acked_total": float(counters.get("acked_total", 0)),
-            "queue/redelivered_total": float(counters.get("redelivered_total", 0)),
-            "queue/bytes_in": float(counters.get("bytes_in", 0)),
-            "queue/capacity": float(self.capacity),
-        }
+        return stats_dict(int(length), int(length) - leased, int(dead), counters, self.capacity)
 
     def dead_letters(self) -> list[DeadLetter]:
         rows = self._call(lambda r: r.xrange(self.dead_key, "-", "+"))
