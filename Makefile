@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck unit venv clean
+.PHONY: demo test lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,5 +33,10 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# Benchmark peers (TRL) live in their own virtualenv so the runtime never depends on them.
+bench-venv:
+	@test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install -q -e '.[bench]'
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache
