@@ -254,9 +254,6 @@ def main() -> int:
     a, t = (headline.get(s, {}).get("seconds_to_target_mean") for s in ("asyncrl", "trl"))
     if a and t:
         headline["speedup_to_target"] = round(t / a, 2)
-    for side in results:  # curves are long; keep them out of the headline
-        for r in results[side]:
-            r["curve"] = r["curve"][:: max(1, len(r["curve"]) // 20)]
     json.dump(
         {"target": args.target, "steps": args.steps, "headline": headline, "runs": results},
         sys.stdout,
