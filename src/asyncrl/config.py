@@ -434,9 +434,9 @@ class DriftConfig(Section):
 
     enabled: bool = True
     """Run the drift detector on every bucket's group-mean rewards."""
-    warmup: int = Field(20, ge=2, le=100000)
+    warmup: int = Field(30, ge=2, le=100000)
     """Group means that set a bucket's reference mean and standard deviation."""
-    k: float = Field(0.5, ge=0, le=100)
+    k: float = Field(0.75, ge=0, le=100)
     """CUSUM slack in reference standard deviations (half the smallest shift worth detecting)."""
     h: float = Field(10.0, gt=0, le=1000)
     """CUSUM decision threshold in reference standard deviations."""

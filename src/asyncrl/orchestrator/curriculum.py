@@ -36,11 +36,18 @@ def split_bucket(bucket: str) -> tuple[str, int]:
     return task_type, int(difficulty)
 
 
-def buckets_of_source(source: Any) -> list[str]:
-    """Every bucket a task source can produce (its task types x its active difficulties)."""
+def buckets_of_source(source: Any, probes: int = 64) -> list[str]:
+    """The buckets a task source produces: its task types x its active difficulties.
+
+    With several task types not every pair need exist (a template may have one difficulty), so
+    the source is probed: ``probes`` draws per difficulty, with a fixed seed."""
     types = tuple(getattr(source, "task_types", ()) or ())
     diffs = tuple(getattr(source, "active_difficulties", None) or getattr(source, "difficulties", ()) or ())
-    return [f"{t}:{d}" for t in types for d in diffs]
+    if len(types) <= 1:
+        return [f"{t}:{d}" for t in types for d in diffs]
+    rng = random.Random(0)
+    found = {bucket_of(source.sample(rng, difficulty=d)) for d in diffs for _ in range(probes)}
+    return sorted(found)
 
 
 def sample_in_bucket(source: Any, rng: random.Random, bucket: str, attempts: int = 200) -> Task:

@@ -11,7 +11,7 @@ and an alarm is raised when either exceeds ``h``. On an alarm the orchestrator e
 ``reward_drift`` alert (direction, reference, recent mean, statistic), multiplies the bucket's
 curriculum weight by ``downweight`` for ``hold_s`` seconds, and the bucket re-learns its
 reference from the next ``warmup`` points (a new normal after a lasting change). Defaults
-``k = 0.5, h = 10`` (in reference standard deviations); docs/orchestrator.md gives the measured
+``warmup = 30, k = 0.75, h = 10`` (in reference standard deviations); docs/orchestrator.md gives the measured
 false-positive rate on stationary streams and the detection delay on a jump.
 
 **Reward hacking.** Pairs (training-batch reward, held-out success) are collected whenever a
@@ -35,8 +35,8 @@ from asyncrl.orchestrator.alerts import Alert
 class Cusum:
     """Two-sided CUSUM on one stream with a self-learned reference (see module docstring)."""
 
-    warmup: int = 20
-    k: float = 0.5
+    warmup: int = 30
+    k: float = 0.75
     h: float = 10.0
     min_std: float = 0.05
     ref: list[float] = field(default_factory=list)
@@ -80,8 +80,8 @@ class DriftMonitor:
 
     def __init__(
         self,
-        warmup: int = 20,
-        k: float = 0.5,
+        warmup: int = 30,
+        k: float = 0.75,
         h: float = 10.0,
         min_std: float = 0.05,
         downweight: float = 0.5,
