@@ -19,7 +19,6 @@ from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.state import ControlState, StateStore, make_state_store
-from asyncrl.records import Task
 
 
 # -- curriculum ---------------------------------------------------------------------------------
