@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,3 +253,76 @@ def test_rules_snapshot_roundtrip_restores_the_same_state() -> None:
     fresh.restore(saved)
     assert json.loads(json.dumps(fresh.snapshot())) == saved
     assert fresh.directives([], [], now=101.0)["weights"]["arithmetic:3"] == 0.0
+
+
+# -- the orchestrator applies scaling decisions ---------------------------------------------------
+class FakeLauncher:
+    def __init__(self) -> None:
+        self.procs: dict[str, int | None] = {}
+
+    def start(self, name: str, target: object, *args: object) -> None:
+        self.procs[name] = None
+
+    def exitcode(self, name: str) -> int | None:
+        return self.procs[name]
+
+    def pid(self, name: str) -> int | None:
+        return None
+
+    def stop(self, name: str, timeout: float = 10.0) -> None:
+        self.procs[name] = 0
+
+    def names(self) -> list[str]:
+        return list(self.procs)
+
+
+def _feed_flow(
+    orch: Any, ready: float, busy: float, episodes_per_tick: float, trained_per_tick: float
+) -> None:
+    import time
+
+    for i in range(1, 5):
+        orch.live.trainer = {
+            "queue/ready": ready,
+            "trainer/busy_seconds": busy * i,
+            "trainer/idle_seconds": (1 - busy) * i,
+            "trainer/samples_trained": trained_per_tick * i,
+            "staleness/mean": 0.5,
+        }
+        orch.live.workers = {"rollout-0": {"rollout/episodes": episodes_per_tick * i}}
+        time.sleep(0.02)
+        orch._scale()
+
+
+def test_orchestrator_starts_a_worker_when_starving_and_retires_one_on_overflow(tmp_path: Path) -> None:
+    from asyncrl.orchestrator.run import Orchestrator
+
+    cfg = load_config(
+        None,
+        [
+            "control.elastic.enabled=true",
+            "control.elastic.window=2",
+            "control.elastic.cooldown_s=0",
+            "control.elastic.max_workers=2",
+            "telemetry.log_every_s=0.01",
+        ],
+    )
+    orch = Orchestrator(cfg, tmp_path, display=False)
+    fake = FakeLauncher()
+    orch.launcher = fake  # type: ignore[assignment]
+    orch._start = lambda name, resume_trainer=True: fake.start(name, None)  # type: ignore[method-assign]
+    for name in orch.workers:
+        orch._start(name)
+    _feed_flow(orch, ready=0, busy=0.2, episodes_per_tick=8, trained_per_tick=8)  # trainer starving
+    assert orch.workers == ["rollout-0", "rollout-1"] and "rollout-1" in fake.names()
+    cap = cfg.transport.capacity
+    _feed_flow(orch, ready=0.9 * cap, busy=1.0, episodes_per_tick=40, trained_per_tick=8)  # queue overflowing
+    assert orch.workers == ["rollout-0"] and orch.retiring == ["rollout-1"]
+    orch._apply_rules([])
+    assert orch.state.get_doc("control")["retire"] == ["rollout-1"]  # type: ignore[index]
+    kinds = [json.loads(x)["kind"] for x in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert kinds == ["scale_up", "scale_down"]
+    fake.procs["rollout-1"] = 0  # the retired worker delivered its groups and exited
+    orch._supervise()
+    assert orch.retiring == [] and "rollout-1" not in orch.restarts and fake.procs["rollout-1"] == 0
+    orch._merged.close()

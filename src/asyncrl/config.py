@@ -89,11 +89,13 @@ class FaultConfig(Section):
     malformed_rate: float = Field(0.0, ge=0, le=1)
     """Probability that a step returns a malformed observation."""
     task_types: list[str] = Field(default_factory=list)
-    """Inject faults only into episodes of these task types (empty: all)."""
+    """Inject faults only into episodes of these task types or ``type:difficulty`` buckets (empty: all)."""
     active_from: float = Field(0.0, ge=0)
     """Unix time before which no fault is injected (0: from the start)."""
     active_until: float = Field(0.0, ge=0)
     """Unix time from which no fault is injected (0: never stops)."""
+    switch_file: str | None = None
+    """Inject faults only while this file exists (a chaos switch for tests and drills)."""
 
 
 class GuardConfig(Section):
