@@ -145,8 +145,9 @@ def test_breaker_opens_on_a_failing_bucket_training_continues_and_it_closes(
     opened, closed = r["opened"], r["closed"]
     assert opened["bucket"] == "arithmetic:3" and opened["evidence"]["anomaly"] == "exception"
     assert opened["evidence"]["streak"] == 5
-    # within N episodes: the breaker opened on the 5th anomalous episode (a group reports 8 at once)
-    assert r["anomalous_episodes_reported_before_open"] <= 8
+    # within N episodes: the rule opened on the 5th consecutive anomalous episode it saw; episodes
+    # already running when it opened still finish (at most the worker's concurrency)
+    assert r["anomalous_episodes_reported_before_open"] <= 5 + 32
     # while open, no new group of the failing bucket started; the other bucket kept training
     half_open = next(a for a in alerts(r["run_dir"]) if a["kind"] == "breaker_half_open")
     during = [g for g in r["groups"] if opened["time"] + 2.0 < g["time"] < half_open["time"]]

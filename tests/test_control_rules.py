@@ -20,6 +20,7 @@ from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.state import ControlState, StateStore, make_state_store
+from asyncrl.records import Task
 
 
 # -- curriculum ---------------------------------------------------------------------------------
@@ -326,3 +327,73 @@ def test_orchestrator_starts_a_worker_when_starving_and_retires_one_on_overflow(
     orch._supervise()
     assert orch.retiring == [] and "rollout-1" not in orch.restarts and fake.procs["rollout-1"] == 0
     orch._merged.close()
+
+
+# -- early termination (waste) and bucket-confined faults --------------------------------------------
+def test_early_termination_after_k_consecutive_invalid_actions() -> None:
+    import asyncio
+
+    from asyncrl.config import EnvConfig
+    from asyncrl.envs import make_env
+    from asyncrl.records import SamplingParams
+    from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+    from test_episode import TEMPLATE, ScriptedEngine, calc_task
+
+    def play(texts: list[str], k: int) -> Any:
+        async def go() -> Any:
+            batcher = TurnBatcher(ScriptedEngine(texts))
+            turns: list[int] = []
+            s = EpisodeSettings(
+                6,
+                512,
+                SamplingParams(max_new_tokens=40),
+                early_stop_invalid=k,
+                on_turn=lambda: turns.append(1),
+            )
+            try:
+                traj = await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, TEMPLATE, s)
+                return traj, len(turns)
+            finally:
+                batcher.close()
+
+        return asyncio.run(go())
+
+    traj, calls = play(["nonsense"] * 6, k=3)
+    assert traj.outcome == "early_stopped" and sum(t.role == "model" for t in traj.turns) == 3 and calls == 3
+    traj, _ = play(
+        ["nonsense", "nonsense", "<tool>calc(3*4)</tool>", "nonsense", "nonsense"] + ["x"] * 3, k=3
+    )
+    assert (
+        traj.outcome == "early_stopped" and sum(t.role == "model" for t in traj.turns) == 6 - 0
+    )  # a valid action resets the count
+    traj, _ = play(["nonsense"] * 6, k=0)
+    assert traj.outcome == "truncated"
+
+
+def test_fault_wrapper_confined_to_bucket_and_switch(tmp_path: Path) -> None:
+    import asyncio
+
+    from asyncrl.config import EnvConfig, FaultConfig
+    from asyncrl.envs import FaultWrapper, make_raw_env
+
+    switch = tmp_path / "on"
+
+    async def faulty(difficulty: int) -> bool:
+        w = FaultWrapper(
+            make_raw_env(EnvConfig()),
+            FaultConfig(exception_rate=1.0, task_types=["arithmetic:3"], switch_file=str(switch)),
+            random.Random(0),
+        )
+        await w.reset(
+            Task(
+                id="t",
+                task_type="arithmetic",
+                difficulty=difficulty,
+                payload={"prompt": "p", "start": 1, "steps": [], "answer": "1"},
+            )
+        )
+        return w.active()
+
+    assert not asyncio.run(faulty(3))  # switch off
+    switch.touch()
+    assert asyncio.run(faulty(3)) and not asyncio.run(faulty(2))

@@ -59,13 +59,12 @@ class Live:
             if "pid" in r and "event" not in r:
                 self.per_process[(str(r["role"]), int(r["pid"]))] = r
             if "event" in r:
-                self.events.append(r)
+                if r["event"] != "rollout/group":  # those feed the rules, not the event list
+                    self.events.append(r)
             elif r.get("role") == TRAINER:
                 self.trainer = r
                 if r.get("staleness/mean") is not None:
                     self.ages.append(float(r["staleness/mean"]))
-            elif r.get("role") == ORCHESTRATOR:
-                continue
             else:
                 self.workers[str(r.get("role"))] = r
 
