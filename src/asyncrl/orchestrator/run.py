@@ -128,6 +128,8 @@ class Orchestrator:
             self.lifetimes[(name, pid)] = [time.time(), 0.0]
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
         (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
+        started = {n: [p, _start_ticks(p)] for n, p in pids.items() if p is not None}
+        (self.run_dir / "roles.json").write_text(json.dumps(started))  # identifies them after a crash
 
     def _ended(self, name: str) -> None:
         pid = self.launcher.pid(name)
@@ -266,17 +268,15 @@ class Orchestrator:
     def _reap_orphans(self) -> None:
         """After a crash of the orchestrator itself its role processes live on: stop them (SIGKILL,
         as if they had crashed with it) and give their admissions back before starting new ones."""
-        pids_file = self.run_dir / "pids.json"
-        pids = json.loads(pids_file.read_text()) if pids_file.is_file() else {}
-        for pid in pids.values():
-            if pid is None or pid == os.getpid():
-                continue
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"multiprocessing" in cmdline:  # still one of our spawned role processes
+        roles_file = self.run_dir / "roles.json"
+        roles = json.loads(roles_file.read_text()) if roles_file.is_file() else {}
+        for pid, ticks in roles.values():
+            # the same pid AND the same start time: our process, not a later one that reused the pid
+            if pid != os.getpid() and ticks is not None and _start_ticks(pid) == ticks:
                 os.kill(int(pid), signal.SIGKILL)
+                end = time.time() + 5.0
+                while _start_ticks(pid) == ticks and time.time() < end and not _zombie(pid):
+                    time.sleep(0.05)
         for key, value in self.state.counters().items():
             if key.startswith("inflight:") and value:
                 self._release(key.split(":", 1)[1])
@@ -330,6 +330,22 @@ class Orchestrator:
             self.launcher.stop(name, timeout=20.0)
             self._ended(name)
         self._merged.close()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat field 22); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 class _null:
