@@ -397,3 +397,43 @@ def test_fault_wrapper_confined_to_bucket_and_switch(tmp_path: Path) -> None:
     assert not asyncio.run(faulty(3))  # switch off
     switch.touch()
     assert asyncio.run(faulty(3)) and not asyncio.run(faulty(2))
+
+
+# -- the curriculum steers the replay buffer; alerts reach the live display ---------------------------
+def test_buffer_follows_curriculum_bucket_weights() -> None:
+    from asyncrl.orchestrator.staleness import StalenessPolicy
+    from asyncrl.records import Trajectory, Turn
+    from asyncrl.trainer.buffer import ReplayBuffer
+
+    def one(i: int, difficulty: int) -> Trajectory:
+        turns = [
+            Turn(role="env", token_ids=[1]),
+            Turn(role="model", token_ids=[2], logprobs=[-0.1], version=0),
+        ]
+        task = Task(id=f"t{i}", task_type="arithmetic", difficulty=difficulty)
+        return Trajectory(id=f"x{i}-{difficulty}", task=task, turns=turns, group_id=f"g{i}-{difficulty}")
+
+    b = ReplayBuffer(
+        group_size=1,
+        batch_size=4,
+        staleness=StalenessPolicy.from_config("async", 9, 4),
+        task_mix={"arithmetic:2": 0.75, "arithmetic:3": 0.25},  # the control document's weights
+    )
+    for i in range(8):
+        b.add(one(i, 2 if i % 2 else 3))  # equal supply of both buckets
+    batch, _ = b.take(version=0)
+    assert batch is not None and sorted(t.task.difficulty for t in batch) == [2, 2, 2, 3]
+
+
+def test_live_display_shows_alerts_breakers_and_curriculum(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from asyncrl.orchestrator.run import Orchestrator, _Display
+
+    orch = Orchestrator(load_config(None, []), tmp_path, display=False)
+    orch.rules.feed([_group("arithmetic:3", [0.0] * 8, ["timeout"] * 8)], now=1.0)
+    console = Console(record=True, width=160)
+    console.print(_Display(orch).render())
+    text = console.export_text()
+    assert "breaker_open arithmetic:3" in text and "breakers open" in text and "curriculum" in text
+    orch._merged.close()
