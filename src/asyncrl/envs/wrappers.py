@@ -33,7 +33,9 @@ import asyncio
 import contextlib
 import math
 import numbers
+import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -145,7 +147,10 @@ class FaultWrapper(EnvWrapper):
     :class:`InjectedFault` (``exception_rate``), hang forever (``hang_rate``), or return a
     malformed result (``malformed_rate``) -- a non-str observation, a huge observation, a
     non-finite reward, or not a StepResult at all. Faults replace the inner step (the inner
-    environment is not called), so the guard's retry sees an untouched environment.
+    environment is not called), so the guard's retry sees an untouched environment. Faults can
+    be confined to some task types or ``type:difficulty`` buckets (``task_types``) and to a wall-clock window
+    (``active_from``/``active_until``) or to while a switch file exists (``switch_file``) -- a
+    tool that breaks for a while, then recovers.
     """
 
     MALFORMED_KINDS = ("non_str", "huge", "nan_reward", "inf_process_reward", "not_a_result")
@@ -154,6 +159,20 @@ class FaultWrapper(EnvWrapper):
         super().__init__(env)
         self.cfg = cfg
         self.rng = rng
+        self.bucket: tuple[str, str] = ("", "")
+
+    async def reset(self, task: Task) -> str:
+        self.bucket = (task.task_type, f"{task.task_type}:{task.difficulty}")
+        return await super().reset(task)
+
+    def active(self) -> bool:
+        """Whether faults are injected now (task-type/bucket filter and time window)."""
+        c, now = self.cfg, time.time()
+        if c.task_types and not set(self.bucket) & set(c.task_types):
+            return False
+        if c.switch_file and not os.path.exists(c.switch_file):
+            return False
+        return now >= c.active_from and (not c.active_until or now < c.active_until)
 
     def _malformed(self) -> Any:
         kind = self.rng.choice(self.MALFORMED_KINDS)
@@ -170,6 +189,8 @@ class FaultWrapper(EnvWrapper):
     async def step(self, model_text: str) -> StepResult:
         u = self.rng.random()
         c = self.cfg
+        if not self.active():
+            return await super().step(model_text)
         if u < c.exception_rate:
             raise InjectedFault("injected fault: exception")
         if u < c.exception_rate + c.hang_rate:

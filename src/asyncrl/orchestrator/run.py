@@ -1,22 +1,28 @@
 """The orchestrator: prepares a run, launches and supervises the roles, keeps the flow healthy.
 
 Per tick (every half second) it
-1. restarts any role process that died (a rollout worker's un-delivered admissions are returned
+1. merges the roles' metrics into ``metrics.jsonl``,
+2. restarts any role process that died (a rollout worker's un-delivered admissions are returned
    to the budget; the trainer restarts from its last checkpoint),
-2. applies the queue watermarks (pause admission at high water, resume at low water),
-3. adapts the effective ``max_staleness`` (tighter while the trained samples' mean age stays
-   above the configured limit, relaxed back when it recovers),
-4. merges the roles' metrics into ``metrics.jsonl`` and refreshes the live display.
+3. applies the queue watermarks (pause admission at high water, resume at low water),
+4. feeds the rules (:mod:`asyncrl.orchestrator.rules`: curriculum, circuit breakers, reward drift
+   and hacking, exploration) and publishes their directives to the workers through the state store,
+5. adapts the effective ``max_staleness`` (:mod:`asyncrl.orchestrator.runaway`),
+6. scales the rollout workers (:mod:`asyncrl.orchestrator.elastic`, when enabled),
+7. snapshots its own state into the store (restored by ``--resume``, see docs/orchestrator.md)
+   and refreshes the live display (alerts included; they are also in ``alerts.jsonl``).
 
 The run directory (``runs/{name}-{timestamp}/``) holds ``config.yaml`` (resolved),
 ``metrics.jsonl``, ``metrics/`` (per role), ``checkpoints/``, ``weights/`` (versions),
-``queue.sqlite``, ``control.sqlite`` and, at the end, ``summary.json``.
+``queue.sqlite``, ``control.sqlite``, ``alerts.jsonl`` and, at the end, ``summary.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,11 +31,17 @@ from typing import Any
 
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.errors import UserError
+from asyncrl.orchestrator.elastic import FlowSample
+from asyncrl.orchestrator.rules import Rules
+from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import ControlState
+from asyncrl.orchestrator.state import make_state_store
 from asyncrl.telemetry.jsonl import MetricTail
 
 TRAINER = "trainer"
+ORCHESTRATOR = "orchestrator"
+SNAPSHOT = "orchestrator"
+"""Name of the state-store document holding the orchestrator's own state (restored on --resume)."""
 
 
 @dataclass
@@ -47,7 +59,8 @@ class Live:
             if "pid" in r and "event" not in r:
                 self.per_process[(str(r["role"]), int(r["pid"]))] = r
             if "event" in r:
-                self.events.append(r)
+                if r["event"] != "rollout/group":  # those feed the rules, not the event list
+                    self.events.append(r)
             elif r.get("role") == TRAINER:
                 self.trainer = r
                 if r.get("staleness/mean") is not None:
@@ -80,13 +93,20 @@ class Orchestrator:
         from asyncrl.launch.local import make_launcher
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
-        self.state = ControlState(run_dir / "control.sqlite")
+        self.state = make_state_store(cfg, run_dir)
         self.launcher = make_launcher(cfg.launcher)
         self.staleness = StalenessPolicy.of(cfg)
+        self.rules = Rules(cfg, run_dir)
+        self.governor = StalenessGovernor(self.staleness.max_staleness, cfg.trainer.sync_every)
+        self.workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
+        """Active rollout workers (elastic capacity changes this list)."""
+        self.retiring: list[str] = []
+        self.next_index = cfg.rollout.num_workers
+        self._flow: dict[str, float] = {}
+        self._snapshot_at = self._metrics_at = 0.0
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
         self.restarts: dict[str, int] = {}
-        self.fills: deque[float] = deque(maxlen=10)
         self.lifetimes: dict[tuple[str, int], list[float]] = {}
         """(role, pid) -> [launched, ended]: the device time each role process held (cost ledger)."""
         self.started = time.time()
@@ -108,6 +128,8 @@ class Orchestrator:
             self.lifetimes[(name, pid)] = [time.time(), 0.0]
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
         (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
+        started = {n: [p, _start_ticks(p)] for n, p in pids.items() if p is not None}
+        (self.run_dir / "roles.json").write_text(json.dumps(started))  # identifies them after a crash
 
     def _ended(self, name: str) -> None:
         pid = self.launcher.pid(name)
@@ -120,15 +142,25 @@ class Orchestrator:
             code = self.launcher.exitcode(name)
             if code is None or (name == TRAINER and self.state.flag("trainer_done")):
                 continue
+            if name != TRAINER and name not in self.workers:  # retired (elastic) or already handled
+                if name in self.retiring:
+                    self.retiring.remove(name)
+                    self._ended(name)
+                    self._release(name)
+                continue
             self.restarts[name] = self.restarts.get(name, 0) + 1
             self._ended(name)
             if name != TRAINER:  # give back the admissions it will never deliver
-                lost = self.state.get(f"inflight:{name}")
-                if lost:
-                    self.state.add("released", lost)
-                    self.state.set_value(f"inflight:{name}", 0)
+                self._release(name)
             self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
             self._start(name, resume_trainer=True)
+
+    def _release(self, name: str) -> None:
+        lost = self.state.get(f"inflight:{name}")
+        if lost:
+            self.state.add("released", lost)
+            self.state.set_value(f"inflight:{name}", 0)
+        self.state.set_value(f"load:{name}", 0)
 
     # -- flow control --------------------------------------------------------------------------------
     def _watermarks(self) -> None:
@@ -141,33 +173,123 @@ class Orchestrator:
             self.state.set_flag("paused", False)
 
     def _adapt_staleness(self) -> None:
-        """The seed documents' rules: off-policy degree above its limit → tighter lag and faster sync;
-        queue utilisation below 30% → faster sync; both relax back to the configured values."""
-        configured, configured_sync = self.staleness.max_staleness, self.cfg.trainer.sync_every
-        current = self.state.get("max_staleness", configured)
-        sync = self.state.get("sync_every", configured_sync)
-        ages = self.live.ages
+        """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.runaway.StalenessGovernor`)."""
+        current = self.state.get("max_staleness", self.staleness.max_staleness)
+        sync = self.state.get("sync_every", self.cfg.trainer.sync_every)
+        while self.live.ages:
+            self.governor.observe_age(self.live.ages.popleft())
         fill = float(self.live.trainer.get("queue/ready") or 0.0) / self.cfg.transport.capacity
-        self.fills.append(fill)
-        if len(ages) == ages.maxlen and min(ages) > configured and current > 0:
-            current, sync = current - 1, max(1, sync - 1)  # runaway: tighten and sync faster
-            ages.clear()
-        elif ages and max(ages) <= configured / 2 and current < configured:
-            current = current + 1  # recovered: relax
-        if len(self.fills) == self.fills.maxlen and max(self.fills) < 0.3:
-            sync = max(1, sync - 1)  # under-used queue: sync faster
-            self.fills.clear()
-        elif len(self.fills) == self.fills.maxlen and min(self.fills) >= 0.3 and sync < configured_sync:
-            sync += 1
-        sync = min(sync, current + 1)  # samples of one version are trained at most sync_every - 1 steps later
+        current, sync, alerts = self.governor.step(current, sync, fill)
+        self.rules.alerts.extend(alerts)
         self.state.set_value("max_staleness", current)
         self.state.set_value("sync_every", sync)
+
+    # -- rules, capacity, snapshots ------------------------------------------------------------------
+    def _apply_rules(self, rows: list[dict[str, Any]]) -> None:
+        self.rules.feed(rows)
+        self.state.put_doc("control", self.rules.directives(self.workers, self.retiring))
+
+    def _scale(self) -> None:
+        """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
+        now, t = time.time(), self.live.trainer
+        if (
+            not self.cfg.control.elastic.enabled
+            or now - self._flow.get("at", 0.0) < self.cfg.telemetry.log_every_s
+        ):
+            return
+        cur = {
+            "at": now,
+            "episodes": self.live.total("rollout/episodes"),
+            "trained": float(t.get("trainer/samples_trained") or 0.0),
+            "busy": float(t.get("trainer/busy_seconds") or 0.0),
+            "idle": float(t.get("trainer/idle_seconds") or 0.0),
+        }
+        prev, self._flow = self._flow, cur
+        if not prev:
+            return
+        dt = max(cur["at"] - prev["at"], 1e-6)
+        spent = (cur["busy"] - prev["busy"]) + (cur["idle"] - prev["idle"])
+        sample = FlowSample(
+            production=(cur["episodes"] - prev["episodes"]) / dt,
+            consumption=(cur["trained"] - prev["trained"]) / dt,
+            fill=float(t.get("queue/ready") or 0.0) / self.cfg.transport.capacity,
+            busy=(cur["busy"] - prev["busy"]) / spent if spent > 0 else 1.0,
+            staleness=float(t.get("staleness/mean") or 0.0),
+            staleness_limit=float(self.staleness.max_staleness),
+        )
+        delta, alerts = self.rules.elastic.observe(sample, len(self.workers), now)
+        self.rules.alerts.extend(alerts)
+        if delta > 0:
+            name = f"rollout-{self.next_index}"
+            self.next_index += 1
+            self.workers.append(name)
+            self._start(name)
+        elif delta < 0:
+            name = self.workers.pop()  # the newest worker retires once its groups are delivered
+            self.retiring.append(name)
+
+    def state_doc(self) -> dict[str, Any]:
+        """Everything the orchestrator needs to continue after a crash (saved every snapshot_every_s)."""
+        return {
+            "rules": self.rules.snapshot(),
+            "workers": list(self.workers),
+            "retiring": list(self.retiring),
+            "next_index": self.next_index,
+            "restarts": dict(self.restarts),
+            "tail": {str(p): o for p, o in self.tail._offsets.items()},
+            "governor": {"ages": list(self.governor.ages), "fills": list(self.governor.fills)},
+        }
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        self.rules.restore(doc["rules"])
+        self.workers, self.retiring = list(doc["workers"]), []
+        self.next_index = int(doc["next_index"])
+        self.restarts = {str(k): int(v) for k, v in doc["restarts"].items()}
+        self.tail._offsets = {Path(p): int(o) for p, o in doc["tail"].items()}
+        self.governor.ages.extend(doc["governor"]["ages"])
+        self.governor.fills.extend(doc["governor"]["fills"])
+        self.workers += list(doc["retiring"])  # a retiring worker died with us: start it again
+
+    def _snapshot(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._snapshot_at >= self.cfg.control.state.snapshot_every_s:
+            self.state.put_doc(SNAPSHOT, {**self.state_doc(), "saved_at": now})
+            self._snapshot_at = now
+        if force or now - self._metrics_at >= self.cfg.telemetry.log_every_s:
+            row = {
+                "time": now,
+                "role": ORCHESTRATOR,
+                **self.rules.metrics(now),
+                "elastic/workers": float(len(self.workers)),
+            }
+            self._merged.write(json.dumps(row) + "\n")
+            self._metrics_at = now
+
+    def _reap_orphans(self) -> None:
+        """After a crash of the orchestrator itself its role processes live on: stop them (SIGKILL,
+        as if they had crashed with it) and give their admissions back before starting new ones."""
+        roles_file = self.run_dir / "roles.json"
+        roles = json.loads(roles_file.read_text()) if roles_file.is_file() else {}
+        for pid, ticks in roles.values():
+            # the same pid AND the same start time: our process, not a later one that reused the pid
+            if pid != os.getpid() and ticks is not None and _start_ticks(pid) == ticks:
+                os.kill(int(pid), signal.SIGKILL)
+                end = time.time() + 5.0
+                while _start_ticks(pid) == ticks and time.time() < end and not _zombie(pid):
+                    time.sleep(0.05)
+        for key, value in self.state.counters().items():
+            if key.startswith("inflight:") and value:
+                self._release(key.split(":", 1)[1])
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
         (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
         self.state.set_flag("stop", False)
         if self.resume:
+            saved = self.state.get_doc(SNAPSHOT)
+            if saved is not None:
+                self.restore(saved)
+            self._reap_orphans()
             return
         self.state.set_value("max_staleness", self.staleness.max_staleness)
         self.state.set_value("version", 0)
@@ -175,8 +297,8 @@ class Orchestrator:
     def run(self) -> dict[str, Any]:
         self.prepare()
         self._start(TRAINER, resume_trainer=self.resume)
-        for i in range(self.cfg.rollout.num_workers):
-            self._start(f"rollout-{i}")
+        for name in self.workers:
+            self._start(name)
         view = _Display(self) if self.display else None
         try:
             with view.live() if view else _null():
@@ -188,11 +310,15 @@ class Orchestrator:
                     self.live.absorb(rows)
                     self._supervise()
                     self._watermarks()
+                    self._apply_rules(rows)
                     if self.cfg.orchestrator.mode == "async":
                         self._adapt_staleness()
+                    self._scale()
+                    self._snapshot()
                     if view:
                         view.refresh()
         finally:
+            self._snapshot(force=True)
             self.shutdown()
             self.rl_seconds = time.time() - self.started
         self.live.absorb(self.tail.poll())
@@ -204,6 +330,22 @@ class Orchestrator:
             self.launcher.stop(name, timeout=20.0)
             self._ended(name)
         self._merged.close()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat field 22); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 class _null:
@@ -271,6 +413,20 @@ class _Display:
                 ("cost: rate / so far", f"${c.efficiency['cost_rate_usd_per_hour']:.3f}/h / ${c.total:.4f}")
             )
             rows.append(("cost: wasted", f"{c.waste_total / c.total:.0%}" if c.total else "-"))
+        r = o.rules
+        rows.append(
+            ("workers", f"{len(o.workers)}" + (f" (retiring {', '.join(o.retiring)})" if o.retiring else ""))
+        )
+        rows.append(("breakers open", ", ".join(r.breakers.buckets_in("open")) or "none"))
+        top = sorted(r.curriculum.weights().items(), key=lambda kv: -kv[1])[:4]
+        rows.append(("curriculum (top)", ", ".join(f"{b}={w:.2f}" for b, w in top) or "-"))
+        for a in list(r.alerts.recent)[-3:]:
+            rows.append(
+                (
+                    f"alert {time.strftime('%H:%M:%S', time.localtime(a.time))}",
+                    f"{a.kind} {a.bucket} → {a.action}",
+                )
+            )
         for k, v in rows:
             table.add_row(k, v)
         return table

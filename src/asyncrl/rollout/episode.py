@@ -159,6 +159,11 @@ class EpisodeSettings:
     max_context: int
     sampling: SamplingParams
     worker_id: str = ""
+    early_stop_invalid: int = 0
+    """End the episode (outcome ``early_stopped``) after this many consecutive invalid actions
+    (a malformed action or a step fault); 0: never."""
+    on_turn: Callable[[], None] | None = None
+    """Called after every model turn (the worker's in-flight load accounting)."""
 
 
 async def run_episode(
@@ -216,6 +221,7 @@ async def _run_episode(
         return traj
     traj.turns.append(Turn(role="env", token_ids=list(context)))
     outcome: str = "truncated"  # unless the environment ends the episode first
+    invalid = 0  # consecutive invalid actions (early termination)
     for _ in range(settings.max_turns):
         # 2. model turn: sample within the remaining context
         room = settings.max_context - len(context)
@@ -238,6 +244,8 @@ async def _run_episode(
         )
         traj.turns.append(turn)
         context.extend(sample.token_ids)
+        if settings.on_turn is not None:
+            settings.on_turn()
         # 3. environment step (guarded: faults come back as a default observation)
         step_start = time.perf_counter()
         result: StepResult = await env.step(template.decode(sample.token_ids))
@@ -255,6 +263,13 @@ async def _run_episode(
         if result.done:
             traj.final_reward = float(result.reward)
             outcome = result.outcome or ("success" if result.reward > 0 else "failure")
+            break
+        bad = turn.fault is not None or (
+            isinstance(result.info, dict) and result.info.get("action") == "malformed"
+        )
+        invalid = invalid + 1 if bad else 0
+        if settings.early_stop_invalid and invalid >= settings.early_stop_invalid:
+            outcome = "early_stopped"  # a failing trajectory: stop spending generation on it
             break
         # 4. observation, unless it would overflow the context
         obs = template.observation(result.observation)

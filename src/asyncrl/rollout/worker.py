@@ -7,6 +7,9 @@ newer weights if its own lag exceeds ``max_staleness``. In ``async`` mode it als
 weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
 the version that produced it. A corrupt newest snapshot is reported and the worker keeps the
 newest valid one. Finished groups are put on the queue (blocking put = back-pressure).
+What to run (curriculum bucket, open breakers, exploration, held-out probes), load balancing and
+retirement follow the orchestrator's directives (:mod:`asyncrl.orchestrator.directives`); every
+finished group is reported as a ``rollout/group`` event (bucket, outcomes, rewards, anomalies).
 """
 
 from __future__ import annotations
@@ -110,6 +113,11 @@ class RolloutWorker:
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name)
+        from asyncrl.orchestrator.directives import WorkerControl
+
+        self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
+        self.load = 0
+        """In-flight episode steps: model turns the running episodes may still take."""
         self.counts: dict[str, float] = {
             "episodes": 0,
             "tokens": 0,
@@ -121,6 +129,8 @@ class RolloutWorker:
             "env_seconds": 0.0,
             "env_retries": 0,
             "truncated_tokens": 0,
+            "early_stopped": 0,
+            "heldout_episodes": 0,
         }
         self._refresh(force=True)
 
@@ -148,7 +158,10 @@ class RolloutWorker:
         )
 
     # -- episodes --------------------------------------------------------------------------------
-    async def _run_group(self, batcher: Any, task: Task) -> None:
+    def _turn_done(self) -> None:
+        self.load -= 1
+
+    async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
         from asyncrl.envs import make_env
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
@@ -159,23 +172,35 @@ class RolloutWorker:
             max_new_tokens=rc.sampling.max_new_tokens,
         )
         group_id = new_id()
+        max_turns = self.cfg.env.max_turns
 
         async def one(k: int) -> Trajectory:
             env = make_env(self.cfg.env, self.rng.randrange(2**31))
             settings = EpisodeSettings(
-                self.cfg.env.max_turns,
+                max_turns,
                 self.cfg.model.max_context,
-                jittered(base, rc.temperature_jitter, self.rng),
+                jittered(base, self.control.temperature_jitter(), self.rng),
                 self.name,
+                early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
+                on_turn=self._turn_done,
             )
+            traj: Trajectory | None = None
             try:
-                return await run_episode(task, env, batcher, self.template, settings, group_id=group_id)
+                traj = await run_episode(task, env, batcher, self.template, settings, group_id=group_id)
+                return traj
             finally:
+                self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
                 close = getattr(env, "close", None)
                 if close is not None:
                     await close()
 
         trajs = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
+        self._report_group(trajs, heldout)
+        if heldout:  # a held-out probe: measured, never trained; its admissions go back to the budget
+            self.state.add("released", len(trajs))
+            self.state.add(f"inflight:{self.name}", -len(trajs))
+            self.counts["heldout_episodes"] += len(trajs)
+            return
         t0 = time.perf_counter()
         for traj in trajs:
             ok = False
@@ -192,14 +217,30 @@ class RolloutWorker:
             self.counts["env_retries"] += int(traj.reward_components.get("env_retries", 0))
             if traj.outcome in ("truncated", "timeout", "early_stopped"):
                 self.counts["truncated_tokens"] += traj.num_model_tokens()
+            self.counts["early_stopped"] += traj.outcome == "early_stopped"
         self.counts["put_seconds"] += time.perf_counter() - t0
         self.counts["groups"] += 1
 
-    def _next_task(self) -> Task:
-        rc, ec = self.cfg.rollout, self.cfg.env
-        if rc.exploration_rate and self.rng.random() < rc.exploration_rate:
-            return self.tasks.sample(self.rng, difficulty=ec.max_difficulty)
-        return self.tasks.sample(self.rng)
+    def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
+        """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
+        from asyncrl.orchestrator.breaker import anomaly_of
+        from asyncrl.orchestrator.curriculum import bucket_of
+
+        bc = self.cfg.control.breaker
+        self.metrics.event(
+            "rollout/group",
+            {
+                "bucket": bucket_of(trajs[0].task),
+                "heldout": heldout,
+                "outcomes": [t.outcome for t in trajs],
+                "rewards": [t.final_reward for t in trajs],
+                "anomalies": [anomaly_of(t, bc.reward_min, bc.reward_max) for t in trajs],
+            },
+        )
+
+    def _next_task(self) -> tuple[Task, bool]:
+        """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
+        return self.control.next_task(self.rng)
 
     async def run(self) -> None:
         from asyncrl.rollout.episode import TurnBatcher
@@ -217,7 +258,14 @@ class RolloutWorker:
         last_report = time.time()
         while not self.state.flag("stop"):
             started = False
-            if len(running) * G + G <= cap:
+            self.control.publish_load(self.load)
+            if self.control.retiring() and not running:
+                break  # elastic scale-down: every admitted group delivered
+            if (
+                len(running) * G + G <= cap
+                and not self.control.retiring()
+                and self.control.may_take(self.load)
+            ):
                 lag = self.state.get("max_staleness", self.staleness.max_staleness)
                 if self.staleness.must_refresh(self.engine.version, self._newest_valid(), lag) and (
                     inflight or not running  # sync / one_step_off: running episodes keep their version
@@ -228,7 +276,9 @@ class RolloutWorker:
                     self._may_start_group()
                 ):
                     self.state.add(f"inflight:{self.name}", G)  # returned to the budget if this process dies
-                    running.add(asyncio.create_task(self._run_group(batcher, self._next_task())))
+                    self.load += G * self.cfg.env.max_turns
+                    self.control.publish_load(self.load, force=True)
+                    running.add(asyncio.create_task(self._run_group(batcher, *self._next_task())))
                     started = True
             done = {t for t in running if t.done()}
             for t in done:
@@ -241,6 +291,7 @@ class RolloutWorker:
                 await asyncio.sleep(0.01 if running else 0.02)
         for t in running:
             t.cancel()
+        self.control.publish_load(0, force=True)
         batcher.close()
         self._report(batcher)
 
@@ -258,6 +309,7 @@ class RolloutWorker:
                 "rollout/gen_busy_seconds": batcher.busy_seconds,
                 "rollout/gen_batches": float(batcher.batches),
                 "rollout/gen_sequences": float(batcher.sequences),
+                "rollout/load_steps": float(self.load),
             }
         )
 

@@ -17,7 +17,9 @@
   instead, so no group starves.
 * **Mix**: with ``task_mix`` and/or ``length_mix`` set, groups are taken so that each category's
   share of the batch (task type × short/long, split at ``length_split`` tokens) is as close as
-  possible to the product of the configured proportions.
+  possible to the product of the configured proportions. Keys of the form ``"type:difficulty"``
+  (the orchestrator's curriculum buckets, ``control.curriculum.steer_buffer``) match task type
+  and difficulty.
 """
 
 from __future__ import annotations
@@ -146,7 +148,9 @@ class ReplayBuffer:
 
     def _category(self, key: str) -> tuple[str, str]:
         group = self._groups[key]
-        task = group[0].task.task_type if self.task_mix else "*"
+        t0 = group[0].task
+        bucketed = any(":" in k for k in self.task_mix or {})  # curriculum bucket keys
+        task = (f"{t0.task_type}:{t0.difficulty}" if bucketed else t0.task_type) if self.task_mix else "*"
         mean_len = sum(len(t.token_ids()) for t in group) / len(group)
         length = ("long" if mean_len > self.length_split else "short") if self.length_mix else "*"
         return task, length

@@ -183,6 +183,10 @@ class TrainerRole:
             # 1. take what the queue has; 2. assemble a batch within the staleness bound
             self._pull()
             lag = self.state.get("max_staleness", self.staleness.max_staleness)
+            if self.cfg.control.curriculum.steer_buffer:  # batch composition follows the curriculum
+                self.buffer.task_mix = (self.state.get_doc("control") or {}).get(
+                    "weights"
+                ) or self.buffer.task_mix
             batch, dropped = self.buffer.take(self.version, lag)
             self._record_drops(dropped)
             if batch is None:

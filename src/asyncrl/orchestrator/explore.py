@@ -1,0 +1,87 @@
+"""Exploration control: temperature jitter and the exploration-task rate.
+
+The signal is the share of finished groups whose members all got the same reward (zero group
+advantage: nothing to learn from). With ``control.exploration.adaptive`` on, after every
+``window`` groups:
+
+* share ``>= zero_signal_high`` -> raise ``temperature_jitter`` and ``exploration_rate`` by ``step``
+  (up to ``max_temperature_jitter`` / ``max_exploration_rate``): the policy is too sure (or the
+  tasks too easy or too hard) and needs more diverse samples;
+* share ``<= zero_signal_low`` -> lower both by ``step`` back towards the configured
+  ``rollout.temperature_jitter`` / ``rollout.exploration_rate``.
+
+Workers read the current values from the state store (``control`` document). Early termination
+(``early_stop_invalid``) is applied by the episode runner, not here; its trajectories end with
+outcome ``early_stopped`` and their tokens count as ``early_terminated`` waste in the cost ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.orchestrator.alerts import Alert
+
+
+class ExplorationController:
+    def __init__(
+        self,
+        base_jitter: float,
+        base_rate: float,
+        adaptive: bool = False,
+        max_jitter: float = 0.3,
+        max_rate: float = 0.2,
+        step: float = 0.05,
+        high: float = 0.7,
+        low: float = 0.3,
+        window: int = 16,
+    ) -> None:
+        self.base_jitter, self.base_rate, self.adaptive = base_jitter, base_rate, adaptive
+        self.max_jitter, self.max_rate = max(max_jitter, base_jitter), max(max_rate, base_rate)
+        self.step, self.high, self.low, self.window = step, high, low, window
+        self.jitter, self.rate = base_jitter, base_rate
+        self.groups = self.zero = 0
+
+    @classmethod
+    def of(cls, cfg: Any) -> ExplorationController:
+        x, r = cfg.control.exploration, cfg.rollout
+        return cls(
+            r.temperature_jitter,
+            r.exploration_rate,
+            x.adaptive,
+            x.max_temperature_jitter,
+            x.max_exploration_rate,
+            x.step,
+            x.zero_signal_high,
+            x.zero_signal_low,
+        )
+
+    def observe(self, group_rewards: list[float]) -> list[Alert]:
+        if not self.adaptive or len(group_rewards) < 2:
+            return []
+        self.groups += 1
+        self.zero += len(set(group_rewards)) == 1
+        if self.groups < self.window:
+            return []
+        share = self.zero / self.groups
+        self.groups = self.zero = 0
+        old = (self.jitter, self.rate)
+        if share >= self.high:
+            self.jitter = min(self.max_jitter, self.jitter + self.step)
+            self.rate = min(self.max_rate, self.rate + self.step)
+        elif share <= self.low:
+            self.jitter = max(self.base_jitter, self.jitter - self.step)
+            self.rate = max(self.base_rate, self.rate - self.step)
+        if (self.jitter, self.rate) == old:
+            return []
+        action = f"temperature_jitter {old[0]:.2f} -> {self.jitter:.2f}, exploration_rate {old[1]:.2f} -> {self.rate:.2f}"
+        return [Alert(kind="exploration", bucket="", evidence={"zero_signal_share": share}, action=action)]
+
+    def settings(self) -> dict[str, float]:
+        return {"temperature_jitter": self.jitter, "exploration_rate": self.rate}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"jitter": self.jitter, "rate": self.rate, "groups": self.groups, "zero": self.zero}
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        self.jitter, self.rate = float(doc["jitter"]), float(doc["rate"])
+        self.groups, self.zero = int(doc["groups"]), int(doc["zero"])

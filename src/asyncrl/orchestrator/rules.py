@@ -1,0 +1,123 @@
+"""All of the orchestrator's rules behind one object: fed metric rows, returns alerts and directives.
+
+:class:`Rules` owns one instance of each rule (curriculum, breakers, drift, reward hacking,
+exploration, staleness runaway, elastic capacity) and the alert log. The orchestrator tick calls
+:meth:`feed` with the new metric rows, :meth:`directives` to get the document the workers follow,
+and :meth:`snapshot` / :meth:`restore` to persist every rule's state in the state store.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.orchestrator.alerts import Alert, AlertLog
+from asyncrl.orchestrator.breaker import Breakers
+from asyncrl.orchestrator.curriculum import Curriculum, buckets_of_source
+from asyncrl.orchestrator.directives import compose
+from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
+from asyncrl.orchestrator.elastic import ElasticController
+from asyncrl.orchestrator.explore import ExplorationController
+
+
+class Rules:
+    def __init__(self, cfg: Any, run_dir: Path | None, buckets: list[str] | None = None) -> None:
+        if buckets is None:
+            from asyncrl.envs import make_task_source
+
+            buckets = buckets_of_source(make_task_source(cfg.env))
+        self.cfg = cfg
+        self.alerts = AlertLog(run_dir / "alerts.jsonl" if run_dir is not None else None)
+        self.curriculum = Curriculum.of(cfg, buckets)
+        self.breakers = Breakers.of(cfg)
+        self.drift = DriftMonitor.of(cfg)
+        self.hacking = HackingMonitor.of(cfg)
+        self.exploration = ExplorationController.of(cfg)
+        self.elastic = ElasticController.of(cfg)
+        self.train_reward: float | None = None
+        self.groups = 0
+
+    def feed(self, rows: list[dict[str, Any]], now: float | None = None) -> list[Alert]:
+        """Consume new metric rows: ``rollout/group`` events and trainer reports."""
+        now = time.time() if now is None else now
+        out: list[Alert] = []
+        c = self.cfg.control
+        for r in rows:
+            if r.get("role") == "trainer" and r.get("reward/mean") is not None:
+                self.train_reward = float(r["reward/mean"])
+            if r.get("event") != "rollout/group":
+                continue
+            bucket, rewards = str(r["bucket"]), [float(x) for x in r["rewards"]]
+            mean = sum(rewards) / len(rewards)
+            if r.get("heldout"):
+                if self.train_reward is not None:
+                    out += self.hacking.observe(
+                        self.train_reward, sum(o == "success" for o in r["outcomes"]) / len(rewards)
+                    )
+                continue
+            self.groups += 1
+            if c.breaker.enabled:
+                for a in r["anomalies"]:
+                    out += self.breakers.observe(bucket, a, now)
+            if self.breakers.state(bucket) != "open":
+                for o in r["outcomes"]:
+                    self.curriculum.observe(bucket, o == "success")
+                if c.drift.enabled:
+                    out += self.drift.observe(bucket, mean, now)
+            out += self.exploration.observe(rewards)
+        out += self.breakers.tick(now)
+        self.alerts.extend(out)
+        return out
+
+    def directives(self, workers: list[str], retire: list[str], now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        return compose(
+            self.curriculum.weights(),
+            self.drift.factors(now),
+            self.breakers.buckets_in("open"),
+            self.breakers.buckets_in("half_open"),
+            self.cfg.control.curriculum.floor,
+            self.exploration.settings(),
+            self.cfg.control.drift.heldout_rate,
+            workers,
+            retire,
+        )
+
+    def metrics(self, now: float | None = None) -> dict[str, float]:
+        now = time.time() if now is None else now
+        return {
+            **self.alerts.metrics(),
+            **self.curriculum.metrics(),
+            **self.breakers.metrics(),
+            **self.drift.metrics(now),
+            "hacking/flags": float(self.hacking.flags),
+            "exploration/temperature_jitter": self.exploration.jitter,
+            "exploration/rate": self.exploration.rate,
+            "elastic/decisions": float(self.elastic.decisions),
+        }
+
+    # -- snapshot --------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "alerts": self.alerts.state(),
+            "curriculum": self.curriculum.state(),
+            "breakers": self.breakers.snapshot(),
+            "drift": self.drift.snapshot(),
+            "hacking": self.hacking.snapshot(),
+            "exploration": self.exploration.snapshot(),
+            "elastic": self.elastic.snapshot(),
+            "train_reward": self.train_reward,
+            "groups": self.groups,
+        }
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        self.alerts.restore(doc["alerts"])
+        self.curriculum.restore(doc["curriculum"])
+        self.breakers.restore(doc["breakers"])
+        self.drift.restore(doc["drift"])
+        self.hacking.restore(doc["hacking"])
+        self.exploration.restore(doc["exploration"])
+        self.elastic.restore(doc["elastic"])
+        self.train_reward = doc.get("train_reward")
+        self.groups = int(doc.get("groups", 0))

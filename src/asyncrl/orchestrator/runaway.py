@@ -1,0 +1,54 @@
+"""Staleness runaway: rule 6 of :mod:`asyncrl.orchestrator.staleness`, as a pure controller.
+
+Fed the trained samples' mean age (one point per trainer report) and the queue fill (one per
+tick), it returns the effective ``max_staleness`` and ``sync_every``:
+
+* mean age above the configured limit for ``window`` reports in a row -> lag - 1 and
+  sync_every - 1 (tighter lag, weights published more often; at lag 0 every episode starts on the
+  newest weights: "online mode"), with a ``staleness_runaway`` alert;
+* mean age at most half the limit -> lag + 1 back towards the configured value
+  (``staleness_recovered`` alert when it gets there);
+* queue fill under 30% for ``window`` ticks -> sync_every - 1 (an under-used queue: sync faster);
+  at or above 30% for ``window`` ticks -> sync_every + 1 back towards the configured value;
+* always ``sync_every <= lag + 1``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from asyncrl.orchestrator.alerts import Alert
+
+
+class StalenessGovernor:
+    def __init__(self, max_staleness: int, sync_every: int, window: int = 5, fill_window: int = 10) -> None:
+        self.configured, self.configured_sync = max_staleness, sync_every
+        self.ages: deque[float] = deque(maxlen=window)
+        self.fills: deque[float] = deque(maxlen=fill_window)
+
+    def observe_age(self, mean_age: float) -> None:
+        self.ages.append(mean_age)
+
+    def step(self, current: int, sync: int, fill: float) -> tuple[int, int, list[Alert]]:
+        alerts: list[Alert] = []
+        ages = self.ages
+        self.fills.append(fill)
+        if len(ages) == ages.maxlen and min(ages) > self.configured and current > 0:
+            evidence = {"mean_ages": list(ages), "limit": self.configured}
+            current, sync = current - 1, max(1, sync - 1)
+            alerts.append(
+                Alert("staleness_runaway", "", evidence, f"max_staleness -> {current}, sync_every -> {sync}")
+            )
+            ages.clear()
+        elif ages and max(ages) <= self.configured / 2 and current < self.configured:
+            current += 1
+            if current == self.configured:
+                alerts.append(
+                    Alert("staleness_recovered", "", {"mean_ages": list(ages)}, f"max_staleness -> {current}")
+                )
+        if len(self.fills) == self.fills.maxlen and max(self.fills) < 0.3:
+            sync = max(1, sync - 1)
+            self.fills.clear()
+        elif len(self.fills) == self.fills.maxlen and min(self.fills) >= 0.3 and sync < self.configured_sync:
+            sync += 1
+        return current, min(sync, current + 1), alerts
