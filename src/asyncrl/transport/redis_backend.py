@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from asyncrl.credentials import resolve_url
 from asyncrl.records import RecordDecodeError, decode_trajectory
 from asyncrl.transport.base import (
     DeadLetter,
@@ -202,7 +203,7 @@ class RedisQueue(TrajectoryQueue):
         self._closed = False
         # from_url takes password, username, db and TLS (rediss://) from the URL.
         self._r: redis.Redis | None = redis.Redis.from_url(
-            url,
+            resolve_url(url),  # a masked password (run dir config.yaml) comes from $ASYNCRL_REDIS_PASSWORD
             socket_timeout=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0),
             socket_connect_timeout=5.0,
             health_check_interval=30,
