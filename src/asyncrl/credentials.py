@@ -92,7 +92,12 @@ def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> A
             resolve_url(url), socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **kwargs
         )
         client.ping()
-    except redis.AuthenticationError:
+    except redis.AuthenticationError as exc:
+        if urlsplit(resolve_url(url)).password is None or "NOAUTH" in str(exc):
+            raise UserError(
+                f"{field}: Redis at {shown} needs a password; put it in the URL (redis://:<password>@host) "
+                f"or in ${PASSWORD_ENV}"
+            ) from None
         raise UserError(
             f"{field}: Redis at {shown} refused the credentials; check the password in the URL "
             f"or ${PASSWORD_ENV}"
@@ -118,3 +123,11 @@ def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> A
 def check_redis(url: str, field: str, *, timeout_s: float = 5.0) -> None:
     """Fail fast (:class:`UserError`) unless Redis at ``url`` answers a PING with these credentials."""
     connect(url, field, timeout_s=timeout_s).close()
+
+
+def check_connections(cfg: Any) -> None:
+    """Fail fast on the run's Redis settings (``transport`` and ``weights``) before any work starts."""
+    if cfg.transport.kind == "redis":
+        check_redis(cfg.transport.redis_url, "transport.redis_url")
+    if cfg.weights.kind == "shared":
+        check_redis(cfg.weights.redis_url, "weights.redis_url")
