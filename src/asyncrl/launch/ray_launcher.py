@@ -100,11 +100,24 @@ def _prepare_local_auth() -> None:
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
+def _refresh_ray_auth() -> None:
+    """Make an already imported Ray re-read the auth settings (private API; harmless if it moved)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - a Ray without these hooks
+        pass
+
+
 class RayLauncher(Launcher):
     def __init__(self, cfg: LauncherConfig) -> None:
         self.cfg = cfg
         self._roles: dict[str, _Role] = {}
         self._owns_cluster = False
+        if cfg.address is None:
+            _prepare_local_auth()  # before ray is imported: its token loader reads the environment once
         try:
             import ray
         except ImportError:
@@ -123,7 +136,7 @@ class RayLauncher(Launcher):
             "configure_logging": False,
         }
         if address is None:
-            _prepare_local_auth()
+            _refresh_ray_auth()
             kwargs["num_cpus"] = max(os.cpu_count() or 1, _LOCAL_MIN_CPUS)
             self._owns_cluster = True
         else:
