@@ -103,7 +103,7 @@ def _prepare_local_auth() -> None:
 def _refresh_ray_auth() -> None:
     """Make an already imported Ray re-read the auth settings (private API; harmless if it moved)."""
     try:
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
