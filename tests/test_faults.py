@@ -174,7 +174,7 @@ def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) ->
         "trained_twice": s["duplicates_recorded"],
         "versions_monotone": True,
         "versions": len(order),
-        "restarts": sum(s["restarts"].values()),
+        "restarts": ", ".join(f"{k}×{v}" for k, v in sorted(s["restarts"].items())) or "none",
         "recover_s": round(recover_s, 1),
         "rl_seconds": round(s["rl_seconds"], 1),
     }
