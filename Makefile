@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck unit venv bench-venv clean
+.PHONY: demo test test-faults lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ test: lint typecheck unit
 bench-venv:
 	@test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install -q -e '.[bench]'
+
+# The fault-injection suite (kill -9 roles, Redis crash/restart, dropped connections, Ray actor kill):
+# minutes, so not part of `make test`. Writes one JSON row per fault and prints the reliability table.
+FAULTS_REPORT ?= faults-report.jsonl
+test-faults: $(STAMP)
+	rm -f $(FAULTS_REPORT)
+	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
+	$(PY) bench/faults_table.py $(FAULTS_REPORT)
 
 clean:
 	rm -rf $(VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,8 @@
-"""Weight store: atomic publish, verification, fallback past corrupt snapshots, retention races."""
+"""Weight store: atomic publish, verification, fallback past corrupt snapshots, retention races.
+
+Every test runs against both backends: ``local`` (pointer file) and ``shared`` (pointer in Redis at
+``$ASYNCRL_TEST_REDIS_URL``, default the local server; marked ``redis``).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,10 @@ import hashlib
 import json
 import logging
 import multiprocessing as mp
+import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,62 @@ from asyncrl.weights import (
 )
 
 SPAWN = mp.get_context("spawn")
+REDIS_URL = os.environ.get("ASYNCRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def new_store(kind: str, root: str | Path, keep: int) -> LocalWeightStore:
+    """A store of backend ``kind`` (importable from spawned reader processes)."""
+    if kind == "shared":
+        from asyncrl.weights.shared import SharedWeightStore
+
+        return SharedWeightStore(root, REDIS_URL, keep=keep)
+    return LocalWeightStore(root, keep=keep)
+
+
+def set_raw_pointer(store: LocalWeightStore, raw: str | None) -> None:
+    """Overwrite (or with None delete) the store's pointer behind its back, whatever the backend."""
+    from asyncrl.weights.shared import SharedWeightStore
+
+    if isinstance(store, SharedWeightStore):
+        if raw is None:
+            store._r.delete(store.key)
+        else:
+            store._r.set(store.key, raw)
+    elif raw is None:
+        (store.root / POINTER_FILE).unlink()
+    else:
+        (store.root / POINTER_FILE).write_text(raw)
+
+
+def raw_pointer(store: LocalWeightStore) -> Any:
+    from asyncrl.weights.shared import SharedWeightStore
+
+    if isinstance(store, SharedWeightStore):
+        return json.loads(store._r.get(store.key))
+    return json.loads((store.root / POINTER_FILE).read_text())
+
+
+@pytest.fixture(params=["local", pytest.param("shared", marks=pytest.mark.redis)])
+def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The backend; for ``shared``, every pointer key under ``tmp_path`` is deleted afterwards."""
+    if request.param == "shared":
+        import redis
+
+        r = redis.Redis.from_url(REDIS_URL)
+        try:
+            r.ping()
+        except redis.ConnectionError:
+            if os.environ.get("ASYNCRL_REQUIRE_REDIS") == "1":
+                pytest.fail(f"no Redis server at {REDIS_URL} (ASYNCRL_REQUIRE_REDIS=1)")
+            pytest.skip(f"no Redis server at {REDIS_URL}")
+        yield "shared"
+        from asyncrl.weights.shared import pointer_key
+
+        for sub in ("weights", "one", "w", "run/weights"):
+            r.delete(pointer_key(tmp_path / sub))
+        r.close()
+    else:
+        yield "local"
 
 
 def tensors_for(version: int, n: int = 64) -> dict[str, torch.Tensor]:
@@ -50,8 +112,8 @@ def _bits(t: torch.Tensor) -> bytes:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> LocalWeightStore:
-    return LocalWeightStore(tmp_path / "weights", keep=10)
+def store(tmp_path: Path, kind: str) -> LocalWeightStore:
+    return new_store(kind, tmp_path / "weights", keep=10)
 
 
 def vdir(store: LocalWeightStore, version: int) -> Path:
@@ -79,7 +141,7 @@ def test_publish_load_round_trip_is_bitwise(store: LocalWeightStore) -> None:
     path = store.publish(1, tensors, step=42, extra={"lr": 1e-3, "note": "first"})
     assert path == vdir(store, 1) and path.is_dir()
     assert sorted(p.name for p in path.iterdir()) == [MANIFEST_FILE, MODEL_FILE]
-    assert json.loads((store.root / POINTER_FILE).read_text()) == {"version": 1}
+    assert raw_pointer(store) == {"version": 1}
     assert store.latest_version() == 1 and store.versions() == [1]
 
     loaded = store.load_latest()
@@ -192,13 +254,13 @@ def test_pointer_rules(store: LocalWeightStore) -> None:
     with pytest.raises(ValueError, match="increase strictly"):
         store.publish(3, tensors_for(3), step=3)
     # No pointer at all: the newest valid directory (v3 here names version 2 inside: invalid).
-    (store.root / POINTER_FILE).unlink()
+    set_raw_pointer(store, None)
     loaded = store.load_latest()
     assert loaded is not None and loaded.version == 2 and loaded.fell_back_from is None
     assert len(loaded.problems) == 1  # v3's manifest names the wrong version
     # A corrupt pointer is reported, and the newest valid directory is used.
     shutil.rmtree(vdir(store, 3))
-    (store.root / POINTER_FILE).write_text("{not json")
+    set_raw_pointer(store, "{not json")
     assert store.latest_version() == 2
     loaded = store.load_latest()
     assert loaded is not None and loaded.version == 2 and "pointer" in loaded.problems[0]
@@ -222,9 +284,10 @@ def test_crash_before_pointer_update(store: LocalWeightStore, monkeypatch: pytes
 
 
 # ---- retention -------------------------------------------------------------------------------
-def test_retention_keeps_last_k_and_pointer_target(tmp_path: Path) -> None:
-    store = make_weight_store(WeightsConfig(keep=2), tmp_path)
+def test_retention_keeps_last_k_and_pointer_target(tmp_path: Path, kind: str) -> None:
+    store = make_weight_store(WeightsConfig(kind=kind, keep=2, redis_url=REDIS_URL), tmp_path)
     assert isinstance(store, LocalWeightStore) and store.root == tmp_path / "weights"
+    assert type(store).__name__ == {"local": "LocalWeightStore", "shared": "SharedWeightStore"}[kind]
     for v in range(1, 6):
         store.publish(v, tensors_for(v), step=v)
         assert store.versions() == list(range(max(1, v - 1), v + 1))
@@ -235,9 +298,10 @@ def test_retention_keeps_last_k_and_pointer_target(tmp_path: Path) -> None:
     (store.root / ".latest.tmp-1-dead").write_text("{}")
     assert store.versions() == [4, 5]
     store.publish(6, tensors_for(6), step=6)
-    assert sorted(p.name for p in store.root.iterdir()) == [POINTER_FILE, "v000005", "v000006"]
+    pointer_file = [POINTER_FILE] if kind == "local" else []  # shared: the pointer is in Redis only
+    assert sorted(p.name for p in store.root.iterdir()) == [*pointer_file, "v000005", "v000006"]
     # The pointer target survives retention even when newer (unpublished) directories exist.
-    one = LocalWeightStore(tmp_path / "one", keep=1)
+    one = new_store(kind, tmp_path / "one", keep=1)
     one.publish(1, tensors_for(1), step=1)
     shutil.copytree(vdir(one, 1), vdir(one, 2))
     one._apply_retention(one.latest_version() or 0)
@@ -245,8 +309,8 @@ def test_retention_keeps_last_k_and_pointer_target(tmp_path: Path) -> None:
 
 
 # ---- concurrent reader process ---------------------------------------------------------------
-def _reader(root: str, stop: Any, ready_path: str, out_path: str) -> None:
-    store = LocalWeightStore(root, keep=2)
+def _reader(kind: str, root: str, stop: Any, ready_path: str, out_path: str) -> None:
+    store = new_store(kind, root, keep=2)
     stats: dict[str, Any] = {"loads": 0, "versions": [], "errors": [], "nones_after_first": 0, "problems": []}
     first = False
     try:
@@ -273,14 +337,14 @@ def _reader(root: str, stop: Any, ready_path: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(stats))
 
 
-def test_concurrent_reader_never_sees_corrupt_weights(tmp_path: Path) -> None:
+def test_concurrent_reader_never_sees_corrupt_weights(tmp_path: Path, kind: str) -> None:
     root = tmp_path / "weights"
-    store = LocalWeightStore(root, keep=2)
+    store = new_store(kind, root, keep=2)
     n = 256  # 256 KiB per snapshot: reads take long enough to overlap deletions
     store.publish(0, tensors_for(0, n), step=0)
     stop = SPAWN.Event()
     ready, out = tmp_path / "ready", tmp_path / "reader.json"
-    reader = SPAWN.Process(target=_reader, args=(str(root), stop, str(ready), str(out)))
+    reader = SPAWN.Process(target=_reader, args=(kind, str(root), stop, str(ready), str(out)))
     reader.start()
     try:
         deadline = time.monotonic() + 60
@@ -309,11 +373,11 @@ def test_concurrent_reader_never_sees_corrupt_weights(tmp_path: Path) -> None:
 
 
 def test_version_deleted_under_a_reader_restarts_from_new_pointer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     """Deterministic version of the race: retention removes the target between pointer read and load."""
-    writer = LocalWeightStore(tmp_path / "w", keep=1)
-    reader = LocalWeightStore(tmp_path / "w", keep=1)
+    writer = new_store(kind, tmp_path / "w", keep=1)
+    reader = new_store(kind, tmp_path / "w", keep=1)
     writer.publish(1, tensors_for(1), step=1)
     writer.publish(2, tensors_for(2), step=2)  # v1 deleted: only v2 on disk
     real_load = LocalWeightStore.load
@@ -342,3 +406,29 @@ def test_version_deleted_under_a_reader_restarts_from_new_pointer(
     loaded = reader.load_latest()
     assert loaded is not None and loaded.version == 3 and loaded.fell_back_from == 4
     assert "no snapshot directory" in loaded.problems[0]
+
+
+# ---- shared store specifics ------------------------------------------------------------------
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", ["shared"], indirect=True)
+def test_shared_pointer_never_moves_backwards_and_survives_loss(tmp_path: Path, kind: str) -> None:
+    a = new_store("shared", tmp_path / "weights", keep=5)
+    a.publish(1, tensors_for(1), step=1)
+    a.publish(2, tensors_for(2), step=2)
+    a._write_pointer(1)  # a delayed write of an older pointer must not rewind readers
+    assert raw_pointer(a) == {"version": 2}
+    # A second machine's view: another handle on the same shared directory sees the same version.
+    b = new_store("shared", tmp_path / "weights", keep=5)
+    got = b.load_latest()
+    assert got is not None and got.version == 2 and got.problems == []
+    # Redis lost the pointer (restarted without persistence): newest valid directory, and
+    # versions still increase strictly because publish also looks at the directories.
+    set_raw_pointer(a, None)
+    got = b.load_latest()
+    assert got is not None and got.version == 2
+    with pytest.raises(ValueError, match="increase strictly"):
+        a.publish(2, tensors_for(2), step=2)
+    a.publish(3, tensors_for(3), step=3)
+    assert b.latest_version() == 3
+    a.close()
+    b.close()

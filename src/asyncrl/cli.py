@@ -23,6 +23,7 @@ commands:
   eval CONFIG --checkpoint DIR [--json]  evaluate a checkpoint on the held-out split
   train CONFIG [--set k=v ...] [--resume RUN]  warm start, then asynchronous RL with a live display
   demo [CONFIG]                        the main job (make demo): train on the demo config, print before/after
+  role ROLE CONFIG --run-dir DIR [--index I]  run one role (rollout, trainer, orchestrator) as a service
   cost estimate CONFIG [--from-run RUN] [--trajectories N ...]  budget a run before starting it
   cost report RUN [--json]             a finished run's cost by component, waste, efficiency, estimate vs actual
 """
@@ -106,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run", help="run directory")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
 
+    role = sub.add_parser(
+        "role", help="run one role on its own (a service on its own machine; see docs/deploy.md)"
+    )
+    role.add_argument("role", choices=["rollout", "trainer", "orchestrator"], help="which role")
+    _add_config_args(role)
+    role.add_argument("--run-dir", required=True, help="the run directory every role shares")
+    role.add_argument("--index", type=int, default=0, help="rollout worker index (0..num_workers-1)")
+    role.add_argument(
+        "--wait", type=float, default=3600.0, help="seconds to wait for the orchestrator to prepare the run"
+    )
+
     demo = sub.add_parser(
         "demo", help="the main job: train on the demo config and print a before/after table"
     )
@@ -125,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train": _cmd_train,
         "demo": _cmd_demo,
         "cost": _cmd_cost,
+        "role": _cmd_role,
     }
     if args.command not in handlers:
         parser.print_help()
@@ -230,6 +243,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
     run_dir, summary = train(cfg, resume=args.resume, display=not args.no_display, eval_limit=args.eval_limit)
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")
+    return 0
+
+
+def _cmd_role(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asyncrl.config import load_config
+    from asyncrl.launch.roles import run_role, summary_line
+
+    cfg = load_config(args.config, args.overrides)
+    summary = run_role(args.role, cfg, Path(args.run_dir), index=args.index, wait_s=args.wait)
+    if summary is not None:
+        print(summary_line(summary))
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from asyncrl.algo.config import PolicyLossConfig
@@ -24,6 +24,17 @@ class Section(BaseModel):
     """Base for every config section: unknown keys are errors, fields carry docstrings."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+def _redis_url(url: str) -> str:
+    """Reject a malformed Redis URL at load time (the message shows it masked)."""
+    from asyncrl.credentials import check_url_syntax
+
+    try:
+        check_url_syntax(url, "the URL")
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
+    return url
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,18 +318,35 @@ class TransportConfig(Section):
     capacity: int = Field(1024, ge=1, le=10_000_000)
     """Unacknowledged trajectories at most; producers block beyond it (back-pressure)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis server (kind: redis)."""
+    """Redis server (kind: redis): ``redis://[:PASSWORD@]host:port/db``, ``rediss://`` for TLS. Written to the
+    run directory masked; a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD."""
     lease_seconds: float = Field(60.0, gt=0, le=86400)
     """A taken but unacknowledged entry is redelivered after this long."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _redis_url(v)
 
 
 class WeightsConfig(Section):
     """The versioned weight store."""
 
-    kind: Literal["local"] = "local"
-    """``local``: snapshots under the run directory."""
+    kind: Literal["local", "shared"] = "local"
+    """``local``: snapshots under the run directory; ``shared``: snapshots on a shared filesystem (``path``)
+    with the latest-version pointer in Redis (``redis_url``), for roles on several machines."""
     keep: int = Field(3, ge=1, le=10000)
     """Snapshots kept (older ones are deleted)."""
+    path: str | None = None
+    """kind: shared — directory on a filesystem every machine mounts (at the same path); the run's snapshots
+    go to ``{path}/{run directory name}/``. Unset: ``{run_dir}/weights`` (the run directory is shared)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """kind: shared — Redis holding the latest-version pointer (same URL rules as transport.redis_url)."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _redis_url(v)
 
 
 class PriceConfig(Section):
@@ -372,10 +400,24 @@ class TelemetryConfig(Section):
 class LauncherConfig(Section):
     """How role processes are placed."""
 
-    kind: Literal["local", "ray"] = "local"
-    """``local``: OS processes on this machine; ``ray``: Ray actors."""
+    kind: Literal["local", "ray", "external"] = "local"
+    """``local``: OS processes on this machine; ``ray``: Ray actors; ``external``: the roles are started
+    elsewhere (``asyncrl role ...`` as services) and the orchestrator only watches their heartbeats."""
     torch_threads: int = Field(1, ge=1, le=1024)
     """torch threads per role process (1 avoids oversubscription on small machines)."""
+    address: str | None = None
+    """kind: ray — cluster to join: ``auto`` (the cluster of ``ray start`` on this machine), ``ray://host:10001``
+    (Ray Client), or unset for a local cluster started (and stopped) by the launcher."""
+    rollout_cpus: float = Field(1.0, ge=0, le=1024)
+    """kind: ray — CPUs requested by each rollout-worker actor."""
+    rollout_gpus: float = Field(0.0, ge=0, le=64)
+    """kind: ray — GPUs requested by each rollout-worker actor (fractions share a device)."""
+    trainer_cpus: float = Field(1.0, ge=0, le=1024)
+    """kind: ray — CPUs requested by the trainer actor."""
+    trainer_gpus: float = Field(0.0, ge=0, le=64)
+    """kind: ray — GPUs requested by the trainer actor."""
+    heartbeat_timeout_s: float = Field(120.0, gt=0, le=86400)
+    """kind: external — a role whose metrics file has not changed for this long is reported as silent."""
 
 
 class StateStoreConfig(Section):
@@ -592,11 +634,13 @@ def _describe_allowed(err: ErrorDetails) -> str:
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration ({source}):"]
+    from asyncrl.credentials import mask_secrets
+
+    lines = [f"invalid configuration ({mask_secrets(source)}):"]
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(root)"
         value = err.get("input")
-        shown = repr(value) if not isinstance(value, dict) else "{...}"
+        shown = mask_secrets(repr(value)) if not isinstance(value, dict) else "{...}"
         if len(shown) > 60:
             shown = shown[:57] + "..."
         if err["type"] == "value_error":
@@ -605,7 +649,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"  {path}: required field is missing")
         else:
             lines.append(f"  {path} = {shown}: {_describe_allowed(err)}")
-    return "\n".join(lines)
+    return mask_secrets("\n".join(lines))  # a password in a URL never reaches an error message
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -665,7 +709,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def dump_yaml(cfg: BaseModel) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The config as YAML, with passwords in URLs masked (``***``; see :mod:`asyncrl.credentials`)."""
+    from asyncrl.credentials import mask_secrets
+
+    return mask_secrets(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 
 def config_hash(*parts: BaseModel) -> str:

@@ -2,7 +2,9 @@
 
 A launcher starts named role processes, reports whether they are alive, and stops them. The
 orchestrator decides what to restart; the launcher only places processes. The Ray launcher
-(``launcher.kind: ray``) implements the same four methods with Ray actors.
+(``launcher.kind: ray``, :mod:`asyncrl.launch.ray_launcher`) implements the same methods with Ray
+actors; ``launcher.kind: external`` (:mod:`asyncrl.launch.external`) launches nothing: the roles run
+as services started with ``asyncrl role ...``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import multiprocessing as mp
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from asyncrl.config import LauncherConfig, RunConfig
@@ -44,6 +47,9 @@ class Launcher(ABC):
 
     @abstractmethod
     def names(self) -> list[str]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the launcher itself holds (e.g. a cluster it started); after every stop()."""
 
 
 class LocalLauncher(Launcher):
@@ -80,9 +86,18 @@ class LocalLauncher(Launcher):
         return list(self._procs)
 
 
-def make_launcher(cfg: LauncherConfig) -> Launcher:
+def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
+    """``local``: processes here; ``ray``: Ray actors; ``external``: roles started as services elsewhere."""
     if cfg.kind == "local":
         return LocalLauncher()
-    from asyncrl.errors import UserError
+    if cfg.kind == "ray":
+        from asyncrl.launch.ray_launcher import RayLauncher  # lazy: ray is an optional dependency
 
-    raise UserError("launcher.kind 'ray' is not available yet in this version; use launcher.kind=local")
+        return RayLauncher(cfg)
+    if cfg.kind == "external":
+        from asyncrl.launch.external import ExternalLauncher
+
+        if run_dir is None:
+            raise ValueError("launcher.kind 'external' needs the run directory")
+        return ExternalLauncher(cfg, run_dir)
+    raise ValueError(f"unknown launcher.kind {cfg.kind!r}")

@@ -94,7 +94,7 @@ class Orchestrator:
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = make_state_store(cfg, run_dir)
-        self.launcher = make_launcher(cfg.launcher)
+        self.launcher = make_launcher(cfg.launcher, run_dir)
         self.staleness = StalenessPolicy.of(cfg)
         self.rules = Rules(cfg, run_dir)
         self.governor = StalenessGovernor(self.staleness.max_staleness, cfg.trainer.sync_every)
@@ -329,6 +329,7 @@ class Orchestrator:
         for name in self.launcher.names():
             self.launcher.stop(name, timeout=20.0)
             self._ended(name)
+        self.launcher.close()
         self._merged.close()
 
 
@@ -434,9 +435,18 @@ class _Display:
 
 # ----------------------------------------------------------------------------------------------------
 def train(
-    cfg: RunConfig, *, resume: str | Path | None = None, display: bool = True, eval_limit: int | None = None
+    cfg: RunConfig,
+    *,
+    resume: str | Path | None = None,
+    display: bool = True,
+    eval_limit: int | None = None,
+    run_dir: str | Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """Run the whole job: warm start, initial eval, async RL, final eval, ``summary.json``."""
+    """Run the whole job: warm start, initial eval, async RL, final eval, ``summary.json``.
+
+    ``run_dir``: use this (new or empty) directory instead of a fresh ``{run_root}/{name}-{time}``.
+    """
+    from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy
     from asyncrl.rollout.evaluate import evaluate_policy
     from asyncrl.trainer.sft import warm_start
@@ -449,9 +459,12 @@ def train(
         if not (run_dir / "config.yaml").is_file():
             raise UserError(f"--resume {str(run_dir)!r}: not a run directory (no config.yaml)")
         cfg = load_config(run_dir / "config.yaml")
+        check_connections(cfg)  # bad Redis settings fail here, before any work
         prior = json.loads((run_dir / "initial_eval.json").read_text())
     else:
-        run_dir = new_run_dir(cfg)
+        check_connections(cfg)
+        run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
         ws = warm_start(cfg, progress=display)
         shutil.copytree(ws.path, run_dir / "initial_policy")
         policy = Policy.load(run_dir / "initial_policy")

@@ -27,7 +27,7 @@ How the guarantees are met
   its trajectory id. Unknown or already-acked ids are ignored.
 * **Poison entries** are moved by a Lua script to ``P:dead`` (with the reason) and
   ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting).
-* **Reconnects.** Every command runs under a retry wrapper (5 tries, back-off 0.05 -> 0.8 s)
+* **Reconnects.** Every command runs under a retry wrapper (10 tries, back-off 0.05 -> 0.8 s, ~4.5 s)
   on connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
   and a lost ``XREADGROUP`` reply only leaves entries leased until their lease expires.
 * **Durability** is the server's: ``put`` returns ``True`` once Redis executed the write. Run
@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from asyncrl.credentials import resolve_url
 from asyncrl.records import RecordDecodeError, decode_trajectory
 from asyncrl.transport.base import (
     DeadLetter,
@@ -70,7 +71,9 @@ GROUP = "trainers"
 
 _BLOCK_SLICE_S = 0.1
 """Longest single ``XREADGROUP BLOCK``: expired leases are re-checked at least this often."""
-_RETRIES = 5
+_RETRIES = 10
+"""Tries per command: back-off 0.05, 0.1, 0.2, 0.4, then 0.8 s, about 4.5 s in all, so a Redis restart or
+a dropped connection of a few seconds is ridden through instead of crashing the role."""
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 0.8
 _ACK_CHUNK = 500
@@ -202,7 +205,7 @@ class RedisQueue(TrajectoryQueue):
         self._closed = False
         # from_url takes password, username, db and TLS (rediss://) from the URL.
         self._r: redis.Redis | None = redis.Redis.from_url(
-            url,
+            resolve_url(url),  # a masked password (run dir config.yaml) comes from $ASYNCRL_REDIS_PASSWORD
             socket_timeout=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0),
             socket_connect_timeout=5.0,
             health_check_interval=30,

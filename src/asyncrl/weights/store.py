@@ -179,7 +179,11 @@ def _prepare_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 # ---- the local store ------------------------------------------------------------------------
 class LocalWeightStore(WeightStore):
-    """Snapshots under one directory on a local (POSIX) filesystem (``weights.kind: local``)."""
+    """Snapshots under one directory on a local (POSIX) filesystem (``weights.kind: local``).
+
+    The pointer lives in the file ``latest``; :class:`~asyncrl.weights.shared.SharedWeightStore`
+    reuses everything here and only moves the pointer to Redis (``_read_pointer``/``_write_pointer``).
+    """
 
     def __init__(self, root: str | Path, *, keep: int = 3) -> None:
         if keep < 1:
@@ -426,7 +430,16 @@ class LocalWeightStore(WeightStore):
 
 
 def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
-    """The run's weight store (``run_dir/weights``); every process opens its own."""
+    """The run's weight store; every process opens its own.
+
+    ``local``: ``run_dir/weights``. ``shared``: ``{weights.path}/{run_dir name}`` (or ``run_dir/weights``
+    when no path is set) with the pointer in Redis at ``weights.redis_url``.
+    """
     if cfg.kind == "local":
         return LocalWeightStore(Path(run_dir) / "weights", keep=cfg.keep)
-    raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local'")
+    if cfg.kind == "shared":
+        from asyncrl.weights.shared import SharedWeightStore  # lazy: local users skip redis
+
+        root = Path(cfg.path) / Path(run_dir).name if cfg.path else Path(run_dir) / "weights"
+        return SharedWeightStore(root, cfg.redis_url, keep=cfg.keep)
+    raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local' or 'shared'")

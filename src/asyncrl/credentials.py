@@ -1,0 +1,133 @@
+"""Connection credentials: kept out of logs, metrics, run directories and error messages.
+
+A Redis URL may carry a password (``redis://:secret@host:6379/0``, ``redis://user:secret@host/0``,
+``rediss://...`` for TLS). The rules:
+
+* Whatever asyncrl writes or prints shows the URL **masked**: ``redis://:***@host:6379/0``
+  (:func:`mask_url` for one URL, :func:`mask_secrets` for any text: config dumps, validation
+  errors, exception messages).
+* A masked URL is still usable: the password ``***`` (or no password at all) is taken from the
+  environment variable ``ASYNCRL_REDIS_PASSWORD`` when that is set (:func:`resolve_url`). So the
+  run directory's ``config.yaml`` never holds the secret, and ``asyncrl train --resume`` works
+  with the variable set; services get it from their unit's environment file.
+* Bad connection settings fail fast, before any work, with one :class:`~asyncrl.errors.UserError`
+  naming the config field (:func:`check_redis`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from asyncrl.errors import UserError
+
+PASSWORD_ENV = "ASYNCRL_REDIS_PASSWORD"
+MASK = "***"
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+# scheme://[user]:password@  (the password runs up to the last '@' before the host part)
+_CRED_IN_URL = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/@\s'\"]*):(?P<pw>[^@/\s'\"]+)@", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    return mask_secrets(url)
+
+
+def mask_secrets(text: str) -> str:
+    """Replace the password of every ``scheme://user:password@`` in ``text`` with ``***``."""
+    return _CRED_IN_URL.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
+
+
+def resolve_url(url: str) -> str:
+    """The URL to connect with: a masked (``***``) or absent password comes from ``$ASYNCRL_REDIS_PASSWORD``."""
+    parts = urlsplit(url)
+    secret = os.environ.get(PASSWORD_ENV)
+    if parts.password == MASK and not secret:
+        raise UserError(
+            f"the Redis URL {url} has a masked password (***), as written to a run directory's config.yaml; "
+            f"set the environment variable {PASSWORD_ENV} to the password"
+        )
+    if secret and parts.password in (None, MASK) and parts.scheme in ("redis", "rediss"):
+        host = parts.hostname or ""
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        netloc = f"{quote(parts.username or '', safe='')}:{quote(secret, safe='')}@{host}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def check_url_syntax(url: str, field: str) -> None:
+    """Raise :class:`UserError` unless ``url`` looks like a Redis URL (no connection attempted)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a non-numeric port
+    except ValueError as exc:
+        raise UserError(f"{field} = {mask_url(url)!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        raise UserError(
+            f"{field} = {mask_url(url)!r}: the scheme must be redis://, rediss:// (TLS) or unix://, "
+            "e.g. redis://127.0.0.1:6379/0 or redis://:PASSWORD@host:6379/0"
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise UserError(f"{field} = {mask_url(url)!r} names no host, e.g. redis://127.0.0.1:6379/0")
+
+
+def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> Any:
+    """A ``redis.Redis`` client for ``url``, checked with one PING; any failure is a :class:`UserError`.
+
+    The message names ``field`` and shows the URL masked; it says whether the server could not be
+    reached, refused the credentials, or the settings are malformed.
+    """
+    import redis
+
+    check_url_syntax(url, field)
+    shown = mask_url(url)
+    try:
+        client = redis.Redis.from_url(
+            resolve_url(url), socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **kwargs
+        )
+        client.ping()
+    except redis.AuthenticationError as exc:
+        if urlsplit(resolve_url(url)).password is None or "NOAUTH" in str(exc):
+            raise UserError(
+                f"{field}: Redis at {shown} needs a password; put it in the URL (redis://:<password>@host) "
+                f"or in ${PASSWORD_ENV}"
+            ) from None
+        raise UserError(
+            f"{field}: Redis at {shown} refused the credentials; check the password in the URL "
+            f"or ${PASSWORD_ENV}"
+        ) from None
+    except redis.ResponseError as exc:
+        msg = mask_secrets(str(exc))
+        if "NOAUTH" in msg or "WRONGPASS" in msg:
+            raise UserError(
+                f"{field}: Redis at {shown} needs a password; put it in the URL (redis://:PASSWORD@host) "
+                f"or in ${PASSWORD_ENV}"
+            ) from None
+        raise UserError(f"{field}: Redis at {shown} answered with an error: {msg}") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise UserError(
+            f"{field}: cannot reach Redis at {shown} ({mask_secrets(str(exc))}); is redis-server running "
+            "and the host/port right?"
+        ) from None
+    except ValueError as exc:
+        raise UserError(f"{field} = {shown!r} is not usable: {mask_secrets(str(exc))}") from None
+    return client
+
+
+def check_redis(url: str, field: str, *, timeout_s: float = 5.0) -> None:
+    """Fail fast (:class:`UserError`) unless Redis at ``url`` answers a PING with these credentials."""
+    connect(url, field, timeout_s=timeout_s).close()
+
+
+def check_connections(cfg: Any) -> None:
+    """Fail fast on the run's Redis settings (``transport`` and ``weights``) before any work starts."""
+    if cfg.transport.kind == "redis":
+        check_redis(cfg.transport.redis_url, "transport.redis_url")
+    if cfg.weights.kind == "shared":
+        check_redis(cfg.weights.redis_url, "weights.redis_url")

@@ -1,0 +1,104 @@
+"""``asyncrl role rollout|trainer|orchestrator CONFIG --run-dir DIR``: one role on its own, as a service.
+
+* ``orchestrator`` prepares ``DIR`` (or continues it if it is already prepared: a restarted
+  orchestrator service resumes the run), then supervises with ``launcher.kind: external`` —
+  it launches nothing, watches heartbeats, adapts the flow, and writes ``summary.json`` at the end.
+* ``trainer`` waits until ``DIR`` is prepared, then runs the trainer (resuming from the newest
+  checkpoint if there is one) until ``trainer.total_steps``.
+* ``rollout --index I`` waits likewise, returns the admissions a previous ``rollout-I`` never
+  delivered, then runs the worker until the run's ``stop`` flag.
+
+Every role gets the same CONFIG (and ``--set`` overrides). Exit code 0 means the run is over for
+this role; anything else is a failure its service manager should restart. See ``docs/deploy.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from asyncrl.config import RunConfig
+from asyncrl.credentials import check_connections
+from asyncrl.errors import UserError
+from asyncrl.launch.external import READY_FILE
+
+Role = Literal["rollout", "trainer", "orchestrator"]
+log = logging.getLogger("asyncrl.role")
+
+
+def is_prepared(run_dir: Path) -> bool:
+    return (run_dir / READY_FILE).is_file() and (run_dir / "initial_policy").is_dir()
+
+
+def wait_until_prepared(run_dir: Path, timeout_s: float, poll_s: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    announced = False
+    while not is_prepared(run_dir):
+        if time.monotonic() >= deadline:
+            raise UserError(
+                f"run directory {run_dir} was not prepared within {timeout_s:.0f}s: start "
+                f"`asyncrl role orchestrator CONFIG --run-dir {run_dir}` (it writes {READY_FILE}), "
+                "or raise --wait"
+            )
+        if not announced:
+            log.warning("waiting for the orchestrator to prepare %s ...", run_dir)
+            announced = True
+        time.sleep(poll_s)
+
+
+def run_role(
+    role: Role, cfg: RunConfig, run_dir: Path, *, index: int = 0, wait_s: float = 3600.0
+) -> dict[str, Any] | None:
+    """Run one role to its end; the orchestrator returns the run's summary."""
+    run_dir = Path(run_dir)
+    check_connections(cfg)  # bad Redis settings fail here, before any work
+    if role == "orchestrator":
+        from asyncrl.orchestrator.run import train
+
+        cfg = cfg.model_copy(update={"launcher": cfg.launcher.model_copy(update={"kind": "external"})})
+        resume = run_dir if (run_dir / "initial_eval.json").is_file() else None
+        _, summary = train(cfg, resume=resume, run_dir=run_dir, display=False)
+        return summary
+    wait_until_prepared(run_dir, wait_s)
+    started = time.time()
+    if role == "trainer":
+        from asyncrl.trainer.process import TrainerRole
+
+        _init(cfg)
+        TrainerRole(cfg, run_dir, resume=True, started=started).run()
+        return None
+    if role == "rollout":
+        import asyncio
+
+        from asyncrl.orchestrator.state import ControlState
+        from asyncrl.rollout.worker import RolloutWorker
+
+        if index < 0 or index >= cfg.rollout.num_workers:
+            raise UserError(
+                f"--index {index}: must be in 0..rollout.num_workers-1 ({cfg.rollout.num_workers - 1})"
+            )
+        state = ControlState(run_dir / "control.sqlite")
+        name = f"rollout-{index}"
+        lost = state.get(f"inflight:{name}")
+        if lost:  # a previous incarnation died with admitted episodes it never delivered
+            state.add("released", lost)
+            state.set_value(f"inflight:{name}", 0)
+        state.close()
+        _init(cfg)
+        asyncio.run(RolloutWorker(cfg, run_dir, index, started=started).run())
+        return None
+    raise UserError(f"unknown role {role!r}; use rollout, trainer or orchestrator")
+
+
+def _init(cfg: RunConfig) -> None:
+    from asyncrl.launch.local import init_role_process
+
+    init_role_process(cfg.model_dump_json())
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    keys = ("trainer_steps", "samples_trained", "lost_trajectories", "duplicates_recorded", "final_success")
+    return json.dumps({k: summary.get(k) for k in keys})

@@ -1,0 +1,273 @@
+"""Fault-injection suite (marker ``faults``; run with ``make test-faults``, not in the default run).
+
+Every test runs a small training job on the Redis backends — trajectory queue on Redis Streams and
+the shared weight store with its pointer in Redis — against a private redis-server (AOF on,
+``appendfsync always``), injects one fault mid-run, and checks the promises:
+
+* the run completes (every trainer step done);
+* **lost = 0**: accepted = trained + dropped + left in the queue + dead-lettered;
+* **nothing trained twice**: no second fate was ever recorded for a trajectory id, and the number
+  of ``trained`` ledger rows equals ``trainer_steps x batch_size``;
+* the published version sequence is strictly increasing in publication order;
+* time to recover: from the fault until the pipeline moved again end to end (the queue accepted
+  a new trajectory *and* a new weight version was published).
+
+With ``ASYNCRL_FAULTS_REPORT=path.jsonl`` each test appends its row; ``bench/faults_table.py``
+turns the rows into the table in ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.orchestrator.run import train
+from asyncrl.orchestrator.state import ControlState
+from redis_server import RedisServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
+
+STEPS, BATCH = 16, 16
+TINY = [
+    "model.max_context=256",
+    "env.heldout_size=8",
+    "env.latency.kind=constant",
+    "env.latency.seconds=0.002",
+    "rollout.group_size=8",
+    "rollout.concurrent_episodes=32",
+    "rollout.sampling.max_new_tokens=16",
+    f"trainer.batch_size={BATCH}",
+    f"trainer.total_steps={STEPS}",
+    "trainer.checkpoint_every=2",
+    "trainer.sft.steps=30",
+    "trainer.sft.num_demos=200",
+    "telemetry.log_every_s=0.5",
+    "telemetry.tensorboard=false",
+    "transport.kind=redis",
+    "transport.capacity=256",
+    "transport.lease_seconds=5",
+    "weights.kind=shared",
+    "weights.keep=1000",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("faults-cache")
+
+
+class Job:
+    """A training job in a background thread, with probes for the fault tests."""
+
+    def __init__(self, tmp: Path, cache: Path, server: RedisServer, *extra: str) -> None:
+        self.server = server
+        self.cfg: RunConfig = load_config(
+            None,
+            [
+                *TINY,
+                f"run_root={tmp / 'runs'}",
+                f"cache_dir={cache}",
+                f"transport.redis_url={server.url}",
+                f"weights.redis_url={server.url}",
+                f"weights.path={tmp / 'shared-weights'}",
+                *extra,
+            ],
+        )
+        self.out: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.run_dir = self._wait_run_dir(tmp / "runs")
+        self.state = ControlState(self.run_dir / "control.sqlite")
+
+    def _run(self) -> None:
+        try:
+            self.out["run_dir"], self.out["summary"] = train(self.cfg, display=False, eval_limit=4)
+        except BaseException as exc:
+            self.out["error"] = exc
+
+    def _wait_run_dir(self, root: Path) -> Path:
+        wait_for(lambda: any(root.glob("*/pids.json")) or "error" in self.out, 600, "the run to start")
+        assert "error" not in self.out, self.out["error"]
+        return next(root.glob("*/pids.json")).parent
+
+    def pids(self) -> dict[str, int]:
+        return dict(json.loads((self.run_dir / "pids.json").read_text()))
+
+    def put_total(self) -> int | None:
+        """Queue-wide accepted count, read straight from Redis (None while Redis is unreachable)."""
+        from asyncrl.transport.redis_backend import key_prefix
+
+        try:
+            c = self.server.client(socket_timeout=1, socket_connect_timeout=1)
+            value = c.hget(f"{key_prefix(self.run_dir)}:counters", "put_total")
+            c.close()
+            return int(value or 0)
+        except Exception:
+            return None
+
+    def recovery_seconds(self, fault_at: float, published_before: int, put_before: int) -> float:
+        """Seconds from ``fault_at`` until a new trajectory was accepted and a new version published."""
+        seen_put = seen_pub = None
+        end = time.time() + 300
+        while time.time() < end and (seen_put is None or seen_pub is None):
+            now = time.time()
+            if seen_put is None and (self.put_total() or 0) > put_before:
+                seen_put = now
+            if seen_pub is None and self.state.get("versions_published") > published_before:
+                seen_pub = now
+            if seen_pub is not None and seen_put is None and self.state.flag("trainer_done"):
+                seen_put = now  # the run finished from what was queued
+            time.sleep(0.1)
+        assert seen_put is not None and seen_pub is not None, "the pipeline did not move again"
+        return max(seen_put, seen_pub) - fault_at
+
+    def finish(self) -> dict[str, Any]:
+        self.thread.join(600)
+        assert not self.thread.is_alive(), "the run did not finish"
+        assert "error" not in self.out, self.out.get("error")
+        return dict(self.out["summary"])
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def published_in_order(weights_root: Path) -> list[int]:
+    """Versions ordered by when their snapshot was published (manifest ``created_at``)."""
+    manifests = [json.loads(p.read_text()) for p in weights_root.glob("v*/manifest.json")]
+    return [m["version"] for m in sorted(manifests, key=lambda m: m["created_at"])]
+
+
+def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) -> dict[str, Any]:
+    assert s["trainer_steps"] == STEPS, s
+    fates = job.state.ledger_counts()
+    assert fates.get("trained", 0) == s["samples_trained"] == STEPS * BATCH, (fates, s)
+    assert s["duplicates_recorded"] == 0, s  # no second fate for any trajectory id
+    assert s["lost_trajectories"] == 0, s
+    order = published_in_order(Path(job.cfg.weights.path or "") / job.run_dir.name)
+    assert order == sorted(order) and len(set(order)) == len(order), order
+    assert order[-1] == s["last_version"], (order, s)
+    row = {
+        "fault": fault,
+        "completed": True,
+        "produced": s["samples_accepted"],
+        "trained": s["samples_trained"],
+        "dropped_stale": s["samples_dropped_stale"],
+        "dropped_other": s["samples_dropped_other"],
+        "dead_lettered": s["dead_letters"],
+        "left_in_queue": s["samples_left_in_queue"],
+        "lost": s["lost_trajectories"],
+        "trained_twice": s["duplicates_recorded"],
+        "versions_monotone": True,
+        "versions": len(order),
+        "restarts": ", ".join(f"{k}×{v}" for k, v in sorted(s["restarts"].items())) or "none",
+        "recover_s": round(recover_s, 1),
+        "rl_seconds": round(s["rl_seconds"], 1),
+    }
+    report = os.environ.get("ASYNCRL_FAULTS_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return row
+
+
+def inject_after_progress(job: Job, min_version: int = 4) -> tuple[float, int, int]:
+    wait_for(lambda: job.state.get("version") >= min_version, 600, f"version {min_version}")
+    return time.time(), job.state.get("versions_published"), job.put_total() or 0
+
+
+# ---- the faults --------------------------------------------------------------------------------------
+def test_kill9_rollout_worker(tmp_path: Path, cache_dir: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        job = Job(tmp_path, cache_dir, server, "rollout.num_workers=2")
+        fault_at, pub, put = inject_after_progress(job)
+        victim = job.pids()["rollout-0"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: job.pids().get("rollout-0") not in (None, victim), 120, "rollout-0 to restart")
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        assert s["restarts"].get("rollout-0", 0) >= 1
+        check_promises(job, s, "kill -9 a rollout worker", recover)
+    finally:
+        server.stop()
+
+
+def test_kill9_trainer(tmp_path: Path, cache_dir: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        job = Job(tmp_path, cache_dir, server)
+        fault_at, pub, put = inject_after_progress(job)
+        os.kill(job.pids()["trainer"], signal.SIGKILL)
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        assert s["restarts"].get("trainer", 0) >= 1
+        assert job.state.get("resumes") >= 1  # it restarted from a checkpoint
+        check_promises(job, s, "kill -9 the trainer", recover)
+    finally:
+        server.stop()
+
+
+def test_redis_server_crash_and_restart_with_aof(tmp_path: Path, cache_dir: Path) -> None:
+    server = RedisServer(tmp_path / "redis", appendonly=True)
+    try:
+        job = Job(tmp_path, cache_dir, server)
+        fault_at, pub, put = inject_after_progress(job)
+        server.restart(down_s=2.0, kill=True)  # SIGKILL: a crash, not a clean shutdown
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        check_promises(job, s, "redis-server killed (-9), restarted 2 s later (AOF)", recover)
+    finally:
+        server.stop()
+
+
+def test_redis_connections_dropped_for_three_seconds(tmp_path: Path, cache_dir: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        job = Job(tmp_path, cache_dir, server)
+        fault_at, pub, put = inject_after_progress(job)
+        admin = server.client()
+        killed = 0
+        end = time.time() + 3.0
+        while time.time() < end:  # every client connection is cut, again and again, for 3 s
+            killed += int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+            time.sleep(0.1)
+        admin.close()
+        assert killed > 0
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        check_promises(job, s, "all Redis connections cut repeatedly for 3 s (CLIENT KILL)", recover)
+    finally:
+        server.stop()
+
+
+@pytest.mark.ray
+def test_kill_ray_actor(tmp_path: Path, cache_dir: Path) -> None:
+    pytest.importorskip("ray", reason="needs ray (pip install 'asyncrl[ray]')")
+    server = RedisServer(tmp_path / "redis")
+    try:
+        job = Job(tmp_path, cache_dir, server, "launcher.kind=ray", "launcher.rollout_cpus=0.5")
+        fault_at, pub, put = inject_after_progress(job)
+        victim = job.pids()["rollout-0"]  # the actor's process
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: job.pids().get("rollout-0") not in (None, victim), 180, "a new rollout actor")
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        assert s["restarts"].get("rollout-0", 0) >= 1
+        check_promises(job, s, "kill -9 a Ray actor (rollout worker)", recover)
+    finally:
+        server.stop()
