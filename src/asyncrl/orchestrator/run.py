@@ -28,8 +28,10 @@ from asyncrl.errors import UserError
 from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import ControlState
 from asyncrl.telemetry.jsonl import MetricTail
+from asyncrl.telemetry.orchestrator import OrchestratorTelemetry
 
 TRAINER = "trainer"
+EVALUATOR = "evaluator"
 
 
 @dataclass
@@ -52,7 +54,7 @@ class Live:
                 self.trainer = r
                 if r.get("staleness/mean") is not None:
                     self.ages.append(float(r["staleness/mean"]))
-            else:
+            elif str(r.get("role", "")).startswith("rollout"):
                 self.workers[str(r.get("role"))] = r
 
     def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
@@ -92,6 +94,7 @@ class Orchestrator:
         self.started = time.time()
         self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self.telemetry = OrchestratorTelemetry(cfg, run_dir)
 
     # -- roles ---------------------------------------------------------------------------------------
     def _start(self, name: str, resume_trainer: bool = True) -> None:
@@ -99,6 +102,11 @@ class Orchestrator:
         from asyncrl.trainer.process import trainer_main
 
         cfg_json = self.cfg.model_dump_json()
+        if name == EVALUATOR:  # not a training device: no lifetime in the cost ledger
+            from asyncrl.rollout.evaluator import evaluator_main
+
+            self.launcher.start(name, evaluator_main, cfg_json, str(self.run_dir))
+            return
         if name == TRAINER:
             self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
         else:
@@ -118,7 +126,7 @@ class Orchestrator:
     def _supervise(self) -> None:
         for name in self.launcher.names():
             code = self.launcher.exitcode(name)
-            if code is None or (name == TRAINER and self.state.flag("trainer_done")):
+            if code is None or self.state.flag("trainer_done"):  # done: the loop is about to end
                 continue
             self.restarts[name] = self.restarts.get(name, 0) + 1
             self._ended(name)
@@ -177,6 +185,8 @@ class Orchestrator:
         self._start(TRAINER, resume_trainer=self.resume)
         for i in range(self.cfg.rollout.num_workers):
             self._start(f"rollout-{i}")
+        if self.cfg.telemetry.eval_every > 0:
+            self._start(EVALUATOR)
         view = _Display(self) if self.display else None
         try:
             with view.live() if view else _null():
@@ -186,6 +196,7 @@ class Orchestrator:
                     for r in rows:
                         self._merged.write(json.dumps(r) + "\n")
                     self.live.absorb(rows)
+                    self.telemetry.tick(self, rows)
                     self._supervise()
                     self._watermarks()
                     if self.cfg.orchestrator.mode == "async":
@@ -195,15 +206,19 @@ class Orchestrator:
         finally:
             self.shutdown()
             self.rl_seconds = time.time() - self.started
-        self.live.absorb(self.tail.poll())
+        rows = self.tail.poll()  # the roles' last rows, written as they stopped
+        for r in rows:
+            self._merged.write(json.dumps(r) + "\n")
+        self._merged.close()
+        self.live.absorb(rows)
+        self.telemetry.close(rows)
         return self.live.trainer
 
     def shutdown(self) -> None:
         self.state.set_flag("stop", True)
         for name in self.launcher.names():
-            self.launcher.stop(name, timeout=20.0)
+            self.launcher.stop(name, timeout=2.0 if name == EVALUATOR else 20.0)
             self._ended(name)
-        self._merged.close()
 
 
 class _null:
@@ -283,6 +298,7 @@ def train(
     """Run the whole job: warm start, initial eval, async RL, final eval, ``summary.json``."""
     from asyncrl.policy import Policy
     from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
     from asyncrl.transport import make_queue
     from asyncrl.weights import make_weight_store
@@ -294,8 +310,10 @@ def train(
             raise UserError(f"--resume {str(run_dir)!r}: not a run directory (no config.yaml)")
         cfg = load_config(run_dir / "config.yaml")
         prior = json.loads((run_dir / "initial_eval.json").read_text())
+        write_run_record(cfg, run_dir, resumed=True)
     else:
         run_dir = new_run_dir(cfg)
+        write_run_record(cfg, run_dir)
         ws = warm_start(cfg, progress=display)
         shutil.copytree(ws.path, run_dir / "initial_policy")
         policy = Policy.load(run_dir / "initial_policy")
@@ -316,6 +334,7 @@ def train(
         cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir)
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    finish_run_record(run_dir, summary)
     return run_dir, summary
 
 
