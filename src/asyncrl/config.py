@@ -362,6 +362,8 @@ class TelemetryConfig(Section):
     record per trained batch)."""
     eval_tasks: int = Field(0, ge=0)
     """Held-out tasks per periodic evaluation (0: the whole held-out split)."""
+    eval_nice: int = Field(5, ge=0, le=19)
+    """OS priority decrement (``nice``) of the evaluator process, so evaluation yields the CPU to training."""
     archive: bool = True
     """Archive every trained batch (compressed msgpack) in ``archive/`` for ``asyncrl replay``."""
     traces: bool = True

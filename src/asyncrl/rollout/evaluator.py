@@ -1,6 +1,6 @@
 """The evaluator role: held-out evaluation of the newest weights every ``telemetry.eval_every`` versions.
 
-A separate, low-priority process (``nice`` +10) so that evaluation never blocks the orchestrator's tick
+A separate, low-priority process (``nice`` +``telemetry.eval_nice``) so that evaluation never blocks the orchestrator's tick
 and yields the CPU to the trainer and the rollout workers. It watches the weight store; whenever the
 newest valid version is at least ``eval_every`` past the last one it evaluated (version 0 is the
 run's initial evaluation), it loads that version and runs :func:`~asyncrl.rollout.evaluate.evaluate_policy`
@@ -96,6 +96,6 @@ def evaluator_main(cfg_json: str, run_dir: str) -> None:
     started = time.time()
     from asyncrl.launch.local import init_role_process
 
-    os.nice(10)  # evaluation must not starve the trainer or the rollout workers
     cfg = init_role_process(cfg_json)
+    os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers
     Evaluator(cfg, Path(run_dir), started=started).run()

@@ -197,6 +197,7 @@ def bar_chart(
     x_label: str = "",
     fmt: str = "{:.3g}",
     color: str = PALETTE[0],
+    label_bars: bool = True,
 ) -> str:
     """Vertical bars, one per label. Empty string if every value is zero or there are none."""
     if not values or not any(v for v in values):
@@ -217,7 +218,7 @@ def bar_chart(
             f'<rect x="{x:.1f}" y="{top:.1f}" width="{slot * 0.76:.1f}" height="{max(base - top, 0.8):.1f}" '
             f'fill="{color}" class="data"><title>{escape(lab)}: {escape(fmt.format(v))}</title></rect>'
         )
-        if n <= 24:
+        if label_bars and n <= 24:
             body.append(
                 f'<text x="{x + slot * 0.38:.1f}" y="{H - MB + 14}" class="tick" text-anchor="middle">'
                 f"{escape(lab[:14])}</text>"
@@ -243,7 +244,13 @@ def histogram(
             counts[min(bins - 1, int((v - lo) / width))] += 1
         labels = [f"{_fmt(lo + i * width)}–{_fmt(lo + (i + 1) * width)}" for i in range(bins)]
     svg = bar_chart(
-        chart_id, labels, [float(c) for c in counts], y_label="count", x_label=x_label, fmt="{:.0f}"
+        chart_id,
+        labels,
+        [float(c) for c in counts],
+        y_label="count",
+        x_label=x_label,
+        fmt="{:.0f}",
+        label_bars=integer,
     )
     if not integer and svg:  # bins are too many to label each: label both ends
         svg = svg.replace(
