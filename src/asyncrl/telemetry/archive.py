@@ -49,19 +49,22 @@ class ArchiveWriter:
 
 
 def _frames(path: Path) -> Iterator[bytes]:
-    try:
-        with gzip.open(path, "rb") as gz:
-            while True:
-                head = gz.read(4)
-                if len(head) < 4:
-                    return
-                (n,) = struct.unpack("<I", head)
-                data = gz.read(n)
-                if len(data) < n:
-                    return
-                yield data
-    except (EOFError, zlib.error, gzip.BadGzipFile):
-        return  # a truncated last member (crash mid-append): keep what came before
+    """The frames of every complete gzip member (its CRC checked); stops at a truncated or corrupt one."""
+    data = path.read_bytes()
+    while data:
+        d = zlib.decompressobj(wbits=31)  # one gzip member
+        try:
+            out = d.decompress(data)
+        except zlib.error:
+            return
+        if not d.eof:
+            return  # a truncated last member (crash mid-append): keep what came before
+        pos = 0
+        while pos + 4 <= len(out):
+            (n,) = struct.unpack("<I", out[pos : pos + 4])
+            yield out[pos + 4 : pos + 4 + n]
+            pos += 4 + n
+        data = d.unused_data
 
 
 def read_batches(run_dir: Path) -> list[ArchivedBatch]:

@@ -36,6 +36,10 @@ def scalars_of(row: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 class Sinks:
     def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
         tc = cfg.telemetry
@@ -49,7 +53,7 @@ class Sinks:
 
             self.tb = EventFileWriter(run_dir / "tensorboard")
         if tc.wandb:
-            if importlib.util.find_spec("wandb") is None:
+            if not installed("wandb"):
                 self.notes.append("telemetry.wandb is on but wandb is not installed: nothing sent")
             else:
                 self.wandb = importlib.import_module("wandb")
@@ -60,7 +64,7 @@ class Sinks:
                     config=cfg.model_dump(mode="json"),
                 )
         if tc.mlflow:
-            if importlib.util.find_spec("mlflow") is None:
+            if not installed("mlflow"):
                 self.notes.append("telemetry.mlflow is on but mlflow is not installed: nothing sent")
             else:
                 self.mlflow = importlib.import_module("mlflow")
