@@ -387,3 +387,19 @@ def test_report_includes_the_credit_view_when_available(
     assert seen == [(run, 5)]
     assert "<div class='credit-test'>token credit</div>" in html
     assert "no alerts.jsonl in this run" in html
+
+
+def test_runs_cli_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncrl.cli import main
+
+    a = make_run(tmp_path, "a", "trainer.lr=1e-4")
+    b = make_run(tmp_path, "b", "trainer.lr=3e-4")
+    assert main(["runs", "list", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs" in out and "20.0% → 50.0%" in out
+    assert main(["runs", "compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "trainer.lr" in out and "0.0003" in out and "final_success" in out
+    assert main(["runs", "compare", str(a), str(b), "--json"]) == 0
+    diff = json.loads(capsys.readouterr().out)["config_diff"]
+    assert ["trainer.lr", 0.0001, 0.0003] in diff
