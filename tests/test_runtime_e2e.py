@@ -45,6 +45,7 @@ BASE = [  # the demo's model, task mix and warm start (shared by all tests here 
     "trainer.sft.steps=800",
     "trainer.sft.corruption_rate=0.5",
     "telemetry.log_every_s=0.5",
+    "telemetry.eval_every=0",  # no evaluator process here (tested in test_observe_e2e): CPU for the runtime
 ]
 
 

@@ -26,6 +26,10 @@ commands:
   role ROLE CONFIG --run-dir DIR [--index I]  run one role (rollout, trainer, orchestrator) as a service
   cost estimate CONFIG [--from-run RUN] [--trajectories N ...]  budget a run before starting it
   cost report RUN [--json]             a finished run's cost by component, waste, efficiency, estimate vs actual
+  report RUN [--out FILE]              write the run's self-contained HTML report and print its path
+  replay RUN [--steps N]               train the learner on the run's archived batches (no rollouts)
+  runs list [--root DIR]               every run under DIR with its status and headline figures
+  runs compare RUN_A RUN_B             key metrics side by side and every config difference
 """
 
 
@@ -117,6 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
     role.add_argument(
         "--wait", type=float, default=3600.0, help="seconds to wait for the orchestrator to prepare the run"
     )
+    report = sub.add_parser("report", help="write a run's self-contained HTML report")
+    report.add_argument("run", help="run directory")
+    report.add_argument("--out", default=None, help="output file (default RUN/report.html)")
+    replay = sub.add_parser("replay", help="train the learner on a run's archived batches, without rollouts")
+    replay.add_argument("run", help="run directory (with archive/)")
+    replay.add_argument("--steps", type=int, default=None, help="replay only the first N archived steps")
+    replay.add_argument("--save", action="store_true", help="save the replayed policy to RUN/replay/policy")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    runs = sub.add_parser("runs", help="list and compare experiment records")
+    runs_sub = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    rl = runs_sub.add_parser("list", help="every run directory under --root")
+    rl.add_argument("--root", default="runs", help="folder holding run directories (default runs)")
+    rc = runs_sub.add_parser("compare", help="key metrics and config differences of two runs")
+    rc.add_argument("run_a")
+    rc.add_argument("run_b")
+    rc.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser(
         "demo", help="the main job: train on the demo config and print a before/after table"
@@ -138,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _cmd_demo,
         "cost": _cmd_cost,
         "role": _cmd_role,
+        "report": _cmd_report,
+        "replay": _cmd_replay,
+        "runs": _cmd_runs,
     }
     if args.command not in handlers:
         parser.print_help()
@@ -288,7 +311,63 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"trainer busy {s['trainer_busy_fraction']:.0%}"
     )
     print(f"run directory: {run_dir}")
+    from asyncrl.telemetry.report import write_report
+
+    print(f"report: {write_report(run_dir)}")
     return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asyncrl.telemetry.report import write_report
+
+    path = write_report(Path(args.run), Path(args.out) if args.out else None)
+    print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from asyncrl.errors import UserError
+    from asyncrl.trainer.replay import replay
+
+    if args.steps is not None and args.steps < 1:
+        raise UserError("--steps must be at least 1")
+    result = replay(Path(args.run), steps=args.steps, save=args.save)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    print(
+        f"replayed {result['replayed_steps']} of {result['archived_steps']} archived steps in "
+        f"{result['seconds']:.1f}s; metrics: {result['metrics']}"
+    )
+    if result["steps_compared"]:
+        diffs = ", ".join(f"{k} {v:.2e}" for k, v in result["max_abs_diff"].items())
+        print(f"against the {result['steps_compared']} recorded steps, max |difference|: {diffs}")
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from asyncrl.telemetry.experiment import compare_runs, list_runs, render_compare, render_list
+
+    if args.runs_command == "list":
+        render_list(list_runs(Path(args.root)))
+        return 0
+    if args.runs_command == "compare":
+        c = compare_runs(Path(args.run_a), Path(args.run_b))
+        if args.json:
+            print(json.dumps(c, sort_keys=True, default=str))
+        else:
+            render_compare(c)
+        return 0
+    print("usage: asyncrl runs {list,compare} ...", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:

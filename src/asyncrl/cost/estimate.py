@@ -109,7 +109,13 @@ def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
     Throughputs are steady-state rates (between each process's first report and the cut); the
     device time before the first reports is kept separately as a fixed start-up cost.
     """
-    rows = [r for r in read_rows(run_dir) if "pid" in r and "event" not in r]
+    rows = [
+        r
+        for r in read_rows(run_dir)
+        if "pid" in r
+        and "event" not in r
+        and (r["role"] == "trainer" or str(r["role"]).startswith("rollout"))
+    ]  # training devices only (not the orchestrator or the evaluator)
     if not rows:
         raise ValueError(f"{run_dir} has no role metrics")
     t_start = min(float(r["time"]) - float(r.get("alive_s") or 0.0) for r in rows)

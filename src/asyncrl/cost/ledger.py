@@ -118,6 +118,8 @@ def collect_usage(
     for key in alive:
         latest.setdefault(key, {"role": key[0]})
     for (role, pid), r in latest.items():
+        if role != "trainer" and not role.startswith("rollout"):
+            continue  # the orchestrator and the evaluator are not training devices
         roles.add(role)
         if role == "trainer":
             u.trainer_alive_s += alive.get((role, pid), 0.0)

@@ -37,11 +37,13 @@ from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import make_state_store
 from asyncrl.telemetry.jsonl import MetricTail
+from asyncrl.telemetry.orchestrator import OrchestratorTelemetry
 
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
 SNAPSHOT = "orchestrator"
 """Name of the state-store document holding the orchestrator's own state (restored on --resume)."""
+EVALUATOR = "evaluator"
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Live:
                 self.trainer = r
                 if r.get("staleness/mean") is not None:
                     self.ages.append(float(r["staleness/mean"]))
-            else:
+            elif str(r.get("role", "")).startswith("rollout"):
                 self.workers[str(r.get("role"))] = r
 
     def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
@@ -112,6 +114,7 @@ class Orchestrator:
         self.started = time.time()
         self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self.telemetry = OrchestratorTelemetry(cfg, run_dir)
 
     # -- roles ---------------------------------------------------------------------------------------
     def _start(self, name: str, resume_trainer: bool = True) -> None:
@@ -119,6 +122,11 @@ class Orchestrator:
         from asyncrl.trainer.process import trainer_main
 
         cfg_json = self.cfg.model_dump_json()
+        if name == EVALUATOR:  # not a training device: no lifetime in the cost ledger
+            from asyncrl.rollout.evaluator import evaluator_main
+
+            self.launcher.start(name, evaluator_main, cfg_json, str(self.run_dir))
+            return
         if name == TRAINER:
             self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
         else:
@@ -140,7 +148,7 @@ class Orchestrator:
     def _supervise(self) -> None:
         for name in self.launcher.names():
             code = self.launcher.exitcode(name)
-            if code is None or (name == TRAINER and self.state.flag("trainer_done")):
+            if code is None or self.state.flag("trainer_done"):  # done: the loop is about to end
                 continue
             if name != TRAINER and name not in self.workers:  # retired (elastic) or already handled
                 if name in self.retiring:
@@ -299,6 +307,8 @@ class Orchestrator:
         self._start(TRAINER, resume_trainer=self.resume)
         for name in self.workers:
             self._start(name)
+        if self.cfg.telemetry.eval_every > 0:
+            self._start(EVALUATOR)
         view = _Display(self) if self.display else None
         try:
             with view.live() if view else _null():
@@ -308,6 +318,7 @@ class Orchestrator:
                     for r in rows:
                         self._merged.write(json.dumps(r) + "\n")
                     self.live.absorb(rows)
+                    self.telemetry.tick(self, rows)
                     self._supervise()
                     self._watermarks()
                     self._apply_rules(rows)
@@ -321,16 +332,20 @@ class Orchestrator:
             self._snapshot(force=True)
             self.shutdown()
             self.rl_seconds = time.time() - self.started
-        self.live.absorb(self.tail.poll())
+        rows = self.tail.poll()  # the roles' last rows, written as they stopped
+        for r in rows:
+            self._merged.write(json.dumps(r) + "\n")
+        self._merged.close()
+        self.live.absorb(rows)
+        self.telemetry.close(rows)
         return self.live.trainer
 
     def shutdown(self) -> None:
         self.state.set_flag("stop", True)
         for name in self.launcher.names():
-            self.launcher.stop(name, timeout=20.0)
+            self.launcher.stop(name, timeout=2.0 if name == EVALUATOR else 20.0)
             self._ended(name)
         self.launcher.close()
-        self._merged.close()
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -449,6 +464,7 @@ def train(
     from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy
     from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
     from asyncrl.transport import make_queue
     from asyncrl.weights import make_weight_store
@@ -461,10 +477,12 @@ def train(
         cfg = load_config(run_dir / "config.yaml")
         check_connections(cfg)  # bad Redis settings fail here, before any work
         prior = json.loads((run_dir / "initial_eval.json").read_text())
+        write_run_record(cfg, run_dir, resumed=True)
     else:
         check_connections(cfg)
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
+        write_run_record(cfg, run_dir)
         ws = warm_start(cfg, progress=display)
         shutil.copytree(ws.path, run_dir / "initial_policy")
         policy = Policy.load(run_dir / "initial_policy")
@@ -485,6 +503,7 @@ def train(
         cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir)
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    finish_run_record(run_dir, summary)
     return run_dir, summary
 
 

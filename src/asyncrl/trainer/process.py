@@ -28,6 +28,7 @@ from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import ControlState
 from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 
 log = logging.getLogger("asyncrl.trainer")
@@ -99,6 +100,7 @@ class TrainerRole:
             0.0,
         )
         self.busy = self.idle = 0.0
+        self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
         self.state.set_value("version", self.version)
         self.state.set_value("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
 
@@ -176,7 +178,6 @@ class TrainerRole:
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> None:
         tc = self.cfg.trainer
-        last_report = 0.0
         last: tuple[dict[str, float], list[Trajectory]] | None = None
         while self.step < tc.total_steps and not self.state.flag("stop"):
             t0 = time.perf_counter()
@@ -204,6 +205,7 @@ class TrainerRole:
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
                 self._tally_batch(batch)
+                metrics.update(self.observe.on_trained(batch, ages, self.step, self.version))
                 self.step += 1
                 # 4. publish every sync_every steps — before announcing the version, so that the budget
                 # never admits episodes for a version whose weights workers cannot load yet
@@ -215,9 +217,7 @@ class TrainerRole:
                 if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
                     self._checkpoint()
             self.busy += time.perf_counter() - t0
-            if time.time() - last_report > 0.5 or self.step == tc.total_steps:
-                self._report(metrics, batch)
-                last_report = time.time()
+            self._report(metrics, batch)  # one row per trained batch: the data-freshness curve
             last = (metrics, batch)
         if self.pending or self.acks_ready:
             self._checkpoint()

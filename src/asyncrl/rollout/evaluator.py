@@ -1,0 +1,101 @@
+"""The evaluator role: held-out evaluation of the newest weights every ``telemetry.eval_every`` versions.
+
+A separate, low-priority process (``nice`` +``telemetry.eval_nice``) so that evaluation never blocks the orchestrator's tick
+and yields the CPU to the trainer and the rollout workers. It watches the weight store; whenever the
+newest valid version is at least ``eval_every`` past the last one it evaluated (version 0 is the
+run's initial evaluation), it loads that version and runs :func:`~asyncrl.rollout.evaluate.evaluate_policy`
+on the environment's held-out split — independent of the training reward, with simulated latency and
+faults off and the run's seed, so the numbers of different versions are comparable. Each result is a
+metric row (``eval/*``, role ``evaluator``) and one line of ``evals.jsonl``. Evaluation is not
+training: the cost ledger does not bill this process as a rollout or trainer device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from asyncrl.config import RunConfig
+
+ROLE = "evaluator"
+
+
+def evaluated_versions(run_dir: Path) -> list[int]:
+    path = run_dir / "evals.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(int(json.loads(line)["version"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+class Evaluator:
+    def __init__(self, cfg: RunConfig, run_dir: Path, started: float | None = None) -> None:
+        from asyncrl.orchestrator.state import ControlState
+        from asyncrl.policy import Policy
+        from asyncrl.telemetry.jsonl import MetricWriter
+        from asyncrl.weights import make_weight_store
+
+        self.cfg, self.run_dir = cfg, run_dir
+        self.state = ControlState(run_dir / "control.sqlite")
+        self.store = make_weight_store(cfg.weights, run_dir)
+        self.policy = Policy.load(run_dir / "initial_policy")
+        self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
+        self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
+
+    def due(self) -> bool:
+        v = self.store.latest_version()
+        return v is not None and v >= self.last + self.cfg.telemetry.eval_every
+
+    def evaluate_newest(self) -> dict[str, float]:
+        from asyncrl.rollout.evaluate import evaluate_policy
+
+        loaded = self.store.load_latest()
+        if loaded is None or loaded.version <= self.last:
+            return {}
+        self.policy.load_tensors(loaded.tensors)
+        t0 = time.time()
+        tc = self.cfg.telemetry
+        report = evaluate_policy(self.cfg, self.policy, limit=tc.eval_tasks or None, seed=self.cfg.seed)
+        seconds = time.time() - t0
+        self.last = loaded.version
+        step = int(loaded.manifest.get("step", -1))
+        row = {
+            "eval/version": float(loaded.version),
+            "eval/trainer_step": float(step),
+            "eval/success_rate": float(report["success_rate"]),
+            "eval/mean_reward": float(report["mean_reward"]),
+            "eval/tool_success_rate": float(report["tool_success_rate"]),
+            "eval/avg_steps": float(report["avg_steps"]),
+            "eval/distinct_2": float(report["distinct_2"]),
+            "eval/episodes": float(report["episodes"]),
+            "eval/seconds": seconds,
+        }
+        line = {"version": loaded.version, "step": step, "time": time.time(), "seconds": seconds, **report}
+        with (self.run_dir / "evals.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        self.metrics.write(row)
+        return row
+
+    def run(self) -> None:
+        while not self.state.flag("stop") and not self.state.flag("trainer_done"):
+            if self.due():
+                self.evaluate_newest()
+            else:
+                time.sleep(0.5)
+
+
+def evaluator_main(cfg_json: str, run_dir: str) -> None:
+    """Process entry point (spawned by the launcher)."""
+    started = time.time()
+    from asyncrl.launch.local import init_role_process
+
+    cfg = init_role_process(cfg_json)
+    os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers
+    Evaluator(cfg, Path(run_dir), started=started).run()

@@ -1,0 +1,275 @@
+"""Experiment records: ``run_dir/run.json``, ``asyncrl runs list`` and ``asyncrl runs compare``.
+
+``run.json`` is written when a run starts and completed when it ends. It holds what is needed to
+compare or reproduce the run months later: the hash of the resolved config (``config.yaml`` beside it
+holds the config itself), the asyncrl version, the git commit of the source (with a dirty flag, when
+the source is a git checkout), every seed, the environment (kind, class and its ``version`` attribute
+if it has one) and the software versions (Python, torch, transformers, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import RunConfig
+from asyncrl.errors import UserError
+
+SOFTWARE = ("torch", "transformers", "tokenizers", "msgspec", "numpy", "pydantic", "redis")
+
+
+def config_hash(cfg: RunConfig) -> str:
+    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]
+
+
+def git_commit(where: Path) -> dict[str, Any] | None:
+    """The commit (and whether the tree has local changes) of the git checkout holding ``where``."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_info(cfg: RunConfig) -> dict[str, Any]:
+    from asyncrl.envs import make_env
+
+    info: dict[str, Any] = {"kind": cfg.env.kind}
+    try:
+        env = make_env(cfg.env, 0)
+    except Exception as exc:  # recorded, not fatal: the run itself reports a broken environment
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        return info
+    inner = env
+    while hasattr(inner, "inner") or hasattr(inner, "env"):  # unwrap latency / fault / guard wrappers
+        nxt = getattr(inner, "inner", None) or getattr(inner, "env", None)
+        if nxt is None or nxt is inner:
+            break
+        inner = nxt
+    cls = type(inner)
+    info["class"] = f"{cls.__module__}.{cls.__qualname__}"
+    info["version"] = str(getattr(inner, "version", getattr(cls, "version", "")) or "") or None
+    top = cls.__module__.split(".")[0]
+    info["package_version"] = _version(top) if top != "asyncrl" else None
+    return info
+
+
+def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
+    import asyncrl
+
+    path = run_dir / "run.json"
+    if resumed and path.is_file():
+        rec: dict[str, Any] = json.loads(path.read_text())
+        rec.setdefault("resumed_at", []).append(time.time())
+        rec["status"] = "running"
+    else:
+        rec = {
+            "name": cfg.name,
+            "run_dir": str(run_dir),
+            "created": time.time(),
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "status": "running",
+            "config_hash": config_hash(cfg),
+            "asyncrl_version": asyncrl.__version__,
+            "git": git_commit(Path(asyncrl.__file__).resolve().parent) or git_commit(Path.cwd()),
+            "seeds": {
+                "seed": cfg.seed,
+                "model.seed": cfg.model.seed,
+                "env.seed": cfg.env.seed,
+                "trainer.sft.seed": cfg.trainer.sft.seed,
+            },
+            "environment": environment_info(cfg),
+            "software": {
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+                **{k: _version(k) for k in SOFTWARE},
+            },
+            "command": sys.argv,
+        }
+    path.write_text(json.dumps(rec, indent=2))
+    return rec
+
+
+def finish_run_record(run_dir: Path, summary: dict[str, Any]) -> None:
+    path = run_dir / "run.json"
+    rec = json.loads(path.read_text()) if path.is_file() else {}
+    rec.update(status="finished", finished=time.time(), wall_seconds=summary.get("wall_seconds"))
+    path.write_text(json.dumps(rec, indent=2))
+
+
+# ---- listing and comparing -------------------------------------------------------------------
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def run_info(run_dir: Path) -> dict[str, Any]:
+    """What ``runs list`` / ``runs compare`` show of one run directory."""
+    rec, summary = _load(run_dir / "run.json"), _load(run_dir / "summary.json")
+    evals = [json.loads(line) for line in _lines(run_dir / "evals.jsonl")]
+    status = rec.get("status") or ("finished" if summary else "incomplete")
+    return {
+        "run": run_dir.name,
+        "path": str(run_dir),
+        "created": rec.get("created_utc", ""),
+        "status": status,
+        "config_hash": rec.get("config_hash", ""),
+        "commit": ((rec.get("git") or {}).get("commit") or "")[:10],
+        "summary": summary,
+        "best_periodic_eval": max((float(e["success_rate"]) for e in evals), default=None),
+        "periodic_evals": len(evals),
+    }
+
+
+def _lines(path: Path) -> list[str]:
+    return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+
+
+def list_runs(root: Path) -> list[dict[str, Any]]:
+    if not root.is_dir():
+        raise UserError(
+            f"--root {str(root)!r}: no such folder (runs are written under run_root, default 'runs')"
+        )
+    dirs = sorted(p for p in root.iterdir() if (p / "config.yaml").is_file())
+    return [run_info(p) for p in dirs]
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+KEY_METRICS = (
+    "initial_success",
+    "final_success",
+    "samples_trained",
+    "trainer_steps",
+    "staleness_mean",
+    "staleness_max",
+    "samples_dropped_stale",
+    "lost_trajectories",
+    "trainer_busy_fraction",
+    "wall_seconds",
+    "cost_usd",
+    "cost_waste_share",
+)
+
+
+def compare_runs(a: Path, b: Path) -> dict[str, Any]:
+    """Key metrics side by side, and every config field that differs."""
+    import yaml
+
+    for p in (a, b):
+        if not (p / "config.yaml").is_file():
+            raise UserError(f"{str(p)!r}: not a run directory (no config.yaml)")
+    ia, ib = run_info(a), run_info(b)
+    metrics = [(k, ia["summary"].get(k), ib["summary"].get(k)) for k in KEY_METRICS]
+    metrics.append(("best_periodic_eval", ia["best_periodic_eval"], ib["best_periodic_eval"]))
+    ca = _flatten(yaml.safe_load((a / "config.yaml").read_text()) or {})
+    cb = _flatten(yaml.safe_load((b / "config.yaml").read_text()) or {})
+    diff = [(k, ca.get(k), cb.get(k)) for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
+    ra, rb = _load(a / "run.json"), _load(b / "run.json")
+    record = [
+        (k, ra.get(k), rb.get(k)) for k in ("config_hash", "asyncrl_version", "git") if ra.get(k) != rb.get(k)
+    ]
+    return {"a": ia, "b": ib, "metrics": metrics, "config_diff": diff, "record_diff": record}
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def render_list(runs: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{len(runs)} runs")
+    for col in (
+        "run",
+        "created (UTC)",
+        "status",
+        "mode",
+        "steps",
+        "success before → after",
+        "best eval",
+        "wall s",
+        "cost $",
+        "commit",
+    ):
+        t.add_column(
+            col, justify="left" if col in ("run", "status", "mode", "commit", "created (UTC)") else "right"
+        )
+    for r in runs:
+        s = r["summary"]
+        t.add_row(
+            r["run"],
+            r["created"],
+            r["status"],
+            _fmt(s.get("mode")),
+            _fmt(s.get("trainer_steps")),
+            f"{s['initial_success']:.1%} → {s['final_success']:.1%}" if "final_success" in s else "-",
+            f"{r['best_periodic_eval']:.1%}" if r["best_periodic_eval"] is not None else "-",
+            f"{s['wall_seconds']:.0f}" if "wall_seconds" in s else "-",
+            f"{s['cost_usd']:.4f}" if s.get("cost_usd") is not None else "-",
+            r["commit"] or "-",
+        )
+    Console(width=max(140, Console().width)).print(t)
+
+
+def render_compare(c: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    m = Table(title="key metrics")
+    for col in ("metric", c["a"]["run"], c["b"]["run"], "B - A"):
+        m.add_column(col, justify="left" if col == "metric" else "right")
+    for k, va, vb in c["metrics"]:
+        num = isinstance(va, (int, float)) and isinstance(vb, (int, float))
+        m.add_row(k, _fmt(va), _fmt(vb), _fmt(vb - va) if num else "")
+    console.print(m)
+    d = Table(title=f"config differences ({len(c['config_diff'])})")
+    for col in ("field", c["a"]["run"], c["b"]["run"]):
+        d.add_column(col)
+    for k, va, vb in c["config_diff"]:
+        d.add_row(k, _fmt(va), _fmt(vb))
+    for k, va, vb in c["record_diff"]:
+        d.add_row(f"(run.json) {k}", _fmt(va), _fmt(vb))
+    console.print(d)

@@ -1,0 +1,89 @@
+"""``asyncrl replay RUN``: train the learner on a run's archived batches, without rollouts.
+
+For debugging the trainer on recorded data. The learner starts from the run's ``initial_policy`` with
+the run's seed and config, and takes the archived batches in step order, each at the weight version it
+was originally trained at (so staleness ages and corrections are the same). No queue, no rollout
+worker, no weight publication. Each step's metrics go to ``RUN/replay/metrics.jsonl``; where the
+original trainer recorded the same step, the replayed ``loss/policy`` is compared with it — on the same
+machine and torch build a faithful replay reproduces it to rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.errors import UserError
+
+COMPARED = ("loss/policy", "train/grad_norm", "staleness/mean", "reward/mean")
+
+
+def recorded_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """The trainer's own metric rows by step (the last row written for each step)."""
+    out: dict[int, dict[str, Any]] = {}
+    path = run_dir / "metrics" / "trainer.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "event" not in r and isinstance(r.get("step"), int):
+                out[r["step"]] = r
+    return out
+
+
+def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> dict[str, Any]:
+    import torch
+
+    from asyncrl.config import load_config
+    from asyncrl.policy import Policy
+    from asyncrl.telemetry.archive import read_batches
+    from asyncrl.telemetry.jsonl import MetricWriter
+    from asyncrl.trainer.learner import Learner
+
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "initial_policy").is_dir():
+        raise UserError(f"{run_dir}: not a run directory (needs config.yaml and initial_policy/)")
+    batches = read_batches(run_dir)
+    if not batches:
+        raise UserError(
+            f"{run_dir}: no archived batches in archive/ (was telemetry.archive off, or did no step finish?)"
+        )
+    cfg = load_config(run_dir / "config.yaml")
+    torch.manual_seed(cfg.seed)  # as the trainer did, so minibatch shuffles repeat
+    policy = Policy.load(run_dir / "initial_policy")
+    ref = Policy.load(run_dir / "initial_policy") if cfg.algo.kl_coef > 0 else None
+    learner = Learner(cfg, policy, ref)
+    recorded = recorded_steps(run_dir)
+    out_dir = run_dir / "replay"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+    writer = MetricWriter(out_dir / "metrics.jsonl", role="replay")
+    diffs: dict[str, float] = dict.fromkeys(COMPARED, 0.0)
+    compared = 0
+    t0 = time.time()
+    done = 0
+    for b in batches[: steps if steps is not None else len(batches)]:
+        metrics = learner.step(b.trajectories, b.version)
+        done += 1
+        writer.write(metrics, step=b.step + 1)
+        rec = recorded.get(b.step + 1)
+        if rec is not None:
+            compared += 1
+            for k in COMPARED:
+                if rec.get(k) is not None and k in metrics:
+                    diffs[k] = max(diffs[k], abs(float(rec[k]) - float(metrics[k])))
+    writer.close()
+    if save:
+        policy.save(out_dir / "policy")
+    return {
+        "run_dir": str(run_dir),
+        "archived_steps": len(batches),
+        "replayed_steps": done,
+        "seconds": time.time() - t0,
+        "steps_compared": compared,
+        "max_abs_diff": diffs,
+        "metrics": str(out_dir / "metrics.jsonl"),
+    }
