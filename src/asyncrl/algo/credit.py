@@ -42,8 +42,9 @@ def value_delta_credit(
     a row without segments gets zeros; ``target = 0`` gives all-zero credits. Detached output.
 
     Shapes: ``v_before``, ``v_after``, ``seg_mask``: ``[B, K]``; ``target``: ``[B]``.
-    Returns ``(credits [B, K], metrics)`` with ``credit/guard_frac`` (share of rows with
-    segments that fell back to uniform) and ``credit/raw_sum_mean`` (mean ``S`` of those rows).
+    Returns ``(credits [B, K], metrics)`` with ``credit/guard_frac`` (share of the rows with
+    segments and ``target ≠ 0`` that fell back to uniform) and ``credit/raw_sum_mean`` (mean ``S``
+    of those rows).
     """
     _check_ndim("v_before", v_before, 2)
     _check_same_shape("v_before", v_before, v_after=v_after, seg_mask=seg_mask)
@@ -64,7 +65,7 @@ def value_delta_credit(
         scaled = d * (tgt / torch.where(ok, s, torch.ones_like(s))).unsqueeze(1)
         uniform = (tgt / n.clamp_min(1)).unsqueeze(1).expand_as(d)
         credits = torch.where(m, torch.where(ok.unsqueeze(1), scaled, uniform), zero)
-        has = n > 0
+        has = (n > 0) & (tgt != 0)  # rows with something to distribute
         guard = (~ok & has).float()
         rows = float(has.sum())
         metrics = {
