@@ -14,6 +14,7 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
+from asyncrl.credit.inspect import credit_fragment
 from asyncrl.credit.samples import read_samples
 from asyncrl.orchestrator.run import train
 
@@ -112,6 +113,7 @@ def test_credit_show_and_html_fragment(tmp_path: Path, capsys: pytest.CaptureFix
     assert "<script" not in frag and "http" not in frag
     assert main(["credit", "show", str(tmp_path)]) == 2  # not a run with samples: a clear error, exit 2
     assert "no credit samples" in capsys.readouterr().err
+    assert "No credit samples" in credit_fragment(tmp_path)  # the report gets a fragment, not an error
 
 
 def test_credit_ablate_and_replay(capsys: pytest.CaptureFixture[str]) -> None:

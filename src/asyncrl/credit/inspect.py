@@ -116,8 +116,19 @@ def _cell_colour(credit: float, scale: float) -> str:
 
 
 def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
-    """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run."""
+    """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
+
+    A run without sample files (``credit.sample_every: 0``) gets a one-line fragment saying so;
+    unreadable sample files raise :class:`asyncrl.errors.UserError`.
+    """
+    from asyncrl.credit.samples import SAMPLES_DIR
+
     run = Path(run_dir)
+    if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
+        return (
+            "<div class='asyncrl-credit'><p>No credit samples in this run "
+            "(credit.sample_every was 0 or the trainer took no step).</p></div>"
+        )
     files, picked = _latest(run, n)
     tok = _tokenizer(run)
     parts = [
