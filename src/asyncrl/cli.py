@@ -30,6 +30,8 @@ commands:
   replay RUN [--steps N]               train the learner on the run's archived batches (no rollouts)
   runs list [--root DIR]               every run under DIR with its status and headline figures
   runs compare RUN_A RUN_B             key metrics side by side and every config difference
+  credit show RUN [--n 5] [--html FILE]  trained trajectories segment by segment with their credit
+  credit ablate RUN [--checkpoint V] [--trajectories N] [--k K]  Monte Carlo check that credit is causal
 """
 
 
@@ -137,6 +139,26 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("run_a")
     rc.add_argument("run_b")
     rc.add_argument("--json", action="store_true", help="print one JSON object")
+    credit = sub.add_parser("credit", help="inspect and verify credit assignment of a run")
+    credit_sub = credit.add_subparsers(dest="credit_command", metavar="SUBCOMMAND")
+    cshow = credit_sub.add_parser(
+        "show", help="sampled trained trajectories segment by segment with their credit"
+    )
+    cshow.add_argument("run", help="run directory")
+    cshow.add_argument("--n", type=int, default=5, help="trajectories to show (default 5)")
+    cshow.add_argument("--html", metavar="FILE", help="also write the HTML fragment to FILE")
+    cabl = credit_sub.add_parser(
+        "ablate", help="resample each segment K times with the policy; contribution vs assigned credit"
+    )
+    cabl.add_argument("run", help="run directory")
+    cabl.add_argument(
+        "--checkpoint", metavar="V", help="weight version or policy directory (default: latest)"
+    )
+    cabl.add_argument(
+        "--trajectories", type=int, default=4, help="sampled trajectories to ablate (default 4)"
+    )
+    cabl.add_argument("--k", type=int, default=4, help="continuations per segment boundary (default 4)")
+    cabl.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser(
         "demo", help="the main job: train on the demo config and print a before/after table"
@@ -161,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": _cmd_report,
         "replay": _cmd_replay,
         "runs": _cmd_runs,
+        "credit": _cmd_credit,
     }
     if args.command not in handlers:
         parser.print_help()
@@ -420,6 +443,35 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     else:
         render_estimate(components, to_dict(a), cfg.cost.device)
     return 0
+
+
+def _cmd_credit(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from asyncrl.errors import UserError
+
+    if args.credit_command == "show":
+        from asyncrl.credit.inspect import credit_fragment, render_terminal
+
+        if args.n < 1:
+            raise UserError("--n must be >= 1")
+        render_terminal(Path(args.run), n=args.n)
+        if args.html:
+            Path(args.html).write_text(credit_fragment(Path(args.run), n=args.n))
+            print(f"HTML fragment written to {args.html}")
+        return 0
+    if args.credit_command == "ablate":
+        from asyncrl.credit.ablate import ablate, render_ablation
+
+        report = ablate(Path(args.run), checkpoint=args.checkpoint, trajectories=args.trajectories, k=args.k)
+        if args.json:
+            print(json.dumps(report, sort_keys=True))
+        else:
+            render_ablation(report)
+        return 0
+    print("usage: asyncrl credit {show,ablate} RUN ...", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

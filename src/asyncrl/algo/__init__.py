@@ -18,6 +18,7 @@ from .advantages import (
     whiten_advantages,
 )
 from .config import AGG_MODES, POLICY_LOSS_KINDS, AggMode, PolicyLossConfig, PolicyLossKind
+from .credit import brier_score, roc_auc, spearman, turn_group_advantages, value_delta_credit
 from .kl import (
     KL_KINDS,
     LOG_RATIO_CLAMP,
@@ -56,6 +57,7 @@ __all__ = [
     "aggregate_loss",
     "approx_kl",
     "batch_mean_baseline",
+    "brier_score",
     "broadcast_turn_values",
     "clip_fraction",
     "discounted_returns",
@@ -70,8 +72,12 @@ __all__ = [
     "masked_var",
     "normalize_rewards",
     "policy_loss",
+    "roc_auc",
+    "spearman",
     "staleness_weight",
+    "turn_group_advantages",
     "turn_level_gae",
+    "value_delta_credit",
     "value_loss",
     "whiten_advantages",
 ]

@@ -173,11 +173,17 @@ async def run_episode(
     template: ChatTemplate,
     settings: EpisodeSettings,
     group_id: str = "",
+    prefix: list[list[int]] | None = None,
 ) -> Trajectory:
-    """Play one episode of ``env`` (already guarded) on ``task`` and return its trajectory."""
+    """Play one episode of ``env`` (already guarded) on ``task`` and return its trajectory.
+
+    ``prefix``: token ids of model turns to replay instead of sampling, before the policy takes
+    over (counterfactual resampling from a segment boundary, ``asyncrl credit ablate``); replayed
+    turns carry log-prob 0.0.
+    """
     batcher.live_episodes += 1
     try:
-        return await _run_episode(task, env, batcher, template, settings, group_id)
+        return await _run_episode(task, env, batcher, template, settings, group_id, prefix or [])
     finally:
         batcher.live_episodes -= 1
 
@@ -189,6 +195,7 @@ async def _run_episode(
     template: ChatTemplate,
     settings: EpisodeSettings,
     group_id: str,
+    prefix: list[list[int]],
 ) -> Trajectory:
     life = Lifecycle(created=time.time(), rollout_start=time.time())
     traj = Trajectory(
@@ -222,7 +229,7 @@ async def _run_episode(
     traj.turns.append(Turn(role="env", token_ids=list(context)))
     outcome: str = "truncated"  # unless the environment ends the episode first
     invalid = 0  # consecutive invalid actions (early termination)
-    for _ in range(settings.max_turns):
+    for turn_no in range(settings.max_turns):
         # 2. model turn: sample within the remaining context
         room = settings.max_context - len(context)
         if room <= 0:
@@ -233,7 +240,11 @@ async def _run_episode(
             max_new_tokens=min(settings.sampling.max_new_tokens, room),
         )
         started = time.time()
-        sample, version = await batcher.generate(context, sp)
+        if turn_no < len(prefix):  # a replayed turn
+            ids = prefix[turn_no][:room]
+            sample, version = Sample(ids, [0.0] * len(ids), "stop"), batcher.engine.version
+        else:
+            sample, version = await batcher.generate(context, sp)
         turn = Turn(
             role="model",
             token_ids=list(sample.token_ids),

@@ -32,8 +32,12 @@ async def run_episodes(
     seed: int = 0,
     env_cfg: Any = None,
     sampling: SamplingParams | None = None,
+    prefixes: list[list[list[int]]] | None = None,
 ) -> list[Trajectory]:
-    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes)."""
+    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes).
+
+    ``prefixes[i]``: model turns replayed before the policy samples in episode ``i`` (see ``run_episode``).
+    """
     from asyncrl.envs import make_env
     from asyncrl.rollout.engine import make_engine
     from asyncrl.rollout.episode import ChatTemplate, EpisodeSettings, TurnBatcher, run_episode
@@ -58,7 +62,8 @@ async def run_episodes(
         async with gate:
             env = make_env(env_cfg, seed + i)
             try:
-                return await run_episode(task, env, batcher, template, settings)
+                prefix = prefixes[i] if prefixes is not None else None
+                return await run_episode(task, env, batcher, template, settings, prefix=prefix)
             finally:
                 close = getattr(env, "close", None)
                 if close is not None:

@@ -17,7 +17,7 @@ import torch
 
 from asyncrl.algo import approx_kl, entropy_loss, kl_penalty_loss, masked_mean, policy_loss
 from asyncrl.config import RunConfig
-from asyncrl.credit.outcome import token_advantages
+from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import token_logprobs_and_entropy
 from asyncrl.records import Trajectory
 
@@ -66,6 +66,7 @@ class Learner:
         tc = cfg.trainer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
         self.model.train()
 
     def _lr_factor(self, step: int) -> float:
@@ -81,11 +82,11 @@ class Learner:
 
     def step(self, trajs: list[Trajectory], version: int) -> dict[str, float]:
         """Train on ``trajs`` at weight ``version``; returns metrics (``train/skipped`` = 1 if not finite)."""
-        cfg, tc, algo = self.cfg, self.cfg.trainer, self.cfg.algo
+        tc, algo = self.cfg.trainer, self.cfg.algo
         pad = self.policy.tokenizer.pad_token_id
         b = collate(trajs, pad)
         # 1. credit: per-token advantages; staleness age of every model token
-        adv, metrics = token_advantages(trajs, b.ids.size(1), cfg.credit)
+        adv, metrics = self.credit.advantages(trajs, b.ids, b.attn, b.mask)
         age = torch.where(b.mask > 0, (version - b.versions).clamp(min=0), torch.zeros_like(b.versions))
         # 2. proximal log-probs: the weights at the start of this step (decoupled PPO, KL early stop)
         with torch.no_grad():
@@ -136,6 +137,7 @@ class Learner:
                     break
         if not skipped:
             self.scheduler.step()
+        metrics.update(self.credit.train_value(trajs, b.ids, b.attn, b.mask))  # 4. the value model
         ages = age[b.mask > 0].float()
         metrics.update(
             {

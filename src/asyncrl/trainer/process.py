@@ -61,6 +61,7 @@ class TrainerRole:
                 ckpt, self.policy, self.learner.optimizer, self.learner.scheduler, self.py_rng
             )
             log.info("resumed from %s (step %d)", ckpt, ts.step)
+            self.learner.credit.load_value(run_dir, ts.step)
         self.step = ts.step
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
@@ -166,6 +167,7 @@ class TrainerRole:
             self.py_rng,
             keep=self.cfg.trainer.keep_checkpoints,
         )
+        self.learner.credit.save_value(self.run_dir, self.step, keep=self.cfg.trainer.keep_checkpoints)
         # fate first, then ack: a crash in between only causes a redelivery that is de-duplicated.
         # Only samples with a fate are acknowledged; buffered ones stay leased until trained or dropped.
         self.state.record((tid, fate, step, age) for tid, (fate, step, age) in self.pending.items())
@@ -207,6 +209,11 @@ class TrainerRole:
                 self._tally_batch(batch)
                 metrics.update(self.observe.on_trained(batch, ages, self.step, self.version))
                 self.step += 1
+                every = self.cfg.credit.sample_every
+                if every and (self.step % every == 0 or self.step == tc.total_steps):
+                    self.learner.credit.write_samples(
+                        self.run_dir, self.step, random.Random(self.cfg.seed + self.step)
+                    )
                 # 4. publish every sync_every steps — before announcing the version, so that the budget
                 # never admits episodes for a version whose weights workers cannot load yet
                 sync_every = self.state.get("sync_every", tc.sync_every)  # the orchestrator may lower it

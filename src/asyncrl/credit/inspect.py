@@ -1,0 +1,161 @@
+"""``asyncrl credit show``: sampled trajectories segment by segment, with the credit each got.
+
+For each trajectory: the prompt, then one row per segment (model turn + observation) with its
+text, the environment's process reward, the value model's estimate before and after, and the
+final credit (the segment's per-token advantage), coloured green (positive) to red (negative).
+:func:`credit_fragment` renders the same as a self-contained HTML fragment (inline CSS, no
+scripts) that the run report embeds.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from asyncrl.credit.samples import CreditSample, CreditSampleFile, read_samples
+
+
+def _tokenizer(run_dir: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(run_dir / "initial_policy"), local_files_only=True)
+
+
+def _latest(run_dir: Path, n: int) -> tuple[list[CreditSampleFile], list[tuple[int, CreditSample]]]:
+    files = read_samples(run_dir)
+    picked: list[tuple[int, CreditSample]] = []
+    for f in reversed(files):
+        for s in f.samples:
+            if len(picked) < n:
+                picked.append((f.step, s))
+    return files, picked
+
+
+def _segment_texts(sample: CreditSample, tok: Any) -> tuple[str, list[tuple[str, str]]]:
+    """The prompt text and, per segment, (model turn text, observation text)."""
+    ids = sample.trajectory.token_ids()
+    first = sample.segments[0].start if sample.segments else len(ids)
+    prompt = tok.decode(ids[:first], skip_special_tokens=True)
+    out = []
+    pos_model = [
+        (sum(len(u.token_ids) for u in sample.trajectory.turns[:i]), len(t.token_ids))
+        for i, t in enumerate(sample.trajectory.turns)
+        if t.role == "model"
+    ]
+    for seg in sample.segments:
+        me = next((s + n for s, n in pos_model if s == seg.start), seg.end)
+        out.append(
+            (
+                tok.decode(ids[seg.start : me], skip_special_tokens=False).replace("<pad>", ""),
+                tok.decode(ids[me : seg.end], skip_special_tokens=False),
+            )
+        )
+    return prompt, out
+
+
+def _fmt(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def render_terminal(run_dir: str | Path, n: int = 5) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    run = Path(run_dir)
+    files, picked = _latest(run, n)
+    tok = _tokenizer(run)
+    console = Console()
+    console.print(
+        f"[bold]credit samples[/] of {run} — strategy {files[-1].strategy}, {len(files)} sample file(s)"
+    )
+    for step, s in picked:
+        t = s.trajectory
+        prompt, texts = _segment_texts(s, tok)
+        table = Table(
+            title=f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
+            f"outcome advantage {s.outcome_advantage:+.2f}",
+            caption=escape(prompt[:200]),
+            show_lines=True,
+        )
+        for col in ("#", "model turn → observation", "process", "V before", "V after", "credit"):
+            table.add_column(col, justify="left" if col.startswith("model") else "right", overflow="fold")
+        scale = max((abs(g.credit) for g in s.segments), default=1.0) or 1.0
+        for k, (seg, (act, obs)) in enumerate(zip(s.segments, texts, strict=True)):
+            colour = "green" if seg.credit > 0 else "red" if seg.credit < 0 else "white"
+            bold = " bold" if abs(seg.credit) >= 0.5 * scale else ""
+            table.add_row(
+                str(k + 1),
+                escape(act) + (f" [dim]→ {escape(obs)}[/]" if obs else ""),
+                f"{seg.process_reward:+.2f}",
+                _fmt(seg.v_before),
+                _fmt(seg.v_after),
+                f"[{colour}{bold}]{seg.credit:+.3f}[/]",
+            )
+        console.print(table)
+
+
+_CSS = """
+.asyncrl-credit{font-family:system-ui,sans-serif;font-size:13px;color:#222}
+.asyncrl-credit h4{margin:14px 0 4px;font-size:13px}
+.asyncrl-credit table{border-collapse:collapse;width:100%;margin-bottom:6px}
+.asyncrl-credit td,.asyncrl-credit th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
+.asyncrl-credit th{background:#f4f4f4;text-align:left}
+.asyncrl-credit td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.asyncrl-credit code{white-space:pre-wrap;word-break:break-all;font-size:12px}
+.asyncrl-credit .obs{color:#777}
+.asyncrl-credit .prompt{color:#555;font-size:12px;margin:2px 0 4px}
+"""
+
+
+def _cell_colour(credit: float, scale: float) -> str:
+    a = min(1.0, abs(credit) / scale) * 0.6 if scale > 0 else 0.0
+    rgb = "46,160,67" if credit > 0 else "215,58,73"
+    return f"background:rgba({rgb},{a:.2f})"
+
+
+def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
+    """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
+
+    A run without sample files (``credit.sample_every: 0``) gets a one-line fragment saying so;
+    unreadable sample files raise :class:`asyncrl.errors.UserError`.
+    """
+    from asyncrl.credit.samples import SAMPLES_DIR
+
+    run = Path(run_dir)
+    if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
+        return (
+            "<div class='asyncrl-credit'><p>No credit samples in this run "
+            "(credit.sample_every was 0 or the trainer took no step).</p></div>"
+        )
+    files, picked = _latest(run, n)
+    tok = _tokenizer(run)
+    parts = [
+        f"<div class='asyncrl-credit'><style>{_CSS}</style>",
+        f"<p>Credit strategy <b>{html.escape(files[-1].strategy)}</b>; {len(picked)} trained trajectories "
+        "from the newest sample files. Each row is one segment (model turn → observation); the last column "
+        "is the advantage its tokens were trained with (green positive, red negative).</p>",
+    ]
+    for step, s in picked:
+        t = s.trajectory
+        prompt, texts = _segment_texts(s, tok)
+        scale = max((abs(g.credit) for g in s.segments), default=1.0)
+        parts.append(
+            f"<h4>step {step} · task {html.escape(t.task.id)} · {html.escape(t.outcome)} · reward "
+            f"{t.final_reward:.2f} · outcome advantage {s.outcome_advantage:+.2f}</h4>"
+            f"<div class='prompt'><code>{html.escape(prompt)}</code></div>"
+            "<table><tr><th>#</th><th>model turn → observation</th><th>process</th><th>V before</th>"
+            "<th>V after</th><th>credit</th></tr>"
+        )
+        for k, (seg, (act, obs)) in enumerate(zip(s.segments, texts, strict=True)):
+            parts.append(
+                f"<tr><td class='num'>{k + 1}</td><td><code>{html.escape(act)}</code>"
+                + (f" <code class='obs'>→ {html.escape(obs)}</code>" if obs else "")
+                + f"</td><td class='num'>{seg.process_reward:+.2f}</td><td class='num'>{_fmt(seg.v_before)}</td>"
+                f"<td class='num'>{_fmt(seg.v_after)}</td>"
+                f"<td class='num' style='{_cell_colour(seg.credit, scale)}'>{seg.credit:+.3f}</td></tr>"
+            )
+        parts.append("</table>")
+    parts.append("</div>")
+    return "".join(parts)

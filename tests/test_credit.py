@@ -1,0 +1,359 @@
+"""Credit assignment: the segment maths (vs loop references), the strategies on hand-built
+trajectories, the value model, and the samples / inspection files."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from asyncrl.algo import (
+    brier_score,
+    roc_auc,
+    spearman,
+    turn_group_advantages,
+    value_delta_credit,
+)
+from asyncrl.config import load_config
+from asyncrl.credit.assign import CreditAssigner, segment_spans
+from asyncrl.records import Task, Trajectory, Turn
+
+# ----------------------------------------------------------------------------------------- references
+
+
+def ref_value_delta(vb, va, target, mask, eps, ratio):  # type: ignore[no-untyped-def]
+    out = []
+    for b in range(len(target)):
+        ks = [k for k in range(len(mask[b])) if mask[b][k]]
+        d = {k: va[b][k] - vb[b][k] for k in ks}
+        s = sum(d.values())
+        big = sum(abs(x) for x in d.values())
+        row = [0.0] * len(mask[b])
+        for k in ks:
+            if abs(s) >= max(eps, ratio * big) and s * target[b] > 0:
+                row[k] = target[b] * d[k] / s
+            else:
+                row[k] = target[b] / len(ks)
+        out.append(row)
+    return out
+
+
+def ref_turn_group(ep, ret, states, mode, w):  # type: ignore[no-untyped-def]
+    out = []
+    for j in range(len(ep)):
+        members = [i for i in range(len(ep)) if states[i] == states[j]]
+        rs = [ret[i] for i in members]
+        if len(members) == 1 or max(rs) == min(rs):
+            a = 0.0
+        else:
+            mean = sum(rs) / len(rs)
+            if mode == "grpo":
+                std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1))
+                a = (ret[j] - mean) / (std + 1e-6)
+            elif mode == "dr_grpo":
+                a = ret[j] - mean
+            else:
+                a = ret[j] - (sum(rs) - ret[j]) / (len(rs) - 1)
+        out.append(ep[j] + w * a)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- algo
+
+
+def test_value_delta_hand_computed_sums_to_target() -> None:
+    # d = [0.1, 0.3, 0.2] → S = 0.6; target 1.2 → c = [0.2, 0.6, 0.4]
+    vb = torch.tensor([[0.2, 0.3, 0.6]])
+    va = torch.tensor([[0.3, 0.6, 0.8]])
+    c, m = value_delta_credit(vb, va, torch.tensor([1.2]), torch.ones(1, 3), eps=0.05, min_ratio=0.25)
+    assert_close(c, torch.tensor([[0.2, 0.6, 0.4]]))
+    assert m["credit/guard_frac"] == 0.0
+
+
+def test_value_delta_guards_fall_back_to_uniform() -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    vb = torch.tensor([[0.5, 0.5, 9.0], [0.1, 0.9, 0.0], [0.2, 0.5, 0.0]])
+    va = torch.tensor(
+        [
+            [0.5, 0.51, float("nan")],  # S = 0.01 < eps: near-zero guard (nan in padding is harmless)
+            [0.9, 0.05, 0.1],  # d = [.8, -.85, .1], S = .05, Σ|d| = 1.75: cancelling guard
+            [0.5, 0.9, 0.0],  # S = 0.7 > 0 but target < 0: sign guard
+        ]
+    )
+    target = torch.tensor([1.0, 0.9, -0.6])
+    c, m = value_delta_credit(vb, va, target, mask, eps=0.05, min_ratio=0.25)
+    assert_close(c, torch.tensor([[0.5, 0.5, 0.0], [0.3, 0.3, 0.3], [-0.3, -0.3, 0.0]]))
+    assert m["credit/guard_frac"] == 1.0
+
+
+def test_value_delta_matches_loop_reference_and_sums_to_target() -> None:
+    g = torch.Generator().manual_seed(0)
+    B, K = 64, 6
+    vb, va = torch.rand(B, K, generator=g), torch.rand(B, K, generator=g)
+    mask = torch.rand(B, K, generator=g) > 0.3
+    mask[0] = False  # a row without segments
+    target = torch.randn(B, generator=g)
+    c, _ = value_delta_credit(vb, va, target, mask, eps=0.05, min_ratio=0.25)
+    ref = torch.tensor(ref_value_delta(vb.tolist(), va.tolist(), target.tolist(), mask.tolist(), 0.05, 0.25))
+    assert_close(c, ref)
+    has = mask.any(1)
+    assert_close(c.sum(1)[has], target[has])
+    assert (c[~mask] == 0).all()
+    assert (c.abs() <= target.abs()[:, None] / 0.25 + 1e-5).all()  # the guard bounds every credit
+
+
+def test_turn_group_matches_loop_reference() -> None:
+    g = torch.Generator().manual_seed(1)
+    N = 40
+    ep = torch.randn(N, generator=g)
+    ret = torch.randint(0, 3, (N,), generator=g).float()
+    states = torch.randint(0, 8, (N,), generator=g)
+    for mode in ("grpo", "dr_grpo", "rloo"):
+        out, m = turn_group_advantages(ep, ret, states, mode, weight=0.7)  # type: ignore[arg-type]
+        ref = ref_turn_group(ep.tolist(), ret.tolist(), states.tolist(), mode, 0.7)
+        assert_close(out, torch.tensor(ref), rtol=1e-5, atol=1e-5)
+        assert m["credit/step_groups"] == len(set(states.tolist()))
+
+
+def test_calibration_and_rank_metrics_match_references() -> None:
+    g = torch.Generator().manual_seed(2)
+    p = torch.rand(50, generator=g).round(decimals=1)  # ties on purpose
+    y = (torch.rand(50, generator=g) < p).float()
+    assert brier_score(p, y) == pytest.approx(
+        sum((a - b) ** 2 for a, b in zip(p.tolist(), y.tolist(), strict=True)) / 50
+    )
+    pos = [a for a, b in zip(p.tolist(), y.tolist(), strict=True) if b]
+    neg = [a for a, b in zip(p.tolist(), y.tolist(), strict=True) if not b]
+    pairs = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in itertools.product(pos, neg))
+    assert roc_auc(p, y) == pytest.approx(pairs / (len(pos) * len(neg)))
+    assert math.isnan(roc_auc(p, torch.ones(50)))
+    assert spearman(torch.tensor([1.0, 2, 3, 4]), torch.tensor([10.0, 20, 30, 40])) == pytest.approx(1.0)
+    assert spearman(torch.tensor([1.0, 2, 3, 4]), torch.tensor([4.0, 3, 2, 1])) == pytest.approx(-1.0)
+    # ties: ranks x = [1, 2.5, 2.5, 4], y = [1, 2, 3, 4] → ρ = 4.5 / sqrt(4.5 · 5)
+    assert spearman(torch.tensor([1.0, 2, 2, 3]), torch.tensor([1.0, 2, 3, 4])) == pytest.approx(
+        4.5 / math.sqrt(4.5 * 5)
+    )
+    assert math.isnan(spearman(torch.ones(4), torch.arange(4.0)))
+
+
+# ----------------------------------------------------------------------------------------- strategies
+
+
+def make_traj(
+    turns: list[tuple[list[int], list[int], float]], reward: float, group: str, prompt=(1, 2)
+) -> Trajectory:  # type: ignore[no-untyped-def]
+    """turns: (model tokens, observation tokens, process reward)."""
+    out = [Turn(role="env", token_ids=list(prompt))]
+    for model, obs, p in turns:
+        out.append(
+            Turn(role="model", token_ids=model, logprobs=[0.0] * len(model), version=0, process_reward=p)
+        )
+        if obs:
+            out.append(Turn(role="tool", token_ids=obs))
+    return Trajectory(
+        id=f"{group}-{random.random()}",
+        task=Task(id=group, task_type="t"),
+        turns=out,
+        final_reward=reward,
+        outcome="success" if reward > 0 else "failure",
+        group_id=group,
+    )
+
+
+def tensors(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    T = max(len(t.token_ids()) for t in trajs)
+    ids = torch.zeros(len(trajs), T, dtype=torch.long)
+    attn = torch.zeros(len(trajs), T, dtype=torch.long)
+    mask = torch.zeros(len(trajs), T)
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids())
+        ids[i, :n] = torch.tensor(t.token_ids())
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask(), dtype=torch.float32)
+    return ids, attn, mask
+
+
+class FixedValues:
+    """Stands in for the value model: V at position t is ``table[i][t]`` (or a constant)."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self.values = values
+
+    def predict(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return self.values
+
+
+def assigner(strategy: str, *extra: str) -> CreditAssigner:
+    cfg = load_config(None, [f"credit.strategy={strategy}", "credit.process_weight=0", *extra])
+    a = CreditAssigner.__new__(CreditAssigner)
+    a.cfg, a.value, a.last_samples, a._old_values = cfg.credit, None, [], None
+    return a
+
+
+def batch_two_groups() -> list[Trajectory]:
+    a1 = make_traj([([5, 6], [7], 0.1), ([8], [9, 9], 0.2), ([3], [], 0.0)], 1.0, "g1")
+    a2 = make_traj([([5, 6], [7], 0.1), ([4, 4], [9], -0.1)], 0.0, "g1")
+    b1 = make_traj([([6], [7], 0.0)], 1.0, "g2", prompt=(1, 3))
+    b2 = make_traj([([6], [7], 0.0), ([6], [], 0.0)], 1.0, "g2", prompt=(1, 3))
+    return [a1, a2, b1, b2]
+
+
+def test_outcome_groups_by_group_id_and_masks_non_model_tokens() -> None:
+    trajs = batch_two_groups()
+    ids, attn, mask = tensors(trajs)
+    adv, m = assigner("outcome", "credit.baseline=dr_grpo").advantages(trajs, ids, attn, mask)
+    # group g1 rewards (1, 0) → ±0.5; group g2 is constant → 0
+    assert_close(adv[0][mask[0] > 0], torch.full((4,), 0.5))
+    assert_close(adv[1][mask[1] > 0], torch.full((4,), -0.5))
+    assert (adv[2:] == 0).all() and (adv[mask == 0] == 0).all()
+    assert m["group/count"] == 2 and m["group/frac_constant"] == 0.5
+
+
+def test_value_delta_segment_credits_sum_to_outcome_advantage() -> None:
+    trajs = batch_two_groups()
+    ids, attn, mask = tensors(trajs)
+    a = assigner("value_delta", "credit.baseline=dr_grpo")
+    T = ids.shape[1]
+    values = torch.full((4, T), 0.5)
+    # trajectory 0: segments start at 2, 5, 8; boundaries (last token before) 1, 4, 7 → V = 0.5, 0.7, 0.6
+    values[0, 4], values[0, 7] = 0.7, 0.6  # terminal V(after last) = reward 1
+    a.value = FixedValues(values)  # type: ignore[assignment]
+    adv, m = a.advantages(trajs, ids, attn, mask)
+    assert (adv[mask == 0] == 0).all()
+    spans = segment_spans(trajs[0])
+    seg_adv = [float(adv[0, s]) for s, *_ in spans]
+    # d = [0.2, -0.1, 0.4], S = 0.5, A = 0.5 → c = [0.2, -0.1, 0.4]; advantage = n·c = [0.6, -0.3, 1.2]
+    assert seg_adv == pytest.approx([0.6, -0.3, 1.2], abs=1e-6)
+    assert sum(seg_adv) / len(seg_adv) == pytest.approx(0.5)  # mean segment advantage = outcome advantage
+    # the samples record V before/after (terminal = reward) and the credit
+    rec = a.last_samples[0].segments
+    assert [r.v_after for r in rec][-1] == 1.0 and rec[1].v_before == pytest.approx(0.7)
+    assert [r.credit for r in rec] == pytest.approx(seg_adv)
+    # trajectory 1: S = 0 − 0.5 agrees with A = −0.5 (no guard); group g2 has A = 0 (nothing to distribute)
+    assert m["credit/guard_frac"] == 0.0
+    assert (adv[2:] == 0).all()
+
+
+def test_value_delta_with_flat_values_reduces_to_outcome() -> None:
+    trajs = batch_two_groups()
+    ids, attn, mask = tensors(trajs)
+    out = assigner("outcome", "credit.baseline=dr_grpo").advantages(trajs, ids, attn, mask)[0]
+    a = assigner("value_delta", "credit.baseline=dr_grpo")
+    T = ids.shape[1]
+    # V equals the reward everywhere: S = 0 → guard → uniform = outcome advantage on every token
+    a.value = FixedValues(torch.tensor([t.final_reward for t in trajs])[:, None].expand(4, T))  # type: ignore[assignment]
+    adv, m = a.advantages(trajs, ids, attn, mask)
+    assert_close(adv, out)
+    assert m["credit/guard_frac"] == 1.0
+
+
+def test_turn_group_groups_identical_states_within_a_task_group() -> None:
+    trajs = batch_two_groups()
+    ids, attn, mask = tensors(trajs)
+    a = assigner("turn_group", "credit.baseline=dr_grpo", "credit.turn_group_weight=1.0")
+    adv, m = a.advantages(trajs, ids, attn, mask)
+    # step states: g1 turn 1 (shared prompt) ×2, g1 turn 2 after the identical first turn ×2,
+    # g1 a1 turn 3, g2 turn 1 ×2, g2 b2 turn 2 → 5 step groups
+    assert m["credit/step_groups"] == 5
+    # g1: episode adv ±0.5; step group returns (γ=1, α=0) = (1, 0) → ±0.5 added on turns 1 and 2
+    s0 = segment_spans(trajs[0])
+    s1 = segment_spans(trajs[1])
+    assert [float(adv[0, s]) for s, *_ in s0] == pytest.approx([1.0, 1.0, 0.5])
+    assert [float(adv[1, s]) for s, *_ in s1] == pytest.approx([-1.0, -1.0])
+    assert (adv[2:] == 0).all()
+
+
+def test_process_strategy_adds_centred_reward_to_go() -> None:
+    trajs = batch_two_groups()[:2]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("process", "credit.baseline=dr_grpo", "credit.process_weight=1.0")
+    adv, _ = a.advantages(trajs, ids, attn, mask)
+    # to-go: a1 [0.3, 0.2, 0.0], a2 [0.0, -0.1]; centre = 0.4 / 5 = 0.08
+    s0 = [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])]
+    assert s0 == pytest.approx([0.5 + 0.22, 0.5 + 0.12, 0.5 - 0.08])
+
+
+def test_turn_level_gae_uses_value_before_each_segment() -> None:
+    trajs = batch_two_groups()[:1]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("gae", "credit.gae_lambda=1.0")
+    a.value = FixedValues(torch.full(ids.shape, 0.25))  # type: ignore[assignment]
+    adv, m = a.advantages(trajs, ids, attn, mask)
+    # λ = γ = 1, no process rewards: A_k = R − V_k = 0.75 on every segment
+    assert [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])] == pytest.approx([0.75] * 3)
+    assert "value/brier" in m and m["value/brier"] == pytest.approx(0.75**2)
+
+
+def test_token_level_gae_rewards_last_token_and_skips_observations() -> None:
+    trajs = batch_two_groups()[:1]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("gae", "credit.gae_level=token", "credit.gae_lambda=1.0")
+    a.value = FixedValues(torch.full(ids.shape, 0.25))  # type: ignore[assignment]
+    adv, _ = a.advantages(trajs, ids, attn, mask)
+    # λ = γ = 1, V ≡ 0.25, reward 1 on the last model token: A_t = 1 − 0.25 on every model token
+    assert_close(adv[0][mask[0] > 0], torch.full((4,), 0.75))
+    assert (adv[0][mask[0] == 0] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------- value model
+
+
+@pytest.mark.parametrize("kind", ["head", "separate"])
+def test_value_model_loss_falls_on_a_fixed_dataset(kind: str) -> None:
+    from asyncrl.config import ModelConfig, ValueModelConfig
+    from asyncrl.credit.value import ValueModel
+    from asyncrl.policy import Policy
+
+    torch.manual_seed(0)
+    policy = Policy.build(
+        ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    )
+    vm = ValueModel(ValueModelConfig(kind=kind, hidden_size=32, lr=3e-3, clip=None, epochs=1), policy)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 60, (32, 12), generator=g)
+    label = (ids[:, 3] % 2).float()  # success is decided by the token at position 3
+    attn = torch.ones_like(ids)
+    vmask = torch.zeros(32, 12)
+    vmask[:, 4:] = 1
+    targets = label[:, None].expand(32, 12)
+    first = last = None
+    for _ in range(120):
+        m = vm.train(ids, attn, vmask, targets, vm.predict(ids, attn))
+        first = m["loss/value"] if first is None else first
+        last = m["loss/value"]
+    assert last is not None and first is not None
+    assert last < 0.5 * first, (first, last)
+    pred = vm.predict(ids, attn)[:, 6]
+    assert roc_auc(pred, label) > 0.9
+    # round trip through safetensors
+    before = vm.predict(ids, attn)
+    tensors_ = vm.state_tensors()
+    vm2 = ValueModel(ValueModelConfig(kind=kind, hidden_size=32), policy, seed=5)
+    vm2.load_state_tensors(tensors_)
+    assert_close(vm2.predict(ids, attn), before)
+
+
+# ----------------------------------------------------------------------------------------- files
+
+
+def test_samples_round_trip_and_clear_errors(tmp_path: Path) -> None:
+    from asyncrl.credit.samples import CreditSampleFile, read_samples, write_samples
+    from asyncrl.errors import UserError
+
+    with pytest.raises(UserError, match="no credit samples"):
+        read_samples(tmp_path)
+    trajs = batch_two_groups()
+    ids, attn, mask = tensors(trajs)
+    a = assigner("outcome")
+    a.advantages(trajs, ids, attn, mask)
+    write_samples(tmp_path, CreditSampleFile(step=3, strategy="outcome", samples=a.last_samples))
+    files = read_samples(tmp_path)
+    assert files[0].step == 3 and files[0].samples[0].trajectory.token_ids() == trajs[0].token_ids()
+    (tmp_path / "credit" / "samples-00000009.msgpack").write_bytes(b"\x93garbage")
+    with pytest.raises(UserError, match="not readable"):
+        read_samples(tmp_path)
