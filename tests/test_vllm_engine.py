@@ -216,3 +216,46 @@ def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tup
         assert [len(s.token_ids) == len(s.logprobs) for s in out] == [True] * 6
         assert all(s.finish_reason in ("stop", "length") for s in out)
     assert engine.max_context == hf.max_context == 128
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_backend_trains_end_to_end(tmp_path: Path) -> None:
+    """A short async run with rollouts from vLLM: weights reach vLLM mid-run, nothing is lost."""
+    import json
+
+    from asyncrl.orchestrator.run import train
+
+    _require_vllm()
+    cfg = load_config(
+        None,
+        [
+            f"run_root={tmp_path}",
+            f"cache_dir={tmp_path / 'cache'}",
+            "rollout.engine.kind=vllm",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+            "model.max_context=320",
+            "env.kind=calculator",
+            "env.min_difficulty=2",
+            "env.max_difficulty=3",
+            "env.heldout_size=16",
+            "rollout.group_size=8",
+            "rollout.concurrent_episodes=32",
+            "rollout.sampling.max_new_tokens=24",
+            "trainer.batch_size=16",
+            "trainer.total_steps=6",
+            "trainer.checkpoint_every=2",
+            "trainer.sft.steps=30",
+            "telemetry.log_every_s=0.5",
+        ],
+    )
+    assert cfg.algo.policy_loss.kind == "decoupled_ppo"
+    run_dir, s = train(cfg, display=False)
+    assert s["trainer_steps"] == 6 and s["samples_trained"] == 6 * 16
+    assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
+    assert s["staleness_max"] <= cfg.orchestrator.max_staleness
+    rows = [json.loads(line) for line in (run_dir / "metrics" / "rollout-0.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "rollout/weight_loads" in r][-1]
+    assert last["rollout/weight_loads"] >= 2  # initial weights + at least one newer version, via reload
+    assert last["rollout/version"] >= 1
