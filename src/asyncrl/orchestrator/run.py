@@ -150,7 +150,7 @@ class Orchestrator:
             code = self.launcher.exitcode(name)
             if code is None or self.state.flag("trainer_done"):  # done: the loop is about to end
                 continue
-            if name != TRAINER and name not in self.workers:  # retired (elastic) or already handled
+            if name not in (TRAINER, EVALUATOR) and name not in self.workers:  # retired (elastic)
                 if name in self.retiring:
                     self.retiring.remove(name)
                     self._ended(name)
@@ -158,7 +158,7 @@ class Orchestrator:
                 continue
             self.restarts[name] = self.restarts.get(name, 0) + 1
             self._ended(name)
-            if name != TRAINER:  # give back the admissions it will never deliver
+            if name in self.workers:  # give back the admissions it will never deliver
                 self._release(name)
             self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
             self._start(name, resume_trainer=True)
