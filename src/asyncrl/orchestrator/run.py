@@ -55,6 +55,8 @@ class Live:
     events: list[dict[str, Any]] = field(default_factory=list)
     ages: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     per_process: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    """The evaluator's latest row (periodic held-out evaluation)."""
 
     def absorb(self, rows: list[dict[str, Any]]) -> None:
         for r in rows:
@@ -69,6 +71,8 @@ class Live:
                     self.ages.append(float(r["staleness/mean"]))
             elif str(r.get("role", "")).startswith("rollout"):
                 self.workers[str(r.get("role"))] = r
+            elif r.get("role") == EVALUATOR:
+                self.evaluation = r
 
     def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
         from asyncrl.cost.ledger import collect_usage, price
@@ -420,6 +424,12 @@ class _Display:
             ("reward (train batch)", f"{float(t.get('reward/mean') or 0):.3f}"),
             ("success (train batch)", f"{float(t.get('reward/success_rate') or 0):.1%}"),
             ("trainer busy", f"{float(t.get('trainer/busy_fraction') or 0):.0%}"),
+            (
+                "held-out success (periodic)",
+                f"{float(o.live.evaluation['eval/success_rate']):.1%} at v{int(o.live.evaluation['eval/version'])}"
+                if o.live.evaluation
+                else "-",
+            ),
             ("elapsed / ETA", f"{elapsed:.0f}s / {eta:.0f}s" if step else f"{elapsed:.0f}s / -"),
             ("restarts", ", ".join(f"{k}×{v}" for k, v in o.restarts.items()) or "none"),
         ]

@@ -179,14 +179,12 @@ class Report:
             ),
         )
         rx, ry = d.series(d.trainer, "reward/mean")
-        px, py = d.series(d.trainer, "reward/p50")
         erx, ery = self._eval_points("mean_reward")
         reward = svg.line_chart(
             "reward",
             Chart(
                 series=[
                     Series("batch mean", rx, ry),
-                    Series("batch median", px, py, dashed=True),
                     Series("held-out eval", erx, ery, points=True, color="#dc2626"),
                 ],
                 x_label="trainer step",
@@ -327,6 +325,8 @@ class Report:
         busy_key = {"trainer": "trainer/busy_seconds"}
         per: dict[str, list[tuple[float, float]]] = {}
         prev: dict[tuple[str, int], tuple[float, float]] = {}
+        times = [float(r["time"]) for r in d.rows]
+        window = max(2.0, (max(times) - min(times)) / 120) if times else 2.0  # ~120 points per role
         for r in d.rows:
             role = str(r.get("role", ""))
             key = busy_key.get(role, "rollout/gen_busy_seconds" if role.startswith("rollout") else "")
@@ -334,7 +334,7 @@ class Report:
                 continue
             ident = (role, int(r.get("pid") or 0))
             t, b = float(r["time"]), float(r[key])
-            if ident in prev and t - prev[ident][0] >= 1.0:
+            if ident in prev and t - prev[ident][0] >= window:
                 pt, pb = prev[ident]
                 per.setdefault(role, []).append((t - d.t0, max(0.0, min(1.0, (b - pb) / (t - pt)))))
                 prev[ident] = (t, b)
