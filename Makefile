@@ -41,9 +41,9 @@ bench-venv:
 
 # The fault-injection suite (kill -9 roles, Redis crash/restart, dropped connections, Ray actor kill):
 # minutes, so not part of `make test`. Writes one JSON row per fault and prints the reliability table.
-FAULTS_REPORT ?= faults-report.jsonl
+FAULTS_REPORT ?= runs/faults-report.jsonl
 test-faults: $(STAMP)
-	rm -f $(FAULTS_REPORT)
+	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
 	$(PY) bench/faults_table.py $(FAULTS_REPORT)
 

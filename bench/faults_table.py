@@ -1,7 +1,7 @@
 """Render the fault suite's rows (``ASYNCRL_FAULTS_REPORT`` JSONL from ``make test-faults``) as the
 Markdown table of ``docs/reliability.md``.
 
-    .venv/bin/python bench/faults_table.py faults-report.jsonl
+    .venv/bin/python bench/faults_table.py runs/faults-report.jsonl
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def render(rows: list[dict[str, object]]) -> str:
 
 
 def main() -> int:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "faults-report.jsonl")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/faults-report.jsonl")
     rows = (
         [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     )

@@ -142,3 +142,26 @@ def test_role_waits_then_fails_clearly_without_an_orchestrator(tmp_path: Path) -
     assert res.returncode == 2
     assert "was not prepared" in res.stderr and "asyncrl role orchestrator" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_external_launcher_marks_ready_and_watches_heartbeats(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from asyncrl.config import LauncherConfig
+    from asyncrl.launch.external import READY_FILE, ExternalLauncher
+
+    launcher = ExternalLauncher(LauncherConfig(kind="external", heartbeat_timeout_s=0.3), tmp_path)
+    assert not (tmp_path / READY_FILE).exists()
+    launcher.start("trainer", print)  # nothing is launched: the role runs elsewhere
+    assert (tmp_path / READY_FILE).is_file() and launcher.names() == ["trainer"]
+    assert launcher.pid("trainer") is None and launcher.exitcode("trainer") is None
+    assert launcher.silent() == []
+    time.sleep(0.5)
+    with caplog.at_level("WARNING", logger="asyncrl.launch.external"):
+        assert launcher.exitcode("trainer") is None  # never "dead": only reported as silent
+    assert launcher.silent() == ["trainer"]
+    assert any("has not reported" in r.getMessage() for r in caplog.records)
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "trainer.jsonl").write_text("{}\n")  # a heartbeat
+    launcher.exitcode("trainer")
+    assert launcher.silent() == []
