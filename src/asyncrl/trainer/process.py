@@ -101,6 +101,7 @@ class TrainerRole:
             0.0,
         )
         self.busy = self.idle = 0.0
+        self.learn = 0.0  # of busy: inside the learner's step (the rest of busy is framework overhead)
         self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
         self.state.set_value("version", self.version)
         self.state.set_value("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
@@ -196,7 +197,9 @@ class TrainerRole:
                 self.idle += time.perf_counter() - t0
                 continue
             # 3. learn; a non-finite step is skipped and never published
+            t_learn = time.perf_counter()
             metrics = self.learner.step(batch, self.version)
+            self.learn += time.perf_counter() - t_learn
             skipped = metrics["train/skipped"] > 0
             ages = [self.staleness.age(self.version, t.oldest_version() or 0) for t in batch]
             for t, age in zip(batch, ages, strict=True):
@@ -264,6 +267,7 @@ class TrainerRole:
                 "trainer/busy_fraction": self.busy / total if total else 0.0,
                 "trainer/busy_seconds": self.busy,
                 "trainer/idle_seconds": self.idle,
+                "trainer/learn_seconds": self.learn,
                 "trainer/buffer_size": float(len(self.buffer)),
                 "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
                 **{f"trainer/{k}": v for k, v in self.tally.items()},
