@@ -80,6 +80,7 @@ def groups(run_dir: Path) -> list[dict[str, Any]]:
 
 def breaker_scenario(tmp: Path, cache: Path) -> dict[str, Any]:
     """Run the breaker scenario; returns the measured figures (also used by the bench script)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     switch = tmp / "fault-on"
     cfg = make_cfg(
         tmp,
@@ -163,6 +164,7 @@ def test_breaker_opens_on_a_failing_bucket_training_continues_and_it_closes(
 
 def kill_scenario(tmp: Path, cache: Path, total_steps: int = 8, *extra: str) -> dict[str, Any]:
     """kill -9 the orchestrator alone mid-run, check the restored state, resume; returns figures."""
+    tmp.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     sets = [*BASE, f"run_root={tmp}", f"cache_dir={cache}", f"trainer.total_steps={total_steps}", *extra]
     base = [sys.executable, "-m", "asyncrl.cli", "train"]
