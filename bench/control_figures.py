@@ -68,17 +68,24 @@ def runs() -> dict[str, Any]:
             "reaction_s_from_switch": b["reaction_s_from_switch"],
             "close_s_from_switch_off": b["recovery_s_from_switch_off"],
         }
-        k = kill_scenario(Path(tmp) / "kill", cache)
-        out["kill"] = {
-            "restored_equals_saved": k["restored"] == k["saved"],
-            "orphans_reaped": k["orphans_alive_after_kill"],
-            "completed": k["returncode"] == 0 and k["summary"].get("trainer_steps") == k["total_steps"],
-            "recovery_s_resume_to_next_version": k["recovery_s"],
-            "downtime_s_kill_to_next_version": k["downtime_s"],
-            "duplicates": k["summary"].get("duplicates_recorded"),
-            "lost": k["summary"].get("lost_trajectories"),
-        }
+        for lease in (60, 10):
+            out[f"kill_lease_{lease}s"] = _kill(
+                kill_scenario(Path(tmp) / f"kill{lease}", cache, 10, f"transport.lease_seconds={lease}")
+            )
     return out
+
+
+def _kill(k: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "restored_equals_saved": k["restored"] == k["saved"],
+        "orphans_reaped": k["orphans_alive_after_kill"],
+        "completed": k["returncode"] == 0 and k["summary"].get("trainer_steps") == k["total_steps"],
+        "restore_s_orchestrator_state_and_reap": k["restore_s"],
+        "recovery_s_resume_to_next_version": k["recovery_s"],
+        "downtime_s_kill_to_next_version": k["downtime_s"],
+        "duplicates": k["summary"].get("duplicates_recorded"),
+        "lost": k["summary"].get("lost_trajectories"),
+    }
 
 
 def main() -> int:

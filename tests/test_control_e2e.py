@@ -80,6 +80,7 @@ def groups(run_dir: Path) -> list[dict[str, Any]]:
 
 def breaker_scenario(tmp: Path, cache: Path) -> dict[str, Any]:
     """Run the breaker scenario; returns the measured figures (also used by the bench script)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     switch = tmp / "fault-on"
     cfg = make_cfg(
         tmp,
@@ -103,14 +104,14 @@ def breaker_scenario(tmp: Path, cache: Path) -> dict[str, Any]:
     wait_for(lambda: any(Path(tmp).glob("run-*/control.sqlite")), 600, "the run directory")
     run_dir = next(Path(tmp).glob("run-*"))
     state = ControlState(run_dir / "control.sqlite")
-    wait_for(lambda: state.get("version") >= 2, 600, "two trained versions")
+    wait_for(lambda: state.get("version") >= 1, 600, "a trained version")
     switch.touch()
     on_at = time.time()
     wait_for(lambda: any(a["kind"] == "breaker_open" for a in alerts(run_dir)), 300, "the breaker to open")
     opened = next(a for a in alerts(run_dir) if a["kind"] == "breaker_open")
     version_at_open = state.get("version")
     wait_for(
-        lambda: state.get("version") >= version_at_open + 3, 300, "training to continue on the other bucket"
+        lambda: state.get("version") >= version_at_open + 2, 300, "training to continue on the other bucket"
     )
     switch.unlink()
     off_at = time.time()
@@ -154,17 +155,18 @@ def test_breaker_opens_on_a_failing_bucket_training_continues_and_it_closes(
     during = [g for g in r["groups"] if opened["time"] + 4.0 < g["time"] < half_open["time"]]
     assert [g for g in during if g["bucket"] == "arithmetic:3"] == []
     assert any(g["bucket"] == "arithmetic:2" for g in during)
-    assert r["final_version"] >= r["version_at_open"] + 3
+    assert r["final_version"] >= r["version_at_open"] + 2
     assert closed["bucket"] == "arithmetic:3" and closed["time"] > opened["time"]
     after = [g for g in r["groups"] if g["time"] > closed["time"] and g["bucket"] == "arithmetic:3"]
     assert r["summary"] is not None and r["summary"]["lost_trajectories"] == 0
     assert after or r["summary"]["trainer_steps"] > 0
 
 
-def kill_scenario(tmp: Path, cache: Path, total_steps: int = 14) -> dict[str, Any]:
+def kill_scenario(tmp: Path, cache: Path, total_steps: int = 8, *extra: str) -> dict[str, Any]:
     """kill -9 the orchestrator alone mid-run, check the restored state, resume; returns figures."""
+    tmp.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    sets = [*BASE, f"run_root={tmp}", f"cache_dir={cache}", f"trainer.total_steps={total_steps}"]
+    sets = [*BASE, f"run_root={tmp}", f"cache_dir={cache}", f"trainer.total_steps={total_steps}", *extra]
     base = [sys.executable, "-m", "asyncrl.cli", "train"]
     opts = ["--no-display", "--eval-limit", "4"]
     cfg_file = tmp / "cfg.yaml"
@@ -179,7 +181,7 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 14) -> dict[str, An
     wait_for(lambda: any(Path(tmp).glob("kill-*/control.sqlite")), 600, "the run directory")
     run_dir = next(Path(tmp).glob("kill-*"))
     state = ControlState(run_dir / "control.sqlite")
-    wait_for(lambda: state.get("version") >= 4 and state.get_doc(SNAPSHOT) is not None, 600, "a few versions")
+    wait_for(lambda: state.get("version") >= 3 and state.get_doc(SNAPSHOT) is not None, 600, "a few versions")
     pids = json.loads((run_dir / "pids.json").read_text())
     os.kill(job.pid, signal.SIGKILL)  # the orchestrator only: trainer and workers become orphans
     killed_at = time.time()
@@ -190,9 +192,11 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 14) -> dict[str, An
     saved.pop("saved_at")
     orphans_alive = [p for p in pids.values() if p and Path(f"/proc/{p}").exists()]
     # the restart: a new orchestrator restores the last saved state (and reaps the orphans)
+    t0 = time.time()
     cfg = load_config(run_dir / "config.yaml")
     orch = Orchestrator(cfg, run_dir, resume=True, display=False)
     orch.prepare()
+    restore_s = time.time() - t0
     restored = json.loads(json.dumps(orch.state_doc()))
     orch._merged.close()
     wait_for(
@@ -229,6 +233,7 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 14) -> dict[str, An
         "summary": json.loads((run_dir / "summary.json").read_text())
         if (run_dir / "summary.json").is_file()
         else {},
+        "restore_s": restore_s,
         "recovery_s": recovered_at - resumed_at,
         "downtime_s": recovered_at - killed_at,
         "total_steps": total_steps,
@@ -238,7 +243,8 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 14) -> dict[str, An
 def test_orchestrator_kill9_resume_restores_saved_state_and_completes(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    r = kill_scenario(tmp_path, cache_dir)
+    # short leases: the killed trainer's leased entries come back sooner (recovery ~ lease_seconds)
+    r = kill_scenario(tmp_path, cache_dir, 8, "transport.lease_seconds=10")
     assert r["orphans_alive_after_kill"] >= 2  # trainer and worker outlived the orchestrator
     assert r["restored"] == r["saved"]
     assert r["returncode"] == 0, r["stderr"]
