@@ -357,3 +357,37 @@ def test_samples_round_trip_and_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "credit" / "samples-00000009.msgpack").write_bytes(b"\x93garbage")
     with pytest.raises(UserError, match="not readable"):
         read_samples(tmp_path)
+
+
+def test_value_model_saved_with_checkpoints_and_restored_on_resume(tmp_path: Path) -> None:
+    from asyncrl.policy import Policy
+
+    cfg = load_config(
+        None,
+        [
+            "credit.strategy=value_delta",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+            "model.intermediate_size=64",
+        ],
+    )
+    policy = Policy.build(cfg.model)
+    a = CreditAssigner(cfg, policy)
+    assert a.value is not None
+    snapshots = {}
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            for p in a.value.head.parameters():
+                p.add_(0.1)
+        a.save_value(tmp_path, step, keep=2)
+        snapshots[step] = {k: v.clone() for k, v in a.value.state_tensors().items()}
+    names = sorted(p.name for p in (tmp_path / "credit" / "value").iterdir())
+    assert names == ["step_00000002.safetensors", "step_00000003.safetensors"]
+    b = CreditAssigner(cfg, policy)  # a restarted trainer resuming from the step-2 checkpoint
+    assert b.value is not None
+    b.load_value(tmp_path, 2)
+    for k, v in b.value.state_tensors().items():
+        assert_close(v, snapshots[2][k])
+    assert CreditAssigner(load_config(None, ["credit.strategy=outcome"]), policy).value is None
