@@ -238,6 +238,7 @@ class RolloutWorker:
             "rollout/group",
             {
                 "bucket": bucket_of(trajs[0].task),
+                "started": min(t.lifecycle.rollout_start for t in trajs),
                 "heldout": heldout,
                 "outcomes": [t.outcome for t in trajs],
                 "rewards": [t.final_reward for t in trajs],
