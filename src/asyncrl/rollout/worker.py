@@ -24,7 +24,7 @@ from typing import Any
 
 from asyncrl.config import RunConfig
 from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import ControlState
+from asyncrl.orchestrator.state import make_state_store
 from asyncrl.records import SamplingParams, Task, Trajectory, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 
@@ -101,7 +101,7 @@ class RolloutWorker:
         self.cfg, self.run_dir, self.index = cfg, run_dir, index
         self.name = f"rollout-{index}"
         self.rng = random.Random(cfg.seed * 1000 + index * 7919 + os.getpid())
-        self.state = ControlState(run_dir / "control.sqlite")
+        self.state = make_state_store(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy")

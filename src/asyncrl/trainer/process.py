@@ -25,7 +25,7 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import ControlState
+from asyncrl.orchestrator.state import make_state_store
 from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.trainer import TrainerTelemetry
@@ -47,7 +47,7 @@ class TrainerRole:
         self.cfg, self.run_dir = cfg, run_dir
         torch.manual_seed(cfg.seed)
         self.py_rng = random.Random(cfg.seed)
-        self.state = ControlState(run_dir / "control.sqlite")
+        self.state = make_state_store(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.ckpt_root = run_dir / "checkpoints"
