@@ -26,6 +26,10 @@ Guarantees
   token: ``add`` / ``try_add_within`` store a receipt under ``P:op:<token>`` in the same
   transaction and a retry that finds it returns the recorded result instead of applying the
   delta again; a ledger row written by the same ``record`` call (same token) is not a duplicate.
+* **Connection.** The URL rules of :mod:`asyncrl.credentials` (masked password from
+  ``$ASYNCRL_REDIS_PASSWORD``, TLS with ``rediss://``); opening pings with the same back-off, then
+  fails with a :class:`~asyncrl.errors.UserError` naming ``control.state.redis_url`` (URL masked).
+  Entry points (``asyncrl train``, ``asyncrl role``) check it before any work.
 * **No pickle.** Values are integers and JSON text; documents must be JSON objects.
 """
 
@@ -40,7 +44,7 @@ from typing import Any
 
 import redis
 
-from asyncrl.credentials import connect
+from asyncrl.credentials import check_url_syntax, connect, resolve_url
 from asyncrl.orchestrator.state import StateStore
 from asyncrl.transport.redis_backend import key_prefix, with_retries
 
@@ -91,10 +95,16 @@ class RedisStateStore(StateStore):
         self._fates = f"{self.prefix}:fates"
         self._ages = f"{self.prefix}:ages"
         self._docs = f"{self.prefix}:docs"
-        # one PING: unreachable server / wrong password / bad URL is a UserError naming the field
-        self._r: redis.Redis = connect(
-            url, "control.state.redis_url", timeout_s=10.0, health_check_interval=30
+        check_url_syntax(url, "control.state.redis_url")
+        self._r: redis.Redis = redis.Redis.from_url(
+            resolve_url(url), socket_timeout=30.0, socket_connect_timeout=5.0, health_check_interval=30
         )
+        try:  # a role (re)started during a Redis restart rides through it, like the queue does
+            with_retries(self._r.ping)
+        except (redis.RedisError, OSError):
+            self._r.close()
+            connect(url, "control.state.redis_url").close()  # the UserError naming the field and the cause
+            raise
         self._record_script = self._r.register_script(_RECORD_LUA)
         self._add_script = self._r.register_script(_ADD_LUA)
 
