@@ -24,16 +24,11 @@ COLUMNS = [
     ("restarts", "restarts"),
     ("recover_s", "time to recover (s)"),
 ]
-TODO_ROW = {
-    "fault": "kill -9 the orchestrator",
-    "completed": "TODO",
-    **{k: "—" for k, _ in COLUMNS[2:]},
-}
 
 
 def render(rows: list[dict[str, object]]) -> str:
     lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in [*rows, TODO_ROW]:
+    for row in rows:
         cells = []
         for key, _ in COLUMNS:
             v = row.get(key, "")

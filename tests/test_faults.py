@@ -12,15 +12,21 @@ the shared weight store with its pointer in Redis — against a private redis-se
 * time to recover: from the fault until the pipeline moved again end to end (the queue accepted
   a new trajectory *and* a new weight version was published).
 
+The orchestrator-kill row runs the job as an ``asyncrl train`` process with the orchestrator's state in
+Redis too (``control.state.kind=redis``), kills that process alone and resumes with ``--resume``.
+
 With ``ASYNCRL_FAULTS_REPORT=path.jsonl`` each test appends its row; ``bench/faults_table.py``
 turns the rows into the table in ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +37,7 @@ import pytest
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.orchestrator.run import train
-from asyncrl.orchestrator.state import ControlState
+from asyncrl.orchestrator.state import StateStore, make_state_store
 from redis_server import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
@@ -86,7 +92,7 @@ class Job:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         self.run_dir = self._wait_run_dir(tmp / "runs")
-        self.state = ControlState(self.run_dir / "control.sqlite")
+        self.state: StateStore = make_state_store(self.cfg, self.run_dir)
 
     def _run(self) -> None:
         try:
@@ -252,6 +258,85 @@ def test_redis_connections_dropped_for_three_seconds(tmp_path: Path, cache_dir: 
         s = job.finish()
         check_promises(job, s, "all Redis connections cut repeatedly for 3 s (CLIENT KILL)", recover)
     finally:
+        server.stop()
+
+
+class ProcJob(Job):
+    """The job as an ``asyncrl train`` process (so its orchestrator can be killed alone), state in Redis."""
+
+    def __init__(self, tmp: Path, cache: Path, server: RedisServer, *extra: str) -> None:
+        from asyncrl.config import apply_overrides
+        from asyncrl.orchestrator.redis_state import RedisStateStore
+
+        self.server = server
+        sets = [
+            *TINY,
+            f"run_root={tmp / 'runs'}",
+            f"cache_dir={cache}",
+            f"transport.redis_url={server.url}",
+            f"weights.redis_url={server.url}",
+            f"weights.path={tmp / 'shared-weights'}",
+            "control.state.kind=redis",
+            f"control.state.redis_url={server.url}",
+            *extra,
+        ]
+        self.cfg = load_config(None, sets)
+        self.cfg_file = tmp / "job.yaml"
+        self.cfg_file.write_text(json.dumps(apply_overrides({}, sets)))  # JSON is YAML
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self.log = (tmp / "job.log").open("w")
+        self.out = {}
+        self.procs = [self._train(str(self.cfg_file))]
+        self.run_dir = self._wait_run_dir(tmp / "runs")
+        self.state = RedisStateStore(server.url, self.run_dir)
+
+    def _train(self, *args: str) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "asyncrl.cli", "train", *args, "--no-display", "--eval-limit", "4"]
+        return subprocess.Popen(
+            cmd, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT, env=self.env
+        )
+
+    def resume(self) -> None:
+        self.procs.append(self._train("--resume", str(self.run_dir)))
+
+    def finish(self) -> dict[str, Any]:
+        assert self.procs[-1].wait(600) == 0, (self.run_dir.parent.parent / "job.log").read_text()[-3000:]
+        return dict(json.loads((self.run_dir / "summary.json").read_text()))
+
+    def cleanup(self) -> None:
+        for p in self.procs:  # the first job's process group holds its orphaned roles
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+        self.state.close()
+        self.log.close()
+
+
+def test_kill9_orchestrator(tmp_path: Path, cache_dir: Path) -> None:
+    """kill -9 the orchestrator alone (its roles run on as orphans), then ``asyncrl train --resume`` at once,
+    as a supervisor would; the orchestrator's state lives in Redis too (``control.state.kind=redis``)."""
+    server = RedisServer(tmp_path / "redis")
+    job: ProcJob | None = None
+    try:
+        job = ProcJob(tmp_path, cache_dir, server)
+        assert not (job.run_dir / "control.sqlite").exists()
+        wait_for(lambda: job.state.get_doc("orchestrator") is not None, 600, "an orchestrator snapshot")
+        fault_at, _, _ = inject_after_progress(job)
+        old_trainer = job.pids()["trainer"]
+        job.procs[0].send_signal(signal.SIGKILL)  # the orchestrator only
+        job.procs[0].wait(30)
+        job.resume()
+        # the resumed orchestrator reaps the orphans and starts its own roles
+        wait_for(lambda: job.pids().get("trainer") not in (None, old_trainer), 300, "a new trainer")
+        recover = job.recovery_seconds(fault_at, job.state.get("versions_published"), job.put_total() or 0)
+        s = job.finish()
+        assert job.state.get("resumes") >= 1  # the trainer restarted from its checkpoint
+        assert not (job.run_dir / "control.sqlite").exists()
+        check_promises(job, s, "kill -9 the orchestrator, then `train --resume` (state in Redis)", recover)
+    finally:
+        if job is not None:
+            job.cleanup()
         server.stop()
 
 

@@ -1,6 +1,6 @@
 """Roles as services: the three roles as separate processes (``asyncrl role ...``) meet only through
-a real redis-server (queue + weight pointer, password-protected), the shared weight directory and
-the run directory, and train to completion with nothing lost or trained twice. The password
+a real redis-server (queue, weight pointer and the orchestrator's state store, password-protected),
+the shared weight directory and the run directory, and train to completion with nothing lost or trained twice. The password
 never reaches the run directory, the weight store or any role's output.
 """
 
@@ -55,6 +55,8 @@ def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -
         "weights.kind=shared",
         f"weights.path={shared}",
         f"weights.redis_url={server.url}",
+        "control.state.kind=redis",
+        f"control.state.redis_url={server.url}",
         "launcher.kind=external",
         f"cache_dir={tmp_path / 'cache'}",
     ]
@@ -105,6 +107,7 @@ def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -
     assert s["trainer_steps"] == 6 and s["samples_trained"] == 6 * 16
     assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
     assert s["restarts"] == {}
+    assert not (run_dir / "control.sqlite").exists()  # counters, ledger and documents lived in Redis
     # weights went to the shared directory, the pointer to Redis (no pointer file there)
     versions = sorted(int(p.name[1:]) for p in (shared / "svc").glob("v*"))
     assert versions and versions[-1] == s["last_version"] >= 6

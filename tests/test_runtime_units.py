@@ -3,7 +3,6 @@ learner, and the weight follower's fallback on a corrupt snapshot."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
 from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import ControlState
 from asyncrl.records import Task, Trajectory, Turn
 from asyncrl.trainer.buffer import ReplayBuffer
 
@@ -63,34 +61,7 @@ def test_refresh_and_too_stale() -> None:
     assert p.age(5, 7) == 0
 
 
-def _grab(path: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    st = ControlState(path)
-    got = sum(st.try_add_within("admitted", 1, lambda c: 50) for _ in range(n))
-    out.put(got)
-
-
-def test_admission_is_atomic_across_processes(tmp_path: Path) -> None:
-    path = str(tmp_path / "control.sqlite")
-    ControlState(path)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_grab, args=(path, 40, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    grants = [out.get(timeout=5) for _ in procs]
-    assert sum(grants) == 50  # 120 attempts, exactly the 50 slots granted
-    assert ControlState(path).get("admitted") == 50
-
-
-def test_ledger_counts_duplicates(tmp_path: Path) -> None:
-    st = ControlState(tmp_path / "c.sqlite")
-    assert st.record([("a", "trained", 1, 0), ("b", "dropped_stale", 1, 3)]) == 0
-    assert st.record([("a", "trained", 2, 0)]) == 1
-    assert st.get("duplicates") == 1
-    assert st.ledger_counts() == {"trained": 1, "dropped_stale": 1}
-    assert st.ages() == [0]
+# (the state store's contract tests, admission atomicity and the ledger: tests/test_state_store.py)
 
 
 # ---- replay buffer ---------------------------------------------------------------------------------

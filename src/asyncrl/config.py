@@ -484,10 +484,33 @@ class LauncherConfig(Section):
 class StateStoreConfig(Section):
     """Where the orchestrator's state lives (counters, ledger, documents; restored on --resume)."""
 
-    kind: Literal["sqlite"] = "sqlite"
-    """``sqlite``: ``run_dir/control.sqlite`` (embedded, survives a crash of any role)."""
+    kind: Literal["sqlite", "redis"] = "sqlite"
+    """``sqlite``: ``run_dir/control.sqlite`` (embedded, survives a crash of any role); ``redis``: the same
+    counters, ledger and documents in Redis (``redis_url``), so roles on several machines need no shared
+    SQLite file."""
     snapshot_every_s: float = Field(1.0, gt=0, le=3600)
     """Seconds between snapshots of the orchestrator's rule states into the store."""
+    redis_url: str | None = None
+    """kind: redis — the Redis server (same URL rules as transport.redis_url; masked in the run directory,
+    a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD). Required with kind: redis."""
+    prefix: str | None = None
+    """kind: redis — key prefix of this run's state; unset: ``asyncrl:{<hash of the run directory>}:state``
+    (set it when the roles see the run directory under different absolute paths)."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return None if v is None else _redis_url(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> StateStoreConfig:
+        if self.kind == "redis" and not self.redis_url:
+            raise ValueError(
+                "control.state.kind=redis needs control.state.redis_url, e.g. redis://127.0.0.1:6379/0"
+            )
+        if self.prefix is not None and not self.prefix.strip():
+            raise ValueError("control.state.prefix must not be empty (unset it for the default)")
+        return self
 
 
 class CurriculumConfig(Section):

@@ -126,8 +126,11 @@ def check_redis(url: str, field: str, *, timeout_s: float = 5.0) -> None:
 
 
 def check_connections(cfg: Any) -> None:
-    """Fail fast on the run's Redis settings (``transport`` and ``weights``) before any work starts."""
+    """Fail fast on the run's Redis settings (``transport``, ``weights``, ``control.state``) before any work starts."""
     if cfg.transport.kind == "redis":
         check_redis(cfg.transport.redis_url, "transport.redis_url")
     if cfg.weights.kind == "shared":
         check_redis(cfg.weights.redis_url, "weights.redis_url")
+    state = cfg.control.state
+    if state.kind == "redis" and state.redis_url:
+        check_redis(state.redis_url, "control.state.redis_url")

@@ -73,14 +73,14 @@ def run_role(
     if role == "rollout":
         import asyncio
 
-        from asyncrl.orchestrator.state import ControlState
+        from asyncrl.orchestrator.state import make_state_store
         from asyncrl.rollout.worker import RolloutWorker
 
         if index < 0 or index >= cfg.rollout.num_workers:
             raise UserError(
                 f"--index {index}: must be in 0..rollout.num_workers-1 ({cfg.rollout.num_workers - 1})"
             )
-        state = ControlState(run_dir / "control.sqlite")
+        state = make_state_store(cfg, run_dir)
         name = f"rollout-{index}"
         lost = state.get(f"inflight:{name}")
         if lost:  # a previous incarnation died with admitted episodes it never delivered

@@ -100,6 +100,11 @@ class Orchestrator:
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = make_state_store(cfg, run_dir)
+        if not resume and cfg.control.state.kind == "redis" and self.state.counters():
+            raise UserError(
+                f"control.state.prefix {cfg.control.state.prefix!r} already holds another run's state in Redis; "
+                "use a new prefix per run (or unset it), or resume that run with asyncrl train --resume"
+            )
         self.launcher = make_launcher(cfg.launcher, run_dir)
         self.staleness = StalenessPolicy.of(cfg)
         self.rules = Rules(cfg, run_dir)

@@ -3,7 +3,8 @@
 :class:`StateStore` is the boundary (a short abstract class); :func:`make_state_store` picks the
 backend by ``control.state.kind``. The embedded default, :class:`SQLiteStateStore` (alias
 ``ControlState``), keeps everything in ``run_dir/control.sqlite`` (SQLite in WAL mode, safe across
-processes): every role process opens its own. A Redis backend implements the same methods.
+processes): every role process opens its own. :class:`~asyncrl.orchestrator.redis_state.RedisStateStore`
+(``kind: redis``) implements the same methods in Redis, for roles on several machines.
 It holds only small rows:
 
 * ``counters``: named integers — ``admitted`` (episodes granted by the staleness budget),
@@ -251,10 +252,17 @@ ControlState = SQLiteStateStore
 
 
 def make_state_store(cfg: RunConfig, run_dir: str | Path) -> StateStore:
-    """The run's state store, by ``control.state.kind`` (``sqlite``: ``run_dir/control.sqlite``)."""
+    """The run's state store, by ``control.state.kind`` (``sqlite``: ``run_dir/control.sqlite``;
+    ``redis``: :class:`~asyncrl.orchestrator.redis_state.RedisStateStore` at ``control.state.redis_url``)."""
     kind = cfg.control.state.kind
     if kind == "sqlite":
         return SQLiteStateStore(Path(run_dir) / "control.sqlite")
     from asyncrl.errors import UserError
 
-    raise UserError(f"control.state.kind {kind!r} is not available; use control.state.kind=sqlite")
+    if kind == "redis":
+        from asyncrl.orchestrator.redis_state import RedisStateStore
+
+        if not cfg.control.state.redis_url:
+            raise UserError("control.state.kind=redis needs control.state.redis_url")
+        return RedisStateStore(cfg.control.state.redis_url, run_dir, prefix=cfg.control.state.prefix)
+    raise UserError(f"control.state.kind {kind!r} is not available; use sqlite or redis")

@@ -37,13 +37,13 @@ def evaluated_versions(run_dir: Path) -> list[int]:
 
 class Evaluator:
     def __init__(self, cfg: RunConfig, run_dir: Path, started: float | None = None) -> None:
-        from asyncrl.orchestrator.state import ControlState
+        from asyncrl.orchestrator.state import make_state_store
         from asyncrl.policy import Policy
         from asyncrl.telemetry.jsonl import MetricWriter
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.state = ControlState(run_dir / "control.sqlite")
+        self.state = make_state_store(cfg, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy")
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
