@@ -93,7 +93,13 @@ def timed_generate(
 
 
 def bench_model(
-    name: str, engines: list[str], batch: int, new_tokens: int, reloads: int, repeats: int
+    name: str,
+    engines: list[str],
+    batch: int,
+    new_tokens: int,
+    reloads: int,
+    repeats: int,
+    vllm_dtype: str = "float32",
 ) -> dict[str, Any]:
     from asyncrl.weights import LocalWeightStore
 
@@ -108,7 +114,9 @@ def bench_model(
         if kind == "hf":
             engine: GenerationEngine = HFEngine(policy, [], max_batch=batch, seed=0)
         else:
-            engine = make_engine(EngineConfig(kind="vllm", max_batch=batch), policy, [], seed=0)  # type: ignore[arg-type]
+            engine = make_engine(
+                EngineConfig(kind="vllm", max_batch=batch, vllm_dtype=vllm_dtype), policy, [], seed=0
+            )  # type: ignore[arg-type]
         startup = time.perf_counter() - t0
         try:
             times, samples = timed_generate(engine, prompts, sp, repeats)
@@ -149,6 +157,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reloads", type=int, default=5)
+    ap.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument(
         "--repeats", type=int, default=3, help="timed generate calls per engine (best is reported)"
     )
@@ -157,9 +166,16 @@ def main() -> None:
     result = {
         "batch": args.batch,
         "new_tokens": args.new_tokens,
+        "vllm_dtype": args.vllm_dtype,
         "models": {
             m: bench_model(
-                m, args.engines.split(","), args.batch, args.new_tokens, args.reloads, args.repeats
+                m,
+                args.engines.split(","),
+                args.batch,
+                args.new_tokens,
+                args.reloads,
+                args.repeats,
+                args.vllm_dtype,
             )
             for m in args.models.split(",")
         },
