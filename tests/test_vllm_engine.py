@@ -85,6 +85,30 @@ def test_vllm_backend_defaults_to_truncated_is_unless_set() -> None:
     assert explicit.algo.policy_loss.kind == "ppo_clip"
 
 
+def test_evaluation_uses_the_builtin_engine_with_the_vllm_backend(
+    no_vllm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held-out evaluation is comparable across backends: it samples with hf, needing no vLLM."""
+    import asyncrl.rollout.engine as engine_module
+    from asyncrl.rollout.evaluate import evaluate_policy
+
+    kinds: list[str] = []
+    real = engine_module.make_engine
+
+    def spy(cfg: EngineConfig, *a: Any, **kw: Any) -> Any:
+        kinds.append(cfg.kind)
+        return real(cfg, *a, **kw)
+
+    monkeypatch.setattr(engine_module, "make_engine", spy)
+    cfg = load_config(
+        None,
+        ["env.kind=calculator", "env.heldout_size=8", "model.max_context=128", "rollout.engine.kind=vllm"],
+    )
+    report = evaluate_policy(cfg, tiny(seed=0), seed=3)
+    assert report["episodes"] == 8 and report["avg_steps"] >= 1
+    assert kinds == ["hf"]
+
+
 # ---- with vLLM ---------------------------------------------------------------------------------
 def _require_vllm() -> None:
     if not HAVE_VLLM:
