@@ -90,7 +90,8 @@ def main() -> int:
         results[profile] = {}
         for mode in args.modes:
             sets = [*args.overrides, *PROFILES[profile], f"orchestrator.mode={mode}"]
-            sets += [f"name=bench-{profile}-{mode}", "weights.keep=10000"]
+            # every snapshot kept for the post-hoc evaluation; no evaluator process competing for the cores
+            sets += [f"name=bench-{profile}-{mode}", "weights.keep=10000", "telemetry.eval_every=0"]
             cfg = load_config(args.config, sets)
             run_dir, s = train(cfg, display=False, eval_limit=args.eval_limit)
             curve = success_curve(cfg, run_dir, args.eval_every, args.eval_limit)

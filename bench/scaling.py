@@ -53,7 +53,13 @@ def main() -> int:
                 f"trainer.total_steps={args.steps}",
             ]
             cfg = load_config(
-                args.config, [*sets, f"name=scaling-w{workers}-l{latency}", "cost.enabled=false"]
+                args.config,
+                [
+                    *sets,
+                    f"name=scaling-w{workers}-l{latency}",
+                    "cost.enabled=false",
+                    "telemetry.eval_every=0",
+                ],
             )
             _, s = train(cfg, display=False, eval_limit=8)
             stats = run_stats(s)

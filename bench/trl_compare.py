@@ -54,6 +54,7 @@ def overrides(steps: int, seed: int, lr: float) -> list[str]:
         "algo.policy_loss.agg=token_mean",
         "credit.baseline=grpo",
         "cost.enabled=false",
+        "telemetry.eval_every=0",
     ]
 
 
