@@ -30,6 +30,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 GROUP, BATCH, WINDOW = 8, 64, 5
+SFT = {"steps": 800, "corruption_rate": 0.5}  # set from --sft-steps / --corruption
+LATENCY = {"kind": "none"}  # set from --latency: the verifier's (environment step's) simulated delay
+PARETO = {"seconds": 0.05, "alpha": 1.5, "max_seconds": 5.0}  # the demo's heavy-tailed tool latency
 
 
 def overrides(steps: int, seed: int, lr: float) -> list[str]:
@@ -46,8 +49,8 @@ def overrides(steps: int, seed: int, lr: float) -> list[str]:
         f"trainer.batch_size={BATCH}",
         f"trainer.total_steps={steps}",
         f"trainer.lr={lr}",
-        "trainer.sft.steps=300",
-        "trainer.sft.corruption_rate=0.8",
+        f"trainer.sft.steps={SFT['steps']}",
+        f"trainer.sft.corruption_rate={SFT['corruption_rate']}",
         "algo.kl_coef=0.0",
         "algo.policy_loss.eps_low=0.2",
         "algo.policy_loss.eps_high=0.28",
@@ -55,6 +58,11 @@ def overrides(steps: int, seed: int, lr: float) -> list[str]:
         "credit.baseline=grpo",
         "cost.enabled=false",
         "telemetry.eval_every=0",
+        *(
+            ["env.latency.kind=pareto", *(f"env.latency.{k}={v}" for k, v in PARETO.items())]
+            if LATENCY["kind"] == "pareto"
+            else []
+        ),
     ]
 
 
@@ -143,6 +151,14 @@ def run_trl(policy_dir: str, steps: int, seed: int, lr: float, target: float) ->
     ) -> list[float]:
         # decode ourselves: TRL's completion text drops special tokens such as <tool>
         texts = [tok.decode(ids, skip_special_tokens=False).replace("<pad>", "") for ids in completion_ids]
+        if LATENCY["kind"] == "pareto":  # one verifier call per completion, all of them in parallel:
+            delays = [
+                min(PARETO["seconds"] * rng.paretovariate(PARETO["alpha"]), PARETO["max_seconds"])
+                for _ in texts
+            ]
+            time.sleep(
+                max(delays)
+            )  # the batch waits for its slowest call (the best a synchronous loop can do)
         return [first_step_reward(text, int(t)) for text, t in zip(texts, target, strict=True)]
 
     curve: list[tuple[float, float]] = []
@@ -205,9 +221,19 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--target", type=float, default=0.8, help="training-reward moving average to reach")
+    ap.add_argument("--sft-steps", type=int, default=800, help="warm-start SFT steps (shared by both sides)")
+    ap.add_argument("--corruption", type=float, default=0.5, help="share of corrupted SFT demonstrations")
+    ap.add_argument(
+        "--latency",
+        choices=["none", "pareto"],
+        default="none",
+        help="simulated verifier latency per completion",
+    )
     ap.add_argument("--side", choices=["both", "asyncrl", "trl"], default="both")
     ap.add_argument("--policy-dir", help=argparse.SUPPRESS)  # internal: the TRL subprocess
     args = ap.parse_args()
+    SFT.update(steps=args.sft_steps, corruption_rate=args.corruption)
+    LATENCY.update(kind=args.latency)
     sys.path.insert(0, str(HERE))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
 
@@ -235,6 +261,14 @@ def main() -> int:
                 str(seed),
             ]
             cmd += ["--steps", str(args.steps), "--lr", str(args.lr), "--target", str(args.target)]
+            cmd += [
+                "--sft-steps",
+                str(args.sft_steps),
+                "--corruption",
+                str(args.corruption),
+                "--latency",
+                args.latency,
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             results["trl"].append(json.loads(out.stdout.strip().splitlines()[-1]))
 
