@@ -1,6 +1,7 @@
 """asyncrl vs TRL's GRPOTrainer on the same single-turn task, side by side; prints one JSON object.
 
-    .venv/bin/python bench/trl_compare.py --trl-python .venv-bench/bin/python [--seeds 1 2 3] [--steps 40]
+    .venv/bin/python bench/trl_compare.py --trl-python .venv-bench/bin/python [--seeds 1 2 3] [--steps 100]
+        [--lr 3e-4] [--target 0.8] [--sft-steps 500] [--corruption 0.8] [--latency none|pareto]
 
 Both sides start from the SAME warm-started policy (one ``asyncrl sft`` run of the
 ``first_step_task`` plugin, cached), score with the SAME reward function
@@ -15,6 +16,11 @@ but it pulls datasets/pandas/pyarrow we do not want in the runtime).
 Measured per side: wall time from the start of training (asyncrl: trainer process launch; TRL:
 ``trainer.train()``) until the moving average of the training reward over 5 steps first reaches
 ``--target``, final moving-average reward, and total training wall time.
+
+``--latency pareto`` gives every verification a heavy-tailed delay (the demo's tool latency: x_m
+50 ms, α 1.5, capped at 5 s). asyncrl applies it per episode (its environment wrapper), overlapping
+it with other episodes' generation; TRL scores a whole batch in one reward call, so its fairest
+synchronous version runs the 64 verifications in parallel and waits for the slowest.
 """
 
 from __future__ import annotations
