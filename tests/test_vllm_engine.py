@@ -166,7 +166,8 @@ def test_vllm_logprobs_agree_with_trainer_and_stops_hold(vllm_setup: tuple[Any, 
     samples = engine.generate(prompts, params)
     assert len(samples) == len(prompts)
     for s in samples:
-        assert 1 <= len(s.token_ids) == len(s.logprobs) <= 20
+        assert len(s.logprobs) == len(s.token_ids)  # one behaviour log-prob per sampled token
+        assert 1 <= len(s.token_ids) <= 20  # at least one token, never past max_new_tokens
         stops = [k for k, t in enumerate(s.token_ids) if t in (2, 50, 60)]
         if s.finish_reason == "stop":  # ends at its first stop token, which is included
             assert stops == [len(s.token_ids) - 1]
