@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 from asyncrl.config import ConfigError, RunConfig, explain, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "asyncrl.cli"]
 
 
 def _yaml_files() -> list[Path]:
@@ -100,6 +102,8 @@ def test_every_field_is_documented_and_numbers_are_constrained() -> None:
         ("algo.policy_loss.kind=dpo", ["algo.policy_loss.kind", "ppo_clip"]),
         ("env.kind=plugin", ["env.path"]),
         ("orchestrator.low_watermark=0.95", ["low_watermark", "high_watermark"]),
+        ("model.device=gpu0", ["model.device", "'gpu0'", "'auto'", "'cuda:N'"]),
+        ("rollout.engine.static_cache=yes", ["rollout.engine.static_cache", "'auto'", "'off'"]),
     ],
 )
 def test_bad_values_name_field_value_and_allowed(override: str, needles: list[str]) -> None:
@@ -152,6 +156,23 @@ def test_cli_bad_config_exit_code_2_no_traceback() -> None:
     assert "Traceback" not in out.stderr
     out = _cli("config", "explain", "nosuchsection")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "sections:" in out.stderr
+
+
+def test_cli_missing_gpu_fails_before_any_work(tmp_path: Path) -> None:
+    """model.device=cuda without a GPU: one clear line, exit 2, no warm start, no run directory."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [*CLI, "train", "configs/demo.yaml", "--set", "model.device=cuda", "--set", f"run_root={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # no GPU, on any machine
+    )
+    assert out.returncode == 2, out.stderr
+    assert "model.device is 'cuda' but no CUDA device is visible" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not run_dir.exists()
 
 
 def test_explain_rows_cover_nested_fields() -> None:

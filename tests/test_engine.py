@@ -104,6 +104,74 @@ def test_logprobs_agree_with_trainer(family: str, temperature: float, compact: f
     assert delta.max() < 1e-3
 
 
+# ---- the static-cache (GPU launch-efficient) decoding path ----------------------------------------
+@pytest.mark.parametrize(("family", "attn"), [("qwen2", "sdpa"), ("llama", "sdpa"), ("qwen2", "eager")])
+def test_static_cache_logprobs_agree_with_trainer(family: str, attn: str) -> None:
+    """The static path (fixed buckets, preallocated cache, mask buffer) samples the same distribution."""
+    policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
+    prompts = random_prompts(21, 2, 40, seed=1)  # 21 rows: a 32-row bucket with 11 dummy rows
+    engine = make_engine(
+        EngineConfig(max_batch=32, static_cache="on"), policy, stop_token_ids=[2, 50, 60], seed=0
+    )
+    assert isinstance(engine, HFEngine) and engine.static_cache
+    samples = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=24))
+    assert engine.static_chunks == 1 and sorted(engine._decoders) == [32]
+    assert {s.finish_reason for s in samples} == {"stop", "length"}
+    ref = recomputed(policy, prompts, samples, [0.8] * len(prompts))
+    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
+    assert delta.mean() < 1e-4
+    assert delta.max() < 1e-3
+
+
+def test_static_cache_greedy_equals_growing_cache_and_reuses_buffers() -> None:
+    policy = tiny(peaky=4.0)
+    prompts = random_prompts(13, 1, 30, seed=6)
+    greedy = SamplingParams(temperature=1e-4, max_new_tokens=12)
+    params = [SamplingParams(temperature=1e-4, max_new_tokens=n) for n in range(1, 14)]
+    growing = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=False)
+    static = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=True)
+
+    def same(a: list[Sample], b: list[Sample]) -> bool:
+        return all(
+            x.token_ids == y.token_ids
+            and x.finish_reason == y.finish_reason
+            and max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)), default=0.0) < 1e-5
+            for x, y in zip(a, b, strict=True)
+        )
+
+    for _ in range(2):  # the second call reuses the bucket's cache and buffers: nothing stale may leak
+        assert same(static.generate(prompts, greedy), growing.generate(prompts, greedy))
+        assert same(static.generate(prompts, params), growing.generate(prompts, params))
+    assert sorted(static._decoders) == [16] and static.static_chunks == 4
+    for p, s in zip(prompts, static.generate(prompts, greedy), strict=True):
+        ref = greedy_reference(policy, p, 12)
+        assert s.token_ids == ref[: len(s.token_ids)]
+    assert static.decode_steps > 0 and static.decode_seconds > 0
+
+
+def test_static_cache_falls_back_when_a_chunk_would_overflow_it() -> None:
+    """A long prompt batched with short ones that may sample far: the growing cache takes the chunk."""
+    policy = tiny(max_context=64)
+    engine = HFEngine(policy, [], seed=0, max_batch=8, static_cache=True)
+    engine.cache_len = 70  # what max_context + slack would be for a smaller slack
+    out = engine.generate([[11] * 60, [12] * 4], SamplingParams(max_new_tokens=40))
+    assert [len(s.token_ids) for s in out] == [4, 40]
+    assert engine.static_chunks == 0
+    engine.generate([[11] * 30, [12] * 28], SamplingParams(max_new_tokens=20))
+    assert engine.static_chunks == 1
+
+
+def test_engine_device_settings() -> None:
+    """static_cache auto is off on the CPU; CUDA graphs are never attempted without CUDA."""
+    engine = make_engine(EngineConfig(), tiny(), stop_token_ids=[2], seed=0)
+    assert isinstance(engine, HFEngine)
+    assert not engine.static_cache and not engine.cuda_graphs
+    forced = make_engine(
+        EngineConfig(static_cache="on", cuda_graphs=True), tiny(), stop_token_ids=[2], seed=0
+    )
+    assert isinstance(forced, HFEngine) and forced.static_cache and not forced.cuda_graphs
+
+
 def test_logprobs_agree_with_per_prompt_temperature() -> None:
     policy = tiny()
     prompts = random_prompts(16, 1, 30, seed=2)

@@ -9,6 +9,7 @@ prints those docs). :func:`load_config` turns any user mistake into one
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,17 @@ class ModelConfig(Section):
     """Locally built tokenizer: one token per printable ASCII character, or per byte."""
     seed: int = Field(0, ge=0)
     """Seed of the random initialisation."""
+    device: str = "auto"
+    """Where every role's model runs: ``auto`` (the first visible CUDA GPU, else the CPU; under
+    Ray, the GPU the role was given), ``cpu``, ``cuda`` or ``cuda:N``. Weights move between roles
+    as CPU tensors, so roles may differ (see docs/engines.md)."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_spec(cls, v: str) -> str:
+        if v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v):
+            return v
+        raise ValueError(f"{v!r} is not a device; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -180,6 +192,14 @@ class EngineConfig(Section):
     batch_wait_ms: float = Field(20.0, ge=0, le=10000)
     """How long a model turn may wait for others to join its batch (never when every live episode is
     already waiting)."""
+    static_cache: Literal["auto", "on", "off"] = "auto"
+    """Built-in engine: decode with a preallocated (static) KV cache and fixed batch buckets instead
+    of a growing cache. ``auto``: on where the model runs on a CUDA GPU, off on CPU (where it
+    brings nothing). Required for ``cuda_graphs``."""
+    cuda_graphs: bool = True
+    """Built-in engine with the static cache on a CUDA GPU: capture one decode step per batch bucket
+    as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
+    eager decoding, with a warning, if capture fails)."""
     vllm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
     vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)

@@ -59,12 +59,17 @@ class ValueModel:
         params = list(self.head.parameters()) + (
             list(self.backbone.parameters()) if self.backbone is not None else []
         )
+        self.device = policy.device
+        self.head.to(self.device)
+        if self.backbone is not None:
+            self.backbone.to(self.device)
         self.optimizer = torch.optim.AdamW(params, lr=vcfg.lr)
 
     def _features(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         from asyncrl.policy.model import padded_attention_inputs
 
         net = self.backbone if self.backbone is not None else self.policy.model.model
+        ids, attn = ids.to(self.device), attn.to(self.device)
         mask4d, pos = padded_attention_inputs(attn, net.config._attn_implementation)
         if self.backbone is None:
             with torch.no_grad():
@@ -78,8 +83,9 @@ class ValueModel:
         return torch.sigmoid(self.head(self._features(ids, attn)).squeeze(-1))
 
     def predict(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Values ``[B, T]`` on the host (credit assignment is host-side work)."""
         with torch.no_grad():
-            return self.forward(ids, attn).detach()
+            return self.forward(ids, attn).detach().cpu()
 
     def train(
         self,
@@ -92,6 +98,7 @@ class ValueModel:
         """``epochs`` optimiser steps of the clipped value loss; returns its metrics."""
         metrics: dict[str, float] = {}
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        vmask, targets, old = (t.to(self.device) for t in (vmask, targets, old))
         for epoch in range(self.cfg.epochs):
             pred = self.forward(ids, attn)
             loss, m = value_loss(pred, old, targets, vmask, self.cfg.clip)
@@ -111,7 +118,10 @@ class ValueModel:
 
     # -- persistence -------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {f"head.{k}": v.detach().clone().contiguous() for k, v in self.head.state_dict().items()}
+        out = {
+            f"head.{k}": v.detach().to("cpu", copy=True).contiguous()
+            for k, v in self.head.state_dict().items()
+        }
         if self.backbone is not None:
             from asyncrl.policy.model import state_dict_tensors
 

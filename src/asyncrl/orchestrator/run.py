@@ -477,7 +477,7 @@ def train(
     ``run_dir``: use this (new or empty) directory instead of a fresh ``{run_root}/{name}-{time}``.
     """
     from asyncrl.credentials import check_connections
-    from asyncrl.policy import Policy
+    from asyncrl.policy import Policy, resolve_device
     from asyncrl.rollout.evaluate import evaluate_policy
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
@@ -499,12 +499,13 @@ def train(
         write_run_record(cfg, run_dir, resumed=True)
     else:
         check_connections(cfg)
+        resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_run_record(cfg, run_dir)
         ws = warm_start(cfg, progress=display)
         shutil.copytree(ws.path, run_dir / "initial_policy")
-        policy = Policy.load(run_dir / "initial_policy")
+        policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
         make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
         prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
         (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
@@ -513,7 +514,7 @@ def train(
     # final evaluation on the newest valid weights
     store = make_weight_store(cfg.weights, run_dir)
     loaded = store.load_latest()
-    policy = Policy.load(run_dir / "initial_policy")
+    policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
     if loaded is not None:
         policy.load_tensors(loaded.tensors)
     final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)

@@ -5,11 +5,13 @@ engine and the trainer, and the save/load format.
 """
 
 from asyncrl.policy.model import (
+    DeviceError,
     Policy,
     PolicyLoadError,
     build_model,
     load_tensors,
     num_parameters,
+    resolve_device,
     state_dict_tensors,
     token_logprobs,
     token_logprobs_and_entropy,
@@ -18,12 +20,14 @@ from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer, special_id
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "DeviceError",
     "Policy",
     "PolicyLoadError",
     "build_model",
     "build_tokenizer",
     "load_tensors",
     "num_parameters",
+    "resolve_device",
     "special_id",
     "state_dict_tensors",
     "token_logprobs",

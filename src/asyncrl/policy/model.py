@@ -55,6 +55,37 @@ class PolicyLoadError(UserError, RuntimeError):
     """A policy directory is missing, incomplete or corrupt; the message is meant for people."""
 
 
+class DeviceError(UserError, RuntimeError):
+    """``model.device`` names a device this machine does not have."""
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The torch device ``model.device`` names (see :class:`~asyncrl.config.ModelConfig`).
+
+    ``auto`` is the current CUDA device when one is visible, else the CPU. An explicit CUDA
+    device that is not there is a :class:`DeviceError`, not a silent fall-back to the CPU: a run
+    meant for a GPU that quietly runs on two cores is a day lost.
+    """
+    if spec == "cpu":
+        return torch.device("cpu")
+    have = torch.cuda.is_available()
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if have else torch.device("cpu")
+    if not have:
+        raise DeviceError(
+            f"model.device is {spec!r} but no CUDA device is visible here (torch.cuda.is_available() is "
+            "False; a CPU-only torch build, or CUDA_VISIBLE_DEVICES hides the GPUs); use model.device=auto or cpu"
+        )
+    dev = torch.device(spec)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise DeviceError(
+            f"model.device is {spec!r} but only {n} CUDA device(s) are visible (cuda:0 .. cuda:{n - 1})"
+        )
+    return torch.device("cuda", index)
+
+
 # ---------------------------------------------------------------------------------------------
 def build_model(
     cfg: ModelConfig, vocab_size: int, attn_implementation: AttnImpl = DEFAULT_ATTN
@@ -324,6 +355,19 @@ class Policy:
 
     def num_parameters(self) -> int:
         return num_parameters(self.model)
+
+    def to(self, device: str | torch.device) -> Policy:
+        """Move the model to ``device`` (a ``model.device`` spec or a torch device); returns self.
+
+        On a CUDA device float32 matmuls may use TF32 tensor cores (``high`` precision), the
+        usual setting for RL on GPUs; the trainer and the built-in engine then share the same
+        numerics, so the importance ratio stays ~1 with identical weights.
+        """
+        dev = resolve_device(device) if isinstance(device, str) else device
+        if dev.type == "cuda":
+            torch.set_float32_matmul_precision("high")
+        torch.nn.Module.to(self.model, dev)  # PreTrainedModel.to is an untyped wrapper
+        return self
 
     @property
     def device(self) -> torch.device:

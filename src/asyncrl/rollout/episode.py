@@ -93,6 +93,8 @@ class TurnBatcher:
     """Episodes currently running on this batcher (maintained by :func:`run_episode`)."""
     batches: int = 0
     sequences: int = 0
+    tokens: int = 0
+    """Tokens sampled (every turn of every episode, stop tokens included)."""
     busy_seconds: float = 0.0
 
     async def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[Sample, int]:
@@ -131,6 +133,7 @@ class TurnBatcher:
             self.busy_seconds += time.perf_counter() - t0
             self.batches += 1
             self.sequences += len(batch)
+            self.tokens += sum(len(s.token_ids) for s in samples)
             for r, s in zip(batch, samples, strict=True):
                 if not r.future.done():
                     r.future.set_result((s, version))

@@ -133,7 +133,7 @@ def evaluate_policy(
 def evaluate_checkpoint(cfg: RunConfig, path: str, *, limit: int | None = None) -> dict[str, Any]:
     from asyncrl.policy import Policy
 
-    policy = Policy.load(path)
+    policy = Policy.load(path).to(cfg.model.device)
     report = evaluate_policy(cfg, policy, limit=limit, seed=cfg.seed)
     report["checkpoint"] = str(path)
     return report

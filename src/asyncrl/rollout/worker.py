@@ -104,7 +104,7 @@ class RolloutWorker:
         self.state = make_state_store(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
-        self.policy = Policy.load(run_dir / "initial_policy")
+        self.policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
         self.template = ChatTemplate(self.policy.tokenizer)
         self.engine = make_engine(
             cfg.rollout.engine, self.policy, self.template.stop_ids, seed=self.rng.randrange(2**31)
@@ -318,6 +318,10 @@ class RolloutWorker:
                 "rollout/gen_busy_seconds": batcher.busy_seconds,
                 "rollout/gen_batches": float(batcher.batches),
                 "rollout/gen_sequences": float(batcher.sequences),
+                "rollout/gen_tokens": float(batcher.tokens),
+                # the built-in engine's decode loop (absent for other engines): per-step latency
+                "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
+                "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
             }
         )

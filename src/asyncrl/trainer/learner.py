@@ -35,6 +35,16 @@ class Batch:
     def tokens(self) -> int:
         return int(self.mask.sum())
 
+    def to(self, device: torch.device) -> Batch:
+        """The same batch on ``device`` (one host-to-device copy per tensor; a no-op on the CPU)."""
+        if device.type == "cpu":
+            return self
+        ids, attn, mask, behaviour, versions, temperature = (
+            t.to(device, non_blocking=True)
+            for t in (self.ids, self.attn, self.mask, self.behaviour, self.versions, self.temperature)
+        )
+        return Batch(ids, attn, mask, behaviour, versions, temperature)
+
 
 def collate(batch: list[Trajectory], pad_id: int) -> Batch:
     T = max(len(t.token_ids()) for t in batch)
@@ -84,9 +94,12 @@ class Learner:
         """Train on ``trajs`` at weight ``version``; returns metrics (``train/skipped`` = 1 if not finite)."""
         tc, algo = self.cfg.trainer, self.cfg.algo
         pad = self.policy.tokenizer.pad_token_id
-        b = collate(trajs, pad)
-        # 1. credit: per-token advantages; staleness age of every model token
-        adv, metrics = self.credit.advantages(trajs, b.ids, b.attn, b.mask)
+        host = collate(trajs, pad)
+        # 1. credit: per-token advantages (computed on the host: per-trajectory Python work; a
+        # value model runs on the policy's device); staleness age of every model token
+        adv, metrics = self.credit.advantages(trajs, host.ids, host.attn, host.mask)
+        dev = self.policy.device
+        b, adv = host.to(dev), adv.to(dev)
         age = torch.where(b.mask > 0, (version - b.versions).clamp(min=0), torch.zeros_like(b.versions))
         # 2. proximal log-probs: the weights at the start of this step (decoupled PPO, KL early stop)
         with torch.no_grad():
@@ -137,20 +150,20 @@ class Learner:
                     break
         if not skipped:
             self.scheduler.step()
-        metrics.update(self.credit.train_value(trajs, b.ids, b.attn, b.mask))  # 4. the value model
+        metrics.update(self.credit.train_value(trajs, host.ids, host.attn, host.mask))  # 4. the value model
         ages = age[b.mask > 0].float()
         metrics.update(
             {
                 "train/skipped": float(skipped > 0),
                 "train/early_stopped": float(stopped),
                 "train/lr": float(self.scheduler.get_last_lr()[0]),
-                "train/tokens": float(b.tokens),
+                "train/tokens": float(host.tokens),
                 "train/samples": float(len(trajs)),
                 "staleness/mean": float(ages.mean()) if ages.numel() else 0.0,
                 "staleness/max": float(ages.max()) if ages.numel() else 0.0,
                 "reward/mean": float(sum(t.final_reward for t in trajs) / len(trajs)),
                 "reward/success_rate": sum(t.outcome == "success" for t in trajs) / len(trajs),
-                "length/mean_tokens": float(b.attn.sum(1).float().mean()),
+                "length/mean_tokens": float(host.attn.sum(1).float().mean()),
             }
         )
         return metrics

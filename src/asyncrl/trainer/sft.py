@@ -43,7 +43,8 @@ class WarmStartResult:
 def warm_start_key(cfg: RunConfig) -> str:
     env = cfg.env.model_copy(deep=True)
     env.latency.kind, env.guard.step_timeout_s = "none", 10.0  # latency does not change demonstrations
-    return config_hash(cfg.model, env, cfg.trainer.sft) + f"-t{TEMPLATE_VERSION}"
+    model = cfg.model.model_copy(update={"device": "auto"})  # placement does not change the result's meaning
+    return config_hash(model, env, cfg.trainer.sft) + f"-t{TEMPLATE_VERSION}"
 
 
 async def _play(env: Any, task: Task, texts: list[str], template: Any) -> tuple[list[int], list[int]]:
@@ -103,6 +104,8 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
         ids[i, : len(x)] = torch.tensor(x)
         mask[i, : len(xm)] = torch.tensor(xm, dtype=torch.float32)
         attn[i, : len(x)] = 1
+    dev = next(model.parameters()).device
+    ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     target, m = ids[:, 1:], mask[:, 1:]
     nll = torch.nn.functional.cross_entropy(
@@ -182,7 +185,7 @@ def warm_start(
         return WarmStartResult(out, meta["heldout_success"], meta["seconds"], True, meta["eval"])
 
     t0 = time.perf_counter()
-    policy = Policy.load(cfg.model.path) if cfg.model.path else Policy.build(cfg.model)
+    policy = (Policy.load(cfg.model.path) if cfg.model.path else Policy.build(cfg.model)).to(cfg.model.device)
     template = ChatTemplate(policy.tokenizer)
     demos = build_demonstrations(cfg, template)
     losses = train_sft(cfg, policy, demos, progress=progress)
