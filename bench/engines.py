@@ -4,8 +4,9 @@ Run in the environment that has vLLM (``make test-vllm`` creates it)::
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv-vllm/bin/python bench/engines.py --models tiny,small
 
-Prints one JSON object. For each model (``tiny``: the demo's size with head size 32, ``small``:
-about 23M parameters) and engine (``hf``, ``vllm``): generation throughput on ``--batch``
+Prints one JSON object. For each model (``tiny``: the demo's size with head size 32, ``demo``:
+the demo model, head size 16, served to vLLM with heads padded to 32, ``small``: about 23M
+parameters) and engine (``hf``, ``vllm``): generation throughput on ``--batch``
 prompts × ``--new-tokens`` tokens (no stop tokens, so every row generates them all; one warm-up
 call, then ``--repeats`` timed calls: best and median reported), and the agreement of the engine's behaviour log-probs with the trainer's
 recomputation under identical weights: mean and max ``|Δ log p|`` and the KL estimates
@@ -34,6 +35,8 @@ from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engi
 
 MODELS: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 192},
+    # the demo model itself: head size 16, which vLLM serves padded to 32 (docs/engines.md)
+    "demo": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192},
     "small": {
         "hidden_size": 512,
         "num_layers": 8,
@@ -130,6 +133,7 @@ def bench_model(
                 "agreement": agreement(policy, prompts, samples, sp.temperature),
             }
             if kind == "vllm":
+                row["served_head_dim"] = getattr(engine, "head_padding", None)  # None: not padded
                 with tempfile.TemporaryDirectory() as tmp:
                     store = LocalWeightStore(Path(tmp), keep=2)
                     times = []

@@ -8,7 +8,9 @@ Two kinds of tests:
 * ``vllm``-marked, in the environment ``make test-vllm`` builds: behaviour log-probs agree with
   the trainer's recomputation under identical weights, stop / length semantics match the built-in
   engine, weights reload from the weight store's versioned snapshots (version stamped, prefix cache
-  not reused across versions, retention race handled), and a short run trains end to end. These
+  not reused across versions, retention race handled), the demo-shaped model (head size 16) is
+  served with padded heads and still agrees with the trainer before and after reloads, and a short
+  run of the demo's model shape trains end to end. These
   are skipped where vLLM is not importable, unless ``ASYNCRL_REQUIRE_VLLM=1`` (set by
   ``make test-vllm``), which turns the skip into a failure.
 """
@@ -32,12 +34,14 @@ from asyncrl.records import SamplingParams
 from asyncrl.rollout.engine import HFEngine, Sample, make_engine
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-# head size 32: the smallest vLLM's CPU attention supports (the demo's 64/4 = 16 is not).
+# head size 32: the smallest vLLM's CPU attention supports, served as it is.
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 96}
+# the demo's shape: head size 64 / 4 = 16, which vLLM's CPU attention lacks: served padded to 32.
+DEMO = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192}
 
 
-def tiny(seed: int = 0, peaky: float = 0.0) -> Policy:
-    policy = Policy.build(ModelConfig(seed=seed, max_context=128, **TINY))  # type: ignore[arg-type]
+def tiny(seed: int = 0, peaky: float = 0.0, shape: dict[str, int] = TINY) -> Policy:
+    policy = Policy.build(ModelConfig(seed=seed, max_context=128, **shape))  # type: ignore[arg-type]
     if peaky:
         with torch.no_grad():
             weight = policy.model.get_input_embeddings().weight
@@ -244,9 +248,68 @@ def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tup
 
 
 @pytest.mark.vllm
+def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
+    """Head size 16 is served padded to 32; behaviour log-probs still match the trainer's on the
+    real model, and reloads (tensors, weight file, snapshot directory) are padded too."""
+    from asyncrl.rollout.vllm_engine import VLLMModelError, plan_head_padding
+    from asyncrl.weights import LocalWeightStore
+
+    _require_vllm()
+    torch.set_num_threads(1)
+    policy = tiny(seed=0, peaky=4.0, shape=DEMO)
+    engine: Any = make_engine(EngineConfig(kind="vllm", max_batch=32), policy, [2, 50, 60], seed=0)  # type: ignore[arg-type]
+    try:
+        assert engine.head_padding == 32
+        prompts = random_prompts(24, 2, 40, seed=1)
+        temps = [0.7 + 0.05 * (i % 8) for i in range(len(prompts))]
+        params = [SamplingParams(temperature=t, top_p=1.0, max_new_tokens=20) for t in temps]
+        delta = recomputed(policy, prompts, engine.generate(prompts, params), temps).abs()
+        print(
+            f"padded 16->32: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}"
+        )
+        assert delta.mean() < 1e-4 and delta.max() < 1e-2
+
+        sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+        other = tiny(seed=7, peaky=4.0, shape=DEMO)
+        store = LocalWeightStore(tmp_path / "weights", keep=2)
+        for version, (source, how) in enumerate(
+            [(other, "snapshot"), (policy, "file"), (other, "tensors")], start=engine.version + 1
+        ):
+            path = store.publish(version, source.state_dict_tensors(), step=version)
+            if how == "snapshot":
+                snap = store.load(version)
+                engine.load_snapshot(version, snap.path, snap.tensors)
+            elif how == "file":
+                engine.load_weights(version, str(path))
+            else:
+                engine.load_weights_from_tensors(version, source.state_dict_tensors())
+            assert engine.version == version
+            out = engine.generate(prompts, sp)
+            d_new = recomputed(source, prompts, out, [1.0] * len(prompts)).abs()
+            d_old = recomputed(policy if source is other else other, prompts, out, [1.0] * len(prompts)).abs()
+            assert d_new.mean() < 1e-4 and d_new.max() < 1e-2, how  # the reloaded weights, padded
+            assert d_old.mean() > 100 * d_new.mean(), how
+    finally:
+        engine.close()
+    assert plan_head_padding({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 2}) is None
+    with pytest.raises(VLLMModelError, match="none is a multiple of 34"):
+        plan_head_padding({"model_type": "qwen2", "hidden_size": 136, "num_attention_heads": 4})
+    with pytest.raises(VLLMModelError, match="cannot be padded exactly"):
+        plan_head_padding(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            }
+        )
+
+
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_backend_trains_end_to_end(tmp_path: Path) -> None:
-    """A short async run with rollouts from vLLM: weights reach vLLM mid-run, nothing is lost."""
+    """A short async run with rollouts from vLLM on the demo's model shape (heads padded 16 -> 32):
+    weights reach vLLM mid-run, nothing is lost."""
     import json
 
     from asyncrl.orchestrator.run import train
@@ -258,8 +321,6 @@ def test_vllm_backend_trains_end_to_end(tmp_path: Path) -> None:
             f"run_root={tmp_path}",
             f"cache_dir={tmp_path / 'cache'}",
             "rollout.engine.kind=vllm",
-            "model.num_heads=2",
-            "model.num_kv_heads=1",
             "model.max_context=320",
             "env.kind=calculator",
             "env.min_difficulty=2",

@@ -24,6 +24,14 @@ different kernel stack than the trainer's recomputation, so they agree only appr
 ``docs/engines.md`` reports the measured gap and the truncated-importance-sampling correction
 that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``).
 
+**Head padding.** vLLM's CPU attention supports only some head sizes (:data:`CPU_HEAD_SIZES`).
+For another size ``D`` (the demo's 16) the engine serves vLLM an exactly equivalent model with
+heads zero-padded to the smallest supported multiple ``D'`` of ``D`` (formulas in
+:mod:`asyncrl.rollout.head_padding`; a Qwen2 policy is then served as the equivalent Llama, as
+vLLM's Qwen2 ignores ``head_dim``). The padded copy lives in the engine's staging directory, and
+every reload pads the new tensors first, so snapshot directories are never read directly then.
+:func:`plan_head_padding` decides, and raises :class:`VLLMModelError` when no exact padding exists.
+
 **Weights.** :meth:`VLLMEngine.load_weights` reloads in place from a weight-store snapshot
 directory with ``collective_rpc("reload_weights", kwargs={"weights_path": dir})`` and then
 resets vLLM's prefix cache (cached KV blocks were computed with the old weights).
@@ -40,6 +48,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -50,6 +59,14 @@ from asyncrl.errors import UserError
 from asyncrl.policy.model import WEIGHTS_NAME
 from asyncrl.records import SamplingParams
 from asyncrl.rollout.engine import GenerationEngine, Sample, check_requests
+from asyncrl.rollout.head_padding import (
+    HeadPaddingError,
+    check_paddable,
+    head_dim_of,
+    pad_attention_heads,
+    padded_head_dim,
+    qwen2_as_llama,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -85,8 +102,6 @@ def vllm_available() -> bool:
 def require_vllm() -> None:
     """Raise :class:`VLLMNotInstalledError` unless vLLM is importable."""
     if not vllm_available():
-        import sys
-
         raise VLLMNotInstalledError(
             f"rollout.engine.kind is 'vllm' but vLLM is not installed in this Python ({sys.executable}); "
             f"{INSTALL_HINT}; or use rollout.engine.kind=hf"
@@ -102,23 +117,37 @@ def _set_env_defaults(kv_cache_gb: int) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
-def check_head_size(model_config: dict[str, Any]) -> None:
-    """vLLM's CPU attention supports only some head sizes; say which before vLLM fails obscurely.
+def plan_head_padding(model_config: dict[str, Any]) -> int | None:
+    """The head size vLLM is served here (``None``: the policy's own), or :class:`VLLMModelError`.
 
-    ``model_config`` is a Hugging Face ``config.json`` as a dict.
+    vLLM's CPU attention supports only :data:`CPU_HEAD_SIZES`. For another head size ``D`` the
+    engine serves an exactly equivalent model padded to the smallest supported multiple of ``D``
+    (:mod:`asyncrl.rollout.head_padding`); the error is for sizes with no such multiple and for
+    models that cannot be padded exactly. ``model_config`` is a Hugging Face ``config.json``.
     """
-    heads = int(model_config.get("num_attention_heads", 0) or 0)
-    hidden = int(model_config.get("hidden_size", 0) or 0)
-    head_dim = int(model_config.get("head_dim") or (hidden // heads if heads else 0))
+    head_dim = head_dim_of(model_config)
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu() and head_dim not in CPU_HEAD_SIZES:
+    if not current_platform.is_cpu() or head_dim in CPU_HEAD_SIZES:
+        return None
+    heads, hidden = model_config.get("num_attention_heads"), model_config.get("hidden_size")
+    where = f"the policy's attention head size is {head_dim} (hidden_size {hidden} / {heads} heads)"
+    sizes = ", ".join(map(str, CPU_HEAD_SIZES))
+    padded = padded_head_dim(head_dim, CPU_HEAD_SIZES)
+    if padded is None:
         raise VLLMModelError(
-            f"the policy's attention head size is {head_dim} (model.hidden_size / model.num_heads = "
-            f"{hidden} / {heads}); vLLM's CPU attention supports head sizes "
-            f"{', '.join(map(str, CPU_HEAD_SIZES))}. Choose model sizes accordingly (e.g. "
-            "--set model.num_heads=2 model.num_kv_heads=1 with hidden_size 64) or use rollout.engine.kind=hf"
+            f"{where}; vLLM's CPU attention supports head sizes {sizes}, and none is a multiple of "
+            f"{head_dim} (asyncrl pads heads to such a multiple). Choose model sizes accordingly "
+            "or use rollout.engine.kind=hf"
         )
+    try:
+        check_paddable(model_config, padded)
+    except HeadPaddingError as err:
+        raise VLLMModelError(
+            f"{where}; vLLM's CPU attention supports head sizes {sizes}, and the model cannot be "
+            f"padded exactly to {padded}: {err}. Choose a supported head size or use rollout.engine.kind=hf"
+        ) from None
+    return padded
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -130,9 +159,32 @@ def preflight(cfg: RunConfig) -> None:
         config_file = Path(m.path) / "config.json"
         if not config_file.is_file():
             return  # Policy.load reports a missing or broken model directory in its own words
-        check_head_size(json.loads(config_file.read_text()))
-    else:
-        check_head_size({"hidden_size": m.hidden_size, "num_attention_heads": m.num_heads})
+        plan_head_padding(json.loads(config_file.read_text()))
+    else:  # what build_model writes: plain RoPE
+        plan_head_padding(
+            {
+                "model_type": m.family,
+                "hidden_size": m.hidden_size,
+                "num_attention_heads": m.num_heads,
+                "num_key_value_heads": m.num_kv_heads,
+            }
+        )
+
+
+_padding_logged = False
+
+
+def _log_padding(head_dim: int, padded: int) -> None:
+    """One stderr line per process: padding is exact but not free."""
+    global _padding_logged
+    if not _padding_logged:
+        _padding_logged = True
+        print(
+            f"asyncrl: vLLM: attention heads padded {head_dim} -> {padded} for vLLM's CPU attention "
+            f"(exact; attention FLOPs and KV cache x{padded / head_dim:g})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class VLLMEngine(GenerationEngine):
@@ -162,7 +214,9 @@ class VLLMEngine(GenerationEngine):
             raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab_size - 1})")
         _set_env_defaults(kv_cache_gb)
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
-        check_head_size(model_config)
+        self.head_padding = plan_head_padding(model_config)
+        """Head size of the model vLLM serves when the policy's is padded (``None``: not padded)."""
+        self._model_config = model_config
         self.tied_embeddings = bool(model_config.get("tie_word_embeddings", False))
         from vllm import LLM
 
@@ -173,12 +227,13 @@ class VLLMEngine(GenerationEngine):
         self.max_batch = max_batch
         self._owned_dir = Path(owned_dir) if owned_dir is not None else None
         self._stage_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-stage-"))
+        served = Path(model_dir) if self.head_padding is None else self._write_padded_model(Path(model_dir))
         self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         self.reload_seconds: list[float] = []
         """Wall time of each weight reload (collective_rpc + prefix-cache reset), in seconds."""
         t0 = time.perf_counter()
         self.llm: Any = LLM(
-            model=str(model_dir),
+            model=str(served),
             skip_tokenizer_init=True,  # prompts are token ids; asyncrl's tokenizer stays ours
             dtype=dtype,
             seed=self._rng.randrange(2**31),
@@ -224,7 +279,7 @@ class VLLMEngine(GenerationEngine):
             raise FileNotFoundError(
                 f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})"
             )
-        if self.tied_embeddings:  # the file lacks lm_head.weight: add it (see _reload)
+        if self.tied_embeddings or self.head_padding:  # add lm_head.weight (see _reload) / pad
             from safetensors.torch import load_file
 
             self.load_weights_from_tensors(version, load_file(str(file)))
@@ -232,22 +287,63 @@ class VLLMEngine(GenerationEngine):
             self._reload(version, file.parent)
 
     def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        self._write_staged(self._served_tensors(tensors))
+        self._reload(version, self._stage_dir)
+
+    def _served_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The policy's tensors as the model vLLM serves: heads padded (when :attr:`head_padding`;
+        a Qwen2 policy then served as Llama, see :mod:`asyncrl.rollout.head_padding`) and a tied
+        ``lm_head.weight`` added."""
+        out = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        if self.head_padding is not None:
+            out, _ = self._pad(out)
+        return self._with_tied_head(out)
+
+    def _with_tied_head(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.tied_embeddings and TIED_HEAD not in tensors and TIED_EMBED in tensors:
+            tensors[TIED_HEAD] = tensors[TIED_EMBED].clone()
+        return tensors
+
+    def _pad(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        assert self.head_padding is not None
+        out, config = pad_attention_heads(tensors, self._model_config, self.head_padding)
+        if config.get("model_type") == "qwen2":  # vLLM 0.32's Qwen2 ignores head_dim; its Llama reads it
+            out, config = qwen2_as_llama(out, config)
+        return out, config
+
+    def _write_staged(self, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
-        out = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        if self.tied_embeddings and TIED_HEAD not in out and TIED_EMBED in out:
-            out[TIED_HEAD] = out[TIED_EMBED].clone()
         tmp = self._stage_dir / f".{WEIGHTS_NAME}.tmp"
-        save_file(out, str(tmp))
+        save_file(tensors, str(tmp))
         os.replace(tmp, self._stage_dir / WEIGHTS_NAME)
-        self._reload(version, self._stage_dir)
+
+    def _write_padded_model(self, model_dir: Path) -> Path:
+        """Write the padded model (config.json + weights) to the staging directory, which vLLM
+        then loads at start and every reload reads; return it. Logs the padding once."""
+        from safetensors.torch import load_file
+
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors weights in {str(model_dir)!r}")
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update(load_file(str(f)))
+        padded, config = self._pad(tensors)
+        self._write_staged(self._with_tied_head(padded))
+        (self._stage_dir / "config.json").write_text(json.dumps(config, indent=2))
+        if (model_dir / "generation_config.json").is_file():
+            shutil.copy(model_dir / "generation_config.json", self._stage_dir / "generation_config.json")
+        _log_padding(head_dim_of(self._model_config), self.head_padding or 0)
+        return self._stage_dir
 
     def load_snapshot(self, version: int, path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
         """Reload a verified weight-store snapshot: straight from its directory when vLLM can read
-        it as it is, else (tied embeddings, or the directory removed by retention meanwhile) from
-        the verified tensors written to the engine's staging directory."""
+        it as it is, else (tied embeddings, padded heads, or the directory removed by retention
+        meanwhile) from the verified tensors written to the engine's staging directory."""
         directory = Path(path)
-        if not self.tied_embeddings and (directory / WEIGHTS_NAME).is_file():
+        as_is = not self.tied_embeddings and self.head_padding is None
+        if as_is and (directory / WEIGHTS_NAME).is_file():
             try:
                 self._reload(version, directory)
                 return
