@@ -221,3 +221,23 @@ def test_async_with_zero_staleness_behaves_as_sync(tmp_path: Path, cache_dir: Pa
         # the budget never admits more than one batch ahead of the trainer (how far into that last batch the
         # workers got before the stop flag is timing, so it is bounded rather than compared)
         assert 6 * 64 <= s["samples_admitted"] <= 7 * 64
+
+
+def test_one_step_off_drops_nothing_structurally(tmp_path: Path, cache_dir: Path) -> None:
+    """``one_step_off`` without tool latency (no stragglers): admission counts an episode against the
+    version it is generated with, so no sample ages past the bound of 1 by construction. Before that
+    rule a worker still on version v - 1 admitted episodes for batch v + 1 (age 2): about a third of
+    all samples were dropped as stale."""
+    cfg = make_cfg(
+        tmp_path,
+        cache_dir,
+        "orchestrator.mode=one_step_off",
+        "env.latency.kind=none",
+        "trainer.total_steps=8",
+    )
+    run_dir, s = train(cfg, display=False, eval_limit=8)
+    by_step = _steps_and_ages(run_dir)
+    assert s["trainer_steps"] == 8 and sorted(by_step) == list(range(8))
+    assert all(len(ages) == 64 and max(ages) <= 1 for ages in by_step.values())
+    assert s["staleness_max"] <= 1 and s["lost_trajectories"] == 0
+    assert s["samples_dropped_stale"] <= 8, s["samples_dropped_stale"]  # a rare straggler group at most

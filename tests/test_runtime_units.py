@@ -54,6 +54,20 @@ def test_admission_limit_is_arealS_rule() -> None:
     assert StalenessPolicy.from_config("sync", 2, 16).admission_limit(3) == 4 * 16  # one batch per version
 
 
+def test_admission_counts_the_workers_own_version() -> None:
+    """Rule 1 with the starting worker's version w: the limit is (lag + min(v, w) + 1) × B, so an episode
+    started on w lands in a batch trained at most ``lag`` versions after w."""
+    p = StalenessPolicy.from_config("one_step_off", 5, 16)
+    assert p.admission_limit(4, worker_version=4) == 6 * 16  # up to batch 5, trained at 5: age 1
+    assert p.admission_limit(4, worker_version=3) == 5 * 16  # not batch 5 (age 2): batch 4 at most
+    assert p.admission_limit(4, worker_version=5) == 6 * 16  # weights ahead of the announced version
+    # the batch the trainer waits for (v) always fits for a worker within the lag of v: no stall
+    for lag in (0, 1, 3):
+        for v in range(6):
+            for w in range(max(0, v - lag), v + 2):
+                assert p.admission_limit(v, lag, worker_version=w) >= (v + 1) * 16
+
+
 def test_refresh_and_too_stale() -> None:
     p = StalenessPolicy.from_config("async", 2, 8)
     assert not p.must_refresh(3, 5) and p.must_refresh(2, 5)

@@ -11,14 +11,27 @@ Definitions
 
 Rules
 -----
-1. **Admission (who may start what).** An episode may start only if, counting it,
-   ``admitted − dropped ≤ (max_staleness + v + 1) × batch_size`` where ``admitted`` counts every
-   episode ever started, ``dropped`` every sample the trainer dropped (plus admissions of a dead
-   worker, returned by the orchestrator), and ``v`` is the trainer's current version (AReaL's rule). Episodes are admitted a whole group at a time, atomically
-   across all workers. With ``max_staleness = 0`` exactly one batch is generated per version:
-   the synchronous schedule.
+1. **Admission (who may start what).** A worker whose weights are at version ``w`` may start an
+   episode only if, counting it,
+   ``admitted − dropped ≤ (max_staleness + min(v, w) + 1) × batch_size`` where ``admitted``
+   counts every episode ever started, ``dropped`` every sample the trainer dropped (plus
+   admissions of a dead worker, returned by the orchestrator), and ``v`` is the trainer's current
+   version. Episodes are admitted a whole group at a time, atomically across all workers. Why:
+   in admission order, episode number ``n`` (net of drops) falls into batch ``⌊n / batch_size⌋``,
+   which is trained at that version, and its oldest token comes from ``w`` (or later, with
+   in-flight updates), so the bound makes its age at most ``max_staleness``. AReaL's rule uses
+   ``v`` alone, which assumes every worker is on the newest weights; in ``one_step_off`` a worker
+   still finishing episodes on ``v − 1`` would then admit episodes for batch ``v + 1`` — age 2,
+   dropped (a third of all samples were). With ``max_staleness = 0`` exactly one batch is
+   generated per version: the synchronous schedule. The budget never stalls the trainer: the batch
+   it waits for, ``v``, fits under the limit of any worker with ``w ≥ v − max_staleness`` (rule 2
+   and ``sync_every ≤ max_staleness + 1`` keep workers there); samples that arrive out of order
+   (stragglers) may still age out under rule 4.
 2. **Refresh before starting.** A worker whose weights lag the newest version by more than
-   ``max_staleness`` loads the newest weights before it starts another episode.
+   ``max_staleness`` loads the newest weights before it starts another episode. A worker that
+   may load weights now (in-flight updates, or no episode running) loads any newer version before
+   admission, so rule 1 counts it against the freshest weights; in ``one_step_off`` and ``sync`` a
+   worker refused admission finishes its running episodes, then loads and is admitted again.
 3. **In-flight updates.** In ``async`` mode a worker also loads new weights between the turns of
    running episodes (each turn records the version that produced it); in ``one_step_off`` and
    ``sync`` it loads only before starting new episodes.
@@ -71,10 +84,14 @@ class StalenessPolicy:
         """Rule 3."""
         return self.mode == "async"
 
-    def admission_limit(self, version: int, max_staleness: int | None = None) -> int:
-        """Rule 1: the most episodes (net of drops) that may have been started at ``version``."""
+    def admission_limit(
+        self, version: int, max_staleness: int | None = None, worker_version: int | None = None
+    ) -> int:
+        """Rule 1: the most episodes (net of drops) that may have been started when the trainer is at
+        ``version`` and the starting worker's weights are at ``worker_version`` (default: the same)."""
         lag = self.max_staleness if max_staleness is None else max_staleness
-        return (lag + version + 1) * self.batch_size
+        w = version if worker_version is None else min(version, worker_version)
+        return (lag + w + 1) * self.batch_size
 
     def must_refresh(
         self, worker_version: int, latest_version: int, max_staleness: int | None = None

@@ -2,8 +2,10 @@
 
 The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It starts a new *group*
 (``group_size`` episodes of one task) only when the staleness budget admits it and the queue is
-not above high water (rules in :mod:`asyncrl.orchestrator.staleness`); before starting, it loads
-newer weights if its own lag exceeds ``max_staleness``. In ``async`` mode it also loads new
+not above high water (rules in :mod:`asyncrl.orchestrator.staleness`; the budget counts a group
+against the worker's own weight version). Before starting, it loads newer weights whenever it may
+(always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
+lag exceeds ``max_staleness``. In ``async`` mode it also loads new
 weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
 the version that produced it. A corrupt newest snapshot is reported and the worker keeps the
 newest valid one. Finished groups are put on the queue (blocking put = back-pressure).
@@ -153,12 +155,12 @@ class RolloutWorker:
         if self.state.flag("paused") or self.state.flag("stop"):
             return False
         lag = self.state.get("max_staleness", self.staleness.max_staleness)
-        G = self.cfg.rollout.group_size
+        G, w = self.cfg.rollout.group_size, int(self.engine.version)
         return self.state.try_add_within(
             "admitted",
             G,
             lambda c: (
-                self.staleness.admission_limit(c.get("version", 0), lag)
+                self.staleness.admission_limit(c.get("version", 0), lag, worker_version=w)
                 + c.get("dropped", 0)
                 + c.get("released", 0)
             ),
@@ -275,10 +277,10 @@ class RolloutWorker:
                 and self.control.may_take(self.load)
             ):
                 lag = self.state.get("max_staleness", self.staleness.max_staleness)
-                if self.staleness.must_refresh(self.engine.version, self._newest_valid(), lag) and (
-                    inflight or not running  # sync / one_step_off: running episodes keep their version
-                ):
-                    async with batcher.lock:  # rule 2; never while a batch is being generated
+                # rule 2: load newer weights whenever allowed (sync / one_step_off: running episodes keep
+                # their version), so that rule 1 counts the next group against the version it will use
+                if self._newest_valid() > self.engine.version and (inflight or not running):
+                    async with batcher.lock:  # never while a batch is being generated
                         self._refresh()
                 if not self.staleness.must_refresh(self.engine.version, self._newest_valid(), lag) and (
                     self._may_start_group()
