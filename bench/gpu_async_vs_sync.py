@@ -245,6 +245,8 @@ def main() -> int:
     if not args.skip_engine:
         result["engine"] = engine_part(model, device, args.batches, args.new_tokens)
         result["engine_seconds"] = round(time.perf_counter() - t0, 1)
+        if args.out:  # a later failure or time-out still leaves part 1 on disk
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if not args.skip_runs:
         t1 = time.perf_counter()
         if args.root:
