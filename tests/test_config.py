@@ -103,7 +103,7 @@ def test_every_field_is_documented_and_numbers_are_constrained() -> None:
         ("env.kind=plugin", ["env.path"]),
         ("orchestrator.low_watermark=0.95", ["low_watermark", "high_watermark"]),
         ("model.device=gpu0", ["model.device", "'gpu0'", "'auto'", "'cuda:N'"]),
-        ("rollout.engine.static_cache=yes", ["rollout.engine.static_cache", "'auto'", "'off'"]),
+        ("rollout.engine.static_cache=sometimes", ["rollout.engine.static_cache", "'sometimes'", "'off'"]),
     ],
 )
 def test_bad_values_name_field_value_and_allowed(override: str, needles: list[str]) -> None:
@@ -112,6 +112,13 @@ def test_bad_values_name_field_value_and_allowed(override: str, needles: list[st
     msg = str(info.value)
     for needle in needles:
         assert needle in msg, msg
+
+
+def test_yaml_on_off_reads_as_meant() -> None:
+    """YAML 1.1 reads a bare on/off as booleans; the static_cache switch takes them as written."""
+    assert load_config(None, ["rollout.engine.static_cache=on"]).rollout.engine.static_cache == "on"
+    assert load_config(None, ["rollout.engine.static_cache=off"]).rollout.engine.static_cache == "off"
+    assert load_config(None, []).rollout.engine.static_cache == "auto"
 
 
 def test_bad_file_errors(tmp_path: Path) -> None:

@@ -241,3 +241,15 @@ def test_one_step_off_drops_nothing_structurally(tmp_path: Path, cache_dir: Path
     assert all(len(ages) == 64 and max(ages) <= 1 for ages in by_step.values())
     assert s["staleness_max"] <= 1 and s["lost_trajectories"] == 0
     assert s["samples_dropped_stale"] <= 8, s["samples_dropped_stale"]  # a rare straggler group at most
+
+
+def test_static_cache_engine_runs_the_real_rollouts(tmp_path: Path, cache_dir: Path) -> None:
+    """The GPU decoding path (static cache, fixed buckets, dummy rows) forced on the CPU inside a real
+    run: multi-turn prompts of every length, in-flight weight updates, evaluation; nothing lost."""
+    cfg = make_cfg(tmp_path, cache_dir, "rollout.engine.static_cache=on", "trainer.total_steps=4")
+    run_dir, s = train(cfg, display=False, eval_limit=16)
+    assert s["trainer_steps"] == 4 and s["lost_trajectories"] == 0 and s["samples_trained"] == 4 * 64
+    rows = [json.loads(x) for x in (run_dir / "metrics" / "rollout-0.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "rollout/decode_steps" in r][-1]
+    assert last["rollout/decode_steps"] > 0 and last["rollout/gen_tokens"] > 0
+    assert last["rollout/decode_seconds"] > 0

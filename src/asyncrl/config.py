@@ -196,6 +196,7 @@ class EngineConfig(Section):
     """Built-in engine: decode with a preallocated (static) KV cache and fixed batch buckets instead
     of a growing cache. ``auto``: on where the model runs on a CUDA GPU, off on CPU (where it
     brings nothing). Required for ``cuda_graphs``."""
+
     cuda_graphs: bool = True
     """Built-in engine with the static cache on a CUDA GPU: capture one decode step per batch bucket
     as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
@@ -204,6 +205,12 @@ class EngineConfig(Section):
     """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
     vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)
     """KV-cache memory of the vllm engine on CPU, in GiB (sets VLLM_CPU_KVCACHE_SPACE)."""
+
+    @field_validator("static_cache", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v: Any) -> Any:
+        """YAML reads a bare ``on`` / ``off`` as a boolean; take it as meant."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
 class RolloutConfig(Section):
