@@ -130,17 +130,11 @@ def engine_part(
     return out
 
 
-def _last(path: Path) -> dict[str, Any]:
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if "event" not in r]
-    return rows[-1] if rows else {}
+def _role_rows(run_dir: Path, role: str) -> list[dict[str, Any]]:
+    """A role's metric rows (events left out), read with the cost ledger's reader."""
+    from asyncrl.cost.ledger import read_rows
 
-
-def _trained_tokens(path: Path) -> float:
-    return sum(
-        float(r.get("train/tokens", 0.0))
-        for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip())
-    )
+    return [r for r in read_rows(run_dir) if r.get("role") == role and "event" not in r]
 
 
 def run_part(args: argparse.Namespace, model: dict[str, int], device_spec: str, root: Path) -> dict[str, Any]:
@@ -176,17 +170,16 @@ def run_part(args: argparse.Namespace, model: dict[str, int], device_spec: str, 
         cfg = load_config(None, [*sets, f"orchestrator.mode={mode}", f"name=gpu-{mode}"])
         run_dir, s = train(cfg, display=False, eval_limit=args.heldout)
         rl = max(float(s["rl_seconds"]), 1e-9)
-        roll = _last(run_dir / "metrics" / "rollout-0.jsonl")
-        trainer = _last(run_dir / "metrics" / "trainer.jsonl")
+        roll_rows, trainer_rows = _role_rows(run_dir, "rollout-0"), _role_rows(run_dir, "trainer")
+        roll, trainer = roll_rows[-1] if roll_rows else {}, trainer_rows[-1] if trainer_rows else {}
+        trained_tokens = sum(float(r.get("train/tokens", 0.0)) for r in trainer_rows)
         steps = float(roll.get("rollout/decode_steps", 0.0))
         results[mode] = {
             "rl_seconds": round(rl, 1),
             "samples_trained": s["samples_trained"],
             "samples_per_second": round(s["samples_trained"] / rl, 2),
             "rollout_tokens_per_second": round(float(roll.get("rollout/gen_tokens", 0.0)) / rl, 1),
-            "trainer_tokens_per_second": round(
-                _trained_tokens(run_dir / "metrics" / "trainer.jsonl") / rl, 1
-            ),
+            "trainer_tokens_per_second": round(trained_tokens / rl, 1),
             "trainer_busy_fraction": round(float(s["trainer_busy_fraction"]), 3),
             "trainer_learn_fraction": round(
                 float(trainer.get("trainer/learn_seconds", 0.0))

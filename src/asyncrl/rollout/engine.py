@@ -167,6 +167,22 @@ def sample_tokens(
     return tokens, lp
 
 
+def last_logits(
+    model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Any
+) -> torch.Tensor:
+    """Last-position logits ``[B, V]`` of one cached forward pass (prefill or one decode step)."""
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=pos,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits: torch.Tensor = out.logits[:, -1]
+    return logits
+
+
 def decode_buckets(max_batch: int) -> list[int]:
     """Row counts static decoding runs at: powers of two from 8 below ``max_batch``, then ``max_batch``."""
     out: list[int] = []
@@ -221,16 +237,7 @@ class StaticDecoder:
             self._capture(graph_pool)
 
     def _step_forward(self) -> torch.Tensor:
-        out = self.model(
-            input_ids=self.ids,
-            attention_mask=self.mask,
-            position_ids=self.pos,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits: torch.Tensor = out.logits[:, -1]
-        return logits
+        return last_logits(self.model, self.ids, self.pos, self.mask, self.cache)
 
     def _capture(self, pool: Any) -> None:
         """Capture one decode step as a CUDA graph (warm-up first, on a side stream, as CUDA requires)."""
@@ -261,16 +268,7 @@ class StaticDecoder:
         """Run the chunk's prompts (``[rows, width]``, mask ``[rows, 1, width, cache_len]``); last logits."""
         self.cache.reset()  # type: ignore[no-untyped-call]
         self.mask.copy_(mask[:, :, -1:, :])  # the last prompt row's keys: what the next token may see
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits: torch.Tensor = out.logits[:, -1]
-        return logits
+        return last_logits(self.model, input_ids, position_ids, mask, self.cache)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
         """Decode ``tokens`` ``[rows]`` at ``positions``, written to cache ``column``; next logits."""
@@ -444,7 +442,7 @@ class HFEngine(GenerationEngine):
             self.static_chunks += 1
         else:
             cache = DynamicCache(config=self.model.config)
-            logits = self._forward(input_ids, position_ids, mask, cache)
+            logits = last_logits(self.model, input_ids, position_ids, mask, cache)
         t0 = time.perf_counter()
         steps = 0
         for step in range(max_steps):
@@ -478,27 +476,12 @@ class HFEngine(GenerationEngine):
                     )
                 valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
                 mask = as_attention_bias(valid[:, None, None, :], attn)
-                logits = self._forward(tok[:, None], next_pos[:, None], mask, cache)
+                logits = last_logits(self.model, tok[:, None], next_pos[:, None], mask, cache)
             next_pos = next_pos + 1
             steps += 1
         self.decode_steps += steps
         self.decode_seconds += time.perf_counter() - t0
         return self._collect(out_tokens[:b], out_logprobs[:b], n_out[:b], stopped[:b])
-
-    def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
-    ) -> torch.Tensor:
-        """Last-position logits ``[B, V]`` of one forward pass with the growing cache."""
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits: torch.Tensor = out.logits[:, -1]
-        return logits
 
     def _decoder(self, rows: int) -> StaticDecoder:
         """The static decoder of a bucket, built (and its decode step captured) on first use."""

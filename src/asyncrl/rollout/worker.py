@@ -277,12 +277,14 @@ class RolloutWorker:
                 and self.control.may_take(self.load)
             ):
                 lag = self.state.get("max_staleness", self.staleness.max_staleness)
+                newest = self._newest_valid()
                 # rule 2: load newer weights whenever allowed (sync / one_step_off: running episodes keep
                 # their version), so that rule 1 counts the next group against the version it will use
-                if self._newest_valid() > self.engine.version and (inflight or not running):
+                if newest > self.engine.version and (inflight or not running):
                     async with batcher.lock:  # never while a batch is being generated
                         self._refresh()
-                if not self.staleness.must_refresh(self.engine.version, self._newest_valid(), lag) and (
+                    newest = self._newest_valid()  # the load may have set a corrupt version aside
+                if not self.staleness.must_refresh(self.engine.version, newest, lag) and (
                     self._may_start_group()
                 ):
                     self.state.add(f"inflight:{self.name}", G)  # returned to the budget if this process dies

@@ -36,9 +36,7 @@ class Batch:
         return int(self.mask.sum())
 
     def to(self, device: torch.device) -> Batch:
-        """The same batch on ``device`` (one host-to-device copy per tensor; a no-op on the CPU)."""
-        if device.type == "cpu":
-            return self
+        """The same batch on ``device`` (one copy per tensor; ``Tensor.to`` copies nothing on the same device)."""
         ids, attn, mask, behaviour, versions, temperature = (
             t.to(device, non_blocking=True)
             for t in (self.ids, self.attn, self.mask, self.behaviour, self.versions, self.temperature)
