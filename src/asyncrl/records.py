@@ -118,6 +118,10 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    retokenization_diff: int | None = None
+    """Tokens where rendering the finished chat anew and tokenising it would disagree with the ids
+    that were sampled and trained (0: token-exact; ``None``: not checked). Training always uses
+    the sampled ids; this only measures the drift a re-tokenising framework would have had."""
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived views -------------------------------------------------------------
@@ -146,6 +150,11 @@ class Trajectory(msgspec.Struct, kw_only=True):
             v = turn.version if turn.role == "model" and turn.version is not None else -1
             out.extend([v] * len(turn.token_ids))
         return out
+
+    @property
+    def retokenization_exact(self) -> bool | None:
+        """Whether a re-rendered chat tokenises to exactly these ids (``None``: not checked)."""
+        return None if self.retokenization_diff is None else self.retokenization_diff == 0
 
     def model_versions(self) -> list[int]:
         return [t.version for t in self.turns if t.role == "model" and t.version is not None]

@@ -503,9 +503,9 @@ def train(
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_run_record(cfg, run_dir)
-        ws = warm_start(cfg, progress=display)
+        ws = warm_start(cfg, progress=display, eval_limit=eval_limit)
         shutil.copytree(ws.path, run_dir / "initial_policy")
-        policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
+        policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
         prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
         (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
@@ -514,7 +514,7 @@ def train(
     # final evaluation on the newest valid weights
     store = make_weight_store(cfg.weights, run_dir)
     loaded = store.load_latest()
-    policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
+    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
     if loaded is not None:
         policy.load_tensors(loaded.tensors)
     final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)

@@ -104,7 +104,7 @@ def build_model(
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "intermediate_size": cfg.intermediate_size,
-        "max_position_embeddings": cfg.max_context,
+        "max_position_embeddings": cfg.built_context,
         "tie_word_embeddings": True,
         "attention_dropout": 0.0,
         "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
@@ -240,24 +240,37 @@ class Policy:
     @classmethod
     def build(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
         """A fresh policy from ``cfg``'s architecture fields and a locally built tokenizer."""
-        tok = build_tokenizer(cfg.tokenizer)
+        kind = cfg.tokenizer_kind
+        if kind == "hf":  # pragma: no cover - ModelConfig rejects 'hf' without a path
+            raise PolicyLoadError("model.tokenizer 'hf' needs model.path")
+        tok = build_tokenizer(kind)
         return cls(build_model(cfg, len(tok), attn_implementation), tok)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
         """:meth:`load` ``cfg.path`` when it is set, else :meth:`build`."""
         if cfg.path is not None:
-            return cls.load(cfg.path, attn_implementation)
+            return cls.load(cfg.path, attn_implementation, cfg=cfg)
         return cls.build(cfg, attn_implementation)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        attn_implementation: AttnImpl = DEFAULT_ATTN,
+        *,
+        cfg: ModelConfig | None = None,
+    ) -> Policy:
         """Load any local HF causal-LM directory that also holds tokenizer files.
 
-        Never touches the network. Every failure (missing directory, missing or corrupt
-        config, weights or tokenizer) becomes one :class:`PolicyLoadError` that names the
-        path and what is wrong.
+        ``cfg`` supplies ``dtype`` and ``trust_remote_code`` (float32 and off without it). Never
+        touches the network. Every failure (missing directory, missing or corrupt config,
+        weights or tokenizer, an architecture transformers does not know, a model larger than the
+        memory this machine has free) becomes one :class:`PolicyLoadError` that names the path,
+        what is wrong and what to do.
         """
+        dtype = getattr(torch, cfg.dtype) if cfg is not None else torch.float32
+        remote = bool(cfg.trust_remote_code) if cfg is not None else False
         p = Path(path)
         where = f"policy directory {str(p)!r}"
         if not p.is_dir():
@@ -268,6 +281,10 @@ class Policy:
             json.loads((p / "config.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PolicyLoadError(f"{where}: config.json is not valid JSON ({_short(exc)})") from None
+        from asyncrl.policy.memory import check_fits, parameter_count
+
+        n_params = parameter_count(p, trust_remote_code=remote)  # also: is the architecture known?
+        check_fits(n_params * dtype.itemsize, f"loading {where} ({n_params / 1e6:.1f}M parameters, {dtype})")
         weight_files = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
         if not any((p / f).is_file() for f in weight_files):
             raise PolicyLoadError(f"{where} has no weights (expected one of {', '.join(weight_files)})")
@@ -280,7 +297,7 @@ class Policy:
             if (p / "tokenizer.json").is_file():
                 tok = PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
             else:
-                tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+                tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=remote)
         except Exception as exc:
             raise PolicyLoadError(f"{where}: cannot load the tokenizer ({_short(exc)})") from None
         try:
@@ -288,7 +305,8 @@ class Policy:
                 loaded: Any = AutoModelForCausalLM.from_pretrained(
                     str(p),
                     local_files_only=True,
-                    dtype=torch.float32,
+                    dtype=dtype,
+                    trust_remote_code=remote,
                     attn_implementation=attn_implementation,
                     ignore_mismatched_sizes=True,  # reported below, in one line
                     output_loading_info=True,
@@ -316,6 +334,8 @@ class Policy:
             raise PolicyLoadError(
                 f"{where}: tokenizer has {len(tok)} tokens but the model's vocabulary is {vocab}"
             )
+        if tok.pad_token_id is None and tok.eos_token is not None:
+            tok.pad_token = tok.eos_token  # pad = eos: padding is masked everywhere it is used
         model.train()
         return cls(model, tok)
 
@@ -377,6 +397,12 @@ class Policy:
     def max_context(self) -> int:
         """Longest sequence (prompt + generated tokens) the model accepts."""
         return int(self.model.config.max_position_embeddings)
+
+
+def context_limit(cfg: ModelConfig, policy: Policy) -> int:
+    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
+    own = policy.max_context
+    return own if cfg.max_context is None else min(cfg.max_context, own)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class Evaluator:
         self.cfg, self.run_dir = cfg, run_dir
         self.state = make_state_store(cfg, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
-        self.policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
+        self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
         self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
 

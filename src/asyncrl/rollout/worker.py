@@ -95,8 +95,9 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, index: int, started: float | None = None) -> None:
         from asyncrl.envs import make_task_source
         from asyncrl.policy import Policy
+        from asyncrl.policy.chat import make_renderer
+        from asyncrl.policy.model import context_limit
         from asyncrl.rollout.engine import make_engine
-        from asyncrl.rollout.episode import ChatTemplate
         from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
@@ -106,10 +107,11 @@ class RolloutWorker:
         self.state = make_state_store(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
-        self.policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
-        self.template = ChatTemplate(self.policy.tokenizer)
+        self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+        self.renderer = make_renderer(cfg.model, self.policy)
+        self.max_context = context_limit(cfg.model, self.policy)
         self.engine = make_engine(
-            cfg.rollout.engine, self.policy, self.template.stop_ids, seed=self.rng.randrange(2**31)
+            cfg.rollout.engine, self.policy, self.renderer.stop_token_ids, seed=self.rng.randrange(2**31)
         )
         self.engine.version = -1
         self.tasks = make_task_source(cfg.env)
@@ -187,7 +189,7 @@ class RolloutWorker:
             env = make_env(self.cfg.env, self.rng.randrange(2**31))
             settings = EpisodeSettings(
                 max_turns,
-                self.cfg.model.max_context,
+                self.max_context,
                 jittered(base, self.control.temperature_jitter(), self.rng),
                 self.name,
                 early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
@@ -195,7 +197,7 @@ class RolloutWorker:
             )
             traj: Trajectory | None = None
             try:
-                traj = await run_episode(task, env, batcher, self.template, settings, group_id=group_id)
+                traj = await run_episode(task, env, batcher, self.renderer, settings, group_id=group_id)
                 return traj
             finally:
                 self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)

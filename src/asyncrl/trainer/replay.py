@@ -53,8 +53,12 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
         )
     cfg = load_config(run_dir / "config.yaml")
     torch.manual_seed(cfg.seed)  # as the trainer did, so minibatch shuffles repeat
-    policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
-    ref = Policy.load(run_dir / "initial_policy").to(cfg.model.device) if cfg.algo.kl_coef > 0 else None
+    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+    ref = (
+        Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+        if cfg.algo.kl_coef > 0
+        else None
+    )
     learner = Learner(cfg, policy, ref)
     recorded = recorded_steps(run_dir)
     out_dir = run_dir / "replay"
