@@ -10,10 +10,10 @@ import pytest
 
 from asyncrl.config import EnvConfig, GuardConfig, load_config
 from asyncrl.envs import GuardedEnv, StepResult, make_env, make_task_source
+from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
 from asyncrl.rollout.engine import GenerationEngine, Sample
-from asyncrl.policy.chat import TextRenderer
 from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
 
 TOK = build_tokenizer("char")
