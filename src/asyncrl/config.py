@@ -190,10 +190,16 @@ class GuardConfig(Section):
 class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
-    kind: Literal["calculator", "kb_lookup", "python", "plugin"] = "calculator"
-    """Built-in environment, or ``plugin`` for a user class named by ``path``."""
+    kind: Literal["calculator", "kb_lookup", "python", "plugin", "agent"] = "calculator"
+    """Built-in environment, ``plugin`` for a user class named by ``path``, or ``agent`` for a user
+    agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
+    calls go through the worker's gateway (docs/agents.md)."""
     path: str | None = None
-    """Import path ``package.module:ClassName`` of a user environment (kind: plugin)."""
+    """Import path ``package.module:ClassName`` of a user environment (kind: plugin), or
+    ``package.module:function`` of an agent program (kind: agent)."""
+    agent_tasks: str = "calculator"
+    """kind: agent — the built-in environment kind (or plugin ``module:Class``) whose task source,
+    held-out split and warm-start demonstrations the agent's episodes use."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments passed to the environment's constructor."""
     max_turns: int = Field(6, ge=1, le=256)
@@ -214,6 +220,8 @@ class EnvConfig(Section):
     def _check(self) -> EnvConfig:
         if self.kind == "plugin" and not self.path:
             raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
+        if self.kind == "agent" and not self.path:
+            raise ValueError("env.kind 'agent' needs env.path, e.g. 'my_agents.calculator:run'")
         if self.min_difficulty > self.max_difficulty:
             raise ValueError(
                 f"min_difficulty ({self.min_difficulty}) must not exceed max_difficulty ({self.max_difficulty})"
@@ -266,6 +274,33 @@ class EngineConfig(Section):
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
+class GatewayConfig(Section):
+    """The OpenAI-compatible endpoint inside each rollout worker (``env.kind: agent``; docs/agents.md)."""
+
+    host: str = "127.0.0.1"
+    """Bind address. Loopback by default; any other address exposes the policy (a warning is logged)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of worker 0 (worker ``i`` binds ``port + i``); 0: a free port chosen by the system."""
+    model_name: str = "asyncrl-policy"
+    """The one model name ``/v1/models`` lists and requests must name."""
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+    """Largest request body accepted; larger ones are answered 413."""
+    honor_sampling: bool = False
+    """Use the request's ``temperature``/``top_p``. Off: the run's ``rollout.sampling`` is used for
+    every call, so behaviour log-probs are those the trainer recomputes."""
+    stale_calls: Literal["hold", "reject"] = "hold"
+    """A call arriving while the worker's weights lag the newest by more than the staleness bound:
+    ``hold`` it up to ``hold_s`` for new weights, then answer 429; ``reject``: answer 429 at once."""
+    hold_s: float = Field(5.0, ge=0, le=600)
+    """How long a stale call is held before it is answered 429 (stale_calls: hold)."""
+    retry_after_s: int = Field(1, ge=1, le=3600)
+    """``Retry-After`` of a 429 answer (the openai client waits this long and retries)."""
+    max_pending_calls: int = Field(1024, ge=1, le=1_000_000)
+    """Calls waiting for generation at most; more are answered 429."""
+    agent_timeout_s: float = Field(300.0, gt=0, le=86400)
+    """An agent program running longer is cancelled; its episode ends with outcome ``timeout``."""
+
+
 class RolloutConfig(Section):
     """Rollout workers: how many, how many concurrent episodes, how they sample."""
 
@@ -277,6 +312,7 @@ class RolloutConfig(Section):
     """Trajectories sampled per task (a group, for group baselines)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     temperature_jitter: float = Field(0.0, ge=0, le=1)
     """Per-episode temperature is drawn uniformly from temperature·(1 ± jitter)."""
     exploration_rate: float = Field(0.0, ge=0, le=1)

@@ -1,0 +1,405 @@
+"""The gateway: an OpenAI-compatible HTTP endpoint answered by a rollout worker's batched engine.
+
+It lives *inside* the rollout worker (one per worker process, on ``gateway.port + index``): calls
+join the worker's :class:`~asyncrl.rollout.episode.TurnBatcher`, so they are batched with every
+other episode's model turns, stamped with the worker's weight version, and admitted by the same
+staleness rule as environment episodes (a session is only opened for an episode the worker's
+group admission let start). A separate gateway role would add a network hop per call and a second
+copy of the admission state, for no gain: the agent program runs in the worker's event loop.
+
+Built on Starlette (ASGI) served by uvicorn on the worker's own event loop.
+
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/sessions/{id}/reward``.
+Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` bodies: 401 for an
+unknown or finished session key, 400 naming the field for bad input, 413 past the body limit,
+429 with ``Retry-After`` under back-pressure. No request can raise past the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from asyncrl.config import GatewayConfig
+from asyncrl.gateway.protocol import (
+    ChatRequest,
+    GatewayError,
+    choice_message,
+    completion_id,
+    logprobs_block,
+    parse_request,
+    response_body,
+    stream_chunks,
+)
+from asyncrl.gateway.render import MessageRenderer
+from asyncrl.gateway.sessions import CallRecord, Session, SessionTable
+from asyncrl.policy.chat import ChatTemplateError, Renderer
+from asyncrl.records import SamplingParams
+from asyncrl.rollout.episode import TurnBatcher
+
+log = logging.getLogger("asyncrl.gateway")
+
+
+class Gateway:
+    """Sessions + rendering + generation; :meth:`app` is the HTTP face of it."""
+
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        batcher: TurnBatcher,
+        renderer: Renderer,
+        max_context: int,
+        sampling: SamplingParams,
+        *,
+        newest_version: Callable[[], int] | None = None,
+        max_staleness: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.cfg, self.batcher, self.max_context, self.sampling = cfg, batcher, max_context, sampling
+        self.messages = MessageRenderer(renderer)
+        self.renderer = renderer
+        self.sessions = SessionTable()
+        self.newest_version = newest_version
+        self.max_staleness = max_staleness or (lambda: None)
+        self.pending = 0
+        self.counts: dict[str, float] = {
+            "calls": 0,
+            "rejected_429": 0,
+            "errors_4xx": 0,
+            "held_seconds": 0.0,
+            "appended_prompts": 0,
+            "rendered_prompts": 0,
+        }
+        self.port: int | None = None
+        self._server: Any = None
+
+    # -- back-pressure -----------------------------------------------------------------------------
+    def _lag(self) -> int:
+        newest = self.newest_version() if self.newest_version else None
+        return 0 if newest is None else max(0, newest - int(self.batcher.engine.version))
+
+    def _check_session_age(self, s: Session) -> None:
+        bound, first = self.max_staleness(), s.first_version()
+        newest = self.newest_version() if self.newest_version else None
+        if bound is not None and first is not None and newest is not None and newest - first > bound:
+            self.sessions.close(s, stale=True)
+            raise GatewayError(
+                401,
+                f"session finished: it began on weight version {first}, more than max_staleness={bound} "
+                f"versions before the newest ({newest}); its samples are dropped",
+                code="session_stale",
+                type_="authentication_error",
+            )
+
+    async def _admit_call(self) -> None:
+        if self.pending >= self.cfg.max_pending_calls:
+            raise self._busy(f"{self.pending} calls are waiting for generation (gateway.max_pending_calls)")
+        bound = self.max_staleness()
+        if bound is None or self._lag() <= bound:
+            return
+        t0 = time.monotonic()
+        while self.cfg.stale_calls == "hold" and time.monotonic() - t0 < self.cfg.hold_s:
+            await asyncio.sleep(0.05)
+            if self._lag() <= bound:
+                self.counts["held_seconds"] += time.monotonic() - t0
+                return
+        self.counts["held_seconds"] += time.monotonic() - t0
+        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={bound}")
+
+    def _busy(self, why: str) -> GatewayError:
+        self.counts["rejected_429"] += 1
+        return GatewayError(
+            429,
+            f"{why}; retry after {self.cfg.retry_after_s} s",
+            code="rate_limit_exceeded",
+            type_="rate_limit_error",
+            headers={"Retry-After": str(self.cfg.retry_after_s)},
+        )
+
+    # -- one call ----------------------------------------------------------------------------------
+    def session_of(self, authorization: str | None) -> Session:
+        key = (authorization or "").removeprefix("Bearer ").strip()
+        s = self.sessions.get(key) if key else None
+        if s is None:
+            raise GatewayError(
+                401,
+                "unknown or finished session key: each episode's client is given its own key by asyncrl",
+                code="invalid_api_key",
+                type_="authentication_error",
+            )
+        return s
+
+    def _prompt(self, s: Session, req: ChatRequest) -> list[int]:
+        """Append-only when the request continues the session's last call, else a full render."""
+        tools = req.tools or []
+        msgs = req.messages
+        if s.history:
+            prev_msgs, prev_reply, prev_call = s.history
+            n = len(prev_msgs)  # type: ignore[arg-type]
+            if (
+                len(msgs) > n + 1
+                and [m.model_dump() for m in msgs[:n]] == prev_msgs
+                and _reply_key(msgs[n]) in prev_reply  # type: ignore[operator]
+            ):
+                c = prev_call
+                assert isinstance(c, CallRecord)
+                closed = bool(c.completion_ids) and c.completion_ids[-1] in self.renderer.stop_token_ids
+                try:
+                    delta = self.messages.delta(list(msgs[: n + 1]), list(msgs[n + 1 :]), tools, closed)
+                    self.counts["appended_prompts"] += 1
+                    return c.prompt_ids + c.completion_ids + delta
+                except ChatTemplateError:
+                    pass
+        self.counts["rendered_prompts"] += 1
+        return self.messages.render(list(msgs), tools)
+
+    def _sampling(self, req: ChatRequest, room: int) -> SamplingParams:
+        limit, field = req.token_limit()
+        if limit is not None and limit > room:
+            raise GatewayError(
+                400,
+                f"{field}={limit} is past the context: the prompt has {self.max_context - room} tokens "
+                f"of {self.max_context}",
+                param=field,
+                code="context_length_exceeded",
+            )
+        sp = self.sampling
+        temp, top_p = sp.temperature, sp.top_p
+        if self.cfg.honor_sampling:
+            temp = max(req.temperature, 1e-4) if req.temperature is not None else temp
+            top_p = req.top_p if req.top_p is not None else top_p
+        return SamplingParams(
+            temperature=temp, top_p=top_p, max_new_tokens=min(limit or sp.max_new_tokens, room)
+        )
+
+    async def chat(self, s: Session, req: ChatRequest, auxiliary: bool = False) -> dict[str, Any]:
+        """Answer one validated request for session ``s`` and record it."""
+        if req.model != self.cfg.model_name:
+            raise GatewayError(
+                400,
+                f"model {req.model!r} does not exist; this gateway serves {self.cfg.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        self._check_session_age(s)
+        try:
+            prompt = self._prompt(s, req)
+        except ChatTemplateError as exc:
+            raise GatewayError(400, f"messages: {exc}", param="messages") from None
+        room = self.max_context - len(prompt)
+        if room <= 0:
+            raise GatewayError(
+                400,
+                f"messages: the prompt has {len(prompt)} tokens, the context holds {self.max_context}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        sp = self._sampling(req, room)
+        await self._admit_call()
+        started = time.time()
+        self.pending += req.n
+        s.in_flight += 1
+        try:
+            results = await asyncio.gather(*(self.batcher.generate(list(prompt), sp) for _ in range(req.n)))
+        finally:
+            self.pending -= req.n
+            s.in_flight -= 1
+        if s.finished:  # closed meanwhile (the agent was cancelled): record nothing
+            raise GatewayError(
+                401, "session finished during the call", code="session_finished", type_="authentication_error"
+            )
+        self.counts["calls"] += 1
+        choices, replies, records = [], set(), []
+        stops = req.stops()
+        for i, (sample, version) in enumerate(results):
+            keep = self._cut(sample.token_ids, stops)
+            ids, lps = list(sample.token_ids[:keep]), list(sample.logprobs[:keep])
+            rec = CallRecord(prompt, ids, lps, version, sample.finish_reason, auxiliary, started, time.time())
+            s.calls.append(rec)
+            records.append(rec)
+            content, calls = self.messages.parse(ids, req.tools or [])
+            tool_calls = [
+                {
+                    "id": f"call_{len(s.calls)}_{k}",
+                    "type": "function",
+                    "function": {"name": n, "arguments": a},
+                }
+                for k, (n, a) in enumerate(calls)
+            ]
+            replies.add(_key(content, calls))
+            finish = (
+                "tool_calls"
+                if tool_calls
+                else ("stop" if sample.finish_reason == "stop" or keep < len(sample.token_ids) else "length")
+            )
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": choice_message(content, tool_calls),
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+            if req.logprobs:
+                choice["logprobs"] = logprobs_block(self.messages.token_strings(ids), lps)
+            choices.append(choice)
+        if req.n == 1 and not auxiliary:
+            s.history = [[m.model_dump() for m in req.messages], replies, records[0]]
+        body = response_body(
+            completion_id(),
+            self.cfg.model_name,
+            choices,
+            len(prompt),
+            sum(len(r.completion_ids) for r in records),
+        )
+        return body
+
+    def _cut(self, ids: list[int], stops: list[str]) -> int:
+        if not stops:
+            return len(ids)
+        tok = self.renderer.tokenizer
+        for k in range(1, len(ids) + 1):
+            if any(st in str(tok.decode(ids[:k], skip_special_tokens=False)) for st in stops):
+                return k
+        return len(ids)
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._http_chat, methods=["POST"]),
+                Route("/v1/models", self._http_models, methods=["GET"]),
+                Route("/v1/sessions/{sid}/reward", self._http_reward, methods=["POST"]),
+            ]
+        )
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
+            raise self._too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.cfg.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> GatewayError:
+        return GatewayError(
+            413,
+            f"the request body is larger than gateway.max_body_bytes={self.cfg.max_body_bytes}",
+            code="request_too_large",
+        )
+
+    async def _http_chat(self, request: Request) -> Response:
+        try:
+            s = self.session_of(request.headers.get("authorization"))
+            req = parse_request(await self._body(request))
+            aux = request.headers.get("x-asyncrl-auxiliary", "") in ("1", "true")
+            body = await self.chat(s, req, auxiliary=aux)
+        except GatewayError as exc:
+            self.counts["errors_4xx"] += exc.status != 429
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        except Exception as exc:  # an engine failure: the client sees a 500, the worker keeps going
+            log.exception("gateway: call failed")
+            err = GatewayError(500, f"generation failed: {type(exc).__name__}: {exc}", type_="server_error")
+            return JSONResponse(err.body(), status_code=500)
+        if req.stream:
+            chunks = stream_chunks(body)
+
+            async def events() -> Any:
+                for c in chunks:
+                    yield f"data: {json.dumps(c)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return JSONResponse(body)
+
+    async def _http_models(self, request: Request) -> Response:
+        try:
+            self.session_of(request.headers.get("authorization"))
+        except GatewayError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        model = {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "asyncrl"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _http_reward(self, request: Request) -> Response:
+        try:
+            s = self.session_of(request.headers.get("authorization"))
+            if s.id != request.path_params["sid"]:
+                raise GatewayError(
+                    401,
+                    "this key belongs to another session",
+                    code="invalid_api_key",
+                    type_="authentication_error",
+                )
+            data = json.loads(await self._body(request) or b"null")
+            reward = data.get("reward") if isinstance(data, dict) else None
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
+                raise GatewayError(400, "reward: must be a finite number", param="reward")
+            s.reward = float(reward)
+        except GatewayError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except ValueError:
+            return JSONResponse(
+                GatewayError(400, "the request body is not valid JSON").body(), status_code=400
+            )
+        return JSONResponse({"id": s.id, "reward": s.reward})
+
+    # -- serving -----------------------------------------------------------------------------------
+    async def start(self, host: str | None = None, port: int | None = None) -> int:
+        """Serve on this event loop; returns the bound port."""
+        import uvicorn
+
+        host = host or self.cfg.host
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("gateway binds %s: the policy is reachable from other machines (gateway.host)", host)
+        config = uvicorn.Config(
+            self.app(),
+            host=host,
+            port=self.cfg.port if port is None else port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # a bind failure propagates
+            await asyncio.sleep(0.01)
+        self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            await self._task
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}/v1"
+
+
+def _key(content: str | None, calls: list[tuple[str, str]]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return (content or "", tuple((n, _canon(a)) for n, a in calls))
+
+
+def _canon(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
+
+
+def _reply_key(m: Any) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    if m.role != "assistant":
+        return None
+    return _key(m.text(), [(tc.function.name, tc.function.arguments) for tc in m.tool_calls or []])

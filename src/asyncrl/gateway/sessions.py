@@ -1,0 +1,153 @@
+"""Gateway sessions: one per agent episode, every call recorded, calls turned into training samples.
+
+A session is issued a random API key; every chat-completion call made with it is recorded as a
+:class:`CallRecord` (prompt ids, sampled completion ids, behaviour log-probs, weight version).
+When the agent finishes, :func:`build_trajectories` turns the calls into trajectories:
+
+* **merged** — if every call's prompt starts with the previous call's prompt + completion,
+  token for token, the calls form ONE multi-turn trajectory: the first prompt as the ``env``
+  turn, each completion as a ``model`` turn, and the tokens between one completion and the next
+  call's completion (tool results, the next header) as a ``tool`` turn (loss mask 0);
+* **per call** — otherwise one trajectory per call (prompt + completion), all sharing the episode's
+  reward and group, flagged ``reward_components["gateway/per_call"] = 1``. Text is never
+  re-tokenised to force a merge.
+
+Calls marked auxiliary (header ``X-Asyncrl-Auxiliary: 1``, e.g. a summariser) are recorded but not
+trained on. A session whose first call is more than ``max_staleness`` versions older than the
+newest weights is finished as *stale*: its samples are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
+
+
+@dataclass
+class CallRecord:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: str
+    auxiliary: bool = False
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+
+@dataclass
+class Session:
+    key: str
+    task: Task
+    group_id: str = ""
+    calls: list[CallRecord] = field(default_factory=list)
+    finished: bool = False
+    stale: bool = False
+    reward: float | None = None
+    """Set by ``POST /v1/sessions/{id}/reward`` (used when the agent returns ``None``)."""
+    history: list[object] = field(default_factory=list)
+    """The last call's request messages and response (the gateway's append-only rendering)."""
+    created: float = field(default_factory=time.time)
+    in_flight: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.key[-16:]
+
+    def first_version(self) -> int | None:
+        return min((c.version for c in self.calls), default=None)
+
+
+class SessionTable:
+    """Live sessions by key; a finished session's key stops working at once."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, Session] = {}
+        self.opened = self.finished = self.stale = 0
+
+    def open(self, task: Task, group_id: str = "") -> Session:
+        s = Session(key="sk-asyncrl-" + secrets.token_hex(24), task=task, group_id=group_id)
+        self._live[s.key] = s
+        self.opened += 1
+        return s
+
+    def get(self, key: str) -> Session | None:
+        return self._live.get(key)
+
+    def by_id(self, sid: str) -> Session | None:
+        return next((s for s in self._live.values() if s.id == sid), None)
+
+    def close(self, session: Session, stale: bool = False) -> None:
+        if self._live.pop(session.key, None) is not None:
+            self.finished += 1
+            self.stale += stale
+        session.finished = True
+        session.stale = session.stale or stale
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+def extends(prev: CallRecord, nxt: CallRecord) -> bool:
+    """Whether ``nxt``'s prompt begins with ``prev``'s prompt + completion, token for token."""
+    head = prev.prompt_ids + prev.completion_ids
+    return len(nxt.prompt_ids) >= len(head) and nxt.prompt_ids[: len(head)] == head
+
+
+def build_trajectories(
+    session: Session,
+    reward: float,
+    outcome: str,
+    *,
+    worker_id: str = "",
+    sampling: SamplingParams | None = None,
+) -> list[Trajectory]:
+    """The session's (non-auxiliary) calls as trajectories; see the module docstring."""
+    calls = [c for c in session.calls if not c.auxiliary]
+    sp = sampling or SamplingParams()
+
+    def traj(turns: list[Turn], per_call: bool) -> Trajectory:
+        life = Lifecycle(created=session.created, rollout_start=session.created, rollout_end=time.time())
+        t = Trajectory(
+            id=new_id(),
+            task=session.task,
+            turns=turns,
+            final_reward=reward,
+            outcome=outcome,  # type: ignore[arg-type]
+            lifecycle=life,
+            worker_id=worker_id,
+            group_id=session.group_id,
+            sampling=sp,
+            retokenization_diff=0 if not per_call else None,
+        )
+        t.reward_components["outcome"] = reward
+        t.reward_components["gateway/per_call"] = float(per_call)
+        t.validate()
+        return t
+
+    def model(c: CallRecord) -> Turn:
+        return Turn(
+            role="model",
+            token_ids=list(c.completion_ids),
+            logprobs=list(c.logprobs),
+            version=c.version,
+            started_at=c.started_at,
+            ended_at=c.ended_at,
+        )
+
+    if not calls:
+        return [traj([], per_call=False)]
+    if all(extends(a, b) for a, b in itertools.pairwise(calls)):
+        turns = [Turn(role="env", token_ids=list(calls[0].prompt_ids)), model(calls[0])]
+        for a, b in itertools.pairwise(calls):
+            obs = b.prompt_ids[len(a.prompt_ids) + len(a.completion_ids) :]
+            turns += [
+                Turn(role="tool", token_ids=obs, started_at=a.ended_at, ended_at=b.started_at),
+                model(b),
+            ]
+        return [traj(turns, per_call=False)]
+    return [traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], per_call=True) for c in calls]

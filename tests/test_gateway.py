@@ -1,0 +1,354 @@
+"""The OpenAI-compatible gateway: the official openai client against it, sessions, token-exact
+merged samples, error paths (401/400/413/429), back-pressure from the staleness bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from asyncrl.config import GatewayConfig
+from asyncrl.gateway import Gateway, build_trajectories
+from asyncrl.policy.chat import TextRenderer
+from asyncrl.policy.tokenizer import build_tokenizer
+from asyncrl.records import SamplingParams, Task
+from asyncrl.rollout.engine import GenerationEngine, Sample
+from asyncrl.rollout.episode import TurnBatcher
+
+TOK = build_tokenizer("char")
+RENDER = TextRenderer(TOK)
+MODEL = "asyncrl-policy"
+TASK = Task(id="t", task_type="arithmetic", payload={"prompt": "3 bags of 4 pens. How many?", "answer": "12"})
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "evaluate arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+
+
+class ScriptedEngine(GenerationEngine):
+    """Answers each prompt with the next scripted text (as sampled char ids), log-prob -0.5 each."""
+
+    def __init__(self, texts: list[str], version: int = 3) -> None:
+        self.texts, self.version, self.max_context = list(texts), version, 512
+        self.batch_sizes: list[int] = []
+
+    def generate(self, prompts: list[list[int]], sampling: Any) -> list[Sample]:
+        self.batch_sizes.append(len(prompts))
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        out = []
+        for _p, sp in zip(prompts, params, strict=True):
+            ids = RENDER.encode_content(self.texts.pop(0) if self.texts else "<answer>12</answer>")
+            ids = ids[: sp.max_new_tokens]
+            out.append(
+                Sample(ids, [-0.5] * len(ids), "stop" if ids[-1] in RENDER.stop_token_ids else "length")
+            )
+        return out
+
+    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+        self.version = version
+
+
+def make_gateway(engine: GenerationEngine, **cfg: Any) -> Gateway:
+    batcher = TurnBatcher(engine, max_wait_s=0.005)
+    batcher.live_episodes = 1000
+    return Gateway(
+        GatewayConfig(**cfg), batcher, RENDER, 512, SamplingParams(temperature=1.0, max_new_tokens=40)
+    )
+
+
+def serve(gw: Gateway, body: Callable[[Gateway], Awaitable[Any]]) -> Any:
+    """Run ``body`` against the gateway served on a free loopback port."""
+
+    async def go() -> Any:
+        await gw.start(port=0)
+        try:
+            return await body(gw)
+        finally:
+            gw.batcher.close()
+            await gw.stop()
+
+    return asyncio.run(go())
+
+
+def client(gw: Gateway, key: str, **kw: Any) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, **kw)
+
+
+async def calc_loop(c: openai.AsyncOpenAI, task: Task, turns: int = 4) -> str:
+    """A plain openai tool-calling loop (the shape of examples/calculator_openai.py)."""
+    messages: list[Any] = [{"role": "user", "content": task.payload["prompt"]}]
+    for _ in range(turns):
+        r = await c.chat.completions.create(model=MODEL, messages=messages, tools=[CALC])
+        msg = r.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            return msg.content or ""
+        for tc in msg.tool_calls:
+            expr = json.loads(tc.function.arguments)["expression"]
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": str(eval(expr))})
+    return ""
+
+
+# -- the official client, sessions, merged samples ------------------------------------------------
+def test_openai_client_tool_loop_becomes_one_token_exact_trajectory() -> None:
+    engine = ScriptedEngine(["<tool>calc(3*4)</tool>", "<tool>calc(12+0)</tool>", "<answer>12</answer>"])
+    gw = make_gateway(engine)
+
+    async def body(gw: Gateway) -> Any:
+        s = gw.sessions.open(TASK, group_id="g")
+        answer = await calc_loop(client(gw, s.key), TASK)
+        gw.sessions.close(s)
+        return s, answer
+
+    s, answer = serve(gw, body)
+    assert answer == "<answer>12</answer>"
+    assert len(s.calls) == 3 and gw.counts["appended_prompts"] == 2
+    [traj] = build_trajectories(s, 1.0, "success")
+    assert [t.role for t in traj.turns] == ["env", "model", "tool", "model", "tool", "model"]
+    # the trajectory's ids are exactly the last call's prompt + completion: nothing re-tokenised
+    last = s.calls[-1]
+    assert traj.token_ids() == last.prompt_ids + last.completion_ids
+    # observation tokens are masked; model tokens carry behaviour log-probs and the version
+    assert TOK.decode(traj.turns[2].token_ids, skip_special_tokens=False) == "<obs>12</obs>"
+    assert sum(traj.loss_mask()) == sum(len(c.completion_ids) for c in s.calls)
+    assert traj.model_versions() == [3, 3, 3] and traj.reward_components["gateway/per_call"] == 0.0
+    # and the layout is the one an environment episode renders (same warm start, same model)
+    assert traj.turns[0].token_ids == [RENDER.bos, *RENDER.encode_content(TASK.payload["prompt"])]
+
+
+def test_tool_call_and_logprobs_and_streaming_follow_the_openai_schema() -> None:
+    gw = make_gateway(ScriptedEngine(["<tool>calc(3*4)</tool>", "done<eos>"]))
+
+    async def body(gw: Gateway) -> Any:
+        s = gw.sessions.open(TASK)
+        c = client(gw, s.key)
+        msgs: Any = [{"role": "user", "content": "hi"}]
+        r = await c.chat.completions.create(model=MODEL, messages=msgs, tools=[CALC], logprobs=True)
+        chunks = [ch async for ch in await c.chat.completions.create(model=MODEL, messages=msgs, stream=True)]
+        models = await c.models.list()
+        return r, chunks, models
+
+    r, chunks, models = serve(gw, body)
+    tc = r.choices[0].message.tool_calls[0]
+    assert (tc.type, tc.function.name, json.loads(tc.function.arguments)) == (
+        "function",
+        "calc",
+        {"expression": "3*4"},
+    )
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert [lp.logprob for lp in r.choices[0].logprobs.content] == [-0.5] * r.usage.completion_tokens
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "done"
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_edited_history_gives_flagged_per_call_samples_never_retokenised() -> None:
+    gw = make_gateway(ScriptedEngine(["<tool>calc(3*4)</tool>", "<answer>12</answer>"]))
+
+    async def body(gw: Gateway) -> Any:
+        s = gw.sessions.open(TASK, group_id="g")
+        c = client(gw, s.key)
+        await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "a"}], tools=[CALC]
+        )
+        # the agent rewrites its history (a summariser would): the next prompt does not extend the last
+        await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "b"}])
+        return s
+
+    s = serve(gw, body)
+    trajs = build_trajectories(s, 0.5, "success")
+    assert len(trajs) == 2
+    for t, c in zip(trajs, s.calls, strict=True):
+        assert t.token_ids() == c.prompt_ids + c.completion_ids
+        assert t.final_reward == 0.5 and t.group_id == "g" and t.reward_components["gateway/per_call"] == 1.0
+
+
+def test_auxiliary_calls_are_recorded_but_not_trained() -> None:
+    gw = make_gateway(ScriptedEngine(["summary<eos>", "<answer>1</answer>"]))
+
+    async def body(gw: Gateway) -> Any:
+        s = gw.sessions.open(TASK)
+        c = client(gw, s.key)
+        msgs: Any = [{"role": "user", "content": "q"}]
+        await c.chat.completions.create(
+            model=MODEL, messages=msgs, extra_headers={"X-Asyncrl-Auxiliary": "1"}
+        )
+        await c.chat.completions.create(model=MODEL, messages=msgs)
+        return s
+
+    s = serve(gw, body)
+    [t] = build_trajectories(s, 1.0, "success")
+    assert len(s.calls) == 2 and t.token_ids() == s.calls[1].prompt_ids + s.calls[1].completion_ids
+
+
+def test_concurrent_sessions_share_engine_batches() -> None:
+    engine = ScriptedEngine([], version=0)
+    gw = make_gateway(engine)
+
+    async def body(gw: Gateway) -> Any:
+        sessions = [gw.sessions.open(TASK) for _ in range(16)]
+        await asyncio.gather(
+            *(
+                client(gw, s.key).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "x"}]
+                )
+                for s in sessions
+            )
+        )
+        return sessions
+
+    sessions = serve(gw, body)
+    assert all(len(s.calls) == 1 for s in sessions)
+    assert sum(engine.batch_sizes) == 16 and len(engine.batch_sizes) < 16  # batched, not one by one
+
+
+# -- error paths -----------------------------------------------------------------------------------
+async def _post(gw: Gateway, body: bytes | dict[str, Any], key: str | None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw") as h:
+        return await h.post("/v1/chat/completions", content=data, headers=headers)
+
+
+def _call(gw: Gateway, body: bytes | dict[str, Any], key: str | None) -> httpx.Response:
+    async def go() -> httpx.Response:
+        try:
+            return await _post(gw, body, key)
+        finally:
+            gw.batcher.close()
+
+    return asyncio.run(go())
+
+
+OK = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+
+
+def test_unknown_and_finished_keys_are_401_with_an_openai_error_body() -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+
+    async def body(gw: Gateway) -> Any:
+        errors = []
+        for key in ("sk-nope", s.key):
+            try:
+                await client(gw, key, max_retries=0).chat.completions.create(
+                    model=MODEL, messages=OK["messages"]
+                )
+            except openai.AuthenticationError as exc:
+                errors.append(exc)
+            gw.sessions.close(s)
+        return errors
+
+    errors = serve(gw, body)
+    assert len(errors) == 2 and all(e.status_code == 401 for e in errors)
+    assert errors[0].code == "invalid_api_key" and "unknown or finished" in errors[1].message
+    assert _call(gw, OK, None).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        ({**OK, "model": "gpt-4o"}, "model"),
+        ({**OK, "max_tokens": 100_000}, "max_tokens"),
+        ({**OK, "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({**OK, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({**OK, "messages": []}, "messages"),
+        ({**OK, "temperature": "hot"}, "temperature"),
+        ({**OK, "messages": [{"role": "user", "content": "x" * 600}]}, "messages"),
+        ({"messages": OK["messages"]}, "model"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(body: Any, param: str | None) -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+    r = _call(gw, body, s.key)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
+    assert not s.calls
+
+
+def test_body_over_the_limit_is_413() -> None:
+    gw = make_gateway(ScriptedEngine([]), max_body_bytes=2048)
+    s = gw.sessions.open(TASK)
+    r = _call(gw, {**OK, "messages": [{"role": "user", "content": "x" * 4000}]}, s.key)
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"]["message"]
+
+
+# -- back-pressure ---------------------------------------------------------------------------------
+def _stale_gateway(mode: str, newest: list[int]) -> Gateway:
+    gw = make_gateway(ScriptedEngine([], version=0), stale_calls=mode, hold_s=2.0, retry_after_s=7)
+    gw.newest_version = lambda: newest[0]
+    gw.max_staleness = lambda: 1
+    return gw
+
+
+def test_stale_worker_answers_429_with_retry_after() -> None:
+    gw = _stale_gateway("reject", [5])
+    s = gw.sessions.open(TASK)
+    r = _call(gw, OK, s.key)
+    assert r.status_code == 429 and r.headers["retry-after"] == "7"
+    assert r.json()["error"]["type"] == "rate_limit_error" and not s.calls
+
+
+def test_held_call_proceeds_once_weights_catch_up() -> None:
+    newest = [5]
+    gw = _stale_gateway("hold", newest)
+    s = gw.sessions.open(TASK)
+
+    async def go() -> httpx.Response:
+        async def load() -> None:
+            await asyncio.sleep(0.2)
+            gw.batcher.engine.version = 5  # the worker loaded new weights
+
+        loader = asyncio.create_task(load())
+        r = await _post(gw, OK, s.key)
+        await loader
+        gw.batcher.close()
+        return r
+
+    r = asyncio.run(go())
+    assert r.status_code == 200 and s.calls[0].version == 5 and gw.counts["held_seconds"] >= 0.15
+
+
+def test_session_older_than_the_bound_is_finished_and_counted_stale() -> None:
+    newest = [0]
+    gw = _stale_gateway("reject", newest)
+    s = gw.sessions.open(TASK)
+    assert _call(gw, OK, s.key).status_code == 200
+    newest[0] = 2
+    gw.batcher.engine.version = 2  # the worker is current, but the session began on version 0
+    r = _call(gw, OK, s.key)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "session_stale"
+    assert s.finished and s.stale and gw.sessions.stale == 1
+    assert _call(gw, OK, s.key).status_code == 401  # the key is dead
+
+
+def test_reward_endpoint() -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw") as h:
+            hdr = {"Authorization": f"Bearer {s.key}"}
+            return [
+                await h.post(f"/v1/sessions/{s.id}/reward", json={"reward": 0.75}, headers=hdr),
+                await h.post(f"/v1/sessions/{s.id}/reward", json={"reward": "lots"}, headers=hdr),
+                await h.post("/v1/sessions/other/reward", json={"reward": 1}, headers=hdr),
+            ]
+
+    ok, bad, other = asyncio.run(go())
+    assert ok.status_code == 200 and s.reward == 0.75
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reward"
+    assert other.status_code == 401
