@@ -106,7 +106,12 @@ def load_plugin(path: str) -> type[Any]:
 
 
 def env_class(cfg: EnvConfig) -> type[Any]:
-    """The environment class for ``cfg``: a built-in by ``kind`` or the plugin at ``path``."""
+    """The environment class for ``cfg``: a built-in by ``kind`` or the plugin at ``path``.
+
+    ``kind: agent``: the class named by ``agent_tasks`` (its tasks and demonstrations)."""
+    if cfg.kind == "agent":
+        tasks = cfg.agent_tasks
+        return load_plugin(tasks) if ":" in tasks else BUILTIN_ENVS[tasks]
     if cfg.kind == "plugin":
         if not cfg.path:
             raise EnvPluginError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")

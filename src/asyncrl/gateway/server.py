@@ -62,6 +62,7 @@ class Gateway:
         *,
         newest_version: Callable[[], int] | None = None,
         max_staleness: Callable[[], int | None] | None = None,
+        refresh: Callable[[], None] | None = None,
     ) -> None:
         self.cfg, self.batcher, self.max_context, self.sampling = cfg, batcher, max_context, sampling
         self.messages = MessageRenderer(renderer)
@@ -69,6 +70,8 @@ class Gateway:
         self.sessions = SessionTable()
         self.newest_version = newest_version
         self.max_staleness = max_staleness or (lambda: None)
+        self.refresh = refresh
+        """Loads newer weights (the worker's, in async mode): tried before a stale call is held."""
         self.pending = 0
         self.counts: dict[str, float] = {
             "calls": 0,
@@ -105,6 +108,11 @@ class Gateway:
         bound = self.max_staleness()
         if bound is None or self._lag() <= bound:
             return
+        if self.refresh is not None:
+            async with self.batcher.lock:  # never while a batch is being generated
+                self.refresh()
+            if self._lag() <= bound:
+                return
         t0 = time.monotonic()
         while self.cfg.stale_calls == "hold" and time.monotonic() - t0 < self.cfg.hold_s:
             await asyncio.sleep(0.05)

@@ -62,6 +62,13 @@ async def run_episodes(
         or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
         worker_id="eval",
     )
+    if cfg.env.kind == "agent":  # the user's agent program, through a private gateway
+        from asyncrl.gateway.agent import run_agent_episodes
+
+        try:
+            return await run_agent_episodes(cfg, batcher, renderer, settings.max_context, tasks)
+        finally:
+            batcher.close()
     gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
 
     async def one(i: int, task: Task) -> Trajectory:

@@ -127,6 +127,8 @@ class RolloutWorker:
         from asyncrl.orchestrator.directives import WorkerControl
 
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
+        self.agent: Any = None
+        """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.load = 0
         """In-flight episode steps: model turns the running episodes may still take."""
         self.counts: dict[str, float] = {
@@ -185,7 +187,13 @@ class RolloutWorker:
         group_id = new_id()
         max_turns = self.cfg.env.max_turns
 
-        async def one(k: int) -> Trajectory:
+        async def one(k: int) -> list[Trajectory]:
+            if self.agent is not None:  # env.kind: agent — the user's program, through the gateway
+                try:
+                    out: list[Trajectory] = await self.agent.episode(task, group_id)
+                    return out
+                finally:
+                    self.load -= max_turns
             env = make_env(self.cfg.env, self.rng.randrange(2**31))
             settings = EpisodeSettings(
                 max_turns,
@@ -198,14 +206,20 @@ class RolloutWorker:
             traj: Trajectory | None = None
             try:
                 traj = await run_episode(task, env, batcher, self.renderer, settings, group_id=group_id)
-                return traj
+                return [traj]
             finally:
                 self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
                 close = getattr(env, "close", None)
                 if close is not None:
                     await close()
 
-        trajs = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
+        episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
+        trajs = [t for ts in episodes for t in ts]
+        if len(trajs) != rc.group_size:  # agent episodes: per-call samples, stale sessions dropped
+            self.state.add(f"inflight:{self.name}", len(trajs) - rc.group_size)
+            self.state.add("released", sum(1 for ts in episodes if not ts))  # back to the budget
+        if not trajs:
+            return
         self._report_group(trajs, heldout)
         if heldout:  # a held-out probe: measured, never trained; its admissions go back to the budget
             self.state.add("released", len(trajs))
@@ -264,6 +278,20 @@ class RolloutWorker:
             max_batch=self.cfg.rollout.engine.max_batch,
             max_wait_s=self.cfg.rollout.engine.batch_wait_ms / 1000,
         )
+        if self.cfg.env.kind == "agent":
+            from asyncrl.gateway.agent import AgentRunner
+
+            self.agent = await AgentRunner.start(
+                self.cfg,
+                batcher,
+                self.renderer,
+                self.max_context,
+                index=self.index,
+                worker_id=self.name,
+                newest_version=self._newest_valid,
+                max_staleness=lambda: self.state.get("max_staleness", self.staleness.max_staleness),
+                refresh=self._refresh if inflight else None,
+            )
         running: set[asyncio.Task[None]] = set()
         G = self.cfg.rollout.group_size
         cap = max(self.cfg.rollout.concurrent_episodes, G)
@@ -306,6 +334,8 @@ class RolloutWorker:
         for t in running:
             t.cancel()
         self.control.publish_load(0, force=True)
+        if self.agent is not None:
+            await self.agent.stop()
         batcher.close()
         self._report(batcher)
 
@@ -329,8 +359,15 @@ class RolloutWorker:
                 "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
                 "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
+                **(self._gateway_metrics() if self.agent is not None else {}),
             }
         )
+
+    def _gateway_metrics(self) -> dict[str, float]:
+        gw = self.agent.gateway
+        out = {f"gateway/{k}": float(v) for k, v in {**gw.counts, **self.agent.counts}.items()}
+        out["gateway/open_sessions"] = float(len(gw.sessions))
+        return out
 
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:

@@ -1,0 +1,116 @@
+"""``env.kind: agent``: the calculator agent (a plain openai tool-calling loop, examples/) through
+the gateway on the tiny char model: episodes become token-exact trajectories with the model's own
+log-probs; the agent's failures end only its episode; config and loading errors are clear."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.envs import make_task_source
+from asyncrl.gateway.agent import AgentLoadError, AgentRunner, load_agent
+from asyncrl.policy import Policy, token_logprobs
+from asyncrl.policy.chat import make_renderer
+from asyncrl.rollout.engine import make_engine
+from asyncrl.rollout.episode import TurnBatcher
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # examples/ is imported from the working directory, as a user's module is
+    torch.set_num_threads(1)
+
+
+def agent_cfg(*extra: str) -> RunConfig:
+    return load_config(
+        None,
+        [
+            "env.kind=agent",
+            "env.path=examples.calculator_openai:run",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.max_context=256",
+            "rollout.sampling.max_new_tokens=16",
+            *extra,
+        ],
+    )
+
+
+def run_agents(cfg: RunConfig, n: int) -> tuple[list[Any], AgentRunner, Policy]:
+    policy = Policy.build(cfg.model)
+    renderer = make_renderer(cfg.model, policy)
+    engine = make_engine(cfg.rollout.engine, policy, renderer.stop_token_ids, seed=0)
+    engine.version = 4
+    tasks = make_task_source(cfg.env).heldout()[:n]
+
+    async def go() -> tuple[list[Any], AgentRunner]:
+        batcher = TurnBatcher(engine, max_wait_s=0.01)
+        runner = await AgentRunner.start(cfg, batcher, renderer, cfg.model.max_context, worker_id="w")
+        batcher.live_episodes = n
+        try:
+            return list(await asyncio.gather(*(runner.episode(t, group_id="g") for t in tasks))), runner
+        finally:
+            await runner.stop()
+            batcher.close()
+
+    episodes, runner = asyncio.run(go())
+    return episodes, runner, policy
+
+
+def test_calculator_agent_episodes_are_token_exact_trajectories() -> None:
+    cfg = agent_cfg()
+    episodes, runner, policy = run_agents(cfg, 6)
+    assert runner.counts["episodes"] == 6 and runner.counts["agent_errors"] == 0
+    checked = 0
+    for trajs in episodes:
+        for t in trajs:
+            t.validate()
+            assert t.model_versions() and set(t.model_versions()) == {4}
+            assert t.group_id == "g" and t.worker_id == "w"
+        if len(trajs) == 1 and trajs[0].reward_components["gateway/per_call"] == 0:
+            t = trajs[0]
+            # the trainer recomputes exactly the behaviour log-probs on the recorded ids
+            ids = torch.tensor([t.token_ids()])
+            lp = token_logprobs(policy.model, ids, torch.ones_like(ids), temperature=1.0)[0]
+            mask = torch.tensor(t.loss_mask(), dtype=torch.bool)
+            behaviour = torch.tensor(t.behaviour_logprobs())
+            torch.testing.assert_close(lp[mask], behaviour[mask], atol=1e-4, rtol=0)
+            checked += 1
+    assert checked >= 3
+    # the untrained model rarely calls a tool correctly, but every episode made at least one call
+    assert all(t.num_model_tokens() > 0 for trajs in episodes for t in trajs)
+
+
+def test_a_failing_agent_ends_only_its_episode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bad_agent.py").write_text(
+        "async def run(task, client):\n"
+        "    await client.chat.completions.create(model='asyncrl-policy', messages=[{'role': 'user', 'content': 'x'}])\n"
+        "    raise RuntimeError('agent bug')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = agent_cfg("env.path=bad_agent:run")
+    episodes, runner, _ = run_agents(cfg, 3)
+    assert runner.counts["agent_errors"] == 3
+    assert all(ts[0].outcome == "env_error" and ts[0].final_reward == 0.0 for ts in episodes)
+    assert all(ts[0].num_model_tokens() > 0 for ts in episodes)  # the calls made are still recorded
+
+
+def test_agent_config_and_loading_errors_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(Exception, match="env.kind 'agent' needs env.path"):
+        load_config(None, ["env.kind=agent"])
+    with pytest.raises(AgentLoadError, match="package.module:function"):
+        load_agent("no_colon")
+    with pytest.raises(AgentLoadError, match="cannot import"):
+        load_agent("nowhere_module_xyz:run")
+    (tmp_path / "sync_agent.py").write_text("def run(task, client):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AgentLoadError, match="async def run"):
+        load_agent("sync_agent:run")
+    assert load_agent("examples.calculator_openai:run").__name__ == "run"
