@@ -103,9 +103,9 @@ def test_a_failing_agent_ends_only_its_episode(tmp_path: Path, monkeypatch: pyte
 
 
 def test_agent_config_and_loading_errors_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(Exception, match="env.kind 'agent' needs env.path"):
+    with pytest.raises(Exception, match=r"env\.kind .agent. needs env\.path"):
         load_config(None, ["env.kind=agent"])
-    with pytest.raises(AgentLoadError, match="package.module:function"):
+    with pytest.raises(AgentLoadError, match=r"package\.module:function"):
         load_agent("no_colon")
     with pytest.raises(AgentLoadError, match="cannot import"):
         load_agent("nowhere_module_xyz:run")
