@@ -352,3 +352,28 @@ def test_reward_endpoint() -> None:
     assert ok.status_code == 200 and s.reward == 0.75
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reward"
     assert other.status_code == 401
+
+
+# -- the OpenAI Agents SDK, unmodified -------------------------------------------------------------
+def test_agents_sdk_example_completes_episodes_through_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    from examples.calculator_agents_sdk import run
+
+    task = Task(
+        id="t", task_type="arithmetic", payload={"prompt": "3 bags of 4 pens. How many?", "answer": "12"}
+    )
+    gw = make_gateway(ScriptedEngine(["<tool>calc(3*4)</tool>", "<answer>12</answer>"]))
+
+    async def body(gw: Gateway) -> Any:
+        s = gw.sessions.open(task)
+        reward = await run(task, client(gw, s.key))
+        gw.sessions.close(s)
+        return s, reward
+
+    s, reward = serve(gw, body)
+    assert reward == 1.0 and len(s.calls) == 2
+    [traj] = build_trajectories(s, reward, "success")
+    assert [t.role for t in traj.turns] == ["env", "model", "tool", "model"]
+    assert TOK.decode(traj.turns[2].token_ids, skip_special_tokens=False) == "<obs>12</obs>"
