@@ -53,7 +53,6 @@ def run_agents(cfg: RunConfig, n: int) -> tuple[list[Any], AgentRunner, Policy]:
     async def go() -> tuple[list[Any], AgentRunner]:
         batcher = TurnBatcher(engine, max_wait_s=0.01)
         runner = await AgentRunner.start(cfg, batcher, renderer, cfg.model.max_context, worker_id="w")
-        batcher.live_episodes = n
         try:
             return list(await asyncio.gather(*(runner.episode(t, group_id="g") for t in tasks))), runner
         finally:

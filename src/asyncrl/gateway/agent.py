@@ -92,6 +92,14 @@ class AgentRunner:
 
     async def episode(self, task: Task, group_id: str = "") -> list[Trajectory]:
         """Run the agent on ``task`` in a fresh session; its calls as trajectories (see sessions)."""
+        gw = self.gateway
+        gw.batcher.live_episodes += 1  # the batcher waits for live episodes to join a batch
+        try:
+            return await self._episode(task, group_id)
+        finally:
+            gw.batcher.live_episodes -= 1
+
+    async def _episode(self, task: Task, group_id: str) -> list[Trajectory]:
         import openai
 
         gw = self.gateway
@@ -141,7 +149,6 @@ async def run_agent_episodes(
             return trajs[0]
 
     try:
-        batcher.live_episodes = len(tasks)
         return list(await asyncio.gather(*(one(t) for t in tasks)))
     finally:
         await runner.stop()

@@ -54,7 +54,24 @@ class MessageRenderer:
         """The whole chat with the assistant header (a first call, or one that does not extend)."""
         if isinstance(self.renderer, TextRenderer):
             return [self.renderer.bos, *self._text_delta(messages)]
-        return self._hf_render(messages, tools)
+        return self._hf_render(self._with_tool_prompt(messages, tools), tools)
+
+    def _with_tool_prompt(self, messages: list[Message], tools: list[ToolDef]) -> list[Message]:
+        """For a template that cannot render tools: list them (and the call format) in the system
+        message, as :meth:`HFChatRenderer.system_text` does for environment episodes."""
+        r = self.renderer
+        if not tools or not isinstance(r, HFChatRenderer) or r.native_tools:
+            return messages
+        listing = "\n".join(json.dumps(t.model_dump(exclude_none=True)) for t in tools)
+        text = (
+            "# Tools\n\nYou may call one of these tools:\n"
+            f"<tools>\n{listing}\n</tools>\n\n{r.fmt.instructions()}\n"
+            "The result comes back in the next message."
+        )
+        if messages and messages[0].role in ("system", "developer"):
+            first = messages[0].model_copy(update={"content": f"{messages[0].text()}\n\n{text}"})
+            return [first, *messages[1:]]
+        return [Message(role="system", content=text), *messages]
 
     def delta(
         self, before: list[Message], new: list[Message], tools: list[ToolDef], closed: bool
@@ -68,6 +85,7 @@ class MessageRenderer:
         assert isinstance(self.renderer, HFChatRenderer)
         r = self.renderer
         schemas = self._schemas(tools)
+        before = self._with_tool_prompt(before, tools)
         base = r._apply(self._hf_messages(before), schemas, False)
         marked = [self._hf_message(m, _mark(i)) for i, m in enumerate(new)]
         full = r._apply(self._hf_messages(before) + marked, schemas, True)
