@@ -186,3 +186,21 @@ def test_explain_rows_cover_nested_fields() -> None:
     paths = [r[0] for r in explain(RunConfig)]
     assert "env.guard.step_timeout_s" in paths
     assert "algo.policy_loss.eps_low" in paths
+
+
+def test_documented_env_options_overrides_replace_and_merge() -> None:
+    """docs/configuration.md's two --set lines, split as bash splits them: the quoted dict replaces,
+    the dotted key merges."""
+    import shlex
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    lines = [
+        ln.split("#")[0]
+        for ln in doc.splitlines()
+        if ln.startswith("--set env.options") or ln.startswith("--set 'env.options")
+    ]
+    assert len(lines) == 2, lines
+    replace, merge = (shlex.split(ln)[1] for ln in lines)
+    base = ["env.options={keep: 1}"]
+    assert load_config(None, [*base, replace]).env.options == {"n": 3, "noise": 0.2}
+    assert load_config(None, [*base, merge]).env.options == {"keep": 1, "n": 3}

@@ -382,3 +382,11 @@ def test_env_check_cli_takes_a_config_with_options_and_difficulty_range(
     assert "difficulties [1]" in out and "ok    demonstrate" in out, out
     cfg.write_text(f"env:\n  kind: plugin\n  path: {path('EchoEnv')}\n")
     assert main(["env", "check", str(cfg), "--episodes", "1"]) == 1  # warm start without demonstrate
+
+
+def test_tool_call_is_importable_where_step_result_is() -> None:
+    import asyncrl.envs
+    from asyncrl.envs import ToolCall
+
+    assert "ToolCall" in asyncrl.envs.__all__
+    StepResult(observation="12", tool_call=ToolCall(name="calc", arguments="3*4", ok=True))
