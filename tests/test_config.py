@@ -204,3 +204,23 @@ def test_documented_env_options_overrides_replace_and_merge() -> None:
     base = ["env.options={keep: 1}"]
     assert load_config(None, [*base, replace]).env.options == {"n": 3, "noise": 0.2}
     assert load_config(None, [*base, merge]).env.options == {"keep": 1, "n": 3}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.path=nowhere_pkg_xyz.env:Env", "module 'nowhere_pkg_xyz.env' not found"),
+        ("env.options={no_such_option: 1}", "no_such_option"),
+    ],
+)
+def test_a_start_that_fails_on_a_bad_path_or_option_leaves_no_run_directory(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    from asyncrl.errors import UserError
+    from asyncrl.orchestrator.run import train
+
+    kind = "plugin" if override.startswith("env.path") else "calculator"
+    cfg = load_config(None, [f"env.kind={kind}", override, f"run_root={tmp_path / 'runs'}"])
+    with pytest.raises(UserError, match=message):
+        train(cfg, display=False)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

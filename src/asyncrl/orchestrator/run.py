@@ -526,15 +526,22 @@ def train(
     else:
         check_connections(cfg)
         resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
+        _check_env(cfg)  # a bad env.path or option fails here, before a run directory exists
+        fresh = run_dir is None or not Path(run_dir).exists()
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_record(cfg, run_dir)
-        ws = warm_start(cfg, progress=display or cfg.telemetry.progress_every_s)  # plain lines without it
-        shutil.copytree(ws.path, run_dir / "initial_policy")
-        policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
-        make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
-        prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
-        (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
+        try:
+            write_run_record(cfg, run_dir)
+            ws = warm_start(cfg, progress=display or cfg.telemetry.progress_every_s)  # plain lines without it
+            shutil.copytree(ws.path, run_dir / "initial_policy")
+            policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
+            make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
+            prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+            (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
+        except BaseException:
+            if fresh:  # nothing ran yet: leave no half-made run directory behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     orch = Orchestrator(cfg, run_dir, resume=resume is not None, display=display)
     last = orch.run()
     # final evaluation on the newest valid weights
@@ -551,6 +558,17 @@ def train(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     finish_run_record(run_dir, summary)
     return run_dir, summary
+
+
+def _check_env(cfg: RunConfig) -> None:
+    """Build the environment and its task source once: a wrong ``env.path`` or option raises its
+    :class:`~asyncrl.envs.EnvPluginError` (a user error) now."""
+    import asyncio
+
+    from asyncrl.envs import close_env, make_raw_env, make_task_source
+
+    make_task_source(cfg.env)
+    asyncio.run(close_env(make_raw_env(cfg.env)))
 
 
 def _summary(
