@@ -390,3 +390,29 @@ def test_tool_call_is_importable_where_step_result_is() -> None:
 
     assert "ToolCall" in asyncrl.envs.__all__
     StepResult(observation="12", tool_call=ToolCall(name="calc", arguments="3*4", ok=True))
+
+
+class SlowGraderEnv(EchoEnv):
+    """A user environment whose answer check takes a while (and does not use the verifier cache)."""
+
+    async def step(self, model_text: str) -> StepResult:
+        if model_text.startswith("<answer>"):
+            await asyncio.sleep(0.05)
+        return await EchoEnv.step(self, model_text)
+
+
+def test_a_user_environments_answer_checking_cost_is_counted() -> None:
+    from asyncrl.envs.toolenv import VERIFIER_CACHE
+
+    env = make_env(EnvConfig(kind="plugin", path=path("SlowGraderEnv")), rng_seed=0)
+    task = make_task_source(EnvConfig(kind="plugin", path=path("SlowGraderEnv"))).sample(random.Random(0))
+    seconds, misses = VERIFIER_CACHE.seconds, VERIFIER_CACHE.misses
+
+    async def go() -> None:
+        await env.reset(task)
+        await env.step("<tool>shout(hi)</tool>")  # not an answer: not counted
+        await env.step(f"<answer>{task.payload['word']}</answer>")
+
+    asyncio.run(go())
+    assert VERIFIER_CACHE.misses == misses + 1
+    assert VERIFIER_CACHE.seconds - seconds >= 0.05

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GUARD_STATS",
+    "AnswerCostWrapper",
     "EnvResetError",
     "EnvWrapper",
     "FaultWrapper",
@@ -265,6 +266,29 @@ def _describe(exc: BaseException) -> str:
     ):
         text = str(exc)
     return text[:500]
+
+
+class AnswerCostWrapper(EnvWrapper):
+    """Answer-checking cost for environments that do not grade through the verifier cache.
+
+    The built-ins grade answers through :data:`~asyncrl.envs.toolenv.VERIFIER_CACHE`, which counts
+    the seconds spent grading (the cost ledger's ``reward`` component) and caches verdicts. For any
+    other environment the step that ends an episode is taken to be its answer check: its time is
+    added to the same counters (one uncached check), so a user environment's verification cost is
+    not $0. An environment that calls ``VERIFIER_CACHE.verdict`` itself (see docs/environments.md)
+    is counted there, and only there. Innermost in :func:`~asyncrl.envs.make_env`, so simulated
+    latency and injected faults are not counted as grading.
+    """
+
+    async def step(self, model_text: str) -> StepResult:
+        from asyncrl.envs.toolenv import VERIFIER_CACHE as cache
+
+        seen, started = cache.hits + cache.misses, time.perf_counter()
+        result: StepResult = await call_env(self.env.step, model_text)
+        if isinstance(result, StepResult) and result.done is True and cache.hits + cache.misses == seen:
+            cache.seconds += time.perf_counter() - started
+            cache.misses += 1
+        return result
 
 
 class GuardedEnv(EnvWrapper):
