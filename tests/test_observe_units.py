@@ -284,6 +284,18 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
         "wall_seconds": 70.0,
         "staleness_hist": {"0": 3, "1": 5},
         "cost_usd": 0.01,
+        "env_faults": {
+            "calculator": {
+                "calls": 400,
+                "fault_rate": 0.3,
+                "faults": 36,
+                "retries": 120,
+                "timeouts": 40,
+                "exceptions": 80,
+                "malformed": 0,
+            },
+        },
+        "notes": ["45% of environment time (90s) went to failed calls: hangs stretched the run's wall time"],
     }
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "cost.json").write_text(
@@ -365,6 +377,9 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path, monkeypatch
         assert f'<figure class="chart" id="chart-{chart}">' in html
     assert "reward_hacking" in html and "paused bucket" in html  # the alert timeline and table
     assert "admission paused" in html  # the paused band on the queue chart
+    # environment faults per environment, and why the wall time grew
+    assert "Environment faults" in html and "<td>calculator</td><td>400</td><td>30.0%</td>" in html
+    assert "hangs stretched the run" in html
     no_ns = html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     for external in ("http://", "https://", "<link", "@import", "url(", " src="):
         assert external not in no_ns

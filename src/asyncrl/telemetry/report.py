@@ -496,7 +496,37 @@ class Report:
             body += _table(["t (s)", "kind", "bucket", "evidence", "action"], rows)
         elif not (d.dir / "alerts.jsonl").is_file():
             body += '<p class="empty">no alerts.jsonl in this run</p>'
+        body += self._env_faults()
         self.add("alerts", "Alerts", body)
+
+    def _env_faults(self) -> str:
+        """Fault, retry and timeout counts per environment (``summary.json``'s ``env_faults``)."""
+        faults = self.d.summary.get("env_faults") or {}
+        cols = [
+            "environment",
+            "calls",
+            "fault rate",
+            "faults",
+            "retries",
+            "timeouts",
+            "exceptions",
+            "malformed",
+        ]
+        rows = [
+            (
+                env,
+                f["calls"],
+                _pct(f["fault_rate"]),
+                f["faults"],
+                f["retries"],
+                f["timeouts"],
+                f["exceptions"],
+                f["malformed"],
+            )
+            for env, f in faults.items()
+        ]
+        notes = "".join(f"<p class='intro'>{escape(n)}</p>" for n in self.d.summary.get("notes") or [])
+        return ("<h3>Environment faults</h3>" + _table(cols, rows) + notes) if rows else ""
 
     # 9. cost
     def cost(self) -> None:
