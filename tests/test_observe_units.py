@@ -418,3 +418,13 @@ def test_runs_cli_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["runs", "compare", str(a), str(b), "--json"]) == 0
     diff = json.loads(capsys.readouterr().out)["config_diff"]
     assert ["trainer.lr", 0.0001, 0.0003] in diff
+
+
+def test_one_jsonl_reader_skips_partial_and_non_object_lines(tmp_path: Path) -> None:
+    from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n\n[1, 2]\nnot json\n{"x": 2}\n{"x": 3, "trunc')
+    (tmp_path / "b.jsonl").write_text('{"x": 4}\n')
+    assert read_jsonl(tmp_path / "a.jsonl") == [{"x": 1}, {"x": 2}]
+    assert read_jsonl(tmp_path / "missing.jsonl") == []
+    assert [r["x"] for r in read_jsonl_dir(tmp_path)] == [1, 2, 4]
