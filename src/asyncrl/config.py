@@ -594,6 +594,9 @@ class TelemetryConfig(Section):
     log_every_s: float = Field(2.0, gt=0)
     """Seconds between metric records of the rollout workers and the orchestrator (the trainer writes one
     record per trained batch)."""
+    progress_every_s: float = Field(5.0, gt=0, le=3600)
+    """Without the live display (``--no-display``): seconds between plain progress lines, during the
+    warm start and the RL run."""
     eval_tasks: int = Field(0, ge=0)
     """Held-out tasks per periodic evaluation (0: the whole held-out split)."""
     eval_nice: int = Field(5, ge=0, le=19)
@@ -707,6 +710,12 @@ class BreakerConfig(Section):
     """Final rewards below this are an anomaly (``reward_range``)."""
     reward_max: float = Field(10.0, ge=-1e9, le=1e9)
     """Final rewards above this are an anomaly (``reward_range``)."""
+    fault_rate_alert: float = Field(0.1, ge=0, le=1)
+    """Raise an ``env_faults`` alert when more than this share of environment call attempts fail
+    (raise, hang or return garbage; retried attempts included), measured over windows of
+    ``fault_rate_window`` attempts across all workers; one alert per excursion above it; 0 disables."""
+    fault_rate_window: int = Field(50, ge=1, le=1_000_000)
+    """Environment call attempts per fault-rate measurement."""
 
 
 class DriftConfig(Section):

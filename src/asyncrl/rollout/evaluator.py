@@ -23,16 +23,11 @@ ROLE = "evaluator"
 
 
 def evaluated_versions(run_dir: Path) -> list[int]:
-    path = run_dir / "evals.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(int(json.loads(line)["version"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return out
+    from asyncrl.telemetry.jsonl import read_jsonl
+
+    return [
+        int(r["version"]) for r in read_jsonl(run_dir / "evals.jsonl") if isinstance(r.get("version"), int)
+    ]
 
 
 class Evaluator:

@@ -340,6 +340,8 @@ class RolloutWorker:
         self._report(batcher)
 
     def _report(self, batcher: Any) -> None:
+        from asyncrl.envs.wrappers import GUARD_STATS
+
         self.metrics.write(
             {
                 **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
@@ -359,6 +361,7 @@ class RolloutWorker:
                 "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
                 "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
+                **GUARD_STATS.metrics(),  # faults, retries and timeouts the environment guards absorbed
                 **(self._gateway_metrics() if self.agent is not None else {}),
             }
         )

@@ -10,7 +10,6 @@ machine and torch build a faithful replay reproduces it to rounding.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,10 @@ COMPARED = ("loss/policy", "train/grad_norm", "staleness/mean", "reward/mean")
 
 def recorded_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
     """The trainer's own metric rows by step (the last row written for each step)."""
-    out: dict[int, dict[str, Any]] = {}
-    path = run_dir / "metrics" / "trainer.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "event" not in r and isinstance(r.get("step"), int):
-                out[r["step"]] = r
-    return out
+    from asyncrl.telemetry.jsonl import read_jsonl
+
+    rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
+    return {r["step"]: r for r in rows if "event" not in r and isinstance(r.get("step"), int)}
 
 
 def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> dict[str, Any]:

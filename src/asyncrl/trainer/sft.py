@@ -169,7 +169,7 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
 
 
 def train_sft(
-    cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool = False
+    cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool | float = False
 ) -> list[float]:
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained)
     rng = random.Random(sft.seed + 1)
@@ -213,7 +213,33 @@ class _NoProgress:
         return None
 
 
-def _progress(enabled: bool, total: int) -> Any:
+class _PlainProgress:
+    """``--no-display``: one plain line every ``every_s`` seconds (and at the end), for logs and CI."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.last, self.done, self.total = every_s, time.monotonic(), 0, 0
+
+    def __enter__(self) -> _PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        print(f"warm start (SFT): step {self.done}/{self.total} done", flush=True)
+
+    def add_task(self, description: str, total: int) -> int:
+        self.total = total
+        return 0
+
+    def update(self, task_id: int, advance: int, description: str) -> None:
+        self.done += advance
+        if time.monotonic() - self.last >= self.every_s:
+            self.last = time.monotonic()
+            print(f"{description}: step {self.done}/{self.total}", flush=True)
+
+
+def _progress(enabled: bool | float, total: int) -> Any:
+    """``True``: a rich progress bar; a number: plain lines every that many seconds; ``False``: none."""
+    if enabled is not True and enabled:
+        return _PlainProgress(float(enabled))
     if not enabled:
         return _NoProgress()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -224,7 +250,7 @@ def _progress(enabled: bool, total: int) -> Any:
 
 
 def warm_start(
-    cfg: RunConfig, *, force: bool = False, progress: bool = False, eval_limit: int | None = None
+    cfg: RunConfig, *, force: bool = False, progress: bool | float = False, eval_limit: int | None = None
 ) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
     from asyncrl.policy import Policy
