@@ -118,10 +118,15 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    render_diff: int | None = None
+    """Tokens where the trained ids disagree with the chat template's rendering of the whole
+    finished chat with the sampled turns spliced in as ids (0: token-exact, the deltas are what
+    the template renders; ``None``: not checked)."""
     retokenization_diff: int | None = None
-    """Tokens where rendering the finished chat anew and tokenising it would disagree with the ids
-    that were sampled and trained (0: token-exact; ``None``: not checked). Training always uses
-    the sampled ids; this only measures the drift a re-tokenising framework would have had."""
+    """Tokens where rendering the finished chat as *text* and tokenising it anew would disagree
+    with the sampled ids (a model may sample a non-canonical tokenisation, e.g. "\\n\\n" + "1"
+    where the tokenizer makes "\\n" + "\\n1"). Training always uses the sampled ids; this
+    measures the drift a re-tokenising framework would have trained on."""
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived views -------------------------------------------------------------
@@ -152,8 +157,13 @@ class Trajectory(msgspec.Struct, kw_only=True):
         return out
 
     @property
+    def token_exact(self) -> bool | None:
+        """Whether the trained ids are exactly the template's rendering of the sampled chat."""
+        return None if self.render_diff is None else self.render_diff == 0
+
+    @property
     def retokenization_exact(self) -> bool | None:
-        """Whether a re-rendered chat tokenises to exactly these ids (``None``: not checked)."""
+        """Whether re-tokenising the rendered text would give exactly these ids (``None``: not checked)."""
         return None if self.retokenization_diff is None else self.retokenization_diff == 0
 
     def model_versions(self) -> list[int]:

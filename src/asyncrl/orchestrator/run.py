@@ -504,6 +504,7 @@ def train(
     """
     from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy, resolve_device
+    from asyncrl.policy.chat import preflight_model
     from asyncrl.rollout.evaluate import evaluate_policy
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
@@ -527,6 +528,7 @@ def train(
         check_connections(cfg)
         resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
         _check_env(cfg)  # a bad env.path or option fails here, before a run directory exists
+        preflight_model(cfg.model)  # so does a model directory asyncrl cannot render episodes with
         fresh = run_dir is None or not Path(run_dir).exists()
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -571,6 +573,21 @@ def _check_env(cfg: RunConfig) -> None:
 
     make_task_source(cfg.env)
     asyncio.run(close_env(make_raw_env(cfg.env)))
+
+
+def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
+    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.evaluate.retokenization_stats`)."""
+    checked = int(orch.live.total("rollout/token_exact_checked"))
+
+    def share_exact(key: str) -> float | None:
+        return (1.0 - orch.live.total(key) / checked) if checked else None
+
+    return {
+        "token_exact_checked": checked,
+        "token_exact_rate": share_exact("rollout/token_inexact"),
+        "retokenization_exact_rate": share_exact("rollout/retokenization_inexact"),
+        "retokenization_diff_tokens": int(orch.live.total("rollout/retokenization_diff_tokens")),
+    }
 
 
 def _summary(
@@ -641,6 +658,7 @@ def _summary(
         "cost_usd": cost.get("total_usd"),
         "cost_waste_share": cost.get("waste_total_share"),
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
+        **_token_exactness(orch),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         "notes": [faults["note"]] if faults["note"] else [],
     }

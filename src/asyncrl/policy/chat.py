@@ -77,6 +77,8 @@ class Conversation:
     tools: list[Tool] = field(default_factory=list)
     turn_closed: bool = True
     """Whether the last model turn ended with an end-of-turn token."""
+    turn_ids: list[list[int]] = field(default_factory=list)
+    """Each model turn's sampled ids, as sampled."""
 
 
 class Renderer(ABC):
@@ -95,6 +97,7 @@ class Renderer(ABC):
     def add_model_turn(self, conv: Conversation, ids: list[int]) -> str:
         """Append a sampled turn (its ids kept as they are); return the environment's action text."""
         conv.ids.extend(ids)
+        conv.turn_ids.append(list(ids))
         text = self.turn_text(ids)
         conv.messages.append({"role": "assistant", "content": text})
         conv.turn_closed = bool(ids) and ids[-1] in self.stop_token_ids
@@ -118,6 +121,17 @@ class Renderer(ABC):
 
     def retokenization_diff(self, conv: Conversation) -> int:
         return count_differences(conv.ids, self.reference_ids(conv))
+
+    @abstractmethod
+    def spliced_ids(self, conv: Conversation) -> list[int] | None:
+        """The whole chat rendered at once with each model turn's *sampled ids* spliced in (its
+        text is never re-encoded); ``None`` if the template cannot be rendered that way."""
+
+    def render_diff(self, conv: Conversation) -> int | None:
+        """Tokens where the appended ids disagree with a whole-chat rendering of the same sampled
+        turns: 0 means the deltas are exactly what the template renders (token-exact)."""
+        ref = self.spliced_ids(conv)
+        return None if ref is None else count_differences(conv.ids, ref)
 
     # -- text ----------------------------------------------------------------------------------
     def turn_text(self, ids: list[int]) -> str:
@@ -204,6 +218,17 @@ class TextRenderer(Renderer):
                 out += self.encode_content(m["content"])
         return out
 
+    def spliced_ids(self, conv: Conversation) -> list[int] | None:
+        out, turns = [self.bos], iter(conv.turn_ids)
+        for m in conv.messages:
+            if m["role"] == "observation":
+                out += [self.obs_open, *self.encode_content(m["content"]), self.obs_close]
+            elif m["role"] == "assistant":
+                out += next(turns)
+            else:
+                out += self.encode_content(m["content"])
+        return out
+
     def demo_turn(self, action_text: str, tools: list[Tool]) -> list[int]:
         return self.encode_content(action_text)  # the closing tag is the stop token
 
@@ -258,6 +283,13 @@ class HFChatRenderer(Renderer):
             observation_role = "tool" if re.search(r"['\"]tool['\"]", self.template_source) else "user"
         self.observation_role = observation_role
         self.system_prompt = system_prompt
+        added = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        self._added_ids = added
+        self._added_re = (
+            re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+            if added
+            else None
+        )
         self._after_eot, self._tail = self._probe_turn_end()
         self._marked_delta = self._observation_delta(_mark(0))
 
@@ -333,22 +365,52 @@ class HFChatRenderer(Renderer):
         return [tool_schema(t) for t in tools] if tools and self.native_tools else None
 
     # -- rendering with marked content -----------------------------------------------------------
-    def _encode_marked(self, text: str, contents: list[str]) -> list[int] | None:
-        """Tokenise template text whose message contents are sentinels: markup with special
-        tokens, contents with special tokens split (environment text stays text). ``None`` when
-        the template did not copy every sentinel through verbatim (e.g. it JSON-escapes content)."""
+    def _encode_marked(self, text: str, contents: list[str] | list[str | list[int]]) -> list[int] | None:
+        """Tokenise template text whose message contents are sentinels, as the tokenizer would
+        tokenise the filled-in text — except that special-token strings inside the contents stay
+        text (environment text cannot close a turn). A content given as ids is spliced in as it
+        is. ``None`` when the template did not copy every sentinel through verbatim (e.g. it
+        JSON-escapes content).
+
+        The tokenizer itself splits text at added tokens before pre-tokenising each piece, so
+        splitting the filled-in text at the markup's added tokens and encoding each piece with
+        special tokens split gives the same ids as encoding it whole, at every boundary."""
         found = list(_SENTINEL.finditer(text))
         if sorted(int(m.group(1)) for m in found) != list(range(len(contents))):
             return None
         ids: list[int] = []
-        pos = 0
+        filled: list[str] = []
+        protected: list[tuple[int, int]] = []  # content spans in the filled text
+        pos = length = 0
         for m in found:
+            filled.append(text[pos : m.start()])
+            length += m.start() - pos
+            pos = m.end()
+            content = contents[int(m.group(1))]
+            if isinstance(content, list):  # sampled ids: encode what came before, then splice
+                ids += self._encode_outside("".join(filled), protected)
+                ids += content
+                filled, protected, length = [], [], 0
+                continue
+            filled.append(content)
+            protected.append((length, length + len(content)))
+            length += len(content)
+        filled.append(text[pos:])
+        return ids + self._encode_outside("".join(filled), protected)
+
+    def _encode_outside(self, text: str, protected: list[tuple[int, int]]) -> list[int]:
+        """Ids of ``text`` with added tokens matched only outside the ``protected`` spans."""
+        ids: list[int] = []
+        pos = 0
+        for m in self._added_re.finditer(text) if self._added_re is not None else ():
+            if any(lo < m.end() and m.start() < hi for lo, hi in protected):
+                continue
             if m.start() > pos:
-                ids += self.tokenizer.encode(text[pos : m.start()], add_special_tokens=False)
-            ids += self.encode_content(contents[int(m.group(1))])
+                ids += self.encode_content(text[pos : m.start()])
+            ids.append(self._added_ids[m.group(0)])
             pos = m.end()
         if pos < len(text):
-            ids += self.tokenizer.encode(text[pos:], add_special_tokens=False)
+            ids += self.encode_content(text[pos:])
         return [int(i) for i in ids]
 
     def _encode_plain(self, text: str) -> list[int]:
@@ -396,6 +458,21 @@ class HFChatRenderer(Renderer):
         text = self._apply(self._chat_messages(conv), self._schemas(conv.tools), ends_open)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
+    def spliced_ids(self, conv: Conversation) -> list[int] | None:
+        messages = self._chat_messages(conv)
+        ends_open = bool(messages) and conv.messages[-1]["role"] != "assistant"
+        marked = [{"role": m["role"], "content": _mark(i)} for i, m in enumerate(messages)]
+        text = self._apply(marked, self._schemas(conv.tools), ends_open)
+        contents: list[str | list[int]] = []
+        turns = iter(conv.turn_ids)
+        for m, original in zip(messages, conv.messages, strict=True):
+            if original["role"] == "assistant":
+                ids = next(turns)
+                contents.append(ids[:-1] if ids and ids[-1] in self.stop_token_ids else list(ids))
+            else:
+                contents.append(str(m["content"]))
+        return self._encode_marked(text, contents)
+
 
 # ---------------------------------------------------------------------------------------------
 def eos_ids(policy_model: Any, tokenizer: Any) -> list[int]:
@@ -429,4 +506,55 @@ def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
         system_prompt=cfg.system_prompt,
         stop_strings=cfg.stop_strings,
         name=f"model {cfg.path!r}" if cfg.path else "the model",
+    )
+
+
+def preflight_model(cfg: ModelConfig) -> None:
+    """Check a pretrained model directory before any work: its files, architecture, memory need,
+    tokenizer and chat template — without reading its weights (a bad directory fails in a second,
+    not after the model is loaded)."""
+    if cfg.path is None:
+        return
+    import json
+    from pathlib import Path
+
+    from asyncrl.policy.memory import check_fits, parameter_count
+    from asyncrl.policy.model import PolicyLoadError
+
+    p = Path(cfg.path)
+    if not (p / "config.json").is_file():
+        raise PolicyLoadError(f"model.path {cfg.path!r} is not a model directory (no config.json)")
+    n = parameter_count(p, trust_remote_code=cfg.trust_remote_code)
+    check_fits(n * (4 if cfg.dtype == "float32" else 2), f"model {cfg.path!r} ({n / 1e6:.1f}M parameters)")
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise PolicyLoadError(f"model.path {cfg.path!r} has no tokenizer files (expected tokenizer.json)")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            str(p), local_files_only=True, trust_remote_code=cfg.trust_remote_code
+        )
+    except Exception as exc:
+        raise PolicyLoadError(
+            f"model.path {cfg.path!r}: cannot load the tokenizer ({str(exc)[:160]})"
+        ) from None
+
+    class _Gen:  # eos ids as the loaded model would report them, from generation_config.json
+        eos_token_id: Any = None
+
+    gen = _Gen()
+    if (p / "generation_config.json").is_file():
+        gen.eos_token_id = json.loads((p / "generation_config.json").read_text()).get("eos_token_id")
+
+    class _Model:
+        generation_config = gen
+
+    HFChatRenderer(
+        tok,
+        eos_token_ids=eos_ids(_Model(), tok),
+        tool_format=cfg.tool_format,
+        observation_role=cfg.observation_role,
+        system_prompt=cfg.system_prompt,
+        stop_strings=cfg.stop_strings,
+        name=f"model {cfg.path!r}",
     )

@@ -268,7 +268,7 @@ async def _run_episode(
             break
         renderer.add_observation(conv, result.observation, obs)
         traj.turns.append(Turn(role="tool", token_ids=obs, started_at=turn.ended_at, ended_at=time.time()))
-    traj.retokenization_diff = _retokenization_diff(renderer, conv)
+    traj.render_diff, traj.retokenization_diff = _exactness(renderer, conv)
     traj.outcome = outcome  # type: ignore[assignment]
     traj.reward_components["outcome"] = traj.final_reward
     traj.reward_components["process"] = sum(t.process_reward for t in traj.turns)
@@ -276,12 +276,13 @@ async def _run_episode(
     return traj
 
 
-def _retokenization_diff(renderer: Renderer, conv: Any) -> int | None:
-    """Tokens a whole-chat re-render would disagree on; ``None`` if the template cannot render it."""
+def _exactness(renderer: Renderer, conv: Any) -> tuple[int | None, int | None]:
+    """(render diff, retokenisation diff) of the finished chat; ``None`` where the template
+    cannot render it whole."""
     try:
-        return renderer.retokenization_diff(conv)
+        return renderer.render_diff(conv), renderer.retokenization_diff(conv)
     except ChatTemplateError:
-        return None
+        return None, None
 
 
 def jittered(sampling: SamplingParams, jitter: float, rng: random.Random) -> SamplingParams:

@@ -144,6 +144,10 @@ class RolloutWorker:
             "truncated_tokens": 0,
             "early_stopped": 0,
             "heldout_episodes": 0,
+            "token_exact_checked": 0,
+            "token_inexact": 0,
+            "retokenization_inexact": 0,
+            "retokenization_diff_tokens": 0,
         }
         self._refresh(force=True)
 
@@ -243,6 +247,11 @@ class RolloutWorker:
             if traj.outcome in ("truncated", "timeout", "early_stopped"):
                 self.counts["truncated_tokens"] += traj.num_model_tokens()
             self.counts["early_stopped"] += traj.outcome == "early_stopped"
+            if traj.render_diff is not None:  # token-exactness, and how far re-tokenising would drift
+                self.counts["token_exact_checked"] += 1
+                self.counts["token_inexact"] += traj.render_diff > 0
+                self.counts["retokenization_inexact"] += bool(traj.retokenization_diff)
+                self.counts["retokenization_diff_tokens"] += traj.retokenization_diff or 0
         self.counts["put_seconds"] += time.perf_counter() - t0
         self.counts["groups"] += 1
 
