@@ -41,7 +41,7 @@ from asyncrl.gateway.protocol import (
     stream_chunks,
 )
 from asyncrl.gateway.render import MessageRenderer
-from asyncrl.gateway.sessions import CallRecord, Session, SessionTable
+from asyncrl.gateway.sessions import CallRecord, LastCall, ReplyKey, Session, SessionTable
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import SamplingParams
 from asyncrl.rollout.episode import TurnBatcher
@@ -149,23 +149,23 @@ class Gateway:
         """Append-only when the request continues the session's last call, else a full render."""
         tools = req.tools or []
         msgs = req.messages
-        if s.history:
-            prev_msgs, prev_reply, prev_call = s.history
-            n = len(prev_msgs)  # type: ignore[arg-type]
+        last = s.last
+        if last is not None:
+            n = len(last.messages)
             if (
                 len(msgs) > n + 1
-                and [m.model_dump() for m in msgs[:n]] == prev_msgs
-                and _reply_key(msgs[n]) in prev_reply  # type: ignore[operator]
+                and [t.model_dump() for t in tools] == last.tools
+                and [m.model_dump() for m in msgs[:n]] == last.messages
+                and _reply_key(msgs[n]) in last.replies
             ):
-                c = prev_call
-                assert isinstance(c, CallRecord)
+                c = last.record
                 closed = bool(c.completion_ids) and c.completion_ids[-1] in self.renderer.stop_token_ids
                 try:
                     delta = self.messages.delta(list(msgs[: n + 1]), list(msgs[n + 1 :]), tools, closed)
                     self.counts["appended_prompts"] += 1
                     return c.prompt_ids + c.completion_ids + delta
                 except ChatTemplateError:
-                    pass
+                    pass  # a template that is not prefix-stable here: render in full
         self.counts["rendered_prompts"] += 1
         return self.messages.render(list(msgs), tools)
 
@@ -225,7 +225,9 @@ class Gateway:
                 401, "session finished during the call", code="session_finished", type_="authentication_error"
             )
         self.counts["calls"] += 1
-        choices, replies, records = [], set(), []
+        choices: list[dict[str, Any]] = []
+        replies: set[ReplyKey] = set()
+        records: list[CallRecord] = []
         stops = req.stops()
         for i, (sample, version) in enumerate(results):
             keep = self._cut(sample.token_ids, stops)
@@ -258,7 +260,12 @@ class Gateway:
                 choice["logprobs"] = logprobs_block(self.messages.token_strings(ids), lps)
             choices.append(choice)
         if req.n == 1 and not auxiliary:
-            s.history = [[m.model_dump() for m in req.messages], replies, records[0]]
+            s.last = LastCall(
+                [m.model_dump() for m in req.messages],
+                [t.model_dump() for t in req.tools or []],
+                replies,
+                records[0],
+            )
         body = response_body(
             completion_id(),
             self.cfg.model_name,
@@ -396,7 +403,7 @@ class Gateway:
         return f"http://{self.cfg.host}:{self.port}/v1"
 
 
-def _key(content: str | None, calls: list[tuple[str, str]]) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _key(content: str | None, calls: list[tuple[str, str]]) -> ReplyKey:
     return (content or "", tuple((n, _canon(a)) for n, a in calls))
 
 
@@ -407,7 +414,7 @@ def _canon(arguments: str) -> str:
         return arguments
 
 
-def _reply_key(m: Any) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+def _reply_key(m: Any) -> ReplyKey | None:
     if m.role != "assistant":
         return None
     return _key(m.text(), [(tc.function.name, tc.function.arguments) for tc in m.tool_calls or []])

@@ -23,6 +23,7 @@ import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
@@ -39,6 +40,20 @@ class CallRecord:
     ended_at: float = 0.0
 
 
+ReplyKey = tuple[str, tuple[tuple[str, str], ...]]
+"""An assistant message as compared for continuation: (content, ((tool name, canonical arguments), ...))."""
+
+
+@dataclass
+class LastCall:
+    """What the next request must repeat to be continued append-only (see the gateway's ``_prompt``)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    replies: set[ReplyKey]
+    record: CallRecord
+
+
 @dataclass
 class Session:
     key: str
@@ -49,8 +64,8 @@ class Session:
     stale: bool = False
     reward: float | None = None
     """Set by ``POST /v1/sessions/{id}/reward`` (used when the agent returns ``None``)."""
-    history: list[object] = field(default_factory=list)
-    """The last call's request messages and response (the gateway's append-only rendering)."""
+    last: LastCall | None = None
+    """The last (non-auxiliary, n = 1) call: what a continuation must repeat."""
     created: float = field(default_factory=time.time)
     in_flight: int = 0
 
