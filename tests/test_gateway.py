@@ -377,3 +377,35 @@ def test_agents_sdk_example_completes_episodes_through_the_gateway(monkeypatch: 
     [traj] = build_trajectories(s, reward, "success")
     assert [t.role for t in traj.turns] == ["env", "model", "tool", "model"]
     assert TOK.decode(traj.turns[2].token_ids, skip_special_tokens=False) == "<obs>12</obs>"
+
+
+class SlowEngine(ScriptedEngine):
+    def generate(self, prompts: list[list[int]], sampling: Any) -> list[Sample]:
+        import time
+
+        time.sleep(0.3)
+        return super().generate(prompts, sampling)
+
+
+def test_a_session_killed_mid_call_loses_nothing_else() -> None:
+    gw = make_gateway(SlowEngine(["<answer>1</answer>", "<answer>2</answer>"]))
+
+    async def body(gw: Gateway) -> Any:
+        a, b = gw.sessions.open(TASK), gw.sessions.open(TASK)
+        msgs: Any = OK["messages"]
+        call_a = asyncio.create_task(client(gw, a.key).chat.completions.create(model=MODEL, messages=msgs))
+        call_b = asyncio.create_task(client(gw, b.key).chat.completions.create(model=MODEL, messages=msgs))
+        await asyncio.sleep(0.1)
+        call_a.cancel()  # the agent is killed mid-call (timeout, shutdown): its session closes
+        gw.sessions.close(a)
+        r = await call_b
+        await asyncio.sleep(0.1)  # a's handler finishes its generation and finds the session closed
+        return a, b, r
+
+    a, b, r = serve(gw, body)
+    # a's call is not recorded (its handler was cancelled with the connection, or finished and found
+    # the session closed), it is not counted as a client error, and the gateway's books balance
+    assert not a.calls and gw.counts["errors_4xx"] == 0 and gw.pending == 0 and a.in_flight == 0
+    assert r.choices[0].message.content in ("<answer>1</answer>", "<answer>2</answer>") and len(b.calls) == 1
+    [t] = build_trajectories(b, 1.0, "success")
+    assert t.token_ids() == b.calls[0].prompt_ids + b.calls[0].completion_ids

@@ -77,6 +77,7 @@ class Gateway:
             "calls": 0,
             "rejected_429": 0,
             "errors_4xx": 0,
+            "cancelled_calls": 0,
             "held_seconds": 0.0,
             "appended_prompts": 0,
             "rendered_prompts": 0,
@@ -320,7 +321,10 @@ class Gateway:
             aux = request.headers.get("x-asyncrl-auxiliary", "") in ("1", "true")
             body = await self.chat(s, req, auxiliary=aux)
         except GatewayError as exc:
-            self.counts["errors_4xx"] += exc.status != 429
+            if exc.code == "session_finished":  # the episode was cancelled (shutdown, agent timeout)
+                self.counts["cancelled_calls"] += 1
+            elif exc.status != 429:
+                self.counts["errors_4xx"] += 1
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
         except Exception as exc:  # an engine failure: the client sees a 500, the worker keeps going
             log.exception("gateway: call failed")
