@@ -1,10 +1,12 @@
-"""Gateway overhead per call: the official openai client through the gateway (HTTP on loopback,
-session lookup, rendering, recording, response parsing) against awaiting the worker's
-``TurnBatcher`` directly, at 1, 32 and 128 concurrent sessions; prints one JSON object.
+"""Gateway overhead per call against awaiting the worker's ``TurnBatcher`` directly, at 1, 32 and
+128 concurrent sessions; prints one JSON object. Two clients: plain JSON over HTTP on loopback
+(``gateway_http``: the gateway's own cost — HTTP, session lookup, validation, rendering,
+recording) and the official ``openai`` client (``gateway_openai_sdk``: what an agent program pays,
+the SDK's request building and response parsing included — it runs in the worker's event loop).
 
     PYTHONPATH=src .venv/bin/python bench/gateway_overhead.py [--calls 3] [--sessions 1,32,128]
 
-Two engines: ``null`` answers instantly (the gateway's own cost, undiluted) and ``tiny`` is the
+Engines: ``null`` answers instantly (the gateway's own cost, undiluted) and ``tiny`` is the
 built-in engine on the tiny char model (what a test-sized run pays). Both arms run the same
 prompts in the same process, side by side; compare the ratios, not absolute times (shared CPU).
 """
@@ -61,19 +63,45 @@ async def direct(batcher: TurnBatcher, prompt: list[int], sessions: int, calls: 
 async def through_gateway(gw: Gateway, sessions: int, calls: int) -> list[float]:
     lat: list[float] = []
     task = Task(id="t", task_type="x")
+    http = openai.DefaultAsyncHttpxClient()  # one pool for all sessions, as AgentRunner does
 
     async def one() -> None:
         s = gw.sessions.open(task)
-        async with openai.AsyncOpenAI(base_url=gw.base_url, api_key=s.key) as c:
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                await c.chat.completions.create(
-                    model="asyncrl-policy", messages=[{"role": "user", "content": PROMPT}], max_tokens=8
-                )
-                lat.append(time.perf_counter() - t0)
+        c = openai.AsyncOpenAI(base_url=gw.base_url, api_key=s.key, http_client=http)
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            await c.chat.completions.create(
+                model="asyncrl-policy", messages=[{"role": "user", "content": PROMPT}], max_tokens=8
+            )
+            lat.append(time.perf_counter() - t0)
         gw.sessions.close(s)
 
     await asyncio.gather(*(one() for _ in range(sessions)))
+    await http.aclose()
+    return lat
+
+
+async def through_gateway_raw(gw: Gateway, sessions: int, calls: int) -> list[float]:
+    """The same calls as plain JSON over HTTP (no SDK): the gateway's own cost."""
+    import httpx2
+
+    lat: list[float] = []
+    task = Task(id="t", task_type="x")
+    body = {"model": "asyncrl-policy", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+    async with httpx2.AsyncClient(limits=httpx2.Limits(max_connections=1000)) as http:
+
+        async def one() -> None:
+            s = gw.sessions.open(task)
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                r = await http.post(
+                    f"{gw.base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {s.key}"}
+                )
+                r.raise_for_status()
+                lat.append(time.perf_counter() - t0)
+            gw.sessions.close(s)
+
+        await asyncio.gather(*(one() for _ in range(sessions)))
     return lat
 
 
@@ -97,15 +125,20 @@ async def arm(engine: GenerationEngine, renderer: TextRenderer, sessions: int, c
         t0 = time.perf_counter()
         d = stats(await direct(batcher, prompt, sessions, calls), time.perf_counter() - t0)
         t0 = time.perf_counter()
+        h = stats(await through_gateway_raw(gw, sessions, calls), time.perf_counter() - t0)
+        t0 = time.perf_counter()
         g = stats(await through_gateway(gw, sessions, calls), time.perf_counter() - t0)
     finally:
         await gw.stop()
         batcher.close()
     return {
         "direct": d,
-        "gateway": g,
-        "overhead_ms_per_call": round(g["mean_ms"] - d["mean_ms"], 2),
-        "throughput_ratio": round(g["calls_per_s"] / d["calls_per_s"], 3),
+        "gateway_http": h,
+        "gateway_openai_sdk": g,
+        "http_overhead_ms_per_call": round(h["mean_ms"] - d["mean_ms"], 2),
+        "sdk_overhead_ms_per_call": round(g["mean_ms"] - d["mean_ms"], 2),
+        "http_throughput_ratio": round(h["calls_per_s"] / d["calls_per_s"], 3),
+        "sdk_throughput_ratio": round(g["calls_per_s"] / d["calls_per_s"], 3),
     }
 
 
