@@ -34,7 +34,7 @@ def test_openai_calculator_agent_learns_through_the_gateway(
             "rollout.sampling.max_new_tokens=24",
             "trainer.batch_size=64",
             "trainer.lr=1e-4",
-            "trainer.total_steps=30",
+            "trainer.total_steps=15",
             "trainer.sft.steps=800",
             "trainer.sft.corruption_rate=0.5",
             "orchestrator.max_staleness=2",
@@ -47,4 +47,4 @@ def test_openai_calculator_agent_learns_through_the_gateway(
     _, s = train(cfg, display=False, eval_limit=96)
     assert s["final_success"] >= s["initial_success"] + 0.10, s
     assert s["staleness_max"] <= 2
-    assert s["trainer_steps"] == 30 and s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
+    assert s["trainer_steps"] == 15 and s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
