@@ -39,6 +39,23 @@ def _redis_url(url: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA, via peft): the trainer trains only the adapter, and weight versions
+    carry only the adapter's tensors (see docs/models.md#lora)."""
+
+    rank: int = Field(16, ge=1, le=1024)
+    """Adapter rank r."""
+    alpha: int = Field(32, ge=1, le=65536)
+    """Scaling numerator: the update is (alpha / rank) * B @ A."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in training. Non-zero makes the trainer's log-probs differ
+    from the sampler's (train vs eval mode), so it is 0 by default."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get adapters (Llama/Qwen2/Mistral naming)."""
+
+
 class ModelConfig(Section):
     """The policy network: built fresh from these numbers, or loaded from a local directory."""
 
@@ -83,6 +100,9 @@ class ModelConfig(Section):
     system_prompt: str | None = None
     """System message of every episode (HF tokenizers). Unset: a generated one that lists the
     environment's tools, the call format and how to answer."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters instead of every weight (pretrained models, i.e. with ``path``);
+    unset: full fine-tuning."""
     stop_strings: list[str] = Field(default_factory=list)
     """Extra strings that end a model turn (besides the end-of-turn tokens of the model's
     generation config); may span several tokens. The turn keeps the tokens up to the one that
@@ -114,6 +134,12 @@ class ModelConfig(Section):
                 raise ValueError(
                     "tokenizer 'hf' needs model.path (a local Hugging Face model directory); "
                     "built models use 'char' or 'byte'"
+                )
+            if self.lora is not None:
+                raise ValueError(
+                    "model.lora adapts a pretrained model: set model.path (e.g. .cache/models/"
+                    "smollm2-135m-instruct from `asyncrl model import`); a 0.1M-parameter model built "
+                    "from config trains all its weights"
                 )
         elif self.tokenizer in ("char", "byte"):
             raise ValueError(

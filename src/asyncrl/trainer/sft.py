@@ -176,7 +176,8 @@ def train_sft(
     torch.manual_seed(sft.seed)
     model = policy.model
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+    opt = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=0.0)
     warmup = max(1, sft.steps // 20)
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -196,7 +197,7 @@ def train_sft(
             loss = sft_loss(model, batch, policy.tokenizer.pad_token_id)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             losses.append(float(loss.detach()))
             if bar is not None and task_id is not None:
