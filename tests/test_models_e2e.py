@@ -2,7 +2,8 @@
 chat template, for the calculator, kb_lookup and a user plugin environment whose code knows
 nothing of the model; and a 2-step run of the real SmolLM2-135M-Instruct.
 
-The first three use a tiny random Llama carrying SmolLM2's tokenizer and ChatML template (so the
+The ``realmodel`` ones (``make test-models``; minutes on two cores, so not in ``make test``) train
+the real model on each environment. The others use a tiny random Llama carrying SmolLM2's tokenizer and ChatML template (so the
 whole pretrained path — loading, the generated tool prompt, Hermes calls, token-exact deltas —
 runs at the cost of a 2M-parameter model); the last one is the real model.
 """
@@ -123,11 +124,16 @@ def test_train_a_chat_template_model_on_each_environment(
     _check(summary, run_dir)
 
 
-def test_two_steps_of_smollm2_on_the_calculator(tmp_path: Path) -> None:
+@pytest.mark.realmodel
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("env", ["calculator", "kb_lookup", "plugin"])
+def test_two_steps_of_smollm2(env: str, tmp_path: Path) -> None:
+    kind = [f"env.kind={env}"] + ([f"env.path={__name__}:ShoutEnv"] if env == "plugin" else [])
     cfg = load_config(
-        "configs/calculator.yaml",
+        None,
         [
             *SMALL,
+            *kind,
             "env.max_turns=2",
             "rollout.sampling.max_new_tokens=16",
             "trainer.sft.steps=1",

@@ -133,6 +133,13 @@ class Report:
             ("trainer busy", _pct(s.get("trainer_busy_fraction"))),
             ("wall time", f"{_num(s.get('wall_seconds'))} s"),
         ]
+        if s.get("token_exact_rate") is not None:
+            head.append(
+                (
+                    "token-exact / re-tokenisable",
+                    f"{_pct(s.get('token_exact_rate'))} / {_pct(s.get('retokenization_exact_rate'))}",
+                )
+            )
         if s.get("cost_usd") is not None:
             head.append(("cost / wasted", f"${s['cost_usd']:.4f} / {_pct(s.get('cost_waste_share'))}"))
         cards = "".join(
