@@ -1,7 +1,11 @@
 """Multi-turn KV reuse: the same calculator episodes on the real model with the prefix cache off and on.
 
     PYTHONPATH=src python bench/kv_reuse.py [--model .cache/models/smollm2-135m-instruct]
-        [--episodes 16] [--turns 3] [--max-new-tokens 48] [--repeats 2] [--threads 2]
+        [--episodes 8] [--turns 3] [--max-new-tokens 32] [--repeats 1] [--threads 1]
+
+Every episode runs exactly ``--turns`` model turns: the untrained 135M model mostly answers in
+plain text at once, which ends a calculator episode, so an answer is met with a nudge observation
+(``NUDGE``) instead, as a tool result would be. The bench measures the engine, not the model.
 
 Runs ``--episodes`` held-out calculator tasks (SmolLM2-135M-Instruct by default, in its own chat
 template with the tool-call format its renderer uses) through the episode runner and the built-in
@@ -20,19 +24,37 @@ import json
 import platform
 import statistics
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+NUDGE = "Check each step with the calc tool, then give the final answer again."
+
+
+class KeepGoing:
+    """The calculator environment, except that an answer does not end the episode (see above)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.tools = getattr(env, "tools", None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    async def step(self, action: Any) -> Any:
+        result = await self.env.step(action)
+        return replace(result, observation=NUDGE, done=False, info={}) if result.done else result
 
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".cache/models/smollm2-135m-instruct")
-    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args()
 
 
@@ -64,7 +86,7 @@ async def episodes(
     try:
         trajs = await asyncio.gather(
             *(
-                run_episode(t, make_env(env_cfg, cfg.seed + i), batcher, renderer, settings)
+                run_episode(t, KeepGoing(make_env(env_cfg, cfg.seed + i)), batcher, renderer, settings)
                 for i, t in enumerate(tasks)
             )
         )
