@@ -288,6 +288,14 @@ class EngineConfig(Section):
     """Built-in engine with the static cache on a CUDA GPU: capture one decode step per batch bucket
     as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
     eager decoding, with a warning, if capture fails)."""
+    prefix_cache: bool = True
+    """Built-in engine, growing-cache path: keep each sequence's KV after a model turn and, when a
+    later prompt extends it (the next turn of a multi-turn episode), prefill only the new tokens.
+    Entries are dropped at every weight load. Not used with the static cache (``static_cache`` on,
+    the default on CUDA), whose buffers are refilled per chunk. See docs/engines.md."""
+    prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
+    """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
+    SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""
     vllm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
     vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)

@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import DynamicLayer
 
 from asyncrl.policy.model import WEIGHTS_NAME, Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
+from asyncrl.rollout.prefix_cache import Hit, PrefixCache
 
 if TYPE_CHECKING:
     from asyncrl.config import EngineConfig
@@ -294,9 +296,17 @@ class HFEngine(GenerationEngine):
     ``model.generate`` so that the recorded log-probs are, by construction, those of
     the distribution each token was drawn from.
 
+    With a prefix cache (``prefix_cache_mb > 0``, growing-cache path only) each row's KV is kept
+    after a call (:mod:`asyncrl.rollout.prefix_cache`) and a later prompt that extends a kept
+    sequence prefills only its new tokens. Such a chunk's prefill has two regions: the rows' cached
+    columns, left-padded to the longest cached prefix, then a window of the new tokens,
+    right-aligned; masks hide the padding of both and position ids count real tokens, so the
+    result equals a full prefill up to float rounding.
+
     The engine samples from ``policy.model`` itself (no copy): :meth:`load_weights`
     overwrites those parameters in place. Give the engine its own :class:`Policy` when
-    something else (a trainer) must keep its weights.
+    something else (a trainer) must keep its weights; code that changes the weights other than
+    through ``load_*`` must call :meth:`clear_prefix_cache`.
     """
 
     def __init__(
@@ -309,11 +319,14 @@ class HFEngine(GenerationEngine):
         compact_fraction: float = 0.25,
         static_cache: bool | None = None,
         cuda_graphs: bool = True,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         """``seed`` makes sampling reproducible (the generator persists across calls);
         ``compact_fraction``: drop finished rows once they are this share of the batch;
         ``static_cache``: decode with :class:`StaticDecoder` (``None``: where the model is on a
-        CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only)."""
+        CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
+        ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never with the
+        static cache, nor for models whose cache layers are not plain full-attention layers)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
@@ -345,6 +358,17 @@ class HFEngine(GenerationEngine):
         self.decode_seconds = 0.0
         self.static_chunks = 0
         """Chunks decoded on the static path (the rest on the growing cache)."""
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_mb > 0 and not self.static_cache and _plain_dynamic_cache(self.model):
+            self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        self.prefill_tokens_computed = 0
+        """Prompt tokens run through the model in prefills."""
+        self.prefill_tokens_reused = 0
+        """Prompt tokens whose KV came from the prefix cache instead."""
+        self.prefill_seconds = 0.0
+        """Time in prefills (cached-KV assembly included)."""
+        self.prefix_cache_seconds = 0.0
+        """Time looking up and storing prefix-cache entries."""
 
     # ---- weights ---------------------------------------------------------------------------
     def load_weights(self, version: int, path: str) -> None:
@@ -357,8 +381,14 @@ class HFEngine(GenerationEngine):
         self.load_weights_from_tensors(version, load_file(str(file), device=str(self.device)))
 
     def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        self.clear_prefix_cache()  # before the load: a failed load leaves no stale entry either
         self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
         self.version = version
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached KV state (they belong to the weights they were computed with)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     # ---- generation ------------------------------------------------------------------------
     def generate(
@@ -394,27 +424,38 @@ class HFEngine(GenerationEngine):
         dev = self.device
         attn = self.model.config._attn_implementation
         b = len(prompts)
+        hits = self._lookup(prompts)
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
-        width = int(lengths.max())
+        reused = torch.tensor([h.length if h else 0 for h in hits], dtype=torch.long, device=dev)
+        # Columns after the prefill: the cached region (longest cached prefix), then the delta window.
+        n_cached = int(reused.max())
+        n_delta = int((lengths - reused).max())
+        width = n_cached + n_delta
         budget = torch.minimum(
             torch.tensor([sp.max_new_tokens for sp in params], dtype=torch.long, device=dev),
             self.max_context - lengths,
         )
         max_steps = int(budget.max())
-        static = self.static_cache and width + max_steps <= self.cache_len
+        static = self.static_cache and n_cached == 0 and width + max_steps <= self.cache_len
         # Static decoding runs a fixed bucket of rows; the extra rows are one-token dummies.
         rows_run = bucket_for(b, self.buckets) if static else b
-        padded = [[self.pad_token_id] * (width - len(p)) + p for p in prompts]
-        padded += [[self.pad_token_id] * width] * (rows_run - b)
+        padded = [
+            [self.pad_token_id] * (n_delta - len(p) + h_len) + p[h_len:]
+            for p, h_len in zip(prompts, reused.tolist(), strict=True)
+        ]
+        padded += [[self.pad_token_id] * n_delta] * (rows_run - b)
         input_ids = torch.tensor(padded, dtype=torch.long).to(dev)  # one host-to-device copy
         lengths = torch.cat([lengths, torch.ones(rows_run - b, dtype=torch.long, device=dev)])
+        reused = torch.cat([reused, torch.zeros(rows_run - b, dtype=torch.long, device=dev)])
         budget = torch.cat([budget, torch.zeros(rows_run - b, dtype=torch.long, device=dev)])
         kv_cols = self.cache_len if static else width
         cols = torch.arange(kv_cols, device=dev)
+        delta_start = width - (lengths - reused)  # column of each row's first new token
         # [B, kv]: real (non-pad) keys so far; the static cache's future columns start hidden.
-        valid = (cols[None, :] >= (width - lengths)[:, None]) & (cols[None, :] < width)
-        q = cols[:width]
-        position_ids = (q[None, :] - (width - lengths)[:, None]).clamp_min(0)
+        cached_cols = (cols[None, :] >= (n_cached - reused)[:, None]) & (cols[None, :] < n_cached)
+        valid = cached_cols | ((cols[None, :] >= delta_start[:, None]) & (cols[None, :] < width))
+        q = cols[n_cached:width]
+        position_ids = (q[None, :] - delta_start[:, None] + reused[:, None]).clamp_min(0)
         # Prefill mask: causal, real keys only, plus the diagonal so pad rows are never empty.
         causal = cols[None, :] <= q[:, None]
         diagonal = cols[None, :] == q[:, None]
@@ -437,13 +478,21 @@ class HFEngine(GenerationEngine):
         next_pos = lengths.clone()  # position id of the next token of each active row
         decoder = self._decoder(rows_run) if static else None
         cache: DynamicCache | None = None
+        t_prefill = time.perf_counter()
         if decoder is not None:
             logits = decoder.prefill(input_ids, position_ids, mask)
             self.static_chunks += 1
         else:
-            cache = DynamicCache(config=self.model.config)
+            cache = self._cache_from(hits, n_cached)
             logits = last_logits(self.model, input_ids, position_ids, mask, cache)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # prefill and decode times apart
+        self.prefill_seconds += time.perf_counter() - t_prefill
+        self.prefill_tokens_computed += int((lengths - reused)[:b].sum())
+        self.prefill_tokens_reused += int(reused.sum())
+        store = self.prefix_cache is not None and cache is not None
         t0 = time.perf_counter()
+        store_seconds = self.prefix_cache_seconds
         steps = 0
         for step in range(max_steps):
             tok, lp = sample_tokens(logits, temperature, top_p, self.generator)
@@ -465,6 +514,10 @@ class HFEngine(GenerationEngine):
             else:
                 assert cache is not None
                 if n_done >= max(1.0, self.compact_fraction * finished.shape[0]):
+                    if store:  # the dropped rows' KV leaves the batch now: keep it first
+                        self._store(
+                            cache, finished.nonzero().squeeze(-1), rows, valid, prompts, out_tokens, n_out
+                        )
                     keep = (~finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     rows, tok, valid, finished = rows[keep], tok[keep], valid[keep], finished[keep]
@@ -480,8 +533,70 @@ class HFEngine(GenerationEngine):
             next_pos = next_pos + 1
             steps += 1
         self.decode_steps += steps
-        self.decode_seconds += time.perf_counter() - t0
+        self.decode_seconds += time.perf_counter() - t0 - (self.prefix_cache_seconds - store_seconds)
+        if store:
+            assert cache is not None
+            self._store(
+                cache, torch.arange(rows.shape[0], device=dev), rows, valid, prompts, out_tokens, n_out
+            )
         return self._collect(out_tokens[:b], out_logprobs[:b], n_out[:b], stopped[:b])
+
+    # ---- prefix cache ------------------------------------------------------------------------
+    def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
+        """Each prompt's longest cached prefix; an entry wholly used is dropped (its row stores an extension)."""
+        if self.prefix_cache is None:
+            return [None] * len(prompts)
+        t0 = time.perf_counter()
+        hits = [self.prefix_cache.lookup(p, self.version) for p in prompts]
+        for h in hits:
+            if h is not None and h.length == len(h.entry.ids):
+                self.prefix_cache.discard(h.key)
+        self.prefix_cache_seconds += time.perf_counter() - t0
+        return hits
+
+    def _cache_from(self, hits: list[Hit | None], n_cached: int) -> DynamicCache:
+        """A growing cache holding each row's cached prefix, left-padded to ``n_cached`` columns."""
+        if n_cached == 0:
+            return DynamicCache(config=self.model.config)
+        first = next(h.entry.kv for h in hits if h is not None)
+        layers, _, heads, _, dim = first.shape
+        kv = first.new_zeros((layers, 2, len(hits), heads, n_cached, dim))
+        for i, h in enumerate(hits):
+            if h is not None:
+                kv[:, :, i, :, n_cached - h.length :] = h.entry.kv[:, :, :, : h.length]
+        return DynamicCache(
+            ddp_cache_data=[(kv[i, 0], kv[i, 1]) for i in range(layers)], config=self.model.config
+        )
+
+    def _store(
+        self,
+        cache: DynamicCache,
+        active: torch.Tensor,
+        rows: torch.Tensor,
+        valid: torch.Tensor,
+        prompts: list[list[int]],
+        out_tokens: torch.Tensor,
+        n_out: torch.Tensor,
+    ) -> None:
+        """Keep the KV of the ``active`` batch rows: their prompt and every sampled token but the last.
+
+        A row's real cache columns are its ``valid`` ones, in order; a finished row left in the
+        batch has later columns too (tokens sampled after it finished), so only the first
+        ``len(prompt) + n_out - 1`` are its own.
+        """
+        assert self.prefix_cache is not None
+        t0 = time.perf_counter()
+        kv = torch.stack([torch.stack([k[active], v[active]]) for k, v in map(_layer_kv, cache.layers)])
+        originals = rows[active]
+        counts = n_out[originals].tolist()
+        sampled = out_tokens[originals].tolist()
+        for j, (r, n) in enumerate(zip(originals.tolist(), counts, strict=True)):
+            keep = len(prompts[r]) + n - 1
+            columns = valid[active[j]].nonzero().squeeze(-1)[:keep]
+            self.prefix_cache.store(
+                prompts[r] + sampled[j][: n - 1], kv[:, :, j].index_select(-2, columns), self.version
+            )
+        self.prefix_cache_seconds += time.perf_counter() - t0
 
     def _decoder(self, rows: int) -> StaticDecoder:
         """The static decoder of a bucket, built (and its decode step captured) on first use."""
@@ -509,6 +624,17 @@ class HFEngine(GenerationEngine):
         ]
 
 
+def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``[B, kv_heads, T, head_dim]`` of one full-attention cache layer."""
+    assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+    return layer.keys, layer.values
+
+
+def _plain_dynamic_cache(model: PreTrainedModel) -> bool:
+    """Whether the model's growing cache is full-attention layers only (what the prefix cache can rebuild)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
 def make_engine(
     cfg: EngineConfig, policy: Policy, stop_token_ids: list[int], *, seed: int | None = None
 ) -> GenerationEngine:
@@ -522,6 +648,7 @@ def make_engine(
             seed=seed,
             static_cache=static,
             cuda_graphs=cfg.cuda_graphs,
+            prefix_cache_mb=cfg.prefix_cache_mb if cfg.prefix_cache else 0.0,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.rollout.vllm_engine import VLLMEngine
