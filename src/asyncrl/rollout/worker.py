@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,21 @@ log = logging.getLogger("asyncrl.rollout")
 class WeightFollower:
     """Keeps an engine on the newest *valid* weight version.
 
-    A corrupt or partial newest snapshot is reported once (log + metric event) and remembered;
-    the engine keeps the newest valid version until a newer good one appears.
+    A corrupt or partial newest snapshot is reported once (log + metric event + ``on_corrupt``, which
+    tells the trainer to publish a good version again) and remembered; the engine keeps the newest
+    valid version until a newer good one appears.
     """
 
-    def __init__(self, store: Any, engine: Any, metrics: MetricWriter | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        store: Any,
+        engine: Any,
+        metrics: MetricWriter | None = None,
+        name: str = "",
+        on_corrupt: Any = None,
+    ) -> None:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
+        self.on_corrupt = on_corrupt
         self.bad_versions: set[int] = set()
         self.loads = self.fallbacks = 0
         self.bytes_loaded = 0
@@ -63,6 +73,8 @@ class WeightFollower:
         if loaded.fell_back_from is not None:
             self.bad_versions.add(loaded.fell_back_from)
             self.fallbacks += 1
+            if self.on_corrupt is not None:
+                self.on_corrupt(loaded.fell_back_from)
             log.warning(
                 "%s: weight version %s is corrupt (%s); keeping version %s",
                 self.name,
@@ -121,7 +133,7 @@ class RolloutWorker:
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         self.verifier = VERIFIER_CACHE
-        self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name)
+        self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name, self._report_corrupt)
         from asyncrl.orchestrator.directives import WorkerControl
 
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
@@ -149,6 +161,18 @@ class RolloutWorker:
 
     def _newest_valid(self) -> int:
         return self.weights.newest_valid()
+
+    def _report_corrupt(self, version: int) -> None:
+        """Raise ``weights_corrupt`` (the highest corrupt version + 1) to at least ``version + 1``, atomically:
+        the trainer answers by publishing its current weights again as a new version."""
+        value = version + 1
+
+        def unchanged_since(cur: int) -> Callable[[dict[str, int]], int]:
+            return lambda c: value if c.get("weights_corrupt", 0) == cur else -1  # a race: read again
+
+        while (cur := self.state.get("weights_corrupt")) < value:
+            if self.state.try_add_within("weights_corrupt", value - cur, unchanged_since(cur)):
+                return
 
     # -- admission -------------------------------------------------------------------------------
     def _may_start_group(self) -> bool:

@@ -27,8 +27,9 @@ How the guarantees are met
   its trajectory id. Unknown or already-acked ids are ignored.
 * **Poison entries** are moved by a Lua script to ``P:dead`` (with the reason) and
   ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting).
-* **Reconnects.** Every command runs under a retry wrapper (10 tries, back-off 0.05 -> 0.8 s, ~4.5 s)
-  on connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
+* **Reconnects.** Every command runs under the one Redis retry policy of
+  :func:`asyncrl.credentials.redis_retry` (redis-py's ``Retry``, ~5 s of jittered back-off) on
+  connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
   and a lost ``XREADGROUP`` reply only leaves entries leased until their lease expires.
 * **Durability** is the server's: ``put`` returns ``True`` once Redis executed the write. Run
   Redis with ``appendonly yes`` (``appendfsync everysec`` loses at most ~1 s on a server
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import random
 import re
 import threading
 import time
@@ -53,7 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from asyncrl.credentials import resolve_url
+from asyncrl.credentials import open_redis, with_retries
 from asyncrl.records import RecordDecodeError, decode_trajectory
 from asyncrl.transport.base import (
     DeadLetter,
@@ -71,11 +71,6 @@ GROUP = "trainers"
 
 _BLOCK_SLICE_S = 0.1
 """Longest single ``XREADGROUP BLOCK``: expired leases are re-checked at least this often."""
-_RETRIES = 10
-"""Tries per command: back-off 0.05, 0.1, 0.2, 0.4, then 0.8 s, about 4.5 s in all, so a Redis restart or
-a dropped connection of a few seconds is ridden through instead of crashing the role."""
-_BACKOFF_MIN_S = 0.05
-_BACKOFF_MAX_S = 0.8
 _ACK_CHUNK = 500
 _STATS_SCAN_MAX = 100_000
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
@@ -154,22 +149,6 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def with_retries(
-    fn: Callable[[], T], *, tries: int = _RETRIES, sleep: Callable[[float], None] = time.sleep
-) -> T:
-    """Run ``fn``, retrying on Redis connection errors/timeouts with exponential back-off."""
-    delay = _BACKOFF_MIN_S
-    for attempt in range(tries):
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError):
-            if attempt == tries - 1:
-                raise
-            sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(_BACKOFF_MAX_S, delay * 2)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def _s(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -203,12 +182,10 @@ class RedisQueue(TrajectoryQueue):
         self._lease_ms = max(1, int(self.lease_seconds * 1000))
         self._lock = threading.Lock()
         self._closed = False
-        # from_url takes password, username, db and TLS (rediss://) from the URL.
-        self._r: redis.Redis | None = redis.Redis.from_url(
-            resolve_url(url),  # a masked password (run dir config.yaml) comes from $ASYNCRL_REDIS_PASSWORD
-            socket_timeout=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0),
-            socket_connect_timeout=5.0,
-            health_check_interval=30,
+        # from_url takes password, username, db and TLS (rediss://) from the URL; the client carries the
+        # one retry policy and rides through a Redis restart at start-up too
+        self._r: redis.Redis | None = open_redis(
+            url, "transport.redis_url", socket_timeout_s=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0)
         )
         self._put_script = self._r.register_script(_PUT_LUA)
         self._ack_script = self._r.register_script(_ACK_LUA)
