@@ -26,6 +26,7 @@ AlertKind = Literal[
     "scale_up",
     "scale_down",
     "exploration",
+    "stall",
 ]
 
 

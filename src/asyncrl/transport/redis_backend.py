@@ -26,7 +26,10 @@ How the guarantees are met
 * **Ack** is a Lua script: ``XACK``; when that settled a pending entry, ``XDEL`` it and release
   its trajectory id. Unknown or already-acked ids are ignored.
 * **Poison entries** are moved by a Lua script to ``P:dead`` (with the reason) and
-  ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting).
+  ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting). One
+  that never went through ``put`` (bytes added with ``XADD`` from outside: no ``P:entries`` row) is also
+  counted in ``dead_foreign_total`` (stat ``queue/dead_letters_foreign``), so that the run's
+  accounting (accepted = trained + dropped + queued + dead-lettered) does not subtract it.
 * **Reconnects.** Every command runs under the one Redis retry policy of
   :func:`asyncrl.credentials.redis_retry` (redis-py's ``Retry``, ~5 s of jittered back-off) on
   connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
@@ -111,7 +114,9 @@ if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'traj_id', ARGV[3], 'reason', ARGV[4],
            'payload', ARGV[5], 'attempts', ARGV[6], 'dead_at', ARGV[7])
 redis.call('XDEL', KEYS[1], ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[2])
+if redis.call('HDEL', KEYS[3], ARGV[2]) == 0 then
+  redis.call('HINCRBY', KEYS[4], 'dead_foreign_total', 1)  -- written by XADD from outside, never put
+end
 if redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then redis.call('HDEL', KEYS[2], ARGV[3]) end
 redis.call('HINCRBY', KEYS[4], 'dead_lettered_total', 1)
 return 1
