@@ -1,0 +1,140 @@
+"""Issue 20 (recovery that never hangs), the fast checks of the default run: bad config files get one
+clear error, a non-finite sample costs one sample, a corrupt version is reported so the trainer can
+publish again, the stall watchdog alerts, bytes written into the queue from outside are not counted
+as lost. The model check of acknowledgement by fate is ``test_recovery_model.py``; the crash-point
+sweep is in the fault suite (``make test-faults``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.orchestrator.alerts import AlertLog
+from asyncrl.orchestrator.run import Orchestrator
+from asyncrl.orchestrator.staleness import StalenessPolicy
+from asyncrl.orchestrator.state import SQLiteStateStore
+from asyncrl.records import Task, Trajectory, Turn, new_id
+from asyncrl.trainer.buffer import ReplayBuffer
+
+
+def test_config_file_not_utf8_or_a_directory_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 9.*save it as UTF-8"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="is a directory; give the path of a YAML file"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def _traj(group: str, reward: float = 1.0, logprob: float = -0.5) -> Trajectory:
+    return Trajectory(
+        id=new_id(),
+        task=Task(id="t", task_type="arithmetic"),
+        turns=[
+            Turn(role="env", token_ids=[1]),
+            Turn(role="model", token_ids=[2], logprobs=[logprob], version=0),
+        ],
+        final_reward=reward,
+        group_id=group,
+    )
+
+
+def test_a_non_finite_sample_is_dropped_alone_and_its_group_still_trains() -> None:
+    buf = ReplayBuffer(4, 8, StalenessPolicy.from_config("async", 2, 8))
+    for g in ("a", "b"):
+        for k in range(4):
+            bad = g == "a" and k == 1
+            buf.add(
+                _traj(g, reward=float("nan"))
+                if bad
+                else _traj(g, logprob=float("-inf") if g == "b" and k == 3 else -0.5)
+            )
+    batch, dropped = buf.take(0, 2)
+    assert [d.reason for d in dropped] == ["dropped_non_finite", "dropped_non_finite"]
+    assert batch is None  # 6 finite samples < batch of 8: the groups are complete (4 - 1 each) and wait
+    for _ in range(4):
+        buf.add(_traj("c"))
+    batch, dropped = buf.take(0, 2)
+    assert batch is not None and len(batch) >= 8 and not dropped
+    assert {t.group_id for t in batch} >= {"a", "b"}  # the two groups with a bad member were trained
+    assert all(t.reward_components.get("group_dropped") == 1.0 for t in batch if t.group_id in ("a", "b"))
+
+
+def test_a_worker_reports_a_corrupt_version_atomically(tmp_path: Path) -> None:
+    from asyncrl.rollout.worker import RolloutWorker
+
+    state = SQLiteStateStore(tmp_path / "control.sqlite")
+    worker: Any = SimpleNamespace(state=state)
+    for v in (5, 7, 6):  # out of order, as two workers may report
+        RolloutWorker._report_corrupt(worker, v)
+    assert state.get("weights_corrupt") == 8  # the highest corrupt version + 1: the trainer publishes v8+
+    state.close()
+
+
+def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(None, ["orchestrator.watchdog_s=0.2"])
+    state = SQLiteStateStore(tmp_path / "control.sqlite")
+    queue = SimpleNamespace(
+        stats=lambda: {"queue/put_total": 5.0, "queue/depth": 3.0, "queue/ready": 0.0, "queue/capacity": 8.0}
+    )
+    orch: Any = SimpleNamespace(
+        cfg=cfg,
+        state=state,
+        run_dir=tmp_path,
+        rules=SimpleNamespace(alerts=AlertLog(tmp_path / "alerts.jsonl")),
+        _queue=queue,
+        _progress=None,
+        _progress_at=time.time(),
+        _stall_alerted=time.time(),
+    )
+    Orchestrator._watchdog(orch)  # first sight: progress recorded
+    time.sleep(0.25)
+    Orchestrator._watchdog(orch)
+    alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [a["kind"] for a in alerts] == ["stall"] and alerts[0]["evidence"]["queue_depth"] == 3
+    assert "has not moved for" in capsys.readouterr().err
+    state.set_value("version", 1)  # a version moved: no alert
+    time.sleep(0.25)
+    Orchestrator._watchdog(orch)
+    assert len((tmp_path / "alerts.jsonl").read_text().splitlines()) == 1
+    state.close()
+
+
+@pytest.mark.redis
+def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tmp_path: Path) -> None:
+    import redis
+
+    from asyncrl.transport.redis_backend import RedisQueue
+
+    try:
+        redis.Redis().ping()
+    except redis.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    q = RedisQueue("redis://127.0.0.1:6379/0", tmp_path, capacity=8, lease_seconds=5)
+    try:
+        assert q.put(_traj("g"), timeout=1)
+        q._client().xadd(q.stream_key, {"id": "outsider", "data": b"\x00garbage"})
+        got = q.get_batch(8, timeout=1)
+        q.ack([d.entry_id for d in got])
+        s = q.stats()
+        assert s["queue/dead_letters"] == 1 and s["queue/dead_letters_foreign"] == 1
+        lost = (
+            s["queue/put_total"]
+            - len(got)
+            - s["queue/depth"]
+            - (s["queue/dead_letters"] - s["queue/dead_letters_foreign"])
+        )
+        assert lost == 0
+    finally:
+        c = q._client()
+        for key in c.scan_iter(f"{q.prefix}*"):
+            c.delete(key)
+        q.close()
