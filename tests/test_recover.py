@@ -138,3 +138,83 @@ def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tm
         for key in c.scan_iter(f"{q.prefix}*"):
             c.delete(key)
         q.close()
+
+
+# ---- a sample of the crash-point sweep (the whole sweep: test_faults.py, `make test-faults`) ---------
+TINY = [
+    "model.max_context=256",
+    "env.heldout_size=8",
+    "env.latency.kind=constant",
+    "env.latency.seconds=0.002",
+    "rollout.group_size=8",
+    "rollout.concurrent_episodes=32",
+    "rollout.sampling.max_new_tokens=16",
+    "trainer.batch_size=16",
+    "trainer.total_steps=10",
+    "trainer.checkpoint_every=2",
+    "trainer.sft.steps=30",
+    "trainer.sft.num_demos=200",
+    "telemetry.log_every_s=0.5",
+    "telemetry.tensorboard=false",
+    "telemetry.eval_every=0",
+    "orchestrator.max_staleness=2",
+]
+
+
+def _wait(pred: Any, timeout: float, what: str) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_versions(tmp_path: Path) -> None:
+    """The two hangs of issue 20 on the embedded backends, in one short run: kill -9 the trainer one step
+    before a checkpoint (its leased and trained entries are redelivered and partly stale), then corrupt
+    max_staleness + 1 = 3 versions in a row as they appear. The run must finish with nothing lost,
+    nothing trained twice and versions strictly increasing."""
+    import os
+    import signal
+    import threading
+
+    from asyncrl.orchestrator.run import train
+
+    cfg = load_config(None, [*TINY, f"run_root={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}"])
+    out: dict[str, Any] = {}
+    th = threading.Thread(
+        target=lambda: out.update(s=train(cfg, display=False, eval_limit=4)[1]), daemon=True
+    )
+    th.start()
+    _wait(lambda: any((tmp_path / "runs").glob("*/pids.json")), 300, "the run to start")
+    run_dir = next((tmp_path / "runs").glob("*/pids.json")).parent
+    state = SQLiteStateStore(run_dir / "control.sqlite")
+    _wait(
+        lambda: state.get("version") >= 3,
+        300,
+        "version 3 (one step before the checkpoint at 4; the last was at 2)",
+    )
+    os.kill(json.loads((run_dir / "pids.json").read_text())["trainer"], signal.SIGKILL)
+    _wait(lambda: state.get("resumes") >= 1, 120, "the trainer to resume from its checkpoint")
+    first, bad = state.get("version") + 1, []
+    while len(bad) < 3 and th.is_alive():  # corrupt the next three versions, republished ones included
+        for d in sorted((run_dir / "weights").glob("v*")):
+            v = int(d.name[1:])
+            if v >= first and v not in bad and (d / "model.safetensors").exists():
+                (d / "model.safetensors").write_bytes(b"corrupt")
+                bad.append(v)
+        time.sleep(0.001)
+    th.join(300)
+    assert not th.is_alive(), "the run hung"
+    s = out["s"]
+    assert s["trainer_steps"] == 10 and s["samples_trained"] == 10 * 16, s
+    assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0, s
+    versions = [
+        json.loads(p.read_text()) for p in (run_dir / "weights").glob("v*/manifest.json")
+    ]  # publication order = created_at
+    order = [m["version"] for m in sorted(versions, key=lambda m: m["created_at"])]
+    assert order == sorted(set(order)), order
+    assert len(bad) == 3 and state.get("versions_republished") >= 1, (bad, state.counters())
+    state.close()
