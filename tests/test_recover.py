@@ -218,3 +218,22 @@ def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_vers
     assert order == sorted(set(order)), order
     assert len(bad) == 3 and state.get("versions_republished") >= 1, (bad, state.counters())
     state.close()
+
+
+def test_a_follower_reports_when_no_retained_version_is_valid() -> None:
+    """Retention keeps ``weights.keep`` versions: if all of them are corrupt, ``load_latest`` finds nothing;
+    the follower must still report the newest (found by the sweep sample: it waited silently)."""
+    from asyncrl.rollout.worker import WeightFollower
+
+    calls: list[str] = []
+    store: Any = SimpleNamespace(
+        latest_version=lambda: 7,
+        load_latest=lambda: calls.append("load"),  # returns None: nothing valid
+    )
+    engine: Any = SimpleNamespace(version=3)
+    reported: list[int] = []
+    follower = WeightFollower(store, engine, None, "rollout-0", reported.append)
+    follower.refresh()
+    follower.refresh()  # remembered: not loaded or reported again
+    assert reported == [7] and calls == ["load"] and engine.version == 3
+    assert follower.newest_valid() == 3

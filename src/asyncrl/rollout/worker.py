@@ -63,18 +63,27 @@ class WeightFollower:
             return int(self.engine.version)
         return int(latest)
 
+    def _corrupt(self, version: int, why: str) -> None:
+        """Remember ``version`` as unusable and report it once (the trainer then publishes a good one)."""
+        self.bad_versions.add(version)
+        self.fallbacks += 1
+        if why:
+            log.warning("%s: weight version %s is corrupt (%s)", self.name, version, why)
+            if self.metrics is not None:
+                self.metrics.event("weights/fallback", {"bad_version": version, "used": self.engine.version})
+        if self.on_corrupt is not None:
+            self.on_corrupt(version)
+
     def refresh(self, force: bool = False) -> None:
         latest = self.store.latest_version()
         if latest is None or latest in self.bad_versions or (latest <= self.engine.version and not force):
             return
         loaded = self.store.load_latest()
-        if loaded is None:
+        if loaded is None:  # every retained version is corrupt: keep what the engine has, and say so
+            self._corrupt(latest, f"no retained version is valid; keeping version {self.engine.version}")
             return
         if loaded.fell_back_from is not None:
-            self.bad_versions.add(loaded.fell_back_from)
-            self.fallbacks += 1
-            if self.on_corrupt is not None:
-                self.on_corrupt(loaded.fell_back_from)
+            self._corrupt(loaded.fell_back_from, "")
             log.warning(
                 "%s: weight version %s is corrupt (%s); keeping version %s",
                 self.name,
