@@ -159,9 +159,10 @@ def published_in_order(weights_root: Path) -> list[int]:
 
 
 def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) -> dict[str, Any]:
-    assert s["trainer_steps"] == STEPS, s
+    steps = job.cfg.trainer.total_steps
+    assert s["trainer_steps"] == steps, s
     fates = job.state.ledger_counts()
-    assert fates.get("trained", 0) == s["samples_trained"] == STEPS * BATCH, (fates, s)
+    assert fates.get("trained", 0) == s["samples_trained"] == steps * BATCH, (fates, s)
     assert s["duplicates_recorded"] == 0, s  # no second fate for any trajectory id
     assert s["lost_trajectories"] == 0, s
     order = published_in_order(Path(job.cfg.weights.path or "") / job.run_dir.name)
@@ -363,7 +364,7 @@ def test_kill_ray_actor(tmp_path: Path, cache_dir: Path) -> None:
 # finish. With checkpoint_every = CKPT the points are trainer versions just after a checkpoint, in the
 # middle, just before the next one, and mid-publish (while a snapshot's temp directory exists).
 CKPT = 4
-SWEEP = [f"trainer.checkpoint_every={CKPT}", "telemetry.eval_every=2"]
+SWEEP = [f"trainer.checkpoint_every={CKPT}", "telemetry.eval_every=2", "trainer.total_steps=11"]
 POINTS = {"after_checkpoint": CKPT + 1, "mid_interval": CKPT + 2, "before_checkpoint": 2 * CKPT - 1}
 
 
@@ -372,7 +373,10 @@ def wait_point(job: Job, point: str) -> tuple[float, int, int]:
     if point == "mid_publish":
         root = Path(job.cfg.weights.path or "") / job.run_dir.name
         wait_for(lambda: job.state.get("version") >= CKPT + 1, 600, f"version {CKPT + 1}")
-        wait_for(lambda: any(root.glob(".tmp-v*")), 120, "a publish in progress")
+        end = time.time() + 120
+        while not any(root.glob(".tmp-v*")):  # a snapshot being written: its temp directory exists
+            assert time.time() < end and not job.state.flag("trainer_done"), "no publish in progress was seen"
+            time.sleep(0.001)
     else:
         wait_for(lambda: job.state.get("version") >= POINTS[point], 600, point)
     return time.time(), job.state.get("versions_published"), job.put_total() or 0
