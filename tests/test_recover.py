@@ -150,7 +150,7 @@ TINY = [
     "rollout.concurrent_episodes=32",
     "rollout.sampling.max_new_tokens=16",
     "trainer.batch_size=16",
-    "trainer.total_steps=10",
+    "trainer.total_steps=6",
     "trainer.checkpoint_every=2",
     "trainer.sft.steps=30",
     "trainer.sft.num_demos=200",
@@ -171,6 +171,7 @@ def _wait(pred: Any, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # about a minute on an idle 2-core machine; far longer while others share it
 def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_versions(tmp_path: Path) -> None:
     """The two hangs of issue 20 on the embedded backends, in one short run: kill -9 the trainer one step
     before a checkpoint (its leased and trained entries are redelivered and partly stale), then corrupt
@@ -209,7 +210,7 @@ def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_vers
     th.join(300)
     assert not th.is_alive(), "the run hung"
     s = out["s"]
-    assert s["trainer_steps"] == 10 and s["samples_trained"] == 10 * 16, s
+    assert s["trainer_steps"] == 6 and s["samples_trained"] == 6 * 16, s
     assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0, s
     versions = [
         json.loads(p.read_text()) for p in (run_dir / "weights").glob("v*/manifest.json")
