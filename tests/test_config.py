@@ -186,3 +186,41 @@ def test_explain_rows_cover_nested_fields() -> None:
     paths = [r[0] for r in explain(RunConfig)]
     assert "env.guard.step_timeout_s" in paths
     assert "algo.policy_loss.eps_low" in paths
+
+
+def test_documented_env_options_overrides_replace_and_merge() -> None:
+    """docs/configuration.md's two --set lines, split as bash splits them: the quoted dict replaces,
+    the dotted key merges."""
+    import shlex
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    lines = [
+        ln.split("#")[0]
+        for ln in doc.splitlines()
+        if ln.startswith("--set env.options") or ln.startswith("--set 'env.options")
+    ]
+    assert len(lines) == 2, lines
+    replace, merge = (shlex.split(ln)[1] for ln in lines)
+    base = ["env.options={keep: 1}"]
+    assert load_config(None, [*base, replace]).env.options == {"n": 3, "noise": 0.2}
+    assert load_config(None, [*base, merge]).env.options == {"keep": 1, "n": 3}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.path=nowhere_pkg_xyz.env:Env", "module 'nowhere_pkg_xyz.env' not found"),
+        ("env.options={no_such_option: 1}", "no_such_option"),
+    ],
+)
+def test_a_start_that_fails_on_a_bad_path_or_option_leaves_no_run_directory(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    from asyncrl.errors import UserError
+    from asyncrl.orchestrator.run import train
+
+    kind = "plugin" if override.startswith("env.path") else "calculator"
+    cfg = load_config(None, [f"env.kind={kind}", override, f"run_root={tmp_path / 'runs'}"])
+    with pytest.raises(UserError, match=message):
+        train(cfg, display=False)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

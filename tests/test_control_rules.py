@@ -437,3 +437,54 @@ def test_live_display_shows_alerts_breakers_and_curriculum(tmp_path: Path) -> No
     text = console.export_text()
     assert "breaker_open arithmetic:3" in text and "breakers open" in text and "curriculum" in text
     orch._merged.close()
+
+
+def _guard_row(pid: int, calls: float, failed: float, **more: float) -> dict[str, Any]:
+    return {
+        "role": "rollout-0",
+        "pid": pid,
+        "guard/calls": calls,
+        "guard/exceptions": failed,
+        "guard/faults": failed,
+        **{f"guard/{k}": v for k, v in more.items()},
+    }
+
+
+def test_env_fault_rate_alert_fires_once_per_excursion_and_counts_restarted_workers() -> None:
+    from asyncrl.orchestrator.breaker import FaultRateMonitor
+
+    cfg = load_config(None, ["control.breaker.fault_rate_alert=0.2", "control.breaker.fault_rate_window=50"])
+    rules = Rules(cfg, None, buckets=["arithmetic:2"])
+    assert rules.feed([_guard_row(1, 40, 20)], now=1.0) == []  # under one window of attempts: no verdict
+    alerts = rules.feed([_guard_row(1, 100, 30)], now=2.0)  # 30% of 100 attempts failed
+    assert [a.kind for a in alerts] == ["env_faults"] and alerts[0].evidence["fault_rate"] == pytest.approx(
+        0.3
+    )
+    assert rules.feed([_guard_row(1, 200, 60)], now=3.0) == []  # still above: no second alert
+    # the worker restarts (new pid, counts from zero): the old process's counts still count
+    assert rules.env_totals()["calls"] == 200
+    assert rules.feed([_guard_row(2, 100, 0)], now=4.0) == []  # healthy window: the excursion ends
+    assert [a.kind for a in rules.feed([_guard_row(2, 200, 40)], now=5.0)] == ["env_faults"]
+    assert rules.alerts.counts["env_faults"] == 2
+    off = FaultRateMonitor(0.0, 10)
+    assert off.observe({"calls": 100, "exceptions": 100}, 1.0) == []  # 0 disables
+
+
+def test_fault_summary_says_when_hangs_stretched_the_run(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from asyncrl.orchestrator.breaker import fault_summary
+    from asyncrl.orchestrator.run import Orchestrator, _Display
+
+    totals = {"calls": 100.0, "faults": 10.0, "retries": 10.0, "timeouts": 12.0, "fault_seconds": 120.0}
+    s = fault_summary(totals, env_seconds=150.0, step_timeout_s=10.0)
+    assert s["timeouts"] == 12 and s["retries"] == 10 and s["fault_rate"] == pytest.approx(12 / 110)
+    assert "hangs stretched the run's wall time" in s["note"] and "80%" in s["note"]
+    assert fault_summary({"calls": 100.0}, env_seconds=10.0, step_timeout_s=10.0)["note"] == ""
+    orch = Orchestrator(load_config(None, []), tmp_path, display=False)
+    orch.rules.feed([_guard_row(1, 100, 30, retries=5, timeouts=4)], now=1.0)
+    console = Console(record=True, width=160)
+    console.print(_Display(orch).render())
+    text = console.export_text()
+    assert "env faults (calculator)" in text and "30 faults, 5 retries, 4 timeouts" in text, text
+    orch._merged.close()

@@ -247,3 +247,36 @@ def test_cost_estimate_cli_json_and_errors() -> None:
         cwd=ROOT,
     )
     assert res.returncode == 2 and "cost.device 'tpu' has no price" in res.stderr
+
+
+def test_cost_report_of_a_short_run_says_the_estimate_is_unavailable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No metric row in the first 10% of the run: no "-100.0%" error, but a reason."""
+    import yaml
+
+    from asyncrl.config import RunConfig
+    from asyncrl.cost.report import cost_report, render_report
+
+    late = [  # both roles started at t=0 and first reported at t=100: nothing before the 10% cut
+        {"time": 100.0, "role": "trainer", "pid": 1, "alive_s": 100.0, "trainer/tokens_trained": 600.0},
+        {
+            "time": 100.0,
+            "role": "rollout-0",
+            "pid": 2,
+            "alive_s": 100.0,
+            "rollout/tokens": 400.0,
+            "rollout/episodes": 10.0,
+        },
+    ]
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "roles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in late))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(RunConfig().model_dump(mode="json")))
+    usage = collect_usage(late, wall_seconds=100.0)
+    (tmp_path / "cost.json").write_text(json.dumps(price(usage, CFG).to_dict()))
+    report = cost_report(tmp_path)
+    early = report["estimate_from_first_10pct"]
+    assert early["available"] is False and early["relative_error"] is None
+    render_report(report, tmp_path)
+    out = capsys.readouterr().out
+    assert "-100.0%" not in out and "unavailable" in out and "first 10%" in out, out

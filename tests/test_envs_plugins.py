@@ -132,6 +132,45 @@ class HangingEnv(EchoEnv):
         raise AssertionError
 
 
+class SlowToolEnv(EchoEnv):
+    """Its tool awaits (does not block) for a while: slow, but harmless to other episodes."""
+
+    async def step(self, model_text: str) -> StepResult:
+        if model_text.startswith("<tool>"):
+            await asyncio.sleep(0.4)
+        return await EchoEnv.step(self, model_text)
+
+
+class BlockingStepEnv(EchoEnv):
+    """``time.sleep`` inside ``async def step``: blocks the event loop, and every episode with it."""
+
+    async def step(self, model_text: str) -> StepResult:
+        if model_text.startswith("<tool>"):
+            time.sleep(0.4)
+        return await EchoEnv.step(self, model_text)
+
+
+class DemoEnv(EchoEnv):
+    """A reference demonstrator for the warm start (plus the solver inherited from EchoEnv); its
+    task source follows the configured difficulty range."""
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> EchoTasks:
+        return EchoTasks.from_config(cfg)  # type: ignore[return-value]
+
+    @staticmethod
+    def demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+        wrong = rng.random() < corruption_rate
+        return [f"<answer>{'x' if wrong else task.payload['word']}</answer>"]
+
+
+class OptionsEnv(EchoEnv):
+    """Needs a constructor option."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(suffix="!" * n)
+
+
 class NoTaskSourceEnv:
     def __init__(self) -> None:
         self.tools: list[Tool] = []
@@ -287,3 +326,93 @@ def test_plugin_errors_are_user_errors_and_the_guard_exposes_the_solver() -> Non
     assert env.demonstrate(task, random.Random(0), 0.0) == env.solve(task)  # used by the SFT warm start
     with pytest.raises(AttributeError):
         env.no_such_attribute  # noqa: B018
+
+
+def test_check_times_tool_calls_and_detects_a_blocked_event_loop() -> None:
+    slow = check_environment(path("SlowToolEnv"), episodes=1, slow_s=0.2).render()
+    assert "WARN  timing: tool call took 0.4" in slow, slow
+    assert "WARN  event loop" not in slow and "ok    event loop" in slow  # awaiting is fine
+    blocking = check_environment(path("BlockingStepEnv"), episodes=1, slow_s=0.2).render()
+    assert "WARN  event loop: tool call blocked the event loop for 0.4" in blocking, blocking
+    assert "time.sleep" in blocking
+    fast = check_environment(path("EchoEnv"), episodes=1).render()
+    assert "WARN" not in fast.replace("WARN  demonstrate", ""), fast
+
+
+def test_check_prints_an_ok_line_per_check_and_checks_the_demonstrator() -> None:
+    from asyncrl.config import load_config
+
+    text = check_environment(path("DemoEnv"), episodes=2).render()
+    for check in (
+        "load",
+        "tools",
+        "task source",
+        "held-out",
+        "reset",
+        "episode",
+        "solver",
+        "demonstrate",
+        "close",
+        "timing",
+        "event loop",
+    ):
+        assert f"ok    {check}:" in text, text
+    # a run that warm-starts needs demonstrate: a missing one fails now, not minutes into the run
+    cfg = load_config(None, ["env.kind=plugin", f"env.path={path('EchoEnv')}"])
+    missing = check_environment(cfg.env, episodes=1, warm_start=cfg.trainer.sft)
+    assert not missing.ok and "FAIL  demonstrate: the run warm-starts" in missing.render()
+    assert check_environment(path("EchoEnv"), episodes=1).ok  # without a warm start: a warning only
+
+
+def test_env_check_cli_takes_a_config_with_options_and_difficulty_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncrl.cli import main
+
+    assert main(["env", "check", path("OptionsEnv")]) == 1  # n is required
+    assert "FAIL  load" in capsys.readouterr().out
+    assert main(["env", "check", path("OptionsEnv"), "--set", "env.options.n=2", "--episodes", "1"]) == 0
+    assert "with {'n': 2}" in capsys.readouterr().out
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"env:\n  kind: plugin\n  path: {path('DemoEnv')}\n  min_difficulty: 1\n  max_difficulty: 1\n"
+    )
+    assert main(["env", "check", str(cfg), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "difficulties [1]" in out and "ok    demonstrate" in out, out
+    cfg.write_text(f"env:\n  kind: plugin\n  path: {path('EchoEnv')}\n")
+    assert main(["env", "check", str(cfg), "--episodes", "1"]) == 1  # warm start without demonstrate
+
+
+def test_tool_call_is_importable_where_step_result_is() -> None:
+    import asyncrl.envs
+    from asyncrl.envs import ToolCall
+
+    assert "ToolCall" in asyncrl.envs.__all__
+    StepResult(observation="12", tool_call=ToolCall(name="calc", arguments="3*4", ok=True))
+
+
+class SlowGraderEnv(EchoEnv):
+    """A user environment whose answer check takes a while (and does not use the verifier cache)."""
+
+    async def step(self, model_text: str) -> StepResult:
+        if model_text.startswith("<answer>"):
+            await asyncio.sleep(0.05)
+        return await EchoEnv.step(self, model_text)
+
+
+def test_a_user_environments_answer_checking_cost_is_counted() -> None:
+    from asyncrl.envs.toolenv import VERIFIER_CACHE
+
+    env = make_env(EnvConfig(kind="plugin", path=path("SlowGraderEnv")), rng_seed=0)
+    task = make_task_source(EnvConfig(kind="plugin", path=path("SlowGraderEnv"))).sample(random.Random(0))
+    seconds, misses = VERIFIER_CACHE.seconds, VERIFIER_CACHE.misses
+
+    async def go() -> None:
+        await env.reset(task)
+        await env.step("<tool>shout(hi)</tool>")  # not an answer: not counted
+        await env.step(f"<answer>{task.payload['word']}</answer>")
+
+    asyncio.run(go())
+    assert VERIFIER_CACHE.misses == misses + 1
+    assert VERIFIER_CACHE.seconds - seconds >= 0.05

@@ -380,3 +380,57 @@ def test_make_env_stacks_the_wrappers() -> None:
     assert results[-1].outcome == "success"  # 6 attempts per step absorb a 30% fault rate
     plain = make_env(EnvConfig(kind="calculator"), rng_seed=0)
     assert isinstance(plain.env, CalculatorEnv)
+
+
+def test_guard_counts_faults_and_a_failed_tool_call_counts_as_a_failed_tool_call() -> None:
+    """30% raising tool calls: the tool metrics show ~70% success, not 100%, and the guard's counts
+    (faults, retries, timeouts by kind) say what happened."""
+    import dataclasses
+
+    from asyncrl.envs.wrappers import GUARD_STATS
+    from asyncrl.records import Trajectory, Turn
+    from asyncrl.telemetry.lifecycle import batch_stats
+
+    async def tool_ok(_: int) -> StepResult:
+        return StepResult(observation="3", tool_call=ToolCall(name="calc", arguments="1+2", ok=True))
+
+    before = dataclasses.replace(GUARD_STATS)
+    guard = GuardedEnv(
+        FaultWrapper(Scripted(tool_ok), FaultConfig(exception_rate=0.3), random.Random(0)),
+        GuardConfig(step_timeout_s=0.3, retries=0),
+    )
+
+    async def go() -> list[StepResult]:
+        return [await guard.step("<tool>calc(1+2)</tool>") for _ in range(200)]
+
+    results = run(go())
+    failed = sum("fault" in r.info for r in results)
+    assert 0.2 < failed / 200 < 0.4
+    assert all(r.tool_call is not None for r in results)
+    bad = [r.tool_call for r in results if "fault" in r.info]
+    assert all(c is not None and not c.ok and c.name == "calc" and c.error for c in bad)
+    turns = [Turn(role="model", token_ids=[1], logprobs=[0.0], tool_call=r.tool_call) for r in results]
+    traj = Trajectory(id="t", task=Task(id="x", task_type="calc"), turns=turns)
+    assert batch_stats([], [traj])["tools/success_rate"] == pytest.approx(1 - failed / 200)
+    delta = {k: getattr(GUARD_STATS, k) - v for k, v in dataclasses.asdict(before).items()}
+    assert delta["calls"] == 200 and delta["faults"] == failed and delta["exceptions"] == failed
+    assert delta["tool_faults"] == failed and delta["retries"] == 0 and delta["timeouts"] == 0
+    assert GUARD_STATS.metrics()["guard/faults"] == GUARD_STATS.faults
+
+
+def test_guard_counts_retries_and_timeouts() -> None:
+    import dataclasses
+
+    from asyncrl.envs.wrappers import GUARD_STATS
+
+    async def hang_once(call: int) -> StepResult:
+        if call == 1:
+            await asyncio.sleep(5)
+        return StepResult(observation="ok")
+
+    before = dataclasses.replace(GUARD_STATS)
+    res = run(GuardedEnv(Scripted(hang_once), FAST).step("<answer>1</answer>"))
+    assert res.observation == "ok" and res.tool_call is None
+    assert GUARD_STATS.retries - before.retries == 1 and GUARD_STATS.timeouts - before.timeouts == 1
+    assert GUARD_STATS.faults == before.faults  # recovered on the retry
+    assert GUARD_STATS.fault_seconds - before.fault_seconds >= 0.29

@@ -10,13 +10,14 @@ import pytest
 
 from asyncrl.config import EnvConfig, GuardConfig, load_config
 from asyncrl.envs import GuardedEnv, StepResult, make_env, make_task_source
+from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
 from asyncrl.rollout.engine import GenerationEngine, Sample
-from asyncrl.rollout.episode import ChatTemplate, EpisodeSettings, TurnBatcher, run_episode
+from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
 
 TOK = build_tokenizer("char")
-TEMPLATE = ChatTemplate(TOK)
+TEMPLATE = TextRenderer(TOK)
 
 
 class ScriptedEngine(GenerationEngine):
@@ -33,7 +34,7 @@ class ScriptedEngine(GenerationEngine):
         out = []
         params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
         for _prompt, sp in zip(prompts, params, strict=True):
-            ids = TEMPLATE.encode_text(self.texts.pop(0) if self.texts else "<answer>0</answer>")
+            ids = TEMPLATE.encode_content(self.texts.pop(0) if self.texts else "<answer>0</answer>")
             ids = ids[: sp.max_new_tokens]
             out.append(Sample(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop"))
         return out
@@ -85,9 +86,9 @@ def test_token_layout_and_loss_mask() -> None:
     assert roles == ["env", "model", "tool", "model", "tool", "model"]
     # model tokens are exactly the sampled ones; observations go through the one template
     for turn, text in zip([t for t in traj.turns if t.role == "model"], texts, strict=True):
-        assert turn.token_ids == TEMPLATE.encode_text(text)
+        assert turn.token_ids == TEMPLATE.encode_content(text)
         assert turn.version == 7 and turn.logprobs == [-0.25] * len(turn.token_ids)
-    assert TEMPLATE.decode(traj.turns[2].token_ids) == "<obs>12</obs>"
+    assert TOK.decode(traj.turns[2].token_ids) == "<obs>12</obs>"
     assert traj.turns[0].token_ids[0] == TEMPLATE.bos
     mask = traj.loss_mask()
     model_positions = {i for i, m in enumerate(mask) if m}

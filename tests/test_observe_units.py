@@ -284,6 +284,18 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
         "wall_seconds": 70.0,
         "staleness_hist": {"0": 3, "1": 5},
         "cost_usd": 0.01,
+        "env_faults": {
+            "calculator": {
+                "calls": 400,
+                "fault_rate": 0.3,
+                "faults": 36,
+                "retries": 120,
+                "timeouts": 40,
+                "exceptions": 80,
+                "malformed": 0,
+            },
+        },
+        "notes": ["45% of environment time (90s) went to failed calls: hangs stretched the run's wall time"],
     }
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "cost.json").write_text(
@@ -365,6 +377,9 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path, monkeypatch
         assert f'<figure class="chart" id="chart-{chart}">' in html
     assert "reward_hacking" in html and "paused bucket" in html  # the alert timeline and table
     assert "admission paused" in html  # the paused band on the queue chart
+    # environment faults per environment, and why the wall time grew
+    assert "Environment faults" in html and "<td>calculator</td><td>400</td><td>30.0%</td>" in html
+    assert "hangs stretched the run" in html
     no_ns = html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     for external in ("http://", "https://", "<link", "@import", "url(", " src="):
         assert external not in no_ns
@@ -403,3 +418,13 @@ def test_runs_cli_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["runs", "compare", str(a), str(b), "--json"]) == 0
     diff = json.loads(capsys.readouterr().out)["config_diff"]
     assert ["trainer.lr", 0.0001, 0.0003] in diff
+
+
+def test_one_jsonl_reader_skips_partial_and_non_object_lines(tmp_path: Path) -> None:
+    from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n\n[1, 2]\nnot json\n{"x": 2}\n{"x": 3, "trunc')
+    (tmp_path / "b.jsonl").write_text('{"x": 4}\n')
+    assert read_jsonl(tmp_path / "a.jsonl") == [{"x": 1}, {"x": 2}]
+    assert read_jsonl(tmp_path / "missing.jsonl") == []
+    assert [r["x"] for r in read_jsonl_dir(tmp_path)] == [1, 2, 4]

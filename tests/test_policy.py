@@ -143,7 +143,7 @@ def test_build_save_load_identical(family: str, tmp_path: Path) -> None:
     assert torch.equal(state, torch.get_rng_state()), "building must not disturb the global RNG"
     assert type(policy.model).__name__ == ("Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM")
     assert policy.model.config.tie_word_embeddings
-    assert policy.model.config.max_position_embeddings == cfg.max_context
+    assert policy.model.config.max_position_embeddings == cfg.built_context
     assert policy.model.training  # train mode, dropout 0
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
     again = Policy.build(cfg)

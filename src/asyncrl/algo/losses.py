@@ -9,6 +9,8 @@ device synchronisation.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -119,6 +121,89 @@ def _ppo_clip_tokens(
     dual_active = (adv < 0) & (pg3 < loss)
     loss = torch.where(adv < 0, torch.minimum(loss, pg3), loss)
     return loss, clip_active, dual_active
+
+
+@dataclass(frozen=True)
+class _KindInputs:
+    """What every loss kind sees: ``lp`` log π_θ (with grad), ``mu`` behaviour log-probs and ``adv``
+    advantages (masked positions 0), ``prox`` the raw proximal log-probs (``None`` unless given),
+    ``rho = exp(clamp(lp − mu))``, ``m`` the bool mask, ``cfg`` the loss config. All ``[B, T]``."""
+
+    lp: torch.Tensor
+    mu: torch.Tensor
+    prox: torch.Tensor | None
+    adv: torch.Tensor
+    rho: torch.Tensor
+    m: torch.Tensor
+    cfg: PolicyLossConfig
+
+
+@dataclass(frozen=True)
+class _KindTerms:
+    """A kind's per-token loss ``tok`` (before the staleness weight) and what its metrics need."""
+
+    tok: torch.Tensor
+    clipped: torch.Tensor
+    clip_active: torch.Tensor
+    is_weight: torch.Tensor
+    dual_active: torch.Tensor
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _ppo_clip(x: _KindInputs) -> _KindTerms:
+    """``l = max(−A·ρ, −A·clip(ρ, 1−eps_low, 1+eps_high))`` (dual clip: ``min(l, −c·A)`` where A < 0)."""
+    c = x.cfg
+    tok, clip_active, dual_active = _ppo_clip_tokens(x.rho, x.adv, c.eps_low, c.eps_high, c.dual_clip_c)
+    clipped = (x.rho < 1.0 - c.eps_low) | (x.rho > 1.0 + c.eps_high)
+    return _KindTerms(tok, clipped, clip_active, torch.ones_like(x.lp), dual_active)
+
+
+def _decoupled_ppo(x: _KindInputs) -> _KindTerms:
+    """``r = π_θ/π_prox``, ``v = sg(min(π_prox/μ, is_cap))``, ``l = v · ppo_clip(r)``."""
+    c = x.cfg
+    assert x.prox is not None  # validated by policy_loss
+    prox = torch.where(
+        x.m, x.prox.detach().to(x.lp.dtype), torch.zeros((), dtype=x.lp.dtype, device=x.lp.device)
+    )
+    r = torch.exp((x.lp - prox).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    is_weight = torch.exp((prox - x.mu).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp(max=c.is_cap)
+    inner, clip_active, dual_active = _ppo_clip_tokens(r, x.adv, c.eps_low, c.eps_high, c.dual_clip_c)
+    clipped = (r < 1.0 - c.eps_low) | (r > 1.0 + c.eps_high)
+    extra = {"kl/prox_k3": approx_kl(x.lp, prox, x.m)}
+    return _KindTerms(is_weight * inner, clipped, clip_active, is_weight, dual_active, extra)
+
+
+def _tis(x: _KindInputs) -> _KindTerms:
+    """``l = −sg(min(ρ, is_cap)) · A · logp``."""
+    raw = x.rho.detach()
+    is_weight = raw.clamp(max=x.cfg.is_cap)
+    clipped = raw > x.cfg.is_cap
+    return _KindTerms(-is_weight * x.adv * x.lp, clipped, clipped, is_weight, torch.zeros_like(x.m))
+
+
+def _cispo(x: _KindInputs) -> _KindTerms:
+    """``l = −sg(clip(ρ, 1−cispo_eps_low, 1+cispo_eps_high)) · A · logp``."""
+    raw = x.rho.detach()
+    lo, hi = 1.0 - x.cfg.cispo_eps_low, 1.0 + x.cfg.cispo_eps_high
+    is_weight = raw.clamp(lo, hi)
+    clipped = (raw < lo) | (raw > hi)
+    return _KindTerms(-is_weight * x.adv * x.lp, clipped, clipped, is_weight, torch.zeros_like(x.m))
+
+
+def _reinforce(x: _KindInputs) -> _KindTerms:
+    """``l = −A · logp``."""
+    clipped = torch.zeros_like(x.m)
+    return _KindTerms(-x.adv * x.lp, clipped, clipped, torch.ones_like(x.lp), torch.zeros_like(x.m))
+
+
+_KIND_TERMS: dict[str, Callable[[_KindInputs], _KindTerms]] = {
+    "ppo_clip": _ppo_clip,
+    "decoupled_ppo": _decoupled_ppo,
+    "tis": _tis,
+    "cispo": _cispo,
+    "reinforce": _reinforce,
+}
+"""One function per ``PolicyLossConfig.kind``; :func:`policy_loss` does everything they share."""
 
 
 def policy_loss(
@@ -247,40 +332,9 @@ def policy_loss(
             keep = m & (seq_dev <= cfg.max_behaviour_divergence).unsqueeze(1)
 
     one = torch.ones((), dtype=dtype, device=logp.device)
-    is_weight = torch.ones_like(lp)
-    dual_active = torch.zeros_like(m)
-    extra: dict[str, torch.Tensor] = {}
-    if cfg.kind == "ppo_clip":
-        tok, clip_active, dual_active = _ppo_clip_tokens(rho, adv, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
-        clipped = (rho < 1.0 - cfg.eps_low) | (rho > 1.0 + cfg.eps_high)
-    elif cfg.kind == "decoupled_ppo":
-        assert prox_logp is not None  # validated above
-        prox = torch.where(m, prox_logp.detach().to(dtype), zero)
-        r = torch.exp((lp - prox).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        is_weight = torch.exp((prox - mu).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp(max=cfg.is_cap)
-        inner, clip_active, dual_active = _ppo_clip_tokens(r, adv, cfg.eps_low, cfg.eps_high, cfg.dual_clip_c)
-        tok = is_weight * inner
-        clipped = (r < 1.0 - cfg.eps_low) | (r > 1.0 + cfg.eps_high)
-        extra["kl/prox_k3"] = approx_kl(lp, prox, m)
-    elif cfg.kind == "tis":
-        raw = rho.detach()
-        is_weight = raw.clamp(max=cfg.is_cap)
-        tok = -is_weight * adv * lp
-        clipped = raw > cfg.is_cap
-        clip_active = clipped
-    elif cfg.kind == "cispo":
-        raw = rho.detach()
-        lo, hi = 1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high
-        is_weight = raw.clamp(lo, hi)
-        tok = -is_weight * adv * lp
-        clipped = (raw < lo) | (raw > hi)
-        clip_active = clipped
-    else:  # reinforce
-        tok = -adv * lp
-        clipped = torch.zeros_like(m)
-        clip_active = clipped
-
-    tok = w * tok
+    # The kind's per-token loss (one function per kind, see _KIND_TERMS), then the staleness weight.
+    t = _KIND_TERMS[cfg.kind](_KindInputs(lp, mu, prox_logp, adv, rho, m, cfg))
+    tok = w * t.tok
     loss = aggregate_loss(tok, keep, cfg.agg, cfg.max_tokens)
 
     with torch.no_grad():
@@ -291,20 +345,20 @@ def policy_loss(
         ratio_min = torch.where(any_valid, torch.where(m, rho_d, torch.inf).min(), zero)
         items: dict[str, torch.Tensor] = {
             "loss/policy": loss.detach(),
-            "policy/clip_frac": masked_mean(clipped, keep),
-            "policy/clip_frac_active": masked_mean(clip_active, keep),
-            "policy/dual_clip_frac": masked_mean(dual_active, keep),
+            "policy/clip_frac": masked_mean(t.clipped, keep),
+            "policy/clip_frac_active": masked_mean(t.clip_active, keep),
+            "policy/dual_clip_frac": masked_mean(t.dual_active, keep),
             "policy/ratio_mean": masked_mean(rho_d, m),
             "policy/ratio_max": ratio_max,
             "policy/ratio_min": ratio_min,
-            "policy/is_weight_mean": torch.where(any_valid, masked_mean(is_weight.detach(), m), one),
+            "policy/is_weight_mean": torch.where(any_valid, masked_mean(t.is_weight.detach(), m), one),
             "kl/behaviour_k3": approx_kl(lp, mu, m),
             "policy/staleness_weight_mean": torch.where(any_valid, masked_mean(w, m), one),
             "policy/age_mean": masked_mean(age_t, m),
             "policy/masked_frac": masked_mean(m & ~keep, m),
             "policy/tokens": keep.sum(),
         }
-        items.update(extra)
+        items.update(t.extra)
     return loss, _to_metrics(items)
 
 

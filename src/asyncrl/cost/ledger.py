@@ -32,7 +32,6 @@ Waste (each a part of one component, never counted twice):
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,14 +232,10 @@ def price(u: Usage, cfg: CostConfig, *, success_gain_points: float | None = None
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for path in sorted((run_dir / "metrics").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
+    """Every role's metric rows (``run_dir/metrics/*.jsonl``)."""
+    from asyncrl.telemetry.jsonl import read_jsonl_dir
+
+    return read_jsonl_dir(run_dir / "metrics")
 
 
 def stored_bytes(run_dir: Path) -> float:

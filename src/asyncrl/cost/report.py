@@ -14,28 +14,48 @@ EARLY_FRACTION = 0.1
 
 
 def cost_report(run_dir: Path) -> dict[str, Any]:
-    """The run's cost figures plus an estimate made from its first 10% (the estimator's accuracy check)."""
+    """The run's cost figures plus an estimate made from its first 10% (the estimator's accuracy check).
+
+    The estimate is unavailable (``available: false`` with the ``reason``, no error figure) when the
+    first 10% of the run measured no generated trajectory: a short run whose roles first report
+    after the cut would otherwise be "estimated" at about $0, an error of -100%.
+    """
     path = run_dir / "cost.json"
     if not path.is_file():
         raise UserError(f"{run_dir}: no cost.json (the run did not finish, or cost.enabled was false)")
     cfg: RunConfig = load_config(run_dir / "config.yaml")
     actual = json.loads(path.read_text())
+    return {**actual, "estimate_from_first_10pct": _early_estimate(run_dir, cfg, actual)}
+
+
+def _early_estimate(run_dir: Path, cfg: RunConfig, actual: dict[str, Any]) -> dict[str, Any]:
     usage = actual["usage"]
-    early = measured_assumptions(run_dir, EARLY_FRACTION)
+    try:
+        early = measured_assumptions(run_dir, EARLY_FRACTION)
+    except ValueError:
+        early = None
+    if early is None or early.trajectories <= 0:
+        reason = (
+            f"no trajectory was generated in the first {EARLY_FRACTION:.0%} of the run (too short to measure)"
+        )
+        return {
+            "available": False,
+            "reason": reason,
+            "components_usd": {},
+            "total_usd": None,
+            "relative_error": None,
+        }
     early.trajectories = usage["samples_generated"]  # the plan: the same number of trajectories
     early.wall_seconds = usage["wall_seconds"]
     early.stored_bytes = usage["stored_bytes"]
     predicted = estimate(early, cfg.cost)
     total_pred = sum(predicted.values())
+    total = actual["total_usd"]
     return {
-        **actual,
-        "estimate_from_first_10pct": {
-            "components_usd": predicted,
-            "total_usd": total_pred,
-            "relative_error": (total_pred - actual["total_usd"]) / actual["total_usd"]
-            if actual["total_usd"]
-            else 0.0,
-        },
+        "available": True,
+        "components_usd": predicted,
+        "total_usd": total_pred,
+        "relative_error": (total_pred - total) / total if total else 0.0,
     }
 
 
@@ -48,18 +68,14 @@ def render_report(report: dict[str, Any], run_dir: Path) -> None:
     t = Table(title=f"cost of {run_dir} — total ${total:.6f}")
     for col in ("component", "USD", "share", "estimate (first 10%)"):
         t.add_column(col, justify="right" if col != "component" else "left")
-    est = report["estimate_from_first_10pct"]["components_usd"]
+    early = report["estimate_from_first_10pct"]
+    est = early["components_usd"]
     for k, v in report["components_usd"].items():
-        t.add_row(k, f"{v:.6f}", f"{report['components_share'][k]:.1%}", f"{est.get(k, 0.0):.6f}")
+        t.add_row(k, f"{v:.6f}", f"{report['components_share'][k]:.1%}", f"{est[k]:.6f}" if k in est else "-")
     if "startup_device" in est:
         t.add_row("(start-up, in devices)", "", "", f"{est['startup_device']:.6f}")
-    t.add_row(
-        "total",
-        f"{total:.6f}",
-        "100%",
-        f"{report['estimate_from_first_10pct']['total_usd']:.6f}",
-        style="bold",
-    )
+    est_total = early["total_usd"]
+    t.add_row("total", f"{total:.6f}", "100%", "-" if est_total is None else f"{est_total:.6f}", style="bold")
     console.print(t)
     w = Table(title=f"waste — {report['waste_total_share']:.1%} of the total")
     for col in ("cause", "USD", "share of total"):
@@ -75,7 +91,11 @@ def render_report(report: dict[str, Any], run_dir: Path) -> None:
     rec = report.get("reconciliation", {})
     if rec:
         e.add_row("device-seconds / (wall × devices)", f"{rec['ratio']:.3f}")
-    e.add_row("estimate error (first 10%)", f"{report['estimate_from_first_10pct']['relative_error']:+.1%}")
+    error = early["relative_error"]
+    e.add_row(
+        "estimate error (first 10%)",
+        f"{error:+.1%}" if early.get("available", True) else f"unavailable: {early['reason']}",
+    )
     console.print(e)
 
 

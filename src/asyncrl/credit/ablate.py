@@ -29,15 +29,14 @@ from asyncrl.errors import UserError
 
 def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Any, str]:
     """The run's policy at ``checkpoint``: a weight version number, a policy directory, or the latest."""
+    from asyncrl.config import load_config
     from asyncrl.policy import Policy
     from asyncrl.weights import make_weight_store
 
-    if checkpoint is not None and not checkpoint.isdigit():
-        return Policy.load(checkpoint), checkpoint
-    from asyncrl.config import load_config
-
     cfg = load_config(run_dir / "config.yaml")
-    policy = Policy.load(run_dir / "initial_policy")
+    if checkpoint is not None and not checkpoint.isdigit():
+        return Policy.load(checkpoint, cfg=cfg.model), checkpoint
+    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model)
     store = make_weight_store(cfg.weights, run_dir)
     if checkpoint is None:
         loaded = store.load_latest()

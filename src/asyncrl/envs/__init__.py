@@ -41,6 +41,7 @@ from asyncrl.envs.wrappers import (
     InjectedFault,
     LatencyWrapper,
 )
+from asyncrl.records import ToolCall  # the StepResult.tool_call field's type
 
 __all__ = [
     "BUILTIN_ENVS",
@@ -73,6 +74,7 @@ __all__ = [
     "SyncEnvironment",
     "TaskSource",
     "Tool",
+    "ToolCall",
     "ToolCallAction",
     "ToolEnv",
     "acheck_environment",

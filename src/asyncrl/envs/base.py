@@ -85,12 +85,30 @@ class Tool:
 
     ``args_schema`` is a small JSON-schema-like dict describing the raw ARGS text, e.g.
     ``{"type": "string", "description": "an arithmetic expression", "example": "3*4"}``.
-    The optional ``example`` is what ``check_environment`` sends as a well-formed call.
+    The optional ``example`` is what ``check_environment`` sends as a well-formed call, and the
+    optional ``name`` names the argument in the JSON schema shown to pretrained models.
+
+    Pretrained chat models call tools with JSON arguments; :meth:`parameters` is the JSON schema
+    they see (``parameters_schema`` when given, else one string argument derived from
+    ``args_schema``). The environment still receives ``NAME(ARGS)`` text either way: a single
+    argument arrives as its plain value, several as compact JSON (see docs/models.md).
     """
 
     name: str
     description: str
     args_schema: dict[str, Any] = field(default_factory=dict)
+    parameters_schema: dict[str, Any] | None = None
+    """An explicit JSON schema (``{"type": "object", "properties": ...}``) of the arguments."""
+
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the call's arguments (see the class docstring)."""
+        if self.parameters_schema is not None:
+            return self.parameters_schema
+        arg = str(self.args_schema.get("name") or "input")
+        prop: dict[str, Any] = {"type": "string"}
+        if self.args_schema.get("description"):
+            prop["description"] = str(self.args_schema["description"])
+        return {"type": "object", "properties": {arg: prop}, "required": [arg]}
 
 
 @runtime_checkable

@@ -312,7 +312,12 @@ class CalculatorEnv(ToolEnv):
             Tool(
                 name="calc",
                 description="Evaluate integer arithmetic: digits, + - * / and parentheses. Returns the integer.",
-                args_schema={"type": "string", "description": "arithmetic expression", "example": "3*4"},
+                args_schema={
+                    "type": "string",
+                    "name": "expression",
+                    "description": "arithmetic expression",
+                    "example": "3*4",
+                },
             )
         ]
 

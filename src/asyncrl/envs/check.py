@@ -7,8 +7,12 @@ for synchronous environments, so a broken environment cannot hang or crash the c
 Checked, in order: loading and construction; ``tools``; the task source (sampling, difficulty
 range, held-out split deterministic and disjoint from training tasks); on a few tasks:
 ``reset`` (returns short plain text), a well-formed tool call, a malformed action, an answer
-(the episode must end with a valid outcome within ``max_steps``); reward values; timing; the
-optional reference solver (its episode must succeed); ``close``.
+(the episode must end with a valid outcome within ``max_steps``); reward values; the optional
+reference solver ``solve`` and demonstrator ``demonstrate`` (their episodes must succeed;
+``demonstrate`` is required when the run warm-starts); ``close``; timing: every call, tool calls
+included, is timed (slow ones are reported per check), and a heartbeat task measures how long an
+``async`` method blocked the event loop (a ``time.sleep`` in ``async def step`` stalls every episode
+of a rollout worker). Every check that passes prints an ``ok`` line.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from asyncrl.envs.base import StepResult, call_env, close_env, is_async_method
 from asyncrl.records import OUTCOMES, Task
 
 if TYPE_CHECKING:
-    from asyncrl.config import EnvConfig
+    from asyncrl.config import EnvConfig, SFTConfig
 
 __all__ = ["CheckReport", "Finding", "acheck_environment", "check_environment"]
 
@@ -132,6 +136,42 @@ def _step_problems(res: Any) -> list[str]:
     return out
 
 
+_TICK = 0.01  # heartbeat period of the event-loop stall probe, seconds
+
+
+class _Probe:
+    """Runs every environment call with a timeout and records, per check, the slowest call and the
+    longest event-loop stall during a call.
+
+    The stall is measured by a heartbeat task that wakes every ``_TICK`` seconds: an ``async def``
+    method that blocks (``time.sleep``, blocking I/O, long CPU work) keeps the heartbeat from
+    running, so the largest gap between beats during a call is how long it froze the loop, and with
+    it every other episode of a rollout worker.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.slowest: dict[str, tuple[float, str]] = {}  # check -> (seconds, where)
+        self.stalls: dict[str, tuple[float, str]] = {}
+        self._beat = time.monotonic()
+        self._gap = 0.0
+
+    async def heartbeat(self) -> None:
+        while True:
+            now = time.monotonic()
+            self._gap, self._beat = max(self._gap, now - self._beat), now
+            await asyncio.sleep(_TICK)
+
+    async def call(self, check: str, where: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        self._gap, self._beat = 0.0, time.monotonic()
+        value, elapsed = await _timed(fn, self.timeout_s)
+        stall = max(self._gap, time.monotonic() - self._beat)  # ≈ _TICK when nothing blocked
+        for seen, x in ((self.slowest, elapsed), (self.stalls, stall)):
+            if x > seen.get(check, (0.0, ""))[0]:
+                seen[check] = (x, where)
+        return value
+
+
 async def acheck_environment(
     path_or_cfg: str | EnvConfig,
     *,
@@ -139,13 +179,21 @@ async def acheck_environment(
     max_steps: int = 16,
     timeout_s: float = 10.0,
     slow_s: float = 2.0,
+    stall_s: float = 0.2,
     overlap_samples: int = 300,
+    warm_start: SFTConfig | None = None,
 ) -> CheckReport:
     """Async version of :func:`check_environment`.
 
+    ``path_or_cfg``: ``"pkg.module:Class"`` or an :class:`~asyncrl.config.EnvConfig` (its
+    ``options``, difficulty range, seed and held-out size are used as a run would use them).
     ``episodes``: tasks to play; ``max_steps``: answer steps allowed before "done never
     reached"; ``timeout_s``: limit of every single call; ``slow_s``: calls slower than this are
-    reported; ``overlap_samples``: training tasks drawn to test the held-out split.
+    reported (per check: reset, tool call, answer, solver ...); ``stall_s``: an ``async`` method
+    that blocks the event loop longer than this is reported; ``overlap_samples``: training tasks
+    drawn to test the held-out split; ``warm_start``: the run's SFT settings when it warm-starts,
+    which makes the reference demonstrator ``demonstrate`` required (without it, ``demonstrate`` is
+    checked when present).
     """
     from asyncrl.config import EnvConfig
     from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
@@ -168,23 +216,11 @@ async def acheck_environment(
     except EnvPluginError as exc:
         report.add("error", "load", str(exc))
         return report
-    report.add("ok", "load", f"{cls.__name__} constructed")
+    report.add("ok", "load", f"{cls.__name__} constructed" + (f" with {cfg.options}" if cfg.options else ""))
     sync = not is_async_method(getattr(env, "step", None))
     if sync:
         report.add("ok", "style", "synchronous methods: they will run in worker threads")
-
-    # -- tools ----------------------------------------------------------------------------------
-    tools = list(getattr(env, "tools", []))
-    names = [getattr(t, "name", None) for t in tools]
-    if not tools:
-        report.add("warning", "tools", "no tools: the agent can only answer")
-    bad = [n for n in names if not (isinstance(n, str) and n.isidentifier())]
-    if bad:
-        report.add("error", "tools", f"tool names must be identifiers, got {bad!r}")
-    elif len(set(names)) != len(names):
-        report.add("error", "tools", f"duplicate tool names {names!r}")
-    elif tools:
-        report.add("ok", "tools", ", ".join(str(n) for n in names))
+    tools = _check_tools(report, env)
 
     # -- task source ----------------------------------------------------------------------------
     tasks: list[Task] = []
@@ -199,108 +235,127 @@ async def acheck_environment(
         tasks = [Task(id="check-0", task_type="check", difficulty=0, payload={})]
         report.add("warning", "tasks", "no tasks available; checking with an empty placeholder task")
 
-    # -- episodes -------------------------------------------------------------------------------
-    slowest = 0.0
-    solve = getattr(cls, "solve", None)
-    for i, task in enumerate(tasks):
-        where = f"task {task.id}"
+    # -- episodes, the reference solver and demonstrator, under the timing probes ---------------
+    probe = _Probe(timeout_s)
+    heartbeat = asyncio.ensure_future(probe.heartbeat())
+    try:
+        for i, task in enumerate(tasks):
+            await _check_episode(report, probe, env, tools, task, max_steps, first=i == 0)
+        solved = [t for t in tasks if t.payload]
+        await _check_reference(report, probe, env, cls, solved, warm_start)
         try:
-            prompt, dt = await _timed(lambda t=task: call_env(env.reset, t), timeout_s)  # type: ignore[misc]
-            slowest = max(slowest, dt)
-        except _Timeout as exc:
-            report.add("error", "reset", f"{where}: hung ({exc})")
-            continue
+            await probe.call("close", "close()", lambda: close_env(env))
+            report.add("ok", "close", "closed")
         except Exception as exc:
-            report.add("error", "reset", f"{where}: raised {_exc(exc)}")
-            continue
-        if not isinstance(prompt, str):
-            report.add(
-                "error", "reset", f"{where}: returned {type(prompt).__name__}, expected the prompt text (str)"
-            )
-            continue
-        n_findings = len(report.findings)
-        if not prompt.strip():
-            report.add("warning", "reset", f"{where}: the prompt is empty")
-        if not prompt.isascii():
-            report.add(
-                "warning",
-                "reset",
-                f"{where}: the prompt is not plain ASCII (the default char tokenizer cannot encode it)",
-            )
-        if len(prompt) > 400:
-            report.add(
-                "warning",
-                "reset",
-                f"{where}: the prompt has {len(prompt)} characters; the default context is 512",
-            )
-        if i == 0 and len(report.findings) == n_findings:
-            report.add("ok", "reset", f"prompt {prompt[:60]!r}")
+            report.add("error", "close", f"close() failed: {_exc(exc)}")
+    finally:
+        heartbeat.cancel()
+    _report_timing(report, probe, slow_s, stall_s, cfg.guard.step_timeout_s, sync)
+    return report
 
-        ok_episode = True
-        # a well-formed tool call
-        if tools:
-            t0 = tools[0]
-            schema = getattr(t0, "args_schema", {}) or {}
-            example = schema.get("example", "") if isinstance(schema, dict) else ""
-            ok_episode &= await _check_step(
-                report, env, f"<tool>{t0.name}({example})</tool>", "tool call", where, timeout_s
-            )
-        # a malformed action
+
+def _check_tools(report: CheckReport, env: Any) -> list[Any]:
+    tools = list(getattr(env, "tools", []))
+    names = [getattr(t, "name", None) for t in tools]
+    if not tools:
+        report.add("warning", "tools", "no tools: the agent can only answer")
+    bad = [n for n in names if not (isinstance(n, str) and n.isidentifier())]
+    if bad:
+        report.add("error", "tools", f"tool names must be identifiers, got {bad!r}")
+    elif len(set(names)) != len(names):
+        report.add("error", "tools", f"duplicate tool names {names!r}")
+    elif tools:
+        report.add("ok", "tools", ", ".join(str(n) for n in names))
+    return tools
+
+
+async def _check_episode(
+    report: CheckReport, probe: _Probe, env: Any, tools: list[Any], task: Task, max_steps: int, *, first: bool
+) -> None:
+    """reset, one well-formed tool call, one malformed action, then answers until done."""
+    where = f"task {task.id}"
+    try:
+        prompt = await probe.call("reset", where, lambda: call_env(env.reset, task))
+    except _Timeout as exc:
+        report.add("error", "reset", f"{where}: hung ({exc})")
+        return
+    except Exception as exc:
+        report.add("error", "reset", f"{where}: raised {_exc(exc)}")
+        return
+    if not _check_prompt(report, prompt, where, first=first):
+        return
+    ok_episode = True
+    if tools:
+        t0 = tools[0]
+        schema = getattr(t0, "args_schema", {}) or {}
+        example = schema.get("example", "") if isinstance(schema, dict) else ""
         ok_episode &= await _check_step(
-            report, env, "this is not an action", "malformed action", where, timeout_s, malformed=True
+            report, probe, env, f"<tool>{t0.name}({example})</tool>", "tool call", where
         )
-        # answers until done
-        reached = False
-        for _ in range(max_steps):
-            try:
-                res, dt = await _timed(lambda: call_env(env.step, "<answer>42</answer>"), timeout_s)
-                slowest = max(slowest, dt)
-            except _Timeout as exc:
-                report.add("error", "answer", f"{where}: step hung ({exc})")
-                break
-            except Exception as exc:
-                report.add("error", "answer", f"{where}: step raised {_exc(exc)}")
-                break
-            problems = _step_problems(res)
-            if problems:
-                report.add("error", "answer", f"{where}: " + "; ".join(problems))
-                break
-            if res.done:
-                reached = True
-                break
-        else:
-            report.add("error", "done", f"{where}: done never reached within {max_steps} steps of answering")
-        if reached and ok_episode and i == 0:
-            report.add("ok", "episode", "tool call, malformed action and answer handled; episode ends")
+    ok_episode &= await _check_step(
+        report, probe, env, "this is not an action", "malformed action", where, malformed=True
+    )
+    reached = False
+    for _ in range(max_steps):
+        try:
+            res = await probe.call("answer", where, lambda: call_env(env.step, "<answer>42</answer>"))
+        except _Timeout as exc:
+            report.add("error", "answer", f"{where}: step hung ({exc})")
+            break
+        except Exception as exc:
+            report.add("error", "answer", f"{where}: step raised {_exc(exc)}")
+            break
+        problems = _step_problems(res)
+        if problems:
+            report.add("error", "answer", f"{where}: " + "; ".join(problems))
+            break
+        if res.done:
+            reached = True
+            break
+    else:
+        report.add("error", "done", f"{where}: done never reached within {max_steps} steps of answering")
+    if reached and ok_episode and first:
+        report.add("ok", "episode", "tool call, malformed action and answer handled; episode ends")
 
-        if callable(solve) and task.payload:
-            await _check_solver(report, env, solve, task, timeout_s)
 
-    if slowest > slow_s:
+def _check_prompt(report: CheckReport, prompt: Any, where: str, *, first: bool) -> bool:
+    if not isinstance(prompt, str):
+        report.add(
+            "error", "reset", f"{where}: returned {type(prompt).__name__}, expected the prompt text (str)"
+        )
+        return False
+    n_findings = len(report.findings)
+    if not prompt.strip():
+        report.add("warning", "reset", f"{where}: the prompt is empty")
+    if not prompt.isascii():
         report.add(
             "warning",
-            "timing",
-            f"slowest call took {slowest:.2f}s (> {slow_s:g}s); the guard times out at env.guard.step_timeout_s",
+            "reset",
+            f"{where}: the prompt is not plain ASCII (the default char tokenizer cannot encode it)",
         )
-    try:
-        await _timed(lambda: close_env(env), timeout_s)
-    except Exception as exc:
-        report.add("error", "close", f"close() failed: {_exc(exc)}")
-    return report
+    if len(prompt) > 400:
+        report.add(
+            "warning",
+            "reset",
+            f"{where}: the prompt has {len(prompt)} characters; the default context is 512",
+        )
+    if first and len(report.findings) == n_findings:
+        report.add("ok", "reset", f"prompt {prompt[:60]!r}")
+    return True
 
 
 async def _check_step(
     report: CheckReport,
+    probe: _Probe,
     env: Any,
     text: str,
     name: str,
     where: str,
-    timeout_s: float,
     *,
     malformed: bool = False,
 ) -> bool:
     try:
-        res, _ = await _timed(lambda: call_env(env.step, text), timeout_s)
+        res = await probe.call(name, where, lambda: call_env(env.step, text))
     except _Timeout as exc:
         report.add("error", name, f"{where}: step hung ({exc})")
         return False
@@ -320,22 +375,116 @@ async def _check_step(
     return True
 
 
-async def _check_solver(report: CheckReport, env: Any, solve: Any, task: Task, timeout_s: float) -> None:
-    try:
-        texts = solve(task)
-        await _timed(lambda: call_env(env.reset, task), timeout_s)
-        res: Any = None
-        for text in texts:
-            res, _ = await _timed(lambda t=text: call_env(env.step, t), timeout_s)  # type: ignore[misc]
-            if not isinstance(res, StepResult) or res.done:
-                break
-    except Exception as exc:
-        report.add("error", "solver", f"task {task.id}: reference solver episode failed: {_exc(exc)}")
+async def _check_reference(
+    report: CheckReport,
+    probe: _Probe,
+    env: Any,
+    cls: type,
+    tasks: list[Task],
+    warm_start: SFTConfig | None,
+) -> None:
+    """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)."""
+    solve = getattr(cls, "solve", None)
+    if callable(solve) and tasks:
+        if await _play_reference(report, probe, env, "solver", tasks, solve):
+            report.add("ok", "solver", f"reference solution succeeded on {len(tasks)} task(s)")
+    elif not callable(solve):
+        report.add("ok", "solver", "no reference solver (solve) declared; skipped")
+    demonstrate = getattr(cls, "demonstrate", None)
+    if not callable(demonstrate):
+        if warm_start is not None:
+            report.add(
+                "error",
+                "demonstrate",
+                "the run warm-starts but the environment has no reference demonstrator "
+                "demonstrate(task, rng, corruption_rate) -> list[str]; add one (see docs/environments.md)",
+            )
+        else:
+            report.add("warning", "demonstrate", "no demonstrate(): `asyncrl train` cannot warm-start on it")
         return
-    if not (isinstance(res, StepResult) and res.done and res.outcome == "success"):
-        outcome = getattr(res, "outcome", None)
+    if not tasks:
+        return
+    rng = random.Random(warm_start.seed if warm_start else 0)
+    clean = await _play_reference(
+        report, probe, env, "demonstrate", tasks, lambda t: demonstrate(t, rng, 0.0)
+    )
+    rate = warm_start.corruption_rate if warm_start else 0.5
+    try:
+        for t in tasks:
+            texts = demonstrate(t, rng, rate)
+            if not (isinstance(texts, list) and all(isinstance(x, str) for x in texts)):
+                raise TypeError(f"returned {type(texts).__name__}, expected list[str]")
+    except Exception as exc:
+        report.add("error", "demonstrate", f"demonstrate(task, rng, {rate:g}) failed: {_exc(exc)}")
+        return
+    if clean:
         report.add(
-            "error", "solver", f"task {task.id}: reference solution did not succeed (outcome {outcome!r})"
+            "ok",
+            "demonstrate",
+            f"clean demonstrations succeeded on {len(tasks)} task(s); corruption {rate:g} ok",
+        )
+
+
+async def _play_reference(
+    report: CheckReport,
+    probe: _Probe,
+    env: Any,
+    name: str,
+    tasks: list[Task],
+    texts_for: Callable[[Task], Any],
+) -> bool:
+    """Play the reference texts of every task; True when every episode succeeds."""
+    for task in tasks:
+        where = f"task {task.id}"
+        res: Any = None
+        try:
+            await probe.call(name, where, lambda t=task: call_env(env.reset, t))  # type: ignore[misc]
+            for text in texts_for(task):
+                res = await probe.call(name, where, lambda t=text: call_env(env.step, t))  # type: ignore[misc]
+                if not isinstance(res, StepResult) or res.done:
+                    break
+        except Exception as exc:
+            report.add("error", name, f"{where}: reference episode failed: {_exc(exc)}")
+            return False
+        if not (isinstance(res, StepResult) and res.done and res.outcome == "success"):
+            outcome = getattr(res, "outcome", None)
+            report.add("error", name, f"{where}: reference episode did not succeed (outcome {outcome!r})")
+            return False
+    return True
+
+
+def _report_timing(
+    report: CheckReport, probe: _Probe, slow_s: float, stall_s: float, guard_timeout_s: float, sync: bool
+) -> None:
+    """Warn on slow calls per check (a slow tool stretches every episode) and on a blocked loop."""
+    slow = {k: v for k, v in probe.slowest.items() if v[0] > slow_s}
+    for check, (secs, where) in slow.items():
+        report.add(
+            "warning",
+            "timing",
+            f"{check} took {secs:.2f}s ({where}; > {slow_s:g}s): every episode waits for it; "
+            f"the guard times a call out after env.guard.step_timeout_s = {guard_timeout_s:g}s",
+        )
+    if probe.slowest and not slow:
+        check, (secs, _) = max(probe.slowest.items(), key=lambda kv: kv[1][0])
+        report.add("ok", "timing", f"slowest call {secs:.2f}s ({check})")
+    if sync:
+        return  # synchronous methods run in worker threads: they cannot block the event loop
+    stalls = {k: v for k, v in probe.stalls.items() if v[0] > stall_s}
+    for check, (secs, where) in stalls.items():
+        report.add(
+            "warning",
+            "event loop",
+            f"{check} blocked the event loop for {secs:.2f}s ({where}): an async method must not block "
+            "(time.sleep, blocking I/O, long CPU work) -- it stalls every episode of the rollout worker; "
+            "use `await asyncio.sleep`, an async client, or `await asyncio.to_thread(...)`",
+        )
+    if not stalls:
+        worst = max((v[0] for v in probe.stalls.values()), default=0.0)
+        report.add(
+            "ok",
+            "event loop",
+            f"async methods never blocked it (longest gap between heartbeats {worst:.2f}s)",
         )
 
 
@@ -367,6 +516,8 @@ def _check_source(report: CheckReport, source: Any, episodes: int, overlap_sampl
     except Exception as exc:
         report.add("error", "task source", f"sample() raised {_exc(exc)}")
         return tasks
+    seen = sorted({t.difficulty for t in tasks})
+    report.add("ok", "task source", f"{len(tasks)} task(s) sampled, difficulties {seen}")
     try:
         held = source.heldout()
         held2 = source.heldout()

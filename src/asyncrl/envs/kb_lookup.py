@@ -268,6 +268,7 @@ class KBLookupEnv(ToolEnv):
                 + ", ".join(RELATIONS),
                 args_schema={
                     "type": "string",
+                    "name": "query",
                     "description": "ENTITY, RELATION (split at the last comma)",
                     "relations": dict(RELATIONS),
                     "example": f"{self.kb.people[0]}, lives_in",

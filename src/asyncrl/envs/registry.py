@@ -31,7 +31,7 @@ from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
 from asyncrl.envs.toolenv import EnvOptionsError
-from asyncrl.envs.wrappers import FaultWrapper, GuardedEnv, LatencyWrapper
+from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.errors import UserError
 
 if TYPE_CHECKING:
@@ -144,6 +144,8 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv:
     fault wrappers are only added when configured.
     """
     env = make_raw_env(cfg)
+    if cfg.kind == "plugin":  # the built-ins grade through the verifier cache themselves
+        env = AnswerCostWrapper(env)
     rng = random.Random(rng_seed)
     if cfg.latency.kind != "none":
         env = LatencyWrapper(env, cfg.latency, random.Random(rng.getrandbits(64)))

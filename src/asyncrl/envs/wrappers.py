@@ -37,16 +37,53 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import StepResult, Tool, call_env, close_env
+from asyncrl.envs.base import StepResult, Tool, ToolCallAction, call_env, close_env, parse_action
 from asyncrl.records import OUTCOMES, Fault, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import FaultConfig, GuardConfig, LatencyConfig
     from asyncrl.records import Task
 
-__all__ = ["EnvResetError", "EnvWrapper", "FaultWrapper", "GuardedEnv", "InjectedFault", "LatencyWrapper"]
+__all__ = [
+    "GUARD_STATS",
+    "AnswerCostWrapper",
+    "EnvResetError",
+    "EnvWrapper",
+    "FaultWrapper",
+    "GuardStats",
+    "GuardedEnv",
+    "InjectedFault",
+    "LatencyWrapper",
+]
+
+
+@dataclass
+class GuardStats:
+    """What the guards of one process absorbed (cumulative; the rollout worker reports them as
+    ``guard/*`` metrics). ``calls``: guarded ``reset``/``step`` calls; ``faults``: calls that
+    failed on every attempt; ``retries``: failed attempts that were retried; ``timeouts``,
+    ``exceptions``, ``malformed``: failed attempts by kind (retried or not); ``fault_seconds``: wall
+    time spent in failed attempts (a hang costs up to ``step_timeout_s`` each); ``tool_faults``:
+    failed steps whose model text was a tool call (counted as failed tool calls)."""
+
+    calls: int = 0
+    faults: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    exceptions: int = 0
+    malformed: int = 0
+    fault_seconds: float = 0.0
+    tool_faults: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"guard/{k}": float(v) for k, v in asdict(self).items()}
+
+
+GUARD_STATS = GuardStats()
+"""Process-wide: one per rollout worker."""
 
 
 class EnvResetError(RuntimeError):
@@ -231,6 +268,29 @@ def _describe(exc: BaseException) -> str:
     return text[:500]
 
 
+class AnswerCostWrapper(EnvWrapper):
+    """Answer-checking cost for environments that do not grade through the verifier cache.
+
+    The built-ins grade answers through :data:`~asyncrl.envs.toolenv.VERIFIER_CACHE`, which counts
+    the seconds spent grading (the cost ledger's ``reward`` component) and caches verdicts. For any
+    other environment the step that ends an episode is taken to be its answer check: its time is
+    added to the same counters (one uncached check), so a user environment's verification cost is
+    not $0. An environment that calls ``VERIFIER_CACHE.verdict`` itself (see docs/environments.md)
+    is counted there, and only there. Innermost in :func:`~asyncrl.envs.make_env`, so simulated
+    latency and injected faults are not counted as grading.
+    """
+
+    async def step(self, model_text: str) -> StepResult:
+        from asyncrl.envs.toolenv import VERIFIER_CACHE as cache
+
+        seen, started = cache.hits + cache.misses, time.perf_counter()
+        result: StepResult = await call_env(self.env.step, model_text)
+        if isinstance(result, StepResult) and result.done is True and cache.hits + cache.misses == seen:
+            cache.seconds += time.perf_counter() - started
+            cache.misses += 1
+        return result
+
+
 class GuardedEnv(EnvWrapper):
     """Isolates every environment fault; see the module docstring for the exact semantics."""
 
@@ -272,11 +332,15 @@ class GuardedEnv(EnvWrapper):
     ) -> tuple[Any, list[Fault]]:
         failures: list[Fault] = []
         attempts = self.cfg.retries + 1
+        GUARD_STATS.calls += 1
         for attempt in range(1, attempts + 1):
+            started = time.monotonic()
             try:
                 return validate(await self._attempt(call)), failures
             except _AttemptFailed as failed:
                 failures.append(Fault(kind=failed.kind, message=failed.message, attempts=attempt))  # type: ignore[arg-type]
+                _count_failed_attempt(failed.kind, time.monotonic() - started, retried=attempt < attempts)
+        GUARD_STATS.faults += 1
         return None, failures
 
     # -- validation ----------------------------------------------------------------------------
@@ -336,10 +400,16 @@ class GuardedEnv(EnvWrapper):
         )
         if result is None:
             last = failures[-1]
+            action = parse_action(model_text)
+            tool_call = None
+            if isinstance(action, ToolCallAction):  # a failed tool call: the tool metrics must see it
+                GUARD_STATS.tool_faults += 1
+                tool_call = ToolCall(name=action.name, arguments=action.args, ok=False, error=last.message)
             return StepResult(
                 observation=self.cfg.fault_observation,
                 process_reward=self.cfg.fault_reward,
                 info={"fault": Fault(kind=last.kind, message=last.message, attempts=len(failures))},
+                tool_call=tool_call,
             )
         if failures:
             result.info["retried_faults"] = failures
@@ -349,6 +419,17 @@ class GuardedEnv(EnvWrapper):
         """Close the inner environment; errors and hangs are swallowed (nothing escapes)."""
         with contextlib.suppress(_AttemptFailed):
             await self._attempt(lambda: close_env(self.env))
+
+
+def _count_failed_attempt(kind: str, seconds: float, *, retried: bool) -> None:
+    GUARD_STATS.retries += retried
+    GUARD_STATS.fault_seconds += seconds
+    if kind == "timeout":
+        GUARD_STATS.timeouts += 1
+    elif kind == "exception":
+        GUARD_STATS.exceptions += 1
+    else:
+        GUARD_STATS.malformed += 1
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

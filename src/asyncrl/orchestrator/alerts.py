@@ -1,7 +1,7 @@
 """The typed alert stream: what the orchestrator noticed, the evidence, and what it did about it.
 
 Every rule that acts (a breaker opening, a drift alarm, a staleness tightening, a scaling
-decision, suspected reward hacking) emits one :class:`Alert`. :class:`AlertLog` appends it as a
+decision, suspected reward hacking, an environment fault rate above its threshold) emits one :class:`Alert`. :class:`AlertLog` appends it as a
 JSON line to ``run_dir/alerts.jsonl`` (the run's record), keeps the most recent ones for the live
 display, and counts them by kind (the ``alerts/*`` metrics).
 """
@@ -26,6 +26,7 @@ AlertKind = Literal[
     "scale_up",
     "scale_down",
     "exploration",
+    "env_faults",
     "stall",
 ]
 

@@ -17,6 +17,11 @@ States and transitions (``control.breaker``):
   it with the wait multiplied by ``backoff_factor`` (at most ``max_backoff_s``).
 
 If every bucket is open the workers probe them all (treat them as half-open) rather than stop.
+
+Beside the per-bucket breakers, :class:`FaultRateMonitor` watches the share of failed environment
+call attempts across the whole run (the guards' counts reported by every worker), so a tool that
+fails 30% of the time raises an ``env_faults`` alert even when no bucket ever sees five failing
+episodes in a row.
 """
 
 from __future__ import annotations
@@ -142,3 +147,95 @@ def anomaly_of(traj: Any, reward_min: float, reward_max: float) -> str | None:
     if not reward_min <= traj.final_reward <= reward_max:
         return "reward_range"
     return None
+
+
+class FaultRateMonitor:
+    """One ``env_faults`` alert per excursion of the environment fault rate above ``threshold``.
+
+    Fed the run's cumulative guard counts (attempts = calls + retries; failed = timeouts +
+    exceptions + malformed results); measures the rate over windows of ``window`` attempts; alerts
+    when a window's rate exceeds ``threshold`` after one that did not (``threshold`` 0: never).
+    """
+
+    def __init__(self, threshold: float, window: int, env: str = "") -> None:
+        self.threshold, self.window, self.env = threshold, window, env
+        self.start = (0.0, 0.0)  # cumulative (attempts, failed) at the window's start
+        self.above = False
+        self.alerts = 0
+        self.rate = 0.0
+
+    @classmethod
+    def of(cls, cfg: Any) -> FaultRateMonitor:
+        c = cfg.control.breaker
+        return cls(c.fault_rate_alert, c.fault_rate_window, env=cfg.env.path or cfg.env.kind)
+
+    def observe(self, totals: dict[str, float], now: float) -> list[Alert]:
+        attempts = totals.get("calls", 0.0) + totals.get("retries", 0.0)
+        failed = sum(totals.get(k, 0.0) for k in ("timeouts", "exceptions", "malformed"))
+        n, bad = attempts - self.start[0], failed - self.start[1]
+        if n < self.window or not self.threshold:
+            return []
+        self.start, self.rate = (attempts, failed), bad / n
+        was, self.above = self.above, self.rate > self.threshold
+        if not self.above or was:
+            return []
+        self.alerts += 1
+        evidence = {
+            "fault_rate": self.rate,
+            "attempts": n,
+            "failed": bad,
+            "threshold": self.threshold,
+            **totals,
+        }
+        return [
+            Alert("env_faults", "", evidence, f"environment {self.env}: {self.rate:.0%} of calls failed", now)
+        ]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"start": list(self.start), "above": self.above, "alerts": self.alerts, "rate": self.rate}
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        self.start = (float(doc["start"][0]), float(doc["start"][1]))
+        self.above, self.alerts, self.rate = bool(doc["above"]), int(doc["alerts"]), float(doc["rate"])
+
+
+def fault_summary(totals: dict[str, float], env_seconds: float, step_timeout_s: float) -> dict[str, Any]:
+    """The run's environment faults in one dict (``summary.json``'s ``env_faults`` entry).
+
+    ``totals``: the guard counts summed over the workers (:meth:`Rules.env_totals`);
+    ``env_seconds``: wall time of all environment steps. ``hang_share`` is the share of that time
+    spent in attempts that failed (mostly hangs waiting for ``step_timeout_s``); above 10%, ``note``
+    says in words that hangs stretched the run.
+    """
+    attempts = totals.get("calls", 0.0) + totals.get("retries", 0.0)
+    failed = sum(totals.get(k, 0.0) for k in ("timeouts", "exceptions", "malformed"))
+    lost = totals.get("fault_seconds", 0.0)
+    share = lost / env_seconds if env_seconds > 0 else 0.0
+    out: dict[str, Any] = {
+        "calls": int(totals.get("calls", 0)),
+        "faults": int(totals.get("faults", 0)),
+        "retries": int(totals.get("retries", 0)),
+        "timeouts": int(totals.get("timeouts", 0)),
+        "exceptions": int(totals.get("exceptions", 0)),
+        "malformed": int(totals.get("malformed", 0)),
+        "tool_faults": int(totals.get("tool_faults", 0)),
+        "fault_rate": failed / attempts if attempts else 0.0,
+        "fault_seconds": lost,
+        "hang_share": share,
+        "note": "",
+    }
+    if share > 0.1:
+        out["note"] = (
+            f"{share:.0%} of environment time ({lost:.0f}s) went to failed calls "
+            f"({out['timeouts']} timeouts of up to env.guard.step_timeout_s={step_timeout_s:g}s, "
+            f"{out['exceptions']} exceptions): hangs stretched the run's wall time"
+        )
+    return out
+
+
+def fault_line(f: dict[str, Any]) -> str:
+    """One line for the live display and the plain progress line."""
+    return (
+        f"{f['fault_rate']:.1%} of {f['calls']} calls failed; {f['faults']} faults, "
+        f"{f['retries']} retries, {f['timeouts']} timeouts"
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.orchestrator.alerts import Alert, AlertLog
-from asyncrl.orchestrator.breaker import Breakers
+from asyncrl.orchestrator.breaker import Breakers, FaultRateMonitor
 from asyncrl.orchestrator.curriculum import Curriculum, buckets_of_source
 from asyncrl.orchestrator.directives import compose
 from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
@@ -31,6 +31,9 @@ class Rules:
         self.alerts = AlertLog(run_dir / "alerts.jsonl" if run_dir is not None else None)
         self.curriculum = Curriculum.of(cfg, buckets)
         self.breakers = Breakers.of(cfg)
+        self.faults = FaultRateMonitor.of(cfg)
+        self.env_counts: dict[str, dict[str, float]] = {}
+        """Latest guard counts (``guard/*``) of every rollout process, keyed ``role:pid``."""
         self.drift = DriftMonitor.of(cfg)
         self.hacking = HackingMonitor.of(cfg)
         self.exploration = ExplorationController.of(cfg)
@@ -43,6 +46,7 @@ class Rules:
         now = time.time() if now is None else now
         out: list[Alert] = []
         c = self.cfg.control
+        self.observe_env(rows)
         for r in rows:
             if r.get("role") == "trainer" and r.get("reward/mean") is not None:
                 self.train_reward = float(r["reward/mean"])
@@ -67,7 +71,24 @@ class Rules:
                     out += self.drift.observe(bucket, mean, now)
             out += self.exploration.observe(rewards)
         out += self.breakers.tick(now)
+        out += self.faults.observe(self.env_totals(), now)
         self.alerts.extend(out)
+        return out
+
+    def observe_env(self, rows: list[dict[str, Any]]) -> None:
+        """Keep the latest guard counts (``guard/*``) of every rollout process."""
+        for r in rows:
+            if "guard/calls" in r and "event" not in r:
+                self.env_counts[f"{r.get('role')}:{r.get('pid')}"] = {
+                    k.removeprefix("guard/"): float(v) for k, v in r.items() if k.startswith("guard/")
+                }
+
+    def env_totals(self) -> dict[str, float]:
+        """The guard counts summed over every rollout process (restarted ones included)."""
+        out: dict[str, float] = {}
+        for counts in self.env_counts.values():
+            for k, v in counts.items():
+                out[k] = out.get(k, 0.0) + v
         return out
 
     def directives(self, workers: list[str], retire: list[str], now: float | None = None) -> dict[str, Any]:
@@ -95,6 +116,7 @@ class Rules:
             "exploration/temperature_jitter": self.exploration.jitter,
             "exploration/rate": self.exploration.rate,
             "elastic/decisions": float(self.elastic.decisions),
+            "env/fault_rate": self.faults.rate,
         }
 
     # -- snapshot --------------------------------------------------------------------------------
@@ -107,6 +129,8 @@ class Rules:
             "hacking": self.hacking.snapshot(),
             "exploration": self.exploration.snapshot(),
             "elastic": self.elastic.snapshot(),
+            "faults": self.faults.snapshot(),
+            "env_counts": self.env_counts,
             "train_reward": self.train_reward,
             "groups": self.groups,
         }
@@ -119,5 +143,8 @@ class Rules:
         self.hacking.restore(doc["hacking"])
         self.exploration.restore(doc["exploration"])
         self.elastic.restore(doc["elastic"])
+        if "faults" in doc:  # absent in snapshots written before the fault-rate alert existed
+            self.faults.restore(doc["faults"])
+            self.env_counts = doc.get("env_counts", {})
         self.train_reward = doc.get("train_reward")
         self.groups = int(doc.get("groups", 0))

@@ -36,6 +36,7 @@ from typing import Any
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.errors import UserError
 from asyncrl.orchestrator.alerts import Alert
+from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.runaway import StalenessGovernor
@@ -122,6 +123,7 @@ class Orchestrator:
         self.next_index = cfg.rollout.num_workers
         self._flow: dict[str, float] = {}
         self._snapshot_at = self._metrics_at = 0.0
+        self._progress_at = time.time()
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
         self.restarts: dict[str, int] = {}
@@ -181,6 +183,12 @@ class Orchestrator:
                 self._release(name)
             self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
             self._start(name, resume_trainer=True)
+
+    def env_faults(self) -> dict[str, Any]:
+        """The environment's fault, retry and timeout counts so far (display, summary, report)."""
+        return fault_summary(
+            self.rules.env_totals(), self.live.total("rollout/env_seconds"), self.cfg.env.guard.step_timeout_s
+        )
 
     def _release(self, name: str) -> None:
         lost = self.state.get(f"inflight:{name}")
@@ -385,6 +393,8 @@ class Orchestrator:
                     self._snapshot()
                     if view:
                         view.refresh()
+                    else:
+                        self._plain_progress()
         finally:
             self._snapshot(force=True)
             if self._queue is not None:
@@ -396,8 +406,23 @@ class Orchestrator:
             self._merged.write(json.dumps(r) + "\n")
         self._merged.close()
         self.live.absorb(rows)
+        self.rules.observe_env(rows)
         self.telemetry.close(rows)
         return self.live.trainer
+
+    def _plain_progress(self) -> None:
+        """``--no-display``: one plain progress line every ``telemetry.progress_every_s``."""
+        now = time.time()
+        if now - self._progress_at < self.cfg.telemetry.progress_every_s:
+            return
+        self._progress_at, t = now, self.live.trainer
+        print(
+            f"[{now - self.started:5.0f}s] step {int(t.get('trainer/step') or 0)}/{self.cfg.trainer.total_steps}"
+            f" version {int(t.get('trainer/version') or 0)} reward {float(t.get('reward/mean') or 0):.3f}"
+            f" success {float(t.get('reward/success_rate') or 0):.1%}"
+            f" episodes {int(self.live.total('rollout/episodes'))} env: {fault_line(self.env_faults())}",
+            flush=True,
+        )
 
     def shutdown(self) -> None:
         self.state.set_flag("stop", True)
@@ -499,6 +524,7 @@ class _Display:
             ("workers", f"{len(o.workers)}" + (f" (retiring {', '.join(o.retiring)})" if o.retiring else ""))
         )
         rows.append(("breakers open", ", ".join(r.breakers.buckets_in("open")) or "none"))
+        rows.append((f"env faults ({o.cfg.env.path or o.cfg.env.kind})", fault_line(o.env_faults())))
         top = sorted(r.curriculum.weights().items(), key=lambda kv: -kv[1])[:4]
         rows.append(("curriculum (top)", ", ".join(f"{b}={w:.2f}" for b, w in top) or "-"))
         for a in list(r.alerts.recent)[-3:]:
@@ -528,6 +554,7 @@ def train(
     """
     from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy, resolve_device
+    from asyncrl.policy.chat import preflight_model
     from asyncrl.rollout.evaluate import evaluate_policy
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
@@ -550,21 +577,31 @@ def train(
     else:
         check_connections(cfg)
         resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
+        _check_env(cfg)  # a bad env.path or option fails here, before a run directory exists
+        preflight_model(cfg.model)  # so does a model directory asyncrl cannot render episodes with
+        fresh = run_dir is None or not Path(run_dir).exists()
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_record(cfg, run_dir)
-        ws = warm_start(cfg, progress=display)
-        shutil.copytree(ws.path, run_dir / "initial_policy")
-        policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
-        make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
-        prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
-        (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
+        try:
+            write_run_record(cfg, run_dir)
+            ws = warm_start(
+                cfg, progress=display or cfg.telemetry.progress_every_s, eval_limit=eval_limit
+            )  # plain lines without it
+            shutil.copytree(ws.path, run_dir / "initial_policy")
+            policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+            make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
+            prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+            (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
+        except BaseException:
+            if fresh:  # nothing ran yet: leave no half-made run directory behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     orch = Orchestrator(cfg, run_dir, resume=resume is not None, display=display)
     last = orch.run()
     # final evaluation on the newest valid weights
     store = make_weight_store(cfg.weights, run_dir)
     loaded = store.load_latest()
-    policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
+    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
     if loaded is not None:
         policy.load_tensors(loaded.tensors)
     final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
@@ -575,6 +612,32 @@ def train(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     finish_run_record(run_dir, summary)
     return run_dir, summary
+
+
+def _check_env(cfg: RunConfig) -> None:
+    """Build the environment and its task source once: a wrong ``env.path`` or option raises its
+    :class:`~asyncrl.envs.EnvPluginError` (a user error) now."""
+    import asyncio
+
+    from asyncrl.envs import close_env, make_raw_env, make_task_source
+
+    make_task_source(cfg.env)
+    asyncio.run(close_env(make_raw_env(cfg.env)))
+
+
+def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
+    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.evaluate.retokenization_stats`)."""
+    checked = int(orch.live.total("rollout/token_exact_checked"))
+
+    def share_exact(key: str) -> float | None:
+        return (1.0 - orch.live.total(key) / checked) if checked else None
+
+    return {
+        "token_exact_checked": checked,
+        "token_exact_rate": share_exact("rollout/token_inexact"),
+        "retokenization_exact_rate": share_exact("rollout/retokenization_inexact"),
+        "retokenization_diff_tokens": int(orch.live.total("rollout/retokenization_diff_tokens")),
+    }
 
 
 def _summary(
@@ -588,6 +651,7 @@ def _summary(
     queue: Any,
 ) -> dict[str, Any]:
     state = orch.state
+    faults = orch.env_faults()
     fates = state.ledger_counts()
     ages = state.ages()
     hist: dict[str, int] = {}
@@ -650,4 +714,7 @@ def _summary(
         "cost_usd": cost.get("total_usd"),
         "cost_waste_share": cost.get("waste_total_share"),
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
+        **_token_exactness(orch),
+        "env_faults": {cfg.env.path or cfg.env.kind: faults},
+        "notes": [faults["note"]] if faults["note"] else [],
     }

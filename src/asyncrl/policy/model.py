@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -104,7 +105,7 @@ def build_model(
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "intermediate_size": cfg.intermediate_size,
-        "max_position_embeddings": cfg.max_context,
+        "max_position_embeddings": cfg.built_context,
         "tie_word_embeddings": True,
         "attention_dropout": 0.0,
         "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
@@ -240,24 +241,41 @@ class Policy:
     @classmethod
     def build(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
         """A fresh policy from ``cfg``'s architecture fields and a locally built tokenizer."""
-        tok = build_tokenizer(cfg.tokenizer)
+        kind = cfg.tokenizer_kind
+        if kind == "hf":  # pragma: no cover - ModelConfig rejects 'hf' without a path
+            raise PolicyLoadError("model.tokenizer 'hf' needs model.path")
+        tok = build_tokenizer(kind)
         return cls(build_model(cfg, len(tok), attn_implementation), tok)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
         """:meth:`load` ``cfg.path`` when it is set, else :meth:`build`."""
         if cfg.path is not None:
-            return cls.load(cfg.path, attn_implementation)
+            return cls.load(cfg.path, attn_implementation, cfg=cfg)
         return cls.build(cfg, attn_implementation)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        attn_implementation: AttnImpl = DEFAULT_ATTN,
+        *,
+        cfg: ModelConfig | None = None,
+        lora: bool = True,
+    ) -> Policy:
         """Load any local HF causal-LM directory that also holds tokenizer files.
 
-        Never touches the network. Every failure (missing directory, missing or corrupt
-        config, weights or tokenizer) becomes one :class:`PolicyLoadError` that names the
-        path and what is wrong.
+        ``cfg`` supplies ``dtype``, ``trust_remote_code`` and ``lora`` (float32, off and none
+        without it). With ``cfg.lora`` (and ``lora=True``) the model is wrapped with the adapter
+        layout, and the directory's ``adapter.safetensors`` (a saved LoRA policy) is loaded into it;
+        ``lora=False`` loads the base model alone (e.g. the KL reference). Never
+        touches the network. Every failure (missing directory, missing or corrupt config,
+        weights or tokenizer, an architecture transformers does not know, a model larger than the
+        memory this machine has free) becomes one :class:`PolicyLoadError` that names the path,
+        what is wrong and what to do.
         """
+        dtype = getattr(torch, cfg.dtype) if cfg is not None else torch.float32
+        remote = bool(cfg.trust_remote_code) if cfg is not None else False
         p = Path(path)
         where = f"policy directory {str(p)!r}"
         if not p.is_dir():
@@ -268,6 +286,10 @@ class Policy:
             json.loads((p / "config.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PolicyLoadError(f"{where}: config.json is not valid JSON ({_short(exc)})") from None
+        from asyncrl.policy.memory import check_fits, parameter_count
+
+        n_params = parameter_count(p, trust_remote_code=remote)  # also: is the architecture known?
+        check_fits(n_params * dtype.itemsize, f"loading {where} ({n_params / 1e6:.1f}M parameters, {dtype})")
         weight_files = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
         if not any((p / f).is_file() for f in weight_files):
             raise PolicyLoadError(f"{where} has no weights (expected one of {', '.join(weight_files)})")
@@ -280,7 +302,7 @@ class Policy:
             if (p / "tokenizer.json").is_file():
                 tok = PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
             else:
-                tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+                tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=remote)
         except Exception as exc:
             raise PolicyLoadError(f"{where}: cannot load the tokenizer ({_short(exc)})") from None
         try:
@@ -288,7 +310,8 @@ class Policy:
                 loaded: Any = AutoModelForCausalLM.from_pretrained(
                     str(p),
                     local_files_only=True,
-                    dtype=torch.float32,
+                    dtype=dtype,
+                    trust_remote_code=remote,
                     attn_implementation=attn_implementation,
                     ignore_mismatched_sizes=True,  # reported below, in one line
                     output_loading_info=True,
@@ -316,6 +339,14 @@ class Policy:
             raise PolicyLoadError(
                 f"{where}: tokenizer has {len(tok)} tokens but the model's vocabulary is {vocab}"
             )
+        if tok.pad_token_id is None and tok.eos_token is not None:
+            tok.pad_token = tok.eos_token  # pad = eos: padding is masked everywhere it is used
+        if cfg is not None and cfg.lora is not None and lora:
+            from asyncrl.policy.lora import ADAPTER_FILE, apply_lora, load_adapter
+
+            model = apply_lora(model, cfg.lora)
+            if (p / ADAPTER_FILE).is_file():
+                load_adapter(model, load_file(str(p / ADAPTER_FILE)))
         model.train()
         return cls(model, tok)
 
@@ -332,8 +363,21 @@ class Policy:
         tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
         old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
         try:
-            with _quiet_hf():
-                self.model.save_pretrained(str(tmp))
+            if self.lora:  # the base model as a plain HF directory, and the adapter beside it
+                from safetensors.torch import save_file
+
+                from asyncrl.policy.lora import ADAPTER_FILE, adapter_tensors, base_model, base_state_dict
+
+                tmp.mkdir(parents=True)
+                inner = base_model(self.model)
+                inner.config.save_pretrained(str(tmp))
+                if getattr(inner, "generation_config", None) is not None:
+                    inner.generation_config.save_pretrained(str(tmp))
+                save_file(base_state_dict(self.model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+                save_file(adapter_tensors(self.model), str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
+            else:
+                with _quiet_hf():
+                    self.model.save_pretrained(str(tmp))
             self.tokenizer.save_pretrained(str(tmp))
             if not (tmp / WEIGHTS_NAME).is_file():  # pragma: no cover - sharding is off for small models
                 raise RuntimeError(f"save_pretrained did not write {WEIGHTS_NAME} in {tmp}")
@@ -345,13 +389,42 @@ class Policy:
             shutil.rmtree(old, ignore_errors=True)
 
     # ---- raw weights -----------------------------------------------------------------------
+    @property
+    def lora(self) -> bool:
+        """Whether the model carries LoRA adapters (see :mod:`asyncrl.policy.lora`)."""
+        from asyncrl.policy.lora import is_lora
+
+        return is_lora(self.model)
+
     def state_dict_tensors(self) -> dict[str, torch.Tensor]:
-        """See :func:`state_dict_tensors`."""
+        """What a weight version holds: every weight (:func:`state_dict_tensors`), or with LoRA
+        only the adapter's tensors."""
+        if self.lora:
+            from asyncrl.policy.lora import adapter_tensors
+
+            return adapter_tensors(self.model)
         return state_dict_tensors(self.model)
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """See :func:`load_tensors`."""
-        load_tensors(self.model, tensors)
+        """Load a weight version (:func:`load_tensors`). With LoRA: an adapter version, or the
+        base weights under their plain names (a checkpoint's ``model.safetensors``)."""
+        if not self.lora:
+            load_tensors(self.model, tensors)
+            return
+        from asyncrl.policy.lora import adapter_names, base_model, load_adapter
+
+        names = set(adapter_names(self.model))
+        if names & set(tensors) or not tensors:
+            load_adapter(self.model, tensors)
+            return
+        inner = base_model(self.model)
+        current = {k.replace(".base_layer.", "."): k for k in inner.state_dict() if ".lora_" not in k}
+        unknown = sorted(set(tensors) - set(current))
+        if unknown:
+            from asyncrl.policy.lora import AdapterError
+
+            raise AdapterError(f"cannot load weights into the LoRA policy: unknown names, e.g. {unknown[:2]}")
+        load_tensors(inner, {current[k]: v for k, v in tensors.items()} | _untouched(inner, current, tensors))
 
     def num_parameters(self) -> int:
         return num_parameters(self.model)
@@ -377,6 +450,21 @@ class Policy:
     def max_context(self) -> int:
         """Longest sequence (prompt + generated tokens) the model accepts."""
         return int(self.model.config.max_position_embeddings)
+
+
+def _untouched(
+    model: torch.nn.Module, names: dict[str, str], given: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``model`` that ``given`` does not replace (adapter layers), as they are."""
+    state = model.state_dict()
+    replaced = {names[k] for k in given}
+    return {k: v for k, v in state.items() if k not in replaced}
+
+
+def context_limit(cfg: ModelConfig, policy: Policy) -> int:
+    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
+    own = policy.max_context
+    return own if cfg.max_context is None else min(cfg.max_context, own)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """The episode runner: one agent episode as a coroutine, many of them sharing one batched engine.
 
-Token layout (one template for every environment)::
-
-    <bos> PROMPT  | model turn | <obs> OBSERVATION </obs> | model turn | ... | <answer>..</answer>
+An episode is a chat rendered by a :class:`~asyncrl.policy.chat.Renderer` — asyncrl's text layout
+for the char models (``<bos> PROMPT | turn | <obs> TEXT </obs> | ...``), or the pretrained model's
+own chat template with its tool-call format:
 
 * The token ids kept for a model turn are exactly those the engine sampled — the text is
-  decoded only to hand it to the environment, never re-encoded (no re-tokenisation drift).
-* Observation tokens come from the environment's text through :class:`ChatTemplate`.
+  decoded only to hand it to the environment (translated from the model's tool-call format to
+  the canonical ``<tool>NAME(ARGS)</tool>`` action), never re-encoded.
+* Observations are appended as rendered deltas; the history is never re-rendered. At the end the
+  whole chat is rendered once for comparison only: ``Trajectory.retokenization_diff`` counts
+  the tokens a re-tokenising framework would have got wrong (0 = exact).
 * The loss mask is 1 only on model-sampled tokens (see :meth:`Trajectory.loss_mask`).
 * The context limit (``model.max_context``) is enforced: an episode that would not fit ends
   with outcome ``truncated``; so does one that uses up ``env.max_turns`` model turns.
@@ -28,36 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.envs import EnvResetError, StepResult
+from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.rollout.engine import GenerationEngine, Sample
-
-
-class ChatTemplate:
-    """Maps environment text to token ids: ``<bos> prompt`` and ``<obs> text </obs>``."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        ids = {
-            t: tokenizer.convert_tokens_to_ids(t)
-            for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>")
-        }
-        missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
-        if missing:
-            raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with asyncrl.policy")
-        self.bos, self.obs_open, self.obs_close = ids["<bos>"], ids["<obs>"], ids["</obs>"]
-        self.stop_ids = [ids["</tool>"], ids["</answer>"], ids["<eos>"]]
-
-    def encode_text(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def prompt(self, text: str) -> list[int]:
-        return [self.bos, *self.encode_text(text)]
-
-    def observation(self, text: str) -> list[int]:
-        return [self.obs_open, *self.encode_text(text), self.obs_close]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
 
 @dataclass
@@ -173,7 +149,7 @@ async def run_episode(
     task: Task,
     env: Any,
     batcher: TurnBatcher,
-    template: ChatTemplate,
+    renderer: Renderer,
     settings: EpisodeSettings,
     group_id: str = "",
     prefix: list[list[int]] | None = None,
@@ -186,7 +162,7 @@ async def run_episode(
     """
     batcher.live_episodes += 1
     try:
-        return await _run_episode(task, env, batcher, template, settings, group_id, prefix or [])
+        return await _run_episode(task, env, batcher, renderer, settings, group_id, prefix or [])
     finally:
         batcher.live_episodes -= 1
 
@@ -195,7 +171,7 @@ async def _run_episode(
     task: Task,
     env: Any,
     batcher: TurnBatcher,
-    template: ChatTemplate,
+    renderer: Renderer,
     settings: EpisodeSettings,
     group_id: str,
     prefix: list[list[int]],
@@ -222,10 +198,10 @@ async def _run_episode(
         )
         life.rollout_end = time.time()
         return traj
-    context = template.prompt(prompt_text)
+    conv = renderer.start(prompt_text, list(getattr(env, "tools", None) or []))
+    context = conv.ids  # grows by appending only: sampled turns as sampled, rendered deltas
     if len(context) >= settings.max_context:
-        context = context[: settings.max_context]
-        traj.turns.append(Turn(role="env", token_ids=context))
+        traj.turns.append(Turn(role="env", token_ids=context[: settings.max_context]))
         traj.outcome = "truncated"
         life.rollout_end = time.time()
         return traj
@@ -247,22 +223,23 @@ async def _run_episode(
             ids = prefix[turn_no][:room]
             sample, version = Sample(ids, [0.0] * len(ids), "stop"), batcher.engine.version
         else:
-            sample, version = await batcher.generate(context, sp)
+            sample, version = await batcher.generate(list(context), sp)
+        keep = renderer.cut_at_stop(sample.token_ids)  # a stop string ends the turn where it completes
         turn = Turn(
             role="model",
-            token_ids=list(sample.token_ids),
-            logprobs=list(sample.logprobs),
+            token_ids=list(sample.token_ids[:keep]),
+            logprobs=list(sample.logprobs[:keep]),
             version=version,
             started_at=started,
             ended_at=time.time(),
         )
         traj.turns.append(turn)
-        context.extend(sample.token_ids)
+        action = renderer.add_model_turn(conv, turn.token_ids)
         if settings.on_turn is not None:
             settings.on_turn()
         # 3. environment step (guarded: faults come back as a default observation)
         step_start = time.perf_counter()
-        result: StepResult = await env.step(template.decode(sample.token_ids))
+        result: StepResult = await env.step(action)
         turn.env_seconds = time.perf_counter() - step_start
         retried = result.info.get("retried_faults") if isinstance(result.info, dict) else None
         if retried:
@@ -286,16 +263,26 @@ async def _run_episode(
             outcome = "early_stopped"  # a failing trajectory: stop spending generation on it
             break
         # 4. observation, unless it would overflow the context
-        obs = template.observation(result.observation)
+        obs = renderer.observation(conv, result.observation)
         if len(context) + len(obs) >= settings.max_context:
             break
+        renderer.add_observation(conv, result.observation, obs)
         traj.turns.append(Turn(role="tool", token_ids=obs, started_at=turn.ended_at, ended_at=time.time()))
-        context.extend(obs)
+    traj.render_diff, traj.retokenization_diff = _exactness(renderer, conv)
     traj.outcome = outcome  # type: ignore[assignment]
     traj.reward_components["outcome"] = traj.final_reward
     traj.reward_components["process"] = sum(t.process_reward for t in traj.turns)
     life.rollout_end = time.time()
     return traj
+
+
+def _exactness(renderer: Renderer, conv: Any) -> tuple[int | None, int | None]:
+    """(render diff, retokenisation diff) of the finished chat; ``None`` where the template
+    cannot render it whole."""
+    try:
+        return renderer.render_diff(conv), renderer.retokenization_diff(conv)
+    except ChatTemplateError:
+        return None, None
 
 
 def jittered(sampling: SamplingParams, jitter: float, rng: random.Random) -> SamplingParams:

@@ -39,15 +39,17 @@ async def run_episodes(
     ``prefixes[i]``: model turns replayed before the policy samples in episode ``i`` (see ``run_episode``).
     """
     from asyncrl.envs import make_env
+    from asyncrl.policy.chat import make_renderer
+    from asyncrl.policy.model import context_limit
     from asyncrl.rollout.engine import make_engine
-    from asyncrl.rollout.episode import ChatTemplate, EpisodeSettings, TurnBatcher, run_episode
+    from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
 
     env_cfg = env_cfg or eval_env_config(cfg)
-    template = ChatTemplate(policy.tokenizer)
+    renderer = make_renderer(cfg.model, policy)
     # Always the built-in engine: evaluation measures the policy, comparably across rollout
     # backends, and does not pay a vllm engine's start-up (docs/engines.md).
     engine = make_engine(
-        cfg.rollout.engine.model_copy(update={"kind": "hf"}), policy, template.stop_ids, seed=seed
+        cfg.rollout.engine.model_copy(update={"kind": "hf"}), policy, renderer.stop_token_ids, seed=seed
     )
     batcher = TurnBatcher(
         engine, max_batch=cfg.rollout.engine.max_batch, max_wait_s=cfg.rollout.engine.batch_wait_ms / 1000
@@ -55,7 +57,7 @@ async def run_episodes(
     s = cfg.rollout.sampling
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,
-        max_context=cfg.model.max_context,
+        max_context=context_limit(cfg.model, policy),
         sampling=sampling
         or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
         worker_id="eval",
@@ -67,7 +69,7 @@ async def run_episodes(
             env = make_env(env_cfg, seed + i)
             try:
                 prefix = prefixes[i] if prefixes is not None else None
-                return await run_episode(task, env, batcher, template, settings, prefix=prefix)
+                return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)
             finally:
                 close = getattr(env, "close", None)
                 if close is not None:
@@ -82,6 +84,20 @@ async def run_episodes(
 def _distinct(seqs: list[list[int]], n: int) -> float:
     grams = [tuple(s[i : i + n]) for s in seqs for i in range(len(s) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def retokenization_stats(trajs: list[Trajectory]) -> dict[str, Any]:
+    """Token-exactness of checked trajectories: ``token_exact_rate`` (trained ids = the template's
+    rendering of the sampled chat) and ``retokenization_exact_rate`` (re-tokenising the rendered
+    text would have given the same ids)."""
+    exact = [t.render_diff for t in trajs if t.render_diff is not None]
+    retok = [t.retokenization_diff for t in trajs if t.retokenization_diff is not None]
+    return {
+        "token_exact_checked": len(exact),
+        "token_exact_rate": (sum(d == 0 for d in exact) / len(exact)) if exact else None,
+        "retokenization_exact_rate": (sum(d == 0 for d in retok) / len(retok)) if retok else None,
+        "retokenization_diff_tokens": sum(retok),
+    }
 
 
 def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
@@ -104,6 +120,7 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
         }
 
     report = stats(trajs)
+    report.update(retokenization_stats(trajs))
     by_type: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_type[t.task.task_type].append(t)
@@ -130,10 +147,17 @@ def evaluate_policy(
     return summarise(trajs)
 
 
-def evaluate_checkpoint(cfg: RunConfig, path: str, *, limit: int | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(cfg: RunConfig, path: str | None, *, limit: int | None = None) -> dict[str, Any]:
+    """Evaluate the policy directory ``path`` (default: ``model.path``, the pretrained model itself)."""
+    from asyncrl.errors import UserError
     from asyncrl.policy import Policy
 
-    policy = Policy.load(path).to(cfg.model.device)
+    path = path or cfg.model.path
+    if path is None:
+        raise UserError(
+            "asyncrl eval: give --checkpoint DIR (a policy written by sft or train), or set model.path"
+        )
+    policy = Policy.load(path, cfg=cfg.model).to(cfg.model.device)
     report = evaluate_policy(cfg, policy, limit=limit, seed=cfg.seed)
     report["checkpoint"] = str(path)
     return report

@@ -23,16 +23,11 @@ ROLE = "evaluator"
 
 
 def evaluated_versions(run_dir: Path) -> list[int]:
-    path = run_dir / "evals.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(int(json.loads(line)["version"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return out
+    from asyncrl.telemetry.jsonl import read_jsonl
+
+    return [
+        int(r["version"]) for r in read_jsonl(run_dir / "evals.jsonl") if isinstance(r.get("version"), int)
+    ]
 
 
 class Evaluator:
@@ -45,7 +40,7 @@ class Evaluator:
         self.cfg, self.run_dir = cfg, run_dir
         self.state = make_state_store(cfg, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
-        self.policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
+        self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
         self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
 

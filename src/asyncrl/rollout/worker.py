@@ -116,8 +116,9 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, index: int, started: float | None = None) -> None:
         from asyncrl.envs import make_task_source
         from asyncrl.policy import Policy
+        from asyncrl.policy.chat import make_renderer
+        from asyncrl.policy.model import context_limit
         from asyncrl.rollout.engine import make_engine
-        from asyncrl.rollout.episode import ChatTemplate
         from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
@@ -127,10 +128,11 @@ class RolloutWorker:
         self.state = make_state_store(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
-        self.policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
-        self.template = ChatTemplate(self.policy.tokenizer)
+        self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+        self.renderer = make_renderer(cfg.model, self.policy)
+        self.max_context = context_limit(cfg.model, self.policy)
         self.engine = make_engine(
-            cfg.rollout.engine, self.policy, self.template.stop_ids, seed=self.rng.randrange(2**31)
+            cfg.rollout.engine, self.policy, self.renderer.stop_token_ids, seed=self.rng.randrange(2**31)
         )
         self.engine.version = -1
         self.tasks = make_task_source(cfg.env)
@@ -161,6 +163,10 @@ class RolloutWorker:
             "truncated_tokens": 0,
             "early_stopped": 0,
             "heldout_episodes": 0,
+            "token_exact_checked": 0,
+            "token_inexact": 0,
+            "retokenization_inexact": 0,
+            "retokenization_diff_tokens": 0,
         }
         self._refresh(force=True)
 
@@ -220,7 +226,7 @@ class RolloutWorker:
             env = make_env(self.cfg.env, self.rng.randrange(2**31))
             settings = EpisodeSettings(
                 max_turns,
-                self.cfg.model.max_context,
+                self.max_context,
                 jittered(base, self.control.temperature_jitter(), self.rng),
                 self.name,
                 early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
@@ -228,7 +234,7 @@ class RolloutWorker:
             )
             traj: Trajectory | None = None
             try:
-                traj = await run_episode(task, env, batcher, self.template, settings, group_id=group_id)
+                traj = await run_episode(task, env, batcher, self.renderer, settings, group_id=group_id)
                 return traj
             finally:
                 self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
@@ -260,6 +266,11 @@ class RolloutWorker:
             if traj.outcome in ("truncated", "timeout", "early_stopped"):
                 self.counts["truncated_tokens"] += traj.num_model_tokens()
             self.counts["early_stopped"] += traj.outcome == "early_stopped"
+            if traj.render_diff is not None:  # token-exactness, and how far re-tokenising would drift
+                self.counts["token_exact_checked"] += 1
+                self.counts["token_inexact"] += traj.render_diff > 0
+                self.counts["retokenization_inexact"] += bool(traj.retokenization_diff)
+                self.counts["retokenization_diff_tokens"] += traj.retokenization_diff or 0
         self.counts["put_seconds"] += time.perf_counter() - t0
         self.counts["groups"] += 1
 
@@ -341,6 +352,8 @@ class RolloutWorker:
         self._report(batcher)
 
     def _report(self, batcher: Any) -> None:
+        from asyncrl.envs.wrappers import GUARD_STATS
+
         self.metrics.write(
             {
                 **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
@@ -360,6 +373,7 @@ class RolloutWorker:
                 "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
                 "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
+                **GUARD_STATS.metrics(),  # faults, retries and timeouts the environment guards absorbed
             }
         )
 

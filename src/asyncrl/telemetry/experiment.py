@@ -21,6 +21,7 @@ from typing import Any
 
 from asyncrl.config import RunConfig
 from asyncrl.errors import UserError
+from asyncrl.telemetry.jsonl import read_jsonl
 
 SOFTWARE = ("torch", "transformers", "tokenizers", "msgspec", "numpy", "pydantic", "redis")
 
@@ -133,7 +134,7 @@ def _load(path: Path) -> dict[str, Any]:
 def run_info(run_dir: Path) -> dict[str, Any]:
     """What ``runs list`` / ``runs compare`` show of one run directory."""
     rec, summary = _load(run_dir / "run.json"), _load(run_dir / "summary.json")
-    evals = [json.loads(line) for line in _lines(run_dir / "evals.jsonl")]
+    evals = read_jsonl(run_dir / "evals.jsonl")
     status = rec.get("status") or ("finished" if summary else "incomplete")
     return {
         "run": run_dir.name,
@@ -146,10 +147,6 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         "best_periodic_eval": max((float(e["success_rate"]) for e in evals), default=None),
         "periodic_evals": len(evals),
     }
-
-
-def _lines(path: Path) -> list[str]:
-    return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
-"""Per-role metric files: each role appends JSON lines to ``run_dir/metrics/{role}.jsonl``.
+"""JSON-lines files: the one reader, and the per-role metric files.
 
-One file per process means no cross-process locking; the orchestrator tails them all, merges
-them into the run's ``metrics.jsonl`` and drives the live display from them.
+Each role appends JSON lines to ``run_dir/metrics/{role}.jsonl``. One file per process means no
+cross-process locking; the orchestrator tails them all, merges them into the run's
+``metrics.jsonl`` and drives the live display from them. Every JSONL file of a run (metrics,
+``evals.jsonl``, ``alerts.jsonl``, traces) is read with :func:`read_jsonl` / :func:`read_jsonl_dir`.
 """
 
 from __future__ import annotations
@@ -10,8 +12,32 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+
+def parse_lines(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
+    """The JSON objects of ``lines``; blank, partial (a writer died mid-line) or non-object lines are skipped."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of one JSONL file, in order (``[]`` if the file does not exist)."""
+    return parse_lines(path.read_text().splitlines()) if path.is_file() else []
+
+
+def read_jsonl_dir(folder: Path) -> list[dict[str, Any]]:
+    """Every JSON object of every ``*.jsonl`` file in ``folder`` (files in name order)."""
+    return [row for path in sorted(folder.glob("*.jsonl")) for row in read_jsonl(path)]
 
 
 class MetricWriter:
@@ -60,10 +86,6 @@ class MetricTail:
             end = data.rfind(b"\n")
             if end < 0:
                 continue
-            for line in data[: end + 1].splitlines():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+            out += parse_lines(data[: end + 1].splitlines())
             self._offsets[path] = pos + end + 1
         return out

@@ -26,6 +26,7 @@ from typing import Any
 
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
+from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
 from asyncrl.telemetry.svg import Band, Chart, HLine, Series
 
 STAGE_LABELS = {
@@ -38,20 +39,6 @@ STAGE_LABELS = {
 
 
 # ---- loading -----------------------------------------------------------------------------------
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if not path.is_file():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict):
-            out.append(r)
-    return out
-
-
 def _json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -69,8 +56,7 @@ class RunData:
         self.dir = run_dir
         self.cfg = load_config(run_dir / "config.yaml")
         rows: list[dict[str, Any]] = []
-        for path in sorted((run_dir / "metrics").glob("*.jsonl")):
-            rows.extend(_jsonl(path))
+        rows.extend(read_jsonl_dir(run_dir / "metrics"))
         rows.sort(key=lambda r: float(r.get("time") or 0.0))
         self.events = [r for r in rows if "event" in r]
         self.rows = [r for r in rows if "event" not in r]
@@ -80,9 +66,9 @@ class RunData:
         self.summary = _json(run_dir / "summary.json")
         self.initial = _json(run_dir / "initial_eval.json")
         self.final = _json(run_dir / "final_eval.json")
-        self.evals = _jsonl(run_dir / "evals.jsonl")
-        self.traces = _jsonl(run_dir / "traces" / "trained.jsonl")
-        self.alerts = _jsonl(run_dir / "alerts.jsonl")
+        self.evals = read_jsonl(run_dir / "evals.jsonl")
+        self.traces = read_jsonl(run_dir / "traces" / "trained.jsonl")
+        self.alerts = read_jsonl(run_dir / "alerts.jsonl")
         self.cost = _json(run_dir / "cost.json")
         starts = [float(r["time"]) - float(r.get("alive_s") or 0.0) for r in self.rows if "time" in r]
         self.t0 = min(starts, default=float(self.record.get("created") or 0.0))
@@ -147,6 +133,13 @@ class Report:
             ("trainer busy", _pct(s.get("trainer_busy_fraction"))),
             ("wall time", f"{_num(s.get('wall_seconds'))} s"),
         ]
+        if s.get("token_exact_rate") is not None:
+            head.append(
+                (
+                    "token-exact / re-tokenisable",
+                    f"{_pct(s.get('token_exact_rate'))} / {_pct(s.get('retokenization_exact_rate'))}",
+                )
+            )
         if s.get("cost_usd") is not None:
             head.append(("cost / wasted", f"${s['cost_usd']:.4f} / {_pct(s.get('cost_waste_share'))}"))
         cards = "".join(
@@ -496,7 +489,37 @@ class Report:
             body += _table(["t (s)", "kind", "bucket", "evidence", "action"], rows)
         elif not (d.dir / "alerts.jsonl").is_file():
             body += '<p class="empty">no alerts.jsonl in this run</p>'
+        body += self._env_faults()
         self.add("alerts", "Alerts", body)
+
+    def _env_faults(self) -> str:
+        """Fault, retry and timeout counts per environment (``summary.json``'s ``env_faults``)."""
+        faults = self.d.summary.get("env_faults") or {}
+        cols = [
+            "environment",
+            "calls",
+            "fault rate",
+            "faults",
+            "retries",
+            "timeouts",
+            "exceptions",
+            "malformed",
+        ]
+        rows = [
+            (
+                env,
+                f["calls"],
+                _pct(f["fault_rate"]),
+                f["faults"],
+                f["retries"],
+                f["timeouts"],
+                f["exceptions"],
+                f["malformed"],
+            )
+            for env, f in faults.items()
+        ]
+        notes = "".join(f"<p class='intro'>{escape(n)}</p>" for n in self.d.summary.get("notes") or [])
+        return ("<h3>Environment faults</h3>" + _table(cols, rows) + notes) if rows else ""
 
     # 9. cost
     def cost(self) -> None:

@@ -3,12 +3,16 @@
 A step: collate (right-padded tensors) → advantages (credit) → proximal log-probs under the
 weights at the start of the step → epochs × minibatches of the unified policy loss with the
 staleness age of every token → approximate-KL early stop → gradient clip → optimiser and LR
-schedule step. A step whose loss or gradients are not finite is undone (the optimiser does not
-step) and reported; the caller never publishes it.
+schedule step. A step whose loss or gradients are not finite anywhere is undone as a whole and
+reported; the caller never publishes it. With one optimiser step per learner step the check comes
+before ``optimizer.step`` and costs nothing; with several (``minibatches × epochs > 1``) earlier
+minibatches may already have stepped, so the weights and the optimiser state are snapshotted at
+the start of the step (one device copy of each) and restored on the first non-finite minibatch.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +67,25 @@ def collate(batch: list[Trajectory], pad_id: int) -> Batch:
     return Batch(ids, attn, mask, behaviour, versions, temperature)
 
 
+@dataclass
+class _Snapshot:
+    """The policy's weights and optimiser state at the start of a step, to undo it."""
+
+    params: list[torch.Tensor]
+    optimizer: dict[str, Any]
+
+    @classmethod
+    def take(cls, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> _Snapshot:
+        params = [p.detach().clone() for p in model.parameters()]
+        return cls(params, copy.deepcopy(optimizer.state_dict()))
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for p, saved in zip(model.parameters(), self.params, strict=True):
+                p.copy_(saved)
+        optimizer.load_state_dict(self.optimizer)
+
+
 class Learner:
     """Owns the policy's optimiser and LR schedule; ``step`` trains on one batch."""
 
@@ -72,7 +95,8 @@ class Learner:
         self.model = policy.model
         self.ref = ref_policy
         tc = cfg.trainer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
         self.model.train()
@@ -107,9 +131,10 @@ class Learner:
                 ref, _ = token_logprobs_and_entropy(
                     self.ref.model, b.ids, b.attn, b.temperature, with_entropy=False
                 )
-        # 3. epochs x minibatches with approximate-KL early stop
+        # 3. epochs x minibatches with approximate-KL early stop; a non-finite minibatch undoes the step
         order = torch.arange(len(trajs))
         n_mb = min(tc.minibatches, len(trajs))
+        snapshot = _Snapshot.take(self.model, self.optimizer) if n_mb * tc.epochs > 1 else None
         skipped = stopped = 0
         for _epoch in range(tc.epochs):
             for mb in torch.chunk(order[torch.randperm(len(order))] if n_mb > 1 else order, n_mb):
@@ -128,14 +153,18 @@ class Learner:
                 loss.backward()  # type: ignore[no-untyped-call]
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
                 if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-                    skipped += 1  # never step on a non-finite loss or gradient
+                    skipped = 1  # never step on a non-finite loss or gradient; undo earlier minibatches
                     self.optimizer.zero_grad(set_to_none=True)
-                    continue
+                    if snapshot is not None:
+                        snapshot.restore(self.model, self.optimizer)
+                    break
                 self.optimizer.step()
                 metrics.update(pm)
                 metrics["train/grad_norm"] = float(grad_norm)
                 if ent is not None:
                     metrics["entropy/mean"] = float(masked_mean(ent.detach(), m))
+            if skipped:
+                break
             if tc.target_kl is not None:
                 with torch.no_grad():
                     now, _ = token_logprobs_and_entropy(

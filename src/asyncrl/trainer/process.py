@@ -56,8 +56,14 @@ class TrainerRole:
         self.ckpt_root = run_dir / "checkpoints"
         ckpt = latest_checkpoint(self.ckpt_root, verify=True) if resume else None
         device = cfg.model.device
-        self.policy = Policy.load(ckpt / "policy" if ckpt else run_dir / "initial_policy").to(device)
-        ref = Policy.load(run_dir / "initial_policy").to(device) if cfg.algo.kl_coef > 0 else None
+        self.policy = Policy.load(ckpt / "policy" if ckpt else run_dir / "initial_policy", cfg=cfg.model).to(
+            device
+        )
+        ref = (
+            Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(device)
+            if cfg.algo.kl_coef > 0
+            else None
+        )
         self.learner = Learner(cfg, self.policy, ref)
         ts = TrainerState(step=0, last_published=0, consumed=0, extra={})
         if ckpt is not None:

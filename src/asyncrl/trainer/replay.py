@@ -10,7 +10,6 @@ machine and torch build a faithful replay reproduces it to rounding.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,10 @@ COMPARED = ("loss/policy", "train/grad_norm", "staleness/mean", "reward/mean")
 
 def recorded_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
     """The trainer's own metric rows by step (the last row written for each step)."""
-    out: dict[int, dict[str, Any]] = {}
-    path = run_dir / "metrics" / "trainer.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "event" not in r and isinstance(r.get("step"), int):
-                out[r["step"]] = r
-    return out
+    from asyncrl.telemetry.jsonl import read_jsonl
+
+    rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
+    return {r["step"]: r for r in rows if "event" not in r and isinstance(r.get("step"), int)}
 
 
 def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> dict[str, Any]:
@@ -53,8 +45,12 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
         )
     cfg = load_config(run_dir / "config.yaml")
     torch.manual_seed(cfg.seed)  # as the trainer did, so minibatch shuffles repeat
-    policy = Policy.load(run_dir / "initial_policy").to(cfg.model.device)
-    ref = Policy.load(run_dir / "initial_policy").to(cfg.model.device) if cfg.algo.kl_coef > 0 else None
+    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+    ref = (
+        Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+        if cfg.algo.kl_coef > 0
+        else None
+    )
     learner = Learner(cfg, policy, ref)
     recorded = recorded_steps(run_dir)
     out_dir = run_dir / "replay"

@@ -7,27 +7,40 @@ operand, skipped tool call, wrong final copy). Each demonstration is *played thr
 environment*, so observations are the environment's real output, tokenised with the same
 template the episode runner uses, and the loss covers only the model's tokens.
 
-The result is cached under ``cache_dir/warmstart-{hash}`` keyed by the model, environment and
-SFT settings, so a second run with the same config reuses it.
+Demonstrations are rendered the way episodes are (:mod:`asyncrl.policy.chat`): for a pretrained
+model in its own chat template, with each demonstrated action written in the model's tool-call
+format. Its defaults follow the model kind (``trainer.sft``; a pretrained model needs tens of
+steps at a small learning rate, or none).
+
+The result is cached under ``cache_dir/warmstart-{hash}`` keyed by the model settings, the
+model's chat template, the tool-call format, the environment's settings and the source code of
+its module, and the resolved SFT settings, so a second run with the same config reuses it and
+an edited environment does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import inspect
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asyncrl.config import RunConfig, config_hash
 from asyncrl.records import Task
 
-TEMPLATE_VERSION = 1
+if TYPE_CHECKING:
+    from asyncrl.policy.chat import Renderer
+
+TEMPLATE_VERSION = 2
 """Bump when the token template changes: it invalidates cached warm starts."""
 
 
@@ -40,34 +53,74 @@ class WarmStartResult:
     report: dict[str, Any]
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def env_code_version(cfg: RunConfig) -> str:
+    """Hash of the source of the environment's module (a plugin or a built-in)."""
+    from asyncrl.envs.registry import env_class
+
+    cls = env_class(cfg.env)
+    try:
+        source = inspect.getsource(sys.modules[cls.__module__])
+    except (OSError, TypeError, KeyError):  # no source available (e.g. a compiled module)
+        source = f"{cls.__module__}.{cls.__qualname__}"
+    return _digest(source.encode())
+
+
+def chat_template_version(cfg: RunConfig) -> str:
+    """Hash of the model directory's tokenizer and chat-template files (nothing for built models)."""
+    if cfg.model.path is None:
+        return "built"
+    p = Path(cfg.model.path)
+    parts = [
+        (p / name).read_bytes()
+        for name in (
+            "chat_template.jinja",
+            "tokenizer_config.json",
+            "tokenizer.json",
+            "generation_config.json",
+        )
+        if (p / name).is_file()
+    ]
+    return _digest(b"\0".join(parts))
+
+
 def warm_start_key(cfg: RunConfig) -> str:
     env = cfg.env.model_copy(deep=True)
     env.latency.kind, env.guard.step_timeout_s = "none", 10.0  # latency does not change demonstrations
     model = cfg.model.model_copy(update={"device": "auto"})  # placement does not change the result's meaning
-    return config_hash(model, env, cfg.trainer.sft) + f"-t{TEMPLATE_VERSION}"
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
+    versions = f"{chat_template_version(cfg)}-{env_code_version(cfg)}"
+    return config_hash(model, env, sft) + f"-{_digest(versions.encode())[:8]}-t{TEMPLATE_VERSION}"
 
 
-async def _play(env: Any, task: Task, texts: list[str], template: Any) -> tuple[list[int], list[int]]:
-    """Play scripted model turns through the environment; return token ids and loss mask."""
-    ids = template.prompt(await env.reset(task))
-    mask = [0] * len(ids)
+async def _play(env: Any, task: Task, texts: list[str], renderer: Renderer) -> tuple[list[int], list[int]]:
+    """Play scripted model turns (canonical actions) through the environment, rendered as the
+    episode runner renders them; return token ids and loss mask."""
+    tools = list(getattr(env, "tools", None) or [])
+    conv = renderer.start(await env.reset(task), tools)
+    mask = [0] * len(conv.ids)
     for text in texts:
-        turn = template.encode_text(text)
-        ids += turn
+        turn = renderer.demo_turn(text, tools)
+        renderer.add_model_turn(conv, turn)
         mask += [1] * len(turn)
         result = await env.step(text)
         if result.done:
             break
-        obs = template.observation(result.observation)
-        ids += obs
+        obs = renderer.observation(conv, result.observation)
+        renderer.add_observation(conv, result.observation, obs)
         mask += [0] * len(obs)
-    return ids, mask
+    return conv.ids, mask
 
 
-def build_demonstrations(cfg: RunConfig, template: Any) -> list[tuple[list[int], list[int]]]:
+def build_demonstrations(
+    cfg: RunConfig, renderer: Renderer, max_context: int
+) -> list[tuple[list[int], list[int]]]:
     from asyncrl.envs import make_env, make_task_source
 
-    sft = cfg.trainer.sft
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
     source = make_task_source(cfg.env)
     env_cfg = cfg.env.model_copy(deep=True)
@@ -86,8 +139,8 @@ def build_demonstrations(cfg: RunConfig, template: Any) -> list[tuple[list[int],
         for _ in range(sft.num_demos):
             task = source.sample(rng)
             texts = demonstrate(task, rng, sft.corruption_rate)
-            ids, mask = await _play(env, task, texts, template)
-            if len(ids) <= cfg.model.max_context:
+            ids, mask = await _play(env, task, texts, renderer)
+            if len(ids) <= max_context:
                 out.append((ids, mask))
         return out
 
@@ -116,14 +169,15 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
 
 
 def train_sft(
-    cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool = False
+    cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool | float = False
 ) -> list[float]:
-    sft = cfg.trainer.sft
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed + 1)
     torch.manual_seed(sft.seed)
     model = policy.model
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+    opt = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=0.0)
     warmup = max(1, sft.steps // 20)
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -143,7 +197,7 @@ def train_sft(
             loss = sft_loss(model, batch, policy.tokenizer.pad_token_id)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             losses.append(float(loss.detach()))
             if bar is not None and task_id is not None:
@@ -160,7 +214,33 @@ class _NoProgress:
         return None
 
 
-def _progress(enabled: bool, total: int) -> Any:
+class _PlainProgress:
+    """``--no-display``: one plain line every ``every_s`` seconds (and at the end), for logs and CI."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.last, self.done, self.total = every_s, time.monotonic(), 0, 0
+
+    def __enter__(self) -> _PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        print(f"warm start (SFT): step {self.done}/{self.total} done", flush=True)
+
+    def add_task(self, description: str, total: int) -> int:
+        self.total = total
+        return 0
+
+    def update(self, task_id: int, advance: int, description: str) -> None:
+        self.done += advance
+        if time.monotonic() - self.last >= self.every_s:
+            self.last = time.monotonic()
+            print(f"{description}: step {self.done}/{self.total}", flush=True)
+
+
+def _progress(enabled: bool | float, total: int) -> Any:
+    """``True``: a rich progress bar; a number: plain lines every that many seconds; ``False``: none."""
+    if enabled is not True and enabled:
+        return _PlainProgress(float(enabled))
     if not enabled:
         return _NoProgress()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -171,11 +251,12 @@ def _progress(enabled: bool, total: int) -> Any:
 
 
 def warm_start(
-    cfg: RunConfig, *, force: bool = False, progress: bool = False, eval_limit: int | None = None
+    cfg: RunConfig, *, force: bool = False, progress: bool | float = False, eval_limit: int | None = None
 ) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
     from asyncrl.policy import Policy
-    from asyncrl.rollout.episode import ChatTemplate
+    from asyncrl.policy.chat import make_renderer
+    from asyncrl.policy.model import context_limit
     from asyncrl.rollout.evaluate import evaluate_policy
 
     out = Path(cfg.cache_dir) / f"warmstart-{warm_start_key(cfg)}"
@@ -185,10 +266,11 @@ def warm_start(
         return WarmStartResult(out, meta["heldout_success"], meta["seconds"], True, meta["eval"])
 
     t0 = time.perf_counter()
-    policy = (Policy.load(cfg.model.path) if cfg.model.path else Policy.build(cfg.model)).to(cfg.model.device)
-    template = ChatTemplate(policy.tokenizer)
-    demos = build_demonstrations(cfg, template)
-    losses = train_sft(cfg, policy, demos, progress=progress)
+    policy = Policy.from_config(cfg.model).to(cfg.model.device)
+    renderer = make_renderer(cfg.model, policy)
+    steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
+    demos = build_demonstrations(cfg, renderer, context_limit(cfg.model, policy)) if steps else []
+    losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
     train_seconds = time.perf_counter() - t0
     report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     seconds = time.perf_counter() - t0

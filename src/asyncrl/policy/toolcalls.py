@@ -1,0 +1,253 @@
+"""Tool-call formats: how a model writes a tool call, and how asyncrl reads it back.
+
+Environments speak one canonical protocol (``<tool>NAME(ARGS)</tool>`` / ``<answer>TEXT</answer>``,
+parsed by :func:`asyncrl.envs.parse_action`), so environment code never changes with the model.
+A *tool-call format* sits between the model's native writing and that protocol:
+
+* :meth:`ToolCallFormat.to_action` turns a model turn written natively into the canonical action
+  text the environment receives;
+* :meth:`ToolCallFormat.from_action` turns a canonical action (a reference-solver demonstration)
+  into the model's native writing, for the warm start;
+* :meth:`ToolCallFormat.instructions` is the part of the generated system prompt that teaches
+  the format, for chat templates that cannot list tools themselves.
+
+Formats (``model.tool_format``):
+
+``text``
+    asyncrl's own protocol, for the char/byte models: passed through unchanged.
+``hermes`` (alias ``qwen25``)
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` — Hermes, ChatML-style and
+    Qwen2.5 models.
+``llama3_json``
+    a bare JSON object ``{"name": ..., "parameters": {...}}`` (optionally after
+    ``<|python_tag|>``) — Llama 3.1+ JSON tool calling.
+
+A turn with no tool call is the final answer: ``<answer>TEXT</answer>`` inside it is kept as it
+is, otherwise the whole turn text becomes the answer. Only the first tool call of a turn is run
+(the environment takes one action per turn). A call whose JSON does not parse is handed to the
+environment as the raw text, which it reports as malformed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from asyncrl.envs.base import ANSWER_CLOSE, ANSWER_OPEN, AnswerAction, ToolCallAction, parse_action
+
+if TYPE_CHECKING:
+    from asyncrl.envs.base import Tool
+
+TOOL_FORMATS = ("hermes", "qwen25", "llama3_json", "text")
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI-style function schema of an environment tool (what chat templates take as ``tools=``)."""
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters()},
+    }
+
+
+def args_text(tool: Tool | None, arguments: Any) -> str:
+    """The raw ARGS text the environment expects, from a call's JSON arguments.
+
+    The tool's single parameter (or a lone value) is passed as its plain text; anything else as
+    compact JSON, so nothing the model wrote is lost.
+    """
+    if isinstance(arguments, str):
+        return arguments
+    if isinstance(arguments, dict):
+        names = list(tool.parameters().get("properties", {})) if tool is not None else []
+        if len(names) == 1 and names[0] in arguments and len(arguments) == 1:
+            value = arguments[names[0]]
+            return value if isinstance(value, str) else json.dumps(value)
+        if len(arguments) == 1:
+            value = next(iter(arguments.values()))
+            return value if isinstance(value, str) else json.dumps(value)
+    return json.dumps(arguments, separators=(",", ":"))
+
+
+def call_arguments(tool: Tool | None, args: str) -> dict[str, Any]:
+    """The JSON arguments of a canonical call ``NAME(ARGS)``: the tool's single parameter holds ARGS."""
+    if tool is not None:
+        names = list(tool.parameters().get("properties", {}))
+        if len(names) == 1:
+            return {names[0]: args}
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError:
+        parsed = None
+    return parsed if isinstance(parsed, dict) else {"input": args}
+
+
+class ToolCallFormat(ABC):
+    """One native tool-call writing; see the module docstring."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def find_call(self, text: str) -> tuple[str, Any] | str | None:
+        """The first call in ``text`` as ``(name, arguments)``; ``None`` when there is none;
+        a string (the reason) when a call was started but cannot be read."""
+
+    @abstractmethod
+    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Native text of one call."""
+
+    @abstractmethod
+    def instructions(self) -> str:
+        """How to call a tool, for a generated system prompt."""
+
+    def to_action(self, text: str, tools: list[Tool]) -> str:
+        """The canonical action text the environment receives for this model turn."""
+        found = self.find_call(text)
+        if isinstance(found, str):
+            return text  # unreadable call: the environment reports it as malformed
+        if found is not None:
+            name, arguments = found
+            tool = next((t for t in tools if t.name == name), None)
+            return f"<tool>{name}({args_text(tool, arguments)})</tool>"
+        body = text.strip()
+        if ANSWER_OPEN in body and ANSWER_CLOSE in body:
+            return body[: body.rindex(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
+        return f"{ANSWER_OPEN}{body}{ANSWER_CLOSE}"
+
+    def from_action(self, action_text: str, tools: list[Tool]) -> str:
+        """Native text of a canonical action (demonstrations for the warm start)."""
+        action = parse_action(action_text)
+        if isinstance(action, ToolCallAction):
+            tool = next((t for t in tools if t.name == action.name), None)
+            return self.write_call(action.name, call_arguments(tool, action.args))
+        if isinstance(action, AnswerAction):
+            return f"{ANSWER_OPEN}{action.answer}{ANSWER_CLOSE}"
+        return action_text
+
+
+class TextFormat(ToolCallFormat):
+    """asyncrl's own text protocol (char/byte models): the environment parses the turn itself."""
+
+    name = "text"
+
+    def find_call(self, text: str) -> tuple[str, Any] | str | None:
+        action = parse_action(text)
+        return (action.name, action.args) if isinstance(action, ToolCallAction) else None
+
+    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"<tool>{name}({args_text(None, arguments)})</tool>"
+
+    def instructions(self) -> str:
+        return "Call a tool with <tool>NAME(ARGS)</tool>."
+
+    def to_action(self, text: str, tools: list[Tool]) -> str:
+        return text
+
+    def from_action(self, action_text: str, tools: list[Tool]) -> str:
+        return action_text
+
+
+_JSON_DECODER = json.JSONDecoder()
+
+
+def _json_object_at(text: str, start: int) -> tuple[dict[str, Any], int] | None:
+    try:
+        obj, end = _JSON_DECODER.raw_decode(text, start)
+    except json.JSONDecodeError:
+        return None
+    return (obj, end) if isinstance(obj, dict) else None
+
+
+def _call_of(obj: dict[str, Any], *arg_keys: str) -> tuple[str, Any] | str:
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return 'a tool call needs a "name"'
+    for key in arg_keys:
+        if key in obj:
+            return name, obj[key]
+    return name, {}
+
+
+class HermesFormat(ToolCallFormat):
+    """``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`` (Hermes, ChatML, Qwen2.5)."""
+
+    name = "hermes"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def find_call(self, text: str) -> tuple[str, Any] | str | None:
+        at = text.find(self.OPEN)
+        if at < 0:
+            return None
+        start = at + len(self.OPEN)
+        while start < len(text) and text[start].isspace():
+            start += 1
+        found = _json_object_at(text, start)
+        if found is None:
+            return f"the JSON after {self.OPEN} does not parse"
+        return _call_of(found[0], "arguments", "parameters")
+
+    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{self.CLOSE}"
+
+    def instructions(self) -> str:
+        return (
+            "To call a tool, reply with exactly:\n"
+            f'{self.OPEN}\n{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}\n{self.CLOSE}'
+        )
+
+
+class Qwen25Format(HermesFormat):
+    """Qwen2.5 writes Hermes-style calls."""
+
+    name = "qwen25"
+
+
+class Llama3JsonFormat(ToolCallFormat):
+    """A bare JSON object ``{"name": NAME, "parameters": {...}}`` (Llama 3.1+ JSON tool calling)."""
+
+    name = "llama3_json"
+    PYTHON_TAG = "<|python_tag|>"
+    _START = re.compile(r"\{\s*\"name\"")
+
+    def find_call(self, text: str) -> tuple[str, Any] | str | None:
+        body = text.replace(self.PYTHON_TAG, "")
+        m = self._START.search(body)
+        if m is None:
+            return None
+        found = _json_object_at(body, m.start())
+        if found is None:
+            return "the tool-call JSON does not parse"
+        return _call_of(found[0], "parameters", "arguments")
+
+    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps({"name": name, "parameters": arguments})
+
+    def instructions(self) -> str:
+        return (
+            "To call a tool, reply with only a JSON object of the form "
+            '{"name": "<tool name>", "parameters": {<arguments as JSON>}}'
+        )
+
+
+FORMATS: dict[str, type[ToolCallFormat]] = {
+    "text": TextFormat,
+    "hermes": HermesFormat,
+    "qwen25": Qwen25Format,
+    "llama3_json": Llama3JsonFormat,
+}
+
+
+def detect_format(chat_template: str | None) -> str:
+    """``auto`` for an HF chat template: Llama-3 style templates call tools with JSON, the rest Hermes."""
+    source = chat_template or ""
+    if "<|python_tag|>" in source or "ipython" in source or "<|start_header_id|>" in source:
+        return "llama3_json"
+    return "hermes"
+
+
+def make_format(name: str) -> ToolCallFormat:
+    """The format ``model.tool_format`` names (``auto`` must be resolved first, see :func:`detect_format`)."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown tool_format {name!r}; allowed: {', '.join(FORMATS)}")
+    return FORMATS[name]()
