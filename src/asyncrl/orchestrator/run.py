@@ -147,6 +147,7 @@ class Orchestrator:
             from asyncrl.rollout.evaluator import evaluator_main
 
             self.launcher.start(name, evaluator_main, cfg_json, str(self.run_dir))
+            self._write_pids()  # an orphaned evaluator is reaped by a resumed orchestrator like any role
             return
         if name == TRAINER:
             self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
@@ -155,6 +156,9 @@ class Orchestrator:
         pid = self.launcher.pid(name)
         if pid is not None:
             self.lifetimes[(name, pid)] = [time.time(), 0.0]
+        self._write_pids()
+
+    def _write_pids(self) -> None:
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
         (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
         started = {n: [p, _start_ticks(p)] for n, p in pids.items() if p is not None}
