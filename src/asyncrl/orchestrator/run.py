@@ -160,9 +160,12 @@ class Orchestrator:
 
     def _write_pids(self) -> None:
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
-        (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
         started = {n: [p, _start_ticks(p)] for n, p in pids.items() if p is not None}
-        (self.run_dir / "roles.json").write_text(json.dumps(started))  # identifies them after a crash
+        # replaced whole (temp file + rename): a reader never sees a half-written file
+        for name, doc in (("pids.json", pids), ("roles.json", started)):  # operators, fault tests; orphans
+            tmp = self.run_dir / f".{name}.tmp"
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.run_dir / name)
 
     def _ended(self, name: str) -> None:
         pid = self.launcher.pid(name)
