@@ -159,9 +159,10 @@ def published_in_order(weights_root: Path) -> list[int]:
 
 
 def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) -> dict[str, Any]:
-    assert s["trainer_steps"] == STEPS, s
+    steps = job.cfg.trainer.total_steps
+    assert s["trainer_steps"] == steps, s
     fates = job.state.ledger_counts()
-    assert fates.get("trained", 0) == s["samples_trained"] == STEPS * BATCH, (fates, s)
+    assert fates.get("trained", 0) == s["samples_trained"] == steps * BATCH, (fates, s)
     assert s["duplicates_recorded"] == 0, s  # no second fate for any trajectory id
     assert s["lost_trajectories"] == 0, s
     order = published_in_order(Path(job.cfg.weights.path or "") / job.run_dir.name)
@@ -354,5 +355,118 @@ def test_kill_ray_actor(tmp_path: Path, cache_dir: Path) -> None:
         s = job.finish()
         assert s["restarts"].get("rollout-0", 0) >= 1
         check_promises(job, s, "kill -9 a Ray actor (rollout worker)", recover)
+    finally:
+        server.stop()
+
+
+# ---- the crash-point sweep (issue 20) -----------------------------------------------------------------
+# kill -9 each role at points spread over the checkpoint interval, then let the run (or `train --resume`)
+# finish. With checkpoint_every = CKPT the points are trainer versions just after a checkpoint, in the
+# middle, just before the next one, and mid-publish (while a snapshot's temp directory exists).
+CKPT = 4
+SWEEP = [f"trainer.checkpoint_every={CKPT}", "telemetry.eval_every=2", "trainer.total_steps=11"]
+POINTS = {"after_checkpoint": CKPT + 1, "mid_interval": CKPT + 2, "before_checkpoint": 2 * CKPT - 1}
+
+
+def wait_point(job: Job, point: str) -> tuple[float, int, int]:
+    """Block until the run reaches ``point``; returns (fault time, versions published, accepted)."""
+    if point == "mid_publish":
+        root = Path(job.cfg.weights.path or "") / job.run_dir.name
+        wait_for(lambda: job.state.get("version") >= CKPT + 1, 600, f"version {CKPT + 1}")
+        end = time.time() + 120
+        while not any(root.glob(".tmp-v*")):  # a snapshot being written: its temp directory exists
+            assert time.time() < end and not job.state.flag("trainer_done"), "no publish in progress was seen"
+            time.sleep(0.001)
+    else:
+        wait_for(lambda: job.state.get("version") >= POINTS[point], 600, point)
+    return time.time(), job.state.get("versions_published"), job.put_total() or 0
+
+
+def sweep_row(job: Job, s: dict[str, Any], fault: str, recover_s: float, wall_s: float) -> None:
+    row = check_promises(job, s, fault, recover_s)
+    assert wall_s < 600, f"{fault}: took {wall_s:.0f} s"  # bounded: no hang
+    print(
+        f"SWEEP {fault}: finished, lost {row['lost']}, twice {row['trained_twice']}, recover {recover_s:.1f} s"
+    )
+
+
+@pytest.mark.parametrize("point", [*POINTS, "mid_publish"])
+@pytest.mark.parametrize("role", ["trainer", "rollout-0", "evaluator"])
+def test_crash_point_sweep(tmp_path: Path, cache_dir: Path, role: str, point: str) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        t0 = time.time()
+        job = Job(tmp_path, cache_dir, server, *SWEEP)
+        fault_at, pub, put = wait_point(job, point)
+        victim = job.pids()[role]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: job.pids().get(role) not in (None, victim) or job.state.flag("trainer_done"),
+            300,
+            "restart",
+        )
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        sweep_row(job, s, f"kill -9 {role} at {point}", recover, time.time() - t0)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("point", [*POINTS, "mid_publish"])
+def test_crash_point_sweep_orchestrator(tmp_path: Path, cache_dir: Path, point: str) -> None:
+    server = RedisServer(tmp_path / "redis")
+    job: ProcJob | None = None
+    try:
+        t0 = time.time()
+        job = ProcJob(tmp_path, cache_dir, server, *SWEEP)
+        wait_for(lambda: job.state.get_doc("orchestrator") is not None, 600, "an orchestrator snapshot")
+        fault_at, _, _ = wait_point(job, point)
+        job.procs[0].send_signal(signal.SIGKILL)
+        job.procs[0].wait(30)
+        job.resume()
+        recover = job.recovery_seconds(fault_at, job.state.get("versions_published"), job.put_total() or 0)
+        s = job.finish()
+        sweep_row(job, s, f"kill -9 orchestrator at {point}, then --resume", recover, time.time() - t0)
+    finally:
+        if job is not None:
+            job.cleanup()
+        server.stop()
+
+
+def corrupt_versions(root: Path, first: int, k: int, stop: threading.Event) -> list[int]:
+    """Overwrite the weights of versions first .. first+k-1 (republished ones included) as they appear."""
+    done: list[int] = []
+    while not stop.is_set() and len(done) < k:
+        for d in sorted(root.glob("v*")):
+            v = int(d.name[1:])
+            if v >= first and v not in done and len(done) < k and (d / "model.safetensors").exists():
+                with contextlib.suppress(OSError):
+                    (d / "model.safetensors").write_bytes(b"corrupt")
+                    done.append(v)
+        time.sleep(0.001)
+    return done
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])  # max_staleness = 2: up to max_staleness + 2 in a row
+def test_consecutive_corrupt_versions(tmp_path: Path, cache_dir: Path, k: int) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        t0 = time.time()
+        job = Job(tmp_path, cache_dir, server, *SWEEP)
+        root = Path(job.cfg.weights.path or "") / job.run_dir.name
+        wait_for(lambda: job.state.get("version") >= 3, 600, "version 3")
+        stop = threading.Event()
+        fault_at, pub, put = time.time(), job.state.get("versions_published"), job.put_total() or 0
+        out: list[list[int]] = []
+        th = threading.Thread(
+            target=lambda: out.append(corrupt_versions(root, job.state.get("version") + 1, k, stop))
+        )
+        th.start()
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        stop.set()
+        th.join(5)
+        assert out and len(out[0]) == k, out
+        sweep_row(job, s, f"{k} corrupt weight versions in a row ({out[0]})", recover, time.time() - t0)
     finally:
         server.stop()

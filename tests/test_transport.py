@@ -473,12 +473,15 @@ def test_make_queue_unknown_kind_is_refused(tmp_path: Path) -> None:
         make_queue(cfg, tmp_path)
 
 
-def test_redis_retry_wrapper_backs_off_then_gives_up() -> None:
+def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
     import redis
+    import redis.retry
 
-    from asyncrl.transport.redis_backend import redact_url, with_retries
+    from asyncrl.credentials import with_retries
+    from asyncrl.transport.redis_backend import redact_url
 
     sleeps: list[float] = []
+    monkeypatch.setattr(redis.retry, "sleep", sleeps.append)  # the one policy is redis-py's own Retry
     calls = iter([redis.ConnectionError("down"), redis.TimeoutError("slow"), "ok"])
 
     def flaky() -> str:
@@ -487,7 +490,7 @@ def test_redis_retry_wrapper_backs_off_then_gives_up() -> None:
             raise item
         return item
 
-    assert with_retries(flaky, sleep=sleeps.append) == "ok"
+    assert with_retries(flaky) == "ok"
     assert len(sleeps) == 2 and sleeps[1] > sleeps[0] >= 0.04
     sleeps.clear()
 
@@ -495,10 +498,10 @@ def test_redis_retry_wrapper_backs_off_then_gives_up() -> None:
         raise redis.ConnectionError("down")
 
     with pytest.raises(redis.ConnectionError):
-        with_retries(down, sleep=sleeps.append)
+        with_retries(down)
     assert len(sleeps) == 9 and max(sleeps) <= 0.8 * 1.2 and sum(sleeps) >= 3.0  # rides out a few seconds
     with pytest.raises(redis.ResponseError):  # other errors are not retried
-        with_retries(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")), sleep=sleeps.append)
+        with_retries(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")))
     assert len(sleeps) == 9
     assert redact_url("rediss://:s3cret@host:6380/1") == "rediss://:***@host:6380/1"
     assert redact_url("redis://u:pw@h/0") == "redis://u:***@h/0"

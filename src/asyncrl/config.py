@@ -433,8 +433,8 @@ class TrainerConfig(Section):
     sync_every: int = Field(1, ge=1, le=100000)
     """Publish weights every N steps."""
     checkpoint_every: int = Field(10, ge=1)
-    """Write a resumable checkpoint every N steps (trajectories are acknowledged on the queue only
-    once a checkpoint covers them, so a crash loses nothing)."""
+    """Write a resumable checkpoint every N steps (a trained trajectory is acknowledged on the queue only
+    once a checkpoint covers it, so a crash loses nothing; dropped ones are acknowledged at once)."""
     keep_checkpoints: int = Field(2, ge=1, le=1000)
     """Checkpoints kept on disk (older ones are deleted)."""
     buffer_steps: int = Field(4, ge=1, le=100000)
@@ -529,6 +529,11 @@ class OrchestratorConfig(Section):
     """Largest allowed version lag of the oldest token of a trained sample."""
     stale_policy: Literal["drop", "downweight"] = "drop"
     """What happens to a sample older than ``max_staleness``."""
+    watchdog_s: float = Field(600.0, ge=0, le=86400)
+    """Stall watchdog: when neither a new weight version (a trainer step or publish) nor a newly accepted
+    trajectory has been seen for this many seconds, the orchestrator raises a ``stall`` alert and prints
+    what it last saw (versions, queue depth, leases, fates), again every period while it lasts, instead of
+    hanging silently. 0 turns it off. Set it well above the slowest step plus a trainer restart."""
     high_watermark: float = Field(0.9, gt=0, le=1)
     """Queue fill fraction at which admission of new episodes pauses."""
     low_watermark: float = Field(0.5, ge=0, lt=1)
@@ -887,7 +892,9 @@ class RunConfig(Section):
             raise ValueError(
                 f"transport.capacity ({self.transport.capacity}) must be at least "
                 f"(trainer.checkpoint_every + trainer.buffer_steps + 1) x trainer.batch_size = {held}: the trainer "
-                "holds entries un-acknowledged until a checkpoint covers them"
+                "holds entries un-acknowledged until a checkpoint covers them (trained) or it has a buffer slot "
+                "for them (buffered); with less, a full queue can hold only entries waiting for a checkpoint that "
+                "needs new entries"
             )
         return self
 
@@ -965,10 +972,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; give the path of a YAML file in it")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r}); "
+            "save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -12,18 +12,35 @@ A Redis URL may carry a password (``redis://:secret@host:6379/0``, ``redis://use
   with the variable set; services get it from their unit's environment file.
 * Bad connection settings fail fast, before any work, with one :class:`~asyncrl.errors.UserError`
   naming the config field (:func:`check_redis`).
+
+**One retry policy for every Redis client** (queue, state store, shared weight store, evaluator,
+connection checks): :func:`redis_retry`, redis-py's own :class:`~redis.retry.Retry` with
+:class:`~redis.backoff.EqualJitterBackoff` — ``REDIS_RETRIES`` retries on connection errors and
+timeouts, waits of 0.1–0.2 s doubling to at most 0.8 s, about 5 s in all — so a Redis restart or a
+dropped connection of a few seconds is ridden through instead of crashing a role. Clients are
+opened by :func:`open_redis` / :func:`connect`, pinged under the policy (a role started while Redis
+restarts waits for it; only a failure that outlasts it is a ``UserError``), and retry nothing on
+their own; every operation runs under :func:`with_retries` (one command, a script, a pipeline or a
+transaction alike), so the policy is applied exactly once.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from asyncrl.errors import UserError
 
+T = TypeVar("T")
+
 PASSWORD_ENV = "ASYNCRL_REDIS_PASSWORD"
+REDIS_RETRIES = 9
+"""Retries after the first try of a Redis operation (connection errors and timeouts only)."""
+REDIS_BACKOFF_BASE_S = 0.1
+REDIS_BACKOFF_CAP_S = 0.8
 MASK = "***"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
@@ -77,8 +94,47 @@ def check_url_syntax(url: str, field: str) -> None:
         raise UserError(f"{field} = {mask_url(url)!r} names no host, e.g. redis://127.0.0.1:6379/0")
 
 
+def redis_retry() -> Any:
+    """The retry policy of every Redis operation (see the module docstring)."""
+    import redis
+    from redis.backoff import EqualJitterBackoff
+    from redis.retry import Retry
+
+    return Retry(
+        EqualJitterBackoff(cap=REDIS_BACKOFF_CAP_S, base=REDIS_BACKOFF_BASE_S),
+        REDIS_RETRIES,
+        supported_errors=(redis.ConnectionError, redis.TimeoutError, TimeoutError, ConnectionError),
+    )
+
+
+def with_retries(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (one command, script, pipeline or transaction) under :func:`redis_retry`."""
+    import redis
+
+    result: T = redis_retry().call_with_retry(
+        fn, lambda _error: None, is_retryable=lambda e: not isinstance(e, redis.AuthenticationError)
+    )
+    return result
+
+
+def _no_client_retry() -> Any:
+    """Clients retry nothing themselves: redis-py's default (3 retries, up to 10 s apart) would multiply the
+    one policy, which :func:`with_retries` applies around every operation."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+def open_redis(url: str, field: str, *, socket_timeout_s: float = 30.0) -> Any:
+    """A ``redis.Redis`` client for ``url``, pinged under :func:`redis_retry` (a role started while Redis
+    restarts waits for it); run its operations under :func:`with_retries`. Failures: as :func:`connect`."""
+    return connect(url, field, timeout_s=5.0, socket_timeout=socket_timeout_s, health_check_interval=30)
+
+
 def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> Any:
-    """A ``redis.Redis`` client for ``url``, checked with one PING; any failure is a :class:`UserError`.
+    """A ``redis.Redis`` client for ``url``, checked with a PING under :func:`redis_retry`; any failure that
+    outlasts the retries is a :class:`UserError`.
 
     The message names ``field`` and shows the URL masked; it says whether the server could not be
     reached, refused the credentials, or the settings are malformed.
@@ -87,11 +143,10 @@ def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> A
 
     check_url_syntax(url, field)
     shown = mask_url(url)
+    kwargs = {"socket_timeout": timeout_s, "retry": _no_client_retry(), **kwargs}
     try:
-        client = redis.Redis.from_url(
-            resolve_url(url), socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **kwargs
-        )
-        client.ping()
+        client = redis.Redis.from_url(resolve_url(url), socket_connect_timeout=timeout_s, **kwargs)
+        with_retries(client.ping)
     except redis.AuthenticationError as exc:
         if urlsplit(resolve_url(url)).password is None or "NOAUTH" in str(exc):
             raise UserError(

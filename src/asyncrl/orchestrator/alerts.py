@@ -27,6 +27,7 @@ AlertKind = Literal[
     "scale_down",
     "exploration",
     "env_faults",
+    "stall",
 ]
 
 

@@ -20,9 +20,8 @@ Guarantees
 * **Idempotent ledger.** ``record`` is one Lua script (atomic on the server): ``HSETNX`` per id;
   an id already present is counted as a duplicate (added to counter ``duplicates`` and returned),
   exactly like SQLite's ``INSERT OR IGNORE`` + primary key.
-* **Retries.** Every call runs under the transport's reconnect back-off
-  (:func:`asyncrl.transport.redis_backend.with_retries`: ~4.5 s of retries on connection errors
-  and timeouts). A write whose reply was lost may be retried, so writes carry a fresh operation
+* **Retries.** Every call runs under the one Redis retry policy
+  (:func:`asyncrl.credentials.with_retries`: ~5 s of retries on connection errors and timeouts). A write whose reply was lost may be retried, so writes carry a fresh operation
   token: ``add`` / ``try_add_within`` store a receipt under ``P:op:<token>`` in the same
   transaction and a retry that finds it returns the recorded result instead of applying the
   delta again; a ledger row written by the same ``record`` call (same token) is not a duplicate.
@@ -44,9 +43,9 @@ from typing import Any
 
 import redis
 
-from asyncrl.credentials import check_url_syntax, connect, resolve_url
+from asyncrl.credentials import open_redis, with_retries
 from asyncrl.orchestrator.state import StateStore
-from asyncrl.transport.redis_backend import key_prefix, with_retries
+from asyncrl.transport.redis_backend import key_prefix
 
 _OP_TTL_S = 3600
 """Seconds a counter update's receipt is kept (far longer than any retry)."""
@@ -95,16 +94,8 @@ class RedisStateStore(StateStore):
         self._fates = f"{self.prefix}:fates"
         self._ages = f"{self.prefix}:ages"
         self._docs = f"{self.prefix}:docs"
-        check_url_syntax(url, "control.state.redis_url")
-        self._r: redis.Redis = redis.Redis.from_url(
-            resolve_url(url), socket_timeout=30.0, socket_connect_timeout=5.0, health_check_interval=30
-        )
-        try:  # a role (re)started during a Redis restart rides through it, like the queue does
-            with_retries(self._r.ping)
-        except (redis.RedisError, OSError):
-            self._r.close()
-            connect(url, "control.state.redis_url").close()  # the UserError naming the field and the cause
-            raise
+        # a role (re)started during a Redis restart rides through it, like every Redis client
+        self._r: redis.Redis = open_redis(url, "control.state.redis_url")
         self._record_script = self._r.register_script(_RECORD_LUA)
         self._add_script = self._r.register_script(_ADD_LUA)
 

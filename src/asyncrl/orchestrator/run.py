@@ -9,6 +9,8 @@ Per tick (every half second) it
    and hacking, exploration) and publishes their directives to the workers through the state store,
 5. adapts the effective ``max_staleness`` (:mod:`asyncrl.orchestrator.runaway`),
 6. scales the rollout workers (:mod:`asyncrl.orchestrator.elastic`, when enabled),
+   and watches for a stall (no new weight version and no new trajectory for
+   ``orchestrator.watchdog_s``): a ``stall`` alert and a message saying what it last saw,
 7. snapshots its own state into the store (restored by ``--resume``, see docs/orchestrator.md)
    and refreshes the live display (alerts included; they are also in ``alerts.jsonl``).
 
@@ -20,9 +22,11 @@ The run directory (``runs/{name}-{timestamp}/``) holds ``config.yaml`` (resolved
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ from typing import Any
 
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.errors import UserError
+from asyncrl.orchestrator.alerts import Alert
 from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.rules import Rules
@@ -39,6 +44,8 @@ from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import make_state_store
 from asyncrl.telemetry.jsonl import MetricTail
 from asyncrl.telemetry.orchestrator import OrchestratorTelemetry
+
+log = logging.getLogger("asyncrl.orchestrator")
 
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
@@ -126,6 +133,9 @@ class Orchestrator:
         self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self.telemetry = OrchestratorTelemetry(cfg, run_dir)
+        self._queue: Any = None  # opened on first use by the watchdog
+        self._progress: tuple[int, int] | None = None
+        self._progress_at = self._stall_alerted = time.time()
 
     # -- roles ---------------------------------------------------------------------------------------
     def _start(self, name: str, resume_trainer: bool = True) -> None:
@@ -137,6 +147,7 @@ class Orchestrator:
             from asyncrl.rollout.evaluator import evaluator_main
 
             self.launcher.start(name, evaluator_main, cfg_json, str(self.run_dir))
+            self._write_pids()  # an orphaned evaluator is reaped by a resumed orchestrator like any role
             return
         if name == TRAINER:
             self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
@@ -145,10 +156,16 @@ class Orchestrator:
         pid = self.launcher.pid(name)
         if pid is not None:
             self.lifetimes[(name, pid)] = [time.time(), 0.0]
+        self._write_pids()
+
+    def _write_pids(self) -> None:
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
-        (self.run_dir / "pids.json").write_text(json.dumps(pids))  # for operators (and fault tests)
         started = {n: [p, _start_ticks(p)] for n, p in pids.items() if p is not None}
-        (self.run_dir / "roles.json").write_text(json.dumps(started))  # identifies them after a crash
+        # replaced whole (temp file + rename): a reader never sees a half-written file
+        for name, doc in (("pids.json", pids), ("roles.json", started)):  # operators, fault tests; orphans
+            tmp = self.run_dir / f".{name}.tmp"
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.run_dir / name)
 
     def _ended(self, name: str) -> None:
         pid = self.launcher.pid(name)
@@ -189,7 +206,7 @@ class Orchestrator:
 
     # -- flow control --------------------------------------------------------------------------------
     def _watermarks(self) -> None:
-        # ready entries only: leased ones are already the trainer's (acknowledged at its next checkpoint)
+        # ready entries only: leased ones are already the trainer's (acknowledged once their fate is durable)
         oc, depth = self.cfg.orchestrator, float(self.live.trainer.get("queue/ready") or 0.0)
         fill = depth / self.cfg.transport.capacity
         if fill >= oc.high_watermark and not self.state.flag("paused"):
@@ -208,6 +225,43 @@ class Orchestrator:
         self.rules.alerts.extend(alerts)
         self.state.set_value("max_staleness", current)
         self.state.set_value("sync_every", sync)
+
+    def _watchdog(self) -> None:
+        """No wait without a way out: alert when neither a version nor a trajectory moved for ``watchdog_s``."""
+        limit, now = self.cfg.orchestrator.watchdog_s, time.time()
+        if not limit:
+            return
+        if self._queue is None:
+            from asyncrl.transport import make_queue
+
+            self._queue = make_queue(self.cfg.transport, self.run_dir)
+        qs = self._queue.stats()
+        mark = (self.state.get("version"), int(qs["queue/put_total"]))
+        if mark != self._progress:
+            self._progress, self._progress_at = mark, now
+            return
+        if now - self._progress_at < limit or now - self._stall_alerted < limit:
+            return
+        self._stall_alerted = now
+        stalled = now - self._progress_at
+        evidence = {
+            "seconds": round(stalled, 1),
+            "version": mark[0],
+            "accepted": mark[1],
+            "queue_depth": int(qs["queue/depth"]),
+            "queue_ready": int(qs["queue/ready"]),
+            "queue_capacity": int(qs["queue/capacity"]),
+            "fates": self.state.ledger_counts(),
+            "paused": self.state.flag("paused"),
+        }
+        self.rules.alerts.emit(Alert("stall", "", evidence, "alerted (orchestrator.watchdog_s)"))
+        message = (
+            f"asyncrl: the run has not moved for {stalled:.0f} s (no new weight version since v{mark[0]}, no new "
+            f"trajectory since {mark[1]} accepted; queue {evidence['queue_depth']}/{evidence['queue_capacity']}, "
+            f"{evidence['queue_ready']} ready). See {self.run_dir / 'alerts.jsonl'} and the roles' logs."
+        )
+        log.warning(message)
+        print(message, file=sys.stderr, flush=True)
 
     # -- rules, capacity, snapshots ------------------------------------------------------------------
     def _apply_rules(self, rows: list[dict[str, Any]]) -> None:
@@ -342,6 +396,7 @@ class Orchestrator:
                     if self.cfg.orchestrator.mode == "async":
                         self._adapt_staleness()
                     self._scale()
+                    self._watchdog()
                     self._snapshot()
                     if view:
                         view.refresh()
@@ -349,6 +404,8 @@ class Orchestrator:
                         self._plain_progress()
         finally:
             self._snapshot(force=True)
+            if self._queue is not None:
+                self._queue.close()
             self.shutdown()
             self.rl_seconds = time.time() - self.started
         rows = self.tail.poll()  # the roles' last rows, written as they stopped
@@ -641,7 +698,12 @@ def _summary(
         "samples_left_in_queue": leftover,
         "samples_accepted": accepted,
         "samples_admitted": state.get("admitted"),
-        "lost_trajectories": accepted - consumed - leftover - int(qs["queue/dead_letters"]),
+        # accepted by put = consumed (ledger) + still queued + dead-lettered; dead letters of bytes written into
+        # the queue from outside were never accepted, so they are not subtracted
+        "lost_trajectories": accepted
+        - consumed
+        - leftover
+        - (int(qs["queue/dead_letters"]) - int(qs["queue/dead_letters_foreign"])),
         "duplicates_recorded": state.get("duplicates"),
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,
@@ -654,6 +716,7 @@ def _summary(
         "trainer_steps": int(last.get("trainer/step") or 0),
         "restarts": orch.restarts,
         "dead_letters": int(qs["queue/dead_letters"]),
+        "dead_letters_foreign": int(qs["queue/dead_letters_foreign"]),
         "run_dir": str(run_dir),
         "cost_usd": cost.get("total_usd"),
         "cost_waste_share": cost.get("waste_total_share"),

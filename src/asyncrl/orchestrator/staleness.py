@@ -26,7 +26,10 @@ Rules
    generated per version: the synchronous schedule. The budget never stalls the trainer: the batch
    it waits for, ``v``, fits under the limit of any worker with ``w ≥ v − max_staleness`` (rule 2
    and ``sync_every ≤ max_staleness + 1`` keep workers there); samples that arrive out of order
-   (stragglers) may still age out under rule 4.
+   (stragglers) may still age out under rule 4. ``w`` is the worker's newest *usable* version: when
+   the newest versions are corrupt the worker keeps an older one and reports the corrupt version; the
+   trainer then publishes its current weights again as a new version, so ``w`` catches up and this
+   rule cannot stop both sides (``max_staleness + 1`` corrupt versions in a row did, before).
 2. **Refresh before starting.** A worker whose weights lag the newest version by more than
    ``max_staleness`` loads the newest weights before it starts another episode. A worker that
    may load weights now (in-flight updates, or no episode running) loads any newer version before

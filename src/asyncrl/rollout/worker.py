@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,21 @@ log = logging.getLogger("asyncrl.rollout")
 class WeightFollower:
     """Keeps an engine on the newest *valid* weight version.
 
-    A corrupt or partial newest snapshot is reported once (log + metric event) and remembered;
-    the engine keeps the newest valid version until a newer good one appears.
+    A corrupt or partial newest snapshot is reported once (log + metric event + ``on_corrupt``, which
+    tells the trainer to publish a good version again) and remembered; the engine keeps the newest
+    valid version until a newer good one appears.
     """
 
-    def __init__(self, store: Any, engine: Any, metrics: MetricWriter | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        store: Any,
+        engine: Any,
+        metrics: MetricWriter | None = None,
+        name: str = "",
+        on_corrupt: Any = None,
+    ) -> None:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
+        self.on_corrupt = on_corrupt
         self.bad_versions: set[int] = set()
         self.loads = self.fallbacks = 0
         self.bytes_loaded = 0
@@ -53,16 +63,27 @@ class WeightFollower:
             return int(self.engine.version)
         return int(latest)
 
+    def _corrupt(self, version: int, why: str) -> None:
+        """Remember ``version`` as unusable and report it once (the trainer then publishes a good one)."""
+        self.bad_versions.add(version)
+        self.fallbacks += 1
+        if why:
+            log.warning("%s: weight version %s is corrupt (%s)", self.name, version, why)
+            if self.metrics is not None:
+                self.metrics.event("weights/fallback", {"bad_version": version, "used": self.engine.version})
+        if self.on_corrupt is not None:
+            self.on_corrupt(version)
+
     def refresh(self, force: bool = False) -> None:
         latest = self.store.latest_version()
         if latest is None or latest in self.bad_versions or (latest <= self.engine.version and not force):
             return
         loaded = self.store.load_latest()
-        if loaded is None:
+        if loaded is None:  # every retained version is corrupt: keep what the engine has, and say so
+            self._corrupt(latest, f"no retained version is valid; keeping version {self.engine.version}")
             return
         if loaded.fell_back_from is not None:
-            self.bad_versions.add(loaded.fell_back_from)
-            self.fallbacks += 1
+            self._corrupt(loaded.fell_back_from, "")
             log.warning(
                 "%s: weight version %s is corrupt (%s); keeping version %s",
                 self.name,
@@ -123,7 +144,7 @@ class RolloutWorker:
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         self.verifier = VERIFIER_CACHE
-        self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name)
+        self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name, self._report_corrupt)
         from asyncrl.orchestrator.directives import WorkerControl
 
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
@@ -157,6 +178,18 @@ class RolloutWorker:
 
     def _newest_valid(self) -> int:
         return self.weights.newest_valid()
+
+    def _report_corrupt(self, version: int) -> None:
+        """Raise ``weights_corrupt`` (the highest corrupt version + 1) to at least ``version + 1``, atomically:
+        the trainer answers by publishing its current weights again as a new version."""
+        value = version + 1
+
+        def unchanged_since(cur: int) -> Callable[[dict[str, int]], int]:
+            return lambda c: value if c.get("weights_corrupt", 0) == cur else -1  # a race: read again
+
+        while (cur := self.state.get("weights_corrupt")) < value:
+            if self.state.try_add_within("weights_corrupt", value - cur, unchanged_since(cur)):
+                return
 
     # -- admission -------------------------------------------------------------------------------
     def _may_start_group(self) -> bool:

@@ -7,7 +7,10 @@
   assembled, against the trainer's version at that moment: a too-old sample is dropped (and
   reported to the caller so it can be recorded and returned to the admission budget) or kept
   for down-weighting, by config. A sample with no model tokens (an environment that failed at
-  reset) is dropped as invalid.
+  reset) is dropped as invalid; one with a non-finite reward or behaviour log-prob is dropped on
+  arrival as ``dropped_non_finite`` — **the sample alone, not its group or batch**: the rest of
+  its group is trained as a group with a member missing (``reward_components["group_dropped"]``,
+  as for a stale member), so one bad sample costs one sample.
 * **Capacity** is expressed in training steps (``capacity_steps × batch_size`` samples); beyond
   it the oldest ready groups are evicted — reported as dropped, never silently lost.
 * **Sampling** of ready groups: ``fifo`` (oldest first), ``freshness`` (newest policy version
@@ -24,6 +27,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections import OrderedDict
@@ -38,7 +42,7 @@ from asyncrl.records import Trajectory
 @dataclass
 class Dropped:
     traj: Trajectory
-    reason: Literal["dropped_stale", "dropped_invalid", "dropped_evicted"]
+    reason: Literal["dropped_stale", "dropped_invalid", "dropped_non_finite", "dropped_evicted"]
     age: int
 
 
@@ -57,6 +61,9 @@ class ReplayBuffer:
     """Behaviour-KL of a group under the current policy (``sampling: behaviour_kl``)."""
     seed: int = 0
     _groups: OrderedDict[str, list[Trajectory]] = field(default_factory=OrderedDict)
+    _rejected: list[Dropped] = field(default_factory=list)
+    _missing: dict[str, int] = field(default_factory=dict)
+    """Group key -> members dropped so far (they still count towards the group being complete)."""
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,20 +74,40 @@ class ReplayBuffer:
 
     def add(self, traj: Trajectory) -> None:
         key = traj.group_id or traj.id
+        if not _finite(traj):  # reported by the next take(); its group mates are marked there
+            self._rejected.append(Dropped(traj, "dropped_non_finite", 0))
+            self._count_missing(key, 1)
+            return
         self._groups.setdefault(key, []).append(traj)
 
+    def _count_missing(self, key: str, n: int) -> None:
+        self._missing[key] = self._missing.get(key, 0) + n
+        if self._missing[key] >= self.group_size and key not in self._groups:
+            del self._missing[key]  # the whole group is gone
+
     def _ready(self) -> list[str]:
-        return [k for k, g in self._groups.items() if len(g) >= self.group_size or not g[0].group_id]
+        return [
+            k
+            for k, g in self._groups.items()
+            if len(g) + self._missing.get(k, 0) >= self.group_size or not g[0].group_id
+        ]
 
     def take(
         self, version: int, max_staleness: int | None = None
     ) -> tuple[list[Trajectory] | None, list[Dropped]]:
         """Assemble one batch at trainer ``version``; returns (batch or None, dropped samples)."""
-        dropped = self._screen(version, max_staleness)
+        dropped, self._rejected = self._rejected, []
+        dropped += self._screen(version, max_staleness)
+        # batch first, then evict: evicting first can throw away the very groups that complete a batch
+        # (with buffer_steps: 1 and a group split across two pulls, forever — found by the model check)
+        batch = self._assemble()
         dropped += self._evict()
+        return batch, dropped
+
+    def _assemble(self) -> list[Trajectory] | None:
         ready = self._ready()
         if sum(len(self._groups[k]) for k in ready) < self.batch_size:
-            return None, dropped
+            return None
         chosen: list[str] = []
         count = 0
         for key in self._order(ready):
@@ -88,8 +115,11 @@ class ReplayBuffer:
                 break
             chosen.append(key)
             count += len(self._groups[key])
-        batch = [t for k in chosen for t in self._groups.pop(k)]
-        return batch, dropped
+        return [t for k in chosen for t in self._pop(k)]
+
+    def _pop(self, key: str) -> list[Trajectory]:
+        self._missing.pop(key, None)
+        return self._groups.pop(key)
 
     # -- helpers -------------------------------------------------------------------------------
     def _screen(self, version: int, max_staleness: int | None) -> list[Dropped]:
@@ -107,21 +137,23 @@ class ReplayBuffer:
                 else:
                     keep.append(t)
             # dropped members still count towards the group being complete
-            missing = len(self._groups[key]) - len(keep)
+            if len(keep) < len(self._groups[key]):
+                self._missing[key] = self._missing.get(key, 0) + len(self._groups[key]) - len(keep)
+            missing = self._missing.get(key, 0)
             if missing and keep:
                 for t in keep:
                     t.reward_components["group_dropped"] = float(missing)
             self._groups[key] = keep
             if not keep:
-                del self._groups[key]
+                self._pop(key)
         return out
 
     def _evict(self) -> list[Dropped]:
         out: list[Dropped] = []
         limit = self.capacity_steps * self.batch_size
         while len(self) > limit and self._groups:
-            _, group = self._groups.popitem(last=False)
-            out += [Dropped(t, "dropped_evicted", 0) for t in group]
+            key = next(iter(self._groups))
+            out += [Dropped(t, "dropped_evicted", 0) for t in self._pop(key)]
         return out
 
     def _order(self, ready: list[str]) -> list[str]:
@@ -182,3 +214,10 @@ class ReplayBuffer:
             cat = self._category(best)
             taken[cat] = taken.get(cat, 0) + len(self._groups[best])
         return out
+
+
+def _finite(traj: Trajectory) -> bool:
+    """Whether the reward and every behaviour log-prob of ``traj`` are finite numbers."""
+    if not math.isfinite(traj.final_reward):
+        return False
+    return all(math.isfinite(x) for turn in traj.turns if turn.logprobs for x in turn.logprobs)

@@ -1,13 +1,15 @@
 """The trainer process: queue → de-duplicate → replay buffer → learner → publish → checkpoint.
 
-Nothing lost, nothing trained twice:
+Nothing lost, nothing trained twice, never stuck: entries are **acknowledged by fate**
+(:mod:`asyncrl.trainer.intake`) — a dropped or skipped sample is recorded in the ledger and
+acknowledged at once, a trained one right after the checkpoint that holds its update; a
+duplicate of a recorded id is acknowledged without training. A crash before a checkpoint leaves
+the trained entries un-acked: they are redelivered and the resumed trainer trains them once.
 
-* Entries taken from the queue are acknowledged only after a checkpoint that covers them is on
-  disk and their fate (trained / dropped) is in the control ledger. A crash before that
-  leaves them un-acked: they are redelivered, and the resumed trainer (restored to the same
-  checkpoint) trains them once.
-* Every delivery is de-duplicated by trajectory id against the ledger (durable) and the ids
-  consumed since the last checkpoint (in memory); duplicates are acknowledged with the rest.
+A worker that finds the newest weight version corrupt reports it (``weights_corrupt``); the
+trainer answers by publishing its current weights again as a new version, so that workers (and
+the staleness budget, which counts their version) are never left behind a run of unusable
+versions.
 
 Versions: the weights after ``step`` optimiser steps are version ``step + offset``; ``offset``
 is 0 on a fresh run and, after a resume, whatever keeps the published sequence strictly
@@ -30,6 +32,7 @@ from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
+from asyncrl.trainer.intake import Intake
 
 log = logging.getLogger("asyncrl.trainer")
 
@@ -87,10 +90,7 @@ class TrainerRole:
             scorer=self._behaviour_kl,
             seed=cfg.seed,
         )
-        self.done_ids = self.state.ledger_ids()  # durable: consumed before the last checkpoint
-        self.pending: dict[str, tuple[str, int, int]] = {}  # traj id -> (fate, step, age) since checkpoint
-        self.entries: dict[str, list[str]] = {}  # traj id -> its un-acked queue entry ids
-        self.acks_ready: list[str] = []  # duplicates of trajectories already recorded in the ledger
+        self.intake = Intake(self.queue, self.state, pull_size=2 * cfg.trainer.batch_size)
         self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", started=started)
         self.tally: dict[str, float] = dict.fromkeys(
             (
@@ -129,26 +129,30 @@ class TrainerRole:
         return self.step + self.offset
 
     # -- phases ------------------------------------------------------------------------------------
-    def _pull(self) -> None:
-        for d in self.queue.get_batch(2 * self.cfg.trainer.batch_size, timeout=0.05, consumer="trainer"):
-            tid = d.trajectory.id
-            if tid in self.done_ids:  # a redelivery of something already recorded: just acknowledge it
-                self.acks_ready.append(d.entry_id)
-                continue
-            seen = tid in self.entries
-            self.entries.setdefault(tid, []).append(d.entry_id)
-            if seen:
-                continue  # at-least-once delivery: a duplicate of a buffered or not-yet-recorded sample
-            d.trajectory.lifecycle.dequeued = time.time()
-            self.buffer.add(d.trajectory)
-
     def _record_drops(self, dropped: list[Dropped]) -> None:
+        """Dropped samples: fate recorded and entries acknowledged now (no checkpoint needs to cover them)."""
         for d in dropped:
-            self.pending[d.traj.id] = (d.reason, self.step, d.age)
             key = "dropped_stale_tokens" if d.reason == "dropped_stale" else "dropped_other_tokens"
             self.tally[key] += d.traj.num_model_tokens()
         if dropped:
+            self.intake.settle((d.traj.id, d.reason, self.step, d.age) for d in dropped)
             self.state.add("dropped", len(dropped))  # returns the slots to the admission budget
+
+    def _answer_corrupt_reports(self) -> None:
+        """A worker found our newest version corrupt: publish the current weights again, as a new
+        version, so that no worker stays behind a run of unusable versions (the staleness budget
+        counts the worker's own version; without this, max_staleness + 1 corrupt versions in a row
+        would stop both sides)."""
+        bad = self.state.get("weights_corrupt") - 1  # stored + 1, so that 0 means none
+        if bad < 0 or bad < self.last_published:
+            return
+        self.offset = self.last_published + 1 - self.step
+        log.warning(
+            "weight version %d was reported corrupt; publishing the current weights as %d", bad, self.version
+        )
+        self._publish()
+        self.state.set_value("version", self.version)
+        self.state.add("versions_republished", 1)
 
     def _publish(self) -> None:
         path = self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
@@ -163,7 +167,7 @@ class TrainerRole:
         ts = TrainerState(
             step=self.step,
             last_published=self.last_published,
-            consumed=len(self.done_ids) + len(self.pending),
+            consumed=len(self.intake.done_ids) + len(self.intake.trained),
             extra={"offset": self.offset},
         )
         save_checkpoint(
@@ -176,14 +180,9 @@ class TrainerRole:
             keep=self.cfg.trainer.keep_checkpoints,
         )
         self.learner.credit.save_value(self.run_dir, self.step, keep=self.cfg.trainer.keep_checkpoints)
-        # fate first, then ack: a crash in between only causes a redelivery that is de-duplicated.
-        # Only samples with a fate are acknowledged; buffered ones stay leased until trained or dropped.
-        self.state.record((tid, fate, step, age) for tid, (fate, step, age) in self.pending.items())
-        acks = [e for tid in self.pending for e in self.entries.pop(tid, [])] + self.acks_ready
-        self.done_ids.update(self.pending)
-        self.pending.clear()
-        self.queue.ack(acks)
-        self.acks_ready = []
+        # the trained fates are durable now: record them, then acknowledge (a crash in between only
+        # causes a redelivery that is de-duplicated against the ledger)
+        self.intake.checkpointed()
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -191,8 +190,9 @@ class TrainerRole:
         last: tuple[dict[str, float], list[Trajectory]] | None = None
         while self.step < tc.total_steps and not self.state.flag("stop"):
             t0 = time.perf_counter()
-            # 1. take what the queue has; 2. assemble a batch within the staleness bound
-            self._pull()
+            # 1. answer corrupt-version reports; take what the queue has; 2. assemble a batch
+            self._answer_corrupt_reports()
+            self.intake.pull(self.buffer)
             lag = self.state.get("max_staleness", self.staleness.max_staleness)
             if self.cfg.control.curriculum.steer_buffer:  # batch composition follows the curriculum
                 self.buffer.task_mix = (self.state.get_doc("control") or {}).get(
@@ -209,13 +209,14 @@ class TrainerRole:
             self.learn += time.perf_counter() - t_learn
             skipped = metrics["train/skipped"] > 0
             ages = [self.staleness.age(self.version, t.oldest_version() or 0) for t in batch]
-            for t, age in zip(batch, ages, strict=True):
+            for t in batch:
                 t.lifecycle.trained = time.time()
-                self.pending[t.id] = ("skipped" if skipped else "trained", self.step, age)
-            if skipped:
+            if skipped:  # the step was undone: a fate of its own, recorded and acknowledged now
+                self.intake.settle((t.id, "skipped", self.step, a) for t, a in zip(batch, ages, strict=True))
                 self.state.add("dropped", len(batch))
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
+                self.intake.mark_trained(batch, self.step, ages)
                 self._tally_batch(batch)
                 metrics.update(self.observe.on_trained(batch, ages, self.step, self.version))
                 self.step += 1
@@ -236,7 +237,7 @@ class TrainerRole:
             self.busy += time.perf_counter() - t0
             self._report(metrics, batch)  # one row per trained batch: the data-freshness curve
             last = (metrics, batch)
-        if self.pending or self.acks_ready:
+        if self.intake.trained:
             self._checkpoint()
         if last is not None:
             self._report(*last)  # final figures (the cost ledger reads the last row of each process)

@@ -47,6 +47,7 @@ STAT_KEYS: tuple[str, ...] = (
     "queue/ready",
     "queue/leased",
     "queue/dead_letters",
+    "queue/dead_letters_foreign",
     "queue/put_total",
     "queue/acked_total",
     "queue/redelivered_total",
@@ -121,6 +122,8 @@ def stats_dict(
         "queue/ready": float(ready),
         "queue/leased": float(depth - ready),
         "queue/dead_letters": float(dead),
+        # dead letters never accepted by put (written into the store from outside): not the run's to account
+        "queue/dead_letters_foreign": float(counters.get("dead_foreign_total", 0)),
         "queue/put_total": float(counters.get("put_total", 0)),
         "queue/acked_total": float(counters.get("acked_total", 0)),
         "queue/redelivered_total": float(counters.get("redelivered_total", 0)),

@@ -26,9 +26,13 @@ How the guarantees are met
 * **Ack** is a Lua script: ``XACK``; when that settled a pending entry, ``XDEL`` it and release
   its trajectory id. Unknown or already-acked ids are ignored.
 * **Poison entries** are moved by a Lua script to ``P:dead`` (with the reason) and
-  ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting).
-* **Reconnects.** Every command runs under a retry wrapper (10 tries, back-off 0.05 -> 0.8 s, ~4.5 s)
-  on connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
+  ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting). One
+  that never went through ``put`` (bytes added with ``XADD`` from outside: no ``P:entries`` row) is also
+  counted in ``dead_foreign_total`` (stat ``queue/dead_letters_foreign``), so that the run's
+  accounting (accepted = trained + dropped + queued + dead-lettered) does not subtract it.
+* **Reconnects.** Every command runs under the one Redis retry policy of
+  :func:`asyncrl.credentials.redis_retry` (redis-py's ``Retry``, ~5 s of jittered back-off) on
+  connection errors and timeouts. Retrying is safe: put is idempotent, ack is idempotent,
   and a lost ``XREADGROUP`` reply only leaves entries leased until their lease expires.
 * **Durability** is the server's: ``put`` returns ``True`` once Redis executed the write. Run
   Redis with ``appendonly yes`` (``appendfsync everysec`` loses at most ~1 s on a server
@@ -42,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import random
 import re
 import threading
 import time
@@ -53,7 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from asyncrl.credentials import resolve_url
+from asyncrl.credentials import open_redis, with_retries
 from asyncrl.records import RecordDecodeError, decode_trajectory
 from asyncrl.transport.base import (
     DeadLetter,
@@ -71,11 +74,6 @@ GROUP = "trainers"
 
 _BLOCK_SLICE_S = 0.1
 """Longest single ``XREADGROUP BLOCK``: expired leases are re-checked at least this often."""
-_RETRIES = 10
-"""Tries per command: back-off 0.05, 0.1, 0.2, 0.4, then 0.8 s, about 4.5 s in all, so a Redis restart or
-a dropped connection of a few seconds is ridden through instead of crashing the role."""
-_BACKOFF_MIN_S = 0.05
-_BACKOFF_MAX_S = 0.8
 _ACK_CHUNK = 500
 _STATS_SCAN_MAX = 100_000
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
@@ -116,7 +114,9 @@ if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'traj_id', ARGV[3], 'reason', ARGV[4],
            'payload', ARGV[5], 'attempts', ARGV[6], 'dead_at', ARGV[7])
 redis.call('XDEL', KEYS[1], ARGV[2])
-redis.call('HDEL', KEYS[3], ARGV[2])
+if redis.call('HDEL', KEYS[3], ARGV[2]) == 0 then
+  redis.call('HINCRBY', KEYS[4], 'dead_foreign_total', 1)  -- written by XADD from outside, never put
+end
 if redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then redis.call('HDEL', KEYS[2], ARGV[3]) end
 redis.call('HINCRBY', KEYS[4], 'dead_lettered_total', 1)
 return 1
@@ -154,22 +154,6 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def with_retries(
-    fn: Callable[[], T], *, tries: int = _RETRIES, sleep: Callable[[float], None] = time.sleep
-) -> T:
-    """Run ``fn``, retrying on Redis connection errors/timeouts with exponential back-off."""
-    delay = _BACKOFF_MIN_S
-    for attempt in range(tries):
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError):
-            if attempt == tries - 1:
-                raise
-            sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(_BACKOFF_MAX_S, delay * 2)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def _s(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -203,12 +187,10 @@ class RedisQueue(TrajectoryQueue):
         self._lease_ms = max(1, int(self.lease_seconds * 1000))
         self._lock = threading.Lock()
         self._closed = False
-        # from_url takes password, username, db and TLS (rediss://) from the URL.
-        self._r: redis.Redis | None = redis.Redis.from_url(
-            resolve_url(url),  # a masked password (run dir config.yaml) comes from $ASYNCRL_REDIS_PASSWORD
-            socket_timeout=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0),
-            socket_connect_timeout=5.0,
-            health_check_interval=30,
+        # from_url takes password, username, db and TLS (rediss://) from the URL; the client carries the
+        # one retry policy and rides through a Redis restart at start-up too
+        self._r: redis.Redis | None = open_redis(
+            url, "transport.redis_url", socket_timeout_s=max(socket_timeout_s, _BLOCK_SLICE_S + 5.0)
         )
         self._put_script = self._r.register_script(_PUT_LUA)
         self._ack_script = self._r.register_script(_ACK_LUA)

@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asyncrl.credentials import connect, mask_url
+from asyncrl.credentials import mask_url, open_redis, with_retries
 from asyncrl.weights.store import LocalWeightStore, _check_version
 
 # KEYS: pointer; ARGV: version, value. Returns 1 if set, 0 if the pointer already names >= version.
@@ -57,8 +57,9 @@ class SharedWeightStore(LocalWeightStore):
     """Snapshots under ``root`` (a shared filesystem); the pointer in Redis at ``redis_url``."""
 
     def __init__(self, root: str | Path, redis_url: str, *, keep: int = 3) -> None:
-        # connect first: bad settings fail fast with a UserError naming the field
-        self._r: Any = connect(redis_url, "weights.redis_url", timeout_s=10.0)
+        # connect first, under the one Redis retry policy (a role started while Redis restarts waits for
+        # it); bad settings, or a Redis that stays down, fail with a UserError naming the field
+        self._r: Any = open_redis(redis_url, "weights.redis_url", socket_timeout_s=10.0)
         self.redis_url = redis_url
         self.key = pointer_key(root)
         self._set_pointer = self._r.register_script(_SET_POINTER_LUA)
@@ -69,8 +70,6 @@ class SharedWeightStore(LocalWeightStore):
 
     def _read_pointer(self) -> tuple[int | None, str | None]:
         import redis
-
-        from asyncrl.transport.redis_backend import with_retries
 
         try:
             raw = with_retries(lambda: self._r.get(self.key))
@@ -84,8 +83,6 @@ class SharedWeightStore(LocalWeightStore):
             return None, f"latest pointer is corrupt ({exc}): {bytes(raw)[:80]!r}"
 
     def _write_pointer(self, version: int) -> None:
-        from asyncrl.transport.redis_backend import with_retries
-
         value = json.dumps({"version": version})
         with_retries(lambda: self._set_pointer(keys=[self.key], args=[version, value]))
 

@@ -1,0 +1,119 @@
+"""The trainer's side of the trajectory queue: de-duplication and **acknowledgement by fate**.
+
+The rule
+--------
+Every queue entry the trainer takes is acknowledged exactly when the *fate* of its trajectory is
+durable, and not before:
+
+* **duplicate** — its trajectory id is already in the ledger (a redelivery, or a re-put of a
+  trajectory whose fate is recorded): acknowledged at once, its fate is already durable;
+* **dropped** (stale, invalid, non-finite, evicted) or **skipped** (part of a non-finite step):
+  the fate is written to the ledger now and the entry acknowledged now. Such a fate does not
+  depend on the model's weights, so no checkpoint has to cover it;
+* **trained**: the fate is written and the entry acknowledged right after the next checkpoint is on
+  disk — the weights that learnt from it must be durable first. A crash before that leaves the
+  entry un-acknowledged: it is redelivered after its lease and the resumed trainer (restored to that
+  checkpoint, whose consumed ids are the ledger) trains it once;
+* **buffered** (no fate yet): held under its lease; an expired lease is redelivered to the trainer,
+  which recognises the id and keeps holding it.
+
+Why back-pressure cannot deadlock against the checkpoint
+--------------------------------------------------------
+Producers block only while ``depth ≥ capacity``. A live trainer holds at most
+``T + F`` un-acknowledged entries, ``T < checkpoint_every × batch_size`` trained since the last
+checkpoint (the checkpoint that would make it ``checkpoint_every × batch_size`` runs in the same
+iteration) and ``F ≤ buffer_steps × batch_size`` buffered (the buffer evicts beyond that, and an
+eviction is a fate). Dropped, skipped and duplicate entries are acknowledged in the iteration that
+saw them, so they hold nothing. Entries leased by a dead trainer become ready after
+``lease_seconds``. The config requires ``capacity ≥ (checkpoint_every + buffer_steps + 1) ×
+batch_size``, so a full queue always holds a ready (or soon-expired) entry the trainer can take;
+taking it either completes a batch (a step: after at most ``checkpoint_every`` of them, a
+checkpoint acknowledges ``T``), or grows the buffer until an eviction acknowledges an entry, or is
+dropped and acknowledged. Every case frees a slot or moves the trainer towards its checkpoint, so
+the producers are never blocked forever. ``tests/test_recovery_model.py`` checks this with
+Hypothesis over interleavings of put / lease / drop / train / checkpoint / crash / lease expiry.
+
+Exactly-once training: the ledger's primary key (one fate per trajectory id) plus the rule above —
+a trained fate is recorded only with the checkpoint holding its update, and every delivery of an id
+in the ledger is acknowledged without training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from asyncrl.orchestrator.state import StateStore
+from asyncrl.records import Trajectory
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.buffer import ReplayBuffer
+    from asyncrl.transport.base import TrajectoryQueue
+
+Fate = tuple[str, str, int, int]
+"""A ledger row: ``(trajectory id, fate, trainer step, age)``."""
+
+
+class Intake:
+    """Takes deliveries into the replay buffer and acknowledges each entry once its fate is durable."""
+
+    def __init__(self, queue: TrajectoryQueue, state: StateStore, *, pull_size: int) -> None:
+        self.queue, self.state, self.pull_size = queue, state, pull_size
+        self.done_ids: set[str] = state.ledger_ids()
+        """Ids whose fate is durable (the checkpointed consumed-id set, plus fates recorded since)."""
+        self.entries: dict[str, list[str]] = {}
+        """Trajectory id -> its un-acknowledged entry ids (buffered, or trained since the checkpoint)."""
+        self.trained: dict[str, tuple[int, int]] = {}
+        """Trajectory id -> (step, age), trained since the last checkpoint."""
+
+    def held(self) -> int:
+        """Un-acknowledged entries this trainer holds (buffered + trained since the checkpoint)."""
+        return sum(len(e) for e in self.entries.values())
+
+    def pull(self, buffer: ReplayBuffer, timeout: float = 0.05) -> int:
+        """Lease what the queue has into ``buffer``; duplicates are acknowledged at once. Returns new samples."""
+        duplicates: list[str] = []
+        added = 0
+        for d in self.queue.get_batch(self.pull_size, timeout=timeout, consumer="trainer"):
+            tid = d.trajectory.id
+            if tid in self.done_ids:  # its fate is durable already: nothing left to do with it
+                duplicates.append(d.entry_id)
+                continue
+            held = self.entries.setdefault(tid, [])
+            if held:  # a redelivery of an entry we hold (expired lease), or a second entry of the id
+                if d.entry_id not in held:
+                    held.append(d.entry_id)
+                continue
+            held.append(d.entry_id)
+            buffer.add(d.trajectory)
+            added += 1
+        if duplicates:
+            self.queue.ack(duplicates)
+        return added
+
+    def settle(self, rows: Iterable[Fate]) -> None:
+        """Record fates that need no checkpoint (dropped, skipped), then acknowledge their entries."""
+        rows = list(rows)
+        if not rows:
+            return
+        self.state.record(rows)  # fate first: a crash before the ack only causes a de-duplicated redelivery
+        ids = [r[0] for r in rows]
+        self.done_ids.update(ids)
+        self.queue.ack([e for tid in ids for e in self.entries.pop(tid, [])])
+
+    def mark_trained(self, batch: list[Trajectory], step: int, ages: list[int]) -> None:
+        """Samples of a step not yet covered by a checkpoint: acknowledged by :meth:`checkpointed`."""
+        for t, age in zip(batch, ages, strict=True):
+            self.trained[t.id] = (step, age)
+
+    def record_trained(self) -> list[str]:
+        """First half of :meth:`checkpointed`: the trained fates into the ledger. Returns their entry ids."""
+        self.state.record((tid, "trained", step, age) for tid, (step, age) in self.trained.items())
+        acks = [e for tid in self.trained for e in self.entries.pop(tid, [])]
+        self.done_ids.update(self.trained)
+        self.trained.clear()
+        return acks
+
+    def checkpointed(self) -> None:
+        """Call once a checkpoint covering every trained step is on disk: record, then acknowledge."""
+        self.queue.ack(self.record_trained())
