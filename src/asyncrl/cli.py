@@ -432,6 +432,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"dropped stale {s['samples_dropped_stale']}; lost {s['lost_trajectories']}; "
         f"trainer busy {s['trainer_busy_fraction']:.0%}"
     )
+    if s.get("token_exact_rate") is not None:
+        print(
+            f"token-exact samples {s['token_exact_rate']:.0%} of {s['token_exact_checked']}; a re-tokenising "
+            f"framework would have matched {s['retokenization_exact_rate']:.0%}"
+        )
     print(f"run directory: {run_dir}")
     from asyncrl.telemetry.report import write_report
 

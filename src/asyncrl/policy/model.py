@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -260,10 +261,14 @@ class Policy:
         attn_implementation: AttnImpl = DEFAULT_ATTN,
         *,
         cfg: ModelConfig | None = None,
+        lora: bool = True,
     ) -> Policy:
         """Load any local HF causal-LM directory that also holds tokenizer files.
 
-        ``cfg`` supplies ``dtype`` and ``trust_remote_code`` (float32 and off without it). Never
+        ``cfg`` supplies ``dtype``, ``trust_remote_code`` and ``lora`` (float32, off and none
+        without it). With ``cfg.lora`` (and ``lora=True``) the model is wrapped with the adapter
+        layout, and the directory's ``adapter.safetensors`` (a saved LoRA policy) is loaded into it;
+        ``lora=False`` loads the base model alone (e.g. the KL reference). Never
         touches the network. Every failure (missing directory, missing or corrupt config,
         weights or tokenizer, an architecture transformers does not know, a model larger than the
         memory this machine has free) becomes one :class:`PolicyLoadError` that names the path,
@@ -336,6 +341,12 @@ class Policy:
             )
         if tok.pad_token_id is None and tok.eos_token is not None:
             tok.pad_token = tok.eos_token  # pad = eos: padding is masked everywhere it is used
+        if cfg is not None and cfg.lora is not None and lora:
+            from asyncrl.policy.lora import ADAPTER_FILE, apply_lora, load_adapter
+
+            model = apply_lora(model, cfg.lora)
+            if (p / ADAPTER_FILE).is_file():
+                load_adapter(model, load_file(str(p / ADAPTER_FILE)))
         model.train()
         return cls(model, tok)
 
@@ -352,8 +363,21 @@ class Policy:
         tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
         old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
         try:
-            with _quiet_hf():
-                self.model.save_pretrained(str(tmp))
+            if self.lora:  # the base model as a plain HF directory, and the adapter beside it
+                from safetensors.torch import save_file
+
+                from asyncrl.policy.lora import ADAPTER_FILE, adapter_tensors, base_model, base_state_dict
+
+                tmp.mkdir(parents=True)
+                inner = base_model(self.model)
+                inner.config.save_pretrained(str(tmp))
+                if getattr(inner, "generation_config", None) is not None:
+                    inner.generation_config.save_pretrained(str(tmp))
+                save_file(base_state_dict(self.model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+                save_file(adapter_tensors(self.model), str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
+            else:
+                with _quiet_hf():
+                    self.model.save_pretrained(str(tmp))
             self.tokenizer.save_pretrained(str(tmp))
             if not (tmp / WEIGHTS_NAME).is_file():  # pragma: no cover - sharding is off for small models
                 raise RuntimeError(f"save_pretrained did not write {WEIGHTS_NAME} in {tmp}")
@@ -365,13 +389,42 @@ class Policy:
             shutil.rmtree(old, ignore_errors=True)
 
     # ---- raw weights -----------------------------------------------------------------------
+    @property
+    def lora(self) -> bool:
+        """Whether the model carries LoRA adapters (see :mod:`asyncrl.policy.lora`)."""
+        from asyncrl.policy.lora import is_lora
+
+        return is_lora(self.model)
+
     def state_dict_tensors(self) -> dict[str, torch.Tensor]:
-        """See :func:`state_dict_tensors`."""
+        """What a weight version holds: every weight (:func:`state_dict_tensors`), or with LoRA
+        only the adapter's tensors."""
+        if self.lora:
+            from asyncrl.policy.lora import adapter_tensors
+
+            return adapter_tensors(self.model)
         return state_dict_tensors(self.model)
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """See :func:`load_tensors`."""
-        load_tensors(self.model, tensors)
+        """Load a weight version (:func:`load_tensors`). With LoRA: an adapter version, or the
+        base weights under their plain names (a checkpoint's ``model.safetensors``)."""
+        if not self.lora:
+            load_tensors(self.model, tensors)
+            return
+        from asyncrl.policy.lora import adapter_names, base_model, load_adapter
+
+        names = set(adapter_names(self.model))
+        if names & set(tensors) or not tensors:
+            load_adapter(self.model, tensors)
+            return
+        inner = base_model(self.model)
+        current = {k.replace(".base_layer.", "."): k for k in inner.state_dict() if ".lora_" not in k}
+        unknown = sorted(set(tensors) - set(current))
+        if unknown:
+            from asyncrl.policy.lora import AdapterError
+
+            raise AdapterError(f"cannot load weights into the LoRA policy: unknown names, e.g. {unknown[:2]}")
+        load_tensors(inner, {current[k]: v for k, v in tensors.items()} | _untouched(inner, current, tensors))
 
     def num_parameters(self) -> int:
         return num_parameters(self.model)
@@ -397,6 +450,15 @@ class Policy:
     def max_context(self) -> int:
         """Longest sequence (prompt + generated tokens) the model accepts."""
         return int(self.model.config.max_position_embeddings)
+
+
+def _untouched(
+    model: torch.nn.Module, names: dict[str, str], given: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``model`` that ``given`` does not replace (adapter layers), as they are."""
+    state = model.state_dict()
+    replaced = {names[k] for k in given}
+    return {k: v for k, v in state.items() if k not in replaced}
 
 
 def context_limit(cfg: ModelConfig, policy: Policy) -> int:

@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from asyncrl.policy.model import WEIGHTS_NAME, Policy, as_attention_bias, input_vocab_size, load_tensors
+from asyncrl.policy.model import WEIGHTS_NAME, Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
 
 if TYPE_CHECKING:
@@ -357,7 +357,7 @@ class HFEngine(GenerationEngine):
         self.load_weights_from_tensors(version, load_file(str(file), device=str(self.device)))
 
     def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        load_tensors(self.model, tensors)
+        self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
         self.version = version
 
     # ---- generation ------------------------------------------------------------------------

@@ -254,9 +254,17 @@ class VLLMEngine(GenerationEngine):
         from asyncrl.policy.model import input_vocab_size
 
         tmp = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-model-"))
-        policy.save(tmp / "model")
+        if (
+            policy.lora
+        ):  # vLLM serves the adapter merged into the base weights (see load_weights_from_tensors)
+            import copy
+
+            merged: Any = copy.deepcopy(policy.model)
+            Policy(merged.merge_and_unload(), policy.tokenizer).save(tmp / "model")
+        else:
+            policy.save(tmp / "model")
         try:
-            return cls(
+            engine = cls(
                 tmp / "model",
                 stop_token_ids,
                 vocab_size=input_vocab_size(policy.model),
@@ -270,6 +278,9 @@ class VLLMEngine(GenerationEngine):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if policy.lora:
+            engine.adapter_policy = policy
+        return engine
 
     # ---- weights ---------------------------------------------------------------------------
     def load_weights(self, version: int, path: str) -> None:
@@ -286,7 +297,17 @@ class VLLMEngine(GenerationEngine):
         else:
             self._reload(version, file.parent)
 
+    adapter_policy: Policy | None = None
+    """With ``model.lora``: the policy (on the CPU) whose adapter versions are merged into full
+    weights for vLLM. vLLM's own LoRA serving would avoid the merge; merging keeps one code path
+    for every model vLLM can reload, at the cost of one full-weight reload per version."""
+
     def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        if self.adapter_policy is not None:
+            from asyncrl.policy.lora import merged_state_dict
+
+            self.adapter_policy.load_tensors(tensors)  # strict: an adapter that does not fit fails here
+            tensors = merged_state_dict(self.adapter_policy.model)
         self._write_staged(self._served_tensors(tensors))
         self._reload(version, self._stage_dir)
 
@@ -342,7 +363,7 @@ class VLLMEngine(GenerationEngine):
         it as it is, else (tied embeddings, padded heads, or the directory removed by retention
         meanwhile) from the verified tensors written to the engine's staging directory."""
         directory = Path(path)
-        as_is = not self.tied_embeddings and self.head_padding is None
+        as_is = not self.tied_embeddings and self.head_padding is None and self.adapter_policy is None
         if as_is and (directory / WEIGHTS_NAME).is_file():
             try:
                 self._reload(version, directory)

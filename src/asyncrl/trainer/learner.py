@@ -165,7 +165,8 @@ class Learner:
         self.model = policy.model
         self.ref = ref_policy
         tc = cfg.trainer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
         if tc.gradient_checkpointing:

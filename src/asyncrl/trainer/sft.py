@@ -91,7 +91,7 @@ def warm_start_key(cfg: RunConfig) -> str:
     env = cfg.env.model_copy(deep=True)
     env.latency.kind, env.guard.step_timeout_s = "none", 10.0  # latency does not change demonstrations
     model = cfg.model.model_copy(update={"device": "auto"})  # placement does not change the result's meaning
-    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained)
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     versions = f"{chat_template_version(cfg)}-{env_code_version(cfg)}"
     return config_hash(model, env, sft) + f"-{_digest(versions.encode())[:8]}-t{TEMPLATE_VERSION}"
 
@@ -120,7 +120,7 @@ def build_demonstrations(
 ) -> list[tuple[list[int], list[int]]]:
     from asyncrl.envs import make_env, make_task_source
 
-    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained)
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
     source = make_task_source(cfg.env)
     env_cfg = cfg.env.model_copy(deep=True)
@@ -171,12 +171,13 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
 def train_sft(
     cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool | float = False
 ) -> list[float]:
-    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained)
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed + 1)
     torch.manual_seed(sft.seed)
     model = policy.model
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+    opt = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=0.0)
     warmup = max(1, sft.steps // 20)
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -196,7 +197,7 @@ def train_sft(
             loss = sft_loss(model, batch, policy.tokenizer.pad_token_id)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             losses.append(float(loss.detach()))
             if bar is not None and task_id is not None:
@@ -267,7 +268,7 @@ def warm_start(
     t0 = time.perf_counter()
     policy = Policy.from_config(cfg.model).to(cfg.model.device)
     renderer = make_renderer(cfg.model, policy)
-    steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained).steps
+    steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
     demos = build_demonstrations(cfg, renderer, context_limit(cfg.model, policy)) if steps else []
     losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
     train_seconds = time.perf_counter() - t0
