@@ -287,3 +287,26 @@ def test_gradient_checkpointing_same_numbers() -> None:
         torch.testing.assert_close(a, b)
     for a, b in zip(p, p_ref, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], ["q_proj", "lm_head"]])
+def test_chunked_matches_plain_with_lora(targets: list[str]) -> None:
+    """A peft-wrapped policy (adapters on attention, or on the head itself) scores the same chunked."""
+    from asyncrl.config import LoraConfig
+    from asyncrl.policy.lora import apply_lora
+
+    model = apply_lora(tiny_model("llama", False), LoraConfig(rank=4, alpha=8, target_modules=targets))
+    with torch.no_grad():  # non-zero adapters, so they change the numbers
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+    assert can_chunk_logits(model)
+    ids, mask = padded_batch("right")
+    temps = torch.tensor([1.0, 0.7, 1.3, 0.5, 2.0])
+    ref_lp, ref_ent, ref_grads = _scores_and_grads(model, ids, mask, temps, chunk=0)
+    lp, ent, grads = _scores_and_grads(model, ids, mask, temps, chunk=5)
+    torch.testing.assert_close(lp, ref_lp)
+    torch.testing.assert_close(ent, ref_ent)
+    assert grads.keys() == ref_grads.keys() and all("lora_" in n for n in grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], msg=lambda m, n=name: f"{n}: {m}")  # type: ignore[misc]
