@@ -12,8 +12,8 @@ the step's own cost is the difference) and the step's wall time. A child whose R
 
 Configurations (``--configs``): ``plain`` (full-vocabulary logits for the whole batch, one pass:
 the path before this change), ``chunked`` (logits in chunks of ``trainer.logits_chunk_tokens``),
-``lean`` (chunked + micro-batches of ``trainer.max_tokens_per_microbatch``), ``lean_gc`` (lean +
-gradient checkpointing); each also ``*_lora`` (``model.lora`` with its defaults). Prints one JSON
+``lean`` (chunked + micro-batches of 1024 tokens), ``lean_gc`` (chunked + micro-batches of the
+default ``trainer.max_tokens_per_microbatch`` + gradient checkpointing); each also ``*_lora`` (``model.lora`` with its defaults). Prints one JSON
 object.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 CONFIGS: dict[str, list[str]] = {
     "plain": ["trainer.logits_chunk_tokens=0", "trainer.max_tokens_per_microbatch=0"],
     "chunked": ["trainer.max_tokens_per_microbatch=0"],
-    "lean": [],
+    "lean": ["trainer.max_tokens_per_microbatch=1024"],
     "lean_gc": ["trainer.gradient_checkpointing=true"],
 }
 CONFIGS.update({f"{k}_lora": [*v, "model.lora={}"] for k, v in list(CONFIGS.items())})
@@ -130,7 +130,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256, help="tokens per sample (> 64)")
     ap.add_argument(
-        "--configs", nargs="+", default=["plain", "lean", "lean_gc", "lean_lora"], choices=list(CONFIGS)
+        "--configs", nargs="+", default=["plain", "lean", "lean_gc", "lean_gc_lora"], choices=list(CONFIGS)
     )
     ap.add_argument(
         "--model", default=None, help="model directory (default: the imported SmolLM2-135M-Instruct)"
