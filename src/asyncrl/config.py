@@ -423,7 +423,21 @@ class TrainerConfig(Section):
     epochs: int = Field(1, ge=1, le=100)
     """Passes over each batch."""
     minibatches: int = Field(1, ge=1, le=1024)
-    """Optimiser steps per epoch."""
+    """Optimiser steps per epoch: each epoch splits the batch into this many minibatches and takes
+    one optimiser step on each (PPO-style; more steps per batch, not less memory)."""
+    max_tokens_per_microbatch: int = Field(4096, ge=0, le=100_000_000)
+    """Memory bound of one forward/backward pass, in padded tokens (rows × longest row): each
+    minibatch is cut into micro-batches of at most this many tokens whose gradients are accumulated
+    into the minibatch's ONE optimiser step, with the loss normalised so that the accumulated
+    gradient equals the whole minibatch's. A row longer than the budget is a micro-batch of its own.
+    0: the whole minibatch in one pass."""
+    logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
+    """Token log-probs and entropies are computed from the final hidden states this many tokens at a
+    time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
+    ``[batch, length, vocab]`` logits never exist; 0 computes them whole (the plain path)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward instead of keeping them (HF
+    ``gradient_checkpointing_enable``): less memory for about one extra forward pass per step."""
     target_kl: float | None = Field(None, gt=0)
     """Stop the epochs early when approximate KL to the batch's start exceeds this."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)

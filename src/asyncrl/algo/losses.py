@@ -9,7 +9,7 @@ device synchronisation.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +22,9 @@ __all__ = [
     "aggregate_loss",
     "entropy_loss",
     "kl_penalty_loss",
+    "microbatch_weights",
     "policy_loss",
+    "policy_loss_mask",
     "staleness_weight",
     "value_loss",
 ]
@@ -76,6 +78,64 @@ def aggregate_loss(
     batch, length = loss_tok.shape
     norm = max_tokens if max_tokens is not None else length
     return per_seq_sum.sum() / float(max(batch, 1) * max(norm, 1))
+
+
+def microbatch_weights(masks: Sequence[torch.Tensor], agg: AggMode) -> list[float]:
+    """Weights ``w_i`` that make micro-batch losses add up to the whole batch's loss.
+
+    For a batch split by rows into micro-batches ``i`` with per-token losses ``l_i`` and masks
+    ``m_i`` (any widths: padding columns hold no valid tokens),
+    ``Σ_i w_i · aggregate_loss(l_i, m_i, agg) = aggregate_loss(l, m, agg)``, so accumulating the
+    gradients of ``w_i · L_i`` gives the gradient of the whole batch (gradient accumulation):
+
+    * ``token_mean``: ``w_i = n_i / Σ_j n_j`` with ``n_i = Σ m_i`` (valid tokens);
+    * ``seq_mean_token_mean``: ``w_i = r_i / Σ_j r_j`` with ``r_i`` the rows of ``m_i`` holding at
+      least one valid token;
+    * ``seq_mean_token_sum_norm``: ``w_i = B_i / Σ_j B_j`` (rows), provided every micro-batch uses
+      the same ``max_tokens`` (pass the whole batch's padded length when the config leaves it unset).
+
+    Conventions: a micro-batch with nothing to count gets ``w_i = 0`` (its loss is 0 anyway); all
+    zero when the whole batch has nothing to count. Masks are ``[B_i, T_i]``, bool or 0/1.
+
+    Raises:
+        ValueError: unknown ``agg`` or a mask that is not 2-D.
+    """
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown aggregation {agg!r}; allowed values: {', '.join(AGG_MODES)}")
+    counts: list[float] = []
+    for i, mask in enumerate(masks):
+        _check_ndim(f"masks[{i}]", mask, 2)
+        m = mask if mask.dtype == torch.bool else mask != 0
+        if agg == "token_mean":
+            counts.append(float(m.sum()))
+        elif agg == "seq_mean_token_mean":
+            counts.append(float(m.any(dim=1).sum()))
+        else:
+            counts.append(float(m.shape[0]))
+    total = sum(counts)
+    return [c / total if total > 0 else 0.0 for c in counts]
+
+
+def policy_loss_mask(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cfg: PolicyLossConfig
+) -> torch.Tensor:
+    """The tokens :func:`policy_loss` aggregates over: ``mask`` minus the divergence filter.
+
+    With ``cfg.max_behaviour_divergence = δ`` and ``d = |logp − behaviour_logp|`` (detached; masked
+    entries 0): ``"token"`` keeps tokens with ``d ≤ δ``, ``"sequence"`` keeps whole rows whose masked
+    mean of ``d`` is ``≤ δ``. Without a filter it is ``mask`` as bool. Shapes: all ``[B, T]``.
+    """
+    m = _as_mask(mask, logp.shape)
+    if cfg.max_behaviour_divergence is None:
+        return m
+    zero = torch.zeros((), dtype=torch.float32, device=logp.device)
+    lp = torch.where(m, _float(logp.detach()), zero)
+    mu = torch.where(m, _float(behaviour_logp.detach()), zero)
+    dev = (lp - mu).abs()
+    if cfg.divergence_level == "token":
+        return m & (dev <= cfg.max_behaviour_divergence)
+    seq_dev = masked_mean(dev, m, dim=1)
+    return m & (seq_dev <= cfg.max_behaviour_divergence).unsqueeze(1)
 
 
 def staleness_weight(age: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -321,15 +381,7 @@ def policy_loss(
         age_t = torch.where(m, age_t, zero)
     w = staleness_weight(age_t, cfg.staleness_gamma).to(dtype)
 
-    # Divergence filter.
-    keep = m
-    if cfg.max_behaviour_divergence is not None:
-        dev = (lp.detach() - mu).abs()
-        if cfg.divergence_level == "token":
-            keep = m & (dev <= cfg.max_behaviour_divergence)
-        else:
-            seq_dev = masked_mean(dev, m, dim=1)
-            keep = m & (seq_dev <= cfg.max_behaviour_divergence).unsqueeze(1)
+    keep = policy_loss_mask(lp, mu, m, cfg)  # the divergence filter
 
     one = torch.ones((), dtype=dtype, device=logp.device)
     # The kind's per-token loss (one function per kind, see _KIND_TERMS), then the staleness weight.

@@ -510,6 +510,17 @@ def as_attention_bias(
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
+CHUNKABLE_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+"""Architectures whose logits are exactly ``lm_head(decoder(x))``: no logit scaling or soft-capping,
+so :func:`token_logprobs_and_entropy` may apply the head itself, chunk by chunk. Any other model
+(or one without a plain output embedding) is scored the plain way, with full logits."""
+
+
+def _check_temperature(temperature: float | torch.Tensor, batch: int) -> None:
+    if isinstance(temperature, torch.Tensor) and temperature.numel() != batch:
+        raise ValueError(f"temperature has {temperature.numel()} entries for a batch of {batch}")
+
+
 def _tempered_logits(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -522,12 +533,107 @@ def _tempered_logits(
     logits: torch.Tensor = out.logits[:, :-1].float()
     if isinstance(temperature, torch.Tensor):
         temp = temperature.to(device=logits.device, dtype=logits.dtype).reshape(-1, 1, 1)
-        if temp.shape[0] != logits.shape[0]:
-            raise ValueError(f"temperature has {temp.shape[0]} entries for a batch of {logits.shape[0]}")
         return logits / temp
     if temperature != 1.0:
         return logits / temperature
     return logits
+
+
+def _scores(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of ``targets`` and (optionally) entropy under ``softmax(logits)``, over the last dim."""
+    # gather - logsumexp avoids materialising a second [..., V] tensor for log_softmax.
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return lp, None
+    logp = logits - lse.unsqueeze(-1)
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+def _plain_scores(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float | torch.Tensor,
+    keep: torch.Tensor,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``[B, T-1]`` from the model's full logits ``[B, T-1, V]`` (the reference path)."""
+    logits = _tempered_logits(model, input_ids, attention_mask, temperature)
+    zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
+    lp, ent = _scores(logits, input_ids[:, 1:], with_entropy)
+    return torch.where(keep, lp, zero), (None if ent is None else torch.where(keep, ent, zero))
+
+
+def _chunk_scores(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temp: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of ``N`` positions from their final hidden states ``[N, H]`` (one chunk's logits)."""
+    logits = head(hidden).float() / temp.unsqueeze(-1)
+    lp, ent = _scores(logits, targets, with_entropy)
+    return lp, (ent if ent is not None else torch.zeros_like(lp))
+
+
+def _chunked_scores(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float | torch.Tensor,
+    keep: torch.Tensor,
+    with_entropy: bool,
+    chunk_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``[B, T-1]`` from the decoder's hidden states, ``chunk_tokens`` positions at a time.
+
+    Only the ``keep`` positions are scored (padding costs no head matmul). With autograd on, each
+    chunk runs under non-reentrant :func:`torch.utils.checkpoint.checkpoint`: the forward keeps
+    only the chunk's hidden states, the backward recomputes that chunk's logits, so at most one
+    ``[chunk_tokens, V]`` block of logits (and its gradient) is alive at a time instead of
+    ``[B, T, V]``.
+    """
+    mask4d, position_ids = padded_attention_inputs(attention_mask, model.config._attn_implementation)
+    hf: Any = model  # get_decoder / get_output_embeddings are untyped in transformers
+    decoder: Any = hf.get_decoder()
+    out = decoder(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
+    hidden = out.last_hidden_state[:, :-1][keep]  # [N, H]
+    targets = input_ids[:, 1:][keep]
+    b, t1 = keep.shape
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device)
+    temp = temp.reshape(-1, 1).expand(b, t1)[keep]  # [N]: one value per row, or a float for all
+    head: torch.nn.Module = hf.get_output_embeddings()
+    grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    lps: list[torch.Tensor] = []
+    ents: list[torch.Tensor] = []
+    for s in range(0, hidden.shape[0], chunk_tokens):
+        args = (head, hidden[s : s + chunk_tokens], targets[s : s + chunk_tokens], temp[s : s + chunk_tokens])
+        if grad:
+            lp, ent = torch.utils.checkpoint.checkpoint(
+                _chunk_scores, *args, with_entropy, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_scores(*args, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    zeros = torch.zeros(b, t1, dtype=torch.float32, device=hidden.device)
+    lp_all = zeros.masked_scatter(keep, torch.cat(lps)) if lps else zeros
+    if not with_entropy:
+        return lp_all, None
+    return lp_all, (zeros.masked_scatter(keep, torch.cat(ents)) if ents else zeros)
+
+
+def can_chunk_logits(model: PreTrainedModel) -> bool:
+    """Whether :func:`token_logprobs_and_entropy` can score ``model`` from hidden states in chunks."""
+    hf: Any = model
+    head = hf.get_output_embeddings()
+    return (
+        getattr(model.config, "model_type", None) in CHUNKABLE_MODEL_TYPES
+        and isinstance(head, torch.nn.Module)
+        and hasattr(model, "get_decoder")
+    )
 
 
 def token_logprobs_and_entropy(
@@ -537,6 +643,7 @@ def token_logprobs_and_entropy(
     temperature: float | torch.Tensor = 1.0,
     *,
     with_entropy: bool = True,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs and entropies ``[B, T]`` under ``softmax(logits / temperature)``.
 
@@ -545,32 +652,31 @@ def token_logprobs_and_entropy(
     entropy of the distribution that token ``t`` was drawn from, with the same zeros.
     ``temperature`` is a float or one value per row (per-episode temperature jitter).
     Differentiable; works with right padding (the trainer's layout) and any other.
+
+    ``chunk_tokens > 0`` (``trainer.logits_chunk_tokens``) never materialises the ``[B, T, V]``
+    logits: the decoder's final hidden states are scored ``chunk_tokens`` real positions at a time
+    (see :func:`_chunked_scores`); the numbers are those of the plain path up to float rounding.
+    ``0``, or an architecture outside :data:`CHUNKABLE_MODEL_TYPES`, takes the plain path.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, T]"
         )
     b, t = input_ids.shape
+    _check_temperature(temperature, b)
     valid = attention_mask.to(torch.bool)
     input_ids = input_ids.masked_fill(~valid, 0)  # padding may hold any id (e.g. -100)
     zeros = torch.zeros(b, 1, dtype=torch.float32, device=input_ids.device)
     if t < 2:
         return zeros.expand(b, t).clone(), (zeros.expand(b, t).clone() if with_entropy else None)
-    logits = _tempered_logits(model, input_ids, attention_mask, temperature)
     keep = valid[:, 1:] & valid[:, :-1]
-    targets = input_ids[:, 1:]
-    # gather - logsumexp avoids materialising a second [B, T, V] tensor for log_softmax.
-    lse = torch.logsumexp(logits, dim=-1)
-    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    lp = torch.where(keep, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
-    logprobs = torch.cat([zeros, lp], dim=1)
-    entropy: torch.Tensor | None = None
-    if with_entropy:
-        logp = logits - lse.unsqueeze(-1)
-        ent = -(logp.exp() * logp).sum(-1)
-        ent = torch.where(keep, ent, torch.zeros((), dtype=ent.dtype, device=ent.device))
-        entropy = torch.cat([zeros, ent], dim=1)
-    return logprobs, entropy
+    if chunk_tokens > 0 and can_chunk_logits(model):
+        lp, ent = _chunked_scores(
+            model, input_ids, attention_mask, temperature, keep, with_entropy, chunk_tokens
+        )
+    else:
+        lp, ent = _plain_scores(model, input_ids, attention_mask, temperature, keep, with_entropy)
+    return torch.cat([zeros, lp], dim=1), (None if ent is None else torch.cat([zeros, ent], dim=1))
 
 
 def token_logprobs(
@@ -578,6 +684,10 @@ def token_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     temperature: float | torch.Tensor = 1.0,
+    *,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """Per-token log-probs ``[B, T]``; see :func:`token_logprobs_and_entropy`."""
-    return token_logprobs_and_entropy(model, input_ids, attention_mask, temperature, with_entropy=False)[0]
+    return token_logprobs_and_entropy(
+        model, input_ids, attention_mask, temperature, with_entropy=False, chunk_tokens=chunk_tokens
+    )[0]

@@ -8,6 +8,16 @@ reported; the caller never publishes it. With one optimiser step per learner ste
 before ``optimizer.step`` and costs nothing; with several (``minibatches × epochs > 1``) earlier
 minibatches may already have stepped, so the weights and the optimiser state are snapshotted at
 the start of the step (one device copy of each) and restored on the first non-finite minibatch.
+
+Memory: a minibatch is one optimiser step but not necessarily one forward pass. It is cut into
+micro-batches of at most ``trainer.max_tokens_per_microbatch`` padded tokens (:func:`microbatches`,
+rows sorted by length so little padding is computed); each micro-batch's loss is scaled by
+:func:`asyncrl.algo.microbatch_weights` and back-propagated at once, so its activations are freed
+before the next one and the accumulated gradient is the whole minibatch's (gradient accumulation,
+not extra optimiser steps). Log-probs come from the final hidden states in chunks of
+``trainer.logits_chunk_tokens`` (never ``[B, T, V]`` logits); ``trainer.gradient_checkpointing``
+recomputes block activations in the backward. The no-grad passes (proximal, reference, KL check)
+use the same micro-batches.
 """
 
 from __future__ import annotations
@@ -15,11 +25,19 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from asyncrl.algo import approx_kl, entropy_loss, kl_penalty_loss, masked_mean, policy_loss
+from asyncrl.algo import (
+    approx_kl,
+    entropy_loss,
+    kl_penalty_loss,
+    masked_mean,
+    microbatch_weights,
+    policy_loss,
+    policy_loss_mask,
+)
 from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import token_logprobs_and_entropy
@@ -67,6 +85,58 @@ def collate(batch: list[Trajectory], pad_id: int) -> Batch:
     return Batch(ids, attn, mask, behaviour, versions, temperature)
 
 
+def microbatches(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+    """Row indices of micro-batches of at most ``max_tokens`` padded tokens (rows × longest row).
+
+    Rows are taken longest first (stable), so each micro-batch pads to little more than its own
+    rows; a row longer than the budget is a micro-batch of its own. ``max_tokens = 0`` is one
+    micro-batch of every row in order. ``lengths``: ``[B]`` real tokens per row.
+    """
+    n = int(lengths.shape[0])
+    if max_tokens <= 0 or n == 0:
+        return [torch.arange(n)]
+    order = torch.sort(lengths, descending=True, stable=True).indices.tolist()
+    parts: list[list[int]] = [[order[0]]]
+    width = max(int(lengths[order[0]]), 1)  # the longest row of the current micro-batch (its first)
+    for r in order[1:]:
+        if (len(parts[-1]) + 1) * width <= max_tokens:
+            parts[-1].append(r)
+        else:
+            parts.append([r])
+            width = max(int(lengths[r]), 1)
+    return [torch.tensor(p, dtype=torch.long) for p in parts]
+
+
+class _Minibatch(NamedTuple):
+    """What the loss of a set of rows needs besides the model (all ``[B, T]`` over the whole batch)."""
+
+    b: Batch
+    adv: torch.Tensor
+    prox: torch.Tensor
+    ref: torch.Tensor | None
+    age: torch.Tensor
+
+
+def _merge_metrics(parts: list[tuple[dict[str, float], float, float]]) -> dict[str, float]:
+    """One minibatch's metrics from its micro-batches' ``(metrics, policy weight, token weight)``.
+
+    Losses add up with their weights (so ``loss/policy`` is the whole minibatch's loss), token counts
+    add up, ``*_max``/``*_min`` take the extreme, anything else is a mean weighted by valid tokens.
+    """
+    out: dict[str, float] = {}
+    for metrics, w_policy, w_tok in parts:
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                out[k] = max(out.get(k, -math.inf), v)
+            elif k.endswith("_min"):
+                out[k] = min(out.get(k, math.inf), v)
+            elif k == "policy/tokens":
+                out[k] = out.get(k, 0.0) + v
+            else:
+                out[k] = out.get(k, 0.0) + (w_policy if k == "loss/policy" else w_tok) * v
+    return out
+
+
 @dataclass
 class _Snapshot:
     """The policy's weights and optimiser state at the start of a step, to undo it."""
@@ -96,9 +166,19 @@ class Learner:
         self.ref = ref_policy
         tc = cfg.trainer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter alone
-        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
+        # fused: one kernel per step without the foreach path's parameter-sized temporaries (the
+        # optimiser step was the peak of a memory-lean step); CPU and CUDA have the kernel
+        fused = policy.device.type in ("cpu", "cuda") and bool(trainable)
+        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
+        if tc.gradient_checkpointing:
+            hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
+            enable = getattr(hf, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:  # pragma: no cover - older transformers
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
 
     def _lr_factor(self, step: int) -> float:
@@ -125,51 +205,31 @@ class Learner:
         age = torch.where(b.mask > 0, (version - b.versions).clamp(min=0), torch.zeros_like(b.versions))
         # 2. proximal log-probs: the weights at the start of this step (decoupled PPO, KL early stop)
         with torch.no_grad():
-            prox, _ = token_logprobs_and_entropy(self.model, b.ids, b.attn, b.temperature, with_entropy=False)
-            ref = None
-            if self.ref is not None and algo.kl_coef > 0:
-                ref, _ = token_logprobs_and_entropy(
-                    self.ref.model, b.ids, b.attn, b.temperature, with_entropy=False
-                )
-        # 3. epochs x minibatches with approximate-KL early stop; a non-finite minibatch undoes the step
+            prox = self._logprobs(self.model, b)
+            ref = self._logprobs(self.ref.model, b) if self.ref is not None and algo.kl_coef > 0 else None
+        data = _Minibatch(b, adv, prox, ref, age)
+        # 3. epochs x minibatches (one optimiser step each) with approximate-KL early stop; a
+        # non-finite minibatch undoes the whole step
         order = torch.arange(len(trajs))
         n_mb = min(tc.minibatches, len(trajs))
         snapshot = _Snapshot.take(self.model, self.optimizer) if n_mb * tc.epochs > 1 else None
         skipped = stopped = 0
+        metrics["train/microbatches"] = 0.0
         for _epoch in range(tc.epochs):
             for mb in torch.chunk(order[torch.randperm(len(order))] if n_mb > 1 else order, n_mb):
-                logp, ent = token_logprobs_and_entropy(self.model, b.ids[mb], b.attn[mb], b.temperature[mb])
-                m = b.mask[mb]
-                loss, pm = policy_loss(
-                    logp, b.behaviour[mb], adv[mb], m, algo.policy_loss, prox_logp=prox[mb], age=age[mb]
-                )
-                if algo.entropy_coef and ent is not None:
-                    el, em = entropy_loss(ent, m, algo.entropy_coef)
-                    loss, pm = loss + el, {**pm, **em}
-                if ref is not None:
-                    kl, km = kl_penalty_loss(logp, ref[mb], m, algo.kl_coef, algo.kl_estimator)
-                    loss, pm = loss + kl, {**pm, **km}
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-                if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+                finite, pm = self._minibatch_step(data, mb)
+                if not finite:
                     skipped = 1  # never step on a non-finite loss or gradient; undo earlier minibatches
-                    self.optimizer.zero_grad(set_to_none=True)
                     if snapshot is not None:
                         snapshot.restore(self.model, self.optimizer)
                     break
-                self.optimizer.step()
+                metrics["train/microbatches"] += pm.pop("train/microbatches")
                 metrics.update(pm)
-                metrics["train/grad_norm"] = float(grad_norm)
-                if ent is not None:
-                    metrics["entropy/mean"] = float(masked_mean(ent.detach(), m))
             if skipped:
                 break
             if tc.target_kl is not None:
                 with torch.no_grad():
-                    now, _ = token_logprobs_and_entropy(
-                        self.model, b.ids, b.attn, b.temperature, with_entropy=False
-                    )
+                    now = self._logprobs(self.model, b)
                 kl_now = float(approx_kl(now, prox, b.mask))
                 metrics["train/approx_kl"] = kl_now
                 if kl_now > tc.target_kl:
@@ -194,3 +254,103 @@ class Learner:
             }
         )
         return metrics
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _parts(self, b: Batch, rows: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """``rows`` cut into micro-batches by the token budget, each with its padded width."""
+        lengths = b.attn[rows].sum(1).cpu()
+        parts = microbatches(lengths, self.cfg.trainer.max_tokens_per_microbatch)
+        return [(rows[p], max(int(lengths[p].max()), 1)) for p in parts]
+
+    def _score(
+        self, model: Any, b: Batch, rows: torch.Tensor, width: int, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) ``[len(rows), width]`` of ``rows``, trimmed to ``width`` columns."""
+        return token_logprobs_and_entropy(
+            model,
+            b.ids[rows, :width],
+            b.attn[rows, :width],
+            b.temperature[rows],
+            with_entropy=with_entropy,
+            chunk_tokens=self.cfg.trainer.logits_chunk_tokens,
+        )
+
+    def _logprobs(self, model: Any, b: Batch) -> torch.Tensor:
+        """Log-probs ``[B, T]`` of the whole batch (no grad), one micro-batch at a time."""
+        out = torch.zeros_like(b.mask)
+        for rows, width in self._parts(b, torch.arange(b.ids.shape[0], device=b.ids.device)):
+            out[rows, :width] = self._score(model, b, rows, width, with_entropy=False)[0]
+        return out
+
+    def _weights(
+        self, d: _Minibatch, parts: list[tuple[torch.Tensor, int]]
+    ) -> tuple[list[float], list[float]]:
+        """Per-micro-batch weights of the policy term and of the token-mean terms (entropy, KL).
+
+        The policy term aggregates over :func:`policy_loss_mask`, which with a divergence filter
+        depends on the current log-probs: with more than one micro-batch they are computed first in
+        a no-grad pass (one extra forward), so the normaliser is the whole minibatch's.
+        """
+        pl = self.cfg.algo.policy_loss
+        masks = [d.b.mask[rows, :w] for rows, w in parts]
+        keep = masks
+        if len(parts) > 1 and pl.max_behaviour_divergence is not None:
+            with torch.no_grad():
+                keep = [
+                    policy_loss_mask(
+                        self._score(self.model, d.b, rows, w, False)[0], d.b.behaviour[rows, :w], m, pl
+                    )
+                    for (rows, w), m in zip(parts, masks, strict=True)
+                ]
+        return microbatch_weights(keep, pl.agg), microbatch_weights(masks, "token_mean")
+
+    def _minibatch_step(self, d: _Minibatch, mb: torch.Tensor) -> tuple[bool, dict[str, float]]:
+        """One optimiser step on rows ``mb``: accumulate micro-batch gradients, clip, step.
+
+        Returns ``(finite, metrics)``; when the loss or the gradient norm is not finite the
+        gradients are dropped and nothing is stepped.
+        """
+        tc, algo = self.cfg.trainer, self.cfg.algo
+        # seq_mean_token_sum_norm divides by the padded length: the whole batch's, in every micro-batch
+        pl = algo.policy_loss
+        if pl.agg == "seq_mean_token_sum_norm" and pl.max_tokens is None:
+            pl = pl.model_copy(update={"max_tokens": int(d.b.ids.shape[1])})
+        parts = self._parts(d.b, mb)
+        w_policy, w_tok = self._weights(d, parts)
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=d.b.ids.device)
+        merged: list[tuple[dict[str, float], float, float]] = []
+        for (rows, w), wp, wt in zip(parts, w_policy, w_tok, strict=True):
+            logp, ent = self._score(self.model, d.b, rows, w, with_entropy=True)
+            m = d.b.mask[rows, :w]
+            loss, pm = policy_loss(
+                logp,
+                d.b.behaviour[rows, :w],
+                d.adv[rows, :w],
+                m,
+                pl,
+                prox_logp=d.prox[rows, :w],
+                age=d.age[rows, :w],
+            )
+            loss = wp * loss
+            if algo.entropy_coef and ent is not None:
+                el, em = entropy_loss(ent, m, algo.entropy_coef)
+                loss, pm = loss + wt * el, {**pm, **em}
+            if d.ref is not None:
+                kl, km = kl_penalty_loss(logp, d.ref[rows, :w], m, algo.kl_coef, algo.kl_estimator)
+                loss, pm = loss + wt * kl, {**pm, **km}
+            if loss.requires_grad:
+                loss.backward()  # type: ignore[no-untyped-call]
+            total = total + loss.detach()
+            if ent is not None:
+                pm["entropy/mean"] = float(masked_mean(ent.detach(), m))
+            merged.append((pm, wp, wt))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
+        if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return False, {}
+        self.optimizer.step()
+        metrics = _merge_metrics(merged)
+        metrics["train/grad_norm"] = float(grad_norm)
+        metrics["train/microbatches"] = float(len(parts))
+        return True, metrics

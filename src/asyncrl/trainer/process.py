@@ -121,7 +121,13 @@ class TrainerRole:
 
         b = collate(group, self.policy.tokenizer.pad_token_id)
         with torch.no_grad():
-            now = token_logprobs(self.policy.model, b.ids, b.attn, b.temperature)
+            now = token_logprobs(
+                self.policy.model,
+                b.ids,
+                b.attn,
+                b.temperature,
+                chunk_tokens=self.cfg.trainer.logits_chunk_tokens,
+            )
         return float(kl_mean(b.behaviour, now, "k3", b.mask))
 
     @property
