@@ -100,7 +100,7 @@ def test_demo_config_runs_on_ray(tmp_path: Path) -> None:
 
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(pids) == {"trainer", "rollout-0", "evaluator"}  # demo.yaml evaluates every 20 versions
-    assert os.getpid() not in pids.values() and len(set(pids.values())) == 2
+    assert os.getpid() not in pids.values() and len(set(pids.values())) == 3
     import ray
 
     assert not ray.is_initialized()
