@@ -106,7 +106,7 @@ def test_save_and_load_keep_base_and_adapter_apart(tiny: Path, tmp_path: Path) -
     torch.testing.assert_close(logits(again, ids), logits(policy, ids))
 
 
-@pytest.mark.slow
+@pytest.mark.realmodel  # make test-models
 def test_a_lora_run_publishes_adapter_versions(tiny: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

@@ -22,7 +22,7 @@ from asyncrl.orchestrator.run import train
 from asyncrl.records import Task
 from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realmodel]  # make test-models: keeps make test within its budget
 
 SMALL = [
     "env.heldout_size=2",
