@@ -50,7 +50,8 @@ bench-venv:
 FAULTS_REPORT ?= runs/faults-report.jsonl
 test-faults: $(STAMP)
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
-	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py tests/test_recovery_model.py
+	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
+	ASYNCRL_MODEL_EXAMPLES=500 $(PY) -m pytest tests/test_recovery_model.py
 	$(PY) bench/faults_table.py $(FAULTS_REPORT)
 
 # Runs of the real SmolLM2-135M-Instruct (imported once into .cache/models): a few minutes per

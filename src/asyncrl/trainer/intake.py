@@ -20,16 +20,18 @@ durable, and not before:
 Why back-pressure cannot deadlock against the checkpoint
 --------------------------------------------------------
 Producers block only while ``depth ≥ capacity``. A live trainer holds at most
-``T + F`` un-acknowledged entries, ``T < checkpoint_every × batch_size`` trained since the last
-checkpoint (the checkpoint that would make it ``checkpoint_every × batch_size`` runs in the same
-iteration) and ``F ≤ buffer_steps × batch_size`` buffered (the buffer evicts beyond that, and an
-eviction is a fate). Dropped, skipped and duplicate entries are acknowledged in the iteration that
-saw them, so they hold nothing. Entries leased by a dead trainer become ready after
-``lease_seconds``. The config requires ``capacity ≥ (checkpoint_every + buffer_steps + 1) ×
-batch_size``, so a full queue always holds a ready (or soon-expired) entry the trainer can take;
-taking it either completes a batch (a step: after at most ``checkpoint_every`` of them, a
-checkpoint acknowledges ``T``), or grows the buffer until an eviction acknowledges an entry, or is
-dropped and acknowledged. Every case frees a slot or moves the trainer towards its checkpoint, so
+``T + F`` un-acknowledged entries (:func:`asyncrl.config.max_trainer_held`): ``T`` trained since the
+last checkpoint — at most ``checkpoint_every − 1`` steps (the step that reaches ``checkpoint_every``
+checkpoints in the same iteration), each of at most ``batch_size + group_size − 1`` samples (a batch
+takes whole groups until it holds ``batch_size``; a group with a dropped member is smaller, so the last
+group taken can overshoot) — and ``F ≤ buffer_steps × batch_size`` buffered (the buffer evicts beyond
+that, and an eviction is a fate). Dropped, skipped and duplicate entries are acknowledged in the
+iteration that saw them, so they hold nothing. Entries leased by a dead trainer become ready after
+``lease_seconds``. The config requires ``capacity ≥ T_max + F_max + 2 × batch_size``
+(:func:`asyncrl.config.min_queue_capacity`), so a full queue always holds a ready (or soon-expired)
+entry the trainer can take; taking it either completes a batch (a step: after at most
+``checkpoint_every`` of them, a checkpoint acknowledges ``T``), or grows the buffer until an eviction
+acknowledges an entry, or is dropped and acknowledged. Every case frees a slot or moves the trainer towards its checkpoint, so
 the producers are never blocked forever. ``tests/test_recovery_model.py`` checks this with
 Hypothesis over interleavings of put / lease / drop / train / checkpoint / crash / lease expiry.
 
