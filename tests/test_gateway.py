@@ -151,6 +151,33 @@ def test_tool_call_and_logprobs_and_streaming_follow_the_openai_schema() -> None
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_tool_choice_none_returns_text_and_unmet_choices_are_counted_not_forced() -> None:
+    """``none``: the reply is not parsed for calls (the tools stay in the prompt, so it still extends
+    the session's); ``required`` / a named function are not forced by constrained decoding — the
+    policy's own reply comes back and the miss is counted."""
+    replies = ["<tool>calc(3*4)</tool>", "just text<eos>", "<tool>calc(1+1)</tool>"]
+    gw = make_gateway(ScriptedEngine(replies))
+    named = {"type": "function", "function": {"name": "calc"}}
+
+    async def body(gw: Gateway) -> Any:
+        c = client(gw, gw.sessions.open(TASK).key)
+        msgs: Any = [{"role": "user", "content": "hi"}]
+        none = await c.chat.completions.create(model=MODEL, messages=msgs, tools=[CALC], tool_choice="none")
+        req = await c.chat.completions.create(
+            model=MODEL, messages=msgs, tools=[CALC], tool_choice="required"
+        )
+        fn = await c.chat.completions.create(model=MODEL, messages=msgs, tools=[CALC], tool_choice=named)
+        return none, req, fn
+
+    none, req, fn = serve(gw, body)
+    assert none.choices[0].message.tool_calls is None and "calc(3*4)" in (
+        none.choices[0].message.content or ""
+    )
+    assert req.choices[0].message.content == "just text" and req.choices[0].finish_reason == "stop"
+    assert fn.choices[0].message.tool_calls[0].function.name == "calc"
+    assert gw.counts["tool_choice_unmet"] == 1  # "required" answered with text; the named call was met
+
+
 def test_edited_history_gives_flagged_per_call_samples_never_retokenised() -> None:
     gw = make_gateway(ScriptedEngine(["<tool>calc(3*4)</tool>", "<answer>12</answer>"]))
 
@@ -267,6 +294,12 @@ def test_unknown_and_finished_keys_are_401_with_an_openai_error_body() -> None:
         ({**OK, "temperature": "hot"}, "temperature"),
         ({**OK, "messages": [{"role": "user", "content": "x" * 600}]}, "messages"),
         ({"messages": OK["messages"]}, "model"),
+        ({**OK, "tool_choice": "always"}, "tool_choice"),
+        ({**OK, "tool_choice": "required"}, "tool_choice"),  # no tools
+        (
+            {**OK, "tools": [CALC], "tool_choice": {"type": "function", "function": {"name": "web"}}},
+            "tool_choice",
+        ),
     ],
 )
 def test_bad_requests_are_400_naming_the_field(body: Any, param: str | None) -> None:

@@ -95,6 +95,34 @@ class ChatRequest(_Loose):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool | None = None
 
+    def tool_choice_mode(self) -> tuple[str, str | None]:
+        """``(mode, function name)``: mode is ``auto``, ``none``, ``required`` or ``function``.
+
+        Raises :class:`GatewayError` (400, ``param="tool_choice"``) for anything else, or for a
+        function that is not among ``tools``."""
+        tc = self.tool_choice
+        names = [t.function.name for t in self.tools or []]
+        if tc is None:
+            return "auto", None
+        if tc in ("auto", "none", "required"):
+            if tc == "required" and not names:
+                raise GatewayError(400, "tool_choice: 'required' needs tools", param="tool_choice")
+            return str(tc), None
+        fn = tc.get("function") if isinstance(tc, dict) and tc.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise GatewayError(
+                400,
+                "tool_choice: must be 'auto', 'none', 'required' or "
+                '{"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        if name not in names:
+            raise GatewayError(
+                400, f"tool_choice: function {name!r} is not among tools {names}", param="tool_choice"
+            )
+        return "function", name
+
     def stops(self) -> list[str]:
         if self.stop is None:
             return []

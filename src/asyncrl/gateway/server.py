@@ -81,6 +81,7 @@ class Gateway:
             "held_seconds": 0.0,
             "appended_prompts": 0,
             "rendered_prompts": 0,
+            "tool_choice_unmet": 0,
         }
         self.port: int | None = None
         self._server: Any = None
@@ -199,6 +200,7 @@ class Gateway:
                 code="model_not_found",
             )
         self._check_session_age(s)
+        choice_mode, choice_fn = req.tool_choice_mode()
         try:
             prompt = self._prompt(s, req)
         except ChatTemplateError as exc:
@@ -236,7 +238,15 @@ class Gateway:
             rec = CallRecord(prompt, ids, lps, version, sample.finish_reason, auxiliary, started, time.time())
             s.calls.append(rec)
             records.append(rec)
-            content, calls = self.messages.parse(ids, req.tools or [])
+            # tool_choice "none": the tools stay in the prompt (so it still extends the session's
+            # prompt token-exactly), the reply is not parsed for calls
+            content, calls = self.messages.parse(ids, [] if choice_mode == "none" else req.tools or [])
+            if (choice_mode == "required" and not calls) or (
+                choice_mode == "function" and [n for n, _ in calls] != [choice_fn]
+            ):
+                # Not enforced by constrained decoding: that would sample tokens the policy did not
+                # choose, and their log-probs would no longer be the behaviour policy's. Counted.
+                self.counts["tool_choice_unmet"] += 1
             tool_calls = [
                 {
                     "id": f"call_{len(s.calls)}_{k}",

@@ -15,6 +15,7 @@ takes full weights, e.g. vLLM, and for saving a warm start as an ordinary model 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,9 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
     peft_cfg = PeftLoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules)
     )
-    return get_peft_model(model, peft_cfg)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, peft_cfg)
 
 
 def is_lora(model: Any) -> bool:
