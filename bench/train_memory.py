@@ -13,8 +13,9 @@ the step's own cost is the difference) and the step's wall time. A child whose R
 Configurations (``--configs``): ``plain`` (full-vocabulary logits for the whole batch, one pass:
 the path before this change), ``chunked`` (logits in chunks of ``trainer.logits_chunk_tokens``),
 ``lean`` (chunked + micro-batches of 1024 tokens), ``lean_gc`` (chunked + micro-batches of the
-default ``trainer.max_tokens_per_microbatch`` + gradient checkpointing); each also ``*_lora`` (``model.lora`` with its defaults). Prints one JSON
-object.
+default ``trainer.max_tokens_per_microbatch`` + gradient checkpointing), ``lean_gc_mmap`` (that, with
+``launcher.malloc_mmap_threshold_kb=1024``: large tensors in pages of their own, returned on free);
+each also ``*_lora`` (``model.lora`` with its defaults). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ CONFIGS: dict[str, list[str]] = {
     "chunked": ["trainer.max_tokens_per_microbatch=0"],
     "lean": ["trainer.max_tokens_per_microbatch=1024"],
     "lean_gc": ["trainer.gradient_checkpointing=true"],
+    "lean_gc_mmap": ["trainer.gradient_checkpointing=true", "launcher.malloc_mmap_threshold_kb=1024"],
 }
 CONFIGS.update({f"{k}_lora": [*v, "model.lora={}"] for k, v in list(CONFIGS.items())})
 PROMPT_TOKENS = 64
@@ -55,6 +57,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     overrides = [f"model.path={args.model}", "trainer.lr=1e-5", "rollout.group_size=4", *CONFIGS[args.child]]
     overrides += [f"trainer.batch_size={args.samples}", *args.set]
     cfg = load_config(None, overrides)
+    from asyncrl.policy.memory import set_mmap_threshold
+
+    set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # as the trainer role process does
     policy = Policy.from_config(cfg.model)
     rss_loaded = _rss_mb()
     g = torch.Generator().manual_seed(0)

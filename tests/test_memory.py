@@ -314,3 +314,71 @@ def test_chunked_matches_plain_with_lora(targets: list[str]) -> None:
     assert grads.keys() == ref_grads.keys() and all("lora_" in n for n in grads)
     for name, g in grads.items():
         torch.testing.assert_close(g, ref_grads[name], msg=lambda m, n=name: f"{n}: {m}")  # type: ignore[misc]
+
+
+def test_sft_loss_chunked_equals_the_cross_entropy_reference() -> None:
+    """The warm start's loss from chunked log-probs is the masked mean cross-entropy of full logits
+    (the loop reference), with the same gradients."""
+    from asyncrl.trainer.sft import sft_loss
+
+    g = torch.Generator().manual_seed(3)
+    batch = []
+    for n in (9, 14, 5):
+        ids = torch.randint(1, VOCAB, (n,), generator=g).tolist()
+        batch.append((ids, [0] * 3 + [1] * (n - 3)))  # a prompt, then model tokens
+    model = tiny_model("llama", tied=True)
+    chunked = sft_loss(model, batch, pad_id=0, chunk_tokens=4)
+    (g_chunked,) = torch.autograd.grad(chunked, [model.lm_head.weight])
+    total, count = torch.zeros(()), 0
+    for ids, m in batch:  # per sequence, no padding: sum of -log softmax at the masked positions
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+        logp = torch.log_softmax(logits[:-1], dim=-1)
+        for t in range(1, len(ids)):
+            if m[t]:
+                total = total - logp[t - 1, ids[t]]
+                count += 1
+    reference = total / count
+    (g_ref,) = torch.autograd.grad(reference, [model.lm_head.weight])
+    torch.testing.assert_close(chunked, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_chunked, g_ref, rtol=1e-4, atol=1e-6)
+
+
+_RETENTION = """
+import sys, torch
+from asyncrl.policy.memory import set_mmap_threshold
+from asyncrl.telemetry.jsonl import memory_figures
+if sys.argv[1] != "0":
+    assert set_mmap_threshold(int(sys.argv[1]))
+big = torch.empty(8 << 20, dtype=torch.uint8).fill_(1)
+del big  # glibc now raises its mmap threshold to 8 MiB
+base = memory_figures()["mem/rss_mb"]
+held, pin = [], []
+for i in range(60):  # 240 MiB of 4 MiB tensors, every other one kept a little longer (fragments)
+    held.append(torch.empty(4 << 20, dtype=torch.uint8).fill_(1))
+    if i % 2:
+        held.pop(0)
+    pin.append(torch.empty(1000, dtype=torch.uint8))  # small live objects between them
+held.clear()
+print(memory_figures()["mem/rss_mb"] - base)
+"""
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc mallopt")
+def test_mmap_threshold_returns_freed_activations_to_the_os() -> None:
+    """With glibc's dynamic threshold, freed 4 MiB tensors stay in the heap (RSS kept); with
+    ``launcher.malloc_mmap_threshold_kb`` they get pages of their own and RSS comes back down."""
+    import subprocess
+    import sys
+
+    def kept_mb(kb: int) -> float:
+        out = subprocess.run(
+            [sys.executable, "-c", _RETENTION, str(kb)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        return float(out.stdout.strip().splitlines()[-1])
+
+    assert kept_mb(0) > 4  # at least one 4 MiB block retained by the heap
+    assert kept_mb(1024) < 2

@@ -675,6 +675,13 @@ class LauncherConfig(Section):
     elsewhere (``asyncrl role ...`` as services) and the orchestrator only watches their heartbeats."""
     torch_threads: int = Field(1, ge=1, le=1024)
     """torch threads per role process (1 avoids oversubscription on small machines)."""
+    malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
+    """glibc only: allocations of at least this many KiB get their own pages (``mallopt
+    M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process. 0 keeps glibc's
+    dynamic threshold, which rises to 32 MiB: a training step's many 1–30 MiB activation tensors
+    then live in the heap, whose fragments are kept, so a role's RSS can be twice its live tensors
+    (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades some speed (page
+    faults on every large allocation) for a peak close to the live memory."""
     address: str | None = None
     """kind: ray — cluster to join: ``auto`` (the cluster of ``ray start`` on this machine), ``ray://host:10001``
     (Ray Client), or unset for a local cluster started (and stopped) by the launcher."""

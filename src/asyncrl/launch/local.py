@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import LauncherConfig, RunConfig
+from asyncrl.policy.memory import set_mmap_threshold
 
 
 def init_role_process(cfg_json: str) -> RunConfig:
-    """First thing every role process does: parse its config and pin torch threads."""
+    """First thing every role process does: parse its config, pin torch threads, set the allocator."""
     cfg = RunConfig.model_validate_json(cfg_json)
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.launcher.torch_threads))
     import torch
 
     torch.set_num_threads(cfg.launcher.torch_threads)
+    set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return cfg
 

@@ -42,7 +42,8 @@ from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import make_state_store
-from asyncrl.telemetry.jsonl import MetricTail
+from asyncrl.policy.memory import release_memory
+from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
 from asyncrl.telemetry.orchestrator import OrchestratorTelemetry
 
 log = logging.getLogger("asyncrl.orchestrator")
@@ -597,8 +598,14 @@ def train(
             shutil.copytree(ws.path, run_dir / "initial_policy")
             policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
             make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
-            prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+            # a warm start trained just now was evaluated with this very call (same limit, same
+            # seed) on the weights it saved: reuse it rather than play the held-out set twice
+            prior = (
+                ws.report if not ws.cached else evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+            )
             (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
+            del policy, ws
+            release_memory()  # the warm start's peak is not this supervisor's to keep for the run
         except BaseException:
             if fresh:  # nothing ran yet: leave no half-made run directory behind
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -630,6 +637,18 @@ def _check_env(cfg: RunConfig) -> None:
 
     make_task_source(cfg.env)
     asyncio.run(close_env(make_raw_env(cfg.env)))
+
+
+def _peak_memory(run_dir: Path) -> dict[str, float]:
+    """Peak resident memory (MB) per role, from the ``mem/peak_rss_mb`` of its metric rows (the
+    highest over restarts), and of this launcher process (warm start and evaluations)."""
+    peaks: dict[str, float] = {}
+    for row in read_jsonl_dir(run_dir / "metrics"):
+        role, peak = row.get("role"), row.get("mem/peak_rss_mb")
+        if isinstance(role, str) and isinstance(peak, (int, float)):
+            peaks[role] = max(peaks.get(role, 0.0), float(peak))
+    peaks["launcher"] = memory_figures()["mem/peak_rss_mb"]
+    return dict(sorted(peaks.items()))
 
 
 def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
@@ -722,6 +741,7 @@ def _summary(
         "cost_waste_share": cost.get("waste_total_share"),
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
         **_token_exactness(orch),
+        "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         "notes": [faults["note"]] if faults["note"] else [],
     }

@@ -147,3 +147,40 @@ def check_fits(need: int, what: str, *, available: int | None = None) -> None:
             f"{what} needs about {need / GIB:.1f} GiB but this machine has {have / GIB:.1f} GiB free; "
             "use a smaller model, model.dtype=bfloat16, or a machine with more memory"
         )
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:  # pragma: no cover - no loadable C library
+        return None
+
+
+def set_mmap_threshold(kb: int) -> bool:
+    """Allocations of ``kb`` KiB or more get their own pages, returned to the OS on free (glibc
+    ``mallopt(M_MMAP_THRESHOLD)``; fixing it also stops glibc raising it). Returns whether it applied."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if kb <= 0 or mallopt is None:
+        return False
+    m_mmap_threshold = -3  # from <malloc.h>
+    return bool(mallopt(m_mmap_threshold, kb * 1024))
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``).
+
+    glibc keeps freed blocks in its arenas, so a process whose peak was a warm start or an
+    evaluation keeps that RSS for the rest of its life although the tensors are gone. The launcher
+    calls this once the warm start and the initial evaluation are done: it then only supervises.
+    A no-op where the C library is not glibc."""
+    import gc
+
+    gc.collect()
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +41,19 @@ def read_jsonl_dir(folder: Path) -> list[dict[str, Any]]:
     return [row for path in sorted(folder.glob("*.jsonl")) for row in read_jsonl(path)]
 
 
+def memory_figures() -> dict[str, float]:
+    """This process's resident memory now and its peak so far, in MB (``mem/rss_mb``,
+    ``mem/peak_rss_mb``): every metric row carries them, so each role's memory is on TensorBoard
+    and its peak in ``summary.json``."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):  # not Linux
+        rss = peak
+    return {"mem/rss_mb": round(rss, 1), "mem/peak_rss_mb": round(peak, 1)}
+
+
 class MetricWriter:
     """Appends metric rows for one role process; every row carries the process id and how long the
     process has been alive (``alive_s``, from ``started``), so the cost ledger can add up every
@@ -58,7 +72,7 @@ class MetricWriter:
         }
         now = time.time()
         head = {"time": now, "role": self.role, "pid": self.pid, "alive_s": now - self.started}
-        self._f.write(json.dumps({**head, **fields, **clean}) + "\n")
+        self._f.write(json.dumps({**head, **fields, **clean, **memory_figures()}) + "\n")
 
     def event(self, name: str, data: dict[str, Any]) -> None:
         self._f.write(json.dumps({"time": time.time(), "role": self.role, "event": name, **data}) + "\n")

@@ -147,8 +147,16 @@ def build_demonstrations(
     return asyncio.run(all_demos())
 
 
-def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over the model's tokens (loss mask 1) of a right-padded batch."""
+def sft_loss(
+    model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int, chunk_tokens: int = 0
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the model's tokens (loss mask 1) of a right-padded batch.
+
+    ``loss = −Σ_{b,t} m[b,t] · log p(x[b,t] | x[b,<t]) / Σ m``. The log-probs come from
+    :func:`~asyncrl.policy.model.token_logprobs` with ``chunk_tokens``
+    (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary."""
+    from asyncrl.policy.model import token_logprobs
+
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), T), dtype=torch.float32)
@@ -159,12 +167,9 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
         attn[i, : len(x)] = 1
     dev = next(model.parameters()).device
     ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    target, m = ids[:, 1:], mask[:, 1:]
-    nll = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
-    )
-    loss: torch.Tensor = (nll.view_as(m) * m).sum() / m.sum().clamp(min=1.0)
+    lp = token_logprobs(model, ids, attn, chunk_tokens=chunk_tokens)  # lp[:, 0] = 0 (no context)
+    m = mask[:, 1:] * attn[:, 1:]
+    loss: torch.Tensor = -(lp[:, 1:] * m).sum() / m.sum().clamp(min=1.0)
     return loss
 
 
@@ -194,7 +199,7 @@ def train_sft(
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             batch = rng.sample(demos, min(sft.batch_size, len(demos)))
-            loss = sft_loss(model, batch, policy.tokenizer.pad_token_id)
+            loss = sft_loss(model, batch, policy.tokenizer.pad_token_id, cfg.trainer.logits_chunk_tokens)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
