@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,17 +21,11 @@ from asyncrl.trainer.checkpoint import (
     save_checkpoint,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
 Setup = tuple[Policy, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _lr_lambda(step: int) -> float:

@@ -26,6 +26,7 @@ import pytest
 from asyncrl.config import RunConfig, load_config
 from asyncrl.orchestrator.run import SNAPSHOT, Orchestrator, train
 from asyncrl.orchestrator.state import ControlState
+from helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,22 +47,8 @@ BASE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("control-cache")
-
-
 def make_cfg(tmp: Path, cache: Path, *extra: str) -> RunConfig:
     return load_config(None, [*BASE, f"run_root={tmp}", f"cache_dir={cache}", *extra])
-
-
-def wait_for(pred: Any, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def alerts(run_dir: Path) -> list[dict[str, Any]]:

@@ -337,7 +337,8 @@ def test_early_termination_after_k_consecutive_invalid_actions() -> None:
     from asyncrl.envs import make_env
     from asyncrl.records import SamplingParams
     from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
-    from test_episode import TEMPLATE, ScriptedEngine, calc_task
+    from helpers import calc_task
+    from test_episode import TEMPLATE, ScriptedEngine
 
     def play(texts: list[str], k: int) -> Any:
         async def go() -> Any:

@@ -49,11 +49,6 @@ TINY = [
 RUNS: dict[str, Path] = {}
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("credit-cache")
-
-
 def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     return [r for r in rows if r.get("role") == "trainer" and "event" not in r]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,9 @@ from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
 from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engine
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny(family: str = "qwen2", seed: int = 0, peaky: float = 0.0, **kw: int) -> Policy:

@@ -15,6 +15,7 @@ from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
 from asyncrl.rollout.engine import GenerationEngine, Sample
 from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+from helpers import calc_task
 
 TOK = build_tokenizer("char")
 TEMPLATE = TextRenderer(TOK)
@@ -48,20 +49,6 @@ def settings(max_context: int = 512, max_turns: int = 6) -> EpisodeSettings:
         max_turns=max_turns,
         max_context=max_context,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=40),
-    )
-
-
-def calc_task() -> Task:
-    return Task(
-        id="t",
-        task_type="arithmetic",
-        difficulty=2,
-        payload={
-            "prompt": "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?",
-            "start": 3,
-            "steps": [["*", 4], ["+", 5]],
-            "answer": "17",
-        },
     )
 
 

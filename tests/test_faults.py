@@ -22,6 +22,7 @@ turns the rows into the table in ``docs/reliability.md``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -29,46 +30,34 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import helpers
 from asyncrl.config import RunConfig, load_config
 from asyncrl.orchestrator.run import train
 from asyncrl.orchestrator.state import StateStore, make_state_store
+from helpers import TINY_RUN
 from redis_server import RedisServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
 STEPS, BATCH = 16, 16
+wait_for = functools.partial(helpers.wait_for, every=0.1)
+
 TINY = [
-    "model.max_context=256",
+    *TINY_RUN,
     "env.heldout_size=8",
-    "env.latency.kind=constant",
-    "env.latency.seconds=0.002",
-    "rollout.group_size=8",
-    "rollout.concurrent_episodes=32",
-    "rollout.sampling.max_new_tokens=16",
     f"trainer.batch_size={BATCH}",
     f"trainer.total_steps={STEPS}",
-    "trainer.checkpoint_every=2",
-    "trainer.sft.steps=30",
-    "trainer.sft.num_demos=200",
-    "telemetry.log_every_s=0.5",
-    "telemetry.tensorboard=false",
     "transport.kind=redis",
     "transport.capacity=256",
     "transport.lease_seconds=5",
     "weights.kind=shared",
     "weights.keep=1000",
 ]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("faults-cache")
 
 
 class Job:
@@ -141,15 +130,6 @@ class Job:
         assert not self.thread.is_alive(), "the run did not finish"
         assert "error" not in self.out, self.out.get("error")
         return dict(self.out["summary"])
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def published_in_order(weights_root: Path) -> list[int]:

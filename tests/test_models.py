@@ -24,9 +24,10 @@ from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.errors import UserError
 from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, TextRenderer, count_differences, eos_ids
 from asyncrl.policy.toolcalls import make_format
-from asyncrl.records import SamplingParams, Task
+from asyncrl.records import SamplingParams
 from asyncrl.rollout.engine import GenerationEngine, Sample
 from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+from helpers import calc_task
 from models_util import REPO, family_tokenizer, load_tokenizer, smollm2_dir
 
 FAMILIES = ["smollm2", "qwen25", "llama3"]
@@ -261,20 +262,6 @@ class TokenEngine(GenerationEngine):
 
     def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
         pass
-
-
-def calc_task() -> Task:
-    return Task(
-        id="t",
-        task_type="arithmetic",
-        difficulty=2,
-        payload={
-            "prompt": "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?",
-            "start": 3,
-            "steps": [["*", 4], ["+", 5]],
-            "answer": "17",
-        },
-    )
 
 
 def run_scripted(r: Any, turns: list[list[int]], max_context: int = 4096) -> Any:

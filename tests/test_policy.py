@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,10 @@ from asyncrl.policy import (
 )
 from asyncrl.policy.tokenizer import CHAR_ALPHABET
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64}
 PRINTABLE = "".join(CHAR_ALPHABET)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,9 @@ from asyncrl.rollout.engine import HFEngine, Sample, make_engine
 from asyncrl.rollout.prefix_cache import PrefixCache
 from test_engine import TINY, random_prompts, recomputed, tiny
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STOPS = [50, 60]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def multi_turn(

@@ -6,6 +6,7 @@ sweep is in the fault suite (``make test-faults``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import SQLiteStateStore
 from asyncrl.records import Task, Trajectory, Turn, new_id
 from asyncrl.trainer.buffer import ReplayBuffer
+from helpers import TINY_RUN, wait_for
 
 
 def test_config_file_not_utf8_or_a_directory_is_one_clear_error(tmp_path: Path) -> None:
@@ -141,33 +143,16 @@ def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tm
 
 
 # ---- a sample of the crash-point sweep (the whole sweep: test_faults.py, `make test-faults`) ---------
+_wait = functools.partial(wait_for, every=0.05)
+
 TINY = [
-    "model.max_context=256",
+    *TINY_RUN,
     "env.heldout_size=8",
-    "env.latency.kind=constant",
-    "env.latency.seconds=0.002",
-    "rollout.group_size=8",
-    "rollout.concurrent_episodes=32",
-    "rollout.sampling.max_new_tokens=16",
     "trainer.batch_size=16",
     "trainer.total_steps=6",
-    "trainer.checkpoint_every=2",
-    "trainer.sft.steps=30",
-    "trainer.sft.num_demos=200",
-    "telemetry.log_every_s=0.5",
-    "telemetry.tensorboard=false",
     "telemetry.eval_every=0",
     "orchestrator.max_staleness=2",
 ]
-
-
-def _wait(pred: Any, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow

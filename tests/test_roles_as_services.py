@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TINY_RUN
 from redis_server import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -22,20 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "Svc-Pa55word-4711"
 TINY = [  # a small, quick run: the point is the wiring, not the learning
-    "model.max_context=256",
+    *TINY_RUN,
     "env.heldout_size=16",
-    "env.latency.kind=constant",
-    "env.latency.seconds=0.002",
-    "rollout.group_size=8",
-    "rollout.concurrent_episodes=32",
-    "rollout.sampling.max_new_tokens=16",
     "trainer.batch_size=16",
     "trainer.total_steps=6",
-    "trainer.checkpoint_every=2",
-    "trainer.sft.steps=30",
-    "trainer.sft.num_demos=200",
-    "telemetry.log_every_s=0.5",
-    "telemetry.tensorboard=false",
 ]
 
 

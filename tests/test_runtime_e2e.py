@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest
 from asyncrl.config import RunConfig, load_config
 from asyncrl.orchestrator.run import train
 from asyncrl.orchestrator.state import ControlState
+from helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -49,11 +49,6 @@ BASE = [  # the demo's model, task mix and warm start (shared by all tests here 
 ]
 
 
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("asyncrl-cache")
-
-
 def make_cfg(tmp: Path, cache: Path, *extra: str) -> RunConfig:
     return load_config(None, [*BASE, f"run_root={tmp}", f"cache_dir={cache}", *extra])
 
@@ -70,15 +65,6 @@ def run_in_thread(cfg: RunConfig, **kw: Any) -> tuple[threading.Thread, dict[str
     th = threading.Thread(target=target, daemon=True)
     th.start()
     return th, out
-
-
-def wait_for(pred: Any, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def the_run_dir(root: Path) -> Path:

@@ -9,6 +9,7 @@ torch), so spawned children start fast.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -17,7 +18,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from asyncrl.transport import (
     TrajectoryQueue,
     make_queue,
 )
+from helpers import wait_for
 
 SPAWN = mp.get_context("spawn")
 REDIS_URL = os.environ.get("ASYNCRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -246,12 +248,7 @@ def _hold_leases(kind: str, run_dir: str, lease_seconds: float, n: int, out_path
     time.sleep(600)
 
 
-def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+_wait_for = functools.partial(wait_for, every=0.02)
 
 
 def _kill(proc: Any) -> None:

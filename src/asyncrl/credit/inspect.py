@@ -4,14 +4,17 @@ For each trajectory: the prompt, then one row per segment (model turn + observat
 text, the environment's process reward, the value model's estimate before and after, and the
 final credit (the segment's per-token advantage), coloured green (positive) to red (negative).
 :func:`credit_fragment` renders the same as a self-contained HTML fragment (inline CSS, no
-scripts) that the run report embeds.
+scripts; the Jinja2 template ``templates/credit_fragment.html.j2``) that the run report embeds.
 """
 
 from __future__ import annotations
 
-import html
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
+
+import jinja2
 
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, read_samples
 
@@ -96,66 +99,74 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
         console.print(table)
 
 
-_CSS = """
-.asyncrl-credit{font-family:system-ui,sans-serif;font-size:13px;color:#222}
-.asyncrl-credit h4{margin:14px 0 4px;font-size:13px}
-.asyncrl-credit table{border-collapse:collapse;width:100%;margin-bottom:6px}
-.asyncrl-credit td,.asyncrl-credit th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
-.asyncrl-credit th{background:#f4f4f4;text-align:left}
-.asyncrl-credit td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.asyncrl-credit code{white-space:pre-wrap;word-break:break-all;font-size:12px}
-.asyncrl-credit .obs{color:#777}
-.asyncrl-credit .prompt{color:#555;font-size:12px;margin:2px 0 4px}
-"""
-
-
 def _cell_colour(credit: float, scale: float) -> str:
     a = min(1.0, abs(credit) / scale) * 0.6 if scale > 0 else 0.0
     rgb = "46,160,67" if credit > 0 else "215,58,73"
     return f"background:rgba({rgb},{a:.2f})"
 
 
+@dataclass
+class _SegmentRow:
+    act: str
+    obs: str
+    process: str
+    v_before: str
+    v_after: str
+    credit: str
+    style: str
+
+
+@dataclass
+class _SampleView:
+    heading: str
+    prompt: str
+    segments: list[_SegmentRow]
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("asyncrl.credit", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
 def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
 
-    A run without sample files (``credit.sample_every: 0``) gets a one-line fragment saying so;
-    unreadable sample files raise :class:`asyncrl.errors.UserError`.
+    The markup is ``templates/credit_fragment.html.j2``. A run without sample files
+    (``credit.sample_every: 0``) gets a one-line fragment saying so; unreadable sample files raise
+    :class:`asyncrl.errors.UserError`.
     """
     from asyncrl.credit.samples import SAMPLES_DIR
 
     run = Path(run_dir)
+    template = _templates().get_template("credit_fragment.html.j2")
     if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
-        return (
-            "<div class='asyncrl-credit'><p>No credit samples in this run "
-            "(credit.sample_every was 0 or the trainer took no step).</p></div>"
-        )
+        return template.render(samples=None)
     files, picked = _latest(run, n)
     tok = _tokenizer(run)
-    parts = [
-        f"<div class='asyncrl-credit'><style>{_CSS}</style>",
-        f"<p>Credit strategy <b>{html.escape(files[-1].strategy)}</b>; {len(picked)} trained trajectories "
-        "from the newest sample files. Each row is one segment (model turn → observation); the last column "
-        "is the advantage its tokens were trained with (green positive, red negative).</p>",
-    ]
+    views = []
     for step, s in picked:
         t = s.trajectory
         prompt, texts = _segment_texts(s, tok)
         scale = max((abs(g.credit) for g in s.segments), default=1.0)
-        parts.append(
-            f"<h4>step {step} · task {html.escape(t.task.id)} · {html.escape(t.outcome)} · reward "
-            f"{t.final_reward:.2f} · outcome advantage {s.outcome_advantage:+.2f}</h4>"
-            f"<div class='prompt'><code>{html.escape(prompt)}</code></div>"
-            "<table><tr><th>#</th><th>model turn → observation</th><th>process</th><th>V before</th>"
-            "<th>V after</th><th>credit</th></tr>"
-        )
-        for k, (seg, (act, obs)) in enumerate(zip(s.segments, texts, strict=True)):
-            parts.append(
-                f"<tr><td class='num'>{k + 1}</td><td><code>{html.escape(act)}</code>"
-                + (f" <code class='obs'>→ {html.escape(obs)}</code>" if obs else "")
-                + f"</td><td class='num'>{seg.process_reward:+.2f}</td><td class='num'>{_fmt(seg.v_before)}</td>"
-                f"<td class='num'>{_fmt(seg.v_after)}</td>"
-                f"<td class='num' style='{_cell_colour(seg.credit, scale)}'>{seg.credit:+.3f}</td></tr>"
+        rows = [
+            _SegmentRow(
+                act=act,
+                obs=obs,
+                process=f"{seg.process_reward:+.2f}",
+                v_before=_fmt(seg.v_before),
+                v_after=_fmt(seg.v_after),
+                credit=f"{seg.credit:+.3f}",
+                style=_cell_colour(seg.credit, scale),
             )
-        parts.append("</table>")
-    parts.append("</div>")
-    return "".join(parts)
+            for seg, (act, obs) in zip(s.segments, texts, strict=True)
+        ]
+        heading = (
+            f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
+            f"outcome advantage {s.outcome_advantage:+.2f}"
+        )
+        views.append(_SampleView(heading, prompt, rows))
+    return template.render(strategy=files[-1].strategy, samples=views)

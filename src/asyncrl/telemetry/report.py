@@ -7,7 +7,10 @@ breakdown of the trajectory lifecycle; reward and length distributions; evaluati
 timeline (``alerts.jsonl``); cost breakdown and waste (``cost.json``); credit view of sample
 trajectories (``asyncrl.credit.inspect.credit_fragment``, when that module exists); role events.
 
-Charts are inline SVG built in Python (:mod:`asyncrl.telemetry.svg`). A short inline script checks on
+This module prepares the data: each section is a list of blocks (:class:`Figure`, :class:`Row`,
+:class:`Table`, :class:`Cards`, :class:`Note`, ...). The markup is the Jinja2 template
+``templates/report.html.j2`` (autoescaped), which inlines ``report.css`` and the two scripts. Charts are
+inline SVG built in Python (:mod:`asyncrl.telemetry.svg`). A short inline script checks on
 load that every chart holds at least one visible data mark and records the result on ``<body>``
 (``data-charts-total``, ``data-charts-rendered``, ``data-js-errors``), so a headless browser's DOM dump
 proves the page rendered.
@@ -20,9 +23,12 @@ import importlib
 import json
 import math
 from collections.abc import Sequence
-from html import escape
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+import jinja2
 
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
@@ -90,22 +96,117 @@ class RunData:
         return xs, ys
 
 
+# ---- what the template renders ------------------------------------------------------------------
+@dataclass
+class Figure:
+    """One chart (inline SVG), or the ``empty`` note in its place when there is nothing to draw."""
+
+    kind: ClassVar[str] = "figure"
+    id: str
+    title: str
+    svg: str
+    """Markup from :mod:`asyncrl.telemetry.svg` (which escapes its text); empty: no chart."""
+    empty: str
+
+
+@dataclass
+class Row:
+    """Figures side by side."""
+
+    kind: ClassVar[str] = "row"
+    figures: list[Figure]
+
+
+@dataclass
+class Table:
+    kind: ClassVar[str] = "table"
+    cols: list[str]
+    rows: list[list[str]]
+    cls: str = ""
+
+
+@dataclass
+class Cards:
+    """Headline figures: (label, value) pairs."""
+
+    kind: ClassVar[str] = "cards"
+    items: list[tuple[str, str]]
+
+
+@dataclass
+class Note:
+    """A paragraph of text: ``empty`` (nothing to show) or ``intro`` (an explanation)."""
+
+    kind: ClassVar[str] = "note"
+    text: str
+    cls: str = "empty"
+
+
+@dataclass
+class Heading:
+    kind: ClassVar[str] = "heading"
+    text: str
+
+
+@dataclass
+class Fragment:
+    """Ready-made markup from another module (the credit view), inside ``<div class=cls>``."""
+
+    kind: ClassVar[str] = "fragment"
+    html: str
+    """Inserted as it is (the module escapes its own text)."""
+    cls: str
+
+
+Block = Figure | Row | Table | Cards | Note | Heading | Fragment
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    blocks: list[Block]
+    intro: str = ""
+
+
+@dataclass
+class Page:
+    title: str
+    made: str
+    n_charts: int
+    sections: list[Section] = field(default_factory=list)
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("asyncrl.telemetry", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+
+
+def render_page(page: Page) -> str:
+    """The report's HTML: ``templates/report.html.j2`` filled with ``page``."""
+    template = _templates().get_template("report.html.j2")
+    return template.render(title=page.title, made=page.made, n_charts=page.n_charts, sections=page.sections)
+
+
 # ---- sections -----------------------------------------------------------------------------------
 class Report:
     def __init__(self, data: RunData) -> None:
         self.d = data
-        self.sections: list[tuple[str, str, str]] = []  # (id, title, html)
+        self.sections: list[Section] = []
         self.n_charts = 0
 
-    def chart(self, chart_id: str, title: str, svg_text: str, empty: str) -> str:
-        if not svg_text:
-            return f'<p class="empty">{escape(empty)}</p>'
-        self.n_charts += 1
-        return f'<figure class="chart" id="{chart_id}"><figcaption>{escape(title)}</figcaption>{svg_text}</figure>'
+    def chart(self, chart_id: str, title: str, svg_text: str, empty: str) -> Figure:
+        if svg_text:
+            self.n_charts += 1
+        return Figure(chart_id, title, svg_text, empty)
 
-    def add(self, sid: str, title: str, body: str, intro: str = "") -> None:
-        text = (f'<p class="intro">{intro}</p>' if intro else "") + body
-        self.sections.append((sid, title, text))
+    def add(self, sid: str, title: str, blocks: list[Block], intro: str = "") -> None:
+        self.sections.append(Section(sid, title, blocks, intro))
 
     # 1. headline
     def headline(self) -> None:
@@ -142,13 +243,7 @@ class Report:
             )
         if s.get("cost_usd") is not None:
             head.append(("cost / wasted", f"${s['cost_usd']:.4f} / {_pct(s.get('cost_waste_share'))}"))
-        cards = "".join(
-            f'<div class="card"><div class="k">{escape(k)}</div><div class="v">{escape(v)}</div></div>'
-            for k, v in head
-        )
-        self.add(
-            "overview", "Overview", f'<div class="cards">{cards}</div>' + _table(["", ""], facts, cls="facts")
-        )
+        self.add("overview", "Overview", [Cards(head), _table(["", ""], facts, cls="facts")])
 
     # 2. success and reward
     def learning(self) -> None:
@@ -184,14 +279,16 @@ class Report:
                 y_label="reward",
             ),
         )
-        body = '<div class="row">' + self.chart(
-            "chart-success", "Success rate", success, "no trained batches yet"
+        row = Row(
+            [
+                self.chart("chart-success", "Success rate", success, "no trained batches yet"),
+                self.chart("chart-reward", "Reward", reward, "no trained batches yet"),
+            ]
         )
-        body += self.chart("chart-reward", "Reward", reward, "no trained batches yet") + "</div>"
         self.add(
             "learning",
             "Success and reward",
-            body,
+            [row],
             "Per trained batch (training reward) and on the held-out split (evaluation, independent of training reward).",
         )
 
@@ -242,30 +339,39 @@ class Report:
                 y_label="KL",
             ),
         )
-        body = '<div class="row">' + self.chart(
-            "chart-freshness",
-            "Data freshness: version lag of each trained batch",
-            fresh,
-            "no trained batches yet",
+        first = Row(
+            [
+                self.chart(
+                    "chart-freshness",
+                    "Data freshness: version lag of each trained batch",
+                    fresh,
+                    "no trained batches yet",
+                ),
+                self.chart("chart-loss", "Policy loss", loss, "no loss recorded"),
+            ]
         )
-        body += self.chart("chart-loss", "Policy loss", loss, "no loss recorded") + "</div>"
-        body += '<div class="row">' + self.chart(
+        drift = self.chart(
             "chart-kl", "Policy drift: KL between behaviour and current policy", kl, "no KL recorded"
         )
         ages = [float(t["age"]) for t in d.traces] or [
             float(k) for k, n in (d.summary.get("staleness_hist") or {}).items() for _ in range(int(n))
         ]
         hist = svg.histogram("staleness-hist", ages, x_label="age in versions at training", integer=True)
-        body += (
-            self.chart(
-                "chart-staleness-hist", "Staleness histogram (trained samples)", hist, "no trained samples"
-            )
-            + "</div>"
+        second = Row(
+            [
+                drift,
+                self.chart(
+                    "chart-staleness-hist",
+                    "Staleness histogram (trained samples)",
+                    hist,
+                    "no trained samples",
+                ),
+            ]
         )
         self.add(
             "freshness",
             "Data freshness, loss and drift",
-            body,
+            [first, second],
             "The version lag of each trained batch (how old its data was) next to the loss it produced.",
         )
 
@@ -308,7 +414,11 @@ class Report:
         self.add(
             "queue",
             "Queue depth",
-            self.chart("chart-queue", "Queue depth and watermark state", chart, "no queue figures recorded"),
+            [
+                self.chart(
+                    "chart-queue", "Queue depth and watermark state", chart, "no queue figures recorded"
+                )
+            ],
             f"Capacity {cap}; shaded: admission paused ({paused:.0f} s in all).",
         )
 
@@ -348,12 +458,14 @@ class Report:
         self.add(
             "utilisation",
             "Role utilisation",
-            self.chart(
-                "chart-utilisation",
-                "Busy fraction per role (trainer: training steps; rollout: generation)",
-                chart,
-                "not enough rows for rates",
-            ),
+            [
+                self.chart(
+                    "chart-utilisation",
+                    "Busy fraction per role (trainer: training steps; rollout: generation)",
+                    chart,
+                    "not enough rows for rates",
+                )
+            ],
         )
 
     # 6. latency and distributions
@@ -363,7 +475,7 @@ class Report:
             self.add(
                 "latency",
                 "Trajectory lifecycle",
-                '<p class="empty">no lifecycle traces (telemetry.traces off, or nothing trained)</p>',
+                [Note("no lifecycle traces (telemetry.traces off, or nothing trained)")],
             )
             return
         means = [sum(float(t[k]) for t in tr) / len(tr) for k in STAGE_LABELS]
@@ -390,28 +502,27 @@ class Report:
                     f"{vals[-1]:.3f}",
                 )
             )
-        body = '<div class="row">' + self.chart(
-            "chart-latency", "Mean time per lifecycle stage", bars, "no stage timings"
+        timing = Row(
+            [
+                self.chart("chart-latency", "Mean time per lifecycle stage", bars, "no stage timings"),
+                self.chart("chart-e2e", "End-to-end latency (created → trained)", e2e, "no timings"),
+            ]
         )
-        body += (
-            self.chart("chart-e2e", "End-to-end latency (created → trained)", e2e, "no timings") + "</div>"
-        )
-        body += _table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows)
+        stages = _table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows)
         rew = svg.histogram("reward-hist", [float(t["reward"]) for t in tr], x_label="final reward", bins=16)
         lens = svg.histogram(
             "length-hist", [float(t["tokens"]) for t in tr], x_label="tokens per trajectory", bins=20
         )
-        body += '<div class="row">' + self.chart(
-            "chart-reward-hist", "Reward distribution (trained samples)", rew, "no rewards"
-        )
-        body += (
-            self.chart("chart-length-hist", "Length distribution (trained samples)", lens, "no lengths")
-            + "</div>"
+        dists = Row(
+            [
+                self.chart("chart-reward-hist", "Reward distribution (trained samples)", rew, "no rewards"),
+                self.chart("chart-length-hist", "Length distribution (trained samples)", lens, "no lengths"),
+            ]
         )
         self.add(
             "latency",
             "Trajectory lifecycle and data distributions",
-            body,
+            [timing, stages, dists],
             f"{len(tr)} trained trajectories traced.",
         )
 
@@ -450,11 +561,11 @@ class Report:
             "distinct-2",
             "episodes",
         ]
-        body = _table(cols, rows) if rows else '<p class="empty">no evaluations recorded</p>'
+        body = _table(cols, rows) if rows else Note("no evaluations recorded")
         self.add(
             "evaluation",
             "Held-out evaluation",
-            body,
+            [body],
             f"Held-out split, every {d.cfg.telemetry.eval_every} published versions (0: start and end only); latency and faults off.",
         )
 
@@ -484,15 +595,16 @@ class Report:
                 events.append((t, f"event: {e['event']}", f"{e['event']} ({e.get('role', '')})"))
         end = max((float(r["time"]) - d.t0 for r in d.rows), default=None)
         chart = svg.timeline("alerts", events, x_label="seconds since start", x_max=end)
-        body = self.chart("chart-alerts", "Alerts and role events", chart, "no alerts or events recorded")
+        body: list[Block] = [
+            self.chart("chart-alerts", "Alerts and role events", chart, "no alerts or events recorded")
+        ]
         if rows:
-            body += _table(["t (s)", "kind", "bucket", "evidence", "action"], rows)
+            body.append(_table(["t (s)", "kind", "bucket", "evidence", "action"], rows))
         elif not (d.dir / "alerts.jsonl").is_file():
-            body += '<p class="empty">no alerts.jsonl in this run</p>'
-        body += self._env_faults()
-        self.add("alerts", "Alerts", body)
+            body.append(Note("no alerts.jsonl in this run"))
+        self.add("alerts", "Alerts", body + self._env_faults())
 
-    def _env_faults(self) -> str:
+    def _env_faults(self) -> list[Block]:
         """Fault, retry and timeout counts per environment (``summary.json``'s ``env_faults``)."""
         faults = self.d.summary.get("env_faults") or {}
         cols = [
@@ -518,8 +630,10 @@ class Report:
             )
             for env, f in faults.items()
         ]
-        notes = "".join(f"<p class='intro'>{escape(n)}</p>" for n in self.d.summary.get("notes") or [])
-        return ("<h3>Environment faults</h3>" + _table(cols, rows) + notes) if rows else ""
+        if not rows:
+            return []
+        notes: list[Block] = [Note(str(n), cls="intro") for n in self.d.summary.get("notes") or []]
+        return [Heading("Environment faults"), _table(cols, rows), *notes]
 
     # 9. cost
     def cost(self) -> None:
@@ -545,28 +659,28 @@ class Report:
             fmt="${:.6f}",
             color="#dc2626",
         )
-        body = '<div class="row">' + self.chart(
-            "chart-cost",
-            f"Cost by component — total ${float(c.get('total_usd', 0)):.6f}",
-            a,
-            "no cost components",
-        )
-        body += (
-            self.chart(
-                "chart-waste",
-                f"Waste — {_pct(c.get('waste_total_share'))} of the total",
-                w,
-                "no waste recorded",
-            )
-            + "</div>"
+        charts = Row(
+            [
+                self.chart(
+                    "chart-cost",
+                    f"Cost by component — total ${float(c.get('total_usd', 0)):.6f}",
+                    a,
+                    "no cost components",
+                ),
+                self.chart(
+                    "chart-waste",
+                    f"Waste — {_pct(c.get('waste_total_share'))} of the total",
+                    w,
+                    "no waste recorded",
+                ),
+            ]
         )
         rows = [(k, f"{float(v):.6g}") for k, v in (c.get("efficiency") or {}).items()]
-        body += _table(["efficiency", "value"], rows)
         self.add(
             "cost",
             "Cost and waste",
-            body,
-            f"Device {escape(self.d.cfg.cost.device)}; see docs/cost.md for the accounting model.",
+            [charts, _table(["efficiency", "value"], rows)],
+            f"Device {self.d.cfg.cost.device}; see docs/cost.md for the accounting model.",
         )
 
     # 10. credit
@@ -579,12 +693,10 @@ class Report:
         if fn is None:
             return
         try:
-            fragment = str(fn(self.d.dir, n=5))
+            block: Block = Fragment(str(fn(self.d.dir, n=5)), cls="credit")
         except Exception as exc:  # shown, not hidden: the rest of the report is still useful
-            fragment = (
-                f'<p class="empty">credit view failed: {escape(type(exc).__name__)}: {escape(str(exc))}</p>'
-            )
-        self.add("credit", "Credit view of sample trajectories", f'<div class="credit">{fragment}</div>')
+            block = Note(f"credit view failed: {type(exc).__name__}: {exc}")
+        self.add("credit", "Credit view of sample trajectories", [block])
 
     def build(self) -> str:
         for part in (
@@ -600,19 +712,13 @@ class Report:
             self.credit,
         ):
             part()
-        nav = " · ".join(f'<a href="#{sid}">{escape(t)}</a>' for sid, t, _ in self.sections)
-        body = "".join(
-            f'<section id="{sid}"><h2>{escape(t)}</h2>{html}</section>' for sid, t, html in self.sections
-        )
-        title = f"asyncrl run report — {self.d.dir.name}"
-        made = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        return (
-            "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{escape(title)}</title>"
-            f"<style>{CSS}</style><script>{HEAD_JS}</script></head>"
-            f"<body data-charts-expected='{self.n_charts}'><header><h1>{escape(title)}</h1>"
-            f"<p class='meta'>written {made} by asyncrl report · {self.n_charts} charts</p><nav>{nav}</nav></header>"
-            f"<main>{body}</main><script>{CHECK_JS}</script></body></html>"
+        return render_page(
+            Page(
+                title=f"asyncrl run report — {self.d.dir.name}",
+                made=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                n_charts=self.n_charts,
+                sections=self.sections,
+            )
         )
 
 
@@ -670,54 +776,5 @@ def _when(t: Any, t0: float) -> float | None:
     return None
 
 
-def _table(cols: list[str], rows: Sequence[Sequence[object]], cls: str = "") -> str:
-    head = "".join(f"<th>{escape(c)}</th>" for c in cols) if any(cols) else ""
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
-    return (
-        f'<table class="{cls}">'
-        + (f"<thead><tr>{head}</tr></thead>" if head else "")
-        + f"<tbody>{body}</tbody></table>"
-    )
-
-
-CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#111827;background:#f9fafb}
-header{background:#111827;color:#f9fafb;padding:16px 24px}header h1{margin:0;font-size:20px}
-header .meta{margin:4px 0 8px;color:#9ca3af;font-size:13px}nav a{color:#93c5fd;font-size:13px;text-decoration:none}
-main{padding:8px 24px 40px;max-width:1360px}section{margin:20px 0;padding:12px 16px;background:#fff;border:1px solid #e5e7eb;border-radius:8px}
-h2{font-size:17px;margin:4px 0 10px}.intro{color:#4b5563;font-size:13px;margin:0 0 8px}
-.row{display:flex;flex-wrap:wrap;gap:12px}figure.chart{margin:0;flex:1 1 600px;max-width:660px}
-figcaption{font-size:13px;font-weight:600;margin-bottom:2px}svg{width:100%;height:auto;font-size:11px}
-.plot{fill:#fff;stroke:#d1d5db}.grid{stroke:#eef0f3}.axis{stroke:#9ca3af}.tick{fill:#6b7280;font-size:10px}
-.label{fill:#374151;font-size:11px}.legend{fill:#374151;font-size:11px}.band{fill:#fde68a;opacity:.45}
-.hline{stroke:#6b7280;stroke-dasharray:3 3}.hlabel{fill:#6b7280;font-size:10px}
-table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border-bottom:1px solid #e5e7eb;padding:3px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}table.facts td{text-align:left}
-.cards{display:flex;flex-wrap:wrap;gap:8px;margin-bottom:8px}.card{background:#f3f4f6;border-radius:6px;padding:6px 10px;min-width:130px}
-.card .k{font-size:11px;color:#6b7280}.card .v{font-size:15px;font-weight:600}.empty{color:#9ca3af;font-style:italic;font-size:13px}
-"""
-
-HEAD_JS = """
-window.__asyncrlErrors=[];
-window.addEventListener('error',function(e){window.__asyncrlErrors.push(String(e.message||e));if(document.body){document.body.setAttribute('data-js-errors',String(window.__asyncrlErrors.length));}});
-(function(){var ce=console.error;console.error=function(){window.__asyncrlErrors.push(Array.prototype.join.call(arguments,' '));ce.apply(console,arguments);};})();
-"""
-
-CHECK_JS = """
-(function(){
-  var figs=document.querySelectorAll('figure.chart'),ok=0,empty=[];
-  figs.forEach(function(f){
-    var marks=f.querySelectorAll('svg .data'),seen=false;
-    marks.forEach(function(m){var b=m.getBBox();if(b.width>0||b.height>0){seen=true;}});
-    f.setAttribute('data-rendered',seen?'1':'0');
-    if(seen){ok++;}else{empty.push(f.id);}
-  });
-  var b=document.body;
-  b.setAttribute('data-charts-total',String(figs.length));
-  b.setAttribute('data-charts-rendered',String(ok));
-  b.setAttribute('data-charts-empty',empty.join(','));
-  b.setAttribute('data-js-errors',String(window.__asyncrlErrors.length));
-  b.setAttribute('data-js-error-messages',window.__asyncrlErrors.join(' | '));
-  b.setAttribute('data-report-checked','1');
-})();
-"""
+def _table(cols: list[str], rows: Sequence[Sequence[object]], cls: str = "") -> Table:
+    return Table(cols, [[str(v) for v in r] for r in rows], cls)

@@ -21,7 +21,8 @@ so the state dicts round-trip exactly; floats round-trip exactly through JSON.
 
 Atomicity: a checkpoint is written into ``root/.tmp-step_{N:08d}-<random>/``; every file
 is fsynced, ``manifest.json`` is written last, the directory is fsynced and then renamed
-to ``step_{N:08d}`` (one ``os.rename``, atomic on POSIX), and ``root`` is fsynced. A crash
+to ``step_{N:08d}`` (one ``os.rename``, atomic on POSIX), and ``root`` is fsynced
+(:func:`asyncrl.durable.staged_dir`, the mechanism the weight store uses too). A crash
 at any point leaves either the complete checkpoint or a temp directory that readers
 ignore and the next save deletes. A ``step_*`` directory without ``manifest.json`` is
 incomplete and never returned by :func:`latest_checkpoint`; a file whose hash disagrees
@@ -35,15 +36,11 @@ One writer per ``root`` is assumed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import random
 import re
-import shutil
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +49,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
-from asyncrl.durable import fsync_dir, write_durably
+from asyncrl.durable import discard, hash_file, hash_tree, remove_stale, staged_dir, to_prune, write_durably
 from asyncrl.errors import UserError
 
 if TYPE_CHECKING:
@@ -75,7 +72,6 @@ TRAINER_STATE = "trainer_state.json"
 _STEP_RE = re.compile(r"^step_(\d{8,})$")
 _TMP_PREFIX = ".tmp-step_"
 _OLD_PREFIX = ".old-step_"
-_CHUNK = 1 << 20
 
 
 class CheckpointError(UserError):
@@ -189,25 +185,6 @@ def _write_json(path: Path, data: Any) -> None:
     write_durably(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
 
 
-def _hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return h.hexdigest(), size
-
-
-def _files_under(path: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
-
-
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -289,9 +266,7 @@ def save_checkpoint(
         raise ValueError(f"state.step must be >= 0, got {state.step}")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{state.step:08d}"
-    final = root / name
-    tmp = root / f"{_TMP_PREFIX}{state.step:08d}-{uuid.uuid4().hex[:8]}"
+    final = root / f"step_{state.step:08d}"
     try:
         trainer_json = json.dumps(state.to_json(), indent=1)
     except (TypeError, ValueError) as exc:
@@ -311,8 +286,9 @@ def save_checkpoint(
                 where=f"the {type(scheduler).__name__} scheduler state",
             ),
         }
-    tmp.mkdir()
-    try:
+    with staged_dir(
+        final, tmp_prefix=f"{_TMP_PREFIX}{state.step:08d}-", replace_prefix=f"{_OLD_PREFIX}{state.step:08d}-"
+    ) as tmp:
         policy.save(tmp / POLICY_DIR)
         write_durably(tmp / OPTIMIZER_TENSORS, st_save(opt_tensors, metadata={"format": "pt"}))
         _write_json(tmp / OPTIMIZER_JSON, opt_meta)
@@ -325,39 +301,18 @@ def save_checkpoint(
             _write_json(tmp / RNG_JSON, _py_rng_json(py_rng))
         write_durably(tmp / TRAINER_STATE, (trainer_json + "\n").encode())
 
-        files: dict[str, dict[str, Any]] = {}
-        for f in _files_under(tmp):
-            digest, size = _hash_file(f, fsync=True)  # fsync covers Policy.save's files too
-            files[f.relative_to(tmp).as_posix()] = {"sha256": digest, "bytes": size}
-        fsync_dir(tmp / POLICY_DIR)
+        files = hash_tree(tmp)  # fsyncs every file and sub-directory: Policy.save's files too
         _write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, "step": state.step, "files": files})
-        fsync_dir(tmp)
-        old: Path | None = None
-        if final.exists():
-            old = root / f"{_OLD_PREFIX}{state.step:08d}-{uuid.uuid4().hex[:8]}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        fsync_dir(root)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     _apply_retention(root, keep, final)
     return final
 
 
 def _apply_retention(root: Path, keep: int, current: Path) -> None:
-    complete = _complete_checkpoints(root)
-    keepers = {p for _, p in complete[-keep:]} | {current}
-    for _, path in complete:
-        if path not in keepers:
-            log.info("checkpoint retention: deleting %s", path)
-            shutil.rmtree(path, ignore_errors=True)
-    for child in root.iterdir():
-        if child.name.startswith((_TMP_PREFIX, _OLD_PREFIX)) and child.is_dir():
-            log.info("checkpoint retention: deleting stale temp directory %s", child)
-            shutil.rmtree(child, ignore_errors=True)
+    for path in to_prune([p for _, p in _complete_checkpoints(root)], keep, {current}):
+        log.info("checkpoint retention: deleting %s", path)
+        discard(path)
+    for stale in remove_stale(root, (_TMP_PREFIX, _OLD_PREFIX)):
+        log.info("checkpoint retention: deleted stale temp directory %s", stale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +349,7 @@ def verify_checkpoint(path: Path) -> None:
         if not f.is_file():
             raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is missing")
         try:
-            digest, size = _hash_file(f)
+            digest, size = hash_file(f)
         except OSError as exc:
             raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {rel} ({_short(exc)})") from None
         if digest != entry["sha256"] or ("bytes" in entry and size != entry["bytes"]):

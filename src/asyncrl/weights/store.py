@@ -13,7 +13,8 @@ Atomicity (writer)
 ------------------
 A snapshot is written into a ``.tmp-*`` directory next to the final one, both files and the
 directory are fsynced, and the directory is ``os.rename``\\ d to ``v{N:06d}`` (atomic, same
-filesystem), then the parent is fsynced. Only then is the ``latest`` pointer replaced
+filesystem), then the parent is fsynced (:func:`asyncrl.durable.staged_dir`, the mechanism trainer
+checkpoints use too). Only then is the ``latest`` pointer replaced
 (temp file + fsync + ``os.replace`` + parent fsync). So a ``v*`` directory is always complete
 unless its files were damaged afterwards, and the pointer never names a version whose
 directory was not fully written first. Versions increase strictly. There is **one publisher
@@ -47,8 +48,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -61,7 +60,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from asyncrl.durable import fsync_dir, write_durably
+from asyncrl.durable import discard, fsync_dir, hash_file, remove_stale, staged_dir, to_prune, write_durably
 
 if TYPE_CHECKING:  # only needed for types
     from asyncrl.config import WeightsConfig
@@ -76,7 +75,6 @@ MANIFEST_FORMAT_VERSION = 1
 
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _MAX_RESTARTS = 100
-_CHUNK = 1 << 20
 
 
 class CorruptSnapshotError(RuntimeError):
@@ -135,18 +133,6 @@ class WeightStore(ABC):
 # ---- filesystem helpers ---------------------------------------------------------------------
 def version_dirname(version: int) -> str:
     return f"v{version:06d}"
-
-
-def _hash_and_fsync(path: Path) -> tuple[str, int]:
-    """sha256 and size of a freshly written file, which is fsynced on the way."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb+") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-        os.fsync(f.fileno())
-    return digest.hexdigest(), size
 
 
 def _check_version(version: object, what: str = "version") -> int:
@@ -373,12 +359,10 @@ class LocalWeightStore(WeightStore):
                 )
             self._remove_leftovers()
             final = self.root / version_dirname(version)
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version_dirname(version)}-", dir=self.root))
-            try:
-                os.chmod(tmp, 0o755)
+            with staged_dir(final, tmp_prefix=f".tmp-{version_dirname(version)}-", mode=0o755) as tmp:
                 model_path = tmp / MODEL_FILE
                 safetensors.torch.save_file(prepared, model_path, metadata={"asyncrl_version": str(version)})
-                digest, size = _hash_and_fsync(model_path)
+                digest, size = hash_file(model_path, fsync=True)
                 manifest = {
                     "format": MANIFEST_FORMAT,
                     "format_version": MANIFEST_FORMAT_VERSION,
@@ -393,40 +377,19 @@ class LocalWeightStore(WeightStore):
                     "extra": extra,
                 }
                 write_durably(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
-                fsync_dir(tmp)
-                os.rename(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            fsync_dir(self.root)
             self._write_pointer(version)
             self._apply_retention(version)
         return final
 
     def _apply_retention(self, pointer: int) -> None:
-        on_disk = self.versions()
-        keep = set(on_disk[-self.keep :]) | {pointer}
-        for version in on_disk:
-            if version not in keep:
-                self._delete(version)
-
-    def _delete(self, version: int) -> None:
-        """Rename away first (readers see the version vanish as a whole), then remove."""
-        trash = self.root / f".trash-{version_dirname(version)}-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(self.root / version_dirname(version), trash)
-        except FileNotFoundError:
-            return
-        shutil.rmtree(trash, ignore_errors=True)
+        """Keep the newest ``keep`` versions and the pointer's; delete the rest by rename-then-remove."""
+        for version in to_prune(self.versions(), self.keep, {pointer}):
+            name = version_dirname(version)
+            discard(self.root / name, trash_prefix=f".trash-{name}-")
 
     def _remove_leftovers(self) -> None:
         """Remove temp and trash entries of crashed publishes (one publisher per store)."""
-        for entry in os.scandir(self.root):
-            if entry.name.startswith((".tmp-", ".trash-")):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            elif entry.name.startswith(".latest.tmp-"):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+        remove_stale(self.root, (".tmp-", ".trash-", ".latest.tmp-"))
 
 
 def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:

@@ -1,0 +1,47 @@
+"""Plain helpers and constants shared by several test files (shared fixtures: ``conftest.py``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.records import Task
+
+TINY_RUN = [  # the core of a small, quick training run; each file adds its sizes (held-out, batch, steps)
+    "model.max_context=256",
+    "env.latency.kind=constant",
+    "env.latency.seconds=0.002",
+    "rollout.group_size=8",
+    "rollout.concurrent_episodes=32",
+    "rollout.sampling.max_new_tokens=16",
+    "trainer.checkpoint_every=2",
+    "trainer.sft.steps=30",
+    "trainer.sft.num_demos=200",
+    "telemetry.log_every_s=0.5",
+    "telemetry.tensorboard=false",
+]
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> None:
+    """Poll ``pred`` every ``every`` seconds until it is true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def calc_task() -> Task:
+    """One calculator task (3 × 4 + 5 = 17)."""
+    return Task(
+        id="t",
+        task_type="arithmetic",
+        difficulty=2,
+        payload={
+            "prompt": "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?",
+            "start": 3,
+            "steps": [["*", 4], ["+", 5]],
+            "answer": "17",
+        },
+    )
