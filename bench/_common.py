@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 
@@ -18,3 +20,30 @@ def run_stats(s: dict[str, Any]) -> dict[str, Any]:
         "final_success": s["final_success"],
         "lost_trajectories": s["lost_trajectories"],
     }
+
+
+def trainer_curve(run_dir: Path) -> list[tuple[float, float]]:
+    """(seconds since the trainer process started, batch reward mean), one point per optimiser step
+    (the final report row repeats the last step and is skipped)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    trainer, seen = [], set()
+    for r in rows:
+        if (
+            r.get("role") == "trainer"
+            and r.get("reward/mean") is not None
+            and r.get("trainer/step") not in seen
+        ):
+            seen.add(r.get("trainer/step"))
+            trainer.append(r)
+    if not trainer:
+        return []
+    t0 = trainer[0]["time"] - trainer[0]["alive_s"]  # the trainer process's launch
+    return [(r["time"] - t0, float(r["reward/mean"])) for r in trainer]
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float, window: int) -> float | None:
+    """First time the moving average (``window`` steps) of the reward reaches ``target``."""
+    for i in range(window - 1, len(curve)):
+        if sum(r for _, r in curve[i - window + 1 : i + 1]) / window >= target:
+            return curve[i][0]
+    return None

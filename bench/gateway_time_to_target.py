@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import run_stats
+from _common import run_stats, time_to_target, trainer_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = [
@@ -50,32 +50,6 @@ PATHS = {
 }
 
 
-def curve_of(run_dir: Path) -> list[tuple[float, float]]:
-    """(seconds since the trainer process started, batch reward mean), one point per optimiser step."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    seen: set[Any] = set()
-    trainer = []
-    for r in rows:
-        if (
-            r.get("role") == "trainer"
-            and r.get("reward/mean") is not None
-            and r.get("trainer/step") not in seen
-        ):
-            seen.add(r.get("trainer/step"))
-            trainer.append(r)
-    if not trainer:
-        return []
-    t0 = trainer[0]["time"] - trainer[0]["alive_s"]
-    return [(r["time"] - t0, float(r["reward/mean"])) for r in trainer]
-
-
-def time_to_target(curve: list[tuple[float, float]], target: float, window: int) -> float | None:
-    for i in range(window - 1, len(curve)):
-        if sum(r for _, r in curve[i - window + 1 : i + 1]) / window >= target:
-            return curve[i][0]
-    return None
-
-
 def run(
     path: str, steps: int, seed: int, root: Path, cache: Path, target: float, window: int
 ) -> dict[str, Any]:
@@ -95,7 +69,7 @@ def run(
     )
     started = time.time()
     run_dir, s = train(cfg, display=False, eval_limit=96)
-    curve = curve_of(run_dir)
+    curve = trainer_curve(run_dir)
     ttt = time_to_target(curve, target, window)
     return {
         "path": path,

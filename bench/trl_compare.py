@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import time_to_target, trainer_curve  # noqa: E402
+
 GROUP, BATCH, WINDOW = 8, 64, 5
 SFT = {"steps": 800, "corruption_rate": 0.5}  # set from --sft-steps / --corruption
 LATENCY = {"kind": "none"}  # set from --latency: the verifier's (environment step's) simulated delay
@@ -72,21 +75,13 @@ def overrides(steps: int, seed: int, lr: float) -> list[str]:
     ]
 
 
-def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
-    """First time the moving average (``WINDOW`` steps) of the reward reaches ``target``."""
-    for i in range(WINDOW - 1, len(curve)):
-        if sum(r for _, r in curve[i - WINDOW + 1 : i + 1]) / WINDOW >= target:
-            return curve[i][0]
-    return None
-
-
 def summarise(curve: list[tuple[float, float]], target: float, total: float) -> dict[str, Any]:
     tail = [r for _, r in curve[-WINDOW:]]
     return {
         "steps": len(curve),
         "initial_reward": round(sum(r for _, r in curve[:WINDOW]) / max(1, len(curve[:WINDOW])), 3),
         "final_reward": round(sum(tail) / max(1, len(tail)), 3),
-        "seconds_to_target": None if (t := time_to_target(curve, target)) is None else round(t, 1),
+        "seconds_to_target": None if (t := time_to_target(curve, target, WINDOW)) is None else round(t, 1),
         "train_seconds": round(total, 1),
         "curve": [(round(t, 2), round(r, 4)) for t, r in curve],
     }
@@ -99,18 +94,7 @@ def run_asyncrl(steps: int, seed: int, lr: float, target: float) -> dict[str, An
 
     cfg = load_config(None, overrides(steps, seed, lr))
     run_dir, summary = train(cfg, display=False, eval_limit=64)
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    trainer, seen = [], set()
-    for r in rows:  # one row per optimiser step (the final report repeats the last one)
-        if (
-            r.get("role") == "trainer"
-            and r.get("reward/mean") is not None
-            and r.get("trainer/step") not in seen
-        ):
-            seen.add(r.get("trainer/step"))
-            trainer.append(r)
-    t0 = trainer[0]["time"] - trainer[0]["alive_s"]  # the trainer process's launch
-    curve = [(r["time"] - t0, float(r["reward/mean"])) for r in trainer]
+    curve = trainer_curve(run_dir)
     out = summarise(curve, target, summary["rl_seconds"])
     out["heldout_success"] = [summary["initial_success"], summary["final_success"]]
     out["run_dir"] = str(run_dir)

@@ -79,6 +79,8 @@ def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path
     assert s["staleness_max"] <= 2
     assert s["trainer_steps"] == 40 and s["samples_trained"] == 40 * 64
     assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
+    peaks = s["peak_rss_mb"]  # every role's peak memory, from the mem/peak_rss_mb of its metric rows
+    assert {"trainer", "rollout-0", "launcher"} <= set(peaks) and all(v > 50 for v in peaks.values()), peaks
     for name in ("config.yaml", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).is_file()
     assert list((run_dir / "checkpoints").glob("step_*"))
