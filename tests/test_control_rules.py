@@ -17,8 +17,8 @@ from asyncrl.orchestrator.directives import WorkerControl, compose
 from asyncrl.orchestrator.drift import Cusum, DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController, FlowSample
 from asyncrl.orchestrator.explore import ExplorationController
+from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.state import ControlState, StateStore, make_state_store
 from asyncrl.records import Task
 

@@ -94,7 +94,7 @@ def test_evaluation_uses_the_builtin_engine_with_the_vllm_backend(
 ) -> None:
     """Held-out evaluation is comparable across backends: it samples with hf, needing no vLLM."""
     import asyncrl.rollout.engine as engine_module
-    from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.rollout.heldout import evaluate_policy
 
     kinds: list[str] = []
     real = engine_module.make_engine

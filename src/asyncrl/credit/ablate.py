@@ -70,7 +70,7 @@ def ablate(
 ) -> dict[str, Any]:
     """Monte Carlo segment contributions vs assigned credit; returns a JSON-able report."""
     from asyncrl.config import load_config
-    from asyncrl.rollout.evaluate import run_episodes
+    from asyncrl.rollout.heldout import run_episodes
 
     run = Path(run_dir)
     if not (run / "config.yaml").is_file():
