@@ -43,7 +43,7 @@ def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Any, str]:
         if loaded is None:
             return policy, "initial_policy"
     else:
-        from asyncrl.weights.store import CorruptSnapshotError
+        from asyncrl.weights import CorruptSnapshotError
 
         try:
             loaded = store.load(int(checkpoint))
