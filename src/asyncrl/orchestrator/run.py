@@ -105,7 +105,7 @@ def new_run_dir(cfg: RunConfig) -> Path:
 
 class Orchestrator:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool = False, display: bool = True) -> None:
-        from asyncrl.launch.local import make_launcher
+        from asyncrl.launch import make_launcher
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = make_state_store(cfg, run_dir)

@@ -89,7 +89,7 @@ class Evaluator:
 def evaluator_main(cfg_json: str, run_dir: str) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()
-    from asyncrl.launch.local import init_role_process
+    from asyncrl.launch.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers

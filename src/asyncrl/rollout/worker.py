@@ -422,7 +422,7 @@ class RolloutWorker:
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()  # the ledger counts this process's whole life, start-up included
-    from asyncrl.launch.local import init_role_process
+    from asyncrl.launch.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     worker = RolloutWorker(cfg, Path(run_dir), index, started=started)
