@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import openai
 import pytest
+import torch
 
 from asyncrl.config import GatewayConfig
 from asyncrl.gateway import Gateway, build_trajectories
@@ -53,7 +55,9 @@ class ScriptedEngine(GenerationEngine):
             )
         return out
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
         self.version = version
 
 

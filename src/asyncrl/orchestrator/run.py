@@ -571,7 +571,7 @@ def train(
 
     t0 = time.time()
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
-        from asyncrl.rollout.vllm_engine import preflight
+        from asyncrl.rollout.engine.vllm_backend import preflight
 
         preflight(cfg)
     if resume is not None:

@@ -33,7 +33,7 @@ from typing import Any
 from asyncrl.envs import EnvResetError, StepResult
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
-from asyncrl.rollout.engine import GenerationEngine, Sample
+from asyncrl.rollout.engine.base import GenerationEngine, Sample
 
 
 @dataclass
