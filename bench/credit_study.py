@@ -37,7 +37,7 @@ def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dic
     from asyncrl.config import load_config
     from asyncrl.orchestrator.run import train
     from asyncrl.policy import Policy
-    from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.weights import make_weight_store
 
     path, extra = ENVS[env]

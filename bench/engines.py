@@ -141,7 +141,7 @@ def bench_model(
                         path = store.publish(v, policy.state_dict_tensors(), step=v)
                         snap = store.load(v)
                         t1 = time.perf_counter()
-                        engine.load_snapshot(v, path, snap.tensors)
+                        engine.load_weights(v, snap.tensors, path=path)
                         times.append(time.perf_counter() - t1)
                     row["reload_s_median"] = round(statistics.median(times), 4)
                     row["reload_s_max"] = round(max(times), 4)

@@ -18,6 +18,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -43,7 +44,9 @@ class NullEngine(GenerationEngine):
     def generate(self, prompts: list[list[int]], sampling: Any) -> list[Sample]:
         return [Sample(list(self.ids), [-0.1] * len(self.ids), "stop") for _ in prompts]
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover
         pass
 
 

@@ -61,14 +61,14 @@ def parse() -> argparse.Namespace:
 async def episodes(
     cfg: Any, policy: Any, tasks: list[Any], prefix_cache: bool
 ) -> tuple[list[Any], Any, float]:
-    """Run one episode per task on a fresh engine (as ``rollout.evaluate.run_episodes`` does)."""
+    """Run one episode per task on a fresh engine (as ``rollout.heldout.run_episodes`` does)."""
     from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
     from asyncrl.records import SamplingParams
     from asyncrl.rollout.engine import make_engine
     from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
-    from asyncrl.rollout.evaluate import eval_env_config
+    from asyncrl.rollout.heldout import eval_env_config
 
     renderer = make_renderer(cfg.model, policy)
     engine_cfg = cfg.rollout.engine.model_copy(update={"prefix_cache": prefix_cache})
@@ -105,7 +105,7 @@ def main() -> None:
 
     from asyncrl.config import load_config
     from asyncrl.policy import Policy
-    from asyncrl.rollout.evaluate import heldout_tasks
+    from asyncrl.rollout.heldout import heldout_tasks
 
     torch.set_num_threads(args.threads)
     model = Path(args.model).resolve()

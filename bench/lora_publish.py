@@ -47,7 +47,7 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int) -> dict
             t0 = time.perf_counter()
             loaded = store.load_latest()
             assert loaded is not None and loaded.version == v
-            engine.load_snapshot(loaded.version, loaded.path, loaded.tensors)
+            engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
             load.append(time.perf_counter() - t0)
     return {
         "version_mb": round(nbytes / 1e6, 2),

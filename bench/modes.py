@@ -42,7 +42,7 @@ PROFILES: dict[str, list[str]] = {
 def success_curve(cfg: Any, run_dir: Path, every: int, limit: int) -> list[tuple[int, float, float]]:
     """(version, seconds since trainer launch, held-out success) for every ``every``-th snapshot."""
     from asyncrl.policy import Policy
-    from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.weights import make_weight_store
 
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

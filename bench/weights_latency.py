@@ -36,7 +36,7 @@ def main() -> int:
 
     from asyncrl.config import ModelConfig
     from asyncrl.policy import Policy
-    from asyncrl.weights.store import LocalWeightStore
+    from asyncrl.weights import LocalWeightStore
 
     torch.set_num_threads(1)
     out = {}

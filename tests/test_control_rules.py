@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config import load_config
+from asyncrl.config import (
+    BreakerConfig,
+    CurriculumConfig,
+    DriftConfig,
+    ElasticConfig,
+    ExplorationConfig,
+    load_config,
+)
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers
 from asyncrl.orchestrator.curriculum import Curriculum, buckets_of_source, sample_in_bucket, weighted_choice
@@ -17,15 +24,17 @@ from asyncrl.orchestrator.directives import WorkerControl, compose
 from asyncrl.orchestrator.drift import Cusum, DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController, FlowSample
 from asyncrl.orchestrator.explore import ExplorationController
+from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.state import ControlState, StateStore, make_state_store
 from asyncrl.records import Task
 
 
 # -- curriculum ---------------------------------------------------------------------------------
 def test_curriculum_raises_frontier_and_lowers_hopeless_and_converged() -> None:
-    c = Curriculum(["a:1", "a:2", "a:3", "a:4"], window=40, min_episodes=10, floor=0.1, ceiling=1.0)
+    c = Curriculum(
+        ["a:1", "a:2", "a:3", "a:4"], CurriculumConfig(window=40, min_episodes=10, floor=0.1, ceiling=1.0)
+    )
     rng = random.Random(0)
     for _ in range(40):
         c.observe("a:1", True)  # converged
@@ -64,7 +73,7 @@ def test_sample_in_bucket_matches_type_and_difficulty() -> None:
 
 # -- breakers -----------------------------------------------------------------------------------
 def test_breaker_opens_after_n_same_kind_and_probes_with_backoff() -> None:
-    b = Breakers(consecutive=3, backoff_s=10, backoff_factor=2, max_backoff_s=25, probes=2)
+    b = Breakers(BreakerConfig(consecutive=3, backoff_s=10, backoff_factor=2, max_backoff_s=25, probes=2))
     assert b.observe("k:1", "exception", 0) == [] and b.observe("k:1", "timeout", 1) == []
     assert b.observe("k:1", "timeout", 2) == []  # mixed kinds do not add up
     alerts = b.observe("k:1", "timeout", 3)
@@ -123,7 +132,7 @@ def test_drift_quiet_on_stationary_streams() -> None:
 def test_drift_fires_on_an_injected_jump_and_downweights() -> None:
     delays = detection_delays(seeds=50)
     assert len(delays) == 50 and all(0 <= d <= 40 for d in delays)
-    m = DriftMonitor(downweight=0.5, hold_s=30)
+    m = DriftMonitor(DriftConfig(downweight=0.5, hold_s=30))
     alerts = [a for t, x in enumerate(_stream(3, 200, 100, 0.3)) for a in m.observe("b:1", x, float(t))]
     assert alerts and alerts[0].kind == "reward_drift" and alerts[0].evidence["direction"] == "up"
     fired_at = float(alerts[0].evidence["points"] - 1)
@@ -131,7 +140,7 @@ def test_drift_fires_on_an_injected_jump_and_downweights() -> None:
 
 
 def test_reward_hacking_flagged_only_when_heldout_does_not_follow() -> None:
-    h = HackingMonitor(window=6, rise=0.1)
+    h = HackingMonitor(DriftConfig(hacking_window=6, hacking_rise=0.1))
     honest = [a for i in range(6) for a in h.observe(0.2 + 0.05 * i, 0.3 + 0.05 * i)]
     assert honest == []
     hacked = [a for i in range(6) for a in h.observe(0.2 + 0.05 * i, 0.3 - 0.01 * i)]
@@ -152,7 +161,13 @@ def test_staleness_runaway_tightens_then_relaxes() -> None:
 
 
 def test_exploration_rises_without_signal_and_falls_back() -> None:
-    x = ExplorationController(0.0, 0.0, adaptive=True, max_jitter=0.1, max_rate=0.1, step=0.05, window=4)
+    x = ExplorationController(
+        ExplorationConfig(
+            adaptive=True, max_temperature_jitter=0.1, max_exploration_rate=0.1, step=0.05, window=4
+        ),
+        0.0,
+        0.0,
+    )
     for _ in range(12):
         x.observe([1.0, 1.0, 1.0])
     assert x.settings() == {"temperature_jitter": 0.1, "exploration_rate": 0.1}
@@ -162,7 +177,7 @@ def test_exploration_rises_without_signal_and_falls_back() -> None:
 
 
 def test_elastic_adds_when_trainer_starves_and_removes_when_queue_overflows() -> None:
-    e = ElasticController(min_workers=1, max_workers=3, cooldown_s=10, window=3)
+    e = ElasticController(ElasticConfig(min_workers=1, max_workers=3, cooldown_s=10, window=3))
     starving = FlowSample(production=5, consumption=5, fill=0.0, busy=0.2, staleness=0.5, staleness_limit=2)
     assert [e.observe(starving, 1, t)[0] for t in range(3)] == [0, 0, 1]
     assert e.observe(starving, 2, 4)[0] == 0  # cooldown

@@ -113,7 +113,7 @@ def test_credit_show_and_html_fragment(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_credit_ablate_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
     from asyncrl.credit.ablate import load_policy
-    from asyncrl.rollout.evaluate import run_episodes
+    from asyncrl.rollout.heldout import run_episodes
 
     run = RUNS.get("value_delta")
     assert run is not None, "needs the value_delta end-to-end run (run the whole file)"

@@ -12,7 +12,7 @@ import torch
 from asyncrl.config import EngineConfig, ModelConfig
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engine
+from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engine, read_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -322,16 +322,16 @@ def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     before = [s.token_ids for s in engine.generate(prompts, greedy)]
     other = tiny(seed=1)
     other.save(tmp_path / "v3")
-    engine.load_weights(3, str(tmp_path / "v3"))
+    engine.load_weights(3, read_weights(tmp_path / "v3"))
     assert engine.version == 3
     after = [s.token_ids for s in engine.generate(prompts, greedy)]
     assert after != before
     assert after == [s.token_ids for s in HFEngine(other, [], seed=0).generate(prompts, greedy)]
-    engine.load_weights_from_tensors(4, tiny(seed=0).state_dict_tensors())
+    engine.load_weights(4, tiny(seed=0).state_dict_tensors())
     assert engine.version == 4
     assert [s.token_ids for s in engine.generate(prompts, greedy)] == before
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
-        engine.load_weights(5, str(tmp_path / "missing"))
+        engine.load_weights(5, read_weights(tmp_path / "missing"))
     assert engine.version == 4
 
 

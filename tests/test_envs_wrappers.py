@@ -155,7 +155,7 @@ def test_every_failure_becomes_a_fault_observation(behaviour: Any, kind: str, fr
     res = run(go())
     assert time.monotonic() - started < 2.0
     assert res.observation == "[tool error]" and res.process_reward == -0.2 and not res.done
-    fault = res.info["fault"]
+    fault = res.fault
     assert isinstance(fault, Fault) and fault.kind == kind and fault.attempts == 2
     assert fragment in fault.message
     assert env.calls == 2  # one retry, re-sending the same text
@@ -170,13 +170,34 @@ def test_retry_recovers_and_records_the_failure() -> None:
     guard = GuardedEnv(Scripted(flaky), FAST)
     res = run(guard.step("x"))
     assert res.observation == "ok" and res.process_reward == 0.5
-    assert [f.kind for f in res.info["retried_faults"]] == ["exception"]
+    assert [f.kind for f in res.retried_faults] == ["exception"]
+
+
+def test_malformed_passes_the_guard_and_faults_are_the_guards_alone() -> None:
+    """``StepResult.malformed`` reaches the runner; a non-bool is itself malformed; a ``fault`` the
+    environment sets is not believed (only the guard reports faults)."""
+
+    async def says_malformed(call: int) -> StepResult:
+        return StepResult(observation="?", malformed=True)
+
+    async def claims_a_fault(call: int) -> StepResult:
+        return StepResult(observation="fine", fault=Fault(kind="timeout", message="made up", attempts=1))
+
+    async def bad_flag(call: int) -> StepResult:
+        return StepResult(observation="?", malformed="yes")  # type: ignore[arg-type]
+
+    res = run(GuardedEnv(Scripted(says_malformed), FAST).step("x"))
+    assert res.malformed and res.fault is None
+    res = run(GuardedEnv(Scripted(claims_a_fault), FAST).step("x"))
+    assert res.observation == "fine" and res.fault is None
+    res = run(GuardedEnv(Scripted(bad_flag), FAST).step("x"))
+    assert res.fault is not None and res.fault.kind == "malformed" and "malformed is str" in res.fault.message
 
 
 def test_zero_retries_means_one_attempt() -> None:
     env = Scripted(raises)
     res = run(GuardedEnv(env, GuardConfig(step_timeout_s=1, retries=0)).step("x"))
-    assert env.calls == 1 and res.info["fault"].attempts == 1
+    assert env.calls == 1 and res.fault.attempts == 1
 
 
 def test_valid_results_are_rebuilt_with_plain_floats() -> None:
@@ -266,12 +287,12 @@ def test_sync_env_blocking_times_out_without_blocking_the_loop() -> None:
     started = time.monotonic()
     res = run(go())
     assert time.monotonic() - started < 1.5
-    assert res.info["fault"].kind == "timeout" and ticks > 20  # the loop kept running
+    assert res.fault.kind == "timeout" and ticks > 20  # the loop kept running
 
 
 def test_sync_env_base_exception_is_contained() -> None:
     res = run(GuardedEnv(SyncEnv(fail=True), FAST).step("x"))
-    assert res.info["fault"].kind == "exception" and "KeyboardInterrupt" in res.info["fault"].message
+    assert res.fault.kind == "exception" and "KeyboardInterrupt" in res.fault.message
 
 
 def test_close_never_raises() -> None:
@@ -297,7 +318,7 @@ def test_fault_wrapper_rates_and_guard_absorbs_them() -> None:
         return [await guard.step("x") for _ in range(300)]
 
     results = run(go())
-    kinds = [r.info["fault"].kind if "fault" in r.info else "ok" for r in results]
+    kinds = [r.fault.kind if r.fault is not None else "ok" for r in results]
     share = {
         k: kinds.count(k) / len(kinds) for k in ("ok", "exception", "timeout", "malformed", "bad_reward")
     }
@@ -313,7 +334,7 @@ def test_fault_wrapper_injects_each_malformed_kind() -> None:
     guard = GuardedEnv(w, GuardConfig(step_timeout_s=1, retries=0))
 
     async def go() -> set[str]:
-        return {(await guard.step("x")).info["fault"].kind for _ in range(60)}
+        return {(await guard.step("x")).fault.kind for _ in range(60)}  # type: ignore[union-attr]
 
     assert run(go()) == {"malformed", "bad_reward"}
 
@@ -404,10 +425,10 @@ def test_guard_counts_faults_and_a_failed_tool_call_counts_as_a_failed_tool_call
         return [await guard.step("<tool>calc(1+2)</tool>") for _ in range(200)]
 
     results = run(go())
-    failed = sum("fault" in r.info for r in results)
+    failed = sum(r.fault is not None for r in results)
     assert 0.2 < failed / 200 < 0.4
     assert all(r.tool_call is not None for r in results)
-    bad = [r.tool_call for r in results if "fault" in r.info]
+    bad = [r.tool_call for r in results if r.fault is not None]
     assert all(c is not None and not c.ok and c.name == "calc" and c.error for c in bad)
     turns = [Turn(role="model", token_ids=[1], logprobs=[0.0], tool_call=r.tool_call) for r in results]
     traj = Trajectory(id="t", task=Task(id="x", task_type="calc"), turns=turns)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import torch
 
 from asyncrl.config import EnvConfig, GuardConfig, load_config
 from asyncrl.envs import GuardedEnv, StepResult, make_env, make_task_source
@@ -40,7 +42,9 @@ class ScriptedEngine(GenerationEngine):
             out.append(Sample(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop"))
         return out
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
         self.version = version
 
 

@@ -247,7 +247,7 @@ class ProcJob(Job):
 
     def __init__(self, tmp: Path, cache: Path, server: RedisServer, *extra: str) -> None:
         from asyncrl.config import apply_overrides
-        from asyncrl.orchestrator.redis_state import RedisStateStore
+        from asyncrl.orchestrator.state.redis_backend import RedisStateStore
 
         self.server = server
         sets = [

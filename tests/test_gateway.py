@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import openai
 import pytest
+import torch
 
 from asyncrl.config import GatewayConfig
 from asyncrl.gateway import Gateway, build_trajectories
@@ -53,7 +55,9 @@ class ScriptedEngine(GenerationEngine):
             )
         return out
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
         self.version = version
 
 
@@ -442,3 +446,29 @@ def test_a_session_killed_mid_call_loses_nothing_else() -> None:
     assert r.choices[0].message.content in ("<answer>1</answer>", "<answer>2</answer>") and len(b.calls) == 1
     [t] = build_trajectories(b, 1.0, "success")
     assert t.token_ids() == b.calls[0].prompt_ids + b.calls[0].completion_ids
+
+
+def test_a_client_that_disconnects_mid_request_is_a_cancelled_call_not_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An agent cancelled while its request body is in flight: counted as cancelled, logged as nothing."""
+    from starlette.requests import Request
+
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"authorization", f"Bearer {s.key}".encode())],
+        "query_string": b"",
+    }
+    response = asyncio.run(gw._http_chat(Request(scope, receive)))
+    assert response.status_code == 499
+    assert gw.counts["cancelled_calls"] == 1 and gw.counts["errors_4xx"] == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    gw.batcher.close()

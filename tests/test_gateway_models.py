@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import torch
 
 from asyncrl.config import GatewayConfig
 from asyncrl.gateway import Gateway, build_trajectories
@@ -49,7 +51,9 @@ class TokenEngine(GenerationEngine):
         ids = self.turns.pop(0)
         return Sample(ids, [-0.5] * len(ids), "stop")
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
         pass
 
 

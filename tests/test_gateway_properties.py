@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +47,9 @@ class CheckingEngine(GenerationEngine):
             out.append(Sample(ids, [-1.0] * len(ids), "stop"))
         return out
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
         pass
 
 

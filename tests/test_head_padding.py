@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Co
 
 from asyncrl.config import ModelConfig
 from asyncrl.policy.model import build_model, load_tensors, state_dict_tensors
+from asyncrl.rollout.engine.vllm_backend import CPU_HEAD_SIZES
 from asyncrl.rollout.head_padding import (
     HeadPaddingError,
     check_rope_frequencies,
@@ -27,7 +28,6 @@ from asyncrl.rollout.head_padding import (
     qwen2_as_llama,
     rope_theta_of,
 )
-from asyncrl.rollout.vllm_engine import CPU_HEAD_SIZES
 
 DEMO = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -260,7 +261,9 @@ class TokenEngine(GenerationEngine):
             out.append(Sample(ids, [-0.5] * len(ids), "stop"))
         return out
 
-    def load_weights(self, version: int, path: str) -> None:  # pragma: no cover - unused
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
         pass
 
 

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 from asyncrl.config import EngineConfig, ModelConfig
 from asyncrl.policy import Policy
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import HFEngine, Sample, make_engine
+from asyncrl.rollout.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.rollout.prefix_cache import PrefixCache
 from test_engine import TINY, random_prompts, recomputed, tiny
 
@@ -109,7 +109,7 @@ def test_weight_load_drops_the_cache(tmp_path: Path) -> None:
     nxt = [p + s.token_ids + [11, 12] for p, s in zip(prompts, first, strict=True)]
     other = tiny(seed=1)
     other.save(tmp_path / "v3")
-    engine.load_weights(3, str(tmp_path / "v3"))
+    engine.load_weights(3, read_weights(tmp_path / "v3"))
     assert len(engine.prefix_cache) == 0 and engine.prefix_cache.bytes == 0
     after = engine.generate(nxt, greedy)
     assert engine.prefill_tokens_reused == 0

@@ -10,7 +10,8 @@ import torch
 
 from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
 from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.records import Task, Trajectory, Turn
+from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.rollout.engine import GenerationEngine, Sample
 from asyncrl.trainer.buffer import ReplayBuffer
 
 
@@ -329,12 +330,19 @@ def test_learner_skipped_minibatch_step_leaves_weights_and_optimiser_unchanged(
 
 
 # ---- weight follower -------------------------------------------------------------------------------
-class _Engine:
+class _Engine(GenerationEngine):
     def __init__(self) -> None:
         self.version = -1
         self.loaded: list[int] = []
 
-    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
+    ) -> list[Sample]:  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:
         self.version = version
         self.loaded.append(version)
 

@@ -31,7 +31,7 @@ from asyncrl.config import EngineConfig, ModelConfig, RunConfig, load_config
 from asyncrl.errors import UserError
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import HFEngine, Sample, make_engine
+from asyncrl.rollout.engine import HFEngine, Sample, make_engine, read_weights
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 # head size 32: the smallest vLLM's CPU attention supports, served as it is.
@@ -94,7 +94,7 @@ def test_evaluation_uses_the_builtin_engine_with_the_vllm_backend(
 ) -> None:
     """Held-out evaluation is comparable across backends: it samples with hf, needing no vLLM."""
     import asyncrl.rollout.engine as engine_module
-    from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.rollout.heldout import evaluate_policy
 
     kinds: list[str] = []
     real = engine_module.make_engine
@@ -228,7 +228,7 @@ def test_vllm_reloads_versioned_snapshots(vllm_setup: tuple[Any, Policy], tmp_pa
     store.publish(start + 2, policy.state_dict_tensors(), step=2)
     loaded = store.load(start + 2)
     shutil.rmtree(loaded.path)
-    engine.load_snapshot(start + 2, loaded.path, loaded.tensors)
+    engine.load_weights(start + 2, loaded.tensors, path=loaded.path)
     assert engine.version == start + 2
     back = engine.generate(prompts, sp)
     assert recomputed(policy, prompts, back, [1.0] * 12).abs().mean() < 1e-4
@@ -252,7 +252,7 @@ def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tup
 def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
     """Head size 16 is served padded to 32; behaviour log-probs still match the trainer's on the
     real model, and reloads (tensors, weight file, snapshot directory) are padded too."""
-    from asyncrl.rollout.vllm_engine import VLLMModelError, plan_head_padding
+    from asyncrl.rollout.engine.vllm_backend import VLLMModelError, plan_head_padding
     from asyncrl.weights import LocalWeightStore
 
     _require_vllm()
@@ -279,11 +279,11 @@ def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
             path = store.publish(version, source.state_dict_tensors(), step=version)
             if how == "snapshot":
                 snap = store.load(version)
-                engine.load_snapshot(version, snap.path, snap.tensors)
+                engine.load_weights(version, snap.tensors, path=snap.path)
             elif how == "file":
-                engine.load_weights(version, str(path))
+                engine.load_weights(version, read_weights(path), path=path)
             else:
-                engine.load_weights_from_tensors(version, source.state_dict_tensors())
+                engine.load_weights(version, source.state_dict_tensors())
             assert engine.version == version
             out = engine.generate(prompts, sp)
             d_new = recomputed(source, prompts, out, [1.0] * len(prompts)).abs()

@@ -192,7 +192,7 @@ def test_corrupt_latest_falls_back_to_previous(
 
     with pytest.raises(CorruptSnapshotError, match="sha256"):
         store.load(3)
-    with caplog.at_level(logging.WARNING, logger="asyncrl.weights.store"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.weights.local"):
         loaded = store.load_latest()
     assert loaded is not None
     assert loaded.version == 2 and loaded.fell_back_from == 3

@@ -364,7 +364,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     from asyncrl.config import load_config
-    from asyncrl.rollout.evaluate import evaluate_checkpoint, render_eval
+    from asyncrl.rollout.heldout import evaluate_checkpoint, render_eval
 
     cfg = load_config(args.config, args.overrides)
     report = evaluate_checkpoint(cfg, args.checkpoint, limit=args.limit)

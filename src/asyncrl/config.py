@@ -819,6 +819,8 @@ class ExplorationConfig(Section):
     """Share of zero-advantage groups above which exploration rises."""
     zero_signal_low: float = Field(0.3, ge=0, le=1)
     """Share of zero-advantage groups below which exploration falls back."""
+    window: int = Field(16, ge=1, le=100_000)
+    """Groups per adaptive decision (the zero-signal share is measured over this many)."""
     early_stop_invalid: int = Field(0, ge=0, le=1000)
     """End an episode after this many consecutive invalid actions (outcome ``early_stopped``); 0: never."""
 

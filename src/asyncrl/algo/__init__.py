@@ -18,7 +18,6 @@ from .advantages import (
     whiten_advantages,
 )
 from .config import AGG_MODES, POLICY_LOSS_KINDS, AggMode, PolicyLossConfig, PolicyLossKind
-from .credit import brier_score, roc_auc, spearman, turn_group_advantages, value_delta_credit
 from .kl import (
     KL_KINDS,
     LOG_RATIO_CLAMP,
@@ -42,6 +41,7 @@ from .losses import (
     value_loss,
 )
 from .returns import broadcast_turn_values, discounted_returns, gae, turn_level_gae
+from .segments import brier_score, roc_auc, spearman, turn_group_advantages, value_delta_credit
 
 __all__ = [
     "AGG_MODES",

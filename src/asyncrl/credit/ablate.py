@@ -43,7 +43,7 @@ def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Any, str]:
         if loaded is None:
             return policy, "initial_policy"
     else:
-        from asyncrl.weights.store import CorruptSnapshotError
+        from asyncrl.weights import CorruptSnapshotError
 
         try:
             loaded = store.load(int(checkpoint))
@@ -70,7 +70,7 @@ def ablate(
 ) -> dict[str, Any]:
     """Monte Carlo segment contributions vs assigned credit; returns a JSON-able report."""
     from asyncrl.config import load_config
-    from asyncrl.rollout.evaluate import run_episodes
+    from asyncrl.rollout.heldout import run_episodes
 
     run = Path(run_dir)
     if not (run / "config.yaml").is_file():

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from asyncrl.records import ToolCall
+from asyncrl.records import Fault, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
@@ -68,6 +68,10 @@ class StepResult:
     ``reward`` and ``outcome`` only mean something when ``done`` is true: ``reward`` is the
     final (outcome) reward of the episode and ``outcome`` one of :data:`asyncrl.records.OUTCOMES`.
     ``process_reward`` is the rule-based reward of this single turn (in [-1, 1] for built-ins).
+    ``malformed``: the model's action could not be parsed or named no tool (counts towards
+    ``rollout.early_stop_invalid``). ``fault`` and ``retried_faults`` are the guard's: set by
+    :class:`~asyncrl.envs.wrappers.GuardedEnv` when the step failed (the observation is then the
+    configured fault observation) or succeeded only after retries; an environment leaves them unset.
     """
 
     observation: str
@@ -77,6 +81,9 @@ class StepResult:
     outcome: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     tool_call: ToolCall | None = None
+    malformed: bool = False
+    fault: Fault | None = None
+    retried_faults: list[Fault] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

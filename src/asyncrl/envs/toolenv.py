@@ -160,6 +160,7 @@ class ToolEnv(ABC):
                 observation=f"error: {action.reason}",
                 process_reward=reward,
                 info={"action": "malformed", "reward_parts": parts},
+                malformed=True,
             )
         if isinstance(action, AnswerAction):
             answer = action.answer
@@ -183,6 +184,7 @@ class ToolEnv(ABC):
                 observation=f"error: unknown tool {action.name!r}; tools: {', '.join(names)}",
                 process_reward=reward,
                 info={"action": "malformed", "reward_parts": parts},
+                malformed=True,
             )
         started = time.monotonic()
         if len(action.args) > MAX_ARGS_CHARS:

@@ -17,7 +17,7 @@ Guard semantics (:class:`GuardedEnv`)
   final answer returns the same result).
 * After the last failed step attempt the guard returns
   ``StepResult(observation=fault_observation, process_reward=fault_reward, done=False)`` with a
-  :class:`~asyncrl.records.Fault` in ``info["fault"]``; the episode continues (the runner may end
+  :class:`~asyncrl.records.Fault` in ``StepResult.fault``; the episode continues (the runner may end
   it). A reset that fails every attempt raises :class:`EnvResetError` (runner: ``env_error``).
 * Hung attempts are abandoned, not awaited: an async step that swallows cancellation keeps
   running detached, and a blocked synchronous step leaks its (daemon) thread. Neither can stall
@@ -376,7 +376,9 @@ class GuardedEnv(EnvWrapper):
             raise _AttemptFailed(
                 "malformed", f"tool_call is {type(value.tool_call).__name__}, expected ToolCall"
             )
-        return StepResult(
+        if not isinstance(value.malformed, bool):
+            raise _AttemptFailed("malformed", f"malformed is {type(value.malformed).__name__}, expected bool")
+        return StepResult(  # fault / retried_faults are the guard's to set, never the environment's
             observation=observation,
             process_reward=process_reward,
             done=value.done,
@@ -384,6 +386,7 @@ class GuardedEnv(EnvWrapper):
             outcome=value.outcome,
             info=dict(value.info),
             tool_call=value.tool_call,
+            malformed=value.malformed,
         )
 
     # -- the protocol --------------------------------------------------------------------------
@@ -408,11 +411,11 @@ class GuardedEnv(EnvWrapper):
             return StepResult(
                 observation=self.cfg.fault_observation,
                 process_reward=self.cfg.fault_reward,
-                info={"fault": Fault(kind=last.kind, message=last.message, attempts=len(failures))},
                 tool_call=tool_call,
+                fault=Fault(kind=last.kind, message=last.message, attempts=len(failures)),
             )
         if failures:
-            result.info["retried_faults"] = failures
+            result.retried_faults = list(failures)
         return result  # type: ignore[no-any-return]
 
     async def close(self) -> None:

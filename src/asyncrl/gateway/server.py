@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -336,6 +336,9 @@ class Gateway:
             elif exc.status != 429:
                 self.counts["errors_4xx"] += 1
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        except ClientDisconnect:  # the agent went away mid-request (its episode was cancelled): not an error
+            self.counts["cancelled_calls"] += 1
+            return Response(status_code=499)
         except Exception as exc:  # an engine failure: the client sees a 500, the worker keeps going
             log.exception("gateway: call failed")
             err = GatewayError(500, f"generation failed: {type(exc).__name__}: {exc}", type_="server_error")

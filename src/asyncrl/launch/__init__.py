@@ -1,1 +1,36 @@
-"""asyncrl.launch"""
+"""Launchers place role processes: :class:`Launcher` (:mod:`asyncrl.launch.base`) is the interface,
+:func:`make_launcher` picks a backend by ``launcher.kind``: :mod:`asyncrl.launch.local`,
+:mod:`asyncrl.launch.ray_launcher` (optional dependency, imported only when chosen) or
+:mod:`asyncrl.launch.external`. Role start-up is :mod:`asyncrl.launch.bootstrap`; one role as a
+service, :mod:`asyncrl.launch.roles`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.launch.base import Launcher
+from asyncrl.launch.local import LocalLauncher
+
+if TYPE_CHECKING:  # importing the config pulls in torch; keep launcher imports light
+    from asyncrl.config import LauncherConfig
+
+__all__ = ["Launcher", "LocalLauncher", "make_launcher"]
+
+
+def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
+    """``local``: processes here; ``ray``: Ray actors; ``external``: roles started as services elsewhere."""
+    if cfg.kind == "local":
+        return LocalLauncher()
+    if cfg.kind == "ray":
+        from asyncrl.launch.ray_launcher import RayLauncher  # lazy: ray is an optional dependency
+
+        return RayLauncher(cfg)
+    if cfg.kind == "external":
+        from asyncrl.launch.external import ExternalLauncher
+
+        if run_dir is None:
+            raise ValueError("launcher.kind 'external' needs the run directory")
+        return ExternalLauncher(cfg, run_dir)
+    raise ValueError(f"unknown launcher.kind {cfg.kind!r}")

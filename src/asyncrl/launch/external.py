@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import LauncherConfig
-from asyncrl.launch.local import Launcher
+from asyncrl.launch.base import Launcher
 
 log = logging.getLogger(__name__)
 

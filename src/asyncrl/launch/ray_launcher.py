@@ -1,10 +1,10 @@
 """The Ray launcher (``launcher.kind: ray``): each role process is a Ray actor.
 
-Same contract as :class:`~asyncrl.launch.local.LocalLauncher` — ``start / exitcode / pid / stop /
-names`` — so the orchestrator's supervise loop is unchanged: a role whose actor died (killed,
-node lost, out of memory) or whose main returned reports an exit code, and the orchestrator
-restarts it by calling :meth:`RayLauncher.start` again, which replaces the dead actor with a new
-one (Ray's own ``max_restarts`` stays 0: one supervisor, not two).
+Same contract (:class:`~asyncrl.launch.base.Launcher`) as :class:`~asyncrl.launch.local.LocalLauncher`
+— ``start / exitcode / pid / stop / names`` — so the orchestrator's supervise loop is unchanged: a
+role whose actor died (killed, node lost, out of memory) or whose main returned reports an exit
+code, and the orchestrator restarts it by calling :meth:`RayLauncher.start` again, which replaces
+the dead actor with a new one (Ray's own ``max_restarts`` stays 0: one supervisor, not two).
 
 Placement
     Every actor runs the role's ordinary entry point (``trainer_main`` / ``worker_main``) with
@@ -48,7 +48,7 @@ from typing import Any
 
 from asyncrl.config import LauncherConfig
 from asyncrl.errors import UserError
-from asyncrl.launch.local import Launcher
+from asyncrl.launch.base import Launcher
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def run_role(
 
 
 def _init(cfg: RunConfig) -> None:
-    from asyncrl.launch.local import init_role_process
+    from asyncrl.launch.bootstrap import init_role_process
 
     init_role_process(cfg.model_dump_json())
 

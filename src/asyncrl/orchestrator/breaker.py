@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from asyncrl.config import BreakerConfig, RunConfig
 from asyncrl.orchestrator.alerts import Alert
 
 State = Literal["closed", "open", "half_open"]
@@ -47,23 +48,14 @@ class _Breaker:
 
 
 class Breakers:
-    def __init__(
-        self,
-        consecutive: int = 5,
-        backoff_s: float = 10.0,
-        backoff_factor: float = 2.0,
-        max_backoff_s: float = 300.0,
-        probes: int = 2,
-        env: str = "",
-    ) -> None:
-        self.consecutive, self.backoff_s, self.factor = consecutive, backoff_s, backoff_factor
-        self.max_backoff_s, self.probes, self.env = max_backoff_s, probes, env
+    def __init__(self, c: BreakerConfig, env: str = "") -> None:
+        self.consecutive, self.backoff_s, self.factor = c.consecutive, c.backoff_s, c.backoff_factor
+        self.max_backoff_s, self.probes, self.env = c.max_backoff_s, c.probes, env
         self.b: dict[str, _Breaker] = {}
 
     @classmethod
-    def of(cls, cfg: Any) -> Breakers:
-        c = cfg.control.breaker
-        return cls(c.consecutive, c.backoff_s, c.backoff_factor, c.max_backoff_s, c.probes, env=cfg.env.kind)
+    def of(cls, cfg: RunConfig) -> Breakers:
+        return cls(cfg.control.breaker, env=cfg.env.kind)
 
     def state(self, bucket: str) -> State:
         b = self.b.get(bucket)

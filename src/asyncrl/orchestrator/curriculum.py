@@ -24,6 +24,7 @@ import random
 from collections import deque
 from typing import Any
 
+from asyncrl.config import CurriculumConfig, RunConfig
 from asyncrl.records import Task
 
 
@@ -81,21 +82,18 @@ def weighted_choice(weights: dict[str, float], rng: random.Random) -> str | None
 class Curriculum:
     """Per-bucket success windows and the weight rule of the module docstring."""
 
-    def __init__(
-        self,
-        buckets: list[str],
-        window: int = 64,
-        min_episodes: int = 16,
-        floor: float = 0.1,
-        ceiling: float = 1.0,
-    ) -> None:
-        self.window, self.min_episodes, self.floor, self.ceiling = window, min_episodes, floor, ceiling
-        self.outcomes: dict[str, deque[int]] = {b: deque(maxlen=window) for b in buckets}
+    def __init__(self, buckets: list[str], c: CurriculumConfig) -> None:
+        self.window, self.min_episodes, self.floor, self.ceiling = (
+            c.window,
+            c.min_episodes,
+            c.floor,
+            c.ceiling,
+        )
+        self.outcomes: dict[str, deque[int]] = {b: deque(maxlen=c.window) for b in buckets}
 
     @classmethod
-    def of(cls, cfg: Any, buckets: list[str]) -> Curriculum:
-        c = cfg.control.curriculum
-        return cls(buckets, c.window, c.min_episodes, c.floor, c.ceiling)
+    def of(cls, cfg: RunConfig, buckets: list[str]) -> Curriculum:
+        return cls(buckets, cfg.control.curriculum)
 
     def observe(self, bucket: str, success: bool) -> None:
         self.outcomes.setdefault(bucket, deque(maxlen=self.window)).append(int(success))

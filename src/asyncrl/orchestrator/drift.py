@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from asyncrl.config import DriftConfig, RunConfig
 from asyncrl.orchestrator.alerts import Alert
 
 
@@ -78,25 +79,16 @@ class Cusum:
 class DriftMonitor:
     """One :class:`Cusum` per bucket, plus the down-weighting hold after an alarm."""
 
-    def __init__(
-        self,
-        warmup: int = 30,
-        k: float = 0.75,
-        h: float = 10.0,
-        min_std: float = 0.05,
-        downweight: float = 0.5,
-        hold_s: float = 60.0,
-    ) -> None:
-        self.params = {"warmup": warmup, "k": k, "h": h, "min_std": min_std}
-        self.downweight, self.hold_s = downweight, hold_s
+    def __init__(self, d: DriftConfig) -> None:
+        self.params = {"warmup": d.warmup, "k": d.k, "h": d.h, "min_std": d.min_std}
+        self.downweight, self.hold_s = d.downweight, d.hold_s
         self.streams: dict[str, Cusum] = {}
         self.held_until: dict[str, float] = {}
         self.alarms = 0
 
     @classmethod
-    def of(cls, cfg: Any) -> DriftMonitor:
-        d = cfg.control.drift
-        return cls(d.warmup, d.k, d.h, d.min_std, d.downweight, d.hold_s)
+    def of(cls, cfg: RunConfig) -> DriftMonitor:
+        return cls(cfg.control.drift)
 
     def observe(self, bucket: str, group_mean_reward: float, now: float) -> list[Alert]:
         stream = self.streams.setdefault(bucket, Cusum(**self.params))  # type: ignore[arg-type]
@@ -131,15 +123,14 @@ class DriftMonitor:
 class HackingMonitor:
     """Rising training reward with flat or falling held-out success (module docstring)."""
 
-    def __init__(self, window: int = 6, rise: float = 0.1) -> None:
-        self.window, self.rise = window, rise
-        self.pairs: deque[tuple[float, float]] = deque(maxlen=window)
+    def __init__(self, d: DriftConfig) -> None:
+        self.window, self.rise = d.hacking_window, d.hacking_rise
+        self.pairs: deque[tuple[float, float]] = deque(maxlen=d.hacking_window)
         self.flags = 0
 
     @classmethod
-    def of(cls, cfg: Any) -> HackingMonitor:
-        d = cfg.control.drift
-        return cls(d.hacking_window, d.hacking_rise)
+    def of(cls, cfg: RunConfig) -> HackingMonitor:
+        return cls(cfg.control.drift)
 
     def observe(self, train_reward: float, heldout_success: float) -> list[Alert]:
         self.pairs.append((train_reward, heldout_success))

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from asyncrl.config import ElasticConfig, RunConfig
 from asyncrl.orchestrator.alerts import Alert
 
 
@@ -39,34 +40,16 @@ class FlowSample:
 
 
 class ElasticController:
-    def __init__(
-        self,
-        min_workers: int = 1,
-        max_workers: int = 4,
-        cooldown_s: float = 20.0,
-        window: int = 6,
-        starve_busy: float = 0.6,
-        starve_fill: float = 0.1,
-        overflow_fill: float = 0.8,
-    ) -> None:
-        self.min_workers, self.max_workers, self.cooldown_s = min_workers, max_workers, cooldown_s
-        self.starve_busy, self.starve_fill, self.overflow_fill = starve_busy, starve_fill, overflow_fill
-        self.samples: deque[FlowSample] = deque(maxlen=window)
+    def __init__(self, e: ElasticConfig) -> None:
+        self.min_workers, self.max_workers, self.cooldown_s = e.min_workers, e.max_workers, e.cooldown_s
+        self.starve_busy, self.starve_fill, self.overflow_fill = e.starve_busy, e.starve_fill, e.overflow_fill
+        self.samples: deque[FlowSample] = deque(maxlen=e.window)
         self.last_decision = float("-inf")
         self.decisions = 0
 
     @classmethod
-    def of(cls, cfg: Any) -> ElasticController:
-        e = cfg.control.elastic
-        return cls(
-            e.min_workers,
-            e.max_workers,
-            e.cooldown_s,
-            e.window,
-            e.starve_busy,
-            e.starve_fill,
-            e.overflow_fill,
-        )
+    def of(cls, cfg: RunConfig) -> ElasticController:
+        return cls(cfg.control.elastic)
 
     def observe(self, sample: FlowSample, workers: int, now: float) -> tuple[int, list[Alert]]:
         """Add one sample; returns (change in worker count: -1, 0 or +1, alerts)."""

@@ -19,41 +19,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from asyncrl.config import ExplorationConfig, RunConfig
 from asyncrl.orchestrator.alerts import Alert
 
 
 class ExplorationController:
-    def __init__(
-        self,
-        base_jitter: float,
-        base_rate: float,
-        adaptive: bool = False,
-        max_jitter: float = 0.3,
-        max_rate: float = 0.2,
-        step: float = 0.05,
-        high: float = 0.7,
-        low: float = 0.3,
-        window: int = 16,
-    ) -> None:
-        self.base_jitter, self.base_rate, self.adaptive = base_jitter, base_rate, adaptive
-        self.max_jitter, self.max_rate = max(max_jitter, base_jitter), max(max_rate, base_rate)
-        self.step, self.high, self.low, self.window = step, high, low, window
+    def __init__(self, x: ExplorationConfig, base_jitter: float, base_rate: float) -> None:
+        self.base_jitter, self.base_rate, self.adaptive = base_jitter, base_rate, x.adaptive
+        self.max_jitter = max(x.max_temperature_jitter, base_jitter)
+        self.max_rate = max(x.max_exploration_rate, base_rate)
+        self.step, self.high, self.low, self.window = x.step, x.zero_signal_high, x.zero_signal_low, x.window
         self.jitter, self.rate = base_jitter, base_rate
         self.groups = self.zero = 0
 
     @classmethod
-    def of(cls, cfg: Any) -> ExplorationController:
-        x, r = cfg.control.exploration, cfg.rollout
-        return cls(
-            r.temperature_jitter,
-            r.exploration_rate,
-            x.adaptive,
-            x.max_temperature_jitter,
-            x.max_exploration_rate,
-            x.step,
-            x.zero_signal_high,
-            x.zero_signal_low,
-        )
+    def of(cls, cfg: RunConfig) -> ExplorationController:
+        return cls(cfg.control.exploration, cfg.rollout.temperature_jitter, cfg.rollout.exploration_rate)
 
     def observe(self, group_rewards: list[float]) -> list[Alert]:
         if not self.adaptive or len(group_rewards) < 2:

@@ -7,7 +7,7 @@ Per tick (every half second) it
 3. applies the queue watermarks (pause admission at high water, resume at low water),
 4. feeds the rules (:mod:`asyncrl.orchestrator.rules`: curriculum, circuit breakers, reward drift
    and hacking, exploration) and publishes their directives to the workers through the state store,
-5. adapts the effective ``max_staleness`` (:mod:`asyncrl.orchestrator.runaway`),
+5. adapts the effective ``max_staleness`` (:mod:`asyncrl.orchestrator.governor`),
 6. scales the rollout workers (:mod:`asyncrl.orchestrator.elastic`, when enabled),
    and watches for a stall (no new weight version and no new trajectory for
    ``orchestrator.watchdog_s``): a ``stall`` alert and a message saying what it last saw,
@@ -38,8 +38,8 @@ from asyncrl.errors import UserError
 from asyncrl.orchestrator.alerts import Alert
 from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
+from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.runaway import StalenessGovernor
 from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import make_state_store
 from asyncrl.policy.memory import release_memory
@@ -105,7 +105,7 @@ def new_run_dir(cfg: RunConfig) -> Path:
 
 class Orchestrator:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool = False, display: bool = True) -> None:
-        from asyncrl.launch.local import make_launcher
+        from asyncrl.launch import make_launcher
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = make_state_store(cfg, run_dir)
@@ -216,7 +216,7 @@ class Orchestrator:
             self.state.set_flag("paused", False)
 
     def _adapt_staleness(self) -> None:
-        """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.runaway.StalenessGovernor`)."""
+        """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.governor.StalenessGovernor`)."""
         current = self.state.get("max_staleness", self.staleness.max_staleness)
         sync = self.state.get("sync_every", self.cfg.trainer.sync_every)
         while self.live.ages:
@@ -563,7 +563,7 @@ def train(
     from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy, resolve_device
     from asyncrl.policy.chat import preflight_model
-    from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
     from asyncrl.transport import make_queue
@@ -571,7 +571,7 @@ def train(
 
     t0 = time.time()
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
-        from asyncrl.rollout.vllm_engine import preflight
+        from asyncrl.rollout.engine.vllm_backend import preflight
 
         preflight(cfg)
     if resume is not None:
@@ -652,7 +652,7 @@ def _peak_memory(run_dir: Path) -> dict[str, float]:
 
 
 def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
-    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.evaluate.retokenization_stats`)."""
+    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`)."""
     checked = int(orch.live.total("rollout/token_exact_checked"))
 
     def share_exact(key: str) -> float | None:

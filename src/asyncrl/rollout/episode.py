@@ -33,7 +33,7 @@ from typing import Any
 from asyncrl.envs import EnvResetError, StepResult
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
-from asyncrl.rollout.engine import GenerationEngine, Sample
+from asyncrl.rollout.engine.base import GenerationEngine, Sample
 
 
 @dataclass
@@ -241,23 +241,18 @@ async def _run_episode(
         step_start = time.perf_counter()
         result: StepResult = await env.step(action)
         turn.env_seconds = time.perf_counter() - step_start
-        retried = result.info.get("retried_faults") if isinstance(result.info, dict) else None
-        if retried:
+        if result.retried_faults:
             traj.reward_components["env_retries"] = traj.reward_components.get("env_retries", 0.0) + len(
-                retried
+                result.retried_faults
             )
         turn.process_reward = float(result.process_reward)
         turn.tool_call = result.tool_call
-        fault = result.info.get("fault") if isinstance(result.info, dict) else None
-        if isinstance(fault, Fault):
-            turn.fault = fault
+        turn.fault = result.fault
         if result.done:
             traj.final_reward = float(result.reward)
             outcome = result.outcome or ("success" if result.reward > 0 else "failure")
             break
-        bad = turn.fault is not None or (
-            isinstance(result.info, dict) and result.info.get("action") == "malformed"
-        )
+        bad = turn.fault is not None or result.malformed
         invalid = invalid + 1 if bad else 0
         if settings.early_stop_invalid and invalid >= settings.early_stop_invalid:
             outcome = "early_stopped"  # a failing trajectory: stop spending generation on it

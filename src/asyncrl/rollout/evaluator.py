@@ -3,7 +3,7 @@
 A separate, low-priority process (``nice`` +``telemetry.eval_nice``) so that evaluation never blocks the orchestrator's tick
 and yields the CPU to the trainer and the rollout workers. It watches the weight store; whenever the
 newest valid version is at least ``eval_every`` past the last one it evaluated (version 0 is the
-run's initial evaluation), it loads that version and runs :func:`~asyncrl.rollout.evaluate.evaluate_policy`
+run's initial evaluation), it loads that version and runs :func:`~asyncrl.rollout.heldout.evaluate_policy`
 on the environment's held-out split — independent of the training reward, with simulated latency and
 faults off and the run's seed, so the numbers of different versions are comparable. Each result is a
 metric row (``eval/*``, role ``evaluator``) and one line of ``evals.jsonl``. Evaluation is not
@@ -49,7 +49,7 @@ class Evaluator:
         return v is not None and v >= self.last + self.cfg.telemetry.eval_every
 
     def evaluate_newest(self) -> dict[str, float]:
-        from asyncrl.rollout.evaluate import evaluate_policy
+        from asyncrl.rollout.heldout import evaluate_policy
 
         loaded = self.store.load_latest()
         if loaded is None or loaded.version <= self.last:
@@ -89,7 +89,7 @@ class Evaluator:
 def evaluator_main(cfg_json: str, run_dir: str) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()
-    from asyncrl.launch.local import init_role_process
+    from asyncrl.launch.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers

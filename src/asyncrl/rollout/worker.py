@@ -23,13 +23,17 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
 from asyncrl.orchestrator.staleness import StalenessPolicy
 from asyncrl.orchestrator.state import make_state_store
 from asyncrl.records import SamplingParams, Task, Trajectory, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.engine.base import GenerationEngine
+    from asyncrl.weights.base import WeightStore
 
 log = logging.getLogger("asyncrl.rollout")
 
@@ -44,11 +48,11 @@ class WeightFollower:
 
     def __init__(
         self,
-        store: Any,
-        engine: Any,
+        store: WeightStore,
+        engine: GenerationEngine,
         metrics: MetricWriter | None = None,
         name: str = "",
-        on_corrupt: Any = None,
+        on_corrupt: Callable[[int], None] | None = None,
     ) -> None:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
         self.on_corrupt = on_corrupt
@@ -102,11 +106,7 @@ class WeightFollower:
                 )
         if loaded.version > self.engine.version:
             t0 = time.perf_counter()
-            load_snapshot = getattr(self.engine, "load_snapshot", None)  # test doubles may lack it
-            if load_snapshot is not None:
-                load_snapshot(loaded.version, loaded.path, loaded.tensors)
-            else:
-                self.engine.load_weights_from_tensors(loaded.version, loaded.tensors)
+            self.engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
             self.load_seconds += time.perf_counter() - t0
             self.loads += 1
             self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
@@ -422,7 +422,7 @@ class RolloutWorker:
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()  # the ledger counts this process's whole life, start-up included
-    from asyncrl.launch.local import init_role_process
+    from asyncrl.launch.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     worker = RolloutWorker(cfg, Path(run_dir), index, started=started)

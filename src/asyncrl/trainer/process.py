@@ -294,7 +294,7 @@ class TrainerRole:
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()  # the ledger counts this process's whole life, start-up included
-    from asyncrl.launch.local import init_role_process
+    from asyncrl.launch.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     TrainerRole(cfg, Path(run_dir), resume=resume, started=started).run()

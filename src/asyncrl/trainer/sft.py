@@ -262,7 +262,7 @@ def warm_start(
     from asyncrl.policy import Policy
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.evaluate import evaluate_policy
+    from asyncrl.rollout.heldout import evaluate_policy
 
     out = Path(cfg.cache_dir) / f"warmstart-{warm_start_key(cfg)}"
     meta_path = out / "warmstart.json"

@@ -3,24 +3,31 @@
 Snapshots are published atomically (temp dir + fsync + rename, then the ``latest`` pointer
 via ``os.replace``), verified by sha256 on load, and :meth:`WeightStore.load_latest` falls
 back to the newest older valid version when the newest is corrupt or partial. Tensors are
-stored with safetensors; manifests and the pointer are JSON (no pickle). Details:
-:mod:`asyncrl.weights.store` and ``docs/transport.md``.
+stored with safetensors; manifests and the pointer are JSON (no pickle). The interface and its
+reader semantics: :mod:`asyncrl.weights.base`; backends: :mod:`asyncrl.weights.local` and
+:mod:`asyncrl.weights.shared` (imported only when ``weights.kind: shared`` is used); all:
+``docs/transport.md``.
 """
 
 from __future__ import annotations
 
-from asyncrl.weights.store import (
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.weights.base import (
     MANIFEST_FILE,
     MODEL_FILE,
     POINTER_FILE,
     CorruptSnapshotError,
     LoadedWeights,
-    LocalWeightStore,
     SnapshotNotFoundError,
     WeightStore,
-    make_weight_store,
     version_dirname,
 )
+from asyncrl.weights.local import LocalWeightStore
+
+if TYPE_CHECKING:  # only needed for types
+    from asyncrl.config import WeightsConfig
 
 __all__ = [
     "MANIFEST_FILE",
@@ -34,3 +41,19 @@ __all__ = [
     "make_weight_store",
     "version_dirname",
 ]
+
+
+def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
+    """The run's weight store; every process opens its own.
+
+    ``local``: ``run_dir/weights``. ``shared``: ``{weights.path}/{run_dir name}`` (or ``run_dir/weights``
+    when no path is set) with the pointer in Redis at ``weights.redis_url``.
+    """
+    if cfg.kind == "local":
+        return LocalWeightStore(Path(run_dir) / "weights", keep=cfg.keep)
+    if cfg.kind == "shared":
+        from asyncrl.weights.shared import SharedWeightStore  # lazy: local users skip redis
+
+        root = Path(cfg.path) / Path(run_dir).name if cfg.path else Path(run_dir) / "weights"
+        return SharedWeightStore(root, cfg.redis_url, keep=cfg.keep)
+    raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local' or 'shared'")

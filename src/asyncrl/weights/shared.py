@@ -1,6 +1,6 @@
 """The cluster weight store (``weights.kind: shared``): snapshots on a shared filesystem, pointer in Redis.
 
-Everything about snapshots is :class:`~asyncrl.weights.store.LocalWeightStore`'s: the directory
+Everything about snapshots is :class:`~asyncrl.weights.local.LocalWeightStore`'s: the directory
 layout, the atomic temp-dir + fsync + rename publish, sha256 verification of the very bytes
 decoded, retention by rename-then-delete, and the fallback past corrupt or partial versions. Only
 the **latest-version pointer** moves from the file ``latest`` to the Redis key
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.credentials import mask_url, open_redis, with_retries
-from asyncrl.weights.store import LocalWeightStore, _check_version
+from asyncrl.weights.base import check_version
+from asyncrl.weights.local import LocalWeightStore
 
 # KEYS: pointer; ARGV: version, value. Returns 1 if set, 0 if the pointer already names >= version.
 _SET_POINTER_LUA = """
@@ -78,7 +79,7 @@ class SharedWeightStore(LocalWeightStore):
         if raw is None:
             return None, None
         try:
-            return _check_version(json.loads(raw)["version"]), None
+            return check_version(json.loads(raw)["version"]), None
         except (ValueError, TypeError, KeyError) as exc:
             return None, f"latest pointer is corrupt ({exc}): {bytes(raw)[:80]!r}"
 

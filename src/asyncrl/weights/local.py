@@ -1,4 +1,4 @@
-"""Versioned weight snapshots: the trainer publishes, rollout workers (other processes) load.
+"""The local weight store (``weights.kind: local``): snapshots and their pointer in one directory.
 
 Layout of ``run_dir/weights/``::
 
@@ -23,21 +23,7 @@ publishes. Retention keeps the newest ``keep`` versions and always the pointer's
 version is deleted by renaming it to ``.trash-*`` first (readers then see it vanish as a
 whole, never half-deleted) and removing that.
 
-Verification and fallback (readers)
------------------------------------
-:meth:`WeightStore.load` reads ``manifest.json`` (it must parse and name the directory's
-version) and the whole ``model.safetensors`` into memory once, checks byte size and sha256 of
-those very bytes, and only then decodes them: the tensors returned are exactly the verified
-bytes, even if the version is deleted meanwhile. Any failure raises
-:class:`CorruptSnapshotError` (:class:`SnapshotNotFoundError` if the version is absent).
-
-:meth:`WeightStore.load_latest` never raises for a bad snapshot: it loads the pointer's target,
-and if that is corrupt or partial it **falls back** to the newest older valid version,
-reporting ``fell_back_from`` (the version it wanted), ``problems`` and a ``logging`` warning.
-If a version vanished because the writer published newer ones and retention removed it, the
-pointer is re-read and loading restarts from the new target (that is not a fallback). With no
-valid version at all it returns ``None``. Directories newer than the pointer are snapshots
-whose publish did not finish; readers ignore them.
+Readers verify and fall back as :mod:`asyncrl.weights.base` states.
 """
 
 from __future__ import annotations
@@ -51,94 +37,33 @@ import re
 import threading
 import time
 import uuid
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import safetensors
 import safetensors.torch
 import torch
 
 from asyncrl.durable import discard, fsync_dir, hash_file, remove_stale, staged_dir, to_prune, write_durably
-
-if TYPE_CHECKING:  # only needed for types
-    from asyncrl.config import WeightsConfig
+from asyncrl.weights.base import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    POINTER_FILE,
+    CorruptSnapshotError,
+    LoadedWeights,
+    SnapshotNotFoundError,
+    WeightStore,
+    check_version,
+    version_dirname,
+)
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILE = "model.safetensors"
-MANIFEST_FILE = "manifest.json"
-POINTER_FILE = "latest"
 MANIFEST_FORMAT = "asyncrl-weights"
 MANIFEST_FORMAT_VERSION = 1
 
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _MAX_RESTARTS = 100
-
-
-class CorruptSnapshotError(RuntimeError):
-    """A weight snapshot is missing, partial, or fails verification."""
-
-
-class SnapshotNotFoundError(CorruptSnapshotError):
-    """The requested version has no snapshot directory (never published, or deleted by retention)."""
-
-
-@dataclass
-class LoadedWeights:
-    """A verified snapshot, loaded on CPU."""
-
-    version: int
-    path: Path
-    tensors: dict[str, torch.Tensor]
-    manifest: dict[str, Any]
-    fell_back_from: int | None = None
-    """The version :meth:`WeightStore.load_latest` wanted when it had to return an older one."""
-    problems: list[str] = field(default_factory=list)
-    """What was wrong with the versions skipped on the way (empty on a clean load)."""
-
-
-class WeightStore(ABC):
-    """Numbered weight versions: one publisher, any number of readers in any process."""
-
-    @abstractmethod
-    def publish(
-        self,
-        version: int,
-        tensors: dict[str, torch.Tensor],
-        *,
-        step: int,
-        extra: dict[str, Any] | None = None,
-    ) -> Path:
-        """Atomically publish ``tensors`` as ``version`` (> every existing version) and return its path."""
-
-    @abstractmethod
-    def latest_version(self) -> int | None:
-        """The pointer's version (cheap: one small file read); ``None`` before the first publish."""
-
-    @abstractmethod
-    def load_latest(self) -> LoadedWeights | None:
-        """The newest valid snapshot, falling back past corrupt ones; ``None`` if there is none."""
-
-    @abstractmethod
-    def load(self, version: int) -> LoadedWeights:
-        """One verified snapshot, or :class:`CorruptSnapshotError`."""
-
-    @abstractmethod
-    def versions(self) -> list[int]:
-        """Versions that have a snapshot directory, ascending (not verified)."""
-
-
-# ---- filesystem helpers ---------------------------------------------------------------------
-def version_dirname(version: int) -> str:
-    return f"v{version:06d}"
-
-
-def _check_version(version: object, what: str = "version") -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"{what} must be an int >= 0, got {version!r}")
-    return version
 
 
 def _prepare_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -163,7 +88,6 @@ def _prepare_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-# ---- the local store ------------------------------------------------------------------------
 class LocalWeightStore(WeightStore):
     """Snapshots under one directory on a local (POSIX) filesystem (``weights.kind: local``).
 
@@ -194,7 +118,7 @@ class LocalWeightStore(WeightStore):
         try:
             data = json.loads(raw)
             version = data["version"]
-            return _check_version(version), None
+            return check_version(version), None
         except (ValueError, TypeError, KeyError) as exc:
             return None, f"latest pointer is corrupt ({exc}): {raw[:80]!r}"
 
@@ -231,7 +155,7 @@ class LocalWeightStore(WeightStore):
         return version
 
     def load(self, version: int) -> LoadedWeights:
-        version = _check_version(version)
+        version = check_version(version)
         path = self.root / version_dirname(version)
 
         def missing(what: str) -> CorruptSnapshotError:
@@ -341,8 +265,8 @@ class LocalWeightStore(WeightStore):
         step: int,
         extra: dict[str, Any] | None = None,
     ) -> Path:
-        version = _check_version(version)
-        step = _check_version(step, "step")
+        version = check_version(version)
+        step = check_version(step, "step")
         extra = dict(extra or {})
         try:
             json.dumps(extra, allow_nan=False)
@@ -390,19 +314,3 @@ class LocalWeightStore(WeightStore):
     def _remove_leftovers(self) -> None:
         """Remove temp and trash entries of crashed publishes (one publisher per store)."""
         remove_stale(self.root, (".tmp-", ".trash-", ".latest.tmp-"))
-
-
-def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
-    """The run's weight store; every process opens its own.
-
-    ``local``: ``run_dir/weights``. ``shared``: ``{weights.path}/{run_dir name}`` (or ``run_dir/weights``
-    when no path is set) with the pointer in Redis at ``weights.redis_url``.
-    """
-    if cfg.kind == "local":
-        return LocalWeightStore(Path(run_dir) / "weights", keep=cfg.keep)
-    if cfg.kind == "shared":
-        from asyncrl.weights.shared import SharedWeightStore  # lazy: local users skip redis
-
-        root = Path(cfg.path) / Path(run_dir).name if cfg.path else Path(run_dir) / "weights"
-        return SharedWeightStore(root, cfg.redis_url, keep=cfg.keep)
-    raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local' or 'shared'")

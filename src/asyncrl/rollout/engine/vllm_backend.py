@@ -2,7 +2,7 @@
 
 vLLM is an optional dependency: this module imports it only when an engine is built, and a
 missing install is a :class:`VLLMNotInstalledError` (a :class:`~asyncrl.errors.UserError`) that
-says how to install it. The rest of asyncrl sees only :class:`~asyncrl.rollout.engine.GenerationEngine`.
+says how to install it. The rest of asyncrl sees only :class:`~asyncrl.rollout.engine.base.GenerationEngine`.
 
 **Processes.** ``vllm.LLM`` runs the model in processes of its own (an engine-core process and
 a worker process, started with ``spawn``); the rollout worker holding a :class:`VLLMEngine`
@@ -19,7 +19,7 @@ itself only for the same sequence of calls and batch compositions.
 
 **Behaviour log-probs** come from vLLM's ``logprobs_mode="processed_logprobs"``: the log-prob of
 the sampled token under ``softmax(logits / temperature)`` restricted to the top-p nucleus and
-renormalised, which is the definition in :mod:`asyncrl.rollout.engine`. They are computed by a
+renormalised, which is the definition in :mod:`asyncrl.rollout.engine.base`. They are computed by a
 different kernel stack than the trainer's recomputation, so they agree only approximately;
 ``docs/engines.md`` reports the measured gap and the truncated-importance-sampling correction
 that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``).
@@ -32,13 +32,13 @@ vLLM's Qwen2 ignores ``head_dim``). The padded copy lives in the engine's stagin
 every reload pads the new tensors first, so snapshot directories are never read directly then.
 :func:`plan_head_padding` decides, and raises :class:`VLLMModelError` when no exact padding exists.
 
-**Weights.** :meth:`VLLMEngine.load_weights` reloads in place from a weight-store snapshot
-directory with ``collective_rpc("reload_weights", kwargs={"weights_path": dir})`` and then
-resets vLLM's prefix cache (cached KV blocks were computed with the old weights).
-:meth:`VLLMEngine.load_snapshot` (what :class:`~asyncrl.rollout.worker.WeightFollower` calls)
-reads the verified snapshot directory and, should that directory have been removed by
-retention meanwhile, writes the already verified tensors to a private staging directory and
-reloads from there. :attr:`VLLMEngine.version` changes only after a reload succeeded, so every
+**Weights.** :meth:`VLLMEngine.load_weights` (what :class:`~asyncrl.rollout.worker.WeightFollower`
+calls with a verified weight-store snapshot) reloads in place with
+``collective_rpc("reload_weights", kwargs={"weights_path": dir})`` and then resets vLLM's prefix
+cache (cached KV blocks were computed with the old weights). ``dir`` is the snapshot directory
+itself when vLLM can read it as it is; otherwise (no directory given, or it was removed by
+retention meanwhile, or the tensors need padding, a tied head or a LoRA merge) the engine writes
+the already verified tensors to a private staging directory and reloads from there. :attr:`VLLMEngine.version` changes only after a reload succeeded, so every
 turn is stamped with the version that produced it, exactly as with the built-in engine.
 """
 
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.errors import UserError
 from asyncrl.policy.model import WEIGHTS_NAME
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import GenerationEngine, Sample, check_requests
+from asyncrl.rollout.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.rollout.head_padding import (
     HeadPaddingError,
     check_paddable,
@@ -254,9 +254,7 @@ class VLLMEngine(GenerationEngine):
         from asyncrl.policy.model import input_vocab_size
 
         tmp = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-model-"))
-        if (
-            policy.lora
-        ):  # vLLM serves the adapter merged into the base weights (see load_weights_from_tensors)
+        if policy.lora:  # vLLM serves the adapter merged into the base weights (see _load_staged)
             import copy
 
             merged: Any = copy.deepcopy(policy.model)
@@ -283,26 +281,30 @@ class VLLMEngine(GenerationEngine):
         return engine
 
     # ---- weights ---------------------------------------------------------------------------
-    def load_weights(self, version: int, path: str) -> None:
-        p = Path(path)
-        file = p / WEIGHTS_NAME if p.is_dir() else p
-        if not file.is_file():
-            raise FileNotFoundError(
-                f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})"
-            )
-        if self.tied_embeddings or self.head_padding:  # add lm_head.weight (see _reload) / pad
-            from safetensors.torch import load_file
-
-            self.load_weights_from_tensors(version, load_file(str(file)))
-        else:
-            self._reload(version, file.parent)
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:
+        """Reload in place: straight from the snapshot directory ``path`` when vLLM can read it as it
+        is, else (no ``path``, tied embeddings, padded heads, a LoRA adapter, or the directory
+        removed by retention meanwhile) from ``tensors`` written to the engine's staging directory."""
+        as_is = not self.tied_embeddings and self.head_padding is None and self.adapter_policy is None
+        if as_is and path is not None and (Path(path) / WEIGHTS_NAME).is_file():
+            directory = Path(path)
+            try:
+                self._reload(version, directory)
+                return
+            except (OSError, RuntimeError):
+                if (directory / WEIGHTS_NAME).is_file():
+                    raise  # not a retention race: a real failure
+        self._load_staged(version, tensors)
 
     adapter_policy: Policy | None = None
     """With ``model.lora``: the policy (on the CPU) whose adapter versions are merged into full
     weights for vLLM. vLLM's own LoRA serving would avoid the merge; merging keeps one code path
     for every model vLLM can reload, at the cost of one full-weight reload per version."""
 
-    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+    def _load_staged(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Merge (LoRA), pad and add the tied head as needed, write to the staging directory, reload."""
         if self.adapter_policy is not None:
             from asyncrl.policy.lora import merged_state_dict
 
@@ -358,21 +360,6 @@ class VLLMEngine(GenerationEngine):
         _log_padding(head_dim_of(self._model_config), self.head_padding or 0)
         return self._stage_dir
 
-    def load_snapshot(self, version: int, path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-        """Reload a verified weight-store snapshot: straight from its directory when vLLM can read
-        it as it is, else (tied embeddings, padded heads, or the directory removed by retention
-        meanwhile) from the verified tensors written to the engine's staging directory."""
-        directory = Path(path)
-        as_is = not self.tied_embeddings and self.head_padding is None and self.adapter_policy is None
-        if as_is and (directory / WEIGHTS_NAME).is_file():
-            try:
-                self._reload(version, directory)
-                return
-            except (OSError, RuntimeError):
-                if (directory / WEIGHTS_NAME).is_file():
-                    raise  # not a retention race: a real failure
-        self.load_weights_from_tensors(version, tensors)
-
     def _reload(self, version: int, directory: Path) -> None:
         """vLLM's in-place reload from ``directory`` (every ``*.safetensors`` in it).
 
@@ -380,7 +367,7 @@ class VLLMEngine(GenerationEngine):
         ones back; a tied ``lm_head`` receives none from an HF checkpoint (which omits the
         alias) and would silently keep the *initial* output embedding. So files for a model
         with tied embeddings always carry ``lm_head.weight`` (written by
-        :meth:`load_weights_from_tensors`); ``tests/test_vllm_engine.py`` checks the outcome.
+        :meth:`_load_staged`); ``tests/test_vllm_engine.py`` checks the outcome.
         """
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory)})

@@ -1,144 +1,34 @@
-"""Generation engines: turn token prompts into sampled continuations with behaviour log-probs.
+"""The built-in generation engine (``rollout.engine.kind: hf``): batched sampling with a Hugging Face
+causal LM in this process, a KV cache, optional static decoding with CUDA graphs and a prefix cache.
 
-Callers (rollout workers, evaluation) depend only on :class:`GenerationEngine`; the backend is
-chosen by ``rollout.engine.kind`` in :func:`make_engine`: :class:`HFEngine` (``hf``, built in)
-or :class:`asyncrl.rollout.vllm_engine.VLLMEngine` (``vllm``, optional dependency).
-
-**Behaviour log-prob definition.** For every sampled token the engine records
-``log q(token)``, where ``q`` is the distribution the token was actually drawn from:
-
-1. ``softmax(logits / temperature)``;
-2. restricted to the top-p nucleus (the smallest set of most likely tokens whose mass
-   reaches ``top_p``) and renormalised over it.
-
-With ``top_p = 1`` step 2 is the identity, so the recorded value equals
-:func:`asyncrl.policy.model.token_logprobs` with the same temperature, which is what the
-trainer recomputes (to float32 rounding; the test suite pins mean ``|Δ| < 1e-4``). With
-``top_p < 1`` the recorded value is larger by ``-log(nucleus mass)``: the trainer's
-tempered-softmax log-prob does not model truncation, and that gap is absorbed by the
-importance ratio like any other behaviour/target mismatch.
+The interface, the behaviour log-prob definition it implements and the one weight-load method:
+:mod:`asyncrl.rollout.engine.base`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
-from asyncrl.policy.model import WEIGHTS_NAME, Policy, as_attention_bias, input_vocab_size
+from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
+from asyncrl.rollout.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.rollout.prefix_cache import Hit, PrefixCache
 
-if TYPE_CHECKING:
-    from asyncrl.config import EngineConfig
-
-FinishReason = Literal["stop", "length"]
 log = logging.getLogger(__name__)
 STATIC_CACHE_SLACK = 128
 """Static-cache columns beyond ``max_context``: left padding puts a chunk's newest token at column
 ``width + step``, so a chunk fits when ``width + steps <= max_context + STATIC_CACHE_SLACK``; one
 that does not (a long prompt batched with short ones that may still sample many tokens) is decoded
 with the growing cache instead."""
-
-
-@dataclass
-class Sample:
-    """One sampled continuation of one prompt."""
-
-    token_ids: list[int]
-    """Sampled tokens, including the stop token if one was hit."""
-    logprobs: list[float]
-    """Behaviour log-prob of each sampled token (see the module docstring)."""
-    finish_reason: FinishReason
-    """``stop``: a stop token was sampled; ``length``: max_new_tokens or the context ran out."""
-
-
-class GenerationEngine(ABC):
-    """Batched sampler with versioned weights; the only interface rollout code depends on."""
-
-    version: int
-    """Version of the weights currently loaded (0 for the initial weights)."""
-    max_context: int
-    """Longest prompt + continuation the engine accepts, in tokens."""
-
-    @abstractmethod
-    def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
-    ) -> list[Sample]:
-        """Sample one continuation per prompt; ``sampling`` is shared or one per prompt.
-
-        A continuation ends at the first stop token (included), after
-        ``max_new_tokens`` tokens, or when prompt + continuation fill the context
-        (``finish_reason == "length"`` for both). A prompt longer than the context raises
-        ``ValueError``.
-        """
-
-    @abstractmethod
-    def load_weights(self, version: int, path: str) -> None:
-        """Load ``path/model.safetensors`` (as :meth:`Policy.save` writes it) and set :attr:`version`."""
-
-    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        """Load weights handed over in-process (e.g. :meth:`Policy.state_dict_tensors`)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot load weights from in-process tensors")
-
-    def load_snapshot(self, version: int, path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-        """Load a verified weight-store snapshot (its directory and its already-read tensors).
-
-        The built-in engine uses the tensors; an engine in another process may prefer the directory.
-        """
-        self.load_weights_from_tensors(version, tensors)
-
-    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
-        """Release processes or files the engine holds (nothing for the built-in engine)."""
-
-
-# ---------------------------------------------------------------------------------------------
-def _check_sampling(sp: SamplingParams, index: int) -> None:
-    if not (math.isfinite(sp.temperature) and sp.temperature > 0):
-        raise ValueError(
-            f"sampling[{index}].temperature = {sp.temperature!r}: must be > 0 "
-            "(use a small value such as 1e-4 for near-greedy decoding)"
-        )
-    if not (0 < sp.top_p <= 1):
-        raise ValueError(f"sampling[{index}].top_p = {sp.top_p!r}: must be in (0, 1]")
-    if sp.max_new_tokens < 1:
-        raise ValueError(f"sampling[{index}].max_new_tokens = {sp.max_new_tokens!r}: must be >= 1")
-
-
-def check_requests(
-    prompts: list[list[int]],
-    sampling: SamplingParams | list[SamplingParams],
-    max_context: int,
-    vocab_size: int,
-) -> list[SamplingParams]:
-    """Validate a :meth:`GenerationEngine.generate` call; return one :class:`SamplingParams` per prompt."""
-    params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-    if len(params) != len(prompts):
-        raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-    for i, sp in enumerate(params):
-        _check_sampling(sp, i)
-    for i, prompt in enumerate(prompts):
-        if not prompt:
-            raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
-        if len(prompt) > max_context:
-            raise ValueError(
-                f"prompt {i} has {len(prompt)} tokens, longer than the model's context of "
-                f"{max_context} tokens"
-            )
-        if min(prompt) < 0 or max(prompt) >= vocab_size:
-            raise ValueError(f"prompt {i} holds token ids outside the vocabulary (0..{vocab_size - 1})")
-    return params
 
 
 def sample_tokens(
@@ -306,7 +196,7 @@ class HFEngine(GenerationEngine):
     The engine samples from ``policy.model`` itself (no copy): :meth:`load_weights`
     overwrites those parameters in place. Give the engine its own :class:`Policy` when
     something else (a trainer) must keep its weights; code that changes the weights other than
-    through ``load_*`` must call :meth:`clear_prefix_cache`.
+    through :meth:`load_weights` must call :meth:`clear_prefix_cache`.
     """
 
     def __init__(
@@ -371,16 +261,10 @@ class HFEngine(GenerationEngine):
         """Time looking up and storing prefix-cache entries."""
 
     # ---- weights ---------------------------------------------------------------------------
-    def load_weights(self, version: int, path: str) -> None:
-        p = Path(path)
-        file = p / WEIGHTS_NAME if p.is_dir() else p
-        if not file.is_file():
-            raise FileNotFoundError(
-                f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})"
-            )
-        self.load_weights_from_tensors(version, load_file(str(file), device=str(self.device)))
-
-    def load_weights_from_tensors(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:
+        """Copy ``tensors`` into the policy's parameters in place (``path`` is not needed here)."""
         self.clear_prefix_cache()  # before the load: a failed load leaves no stale entry either
         self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
         self.version = version
@@ -633,25 +517,3 @@ def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def _plain_dynamic_cache(model: PreTrainedModel) -> bool:
     """Whether the model's growing cache is full-attention layers only (what the prefix cache can rebuild)."""
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-
-
-def make_engine(
-    cfg: EngineConfig, policy: Policy, stop_token_ids: list[int], *, seed: int | None = None
-) -> GenerationEngine:
-    """The engine ``cfg.kind`` names, sampling from ``policy``."""
-    if cfg.kind == "hf":
-        static = {"auto": None, "on": True, "off": False}[cfg.static_cache]
-        return HFEngine(
-            policy,
-            stop_token_ids,
-            max_batch=cfg.max_batch,
-            seed=seed,
-            static_cache=static,
-            cuda_graphs=cfg.cuda_graphs,
-            prefix_cache_mb=cfg.prefix_cache_mb if cfg.prefix_cache else 0.0,
-        )
-    if cfg.kind == "vllm":  # optional dependency: imported only when chosen
-        from asyncrl.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine.from_policy(policy, stop_token_ids, cfg, seed=seed)
-    raise ValueError(f"unknown engine kind {cfg.kind!r}; allowed: 'hf', 'vllm'")  # pragma: no cover

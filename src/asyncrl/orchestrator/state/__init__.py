@@ -1,0 +1,37 @@
+"""Shared control-plane state of a run: counters, flags, the trained/dropped ledger and documents.
+
+The interface and what it holds: :mod:`asyncrl.orchestrator.state.base`; backends:
+:mod:`asyncrl.orchestrator.state.sqlite` (the embedded default) and
+:mod:`asyncrl.orchestrator.state.redis_backend` (imported only when ``control.state.kind: redis``
+is used); :func:`make_state_store` picks one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncrl.errors import UserError
+from asyncrl.orchestrator.state.base import StateStore
+from asyncrl.orchestrator.state.sqlite import ControlState, SQLiteStateStore
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+
+__all__ = ["ControlState", "SQLiteStateStore", "StateStore", "make_state_store"]
+
+
+def make_state_store(cfg: RunConfig, run_dir: str | Path) -> StateStore:
+    """The run's state store, by ``control.state.kind`` (``sqlite``: ``run_dir/control.sqlite``;
+    ``redis``: :class:`~asyncrl.orchestrator.state.redis_backend.RedisStateStore` at
+    ``control.state.redis_url``)."""
+    kind = cfg.control.state.kind
+    if kind == "sqlite":
+        return SQLiteStateStore(Path(run_dir) / "control.sqlite")
+    if kind == "redis":
+        from asyncrl.orchestrator.state.redis_backend import RedisStateStore  # lazy: sqlite users skip redis
+
+        if not cfg.control.state.redis_url:
+            raise UserError("control.state.kind=redis needs control.state.redis_url")
+        return RedisStateStore(cfg.control.state.redis_url, run_dir, prefix=cfg.control.state.prefix)
+    raise UserError(f"control.state.kind {kind!r} is not available; use sqlite or redis")

@@ -1,0 +1,86 @@
+"""Shared control-plane state of a run: counters, flags, the trained/dropped ledger and documents.
+
+:class:`StateStore` is the boundary (a short abstract class);
+:func:`asyncrl.orchestrator.state.make_state_store` picks the backend by ``control.state.kind``.
+The embedded default, :class:`~asyncrl.orchestrator.state.sqlite.SQLiteStateStore` (alias
+``ControlState``), keeps everything in ``run_dir/control.sqlite`` (SQLite in WAL mode, safe across
+processes): every role process opens its own.
+:class:`~asyncrl.orchestrator.state.redis_backend.RedisStateStore` (``kind: redis``) implements the
+same methods in Redis, for roles on several machines. It holds only small rows:
+
+* ``counters``: named integers — ``admitted`` (episodes granted by the staleness budget),
+  ``dropped`` (samples the trainer dropped as stale or invalid), ``version`` (newest published
+  weight version), ``max_staleness`` and ``sync_every`` (the orchestrator may tighten them).
+* ``flags``: ``paused`` (queue above high water), ``stop`` (end of run).
+* ``ledger``: one row per trajectory the trainer consumed, with its fate (``trained`` or
+  ``dropped_stale`` / ``dropped_invalid``) and the trainer step. The primary key on the
+  trajectory id makes "trained twice" impossible to record silently: a second insert is counted
+  in ``duplicates``.
+* ``docs``: named JSON documents (``put_doc`` / ``get_doc``) — the orchestrator's directives to
+  the workers (``control``: curriculum weights, open breakers, exploration settings) and its own
+  snapshot (``orchestrator``: rule states, alert count, metric offsets) restored on ``--resume``.
+
+The staleness *rules* live in :mod:`asyncrl.orchestrator.staleness`; the state store only stores.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+class StateStore(ABC):
+    """The orchestrator-state boundary: every method is atomic and safe across processes.
+
+    Counters are integers (missing = ``default``); flags are booleans (missing = False); the
+    ledger records each consumed trajectory once; documents are JSON objects replaced whole.
+    """
+
+    @abstractmethod
+    def get(self, name: str, default: int = 0) -> int: ...
+
+    @abstractmethod
+    def set_value(self, name: str, value: int) -> None: ...
+
+    @abstractmethod
+    def add(self, name: str, delta: int) -> int:
+        """Atomically add ``delta`` to counter ``name``; returns the new value."""
+
+    @abstractmethod
+    def try_add_within(self, name: str, delta: int, limit_fn: Callable[[dict[str, int]], int]) -> bool:
+        """Atomically add ``delta`` to ``name`` if the result is at most ``limit_fn(all counters)``."""
+
+    @abstractmethod
+    def counters(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def flag(self, name: str) -> bool: ...
+
+    @abstractmethod
+    def set_flag(self, name: str, value: bool) -> None: ...
+
+    @abstractmethod
+    def record(self, rows: Iterable[tuple[str, str, int, int]]) -> int:
+        """Record ``(traj_id, fate, step, age)`` rows; returns how many ids were already recorded."""
+
+    @abstractmethod
+    def ledger_ids(self) -> set[str]: ...
+
+    @abstractmethod
+    def ledger_counts(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def ages(self) -> list[int]:
+        """Version lag of every trained sample (for the staleness histogram)."""
+
+    @abstractmethod
+    def put_doc(self, name: str, doc: dict[str, Any]) -> None:
+        """Replace the JSON document ``name`` (atomically)."""
+
+    @abstractmethod
+    def get_doc(self, name: str) -> dict[str, Any] | None:
+        """The JSON document ``name``, or None if it was never written."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,144 @@
+"""The generation-engine interface: token prompts in, sampled continuations with behaviour log-probs out.
+
+Callers (rollout workers, evaluation) depend only on :class:`GenerationEngine`; the backend is
+chosen by ``rollout.engine.kind`` in :func:`asyncrl.rollout.engine.make_engine`:
+:class:`~asyncrl.rollout.engine.hf.HFEngine` (``hf``, built in) or
+:class:`~asyncrl.rollout.engine.vllm_backend.VLLMEngine` (``vllm``, optional dependency).
+
+**Weights.** An engine loads a new weight version through one method,
+:meth:`GenerationEngine.load_weights`: the tensors (full weights, or a LoRA adapter version, as
+:meth:`~asyncrl.policy.model.Policy.state_dict_tensors` returns them and the weight store
+publishes them) and, when they came from a verified weight-store snapshot, its directory — which
+an engine whose model lives in other processes (vLLM) may reload from directly.
+:attr:`GenerationEngine.version` changes only once the load succeeded. To load a directory
+written by :meth:`~asyncrl.policy.model.Policy.save` or the weight store, read it with
+:func:`read_weights` first.
+
+**Behaviour log-prob definition.** For every sampled token the engine records
+``log q(token)``, where ``q`` is the distribution the token was actually drawn from:
+
+1. ``softmax(logits / temperature)``;
+2. restricted to the top-p nucleus (the smallest set of most likely tokens whose mass
+   reaches ``top_p``) and renormalised over it.
+
+With ``top_p = 1`` step 2 is the identity, so the recorded value equals
+:func:`asyncrl.policy.model.token_logprobs` with the same temperature, which is what the
+trainer recomputes (to float32 rounding; the test suite pins mean ``|Δ| < 1e-4``). With
+``top_p < 1`` the recorded value is larger by ``-log(nucleus mass)``: the trainer's
+tempered-softmax log-prob does not model truncation, and that gap is absorbed by the
+importance ratio like any other behaviour/target mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from asyncrl.records import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class Sample:
+    """One sampled continuation of one prompt."""
+
+    token_ids: list[int]
+    """Sampled tokens, including the stop token if one was hit."""
+    logprobs: list[float]
+    """Behaviour log-prob of each sampled token (see the module docstring)."""
+    finish_reason: FinishReason
+    """``stop``: a stop token was sampled; ``length``: max_new_tokens or the context ran out."""
+
+
+class GenerationEngine(ABC):
+    """Batched sampler with versioned weights; the only interface rollout code depends on."""
+
+    version: int
+    """Version of the weights currently loaded (0 for the initial weights)."""
+    max_context: int
+    """Longest prompt + continuation the engine accepts, in tokens."""
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
+    ) -> list[Sample]:
+        """Sample one continuation per prompt; ``sampling`` is shared or one per prompt.
+
+        A continuation ends at the first stop token (included), after
+        ``max_new_tokens`` tokens, or when prompt + continuation fill the context
+        (``finish_reason == "length"`` for both). A prompt longer than the context raises
+        ``ValueError``.
+        """
+
+    @abstractmethod
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:
+        """Load ``tensors`` as weight version ``version``; set :attr:`version` once they are in place.
+
+        ``tensors``: full weights, or a LoRA adapter version (strict either way: a name or shape
+        that does not fit raises). ``path``: the verified weight-store snapshot directory they were
+        read from, if any; an engine in another process may reload from it directly, and uses
+        ``tensors`` when it cannot (e.g. retention removed the directory meanwhile). The built-in
+        engine uses ``tensors`` only.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release processes or files the engine holds (nothing for the built-in engine)."""
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``path/model.safetensors`` (a directory as :meth:`Policy.save` or the weight
+    store writes it) or of the file ``path`` itself, on the CPU, for :meth:`GenerationEngine.load_weights`."""
+    from safetensors.torch import load_file
+
+    from asyncrl.policy.model import WEIGHTS_NAME
+
+    p = Path(path)
+    file = p / WEIGHTS_NAME if p.is_dir() else p
+    if not file.is_file():
+        raise FileNotFoundError(f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})")
+    return load_file(str(file))
+
+
+def _check_sampling(sp: SamplingParams, index: int) -> None:
+    if not (math.isfinite(sp.temperature) and sp.temperature > 0):
+        raise ValueError(
+            f"sampling[{index}].temperature = {sp.temperature!r}: must be > 0 "
+            "(use a small value such as 1e-4 for near-greedy decoding)"
+        )
+    if not (0 < sp.top_p <= 1):
+        raise ValueError(f"sampling[{index}].top_p = {sp.top_p!r}: must be in (0, 1]")
+    if sp.max_new_tokens < 1:
+        raise ValueError(f"sampling[{index}].max_new_tokens = {sp.max_new_tokens!r}: must be >= 1")
+
+
+def check_requests(
+    prompts: list[list[int]],
+    sampling: SamplingParams | list[SamplingParams],
+    max_context: int,
+    vocab_size: int,
+) -> list[SamplingParams]:
+    """Validate a :meth:`GenerationEngine.generate` call; return one :class:`SamplingParams` per prompt."""
+    params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+    for i, sp in enumerate(params):
+        _check_sampling(sp, i)
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
+        if len(prompt) > max_context:
+            raise ValueError(
+                f"prompt {i} has {len(prompt)} tokens, longer than the model's context of "
+                f"{max_context} tokens"
+            )
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"prompt {i} holds token ids outside the vocabulary (0..{vocab_size - 1})")
+    return params
