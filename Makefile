@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # A real pretrained LLM (SmolLM2-135M-Instruct + LoRA, imported once from PyPI) on the calculator:
-# held-out evaluation, 3 asynchronous RL steps of 16 trajectories, evaluation; ~15 min on 2 cores.
+# held-out evaluation, 3 asynchronous RL steps of 16 trajectories, evaluation; ~10 min on 2 cores.
 demo-real: $(STAMP)
 	$(VENV)/bin/asyncrl model import
 	$(VENV)/bin/asyncrl demo configs/smollm2_calculator.yaml --no-display
