@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.engine import GenerationEngine, HFEngine, Sample, make_engine
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engine
 
 MODELS: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 192},

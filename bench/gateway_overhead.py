@@ -25,12 +25,12 @@ import openai
 import torch
 
 from asyncrl.config import EngineConfig, GatewayConfig, ModelConfig
+from asyncrl.engine import GenerationEngine, Sample, make_engine
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway import Gateway
 from asyncrl.policy import Policy
 from asyncrl.policy.chat import TextRenderer
 from asyncrl.records import SamplingParams, Task
-from asyncrl.rollout.engine import GenerationEngine, Sample, make_engine
-from asyncrl.rollout.episode import TurnBatcher
 
 PROMPT = "Ann has 3 bags of 4 pens. She gets 5 more. How many pens?"
 SP = SamplingParams(temperature=1.0, max_new_tokens=8)

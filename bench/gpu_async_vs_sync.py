@@ -65,9 +65,9 @@ def engine_part(
     import torch
 
     from asyncrl.config import ModelConfig
+    from asyncrl.engine import HFEngine
     from asyncrl.policy import Policy, num_parameters
     from asyncrl.records import SamplingParams
-    from asyncrl.rollout.engine import HFEngine
 
     policy = Policy.build(ModelConfig(**model)).to(device_spec)  # type: ignore[arg-type]
     dev = policy.device

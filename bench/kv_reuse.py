@@ -62,18 +62,19 @@ async def episodes(
     cfg: Any, policy: Any, tasks: list[Any], prefix_cache: bool
 ) -> tuple[list[Any], Any, float]:
     """Run one episode per task on a fresh engine (as ``rollout.heldout.run_episodes`` does)."""
+    from asyncrl.engine import make_engine
+    from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
     from asyncrl.records import SamplingParams
-    from asyncrl.rollout.engine import make_engine
-    from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+    from asyncrl.rollout.episode import EpisodeSettings, run_episode
     from asyncrl.rollout.heldout import eval_env_config
 
     renderer = make_renderer(cfg.model, policy)
     engine_cfg = cfg.rollout.engine.model_copy(update={"prefix_cache": prefix_cache})
     engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=cfg.seed)
-    batcher = TurnBatcher(engine, max_batch=engine_cfg.max_batch, max_wait_s=engine_cfg.batch_wait_ms / 1000)
+    batcher = TurnBatcher.of(engine, engine_cfg)
     s = cfg.rollout.sampling
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,

@@ -23,8 +23,8 @@ import torch
 
 def measure(model_dir: Path, lora: dict[str, int] | None, versions: int) -> dict[str, float]:
     from asyncrl.config import ModelConfig, WeightsConfig
+    from asyncrl.engine import HFEngine
     from asyncrl.policy import Policy
-    from asyncrl.rollout.engine import HFEngine
     from asyncrl.weights import make_weight_store
 
     cfg = ModelConfig(path=str(model_dir), lora=lora)

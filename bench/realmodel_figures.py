@@ -28,11 +28,11 @@ import torch
 
 def figures(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     from asyncrl.config import load_config
+    from asyncrl.engine import HFEngine
     from asyncrl.envs.registry import make_raw_env, make_task_source
     from asyncrl.policy import Policy, token_logprobs
     from asyncrl.policy.chat import make_renderer
     from asyncrl.records import SamplingParams, Task, Trajectory, Turn
-    from asyncrl.rollout.engine import HFEngine
     from asyncrl.trainer.learner import Learner
 
     cfg = load_config(args.config, [f"model.dtype={dtype}", f"trainer.batch_size={args.prompts}", *args.set])

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from asyncrl.config import RunConfig, load_config
-from asyncrl.orchestrator.run import SNAPSHOT, Orchestrator, train
-from asyncrl.orchestrator.state import ControlState
+from asyncrl.control import RunState
+from asyncrl.orchestrator.run import Orchestrator, train
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -90,21 +90,19 @@ def breaker_scenario(tmp: Path, cache: Path) -> dict[str, Any]:
     th.start()
     wait_for(lambda: any(Path(tmp).glob("run-*/control.sqlite")), 600, "the run directory")
     run_dir = next(Path(tmp).glob("run-*"))
-    state = ControlState(run_dir / "control.sqlite")
-    wait_for(lambda: state.get("version") >= 1, 600, "a trained version")
+    state = RunState.open(cfg, run_dir)
+    wait_for(lambda: state.version() >= 1, 600, "a trained version")
     switch.touch()
     on_at = time.time()
     wait_for(lambda: any(a["kind"] == "breaker_open" for a in alerts(run_dir)), 300, "the breaker to open")
     opened = next(a for a in alerts(run_dir) if a["kind"] == "breaker_open")
-    version_at_open = state.get("version")
-    wait_for(
-        lambda: state.get("version") >= version_at_open + 2, 300, "training to continue on the other bucket"
-    )
+    version_at_open = state.version()
+    wait_for(lambda: state.version() >= version_at_open + 2, 300, "training to continue on the other bucket")
     switch.unlink()
     off_at = time.time()
     wait_for(lambda: any(a["kind"] == "breaker_closed" for a in alerts(run_dir)), 300, "the breaker to close")
     closed = next(a for a in alerts(run_dir) if a["kind"] == "breaker_closed")
-    state.set_flag("trainer_done", True)  # end the run here
+    state.mark_trainer_finished()  # end the run here
     th.join(600)
     faulty = [g for g in groups(run_dir) if g["bucket"] == "arithmetic:3" and g["time"] >= on_at]
     bad_episodes_before_open = sum(
@@ -121,7 +119,7 @@ def breaker_scenario(tmp: Path, cache: Path) -> dict[str, Any]:
         "recovery_s_from_switch_off": closed["time"] - off_at,
         "groups": groups(run_dir),
         "version_at_open": version_at_open,
-        "final_version": state.get("version"),
+        "final_version": state.version(),
         "summary": out.get("summary"),
     }
 
@@ -170,14 +168,14 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 8, *extra: str) -> 
     )
     wait_for(lambda: any(Path(tmp).glob("kill-*/control.sqlite")), 600, "the run directory")
     run_dir = next(Path(tmp).glob("kill-*"))
-    state = ControlState(run_dir / "control.sqlite")
-    wait_for(lambda: state.get("version") >= 3 and state.get_doc(SNAPSHOT) is not None, 600, "a few versions")
+    state = RunState.open(load_config(None, sets), run_dir)
+    wait_for(lambda: state.version() >= 3 and state.snapshot() is not None, 600, "a few versions")
     pids = json.loads((run_dir / "pids.json").read_text())
     os.kill(job.pid, signal.SIGKILL)  # the orchestrator only: trainer and workers become orphans
     killed_at = time.time()
     job.wait(30)
-    step_at_kill = state.get("version")
-    saved = state.get_doc(SNAPSHOT)
+    step_at_kill = state.version()
+    saved = state.snapshot()
     assert saved is not None
     saved.pop("saved_at")
     orphans_alive = [p for p in pids.values() if p and Path(f"/proc/{p}").exists()]
@@ -208,9 +206,7 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 8, *extra: str) -> 
         env=env,
         text=True,
     )
-    wait_for(
-        lambda: state.get("version") > step_at_kill or res.poll() is not None, 600, "training to continue"
-    )
+    wait_for(lambda: state.version() > step_at_kill or res.poll() is not None, 600, "training to continue")
     recovered_at = time.time()
     _, err = res.communicate(timeout=600)
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -17,16 +18,18 @@ from asyncrl.config import (
     ExplorationConfig,
     load_config,
 )
+from asyncrl.control import Exploration, RunState
+from asyncrl.control.buckets import buckets_of_source, sample_in_bucket, weighted_choice
+from asyncrl.control.directives import WorkerControl, compose
+from asyncrl.control.store import ControlState, StateStore, make_state_store
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers
-from asyncrl.orchestrator.curriculum import Curriculum, buckets_of_source, sample_in_bucket, weighted_choice
-from asyncrl.orchestrator.directives import WorkerControl, compose
+from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.drift import Cusum, DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController, FlowSample
 from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.state import ControlState, StateStore, make_state_store
 from asyncrl.records import Task
 
 
@@ -149,7 +152,10 @@ def test_reward_hacking_flagged_only_when_heldout_does_not_follow() -> None:
 
 # -- staleness runaway, exploration, elastic -------------------------------------------------------
 def test_staleness_runaway_tightens_then_relaxes() -> None:
-    g = StalenessGovernor(max_staleness=2, sync_every=2, window=3, fill_window=100)
+    oc = load_config(
+        None, ["orchestrator.governor_window=3", "orchestrator.governor_fill_window=100"]
+    ).orchestrator
+    g = StalenessGovernor(max_staleness=2, sync_every=2, oc=oc)
     cur, sync = 2, 2
     for age in (2.5, 2.7, 3.0):
         g.observe_age(age)
@@ -170,7 +176,7 @@ def test_exploration_rises_without_signal_and_falls_back() -> None:
     )
     for _ in range(12):
         x.observe([1.0, 1.0, 1.0])
-    assert x.settings() == {"temperature_jitter": 0.1, "exploration_rate": 0.1}
+    assert x.settings() == Exploration(temperature_jitter=0.1, exploration_rate=0.1)
     for _ in range(4):
         x.observe([0.0, 1.0, 1.0])
     assert x.jitter == pytest.approx(0.05)
@@ -191,25 +197,27 @@ def test_elastic_adds_when_trainer_starves_and_removes_when_queue_overflows() ->
 
 # -- directives, load balancing ------------------------------------------------------------------
 def test_compose_zeroes_open_and_floors_half_open() -> None:
-    d = compose({"a:1": 1.0, "a:2": 0.6, "a:3": 0.8}, {"a:2": 0.5}, ["a:1"], ["a:3"], 0.1, {}, 0.0, [], [])
-    assert d["weights"] == {"a:1": 0.0, "a:2": 0.3, "a:3": 0.1}
+    d = compose({"a:1": 1.0, "a:2": 0.6, "a:3": 0.8}, {"a:2": 0.5}, ["a:1"], ["a:3"], 0.1, None, 0.0, [], [])
+    assert d.weights == {"a:1": 0.0, "a:2": 0.3, "a:3": 0.1}
 
 
 def test_worker_control_skips_open_buckets_and_balances_by_steps(tmp_path: Path) -> None:
-    cfg = load_config(None, ["env.kind=calculator", "env.min_difficulty=2", "env.max_difficulty=3"])
-    st = ControlState(tmp_path / "c.sqlite")
+    cfg = load_config(
+        None,
+        ["env.kind=calculator", "env.min_difficulty=2", "env.max_difficulty=3", "control.refresh_s=1e-6"],
+    )
+    st = RunState.open(cfg, tmp_path)
     from asyncrl.envs import make_task_source
 
-    wc = WorkerControl(cfg, st, "rollout-0", make_task_source(cfg.env), refresh_s=0.0)
-    st.put_doc(
-        "control",
+    wc = WorkerControl(cfg, st, "rollout-0", make_task_source(cfg.env))
+    st.publish_directives(
         compose(
             {"arithmetic:2": 1.0, "arithmetic:3": 1.0},
             {},
             ["arithmetic:3"],
             [],
             0.1,
-            {},
+            None,
             0.0,
             ["rollout-0", "rollout-1"],
             [],
@@ -221,9 +229,9 @@ def test_worker_control_skips_open_buckets_and_balances_by_steps(tmp_path: Path)
     other = WorkerControl(cfg, st, "rollout-1", make_task_source(cfg.env))
     other.publish_load(group_steps, force=True)  # rollout-1 runs one group
     assert wc.may_take(0) and wc.may_take(group_steps) and wc.may_take(2 * group_steps - 1)
-    wc._counters_at = 0.0
+    wc._loads_at = 0.0
     assert not wc.may_take(2 * group_steps)  # two groups ahead of the least-loaded worker: wait
-    st.put_doc("control", {**st.get_doc("control"), "retire": ["rollout-0"]})  # type: ignore[dict-item]
+    st.publish_directives(dataclasses.replace(st.directives(), retire=["rollout-0"]))
     assert wc.retiring()
 
 
@@ -237,7 +245,7 @@ def test_state_store_documents_and_factory(tmp_path: Path) -> None:
 
 
 def test_alert_log_writes_jsonl(tmp_path: Path) -> None:
-    log = AlertLog(tmp_path / "alerts.jsonl")
+    log = AlertLog(tmp_path / "alerts.jsonl", keep=8)
     log.emit(Alert("breaker_open", "a:1", {"anomaly": "timeout"}, "bucket not sampled"))
     row = json.loads((tmp_path / "alerts.jsonl").read_text())
     assert {"time", "kind", "bucket", "evidence", "action"} <= set(row) and row["kind"] == "breaker_open"
@@ -268,7 +276,7 @@ def test_rules_snapshot_roundtrip_restores_the_same_state() -> None:
     fresh = Rules(cfg, None, buckets=["arithmetic:2", "arithmetic:3"])
     fresh.restore(saved)
     assert json.loads(json.dumps(fresh.snapshot())) == saved
-    assert fresh.directives([], [], now=101.0)["weights"]["arithmetic:3"] == 0.0
+    assert fresh.directives([], [], now=101.0).weights["arithmetic:3"] == 0.0
 
 
 # -- the orchestrator applies scaling decisions ---------------------------------------------------
@@ -335,7 +343,7 @@ def test_orchestrator_starts_a_worker_when_starving_and_retires_one_on_overflow(
     _feed_flow(orch, ready=0.9 * cap, busy=1.0, episodes_per_tick=40, trained_per_tick=8)  # queue overflowing
     assert orch.workers == ["rollout-0"] and orch.retiring == ["rollout-1"]
     orch._apply_rules([])
-    assert orch.state.get_doc("control")["retire"] == ["rollout-1"]  # type: ignore[index]
+    assert orch.state.directives().retire == ["rollout-1"]
     kinds = [json.loads(x)["kind"] for x in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert kinds == ["scale_up", "scale_down"]
     fake.procs["rollout-1"] = 0  # the retired worker delivered its groups and exited
@@ -349,15 +357,16 @@ def test_early_termination_after_k_consecutive_invalid_actions() -> None:
     import asyncio
 
     from asyncrl.config import EnvConfig
+    from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.envs import make_env
     from asyncrl.records import SamplingParams
-    from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+    from asyncrl.rollout.episode import EpisodeSettings, run_episode
     from helpers import calc_task
     from test_episode import TEMPLATE, ScriptedEngine
 
     def play(texts: list[str], k: int) -> Any:
         async def go() -> Any:
-            batcher = TurnBatcher(ScriptedEngine(texts))
+            batcher = TurnBatcher(ScriptedEngine(texts), max_batch=64, max_wait_s=0.02)
             turns: list[int] = []
             s = EpisodeSettings(
                 6,
@@ -417,7 +426,7 @@ def test_fault_wrapper_confined_to_bucket_and_switch(tmp_path: Path) -> None:
 
 # -- the curriculum steers the replay buffer; alerts reach the live display ---------------------------
 def test_buffer_follows_curriculum_bucket_weights() -> None:
-    from asyncrl.orchestrator.staleness import StalenessPolicy
+    from asyncrl.control.staleness import StalenessPolicy
     from asyncrl.records import Trajectory, Turn
     from asyncrl.trainer.buffer import ReplayBuffer
 

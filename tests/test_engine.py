@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.engine import GenerationEngine, HFEngine, Sample, make_engine, read_weights
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import GenerationEngine, HFEngine, Sample, make_engine, read_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from asyncrl.config import EnvConfig, GuardConfig, load_config
+from asyncrl.engine import GenerationEngine, Sample
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import GuardedEnv, StepResult, make_env, make_task_source
 from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
-from asyncrl.rollout.engine import GenerationEngine, Sample
-from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+from asyncrl.rollout.episode import EpisodeSettings, run_episode
 from helpers import calc_task
 
 TOK = build_tokenizer("char")
@@ -58,7 +59,7 @@ def settings(max_context: int = 512, max_turns: int = 6) -> EpisodeSettings:
 
 def play(texts: list[str], env: Any = None, **kw: Any) -> Any:
     async def go() -> Any:
-        batcher = TurnBatcher(ScriptedEngine(texts))
+        batcher = TurnBatcher(ScriptedEngine(texts), max_batch=64, max_wait_s=0.02)
         try:
             return await run_episode(
                 calc_task(), env or make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(**kw)
@@ -153,7 +154,7 @@ def test_concurrent_episodes_share_batches() -> None:
     engine = ScriptedEngine(["<answer>1</answer>"] * 16)
 
     async def go() -> list[Any]:
-        batcher = TurnBatcher(engine, max_wait_s=0.05)
+        batcher = TurnBatcher(engine, max_wait_s=0.05, max_batch=64)
         src = make_task_source(EnvConfig())
         import random
 

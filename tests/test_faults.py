@@ -37,8 +37,8 @@ import pytest
 
 import helpers
 from asyncrl.config import RunConfig, load_config
+from asyncrl.control import RunState, StalenessPolicy
 from asyncrl.orchestrator.run import train
-from asyncrl.orchestrator.state import StateStore, make_state_store
 from helpers import TINY_RUN
 from redis_server import RedisServer
 
@@ -81,7 +81,7 @@ class Job:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         self.run_dir = self._wait_run_dir(tmp / "runs")
-        self.state: StateStore = make_state_store(self.cfg, self.run_dir)
+        self.state = RunState.open(self.cfg, self.run_dir)
 
     def _run(self) -> None:
         try:
@@ -117,9 +117,9 @@ class Job:
             now = time.time()
             if seen_put is None and (self.put_total() or 0) > put_before:
                 seen_put = now
-            if seen_pub is None and self.state.get("versions_published") > published_before:
+            if seen_pub is None and self.state.tallies().versions_published > published_before:
                 seen_pub = now
-            if seen_pub is not None and seen_put is None and self.state.flag("trainer_done"):
+            if seen_pub is not None and seen_put is None and self.state.trainer_finished():
                 seen_put = now  # the run finished from what was queued
             time.sleep(0.1)
         assert seen_put is not None and seen_pub is not None, "the pipeline did not move again"
@@ -141,7 +141,7 @@ def published_in_order(weights_root: Path) -> list[int]:
 def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) -> dict[str, Any]:
     steps = job.cfg.trainer.total_steps
     assert s["trainer_steps"] == steps, s
-    fates = job.state.ledger_counts()
+    fates = job.state.fate_counts()
     assert fates.get("trained", 0) == s["samples_trained"] == steps * BATCH, (fates, s)
     assert s["duplicates_recorded"] == 0, s  # no second fate for any trajectory id
     assert s["lost_trajectories"] == 0, s
@@ -173,8 +173,8 @@ def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) ->
 
 
 def inject_after_progress(job: Job, min_version: int = 4) -> tuple[float, int, int]:
-    wait_for(lambda: job.state.get("version") >= min_version, 600, f"version {min_version}")
-    return time.time(), job.state.get("versions_published"), job.put_total() or 0
+    wait_for(lambda: job.state.version() >= min_version, 600, f"version {min_version}")
+    return time.time(), job.state.tallies().versions_published, job.put_total() or 0
 
 
 # ---- the faults --------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def test_kill9_trainer(tmp_path: Path, cache_dir: Path) -> None:
         recover = job.recovery_seconds(fault_at, pub, put)
         s = job.finish()
         assert s["restarts"].get("trainer", 0) >= 1
-        assert job.state.get("resumes") >= 1  # it restarted from a checkpoint
+        assert job.state.tallies().resumes >= 1  # it restarted from a checkpoint
         check_promises(job, s, "kill -9 the trainer", recover)
     finally:
         server.stop()
@@ -247,7 +247,7 @@ class ProcJob(Job):
 
     def __init__(self, tmp: Path, cache: Path, server: RedisServer, *extra: str) -> None:
         from asyncrl.config import apply_overrides
-        from asyncrl.orchestrator.state.redis_backend import RedisStateStore
+        from asyncrl.control.store.redis_backend import RedisStateStore
 
         self.server = server
         sets = [
@@ -269,7 +269,11 @@ class ProcJob(Job):
         self.out = {}
         self.procs = [self._train(str(self.cfg_file))]
         self.run_dir = self._wait_run_dir(tmp / "runs")
-        self.state = RedisStateStore(server.url, self.run_dir)
+        self.state = RunState(
+            RedisStateStore(server.url, self.run_dir),
+            StalenessPolicy.of(self.cfg),
+            self.cfg.trainer.sync_every,
+        )
 
     def _train(self, *args: str) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "asyncrl.cli", "train", *args, "--no-display", "--eval-limit", "4"]
@@ -302,7 +306,7 @@ def test_kill9_orchestrator(tmp_path: Path, cache_dir: Path) -> None:
     try:
         job = ProcJob(tmp_path, cache_dir, server)
         assert not (job.run_dir / "control.sqlite").exists()
-        wait_for(lambda: job.state.get_doc("orchestrator") is not None, 600, "an orchestrator snapshot")
+        wait_for(lambda: job.state.snapshot() is not None, 600, "an orchestrator snapshot")
         fault_at, _, _ = inject_after_progress(job)
         old_trainer = job.pids()["trainer"]
         job.procs[0].send_signal(signal.SIGKILL)  # the orchestrator only
@@ -310,9 +314,9 @@ def test_kill9_orchestrator(tmp_path: Path, cache_dir: Path) -> None:
         job.resume()
         # the resumed orchestrator reaps the orphans and starts its own roles
         wait_for(lambda: job.pids().get("trainer") not in (None, old_trainer), 300, "a new trainer")
-        recover = job.recovery_seconds(fault_at, job.state.get("versions_published"), job.put_total() or 0)
+        recover = job.recovery_seconds(fault_at, job.state.tallies().versions_published, job.put_total() or 0)
         s = job.finish()
-        assert job.state.get("resumes") >= 1  # the trainer restarted from its checkpoint
+        assert job.state.tallies().resumes >= 1  # the trainer restarted from its checkpoint
         assert not (job.run_dir / "control.sqlite").exists()
         check_promises(job, s, "kill -9 the orchestrator, then `train --resume` (state in Redis)", recover)
     finally:
@@ -352,14 +356,14 @@ def wait_point(job: Job, point: str) -> tuple[float, int, int]:
     """Block until the run reaches ``point``; returns (fault time, versions published, accepted)."""
     if point == "mid_publish":
         root = Path(job.cfg.weights.path or "") / job.run_dir.name
-        wait_for(lambda: job.state.get("version") >= CKPT + 1, 600, f"version {CKPT + 1}")
+        wait_for(lambda: job.state.version() >= CKPT + 1, 600, f"version {CKPT + 1}")
         end = time.time() + 120
         while not any(root.glob(".tmp-v*")):  # a snapshot being written: its temp directory exists
-            assert time.time() < end and not job.state.flag("trainer_done"), "no publish in progress was seen"
+            assert time.time() < end and not job.state.trainer_finished(), "no publish in progress was seen"
             time.sleep(0.001)
     else:
-        wait_for(lambda: job.state.get("version") >= POINTS[point], 600, point)
-    return time.time(), job.state.get("versions_published"), job.put_total() or 0
+        wait_for(lambda: job.state.version() >= POINTS[point], 600, point)
+    return time.time(), job.state.tallies().versions_published, job.put_total() or 0
 
 
 def sweep_row(job: Job, s: dict[str, Any], fault: str, recover_s: float, wall_s: float) -> None:
@@ -381,7 +385,7 @@ def test_crash_point_sweep(tmp_path: Path, cache_dir: Path, role: str, point: st
         victim = job.pids()[role]
         os.kill(victim, signal.SIGKILL)
         wait_for(
-            lambda: job.pids().get(role) not in (None, victim) or job.state.flag("trainer_done"),
+            lambda: job.pids().get(role) not in (None, victim) or job.state.trainer_finished(),
             300,
             "restart",
         )
@@ -399,12 +403,12 @@ def test_crash_point_sweep_orchestrator(tmp_path: Path, cache_dir: Path, point: 
     try:
         t0 = time.time()
         job = ProcJob(tmp_path, cache_dir, server, *SWEEP)
-        wait_for(lambda: job.state.get_doc("orchestrator") is not None, 600, "an orchestrator snapshot")
+        wait_for(lambda: job.state.snapshot() is not None, 600, "an orchestrator snapshot")
         fault_at, _, _ = wait_point(job, point)
         job.procs[0].send_signal(signal.SIGKILL)
         job.procs[0].wait(30)
         job.resume()
-        recover = job.recovery_seconds(fault_at, job.state.get("versions_published"), job.put_total() or 0)
+        recover = job.recovery_seconds(fault_at, job.state.tallies().versions_published, job.put_total() or 0)
         s = job.finish()
         sweep_row(job, s, f"kill -9 orchestrator at {point}, then --resume", recover, time.time() - t0)
     finally:
@@ -434,12 +438,12 @@ def test_consecutive_corrupt_versions(tmp_path: Path, cache_dir: Path, k: int) -
         t0 = time.time()
         job = Job(tmp_path, cache_dir, server, *SWEEP)
         root = Path(job.cfg.weights.path or "") / job.run_dir.name
-        wait_for(lambda: job.state.get("version") >= 3, 600, "version 3")
+        wait_for(lambda: job.state.version() >= 3, 600, "version 3")
         stop = threading.Event()
-        fault_at, pub, put = time.time(), job.state.get("versions_published"), job.put_total() or 0
+        fault_at, pub, put = time.time(), job.state.tallies().versions_published, job.put_total() or 0
         out: list[list[int]] = []
         th = threading.Thread(
-            target=lambda: out.append(corrupt_versions(root, job.state.get("version") + 1, k, stop))
+            target=lambda: out.append(corrupt_versions(root, job.state.version() + 1, k, stop))
         )
         th.start()
         recover = job.recovery_seconds(fault_at, pub, put)

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from asyncrl.config import GatewayConfig
+from asyncrl.engine import GenerationEngine, Sample
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway import Gateway, build_trajectories
 from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
-from asyncrl.rollout.engine import GenerationEngine, Sample
-from asyncrl.rollout.episode import TurnBatcher
 
 TOK = build_tokenizer("char")
 RENDER = TextRenderer(TOK)
@@ -62,7 +62,7 @@ class ScriptedEngine(GenerationEngine):
 
 
 def make_gateway(engine: GenerationEngine, **cfg: Any) -> Gateway:
-    batcher = TurnBatcher(engine, max_wait_s=0.005)
+    batcher = TurnBatcher(engine, max_wait_s=0.005, max_batch=64)
     batcher.live_episodes = 1000
     return Gateway(
         GatewayConfig(**cfg), batcher, RENDER, 512, SamplingParams(temperature=1.0, max_new_tokens=40)

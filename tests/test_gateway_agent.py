@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from asyncrl.config import RunConfig, load_config
+from asyncrl.engine import make_engine
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import make_task_source
 from asyncrl.gateway.agent import AgentLoadError, AgentRunner, load_agent
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.policy.chat import make_renderer
-from asyncrl.rollout.engine import make_engine
-from asyncrl.rollout.episode import TurnBatcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def run_agents(cfg: RunConfig, n: int) -> tuple[list[Any], AgentRunner, Policy]:
     tasks = make_task_source(cfg.env).heldout()[:n]
 
     async def go() -> tuple[list[Any], AgentRunner]:
-        batcher = TurnBatcher(engine, max_wait_s=0.01)
+        batcher = TurnBatcher(engine, max_wait_s=0.01, max_batch=64)
         runner = await AgentRunner.start(cfg, batcher, renderer, cfg.model.max_context, worker_id="w")
         try:
             return list(await asyncio.gather(*(runner.episode(t, group_id="g") for t in tasks))), runner

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from asyncrl.config import GatewayConfig
+from asyncrl.engine import GenerationEngine, Sample
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway import Gateway, build_trajectories
 from asyncrl.gateway.protocol import Message
 from asyncrl.policy.chat import HFChatRenderer, eos_ids
 from asyncrl.records import SamplingParams, Task
-from asyncrl.rollout.engine import GenerationEngine, Sample
-from asyncrl.rollout.episode import TurnBatcher
 from models_util import family_tokenizer, load_tokenizer, smollm2_dir
 
 TASK = Task(id="t", task_type="arithmetic", payload={"prompt": "3 bags of 4 pens. How many?", "answer": "12"})
@@ -66,7 +66,7 @@ def test_an_openai_tool_loop_on_a_chat_template_is_one_token_exact_trajectory(
 ) -> None:
     r = renderer
     turns = [turn(r, r.fmt.write_call("calc", {"expression": "3*4"})), turn(r, "<answer>12</answer>")]
-    batcher = TurnBatcher(TokenEngine(turns), max_wait_s=0.0)
+    batcher = TurnBatcher(TokenEngine(turns), max_wait_s=0.0, max_batch=64)
     gw = Gateway(GatewayConfig(), batcher, r, 4096, SamplingParams(max_new_tokens=64))
 
     async def go() -> Any:

@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncrl.config import GatewayConfig
+from asyncrl.engine import GenerationEngine, Sample, check_requests
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway import Gateway
 from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
-from asyncrl.rollout.engine import GenerationEngine, Sample, check_requests
-from asyncrl.rollout.episode import TurnBatcher
 
 TOK = build_tokenizer("char")
 RENDER = TextRenderer(TOK)
@@ -54,7 +54,7 @@ class CheckingEngine(GenerationEngine):
 
 
 def _gateway() -> Gateway:
-    batcher = TurnBatcher(CheckingEngine(), max_wait_s=0.0)
+    batcher = TurnBatcher(CheckingEngine(), max_wait_s=0.0, max_batch=64)
     cfg = GatewayConfig(max_body_bytes=4096, honor_sampling=True)
     return Gateway(cfg, batcher, RENDER, 256, SamplingParams(max_new_tokens=16))
 

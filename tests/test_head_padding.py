@@ -1,4 +1,4 @@
-"""Exact head-dimension padding (``asyncrl.rollout.head_padding``), checked without vLLM.
+"""Exact head-dimension padding (``asyncrl.engine.head_padding``), checked without vLLM.
 
 The padded model, loaded into a Hugging Face model built from the padded config (HF honours
 ``head_dim`` and scales attention by ``head_dim ** -0.5``, as vLLM does), must give the same
@@ -16,9 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.config import ModelConfig
-from asyncrl.policy.model import build_model, load_tensors, state_dict_tensors
-from asyncrl.rollout.engine.vllm_backend import CPU_HEAD_SIZES
-from asyncrl.rollout.head_padding import (
+from asyncrl.engine.head_padding import (
     HeadPaddingError,
     check_rope_frequencies,
     head_dim_of,
@@ -28,6 +26,9 @@ from asyncrl.rollout.head_padding import (
     qwen2_as_llama,
     rope_theta_of,
 )
+from asyncrl.engine.vllm_backend import CPU_HEAD_SIZES
+from asyncrl.policy.model import build_model
+from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 
 DEMO = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192}
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from asyncrl.config import ModelConfig, load_config
+from asyncrl.engine import HFEngine
 from asyncrl.errors import UserError
 from asyncrl.policy import Policy
 from asyncrl.policy.lora import ADAPTER_FILE, AdapterError, adapter_names
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import HFEngine
 from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
 
 

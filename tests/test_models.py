@@ -20,14 +20,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.config import EnvConfig, ModelConfig, load_config
+from asyncrl.engine import GenerationEngine, Sample
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import Tool, make_env
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.errors import UserError
 from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, TextRenderer, count_differences, eos_ids
 from asyncrl.policy.toolcalls import make_format
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import GenerationEngine, Sample
-from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+from asyncrl.rollout.episode import EpisodeSettings, run_episode
 from helpers import calc_task
 from models_util import REPO, family_tokenizer, load_tokenizer, smollm2_dir
 
@@ -269,7 +270,7 @@ class TokenEngine(GenerationEngine):
 
 def run_scripted(r: Any, turns: list[list[int]], max_context: int = 4096) -> Any:
     async def go() -> Any:
-        batcher = TurnBatcher(TokenEngine(turns))
+        batcher = TurnBatcher(TokenEngine(turns), max_batch=64, max_wait_s=0.02)
         settings_ = EpisodeSettings(
             max_turns=6, max_context=max_context, sampling=SamplingParams(max_new_tokens=64)
         )
@@ -423,9 +424,9 @@ def test_model_info_describes_the_imported_model(smollm2: Path) -> None:
 def test_engine_and_trainer_log_probs_agree_on_smollm2(smollm2: Path) -> None:
     import torch
 
+    from asyncrl.engine import HFEngine
     from asyncrl.policy import Policy, token_logprobs
     from asyncrl.policy.chat import make_renderer
-    from asyncrl.rollout.engine import HFEngine
 
     cfg = ModelConfig(path=str(smollm2))
     policy = Policy.load(smollm2, cfg=cfg)

@@ -9,10 +9,10 @@ import torch
 from transformers import DynamicCache
 
 from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
+from asyncrl.engine.prefix_cache import PrefixCache
 from asyncrl.policy import Policy
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import HFEngine, Sample, make_engine, read_weights
-from asyncrl.rollout.prefix_cache import PrefixCache
 from test_engine import TINY, random_prompts, recomputed, tiny
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.control import RunState
+from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.orchestrator.alerts import AlertLog
 from asyncrl.orchestrator.run import Orchestrator
-from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import SQLiteStateStore
 from asyncrl.records import Task, Trajectory, Turn, new_id
 from asyncrl.trainer.buffer import ReplayBuffer
 from helpers import TINY_RUN, wait_for
@@ -71,19 +71,18 @@ def test_a_non_finite_sample_is_dropped_alone_and_its_group_still_trains() -> No
 
 
 def test_a_worker_reports_a_corrupt_version_atomically(tmp_path: Path) -> None:
-    from asyncrl.rollout.worker import RolloutWorker
-
-    state = SQLiteStateStore(tmp_path / "control.sqlite")
-    worker: Any = SimpleNamespace(state=state)
+    state = RunState.open(load_config(None, []), tmp_path)
+    assert state.corrupt_version() is None
     for v in (5, 7, 6):  # out of order, as two workers may report
-        RolloutWorker._report_corrupt(worker, v)
-    assert state.get("weights_corrupt") == 8  # the highest corrupt version + 1: the trainer publishes v8+
+        state.report_corrupt(v)
+    assert state.corrupt_version() == 7  # the highest corrupt version: the trainer publishes v8+
+    assert state.store.get("weights_corrupt") == 8  # stored + 1, so that 0 means none
     state.close()
 
 
 def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(None, ["orchestrator.watchdog_s=0.2"])
-    state = SQLiteStateStore(tmp_path / "control.sqlite")
+    state = RunState.open(cfg, tmp_path)
     queue = SimpleNamespace(
         stats=lambda: {"queue/put_total": 5.0, "queue/depth": 3.0, "queue/ready": 0.0, "queue/capacity": 8.0}
     )
@@ -91,7 +90,7 @@ def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.C
         cfg=cfg,
         state=state,
         run_dir=tmp_path,
-        rules=SimpleNamespace(alerts=AlertLog(tmp_path / "alerts.jsonl")),
+        rules=SimpleNamespace(alerts=AlertLog(tmp_path / "alerts.jsonl", cfg.telemetry.recent_alerts)),
         _queue=queue,
         _progress=None,
         _progress_at=time.time(),
@@ -103,7 +102,7 @@ def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.C
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [a["kind"] for a in alerts] == ["stall"] and alerts[0]["evidence"]["queue_depth"] == 3
     assert "has not moved for" in capsys.readouterr().err
-    state.set_value("version", 1)  # a version moved: no alert
+    state.announce_version(1)  # a version moved: no alert
     time.sleep(0.25)
     Orchestrator._watchdog(orch)
     assert len((tmp_path / "alerts.jsonl").read_text().splitlines()) == 1
@@ -176,15 +175,15 @@ def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_vers
     th.start()
     _wait(lambda: any((tmp_path / "runs").glob("*/pids.json")), 300, "the run to start")
     run_dir = next((tmp_path / "runs").glob("*/pids.json")).parent
-    state = SQLiteStateStore(run_dir / "control.sqlite")
+    state = RunState.open(cfg, run_dir)
     _wait(
-        lambda: state.get("version") >= 3,
+        lambda: state.version() >= 3,
         300,
         "version 3 (one step before the checkpoint at 4; the last was at 2)",
     )
     os.kill(json.loads((run_dir / "pids.json").read_text())["trainer"], signal.SIGKILL)
-    _wait(lambda: state.get("resumes") >= 1, 120, "the trainer to resume from its checkpoint")
-    first, bad = state.get("version") + 1, []
+    _wait(lambda: state.tallies().resumes >= 1, 120, "the trainer to resume from its checkpoint")
+    first, bad = state.version() + 1, []
     while len(bad) < 3 and th.is_alive():  # corrupt the next three versions, republished ones included
         for d in sorted((run_dir / "weights").glob("v*")):
             v = int(d.name[1:])
@@ -206,9 +205,9 @@ def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_vers
     # a worker met the corrupt versions and reported the highest (stored + 1); the trainer re-publishes
     # when that was its newest version — unless it had already published past it (its remaining steps
     # trained on data already queued), when no re-publication is needed
-    reported = state.get("weights_corrupt") - 1
-    assert reported in bad, (bad, state.counters())
-    assert state.get("versions_republished") >= 1 or reported < max(order), (bad, order, state.counters())
+    reported, tallies = state.corrupt_version(), state.tallies()
+    assert reported in bad, (bad, tallies)
+    assert tallies.versions_republished >= 1 or reported < max(order), (bad, order, tallies)
     state.close()
 
 

@@ -1,6 +1,6 @@
 """Model checking of acknowledgement by fate (:mod:`asyncrl.trainer.intake`) with Hypothesis.
 
-The real pieces — :class:`~asyncrl.transport.EmbeddedQueue`, :class:`~asyncrl.orchestrator.state.
+The real pieces — :class:`~asyncrl.transport.EmbeddedQueue`, :class:`~asyncrl.control.store.
 SQLiteStateStore` (the ledger), :class:`~asyncrl.trainer.buffer.ReplayBuffer` and
 :class:`~asyncrl.trainer.intake.Intake` — are driven by a rule-based state machine over random
 interleavings of: a worker putting a group (fresh, stale, with a non-finite member, or only part of it
@@ -41,8 +41,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import asyncrl.transport.embedded as embedded
 from asyncrl.config import max_trainer_held, min_queue_capacity
-from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import SQLiteStateStore
+from asyncrl.control import RunState
+from asyncrl.control.staleness import StalenessPolicy
+from asyncrl.control.store import SQLiteStateStore
 from asyncrl.records import Task, Trajectory, Turn, new_id
 from asyncrl.trainer.buffer import ReplayBuffer
 from asyncrl.trainer.intake import Intake
@@ -149,7 +150,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.c, self.bs, self.G = c, bs, g
         self.capacity = min_queue_capacity(c, bs, B, g)  # the smallest transport.capacity the config accepts
         self.queue = EmbeddedQueue(self.dir / "queue.sqlite", capacity=self.capacity, lease_seconds=LEASE)
-        self.state = SQLiteStateStore(self.dir / "control.sqlite")
+        self.state = RunState(
+            SQLiteStateStore(self.dir / "control.sqlite"), StalenessPolicy.from_config("async", LAG, B), 1
+        )
         self.trainer = SimTrainer(self)
 
     def teardown(self) -> None:
@@ -234,10 +237,10 @@ class RecoveryMachine(RuleBasedStateMachine):
     def nothing_lost_nothing_twice(self) -> None:
         if not hasattr(self, "queue"):
             return
-        ledger = self.state.ledger_ids()
+        ledger = self.state.ids_with_fate()
         dead = {d.trajectory_id for d in self.queue.dead_letters()}
         assert self.accepted <= ledger | self.queued_ids() | dead, "an accepted trajectory vanished"
-        assert self.state.get("duplicates") == 0
+        assert self.state.tallies().duplicates == 0
         with sqlite3.connect(self.dir / "control.sqlite") as db:
             trained = {str(r[0]) for r in db.execute("SELECT traj_id FROM ledger WHERE fate='trained'")}
         assert trained == self.committed
@@ -256,7 +259,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert self.trainer.step >= goal, (
             f"stuck at step {self.trainer.step} (goal {goal}): depth {self.queue.depth()}/{self.capacity}, "
             f"held {self.trainer.intake.held()}, buffered {len(self.trainer.buffer)}, "
-            f"fates {self.state.ledger_counts()}, groups {[len(g) for g in self.trainer.buffer._groups.values()]}"
+            f"fates {self.state.fate_counts()}, groups {[len(g) for g in self.trainer.buffer._groups.values()]}"
         )
         self.nothing_lost_nothing_twice()
 

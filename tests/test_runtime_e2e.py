@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from asyncrl.config import RunConfig, load_config
+from asyncrl.control import RunState
 from asyncrl.orchestrator.run import train
-from asyncrl.orchestrator.state import ControlState
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -106,8 +106,8 @@ def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(tmp_path: Path, 
     cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=12", "rollout.num_workers=2")
     th, out = run_in_thread(cfg, eval_limit=8)
     run_dir = the_run_dir(tmp_path)
-    state = ControlState(run_dir / "control.sqlite")
-    wait_for(lambda: state.get("version") >= 3, 240, "training to start")
+    state = RunState.open(cfg, run_dir)
+    wait_for(lambda: state.version() >= 3, 240, "training to start")
     pid = json.loads((run_dir / "pids.json").read_text())["rollout-0"]
     os.kill(pid, signal.SIGKILL)
 
@@ -151,8 +151,8 @@ def test_killed_job_resumes_version_sequence_without_training_twice(tmp_path: Pa
         cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     )
     run_dir = the_run_dir(tmp_path / "runs")
-    state = ControlState(run_dir / "control.sqlite")
-    wait_for(lambda: state.get("version") >= 5, 240, "a few published versions")
+    state = RunState.open(cfg, run_dir)
+    wait_for(lambda: state.version() >= 5, 240, "a few published versions")
     before = _published_versions(run_dir)
     os.killpg(job.pid, signal.SIGKILL)  # the whole job: orchestrator, trainer and workers
     job.wait(30)

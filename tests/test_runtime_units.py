@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
-from asyncrl.orchestrator.staleness import StalenessPolicy
+from asyncrl.control.staleness import StalenessPolicy
+from asyncrl.engine import GenerationEngine, Sample
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
-from asyncrl.rollout.engine import GenerationEngine, Sample
 from asyncrl.trainer.buffer import ReplayBuffer
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import RunConfig, load_config
+from asyncrl.control.store import SQLiteStateStore, StateStore, make_state_store
 from asyncrl.errors import UserError
-from asyncrl.orchestrator.state import SQLiteStateStore, StateStore, make_state_store
 
 REDIS_URL = os.environ.get("ASYNCRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -132,7 +132,7 @@ def test_factory_picks_the_backend(opener: tuple[str, Opener, str], tmp_path: Pa
         assert isinstance(st, SQLiteStateStore)
         assert SQLiteStateStore(tmp_path / "control.sqlite").get_doc("x") == {"a": [1, 2]}
     else:
-        from asyncrl.orchestrator.state.redis_backend import RedisStateStore
+        from asyncrl.control.store.redis_backend import RedisStateStore
 
         assert isinstance(st, RedisStateStore) and not (tmp_path / "control.sqlite").exists()
 
@@ -178,7 +178,7 @@ def test_redis_kind_needs_a_url_and_fails_fast() -> None:
 def test_redis_retried_writes_apply_once() -> None:
     """A write whose reply was lost is retried by the client; the operation token makes it count once."""
     _redis_or_skip()
-    from asyncrl.orchestrator.state.redis_backend import RedisStateStore
+    from asyncrl.control.store.redis_backend import RedisStateStore
 
     prefix = f"asyncrl-test:{uuid.uuid4().hex[:12]}"
     st = RedisStateStore(REDIS_URL, "/tmp/unused", prefix=prefix)

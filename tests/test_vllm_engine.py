@@ -28,10 +28,10 @@ import pytest
 import torch
 
 from asyncrl.config import EngineConfig, ModelConfig, RunConfig, load_config
+from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.errors import UserError
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine import HFEngine, Sample, make_engine, read_weights
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 # head size 32: the smallest vLLM's CPU attention supports, served as it is.
@@ -93,7 +93,7 @@ def test_evaluation_uses_the_builtin_engine_with_the_vllm_backend(
     no_vllm: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Held-out evaluation is comparable across backends: it samples with hf, needing no vLLM."""
-    import asyncrl.rollout.engine as engine_module
+    import asyncrl.engine as engine_module
     from asyncrl.rollout.heldout import evaluate_policy
 
     kinds: list[str] = []
@@ -252,7 +252,7 @@ def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tup
 def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
     """Head size 16 is served padded to 32; behaviour log-probs still match the trainer's on the
     real model, and reloads (tensors, weight file, snapshot directory) are padded too."""
-    from asyncrl.rollout.engine.vllm_backend import VLLMModelError, plan_head_padding
+    from asyncrl.engine.vllm_backend import VLLMModelError, plan_head_padding
     from asyncrl.weights import LocalWeightStore
 
     _require_vllm()

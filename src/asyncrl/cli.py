@@ -395,7 +395,7 @@ def _cmd_role(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncrl.config import load_config
-    from asyncrl.launch.roles import run_role, summary_line
+    from asyncrl.service import run_role, summary_line
 
     cfg = load_config(args.config, args.overrides)
     summary = run_role(args.role, cfg, Path(args.run_dir), index=args.index, wait_s=args.wait)

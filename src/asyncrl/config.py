@@ -552,6 +552,14 @@ class OrchestratorConfig(Section):
     """Queue fill fraction at which admission of new episodes pauses."""
     low_watermark: float = Field(0.5, ge=0, lt=1)
     """Queue fill fraction at which admission resumes."""
+    governor_window: int = Field(5, ge=1, le=1000)
+    """Staleness governor (rule 6, ``mode: async``): trainer reports in a row whose mean sample age is above
+    ``max_staleness`` before the effective lag is lowered by one."""
+    governor_fill_window: int = Field(10, ge=1, le=10000)
+    """Staleness governor: orchestrator ticks in a row of queue fill under ``governor_low_fill`` before the
+    effective ``sync_every`` is lowered by one (or at or above it before it is raised back)."""
+    governor_low_fill: float = Field(0.3, ge=0, le=1)
+    """Staleness governor: a queue filled below this fraction is under-used — publish weights more often."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
@@ -665,6 +673,8 @@ class TelemetryConfig(Section):
     """Also log metrics to MLflow (only if ``mlflow`` is installed; nothing is sent otherwise)."""
     project: str = "asyncrl"
     """Project / experiment name used by the W&B and MLflow sinks."""
+    recent_alerts: int = Field(8, ge=1, le=1000)
+    """Alerts the live display and the orchestrator's snapshot keep (all of them are in ``alerts.jsonl``)."""
 
 
 class LauncherConfig(Section):
@@ -866,6 +876,12 @@ class ControlConfig(Section):
     balance: bool = True
     """Admit a group only on a worker whose in-flight load (remaining episode steps) is within one
     group of the least-loaded worker's."""
+    refresh_s: float = Field(0.5, gt=0, le=60)
+    """Seconds between a rollout worker's reads of the orchestrator's directives (curriculum weights,
+    breakers, exploration, retirement)."""
+    heartbeat_s: float = Field(5.0, gt=0, le=3600)
+    """Load balancing counts only workers whose load heartbeat is at most this old (a dead worker's load
+    stops counting after it)."""
 
 
 class RunConfig(Section):

@@ -123,7 +123,7 @@ class ValueModel:
             for k, v in self.head.state_dict().items()
         }
         if self.backbone is not None:
-            from asyncrl.policy.model import state_dict_tensors
+            from asyncrl.policy.tensors import state_dict_tensors
 
             out.update({f"backbone.{k}": v for k, v in state_dict_tensors(self.backbone).items()})
         return out
@@ -132,7 +132,7 @@ class ValueModel:
         head = {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}
         self.head.load_state_dict(head)
         if self.backbone is not None:
-            from asyncrl.policy.model import load_tensors
+            from asyncrl.policy.tensors import load_tensors
 
             load_tensors(self.backbone, {k[9:]: v for k, v in tensors.items() if k.startswith("backbone.")})
 

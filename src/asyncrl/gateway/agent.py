@@ -27,8 +27,8 @@ from asyncrl.records import SamplingParams, Task, Trajectory
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
+    from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.policy.chat import Renderer
-    from asyncrl.rollout.episode import TurnBatcher
 
 log = logging.getLogger("asyncrl.gateway")
 AgentFn = Callable[[Task, Any], Awaitable[Any]]

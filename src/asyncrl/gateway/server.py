@@ -1,7 +1,7 @@
 """The gateway: an OpenAI-compatible HTTP endpoint answered by a rollout worker's batched engine.
 
 It lives *inside* the rollout worker (one per worker process, on ``gateway.port + index``): calls
-join the worker's :class:`~asyncrl.rollout.episode.TurnBatcher`, so they are batched with every
+join the worker's :class:`~asyncrl.engine.batcher.TurnBatcher`, so they are batched with every
 other episode's model turns, stamped with the worker's weight version, and admitted by the same
 staleness rule as environment episodes (a session is only opened for an episode the worker's
 group admission let start). A separate gateway role would add a network hop per call and a second
@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from asyncrl.config import GatewayConfig
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway.protocol import (
     ChatRequest,
     GatewayError,
@@ -44,7 +45,6 @@ from asyncrl.gateway.render import MessageRenderer
 from asyncrl.gateway.sessions import CallRecord, LastCall, ReplyKey, Session, SessionTable
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.episode import TurnBatcher
 
 log = logging.getLogger("asyncrl.gateway")
 

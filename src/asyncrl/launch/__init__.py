@@ -1,8 +1,8 @@
 """Launchers place role processes: :class:`Launcher` (:mod:`asyncrl.launch.base`) is the interface,
 :func:`make_launcher` picks a backend by ``launcher.kind``: :mod:`asyncrl.launch.local`,
 :mod:`asyncrl.launch.ray_launcher` (optional dependency, imported only when chosen) or
-:mod:`asyncrl.launch.external`. Role start-up is :mod:`asyncrl.launch.bootstrap`; one role as a
-service, :mod:`asyncrl.launch.roles`.
+:mod:`asyncrl.launch.external`. Role start-up is :mod:`asyncrl.bootstrap`; one role as a
+service, :mod:`asyncrl.service`.
 """
 
 from __future__ import annotations

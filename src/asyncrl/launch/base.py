@@ -5,7 +5,7 @@ The orchestrator decides what to restart; a launcher only places processes. Back
 (``local``: ``multiprocessing`` with spawn on this machine), :class:`~asyncrl.launch.ray_launcher.RayLauncher`
 (``ray``: the same methods with Ray actors) and :class:`~asyncrl.launch.external.ExternalLauncher`
 (``external``: launches nothing, the roles run as services started with ``asyncrl role ...``).
-What every role process does first is :func:`asyncrl.launch.bootstrap.init_role_process`.
+What every role process does first is :func:`asyncrl.bootstrap.init_role_process`.
 """
 
 from __future__ import annotations

@@ -46,9 +46,10 @@ class Alert:
 
 
 class AlertLog:
-    """Append-only alert log (``alerts.jsonl``) plus the last ``keep`` alerts and counts by kind."""
+    """Append-only alert log (``alerts.jsonl``) plus the last ``keep`` alerts (``telemetry.recent_alerts``)
+    and counts by kind."""
 
-    def __init__(self, path: Path | None, keep: int = 8) -> None:
+    def __init__(self, path: Path | None, keep: int) -> None:
         self.path = path
         self.recent: deque[Alert] = deque(maxlen=keep)
         self.counts: dict[str, int] = {}

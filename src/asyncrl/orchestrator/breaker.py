@@ -129,18 +129,6 @@ class Breakers:
         self.b = {str(k): _Breaker(**v) for k, v in doc.items()}
 
 
-def anomaly_of(traj: Any, reward_min: float, reward_max: float) -> str | None:
-    """The anomaly kind of a finished trajectory (first guard fault, env_error, reward range) or None."""
-    for turn in traj.turns:
-        if turn.fault is not None:
-            return str(turn.fault.kind)
-    if traj.outcome == "env_error":
-        return "exception"
-    if not reward_min <= traj.final_reward <= reward_max:
-        return "reward_range"
-    return None
-
-
 class FaultRateMonitor:
     """One ``env_faults`` alert per excursion of the environment fault rate above ``threshold``.
 

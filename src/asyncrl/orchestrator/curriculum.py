@@ -13,70 +13,17 @@ so buckets with low-but-non-zero success (the learning frontier) rise towards ``
 hopeless (p = 0) and converged (p = 1) buckets fall to ``floor`` -- never to zero, so a bucket
 that becomes learnable is noticed again. The orchestrator multiplies a bucket's weight by the
 drift rule's down-weight while that is in force and sets it to zero while its breaker is open
-(see :mod:`asyncrl.orchestrator.directives`). Workers sample a bucket with probability
+(see :mod:`asyncrl.control.directives`; the bucket helpers are in :mod:`asyncrl.control.buckets`). Workers sample a bucket with probability
 proportional to its weight, then a task of that bucket; the replay buffer can be steered to the
 same proportions (``curriculum.steer_buffer``).
 """
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from typing import Any
 
 from asyncrl.config import CurriculumConfig, RunConfig
-from asyncrl.records import Task
-
-
-def bucket_of(task: Task) -> str:
-    return f"{task.task_type}:{task.difficulty}"
-
-
-def split_bucket(bucket: str) -> tuple[str, int]:
-    task_type, _, difficulty = bucket.rpartition(":")
-    return task_type, int(difficulty)
-
-
-def buckets_of_source(source: Any, probes: int = 64) -> list[str]:
-    """The buckets a task source produces: its task types x its active difficulties.
-
-    With several task types not every pair need exist (a template may have one difficulty), so
-    the source is probed: ``probes`` draws per difficulty, with a fixed seed."""
-    types = tuple(getattr(source, "task_types", ()) or ())
-    diffs = tuple(getattr(source, "active_difficulties", None) or getattr(source, "difficulties", ()) or ())
-    if len(types) <= 1:
-        return [f"{t}:{d}" for t in types for d in diffs]
-    rng = random.Random(0)
-    found = {bucket_of(source.sample(rng, difficulty=d)) for d in diffs for _ in range(probes)}
-    return sorted(found)
-
-
-def sample_in_bucket(source: Any, rng: random.Random, bucket: str, attempts: int = 200) -> Task:
-    """A training task of ``bucket``: draws at the bucket's difficulty until the type matches.
-
-    Sources draw a task type at random, so this is rejection sampling over types; after
-    ``attempts`` misses it returns the last draw (of the right difficulty, another type)."""
-    task_type, difficulty = split_bucket(bucket)
-    task = source.sample(rng, difficulty=difficulty)
-    for _ in range(attempts - 1):
-        if task.task_type == task_type:
-            break
-        task = source.sample(rng, difficulty=difficulty)
-    return task  # type: ignore[no-any-return]
-
-
-def weighted_choice(weights: dict[str, float], rng: random.Random) -> str | None:
-    total = sum(w for w in weights.values() if w > 0)
-    if total <= 0:
-        return None
-    x = rng.random() * total
-    for bucket, w in sorted(weights.items()):
-        if w <= 0:
-            continue
-        x -= w
-        if x <= 0:
-            return bucket
-    return max(weights, key=lambda b: weights[b])
 
 
 class Curriculum:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import ExplorationConfig, RunConfig
+from asyncrl.control import Exploration
 from asyncrl.orchestrator.alerts import Alert
 
 
@@ -57,8 +58,8 @@ class ExplorationController:
         action = f"temperature_jitter {old[0]:.2f} -> {self.jitter:.2f}, exploration_rate {old[1]:.2f} -> {self.rate:.2f}"
         return [Alert(kind="exploration", bucket="", evidence={"zero_signal_share": share}, action=action)]
 
-    def settings(self) -> dict[str, float]:
-        return {"temperature_jitter": self.jitter, "exploration_rate": self.rate}
+    def settings(self) -> Exploration:
+        return Exploration(temperature_jitter=self.jitter, exploration_rate=self.rate)
 
     def snapshot(self) -> dict[str, Any]:
         return {"jitter": self.jitter, "rate": self.rate, "groups": self.groups, "zero": self.zero}

@@ -1,4 +1,4 @@
-"""Staleness runaway: rule 6 of :mod:`asyncrl.orchestrator.staleness`, as a pure controller.
+"""Staleness runaway: rule 6 of :mod:`asyncrl.control.staleness`, as a pure controller.
 
 Fed the trained samples' mean age (one point per trainer report) and the queue fill (one per
 tick), it returns the effective ``max_staleness`` and ``sync_every``:
@@ -8,8 +8,8 @@ tick), it returns the effective ``max_staleness`` and ``sync_every``:
   newest weights: "online mode"), with a ``staleness_runaway`` alert;
 * mean age at most half the limit -> lag + 1 back towards the configured value
   (``staleness_recovered`` alert when it gets there);
-* queue fill under 30% for ``window`` ticks -> sync_every - 1 (an under-used queue: sync faster);
-  at or above 30% for ``window`` ticks -> sync_every + 1 back towards the configured value;
+* queue fill under ``low_fill`` for ``fill_window`` ticks -> sync_every - 1 (an under-used queue: sync
+  faster); at or above it for ``fill_window`` ticks -> sync_every + 1 back towards the configured value;
 * always ``sync_every <= lag + 1``.
 """
 
@@ -17,14 +17,22 @@ from __future__ import annotations
 
 from collections import deque
 
+from asyncrl.config import OrchestratorConfig, RunConfig
+from asyncrl.control import StalenessPolicy
 from asyncrl.orchestrator.alerts import Alert
 
 
 class StalenessGovernor:
-    def __init__(self, max_staleness: int, sync_every: int, window: int = 5, fill_window: int = 10) -> None:
-        self.configured, self.configured_sync = max_staleness, sync_every
-        self.ages: deque[float] = deque(maxlen=window)
-        self.fills: deque[float] = deque(maxlen=fill_window)
+    """Rule 6 (module docstring); the windows and the fill threshold are ``orchestrator.governor_*``."""
+
+    def __init__(self, max_staleness: int, sync_every: int, oc: OrchestratorConfig) -> None:
+        self.configured, self.configured_sync, self.low_fill = max_staleness, sync_every, oc.governor_low_fill
+        self.ages: deque[float] = deque(maxlen=oc.governor_window)
+        self.fills: deque[float] = deque(maxlen=oc.governor_fill_window)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> StalenessGovernor:
+        return cls(StalenessPolicy.of(cfg).max_staleness, cfg.trainer.sync_every, cfg.orchestrator)
 
     def observe_age(self, mean_age: float) -> None:
         self.ages.append(mean_age)
@@ -46,9 +54,13 @@ class StalenessGovernor:
                 alerts.append(
                     Alert("staleness_recovered", "", {"mean_ages": list(ages)}, f"max_staleness -> {current}")
                 )
-        if len(self.fills) == self.fills.maxlen and max(self.fills) < 0.3:
+        if len(self.fills) == self.fills.maxlen and max(self.fills) < self.low_fill:
             sync = max(1, sync - 1)
             self.fills.clear()
-        elif len(self.fills) == self.fills.maxlen and min(self.fills) >= 0.3 and sync < self.configured_sync:
+        elif (
+            len(self.fills) == self.fills.maxlen
+            and min(self.fills) >= self.low_fill
+            and sync < self.configured_sync
+        ):
             sync += 1
         return current, min(sync, current + 1), alerts

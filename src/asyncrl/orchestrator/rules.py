@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.control.buckets import buckets_of_source
+from asyncrl.control.directives import Directives, compose
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers, FaultRateMonitor
-from asyncrl.orchestrator.curriculum import Curriculum, buckets_of_source
-from asyncrl.orchestrator.directives import compose
+from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController
 from asyncrl.orchestrator.explore import ExplorationController
@@ -28,7 +29,9 @@ class Rules:
 
             buckets = buckets_of_source(make_task_source(cfg.env))
         self.cfg = cfg
-        self.alerts = AlertLog(run_dir / "alerts.jsonl" if run_dir is not None else None)
+        self.alerts = AlertLog(
+            run_dir / "alerts.jsonl" if run_dir is not None else None, cfg.telemetry.recent_alerts
+        )
         self.curriculum = Curriculum.of(cfg, buckets)
         self.breakers = Breakers.of(cfg)
         self.faults = FaultRateMonitor.of(cfg)
@@ -91,7 +94,7 @@ class Rules:
                 out[k] = out.get(k, 0.0) + v
         return out
 
-    def directives(self, workers: list[str], retire: list[str], now: float | None = None) -> dict[str, Any]:
+    def directives(self, workers: list[str], retire: list[str], now: float | None = None) -> Directives:
         now = time.time() if now is None else now
         return compose(
             self.curriculum.weights(),

@@ -34,24 +34,21 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, dump_yaml, load_config
+from asyncrl.control import RunState
 from asyncrl.errors import UserError
 from asyncrl.orchestrator.alerts import Alert
 from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import make_state_store
+from asyncrl.orchestrator.telemetry import OrchestratorTelemetry
 from asyncrl.policy.memory import release_memory
 from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
-from asyncrl.telemetry.orchestrator import OrchestratorTelemetry
 
 log = logging.getLogger("asyncrl.orchestrator")
 
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
-SNAPSHOT = "orchestrator"
-"""Name of the state-store document holding the orchestrator's own state (restored on --resume)."""
 EVALUATOR = "evaluator"
 
 
@@ -108,16 +105,16 @@ class Orchestrator:
         from asyncrl.launch import make_launcher
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
-        self.state = make_state_store(cfg, run_dir)
-        if not resume and cfg.control.state.kind == "redis" and self.state.counters():
+        self.state = RunState.open(cfg, run_dir)
+        if not resume and cfg.control.state.kind == "redis" and self.state.holds_a_run():
             raise UserError(
                 f"control.state.prefix {cfg.control.state.prefix!r} already holds another run's state in Redis; "
                 "use a new prefix per run (or unset it), or resume that run with asyncrl train --resume"
             )
         self.launcher = make_launcher(cfg.launcher, run_dir)
-        self.staleness = StalenessPolicy.of(cfg)
+        self.staleness = self.state.staleness
         self.rules = Rules(cfg, run_dir)
-        self.governor = StalenessGovernor(self.staleness.max_staleness, cfg.trainer.sync_every)
+        self.governor = StalenessGovernor.of(cfg)
         self.workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
         """Active rollout workers (elastic capacity changes this list)."""
         self.retiring: list[str] = []
@@ -177,7 +174,7 @@ class Orchestrator:
     def _supervise(self) -> None:
         for name in self.launcher.names():
             code = self.launcher.exitcode(name)
-            if code is None or self.state.flag("trainer_done"):  # done: the loop is about to end
+            if code is None or self.state.trainer_finished():  # done: the loop is about to end
                 continue
             if name not in (TRAINER, EVALUATOR) and name not in self.workers:  # retired (elastic)
                 if name in self.retiring:
@@ -199,33 +196,27 @@ class Orchestrator:
         )
 
     def _release(self, name: str) -> None:
-        lost = self.state.get(f"inflight:{name}")
-        if lost:
-            self.state.add("released", lost)
-            self.state.set_value(f"inflight:{name}", 0)
-        self.state.set_value(f"load:{name}", 0)
+        self.state.reclaim(name)
 
     # -- flow control --------------------------------------------------------------------------------
     def _watermarks(self) -> None:
         # ready entries only: leased ones are already the trainer's (acknowledged once their fate is durable)
         oc, depth = self.cfg.orchestrator, float(self.live.trainer.get("queue/ready") or 0.0)
         fill = depth / self.cfg.transport.capacity
-        if fill >= oc.high_watermark and not self.state.flag("paused"):
-            self.state.set_flag("paused", True)
-        elif fill <= oc.low_watermark and self.state.flag("paused"):
-            self.state.set_flag("paused", False)
+        if fill >= oc.high_watermark:
+            self.state.set_paused(True)
+        elif fill <= oc.low_watermark:
+            self.state.set_paused(False)
 
     def _adapt_staleness(self) -> None:
         """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.governor.StalenessGovernor`)."""
-        current = self.state.get("max_staleness", self.staleness.max_staleness)
-        sync = self.state.get("sync_every", self.cfg.trainer.sync_every)
+        current, sync = self.state.effective_lag(), self.state.effective_sync_every()
         while self.live.ages:
             self.governor.observe_age(self.live.ages.popleft())
         fill = float(self.live.trainer.get("queue/ready") or 0.0) / self.cfg.transport.capacity
         current, sync, alerts = self.governor.step(current, sync, fill)
         self.rules.alerts.extend(alerts)
-        self.state.set_value("max_staleness", current)
-        self.state.set_value("sync_every", sync)
+        self.state.set_effective(current, sync)
 
     def _watchdog(self) -> None:
         """No wait without a way out: alert when neither a version nor a trajectory moved for ``watchdog_s``."""
@@ -237,7 +228,7 @@ class Orchestrator:
 
             self._queue = make_queue(self.cfg.transport, self.run_dir)
         qs = self._queue.stats()
-        mark = (self.state.get("version"), int(qs["queue/put_total"]))
+        mark = (self.state.version(), int(qs["queue/put_total"]))
         if mark != self._progress:
             self._progress, self._progress_at = mark, now
             return
@@ -252,8 +243,8 @@ class Orchestrator:
             "queue_depth": int(qs["queue/depth"]),
             "queue_ready": int(qs["queue/ready"]),
             "queue_capacity": int(qs["queue/capacity"]),
-            "fates": self.state.ledger_counts(),
-            "paused": self.state.flag("paused"),
+            "fates": self.state.fate_counts(),
+            "paused": self.state.paused(),
         }
         self.rules.alerts.emit(Alert("stall", "", evidence, "alerted (orchestrator.watchdog_s)"))
         message = (
@@ -267,7 +258,7 @@ class Orchestrator:
     # -- rules, capacity, snapshots ------------------------------------------------------------------
     def _apply_rules(self, rows: list[dict[str, Any]]) -> None:
         self.rules.feed(rows)
-        self.state.put_doc("control", self.rules.directives(self.workers, self.retiring))
+        self.state.publish_directives(self.rules.directives(self.workers, self.retiring))
 
     def _scale(self) -> None:
         """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
@@ -333,7 +324,7 @@ class Orchestrator:
     def _snapshot(self, force: bool = False) -> None:
         now = time.time()
         if force or now - self._snapshot_at >= self.cfg.control.state.snapshot_every_s:
-            self.state.put_doc(SNAPSHOT, {**self.state_doc(), "saved_at": now})
+            self.state.save_snapshot({**self.state_doc(), "saved_at": now})
             self._snapshot_at = now
         if force or now - self._metrics_at >= self.cfg.telemetry.log_every_s:
             row = {
@@ -357,22 +348,18 @@ class Orchestrator:
                 end = time.time() + 5.0
                 while _start_ticks(pid) == ticks and time.time() < end and not _zombie(pid):
                     time.sleep(0.05)
-        for key, value in self.state.counters().items():
-            if key.startswith("inflight:") and value:
-                self._release(key.split(":", 1)[1])
+        for name in self.state.workers_in_flight():
+            self._release(name)
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
         (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
-        self.state.set_flag("stop", False)
+        self.state.begin(self.resume)
         if self.resume:
-            saved = self.state.get_doc(SNAPSHOT)
+            saved = self.state.snapshot()
             if saved is not None:
                 self.restore(saved)
             self._reap_orphans()
-            return
-        self.state.set_value("max_staleness", self.staleness.max_staleness)
-        self.state.set_value("version", 0)
 
     def run(self) -> dict[str, Any]:
         self.prepare()
@@ -384,7 +371,7 @@ class Orchestrator:
         view = _Display(self) if self.display else None
         try:
             with view.live() if view else _null():
-                while not self.state.flag("trainer_done"):
+                while not self.state.trainer_finished():
                     time.sleep(0.5)
                     rows = self.tail.poll()
                     for r in rows:
@@ -433,7 +420,7 @@ class Orchestrator:
         )
 
     def shutdown(self) -> None:
-        self.state.set_flag("stop", True)
+        self.state.request_stop()
         for name in self.launcher.names():
             self.launcher.stop(name, timeout=2.0 if name == EVALUATOR else 20.0)
             self._ended(name)
@@ -503,7 +490,7 @@ class _Display:
             ("tokens/s (rollout)", f"{tokens / elapsed:.0f}" if elapsed else "-"),
             (
                 "queue depth",
-                f"{int(t.get('queue/depth') or 0)}" + (" (paused)" if o.state.flag("paused") else ""),
+                f"{int(t.get('queue/depth') or 0)}" + (" (paused)" if o.state.paused() else ""),
             ),
             (
                 "staleness mean / max",
@@ -571,7 +558,7 @@ def train(
 
     t0 = time.time()
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
-        from asyncrl.rollout.engine.vllm_backend import preflight
+        from asyncrl.engine.vllm_backend import preflight
 
         preflight(cfg)
     if resume is not None:
@@ -678,8 +665,9 @@ def _summary(
 ) -> dict[str, Any]:
     state = orch.state
     faults = orch.env_faults()
-    fates = state.ledger_counts()
-    ages = state.ages()
+    fates = state.fate_counts()
+    ages = state.trained_ages()
+    tallies = state.tallies()
     hist: dict[str, int] = {}
     for a in ages:
         hist[str(a)] = hist.get(str(a), 0) + 1
@@ -716,22 +704,22 @@ def _summary(
         "samples_dropped_other": sum(v for k, v in fates.items() if k not in ("trained", "dropped_stale")),
         "samples_left_in_queue": leftover,
         "samples_accepted": accepted,
-        "samples_admitted": state.get("admitted"),
+        "samples_admitted": tallies.admitted,
         # accepted by put = consumed (ledger) + still queued + dead-lettered; dead letters of bytes written into
         # the queue from outside were never accepted, so they are not subtracted
         "lost_trajectories": accepted
         - consumed
         - leftover
         - (int(qs["queue/dead_letters"]) - int(qs["queue/dead_letters_foreign"])),
-        "duplicates_recorded": state.get("duplicates"),
+        "duplicates_recorded": tallies.duplicates,
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,
         "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         "trainer_busy_fraction": float(last.get("trainer/busy_fraction") or 0.0),
         "wall_seconds": wall,
         "rl_seconds": orch.rl_seconds,
-        "versions_published": state.get("versions_published"),
-        "last_version": state.get("published"),
+        "versions_published": tallies.versions_published,
+        "last_version": tallies.last_published,
         "trainer_steps": int(last.get("trainer/step") or 0),
         "restarts": orch.restarts,
         "dead_letters": int(qs["queue/dead_letters"]),

@@ -9,13 +9,12 @@ from asyncrl.policy.model import (
     Policy,
     PolicyLoadError,
     build_model,
-    load_tensors,
     num_parameters,
     resolve_device,
-    state_dict_tensors,
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer, special_id
 
 __all__ = [

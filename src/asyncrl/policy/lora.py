@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.errors import UserError
+from asyncrl.policy.tensors import state_dict_tensors
 
 if TYPE_CHECKING:
     from asyncrl.config import LoraConfig
@@ -112,15 +113,11 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     import copy
 
     merged = copy.deepcopy(model).merge_and_unload()
-    from asyncrl.policy.model import state_dict_tensors
-
     return state_dict_tensors(merged)
 
 
 def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The base weights under their plain HF names (no adapter, no peft prefixes)."""
-    from asyncrl.policy.model import state_dict_tensors
-
     if not is_lora(model):
         return state_dict_tensors(model)
     out: dict[str, torch.Tensor] = {}

@@ -6,7 +6,7 @@ what asyncrl saves can be opened by other HF tools.
 
 :func:`token_logprobs` is the single definition of "the log-probability the policy
 assigns to a token" used by the trainer. The rollout engine records behaviour
-log-probs under the same definition (tempered softmax; see :mod:`asyncrl.rollout.engine`),
+log-probs under the same definition (tempered softmax; see :mod:`asyncrl.engine`),
 so with identical weights the two agree to float32 rounding and the importance ratio
 of on-policy data is exactly 1 up to that rounding.
 """
@@ -38,6 +38,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from asyncrl.errors import UserError
+from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 if TYPE_CHECKING:
@@ -131,61 +132,6 @@ def build_model(
 
 
 # ---------------------------------------------------------------------------------------------
-def _alias_names(model: torch.nn.Module) -> set[str]:
-    """State-dict names whose tensor shares storage with an earlier name (tied weights)."""
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    aliases: set[str] = set()
-    for name, t in model.state_dict(keep_vars=True).items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen:
-            aliases.add(name)
-        seen.add(key)
-    return aliases
-
-
-def state_dict_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Detached CPU copies of every weight, tied duplicates left out.
-
-    Copies, not views: a published snapshot must not change when the optimiser later
-    updates the live parameters in place. Tied aliases (``lm_head.weight``) are dropped,
-    as safetensors files cannot hold shared storage and HF checkpoints omit them too.
-    """
-    aliases = _alias_names(model)
-    return {
-        name: t.detach().to("cpu", copy=True).contiguous()
-        for name, t in model.state_dict().items()
-        if name not in aliases
-    }
-
-
-def load_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``tensors`` into ``model``'s parameters and buffers in place.
-
-    In place (``copy_``), so optimiser state and any engine holding the same module keep
-    valid references. Strict: every non-tied weight must be present with the right shape,
-    and unknown names are errors, because a silently partial load would make samples
-    come from a policy nobody can name.
-    """
-    current = model.state_dict()
-    aliases = _alias_names(model)
-    required = set(current) - aliases
-    missing = sorted(required - set(tensors))
-    unknown = sorted(set(tensors) - set(current))
-    problems: list[str] = []
-    if missing:
-        problems.append(f"missing {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
-    if unknown:
-        problems.append(f"unknown tensor name(s), e.g. {', '.join(unknown[:3])}")
-    for name, t in tensors.items():
-        if name in current and tuple(t.shape) != tuple(current[name].shape):
-            problems.append(f"{name} has shape {tuple(t.shape)}, model expects {tuple(current[name].shape)}")
-    if problems:
-        raise ValueError("cannot load weights: " + "; ".join(problems[:5]))
-    with torch.no_grad():
-        for name, t in tensors.items():
-            current[name].copy_(t)
-
-
 def input_vocab_size(model: PreTrainedModel) -> int:
     """Rows of the input embedding (may exceed the tokenizer's size, never fall short of it)."""
     weight = model.get_input_embeddings().weight

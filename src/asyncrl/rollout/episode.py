@@ -14,7 +14,7 @@ own chat template with its tool-call format:
 * The context limit (``model.max_context``) is enforced: an episode that would not fit ends
   with outcome ``truncated``; so does one that uses up ``env.max_turns`` model turns.
 
-Concurrency: every episode awaits :meth:`TurnBatcher.generate` for its model turns; the
+Concurrency: every episode awaits :meth:`~asyncrl.engine.batcher.TurnBatcher.generate` for its model turns; the
 batcher serves all episodes that are waiting at that moment with one ``engine.generate``
 call (in a worker thread, so environment steps of other episodes progress meanwhile).
 Environment calls go through the guard (:class:`asyncrl.envs.GuardedEnv`), so nothing an
@@ -23,113 +23,17 @@ environment does can crash this runner.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.engine.base import Sample
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import EnvResetError, StepResult
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
-from asyncrl.rollout.engine.base import GenerationEngine, Sample
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    sampling: SamplingParams
-    future: asyncio.Future[tuple[Sample, int]]
-
-
-@dataclass
-class TurnBatcher:
-    """Serves model-turn requests of concurrently running episodes in batched engine calls.
-
-    ``before_batch`` runs between batches (in the event loop thread) — the rollout worker uses
-    it to load new weights, so an in-flight episode picks up a new version at a turn boundary.
-    Each result carries the engine version that produced it.
-
-    Batching policy: a generation call costs nearly the same for 4 sequences as for 64, so the
-    batcher waits up to ``max_wait_s`` for more requests — but never when every live episode
-    is already waiting (nothing more can arrive) or the batch is full (``max_batch``).
-    """
-
-    engine: GenerationEngine
-    before_batch: Callable[[], None] | None = None
-    _pending: list[_Request] = field(default_factory=list)
-    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    _task: asyncio.Task[None] | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while weights may change or a batch is generated: weight loads never race generation."""
-    max_batch: int = 64
-    max_wait_s: float = 0.02
-    live_episodes: int = 0
-    """Episodes currently running on this batcher (maintained by :func:`run_episode`)."""
-    batches: int = 0
-    sequences: int = 0
-    tokens: int = 0
-    """Tokens sampled (every turn of every episode, stop tokens included)."""
-    busy_seconds: float = 0.0
-
-    async def generate(self, prompt: list[int], sampling: SamplingParams) -> tuple[Sample, int]:
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._serve())
-        fut: asyncio.Future[tuple[Sample, int]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(prompt, sampling, fut))
-        self._wakeup.set()
-        return await fut
-
-    async def _serve(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            await asyncio.sleep(0)  # let episodes that are ready in this tick join the batch
-            await self._gather_more()
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            if self._pending:
-                self._wakeup.set()
-            if not batch:
-                continue
-            async with self.lock:
-                if self.before_batch is not None:
-                    self.before_batch()
-                version = self.engine.version
-                t0 = time.perf_counter()
-                try:
-                    samples = await asyncio.to_thread(
-                        self.engine.generate, [r.prompt for r in batch], [r.sampling for r in batch]
-                    )
-                except Exception as exc:  # an engine failure fails the waiting episodes, not the loop
-                    for r in batch:
-                        if not r.future.done():
-                            r.future.set_exception(exc)
-                    continue
-            self.busy_seconds += time.perf_counter() - t0
-            self.batches += 1
-            self.sequences += len(batch)
-            self.tokens += sum(len(s.token_ids) for s in samples)
-            for r, s in zip(batch, samples, strict=True):
-                if not r.future.done():
-                    r.future.set_result((s, version))
-
-    async def _gather_more(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_s
-        while 0 < len(self._pending) < min(self.max_batch, self.live_episodes):
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), left)
-            except TimeoutError:
-                return
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
 
 
 @dataclass

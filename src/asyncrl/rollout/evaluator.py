@@ -32,13 +32,13 @@ def evaluated_versions(run_dir: Path) -> list[int]:
 
 class Evaluator:
     def __init__(self, cfg: RunConfig, run_dir: Path, started: float | None = None) -> None:
-        from asyncrl.orchestrator.state import make_state_store
+        from asyncrl.control import RunState
         from asyncrl.policy import Policy
         from asyncrl.telemetry.jsonl import MetricWriter
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.state = make_state_store(cfg, run_dir)
+        self.state = RunState.open(cfg, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
@@ -79,7 +79,7 @@ class Evaluator:
         return row
 
     def run(self) -> None:
-        while not self.state.flag("stop") and not self.state.flag("trainer_done"):
+        while not self.state.stopping() and not self.state.trainer_finished():
             if self.due():
                 self.evaluate_newest()
             else:
@@ -89,7 +89,7 @@ class Evaluator:
 def evaluator_main(cfg_json: str, run_dir: str) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()
-    from asyncrl.launch.bootstrap import init_role_process
+    from asyncrl.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers

@@ -38,11 +38,12 @@ async def run_episodes(
 
     ``prefixes[i]``: model turns replayed before the policy samples in episode ``i`` (see ``run_episode``).
     """
+    from asyncrl.engine import make_engine
+    from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.engine import make_engine
-    from asyncrl.rollout.episode import EpisodeSettings, TurnBatcher, run_episode
+    from asyncrl.rollout.episode import EpisodeSettings, run_episode
 
     env_cfg = env_cfg or eval_env_config(cfg)
     renderer = make_renderer(cfg.model, policy)
@@ -51,9 +52,7 @@ async def run_episodes(
     engine = make_engine(
         cfg.rollout.engine.model_copy(update={"kind": "hf"}), policy, renderer.stop_token_ids, seed=seed
     )
-    batcher = TurnBatcher(
-        engine, max_batch=cfg.rollout.engine.max_batch, max_wait_s=cfg.rollout.engine.batch_wait_ms / 1000
-    )
+    batcher = TurnBatcher.of(engine, cfg.rollout.engine)
     s = cfg.rollout.sampling
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,

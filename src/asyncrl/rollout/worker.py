@@ -2,7 +2,7 @@
 
 The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It starts a new *group*
 (``group_size`` episodes of one task) only when the staleness budget admits it and the queue is
-not above high water (rules in :mod:`asyncrl.orchestrator.staleness`; the budget counts a group
+not above high water (rules in :mod:`asyncrl.control.staleness`; the budget counts a group
 against the worker's own weight version). Before starting, it loads newer weights whenever it may
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
 lag exceeds ``max_staleness``. In ``async`` mode it also loads new
@@ -10,7 +10,7 @@ weights between turns (the batcher's ``before_batch`` hook), so every model turn
 the version that produced it. A corrupt newest snapshot is reported and the worker keeps the
 newest valid one. Finished groups are put on the queue (blocking put = back-pressure).
 What to run (curriculum bucket, open breakers, exploration, held-out probes), load balancing and
-retirement follow the orchestrator's directives (:mod:`asyncrl.orchestrator.directives`); every
+retirement follow the orchestrator's directives (:mod:`asyncrl.control.directives`); every
 finished group is reported as a ``rollout/group`` event (bucket, outcomes, rewards, anomalies).
 """
 
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
-from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import make_state_store
+from asyncrl.control import RunState, StalenessPolicy, WorkerControl
+from asyncrl.control.directives import group_report
 from asyncrl.records import SamplingParams, Task, Trajectory, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 
 if TYPE_CHECKING:
-    from asyncrl.rollout.engine.base import GenerationEngine
+    from asyncrl.engine.base import GenerationEngine
     from asyncrl.weights.base import WeightStore
 
 log = logging.getLogger("asyncrl.rollout")
@@ -114,18 +114,18 @@ class WeightFollower:
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, index: int, started: float | None = None) -> None:
+        from asyncrl.engine import make_engine
         from asyncrl.envs import make_task_source
         from asyncrl.policy import Policy
         from asyncrl.policy.chat import make_renderer
         from asyncrl.policy.model import context_limit
-        from asyncrl.rollout.engine import make_engine
         from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir, self.index = cfg, run_dir, index
         self.name = f"rollout-{index}"
         self.rng = random.Random(cfg.seed * 1000 + index * 7919 + os.getpid())
-        self.state = make_state_store(cfg, run_dir)
+        self.state = RunState.open(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
@@ -144,9 +144,9 @@ class RolloutWorker:
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         self.verifier = VERIFIER_CACHE
-        self.weights = WeightFollower(self.store, self.engine, self.metrics, self.name, self._report_corrupt)
-        from asyncrl.orchestrator.directives import WorkerControl
-
+        self.weights = WeightFollower(
+            self.store, self.engine, self.metrics, self.name, self.state.report_corrupt
+        )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
         self.agent: Any = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
@@ -179,33 +179,10 @@ class RolloutWorker:
     def _newest_valid(self) -> int:
         return self.weights.newest_valid()
 
-    def _report_corrupt(self, version: int) -> None:
-        """Raise ``weights_corrupt`` (the highest corrupt version + 1) to at least ``version + 1``, atomically:
-        the trainer answers by publishing its current weights again as a new version."""
-        value = version + 1
-
-        def unchanged_since(cur: int) -> Callable[[dict[str, int]], int]:
-            return lambda c: value if c.get("weights_corrupt", 0) == cur else -1  # a race: read again
-
-        while (cur := self.state.get("weights_corrupt")) < value:
-            if self.state.try_add_within("weights_corrupt", value - cur, unchanged_since(cur)):
-                return
-
     # -- admission -------------------------------------------------------------------------------
     def _may_start_group(self) -> bool:
-        if self.state.flag("paused") or self.state.flag("stop"):
-            return False
-        lag = self.state.get("max_staleness", self.staleness.max_staleness)
-        G, w = self.cfg.rollout.group_size, int(self.engine.version)
-        return self.state.try_add_within(
-            "admitted",
-            G,
-            lambda c: (
-                self.staleness.admission_limit(c.get("version", 0), lag, worker_version=w)
-                + c.get("dropped", 0)
-                + c.get("released", 0)
-            ),
-        )
+        """Rule 1, counted against the version this worker's engine holds."""
+        return self.state.admit(self.name, self.cfg.rollout.group_size, int(self.engine.version))
 
     # -- episodes --------------------------------------------------------------------------------
     def _turn_done(self) -> None:
@@ -253,22 +230,22 @@ class RolloutWorker:
         episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
         trajs = [t for ts in episodes for t in ts]
         if len(trajs) != rc.group_size:  # agent episodes: per-call samples, stale sessions dropped
-            self.state.add(f"inflight:{self.name}", len(trajs) - rc.group_size)
-            self.state.add("released", sum(1 for ts in episodes if not ts))  # back to the budget
+            empty = sum(1 for ts in episodes if not ts)
+            self.state.release(self.name, empty)  # back to the budget
+            self.state.add_inflight(self.name, len(trajs) - (rc.group_size - empty))
         if not trajs:
             return
         self._report_group(trajs, heldout)
         if heldout:  # a held-out probe: measured, never trained; its admissions go back to the budget
-            self.state.add("released", len(trajs))
-            self.state.add(f"inflight:{self.name}", -len(trajs))
+            self.state.release(self.name, len(trajs))
             self.counts["heldout_episodes"] += len(trajs)
             return
         t0 = time.perf_counter()
         for traj in trajs:
             ok = False
-            while not ok and not self.state.flag("stop"):
+            while not ok and not self.state.stopping():
                 ok = await asyncio.to_thread(self.queue.put, traj, 1.0)
-            self.state.add(f"inflight:{self.name}", -1)
+            self.state.delivered(self.name)
             self.counts["episodes"] += 1
             self.counts["tokens"] += traj.num_model_tokens()
             self.counts["success"] += traj.outcome == "success"
@@ -290,36 +267,18 @@ class RolloutWorker:
 
     def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
-        from asyncrl.orchestrator.breaker import anomaly_of
-        from asyncrl.orchestrator.curriculum import bucket_of
-
         bc = self.cfg.control.breaker
-        self.metrics.event(
-            "rollout/group",
-            {
-                "bucket": bucket_of(trajs[0].task),
-                "started": min(t.lifecycle.rollout_start for t in trajs),
-                "heldout": heldout,
-                "outcomes": [t.outcome for t in trajs],
-                "rewards": [t.final_reward for t in trajs],
-                "anomalies": [anomaly_of(t, bc.reward_min, bc.reward_max) for t in trajs],
-            },
-        )
+        self.metrics.event("rollout/group", group_report(trajs, heldout, bc.reward_min, bc.reward_max))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
         return self.control.next_task(self.rng)
 
     async def run(self) -> None:
-        from asyncrl.rollout.episode import TurnBatcher
+        from asyncrl.engine.batcher import TurnBatcher
 
         inflight = self.staleness.inflight_updates
-        batcher = TurnBatcher(
-            self.engine,
-            before_batch=self._refresh if inflight else None,
-            max_batch=self.cfg.rollout.engine.max_batch,
-            max_wait_s=self.cfg.rollout.engine.batch_wait_ms / 1000,
-        )
+        batcher = TurnBatcher.of(self.engine, self.cfg.rollout.engine, self._refresh if inflight else None)
         if self.cfg.env.kind == "agent":
             from asyncrl.gateway.agent import AgentRunner
 
@@ -331,14 +290,14 @@ class RolloutWorker:
                 index=self.index,
                 worker_id=self.name,
                 newest_version=self._newest_valid,
-                max_staleness=lambda: self.state.get("max_staleness", self.staleness.max_staleness),
+                max_staleness=self.state.effective_lag,
                 refresh=self._refresh if inflight else None,
             )
         running: set[asyncio.Task[None]] = set()
         G = self.cfg.rollout.group_size
         cap = max(self.cfg.rollout.concurrent_episodes, G)
         last_report = time.time()
-        while not self.state.flag("stop"):
+        while not self.state.stopping():
             started = False
             self.control.publish_load(self.load)
             if self.control.retiring() and not running:
@@ -348,7 +307,7 @@ class RolloutWorker:
                 and not self.control.retiring()
                 and self.control.may_take(self.load)
             ):
-                lag = self.state.get("max_staleness", self.staleness.max_staleness)
+                lag = self.state.effective_lag()
                 newest = self._newest_valid()
                 # rule 2: load newer weights whenever allowed (sync / one_step_off: running episodes keep
                 # their version), so that rule 1 counts the next group against the version it will use
@@ -359,7 +318,6 @@ class RolloutWorker:
                 if not self.staleness.must_refresh(self.engine.version, newest, lag) and (
                     self._may_start_group()
                 ):
-                    self.state.add(f"inflight:{self.name}", G)  # returned to the budget if this process dies
                     self.load += G * self.cfg.env.max_turns
                     self.control.publish_load(self.load, force=True)
                     running.add(asyncio.create_task(self._run_group(batcher, *self._next_task())))
@@ -422,7 +380,7 @@ class RolloutWorker:
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()  # the ledger counts this process's whole life, start-up included
-    from asyncrl.launch.bootstrap import init_role_process
+    from asyncrl.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     worker = RolloutWorker(cfg, Path(run_dir), index, started=started)

@@ -45,23 +45,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from asyncrl.orchestrator.state import StateStore
+from asyncrl.control import Fate, RunState
 from asyncrl.records import Trajectory
 
 if TYPE_CHECKING:
     from asyncrl.trainer.buffer import ReplayBuffer
     from asyncrl.transport.base import TrajectoryQueue
 
-Fate = tuple[str, str, int, int]
-"""A ledger row: ``(trajectory id, fate, trainer step, age)``."""
-
 
 class Intake:
     """Takes deliveries into the replay buffer and acknowledges each entry once its fate is durable."""
 
-    def __init__(self, queue: TrajectoryQueue, state: StateStore, *, pull_size: int) -> None:
+    def __init__(self, queue: TrajectoryQueue, state: RunState, *, pull_size: int) -> None:
         self.queue, self.state, self.pull_size = queue, state, pull_size
-        self.done_ids: set[str] = state.ledger_ids()
+        self.done_ids: set[str] = state.ids_with_fate()
         """Ids whose fate is durable (the checkpointed consumed-id set, plus fates recorded since)."""
         self.entries: dict[str, list[str]] = {}
         """Trajectory id -> its un-acknowledged entry ids (buffered, or trained since the checkpoint)."""
@@ -98,7 +95,9 @@ class Intake:
         rows = list(rows)
         if not rows:
             return
-        self.state.record(rows)  # fate first: a crash before the ack only causes a de-duplicated redelivery
+        self.state.record_fates(
+            rows
+        )  # fate first: a crash before the ack only causes a de-duplicated redelivery
         ids = [r[0] for r in rows]
         self.done_ids.update(ids)
         self.queue.ack([e for tid in ids for e in self.entries.pop(tid, [])])
@@ -110,7 +109,7 @@ class Intake:
 
     def record_trained(self) -> list[str]:
         """First half of :meth:`checkpointed`: the trained fates into the ledger. Returns their entry ids."""
-        self.state.record((tid, "trained", step, age) for tid, (step, age) in self.trained.items())
+        self.state.record_fates((tid, "trained", step, age) for tid, (step, age) in self.trained.items())
         acks = [e for tid in self.trained for e in self.entries.pop(tid, [])]
         self.done_ids.update(self.trained)
         self.trained.clear()

@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.config import RunConfig
-from asyncrl.orchestrator.staleness import StalenessPolicy
-from asyncrl.orchestrator.state import make_state_store
+from asyncrl.control import RunState
 from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.trainer import TrainerTelemetry
@@ -50,7 +49,7 @@ class TrainerRole:
         self.cfg, self.run_dir = cfg, run_dir
         torch.manual_seed(cfg.seed)
         self.py_rng = random.Random(cfg.seed)
-        self.state = make_state_store(cfg, run_dir)
+        self.state = RunState.open(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.ckpt_root = run_dir / "checkpoints"
@@ -76,7 +75,7 @@ class TrainerRole:
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
         self.last_published = published
-        self.staleness = StalenessPolicy.of(cfg)
+        self.staleness = self.state.staleness
         self.buffer = ReplayBuffer(
             cfg.rollout.group_size,
             cfg.trainer.batch_size,
@@ -110,8 +109,8 @@ class TrainerRole:
         self.busy = self.idle = 0.0
         self.learn = 0.0  # of busy: inside the learner's step (the rest of busy is framework overhead)
         self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
-        self.state.set_value("version", self.version)
-        self.state.set_value("resumes", self.state.get("resumes") + (1 if ckpt is not None else 0))
+        self.state.announce_version(self.version)
+        self.state.record_start(resumed=ckpt is not None)
 
     def _behaviour_kl(self, group: list[Trajectory]) -> float:
         """Mean k3 KL between the behaviour policy and the current one on a group's model tokens."""
@@ -142,30 +141,28 @@ class TrainerRole:
             self.tally[key] += d.traj.num_model_tokens()
         if dropped:
             self.intake.settle((d.traj.id, d.reason, self.step, d.age) for d in dropped)
-            self.state.add("dropped", len(dropped))  # returns the slots to the admission budget
+            self.state.record_dropped(len(dropped))  # returns the slots to the admission budget
 
     def _answer_corrupt_reports(self) -> None:
         """A worker found our newest version corrupt: publish the current weights again, as a new
         version, so that no worker stays behind a run of unusable versions (the staleness budget
         counts the worker's own version; without this, max_staleness + 1 corrupt versions in a row
         would stop both sides)."""
-        bad = self.state.get("weights_corrupt") - 1  # stored + 1, so that 0 means none
-        if bad < 0 or bad < self.last_published:
+        bad = self.state.corrupt_version()
+        if bad is None or bad < self.last_published:
             return
         self.offset = self.last_published + 1 - self.step
         log.warning(
             "weight version %d was reported corrupt; publishing the current weights as %d", bad, self.version
         )
-        self._publish()
-        self.state.set_value("version", self.version)
-        self.state.add("versions_republished", 1)
+        self._publish(republished=True)
+        self.state.announce_version(self.version)
 
-    def _publish(self) -> None:
+    def _publish(self, republished: bool = False) -> None:
         path = self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
         self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
-        self.state.set_value("published", self.version)
-        self.state.add("versions_published", 1)
+        self.state.record_publish(self.version, republished=republished)
 
     def _checkpoint(self) -> None:
         from asyncrl.trainer.checkpoint import TrainerState, save_checkpoint
@@ -194,16 +191,14 @@ class TrainerRole:
     def run(self) -> None:
         tc = self.cfg.trainer
         last: tuple[dict[str, float], list[Trajectory]] | None = None
-        while self.step < tc.total_steps and not self.state.flag("stop"):
+        while self.step < tc.total_steps and not self.state.stopping():
             t0 = time.perf_counter()
             # 1. answer corrupt-version reports; take what the queue has; 2. assemble a batch
             self._answer_corrupt_reports()
             self.intake.pull(self.buffer)
-            lag = self.state.get("max_staleness", self.staleness.max_staleness)
+            lag = self.state.effective_lag()
             if self.cfg.control.curriculum.steer_buffer:  # batch composition follows the curriculum
-                self.buffer.task_mix = (self.state.get_doc("control") or {}).get(
-                    "weights"
-                ) or self.buffer.task_mix
+                self.buffer.task_mix = self.state.directives().weights or self.buffer.task_mix
             batch, dropped = self.buffer.take(self.version, lag)
             self._record_drops(dropped)
             if batch is None:
@@ -219,7 +214,7 @@ class TrainerRole:
                 t.lifecycle.trained = time.time()
             if skipped:  # the step was undone: a fate of its own, recorded and acknowledged now
                 self.intake.settle((t.id, "skipped", self.step, a) for t, a in zip(batch, ages, strict=True))
-                self.state.add("dropped", len(batch))
+                self.state.record_dropped(len(batch))
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
                 self.intake.mark_trained(batch, self.step, ages)
@@ -233,10 +228,10 @@ class TrainerRole:
                     )
                 # 4. publish every sync_every steps — before announcing the version, so that the budget
                 # never admits episodes for a version whose weights workers cannot load yet
-                sync_every = self.state.get("sync_every", tc.sync_every)  # the orchestrator may lower it
+                sync_every = self.state.effective_sync_every()  # the orchestrator may lower it
                 if self.step % sync_every == 0 or self.step == tc.total_steps:
                     self._publish()
-                self.state.set_value("version", self.version)
+                self.state.announce_version(self.version)
                 # 5. checkpoint every checkpoint_every steps
                 if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
                     self._checkpoint()
@@ -248,7 +243,7 @@ class TrainerRole:
         if last is not None:
             self._report(*last)  # final figures (the cost ledger reads the last row of each process)
         if self.step >= tc.total_steps:
-            self.state.set_flag("trainer_done", True)
+            self.state.mark_trainer_finished()
 
     def _tally_batch(self, batch: list[Trajectory]) -> None:
         """Token accounting for the cost ledger: trained, processed, and zero-signal groups."""
@@ -294,7 +289,7 @@ class TrainerRole:
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()  # the ledger counts this process's whole life, start-up included
-    from asyncrl.launch.bootstrap import init_role_process
+    from asyncrl.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json)
     TrainerRole(cfg, Path(run_dir), resume=resume, started=started).run()

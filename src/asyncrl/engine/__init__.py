@@ -1,8 +1,8 @@
 """Generation engines: turn token prompts into sampled continuations with behaviour log-probs.
 
 The interface, the behaviour log-prob definition and the one weight-load method:
-:mod:`asyncrl.rollout.engine.base`; backends: :mod:`asyncrl.rollout.engine.hf` (built in) and
-:mod:`asyncrl.rollout.engine.vllm_backend` (optional dependency, imported only when
+:mod:`asyncrl.engine.base`; backends: :mod:`asyncrl.engine.hf` (built in) and
+:mod:`asyncrl.engine.vllm_backend` (optional dependency, imported only when
 ``rollout.engine.kind: vllm`` is used); :func:`make_engine` picks one.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asyncrl.rollout.engine.base import FinishReason, GenerationEngine, Sample, check_requests, read_weights
-from asyncrl.rollout.engine.hf import HFEngine
+from asyncrl.engine.base import FinishReason, GenerationEngine, Sample, check_requests, read_weights
+from asyncrl.engine.hf import HFEngine
 
 if TYPE_CHECKING:
     from asyncrl.config import EngineConfig
@@ -44,7 +44,7 @@ def make_engine(
             prefix_cache_mb=cfg.prefix_cache_mb if cfg.prefix_cache else 0.0,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
-        from asyncrl.rollout.engine.vllm_backend import VLLMEngine
+        from asyncrl.engine.vllm_backend import VLLMEngine
 
         return VLLMEngine.from_policy(policy, stop_token_ids, cfg, seed=seed)
     raise ValueError(f"unknown engine kind {cfg.kind!r}; allowed: 'hf', 'vllm'")  # pragma: no cover

@@ -1,7 +1,7 @@
 """Orchestrator state in Redis (``control.state.kind: redis``): the :class:`StateStore` of a run
 whose roles live on several machines, so that no SQLite file on a shared filesystem is needed.
 
-Same semantics as :class:`~asyncrl.orchestrator.state.sqlite.SQLiteStateStore`. Keys (one set per run,
+Same semantics as :class:`~asyncrl.control.store.sqlite.SQLiteStateStore`. Keys (one set per run,
 ``P`` = ``control.state.prefix`` or ``asyncrl:{<sha1(abs run_dir)[:12]>}:state``):
 
 * ``P:counters`` - HASH name -> integer; ``P:flags`` - HASH name -> 0/1.
@@ -43,8 +43,8 @@ from typing import Any
 
 import redis
 
+from asyncrl.control.store.base import StateStore
 from asyncrl.credentials import open_redis, with_retries
-from asyncrl.orchestrator.state.base import StateStore
 from asyncrl.transport.redis_backend import key_prefix
 
 _OP_TTL_S = 3600

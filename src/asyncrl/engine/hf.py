@@ -2,7 +2,7 @@
 causal LM in this process, a KV cache, optional static decoding with CUDA graphs and a prefix cache.
 
 The interface, the behaviour log-prob definition it implements and the one weight-load method:
-:mod:`asyncrl.rollout.engine.base`.
+:mod:`asyncrl.engine.base`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine.base import GenerationEngine, Sample, check_requests
-from asyncrl.rollout.prefix_cache import Hit, PrefixCache
 
 log = logging.getLogger(__name__)
 STATIC_CACHE_SLACK = 128
@@ -187,7 +187,7 @@ class HFEngine(GenerationEngine):
     the distribution each token was drawn from.
 
     With a prefix cache (``prefix_cache_mb > 0``, growing-cache path only) each row's KV is kept
-    after a call (:mod:`asyncrl.rollout.prefix_cache`) and a later prompt that extends a kept
+    after a call (:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept
     sequence prefills only its new tokens. Such a chunk's prefill has two regions: the rows' cached
     columns, left-padded to the longest cached prefix, then a window of the new tokens,
     right-aligned; masks hide the padding of both and position ids count real tokens, so the

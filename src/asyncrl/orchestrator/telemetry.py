@@ -39,10 +39,10 @@ class OrchestratorTelemetry:
         st, cap = orch.state, self.cfg.transport.capacity
         ready = float(orch.live.trainer.get("queue/ready") or 0.0)
         out = {
-            "orchestrator/paused": float(st.flag("paused")),
+            "orchestrator/paused": float(st.paused()),
             "orchestrator/queue_fill": ready / cap,
-            "orchestrator/max_staleness": float(st.get("max_staleness", orch.staleness.max_staleness)),
-            "orchestrator/sync_every": float(st.get("sync_every", self.cfg.trainer.sync_every)),
+            "orchestrator/max_staleness": float(st.effective_lag()),
+            "orchestrator/sync_every": float(st.effective_sync_every()),
             "orchestrator/restarts": float(sum(orch.restarts.values())),
             "alerts/total": float(count_lines(self.run_dir / "alerts.jsonl")),
             **self.flow.rates(orch.live.per_process),

@@ -1,8 +1,8 @@
 """Shared control-plane state of a run: counters, flags, the trained/dropped ledger and documents.
 
-The interface and what it holds: :mod:`asyncrl.orchestrator.state.base`; backends:
-:mod:`asyncrl.orchestrator.state.sqlite` (the embedded default) and
-:mod:`asyncrl.orchestrator.state.redis_backend` (imported only when ``control.state.kind: redis``
+The interface and what it holds: :mod:`asyncrl.control.store.base`; backends:
+:mod:`asyncrl.control.store.sqlite` (the embedded default) and
+:mod:`asyncrl.control.store.redis_backend` (imported only when ``control.state.kind: redis``
 is used); :func:`make_state_store` picks one.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asyncrl.control.store.base import StateStore
+from asyncrl.control.store.sqlite import ControlState, SQLiteStateStore
 from asyncrl.errors import UserError
-from asyncrl.orchestrator.state.base import StateStore
-from asyncrl.orchestrator.state.sqlite import ControlState, SQLiteStateStore
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -23,13 +23,13 @@ __all__ = ["ControlState", "SQLiteStateStore", "StateStore", "make_state_store"]
 
 def make_state_store(cfg: RunConfig, run_dir: str | Path) -> StateStore:
     """The run's state store, by ``control.state.kind`` (``sqlite``: ``run_dir/control.sqlite``;
-    ``redis``: :class:`~asyncrl.orchestrator.state.redis_backend.RedisStateStore` at
+    ``redis``: :class:`~asyncrl.control.store.redis_backend.RedisStateStore` at
     ``control.state.redis_url``)."""
     kind = cfg.control.state.kind
     if kind == "sqlite":
         return SQLiteStateStore(Path(run_dir) / "control.sqlite")
     if kind == "redis":
-        from asyncrl.orchestrator.state.redis_backend import RedisStateStore  # lazy: sqlite users skip redis
+        from asyncrl.control.store.redis_backend import RedisStateStore  # lazy: sqlite users skip redis
 
         if not cfg.control.state.redis_url:
             raise UserError("control.state.kind=redis needs control.state.redis_url")

@@ -1,11 +1,11 @@
 """Shared control-plane state of a run: counters, flags, the trained/dropped ledger and documents.
 
 :class:`StateStore` is the boundary (a short abstract class);
-:func:`asyncrl.orchestrator.state.make_state_store` picks the backend by ``control.state.kind``.
-The embedded default, :class:`~asyncrl.orchestrator.state.sqlite.SQLiteStateStore` (alias
+:func:`asyncrl.control.store.make_state_store` picks the backend by ``control.state.kind``.
+The embedded default, :class:`~asyncrl.control.store.sqlite.SQLiteStateStore` (alias
 ``ControlState``), keeps everything in ``run_dir/control.sqlite`` (SQLite in WAL mode, safe across
 processes): every role process opens its own.
-:class:`~asyncrl.orchestrator.state.redis_backend.RedisStateStore` (``kind: redis``) implements the
+:class:`~asyncrl.control.store.redis_backend.RedisStateStore` (``kind: redis``) implements the
 same methods in Redis, for roles on several machines. It holds only small rows:
 
 * ``counters``: named integers — ``admitted`` (episodes granted by the staleness budget),
@@ -20,7 +20,8 @@ same methods in Redis, for roles on several machines. It holds only small rows:
   the workers (``control``: curriculum weights, open breakers, exploration settings) and its own
   snapshot (``orchestrator``: rule states, alert count, metric offsets) restored on ``--resume``.
 
-The staleness *rules* live in :mod:`asyncrl.orchestrator.staleness`; the state store only stores.
+The staleness *rules* live in :mod:`asyncrl.control.staleness`; the state store only stores. Roles
+never use these keys: they go through :class:`asyncrl.control.RunState`, which owns them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The generation-engine interface: token prompts in, sampled continuations with behaviour log-probs out.
 
 Callers (rollout workers, evaluation) depend only on :class:`GenerationEngine`; the backend is
-chosen by ``rollout.engine.kind`` in :func:`asyncrl.rollout.engine.make_engine`:
-:class:`~asyncrl.rollout.engine.hf.HFEngine` (``hf``, built in) or
-:class:`~asyncrl.rollout.engine.vllm_backend.VLLMEngine` (``vllm``, optional dependency).
+chosen by ``rollout.engine.kind`` in :func:`asyncrl.engine.make_engine`:
+:class:`~asyncrl.engine.hf.HFEngine` (``hf``, built in) or
+:class:`~asyncrl.engine.vllm_backend.VLLMEngine` (``vllm``, optional dependency).
 
 **Weights.** An engine loads a new weight version through one method,
 :meth:`GenerationEngine.load_weights`: the tensors (full weights, or a LoRA adapter version, as

@@ -2,7 +2,7 @@
 
 vLLM is an optional dependency: this module imports it only when an engine is built, and a
 missing install is a :class:`VLLMNotInstalledError` (a :class:`~asyncrl.errors.UserError`) that
-says how to install it. The rest of asyncrl sees only :class:`~asyncrl.rollout.engine.base.GenerationEngine`.
+says how to install it. The rest of asyncrl sees only :class:`~asyncrl.engine.base.GenerationEngine`.
 
 **Processes.** ``vllm.LLM`` runs the model in processes of its own (an engine-core process and
 a worker process, started with ``spawn``); the rollout worker holding a :class:`VLLMEngine`
@@ -19,7 +19,7 @@ itself only for the same sequence of calls and batch compositions.
 
 **Behaviour log-probs** come from vLLM's ``logprobs_mode="processed_logprobs"``: the log-prob of
 the sampled token under ``softmax(logits / temperature)`` restricted to the top-p nucleus and
-renormalised, which is the definition in :mod:`asyncrl.rollout.engine.base`. They are computed by a
+renormalised, which is the definition in :mod:`asyncrl.engine.base`. They are computed by a
 different kernel stack than the trainer's recomputation, so they agree only approximately;
 ``docs/engines.md`` reports the measured gap and the truncated-importance-sampling correction
 that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``).
@@ -27,7 +27,7 @@ that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``
 **Head padding.** vLLM's CPU attention supports only some head sizes (:data:`CPU_HEAD_SIZES`).
 For another size ``D`` (the demo's 16) the engine serves vLLM an exactly equivalent model with
 heads zero-padded to the smallest supported multiple ``D'`` of ``D`` (formulas in
-:mod:`asyncrl.rollout.head_padding`; a Qwen2 policy is then served as the equivalent Llama, as
+:mod:`asyncrl.engine.head_padding`; a Qwen2 policy is then served as the equivalent Llama, as
 vLLM's Qwen2 ignores ``head_dim``). The padded copy lives in the engine's staging directory, and
 every reload pads the new tensors first, so snapshot directories are never read directly then.
 :func:`plan_head_padding` decides, and raises :class:`VLLMModelError` when no exact padding exists.
@@ -55,11 +55,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.errors import UserError
-from asyncrl.policy.model import WEIGHTS_NAME
-from asyncrl.records import SamplingParams
-from asyncrl.rollout.engine.base import GenerationEngine, Sample, check_requests
-from asyncrl.rollout.head_padding import (
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.head_padding import (
     HeadPaddingError,
     check_paddable,
     head_dim_of,
@@ -67,6 +64,9 @@ from asyncrl.rollout.head_padding import (
     padded_head_dim,
     qwen2_as_llama,
 )
+from asyncrl.errors import UserError
+from asyncrl.policy.model import WEIGHTS_NAME
+from asyncrl.records import SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -122,7 +122,7 @@ def plan_head_padding(model_config: dict[str, Any]) -> int | None:
 
     vLLM's CPU attention supports only :data:`CPU_HEAD_SIZES`. For another head size ``D`` the
     engine serves an exactly equivalent model padded to the smallest supported multiple of ``D``
-    (:mod:`asyncrl.rollout.head_padding`); the error is for sizes with no such multiple and for
+    (:mod:`asyncrl.engine.head_padding`); the error is for sizes with no such multiple and for
     models that cannot be padded exactly. ``model_config`` is a Hugging Face ``config.json``.
     """
     head_dim = head_dim_of(model_config)
@@ -315,7 +315,7 @@ class VLLMEngine(GenerationEngine):
 
     def _served_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The policy's tensors as the model vLLM serves: heads padded (when :attr:`head_padding`;
-        a Qwen2 policy then served as Llama, see :mod:`asyncrl.rollout.head_padding`) and a tied
+        a Qwen2 policy then served as Llama, see :mod:`asyncrl.engine.head_padding`) and a tied
         ``lm_head.weight`` added."""
         out = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         if self.head_padding is not None:

@@ -1,7 +1,7 @@
 """The embedded state store (``control.state.kind: sqlite``): one SQLite file, ``run_dir/control.sqlite``.
 
 WAL mode makes it safe across processes: every role process opens its own connection. Each
-method is one transaction; the semantics are :class:`~asyncrl.orchestrator.state.base.StateStore`'s.
+method is one transaction; the semantics are :class:`~asyncrl.control.store.base.StateStore`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from asyncrl.orchestrator.state.base import StateStore
+from asyncrl.control.store.base import StateStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS docs (name TEXT PRIMARY KEY, body TEXT NOT NULL, at R
 
 
 class SQLiteStateStore(StateStore):
-    """Cross-process counters, flags, ledger and documents for one run (see :mod:`asyncrl.orchestrator.state.base`)."""
+    """Cross-process counters, flags, ledger and documents for one run (see :mod:`asyncrl.control.store.base`)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

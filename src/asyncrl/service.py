@@ -73,19 +73,15 @@ def run_role(
     if role == "rollout":
         import asyncio
 
-        from asyncrl.orchestrator.state import make_state_store
+        from asyncrl.control import RunState
         from asyncrl.rollout.worker import RolloutWorker
 
         if index < 0 or index >= cfg.rollout.num_workers:
             raise UserError(
                 f"--index {index}: must be in 0..rollout.num_workers-1 ({cfg.rollout.num_workers - 1})"
             )
-        state = make_state_store(cfg, run_dir)
-        name = f"rollout-{index}"
-        lost = state.get(f"inflight:{name}")
-        if lost:  # a previous incarnation died with admitted episodes it never delivered
-            state.add("released", lost)
-            state.set_value(f"inflight:{name}", 0)
+        state = RunState.open(cfg, run_dir)
+        state.reclaim(f"rollout-{index}")  # a previous incarnation died with admissions it never delivered
         state.close()
         _init(cfg)
         asyncio.run(RolloutWorker(cfg, run_dir, index, started=started).run())
@@ -94,7 +90,7 @@ def run_role(
 
 
 def _init(cfg: RunConfig) -> None:
-    from asyncrl.launch.bootstrap import init_role_process
+    from asyncrl.bootstrap import init_role_process
 
     init_role_process(cfg.model_dump_json())
 

@@ -55,7 +55,10 @@ Rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
 
 Mode = Literal["async", "one_step_off", "sync"]
 
@@ -77,7 +80,7 @@ class StalenessPolicy:
         return cls(mode=mode, max_staleness=lag, batch_size=batch_size, stale_policy=policy)
 
     @classmethod
-    def of(cls, cfg: Any) -> StalenessPolicy:
+    def of(cls, cfg: RunConfig) -> StalenessPolicy:
         """From a :class:`~asyncrl.config.RunConfig`."""
         oc = cfg.orchestrator
         return cls.from_config(oc.mode, oc.max_staleness, cfg.trainer.batch_size, oc.stale_policy)
