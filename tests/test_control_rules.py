@@ -20,8 +20,9 @@ from asyncrl.config import (
 )
 from asyncrl.control import Exploration, RunState
 from asyncrl.control.buckets import buckets_of_source, sample_in_bucket, weighted_choice
-from asyncrl.control.directives import WorkerControl, compose
+from asyncrl.control.directives import compose
 from asyncrl.control.store import ControlState, StateStore, make_state_store
+from asyncrl.control.worker import WorkerControl
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers
 from asyncrl.orchestrator.curriculum import Curriculum

@@ -9,7 +9,6 @@ import math
 import struct
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -346,9 +345,8 @@ def test_runs_cli_errors_are_for_people(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 # ---- the report ---------------------------------------------------------------------------------
-def test_report_is_self_contained_with_every_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "asyncrl.credit.inspect", None)  # no credit module: no section
-    run = make_run(tmp_path)
+def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
+    run = make_run(tmp_path)  # no credit view given: no credit section
     html = write_report(run).read_text()
     for section in (
         "overview",
@@ -385,20 +383,15 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path, monkeypatch
         assert external not in no_ns
 
 
-def test_report_includes_the_credit_view_when_available(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    mod = types.ModuleType("asyncrl.credit.inspect")
+def test_report_includes_the_credit_view_when_available(tmp_path: Path) -> None:
     seen: list[tuple[Path, int]] = []
 
     def credit_fragment(run_dir: Path, n: int = 5) -> str:
         seen.append((run_dir, n))
         return "<div class='credit-test'>token credit</div>"
 
-    mod.credit_fragment = credit_fragment  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "asyncrl.credit.inspect", mod)
     run = make_run(tmp_path, alerts=False)
-    html = write_report(run, tmp_path / "out" / "r.html").read_text()
+    html = write_report(run, tmp_path / "out" / "r.html", credit_view=credit_fragment).read_text()
     assert seen == [(run, 5)]
     assert "<div class='credit-test'>token credit</div>" in html
     assert "no alerts.jsonl in this run" in html

@@ -438,18 +438,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             f"framework would have matched {s['retokenization_exact_rate']:.0%}"
         )
     print(f"run directory: {run_dir}")
+    from asyncrl.credit.inspect import credit_fragment
     from asyncrl.telemetry.report import write_report
 
-    print(f"report: {write_report(run_dir)}")
+    print(f"report: {write_report(run_dir, credit_view=credit_fragment)}")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from asyncrl.credit.inspect import credit_fragment
     from asyncrl.telemetry.report import write_report
 
-    path = write_report(Path(args.run), Path(args.out) if args.out else None)
+    path = write_report(Path(args.run), Path(args.out) if args.out else None, credit_view=credit_fragment)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0
 

@@ -9,15 +9,17 @@ the bucket helpers — never a state-store key.
 * :mod:`asyncrl.control.staleness` — the off-policy rules (admission, refresh, age, modes);
 * :mod:`asyncrl.control.run_state` — :class:`RunState`, the typed shared state;
 * :mod:`asyncrl.control.directives` — the orchestrator <-> worker channel;
+* :mod:`asyncrl.control.worker` — :class:`WorkerControl`, a rollout worker's side of it;
 * :mod:`asyncrl.control.buckets` — task buckets;
 * :mod:`asyncrl.control.store` — the storage boundary (SQLite, Redis).
 """
 
 from __future__ import annotations
 
-from asyncrl.control.directives import Directives, Exploration, WorkerControl
+from asyncrl.control.directives import Directives, Exploration
 from asyncrl.control.run_state import Fate, RunState, Tallies
 from asyncrl.control.staleness import Mode, StalenessPolicy
+from asyncrl.control.worker import WorkerControl
 
 __all__ = [
     "Directives",

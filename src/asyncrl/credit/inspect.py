@@ -14,9 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, read_samples
+from asyncrl.telemetry.markup import templates
 
 
 def _tokenizer(run_dir: Path) -> Any:
@@ -124,14 +123,6 @@ class _SampleView:
 
 
 @cache
-def _templates() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("asyncrl.credit", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-
-
 def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
 
@@ -142,7 +133,7 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     from asyncrl.credit.samples import SAMPLES_DIR
 
     run = Path(run_dir)
-    template = _templates().get_template("credit_fragment.html.j2")
+    template = templates("asyncrl.credit").get_template("credit_fragment.html.j2")
     if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
         return template.render(samples=None)
     files, picked = _latest(run, n)

@@ -28,8 +28,6 @@ import shutil
 import signal
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,52 +39,13 @@ from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.telemetry import OrchestratorTelemetry
+from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
 from asyncrl.policy.memory import release_memory
 from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
 
 log = logging.getLogger("asyncrl.orchestrator")
 
-TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
-EVALUATOR = "evaluator"
-
-
-@dataclass
-class Live:
-    """The latest figures of every role, for the display and the summary."""
-
-    trainer: dict[str, Any] = field(default_factory=dict)
-    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    ages: deque[float] = field(default_factory=lambda: deque(maxlen=5))
-    per_process: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
-    evaluation: dict[str, Any] = field(default_factory=dict)
-    """The evaluator's latest row (periodic held-out evaluation)."""
-
-    def absorb(self, rows: list[dict[str, Any]]) -> None:
-        for r in rows:
-            if "pid" in r and "event" not in r:
-                self.per_process[(str(r["role"]), int(r["pid"]))] = r
-            if "event" in r:
-                if r["event"] != "rollout/group":  # those feed the rules, not the event list
-                    self.events.append(r)
-            elif r.get("role") == TRAINER:
-                self.trainer = r
-                if r.get("staleness/mean") is not None:
-                    self.ages.append(float(r["staleness/mean"]))
-            elif str(r.get("role", "")).startswith("rollout"):
-                self.workers[str(r.get("role"))] = r
-            elif r.get("role") == EVALUATOR:
-                self.evaluation = r
-
-    def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
-        from asyncrl.cost.ledger import collect_usage, price
-
-        return price(collect_usage(list(self.per_process.values()), wall_seconds=wall_seconds), cfg.cost)
-
-    def total(self, key: str) -> float:
-        return sum(float(w.get(key) or 0.0) for w in self.workers.values())
 
 
 def new_run_dir(cfg: RunConfig) -> Path:
@@ -377,7 +336,7 @@ class Orchestrator:
                     for r in rows:
                         self._merged.write(json.dumps(r) + "\n")
                     self.live.absorb(rows)
-                    self.telemetry.tick(self, rows)
+                    self.telemetry.tick(rows, self.state, self.live, self.restarts, self.started)
                     self._supervise()
                     self._watermarks()
                     self._apply_rules(rows)

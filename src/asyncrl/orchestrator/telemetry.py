@@ -1,9 +1,12 @@
-"""The orchestrator's telemetry duty on each tick: feed the sinks, and every ``telemetry.log_every_s``
-write its own row (``metrics/orchestrator.jsonl``) with flow-control state, rates and cost so far."""
+"""The orchestrator's telemetry: :class:`Live` (the latest figures of every role, for the display and
+the summary) and, on each tick, feeding the sinks and every ``telemetry.log_every_s`` writing its own row
+(``metrics/orchestrator.jsonl``) with flow-control state, rates and cost so far."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +16,47 @@ from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.sinks import Sinks
 
 if TYPE_CHECKING:
-    from asyncrl.orchestrator.run import Orchestrator
+    from asyncrl.control import RunState
 
 ROLE = "orchestrator"
+TRAINER, EVALUATOR = "trainer", "evaluator"
+
+
+@dataclass
+class Live:
+    """The latest figures of every role, for the display and the summary."""
+
+    trainer: dict[str, Any] = field(default_factory=dict)
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    ages: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    per_process: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    """The evaluator's latest row (periodic held-out evaluation)."""
+
+    def absorb(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            if "pid" in r and "event" not in r:
+                self.per_process[(str(r["role"]), int(r["pid"]))] = r
+            if "event" in r:
+                if r["event"] != "rollout/group":  # those feed the rules, not the event list
+                    self.events.append(r)
+            elif r.get("role") == TRAINER:
+                self.trainer = r
+                if r.get("staleness/mean") is not None:
+                    self.ages.append(float(r["staleness/mean"]))
+            elif str(r.get("role", "")).startswith("rollout"):
+                self.workers[str(r.get("role"))] = r
+            elif r.get("role") == EVALUATOR:
+                self.evaluation = r
+
+    def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
+        from asyncrl.cost.ledger import collect_usage, price
+
+        return price(collect_usage(list(self.per_process.values()), wall_seconds=wall_seconds), cfg.cost)
+
+    def total(self, key: str) -> float:
+        return sum(float(w.get(key) or 0.0) for w in self.workers.values())
 
 
 class OrchestratorTelemetry:
@@ -28,27 +69,35 @@ class OrchestratorTelemetry:
         self.flow = FlowMeter()
         self._last = time.time()
 
-    def tick(self, orch: Orchestrator, rows: list[dict[str, Any]]) -> None:
+    def tick(
+        self,
+        rows: list[dict[str, Any]],
+        state: RunState,
+        live: Live,
+        restarts: dict[str, int],
+        started: float,
+    ) -> None:
         self.sinks.write(rows)
         if time.time() - self._last < self.cfg.telemetry.log_every_s:
             return
         self._last = time.time()
-        self.writer.write(self.row(orch), step=int(orch.live.trainer.get("trainer/step") or 0))
+        row = self.row(state, live, restarts, started)
+        self.writer.write(row, step=int(live.trainer.get("trainer/step") or 0))
 
-    def row(self, orch: Orchestrator) -> dict[str, float]:
-        st, cap = orch.state, self.cfg.transport.capacity
-        ready = float(orch.live.trainer.get("queue/ready") or 0.0)
+    def row(self, st: RunState, live: Live, restarts: dict[str, int], started: float) -> dict[str, float]:
+        cap = self.cfg.transport.capacity
+        ready = float(live.trainer.get("queue/ready") or 0.0)
         out = {
             "orchestrator/paused": float(st.paused()),
             "orchestrator/queue_fill": ready / cap,
             "orchestrator/max_staleness": float(st.effective_lag()),
             "orchestrator/sync_every": float(st.effective_sync_every()),
-            "orchestrator/restarts": float(sum(orch.restarts.values())),
+            "orchestrator/restarts": float(sum(restarts.values())),
             "alerts/total": float(count_lines(self.run_dir / "alerts.jsonl")),
-            **self.flow.rates(orch.live.per_process),
+            **self.flow.rates(live.per_process),
         }
         if self.cfg.cost.enabled:
-            c = orch.live.cost(self.cfg, time.time() - orch.started)
+            c = live.cost(self.cfg, time.time() - started)
             out["cost/usd_so_far"] = c.total
             out["cost/waste_share"] = c.waste_total / c.total if c.total else 0.0
         return out

@@ -5,7 +5,7 @@ curves with the periodic evaluations; the data-freshness curve next to the loss;
 queue depth timeline with the watermarks and paused periods; role utilisation timeline; latency
 breakdown of the trajectory lifecycle; reward and length distributions; evaluation table; alert
 timeline (``alerts.jsonl``); cost breakdown and waste (``cost.json``); credit view of sample
-trajectories (``asyncrl.credit.inspect.credit_fragment``, when that module exists); role events.
+trajectories (a ``credit_view`` passed in: the CLI gives ``asyncrl.credit.inspect.credit_fragment``); role events.
 
 This module prepares the data: each section is a list of blocks (:class:`Figure`, :class:`Row`,
 :class:`Table`, :class:`Cards`, :class:`Note`, ...). The markup is the Jinja2 template
@@ -19,21 +19,21 @@ proves the page rendered.
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
-
-import jinja2
 
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
+from asyncrl.telemetry.markup import templates
 from asyncrl.telemetry.svg import Band, Chart, HLine, Series
+
+CreditView = Callable[[Path, int], str]
+"""Markup of ``n`` credit samples of a run (``asyncrl.credit.inspect.credit_fragment``)."""
 
 STAGE_LABELS = {
     "env_s": "environment",
@@ -177,26 +177,16 @@ class Page:
     sections: list[Section] = field(default_factory=list)
 
 
-@cache
-def _templates() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("asyncrl.telemetry", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-
-
 def render_page(page: Page) -> str:
     """The report's HTML: ``templates/report.html.j2`` filled with ``page``."""
-    template = _templates().get_template("report.html.j2")
+    template = templates("asyncrl.telemetry").get_template("report.html.j2")
     return template.render(title=page.title, made=page.made, n_charts=page.n_charts, sections=page.sections)
 
 
 # ---- sections -----------------------------------------------------------------------------------
 class Report:
-    def __init__(self, data: RunData) -> None:
-        self.d = data
+    def __init__(self, data: RunData, credit_view: CreditView | None = None) -> None:
+        self.d, self.credit_view = data, credit_view
         self.sections: list[Section] = []
         self.n_charts = 0
 
@@ -685,15 +675,10 @@ class Report:
 
     # 10. credit
     def credit(self) -> None:
-        try:
-            mod = importlib.import_module("asyncrl.credit.inspect")
-        except ImportError:
-            return
-        fn = getattr(mod, "credit_fragment", None)
-        if fn is None:
+        if self.credit_view is None:
             return
         try:
-            block: Block = Fragment(str(fn(self.d.dir, n=5)), cls="credit")
+            block: Block = Fragment(str(self.credit_view(self.d.dir, 5)), cls="credit")
         except Exception as exc:  # shown, not hidden: the rest of the report is still useful
             block = Note(f"credit view failed: {type(exc).__name__}: {exc}")
         self.add("credit", "Credit view of sample trajectories", [block])
@@ -722,9 +707,11 @@ class Report:
         )
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the run's report (default ``RUN/report.html``) and return its path."""
-    html = Report(RunData(run_dir)).build()
+def write_report(run_dir: Path, out: Path | None = None, *, credit_view: CreditView | None = None) -> Path:
+    """Write the run's report (default ``RUN/report.html``) and return its path. ``credit_view`` makes the
+    credit section (the CLI passes :func:`asyncrl.credit.inspect.credit_fragment`; the credit package sits
+    above telemetry, so the report does not import it)."""
+    html = Report(RunData(run_dir), credit_view).build()
     path = out or run_dir / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
