@@ -1,8 +1,8 @@
 """Time to target: the calculator through the gateway (an ``openai`` agent program) vs the built-in
 environment, same model, same warm start, same budget, one after the other in one invocation.
 
-Both runs use the demo model and the config of ``tests/test_gateway_e2e.py`` (difficulty 2–3,
-groups of 8, batches of 64, ``max_staleness: 2``); only ``env.kind`` differs. The agent path
+Both runs use ``configs/agent.yaml`` as ``tests/test_gateway_e2e.py`` does (difficulty 2–3, groups of
+8, batches of 64, ``max_staleness: 2``); only ``env.kind`` differs. The agent path
 reaches the same policy through HTTP + the ``openai`` SDK + session bookkeeping and rebuilds each
 sample from the recorded calls; the built-in path calls the environment in-process. Reported per
 run: the trainer's reward curve against wall time since the trainer started, the time for its
@@ -27,26 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import run_stats, time_to_target, trainer_curve
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "agent.yaml"  # the agent demo; tests/test_gateway_e2e.py runs the same
 SHARED = [
-    "model.max_context=320",
-    "env.min_difficulty=2",
-    "env.max_difficulty=3",
-    "env.heldout_size=128",
-    "rollout.group_size=8",
     "rollout.concurrent_episodes=64",
-    "rollout.sampling.max_new_tokens=24",
-    "trainer.batch_size=64",
-    "trainer.lr=1e-4",
-    "trainer.sft.steps=800",
-    "trainer.sft.corruption_rate=0.5",
-    "orchestrator.max_staleness=2",
     "telemetry.log_every_s=0.5",
     "telemetry.eval_every=0",
     "telemetry.tensorboard=false",
 ]
 PATHS = {
-    "gateway": ["env.kind=agent", "env.path=examples.calculator_openai:run", "env.agent_tasks=calculator"],
-    "builtin": ["env.kind=calculator"],
+    "gateway": [],
+    "builtin": ["env.kind=calculator", "env.path=null"],  # the same tasks, the environment in-process
 }
 
 
@@ -57,7 +47,7 @@ def run(
     from asyncrl.orchestrator.run import train
 
     cfg = load_config(
-        None,
+        CONFIG,
         [
             *PATHS[path],
             *SHARED,

@@ -442,7 +442,7 @@ def test_buffer_follows_curriculum_bucket_weights() -> None:
     b = ReplayBuffer(
         group_size=1,
         batch_size=4,
-        staleness=StalenessPolicy.from_config("async", 9, 4),
+        staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
         task_mix={"arithmetic:2": 0.75, "arithmetic:3": 0.25},  # the control document's weights
     )
     for i in range(8):

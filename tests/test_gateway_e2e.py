@@ -19,25 +19,11 @@ def test_openai_calculator_agent_learns_through_the_gateway(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(ROOT)  # the agent module (examples/) is found from the working directory
-    cfg = load_config(
-        None,
+    cfg = load_config(  # the agent demo, shortened; bench/gateway_time_to_target.py uses the same
+        ROOT / "configs" / "agent.yaml",
         [
-            "env.kind=agent",
-            "env.path=examples.calculator_openai:run",
-            "env.agent_tasks=calculator",
-            "model.max_context=320",
-            "env.min_difficulty=2",
-            "env.max_difficulty=3",
-            "env.heldout_size=128",
-            "rollout.group_size=8",
             "rollout.concurrent_episodes=64",
-            "rollout.sampling.max_new_tokens=24",
-            "trainer.batch_size=64",
-            "trainer.lr=1e-4",
             "trainer.total_steps=15",
-            "trainer.sft.steps=800",
-            "trainer.sft.corruption_rate=0.5",
-            "orchestrator.max_staleness=2",
             "telemetry.log_every_s=0.5",
             "telemetry.eval_every=0",
             f"run_root={tmp_path}",

@@ -50,7 +50,7 @@ def _traj(group: str, reward: float = 1.0, logprob: float = -0.5) -> Trajectory:
 
 
 def test_a_non_finite_sample_is_dropped_alone_and_its_group_still_trains() -> None:
-    buf = ReplayBuffer(4, 8, StalenessPolicy.from_config("async", 2, 8))
+    buf = ReplayBuffer(4, 8, StalenessPolicy.from_config("async", 2, 8, "drop"))
     for g in ("a", "b"):
         for k in range(4):
             bad = g == "a" and k == 1

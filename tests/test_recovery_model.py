@@ -94,7 +94,9 @@ class SimTrainer:
         self.m = m
         self.step = m.ckpt_step
         self.offset = max(0, m.published - self.step)  # versions never go back after a resume
-        self.buffer = ReplayBuffer(m.G, B, StalenessPolicy.from_config("async", LAG, B), capacity_steps=m.bs)
+        self.buffer = ReplayBuffer(
+            m.G, B, StalenessPolicy.from_config("async", LAG, B, "drop"), capacity_steps=m.bs
+        )
         self.intake = Intake(m.queue, m.state, pull_size=2 * B)
         self.since_ckpt: list[str] = []
 
@@ -151,7 +153,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.capacity = min_queue_capacity(c, bs, B, g)  # the smallest transport.capacity the config accepts
         self.queue = EmbeddedQueue(self.dir / "queue.sqlite", capacity=self.capacity, lease_seconds=LEASE)
         self.state = RunState(
-            SQLiteStateStore(self.dir / "control.sqlite"), StalenessPolicy.from_config("async", LAG, B), 1
+            SQLiteStateStore(self.dir / "control.sqlite"),
+            StalenessPolicy.from_config("async", LAG, B, "drop"),
+            1,
         )
         self.trainer = SimTrainer(self)
 

@@ -40,25 +40,27 @@ def traj(
 
 # ---- staleness rules -------------------------------------------------------------------------------
 def test_modes_fix_the_lag() -> None:
-    assert StalenessPolicy.from_config("sync", 5, 8).max_staleness == 0
-    assert StalenessPolicy.from_config("one_step_off", 5, 8).max_staleness == 1
-    assert StalenessPolicy.from_config("async", 5, 8).max_staleness == 5
-    assert StalenessPolicy.from_config("async", 5, 8).inflight_updates
-    assert not StalenessPolicy.from_config("one_step_off", 5, 8).inflight_updates
+    assert StalenessPolicy.from_config("sync", 5, 8, "drop").max_staleness == 0
+    assert StalenessPolicy.from_config("one_step_off", 5, 8, "drop").max_staleness == 1
+    assert StalenessPolicy.from_config("async", 5, 8, "drop").max_staleness == 5
+    assert StalenessPolicy.from_config("async", 5, 8, "drop").inflight_updates
+    assert not StalenessPolicy.from_config("one_step_off", 5, 8, "drop").inflight_updates
 
 
 def test_admission_limit_is_arealS_rule() -> None:
-    p = StalenessPolicy.from_config("async", 2, 16)
+    p = StalenessPolicy.from_config("async", 2, 16, "drop")
     assert p.admission_limit(0) == 3 * 16
     assert p.admission_limit(4) == 7 * 16
     assert p.admission_limit(4, max_staleness=0) == 5 * 16
-    assert StalenessPolicy.from_config("sync", 2, 16).admission_limit(3) == 4 * 16  # one batch per version
+    assert (
+        StalenessPolicy.from_config("sync", 2, 16, "drop").admission_limit(3) == 4 * 16
+    )  # one batch per version
 
 
 def test_admission_counts_the_workers_own_version() -> None:
     """Rule 1 with the starting worker's version w: the limit is (lag + min(v, w) + 1) × B, so an episode
     started on w lands in a batch trained at most ``lag`` versions after w."""
-    p = StalenessPolicy.from_config("one_step_off", 5, 16)
+    p = StalenessPolicy.from_config("one_step_off", 5, 16, "drop")
     assert p.admission_limit(4, worker_version=4) == 6 * 16  # up to batch 5, trained at 5: age 1
     assert p.admission_limit(4, worker_version=3) == 5 * 16  # not batch 5 (age 2): batch 4 at most
     assert p.admission_limit(4, worker_version=5) == 6 * 16  # weights ahead of the announced version
@@ -70,7 +72,7 @@ def test_admission_counts_the_workers_own_version() -> None:
 
 
 def test_refresh_and_too_stale() -> None:
-    p = StalenessPolicy.from_config("async", 2, 8)
+    p = StalenessPolicy.from_config("async", 2, 8, "drop")
     assert not p.must_refresh(3, 5) and p.must_refresh(2, 5)
     assert not p.too_stale(5, 3) and p.too_stale(6, 3)
     assert p.age(5, 7) == 0
@@ -82,7 +84,7 @@ def test_refresh_and_too_stale() -> None:
 # ---- replay buffer ---------------------------------------------------------------------------------
 def _buffer(**kw: object) -> ReplayBuffer:
     return ReplayBuffer(
-        group_size=2, batch_size=4, staleness=StalenessPolicy.from_config("async", 1, 4), **kw
+        group_size=2, batch_size=4, staleness=StalenessPolicy.from_config("async", 1, 4, "drop"), **kw
     )  # type: ignore[arg-type]
 
 
@@ -123,7 +125,10 @@ def test_buffer_never_returns_stale_samples() -> None:
 
 def test_buffer_capacity_evicts_and_reports() -> None:
     b = ReplayBuffer(
-        group_size=1, batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2), capacity_steps=1
+        group_size=1,
+        batch_size=2,
+        staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
+        capacity_steps=1,
     )
     for i in range(5):
         b.add(traj(f"g{i}", 1))
@@ -135,7 +140,10 @@ def test_buffer_capacity_evicts_and_reports() -> None:
 
 def test_buffer_orders() -> None:
     b = ReplayBuffer(
-        group_size=2, batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2), sampling="freshness"
+        group_size=2,
+        batch_size=2,
+        staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
+        sampling="freshness",
     )
     b.add(traj("old", 1, (0,)))
     b.add(traj("old", 0, (0,)))
@@ -144,7 +152,10 @@ def test_buffer_orders() -> None:
     batch, _ = b.take(version=3)
     assert batch is not None and {t.group_id for t in batch} == {"new"}
     b = ReplayBuffer(
-        group_size=2, batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2), sampling="advantage"
+        group_size=2,
+        batch_size=2,
+        staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
+        sampling="advantage",
     )
     b.add(traj("flat", 1))
     b.add(traj("flat", 1))
@@ -158,7 +169,7 @@ def test_buffer_task_mix() -> None:
     b = ReplayBuffer(
         group_size=1,
         batch_size=4,
-        staleness=StalenessPolicy.from_config("async", 9, 4),
+        staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
         task_mix={"a": 0.5, "b": 0.5},
     )
     for i in range(6):
@@ -175,7 +186,7 @@ def test_buffer_behaviour_kl_priority_and_length_mix() -> None:
     b = ReplayBuffer(
         group_size=1,
         batch_size=1,
-        staleness=StalenessPolicy.from_config("async", 9, 1),
+        staleness=StalenessPolicy.from_config("async", 9, 1, "drop"),
         sampling="behaviour_kl",
         scorer=lambda g: scores[g[0].group_id],
     )
@@ -186,7 +197,7 @@ def test_buffer_behaviour_kl_priority_and_length_mix() -> None:
     b = ReplayBuffer(
         group_size=1,
         batch_size=4,
-        staleness=StalenessPolicy.from_config("async", 9, 4),
+        staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
         length_mix={"short": 0.5, "long": 0.5},
         length_split=8,
     )

@@ -68,11 +68,11 @@ class StalenessPolicy:
     mode: Mode
     max_staleness: int
     batch_size: int
-    stale_policy: Literal["drop", "downweight"] = "drop"
+    stale_policy: Literal["drop", "downweight"]
 
     @classmethod
     def from_config(
-        cls, mode: Mode, max_staleness: int, batch_size: int, stale_policy: str = "drop"
+        cls, mode: Mode, max_staleness: int, batch_size: int, stale_policy: str
     ) -> StalenessPolicy:
         """Apply rule 5: the mode fixes the lag for ``sync`` and ``one_step_off``."""
         lag = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
