@@ -71,6 +71,7 @@ async def episodes(
     from asyncrl.rollout.heldout import eval_env_config
 
     renderer = make_renderer(cfg.model, policy)
+    assert cfg.rollout.engine.kind == "hf", "the prefix cache is the built-in engine's"
     engine_cfg = cfg.rollout.engine.model_copy(update={"prefix_cache": prefix_cache})
     engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=cfg.seed)
     batcher = TurnBatcher(engine, max_batch=engine_cfg.max_batch, max_wait_s=engine_cfg.batch_wait_ms / 1000)
