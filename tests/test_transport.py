@@ -76,11 +76,14 @@ class Backend:
     opened: list[TrajectoryQueue]
 
     def make(self, capacity: int = 1024, lease_seconds: float = 60.0) -> TrajectoryQueue:
+        from pydantic import TypeAdapter
+
         from asyncrl.config import TransportConfig
 
-        cfg = TransportConfig.model_validate(
-            {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds, "redis_url": REDIS_URL}
-        )
+        data: dict[str, object] = {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds}
+        if self.kind == "redis":
+            data["redis_url"] = REDIS_URL
+        cfg = TypeAdapter(TransportConfig).validate_python(data)
         q = make_queue(cfg, self.run_dir)
         self.opened.append(q)
         return q
@@ -443,10 +446,10 @@ def test_threads_share_one_handle(backend: Backend) -> None:
 
 @pytest.mark.redis
 def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
-    from asyncrl.config import TransportConfig
+    from asyncrl.config import RedisTransportConfig
     from asyncrl.transport.redis_backend import RedisQueue, key_prefix
 
-    cfg = TransportConfig(kind="redis", redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
+    cfg = RedisTransportConfig(redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
     with make_queue(cfg, redis_run_dir) as q:
         assert isinstance(q, RedisQueue)
         assert (q.capacity, q.lease_seconds, q.prefix) == (7, 3.0, key_prefix(redis_run_dir))
@@ -463,9 +466,9 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
 
 
 def test_make_queue_unknown_kind_is_refused(tmp_path: Path) -> None:
-    from asyncrl.config import TransportConfig
+    from asyncrl.config import EmbeddedTransportConfig
 
-    cfg = TransportConfig.model_construct(kind="kafka")  # bypass validation on purpose
+    cfg = EmbeddedTransportConfig.model_construct(kind="kafka")  # bypass validation on purpose
     with pytest.raises(BackendUnavailableError, match="kafka"):
         make_queue(cfg, tmp_path)
 

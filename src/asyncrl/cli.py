@@ -501,8 +501,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from asyncrl.config import load_config
-    from asyncrl.config import CostAssumptionsConfig
+    from asyncrl.config import CostAssumptionsConfig, load_config
     from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
     from asyncrl.cost.report import cost_report, render_estimate, render_report
     from asyncrl.errors import UserError

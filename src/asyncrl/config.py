@@ -1242,7 +1242,9 @@ def format_validation_error(exc: ValidationError, source: str, root: type[BaseMo
             lines.append(f"  {path}: {wrong_kind}")
         elif err["type"] == "union_tag_invalid":
             tag = mask_secrets(repr((err.get("ctx") or {}).get("tag")))
-            lines.append(f"  {path}.kind = {tag}: allowed values: {(err.get('ctx') or {}).get('expected_tags')}")
+            lines.append(
+                f"  {path}.kind = {tag}: allowed values: {(err.get('ctx') or {}).get('expected_tags')}"
+            )
         elif err["type"] == "value_error":
             lines.append(f"  {path}: {str(err['msg']).removeprefix('Value error, ')}")
         elif err["type"] == "missing":
@@ -1362,7 +1364,7 @@ def explain(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, st
         kinds = variants(field)
         if kinds:
             default_cls = field.default_factory
-            default_kind = getattr(default_cls, "model_fields")["kind"].default if default_cls else None
+            default_kind = default_cls.model_fields["kind"].default if default_cls else None
             base = next(iter(kinds.values())).__mro__[1]
             assert issubclass(base, BaseModel)
             rows.append((path, "section", "", _first_line(base)))

@@ -21,7 +21,6 @@ from typing import Any
 from asyncrl.config import CostAssumptionsConfig, CostConfig
 from asyncrl.cost.ledger import GB, MONTH_S, Usage, collect_usage, read_rows
 
-
 Assumptions = CostAssumptionsConfig
 """Inputs of :func:`estimate`: the ``cost.assumptions`` config section (:class:`asyncrl.config.CostAssumptionsConfig`,
 where each is documented with its default)."""

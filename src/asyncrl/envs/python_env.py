@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
 from asyncrl.config import SandboxConfig
+from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
 from asyncrl.envs.sandbox import run_python
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.records import Task
