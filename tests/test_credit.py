@@ -318,7 +318,7 @@ def test_value_model_loss_falls_on_a_fixed_dataset(kind: str) -> None:
     vcfg = TypeAdapter(ValueModelConfig).validate_python(
         {"kind": kind, "hidden_size": 32, "lr": 3e-3, "clip": None, "epochs": 1}
     )
-    vm = ValueModel(vcfg, policy)
+    vm = ValueModel(vcfg, policy, "qwen2", 0)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 60, (32, 12), generator=g)
     label = (ids[:, 3] % 2).float()  # success is decided by the token at position 3
@@ -338,7 +338,7 @@ def test_value_model_loss_falls_on_a_fixed_dataset(kind: str) -> None:
     # round trip through safetensors
     before = vm.predict(ids, attn)
     tensors_ = vm.state_tensors()
-    vm2 = ValueModel(vcfg.model_copy(update={"lr": 1e-3, "clip": 0.2, "epochs": 2}), policy, seed=5)
+    vm2 = ValueModel(vcfg.model_copy(update={"lr": 1e-3, "clip": 0.2, "epochs": 2}), policy, "qwen2", seed=5)
     vm2.load_state_tensors(tensors_)
     assert_close(vm2.predict(ids, attn), before)
 

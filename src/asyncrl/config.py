@@ -1363,8 +1363,12 @@ def explain(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, st
         path = f"{prefix}{name}"
         kinds = variants(field)
         if kinds:
-            default_cls = field.default_factory
-            default_kind = default_cls.model_fields["kind"].default if default_cls else None
+            factory = field.default_factory
+            default_kind = (
+                factory.model_fields["kind"].default
+                if isinstance(factory, type) and issubclass(factory, BaseModel)
+                else None
+            )
             base = next(iter(kinds.values())).__mro__[1]
             assert issubclass(base, BaseModel)
             rows.append((path, "section", "", _first_line(base)))
