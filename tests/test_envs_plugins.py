@@ -108,7 +108,7 @@ class BrokenEnv:
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> OverlappingTasks:
-        return OverlappingTasks(seed=cfg.seed, heldout_size=cfg.heldout_size)
+        return OverlappingTasks()
 
     async def reset(self, task: Task) -> str:
         return "Löse die Aufgabe"
