@@ -328,3 +328,27 @@ def test_explain_lists_every_kind_and_marks_kind_only_fields() -> None:
     assert rows["credit.value.num_layers"][3].startswith("kind: separate — ")
     assert rows["env.sandbox"][1] == "section" and "env.sandbox.wall_seconds" in rows
     assert rows["cost.assumptions.trajectories"][3].startswith("N: trajectories generated.")
+
+
+def test_a_resolved_config_written_before_variant_sections_still_loads(tmp_path: Path) -> None:
+    """Old run directories hold every field of every kind at its default; those are dropped."""
+    old = {
+        "transport": {
+            "kind": "embedded",
+            "capacity": 2048,
+            "redis_url": "redis://127.0.0.1:6379/0",
+            "lease_seconds": 60.0,
+        },
+        "weights": {"kind": "local", "keep": 3, "path": None, "redis_url": "redis://127.0.0.1:6379/0"},
+        "env": {"latency": {"kind": "none", "seconds": 0.0, "sigma": 1.0, "alpha": 1.5, "max_seconds": 60.0}},
+        "rollout": {"engine": {"kind": "hf", "max_batch": 8, "vllm_dtype": "float32", "vllm_kv_cache_gb": 1}},
+        "credit": {"value": {"kind": "head", "num_layers": 1}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    cfg = load_config(path)
+    assert cfg.transport.capacity == 2048 and cfg.rollout.engine.max_batch == 8
+    old["weights"]["path"] = "/shared/w"  # a value that means something: still refused
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match=r"weights\.path: only for weights\.kind 'shared'"):
+        load_config(path)

@@ -67,6 +67,46 @@ def variants(field: FieldInfo) -> dict[str, type[BaseModel]]:
     return out
 
 
+def drop_stale_defaults(model: type[BaseModel], data: Any) -> Any:
+    """``data`` without the fields of another kind that hold that field's default, in every variant section.
+
+    A resolved config written before the variant sections (a run directory's ``config.yaml``) holds every
+    field of every kind at its default (``transport: {kind: embedded, redis_url: redis://127.0.0.1:6379/0}``);
+    those say nothing and are dropped so such a run can be resumed and reported. A field of another kind
+    with any other value stays, and is refused with a message naming its kind."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        sub = out.get(name)
+        if not isinstance(sub, dict):
+            continue
+        kinds = variants(field)
+        if kinds:
+            factory = field.default_factory
+            default = (
+                factory.model_fields["kind"].default
+                if isinstance(factory, type) and issubclass(factory, BaseModel)
+                else None
+            )
+            cls = kinds.get(str(sub.get("kind", default)))
+            if cls is None:
+                continue
+            stale = [
+                key
+                for key, value in sub.items()
+                if key not in cls.model_fields
+                and any(
+                    key in other.model_fields and other.model_fields[key].default == value
+                    for other in kinds.values()
+                )
+            ]
+            out[name] = drop_stale_defaults(cls, {k: v for k, v in sub.items() if k not in stale})
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out[name] = drop_stale_defaults(field.annotation, sub)
+    return out
+
+
 def _redis_url(url: str) -> str:
     """Reject a malformed Redis URL at load time (the message shows it masked)."""
     from asyncrl.credentials import check_url_syntax
@@ -1112,6 +1152,11 @@ class RunConfig(Section):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_dumps(cls, data: Any) -> Any:
+        return drop_stale_defaults(cls, data)
 
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
