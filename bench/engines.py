@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.config import ModelConfig, VLLMEngineConfig
 from asyncrl.engine import GenerationEngine, HFEngine, Sample, make_engine
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
@@ -117,9 +117,7 @@ def bench_model(
         if kind == "hf":
             engine: GenerationEngine = HFEngine(policy, [], max_batch=batch, seed=0)
         else:
-            engine = make_engine(
-                EngineConfig(kind="vllm", max_batch=batch, vllm_dtype=vllm_dtype), policy, [], seed=0
-            )  # type: ignore[arg-type]
+            engine = make_engine(VLLMEngineConfig(max_batch=batch, vllm_dtype=vllm_dtype), policy, [], seed=0)  # type: ignore[arg-type]
         startup = time.perf_counter() - t0
         try:
             times, samples = timed_generate(engine, prompts, sp, repeats)

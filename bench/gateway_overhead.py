@@ -24,7 +24,7 @@ from typing import Any
 import openai
 import torch
 
-from asyncrl.config import EngineConfig, GatewayConfig, ModelConfig
+from asyncrl.config import GatewayConfig, HFEngineConfig, ModelConfig
 from asyncrl.engine import GenerationEngine, Sample, make_engine
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway import Gateway
@@ -155,7 +155,7 @@ def main() -> int:
     renderer = TextRenderer(policy.tokenizer)
     engines = {
         "null": lambda: NullEngine(renderer),
-        "tiny": lambda: make_engine(EngineConfig(max_batch=128), policy, renderer.stop_token_ids, seed=0),
+        "tiny": lambda: make_engine(HFEngineConfig(max_batch=128), policy, renderer.stop_token_ids, seed=0),
     }
     out: dict[str, Any] = {"calls_per_session": args.calls, "results": {}}
     for name, build in engines.items():

@@ -72,6 +72,7 @@ async def episodes(
     from asyncrl.rollout.heldout import eval_env_config
 
     renderer = make_renderer(cfg.model, policy)
+    assert cfg.rollout.engine.kind == "hf", "the prefix cache is the built-in engine's"
     engine_cfg = cfg.rollout.engine.model_copy(update={"prefix_cache": prefix_cache})
     engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=cfg.seed)
     batcher = TurnBatcher.of(engine, engine_cfg)

@@ -22,7 +22,7 @@ import torch
 
 
 def measure(model_dir: Path, lora: dict[str, int] | None, versions: int) -> dict[str, float]:
-    from asyncrl.config import ModelConfig, WeightsConfig
+    from asyncrl.config import LocalWeightsConfig, ModelConfig
     from asyncrl.engine import HFEngine
     from asyncrl.policy import Policy
     from asyncrl.weights import make_weight_store
@@ -32,7 +32,7 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int) -> dict
     engine = HFEngine(sampler, [2], seed=0)
     publish, load = [], []
     with tempfile.TemporaryDirectory() as run_dir:
-        store = make_weight_store(WeightsConfig(keep=2), Path(run_dir))
+        store = make_weight_store(LocalWeightsConfig(keep=2), Path(run_dir))
         nbytes = 0
         for v in range(1, versions + 1):
             with torch.no_grad():  # a training step's worth of change

@@ -69,8 +69,17 @@ def test_sections_have_the_required_shape() -> None:
 def _all_fields(model: type, prefix: str = "") -> list[tuple[str, object]]:
     from pydantic import BaseModel
 
+    from asyncrl.config import variants
+
     out = []
     for name, f in model.model_fields.items():
+        kinds = variants(f)
+        if kinds:  # a variant section: the kind (documented on the common base), then every variant's fields
+            base = next(iter(kinds.values())).__mro__[1]
+            out.append((f"{prefix}{name}.kind", base.model_fields["kind"]))
+            for cls in kinds.values():
+                out.extend(p for p in _all_fields(cls, f"{prefix}{name}.") if p[0] != f"{prefix}{name}.kind")
+            continue
         out.append((prefix + name, f))
         ann = f.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
@@ -98,7 +107,7 @@ def test_every_field_is_documented_and_numbers_are_constrained() -> None:
         ("trainer.lr=-1", ["trainer.lr", "-1", "> 0"]),
         ("trainer.batch_size=lots", ["trainer.batch_size", "'lots'"]),
         ("orchestrator.mode=fast", ["orchestrator.mode", "'fast'", "async", "sync"]),
-        ("env.latency.alpha=0", ["env.latency.alpha", "> 0.1"]),
+        ("env.latency={kind: pareto, alpha: 0}", ["env.latency.alpha", "> 0.1"]),
         ("algo.policy_loss.kind=dpo", ["algo.policy_loss.kind", "ppo_clip"]),
         ("env.kind=plugin", ["env.path"]),
         ("orchestrator.low_watermark=0.95", ["low_watermark", "high_watermark"]),
@@ -224,3 +233,122 @@ def test_a_start_that_fails_on_a_bad_path_or_option_leaves_no_run_directory(
     with pytest.raises(UserError, match=message):
         train(cfg, display=False)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# ---- variant sections: one model per kind ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "field", "owner", "kind"),
+    [
+        (["transport.redis_url=redis://h:6379/0"], "transport.redis_url", "'redis'", "'embedded'"),
+        (["weights.path=/shared/w"], "weights.path", "'shared'", "'local'"),
+        (
+            ["rollout.engine.kind=vllm", "rollout.engine.static_cache=on"],
+            "rollout.engine.static_cache",
+            "'hf'",
+            "'vllm'",
+        ),
+        (["env.latency.kind=pareto", "env.latency.sigma=2"], "env.latency.sigma", "'lognormal'", "'pareto'"),
+        (
+            ["env.latency.seconds=0.1"],
+            "env.latency.seconds",
+            "'constant' or 'lognormal' or 'pareto'",
+            "'none'",
+        ),
+        (["credit.value.num_layers=2"], "credit.value.num_layers", "'separate'", "'head'"),
+    ],
+)
+def test_a_field_of_another_kind_is_refused_naming_field_and_kind(
+    overrides: list[str], field: str, owner: str, kind: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    section = field.rsplit(".", 1)[0]
+    line = f"  {field}: only for {section}.kind {owner}, not for {section}.kind {kind}"
+    assert line in str(info.value).splitlines()[1], str(info.value)
+
+
+def test_a_wrong_kind_field_in_a_yaml_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("transport: {kind: embedded, capacity: 2048, redis_url: 'redis://:secret@h:6379/0'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert "transport.redis_url: only for transport.kind 'redis'" in msg and "secret" not in msg
+
+
+def test_variant_sections_pick_their_model_by_kind() -> None:
+    from asyncrl.config import (
+        HeadValueModelConfig,
+        HFEngineConfig,
+        LocalWeightsConfig,
+        NoLatencyConfig,
+        ParetoLatencyConfig,
+        RedisTransportConfig,
+        SeparateValueModelConfig,
+        SharedWeightsConfig,
+        VLLMEngineConfig,
+    )
+
+    d = load_config()
+    assert isinstance(d.rollout.engine, HFEngineConfig) and isinstance(d.weights, LocalWeightsConfig)
+    assert isinstance(d.env.latency, NoLatencyConfig) and isinstance(d.credit.value, HeadValueModelConfig)
+    cfg = load_config(
+        None,
+        [
+            "transport.kind=redis",
+            "transport.redis_url=redis://h:6379/1",
+            "weights.kind=shared",
+            "weights.path=/shared/w",
+            "rollout.engine.kind=vllm",
+            "rollout.engine.vllm_kv_cache_gb=2",
+            "env.latency.kind=pareto",
+            "env.latency.alpha=1.2",
+            "credit.value.kind=separate",
+            "credit.value.num_layers=2",
+        ],
+    )
+    assert isinstance(cfg.transport, RedisTransportConfig) and cfg.transport.redis_url == "redis://h:6379/1"
+    assert isinstance(cfg.weights, SharedWeightsConfig) and cfg.weights.path == "/shared/w"
+    assert isinstance(cfg.rollout.engine, VLLMEngineConfig) and cfg.rollout.engine.vllm_kv_cache_gb == 2
+    assert isinstance(cfg.env.latency, ParetoLatencyConfig) and cfg.env.latency.alpha == 1.2
+    assert isinstance(cfg.credit.value, SeparateValueModelConfig) and cfg.credit.value.num_layers == 2
+    assert RunConfig.model_validate(yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json")))) == cfg
+    with pytest.raises(ConfigError, match=r"transport\.kind = 'kafka': allowed values: 'embedded', 'redis'"):
+        load_config(None, ["transport.kind=kafka"])
+
+
+def test_explain_lists_every_kind_and_marks_kind_only_fields() -> None:
+    rows = {r[0]: r for r in explain(RunConfig)}
+    assert rows["transport.kind"][1] == "Literal['embedded', 'redis']"
+    assert rows["transport.kind"][2] == "'embedded'"
+    assert rows["transport.redis_url"][3].startswith("kind: redis — ")
+    assert not rows["transport.capacity"][3].startswith("kind:")
+    assert rows["env.latency.max_seconds"][3].startswith("kind: constant, lognormal, pareto — ")
+    assert rows["rollout.engine.vllm_dtype"][3].startswith("kind: vllm — ")
+    assert rows["credit.value.num_layers"][3].startswith("kind: separate — ")
+    assert rows["env.sandbox"][1] == "section" and "env.sandbox.wall_seconds" in rows
+    assert rows["cost.assumptions.trajectories"][3].startswith("N: trajectories generated.")
+
+
+def test_a_resolved_config_written_before_variant_sections_still_loads(tmp_path: Path) -> None:
+    """Old run directories hold every field of every kind at its default; those are dropped."""
+    old = {
+        "transport": {
+            "kind": "embedded",
+            "capacity": 2048,
+            "redis_url": "redis://127.0.0.1:6379/0",
+            "lease_seconds": 60.0,
+        },
+        "weights": {"kind": "local", "keep": 3, "path": None, "redis_url": "redis://127.0.0.1:6379/0"},
+        "env": {"latency": {"kind": "none", "seconds": 0.0, "sigma": 1.0, "alpha": 1.5, "max_seconds": 60.0}},
+        "rollout": {"engine": {"kind": "hf", "max_batch": 8, "vllm_dtype": "float32", "vllm_kv_cache_gb": 1}},
+        "credit": {"value": {"kind": "head", "num_layers": 1}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    cfg = load_config(path)
+    assert cfg.transport.capacity == 2048 and cfg.rollout.engine.max_batch == 8
+    old["weights"]["path"] = "/shared/w"  # a value that means something: still refused
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match=r"weights\.path: only for weights\.kind 'shared'"):
+        load_config(path)

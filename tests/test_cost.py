@@ -280,3 +280,36 @@ def test_cost_report_of_a_short_run_says_the_estimate_is_unavailable(
     render_report(report, tmp_path)
     out = capsys.readouterr().out
     assert "-100.0%" not in out and "unavailable" in out and "first 10%" in out, out
+
+
+def test_cost_estimate_assumptions_from_config_then_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncrl.cli import main
+    from asyncrl.config import CostAssumptionsConfig
+
+    monkeypatch.chdir(ROOT)
+    base = ["cost", "estimate", "configs/demo.yaml", "--json"]
+    assert main([*base, "--set", "cost.assumptions.tokens_per_trajectory=50"]) == 0
+    a = json.loads(capsys.readouterr().out)["assumptions"]
+    assert a["tokens_per_trajectory"] == 50  # from the config
+    assert a["trajectories"] == CostAssumptionsConfig().trajectories  # the config section's default
+    assert (
+        main([*base, "--set", "cost.assumptions.tokens_per_trajectory=50", "--tokens-per-trajectory", "70"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["assumptions"]["tokens_per_trajectory"] == 70  # a flag wins
+    assert main([*base, "--set", "cost.assumptions.trajectories=-1"]) == 2
+    assert "cost.assumptions.trajectories = -1: must be >= 0" in capsys.readouterr().err
+
+
+def test_cost_estimate_help_is_the_config_field_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncrl.cli import main
+    from asyncrl.config import CostAssumptionsConfig
+
+    with pytest.raises(SystemExit):
+        main(["cost", "estimate", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse re-wraps lines (also at hyphens)
+    for name, field in CostAssumptionsConfig.model_fields.items():
+        assert f"--{name.replace('_', '-')}X" in help_text
+        assert "".join((field.description or "").split()) in help_text, name

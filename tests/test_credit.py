@@ -305,6 +305,8 @@ def test_token_level_gae_rewards_last_token_and_skips_observations() -> None:
 
 @pytest.mark.parametrize("kind", ["head", "separate"])
 def test_value_model_loss_falls_on_a_fixed_dataset(kind: str) -> None:
+    from pydantic import TypeAdapter
+
     from asyncrl.config import ModelConfig, ValueModelConfig
     from asyncrl.credit.value import ValueModel
     from asyncrl.policy import Policy
@@ -313,7 +315,10 @@ def test_value_model_loss_falls_on_a_fixed_dataset(kind: str) -> None:
     policy = Policy.build(
         ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
     )
-    vm = ValueModel(ValueModelConfig(kind=kind, hidden_size=32, lr=3e-3, clip=None, epochs=1), policy)
+    vcfg = TypeAdapter(ValueModelConfig).validate_python(
+        {"kind": kind, "hidden_size": 32, "lr": 3e-3, "clip": None, "epochs": 1}
+    )
+    vm = ValueModel(vcfg, policy, "qwen2", 0)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 60, (32, 12), generator=g)
     label = (ids[:, 3] % 2).float()  # success is decided by the token at position 3
@@ -333,7 +338,7 @@ def test_value_model_loss_falls_on_a_fixed_dataset(kind: str) -> None:
     # round trip through safetensors
     before = vm.predict(ids, attn)
     tensors_ = vm.state_tensors()
-    vm2 = ValueModel(ValueModelConfig(kind=kind, hidden_size=32), policy, seed=5)
+    vm2 = ValueModel(vcfg.model_copy(update={"lr": 1e-3, "clip": 0.2, "epochs": 2}), policy, "qwen2", seed=5)
     vm2.load_state_tensors(tensors_)
     assert_close(vm2.predict(ids, attn), before)
 

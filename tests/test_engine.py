@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.config import HFEngineConfig, ModelConfig
 from asyncrl.engine import GenerationEngine, HFEngine, Sample, make_engine, read_weights
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
@@ -83,7 +83,7 @@ def test_logprobs_agree_with_trainer(family: str, temperature: float, compact: f
     policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
     prompts = random_prompts(24, 2, 40, seed=1)
     assert len({len(p) for p in prompts}) > 10
-    engine = make_engine(EngineConfig(max_batch=16), policy, stop_token_ids=[2, 50, 60], seed=0)
+    engine = make_engine(HFEngineConfig(max_batch=16), policy, stop_token_ids=[2, 50, 60], seed=0)
     assert isinstance(engine, HFEngine)
     engine.compact_fraction = compact
     samples = engine.generate(prompts, SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=24))
@@ -104,7 +104,7 @@ def test_static_cache_logprobs_agree_with_trainer(family: str, attn: str) -> Non
     policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
     prompts = random_prompts(21, 2, 40, seed=1)  # 21 rows: a 32-row bucket with 11 dummy rows
     engine = make_engine(
-        EngineConfig(max_batch=32, static_cache="on"), policy, stop_token_ids=[2, 50, 60], seed=0
+        HFEngineConfig(max_batch=32, static_cache="on"), policy, stop_token_ids=[2, 50, 60], seed=0
     )
     assert isinstance(engine, HFEngine) and engine.static_cache
     samples = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=24))
@@ -156,11 +156,11 @@ def test_static_cache_falls_back_when_a_chunk_would_overflow_it() -> None:
 
 def test_engine_device_settings() -> None:
     """static_cache auto is off on the CPU; CUDA graphs are never attempted without CUDA."""
-    engine = make_engine(EngineConfig(), tiny(), stop_token_ids=[2], seed=0)
+    engine = make_engine(HFEngineConfig(), tiny(), stop_token_ids=[2], seed=0)
     assert isinstance(engine, HFEngine)
     assert not engine.static_cache and not engine.cuda_graphs
     forced = make_engine(
-        EngineConfig(static_cache="on", cuda_graphs=True), tiny(), stop_token_ids=[2], seed=0
+        HFEngineConfig(static_cache="on", cuda_graphs=True), tiny(), stop_token_ids=[2], seed=0
     )
     assert isinstance(forced, HFEngine) and forced.static_cache and not forced.cuda_graphs
 
@@ -346,7 +346,7 @@ def test_generate_leaves_train_mode_and_grads_alone() -> None:
 # ---- throughput (printed, not asserted) -------------------------------------------------------
 def test_throughput_default_model(capsys: pytest.CaptureFixture[str]) -> None:
     policy = Policy.build(ModelConfig())
-    engine = make_engine(EngineConfig(), policy, stop_token_ids=[], seed=0)
+    engine = make_engine(HFEngineConfig(), policy, stop_token_ids=[], seed=0)
     prompts = random_prompts(64, 8, 40, seed=15)
     sp = SamplingParams(temperature=1.0, max_new_tokens=48)
     engine.generate(prompts, sp)  # warm-up

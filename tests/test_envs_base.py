@@ -94,4 +94,4 @@ def test_unsupported_difficulty_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="supported"):
         src.sample(random.Random(0), 9)
     with pytest.raises(ValueError, match="contains none"):
-        CalculatorTasks(seed=0, min_difficulty=7, max_difficulty=9)
+        CalculatorTasks(seed=0, heldout_size=4, min_difficulty=7, max_difficulty=9)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config import EnvConfig
+from asyncrl.config import EnvConfig, SandboxConfig
 from asyncrl.envs import (
     CalcError,
     CalculatorEnv,
@@ -284,9 +284,33 @@ def test_python_demonstrate_corruption_rate() -> None:
 
 
 def test_python_tool_errors_are_observations() -> None:
-    env = PythonEnv(wall_seconds=3.0, cpu_seconds=1)
+    env = PythonEnv(SandboxConfig(wall_seconds=3.0, cpu_seconds=1))
     task = make_task_source(cfg("python", 1, 1)).sample(random.Random(0))
     _, results = run_episode(env, task, ["<tool>python(1/0)</tool>", "<tool>python(x = 1)</tool>"])
     assert results[0].observation == "error: ZeroDivisionError: division by zero"
     assert results[0].process_reward < 0 and results[0].tool_call is not None and not results[0].tool_call.ok
     assert results[1].observation == "(no output; use print)"
+
+
+def test_python_sandbox_limits_come_from_the_config() -> None:
+    from asyncrl.config import load_config
+    from asyncrl.envs import make_raw_env
+
+    env = make_raw_env(load_config(None, ["env.kind=python"]).env)
+    assert env.limits == SandboxConfig()  # the defaults are env.sandbox's
+    cfg = load_config(
+        None, ["env.kind=python", "env.sandbox.wall_seconds=2.5", "env.sandbox.max_code_chars=10"]
+    )
+    env = make_raw_env(cfg.env)
+    assert env.limits.wall_seconds == 2.5
+    ok, obs = asyncio.run(env.run_tool("python", "print(1 + 2 + 3 + 4)"))  # refused before any process
+    assert not ok and obs == "code longer than 10 chars"
+
+
+def test_python_env_options_point_to_env_sandbox() -> None:
+    from asyncrl.config import load_config
+    from asyncrl.envs import make_raw_env
+    from asyncrl.envs.registry import EnvPluginError
+
+    with pytest.raises(EnvPluginError, match=r"env\.sandbox\.wall_seconds"):
+        make_raw_env(load_config(None, ["env.kind=python", "env.options={wall_seconds: 3}"]).env)

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config import EnvConfig, FaultConfig, GuardConfig, LatencyConfig
+from asyncrl.config import (
+    ConstantLatencyConfig,
+    EnvConfig,
+    FaultConfig,
+    GuardConfig,
+    LatencyConfig,
+    LognormalLatencyConfig,
+    NoLatencyConfig,
+    ParetoLatencyConfig,
+)
 from asyncrl.envs import (
     CalculatorEnv,
     EnvResetError,
@@ -345,21 +354,21 @@ def test_fault_wrapper_injects_each_malformed_kind() -> None:
 @pytest.mark.parametrize(
     ("cfg", "expected_median"),
     [
-        (LatencyConfig(kind="constant", seconds=0.3), 0.3),
-        (LatencyConfig(kind="lognormal", seconds=0.5, sigma=1.0), 0.5),
-        (LatencyConfig(kind="pareto", seconds=0.2, alpha=1.5), 0.2 * 2 ** (1 / 1.5)),
-        (LatencyConfig(kind="none", seconds=5.0), 0.0),
+        (ConstantLatencyConfig(seconds=0.3), 0.3),
+        (LognormalLatencyConfig(seconds=0.5, sigma=1.0), 0.5),
+        (ParetoLatencyConfig(seconds=0.2, alpha=1.5), 0.2 * 2 ** (1 / 1.5)),
+        (NoLatencyConfig(), 0.0),
     ],
 )
 def test_latency_median(cfg: LatencyConfig, expected_median: float) -> None:
     w = LatencyWrapper(Scripted(good), cfg, random.Random(0))
     samples = [w.sample_delay() for _ in range(20000)]
     assert statistics.median(samples) == pytest.approx(expected_median, rel=0.05, abs=1e-9)
-    assert max(samples) <= cfg.max_seconds
+    assert max(samples) <= getattr(cfg, "max_seconds", 0.0)
 
 
 def test_latency_is_capped() -> None:
-    cfg = LatencyConfig(kind="pareto", seconds=1.0, alpha=0.2, max_seconds=2.0)
+    cfg = ParetoLatencyConfig(seconds=1.0, alpha=0.2, max_seconds=2.0)
     w = LatencyWrapper(Scripted(good), cfg, random.Random(0))
     samples = [w.sample_delay() for _ in range(5000)]
     assert max(samples) == 2.0 and min(samples) >= 1.0
@@ -368,7 +377,7 @@ def test_latency_is_capped() -> None:
 def test_latency_really_sleeps_and_is_added_to_the_tool_call() -> None:
     env = CalculatorEnv()
     task = make_task_source(EnvConfig(kind="calculator")).sample(random.Random(0))
-    w = LatencyWrapper(env, LatencyConfig(kind="constant", seconds=0.1), random.Random(0))
+    w = LatencyWrapper(env, ConstantLatencyConfig(seconds=0.1), random.Random(0))
 
     async def go() -> StepResult:
         await w.reset(task)
@@ -383,7 +392,7 @@ def test_latency_really_sleeps_and_is_added_to_the_tool_call() -> None:
 def test_make_env_stacks_the_wrappers() -> None:
     cfg = EnvConfig(
         kind="calculator",
-        latency=LatencyConfig(kind="constant", seconds=0.01),
+        latency=ConstantLatencyConfig(seconds=0.01),
         faults=FaultConfig(exception_rate=0.3),
         guard=GuardConfig(step_timeout_s=1.0, retries=5),
     )

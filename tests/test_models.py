@@ -52,6 +52,7 @@ def family(request: pytest.FixtureRequest, base_tokenizer: Any) -> tuple[str, An
 
 
 def renderer_for(tok: Any, **kw: Any) -> HFChatRenderer:
+    kw = {"tool_format": "auto", "observation_role": "auto", **kw}
     return HFChatRenderer(tok, eos_token_ids=eos_ids(None, tok), **kw)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from asyncrl.config import EngineConfig, ModelConfig
+from asyncrl.config import HFEngineConfig, ModelConfig
 from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.engine.prefix_cache import PrefixCache
 from asyncrl.policy import Policy
@@ -158,12 +158,12 @@ def test_lookup_rules() -> None:
 
 
 def test_config_switch_and_static_path() -> None:
-    on = make_engine(EngineConfig(), tiny(), stop_token_ids=[2], seed=0)
+    on = make_engine(HFEngineConfig(), tiny(), stop_token_ids=[2], seed=0)
     assert isinstance(on, HFEngine) and on.prefix_cache is not None
     assert on.prefix_cache.max_bytes == 1024 * 2**20
-    off = make_engine(EngineConfig(prefix_cache=False), tiny(), stop_token_ids=[2], seed=0)
+    off = make_engine(HFEngineConfig(prefix_cache=False), tiny(), stop_token_ids=[2], seed=0)
     assert isinstance(off, HFEngine) and off.prefix_cache is None
-    static = make_engine(EngineConfig(static_cache="on"), tiny(), stop_token_ids=[2], seed=0)
+    static = make_engine(HFEngineConfig(static_cache="on"), tiny(), stop_token_ids=[2], seed=0)
     assert isinstance(static, HFEngine) and static.prefix_cache is None  # the static path refills per chunk
     prompts = random_prompts(4, 2, 10, seed=3)
     for engine in (off, static):

@@ -359,12 +359,12 @@ class _Engine(GenerationEngine):
 
 
 def test_corrupt_latest_snapshot_keeps_previous_version(tmp_path: Path) -> None:
-    from asyncrl.config import WeightsConfig
+    from asyncrl.config import LocalWeightsConfig
     from asyncrl.rollout.worker import WeightFollower
     from asyncrl.telemetry.jsonl import MetricWriter
     from asyncrl.weights import make_weight_store
 
-    store = make_weight_store(WeightsConfig(keep=5), tmp_path)
+    store = make_weight_store(LocalWeightsConfig(keep=5), tmp_path)
     engine = _Engine()
     metrics = MetricWriter(tmp_path / "m.jsonl", role="rollout-0")
     follower = WeightFollower(store, engine, metrics, "rollout-0")

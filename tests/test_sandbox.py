@@ -80,7 +80,7 @@ def test_infinite_loop_is_stopped() -> None:
 
 
 def test_sleeping_code_hits_the_wall_limit() -> None:
-    limits = SandboxLimits(**{**LIMITS.__dict__, "wall_seconds": 1.0})
+    limits = LIMITS.model_copy(update={"wall_seconds": 1.0})
     r = run("import time\ntime.sleep(60)", 5, limits)
     assert r.error == "timeout" and r.summary() == "error: timeout (wall limit 1s)"
 
@@ -166,7 +166,7 @@ def test_bad_code_inputs_are_rejected_before_running() -> None:
 
 
 def test_output_up_to_the_cap_is_fine() -> None:
-    limits = SandboxLimits(**{**LIMITS.__dict__, "max_output_bytes": 1000})
+    limits = LIMITS.model_copy(update={"max_output_bytes": 1000})
     r = run("import sys\nsys.stdout.write('y' * 1000)", 5, limits)
     assert r.ok and len(r.stdout) == 1000
 
@@ -195,7 +195,7 @@ def test_guard_timeout_during_a_sandbox_run_leaves_no_process() -> None:
     from asyncrl.envs import GuardedEnv, PythonEnv
     from asyncrl.records import Task
 
-    env = GuardedEnv(PythonEnv(wall_seconds=20.0), GuardConfig(step_timeout_s=0.5, retries=0))
+    env = GuardedEnv(PythonEnv(SandboxLimits(wall_seconds=20.0)), GuardConfig(step_timeout_s=0.5, retries=0))
     task = Task(id="t", task_type="sum_squares", difficulty=1, payload={"prompt": "p", "answer": "1"})
 
     async def go() -> str:

@@ -157,17 +157,25 @@ def test_mask_secrets(text: str, masked: str) -> None:
 def test_config_dump_and_errors_never_show_the_password() -> None:
     url = "redis://alice:TopSecret42@10.0.0.5:6380/0"
     cfg = load_config(
-        None, [f"transport.redis_url={url}", "transport.kind=redis", f"weights.redis_url={url}"]
+        None,
+        [
+            f"transport.redis_url={url}",
+            "transport.kind=redis",
+            f"weights.redis_url={url}",
+            "weights.kind=shared",
+        ],
     )
     assert cfg.transport.redis_url == url  # the process itself keeps it
     dumped = dump_yaml(cfg)
     assert "TopSecret42" not in dumped and dumped.count("redis://alice:***@10.0.0.5:6380/0") == 2
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["transport.redis_url=http://alice:TopSecret42@10.0.0.5:1/0"])
+        load_config(
+            None, ["transport.kind=redis", "transport.redis_url=http://alice:TopSecret42@10.0.0.5:1/0"]
+        )
     assert "TopSecret42" not in str(err.value) and "transport.redis_url" in str(err.value)
     long = "redis://:" + "TopSecret42" * 8 + "@h:1/0"  # longer than the 60 characters errors show
     with pytest.raises(ConfigError) as err:
-        load_config(None, [f"transport.redis_url={long}", "transport.capacity=0"])
+        load_config(None, ["transport.kind=redis", f"transport.redis_url={long}", "transport.capacity=0"])
     assert "TopSecret42" not in str(err.value)
 
 

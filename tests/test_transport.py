@@ -76,11 +76,14 @@ class Backend:
     opened: list[TrajectoryQueue]
 
     def make(self, capacity: int = 1024, lease_seconds: float = 60.0) -> TrajectoryQueue:
+        from pydantic import TypeAdapter
+
         from asyncrl.config import TransportConfig
 
-        cfg = TransportConfig.model_validate(
-            {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds, "redis_url": REDIS_URL}
-        )
+        data: dict[str, object] = {"kind": self.kind, "capacity": capacity, "lease_seconds": lease_seconds}
+        if self.kind == "redis":
+            data["redis_url"] = REDIS_URL
+        cfg = TypeAdapter(TransportConfig).validate_python(data)
         q = make_queue(cfg, self.run_dir)
         self.opened.append(q)
         return q
@@ -103,7 +106,9 @@ class Backend:
         elif self.kind == "redis":
             from asyncrl.transport.redis_backend import RedisQueue
 
-            q = RedisQueue(REDIS_URL, self.run_dir)  # creates the stream and group if needed
+            q = RedisQueue(
+                REDIS_URL, self.run_dir, capacity=64, lease_seconds=60.0
+            )  # creates the stream and group if needed
             q.close()
             r = _redis_client()
             entry_id = r.xadd(q.stream_key, {"id": traj_id, "data": payload})
@@ -443,10 +448,10 @@ def test_threads_share_one_handle(backend: Backend) -> None:
 
 @pytest.mark.redis
 def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
-    from asyncrl.config import TransportConfig
+    from asyncrl.config import RedisTransportConfig
     from asyncrl.transport.redis_backend import RedisQueue, key_prefix
 
-    cfg = TransportConfig(kind="redis", redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
+    cfg = RedisTransportConfig(redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
     with make_queue(cfg, redis_run_dir) as q:
         assert isinstance(q, RedisQueue)
         assert (q.capacity, q.lease_seconds, q.prefix) == (7, 3.0, key_prefix(redis_run_dir))
@@ -454,7 +459,7 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
     # Another run directory is another stream: nothing collides.
     other = redis_run_dir.parent / "other-run"
     assert key_prefix(other) != key_prefix(redis_run_dir)
-    with RedisQueue(REDIS_URL, other) as q2:
+    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0) as q2:
         try:
             assert q2.depth() == 0 and q2.get_batch(5) == []
         finally:
@@ -463,9 +468,9 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
 
 
 def test_make_queue_unknown_kind_is_refused(tmp_path: Path) -> None:
-    from asyncrl.config import TransportConfig
+    from asyncrl.config import EmbeddedTransportConfig
 
-    cfg = TransportConfig.model_construct(kind="kafka")  # bypass validation on purpose
+    cfg = EmbeddedTransportConfig.model_construct(kind="kafka")  # bypass validation on purpose
     with pytest.raises(BackendUnavailableError, match="kafka"):
         make_queue(cfg, tmp_path)
 
@@ -509,7 +514,7 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
 def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue
 
-    q = RedisQueue(REDIS_URL, redis_run_dir, lease_seconds=5.0)
+    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=5.0)
     try:
         assert q.put(make_traj("before"))
         name = f"asyncrl-test-{new_id()}"
@@ -531,7 +536,7 @@ def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path)
 def test_redis_poison_entry_with_no_fields_and_late_ack_of_dead_letter(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue
 
-    q = RedisQueue(REDIS_URL, redis_run_dir, lease_seconds=0.2)
+    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=0.2)
     try:
         _redis_client().xadd(q.stream_key, {"junk": b"x"})  # neither id nor data
         assert q.put(make_traj("ok"))
@@ -669,7 +674,7 @@ def test_embedded_throughput(synchronous: str, tmp_path: Path, capsys: pytest.Ca
     n = 400 if synchronous == "NORMAL" else 150
     trajs = [make_traj(f"t{i}", model_tokens=400, turns=4) for i in range(n)]
     size = len(encode(trajs[0]))
-    q = EmbeddedQueue(tmp_path / QUEUE_FILENAME, capacity=n, synchronous=synchronous)  # type: ignore[arg-type]
+    q = EmbeddedQueue(tmp_path / QUEUE_FILENAME, capacity=n, lease_seconds=60.0, synchronous=synchronous)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     for t in trajs:
         assert q.put(t)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.config import EngineConfig, ModelConfig, RunConfig, load_config
+from asyncrl.config import EngineConfig, ModelConfig, RunConfig, VLLMEngineConfig, load_config
 from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.errors import UserError
 from asyncrl.policy import Policy, token_logprobs
@@ -61,7 +61,7 @@ def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_missing_vllm_is_a_clear_user_error(no_vllm: None) -> None:
     with pytest.raises(UserError) as err:
-        make_engine(EngineConfig(kind="vllm"), tiny(), [2], seed=0)
+        make_engine(VLLMEngineConfig(), tiny(), [2], seed=0)
     msg = str(err.value)
     assert "rollout.engine.kind is 'vllm'" in msg
     assert "make test-vllm" in msg and "rollout.engine.kind=hf" in msg
@@ -127,7 +127,7 @@ def vllm_setup() -> Iterator[tuple[Any, Policy]]:
     _require_vllm()
     torch.set_num_threads(1)
     policy = tiny(seed=0, peaky=4.0)
-    engine = make_engine(EngineConfig(kind="vllm", max_batch=32), policy, [2, 50, 60], seed=0)  # type: ignore[arg-type]
+    engine = make_engine(VLLMEngineConfig(max_batch=32), policy, [2, 50, 60], seed=0)  # type: ignore[arg-type]
     try:
         yield engine, policy
     finally:
@@ -258,7 +258,7 @@ def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
     _require_vllm()
     torch.set_num_threads(1)
     policy = tiny(seed=0, peaky=4.0, shape=DEMO)
-    engine: Any = make_engine(EngineConfig(kind="vllm", max_batch=32), policy, [2, 50, 60], seed=0)  # type: ignore[arg-type]
+    engine: Any = make_engine(VLLMEngineConfig(max_batch=32), policy, [2, 50, 60], seed=0)  # type: ignore[arg-type]
     try:
         assert engine.head_padding == 32
         prompts = random_prompts(24, 2, 40, seed=1)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.config import WeightsConfig
+from asyncrl.config import LocalWeightsConfig, SharedWeightsConfig
 from asyncrl.weights import (
     MANIFEST_FILE,
     MODEL_FILE,
@@ -285,7 +285,8 @@ def test_crash_before_pointer_update(store: LocalWeightStore, monkeypatch: pytes
 
 # ---- retention -------------------------------------------------------------------------------
 def test_retention_keeps_last_k_and_pointer_target(tmp_path: Path, kind: str) -> None:
-    store = make_weight_store(WeightsConfig(kind=kind, keep=2, redis_url=REDIS_URL), tmp_path)
+    cfg = LocalWeightsConfig(keep=2) if kind == "local" else SharedWeightsConfig(keep=2, redis_url=REDIS_URL)
+    store = make_weight_store(cfg, tmp_path)
     assert isinstance(store, LocalWeightStore) and store.root == tmp_path / "weights"
     assert type(store).__name__ == {"local": "LocalWeightStore", "shared": "SharedWeightStore"}[kind]
     for v in range(1, 6):

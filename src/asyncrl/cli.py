@@ -148,15 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-run", metavar="RUN", help="take every measured figure from an earlier run directory"
     )
     est.add_argument("--json", action="store_true", help="print one JSON object")
-    from asyncrl.cost.estimate import ASSUMPTION_HELP, Assumptions
+    from asyncrl.config import CostAssumptionsConfig
 
-    for name, f in Assumptions.__dataclass_fields__.items():
+    for name, f in CostAssumptionsConfig.model_fields.items():  # help: the config field's doc
         est.add_argument(
             f"--{name.replace('_', '-')}",
             type=float,
             default=None,
             metavar="X",
-            help=f"{ASSUMPTION_HELP[name]} (default {f.default})",
+            help=f"{' '.join((f.description or '').split())} (default: cost.assumptions.{name}, {f.default})",
         )
     rep = cost_sub.add_parser("report", help="a finished run's cost by component, waste and efficiency")
     rep.add_argument("run", help="run directory")
@@ -500,12 +500,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    import dataclasses
     import json
     from pathlib import Path
 
-    from asyncrl.config import load_config
-    from asyncrl.cost.estimate import Assumptions, estimate, measured_assumptions, to_dict
+    from asyncrl.config import CostAssumptionsConfig, load_config
+    from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
     from asyncrl.cost.report import cost_report, render_estimate, render_report
     from asyncrl.errors import UserError
 
@@ -525,14 +524,15 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         run = Path(args.from_run)
         if not (run / "metrics").is_dir():
             raise UserError(f"--from-run {str(run)!r}: not a run directory with metrics/")
-        a = measured_assumptions(run)
+        a = measured_assumptions(run)  # every figure measured (the config's cost.assumptions unused)
     else:
-        a = Assumptions()
-    given = {k: getattr(args, k) for k in Assumptions.__dataclass_fields__ if getattr(args, k) is not None}
+        a = cfg.cost.assumptions
+    names = CostAssumptionsConfig.model_fields
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     bad = [k for k, v in given.items() if v < 0]
     if bad:
         raise UserError(f"--{bad[0].replace('_', '-')} must be >= 0")
-    a = dataclasses.replace(a, **given)
+    a = a.model_copy(update=given)
     components = estimate(a, cfg.cost)
     if args.json:
         print(

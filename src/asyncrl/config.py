@@ -10,11 +10,22 @@ prints those docs). :func:`load_config` turns any user mistake into one
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from asyncrl.algo.config import PolicyLossConfig
@@ -25,6 +36,75 @@ class Section(BaseModel):
     """Base for every config section: unknown keys are errors, fields carry docstrings."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+def _kind_of(default: str) -> Callable[[Any], Any]:
+    """Discriminator of a variant section: its ``kind``, or ``default`` where a mapping has none.
+
+    Variant sections (``transport``, ``weights``, ``rollout.engine``, ``env.latency``,
+    ``credit.value``) are unions of one model per ``kind``, each with only the fields that mean
+    something for that kind; a field of another kind is an error (see :func:`format_validation_error`).
+    """
+
+    def kind(value: Any) -> Any:
+        if isinstance(value, BaseModel):
+            return getattr(value, "kind", None)
+        if isinstance(value, dict):
+            return value.get("kind", default)
+        return default  # not a mapping: the default kind's model reports the type error
+
+    return kind
+
+
+def variants(field: FieldInfo) -> dict[str, type[BaseModel]]:
+    """``{kind: model}`` of a variant-section field; empty for any other field."""
+    if not any(isinstance(m, Discriminator) for m in field.metadata):
+        return {}
+    out: dict[str, type[BaseModel]] = {}
+    for arg in get_args(field.annotation):
+        cls, *meta = get_args(arg)
+        out[next(m.tag for m in meta if isinstance(m, Tag))] = cls
+    return out
+
+
+def drop_stale_defaults(model: type[BaseModel], data: Any) -> Any:
+    """``data`` without the fields of another kind that hold that field's default, in every variant section.
+
+    A resolved config written before the variant sections (a run directory's ``config.yaml``) holds every
+    field of every kind at its default (``transport: {kind: embedded, redis_url: redis://127.0.0.1:6379/0}``);
+    those say nothing and are dropped so such a run can be resumed and reported. A field of another kind
+    with any other value stays, and is refused with a message naming its kind."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        sub = out.get(name)
+        if not isinstance(sub, dict):
+            continue
+        kinds = variants(field)
+        if kinds:
+            factory = field.default_factory
+            default = (
+                factory.model_fields["kind"].default
+                if isinstance(factory, type) and issubclass(factory, BaseModel)
+                else None
+            )
+            cls = kinds.get(str(sub.get("kind", default)))
+            if cls is None:
+                continue
+            stale = [
+                key
+                for key, value in sub.items()
+                if key not in cls.model_fields
+                and any(
+                    key in other.model_fields and other.model_fields[key].default == value
+                    for other in kinds.values()
+                )
+            ]
+            out[name] = drop_stale_defaults(cls, {k: v for k, v in sub.items() if k not in stale})
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out[name] = drop_stale_defaults(field.annotation, sub)
+    return out
 
 
 def _redis_url(url: str) -> str:
@@ -166,19 +246,56 @@ class ModelConfig(Section):
         return self.max_context if self.max_context is not None else 512
 
 
-class LatencyConfig(Section):
+class _LatencyBase(Section):
     """Simulated tool latency added to every environment step."""
 
-    kind: Literal["none", "constant", "lognormal", "pareto"] = "none"
-    """Distribution of the added delay."""
+    kind: str = "none"
+    """Distribution of the added delay: ``none``, ``constant``, ``lognormal`` or ``pareto``."""
+
+
+class NoLatencyConfig(_LatencyBase):
+    """No simulated latency."""
+
+    kind: Literal["none"] = "none"
+
+
+class _DelayBase(_LatencyBase):
     seconds: float = Field(0.0, ge=0, le=600)
     """Constant delay, or the median (lognormal) / scale x_m (pareto) of the delay."""
-    sigma: float = Field(1.0, gt=0, le=10)
-    """Lognormal shape (std of the log-delay)."""
-    alpha: float = Field(1.5, gt=0.1, le=100)
-    """Pareto tail index; smaller means heavier tail (1 < alpha < 2: infinite variance)."""
     max_seconds: float = Field(60.0, gt=0, le=3600)
     """Cap on any single delay."""
+
+
+class ConstantLatencyConfig(_DelayBase):
+    """The same delay before every step."""
+
+    kind: Literal["constant"] = "constant"
+
+
+class LognormalLatencyConfig(_DelayBase):
+    """Lognormal delays (median ``seconds``, shape ``sigma``)."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    sigma: float = Field(1.0, gt=0, le=10)
+    """Lognormal shape (std of the log-delay)."""
+
+
+class ParetoLatencyConfig(_DelayBase):
+    """Pareto delays (scale ``seconds``, tail index ``alpha``)."""
+
+    kind: Literal["pareto"] = "pareto"
+    alpha: float = Field(1.5, gt=0.1, le=100)
+    """Pareto tail index; smaller means heavier tail (1 < alpha < 2: infinite variance)."""
+
+
+LatencyConfig: TypeAlias = Annotated[
+    Annotated[NoLatencyConfig, Tag("none")]
+    | Annotated[ConstantLatencyConfig, Tag("constant")]
+    | Annotated[LognormalLatencyConfig, Tag("lognormal")]
+    | Annotated[ParetoLatencyConfig, Tag("pareto")],
+    Discriminator(_kind_of("none")),
+]
+"""``env.latency``: one model per ``kind``."""
 
 
 class FaultConfig(Section):
@@ -213,6 +330,40 @@ class GuardConfig(Section):
     """Observation text returned after the last failed attempt."""
 
 
+class SandboxConfig(Section):
+    """Sandbox limits of the ``python`` environment, each enforced per run of model-written code.
+
+    See docs/environments.md#the-python-sandbox; ``asyncrl.envs.SandboxLimits`` is this model."""
+
+    cpu_seconds: int = Field(2, ge=1, le=3600)
+    """CPU time (RLIMIT_CPU); the process gets SIGXCPU, one second later SIGKILL."""
+    wall_seconds: float = Field(5.0, gt=0, le=3600)
+    """Wall-clock limit enforced by the host (kills the run's processes). Keep it below
+    ``env.guard.step_timeout_s``."""
+    memory_bytes: int = Field(512 * 2**20, ge=2**20, le=2**40)
+    """Address-space limit (RLIMIT_AS) of each process."""
+    max_processes: int = Field(16, ge=1, le=4096)
+    """Processes/threads of the run's uid (RLIMIT_NPROC)."""
+    file_size_bytes: int = Field(8 * 2**20, ge=0, le=2**40)
+    """Largest file the code may write (RLIMIT_FSIZE)."""
+    disk_bytes: int = Field(16 * 2**20, ge=4096, le=2**40)
+    """Size of the private tmpfs work dir."""
+    max_open_files: int = Field(64, ge=4, le=65536)
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    max_output_bytes: int = Field(16384, ge=1, le=2**30)
+    """stdout and stderr are each capped at this; writing more kills the run."""
+    max_code_chars: int = Field(20000, ge=1, le=10_000_000)
+    """Longer code is refused without running (``error: code longer than ...``)."""
+    require_isolation: bool = True
+    """Refuse to run (error result) when network or filesystem isolation is unavailable."""
+    uid_base: int = Field(2_000_000, ge=1000, le=2**31 - 1)
+    """First uid of the pool of dedicated uids (root mode). The pool must not overlap real users."""
+    uid_count: int = Field(1000, ge=1, le=1_000_000)
+    """Number of uids in the pool: concurrent runs at most (each locks one)."""
+    python: str | None = None
+    """Interpreter for the code; unset: this process's base interpreter."""
+
+
 class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
@@ -238,9 +389,10 @@ class EnvConfig(Section):
     """Number of held-out evaluation tasks (disjoint from training tasks)."""
     seed: int = Field(1234, ge=0)
     """Seed of the task generator (and knowledge base)."""
-    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    latency: LatencyConfig = Field(default_factory=NoLatencyConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")
     def _check(self) -> EnvConfig:
@@ -266,10 +418,10 @@ class SamplingConfig(Section):
     """Tokens per model turn at most."""
 
 
-class EngineConfig(Section):
+class _EngineBase(Section):
     """The generation engine behind the rollout workers."""
 
-    kind: Literal["hf", "vllm"] = "hf"
+    kind: str = "hf"
     """``hf``: batched sampling with transformers on the worker's own device; ``vllm``: vLLM in
     processes of its own (optional install: ``make test-vllm``; see docs/engines.md). With ``vllm``
     the policy loss defaults to ``decoupled_ppo`` (PPO with truncated importance sampling) unless
@@ -279,33 +431,51 @@ class EngineConfig(Section):
     batch_wait_ms: float = Field(20.0, ge=0, le=10000)
     """How long a model turn may wait for others to join its batch (never when every live episode is
     already waiting)."""
+
+
+class HFEngineConfig(_EngineBase):
+    """The built-in engine: batched sampling with transformers on the worker's own device."""
+
+    kind: Literal["hf"] = "hf"
     static_cache: Literal["auto", "on", "off"] = "auto"
-    """Built-in engine: decode with a preallocated (static) KV cache and fixed batch buckets instead
+    """Decode with a preallocated (static) KV cache and fixed batch buckets instead
     of a growing cache. ``auto``: on where the model runs on a CUDA GPU, off on CPU (where it
     brings nothing). Required for ``cuda_graphs``."""
-
     cuda_graphs: bool = True
-    """Built-in engine with the static cache on a CUDA GPU: capture one decode step per batch bucket
+    """With the static cache on a CUDA GPU: capture one decode step per batch bucket
     as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
     eager decoding, with a warning, if capture fails)."""
     prefix_cache: bool = True
-    """Built-in engine, growing-cache path: keep each sequence's KV after a model turn and, when a
+    """Growing-cache path: keep each sequence's KV after a model turn and, when a
     later prompt extends it (the next turn of a multi-turn episode), prefill only the new tokens.
     Entries are dropped at every weight load. Not used with the static cache (``static_cache`` on,
     the default on CUDA), whose buffers are refilled per chunk. See docs/engines.md."""
     prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
     """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
     SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""
-    vllm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
-    vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)
-    """KV-cache memory of the vllm engine on CPU, in GiB (sets VLLM_CPU_KVCACHE_SPACE)."""
 
     @field_validator("static_cache", mode="before")
     @classmethod
     def _yaml_on_off(cls, v: Any) -> Any:
         """YAML reads a bare ``on`` / ``off`` as a boolean; take it as meant."""
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
+class VLLMEngineConfig(_EngineBase):
+    """vLLM in processes of its own (optional install; docs/engines.md)."""
+
+    kind: Literal["vllm"] = "vllm"
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype of the vllm engine (float32 keeps behaviour log-probs closest to the trainer's)."""
+    vllm_kv_cache_gb: int = Field(1, ge=1, le=4096)
+    """KV-cache memory of the vllm engine on CPU, in GiB (sets VLLM_CPU_KVCACHE_SPACE)."""
+
+
+EngineConfig: TypeAlias = Annotated[
+    Annotated[HFEngineConfig, Tag("hf")] | Annotated[VLLMEngineConfig, Tag("vllm")],
+    Discriminator(_kind_of("hf")),
+]
+"""``rollout.engine``: one model per ``kind``."""
 
 
 class GatewayConfig(Section):
@@ -345,7 +515,7 @@ class RolloutConfig(Section):
     group_size: int = Field(8, ge=1, le=1024)
     """Trajectories sampled per task (a group, for group baselines)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=HFEngineConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     temperature_jitter: float = Field(0.0, ge=0, le=1)
     """Per-episode temperature is drawn uniformly from temperature·(1 ± jitter)."""
@@ -480,16 +650,14 @@ class AlgoConfig(Section):
     """Entropy bonus weight."""
 
 
-class ValueModelConfig(Section):
+class _ValueModelBase(Section):
     """The value model of the ``gae`` and ``value_delta`` credit strategies (trained online)."""
 
-    kind: Literal["head", "separate"] = "head"
+    kind: str = "head"
     """``head``: a small MLP on the policy backbone's final hidden states (features detached, so the
     policy's optimiser is unaffected); ``separate``: its own tiny transformer of the policy's family."""
     hidden_size: int = Field(64, ge=4, le=4096)
     """Width of the head's hidden layer, and of the separate model's residual stream."""
-    num_layers: int = Field(1, ge=1, le=32)
-    """Transformer blocks of the separate model (kind: separate)."""
     lr: float = Field(1e-3, gt=0, le=1)
     """AdamW learning rate of the value model's own optimiser."""
     clip: float | None = Field(0.2, gt=0, le=10)
@@ -498,6 +666,27 @@ class ValueModelConfig(Section):
     """Value-model optimiser steps per training batch."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Gradient-norm clip of the value model."""
+
+
+class HeadValueModelConfig(_ValueModelBase):
+    """A value head on the policy backbone."""
+
+    kind: Literal["head"] = "head"
+
+
+class SeparateValueModelConfig(_ValueModelBase):
+    """A value model of its own."""
+
+    kind: Literal["separate"] = "separate"
+    num_layers: int = Field(1, ge=1, le=32)
+    """Transformer blocks of the separate model."""
+
+
+ValueModelConfig: TypeAlias = Annotated[
+    Annotated[HeadValueModelConfig, Tag("head")] | Annotated[SeparateValueModelConfig, Tag("separate")],
+    Discriminator(_kind_of("head")),
+]
+"""``credit.value``: one model per ``kind``."""
 
 
 class CreditConfig(Section):
@@ -530,7 +719,7 @@ class CreditConfig(Section):
     every N trainer steps (and at the last step), for ``asyncrl credit show``; 0 disables."""
     sample_size: int = Field(4, ge=1, le=1000)
     """Trajectories per credit sample file."""
-    value: ValueModelConfig = Field(default_factory=ValueModelConfig)
+    value: ValueModelConfig = Field(default_factory=HeadValueModelConfig)
 
 
 class OrchestratorConfig(Section):
@@ -570,18 +759,30 @@ class OrchestratorConfig(Section):
         return self
 
 
-class TransportConfig(Section):
+class _TransportBase(Section):
     """The trajectory queue between rollout workers and the trainer."""
 
-    kind: Literal["embedded", "redis"] = "embedded"
+    kind: str = "embedded"
     """``embedded``: durable SQLite queue in the run directory, no server; ``redis``: Redis Streams."""
     capacity: int = Field(1024, ge=1, le=10_000_000)
     """Unacknowledged trajectories at most; producers block beyond it (back-pressure)."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis server (kind: redis): ``redis://[:PASSWORD@]host:port/db``, ``rediss://`` for TLS. Written to the
-    run directory masked; a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD."""
     lease_seconds: float = Field(60.0, gt=0, le=86400)
     """A taken but unacknowledged entry is redelivered after this long."""
+
+
+class EmbeddedTransportConfig(_TransportBase):
+    """A durable SQLite queue in the run directory."""
+
+    kind: Literal["embedded"] = "embedded"
+
+
+class RedisTransportConfig(_TransportBase):
+    """Redis Streams."""
+
+    kind: Literal["redis"] = "redis"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis server: ``redis://[:PASSWORD@]host:port/db``, ``rediss://`` for TLS. Written to the
+    run directory masked; a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD."""
 
     @field_validator("redis_url")
     @classmethod
@@ -589,24 +790,50 @@ class TransportConfig(Section):
         return _redis_url(v)
 
 
-class WeightsConfig(Section):
+TransportConfig: TypeAlias = Annotated[
+    Annotated[EmbeddedTransportConfig, Tag("embedded")] | Annotated[RedisTransportConfig, Tag("redis")],
+    Discriminator(_kind_of("embedded")),
+]
+"""``transport``: one model per ``kind``."""
+
+
+class _WeightsBase(Section):
     """The versioned weight store."""
 
-    kind: Literal["local", "shared"] = "local"
+    kind: str = "local"
     """``local``: snapshots under the run directory; ``shared``: snapshots on a shared filesystem (``path``)
     with the latest-version pointer in Redis (``redis_url``), for roles on several machines."""
     keep: int = Field(3, ge=1, le=10000)
     """Snapshots kept (older ones are deleted)."""
+
+
+class LocalWeightsConfig(_WeightsBase):
+    """Snapshots under the run directory."""
+
+    kind: Literal["local"] = "local"
+
+
+class SharedWeightsConfig(_WeightsBase):
+    """Snapshots on a shared filesystem, the latest-version pointer in Redis."""
+
+    kind: Literal["shared"] = "shared"
     path: str | None = None
-    """kind: shared — directory on a filesystem every machine mounts (at the same path); the run's snapshots
+    """Directory on a filesystem every machine mounts (at the same path); the run's snapshots
     go to ``{path}/{run directory name}/``. Unset: ``{run_dir}/weights`` (the run directory is shared)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """kind: shared — Redis holding the latest-version pointer (same URL rules as transport.redis_url)."""
+    """Redis holding the latest-version pointer (same URL rules as transport.redis_url)."""
 
     @field_validator("redis_url")
     @classmethod
     def _url(cls, v: str) -> str:
         return _redis_url(v)
+
+
+WeightsConfig: TypeAlias = Annotated[
+    Annotated[LocalWeightsConfig, Tag("local")] | Annotated[SharedWeightsConfig, Tag("shared")],
+    Discriminator(_kind_of("local")),
+]
+"""``weights``: one model per ``kind``."""
 
 
 class PriceConfig(Section):
@@ -626,6 +853,38 @@ class PriceConfig(Section):
     """One GB moved through the queue or the weight store."""
 
 
+class CostAssumptionsConfig(Section):
+    """Assumptions of ``asyncrl cost estimate``, the budget of a run before it starts (docs/cost.md).
+
+    Each can also be given as a flag (``--tokens-per-trajectory 250``); ``--from-run RUN`` measures
+    all of them on an earlier run instead."""
+
+    trajectories: float = Field(10_000, ge=0)
+    """N: trajectories generated."""
+    tokens_per_trajectory: float = Field(100, ge=0)
+    """L: model (sampled) tokens per trajectory."""
+    rollout_tokens_per_s: float = Field(1_000, ge=0)
+    """P_rollout: generated model tokens per rollout device-second (idle included)."""
+    train_tokens_per_s: float = Field(1_000, ge=0)
+    """P_train: trained model tokens per trainer device-second (idle included)."""
+    env_calls_per_trajectory: float = Field(3, ge=0)
+    """E: environment calls per trajectory."""
+    env_seconds_per_call: float = Field(0.1, ge=0)
+    """Wall time a call occupies a tool server's core."""
+    reward_seconds_per_trajectory: float = Field(0.0, ge=0)
+    """Seconds of answer verification per trajectory (CPU)."""
+    value_model_fraction: float = Field(0.0, ge=0)
+    """Value-model compute as a fraction of training compute."""
+    transfer_bytes_per_trajectory: float = Field(20_000, ge=0)
+    """Queue plus weight-store traffic per trajectory."""
+    stored_bytes: float = Field(1e8, ge=0)
+    """Bytes kept (checkpoints, weights, queue) during the run."""
+    wall_seconds: float = Field(3600, ge=0)
+    """Run duration (for storage months and the cost rate)."""
+    startup_device_seconds: float = Field(0.0, ge=0)
+    """Fixed device time before the roles produce anything (interpreter and model start-up)."""
+
+
 class CostConfig(Section):
     """Cost ledger settings."""
 
@@ -636,6 +895,7 @@ class CostConfig(Section):
     prices: PriceConfig = Field(default_factory=PriceConfig)
     reward_cache: bool = True
     """Cache verdicts of deterministic answer verifiers by (environment, task, answer) (a cost lever)."""
+    assumptions: CostAssumptionsConfig = Field(default_factory=CostAssumptionsConfig)
 
     @model_validator(mode="after")
     def _priced(self) -> CostConfig:
@@ -902,12 +1162,17 @@ class RunConfig(Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
-    transport: TransportConfig = Field(default_factory=TransportConfig)
-    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    transport: TransportConfig = Field(default_factory=EmbeddedTransportConfig)
+    weights: WeightsConfig = Field(default_factory=LocalWeightsConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_dumps(cls, data: Any) -> Any:
+        return drop_stale_defaults(cls, data)
 
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
@@ -988,17 +1253,60 @@ def _describe_allowed(err: ErrorDetails) -> str:
     return str(err["msg"])
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def _walk(loc: tuple[int | str, ...], root: type[BaseModel]) -> tuple[str, str | None]:
+    """The dotted field path of an error location (variant tags left out), and for an unknown key
+    directly inside a variant section, why it is wrong when another kind has that field."""
+    parts: list[str] = []
+    model: type[BaseModel] | None = root
+    wrong_kind: str | None = None
+    i = 0
+    while i < len(loc):
+        name = loc[i]
+        parts.append(str(name))
+        field = model.model_fields.get(str(name)) if model is not None else None
+        i += 1
+        if field is None:
+            model = None
+            continue
+        kinds = variants(field)
+        if kinds and i < len(loc) and loc[i] in kinds:
+            kind = str(loc[i])
+            model = kinds[kind]
+            i += 1
+            if i == len(loc) - 1 and str(loc[i]) not in model.model_fields:
+                owners = [k for k, cls in kinds.items() if str(loc[i]) in cls.model_fields]
+                if owners:
+                    section = ".".join(parts)
+                    wrong_kind = (
+                        f"only for {section}.kind {' or '.join(repr(k) for k in owners)}, not for "
+                        f"{section}.kind {kind!r} (set {section}.kind, or remove the field)"
+                    )
+            continue
+        ann = field.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return ".".join(parts), wrong_kind
+
+
+def format_validation_error(exc: ValidationError, source: str, root: type[BaseModel] | None = None) -> str:
+    """One line per error: the field path, the bad value and what is allowed (no traceback)."""
     from asyncrl.credentials import mask_secrets
 
     lines = [f"invalid configuration ({mask_secrets(source)}):"]
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(root)"
+        path, wrong_kind = _walk(err["loc"], root or RunConfig)
+        path = path or "(root)"
         value = err.get("input")
         shown = mask_secrets(repr(value)) if not isinstance(value, dict) else "{...}"
         if len(shown) > 60:
             shown = shown[:57] + "..."
-        if err["type"] == "value_error":
+        if wrong_kind is not None:
+            lines.append(f"  {path}: {wrong_kind}")
+        elif err["type"] == "union_tag_invalid":
+            tag = mask_secrets(repr((err.get("ctx") or {}).get("tag")))
+            lines.append(
+                f"  {path}.kind = {tag}: allowed values: {(err.get('ctx') or {}).get('expected_tags')}"
+            )
+        elif err["type"] == "value_error":
             lines.append(f"  {path}: {str(err['msg']).removeprefix('Value error, ')}")
         elif err["type"] == "missing":
             lines.append(f"  {path}: required field is missing")
@@ -1088,26 +1396,65 @@ def config_hash(*parts: BaseModel) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _field_row(path: str, field: FieldInfo, note: str = "") -> tuple[str, str, str, str]:
+    ann = field.annotation
+    type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    default = "" if field.default_factory is not None else repr(field.default)
+    if field.default_factory is not None:
+        default = repr(field.default_factory())  # type: ignore[call-arg]
+    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [f"{sym} {getattr(m, k)}" for m in field.metadata for k, sym in symbols.items() if hasattr(m, k)]
+    doc = (field.description or "").strip().replace("\n", " ")
+    if bounds:
+        doc = f"{doc} [{', '.join(bounds)}]".strip()
+    return path, type_name, default, f"{note}{doc}"
+
+
+def _first_line(model: type[BaseModel]) -> str:
+    return (model.__doc__ or "").strip().splitlines()[0]
+
+
 def explain(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """Rows (path, type, default, doc) for every field of ``model``, recursing into sections."""
+    """Rows (path, type, default, doc) for every field of ``model``, recursing into sections.
+
+    A variant section lists its ``kind`` with every allowed value, then each field once; a field
+    that only some kinds have is marked ``kind: X —``."""
     rows: list[tuple[str, str, str, str]] = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
+        kinds = variants(field)
+        if kinds:
+            factory = field.default_factory
+            default_kind = (
+                factory.model_fields["kind"].default
+                if isinstance(factory, type) and issubclass(factory, BaseModel)
+                else None
+            )
+            base = next(iter(kinds.values())).__mro__[1]
+            assert issubclass(base, BaseModel)
+            rows.append((path, "section", "", _first_line(base)))
+            tags = ", ".join(repr(k) for k in kinds)
+            kind_doc = (base.model_fields["kind"].description or "").strip().replace("\n", " ")
+            rows.append((f"{path}.kind", f"Literal[{tags}]", repr(default_kind), kind_doc))
+            seen: set[str] = {"kind"}
+            for cls in kinds.values():
+                for fname, f in cls.model_fields.items():
+                    if fname in seen:
+                        continue
+                    seen.add(fname)
+                    owners = [k for k, c in kinds.items() if fname in c.model_fields]
+                    note = "" if len(owners) == len(kinds) else f"kind: {', '.join(owners)} — "
+                    sub = f.annotation
+                    if isinstance(sub, type) and issubclass(sub, BaseModel):
+                        rows.append((f"{path}.{fname}", "section", "", note + _first_line(sub)))
+                        rows.extend(explain(sub, f"{path}.{fname}."))
+                    else:
+                        rows.append(_field_row(f"{path}.{fname}", f, note))
+            continue
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.append((path, "section", "", (ann.__doc__ or "").strip().splitlines()[0]))
+            rows.append((path, "section", "", _first_line(ann)))
             rows.extend(explain(ann, path + "."))
             continue
-        type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
-        default = "" if field.default_factory is not None else repr(field.default)
-        if field.default_factory is not None:
-            default = repr(field.default_factory())  # type: ignore[call-arg]
-        symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-        bounds = [
-            f"{sym} {getattr(m, k)}" for m in field.metadata for k, sym in symbols.items() if hasattr(m, k)
-        ]
-        doc = (field.description or "").strip().replace("\n", " ")
-        if bounds:
-            doc = f"{doc} [{', '.join(bounds)}]".strip()
-        rows.append((path, type_name, default, doc))
+        rows.append(_field_row(path, field))
     return rows

@@ -9,51 +9,21 @@
 
 ``P_rollout`` and ``P_train`` are *effective* throughputs: model tokens per device-second including
 idle time, which is what a device bill counts. ``--from-run RUN`` measures all of them on an earlier
-run (optionally only on its first fraction: that is how the estimator's accuracy is checked).
+run (optionally only on its first fraction: that is how the estimator's accuracy is checked). The
+assumptions and their defaults are the ``cost.assumptions`` config section.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import CostConfig
+from asyncrl.config import CostAssumptionsConfig, CostConfig
 from asyncrl.cost.ledger import GB, MONTH_S, Usage, collect_usage, read_rows
 
-
-@dataclass
-class Assumptions:
-    """Inputs of :func:`estimate`; each is explained in :data:`ASSUMPTION_HELP`."""
-
-    trajectories: float = 10_000
-    tokens_per_trajectory: float = 100
-    rollout_tokens_per_s: float = 1_000
-    train_tokens_per_s: float = 1_000
-    env_calls_per_trajectory: float = 3
-    env_seconds_per_call: float = 0.1
-    reward_seconds_per_trajectory: float = 0.0
-    value_model_fraction: float = 0.0
-    transfer_bytes_per_trajectory: float = 20_000
-    stored_bytes: float = 1e8
-    wall_seconds: float = 3600
-    startup_device_seconds: float = 0.0
-
-
-ASSUMPTION_HELP: dict[str, str] = {  # one line per assumption (also the CLI's --help)
-    "trajectories": "N: trajectories generated.",
-    "tokens_per_trajectory": "L: model (sampled) tokens per trajectory.",
-    "rollout_tokens_per_s": "P_rollout: generated model tokens per rollout device-second (idle included).",
-    "train_tokens_per_s": "P_train: trained model tokens per trainer device-second (idle included).",
-    "env_calls_per_trajectory": "E: environment calls per trajectory.",
-    "env_seconds_per_call": "Wall time a call occupies a tool server's core.",
-    "reward_seconds_per_trajectory": "Seconds of answer verification per trajectory (CPU).",
-    "value_model_fraction": "Value-model compute as a fraction of training compute.",
-    "transfer_bytes_per_trajectory": "Queue plus weight-store traffic per trajectory.",
-    "stored_bytes": "Bytes kept (checkpoints, weights, queue) during the run.",
-    "wall_seconds": "Run duration (for storage months and the cost rate).",
-    "startup_device_seconds": "Fixed device time before the roles produce anything (interpreter and model start-up).",
-}
+Assumptions = CostAssumptionsConfig
+"""Inputs of :func:`estimate`: the ``cost.assumptions`` config section (:class:`asyncrl.config.CostAssumptionsConfig`,
+where each is documented with its default)."""
 
 
 def estimate(a: Assumptions, cfg: CostConfig) -> dict[str, float]:
@@ -137,4 +107,4 @@ def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
 
 
 def to_dict(a: Assumptions) -> dict[str, float]:
-    return {k: float(v) for k, v in asdict(a).items()}
+    return {k: float(v) for k, v in a.model_dump().items()}

@@ -28,7 +28,7 @@ from asyncrl.config import ModelConfig, ValueModelConfig
 
 
 class ValueModel:
-    def __init__(self, vcfg: ValueModelConfig, policy: Any, family: str = "qwen2", seed: int = 0) -> None:
+    def __init__(self, vcfg: ValueModelConfig, policy: Any, family: str, seed: int) -> None:
         from asyncrl.policy.model import build_model, input_vocab_size
 
         self.cfg, self.policy = vcfg, policy

@@ -71,7 +71,7 @@ from asyncrl.records import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from asyncrl.config import EngineConfig, RunConfig
+    from asyncrl.config import RunConfig, VLLMEngineConfig
     from asyncrl.policy.model import Policy
 
 INSTALL_HINT = (
@@ -153,7 +153,10 @@ def plan_head_padding(model_config: dict[str, Any]) -> int | None:
 def preflight(cfg: RunConfig) -> None:
     """Fail before any work (warm start, processes) if ``cfg`` cannot run on vLLM here."""
     require_vllm()
-    _set_env_defaults(cfg.rollout.engine.vllm_kv_cache_gb)
+    engine = cfg.rollout.engine
+    if engine.kind != "vllm":
+        raise ValueError(f"preflight is for rollout.engine.kind 'vllm', not {engine.kind!r}")
+    _set_env_defaults(engine.vllm_kv_cache_gb)
     m = cfg.model
     if m.path is not None:
         config_file = Path(m.path) / "config.json"
@@ -247,7 +250,7 @@ class VLLMEngine(GenerationEngine):
 
     @classmethod
     def from_policy(
-        cls, policy: Policy, stop_token_ids: Sequence[int], cfg: EngineConfig, *, seed: int | None = None
+        cls, policy: Policy, stop_token_ids: Sequence[int], cfg: VLLMEngineConfig, *, seed: int | None = None
     ) -> VLLMEngine:
         """An engine sampling from ``policy``'s current weights (saved to a private temp directory)."""
         require_vllm()

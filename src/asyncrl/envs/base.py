@@ -430,10 +430,10 @@ class HashSplitTaskSource(ABC):
     def __init__(
         self,
         *,
-        seed: int = 0,
+        seed: int,
+        heldout_size: int,
         min_difficulty: int | None = None,
         max_difficulty: int | None = None,
-        heldout_size: int = 64,
     ) -> None:
         if not self.difficulties:
             raise TypeError(f"{type(self).__name__} must define difficulties")

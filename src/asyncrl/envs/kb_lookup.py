@@ -257,7 +257,7 @@ class KBLookupEnv(ToolEnv):
 
     kind = "kb_lookup"
 
-    def __init__(self, seed: int = 1234, **kb_options: int) -> None:
+    def __init__(self, seed: int, **kb_options: int) -> None:
         super().__init__()
         self.kb_options = _kb_options(kb_options)
         self.kb = get_kb(seed, **self.kb_options)

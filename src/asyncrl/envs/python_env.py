@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.config import SandboxConfig
 from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
-from asyncrl.envs.sandbox import SandboxLimits, run_python
+from asyncrl.envs.sandbox import run_python
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.records import Task
 
@@ -182,26 +183,18 @@ def py_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> li
     return [f"<tool>python({_code(task)})</tool>", f"<answer>{answer + rng.choice((-1, 1))}</answer>"]
 
 
-_LIMIT_FIELDS = {f.name for f in fields(SandboxLimits)}
-
-
 class PythonEnv(ToolEnv):
     """Computation questions with a sandboxed ``python(CODE)`` tool; see the module docstring.
 
-    Options (``env.options``) are :class:`~asyncrl.envs.sandbox.SandboxLimits` fields, e.g.
-    ``{"cpu_seconds": 2, "wall_seconds": 5, "memory_bytes": 268435456}``.
+    It takes no ``env.options``: the sandbox limits are the ``env.sandbox`` config section
+    (:class:`~asyncrl.config.SandboxConfig`; unset ``limits``: its defaults).
     """
 
     kind = "python"
 
-    def __init__(self, **limits: Any) -> None:
+    def __init__(self, limits: SandboxConfig | None = None) -> None:
         super().__init__()
-        unknown = sorted(set(limits) - _LIMIT_FIELDS)
-        if unknown:
-            raise EnvOptionsError(
-                f"env.options for 'python': unknown {unknown}; allowed: {sorted(_LIMIT_FIELDS)}"
-            )
-        self.limits = SandboxLimits(**limits)
+        self.limits = limits if limits is not None else SandboxConfig()
         self.tools = [
             Tool(
                 name="python",
@@ -213,7 +206,11 @@ class PythonEnv(ToolEnv):
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> PythonEnv:
-        return cls(**cfg.options)
+        if cfg.options:
+            moved = sorted(set(cfg.options) & set(SandboxConfig.model_fields))
+            hint = f"; sandbox limits are env.sandbox fields, e.g. env.sandbox.{moved[0]}" if moved else ""
+            raise EnvOptionsError(f"env.options for 'python': it takes none, got {sorted(cfg.options)}{hint}")
+        return cls(cfg.sandbox)
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> PythonTasks:

@@ -13,7 +13,7 @@ Guarantees when running as ROOT (the mode this project deploys; ``isolation`` li
 ``uid``, ``net``, ``fs``):
 
 * **Privilege drop**: the code runs as a dedicated unprivileged uid/gid taken from a pool
-  (default 2000000-2000999, locked per run with ``flock`` so concurrent runs, even in other
+  (``env.sandbox.uid_base`` and the ``uid_count`` uids after it, locked per run with ``flock`` so concurrent runs, even in other
   processes, never share one), no supplementary groups, ``PR_SET_NO_NEW_PRIVS`` (setuid
   binaries cannot regain privileges). Root-private files (e.g. ``0600`` in a ``0700`` dir) are
   unreadable.
@@ -70,37 +70,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import SandboxConfig
+
 __all__ = ["SandboxLimits", "SandboxResult", "run_python", "run_python_sync", "sandbox_support"]
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandboxed run (all enforced per run)."""
-
-    cpu_seconds: int = 2
-    """CPU time (RLIMIT_CPU); the process gets SIGXCPU, one second later SIGKILL."""
-    wall_seconds: float = 5.0
-    """Wall-clock limit enforced by the host (kills the run's processes). Keep it below the
-    environment guard's ``step_timeout_s``."""
-    memory_bytes: int = 512 * 2**20
-    """Address-space limit (RLIMIT_AS) of each process."""
-    max_processes: int = 16
-    """Processes/threads of the run's uid (RLIMIT_NPROC)."""
-    file_size_bytes: int = 8 * 2**20
-    """Largest file the code may write (RLIMIT_FSIZE)."""
-    disk_bytes: int = 16 * 2**20
-    """Size of the private tmpfs work dir."""
-    max_open_files: int = 64
-    max_output_bytes: int = 16384
-    """stdout and stderr are each capped at this; writing more kills the run."""
-    max_code_chars: int = 20000
-    require_isolation: bool = True
-    """Refuse to run (error result) when network or filesystem isolation is unavailable."""
-    uid_base: int = 2_000_000
-    uid_count: int = 1000
-    """Pool of dedicated uids (root mode). Must not overlap real users."""
-    python: str | None = None
-    """Interpreter for the code; default: this process's base interpreter."""
+SandboxLimits = SandboxConfig
+"""Resource limits of one sandboxed run: the ``env.sandbox`` config section
+(:class:`asyncrl.config.SandboxConfig`, where every limit and its default is documented)."""
 
 
 @dataclass
@@ -334,7 +311,7 @@ class _UidLease:
             if _uid_pids(uid):  # leftovers of a crashed host process: the lock says they are ours
                 _kill_uid_sync(uid)
             return uid
-        raise RuntimeError("sandbox uid pool exhausted; raise SandboxLimits.uid_count")
+        raise RuntimeError("sandbox uid pool exhausted; raise env.sandbox.uid_count")
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -420,7 +397,7 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
     """Run ``code`` with ``python -I -S -c`` in the sandbox described in the module docstring.
 
     Never raises for anything the code does; host-side setup problems become a result with
-    ``error="sandbox_error"``.
+    ``error="sandbox_error"``. ``limits``: unset, the defaults of the ``env.sandbox`` config section.
     """
     limits = limits or SandboxLimits()
     started = time.monotonic()
@@ -613,5 +590,4 @@ def run_python_sync(code: str, limits: SandboxLimits | None = None) -> SandboxRe
 def sandbox_support(limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``print(1)`` without requiring isolation; ``.isolation`` tells what this host supports."""
     base = limits or SandboxLimits()
-    probe = SandboxLimits(**{**base.__dict__, "require_isolation": False})
-    return run_python_sync("print(1)", probe)
+    return run_python_sync("print(1)", base.model_copy(update={"require_isolation": False}))

@@ -155,8 +155,8 @@ class LatencyWrapper(EnvWrapper):
     def sample_delay(self) -> float:
         c = self.cfg
         if c.kind == "none" or c.seconds <= 0:
-            delay = 0.0
-        elif c.kind == "constant":
+            return 0.0
+        if c.kind == "constant":
             delay = c.seconds
         elif c.kind == "lognormal":
             delay = self.rng.lognormvariate(math.log(c.seconds), c.sigma)

@@ -12,7 +12,7 @@ import asyncio
 from collections import Counter, defaultdict
 from typing import Any
 
-from asyncrl.config import RunConfig
+from asyncrl.config import HFEngineConfig, RunConfig
 from asyncrl.records import SamplingParams, Task, Trajectory
 
 
@@ -49,9 +49,10 @@ async def run_episodes(
     renderer = make_renderer(cfg.model, policy)
     # Always the built-in engine: evaluation measures the policy, comparably across rollout
     # backends, and does not pay a vllm engine's start-up (docs/engines.md).
-    engine = make_engine(
-        cfg.rollout.engine.model_copy(update={"kind": "hf"}), policy, renderer.stop_token_ids, seed=seed
-    )
+    engine_cfg = cfg.rollout.engine
+    if engine_cfg.kind != "hf":  # the built-in engine's defaults, with the run's batching
+        engine_cfg = HFEngineConfig(max_batch=engine_cfg.max_batch, batch_wait_ms=engine_cfg.batch_wait_ms)
+    engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=seed)
     batcher = TurnBatcher.of(engine, cfg.rollout.engine)
     s = cfg.rollout.sampling
     settings = EpisodeSettings(

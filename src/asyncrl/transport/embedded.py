@@ -117,8 +117,8 @@ class EmbeddedQueue(TrajectoryQueue):
         self,
         path: str | Path,
         *,
-        capacity: int = 1024,
-        lease_seconds: float = 60.0,
+        capacity: int,
+        lease_seconds: float,
         synchronous: Synchronous = "NORMAL",
         busy_timeout_s: float = 30.0,
     ) -> None:

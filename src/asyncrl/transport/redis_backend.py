@@ -166,8 +166,8 @@ class RedisQueue(TrajectoryQueue):
         url: str,
         run_dir: str | Path,
         *,
-        capacity: int = 1024,
-        lease_seconds: float = 60.0,
+        capacity: int,
+        lease_seconds: float,
         prefix: str | None = None,
         socket_timeout_s: float = 30.0,
     ) -> None:

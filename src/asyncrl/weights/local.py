@@ -95,7 +95,7 @@ class LocalWeightStore(WeightStore):
     reuses everything here and only moves the pointer to Redis (``_read_pointer``/``_write_pointer``).
     """
 
-    def __init__(self, root: str | Path, *, keep: int = 3) -> None:
+    def __init__(self, root: str | Path, *, keep: int) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)

@@ -57,7 +57,7 @@ def pointer_key(root: str | Path) -> str:
 class SharedWeightStore(LocalWeightStore):
     """Snapshots under ``root`` (a shared filesystem); the pointer in Redis at ``redis_url``."""
 
-    def __init__(self, root: str | Path, redis_url: str, *, keep: int = 3) -> None:
+    def __init__(self, root: str | Path, redis_url: str, *, keep: int) -> None:
         # connect first, under the one Redis retry policy (a role started while Redis restarts waits for
         # it); bad settings, or a Redis that stays down, fail with a UserError naming the field
         self._r: Any = open_redis(redis_url, "weights.redis_url", socket_timeout_s=10.0)
