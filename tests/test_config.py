@@ -255,6 +255,14 @@ def test_a_start_that_fails_on_a_bad_path_or_option_leaves_no_run_directory(
             "'none'",
         ),
         (["credit.value.num_layers=2"], "credit.value.num_layers", "'separate'", "'head'"),
+        (["launcher.heartbeat_timeout_s=5"], "launcher.heartbeat_timeout_s", "'external'", "'local'"),
+        (
+            ["launcher.kind=external", "launcher.trainer_gpus=1"],
+            "launcher.trainer_gpus",
+            "'ray'",
+            "'external'",
+        ),
+        (["control.state.prefix=run-a"], "control.state.prefix", "'redis'", "'sqlite'"),
     ],
 )
 def test_a_field_of_another_kind_is_refused_naming_field_and_kind(
@@ -313,6 +321,22 @@ def test_variant_sections_pick_their_model_by_kind() -> None:
     assert isinstance(cfg.env.latency, ParetoLatencyConfig) and cfg.env.latency.alpha == 1.2
     assert isinstance(cfg.credit.value, SeparateValueModelConfig) and cfg.credit.value.num_layers == 2
     assert RunConfig.model_validate(yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json")))) == cfg
+    from asyncrl.config import (
+        ExternalLauncherConfig,
+        LocalLauncherConfig,
+        RayLauncherConfig,
+        RedisStateConfig,
+    )
+
+    assert isinstance(d.launcher, LocalLauncherConfig)
+    ray = load_config(None, ["launcher.kind=ray", "launcher.trainer_gpus=1"]).launcher
+    assert isinstance(ray, RayLauncherConfig) and ray.trainer_gpus == 1
+    assert isinstance(load_config(None, ["launcher.kind=external"]).launcher, ExternalLauncherConfig)
+    state = load_config(
+        None,
+        ["control.state.kind=redis", "control.state.redis_url=redis://h:6379/2", "control.state.prefix=a"],
+    ).control.state
+    assert isinstance(state, RedisStateConfig) and state.prefix == "a"
     with pytest.raises(ConfigError, match=r"transport\.kind = 'kafka': allowed values: 'embedded', 'redis'"):
         load_config(None, ["transport.kind=kafka"])
 

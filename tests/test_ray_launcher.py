@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("ray", reason="needs ray (pip install 'asyncrl[ray]')")
 
-from asyncrl.config import LauncherConfig, load_config
+from asyncrl.config import RayLauncherConfig, load_config
 from asyncrl.errors import UserError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -40,7 +40,7 @@ def test_actor_exit_codes_restart_and_placement_errors(monkeypatch: pytest.Monke
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    launcher = RayLauncher(LauncherConfig(kind="ray", rollout_cpus=0.5, trainer_cpus=0.5))
+    launcher = RayLauncher(RayLauncherConfig(rollout_cpus=0.5, trainer_cpus=0.5))
     try:
         assert ray.is_initialized()
         gcs_port = int(ray.get_runtime_context().gcs_address.rsplit(":", 1)[1])
@@ -67,7 +67,7 @@ def test_actor_exit_codes_restart_and_placement_errors(monkeypatch: pytest.Monke
         import asyncrl.launch.ray_launcher as rl
 
         monkeypatch.setattr(rl, "_PLACE_TIMEOUT_S", 3.0)
-        launcher.cfg = LauncherConfig(kind="ray", trainer_gpus=8)
+        launcher.cfg = RayLauncherConfig(trainer_gpus=8)
         with pytest.raises(UserError, match=r"launcher\.trainer_gpus"):
             launcher.start("trainer", time.sleep, 1)
     finally:

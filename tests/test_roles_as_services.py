@@ -141,10 +141,10 @@ def test_role_waits_then_fails_clearly_without_an_orchestrator(tmp_path: Path) -
 def test_external_launcher_marks_ready_and_watches_heartbeats(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from asyncrl.config import LauncherConfig
+    from asyncrl.config import ExternalLauncherConfig
     from asyncrl.launch.external import READY_FILE, ExternalLauncher
 
-    launcher = ExternalLauncher(LauncherConfig(kind="external", heartbeat_timeout_s=0.3), tmp_path)
+    launcher = ExternalLauncher(ExternalLauncherConfig(heartbeat_timeout_s=0.3), tmp_path)
     assert not (tmp_path / READY_FILE).exists()
     launcher.start("trainer", print)  # nothing is launched: the role runs elsewhere
     assert (tmp_path / READY_FILE).is_file() and launcher.names() == ["trainer"]

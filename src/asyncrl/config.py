@@ -42,7 +42,7 @@ def _kind_of(default: str) -> Callable[[Any], Any]:
     """Discriminator of a variant section: its ``kind``, or ``default`` where a mapping has none.
 
     Variant sections (``transport``, ``weights``, ``rollout.engine``, ``env.latency``,
-    ``credit.value``) are unions of one model per ``kind``, each with only the fields that mean
+    ``credit.value``, ``launcher``, ``control.state``) are unions of one model per ``kind``, each with only the fields that mean
     something for that kind; a field of another kind is an error (see :func:`format_validation_error`).
     """
 
@@ -937,10 +937,10 @@ class TelemetryConfig(Section):
     """Alerts the live display and the orchestrator's snapshot keep (all of them are in ``alerts.jsonl``)."""
 
 
-class LauncherConfig(Section):
+class _LauncherBase(Section):
     """How role processes are placed."""
 
-    kind: Literal["local", "ray", "external"] = "local"
+    kind: str = "local"
     """``local``: OS processes on this machine; ``ray``: Ray actors; ``external``: the roles are started
     elsewhere (``asyncrl role ...`` as services) and the orchestrator only watches their heartbeats."""
     torch_threads: int = Field(1, ge=1, le=1024)
@@ -952,36 +952,75 @@ class LauncherConfig(Section):
     then live in the heap, whose fragments are kept, so a role's RSS can be twice its live tensors
     (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades some speed (page
     faults on every large allocation) for a peak close to the live memory."""
+
+
+class LocalLauncherConfig(_LauncherBase):
+    """OS processes on this machine."""
+
+    kind: Literal["local"] = "local"
+
+
+class RayLauncherConfig(_LauncherBase):
+    """Ray actors."""
+
+    kind: Literal["ray"] = "ray"
     address: str | None = None
-    """kind: ray — cluster to join: ``auto`` (the cluster of ``ray start`` on this machine), ``ray://host:10001``
+    """Cluster to join: ``auto`` (the cluster of ``ray start`` on this machine), ``ray://host:10001``
     (Ray Client), or unset for a local cluster started (and stopped) by the launcher."""
     rollout_cpus: float = Field(1.0, ge=0, le=1024)
-    """kind: ray — CPUs requested by each rollout-worker actor."""
+    """CPUs requested by each rollout-worker actor."""
     rollout_gpus: float = Field(0.0, ge=0, le=64)
-    """kind: ray — GPUs requested by each rollout-worker actor (fractions share a device)."""
+    """GPUs requested by each rollout-worker actor (fractions share a device)."""
     trainer_cpus: float = Field(1.0, ge=0, le=1024)
-    """kind: ray — CPUs requested by the trainer actor."""
+    """CPUs requested by the trainer actor."""
     trainer_gpus: float = Field(0.0, ge=0, le=64)
-    """kind: ray — GPUs requested by the trainer actor."""
+    """GPUs requested by the trainer actor."""
+
+
+class ExternalLauncherConfig(_LauncherBase):
+    """Roles started elsewhere as services; the orchestrator watches their heartbeats."""
+
+    kind: Literal["external"] = "external"
     heartbeat_timeout_s: float = Field(120.0, gt=0, le=86400)
-    """kind: external — a role whose metrics file has not changed for this long is reported as silent."""
+    """A role whose metrics file has not changed for this long is reported as silent."""
 
 
-class StateStoreConfig(Section):
+LauncherConfig: TypeAlias = Annotated[
+    Annotated[LocalLauncherConfig, Tag("local")]
+    | Annotated[RayLauncherConfig, Tag("ray")]
+    | Annotated[ExternalLauncherConfig, Tag("external")],
+    Discriminator(_kind_of("local")),
+]
+"""``launcher``: one model per ``kind``."""
+
+
+class _StateBase(Section):
     """Where the orchestrator's state lives (counters, ledger, documents; restored on --resume)."""
 
-    kind: Literal["sqlite", "redis"] = "sqlite"
+    kind: str = "sqlite"
     """``sqlite``: ``run_dir/control.sqlite`` (embedded, survives a crash of any role); ``redis``: the same
     counters, ledger and documents in Redis (``redis_url``), so roles on several machines need no shared
     SQLite file."""
     snapshot_every_s: float = Field(1.0, gt=0, le=3600)
     """Seconds between snapshots of the orchestrator's rule states into the store."""
+
+
+class SQLiteStateConfig(_StateBase):
+    """``run_dir/control.sqlite``."""
+
+    kind: Literal["sqlite"] = "sqlite"
+
+
+class RedisStateConfig(_StateBase):
+    """The run's state in Redis."""
+
+    kind: Literal["redis"] = "redis"
     redis_url: str | None = None
-    """kind: redis — the Redis server (same URL rules as transport.redis_url; masked in the run directory,
-    a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD). Required with kind: redis."""
+    """The Redis server (same URL rules as transport.redis_url; masked in the run directory, a masked or
+    absent password is read from $ASYNCRL_REDIS_PASSWORD). Required."""
     prefix: str | None = None
-    """kind: redis — key prefix of this run's state; unset: ``asyncrl:{<hash of the run directory>}:state``
-    (set it when the roles see the run directory under different absolute paths)."""
+    """Key prefix of this run's state; unset: ``asyncrl:{<hash of the run directory>}:state`` (set it when
+    the roles see the run directory under different absolute paths)."""
 
     @field_validator("redis_url")
     @classmethod
@@ -989,14 +1028,21 @@ class StateStoreConfig(Section):
         return None if v is None else _redis_url(v)
 
     @model_validator(mode="after")
-    def _check(self) -> StateStoreConfig:
-        if self.kind == "redis" and not self.redis_url:
+    def _check(self) -> RedisStateConfig:
+        if not self.redis_url:
             raise ValueError(
                 "control.state.kind=redis needs control.state.redis_url, e.g. redis://127.0.0.1:6379/0"
             )
         if self.prefix is not None and not self.prefix.strip():
             raise ValueError("control.state.prefix must not be empty (unset it for the default)")
         return self
+
+
+StateStoreConfig: TypeAlias = Annotated[
+    Annotated[SQLiteStateConfig, Tag("sqlite")] | Annotated[RedisStateConfig, Tag("redis")],
+    Discriminator(_kind_of("sqlite")),
+]
+"""``control.state``: one model per ``kind``."""
 
 
 class CurriculumConfig(Section):
@@ -1127,7 +1173,7 @@ class ElasticConfig(Section):
 class ControlConfig(Section):
     """The orchestrator's rules: curriculum, breakers, drift, exploration, elastic capacity, state."""
 
-    state: StateStoreConfig = Field(default_factory=StateStoreConfig)
+    state: StateStoreConfig = Field(default_factory=SQLiteStateConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     drift: DriftConfig = Field(default_factory=DriftConfig)
@@ -1166,7 +1212,7 @@ class RunConfig(Section):
     weights: WeightsConfig = Field(default_factory=LocalWeightsConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
-    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    launcher: LauncherConfig = Field(default_factory=LocalLauncherConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
 
     @model_validator(mode="before")

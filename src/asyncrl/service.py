@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from asyncrl.config import RunConfig
+from asyncrl.config import ExternalLauncherConfig, RunConfig
 from asyncrl.credentials import check_connections
 from asyncrl.errors import UserError
 from asyncrl.launch.external import READY_FILE
@@ -58,7 +58,13 @@ def run_role(
     if role == "orchestrator":
         from asyncrl.orchestrator.run import train
 
-        cfg = cfg.model_copy(update={"launcher": cfg.launcher.model_copy(update={"kind": "external"})})
+        lc = cfg.launcher  # the roles run as services: the orchestrator only watches them
+        external = ExternalLauncherConfig(
+            torch_threads=lc.torch_threads,
+            malloc_mmap_threshold_kb=lc.malloc_mmap_threshold_kb,
+            **({"heartbeat_timeout_s": lc.heartbeat_timeout_s} if lc.kind == "external" else {}),
+        )
+        cfg = cfg.model_copy(update={"launcher": external})
         resume = run_dir if (run_dir / "initial_eval.json").is_file() else None
         _, summary = train(cfg, resume=resume, run_dir=run_dir, display=False)
         return summary

@@ -21,8 +21,6 @@ __all__ = ["Launcher", "LocalLauncher", "make_launcher"]
 
 def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
     """``local``: processes here; ``ray``: Ray actors; ``external``: roles started as services elsewhere."""
-    if cfg.kind == "local":
-        return LocalLauncher()
     if cfg.kind == "ray":
         from asyncrl.launch.ray_launcher import RayLauncher  # lazy: ray is an optional dependency
 
@@ -33,4 +31,4 @@ def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
         if run_dir is None:
             raise ValueError("launcher.kind 'external' needs the run directory")
         return ExternalLauncher(cfg, run_dir)
-    raise ValueError(f"unknown launcher.kind {cfg.kind!r}")
+    return LocalLauncher()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import LauncherConfig
+from asyncrl.config import ExternalLauncherConfig
 from asyncrl.launch.base import Launcher
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ READY_FILE = "roles.ready"
 
 
 class ExternalLauncher(Launcher):
-    def __init__(self, cfg: LauncherConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: ExternalLauncherConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self._started: dict[str, float] = {}
         self._silent: set[str] = set()

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.config import LauncherConfig
+from asyncrl.config import RayLauncherConfig
 from asyncrl.errors import UserError
 from asyncrl.launch.base import Launcher
 
@@ -112,7 +112,7 @@ def _refresh_ray_auth() -> None:
 
 
 class RayLauncher(Launcher):
-    def __init__(self, cfg: LauncherConfig) -> None:
+    def __init__(self, cfg: RayLauncherConfig) -> None:
         self.cfg = cfg
         self._roles: dict[str, _Role] = {}
         self._owns_cluster = False

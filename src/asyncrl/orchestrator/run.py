@@ -65,9 +65,10 @@ class Orchestrator:
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = RunState.open(cfg, run_dir)
-        if not resume and cfg.control.state.kind == "redis" and self.state.holds_a_run():
+        sc = cfg.control.state
+        if not resume and sc.kind == "redis" and self.state.holds_a_run():
             raise UserError(
-                f"control.state.prefix {cfg.control.state.prefix!r} already holds another run's state in Redis; "
+                f"control.state.prefix {sc.prefix!r} already holds another run's state in Redis; "
                 "use a new prefix per run (or unset it), or resume that run with asyncrl train --resume"
             )
         self.launcher = make_launcher(cfg.launcher, run_dir)

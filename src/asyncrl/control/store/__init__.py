@@ -25,13 +25,11 @@ def make_state_store(cfg: RunConfig, run_dir: str | Path) -> StateStore:
     """The run's state store, by ``control.state.kind`` (``sqlite``: ``run_dir/control.sqlite``;
     ``redis``: :class:`~asyncrl.control.store.redis_backend.RedisStateStore` at
     ``control.state.redis_url``)."""
-    kind = cfg.control.state.kind
-    if kind == "sqlite":
-        return SQLiteStateStore(Path(run_dir) / "control.sqlite")
-    if kind == "redis":
+    sc = cfg.control.state
+    if sc.kind == "redis":
         from asyncrl.control.store.redis_backend import RedisStateStore  # lazy: sqlite users skip redis
 
-        if not cfg.control.state.redis_url:
+        if not sc.redis_url:
             raise UserError("control.state.kind=redis needs control.state.redis_url")
-        return RedisStateStore(cfg.control.state.redis_url, run_dir, prefix=cfg.control.state.prefix)
-    raise UserError(f"control.state.kind {kind!r} is not available; use sqlite or redis")
+        return RedisStateStore(sc.redis_url, run_dir, prefix=sc.prefix)
+    return SQLiteStateStore(Path(run_dir) / "control.sqlite")
