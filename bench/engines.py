@@ -115,7 +115,7 @@ def bench_model(
     for kind in engines:
         t0 = time.perf_counter()
         if kind == "hf":
-            engine: GenerationEngine = HFEngine(policy, [], max_batch=batch, seed=0)
+            engine: GenerationEngine = HFEngine(policy, [], max_batch=batch, seed=0, cuda_graphs=False)
         else:
             engine = make_engine(VLLMEngineConfig(max_batch=batch, vllm_dtype=vllm_dtype), policy, [], seed=0)  # type: ignore[arg-type]
         startup = time.perf_counter() - t0

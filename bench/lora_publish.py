@@ -29,7 +29,7 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int) -> dict
 
     cfg = ModelConfig(path=str(model_dir), lora=lora)
     trainer, sampler = Policy.load(model_dir, cfg=cfg), Policy.load(model_dir, cfg=cfg)
-    engine = HFEngine(sampler, [2], seed=0)
+    engine = HFEngine(sampler, [2], seed=0, max_batch=64, cuda_graphs=False)
     publish, load = [], []
     with tempfile.TemporaryDirectory() as run_dir:
         store = make_weight_store(LocalWeightsConfig(keep=2), Path(run_dir))

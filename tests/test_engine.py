@@ -121,8 +121,8 @@ def test_static_cache_greedy_equals_growing_cache_and_reuses_buffers() -> None:
     prompts = random_prompts(13, 1, 30, seed=6)
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=12)
     params = [SamplingParams(temperature=1e-4, max_new_tokens=n) for n in range(1, 14)]
-    growing = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=False)
-    static = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=True)
+    growing = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=False, cuda_graphs=False)
+    static = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=True, cuda_graphs=False)
 
     def same(a: list[Sample], b: list[Sample]) -> bool:
         return all(
@@ -145,7 +145,7 @@ def test_static_cache_greedy_equals_growing_cache_and_reuses_buffers() -> None:
 def test_static_cache_falls_back_when_a_chunk_would_overflow_it() -> None:
     """A long prompt batched with short ones that may sample far: the growing cache takes the chunk."""
     policy = tiny(max_context=64)
-    engine = HFEngine(policy, [], seed=0, max_batch=8, static_cache=True)
+    engine = HFEngine(policy, [], seed=0, max_batch=8, static_cache=True, cuda_graphs=False)
     engine.cache_len = 70  # what max_context + slack would be for a smaller slack
     out = engine.generate([[11] * 60, [12] * 4], SamplingParams(max_new_tokens=40))
     assert [len(s.token_ids) for s in out] == [4, 40]
@@ -170,7 +170,7 @@ def test_logprobs_agree_with_per_prompt_temperature() -> None:
     prompts = random_prompts(16, 1, 30, seed=2)
     temps = [0.5 + 0.05 * i for i in range(16)]
     params = [SamplingParams(temperature=t, max_new_tokens=16) for t in temps]
-    samples = HFEngine(policy, [2], seed=3).generate(prompts, params)
+    samples = HFEngine(policy, [2], seed=3, max_batch=64, cuda_graphs=False).generate(prompts, params)
     ref = recomputed(policy, prompts, samples, temps)
     delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
     assert delta.mean() < 1e-4 and delta.max() < 1e-3
@@ -180,7 +180,7 @@ def test_top_p_logprobs_are_of_the_renormalised_nucleus() -> None:
     """With top_p < 1 the recorded log-prob exceeds the tempered one by -log(nucleus mass) >= 0."""
     policy = tiny(peaky=8.0)
     prompts = random_prompts(16, 3, 20, seed=4)
-    samples = HFEngine(policy, [], seed=5).generate(
+    samples = HFEngine(policy, [], seed=5, max_batch=64, cuda_graphs=False).generate(
         prompts, SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=8)
     )
     ref = recomputed(policy, prompts, samples, [1.0] * len(prompts))
@@ -194,7 +194,7 @@ def test_top_p_logprobs_are_of_the_renormalised_nucleus() -> None:
 def test_small_temperature_is_greedy_and_matches_unbatched_decoding() -> None:
     policy = tiny(peaky=4.0)
     prompts = random_prompts(8, 1, 25, seed=6)
-    engine = HFEngine(policy, [], seed=0, max_batch=8)
+    engine = HFEngine(policy, [], seed=0, max_batch=8, cuda_graphs=False)
     samples = engine.generate(prompts, SamplingParams(temperature=1e-4, max_new_tokens=12))
     for p, s in zip(prompts, samples, strict=True):
         assert s.token_ids == greedy_reference(policy, p, 12)
@@ -209,12 +209,12 @@ def test_seeded_sampling_is_reproducible() -> None:
     policy = tiny()
     prompts = random_prompts(12, 2, 20, seed=7)
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-    a = HFEngine(policy, [2], seed=11).generate(prompts, sp)
-    b = HFEngine(policy, [2], seed=11).generate(prompts, sp)
+    a = HFEngine(policy, [2], seed=11, max_batch=64, cuda_graphs=False).generate(prompts, sp)
+    b = HFEngine(policy, [2], seed=11, max_batch=64, cuda_graphs=False).generate(prompts, sp)
     assert a == b
-    c = HFEngine(policy, [2], seed=12).generate(prompts, sp)
+    c = HFEngine(policy, [2], seed=12, max_batch=64, cuda_graphs=False).generate(prompts, sp)
     assert [s.token_ids for s in a] != [s.token_ids for s in c]
-    engine = HFEngine(policy, [2], seed=11)
+    engine = HFEngine(policy, [2], seed=11, max_batch=64, cuda_graphs=False)
     first, second = engine.generate(prompts, sp), engine.generate(prompts, sp)
     assert first == a and second != first  # the generator advances across calls
 
@@ -222,7 +222,7 @@ def test_seeded_sampling_is_reproducible() -> None:
 def test_stop_tokens_end_samples() -> None:
     policy = tiny()
     stops = list(range(40, 56))
-    samples = HFEngine(policy, stops, seed=1).generate(
+    samples = HFEngine(policy, stops, seed=1, max_batch=64, cuda_graphs=False).generate(
         random_prompts(32, 1, 20, seed=8), SamplingParams(max_new_tokens=30)
     )
     reasons = [s.finish_reason for s in samples]
@@ -240,14 +240,14 @@ def test_max_new_tokens_per_prompt() -> None:
     policy = tiny()
     prompts = random_prompts(8, 1, 12, seed=9)
     params = [SamplingParams(max_new_tokens=n) for n in range(1, 9)]
-    samples = HFEngine(policy, [], seed=2).generate(prompts, params)
+    samples = HFEngine(policy, [], seed=2, max_batch=64, cuda_graphs=False).generate(prompts, params)
     assert [len(s.token_ids) for s in samples] == list(range(1, 9))
     assert all(s.finish_reason == "length" for s in samples)
 
 
 def test_context_limit() -> None:
     policy = tiny(max_context=16)
-    engine = HFEngine(policy, [], seed=0)
+    engine = HFEngine(policy, [], seed=0, max_batch=64, cuda_graphs=False)
     with pytest.raises(ValueError, match=r"prompt 1 has 17 tokens, longer than the model's context of 16"):
         engine.generate([[11, 12], [11] * 17], SamplingParams())
     full, near = engine.generate([[11] * 16, [12] * 13], SamplingParams(max_new_tokens=10))
@@ -256,7 +256,7 @@ def test_context_limit() -> None:
 
 
 def test_invalid_requests() -> None:
-    engine = HFEngine(tiny(), [2], seed=0)
+    engine = HFEngine(tiny(), [2], seed=0, max_batch=64, cuda_graphs=False)
     with pytest.raises(ValueError, match="empty"):
         engine.generate([[]], SamplingParams())
     with pytest.raises(ValueError, match="vocabulary"):
@@ -268,7 +268,7 @@ def test_invalid_requests() -> None:
     with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
         engine.generate([[10]], [SamplingParams(), SamplingParams()])
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        HFEngine(tiny(), [9999])
+        HFEngine(tiny(), [9999], max_batch=64, cuda_graphs=False)
     assert engine.generate([], SamplingParams()) == []
 
 
@@ -289,7 +289,7 @@ def test_first_token_frequencies_match_distribution(temperature: float, top_p: f
     policy = tiny(peaky=4.0)
     prompt = [1, 20, 30, 40]
     n = 6000
-    engine = HFEngine(policy, [], seed=13, max_batch=n)
+    engine = HFEngine(policy, [], seed=13, max_batch=n, cuda_graphs=False)
     samples = engine.generate(
         [prompt] * n, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1)
     )
@@ -317,7 +317,7 @@ def test_first_token_frequencies_match_distribution(temperature: float, top_p: f
 def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     prompts = random_prompts(6, 2, 12, seed=14)
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)
-    engine: GenerationEngine = HFEngine(tiny(seed=0), [], seed=0)
+    engine: GenerationEngine = HFEngine(tiny(seed=0), [], seed=0, max_batch=64, cuda_graphs=False)
     assert engine.version == 0
     before = [s.token_ids for s in engine.generate(prompts, greedy)]
     other = tiny(seed=1)
@@ -326,7 +326,10 @@ def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     assert engine.version == 3
     after = [s.token_ids for s in engine.generate(prompts, greedy)]
     assert after != before
-    assert after == [s.token_ids for s in HFEngine(other, [], seed=0).generate(prompts, greedy)]
+    assert after == [
+        s.token_ids
+        for s in HFEngine(other, [], seed=0, max_batch=64, cuda_graphs=False).generate(prompts, greedy)
+    ]
     engine.load_weights(4, tiny(seed=0).state_dict_tensors())
     assert engine.version == 4
     assert [s.token_ids for s in engine.generate(prompts, greedy)] == before
@@ -338,7 +341,9 @@ def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
 def test_generate_leaves_train_mode_and_grads_alone() -> None:
     policy = tiny()
     policy.model.train()
-    HFEngine(policy, [2], seed=0).generate([[10, 11]], SamplingParams(max_new_tokens=4))
+    HFEngine(policy, [2], seed=0, max_batch=64, cuda_graphs=False).generate(
+        [[10, 11]], SamplingParams(max_new_tokens=4)
+    )
     assert policy.model.training
     assert all(p.grad is None for p in policy.model.parameters())
 

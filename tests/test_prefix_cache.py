@@ -62,8 +62,10 @@ def test_reuse_gives_the_samples_of_a_full_prefill(
 ) -> None:
     policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
     sp = SamplingParams(temperature=temperature, max_new_tokens=16)
-    cached = HFEngine(policy, STOPS, seed=3, max_batch=8, compact_fraction=compact, prefix_cache_mb=64)
-    plain = HFEngine(policy, STOPS, seed=3, max_batch=8, compact_fraction=compact)
+    cached = HFEngine(
+        policy, STOPS, seed=3, max_batch=8, compact_fraction=compact, prefix_cache_mb=64, cuda_graphs=False
+    )
+    plain = HFEngine(policy, STOPS, seed=3, max_batch=8, compact_fraction=compact, cuda_graphs=False)
     prompts, with_reuse = multi_turn(cached, 3, sp)
     _, without = multi_turn(plain, 3, sp)
     assert_same(with_reuse, without)
@@ -83,7 +85,9 @@ def test_reuse_gives_the_samples_of_a_full_prefill(
 def test_stored_kv_equals_a_fresh_forward_pass() -> None:
     """Every entry (rows compacted away mid-decode and rows left at the end) holds its ids' own KV."""
     policy = tiny(peaky=2.0)
-    engine = HFEngine(policy, STOPS, seed=1, max_batch=16, compact_fraction=0.0, prefix_cache_mb=64)
+    engine = HFEngine(
+        policy, STOPS, seed=1, max_batch=16, compact_fraction=0.0, prefix_cache_mb=64, cuda_graphs=False
+    )
     prompts = random_prompts(12, 3, 25, seed=5)
     samples = engine.generate(prompts, SamplingParams(max_new_tokens=12))
     assert engine.prefix_cache is not None and len(engine.prefix_cache) == len(set(map(tuple, prompts)))
@@ -102,7 +106,7 @@ def test_stored_kv_equals_a_fresh_forward_pass() -> None:
 
 def test_weight_load_drops_the_cache(tmp_path: Path) -> None:
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)
-    engine = HFEngine(tiny(seed=0), STOPS, seed=0, prefix_cache_mb=64)
+    engine = HFEngine(tiny(seed=0), STOPS, seed=0, prefix_cache_mb=64, max_batch=64, cuda_graphs=False)
     prompts = random_prompts(6, 2, 12, seed=14)
     first = engine.generate(prompts, greedy)
     assert engine.prefix_cache is not None and len(engine.prefix_cache) > 0
@@ -113,7 +117,7 @@ def test_weight_load_drops_the_cache(tmp_path: Path) -> None:
     assert len(engine.prefix_cache) == 0 and engine.prefix_cache.bytes == 0
     after = engine.generate(nxt, greedy)
     assert engine.prefill_tokens_reused == 0
-    fresh = HFEngine(other, STOPS, seed=0).generate(nxt, greedy)
+    fresh = HFEngine(other, STOPS, seed=0, max_batch=64, cuda_graphs=False).generate(nxt, greedy)
     assert [s.token_ids for s in after] == [s.token_ids for s in fresh]
     # a version set by hand (not through a load) does not match the entries either
     engine.version = 4
@@ -125,8 +129,10 @@ def test_eviction_keeps_the_memory_bound_and_the_samples() -> None:
     policy = tiny()
     per_token = 2 * 2 * 2 * 8 * 4  # layers x (k, v) x kv_heads x head_dim x float32 bytes
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-    small = HFEngine(policy, STOPS, seed=7, max_batch=8, prefix_cache_mb=200 * per_token / 2**20)
-    plain = HFEngine(policy, STOPS, seed=7, max_batch=8)
+    small = HFEngine(
+        policy, STOPS, seed=7, max_batch=8, prefix_cache_mb=200 * per_token / 2**20, cuda_graphs=False
+    )
+    plain = HFEngine(policy, STOPS, seed=7, max_batch=8, cuda_graphs=False)
     _, a = multi_turn(small, 3, sp, seed=2)
     _, b = multi_turn(plain, 3, sp, seed=2)
     assert_same(a, b)

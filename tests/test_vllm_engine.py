@@ -239,7 +239,7 @@ def test_vllm_reloads_versioned_snapshots(vllm_setup: tuple[Any, Policy], tmp_pa
 def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tuple[Any, Policy]) -> None:
     """Same interface as HFEngine: the same calls give samples of the same shape and semantics."""
     engine, policy = vllm_setup
-    hf = HFEngine(policy, [2, 50, 60], seed=0)
+    hf = HFEngine(policy, [2, 50, 60], seed=0, max_batch=64, cuda_graphs=False)
     prompts = random_prompts(6, 3, 8, seed=5)
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     for out in (engine.generate(prompts, sp), hf.generate(prompts, sp)):

@@ -204,14 +204,15 @@ class HFEngine(GenerationEngine):
         policy: Policy,
         stop_token_ids: Sequence[int],
         *,
-        max_batch: int = 64,
+        max_batch: int,
+        cuda_graphs: bool,
         seed: int | None = None,
         compact_fraction: float = 0.25,
         static_cache: bool | None = None,
-        cuda_graphs: bool = True,
         prefix_cache_mb: float = 0.0,
     ) -> None:
-        """``seed`` makes sampling reproducible (the generator persists across calls);
+        """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
+        passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
         ``compact_fraction``: drop finished rows once they are this share of the batch;
         ``static_cache``: decode with :class:`StaticDecoder` (``None``: where the model is on a
         CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);

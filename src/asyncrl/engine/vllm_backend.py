@@ -200,10 +200,10 @@ class VLLMEngine(GenerationEngine):
         *,
         vocab_size: int,
         max_context: int,
-        max_batch: int = 64,
+        max_batch: int,
+        dtype: str,
+        kv_cache_gb: int,
         seed: int | None = None,
-        dtype: str = "float32",
-        kv_cache_gb: int = 1,
         owned_dir: str | Path | None = None,
     ) -> None:
         """``model_dir``: a Hugging Face model directory vLLM loads at start; ``owned_dir`` (if
