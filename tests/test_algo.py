@@ -671,12 +671,16 @@ def test_kl_estimators_hand_computed() -> None:
 
 def test_kl_penalty_and_entropy_losses_hand_computed() -> None:
     logp = t64([[LN(0.5), LN(0.5)]]).requires_grad_()
-    loss, m = kl_penalty_loss(logp, t64([[LN(0.25), 3.0]]), torch.tensor([[1, 0]]), coef=0.1)
+    loss, m = kl_penalty_loss(
+        logp, t64([[LN(0.25), 3.0]]), torch.tensor([[1, 0]]), coef=0.1, kind="k3", agg="token_mean"
+    )
     assert_close(loss, t64(0.1 * (LN(2) - 0.5)))  # 0.0193147
     assert_close(m["kl/ref_k3"], LN(2) - 0.5)
     assert_close(m["kl/coef"], 0.1)
     # entropies [[1,2],[3,9]], mask [[1,1],[1,0]] -> mean 2 -> loss -0.01*2
-    loss, m = entropy_loss(t64([[1.0, 2.0], [3.0, 9.0]]), torch.tensor([[1, 1], [1, 0]]), coef=0.01)
+    loss, m = entropy_loss(
+        t64([[1.0, 2.0], [3.0, 9.0]]), torch.tensor([[1, 1], [1, 0]]), coef=0.01, agg="token_mean"
+    )
     assert_close(loss, t64(-0.02))
     assert_close(m["entropy/mean"], 2.0)
 

@@ -133,7 +133,9 @@ def test_credit_ablate_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(run / "config.yaml")
     policy, _ = load_policy(run, None)
     turns = [t.token_ids for t in sample.trajectory.turns if t.role == "model"]
-    (again,) = asyncio.run(run_episodes(cfg, policy, [sample.trajectory.task], prefixes=[turns]))
+    (again,) = asyncio.run(
+        run_episodes(cfg, policy, [sample.trajectory.task], seed=cfg.seed, prefixes=[turns])
+    )
     assert again.token_ids() == sample.trajectory.token_ids()
     assert again.outcome == sample.trajectory.outcome and again.final_reward == sample.trajectory.final_reward
     assert main(["credit", "ablate", str(run), "--checkpoint", "999"]) == 2

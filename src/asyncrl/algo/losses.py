@@ -475,8 +475,8 @@ def kl_penalty_loss(
     ref_logp: torch.Tensor,
     mask: torch.Tensor,
     coef: float,
-    kind: KLKind = "k3",
-    agg: AggMode = "token_mean",
+    kind: KLKind,
+    agg: AggMode,
     max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-to-reference penalty added to the loss (GRPO, Shao et al. 2024, uses ``k3``).
@@ -510,7 +510,7 @@ def entropy_loss(
     entropy: torch.Tensor,
     mask: torch.Tensor,
     coef: float,
-    agg: AggMode = "token_mean",
+    agg: AggMode,
     max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Entropy bonus expressed as a loss (Mnih et al. 2016 / PPO, Schulman et al. 2017).

@@ -29,7 +29,7 @@ async def run_episodes(
     policy: Any,
     tasks: list[Task],
     *,
-    seed: int = 0,
+    seed: int,
     env_cfg: Any = None,
     sampling: SamplingParams | None = None,
     prefixes: list[list[list[int]]] | None = None,
@@ -146,9 +146,7 @@ def heldout_tasks(cfg: RunConfig, limit: int | None = None) -> list[Task]:
     return tasks[:limit] if limit else tasks
 
 
-def evaluate_policy(
-    cfg: RunConfig, policy: Any, *, limit: int | None = None, seed: int = 0
-) -> dict[str, Any]:
+def evaluate_policy(cfg: RunConfig, policy: Any, *, seed: int, limit: int | None = None) -> dict[str, Any]:
     tasks = heldout_tasks(cfg, limit)
     trajs = asyncio.run(run_episodes(cfg, policy, tasks, seed=seed))
     return summarise(trajs)

@@ -333,11 +333,15 @@ class Learner:
                 age=d.age[rows, :w],
             )
             loss = wp * loss
+            # the penalties are token means: ``wt`` (tokens of this micro-batch / tokens of the step) makes
+            # their sum over micro-batches the step's token mean, whatever the policy loss's aggregation
             if algo.entropy_coef and ent is not None:
-                el, em = entropy_loss(ent, m, algo.entropy_coef)
+                el, em = entropy_loss(ent, m, algo.entropy_coef, "token_mean")
                 loss, pm = loss + wt * el, {**pm, **em}
             if d.ref is not None:
-                kl, km = kl_penalty_loss(logp, d.ref[rows, :w], m, algo.kl_coef, algo.kl_estimator)
+                kl, km = kl_penalty_loss(
+                    logp, d.ref[rows, :w], m, algo.kl_coef, algo.kl_estimator, "token_mean"
+                )
                 loss, pm = loss + wt * kl, {**pm, **km}
             if loss.requires_grad:
                 loss.backward()  # type: ignore[no-untyped-call]
