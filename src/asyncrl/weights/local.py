@@ -163,19 +163,16 @@ class LocalWeightStore(WeightStore):
                 return SnapshotNotFoundError(f"version {version}: no snapshot directory {path}")
             return CorruptSnapshotError(f"version {version}: {what} is missing (partial snapshot)")
 
-        try:
-            manifest_raw = (path / MANIFEST_FILE).read_bytes()
-        except FileNotFoundError:
-            raise missing(MANIFEST_FILE) from None
-        except OSError as exc:
-            raise CorruptSnapshotError(f"version {version}: cannot read {MANIFEST_FILE}: {exc}") from None
-        manifest = self._parse_manifest(version, manifest_raw)
-        try:
-            data = (path / MODEL_FILE).read_bytes()
-        except FileNotFoundError:
-            raise missing(MODEL_FILE) from None
-        except OSError as exc:
-            raise CorruptSnapshotError(f"version {version}: cannot read {MODEL_FILE}: {exc}") from None
+        def read(name: str) -> bytes:
+            try:
+                return (path / name).read_bytes()
+            except FileNotFoundError:
+                raise missing(name) from None
+            except OSError as exc:
+                raise CorruptSnapshotError(f"version {version}: cannot read {name}: {exc}") from None
+
+        manifest = self._parse_manifest(version, read(MANIFEST_FILE))
+        data = read(MODEL_FILE)
         if len(data) != manifest["bytes"]:
             raise CorruptSnapshotError(
                 f"version {version}: {MODEL_FILE} has {len(data)} bytes, the manifest says {manifest['bytes']}"
