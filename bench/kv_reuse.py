@@ -82,6 +82,7 @@ async def episodes(
         max_context=context_limit(cfg.model, policy),
         sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
         worker_id="bench",
+        early_stop_invalid=0,
     )
     env_cfg = eval_env_config(cfg)
     t0 = time.perf_counter()

@@ -165,3 +165,98 @@ def test_only_the_control_package_uses_the_state_store() -> None:
         if any(t.startswith("asyncrl.control.store") for t in targets) and not a.startswith("asyncrl.control")
     )
     assert users == []
+
+
+# -- defaults live only in config.py ---------------------------------------------------------------
+ALLOWED_REPEATS = {
+    # log-probs at temperature 1 are the untempered distribution: the neutral element, not the sampling setting
+    ("policy/model.py", "token_logprobs", "temperature"),
+    ("policy/model.py", "token_logprobs_and_entropy", "temperature"),
+    # the wire record's schema: a record without these fields decodes as untempered, un-truncated sampling
+    ("records.py", "SamplingParams", "temperature"),
+    ("records.py", "SamplingParams", "top_p"),
+    # an empty directives document (no orchestrator has spoken yet) starts no held-out probes
+    ("control/directives.py", "Directives", "heldout_rate"),
+}
+
+
+def _config_defaults() -> dict[str, list[tuple[object, str]]]:
+    """{field name: [(default, dotted path), ...]} over every config section and every kind of a variant."""
+    from pydantic import BaseModel
+
+    from asyncrl import config as C
+
+    out: dict[str, list[tuple[object, str]]] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            kinds = C.variants(f)
+            if kinds:
+                for cls in kinds.values():
+                    walk(cls, f"{prefix}{name}.")
+                continue
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                walk(f.annotation, f"{prefix}{name}.")
+            elif f.default_factory is None and isinstance(f.default, (bool, int, float, str)):
+                out.setdefault(name, []).append((f.default, f"{prefix}{name}"))
+
+    walk(C.RunConfig, "")
+    return out
+
+
+def _repeats(
+    path: Path, defaults: dict[str, list[tuple[object, str]]], root: Path = SRC
+) -> list[tuple[str, str, str, str]]:
+    """(file, function or class, parameter or field, config path) for each literal default that equals the
+    default of a config field of the same name — in a signature or a dataclass-style class body."""
+    found = []
+    rel = str(path.relative_to(root))
+
+    def same(value: object, default: object) -> bool:
+        return (type(value) is bool) == (
+            type(default) is bool
+        ) and value == default  # True == 1, but not here
+
+    def check(owner: str, name: str, node: ast.expr | None) -> None:
+        try:
+            value = ast.literal_eval(node) if node is not None else None
+        except ValueError:
+            return
+        for default, where in defaults.get(name, []):
+            if value is not None and same(value, default):
+                found.append((rel, owner, name, where))
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            for arg, d in zip(pos[len(pos) - len(a.defaults) :], a.defaults, strict=True):
+                check(node.name, arg.arg, d)
+            for arg, kd in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+                check(node.name, arg.arg, kd)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    check(node.name, item.target.id, item.value)
+    return found
+
+
+def test_no_config_default_is_written_again_outside_config() -> None:
+    defaults = _config_defaults()
+    repeats = [
+        r
+        for path in sorted(SRC.rglob("*.py"))
+        if path.name != "config.py"
+        for r in _repeats(path, defaults)
+        if r[:3] not in ALLOWED_REPEATS
+    ]
+    assert repeats == []
+
+
+def test_the_default_scan_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "class Q:\n    capacity: int = 1024\n\n\ndef f(lease_seconds: float = 60.0) -> None: ...\n"
+    )
+    found = _repeats(probe, _config_defaults(), root=tmp_path)
+    assert {(owner, name) for _, owner, name, _ in found} == {("Q", "capacity"), ("f", "lease_seconds")}

@@ -110,10 +110,13 @@ def _stream(seed: int, n: int, jump_at: int | None = None, jump: float = 0.0) ->
     return out
 
 
+_DRIFT = {k: getattr(DriftConfig(), k) for k in ("warmup", "k", "h", "min_std")}
+
+
 def false_positive_rate(seeds: int = 200, n: int = 300) -> float:
     fired = 0
     for s in range(seeds):
-        c = Cusum()
+        c = Cusum(**_DRIFT)
         fired += any(c.update(x) is not None for x in _stream(s, n))
     return fired / seeds
 
@@ -121,7 +124,7 @@ def false_positive_rate(seeds: int = 200, n: int = 300) -> float:
 def detection_delays(seeds: int = 100, n: int = 300, at: int = 100, jump: float = 0.3) -> list[int]:
     delays = []
     for s in range(seeds):
-        c = Cusum()
+        c = Cusum(**_DRIFT)
         for i, x in enumerate(_stream(s, n, at, jump)):
             if c.update(x) is not None:
                 delays.append(i - at)
@@ -429,7 +432,7 @@ def test_fault_wrapper_confined_to_bucket_and_switch(tmp_path: Path) -> None:
 def test_buffer_follows_curriculum_bucket_weights() -> None:
     from asyncrl.control.staleness import StalenessPolicy
     from asyncrl.records import Trajectory, Turn
-    from asyncrl.trainer.buffer import ReplayBuffer
+    from helpers import replay_buffer
 
     def one(i: int, difficulty: int) -> Trajectory:
         turns = [
@@ -439,7 +442,7 @@ def test_buffer_follows_curriculum_bucket_weights() -> None:
         task = Task(id=f"t{i}", task_type="arithmetic", difficulty=difficulty)
         return Trajectory(id=f"x{i}-{difficulty}", task=task, turns=turns, group_id=f"g{i}-{difficulty}")
 
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=1,
         batch_size=4,
         staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),

@@ -54,6 +54,7 @@ def settings(max_context: int = 512, max_turns: int = 6) -> EpisodeSettings:
         max_turns=max_turns,
         max_context=max_context,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=40),
+        early_stop_invalid=0,
     )
 
 

@@ -273,7 +273,10 @@ def run_scripted(r: Any, turns: list[list[int]], max_context: int = 4096) -> Any
     async def go() -> Any:
         batcher = TurnBatcher(TokenEngine(turns), max_batch=64, max_wait_s=0.02)
         settings_ = EpisodeSettings(
-            max_turns=6, max_context=max_context, sampling=SamplingParams(max_new_tokens=64)
+            max_turns=6,
+            max_context=max_context,
+            sampling=SamplingParams(max_new_tokens=64),
+            early_stop_invalid=0,
         )
         try:
             return await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, r, settings_)

@@ -21,8 +21,7 @@ from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.orchestrator.alerts import AlertLog
 from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.records import Task, Trajectory, Turn, new_id
-from asyncrl.trainer.buffer import ReplayBuffer
-from helpers import TINY_RUN, wait_for
+from helpers import TINY_RUN, replay_buffer, wait_for
 
 
 def test_config_file_not_utf8_or_a_directory_is_one_clear_error(tmp_path: Path) -> None:
@@ -50,7 +49,7 @@ def _traj(group: str, reward: float = 1.0, logprob: float = -0.5) -> Trajectory:
 
 
 def test_a_non_finite_sample_is_dropped_alone_and_its_group_still_trains() -> None:
-    buf = ReplayBuffer(4, 8, StalenessPolicy.from_config("async", 2, 8, "drop"))
+    buf = replay_buffer(4, 8, StalenessPolicy.from_config("async", 2, 8, "drop"))
     for g in ("a", "b"):
         for k in range(4):
             bad = g == "a" and k == 1

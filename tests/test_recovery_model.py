@@ -45,9 +45,9 @@ from asyncrl.control import RunState
 from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.control.store import SQLiteStateStore
 from asyncrl.records import Task, Trajectory, Turn, new_id
-from asyncrl.trainer.buffer import ReplayBuffer
 from asyncrl.trainer.intake import Intake
 from asyncrl.transport import EmbeddedQueue
+from helpers import replay_buffer
 
 B, LAG, LEASE = 4, 1, 10.0  # batch size, max staleness, lease seconds; group size G is drawn (2 or 4)
 _FAST_TMP = (
@@ -94,7 +94,7 @@ class SimTrainer:
         self.m = m
         self.step = m.ckpt_step
         self.offset = max(0, m.published - self.step)  # versions never go back after a resume
-        self.buffer = ReplayBuffer(
+        self.buffer = replay_buffer(
             m.G, B, StalenessPolicy.from_config("async", LAG, B, "drop"), capacity_steps=m.bs
         )
         self.intake = Intake(m.queue, m.state, pull_size=2 * B)

@@ -13,6 +13,7 @@ from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.engine import GenerationEngine, Sample
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
 from asyncrl.trainer.buffer import ReplayBuffer
+from helpers import replay_buffer
 
 
 def traj(
@@ -83,7 +84,7 @@ def test_refresh_and_too_stale() -> None:
 
 # ---- replay buffer ---------------------------------------------------------------------------------
 def _buffer(**kw: object) -> ReplayBuffer:
-    return ReplayBuffer(
+    return replay_buffer(
         group_size=2, batch_size=4, staleness=StalenessPolicy.from_config("async", 1, 4, "drop"), **kw
     )  # type: ignore[arg-type]
 
@@ -124,7 +125,7 @@ def test_buffer_never_returns_stale_samples() -> None:
 
 
 def test_buffer_capacity_evicts_and_reports() -> None:
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=1,
         batch_size=2,
         staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
@@ -139,7 +140,7 @@ def test_buffer_capacity_evicts_and_reports() -> None:
 
 
 def test_buffer_orders() -> None:
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=2,
         batch_size=2,
         staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
@@ -151,7 +152,7 @@ def test_buffer_orders() -> None:
     b.add(traj("new", 0, (3,)))
     batch, _ = b.take(version=3)
     assert batch is not None and {t.group_id for t in batch} == {"new"}
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=2,
         batch_size=2,
         staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
@@ -166,7 +167,7 @@ def test_buffer_orders() -> None:
 
 
 def test_buffer_task_mix() -> None:
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=1,
         batch_size=4,
         staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
@@ -183,7 +184,7 @@ def test_buffer_task_mix() -> None:
 
 def test_buffer_behaviour_kl_priority_and_length_mix() -> None:
     scores = {"near": 0.01, "far": 0.5}
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=1,
         batch_size=1,
         staleness=StalenessPolicy.from_config("async", 9, 1, "drop"),
@@ -194,7 +195,7 @@ def test_buffer_behaviour_kl_priority_and_length_mix() -> None:
     b.add(traj("far", 1))
     batch, _ = b.take(version=0)
     assert batch is not None and batch[0].group_id == "far"
-    b = ReplayBuffer(
+    b = replay_buffer(
         group_size=1,
         batch_size=4,
         staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),

@@ -66,9 +66,15 @@ def _pick(run_dir: Path, n: int) -> list[CreditSample]:
 
 
 def ablate(
-    run_dir: str | Path, *, checkpoint: str | None = None, trajectories: int = 4, k: int = 4, seed: int = 0
+    run_dir: str | Path,
+    *,
+    checkpoint: str | None = None,
+    trajectories: int = 4,
+    k: int = 4,
+    seed: int | None = None,
 ) -> dict[str, Any]:
-    """Monte Carlo segment contributions vs assigned credit; returns a JSON-able report."""
+    """Monte Carlo segment contributions vs assigned credit; returns a JSON-able report. The replays are
+    sampled with ``seed`` (None: the run's own ``seed``)."""
     from asyncrl.config import load_config
     from asyncrl.rollout.heldout import run_episodes
 
@@ -88,7 +94,13 @@ def ablate(
                 tasks.append(s.trajectory.task)
                 prefixes.append(turns[:j])
                 owners.append((i, j))
-    trajs = asyncio.run(run_episodes(cfg, policy, tasks, seed=seed, prefixes=prefixes)) if tasks else []
+    trajs = (
+        asyncio.run(
+            run_episodes(cfg, policy, tasks, seed=cfg.seed if seed is None else seed, prefixes=prefixes)
+        )
+        if tasks
+        else []
+    )
     wins: dict[tuple[int, int], list[float]] = {}
     for (i, j), t in zip(owners, trajs, strict=True):
         wins.setdefault((i, j), []).append(1.0 if t.outcome == "success" else 0.0)

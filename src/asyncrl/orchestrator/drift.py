@@ -36,10 +36,11 @@ from asyncrl.orchestrator.alerts import Alert
 class Cusum:
     """Two-sided CUSUM on one stream with a self-learned reference (see module docstring)."""
 
-    warmup: int = 30
-    k: float = 0.75
-    h: float = 10.0
-    min_std: float = 0.05
+    warmup: int
+    k: float
+    h: float
+    min_std: float
+    """``control.drift.warmup``, ``k``, ``h``, ``min_std``."""
     ref: list[float] = field(default_factory=list)
     mu: float = 0.0
     sd: float = 0.0

@@ -237,7 +237,7 @@ def model_info(path: str | Path, *, tokens: int = 64 * 256) -> dict[str, Any]:
     if not (p / "config.json").is_file():
         raise ModelImportError(f"{str(p)!r} is not a model directory (no config.json)")
     numbers = config_numbers(p)
-    params = parameter_count(p)
+    params = parameter_count(p, trust_remote_code=False)  # inspecting a directory never runs its code
     template = _chat_template(p)
     from asyncrl.policy.toolcalls import detect_format
 

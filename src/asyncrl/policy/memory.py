@@ -85,7 +85,7 @@ def _meta_model(path: Path, trust_remote_code: bool) -> Any:
         ) from None
 
 
-def parameter_count(path: str | Path, *, trust_remote_code: bool = False) -> int:
+def parameter_count(path: str | Path, *, trust_remote_code: bool) -> int:
     """Exact parameter count of the model in ``path`` (tied weights counted once), loading nothing."""
     model = _meta_model(Path(path), trust_remote_code)
     seen: set[int] = set()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.engine.base import Sample
@@ -42,9 +42,9 @@ class EpisodeSettings:
     max_context: int
     sampling: SamplingParams
     worker_id: str = ""
-    early_stop_invalid: int = 0
-    """End the episode (outcome ``early_stopped``) after this many consecutive invalid actions
-    (a malformed action or a step fault); 0: never."""
+    early_stop_invalid: int = field(kw_only=True)
+    """``control.exploration.early_stop_invalid``: end the episode (outcome ``early_stopped``) after this
+    many consecutive invalid actions (a malformed action or a step fault); 0: never."""
     on_turn: Callable[[], None] | None = None
     """Called after every model turn (the worker's in-flight load accounting)."""
 

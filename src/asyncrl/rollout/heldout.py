@@ -12,16 +12,16 @@ import asyncio
 from collections import Counter, defaultdict
 from typing import Any
 
-from asyncrl.config import HFEngineConfig, RunConfig
+from asyncrl.config import HFEngineConfig, NoLatencyConfig, RunConfig
 from asyncrl.records import SamplingParams, Task, Trajectory
 
 
 def eval_env_config(cfg: RunConfig) -> Any:
     """The env config used for evaluation: same tasks, no simulated latency or faults."""
-    env = cfg.env.model_copy(deep=True)
-    env.latency.kind = "none"
-    env.faults.exception_rate = env.faults.hang_rate = env.faults.malformed_rate = 0.0
-    return env
+    faults = cfg.env.faults.model_copy(
+        update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0}
+    )
+    return cfg.env.model_copy(update={"latency": NoLatencyConfig(), "faults": faults})
 
 
 async def run_episodes(
@@ -61,6 +61,7 @@ async def run_episodes(
         sampling=sampling
         or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
         worker_id="eval",
+        early_stop_invalid=0,  # evaluation plays every episode to its end: it measures, it does not save
     )
     if cfg.env.kind == "agent":  # the user's agent program, through a private gateway
         from asyncrl.gateway.agent import run_agent_episodes

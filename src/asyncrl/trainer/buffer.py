@@ -33,9 +33,12 @@ import statistics
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from asyncrl.control.staleness import StalenessPolicy
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
 from asyncrl.records import Trajectory
 
 
@@ -51,15 +54,16 @@ class ReplayBuffer:
     group_size: int
     batch_size: int
     staleness: StalenessPolicy
-    capacity_steps: int = 4
-    sampling: Literal["fifo", "freshness", "advantage", "behaviour_kl"] = "fifo"
-    random_fraction: float = 0.0
+    capacity_steps: int = field(kw_only=True)
+    """``trainer.buffer_steps`` (this and the fields below: :meth:`of` reads them from the config)."""
+    sampling: Literal["fifo", "freshness", "advantage", "behaviour_kl"] = field(kw_only=True)
+    random_fraction: float = field(kw_only=True)
+    length_split: int = field(kw_only=True)
+    seed: int = field(kw_only=True)
     task_mix: dict[str, float] | None = None
     length_mix: dict[str, float] | None = None
-    length_split: int = 128
     scorer: Callable[[list[Trajectory]], float] | None = None
     """Behaviour-KL of a group under the current policy (``sampling: behaviour_kl``)."""
-    seed: int = 0
     _groups: OrderedDict[str, list[Trajectory]] = field(default_factory=OrderedDict)
     _rejected: list[Dropped] = field(default_factory=list)
     _missing: dict[str, int] = field(default_factory=dict)
@@ -68,6 +72,29 @@ class ReplayBuffer:
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+
+    @classmethod
+    def of(
+        cls,
+        cfg: RunConfig,
+        staleness: StalenessPolicy,
+        scorer: Callable[[list[Trajectory]], float] | None = None,
+    ) -> ReplayBuffer:
+        """The trainer's buffer, as ``trainer.buffer_*`` describe it."""
+        tc = cfg.trainer
+        return cls(
+            cfg.rollout.group_size,
+            tc.batch_size,
+            staleness,
+            capacity_steps=tc.buffer_steps,
+            sampling=tc.buffer_sampling,
+            random_fraction=tc.buffer_random_fraction,
+            task_mix=tc.buffer_task_mix,
+            length_mix={str(k): v for k, v in (tc.buffer_length_mix or {}).items()} or None,
+            length_split=tc.buffer_length_split,
+            scorer=scorer,
+            seed=cfg.seed,
+        )
 
     def __len__(self) -> int:
         return sum(len(g) for g in self._groups.values())

@@ -76,19 +76,7 @@ class TrainerRole:
         self.offset = max(0, published - ts.step)
         self.last_published = published
         self.staleness = self.state.staleness
-        self.buffer = ReplayBuffer(
-            cfg.rollout.group_size,
-            cfg.trainer.batch_size,
-            self.staleness,
-            capacity_steps=cfg.trainer.buffer_steps,
-            sampling=cfg.trainer.buffer_sampling,
-            random_fraction=cfg.trainer.buffer_random_fraction,
-            task_mix=cfg.trainer.buffer_task_mix,
-            length_mix={str(k): v for k, v in (cfg.trainer.buffer_length_mix or {}).items()} or None,
-            length_split=cfg.trainer.buffer_length_split,
-            scorer=self._behaviour_kl,
-            seed=cfg.seed,
-        )
+        self.buffer = ReplayBuffer.of(cfg, self.staleness, scorer=self._behaviour_kl)
         self.intake = Intake(self.queue, self.state, pull_size=2 * cfg.trainer.batch_size)
         self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", started=started)
         self.tally: dict[str, float] = dict.fromkeys(

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncrl.config import RunConfig, config_hash
+from asyncrl.config import GuardConfig, NoLatencyConfig, RunConfig, config_hash
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ def chat_template_version(cfg: RunConfig) -> str:
 
 
 def warm_start_key(cfg: RunConfig) -> str:
-    env = cfg.env.model_copy(deep=True)
-    env.latency.kind, env.guard.step_timeout_s = "none", 10.0  # latency does not change demonstrations
+    # latency and the guard's timeout do not change demonstrations: the key holds the defaults of both
+    guard = cfg.env.guard.model_copy(update={"step_timeout_s": GuardConfig().step_timeout_s})
+    env = cfg.env.model_copy(update={"latency": NoLatencyConfig(), "guard": guard})
     model = cfg.model.model_copy(update={"device": "auto"})  # placement does not change the result's meaning
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     versions = f"{chat_template_version(cfg)}-{env_code_version(cfg)}"
@@ -123,8 +124,7 @@ def build_demonstrations(
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
     source = make_task_source(cfg.env)
-    env_cfg = cfg.env.model_copy(deep=True)
-    env_cfg.latency.kind = "none"
+    env_cfg = cfg.env.model_copy(update={"latency": NoLatencyConfig()})  # demonstrations need no delays
     env = make_env(env_cfg, sft.seed)
     demonstrate = getattr(env, "demonstrate", None)
     if demonstrate is None:
