@@ -376,3 +376,20 @@ def test_a_resolved_config_written_before_variant_sections_still_loads(tmp_path:
     path.write_text(yaml.safe_dump(old))
     with pytest.raises(ConfigError, match=r"weights\.path: only for weights\.kind 'shared'"):
         load_config(path)
+
+
+def test_setting_a_kind_switches_the_section_and_drops_the_old_kinds_fields() -> None:
+    c = load_config(
+        ROOT / "configs" / "demo.yaml", ["env.latency.kind=none"]
+    )  # the file's Pareto latency is off
+    assert c.env.latency.kind == "none"
+    c = load_config(
+        None, ["env.latency.kind=constant", "env.latency.seconds=0.05", "env.latency.kind=lognormal"]
+    )
+    assert (
+        c.env.latency.kind == "lognormal" and c.env.latency.seconds == 0.05
+    )  # a field both kinds have stays
+    with pytest.raises(ConfigError, match=r"env\.latency\.seconds: only for env\.latency\.kind"):
+        load_config(
+            None, ["env.latency.kind=none", "env.latency.seconds=0.05"]
+        )  # given after the switch: refused

@@ -1376,7 +1376,27 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+def _variant_kinds(parts: list[str]) -> dict[str, type[BaseModel]]:
+    """``{kind: model}`` when ``parts`` names a variant section (``["env", "latency"]``), else empty."""
+    model: type[BaseModel] = RunConfig
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return {}
+        kinds = variants(field)
+        if kinds:
+            return kinds if i == len(parts) - 1 else {}
+        if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return {}
+        model = field.annotation
+    return {}
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides in order. Setting a variant section's ``kind`` switches the section to that
+    kind: fields given so far (in the file or earlier overrides) that the new kind does not have are
+    dropped, so ``--set env.latency.kind=none`` turns off a file's Pareto latency; a field of another kind
+    given after it is still an error."""
     for text in overrides:
         parts, value = parse_override(text)
         node = data
@@ -1385,6 +1405,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
             node = child
+        if parts[-1] == "kind" and (target := _variant_kinds(parts[:-1]).get(str(value))) is not None:
+            for key in [k for k in node if k not in target.model_fields]:
+                del node[key]
         node[parts[-1]] = value
     return data
 
