@@ -26,7 +26,7 @@ What is stored (the key names are private to this module):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,7 +192,7 @@ class RunState:
         trainer answers by publishing its current weights again as a new version)."""
         value = version + 1  # stored + 1, so that 0 means none
 
-        def unchanged_since(cur: int) -> Any:
+        def unchanged_since(cur: int) -> Callable[[dict[str, int]], int]:
             return lambda c: value if c.get("weights_corrupt", 0) == cur else -1  # a race: read again
 
         while (cur := self.store.get("weights_corrupt")) < value:
