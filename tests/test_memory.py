@@ -7,6 +7,7 @@ Each lean path is checked against the plain one (full logits, one pass, no check
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -383,3 +384,42 @@ def test_mmap_threshold_returns_freed_activations_to_the_os() -> None:
 
     assert kept_mb(0) >= 3.5  # at least one 4 MiB block retained by the heap (4.0 MB: exactly one)
     assert kept_mb(1024) < 2
+
+
+_PEAK_OF_SPAWNED = """
+import multiprocessing as mp
+from asyncrl.telemetry.jsonl import memory_figures
+
+
+def child(q):
+    q.put(memory_figures()["mem/peak_rss_mb"])
+
+
+if __name__ == "__main__":
+    big = bytearray(400 << 20)  # the launcher's warm start: a 400 MB peak, then freed
+    for i in range(0, len(big), 4096):
+        big[i] = 1
+    del big
+    ctx = mp.get_context("spawn")  # how the local launcher starts every role
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print(memory_figures()["mem/peak_rss_mb"], q.get(timeout=60))
+    p.join()
+"""
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="/proc/self/status")
+def test_a_spawned_role_reports_its_own_peak_not_its_launchers(tmp_path: Path) -> None:
+    """Linux keeps ``ru_maxrss`` across fork + exec, so a role spawned after the launcher's warm start
+    reported the launcher's peak as its own (every role of a cold ``make demo-real`` read 5.8 GB)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "peak.py"
+    script.write_text(_PEAK_OF_SPAWNED)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=120
+    )
+    launcher, role = (float(x) for x in out.stdout.split())
+    assert launcher >= 400 and role < 200, (launcher, role)

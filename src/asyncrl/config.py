@@ -947,7 +947,8 @@ class _LauncherBase(Section):
     """torch threads per role process (1 avoids oversubscription on small machines)."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
-    M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process. 0 keeps glibc's
+    M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which
+    trains the warm start). 0 keeps glibc's
     dynamic threshold, which rises to 32 MiB: a training step's many 1–30 MiB activation tensors
     then live in the heap, whose fragments are kept, so a role's RSS can be twice its live tensors
     (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades some speed (page

@@ -40,7 +40,7 @@ from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
-from asyncrl.policy.memory import release_memory
+from asyncrl.policy.memory import release_memory, set_mmap_threshold
 from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
 
 log = logging.getLogger("asyncrl.orchestrator")
@@ -539,6 +539,7 @@ def train(
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             write_run_record(cfg, run_dir)
+            set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start
             ws = warm_start(
                 cfg, progress=display or cfg.telemetry.progress_every_s, eval_limit=eval_limit
             )  # plain lines without it

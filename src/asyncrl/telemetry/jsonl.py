@@ -44,14 +44,29 @@ def read_jsonl_dir(folder: Path) -> list[dict[str, Any]]:
 def memory_figures() -> dict[str, float]:
     """This process's resident memory now and its peak so far, in MB (``mem/rss_mb``,
     ``mem/peak_rss_mb``): every metric row carries them, so each role's memory is on TensorBoard
-    and its peak in ``summary.json``."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    and its peak in ``summary.json``.
+
+    The peak is ``VmHWM`` of ``/proc/self/status``: the high-water mark of this program image.
+    ``getrusage``'s ``ru_maxrss`` is not used where ``/proc`` exists: Linux keeps it across ``execve``,
+    so a role process spawned (fork + exec) by a launcher that had just run the warm start would
+    report the launcher's peak as its own."""
+    rss = peak = -1.0
     try:
-        with open("/proc/self/statm", "rb") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"VmRSS:", b"VmHWM:")):
+                    kb = int(line.split()[1]) / 1024
+                    if line.startswith(b"VmRSS:"):
+                        rss = kb
+                    else:
+                        peak = kb
     except (OSError, ValueError, IndexError):  # not Linux
+        pass
+    if peak < 0:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    if rss < 0:
         rss = peak
-    return {"mem/rss_mb": round(rss, 1), "mem/peak_rss_mb": round(peak, 1)}
+    return {"mem/rss_mb": round(rss, 1), "mem/peak_rss_mb": round(max(peak, rss), 1)}
 
 
 class MetricWriter:
