@@ -48,16 +48,12 @@ def calc_task() -> Task:
 
 
 def replay_buffer(group_size: int, batch_size: int, staleness: Any, **kw: Any) -> Any:
-    """A replay buffer with the trainer section's defaults (``trainer.buffer_*``, seed 0); ``kw`` overrides."""
-    from asyncrl.config import TrainerConfig
+    """The trainer's replay buffer (``ReplayBuffer.of`` on the default config: ``trainer.buffer_*``, seed 0)
+    for ``group_size`` x ``batch_size``; ``kw`` overrides its fields."""
+    import dataclasses
+
+    from asyncrl.config import RunConfig
     from asyncrl.trainer.buffer import ReplayBuffer
 
-    tc = TrainerConfig()
-    base = {
-        "capacity_steps": tc.buffer_steps,
-        "sampling": tc.buffer_sampling,
-        "random_fraction": tc.buffer_random_fraction,
-        "length_split": tc.buffer_length_split,
-        "seed": 0,
-    }
-    return ReplayBuffer(group_size, batch_size, staleness, **{**base, **kw})
+    buffer = ReplayBuffer.of(RunConfig(), staleness)
+    return dataclasses.replace(buffer, group_size=group_size, batch_size=batch_size, **kw)

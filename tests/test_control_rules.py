@@ -21,7 +21,7 @@ from asyncrl.config import (
 from asyncrl.control import Exploration, RunState
 from asyncrl.control.buckets import buckets_of_source, sample_in_bucket, weighted_choice
 from asyncrl.control.directives import compose
-from asyncrl.control.store import ControlState, StateStore, make_state_store
+from asyncrl.control.store import SQLiteStateStore, StateStore, make_state_store
 from asyncrl.control.worker import WorkerControl
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers
@@ -245,7 +245,7 @@ def test_state_store_documents_and_factory(tmp_path: Path) -> None:
     st = make_state_store(cfg, tmp_path)
     assert isinstance(st, StateStore) and st.get_doc("x") is None
     st.put_doc("x", {"a": [1, 2], "b": {"c": 0.5}})
-    assert ControlState(tmp_path / "control.sqlite").get_doc("x") == {"a": [1, 2], "b": {"c": 0.5}}
+    assert SQLiteStateStore(tmp_path / "control.sqlite").get_doc("x") == {"a": [1, 2], "b": {"c": 0.5}}
 
 
 def test_alert_log_writes_jsonl(tmp_path: Path) -> None:

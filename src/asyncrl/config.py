@@ -372,8 +372,8 @@ class EnvConfig(Section):
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
     calls go through the worker's gateway (docs/agents.md)."""
     path: str | None = None
-    """Import path ``package.module:ClassName`` of a user environment (kind: plugin), or
-    ``package.module:function`` of an agent program (kind: agent)."""
+    """kind: plugin, agent — import path ``package.module:ClassName`` of a user environment (plugin),
+    or ``package.module:function`` of an agent program (agent)."""
     agent_tasks: str = "calculator"
     """kind: agent — the built-in environment kind (or plugin ``module:Class``) whose task source,
     held-out split and warm-start demonstrations the agent's episodes use."""

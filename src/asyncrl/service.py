@@ -59,11 +59,10 @@ def run_role(
         from asyncrl.orchestrator.run import train
 
         lc = cfg.launcher  # the roles run as services: the orchestrator only watches them
-        external = ExternalLauncherConfig(
-            torch_threads=lc.torch_threads,
-            malloc_mmap_threshold_kb=lc.malloc_mmap_threshold_kb,
-            **({"heartbeat_timeout_s": lc.heartbeat_timeout_s} if lc.kind == "external" else {}),
-        )
+        shared = set(ExternalLauncherConfig.model_fields) - {
+            "kind"
+        }  # what every kind has, and external's own
+        external = ExternalLauncherConfig(**lc.model_dump(include=shared))
         cfg = cfg.model_copy(update={"launcher": external})
         resume = run_dir if (run_dir / "initial_eval.json").is_file() else None
         _, summary = train(cfg, resume=resume, run_dir=run_dir, display=False)

@@ -32,9 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from asyncrl.control.buckets import (
-    bucket_of,
-)
+from asyncrl.control.buckets import bucket_of
 from asyncrl.records import Trajectory
 
 

@@ -49,8 +49,6 @@ class Tallies:
     """The run's totals, for the summary and the fault tests."""
 
     admitted: int
-    dropped: int
-    released: int
     duplicates: int
     """Ledger inserts of an id that already had a fate (each is a redelivery that was not trained)."""
     versions_published: int
@@ -123,7 +121,9 @@ class RunState:
     # -- admission (rule 1) ------------------------------------------------------------------------
     def admit(self, worker: str, group: int, worker_version: int) -> bool:
         """Admit ``group`` episodes on ``worker`` (weights at ``worker_version``) if the staleness budget
-        allows, atomically across workers; they count as ``worker``'s in flight until delivered."""
+        allows — the budget check and the grant are one transaction, so two workers never share the last
+        slot; then they count as ``worker``'s in flight until delivered (a second write: a crash in between
+        loses the admission to the budget, as before)."""
         if self.paused() or self.stopping():
             return False
         lag = self.effective_lag()
@@ -253,8 +253,6 @@ class RunState:
         c = self.store.counters()
         return Tallies(
             admitted=c.get("admitted", 0),
-            dropped=c.get("dropped", 0),
-            released=c.get("released", 0),
             duplicates=c.get("duplicates", 0),
             versions_published=c.get("versions_published", 0),
             versions_republished=c.get("versions_republished", 0),

@@ -10,7 +10,6 @@ scripts; the Jinja2 template ``templates/credit_fragment.html.j2``) that the run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +121,6 @@ class _SampleView:
     segments: list[_SegmentRow]
 
 
-@cache
 def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
 

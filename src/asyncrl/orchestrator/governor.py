@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from asyncrl.config import OrchestratorConfig, RunConfig
-from asyncrl.control import StalenessPolicy
+from asyncrl.config import OrchestratorConfig
 from asyncrl.orchestrator.alerts import Alert
 
 
@@ -29,10 +28,6 @@ class StalenessGovernor:
         self.configured, self.configured_sync, self.low_fill = max_staleness, sync_every, oc.governor_low_fill
         self.ages: deque[float] = deque(maxlen=oc.governor_window)
         self.fills: deque[float] = deque(maxlen=oc.governor_fill_window)
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> StalenessGovernor:
-        return cls(StalenessPolicy.of(cfg).max_staleness, cfg.trainer.sync_every, cfg.orchestrator)
 
     def observe_age(self, mean_age: float) -> None:
         self.ages.append(mean_age)

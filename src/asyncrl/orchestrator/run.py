@@ -74,7 +74,9 @@ class Orchestrator:
         self.launcher = make_launcher(cfg.launcher, run_dir)
         self.staleness = self.state.staleness
         self.rules = Rules(cfg, run_dir)
-        self.governor = StalenessGovernor.of(cfg)
+        self.governor = StalenessGovernor(
+            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator
+        )
         self.workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
         """Active rollout workers (elastic capacity changes this list)."""
         self.retiring: list[str] = []
@@ -140,12 +142,12 @@ class Orchestrator:
                 if name in self.retiring:
                     self.retiring.remove(name)
                     self._ended(name)
-                    self._release(name)
+                    self.state.reclaim(name)
                 continue
             self.restarts[name] = self.restarts.get(name, 0) + 1
             self._ended(name)
             if name in self.workers:  # give back the admissions it will never deliver
-                self._release(name)
+                self.state.reclaim(name)
             self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
             self._start(name, resume_trainer=True)
 
@@ -154,9 +156,6 @@ class Orchestrator:
         return fault_summary(
             self.rules.env_totals(), self.live.total("rollout/env_seconds"), self.cfg.env.guard.step_timeout_s
         )
-
-    def _release(self, name: str) -> None:
-        self.state.reclaim(name)
 
     # -- flow control --------------------------------------------------------------------------------
     def _watermarks(self) -> None:
@@ -309,7 +308,7 @@ class Orchestrator:
                 while _start_ticks(pid) == ticks and time.time() < end and not _zombie(pid):
                     time.sleep(0.05)
         for name in self.state.workers_in_flight():
-            self._release(name)
+            self.state.reclaim(name)
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:

@@ -53,7 +53,7 @@ async def run_episodes(
     if engine_cfg.kind != "hf":  # the built-in engine's defaults, with the run's batching
         engine_cfg = HFEngineConfig(max_batch=engine_cfg.max_batch, batch_wait_ms=engine_cfg.batch_wait_ms)
     engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=seed)
-    batcher = TurnBatcher.of(engine, cfg.rollout.engine)
+    batcher = TurnBatcher.of(engine, engine_cfg)
     s = cfg.rollout.sampling
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
-from asyncrl.control import RunState, StalenessPolicy, WorkerControl
+from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
 from asyncrl.records import SamplingParams, Task, Trajectory, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
@@ -136,7 +136,7 @@ class RolloutWorker:
         )
         self.engine.version = -1
         self.tasks = make_task_source(cfg.env)
-        self.staleness = StalenessPolicy.of(cfg)
+        self.staleness = self.state.staleness
         self.metrics = MetricWriter(
             run_dir / "metrics" / f"{self.name}.jsonl", role=self.name, started=started
         )

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from asyncrl.control.staleness import StalenessPolicy
+from asyncrl.records import Trajectory
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
-from asyncrl.records import Trajectory
 
 
 @dataclass

@@ -95,9 +95,8 @@ class Intake:
         rows = list(rows)
         if not rows:
             return
-        self.state.record_fates(
-            rows
-        )  # fate first: a crash before the ack only causes a de-duplicated redelivery
+        # fate first: a crash before the ack only causes a de-duplicated redelivery
+        self.state.record_fates(rows)
         ids = [r[0] for r in rows]
         self.done_ids.update(ids)
         self.queue.ack([e for tid in ids for e in self.entries.pop(tid, [])])

@@ -6,7 +6,7 @@ acknowledged at once, a trained one right after the checkpoint that holds its up
 duplicate of a recorded id is acknowledged without training. A crash before a checkpoint leaves
 the trained entries un-acked: they are redelivered and the resumed trainer trains them once.
 
-A worker that finds the newest weight version corrupt reports it (``weights_corrupt``); the
+A worker that finds the newest weight version corrupt reports it (``RunState.report_corrupt``); the
 trainer answers by publishing its current weights again as a new version, so that workers (and
 the staleness budget, which counts their version) are never left behind a run of unusable
 versions.

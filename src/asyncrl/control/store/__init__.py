@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncrl.control.store.base import StateStore
-from asyncrl.control.store.sqlite import ControlState, SQLiteStateStore
+from asyncrl.control.store.sqlite import SQLiteStateStore
 from asyncrl.errors import UserError
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
 
-__all__ = ["ControlState", "SQLiteStateStore", "StateStore", "make_state_store"]
+__all__ = ["SQLiteStateStore", "StateStore", "make_state_store"]
 
 
 def make_state_store(cfg: RunConfig, run_dir: str | Path) -> StateStore:

@@ -2,26 +2,17 @@
 
 :class:`StateStore` is the boundary (a short abstract class);
 :func:`asyncrl.control.store.make_state_store` picks the backend by ``control.state.kind``.
-The embedded default, :class:`~asyncrl.control.store.sqlite.SQLiteStateStore` (alias
-``ControlState``), keeps everything in ``run_dir/control.sqlite`` (SQLite in WAL mode, safe across
+The embedded default, :class:`~asyncrl.control.store.sqlite.SQLiteStateStore`, keeps everything in ``run_dir/control.sqlite`` (SQLite in WAL mode, safe across
 processes): every role process opens its own.
 :class:`~asyncrl.control.store.redis_backend.RedisStateStore` (``kind: redis``) implements the
-same methods in Redis, for roles on several machines. It holds only small rows:
+same methods in Redis, for roles on several machines. It holds only small rows: named integer
+``counters``, boolean ``flags``, the ``ledger`` (one fate per trajectory id: the primary key makes
+"trained twice" impossible to record silently, a second insert is counted in ``duplicates``) and
+named JSON ``docs``.
 
-* ``counters``: named integers — ``admitted`` (episodes granted by the staleness budget),
-  ``dropped`` (samples the trainer dropped as stale or invalid), ``version`` (newest published
-  weight version), ``max_staleness`` and ``sync_every`` (the orchestrator may tighten them).
-* ``flags``: ``paused`` (queue above high water), ``stop`` (end of run).
-* ``ledger``: one row per trajectory the trainer consumed, with its fate (``trained`` or
-  ``dropped_stale`` / ``dropped_invalid``) and the trainer step. The primary key on the
-  trajectory id makes "trained twice" impossible to record silently: a second insert is counted
-  in ``duplicates``.
-* ``docs``: named JSON documents (``put_doc`` / ``get_doc``) — the orchestrator's directives to
-  the workers (``control``: curriculum weights, open breakers, exploration settings) and its own
-  snapshot (``orchestrator``: rule states, alert count, metric offsets) restored on ``--resume``.
-
-The staleness *rules* live in :mod:`asyncrl.control.staleness`; the state store only stores. Roles
-never use these keys: they go through :class:`asyncrl.control.RunState`, which owns them.
+Which names exist and what they mean is :mod:`asyncrl.control.run_state`'s business: roles never use
+the store directly, they go through :class:`asyncrl.control.RunState`. The staleness *rules* live in
+:mod:`asyncrl.control.staleness`; the store only stores.
 """
 
 from __future__ import annotations

@@ -169,7 +169,3 @@ class SQLiteStateStore(StateStore):
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-ControlState = SQLiteStateStore
-"""The name every role uses for the embedded backend (kept for existing callers)."""
