@@ -396,3 +396,15 @@ def test_value_model_saved_with_checkpoints_and_restored_on_resume(tmp_path: Pat
     for k, v in b.value.state_tensors().items():
         assert_close(v, snapshots[2][k])
     assert CreditAssigner(load_config(None, ["credit.strategy=outcome"]), policy).value is None
+
+
+def test_credit_fragment_reads_the_run_each_time(tmp_path: Path) -> None:
+    """The report's credit view reflects the run as it is now (it was once cached per run directory)."""
+    from asyncrl.credit.inspect import credit_fragment
+    from asyncrl.errors import UserError
+
+    assert "No credit samples" in credit_fragment(tmp_path)
+    (tmp_path / "credit").mkdir()
+    (tmp_path / "credit" / "samples-00000001.msgpack").write_bytes(b"not msgpack")
+    with pytest.raises(UserError):
+        credit_fragment(tmp_path)
