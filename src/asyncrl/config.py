@@ -692,11 +692,13 @@ ValueModelConfig: TypeAlias = Annotated[
 class CreditConfig(Section):
     """Credit assignment: how a trajectory's reward becomes per-token advantages (docs/credit.md)."""
 
-    strategy: Literal["outcome", "process", "gae", "value_delta", "turn_group"] = "outcome"
+    strategy: Literal["outcome", "process", "gae", "value_delta", "turn_group", "tree"] = "outcome"
     """``outcome``: final reward with a group baseline on every model token; ``process``: plus
     per-turn rule rewards weighted by ``process_weight``; ``gae``: critic-based GAE (``gae_level``);
     ``value_delta``: segment credit V(after) − V(before) rescaled to sum to the outcome advantage;
-    ``turn_group``: GiGPO-style step-relative advantages for turns that start from the same state."""
+    ``turn_group``: GiGPO-style step-relative advantages for turns that start from the same state;
+    ``tree``: each segment gets the change in Monte-Carlo success probability it caused, measured over
+    the group's tree of conversation states (branching groups: ``rollout.tree``)."""
     baseline: Literal["grpo", "dr_grpo", "rloo", "batch_mean"] = "grpo"
     """Outcome baseline within a group."""
     process_weight: float = Field(0.15, ge=0, le=10)

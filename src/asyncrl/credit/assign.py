@@ -11,6 +11,9 @@
 * ``gae`` — GAE(γ, λ) with the value model as critic, over segments (``gae_level: turn``) or
   model tokens (``token``); rewards: ``α p_k`` at the end of turn ``k`` plus the final reward at
   the end of the last turn. No outcome baseline: the critic is the baseline.
+* ``tree`` — :mod:`asyncrl.credit.tree`: segments are edges of the group's tree of conversation
+  states; segment ``k`` gets ``L_i · spread(node_k) + α (G_k − Ḡ)``, the change in Monte-Carlo
+  success probability it caused (an unbranched group reproduces ``outcome``).
 * ``turn_group`` — GiGPO: ``A_i + ω A^S`` where step groups are turns of one task group whose
   exact preceding context is identical, and ``A^S`` normalises the step returns
   ``G_k = γ^{n−1−k} R + α Σ_{j≥k} γ^{j−k} p_j`` within a step group.
@@ -32,6 +35,7 @@ from asyncrl.algo import brier_score, gae, roc_auc, turn_group_advantages, turn_
 from asyncrl.config import RunConfig
 from asyncrl.credit.outcome import sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
+from asyncrl.credit.tree import tree_segment_advantages
 from asyncrl.records import Trajectory
 
 VALUE_STRATEGIES = ("gae", "value_delta")
@@ -152,6 +156,13 @@ class CreditAssigner:
             return [a[i, : len(sp)].tolist() for i, sp in enumerate(spans)], {
                 "credit/gae_adv_mean": float(a[seg_mask].mean()) if seg_mask.any() else 0.0
             }
+        if c.strategy == "tree":
+            mode = "dr_grpo" if c.baseline == "batch_mean" else c.baseline
+            base_tree, metrics = tree_segment_advantages(trajs, spans, mode)
+            extra = self._process_to_go(spans)
+            return [
+                [base_tree[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)
+            ], metrics
         # turn_group
         keys: dict[str, int] = {}
         owner, returns, states = [], [], []
