@@ -505,6 +505,36 @@ class GatewayConfig(Section):
     """An agent program running longer is cancelled; its episode ends with outcome ``timeout``."""
 
 
+TREE_TOKEN_BUDGET_FACTOR = 2
+"""A token-budget tree group delivers at most this many times ``group_size`` episodes."""
+
+
+class TreeConfig(Section):
+    """Tree groups (``rollout.tree``): a group is a tree of episodes that branch at turn boundaries.
+
+    ``roots`` independent episodes start the tree; then, round by round, chosen nodes (the state
+    after a model turn of an existing episode) branch: ``branch − 1`` new episodes replay the
+    prefix's model turns into a fresh environment and continue from there with fresh samples,
+    until the budget is spent. Replayed turns are context, not trained again (docs/credit.md)."""
+
+    enabled: bool = False
+    """Build each group as a tree (off: ``group_size`` independent episodes)."""
+    roots: int = Field(2, ge=1, le=1024)
+    """Independent episodes at the root of each tree."""
+    branch: int = Field(2, ge=2, le=64)
+    """Children of a branching node (the episode already there counts as one)."""
+    points: Literal["every_turn", "first_k", "entropy"] = "entropy"
+    """Where to branch: ``every_turn`` (shallowest nodes first), ``first_k`` (only after the first
+    ``first_k`` model turns) or ``entropy`` (where the next turn's sampled tokens were most
+    surprising: mean −log p, an estimate of the policy's entropy there)."""
+    first_k: int = Field(2, ge=1, le=1000)
+    """``points: first_k``: the deepest turn after which a node may branch."""
+    budget: Literal["leaves", "tokens"] = "leaves"
+    """``leaves``: ``group_size`` finished episodes, as a flat group; ``tokens``: as many generated
+    (not replayed) tokens as ``group_size`` flat episodes of the roots' mean length, at most
+    ``2 × group_size`` episodes."""
+
+
 class RolloutConfig(Section):
     """Rollout workers: how many, how many concurrent episodes, how they sample."""
 
@@ -521,6 +551,13 @@ class RolloutConfig(Section):
     """Per-episode temperature is drawn uniformly from temperature·(1 ± jitter)."""
     exploration_rate: float = Field(0.0, ge=0, le=1)
     """Share of episodes drawn from the hardest difficulty regardless of curriculum."""
+    tree: TreeConfig = Field(default_factory=TreeConfig)
+
+    @property
+    def max_group_size(self) -> int:
+        """Most episodes one group can deliver (a tree with a token budget may exceed ``group_size``)."""
+        tree = self.tree.enabled and self.tree.budget == "tokens"
+        return TREE_TOKEN_BUDGET_FACTOR * self.group_size if tree else self.group_size
 
 
 class SFTConfig(Section):
@@ -1240,11 +1277,16 @@ class RunConfig(Section):
                 f"mode {self.orchestrator.mode!r}: samples from one published version are trained up to "
                 "sync_every - 1 steps later"
             )
+        if self.rollout.tree.enabled and self.env.kind == "agent":
+            raise ValueError(
+                "rollout.tree needs environment episodes it can replay; env.kind 'agent' runs your own "
+                "program (set rollout.tree.enabled: false, or use an environment)"
+            )
         need = min_queue_capacity(
             self.trainer.checkpoint_every,
             self.trainer.buffer_steps,
             self.trainer.batch_size,
-            self.rollout.group_size,
+            self.rollout.max_group_size,
         )
         if self.transport.capacity < need:
             raise ValueError(

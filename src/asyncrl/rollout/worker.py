@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
-from asyncrl.records import SamplingParams, Task, Trajectory, new_id
+from asyncrl.records import SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 
 if TYPE_CHECKING:
@@ -169,6 +169,11 @@ class RolloutWorker:
             "token_inexact": 0,
             "retokenization_inexact": 0,
             "retokenization_diff_tokens": 0,
+            "tree_roots": 0,
+            "tree_branch_points": 0,
+            "tree_replayed_turns": 0,
+            "tree_replay_diverged": 0,
+            "tree_rounds": 0,
         }
         self._refresh(force=True)
 
@@ -188,16 +193,55 @@ class RolloutWorker:
     def _turn_done(self) -> None:
         self.load -= 1
 
-    async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
+    async def _env_episode(
+        self, batcher: Any, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    ) -> Trajectory:
+        """One environment episode (replaying ``prefix``'s model turns first: tree branches)."""
         from asyncrl.envs import make_env
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
-        rc = self.cfg.rollout
+        rc, max_turns = self.cfg.rollout, self.cfg.env.max_turns
         base = SamplingParams(
             temperature=rc.sampling.temperature,
             top_p=rc.sampling.top_p,
             max_new_tokens=rc.sampling.max_new_tokens,
         )
+        env = make_env(self.cfg.env, self.rng.randrange(2**31))
+        settings = EpisodeSettings(
+            max_turns,
+            self.max_context,
+            jittered(base, self.control.temperature_jitter(), self.rng),
+            self.name,
+            early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
+            on_turn=self._turn_done,
+        )
+        traj: Trajectory | None = None
+        try:
+            traj = await run_episode(task, env, batcher, self.renderer, settings, group_id, prefix)
+            return traj
+        finally:
+            self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
+            close = getattr(env, "close", None)
+            if close is not None:
+                await close()
+
+    async def _tree_group(self, batcher: Any, task: Task, group_id: str) -> list[Trajectory]:
+        """A tree group (``rollout.tree``): its leaves; replayed turns and branch points counted."""
+        from asyncrl.rollout.tree import grow_tree
+
+        rc = self.cfg.rollout
+
+        async def leaf(prefix: list[Turn]) -> Trajectory:
+            return await self._env_episode(batcher, task, group_id, [t.token_ids for t in prefix])
+
+        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
+        self.load -= (len(trajs) - rc.group_size) * self.cfg.env.max_turns  # admitted for group_size
+        for k, v in stats.metrics().items():
+            self.counts[f"tree_{k}"] += v
+        return trajs
+
+    async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
+        rc = self.cfg.rollout
         group_id = new_id()
         max_turns = self.cfg.env.max_turns
 
@@ -208,28 +252,14 @@ class RolloutWorker:
                     return out
                 finally:
                     self.load -= max_turns
-            env = make_env(self.cfg.env, self.rng.randrange(2**31))
-            settings = EpisodeSettings(
-                max_turns,
-                self.max_context,
-                jittered(base, self.control.temperature_jitter(), self.rng),
-                self.name,
-                early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
-                on_turn=self._turn_done,
-            )
-            traj: Trajectory | None = None
-            try:
-                traj = await run_episode(task, env, batcher, self.renderer, settings, group_id=group_id)
-                return [traj]
-            finally:
-                self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
-                close = getattr(env, "close", None)
-                if close is not None:
-                    await close()
+            return [await self._env_episode(batcher, task, group_id)]
 
-        episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
+        if rc.tree.enabled and not heldout:  # held-out probes measure the policy: flat
+            episodes = [await self._tree_group(batcher, task, group_id)]
+        else:
+            episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
         trajs = [t for ts in episodes for t in ts]
-        if len(trajs) != rc.group_size:  # agent episodes: per-call samples, stale sessions dropped
+        if len(trajs) != rc.group_size:  # agent episodes (per-call samples, stale sessions dropped), trees
             empty = sum(1 for ts in episodes if not ts)
             self.state.release(self.name, empty)  # back to the budget
             self.state.add_inflight(self.name, len(trajs) - (rc.group_size - empty))

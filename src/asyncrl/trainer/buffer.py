@@ -112,11 +112,15 @@ class ReplayBuffer:
         if self._missing[key] >= self.group_size and key not in self._groups:
             del self._missing[key]  # the whole group is gone
 
+    def _members(self, g: list[Trajectory]) -> int:
+        """A group's size: its own (a token-budget tree's) or ``rollout.group_size``."""
+        return g[0].group_size or self.group_size
+
     def _ready(self) -> list[str]:
         return [
             k
             for k, g in self._groups.items()
-            if len(g) + self._missing.get(k, 0) >= self.group_size or not g[0].group_id
+            if len(g) + self._missing.get(k, 0) >= self._members(g) or not g[0].group_id
         ]
 
     def take(
