@@ -49,9 +49,13 @@ TINY = [
 RUNS: dict[str, Path] = {}
 
 
-def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
+def _rows(run_dir: Path, role: str) -> list[dict[str, Any]]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    return [r for r in rows if r.get("role") == "trainer" and "event" not in r]
+    return [r for r in rows if r.get("role") == role and "event" not in r]
+
+
+def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return _rows(run_dir, "trainer")
 
 
 @pytest.mark.parametrize(
@@ -61,6 +65,7 @@ def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
         ("gae", ["credit.value.kind=separate", "credit.value.hidden_size=16"]),
         ("value_delta", ["credit.process_weight=0"]),
         ("turn_group", []),
+        ("tree", ["rollout.tree.enabled=true", "rollout.tree.points=every_turn", "env.max_difficulty=2"]),
     ],
 )
 def test_strategy_trains_end_to_end(strategy: str, extra: list[str], tmp_path: Path, cache_dir: Path) -> None:
@@ -93,6 +98,11 @@ def test_strategy_trains_end_to_end(strategy: str, extra: list[str], tmp_path: P
             for sample in f.samples:
                 mean = sum(g.credit for g in sample.segments) / len(sample.segments)
                 assert mean == pytest.approx(sample.outcome_advantage, abs=1e-4)
+    if strategy == "tree":  # leaves that went on past a turn were branched, and replays were exact
+        worker = [r for r in _rows(run_dir, "rollout-0") if "rollout/tree_roots" in r][-1]
+        multi = any(sum(t.role == "model" for t in s.trajectory.turns) > 1 for f in files for s in f.samples)
+        assert worker["rollout/tree_replay_diverged"] == 0
+        assert worker["rollout/tree_branch_points"] > 0 or not multi
     RUNS[strategy] = run_dir
 
 
