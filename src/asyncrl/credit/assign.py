@@ -66,6 +66,21 @@ def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
     return out[::-1]
 
 
+def _whole_groups(samples: list[CreditSample], n: int, rng: Any) -> list[CreditSample]:
+    """Random groups, whole, until at least ``n`` samples (at least one group)."""
+    groups: dict[str, list[CreditSample]] = {}
+    for smp in samples:
+        groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
+    keys = list(groups)
+    rng.shuffle(keys)
+    out: list[CreditSample] = []
+    for key in keys:
+        if out and len(out) >= n:
+            break
+        out += groups[key]
+    return out
+
+
 class CreditAssigner:
     def __init__(self, cfg: RunConfig, policy: Any) -> None:
         from asyncrl.credit.value import ValueModel
@@ -78,6 +93,8 @@ class CreditAssigner:
         )
         self.last_samples: list[CreditSample] = []
         self._old_values: torch.Tensor | None = None
+        self._tree_values: list[list[tuple[float, float]]] = []
+        """``tree``: the measured success probability before and after each segment of the batch."""
 
     # -- advantages ----------------------------------------------------------------------------
     def advantages(
@@ -157,12 +174,14 @@ class CreditAssigner:
                 "credit/gae_adv_mean": float(a[seg_mask].mean()) if seg_mask.any() else 0.0
             }
         if c.strategy == "tree":
-            mode = "dr_grpo" if c.baseline == "batch_mean" else c.baseline
-            base_tree, metrics = tree_segment_advantages(trajs, spans, mode)
+            tree = tree_segment_advantages(
+                trajs, spans, "dr_grpo" if c.baseline == "batch_mean" else c.baseline
+            )
+            self._tree_values = tree.values
             extra = self._process_to_go(spans)
             return [
-                [base_tree[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)
-            ], metrics
+                [tree.advantages[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)
+            ], tree.metrics
         # turn_group
         keys: dict[str, int] = {}
         owner, returns, states = [], [], []
@@ -248,6 +267,8 @@ class CreditAssigner:
                 if values is not None:
                     vb = float(values[i, max(s - 1, 0)])
                     va = float(t.final_reward) if k == len(sp) - 1 else float(values[i, e - 1])
+                elif self.cfg.strategy == "tree":
+                    vb, va = self._tree_values[i][k]
                 segs.append(
                     SegmentCredit(
                         start=s,
@@ -280,7 +301,10 @@ class CreditAssigner:
         c = self.cfg
         if not c.sample_every or not self.last_samples:
             return None
-        picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
+        if c.strategy == "tree":  # whole groups, so that `credit show` can draw their trees
+            picked = _whole_groups(self.last_samples, c.sample_size, rng)
+        else:
+            picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
         return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
 
     def save_value(self, run_dir: Path, step: int, keep: int = 2) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from typing import NamedTuple
 
 import torch
 
@@ -67,20 +68,31 @@ class TreeIndex:
         return path
 
 
-def tree_segment_advantages(
-    trajs: list[Trajectory], spans: list[list[Span]], mode: GroupMode
-) -> tuple[list[list[float]], dict[str, float]]:
-    """``L_i · spread(node_{i,k})`` per segment (the process term is the caller's) and ``tree/`` metrics."""
+class TreeCredit(NamedTuple):
+    advantages: list[list[float]]
+    """``L_i · spread(node_{i,k})`` per segment (the process term is the caller's)."""
+    values: list[list[tuple[float, float]]]
+    """``(V(parent), V(node))`` per segment: the measured success probability before and after it."""
+    metrics: dict[str, float]
+
+
+def tree_segment_advantages(trajs: list[Trajectory], spans: list[list[Span]], mode: GroupMode) -> TreeCredit:
+    """Tree credit of every segment of a batch, its Monte-Carlo values and ``tree/`` metrics."""
     index = TreeIndex()
     paths = [index.add(t, sp) for t, sp in zip(trajs, spans, strict=True)]
     if not index.parent:
-        return [[] for _ in spans], {}
+        return TreeCredit([[] for _ in spans], [[] for _ in spans], {})
     parent = torch.tensor(index.parent, dtype=torch.long)
     weight = torch.tensor(index.weight)
-    seg, _, _, metrics = tree_advantages(parent, torch.tensor(index.outcome), weight, mode)
+    seg, _, v, metrics = tree_advantages(parent, torch.tensor(index.outcome), weight, mode)
     spread = spread_chains(parent, seg, weight).tolist()
     kids = torch.zeros(len(index.parent), dtype=torch.long).index_add(
         0, parent.clamp_min(0), (parent >= 0).long()
     )
     metrics["tree/branch_nodes"] = float(((kids > 1) & (parent >= 0)).sum())
-    return [[len(path) * spread[n] for n in path] for path in paths], metrics
+    vals = v.tolist()
+    return TreeCredit(
+        [[len(path) * spread[n] for n in path] for path in paths],
+        [[(vals[index.parent[n]], vals[n]) for n in path] for path in paths],
+        metrics,
+    )
