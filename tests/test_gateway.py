@@ -21,6 +21,7 @@ from asyncrl.gateway import Gateway, build_trajectories
 from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
+from asyncrl.staleness import StalenessPolicy
 
 TOK = build_tokenizer("char")
 RENDER = TextRenderer(TOK)
@@ -326,6 +327,7 @@ def test_body_over_the_limit_is_413() -> None:
 # -- back-pressure ---------------------------------------------------------------------------------
 def _stale_gateway(mode: str, newest: list[int]) -> Gateway:
     gw = make_gateway(ScriptedEngine([], version=0), stale_calls=mode, hold_s=2.0, retry_after_s=7)
+    gw.policy = StalenessPolicy.from_config("async", 1, 1, "drop")
     gw.newest_version = lambda: newest[0]
     gw.max_staleness = lambda: 1
     return gw

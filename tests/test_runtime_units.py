@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
-from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.engine import GenerationEngine, Sample
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.staleness import StalenessPolicy
 from asyncrl.trainer.buffer import ReplayBuffer
 from helpers import replay_buffer
 

@@ -45,6 +45,7 @@ from asyncrl.gateway.render import MessageRenderer
 from asyncrl.gateway.sessions import CallRecord, LastCall, ReplyKey, Session, SessionTable
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import SamplingParams
+from asyncrl.staleness import StalenessPolicy
 
 log = logging.getLogger("asyncrl.gateway")
 
@@ -60,6 +61,7 @@ class Gateway:
         max_context: int,
         sampling: SamplingParams,
         *,
+        policy: StalenessPolicy | None = None,
         newest_version: Callable[[], int] | None = None,
         max_staleness: Callable[[], int | None] | None = None,
         refresh: Callable[[], None] | None = None,
@@ -68,6 +70,8 @@ class Gateway:
         self.messages = MessageRenderer(renderer)
         self.renderer = renderer
         self.sessions = SessionTable()
+        self.policy = policy
+        """The staleness rules (none: no staleness checks, e.g. a held-out evaluation's gateway)."""
         self.newest_version = newest_version
         self.max_staleness = max_staleness or (lambda: None)
         self.refresh = refresh
@@ -87,19 +91,29 @@ class Gateway:
         self._server: Any = None
 
     # -- back-pressure -----------------------------------------------------------------------------
-    def _lag(self) -> int:
+    def _fresh(self) -> bool:
+        """Whether the worker's weights may answer a call now (rule 2, asked of the policy)."""
         newest = self.newest_version() if self.newest_version else None
-        return 0 if newest is None else max(0, newest - int(self.batcher.engine.version))
+        if self.policy is None or newest is None:
+            return True
+        return self.policy.admits_call(int(self.batcher.engine.version), newest, self.max_staleness())
+
+    def _bound(self) -> int | None:
+        """The ``max_staleness`` in force (the control state's effective one, else the policy's)."""
+        bound = self.max_staleness()
+        return bound if bound is not None or self.policy is None else self.policy.max_staleness
 
     def _check_session_age(self, s: Session) -> None:
-        bound, first = self.max_staleness(), s.first_version()
+        first = s.first_version()
         newest = self.newest_version() if self.newest_version else None
-        if bound is not None and first is not None and newest is not None and newest - first > bound:
+        if self.policy is None or first is None or newest is None:
+            return
+        if self.policy.session_expired(first, newest, self.max_staleness()):
             self.sessions.close(s, stale=True)
             raise GatewayError(
                 401,
-                f"session finished: it began on weight version {first}, more than max_staleness={bound} "
-                f"versions before the newest ({newest}); its samples are dropped",
+                f"session finished: it began on weight version {first}, more than max_staleness="
+                f"{self._bound()} versions before the newest ({newest}); its samples are dropped",
                 code="session_stale",
                 type_="authentication_error",
             )
@@ -107,22 +121,21 @@ class Gateway:
     async def _admit_call(self) -> None:
         if self.pending >= self.cfg.max_pending_calls:
             raise self._busy(f"{self.pending} calls are waiting for generation (gateway.max_pending_calls)")
-        bound = self.max_staleness()
-        if bound is None or self._lag() <= bound:
+        if self._fresh():
             return
         if self.refresh is not None:
             async with self.batcher.lock:  # never while a batch is being generated
                 self.refresh()
-            if self._lag() <= bound:
+            if self._fresh():
                 return
         t0 = time.monotonic()
         while self.cfg.stale_calls == "hold" and time.monotonic() - t0 < self.cfg.hold_s:
             await asyncio.sleep(0.05)
-            if self._lag() <= bound:
+            if self._fresh():
                 self.counts["held_seconds"] += time.monotonic() - t0
                 return
         self.counts["held_seconds"] += time.monotonic() - t0
-        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={bound}")
+        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={self._bound()}")
 
     def _busy(self, why: str) -> GatewayError:
         self.counts["rejected_429"] += 1

@@ -340,7 +340,7 @@ class Orchestrator:
                     self._supervise()
                     self._watermarks()
                     self._apply_rules(rows)
-                    if self.cfg.orchestrator.mode == "async":
+                    if self.staleness.adapts:
                         self._adapt_staleness()
                     self._scale()
                     self._watchdog()
