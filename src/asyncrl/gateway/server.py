@@ -38,6 +38,7 @@ from asyncrl.gateway.protocol import (
     completion_id,
     logprobs_block,
     parse_request,
+    parse_reward,
     response_body,
     stream_chunks,
 )
@@ -385,17 +386,9 @@ class Gateway:
                     code="invalid_api_key",
                     type_="authentication_error",
                 )
-            data = json.loads(await self._body(request) or b"null")
-            reward = data.get("reward") if isinstance(data, dict) else None
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
-                raise GatewayError(400, "reward: must be a finite number", param="reward")
-            s.reward = float(reward)
+            s.reward = parse_reward(await self._body(request))
         except GatewayError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
-        except ValueError:
-            return JSONResponse(
-                GatewayError(400, "the request body is not valid JSON").body(), status_code=400
-            )
         return JSONResponse({"id": s.id, "reward": s.reward})
 
     # -- serving -----------------------------------------------------------------------------------
@@ -430,7 +423,10 @@ class Gateway:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.cfg.host}:{self.port}/v1"
+        host = self.cfg.host
+        if ":" in host and not host.startswith("["):  # an IPv6 address: bracketed in a URL (RFC 3986)
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
 
 
 def _key(content: str | None, calls: list[tuple[str, str]]) -> ReplyKey:
