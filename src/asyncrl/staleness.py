@@ -94,6 +94,11 @@ class StalenessPolicy:
         return self.mode == "async"
 
     @property
+    def barrier(self) -> bool:
+        """Rule 5, ``sync``: generating and training take turns (one batch, train, publish)."""
+        return self.mode == "sync"
+
+    @property
     def adapts(self) -> bool:
         """Rule 6 applies: the orchestrator may tighten the lag (``async`` only)."""
         return self.mode == "async"
