@@ -37,7 +37,7 @@ import pytest
 
 import helpers
 from asyncrl.config import RunConfig, load_config
-from asyncrl.control import RunState, StalenessPolicy
+from asyncrl.control import RunState
 from asyncrl.orchestrator.run import train
 from helpers import TINY_RUN
 from redis_server import RedisServer
@@ -271,7 +271,7 @@ class ProcJob(Job):
         self.run_dir = self._wait_run_dir(tmp / "runs")
         self.state = RunState(
             RedisStateStore(server.url, self.run_dir),
-            StalenessPolicy.of(self.cfg),
+            self.cfg.staleness_policy(),
             self.cfg.trainer.sync_every,
         )
 

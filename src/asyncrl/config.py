@@ -30,6 +30,7 @@ from pydantic_core import ErrorDetails
 
 from asyncrl.algo.config import PolicyLossConfig
 from asyncrl.errors import UserError
+from asyncrl.staleness import StalenessPolicy
 
 
 class Section(BaseModel):
@@ -1260,6 +1261,13 @@ class RunConfig(Section):
     def _older_dumps(cls, data: Any) -> Any:
         return drop_stale_defaults(cls, data)
 
+    def staleness_policy(self) -> StalenessPolicy:
+        """The staleness rules in force for this run (:mod:`asyncrl.staleness`; rule 5 sets the lag)."""
+        oc = self.orchestrator
+        return StalenessPolicy.from_config(
+            oc.mode, oc.max_staleness, self.trainer.batch_size, oc.stale_policy
+        )
+
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
         if self.rollout.engine.kind == "vllm" and "kind" not in self.algo.policy_loss.model_fields_set:
@@ -1270,10 +1278,10 @@ class RunConfig(Section):
                 f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of rollout.group_size "
                 f"({self.rollout.group_size}) so that batches hold whole groups"
             )
-        lag = {"sync": 0, "one_step_off": 1}.get(self.orchestrator.mode, self.orchestrator.max_staleness)
-        if self.trainer.sync_every - 1 > lag:
+        most = self.staleness_policy().max_sync_every
+        if self.trainer.sync_every > most:
             raise ValueError(
-                f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({lag + 1}) in "
+                f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({most}) in "
                 f"mode {self.orchestrator.mode!r}: samples from one published version are trained up to "
                 "sync_every - 1 steps later"
             )

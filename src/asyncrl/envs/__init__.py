@@ -25,6 +25,7 @@ from asyncrl.envs.python_env import PythonEnv, PythonTasks
 from asyncrl.envs.registry import (
     BUILTIN_ENVS,
     EnvPluginError,
+    check_heldout,
     env_class,
     load_plugin,
     make_env,
@@ -80,6 +81,7 @@ __all__ = [
     "acheck_environment",
     "call_env",
     "check_environment",
+    "check_heldout",
     "close_env",
     "env_class",
     "evaluate",

@@ -340,7 +340,7 @@ class Orchestrator:
                     self._supervise()
                     self._watermarks()
                     self._apply_rules(rows)
-                    if self.cfg.orchestrator.mode == "async":
+                    if self.staleness.adapts:
                         self._adapt_staleness()
                     self._scale()
                     self._watchdog()
@@ -576,13 +576,14 @@ def train(
 
 
 def _check_env(cfg: RunConfig) -> None:
-    """Build the environment and its task source once: a wrong ``env.path`` or option raises its
-    :class:`~asyncrl.envs.EnvPluginError` (a user error) now."""
+    """Build the environment and its task source once: a wrong ``env.path`` or option, or a held-out
+    split smaller than ``env.heldout_size``, raises its :class:`~asyncrl.envs.EnvPluginError` (a user
+    error) now."""
     import asyncio
 
-    from asyncrl.envs import close_env, make_raw_env, make_task_source
+    from asyncrl.envs import check_heldout, close_env, make_raw_env, make_task_source
 
-    make_task_source(cfg.env)
+    check_heldout(make_task_source(cfg.env), cfg.env)
     asyncio.run(close_env(make_raw_env(cfg.env)))
 
 

@@ -2,7 +2,7 @@
 
 The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It starts a new *group*
 (``group_size`` episodes of one task) only when the staleness budget admits it and the queue is
-not above high water (rules in :mod:`asyncrl.control.staleness`; the budget counts a group
+not above high water (rules in :mod:`asyncrl.staleness`; the budget counts a group
 against the worker's own weight version). Before starting, it loads newer weights whenever it may
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
 lag exceeds ``max_staleness``. In ``async`` mode it also loads new
@@ -319,6 +319,7 @@ class RolloutWorker:
                 self.max_context,
                 index=self.index,
                 worker_id=self.name,
+                policy=self.staleness,
                 newest_version=self._newest_valid,
                 max_staleness=self.state.effective_lag,
                 refresh=self._refresh if inflight else None,
