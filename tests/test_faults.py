@@ -374,13 +374,14 @@ def sweep_row(job: Job, s: dict[str, Any], fault: str, recover_s: float, wall_s:
     )
 
 
-@pytest.mark.parametrize("point", [*POINTS, "mid_publish"])
-@pytest.mark.parametrize("role", ["trainer", "rollout-0", "evaluator"])
-def test_crash_point_sweep(tmp_path: Path, cache_dir: Path, role: str, point: str) -> None:
+def kill_role_at(
+    tmp_path: Path, cache_dir: Path, role: str, point: str, *extra: str, label: str = ""
+) -> None:
+    """kill -9 ``role`` at ``point`` of a sweep run, let it restart and the run finish; check the promises."""
     server = RedisServer(tmp_path / "redis")
     try:
         t0 = time.time()
-        job = Job(tmp_path, cache_dir, server, *SWEEP)
+        job = Job(tmp_path, cache_dir, server, *SWEEP, *extra)
         fault_at, pub, put = wait_point(job, point)
         victim = job.pids()[role]
         os.kill(victim, signal.SIGKILL)
@@ -391,9 +392,31 @@ def test_crash_point_sweep(tmp_path: Path, cache_dir: Path, role: str, point: st
         )
         recover = job.recovery_seconds(fault_at, pub, put)
         s = job.finish()
-        sweep_row(job, s, f"kill -9 {role} at {point}", recover, time.time() - t0)
+        sweep_row(job, s, f"kill -9 {role} at {point}{label}", recover, time.time() - t0)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("point", [*POINTS, "mid_publish"])
+@pytest.mark.parametrize("role", ["trainer", "rollout-0", "evaluator"])
+def test_crash_point_sweep(tmp_path: Path, cache_dir: Path, role: str, point: str) -> None:
+    kill_role_at(tmp_path, cache_dir, role, point)
+
+
+TREE = [
+    "rollout.tree.enabled=true",
+    "rollout.tree.points=every_turn",
+    "credit.strategy=tree",
+    "env.max_difficulty=2",
+]
+
+
+@pytest.mark.parametrize("point", ["mid_interval", "mid_publish"])
+@pytest.mark.parametrize("role", ["trainer", "rollout-0"])
+def test_crash_point_sweep_tree_groups(tmp_path: Path, cache_dir: Path, role: str, point: str) -> None:
+    """Tree groups are delivered whole: a worker killed mid-tree returns its admissions, a trainer
+    killed mid-interval retrains nothing — the same promises as flat groups."""
+    kill_role_at(tmp_path, cache_dir, role, point, *TREE, label=" (tree groups)")
 
 
 @pytest.mark.parametrize("point", [*POINTS, "mid_publish"])
