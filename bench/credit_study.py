@@ -42,6 +42,7 @@ STRATEGIES = {  # credit.strategy plus what else the strategy needs
 
 ENVS = {
     "calculator": ("configs/demo.yaml", ["env.latency.kind=none"]),
+    "strings": ("configs/demo.yaml", ["env.latency.kind=none", "env.kind=strings", "env.min_difficulty=3"]),
     "kb_lookup": ("configs/kb_lookup.yaml", []),
 }
 

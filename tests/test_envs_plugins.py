@@ -280,7 +280,7 @@ def test_check_passes_a_good_plugin(name: str) -> None:
     assert "Result: passed" in report.render()
 
 
-@pytest.mark.parametrize("kind", ["calculator", "kb_lookup", "python"])
+@pytest.mark.parametrize("kind", ["calculator", "kb_lookup", "python", "strings"])
 def test_check_passes_the_builtins(kind: str) -> None:
     report = check_environment(EnvConfig(kind=kind), episodes=2)  # type: ignore[arg-type]
     assert report.ok, report.render()

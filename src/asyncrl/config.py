@@ -368,7 +368,7 @@ class SandboxConfig(Section):
 class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
-    kind: Literal["calculator", "kb_lookup", "python", "plugin", "agent"] = "calculator"
+    kind: Literal["calculator", "kb_lookup", "python", "strings", "plugin", "agent"] = "calculator"
     """Built-in environment, ``plugin`` for a user class named by ``path``, or ``agent`` for a user
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
     calls go through the worker's gateway (docs/agents.md)."""

@@ -33,6 +33,7 @@ from asyncrl.envs.registry import (
     make_task_source,
 )
 from asyncrl.envs.sandbox import SandboxLimits, SandboxResult, run_python, run_python_sync, sandbox_support
+from asyncrl.envs.strings import StringsEnv, StringTasks
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.envs.wrappers import (
     EnvResetError,
@@ -72,6 +73,8 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "StepResult",
+    "StringTasks",
+    "StringsEnv",
     "SyncEnvironment",
     "TaskSource",
     "Tool",

@@ -30,6 +30,7 @@ from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
+from asyncrl.envs.strings import StringsEnv
 from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.errors import UserError
@@ -52,6 +53,7 @@ BUILTIN_ENVS: dict[str, type[Any]] = {
     "calculator": CalculatorEnv,
     "kb_lookup": KBLookupEnv,
     "python": PythonEnv,
+    "strings": StringsEnv,
 }
 
 
