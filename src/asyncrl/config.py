@@ -837,6 +837,37 @@ TransportConfig: TypeAlias = Annotated[
 """``transport``: one model per ``kind``."""
 
 
+class CanaryConfig(Section):
+    """The weight-sync canary (docs/reliability.md#weight-sync-canary): after every weight load a rollout
+    worker checks that its engine serves the version the trainer published — a fingerprint of the
+    tensors in the engine's model and the log-probs of a fixed probe prompt, against the values the
+    trainer recorded in the version's manifest. A mismatch refuses the version: the worker goes back
+    to its previous good version, the orchestrator raises a ``weight_canary`` alert and the trainer
+    publishes its weights again as a new version."""
+
+    enabled: bool = True
+    """Record the canary at every publish and check it at every load. Off: versions are loaded unchecked."""
+    probe_tokens: int = Field(32, ge=2, le=4096)
+    """Length of the probe prompt in tokens (capped by the context). Its cost per load is one forward
+    pass of this many tokens in the engine, and one in the trainer per publish."""
+    probe_tolerance: float | None = Field(None, gt=0)
+    """Largest ``mean |Δ log p|`` over the probe tokens between the engine and the trainer. Unset: by
+    dtype, ``probe_tolerance_float32`` when the trainer and the engine both compute in float32, else
+    ``probe_tolerance_half``."""
+    probe_tolerance_float32: float = Field(1e-3, gt=0)
+    """Default tolerance in float32: engine and trainer then differ by reduction order only (about 1e-6
+    on SmolLM2, CPU; 1.5e-7-4.2e-7 vLLM vs trainer on CPU, docs/engines.md), so this leaves three orders
+    of margin and still sees an adapter that moves the probe by a thousandth of a nat."""
+    probe_tolerance_half: float = Field(5e-2, gt=0)
+    """Default tolerance when either side computes in bfloat16/float16: two kernel stacks in bfloat16 differ
+    by 3.8e-3 mean on a 22.6M model (vLLM vs trainer, docs/engines.md) and grow with the model; see
+    docs/reliability.md#weight-sync-canary for the SmolLM2 figure."""
+    fingerprint_rtol: float = Field(1e-5, gt=0, le=1)
+    """Tolerance of each fingerprint statistic relative to its scale (``sqrt(Σx²)`` for sums, ``Σx²`` for
+    sums of squares). The engine holds a bitwise copy, so only float32 reduction order differs (a few
+    ulps, ~1e-7); one optimiser step moves a tensor's sum by ``~lr·sqrt(n)``, far above this."""
+
+
 class _WeightsBase(Section):
     """The versioned weight store."""
 
@@ -845,6 +876,8 @@ class _WeightsBase(Section):
     with the latest-version pointer in Redis (``redis_url``), for roles on several machines."""
     keep: int = Field(3, ge=1, le=10000)
     """Snapshots kept (older ones are deleted)."""
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    """The weight-sync canary: every load is checked against what the trainer published."""
 
 
 class LocalWeightsConfig(_WeightsBase):

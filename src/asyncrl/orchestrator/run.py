@@ -513,7 +513,7 @@ def train(
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
     from asyncrl.transport import make_queue
-    from asyncrl.weights import make_weight_store
+    from asyncrl.weights import make_weight_store, publish_policy
 
     t0 = time.time()
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
@@ -544,7 +544,8 @@ def train(
             )  # plain lines without it
             shutil.copytree(ws.path, run_dir / "initial_policy")
             policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-            make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
+            store = make_weight_store(cfg.weights, run_dir)
+            publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
             # a warm start trained just now was evaluated with this very call (same limit, same
             # seed) on the weights it saved: reuse it rather than play the held-out set twice
             prior = (
@@ -611,6 +612,16 @@ def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
         "token_exact_rate": share_exact("rollout/token_inexact"),
         "retokenization_exact_rate": share_exact("rollout/retokenization_inexact"),
         "retokenization_diff_tokens": int(orch.live.total("rollout/retokenization_diff_tokens")),
+    }
+
+
+def _canary(orch: Orchestrator) -> dict[str, int]:
+    """The weight-sync canary over the run: loads checked, versions refused, loads that could not be checked."""
+    return {
+        "checked": int(orch.live.total("weights/canary_checked")),
+        "failed": int(orch.live.total("weights/canary_failed")),
+        "unverified": int(orch.live.total("weights/canary_unverified")),
+        "alerts": orch.rules.alerts.counts.get("weight_canary", 0),
     }
 
 
@@ -690,6 +701,7 @@ def _summary(
         "cost_waste_share": cost.get("waste_total_share"),
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
         **_token_exactness(orch),
+        "weights_canary": _canary(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         "notes": [faults["note"]] if faults["note"] else [],

@@ -7,8 +7,9 @@ against the worker's own weight version). Before starting, it loads newer weight
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
 lag exceeds ``max_staleness``. In ``async`` mode it also loads new
 weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
-the version that produced it. A corrupt newest snapshot is reported and the worker keeps the
-newest valid one. Finished groups are put on the queue (blocking put = back-pressure).
+the version that produced it. A corrupt newest snapshot, or a version whose load fails the
+weight-sync canary (:mod:`asyncrl.rollout.canary`), is reported and the worker keeps the newest
+valid one. Finished groups are put on the queue (blocking put = back-pressure).
 What to run (curriculum bucket, open breakers, exploration, held-out probes), load balancing and
 retirement follow the orchestrator's directives (:mod:`asyncrl.control.directives`); every
 finished group is reported as a ``rollout/group`` event (bucket, outcomes, rewards, anomalies).
@@ -33,7 +34,8 @@ from asyncrl.telemetry.jsonl import MetricWriter
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
-    from asyncrl.weights.base import WeightStore
+    from asyncrl.rollout.canary import WeightCanary
+    from asyncrl.weights.base import LoadedWeights, WeightStore
 
 log = logging.getLogger("asyncrl.rollout")
 
@@ -43,7 +45,9 @@ class WeightFollower:
 
     A corrupt or partial newest snapshot is reported once (log + metric event + ``on_corrupt``, which
     tells the trainer to publish a good version again) and remembered; the engine keeps the newest
-    valid version until a newer good one appears.
+    valid version until a newer good one appears. With a ``canary`` (:mod:`asyncrl.rollout.canary`)
+    every load is checked against the version's manifest; a version that fails is refused the same
+    way, after the engine went back to the previous good version (whose tensors are kept for that).
     """
 
     def __init__(
@@ -53,9 +57,13 @@ class WeightFollower:
         metrics: MetricWriter | None = None,
         name: str = "",
         on_corrupt: Callable[[int], None] | None = None,
+        canary: WeightCanary | None = None,
     ) -> None:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
         self.on_corrupt = on_corrupt
+        self.canary = canary
+        self.good: LoadedWeights | None = None
+        """The newest version that passed the canary (what a refused load goes back to)."""
         self.bad_versions: set[int] = set()
         self.loads = self.fallbacks = 0
         self.bytes_loaded = 0
@@ -105,11 +113,54 @@ class WeightFollower:
                     },
                 )
         if loaded.version > self.engine.version:
-            t0 = time.perf_counter()
-            self.engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
-            self.load_seconds += time.perf_counter() - t0
-            self.loads += 1
-            self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
+            self._load(loaded)
+
+    def _load(self, loaded: LoadedWeights) -> None:
+        t0 = time.perf_counter()
+        self.engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
+        self.load_seconds += time.perf_counter() - t0
+        if self.canary is not None:
+            verdict = self.canary.verify(self.engine, loaded)
+            if verdict is not None and not verdict.ok:
+                self._refuse(loaded, verdict.evidence())
+                return
+            self.good = loaded
+        self.loads += 1
+        self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
+
+    def _refuse(self, loaded: LoadedWeights, evidence: dict[str, Any]) -> None:
+        """The engine does not serve ``loaded`` as published: go back to the last good version, record
+        the evidence (``weights/canary_failed``; the orchestrator raises an alert) and report it."""
+        from asyncrl.rollout.canary import WeightCanaryError
+
+        assert self.canary is not None
+        good = self.good
+        evidence = {
+            "worker": self.name,
+            "version": loaded.version,
+            "kept": good.version if good else None,
+            **evidence,
+        }
+        log.error(
+            "%s: weight version %d fails the weight-sync canary: %s", self.name, loaded.version, evidence
+        )
+        if self.metrics is not None:
+            self.metrics.event("weights/canary_failed", evidence)
+        self.bad_versions.add(loaded.version)
+        if self.on_corrupt is not None:
+            self.on_corrupt(loaded.version)  # the trainer publishes its weights again as a new version
+        if good is None:
+            raise WeightCanaryError(
+                f"{self.name}: weight version {loaded.version} fails the weight-sync canary and no earlier "
+                f"version passed it: {'; '.join(evidence['problems'])}"
+            )
+        self.engine.load_weights(good.version, good.tensors, path=good.path)
+        again = self.canary.verify(self.engine, good, count=False)
+        if again is not None and not again.ok:
+            raise WeightCanaryError(
+                f"{self.name}: back on weight version {good.version}, which now fails the canary too: "
+                + "; ".join(again.problems[:3])
+            )
 
 
 class RolloutWorker:
@@ -119,6 +170,7 @@ class RolloutWorker:
         from asyncrl.policy import Policy
         from asyncrl.policy.chat import make_renderer
         from asyncrl.policy.model import context_limit
+        from asyncrl.rollout.canary import WeightCanary
         from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
@@ -145,7 +197,7 @@ class RolloutWorker:
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
-            self.store, self.engine, self.metrics, self.name, self.state.report_corrupt
+            self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
         self.agent: Any = None
@@ -380,6 +432,7 @@ class RolloutWorker:
                 "rollout/weight_fallbacks": float(self.weights.fallbacks),
                 "rollout/weight_bytes_loaded": float(self.weights.bytes_loaded),
                 "rollout/weight_load_seconds": self.weights.load_seconds,
+                **(self.weights.canary.metrics() if self.weights.canary else {}),
                 "cost/reward_cache_hits": float(self.verifier.hits),
                 "cost/reward_cache_misses": float(self.verifier.misses),
                 "cost/reward_seconds": self.verifier.seconds,
