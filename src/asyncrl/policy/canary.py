@@ -10,7 +10,7 @@ file is fine, the engine's model is not. So the check runs on the engine's model
 
 * the **fingerprint** of the version's tensors (:func:`fingerprint`): per tensor
   ``[Σx, Σx², Σ_j w_j x_(s·j), Σ_j x_(s·j)²]`` — the sum and sum of squares of every element
-  (float32 reductions: one pass over memory), then a weighted sum over ``SAMPLE`` evenly strided
+  (float32 partial sums over rows of ``ROW`` elements, added in float64: one pass over memory), then a weighted sum over ``SAMPLE`` evenly strided
   elements with fixed weights ``w_j`` in ``[-1, 1]`` and their sum of squares (float64: a
   permutation or a transposition keeps ``Σx`` and ``Σx²`` but changes this one);
 * the **probe**: the ids of a fixed prompt (``weights.canary.probe_tokens`` tokens of
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 RECORD_FORMAT = 1
 SAMPLE = 1024
 """Strided elements per tensor in the position-sensitive part of the fingerprint."""
+ROW = 1024
+"""Elements per float32 partial sum of the fingerprint (the partial sums are added in float64)."""
 PROBE_TEXT = (
     "asyncrl weight-sync canary. The quick brown fox jumps over the lazy dog; 17 * 23 = 391. "
     '<tool_call>{"name": "calc", "arguments": {"expr": "(3 + 4) * 5"}}</tool_call> '
@@ -109,21 +111,25 @@ def _weights(n: int, device: torch.device) -> torch.Tensor:
 
 
 def tensor_fingerprint(t: torch.Tensor) -> torch.Tensor:
-    """``[Σx, Σx², Σ_j w_j x_(s·j), Σ_j x_(s·j)²]`` of one tensor, as float64 on its device."""
+    """``[Σx, Σx², Σ_j w_j x_(s·j), Σ_j x_(s·j)²]`` of one tensor, as float64 on its device.
+
+    The sums run in float32 over rows of :data:`ROW` elements, then in float64 over the rows: one pass
+    over memory, and an error that does not grow with the tensor (a single float32 reduction over
+    SmolLM2's 28M-element embedding is off by 1e-3 relative and differs between thread counts).
+    """
     x = t.detach().reshape(-1)
     if x.numel() == 0:
         return torch.zeros(4, dtype=torch.float64, device=x.device)
-    if not x.is_floating_point():
-        x = x.double()
-    stride = max(1, x.numel() // SAMPLE)
-    sample = x[::stride][:SAMPLE].double()
-    full = x.float()  # float32 reductions (bf16 is widened per element): one pass over the memory
+    x = x.float()  # no copy for float32; bf16 / fp16 / integers are widened
+    m = x.numel() // ROW * ROW
+    rows, tail = x[:m].view(-1, ROW), x[m:].double()
+    sample = x[:: max(1, x.numel() // SAMPLE)][:SAMPLE].double()
     return torch.stack(
         [
-            full.sum().double(),
-            torch.dot(full, full).double(),
-            (sample * _weights(sample.numel(), x.device)).sum(),
-            (sample * sample).sum(),
+            rows.sum(1).double().sum() + tail.sum(),
+            torch.linalg.vecdot(rows, rows).double().sum() + tail.dot(tail),
+            sample.dot(_weights(sample.numel(), x.device)),
+            sample.dot(sample),
         ]
     )
 
