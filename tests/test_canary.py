@@ -254,3 +254,17 @@ def test_the_fingerprint_sees_order_and_tolerates_reduction_order_and_dtype() ->
     v = Verdict()
     compare_fingerprints(want, fingerprint(half), CANARY.fingerprint_rtol, v)
     assert v.ok and want.dtype == "bfloat16"
+
+
+def assert_every_load_passed_the_canary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """For the end-to-end runs (tests/test_runtime_e2e.py, tests/test_lora.py): every version was
+    published with its record, every load a worker made was checked, and none failed."""
+    loads = 0
+    for path in (run_dir / "metrics").glob("rollout-*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        loads += int(max((r.get("rollout/weight_loads", 0) for r in rows), default=0))
+    canary = summary["weights_canary"]
+    assert canary == {"checked": loads, "failed": 0, "unverified": 0, "alerts": 0}, (canary, loads)
+    assert loads >= 2, loads
+    manifests = list((run_dir / "weights").glob("v*/manifest.json"))
+    assert manifests and all(CanaryRecord.from_manifest(json.loads(m.read_text())) for m in manifests)
