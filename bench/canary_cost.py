@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,28 @@ import torch
 
 def _mean_abs(a: list[float], b: list[float]) -> float:
     return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+class Clock:
+    """Wall and CPU time of timed sections, by name (CPU time is what a loaded machine distorts least)."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+
+    def time(self, name: str, fn: Any) -> Any:
+        w, c = time.perf_counter(), time.process_time()
+        out = fn()
+        self.wall.setdefault(name, []).append(time.perf_counter() - w)
+        self.cpu.setdefault(name, []).append(time.process_time() - c)
+        return out
+
+    def report(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name in self.wall:
+            out[f"{name}_ms"] = round(1000 * statistics.median(self.wall[name]), 1)
+            out[f"{name}_cpu_ms"] = round(1000 * statistics.median(self.cpu[name]), 1)
+        return out
 
 
 def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: float) -> dict[str, Any]:
@@ -43,7 +66,7 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: flo
     trainer, sampler = Policy.load(model_dir, cfg=cfg), Policy.load(model_dir, cfg=cfg)
     engine = HFEngine(sampler, [2], seed=0, max_batch=64, cuda_graphs=False)
     canary = WeightCanary(canary_cfg, ("float32", "float32"))
-    record_s, load_s, check_s, fp_s, probe_s, diffs, shifts = [], [], [], [], [], [], []
+    clock, diffs, shifts = Clock(), [], []
     previous: CanaryRecord | None = None
     g = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -54,42 +77,30 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: flo
                     if p.requires_grad:
                         p.add_(lr * torch.randn(p.shape, generator=g).sign())
             tensors = trainer.state_dict_tensors()
-            t0 = time.perf_counter()
-            extra = {"canary": publish_record(trainer, tensors, canary_cfg)}
-            record_s.append(time.perf_counter() - t0)
-            store.publish(v, tensors, step=v, extra=extra)
+            record_doc = clock.time(
+                "record_at_publish", partial(publish_record, trainer, tensors, canary_cfg)
+            )
+            store.publish(v, tensors, step=v, extra={"canary": record_doc})
             loaded = store.load_latest()
             assert loaded is not None and loaded.version == v
-            t0 = time.perf_counter()
-            engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
-            load_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            verdict = canary.verify(engine, loaded)
-            check_s.append(time.perf_counter() - t0)
+            clock.time("load", partial(engine.load_weights, loaded.version, loaded.tensors, path=loaded.path))
+            verdict = clock.time("canary_check", partial(canary.verify, engine, loaded))
             assert verdict is not None and verdict.ok, verdict
             diffs.append(verdict.probe_mean_abs_diff or 0.0)
             record = CanaryRecord.from_manifest(loaded.manifest)
             assert record is not None
-            t0 = time.perf_counter()
-            engine.fingerprint(sorted(record.fingerprint.tensors))
-            fp_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            engine.probe(record.probe_ids)
-            probe_s.append(time.perf_counter() - t0)
+            clock.time("fingerprint", partial(engine.fingerprint, sorted(record.fingerprint.tensors)))
+            clock.time("probe", partial(engine.probe, record.probe_ids))
             if previous is not None:
                 shifts.append(_mean_abs(record.probe_logprobs, previous.probe_logprobs))
             previous = record
-    ms = lambda xs: round(1000 * statistics.median(xs), 1)  # noqa: E731
+    times = clock.report()
     return {
         "tensors": len(tensors),
         "version_mb": round(sum(t.numel() * t.element_size() for t in tensors.values()) / 1e6, 2),
         "probe_tokens": canary_cfg.probe_tokens,
-        "record_at_publish_ms": ms(record_s),
-        "load_ms": ms(load_s),
-        "canary_check_ms": ms(check_s),
-        "fingerprint_ms": ms(fp_s),
-        "probe_ms": ms(probe_s),
-        "check_share_of_load": round(statistics.median(check_s) / statistics.median(load_s), 3),
+        **times,
+        "check_cpu_over_load_cpu": round(times["canary_check_cpu_ms"] / max(times["load_cpu_ms"], 1e-9), 2),
         "probe_diff_correct_load_max": max(diffs),
         "probe_shift_between_versions_min": min(shifts) if shifts else None,
         "tolerance_float32": canary_cfg.probe_tolerance_float32,
