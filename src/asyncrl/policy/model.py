@@ -409,8 +409,9 @@ def _untouched(
 
 def context_limit(cfg: ModelConfig, policy: Policy) -> int:
     """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
-    own = policy.max_context
-    return own if cfg.max_context is None else min(cfg.max_context, own)
+    from asyncrl.policy.preflight import context_cap
+
+    return context_cap(cfg.max_context, policy.max_context)
 
 
 # ---------------------------------------------------------------------------------------------
