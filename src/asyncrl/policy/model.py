@@ -409,9 +409,12 @@ def _untouched(
 
 def context_limit(cfg: ModelConfig, policy: Policy) -> int:
     """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
-    from asyncrl.policy.preflight import context_cap
-
     return context_cap(cfg.max_context, policy.max_context)
+
+
+def context_cap(configured: int | None, own: int) -> int:
+    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
+    return own if configured is None else min(configured, own)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,11 +61,6 @@ class ModelPlan:
         }
 
 
-def context_cap(configured: int | None, own: int) -> int:
-    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
-    return own if configured is None else min(configured, own)
-
-
 def _load_tokenizer(cfg: ModelConfig, p: Path) -> Any:
     from asyncrl.policy.memory import check_fits, parameter_count
     from asyncrl.policy.model import PolicyLoadError
@@ -114,6 +109,7 @@ def preflight_model(cfg: ModelConfig) -> ModelPlan | None:
     if cfg.path is None:
         return None
     from asyncrl.policy.memory import config_numbers
+    from asyncrl.policy.model import context_cap
 
     p = Path(cfg.path)
     tok = _load_tokenizer(cfg, p)

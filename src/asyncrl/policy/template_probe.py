@@ -10,7 +10,8 @@ sentinels and reads the answers off the output:
 ``system_supported``
     a system message renders (no exception) and its text appears.
 ``tool_role``
-    a ``tool`` message renders and its text appears (else observations go in the ``user`` role).
+    the template names a ``tool`` role and a ``tool`` message renders with its text (else
+    observations go in the ``user`` role; ChatML renders any role name, which is not a tool role).
 ``prefix_stable``
     the rendering only grows as a chat grows: the opening (system + user + generation prompt)
     followed by an assistant turn is a prefix of the chat holding that turn, and that chat is a
@@ -54,6 +55,7 @@ TOOL_MARKERS = (
     '"parameters"',
     "<function=",
 )
+_NAMES_TOOL_ROLE = re.compile(r"['\"]tool['\"]")
 _ID_LENGTH = re.compile(r"(?:tool_call\.id|tool_call_id)\s*\|\s*length\s*!=\s*(\d+)")
 
 
@@ -109,7 +111,9 @@ def _system(render: _Renderer) -> tuple[bool, str | None]:
     return _SYS in text, None if _SYS in text else "the template drops the system message"
 
 
-def _tool_role(render: _Renderer, head: list[dict[str, Any]]) -> bool:
+def _tool_role(render: _Renderer, head: list[dict[str, Any]], source: str) -> bool:
+    if not _NAMES_TOOL_ROLE.search(source):  # ChatML renders any role name: that is not a tool role
+        return False
     chat = [*head, {"role": "assistant", "content": _TURN}, _observation("tool", _OBS)]
     text, _ = render(chat, gen=True)
     return text is not None and _OBS in text
@@ -180,7 +184,7 @@ def probe_template(tokenizer: Any, end_ids: Sequence[int]) -> TemplateProfile:
     render = _Renderer(tokenizer)
     system_ok, system_error = _system(render)
     head = ([{"role": "system", "content": _SYS}] if system_ok else []) + [{"role": "user", "content": _USER}]
-    tool_role = _tool_role(render, head)
+    tool_role = _tool_role(render, head, source)
     role = "tool" if tool_role else "user"
     turn_id, turn_text, after = _turn_end(render, tokenizer, head, end_ids)
     unstable = _stability(render, head, role)
