@@ -96,53 +96,44 @@ MISTRAL_TOKENS = (
     "[/TOOL_RESULTS]",
 )
 
+# Shared by the members of a family line (tokenizer_config / generation_config of each).
+QWEN: dict[str, Any] = {
+    "eos": "<|im_end|>",
+    "pad": "<|endoftext|>",
+    "end_ids": ("<|im_end|>", "<|endoftext|>"),
+}
+LLAMA3: dict[str, Any] = {
+    "specials": LLAMA3_TOKENS,
+    "bos": "<|begin_of_text|>",
+    "eos": "<|eot_id|>",
+    "end_ids": ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
+    "llama3_pretokenizer": True,
+}
+GEMMA: dict[str, Any] = {
+    "bos": "<bos>",
+    "eos": "<eos>",
+    "pad": "<pad>",
+    "end_ids": ("<eos>", "<end_of_turn>"),
+}
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         # generation_config.json of SmolLM2-135M-Instruct: eos_token_id 2 (<|im_end|>).
         Family("smollm2", "SmolLM2", None, end_ids=("<|im_end|>",)),
-        # Qwen2.5-*-Instruct generation_config: eos_token_id [151645, 151643].
-        Family(
-            "qwen25",
-            "Qwen2.5",
-            "../qwen25_chat_template.jinja",
-            added=QWEN_TOOL_TOKENS,
-            eos="<|im_end|>",
-            pad="<|endoftext|>",
-            end_ids=("<|im_end|>", "<|endoftext|>"),
-        ),
-        # Qwen3 generation_config: eos_token_id [151645, 151643]; <think> etc. are added tokens
-        # with special=false in its tokenizer.json.
+        # Qwen2.5-*-Instruct and Qwen3 generation_config: eos_token_id [151645, 151643]; Qwen3's
+        # <think> etc. are added tokens with special=false in its tokenizer.json.
+        Family("qwen25", "Qwen2.5", "../qwen25_chat_template.jinja", added=QWEN_TOOL_TOKENS, **QWEN),
         Family(
             "qwen3",
             "Qwen3",
             "qwen3.jinja",
             added=(*QWEN_TOOL_TOKENS, "<think>", "</think>", "<tool_response>", "</tool_response>"),
-            eos="<|im_end|>",
-            pad="<|endoftext|>",
-            end_ids=("<|im_end|>", "<|endoftext|>"),
+            **QWEN,
         ),
         # Llama-3.1/3.2-*-Instruct generation_config: eos_token_id [128001, 128008, 128009].
-        Family(
-            "llama31",
-            "Llama-3.1",
-            "llama31.jinja",
-            specials=LLAMA3_TOKENS,
-            bos="<|begin_of_text|>",
-            eos="<|eot_id|>",
-            end_ids=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
-            llama3_pretokenizer=True,
-        ),
-        Family(
-            "llama32",
-            "Llama-3.2",
-            "llama32.jinja",
-            specials=LLAMA3_TOKENS,
-            bos="<|begin_of_text|>",
-            eos="<|eot_id|>",
-            end_ids=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
-            llama3_pretokenizer=True,
-        ),
+        Family("llama31", "Llama-3.1", "llama31.jinja", **LLAMA3),
+        Family("llama32", "Llama-3.2", "llama32.jinja", **LLAMA3),
         # Mistral-7B-Instruct-v0.3 generation_config: eos_token_id 2 (</s>).
         Family(
             "mistral_v03",
@@ -153,28 +144,10 @@ FAMILIES: dict[str, Family] = {
             eos="</s>",
             end_ids=("</s>",),
         ),
-        # gemma-2-*-it generation_config: eos_token_id [1, 107] = [<eos>, <end_of_turn>].
-        Family(
-            "gemma2",
-            "Gemma 2",
-            "gemma2.jinja",
-            specials=GEMMA_TOKENS,
-            bos="<bos>",
-            eos="<eos>",
-            pad="<pad>",
-            end_ids=("<eos>", "<end_of_turn>"),
-        ),
-        # gemma-3-*-it generation_config: eos_token_id [1, 106] = [<eos>, <end_of_turn>].
-        Family(
-            "gemma3",
-            "Gemma 3",
-            "gemma3.jinja",
-            specials=(*GEMMA_TOKENS, "<start_of_image>"),
-            bos="<bos>",
-            eos="<eos>",
-            pad="<pad>",
-            end_ids=("<eos>", "<end_of_turn>"),
-        ),
+        # gemma-2-*-it generation_config: eos_token_id [1, 107]; gemma-3-*-it: [1, 106]; both
+        # are [<eos>, <end_of_turn>].
+        Family("gemma2", "Gemma 2", "gemma2.jinja", specials=GEMMA_TOKENS, **GEMMA),
+        Family("gemma3", "Gemma 3", "gemma3.jinja", specials=(*GEMMA_TOKENS, "<start_of_image>"), **GEMMA),
         # Phi-3.5-mini-instruct generation_config: eos_token_id [32007, 32001, 32000]
         # = [<|end|>, <|assistant|>, <|endoftext|>]; tokenizer eos_token <|endoftext|>.
         Family(

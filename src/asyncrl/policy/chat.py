@@ -30,7 +30,8 @@ Two renderers:
     is tokenised with special tokens split (an observation holding ``<|im_end|>`` stays text and
     cannot close the turn); the template's own markup keeps its special tokens.
 
-End-of-turn ids come from the model's ``generation_config`` (and the tokenizer's eos token);
+End-of-turn ids come from the model's ``generation_config`` (every id of ``eos_token_id``, then
+the tokenizer's eos token); the one the template writes after an assistant message closes a turn;
 ``model.stop_strings`` may add multi-token stop strings, found by incremental decoding in
 :meth:`Renderer.cut_at_stop`. A turn that ended without its end-of-turn token (length, stop
 string) gets it as the first token of the next delta, outside the loss mask.
