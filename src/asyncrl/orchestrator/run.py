@@ -591,7 +591,7 @@ def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
 
     source = make_task_source(cfg.env)
     env = make_raw_env(cfg.env)
-    if plan is None:
+    if plan is None or cfg.env.kind == "agent":  # an agent's prompts are its own: the gateway checks them
         asyncio.run(close_env(env))
         return
     rng = random.Random(cfg.seed)
@@ -600,11 +600,15 @@ def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
     ]
 
     async def openings() -> list[tuple[int, str]]:
+        tools, out = list(getattr(env, "tools", None) or []), []
         try:
-            tools = list(getattr(env, "tools", None) or [])
-            return [
-                (len(plan.renderer.start(str(await call_env(env.reset, t)), tools).ids), t.id) for t in tasks
-            ]
+            for t in tasks:
+                try:
+                    prompt = str(await call_env(env.reset, t))
+                except Exception:  # a reset that fails is the run's env_error to count, not a preflight's
+                    continue
+                out.append((len(plan.renderer.start(prompt, tools).ids), t.id))
+            return out or [(0, "")]
         finally:
             await close_env(env)
 
