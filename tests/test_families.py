@@ -153,6 +153,7 @@ def test_model_info_prints_the_plan_train_uses_or_its_error(family_dirs: dict[st
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     error = json.loads(refused.stdout)["preflight"]
     assert error.startswith("error: ") and "System role not supported" in error and "\n" not in error
+    assert refused.stderr.strip() == f"asyncrl: error: {error.removeprefix('error: ')}"
     with pytest.raises(UserError, match="System role not supported"):  # train's own preflight says the same
         preflight_model(ModelConfig(path=str(family_dirs["gemma2"])))
     as_user = _cli(

@@ -356,6 +356,7 @@ def _model_info(args: argparse.Namespace) -> int:
         ok = True
     except UserError as exc:
         report["preflight"] = f"error: {exc}"
+        print(f"asyncrl: error: {exc}", file=sys.stderr)  # what train would stop with
         ok = False
     if args.json:
         print(json.dumps(report, sort_keys=True))
@@ -368,7 +369,8 @@ def _print_model_info(report: dict[str, Any], tokens: int) -> None:
     mem = report.pop("memory_gib")
     preflight = report.pop("preflight")
     for key, value in report.items():
-        print(f"{key:>24}: {value}")
+        shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
+        print(f"{key:>24}: {shown}")
     print(
         f"{'memory (GiB)':>24}: weights {mem['weights_float32']} float32, {mem['weights_bfloat16']} bfloat16"
     )
