@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
@@ -45,7 +45,11 @@ from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
 
 log = logging.getLogger("asyncrl.orchestrator")
 
+if TYPE_CHECKING:
+    from asyncrl.policy.preflight import ModelPlan
+
 ORCHESTRATOR = "orchestrator"
+CONTEXT_PROBE_TASKS = 4  # held-out and training tasks each whose episode openings the preflight renders
 
 
 def new_run_dir(cfg: RunConfig) -> Path:
@@ -508,7 +512,7 @@ def train(
     """
     from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy, resolve_device
-    from asyncrl.policy.chat import preflight_model
+    from asyncrl.policy.preflight import preflight_model
     from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
@@ -531,8 +535,8 @@ def train(
     else:
         check_connections(cfg)
         resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
-        _check_env(cfg)  # a bad env.path or option fails here, before a run directory exists
-        preflight_model(cfg.model)  # so does a model directory asyncrl cannot render episodes with
+        plan = preflight_model(cfg.model)  # a model directory asyncrl cannot run fails here,
+        _check_env(cfg, plan)  # so do a bad env.path or option and a context too small for a turn
         fresh = run_dir is None or not Path(run_dir).exists()
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -576,16 +580,51 @@ def train(
     return run_dir, summary
 
 
-def _check_env(cfg: RunConfig) -> None:
+def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
     """Build the environment and its task source once: a wrong ``env.path`` or option, or a held-out
     split smaller than ``env.heldout_size``, raises its :class:`~asyncrl.envs.EnvPluginError` (a user
-    error) now."""
+    error) now. With a pretrained model's ``plan``, also render the opening of a few episodes
+    (held-out and training tasks) and check that the context holds the longest one plus a whole
+    model turn (``rollout.sampling.max_new_tokens``)."""
     import asyncio
+    import random
 
-    from asyncrl.envs import check_heldout, close_env, make_raw_env, make_task_source
+    from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
 
-    check_heldout(make_task_source(cfg.env), cfg.env)
-    asyncio.run(close_env(make_raw_env(cfg.env)))
+    source = make_task_source(cfg.env)
+    check_heldout(source, cfg.env)
+    env = make_raw_env(cfg.env)
+    if plan is None or cfg.env.kind == "agent":  # an agent's prompts are its own: the gateway checks them
+        asyncio.run(close_env(env))
+        return
+    rng = random.Random(cfg.seed)
+    tasks = list(source.heldout())[:CONTEXT_PROBE_TASKS] + [
+        source.sample(rng) for _ in range(CONTEXT_PROBE_TASKS)
+    ]
+
+    async def openings() -> list[tuple[int, str]]:
+        tools, out = list(getattr(env, "tools", None) or []), []
+        try:
+            for t in tasks:
+                try:
+                    prompt = str(await call_env(env.reset, t))
+                except Exception:  # a reset that fails is the run's env_error to count, not a preflight's
+                    continue
+                out.append((len(plan.renderer.start(prompt, tools).ids), t.id))
+            return out or [(0, "")]
+        finally:
+            await close_env(env)
+
+    longest, task_id = max(asyncio.run(openings()))
+    turn = cfg.rollout.sampling.max_new_tokens
+    if longest + turn > plan.context:
+        limit = "model.max_context" if cfg.model.max_context is not None else "the model's own context"
+        raise UserError(
+            f"{limit} ({plan.context} tokens) leaves {max(plan.context - longest, 0)} tokens after the "
+            f"longest episode opening ({longest} tokens: system text, tools and the prompt of task "
+            f"{task_id}), less than one model turn (rollout.sampling.max_new_tokens={turn}): set "
+            f"model.max_context to at least {longest + turn} or lower rollout.sampling.max_new_tokens"
+        )
 
 
 def _peak_memory(run_dir: Path) -> dict[str, float]:
