@@ -190,7 +190,7 @@ class RolloutWorker:
 
     async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
         from asyncrl.envs import make_env
-        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode_samples
 
         rc = self.cfg.rollout
         base = SamplingParams(
@@ -217,19 +217,21 @@ class RolloutWorker:
                 early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
                 on_turn=self._turn_done,
             )
-            traj: Trajectory | None = None
+            samples: list[Trajectory] = []
             try:
-                traj = await run_episode(task, env, batcher, self.renderer, settings, group_id=group_id)
-                return [traj]
+                samples = await run_episode_samples(
+                    task, env, batcher, self.renderer, settings, group_id=group_id
+                )
+                return samples
             finally:
-                self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
+                self.load -= max_turns - sum(1 for tr in samples for t in tr.turns if t.role == "model")
                 close = getattr(env, "close", None)
                 if close is not None:
                     await close()
 
         episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
         trajs = [t for ts in episodes for t in ts]
-        if len(trajs) != rc.group_size:  # agent episodes: per-call samples, stale sessions dropped
+        if len(trajs) != rc.group_size:  # per-turn / per-call samples, stale agent sessions dropped
             empty = sum(1 for ts in episodes if not ts)
             self.state.release(self.name, empty)  # back to the budget
             self.state.add_inflight(self.name, len(trajs) - (rc.group_size - empty))
