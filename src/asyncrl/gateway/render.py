@@ -17,14 +17,11 @@ episode would:
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.gateway.protocol import Message, ToolDef
 from asyncrl.policy.chat import Renderer, TextRenderer
-
-_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
 
 
 def _arguments(raw: str) -> Any:
@@ -118,14 +115,9 @@ class MessageRenderer:
             args = c.arguments
             if self.text:
                 args = {_single_param(tools, c.name): args}
-            cid = c.id if _CALL_ID.fullmatch(c.id) and c.id != self.renderer.fmt.call_id(0) else None
-            calls.append(
-                (
-                    c.name,
-                    args if isinstance(args, str) else json.dumps(args),
-                    cid or self.renderer.fmt.call_id(first_id + k),
-                )
-            )
+            fresh = c.id == self.renderer.fmt.call_id(0)  # the model wrote no usable id of its own
+            cid = self.renderer.fmt.call_id(first_id + k) if fresh else c.id
+            calls.append((c.name, args if isinstance(args, str) else json.dumps(args), cid))
         return Reply(turn.prefix if turn.prefix.strip() else None, turn.reasoning, calls)
 
     def token_strings(self, ids: list[int]) -> list[str]:

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
 
 Message = dict[str, Any]
+_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+"""A call id every template accepts (Mistral's refuses any other)."""
 ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer> and nothing else."
 
 
@@ -170,7 +172,8 @@ class Renderer(ABC):
             turn.malformed = found
         elif found is not None:
             name, arguments, cid = found
-            turn.tool_calls.append(ToolCallOut(name, arguments, cid or self.fmt.call_id(0)))
+            cid = cid if cid is not None and _CALL_ID.fullmatch(cid) else self.fmt.call_id(0)
+            turn.tool_calls.append(ToolCallOut(name, arguments, cid))
         at = self.fmt.call_start(content)
         turn.prefix = content if at < 0 else content[:at]
         return turn
@@ -473,7 +476,7 @@ class HFChatRenderer(Renderer):
         self.native_calls = self._renders_calls()
         if self.native_calls:
             self._check_call_format(tool_format)
-        self.stop_token_ids, self._after_eot, self._tail = self._probe_turn_end(stops)
+        self.stop_token_ids = self._probe_turn_end(stops)
         self.eot_text = str(tokenizer.decode([self.stop_token_ids[0]], skip_special_tokens=False))
         stable = self._prefix_stable()
         if multi_turn == "auto":
@@ -531,8 +534,8 @@ class HFChatRenderer(Renderer):
                 "llama3_json, mistral)"
             )
 
-    def _probe_turn_end(self, stops: list[int]) -> tuple[list[int], str, str]:
-        """``(stop ids with the template's turn end first, text after it, the whole turn tail)``."""
+    def _probe_turn_end(self, stops: list[int]) -> list[int]:
+        """The stop ids with the one the template closes an assistant turn with first."""
         chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
         text = self._apply(chat, None, False)
         at = text.rfind(_PROBE)
@@ -542,7 +545,7 @@ class HFChatRenderer(Renderer):
         for i in stops:
             eot = str(self.tokenizer.decode([i], skip_special_tokens=False))
             if eot and tail.startswith(eot):
-                return [i, *(s for s in stops if s != i)], tail[len(eot) :], tail
+                return [i, *(s for s in stops if s != i)]
         names = [str(self.tokenizer.decode([i], skip_special_tokens=False)) for i in stops]
         raise ChatTemplateError(
             f"the chat template closes an assistant turn with {tail[:20]!r}, not with an end-of-turn "
@@ -553,23 +556,24 @@ class HFChatRenderer(Renderer):
     def _prefix_stable(self) -> bool:
         """Whether rendering a chat and then appending a message only appends (the probe chat has
         reasoning, a tool call and an observation when the template has them)."""
-        first = self._probe_assistant(0)
-        history = [*self._opening("s", "u"), first]
-        try:
-            for k in range(1, 3):
-                new = [self.observation_message("o", self._call_id_of(history[-1]))]
-                if self.bridge([], [], history, new, _probe_tools()) is None:
+        for reasoning in (False, True) if self.thinks else (False,):
+            for calls in (False, True) if self.native_calls else (False,):
+                history = [*self._opening("s", "u"), self._probe_assistant(0, reasoning, calls)]
+                try:
+                    for k in range(1, 3):
+                        new = [self.observation_message("o", self._call_id_of(history[-1]))]
+                        if self.bridge([], [], history, new, _probe_tools()) is None:
+                            return False
+                        history = [*history, *new, self._probe_assistant(k, reasoning, calls)]
+                except ChatTemplateError:
                     return False
-                history = [*history, *new, self._probe_assistant(k)]
-        except ChatTemplateError:
-            return False
         return True
 
-    def _probe_assistant(self, k: int) -> Message:
+    def _probe_assistant(self, k: int, reasoning: bool, calls: bool) -> Message:
         m: Message = {"role": "assistant", "content": f"a{k}"}
-        if self.thinks:
+        if reasoning:
             m["content"] = f"<think>\nr{k}\n</think>\n\na{k}"
-        if self.native_calls:
+        if calls:
             m["tool_calls"] = [
                 {
                     "type": "function",
@@ -595,6 +599,11 @@ class HFChatRenderer(Renderer):
         if not tools:
             return f"You are a helpful assistant. {ANSWER_HINT}"
         return f"You are a helpful assistant with tools. Call a tool when it helps. {ANSWER_HINT}"
+
+    def observation_message(self, text: str, call_id: str | None = None) -> Message:
+        if call_id is None and self.native_calls:  # feedback on a turn without a call (e.g. a cut-off
+            return {"role": "user", "content": text}  # one): a tool result would answer no call
+        return super().observation_message(text, call_id)
 
     def split_reasoning(self, text: str) -> tuple[str | None, str]:
         if not self.thinks:
@@ -640,6 +649,8 @@ class HFChatRenderer(Renderer):
                     "role": "user",
                     "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>",
                 }
+            if m.get("tool_calls") and self.observation_role != "tool":  # results come as user turns:
+                m = {"role": "assistant", "content": self._calls_as_text(m)}  # so do the calls
             out.append(m)
         if tools and not self.native_tools:
             prompt = self.tool_prompt(tools)
@@ -662,6 +673,17 @@ class HFChatRenderer(Renderer):
                     merged.append(m)
             out = merged
         return out
+
+    def _calls_as_text(self, m: Message) -> str:
+        calls = []
+        for tc in m.get("tool_calls") or []:
+            args = tc["function"]["arguments"]
+            calls.append(
+                self.fmt.write_call(
+                    tc["function"]["name"], args if isinstance(args, dict) else {"input": args}
+                )
+            )
+        return "\n".join([str(m.get("content") or ""), *calls]).strip()
 
     def _schemas(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         return tools if tools and self.native_tools else None
@@ -733,11 +755,13 @@ class HFChatRenderer(Renderer):
         tools: list[dict[str, Any]] | None,
     ) -> list[int] | None:
         base = self._apply(self._template_messages(history, tools), self._schemas(tools), False)
+        close = base.rfind(self.eot_text)  # the end of the sampled turn (a finished chat may add
+        end = close + len(self.eot_text)  # text after it, e.g. Phi's closing eos)
         full, spans = self._spans([*history, *new], tools, True)
-        if not full.startswith(base) or not base.endswith(self._tail):
+        if close < 0 or not full.startswith(base[:end]):
             return None
         closed = self.closes_turn(completion_ids) if completion_ids else self._closed_in(prompt_ids)
-        cut = len(base) - len(self._after_eot if closed else self._tail)
+        cut = end if closed else close
         delta = self._encode(full[cut:], [(lo - cut, hi - cut) for lo, hi in spans if hi > cut])
         return [*prompt_ids, *completion_ids, *delta]
 

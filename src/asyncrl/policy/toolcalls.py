@@ -216,7 +216,7 @@ class HermesFormat(ToolCallFormat):
         return _call_of(found[0], "arguments", "parameters")
 
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{self.CLOSE}"
+        return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{self.CLOSE}"
 
     def instructions(self) -> str:
         return (
@@ -254,7 +254,7 @@ class Llama3JsonFormat(ToolCallFormat):
         return _call_of(found[0], "parameters", "arguments")
 
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return json.dumps({"name": name, "parameters": arguments})
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
 
     def instructions(self) -> str:
         return (
@@ -290,7 +290,7 @@ class MistralFormat(ToolCallFormat):
 
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
         call = {"name": name, "arguments": arguments, "id": self.call_id(0)}
-        return f"{self.OPEN} {json.dumps([call])}"
+        return f"{self.OPEN} {json.dumps([call], ensure_ascii=False)}"
 
     def instructions(self) -> str:
         return (
