@@ -306,3 +306,76 @@ def tool_loop(name: str, r: HFChatRenderer) -> None:
     assert s.calls[2].prompt_ids.count(r.stop_token_ids[0]) < len(s.calls[2].prompt_ids)
     system_copies = r.tokenizer.decode(s.calls[2].prompt_ids).count("You are careful.")
     assert system_copies == 1  # the system text is not repeated in an observation delta
+
+
+# ---------------------------------------------------------------------------------------------
+# per-turn samples: one episode in credit and in the buffer
+# ---------------------------------------------------------------------------------------------
+def per_turn_episode(group: str, reward: float, n: int) -> list[Trajectory]:
+    from asyncrl.records import Turn
+
+    ep = f"{group}-{reward}-{n}"
+    return [
+        Trajectory(
+            id=f"{ep}-{k}",
+            task=TASK,
+            turns=[
+                Turn(role="env", token_ids=[1, 2]),
+                Turn(role="model", token_ids=[3], logprobs=[-0.1], version=0),
+            ],
+            final_reward=reward,
+            group_id=group,
+            episode_id=ep,
+            episode_samples=n,
+            render_diff=0,
+        )
+        for k in range(n)
+    ]
+
+
+def test_an_episode_of_several_samples_counts_once_in_its_group_baseline() -> None:
+    from asyncrl.config import CreditConfig
+    from asyncrl.credit.outcome import sequence_advantages
+
+    long, short = per_turn_episode("g", 1.0, 3), per_turn_episode("g", 0.0, 1)
+    adv, _ = sequence_advantages([*long, *short], CreditConfig())
+    # two episodes, rewards 1 and 0: +a and -a, each sample of the long one carrying +a
+    assert torch.allclose(adv[:3], adv[0].expand(3)) and adv[0] > 0
+    assert torch.isclose(adv[0], -adv[3])
+
+
+def test_a_group_is_ready_once_every_episode_has_all_its_samples() -> None:
+    from asyncrl.control.staleness import StalenessPolicy
+    from helpers import replay_buffer
+
+    buf = replay_buffer(2, 1, StalenessPolicy.from_config("async", 5, 8, "drop"))
+    long, short = per_turn_episode("g", 1.0, 3), per_turn_episode("g", 0.0, 1)
+    for t in [*long[:2], *short]:
+        buf.add(t)
+    assert buf.take(0)[0] is None  # 3 samples, but one episode is still missing a sample
+    buf.add(long[2])
+    batch, _ = buf.take(0)
+    assert batch is not None and len(batch) == 4
+
+
+def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str, HFChatRenderer]) -> None:
+    from asyncrl.envs.calculator import CalculatorEnv
+    from asyncrl.trainer.sft import _play
+    from helpers import calc_task
+
+    _, r = family
+    task = calc_task()
+    env = CalculatorEnv()
+    samples = asyncio.run(
+        _play(env, task, ["<tool>calc(3*4)</tool>", "<tool>calc(12+5)</tool>", "<answer>17</answer>"], r)
+    )
+    assert len(samples) == (3 if r.multi_turn == "per_turn" else 1)
+    for ids, mask in samples:
+        assert len(ids) == len(mask) and mask[-1] == 1 and ids[-1] == r.stop_token_ids[0]
+    trained = [i for ids, mask in samples for i, m in zip(ids, mask, strict=True) if m]
+    demo = [
+        i
+        for text in ("<tool>calc(3*4)</tool>", "<tool>calc(12+5)</tool>", "<answer>17</answer>")
+        for i in r.demo_turn(text, env.tools)
+    ]
+    assert trained == demo  # every demonstrated turn trained once, in either mode
