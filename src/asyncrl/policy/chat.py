@@ -422,6 +422,25 @@ def _probe_tools() -> list[dict[str, Any]]:
     ]
 
 
+def _between(literals: list[str], text: str) -> list[str] | None:
+    """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln);
+    each literal at its first occurrence (a linear scan), else the backtracking match."""
+    if len(literals) == 1 or not text.startswith(literals[0]):
+        return [] if text == literals[0] else None
+    pos, out = len(literals[0]), []
+    for lit in literals[1:-1]:
+        at = text.find(lit, pos) if lit else pos
+        if at < 0:
+            break
+        out.append(text[pos:at])
+        pos = at + len(lit)
+    else:
+        if text.endswith(literals[-1]) and len(text) - len(literals[-1]) >= pos:
+            return [*out, text[pos : len(text) - len(literals[-1])]]
+    match = re.fullmatch("(.*?)".join(re.escape(lit) for lit in literals), text, flags=re.DOTALL)
+    return list(match.groups()) if match is not None else None
+
+
 class HFChatRenderer(Renderer):
     """Chats in a pretrained model's own chat template; see the module docstring."""
 
@@ -711,14 +730,9 @@ class HFChatRenderer(Renderer):
         pieces = _SENTINEL.split(text)  # literal, index, literal, index, ..., literal
         literals, order = pieces[0::2], [int(i) for i in pieces[1::2]]
         filled = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:], strict=True))
-        if filled == real:
-            found = [contents[i] for i in order]
-        else:
-            pattern = "(.*?)".join(re.escape(lit) for lit in literals)
-            match = re.fullmatch(pattern, real, flags=re.DOTALL)
-            if match is None:
-                return real, []  # contents not separable: the true text, markup parsed everywhere
-            found = list(match.groups())
+        found: list[str] | None = [contents[i] for i in order] if filled == real else _between(literals, real)
+        if found is None:
+            return real, []  # contents not separable: the true text, markup parsed everywhere
         spans, pos = [], len(literals[0])
         for lit, content in zip(literals[1:], found, strict=True):
             spans.append((pos, pos + len(content)))
