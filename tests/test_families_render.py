@@ -379,3 +379,70 @@ def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str,
         for i in r.demo_turn(text, env.tools)
     ]
     assert trained == demo  # every demonstrated turn trained once, in either mode
+
+
+# ---------------------------------------------------------------------------------------------
+# template quirks, one clear line each
+# ---------------------------------------------------------------------------------------------
+def test_a_systemless_template_gets_the_system_text_in_the_first_user_turn() -> None:
+    tok = build_tokenizer("gemma2")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "gemma2"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="auto",
+    )
+    assert r.systemless
+    text = tok.decode(r.start("Question?", ScriptedEnv.tools).ids)
+    system = r.system_text(ScriptedEnv.tools)
+    assert system is not None and text.count(system) == 1
+    assert text.index("<start_of_turn>user") < text.index(system) < text.index("Question?")
+
+
+def test_gemma3_ends_a_turn_on_end_of_turn_though_eos_is_listed_first() -> None:
+    tok = build_tokenizer("gemma3")
+    eos = end_ids(tok, "gemma3")
+    r = HFChatRenderer(tok, eos_token_ids=eos, tool_format="auto", observation_role="auto", multi_turn="auto")
+    assert tok.convert_tokens_to_ids("<eos>") == eos[0]
+    assert r.stop_token_ids[0] == tok.convert_tokens_to_ids("<end_of_turn>") and set(r.stop_token_ids) == set(
+        eos
+    )
+
+
+def test_a_template_writing_calls_in_an_unknown_format_is_refused_not_read_as_hermes() -> None:
+    from asyncrl.policy.chat import ChatTemplateError
+
+    tok = build_tokenizer("smollm2")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for tc in m.tool_calls or [] %}<<CALL {{ tc.function.name }}>>{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(ChatTemplateError, match=r"model\.tool_format"):
+        HFChatRenderer(
+            tok,
+            eos_token_ids=end_ids(tok, "smollm2"),
+            tool_format="auto",
+            observation_role="auto",
+            multi_turn="auto",
+        )
+    llama = build_tokenizer("llama31")  # an explicit format the template does not write
+    with pytest.raises(ChatTemplateError, match=r"model\.tool_format"):
+        HFChatRenderer(
+            llama,
+            eos_token_ids=end_ids(llama, "llama31"),
+            tool_format="hermes",
+            observation_role="auto",
+            multi_turn="auto",
+        )
+
+
+def test_mistral_calls_are_read_with_their_ids() -> None:
+    from asyncrl.policy.toolcalls import make_format
+
+    f = make_format("mistral")
+    text = '[TOOL_CALLS] [{"name": "lookup", "arguments": {"key": "x"}, "id": "abc123XYZ"}]'
+    assert f.find_call(text) == ("lookup", {"key": "x"}, "abc123XYZ")
+    assert f.to_action(text, ScriptedEnv.tools) == "<tool>lookup(x)</tool>"
+    assert isinstance(f.find_call('[TOOL_CALLS] [{"name": "lookup", "argu'), str)

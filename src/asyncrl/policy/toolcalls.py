@@ -183,6 +183,17 @@ def _json_object_at(text: str, start: int) -> tuple[dict[str, Any], int] | None:
     return (obj, end) if isinstance(obj, dict) else None
 
 
+def _after_tag(text: str, tag: str) -> int | None:
+    """Where the JSON after the first ``tag`` starts (whitespace skipped); ``None`` without the tag."""
+    at = text.find(tag)
+    if at < 0:
+        return None
+    start = at + len(tag)
+    while start < len(text) and text[start].isspace():
+        start += 1
+    return start
+
+
 def _call_of(obj: dict[str, Any], *arg_keys: str) -> FoundCall | str:
     name = obj.get("name")
     if not isinstance(name, str) or not name:
@@ -204,12 +215,9 @@ class HermesFormat(ToolCallFormat):
         return text.find(self.OPEN)
 
     def find_call(self, text: str) -> FoundCall | str | None:
-        at = text.find(self.OPEN)
-        if at < 0:
+        start = _after_tag(text, self.OPEN)
+        if start is None:
             return None
-        start = at + len(self.OPEN)
-        while start < len(text) and text[start].isspace():
-            start += 1
         found = _json_object_at(text, start)
         if found is None:
             return f"the JSON after {self.OPEN} does not parse"
@@ -273,12 +281,9 @@ class MistralFormat(ToolCallFormat):
         return text.find(self.OPEN)
 
     def find_call(self, text: str) -> FoundCall | str | None:
-        at = text.find(self.OPEN)
-        if at < 0:
+        start = _after_tag(text, self.OPEN)
+        if start is None:
             return None
-        start = at + len(self.OPEN)
-        while start < len(text) and text[start].isspace():
-            start += 1
         try:
             obj, _ = _JSON_DECODER.raw_decode(text, start)
         except json.JSONDecodeError:
