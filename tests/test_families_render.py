@@ -446,3 +446,35 @@ def test_mistral_calls_are_read_with_their_ids() -> None:
     assert f.find_call(text) == ("lookup", {"key": "x"}, "abc123XYZ")
     assert f.to_action(text, ScriptedEnv.tools) == "<tool>lookup(x)</tool>"
     assert isinstance(f.find_call('[TOOL_CALLS] [{"name": "lookup", "argu'), str)
+
+
+# ---------------------------------------------------------------------------------------------
+# training: per-turn samples through the worker, the queue and the trainer
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.realmodel  # make test-models (about two minutes each on two shared cores)
+@pytest.mark.parametrize("name", ["qwen3", "mistral_v03"])
+def test_two_training_steps_on_a_per_turn_family(name: str, tmp_path: Path) -> None:
+    from asyncrl.config import load_config
+    from asyncrl.orchestrator.run import train
+    from models_util import tiny_model_dir
+    from test_models_e2e import SMALL
+
+    model = tiny_model_dir(tmp_path / "model", build_tokenizer(name))
+    (model / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": end_ids(build_tokenizer(name), name)})
+    )
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "env.kind=calculator",
+            f"model.path={model}",
+            f"run_root={tmp_path}",
+            f"cache_dir={tmp_path / 'c'}",
+        ],
+    )
+    run_dir, summary = train(cfg, display=False, eval_limit=2)
+    assert summary["trainer_steps"] == 2 and summary["lost_trajectories"] == 0
+    assert summary["token_exact_rate"] == 1.0 and summary["token_exact_checked"] > 0
+    assert '"token_exact_rate": 1.0' in (run_dir / "initial_eval.json").read_text()
