@@ -270,7 +270,8 @@ class RolloutWorker:
     def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
         bc = self.cfg.control.breaker
-        self.metrics.event("rollout/group", group_report(trajs, heldout, bc.reward_min, bc.reward_max))
+        episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
+        self.metrics.event("rollout/group", group_report(episodes, heldout, bc.reward_min, bc.reward_max))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
