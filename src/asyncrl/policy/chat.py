@@ -143,6 +143,8 @@ class Renderer(ABC):
     stop_strings: list[str]
     multi_turn: str = "bridge"
     """``bridge`` or ``per_turn`` (resolved from ``model.multi_turn``)."""
+    prefix_stable: bool = True
+    """Whether appending a message only appends text (probed for chat templates)."""
     strip_stop_token: bool = True
 
     # -- the protocol --------------------------------------------------------------------------

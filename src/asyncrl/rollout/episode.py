@@ -301,7 +301,7 @@ def _assistant_index(messages: list[Any], k: int) -> int:
 
 
 def _template_diff(renderer: Renderer, conv: Any) -> int:
-    if not getattr(renderer, "prefix_stable", True):
+    if not renderer.prefix_stable:
         return 0  # bridged on purpose: the template renders a longer chat differently
     try:
         return renderer.render_diff(conv) or 0
