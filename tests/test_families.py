@@ -30,14 +30,8 @@ from models_util import REPO, load_tokenizer, smollm2_dir
 DOC = REPO / "docs" / "models.md"
 BEGIN, END = "<!-- families table: begin (python tests/test_families.py) -->", "<!-- families table: end -->"
 
-# What train needs and does not have yet, per family it refuses (the renderer work of issue #25).
-REFUSED = {
-    "qwen3": "multi_turn bridge/per_turn: the template strips <think> from earlier turns (not prefix-stable)",
-    "mistral_v03": "Mistral [TOOL_CALLS] format with 9-char tool-call ids; system text moves to the last user turn",
-    "gemma2": "systemless templates: fold the system text into the first user turn",
-    "phi35_mini": "the renderer's delta probe: a closed chat ends with eos_token, an open one does not",
-    "phi4_mini": "the renderer's delta probe: a closed chat ends with eos_token, an open one does not",
-}
+# What train needs and does not have yet, per family it refuses (none since the renderer work of #25).
+REFUSED: dict[str, str] = {}
 SMALL = [
     "env.kind=calculator",
     "env.heldout_size=2",
@@ -148,14 +142,20 @@ def test_model_info_prints_the_plan_train_uses_or_its_error(family_dirs: dict[st
     ok = _cli("model", "info", str(family_dirs["llama31"]))
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"tool_format: llama3_json", ok.stdout) and "observation_role: tool" in ok.stdout
-    assert "multi_turn: append" in ok.stdout and "preflight: ok" in ok.stdout
-    refused = _cli("model", "info", str(family_dirs["gemma2"]), "--json")
+    assert "multi_turn: bridge" in ok.stdout and "preflight: ok" in ok.stdout
+    qwen3 = _cli("model", "info", str(family_dirs["qwen3"]))
+    assert qwen3.returncode == 0 and "multi_turn: per_turn (the template is not prefix-stable" in qwen3.stdout
+    gemma2 = _cli("model", "info", str(family_dirs["gemma2"]), "--json")
+    assert gemma2.returncode == 0 and json.loads(gemma2.stdout)["system"] == "folded into the first user turn"
+    refused = _cli(
+        "model", "info", str(family_dirs["smollm2"]), "--set", "model.tool_format=mistral", "--json"
+    )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     error = json.loads(refused.stdout)["preflight"]
-    assert error.startswith("error: ") and "System role not supported" in error and "\n" not in error
+    assert error.startswith("error: ") and "\n" not in error
     assert refused.stderr.strip() == f"asyncrl: error: {error.removeprefix('error: ')}"
-    with pytest.raises(UserError, match="System role not supported"):  # train's own preflight says the same
-        preflight_model(ModelConfig(path=str(family_dirs["gemma2"])))
+    with pytest.raises(UserError):  # train's own preflight says the same
+        preflight_model(ModelConfig(path=str(family_dirs["smollm2"]), tool_format="mistral"))
     as_user = _cli(
         "model", "info", str(family_dirs["qwen25"]), "--set", "model.observation_role=user", "--json"
     )

@@ -170,11 +170,20 @@ class ModelConfig(Section):
     """``char``/``byte``: a locally built tokenizer with asyncrl's text protocol (built models
     only); ``hf``: the tokenizer and chat template of ``path``. Unset: ``hf`` when ``path`` is
     set, else ``char``."""
-    tool_format: Literal["auto", "hermes", "qwen25", "llama3_json", "text"] = "auto"
+    tool_format: Literal["auto", "hermes", "qwen25", "llama3_json", "mistral", "text"] = "auto"
     """How the model writes tool calls (see docs/models.md): ``hermes`` (``<tool_call>{json}
-    </tool_call>``, also Qwen2.5's), ``llama3_json`` (a bare JSON object), ``text`` (asyncrl's
-    ``<tool>NAME(ARGS)</tool>`` protocol of the char models). ``auto``: ``text`` for char/byte
-    tokenizers, else read from the chat template (hermes unless it is Llama-3 style)."""
+    </tool_call>``, Qwen2.5's and Qwen3's), ``llama3_json`` (a bare JSON object), ``mistral``
+    (``[TOOL_CALLS] [...]`` with 9-character ids), ``text`` (asyncrl's ``<tool>NAME(ARGS)</tool>``
+    protocol of the char models). ``auto``: ``text`` for char/byte tokenizers, else read from the
+    chat template's own tool-call markers (a template whose calls asyncrl cannot read is an error
+    that asks for this setting)."""
+    multi_turn: Literal["auto", "bridge", "per_turn"] = "auto"
+    """How a multi-turn episode becomes training samples (see docs/models.md). ``bridge``: one
+    sample per episode, each prompt the previous prompt + the sampled turn + the rendered
+    observation delta; ``per_turn``: each model turn is prompted with the template's own rendering
+    of the chat so far (what the model sees at inference, e.g. Qwen3 without earlier reasoning)
+    and is its own sample, all carrying the episode's reward. ``auto``: ``bridge`` when the
+    template is prefix-stable (appending a message only appends text), else ``per_turn``."""
     observation_role: Literal["auto", "tool", "user"] = "auto"
     """Chat role of tool results and other environment feedback. ``auto``: ``tool`` when the chat
     template knows a tool role, else ``user``."""

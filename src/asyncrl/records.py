@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped whenever a field changes meaning or type; decoders reject other versions."""
 
 Role = Literal["model", "tool", "env"]
@@ -126,17 +126,30 @@ class Trajectory(msgspec.Struct, kw_only=True):
     budget); 0: ``rollout.group_size``."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
-    """Tokens where the trained ids disagree with the chat template's rendering of the whole
-    finished chat with the sampled turns spliced in as ids (0: token-exact, the deltas are what
-    the template renders; ``None``: not checked)."""
+    """Token-exactness of this sample: tokens where the trained ids disagree with the prompt ids
+    the engine was actually given + the ids it sampled, plus (bridged episodes on a prefix-stable
+    template) where they disagree with the template's rendering of the whole chat with the
+    sampled ids spliced in. 0: token-exact. Set on every trajectory of every path (episodes,
+    gateway sessions, evaluation); ``None`` only in records built by hand."""
     retokenization_diff: int | None = None
     """Tokens where rendering the finished chat as *text* and tokenising it anew would disagree
     with the sampled ids (a model may sample a non-canonical tokenisation, e.g. "\\n\\n" + "1"
     where the tokenizer makes "\\n" + "\\n1"). Training always uses the sampled ids; this
     measures the drift a re-tokenising framework would have trained on."""
+    episode_id: str = ""
+    """The episode this sample belongs to: an episode may be several samples (``model.multi_turn:
+    per_turn``, a gateway session whose calls do not extend each other). Credit baselines count
+    episodes, not samples; empty: the sample is its own episode."""
+    episode_samples: int = msgspec.field(default=1)
+    """How many samples the episode produced (>= 1)."""
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived views -------------------------------------------------------------
+    @property
+    def episode(self) -> str:
+        """The episode's id (the sample's own id when it is a whole episode)."""
+        return self.episode_id or self.id
+
     def token_ids(self) -> list[int]:
         """The flat token sequence: every turn's tokens in order."""
         return [t for turn in self.turns for t in turn.token_ids]

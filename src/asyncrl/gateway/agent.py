@@ -152,7 +152,9 @@ class AgentRunner:
         if session.stale:
             self.counts["stale_sessions"] += 1
             return []
-        trajs = build_trajectories(session, reward, outcome, worker_id=self.worker_id, sampling=self.sampling)
+        trajs = build_trajectories(
+            session, reward, outcome, worker_id=self.worker_id, sampling=self.sampling, renderer=gw.renderer
+        )
         self.counts["per_call"] += len(trajs) if len(trajs) > 1 else 0
         return trajs
 
@@ -196,17 +198,16 @@ def _reward_and_success(result: Any, session: Session) -> tuple[float, bool | No
 async def run_agent_episodes(
     cfg: RunConfig, batcher: TurnBatcher, renderer: Renderer, max_context: int, tasks: list[Task]
 ) -> list[Trajectory]:
-    """One agent episode per task through a private gateway (held-out evaluation); the first
-    trajectory of each episode (its merged sample, or its first call)."""
+    """One agent episode per task through a private gateway (held-out evaluation); every sample of
+    each episode (one merged sample, or one per call)."""
     runner = await AgentRunner.start(cfg, batcher, renderer, max_context, worker_id="eval")
     gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
 
-    async def one(task: Task) -> Trajectory:
+    async def one(task: Task) -> list[Trajectory]:
         async with gate:
-            trajs = await runner.episode(task)
-            return trajs[0]
+            return await runner.episode(task)
 
     try:
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
+        return [t for ts in await asyncio.gather(*(one(t) for t in tasks)) for t in ts]
     finally:
         await runner.stop()

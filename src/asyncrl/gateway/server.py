@@ -175,13 +175,11 @@ class Gateway:
                 and _reply_key(msgs[n]) in last.replies
             ):
                 c = last.record
-                closed = bool(c.completion_ids) and c.completion_ids[-1] in self.renderer.stop_token_ids
-                try:
-                    delta = self.messages.delta(list(msgs[: n + 1]), list(msgs[n + 1 :]), tools, closed)
+                before, new = list(msgs[: n + 1]), list(msgs[n + 1 :])
+                ids = self.messages.bridge(c.prompt_ids, c.completion_ids, before, new, tools)
+                if ids is not None:  # else a template that is not prefix-stable here: render in full
                     self.counts["appended_prompts"] += 1
-                    return c.prompt_ids + c.completion_ids + delta
-                except ChatTemplateError:
-                    pass  # a template that is not prefix-stable here: render in full
+                    return ids
         self.counts["rendered_prompts"] += 1
         return self.messages.render(list(msgs), tools)
 
@@ -247,14 +245,17 @@ class Gateway:
         records: list[CallRecord] = []
         stops = req.stops()
         for i, (sample, version) in enumerate(results):
-            keep = self._cut(sample.token_ids, stops)
+            keep = self.renderer.cut_at_stop(sample.token_ids, stops)
             ids, lps = list(sample.token_ids[:keep]), list(sample.logprobs[:keep])
             rec = CallRecord(prompt, ids, lps, version, sample.finish_reason, auxiliary, started, time.time())
             s.calls.append(rec)
             records.append(rec)
             # tool_choice "none": the tools stay in the prompt (so it still extends the session's
             # prompt token-exactly), the reply is not parsed for calls
-            content, calls = self.messages.parse(ids, [] if choice_mode == "none" else req.tools or [])
+            reply = self.messages.parse(
+                ids, [] if choice_mode == "none" else req.tools or [], 10 * len(s.calls)
+            )
+            content, calls = reply.content, [(n, a) for n, a, _ in reply.calls]
             if (choice_mode == "required" and not calls) or (
                 choice_mode == "function" and [n for n, _ in calls] != [choice_fn]
             ):
@@ -262,12 +263,8 @@ class Gateway:
                 # choose, and their log-probs would no longer be the behaviour policy's. Counted.
                 self.counts["tool_choice_unmet"] += 1
             tool_calls = [
-                {
-                    "id": f"call_{len(s.calls)}_{k}",
-                    "type": "function",
-                    "function": {"name": n, "arguments": a},
-                }
-                for k, (n, a) in enumerate(calls)
+                {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                for n, a, cid in reply.calls
             ]
             replies.add(_key(content, calls))
             finish = (
@@ -275,9 +272,12 @@ class Gateway:
                 if tool_calls
                 else ("stop" if sample.finish_reason == "stop" or keep < len(sample.token_ids) else "length")
             )
+            message = choice_message(content, tool_calls)
+            if reply.reasoning is not None:  # text before the answer or call is not dropped
+                message["reasoning_content"] = reply.reasoning
             choice: dict[str, Any] = {
                 "index": i,
-                "message": choice_message(content, tool_calls),
+                "message": message,
                 "finish_reason": finish,
                 "logprobs": None,
             }
@@ -299,15 +299,6 @@ class Gateway:
             sum(len(r.completion_ids) for r in records),
         )
         return body
-
-    def _cut(self, ids: list[int], stops: list[str]) -> int:
-        if not stops:
-            return len(ids)
-        tok = self.renderer.tokenizer
-        for k in range(1, len(ids) + 1):
-            if any(st in str(tok.decode(ids[:k], skip_special_tokens=False)) for st in stops):
-                return k
-        return len(ids)
 
     # -- HTTP --------------------------------------------------------------------------------------
     def app(self) -> Starlette:

@@ -536,6 +536,11 @@ def train(
         check_connections(cfg)
         resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
         plan = preflight_model(cfg.model)  # a model directory asyncrl cannot run fails here,
+        if plan is not None and cfg.rollout.tree.enabled and plan.renderer.multi_turn == "per_turn":
+            raise UserError(
+                "rollout.tree replays an episode's turns into one trajectory; model.multi_turn is per_turn "
+                "for this template (set model.multi_turn: bridge, or rollout.tree.enabled: false)"
+            )
         _check_env(cfg, plan)  # so do a bad env.path or option and a context too small for a turn
         fresh = run_dir is None or not Path(run_dir).exists()
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer
+from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, chat_renderer
 from asyncrl.policy.template_probe import TemplateProfile, end_ids_of, probe_template
 
 if TYPE_CHECKING:
@@ -103,6 +103,15 @@ def _what_the_template_does(pr: TemplateProfile) -> str:
     return f" [template probe: {'; '.join(facts)}]" if facts else ""
 
 
+def _mode(cfg: ModelConfig, renderer: HFChatRenderer) -> str:
+    """The multi-turn mode and why (``model.multi_turn: auto`` decides by probing the template)."""
+    if cfg.multi_turn != "auto":
+        return f"{renderer.multi_turn} (model.multi_turn)"
+    if renderer.multi_turn == "bridge":
+        return "bridge (the template is prefix-stable: each turn is appended to the ids sampled)"
+    return "per_turn (the template is not prefix-stable: each turn is prompted as the template renders it)"
+
+
 def preflight_model(cfg: ModelConfig) -> ModelPlan | None:
     """The :class:`ModelPlan` for ``cfg`` (``None`` for a model built from config), or the one-line
     error that ``asyncrl train`` would stop with."""
@@ -117,32 +126,18 @@ def preflight_model(cfg: ModelConfig) -> ModelPlan | None:
     name = f"model {cfg.path!r}"
     profile = probe_template(tok, ids) if getattr(tok, "chat_template", None) else None
     try:
-        renderer = HFChatRenderer(
-            tok,
-            eos_token_ids=ids,
-            tool_format=cfg.tool_format,
-            observation_role=cfg.observation_role,
-            system_prompt=cfg.system_prompt,
-            stop_strings=cfg.stop_strings,
-            name=name,
-        )
+        renderer = chat_renderer(cfg, tok, ids)
     except ChatTemplateError as exc:
         why = _what_the_template_does(profile) if profile is not None else ""
         raise ChatTemplateError(f"{name}: {exc}{why}") from None
     assert profile is not None  # the renderer refuses a tokenizer without a template
-    if not profile.prefix_stable:  # the renderer's own check sees only the observation delta
-        raise ChatTemplateError(
-            f"{name}: the chat template is not prefix-stable; asyncrl appends "
-            "each turn to the ids it sampled and cannot do that token-exactly with this template"
-            f"{_what_the_template_does(profile)}"
-        )
     own = config_numbers(p).get("max_context")
     return ModelPlan(
         path=str(p),
-        multi_turn="append (the template is prefix-stable)",
+        multi_turn=_mode(cfg, renderer),
         tool_format=renderer.fmt.name,
         observation_role=renderer.observation_role,
-        system="system message" if profile.system_supported else "none",
+        system="system message" if profile.system_supported else "folded into the first user turn",
         end_ids=list(renderer.stop_token_ids),
         turn_end=renderer.eot_text,
         context=context_cap(cfg.max_context, int(own) if own else 2**31),

@@ -247,10 +247,11 @@ class RolloutWorker:
 
     async def _env_episode(
         self, batcher: Any, task: Task, group_id: str, prefix: list[list[int]] | None = None
-    ) -> Trajectory:
-        """One environment episode (replaying ``prefix``'s model turns first: tree branches)."""
+    ) -> list[Trajectory]:
+        """One environment episode's samples (one, or one per model turn with ``multi_turn: per_turn``),
+        replaying ``prefix``'s model turns first (tree branches)."""
         from asyncrl.envs import make_env
-        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode_samples
 
         rc, max_turns = self.cfg.rollout, self.cfg.env.max_turns
         base = SamplingParams(
@@ -267,12 +268,12 @@ class RolloutWorker:
             early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
             on_turn=self._turn_done,
         )
-        traj: Trajectory | None = None
+        samples: list[Trajectory] = []
         try:
-            traj = await run_episode(task, env, batcher, self.renderer, settings, group_id, prefix)
-            return traj
+            samples = await run_episode_samples(task, env, batcher, self.renderer, settings, group_id, prefix)
+            return samples
         finally:
-            self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
+            self.load -= max_turns - sum(1 for tr in samples for t in tr.turns if t.role == "model")
             close = getattr(env, "close", None)
             if close is not None:
                 await close()
@@ -284,7 +285,9 @@ class RolloutWorker:
         rc = self.cfg.rollout
 
         async def leaf(prefix: list[Turn]) -> Trajectory:
-            return await self._env_episode(batcher, task, group_id, [t.token_ids for t in prefix])
+            # one sample per episode: the preflight refuses rollout.tree with multi_turn per_turn
+            (traj,) = await self._env_episode(batcher, task, group_id, [t.token_ids for t in prefix])
+            return traj
 
         trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
         self.load -= (len(trajs) - rc.group_size) * self.cfg.env.max_turns  # admitted for group_size
@@ -304,14 +307,14 @@ class RolloutWorker:
                     return out
                 finally:
                     self.load -= max_turns
-            return [await self._env_episode(batcher, task, group_id)]
+            return await self._env_episode(batcher, task, group_id)
 
         if rc.tree.enabled and not heldout:  # held-out probes measure the policy: flat
             episodes = [await self._tree_group(batcher, task, group_id)]
         else:
             episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
         trajs = [t for ts in episodes for t in ts]
-        if len(trajs) != rc.group_size:  # agent episodes (per-call samples, stale sessions dropped), trees
+        if len(trajs) != rc.group_size:  # per-turn / per-call samples, stale agent sessions dropped, trees
             empty = sum(1 for ts in episodes if not ts)
             self.state.release(self.name, empty)  # back to the budget
             self.state.add_inflight(self.name, len(trajs) - (rc.group_size - empty))
@@ -350,7 +353,8 @@ class RolloutWorker:
     def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
         bc = self.cfg.control.breaker
-        self.metrics.event("rollout/group", group_report(trajs, heldout, bc.reward_min, bc.reward_max))
+        episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
+        self.metrics.event("rollout/group", group_report(episodes, heldout, bc.reward_min, bc.reward_max))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""

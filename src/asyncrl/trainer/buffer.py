@@ -120,7 +120,7 @@ class ReplayBuffer:
         return [
             k
             for k, g in self._groups.items()
-            if len(g) + self._missing.get(k, 0) >= self._members(g) or not g[0].group_id
+            if _episodes(g) + self._missing.get(k, 0) >= self._members(g) or not g[0].group_id
         ]
 
     def take(
@@ -252,3 +252,13 @@ def _finite(traj: Trajectory) -> bool:
     if not math.isfinite(traj.final_reward):
         return False
     return all(math.isfinite(x) for turn in traj.turns if turn.logprobs for x in turn.logprobs)
+
+
+def _episodes(group: list[Trajectory]) -> int:
+    """Whole episodes in a group: an episode of several samples (per-turn, per-call) counts once
+    all its samples are in."""
+    have: dict[str, int] = {}
+    for t in group:
+        have[t.episode] = have.get(t.episode, 0) + 1
+    need = {t.episode: t.episode_samples for t in group}
+    return sum(1 for e, n in have.items() if n >= need[e])
