@@ -115,16 +115,21 @@ def test_every_end_id_counts_and_the_one_the_template_writes_closes_a_turn(
     assert sorted(plan.end_ids) == sorted(gen) and plan.renderer.turn_end_ids() == [gen[1]]
 
 
-def test_a_template_closing_turns_with_no_end_id_is_refused_naming_the_id_to_add(
-    family_dirs: dict[str, Path], tmp_path: Path
-) -> None:
+def _eos_only(gemma3: Path, d: Path) -> Path:
+    """A copy of the Gemma 3 directory whose generation config lists only ``<eos>``."""
     import shutil
 
-    d = tmp_path / "gemma3-eos-only"
-    shutil.copytree(family_dirs["gemma3"], d)
+    shutil.copytree(gemma3, d)
     gen = json.loads((d / "generation_config.json").read_text())
     gen["eos_token_id"] = gen["eos_token_id"][0]  # <eos> only: the template closes turns with <end_of_turn>
     (d / "generation_config.json").write_text(json.dumps(gen))
+    return d
+
+
+def test_a_template_closing_turns_with_no_end_id_is_refused_naming_the_id_to_add(
+    family_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    d = _eos_only(family_dirs["gemma3"], tmp_path / "gemma3-eos-only")
     with pytest.raises(UserError, match=r"closes an assistant turn with '<end_of_turn>.*add that token's id"):
         preflight_model(ModelConfig(path=str(d)))
 
@@ -138,7 +143,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_model_info_prints_the_plan_train_uses_or_its_error(family_dirs: dict[str, Path]) -> None:
+def test_model_info_prints_the_plan_train_uses_or_its_error(
+    family_dirs: dict[str, Path], tmp_path: Path
+) -> None:
     ok = _cli("model", "info", str(family_dirs["llama31"]))
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"tool_format: llama3_json", ok.stdout) and "observation_role: tool" in ok.stdout
@@ -147,15 +154,14 @@ def test_model_info_prints_the_plan_train_uses_or_its_error(family_dirs: dict[st
     assert qwen3.returncode == 0 and "multi_turn: per_turn (the template is not prefix-stable" in qwen3.stdout
     gemma2 = _cli("model", "info", str(family_dirs["gemma2"]), "--json")
     assert gemma2.returncode == 0 and json.loads(gemma2.stdout)["system"] == "folded into the first user turn"
-    refused = _cli(
-        "model", "info", str(family_dirs["smollm2"]), "--set", "model.tool_format=mistral", "--json"
-    )
+    bad = _eos_only(family_dirs["gemma3"], tmp_path / "gemma3-eos-only")  # no end id closes a turn
+    refused = _cli("model", "info", str(bad), "--json")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     error = json.loads(refused.stdout)["preflight"]
-    assert error.startswith("error: ") and "\n" not in error
+    assert error.startswith("error: ") and "add that token's id" in error and "\n" not in error
     assert refused.stderr.strip() == f"asyncrl: error: {error.removeprefix('error: ')}"
-    with pytest.raises(UserError):  # train's own preflight says the same
-        preflight_model(ModelConfig(path=str(family_dirs["smollm2"]), tool_format="mistral"))
+    with pytest.raises(UserError, match="add that token's id"):  # train's own preflight says the same
+        preflight_model(ModelConfig(path=str(bad)))
     as_user = _cli(
         "model", "info", str(family_dirs["qwen25"]), "--set", "model.observation_role=user", "--json"
     )
