@@ -600,7 +600,15 @@ class TrainerConfig(Section):
     minibatch is cut into micro-batches of at most this many tokens whose gradients are accumulated
     into the minibatch's ONE optimiser step, with the loss normalised so that the accumulated
     gradient equals the whole minibatch's. A row longer than the budget is a micro-batch of its own.
-    0: the whole minibatch in one pass."""
+    0: the whole minibatch in one pass. With ``share_prefixes`` in use, the budget counts the
+    micro-batch's distinct prefix tokens (its token trie's nodes) instead."""
+    share_prefixes: bool = True
+    """Prefix-shared forward (tree training): rows that share a prefix (a group's prompt, the system
+    prompt) are grouped into the same micro-batch and forwarded as one token trie, each shared token
+    computed once, with the same log-probs and gradients as the padded batch up to float rounding. Used
+    for a minibatch when it computes at most 3/4 of its real tokens (otherwise the padded layout,
+    whose attention is cheaper, is kept) and the architecture is chunkable (llama, qwen2, qwen3,
+    mistral). See docs/algorithms.md#only-the-work-the-loss-needs."""
     logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
     """Token log-probs and entropies are computed from the final hidden states this many tokens at a
     time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
@@ -609,7 +617,8 @@ class TrainerConfig(Section):
     """Recompute each transformer block's activations in the backward instead of keeping them (HF
     ``gradient_checkpointing_enable``): less memory for about one extra forward pass per step."""
     target_kl: float | None = Field(None, gt=0)
-    """Stop the epochs early when approximate KL to the batch's start exceeds this."""
+    """Stop the epochs early when approximate KL to the batch's start exceeds this (checked after
+    every epoch but the last, which has nothing left to stop; with ``epochs: 1`` it has no effect)."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Global gradient-norm clip."""
     total_steps: int = Field(100, ge=1, le=10_000_000)
