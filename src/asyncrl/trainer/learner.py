@@ -230,11 +230,10 @@ class Learner:
         dev = self.policy.device
         b, adv = host.to(dev), adv.to(dev)
         age = torch.where(b.mask > 0, (version - b.versions).clamp(min=0), torch.zeros_like(b.versions))
-        # 2. the first epoch's minibatches; proximal log-probs only when read (needs_prox), and not
-        # for the first minibatch, whose gradient pass runs on the start weights and fills them in
+        # 2. the first epoch's minibatches; proximal log-probs only when read; reference log-probs
         first = self._minibatches(len(trajs))
         with torch.no_grad():
-            prox = self._logprobs(self.model, b, _others(len(trajs), first[0])) if self.needs_prox else None
+            prox = self._proximal(b, first[0])
             ref = self._logprobs(self.ref.model, b) if self.ref is not None and algo.kl_coef > 0 else None
         # 3. epochs x minibatches (one optimiser step each) with approximate-KL early stop; a
         # non-finite minibatch undoes the whole step
@@ -291,6 +290,19 @@ class Learner:
         return False, False
 
     # ---- helpers ------------------------------------------------------------------------------
+    def _proximal(self, b: Batch, first: torch.Tensor) -> torch.Tensor | None:
+        """Proximal log-probs ``[B, T]`` when something reads them (:attr:`needs_prox`), else ``None``.
+
+        The rows of ``first`` (epoch 0's first minibatch) are left at 0: their gradient pass runs on
+        the start weights and fills them in (:meth:`_minibatch_step`), so with one minibatch there is
+        no extra pass at all.
+        """
+        if not self.needs_prox:
+            return None
+        keep = torch.ones(b.ids.shape[0], dtype=torch.bool)
+        keep[first] = False
+        return self._logprobs(self.model, b, torch.arange(b.ids.shape[0])[keep])
+
     def _minibatches(self, n: int) -> list[torch.Tensor]:
         """One epoch's minibatches: ``trainer.minibatches`` chunks of a random order (in order for one)."""
         n_mb = min(self.cfg.trainer.minibatches, n)
@@ -428,10 +440,3 @@ class Learner:
             loss, pm = loss + wt * kl, {**pm, **km}
         pm["entropy/mean"] = float(masked_mean(ent.detach(), m))
         return loss, pm
-
-
-def _others(n: int, rows: torch.Tensor) -> torch.Tensor:
-    """The row indices ``0..n-1`` not in ``rows``."""
-    keep = torch.ones(n, dtype=torch.bool)
-    keep[rows] = False
-    return torch.arange(n)[keep]

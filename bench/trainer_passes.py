@@ -1,0 +1,205 @@
+"""Trainer tokens/s of one ``Learner.step`` on the real-model batch: all passes vs only the passes the loss needs.
+
+    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/trainer_passes.py [--completions 16] [--threads 1]
+        [--variants before,no_prox,loss_positions,after] [--out bench/results/trainer-passes.json]
+
+Prints one JSON object. The batch is the ``make demo-real`` trainer's (``configs/smollm2_calculator.yaml``:
+SmolLM2-135M-Instruct, float32, LoRA rank 16 on every projection, the memory-lean settings —
+gradient checkpointing, 2,048-token micro-batches, 256-token logit chunks — and ppo_clip):
+``completions / 4`` calculator tasks rendered with the model's chat template and tools (~213 tokens
+each), each followed by 4 completions of 48 tokens (random ids from the prompts' tokens, behaviour
+log-probs −1, rewards 1, 0, 1, 0 in each group so every token has an advantage). The variants, each a
+fresh ``Learner`` on the same adapter weights (restored between variants), all in this process:
+
+* ``before``: what the learner did before issue #26 — a proximal pass every step, the LM head and
+  log-softmax at every position, the padded ``[B, T]`` layout (``AllPasses`` below);
+* ``no_prox``: ``before`` without the proximal pass (ppo_clip does not read it);
+* ``loss_positions``: also the LM head at the loss positions only;
+* ``after``: ``Learner`` as it is (also the prefix-shared forward, ``trainer.share_prefixes``).
+
+Per variant: wall and CPU seconds of the step (on a shared machine the CPU seconds of the one
+thread are the steadier figure; both ratios are reported), real tokens/s (prompt + completion tokens of the batch / step
+seconds, the figure the issue quotes) and that work as a share of the machine's measured matmul
+ceiling: ``tokens/s × 4·P / ceiling`` with ``P`` the policy's parameters (a LoRA step's useful work
+per token: a forward, ``2P``, and a backward through the activations, ``2P``; no weight gradients
+for the frozen base) and the ceiling the GFLOP/s of a 2048² float32 ``torch.mm`` on the same threads
+(measured before and after the variants). ``after`` can pass 100%: it computes less than the padded
+batch's work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.policy import Policy
+from asyncrl.policy.chat import make_renderer
+from asyncrl.policy.model import token_logprobs_and_entropy
+from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.trainer.learner import Batch, Learner, _Part
+
+REPO = Path(__file__).resolve().parents[1]
+GROUP, NEW_TOKENS = 4, 48
+
+
+class AllPasses(Learner):
+    """The learner before issue #26: every pass, every position, padded rows."""
+
+    def _proximal(self, b: Batch, first: torch.Tensor) -> torch.Tensor | None:
+        return self._logprobs(self.model, b)
+
+    def _score(
+        self, model: Any, b: Batch, part: _Part, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rows, width = part.rows, part.width
+        return token_logprobs_and_entropy(
+            model,
+            b.ids[rows, :width],
+            b.attn[rows, :width],
+            b.temperature[rows],
+            with_entropy=with_entropy,
+            chunk_tokens=self.cfg.trainer.logits_chunk_tokens,
+        )
+
+
+class NoProx(AllPasses):
+    def _proximal(self, b: Batch, first: torch.Tensor) -> torch.Tensor | None:
+        return Learner._proximal(self, b, first)
+
+
+class LossPositions(NoProx):
+    def _score(
+        self, model: Any, b: Batch, part: _Part, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return Learner._score(self, model, b, part._replace(shared=False), with_entropy)
+
+
+VARIANTS: dict[str, tuple[type[Learner], list[str]]] = {
+    "before": (AllPasses, ["trainer.share_prefixes=false"]),
+    "no_prox": (NoProx, ["trainer.share_prefixes=false"]),
+    "loss_positions": (LossPositions, ["trainer.share_prefixes=false"]),
+    "after": (Learner, []),
+}
+
+
+def matmul_gflops(seconds: float = 3.0, n: int = 2048) -> float:
+    """GFLOP/s of repeated ``n × n`` float32 ``torch.mm`` on this process's threads (best of the runs)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def batch(cfg: RunConfig, policy: Policy, completions: int) -> list[Trajectory]:
+    """``completions / 4`` calculator prompts × 4 completions of 48 tokens (see the module docstring)."""
+    from asyncrl.envs.registry import make_raw_env, make_task_source
+
+    renderer = make_renderer(cfg.model, policy)
+    env, source = make_raw_env(cfg.env), make_task_source(cfg.env)
+    rng, out = random.Random(0), []
+    for g in range(completions // GROUP):
+        task: Task = source.sample(rng)
+        prompt = renderer.start(asyncio.run(env.reset(task)), list(env.tools or [])).ids
+        for k in range(GROUP):
+            done = [rng.choice(prompt) for _ in range(NEW_TOKENS)]
+            turns = [
+                Turn(role="env", token_ids=list(prompt)),
+                Turn(role="model", token_ids=done, logprobs=[-1.0] * NEW_TOKENS, version=0),
+            ]
+            out.append(
+                Trajectory(
+                    id=f"t{g}-{k}",
+                    task=task,
+                    turns=turns,
+                    final_reward=float(k % 2 == 0),
+                    outcome="success" if k % 2 == 0 else "failure",
+                    group_id=f"g{g}",
+                    sampling=SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS),
+                )
+            )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--completions", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variants", default="before,after")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_config(
+        REPO / "configs" / "smollm2_calculator.yaml", [f"trainer.batch_size={args.completions}"]
+    )
+    policy = Policy.from_config(cfg.model)
+    trajs = batch(cfg, policy, args.completions)
+    start = {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
+    n_params = policy.num_parameters()
+    tokens = sum(len(t.token_ids()) for t in trajs)
+    ceiling = [matmul_gflops()]
+    results: dict[str, Any] = {}
+    for name in args.variants.split(","):
+        cls, overrides = VARIANTS[name]
+        policy.model.load_state_dict(start, strict=False)
+        learner = cls(
+            load_config(
+                REPO / "configs" / "smollm2_calculator.yaml",
+                [f"trainer.batch_size={args.completions}", *overrides],
+            ),
+            policy,
+        )
+        torch.manual_seed(0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        m = learner.step(trajs, version=0)
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+        results[name] = {
+            "seconds": round(secs, 2),
+            "cpu_seconds": round(cpu, 2),
+            "tokens_per_s": round(tokens / secs, 2),
+            "loss_policy": m["loss/policy"],
+            "grad_norm": m["train/grad_norm"],
+            "microbatches": m["train/microbatches"],
+        }
+        print(json.dumps({name: results[name]}), flush=True)
+    ceiling.append(matmul_gflops())
+    peak = max(ceiling)
+    for r in results.values():
+        r["ceiling_share"] = round(r["tokens_per_s"] * 4 * n_params / (peak * 1e9), 4)
+    base = results.get("before")
+    for r in results.values():
+        if base:
+            r["speedup_vs_before"] = round(base["seconds"] / r["seconds"], 2)
+            r["cpu_speedup_vs_before"] = round(base["cpu_seconds"] / r["cpu_seconds"], 2)
+    report = {
+        "bench": "trainer_passes",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "threads": args.threads,
+        "completions": args.completions,
+        "batch_tokens": tokens,
+        "prompt_tokens_per_row": len(trajs[0].turns[0].token_ids),
+        "loss_tokens": sum(len(t.turns[1].token_ids) for t in trajs),
+        "params": n_params,
+        "matmul_gflops": [round(c, 1) for c in ceiling],
+        "variants": results,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
