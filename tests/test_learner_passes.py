@@ -305,3 +305,40 @@ def test_no_grad_passes_only_when_read(
     assert sum(no_grad_rows) == proximal_rows + kl_checks
     assert ("train/approx_kl" in m) == (kl_checks > 0)
     assert ("kl/prox_k3" in m) == ("algo.policy_loss.kind=decoupled_ppo" in extra)
+
+
+def test_sft_loss_with_shared_prefixes_equals_padded() -> None:
+    from asyncrl.trainer.sft import sft_loss
+
+    model = tiny_model("llama", tied=True)
+    batch = [(r, [0] * 12 + [1] * (len(r) - 12)) for r in _rows()[:5]]
+    losses, grads = [], []
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = sft_loss(model, batch, pad_id=0, chunk_tokens=4, share_prefixes=share)
+        loss.backward()  # type: ignore[no-untyped-call]
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    torch.testing.assert_close(losses[1], losses[0])
+    for a, b in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ---- threads ----------------------------------------------------------------------------------------
+def test_a_role_that_computes_alone_gets_the_solo_threads() -> None:
+    from asyncrl.bootstrap import pinned_threads, torch_threads, usable_cores
+    from asyncrl.config import load_config
+
+    def cfg(*extra: str) -> Any:
+        return load_config(None, ["launcher.torch_threads=1", *extra])
+
+    assert torch_threads(cfg(), "trainer") == 1  # async: the trainer shares the cores with rollout
+    assert torch_threads(cfg("orchestrator.mode=one_step_off"), "trainer") == 1
+    assert torch_threads(cfg("orchestrator.mode=sync"), "rollout") == 1
+    assert torch_threads(cfg("orchestrator.mode=sync", "launcher.solo_threads=3"), "trainer") == 3
+    assert torch_threads(cfg("orchestrator.mode=sync"), "trainer") == usable_cores()
+    assert torch_threads(cfg("launcher.solo_threads=2"), "warm_start") == 2
+    before = torch.get_num_threads()
+    with pinned_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    assert torch.get_num_threads() == before

@@ -953,7 +953,12 @@ class _LauncherBase(Section):
     """``local``: OS processes on this machine; ``ray``: Ray actors; ``external``: the roles are started
     elsewhere (``asyncrl role ...`` as services) and the orchestrator only watches their heartbeats."""
     torch_threads: int = Field(1, ge=1, le=1024)
-    """torch threads per role process (1 avoids oversubscription on small machines)."""
+    """torch threads per role process while the roles compute at the same time (1 avoids
+    oversubscription on small machines)."""
+    solo_threads: int = Field(0, ge=0, le=1024)
+    """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
+    launcher's before the roles start) and the trainer in ``orchestrator.mode: sync`` (rollout waits
+    for its step). 0: every core the process may use. See ``asyncrl.bootstrap.torch_threads``."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
     M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which

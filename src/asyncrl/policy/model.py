@@ -715,8 +715,17 @@ def token_logprobs(
     temperature: float | torch.Tensor = 1.0,
     *,
     chunk_tokens: int = 0,
+    positions: torch.Tensor | None = None,
+    share_prefixes: bool = False,
 ) -> torch.Tensor:
     """Per-token log-probs ``[B, T]``; see :func:`token_logprobs_and_entropy`."""
     return token_logprobs_and_entropy(
-        model, input_ids, attention_mask, temperature, with_entropy=False, chunk_tokens=chunk_tokens
+        model,
+        input_ids,
+        attention_mask,
+        temperature,
+        with_entropy=False,
+        chunk_tokens=chunk_tokens,
+        positions=positions,
+        share_prefixes=share_prefixes,
     )[0]

@@ -24,7 +24,18 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PrefixTree", "build_prefix_tree", "prefix_microbatches", "trie_size"]
+__all__ = [
+    "TREE_MAX_SHARE",
+    "PrefixTree",
+    "build_prefix_tree",
+    "prefix_microbatches",
+    "trie_size",
+    "worth_sharing",
+]
+
+TREE_MAX_SHARE = 0.75
+"""Rows are forwarded as token tries when their tries hold at most this share of their real tokens:
+below it the saved linear-layer work outweighs the dense ``N × N`` tree attention."""
 
 
 @dataclass(frozen=True)
@@ -139,3 +150,8 @@ def prefix_microbatches(
             nodes = len(tokens)
         prev = tokens
     return [torch.tensor(p, dtype=torch.long) for p in parts]
+
+
+def worth_sharing(input_ids: torch.Tensor, lengths: torch.Tensor) -> bool:
+    """Whether the trie of these right-padded rows holds at most :data:`TREE_MAX_SHARE` of their tokens."""
+    return trie_size(input_ids, lengths) <= TREE_MAX_SHARE * float(lengths.sum())

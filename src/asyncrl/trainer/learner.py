@@ -42,7 +42,7 @@ from asyncrl.algo import (
 from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import can_chunk_logits, token_logprobs_and_entropy
-from asyncrl.policy.packing import prefix_microbatches, trie_size
+from asyncrl.policy.packing import prefix_microbatches, worth_sharing
 from asyncrl.records import Trajectory
 
 
@@ -107,11 +107,6 @@ def microbatches(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
             parts.append([r])
             width = max(int(lengths[r]), 1)
     return [torch.tensor(p, dtype=torch.long) for p in parts]
-
-
-TREE_MAX_SHARE = 0.75
-"""A minibatch is forwarded as token tries (``trainer.share_prefixes``) when its tries hold at most
-this share of its real tokens: below it the saved linear-layer work outweighs the dense tree attention."""
 
 
 class _Minibatch(NamedTuple):
@@ -312,17 +307,13 @@ class Learner:
     def _parts(self, b: Batch, rows: torch.Tensor) -> list[_Part]:
         """``rows`` cut into micro-batches by the token budget, each with its padded width.
 
-        With ``trainer.share_prefixes`` and rows that share enough (:data:`TREE_MAX_SHARE`), rows
+        With ``trainer.share_prefixes`` and rows that share enough (:func:`worth_sharing`), rows
         sharing a prefix are kept together and each micro-batch is forwarded as one token trie.
         """
         tc = self.cfg.trainer
         lengths = b.attn[rows].sum(1).cpu()
         ids = b.ids[rows].cpu()
-        shared = (
-            tc.share_prefixes
-            and can_chunk_logits(self.model)
-            and trie_size(ids, lengths) <= TREE_MAX_SHARE * float(lengths.sum())
-        )
+        shared = tc.share_prefixes and can_chunk_logits(self.model) and worth_sharing(ids, lengths)
         cut = prefix_microbatches(ids, lengths, tc.max_tokens_per_microbatch) if shared else None
         parts = cut if cut is not None else microbatches(lengths, tc.max_tokens_per_microbatch)
         return [_Part(rows[p], max(int(lengths[p].max()), 1), shared) for p in parts]
