@@ -42,7 +42,6 @@ import torch
 from asyncrl.config import RunConfig, load_config
 from asyncrl.policy import Policy
 from asyncrl.policy.chat import make_renderer
-from asyncrl.policy.model import token_logprobs_and_entropy
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
 from asyncrl.trainer.learner import Batch, Learner, _Part
 
@@ -51,23 +50,13 @@ GROUP, NEW_TOKENS = 4, 48
 
 
 class AllPasses(Learner):
-    """The learner before issue #26: every pass, every position, padded rows."""
+    """The learner before issue #26: every pass, every position, padded rows (``share_prefixes`` off)."""
 
     def _proximal(self, b: Batch, first: torch.Tensor) -> torch.Tensor | None:
         return self._logprobs(self.model, b)
 
-    def _score(
-        self, model: Any, b: Batch, part: _Part, with_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        rows, width = part.rows, part.width
-        return token_logprobs_and_entropy(
-            model,
-            b.ids[rows, :width],
-            b.attn[rows, :width],
-            b.temperature[rows],
-            with_entropy=with_entropy,
-            chunk_tokens=self.cfg.trainer.logits_chunk_tokens,
-        )
+    def _positions(self, b: Batch, part: _Part) -> torch.Tensor | None:
+        return None
 
 
 class NoProx(AllPasses):
@@ -76,10 +65,8 @@ class NoProx(AllPasses):
 
 
 class LossPositions(NoProx):
-    def _score(
-        self, model: Any, b: Batch, part: _Part, with_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return Learner._score(self, model, b, part._replace(shared=False), with_entropy)
+    def _positions(self, b: Batch, part: _Part) -> torch.Tensor | None:
+        return Learner._positions(self, b, part)
 
 
 VARIANTS: dict[str, tuple[type[Learner], list[str]]] = {

@@ -3,7 +3,6 @@ the prefix-shared (token-trie) forward — each checked against the full computa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,13 +13,7 @@ from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
 from test_memory import tiny_model
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rows() -> list[list[int]]:

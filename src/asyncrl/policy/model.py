@@ -558,18 +558,25 @@ def _head_scores(
     return lp_all, ((torch.cat(ents) if ents else empty) if with_entropy else None)
 
 
-def _scatter_scores(
-    keep: torch.Tensor, lp: torch.Tensor, ent: torch.Tensor | None
+def _kept_scores(
+    model: PreTrainedModel,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float | torch.Tensor,
+    keep: torch.Tensor,
+    with_entropy: bool,
+    chunk_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[B, T-1]`` tensors holding the flat scores at the ``keep`` positions and 0 elsewhere."""
+    """``[B, T-1]`` scores from the hidden states ``[N, H]`` that predict the ``N`` ``keep`` positions
+    (0 elsewhere); the temperature is one value per row, or a float for all."""
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=keep.device)
+    temp = temp.reshape(-1, 1).expand(keep.shape)[keep]
+    hf: Any = model  # get_output_embeddings is untyped in transformers
+    lp, ent = _head_scores(
+        hf.get_output_embeddings(), hidden, input_ids[:, 1:][keep], temp, with_entropy, chunk_tokens
+    )
     zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
     return zeros.masked_scatter(keep, lp), (None if ent is None else zeros.masked_scatter(keep, ent))
-
-
-def _row_temperatures(temperature: float | torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``[N]`` temperature of every ``keep`` position: one value per row, or a float for all."""
-    temp = torch.as_tensor(temperature, dtype=torch.float32, device=keep.device)
-    return temp.reshape(-1, 1).expand(keep.shape)[keep]
 
 
 def _chunked_scores(
@@ -589,15 +596,7 @@ def _chunked_scores(
         input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False
     )
     hidden = out.last_hidden_state[:, :-1][keep]  # [N, H]
-    lp, ent = _head_scores(
-        hf.get_output_embeddings(),
-        hidden,
-        input_ids[:, 1:][keep],
-        _row_temperatures(temperature, keep),
-        with_entropy,
-        chunk_tokens,
-    )
-    return _scatter_scores(keep, lp, ent)
+    return _kept_scores(model, hidden, input_ids, temperature, keep, with_entropy, chunk_tokens)
 
 
 def _tree_scores(
@@ -624,15 +623,7 @@ def _tree_scores(
         use_cache=False,
     )
     hidden = out.last_hidden_state[0, tree.node[:, :-1][keep]]  # [N, H]: a shared node read by each row
-    lp, ent = _head_scores(
-        hf.get_output_embeddings(),
-        hidden,
-        input_ids[:, 1:][keep],
-        _row_temperatures(temperature, keep),
-        with_entropy,
-        chunk_tokens,
-    )
-    return _scatter_scores(keep, lp, ent)
+    return _kept_scores(model, hidden, input_ids, temperature, keep, with_entropy, chunk_tokens)
 
 
 def can_chunk_logits(model: PreTrainedModel) -> bool:

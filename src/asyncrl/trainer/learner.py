@@ -331,9 +331,13 @@ class Learner:
             b.temperature[rows],
             with_entropy=with_entropy,
             chunk_tokens=self.cfg.trainer.logits_chunk_tokens,
-            positions=b.mask[rows, :width] > 0,
+            positions=self._positions(b, part),
             share_prefixes=part.shared,
         )
+
+    def _positions(self, b: Batch, part: _Part) -> torch.Tensor | None:
+        """The positions a micro-batch's scores are read at: its loss mask."""
+        return b.mask[part.rows, : part.width] > 0
 
     def _logprobs(self, model: Any, b: Batch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Log-probs ``[B, T]`` of ``rows`` (all by default; 0 elsewhere), no grad, one micro-batch at a time."""
