@@ -17,7 +17,11 @@ ComputeRole = Literal["trainer", "rollout", "evaluator", "warm_start"]
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    """CPU cores this process may use: ``OMP_NUM_THREADS`` where the environment sets it (a shared
+    machine's way of saying how many), else the cores of its affinity mask."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1  # pragma: no cover - macOS, Windows
@@ -31,7 +35,8 @@ def torch_threads(cfg: RunConfig, role: ComputeRole) -> int:
     trainer in ``orchestrator.mode: sync`` (rollout waits for the step, so the trainer may take every
     core while it trains; it waits, idle, while the batch is generated). In ``async`` and
     ``one_step_off`` modes the trainer and the rollout workers compute at the same time and keep
-    ``torch_threads`` each, so they do not fight over cores. ``solo_threads: 0`` is every usable core.
+    ``torch_threads`` each, so they do not fight over cores. ``solo_threads: 0`` is
+    :func:`usable_cores`.
     """
     lc = cfg.launcher
     alone = role == "warm_start" or (role == "trainer" and cfg.orchestrator.mode == "sync")

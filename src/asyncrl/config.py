@@ -606,9 +606,9 @@ class TrainerConfig(Section):
     """Prefix-shared forward (tree training): rows that share a prefix (a group's prompt, the system
     prompt) are grouped into the same micro-batch and forwarded as one token trie, each shared token
     computed once, with the same log-probs and gradients as the padded batch up to float rounding. Used
-    for a minibatch when it computes at most 3/4 of its real tokens (otherwise the padded layout,
-    whose attention is cheaper, is kept) and the architecture is chunkable (llama, qwen2, qwen3,
-    mistral). See docs/algorithms.md (5c)."""
+    for a minibatch when its estimated decoder FLOPs are at most 0.8 of the padded layout's (the
+    tree's attention is dense, so a small model with long rows keeps the padded layout) and the
+    architecture is chunkable (llama, qwen2, qwen3, mistral). See docs/algorithms.md (5c)."""
     logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
     """Token log-probs and entropies are computed from the final hidden states this many tokens at a
     time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
@@ -958,7 +958,8 @@ class _LauncherBase(Section):
     solo_threads: int = Field(0, ge=0, le=1024)
     """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
     launcher's before the roles start) and the trainer in ``orchestrator.mode: sync`` (rollout waits
-    for its step). 0: every core the process may use. See ``asyncrl.bootstrap.torch_threads``."""
+    for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
+    sets it. See ``asyncrl.bootstrap.torch_threads``."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
     M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which

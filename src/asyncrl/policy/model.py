@@ -43,6 +43,7 @@ from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 if TYPE_CHECKING:
     from asyncrl.config import ModelConfig
+    from asyncrl.policy.packing import LayerShape
 
 AttnImpl = Literal["sdpa", "eager"]
 
@@ -558,25 +559,38 @@ def _head_scores(
     return lp_all, ((torch.cat(ents) if ents else empty) if with_entropy else None)
 
 
-def _kept_scores(
+def _kept_hidden(
     model: PreTrainedModel,
-    hidden: torch.Tensor,
     input_ids: torch.Tensor,
-    temperature: float | torch.Tensor,
+    attention_mask: torch.Tensor,
     keep: torch.Tensor,
-    with_entropy: bool,
-    chunk_tokens: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[B, T-1]`` scores from the hidden states ``[N, H]`` that predict the ``N`` ``keep`` positions
-    (0 elsewhere); the temperature is one value per row, or a float for all."""
-    temp = torch.as_tensor(temperature, dtype=torch.float32, device=keep.device)
-    temp = temp.reshape(-1, 1).expand(keep.shape)[keep]
-    hf: Any = model  # get_output_embeddings is untyped in transformers
-    lp, ent = _head_scores(
-        hf.get_output_embeddings(), hidden, input_ids[:, 1:][keep], temp, with_entropy, chunk_tokens
+    share_prefixes: bool,
+) -> torch.Tensor:
+    """The decoder's final hidden states ``[N, H]`` that predict the ``N`` ``keep`` positions.
+
+    From the padded batch, or (``share_prefixes``) from ONE forward of the rows' token trie
+    (:mod:`asyncrl.policy.packing`): every shared prefix computed once, the hidden state predicting
+    ``x[b, t+1]`` that of node ``node(b, t)`` (a shared node is read by each of its rows).
+    """
+    hf: Any = model  # get_decoder is untyped in transformers
+    decoder: Any = hf.get_decoder()
+    attn = model.config._attn_implementation
+    if not share_prefixes:
+        mask4d, position_ids = padded_attention_inputs(attention_mask, attn)
+        out = decoder(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
+        hidden: torch.Tensor = out.last_hidden_state[:, :-1][keep]
+        return hidden
+    from asyncrl.policy.packing import build_prefix_tree
+
+    tree = build_prefix_tree(input_ids, attention_mask.to(torch.bool))
+    out = decoder(
+        input_ids=tree.ids.unsqueeze(0),
+        attention_mask=as_attention_bias(tree.allowed[None, None], attn),
+        position_ids=tree.positions.unsqueeze(0),
+        use_cache=False,
     )
-    zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
-    return zeros.masked_scatter(keep, lp), (None if ent is None else zeros.masked_scatter(keep, ent))
+    shared: torch.Tensor = out.last_hidden_state[0, tree.node[:, :-1][keep]]
+    return shared
 
 
 def _chunked_scores(
@@ -587,43 +601,20 @@ def _chunked_scores(
     keep: torch.Tensor,
     with_entropy: bool,
     chunk_tokens: int,
+    share_prefixes: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores ``[B, T-1]`` from the decoder's hidden states: the LM head runs on the ``keep`` positions
-    only (:func:`_head_scores`), so padding and positions outside the loss cost no head matmul."""
-    mask4d, position_ids = padded_attention_inputs(attention_mask, model.config._attn_implementation)
-    hf: Any = model  # get_decoder / get_output_embeddings are untyped in transformers
-    out = hf.get_decoder()(
-        input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False
+    """Scores ``[B, T-1]`` (0 off ``keep``) from the decoder's hidden states (:func:`_kept_hidden`):
+    the LM head runs on the ``keep`` positions only (:func:`_head_scores`), so padding and positions
+    outside the loss cost no head matmul. The temperature is one value per row, or a float for all."""
+    hidden = _kept_hidden(model, input_ids, attention_mask, keep, share_prefixes)
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=keep.device)
+    temp = temp.reshape(-1, 1).expand(keep.shape)[keep]
+    hf: Any = model  # get_output_embeddings is untyped in transformers
+    lp, ent = _head_scores(
+        hf.get_output_embeddings(), hidden, input_ids[:, 1:][keep], temp, with_entropy, chunk_tokens
     )
-    hidden = out.last_hidden_state[:, :-1][keep]  # [N, H]
-    return _kept_scores(model, hidden, input_ids, temperature, keep, with_entropy, chunk_tokens)
-
-
-def _tree_scores(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float | torch.Tensor,
-    keep: torch.Tensor,
-    with_entropy: bool,
-    chunk_tokens: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores ``[B, T-1]`` from ONE forward of the rows' token trie (:mod:`asyncrl.policy.packing`):
-    every shared prefix is computed once, the hidden state predicting ``x[b, t+1]`` is that of
-    node ``node(b, t)``."""
-    from asyncrl.policy.packing import build_prefix_tree
-
-    tree = build_prefix_tree(input_ids, attention_mask.to(torch.bool))
-    attn = model.config._attn_implementation
-    hf: Any = model
-    out = hf.get_decoder()(
-        input_ids=tree.ids.unsqueeze(0),
-        attention_mask=as_attention_bias(tree.allowed[None, None], attn),
-        position_ids=tree.positions.unsqueeze(0),
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state[0, tree.node[:, :-1][keep]]  # [N, H]: a shared node read by each row
-    return _kept_scores(model, hidden, input_ids, temperature, keep, with_entropy, chunk_tokens)
+    zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
+    return zeros.masked_scatter(keep, lp), (None if ent is None else zeros.masked_scatter(keep, ent))
 
 
 def can_chunk_logits(model: PreTrainedModel) -> bool:
@@ -635,6 +626,18 @@ def can_chunk_logits(model: PreTrainedModel) -> bool:
         and isinstance(head, torch.nn.Module)
         and hasattr(model, "get_decoder")
     )
+
+
+def decoder_layer_shape(model: PreTrainedModel) -> LayerShape:
+    """The cost shape of ``model``'s decoder layers (:class:`~asyncrl.policy.packing.LayerShape`):
+    the first layer's weights (adapters included) and its query width."""
+    from asyncrl.policy.packing import LayerShape
+
+    hf: Any = model
+    layer: torch.nn.Module = hf.get_decoder().layers[0]
+    cfg = model.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return LayerShape(sum(p.numel() for p in layer.parameters()), int(cfg.num_attention_heads * head))
 
 
 def token_logprobs_and_entropy(
@@ -686,13 +689,9 @@ def token_logprobs_and_entropy(
     keep = valid[:, 1:] & valid[:, :-1]
     if positions is not None:
         keep = keep & positions[:, 1:].to(torch.bool)
-    if share_prefixes and can_chunk_logits(model):
-        lp, ent = _tree_scores(
-            model, input_ids, attention_mask, temperature, keep, with_entropy, chunk_tokens
-        )
-    elif chunk_tokens > 0 and can_chunk_logits(model):
+    if (share_prefixes or chunk_tokens > 0) and can_chunk_logits(model):
         lp, ent = _chunked_scores(
-            model, input_ids, attention_mask, temperature, keep, with_entropy, chunk_tokens
+            model, input_ids, attention_mask, temperature, keep, with_entropy, chunk_tokens, share_prefixes
         )
     else:
         lp, ent = _plain_scores(model, input_ids, attention_mask, temperature, keep, with_entropy)

@@ -14,8 +14,9 @@ without gradient checkpointing.
 
 Cost: the linear layers run on ``N`` nodes instead of ``B·T`` padded tokens; attention runs on the
 dense ``N × N`` mask (masked entries included), which is why micro-batches of sharing rows are
-formed first (:func:`prefix_microbatches`) and the layout is used only when it saves tokens (AReaL's
-tree training, Fu et al. 2025, packs the same way).
+formed first (:func:`prefix_microbatches`) and the layout is used only when its estimated FLOPs are
+lower (:func:`shared_microbatches`: wide layers and short contexts gain, a tiny model with long
+rows does not). AReaL's tree training (Fu et al. 2025) packs the same way.
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "TREE_MAX_SHARE",
+    "TREE_MAX_COST",
+    "LayerShape",
     "PrefixTree",
     "build_prefix_tree",
     "prefix_microbatches",
+    "shared_microbatches",
     "trie_size",
-    "worth_sharing",
 ]
 
-TREE_MAX_SHARE = 0.75
-"""Rows are forwarded as token tries when their tries hold at most this share of their real tokens:
-below it the saved linear-layer work outweighs the dense ``N × N`` tree attention."""
+TREE_MAX_COST = 0.8
+"""Rows are forwarded as token tries when that costs at most this share of the padded layout's
+decoder FLOPs (:func:`shared_microbatches`); the margin pays for building the trie."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,29 @@ def prefix_microbatches(
     return [torch.tensor(p, dtype=torch.long) for p in parts]
 
 
-def worth_sharing(input_ids: torch.Tensor, lengths: torch.Tensor) -> bool:
-    """Whether the trie of these right-padded rows holds at most :data:`TREE_MAX_SHARE` of their tokens."""
-    return trie_size(input_ids, lengths) <= TREE_MAX_SHARE * float(lengths.sum())
+@dataclass(frozen=True)
+class LayerShape:
+    """What a decoder layer's forward costs: ``params`` (its linear layers' weights, 2 FLOPs each per
+    token) and ``width`` (query heads × head size: 4·width FLOPs per attended query-key pair)."""
+
+    params: int
+    width: int
+
+    def cost(self, tokens: int, pairs: int) -> float:
+        return 2.0 * self.params * tokens + 4.0 * self.width * pairs
+
+
+def shared_microbatches(
+    input_ids: torch.Tensor, lengths: torch.Tensor, max_tokens: int, layer: LayerShape
+) -> list[torch.Tensor] | None:
+    """:func:`prefix_microbatches` when forwarding their tries costs at most :data:`TREE_MAX_COST` of
+    the padded rows, else ``None`` (keep the padded layout).
+
+    Per layer, a padded row of ``L`` tokens costs ``layer.cost(L, L²)`` and a trie of ``N`` nodes
+    ``layer.cost(N, N²)`` (its attention is dense over the tree mask); the LM head is the same in both.
+    """
+    padded = sum(layer.cost(int(n), int(n) ** 2) for n in lengths)
+    parts = prefix_microbatches(input_ids, lengths, max_tokens)
+    sizes = [trie_size(input_ids[p], lengths[p]) for p in parts]
+    shared = sum(layer.cost(n, n * n) for n in sizes)
+    return parts if shared <= TREE_MAX_COST * padded else None

@@ -41,8 +41,8 @@ from asyncrl.algo import (
 )
 from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
-from asyncrl.policy.model import can_chunk_logits, token_logprobs_and_entropy
-from asyncrl.policy.packing import prefix_microbatches, worth_sharing
+from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
+from asyncrl.policy.packing import shared_microbatches
 from asyncrl.records import Trajectory
 
 
@@ -307,16 +307,17 @@ class Learner:
     def _parts(self, b: Batch, rows: torch.Tensor) -> list[_Part]:
         """``rows`` cut into micro-batches by the token budget, each with its padded width.
 
-        With ``trainer.share_prefixes`` and rows that share enough (:func:`worth_sharing`), rows
-        sharing a prefix are kept together and each micro-batch is forwarded as one token trie.
+        With ``trainer.share_prefixes`` and rows that share enough to save compute
+        (:func:`~asyncrl.policy.packing.shared_microbatches`), rows sharing a prefix are kept together
+        and each micro-batch is forwarded as one token trie.
         """
-        tc = self.cfg.trainer
+        budget = self.cfg.trainer.max_tokens_per_microbatch
         lengths = b.attn[rows].sum(1).cpu()
-        ids = b.ids[rows].cpu()
-        shared = tc.share_prefixes and can_chunk_logits(self.model) and worth_sharing(ids, lengths)
-        cut = prefix_microbatches(ids, lengths, tc.max_tokens_per_microbatch) if shared else None
-        parts = cut if cut is not None else microbatches(lengths, tc.max_tokens_per_microbatch)
-        return [_Part(rows[p], max(int(lengths[p].max()), 1), shared) for p in parts]
+        cut = None
+        if self.cfg.trainer.share_prefixes and can_chunk_logits(self.model):
+            cut = shared_microbatches(b.ids[rows].cpu(), lengths, budget, decoder_layer_shape(self.model))
+        parts = cut if cut is not None else microbatches(lengths, budget)
+        return [_Part(rows[p], max(int(lengths[p].max()), 1), cut is not None) for p in parts]
 
     def _score(
         self, model: Any, b: Batch, part: _Part, with_entropy: bool

@@ -160,10 +160,10 @@ def sft_loss(
     :func:`~asyncrl.policy.model.token_logprobs` with ``chunk_tokens``
     (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary, and the
     LM head only at the loss positions. ``share_prefixes`` (``trainer.share_prefixes``): demonstrations
-    that share a prefix (the system prompt) forward it once when that saves enough
-    (:func:`~asyncrl.policy.packing.worth_sharing`)."""
-    from asyncrl.policy.model import token_logprobs
-    from asyncrl.policy.packing import worth_sharing
+    that share a prefix (the system prompt) forward it once when that saves compute
+    (:func:`~asyncrl.policy.packing.shared_microbatches`)."""
+    from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs
+    from asyncrl.policy.packing import shared_microbatches
 
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -175,7 +175,11 @@ def sft_loss(
         attn[i, : len(x)] = 1
     dev = next(model.parameters()).device
     ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
-    share = share_prefixes and worth_sharing(ids, attn.sum(1))
+    share = (
+        share_prefixes
+        and can_chunk_logits(model)
+        and shared_microbatches(ids, attn.sum(1), 0, decoder_layer_shape(model)) is not None
+    )
     lp = token_logprobs(  # lp[:, 0] = 0 (no context)
         model, ids, attn, chunk_tokens=chunk_tokens, positions=mask > 0, share_prefixes=share
     )
