@@ -79,6 +79,21 @@ def test_prefix_microbatches_keep_sharing_rows_together_within_the_budget() -> N
     assert any(group <= set(p.tolist()) for p in prefix_microbatches(ids, lengths, 60))
 
 
+def test_tries_are_used_only_where_they_cost_less() -> None:
+    from asyncrl.policy.packing import LayerShape, shared_microbatches
+
+    ids, attn = _padded(_rows()[:5])  # one group: 14 shared tokens, short continuations
+    lengths = attn.sum(1)
+    nodes = trie_size(ids, lengths)
+    wide = LayerShape(params=3_500_000, width=576)  # SmolLM2's layer: the linear layers dominate
+    parts = shared_microbatches(ids, lengths, 0, wide)
+    assert parts is not None and nodes < 0.5 * int(lengths.sum())
+    # a layer whose attention dominates, and rows that share less: the dense N x N tree mask costs more
+    ids, attn = _padded(_rows())
+    assert shared_microbatches(ids, attn.sum(1), 0, LayerShape(params=10, width=4096)) is None
+    assert shared_microbatches(ids, attn.sum(1), 0, wide) is not None
+
+
 # ---- scores and gradients: trie vs padded vs a loop over unpadded rows -------------------------------
 def _scores_and_grads(
     model: Any, rows: list[list[int]], positions: torch.Tensor, **kw: Any
