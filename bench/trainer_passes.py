@@ -119,6 +119,20 @@ def batch(cfg: RunConfig, policy: Policy, completions: int) -> list[Trajectory]:
     return out
 
 
+def trie_figures(policy: Policy, trajs: list[Trajectory]) -> dict[str, float]:
+    """Nodes of the batch's token trie and its estimated decoder FLOPs against the padded rows'."""
+    from asyncrl.policy.model import decoder_layer_shape
+    from asyncrl.policy.packing import trie_size
+    from asyncrl.trainer.learner import collate
+
+    b = collate(trajs, policy.tokenizer.pad_token_id)
+    lengths = b.attn.sum(1)
+    nodes = trie_size(b.ids, lengths)
+    layer = decoder_layer_shape(policy.model)
+    padded = sum(layer.cost(int(n), int(n) ** 2) for n in lengths)
+    return {"trie_nodes": nodes, "trie_flops_share": round(layer.cost(nodes, nodes * nodes) / padded, 3)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--completions", type=int, default=16)
@@ -177,6 +191,7 @@ def main() -> int:
         "batch_tokens": tokens,
         "prompt_tokens_per_row": len(trajs[0].turns[0].token_ids),
         "loss_tokens": sum(len(t.turns[1].token_ids) for t in trajs),
+        **trie_figures(policy, trajs),
         "params": n_params,
         "matmul_gflops": [round(c, 1) for c in ceiling],
         "variants": results,
