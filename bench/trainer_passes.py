@@ -23,8 +23,10 @@ seconds, the figure the issue quotes) and that work as a share of the machine's 
 ceiling: ``tokens/s × 4·P / ceiling`` with ``P`` the policy's parameters (a LoRA step's useful work
 per token: a forward, ``2P``, and a backward through the activations, ``2P``; no weight gradients
 for the frozen base) and the ceiling the GFLOP/s of a 2048² float32 ``torch.mm`` on the same threads
-(measured before and after the variants). ``after`` can pass 100%: it computes less than the padded
-batch's work.
+(measured before and after the variants; the best single call, i.e. the machine's ceiling when the
+thread has its core). ``ceiling_share_cpu`` is the same with the step's CPU seconds in place of its
+wall seconds (the figure to read on a shared machine). ``after`` can pass 100%: it computes less
+than the padded batch's work.
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ def main() -> int:
             "seconds": round(secs, 2),
             "cpu_seconds": round(cpu, 2),
             "tokens_per_s": round(tokens / secs, 2),
+            "tokens_per_cpu_s": round(tokens / cpu, 2),
             "loss_policy": m["loss/policy"],
             "grad_norm": m["train/grad_norm"],
             "microbatches": m["train/microbatches"],
@@ -178,6 +181,7 @@ def main() -> int:
     peak = max(ceiling)
     for r in results.values():
         r["ceiling_share"] = round(r["tokens_per_s"] * 4 * n_params / (peak * 1e9), 4)
+        r["ceiling_share_cpu"] = round(r["tokens_per_cpu_s"] * 4 * n_params / (peak * 1e9), 4)
     base = results.get("before")
     for r in results.values():
         if base:
