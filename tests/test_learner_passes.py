@@ -11,6 +11,7 @@ import torch
 from asyncrl.policy.model import token_logprobs_and_entropy
 from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_size
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from test_engine import right_padded
 from test_memory import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -36,20 +37,10 @@ def _rows() -> list[list[int]]:
     ]
 
 
-def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        attn[i, : len(r)] = 1
-    return ids, attn
-
-
 # ---- the token trie --------------------------------------------------------------------------------
 def test_trie_nodes_are_the_distinct_prefixes() -> None:
     rows = _rows()
-    ids, attn = _padded(rows)
+    ids, attn = right_padded(rows)
     tree = build_prefix_tree(ids, attn.bool())
     prefixes = {tuple(r[: t + 1]) for r in rows for t in range(len(r))}
     assert tree.size == len(prefixes) == trie_size(ids, attn.sum(1))
@@ -66,7 +57,7 @@ def test_trie_nodes_are_the_distinct_prefixes() -> None:
 
 def test_prefix_microbatches_keep_sharing_rows_together_within_the_budget() -> None:
     rows = _rows()
-    ids, attn = _padded(rows)
+    ids, attn = right_padded(rows)
     lengths = attn.sum(1)
     for budget in (0, 11, 30, 60, 1000):
         parts = prefix_microbatches(ids, lengths, budget)
@@ -82,14 +73,14 @@ def test_prefix_microbatches_keep_sharing_rows_together_within_the_budget() -> N
 def test_tries_are_used_only_where_they_cost_less() -> None:
     from asyncrl.policy.packing import LayerShape, shared_microbatches
 
-    ids, attn = _padded(_rows()[:5])  # one group: 14 shared tokens, short continuations
+    ids, attn = right_padded(_rows()[:5])  # one group: 14 shared tokens, short continuations
     lengths = attn.sum(1)
     nodes = trie_size(ids, lengths)
     wide = LayerShape(params=3_500_000, width=576)  # SmolLM2's layer: the linear layers dominate
     parts = shared_microbatches(ids, lengths, 0, wide)
     assert parts is not None and nodes < 0.5 * int(lengths.sum())
     # a layer whose attention dominates, and rows that share less: the dense N x N tree mask costs more
-    ids, attn = _padded(_rows())
+    ids, attn = right_padded(_rows())
     assert shared_microbatches(ids, attn.sum(1), 0, LayerShape(params=10, width=4096)) is None
     assert shared_microbatches(ids, attn.sum(1), 0, wide) is not None
 
@@ -98,7 +89,7 @@ def test_tries_are_used_only_where_they_cost_less() -> None:
 def _scores_and_grads(
     model: Any, rows: list[list[int]], positions: torch.Tensor, **kw: Any
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    ids, attn = _padded(rows)
+    ids, attn = right_padded(rows)
     temps = torch.linspace(0.7, 1.3, len(rows))
     model.zero_grad(set_to_none=True)
     lp, ent = token_logprobs_and_entropy(model, ids, attn, temps, positions=positions, **kw)
@@ -127,7 +118,7 @@ def test_trie_forward_equals_padded_forward(checkpointing: bool) -> None:
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     rows = _rows()
-    ids, attn = _padded(rows)
+    ids, attn = right_padded(rows)
     positions = torch.zeros_like(ids, dtype=torch.bool)
     positions[:, 12:] = True  # the loss positions: continuations, and a few prompt tokens
     positions[5, 3:] = True
@@ -146,7 +137,7 @@ def test_trie_forward_equals_padded_forward(checkpointing: bool) -> None:
 def test_lm_head_runs_at_loss_positions_only() -> None:
     model = tiny_model("llama", tied=False)
     rows = _rows()
-    ids, attn = _padded(rows)
+    ids, attn = right_padded(rows)
     positions = torch.zeros_like(ids, dtype=torch.bool)
     positions[:, 15:] = True
     seen: list[int] = []
@@ -178,7 +169,7 @@ def test_trie_gradients_equal_padded_on_smollm2_lora() -> None:
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(100, 20000, (40,), generator=g).tolist()
     rows = [prompt + torch.randint(100, 20000, (6,), generator=g).tolist() for _ in range(4)]
-    ids, _ = _padded(rows)
+    ids, _ = right_padded(rows)
     positions = torch.zeros_like(ids, dtype=torch.bool)
     positions[:, 40:] = True
     lp_pad, _, g_pad = _scores_and_grads(policy.model, rows, positions, chunk_tokens=16)
@@ -315,7 +306,7 @@ def test_no_grad_passes_only_when_read(
     assert ("kl/prox_k3" in m) == ("algo.policy_loss.kind=decoupled_ppo" in extra)
 
 
-def test_sft_loss_with_shared_prefixes_equals_padded() -> None:
+def test_sft_loss_with_shared_prefixes_equalsright_padded() -> None:
     from asyncrl.trainer.sft import sft_loss
 
     model = tiny_model("llama", tied=True)
