@@ -608,7 +608,7 @@ class TrainerConfig(Section):
     computed once, with the same log-probs and gradients as the padded batch up to float rounding. Used
     for a minibatch when its estimated decoder FLOPs are at most 0.8 of the padded layout's (the
     tree's attention is dense, so a small model with long rows keeps the padded layout) and the
-    architecture is chunkable (llama, qwen2, qwen3, mistral). See docs/algorithms.md (5c)."""
+    architecture is chunkable (llama, qwen2, qwen3, mistral). See docs/algorithms.md (5d)."""
     logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
     """Token log-probs and entropies are computed from the final hidden states this many tokens at a
     time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
