@@ -85,6 +85,10 @@ class Turn(msgspec.Struct, kw_only=True):
     ended_at: float = 0.0
     env_seconds: float = 0.0
     """Model turns: wall time of the environment step this turn caused (tool call, grading)."""
+    shared: bool = False
+    """A model turn replayed from the episode this one branched off (tree groups, ``rollout.tree``):
+    context here — 0 in the loss mask, not counted as generated or for staleness — and trained
+    in the trajectory that sampled it."""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -117,6 +121,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
     worker_id: str = ""
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
+    group_size: int = 0
+    """Members of its group when that differs from ``rollout.group_size`` (a tree group with a token
+    budget); 0: ``rollout.group_size``."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
     """Tokens where the trained ids disagree with the chat template's rendering of the whole
@@ -135,8 +142,12 @@ class Trajectory(msgspec.Struct, kw_only=True):
         return [t for turn in self.turns for t in turn.token_ids]
 
     def loss_mask(self) -> list[int]:
-        """1 exactly on model-sampled tokens, 0 on prompt and observation tokens."""
-        return [1 if turn.role == "model" else 0 for turn in self.turns for _ in turn.token_ids]
+        """1 exactly on tokens sampled for this trajectory; 0 on prompt, observation and replayed tokens."""
+        return [self._trained(turn) for turn in self.turns for _ in turn.token_ids]
+
+    @staticmethod
+    def _trained(turn: Turn) -> int:
+        return 1 if turn.role == "model" and not turn.shared else 0
 
     def behaviour_logprobs(self) -> list[float]:
         """Per-token behaviour log-probs, 0.0 on non-model tokens."""
@@ -167,7 +178,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
         return None if self.retokenization_diff is None else self.retokenization_diff == 0
 
     def model_versions(self) -> list[int]:
-        return [t.version for t in self.turns if t.role == "model" and t.version is not None]
+        """Versions of the model turns sampled for this trajectory (replayed turns excluded)."""
+        return [t.version for t in self.turns if self._trained(t) and t.version is not None]
 
     def oldest_version(self) -> int | None:
         """The oldest policy version that produced any token (what staleness is measured on)."""
@@ -175,7 +187,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
         return min(versions) if versions else None
 
     def num_model_tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns if t.role == "model")
+        """Tokens sampled for this trajectory (replayed turns excluded)."""
+        return sum(len(t.token_ids) for t in self.turns if self._trained(t))
 
     def segments(self) -> list[tuple[int, int]]:
         """Token spans ``[start, end)`` of each segment: one model turn plus the observation it caused."""

@@ -38,6 +38,7 @@ from asyncrl.gateway.protocol import (
     completion_id,
     logprobs_block,
     parse_request,
+    parse_reward,
     response_body,
     stream_chunks,
 )
@@ -45,6 +46,7 @@ from asyncrl.gateway.render import MessageRenderer
 from asyncrl.gateway.sessions import CallRecord, LastCall, ReplyKey, Session, SessionTable
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import SamplingParams
+from asyncrl.staleness import StalenessPolicy
 
 log = logging.getLogger("asyncrl.gateway")
 
@@ -60,6 +62,7 @@ class Gateway:
         max_context: int,
         sampling: SamplingParams,
         *,
+        policy: StalenessPolicy | None = None,
         newest_version: Callable[[], int] | None = None,
         max_staleness: Callable[[], int | None] | None = None,
         refresh: Callable[[], None] | None = None,
@@ -68,6 +71,8 @@ class Gateway:
         self.messages = MessageRenderer(renderer)
         self.renderer = renderer
         self.sessions = SessionTable()
+        self.policy = policy
+        """The staleness rules (none: no staleness checks, e.g. a held-out evaluation's gateway)."""
         self.newest_version = newest_version
         self.max_staleness = max_staleness or (lambda: None)
         self.refresh = refresh
@@ -87,19 +92,29 @@ class Gateway:
         self._server: Any = None
 
     # -- back-pressure -----------------------------------------------------------------------------
-    def _lag(self) -> int:
+    def _fresh(self) -> bool:
+        """Whether the worker's weights may answer a call now (rule 2, asked of the policy)."""
         newest = self.newest_version() if self.newest_version else None
-        return 0 if newest is None else max(0, newest - int(self.batcher.engine.version))
+        if self.policy is None or newest is None:
+            return True
+        return self.policy.admits_call(int(self.batcher.engine.version), newest, self.max_staleness())
+
+    def _bound(self) -> int | None:
+        """The ``max_staleness`` in force (the control state's effective one, else the policy's)."""
+        bound = self.max_staleness()
+        return bound if bound is not None or self.policy is None else self.policy.max_staleness
 
     def _check_session_age(self, s: Session) -> None:
-        bound, first = self.max_staleness(), s.first_version()
+        first = s.first_version()
         newest = self.newest_version() if self.newest_version else None
-        if bound is not None and first is not None and newest is not None and newest - first > bound:
+        if self.policy is None or first is None or newest is None:
+            return
+        if self.policy.session_expired(first, newest, self.max_staleness()):
             self.sessions.close(s, stale=True)
             raise GatewayError(
                 401,
-                f"session finished: it began on weight version {first}, more than max_staleness={bound} "
-                f"versions before the newest ({newest}); its samples are dropped",
+                f"session finished: it began on weight version {first}, more than max_staleness="
+                f"{self._bound()} versions before the newest ({newest}); its samples are dropped",
                 code="session_stale",
                 type_="authentication_error",
             )
@@ -107,22 +122,21 @@ class Gateway:
     async def _admit_call(self) -> None:
         if self.pending >= self.cfg.max_pending_calls:
             raise self._busy(f"{self.pending} calls are waiting for generation (gateway.max_pending_calls)")
-        bound = self.max_staleness()
-        if bound is None or self._lag() <= bound:
+        if self._fresh():
             return
         if self.refresh is not None:
             async with self.batcher.lock:  # never while a batch is being generated
                 self.refresh()
-            if self._lag() <= bound:
+            if self._fresh():
                 return
         t0 = time.monotonic()
         while self.cfg.stale_calls == "hold" and time.monotonic() - t0 < self.cfg.hold_s:
             await asyncio.sleep(0.05)
-            if self._lag() <= bound:
+            if self._fresh():
                 self.counts["held_seconds"] += time.monotonic() - t0
                 return
         self.counts["held_seconds"] += time.monotonic() - t0
-        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={bound}")
+        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={self._bound()}")
 
     def _busy(self, why: str) -> GatewayError:
         self.counts["rejected_429"] += 1
@@ -372,17 +386,9 @@ class Gateway:
                     code="invalid_api_key",
                     type_="authentication_error",
                 )
-            data = json.loads(await self._body(request) or b"null")
-            reward = data.get("reward") if isinstance(data, dict) else None
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
-                raise GatewayError(400, "reward: must be a finite number", param="reward")
-            s.reward = float(reward)
+            s.reward = parse_reward(await self._body(request))
         except GatewayError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
-        except ValueError:
-            return JSONResponse(
-                GatewayError(400, "the request body is not valid JSON").body(), status_code=400
-            )
         return JSONResponse({"id": s.id, "reward": s.reward})
 
     # -- serving -----------------------------------------------------------------------------------
@@ -417,7 +423,10 @@ class Gateway:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.cfg.host}:{self.port}/v1"
+        host = self.cfg.host
+        if ":" in host and not host.startswith("["):  # an IPv6 address: bracketed in a URL (RFC 3986)
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
 
 
 def _key(content: str | None, calls: list[tuple[str, str]]) -> ReplyKey:

@@ -1,6 +1,6 @@
 """Gateway sessions: one per agent episode, every call recorded, calls turned into training samples.
 
-A session is issued a random API key; every chat-completion call made with it is recorded as a
+A session is issued a random API key and, independently, a random id (safe to log and to put in a URL); every chat-completion call made with it is recorded as a
 :class:`CallRecord` (prompt ids, sampled completion ids, behaviour log-probs, weight version).
 When the agent finishes, :func:`build_trajectories` turns the calls into trajectories:
 
@@ -68,10 +68,9 @@ class Session:
     """The last (non-auxiliary, n = 1) call: what a continuation must repeat."""
     created: float = field(default_factory=time.time)
     in_flight: int = 0
-
-    @property
-    def id(self) -> str:
-        return self.key[-16:]
+    id: str = field(default_factory=lambda: secrets.token_hex(8))
+    """Names the session in URLs (``/v1/sessions/{id}/reward``) and logs: drawn on its own, so it tells
+    nothing of the key (the key alone authenticates)."""
 
     def first_version(self) -> int | None:
         return min((c.version for c in self.calls), default=None)

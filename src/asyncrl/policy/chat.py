@@ -30,7 +30,8 @@ Two renderers:
     is tokenised with special tokens split (an observation holding ``<|im_end|>`` stays text and
     cannot close the turn); the template's own markup keeps its special tokens.
 
-End-of-turn ids come from the model's ``generation_config`` (and the tokenizer's eos token);
+End-of-turn ids come from the model's ``generation_config`` (every id of ``eos_token_id``, then
+the tokenizer's eos token); the one the template writes after an assistant message closes a turn;
 ``model.stop_strings`` may add multi-token stop strings, found by incremental decoding in
 :meth:`Renderer.cut_at_stop`. A turn that ended without its end-of-turn token (length, stop
 string) gets it as the first token of the next delta, outside the loss mask.
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.errors import UserError
+from asyncrl.policy.template_probe import end_ids_of
 from asyncrl.policy.toolcalls import ToolCallFormat, detect_format, make_format, tool_schema
 
 if TYPE_CHECKING:
@@ -277,7 +279,7 @@ class HFChatRenderer(Renderer):
             )
         self.stop_token_ids = list(dict.fromkeys(stops))
         self.stop_strings = list(stop_strings or [])
-        self.eot_text = str(tokenizer.decode([self.stop_token_ids[0]], skip_special_tokens=False))
+        self.eot_text = ""  # set by _probe_turn_end: the end id the template closes a turn with
         self.native_tools = self._renders_tools()
         if observation_role == "auto":
             observation_role = "tool" if re.search(r"['\"]tool['\"]", self.template_source) else "user"
@@ -324,13 +326,18 @@ class HFChatRenderer(Renderer):
         if at < 0:
             raise ChatTemplateError("the chat template drops assistant messages; cannot render episodes")
         tail = text[at + len(_PROBE_ASSISTANT) :]
-        if not tail.startswith(self.eot_text):
-            raise ChatTemplateError(
-                f"the chat template closes an assistant turn with {tail[:20]!r}, not with the end-of-turn "
-                f"token {self.eot_text!r} the model stops on; set model.stop_strings or use a matching "
-                "generation_config.eos_token_id"
-            )
-        return tail[len(self.eot_text) :], tail
+        for i in self.stop_token_ids:  # every end id counts; the one the template writes comes first
+            eot = str(self.tokenizer.decode([i], skip_special_tokens=False))
+            if eot and tail.startswith(eot):
+                self.stop_token_ids = [i, *(j for j in self.stop_token_ids if j != i)]
+                self.eot_text = eot
+                return tail[len(eot) :], tail
+        names = [str(self.tokenizer.decode([i], skip_special_tokens=False)) for i in self.stop_token_ids]
+        raise ChatTemplateError(
+            f"the chat template closes an assistant turn with {tail[:20]!r}, none of the end-of-turn "
+            f"tokens {names} the model stops on (generation_config.eos_token_id and eos_token); add "
+            "that token's id to generation_config.json's eos_token_id"
+        )
 
     # -- messages ------------------------------------------------------------------------------
     def system_text(self, tools: list[Tool]) -> str:
@@ -477,16 +484,8 @@ class HFChatRenderer(Renderer):
 # ---------------------------------------------------------------------------------------------
 def eos_ids(policy_model: Any, tokenizer: Any) -> list[int]:
     """End-of-turn ids: the generation config's ``eos_token_id`` (one or a list), then the tokenizer's."""
-    ids: list[int] = []
     gen = getattr(policy_model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if isinstance(eos, int):
-        ids.append(eos)
-    elif isinstance(eos, (list, tuple)):
-        ids.extend(int(i) for i in eos)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    return list(dict.fromkeys(ids))
+    return end_ids_of(getattr(gen, "eos_token_id", None) if gen is not None else None, tokenizer)
 
 
 def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
@@ -506,55 +505,4 @@ def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
         system_prompt=cfg.system_prompt,
         stop_strings=cfg.stop_strings,
         name=f"model {cfg.path!r}" if cfg.path else "the model",
-    )
-
-
-def preflight_model(cfg: ModelConfig) -> None:
-    """Check a pretrained model directory before any work: its files, architecture, memory need,
-    tokenizer and chat template — without reading its weights (a bad directory fails in a second,
-    not after the model is loaded)."""
-    if cfg.path is None:
-        return
-    import json
-    from pathlib import Path
-
-    from asyncrl.policy.memory import check_fits, parameter_count
-    from asyncrl.policy.model import PolicyLoadError
-
-    p = Path(cfg.path)
-    if not (p / "config.json").is_file():
-        raise PolicyLoadError(f"model.path {cfg.path!r} is not a model directory (no config.json)")
-    n = parameter_count(p, trust_remote_code=cfg.trust_remote_code)
-    check_fits(n * (4 if cfg.dtype == "float32" else 2), f"model {cfg.path!r} ({n / 1e6:.1f}M parameters)")
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise PolicyLoadError(f"model.path {cfg.path!r} has no tokenizer files (expected tokenizer.json)")
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(
-            str(p), local_files_only=True, trust_remote_code=cfg.trust_remote_code
-        )
-    except Exception as exc:
-        raise PolicyLoadError(
-            f"model.path {cfg.path!r}: cannot load the tokenizer ({str(exc)[:160]})"
-        ) from None
-
-    class _Gen:  # eos ids as the loaded model would report them, from generation_config.json
-        eos_token_id: Any = None
-
-    gen = _Gen()
-    if (p / "generation_config.json").is_file():
-        gen.eos_token_id = json.loads((p / "generation_config.json").read_text()).get("eos_token_id")
-
-    class _Model:
-        generation_config = gen
-
-    HFChatRenderer(
-        tok,
-        eos_token_ids=eos_ids(_Model(), tok),
-        tool_format=cfg.tool_format,
-        observation_role=cfg.observation_role,
-        system_prompt=cfg.system_prompt,
-        stop_strings=cfg.stop_strings,
-        name=f"model {cfg.path!r}",
     )
