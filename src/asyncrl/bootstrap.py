@@ -39,7 +39,8 @@ def torch_threads(cfg: RunConfig, role: ComputeRole) -> int:
     :func:`usable_cores`.
     """
     lc = cfg.launcher
-    alone = role == "warm_start" or (role == "trainer" and cfg.orchestrator.mode == "sync")
+    # rule 5's barrier (sync): generating and training take turns, so the trainer computes alone
+    alone = role == "warm_start" or (role == "trainer" and cfg.staleness_policy().barrier)
     if not alone:
         return lc.torch_threads
     return lc.solo_threads or usable_cores()
