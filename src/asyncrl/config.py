@@ -647,7 +647,15 @@ class TrainerConfig(Section):
     minibatch is cut into micro-batches of at most this many tokens whose gradients are accumulated
     into the minibatch's ONE optimiser step, with the loss normalised so that the accumulated
     gradient equals the whole minibatch's. A row longer than the budget is a micro-batch of its own.
-    0: the whole minibatch in one pass."""
+    0: the whole minibatch in one pass. With ``share_prefixes`` in use, the budget counts the
+    micro-batch's distinct prefix tokens (its token trie's nodes) instead."""
+    share_prefixes: bool = True
+    """Prefix-shared forward (tree training): rows that share a prefix (a group's prompt, the system
+    prompt) are grouped into the same micro-batch and forwarded as one token trie, each shared token
+    computed once, with the same log-probs and gradients as the padded batch up to float rounding. Used
+    for a minibatch when its estimated decoder FLOPs are at most 0.8 of the padded layout's (the
+    tree's attention is dense, so a small model with long rows keeps the padded layout) and the
+    architecture is chunkable (llama, qwen2, qwen3, mistral). See docs/algorithms.md (5d)."""
     logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
     """Token log-probs and entropies are computed from the final hidden states this many tokens at a
     time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
@@ -656,7 +664,8 @@ class TrainerConfig(Section):
     """Recompute each transformer block's activations in the backward instead of keeping them (HF
     ``gradient_checkpointing_enable``): less memory for about one extra forward pass per step."""
     target_kl: float | None = Field(None, gt=0)
-    """Stop the epochs early when approximate KL to the batch's start exceeds this."""
+    """Stop the epochs early when approximate KL to the batch's start exceeds this (checked after
+    every epoch but the last, which has nothing left to stop; with ``epochs: 1`` it has no effect)."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Global gradient-norm clip."""
     total_steps: int = Field(100, ge=1, le=10_000_000)
@@ -1029,7 +1038,13 @@ class _LauncherBase(Section):
     """``local``: OS processes on this machine; ``ray``: Ray actors; ``external``: the roles are started
     elsewhere (``asyncrl role ...`` as services) and the orchestrator only watches their heartbeats."""
     torch_threads: int = Field(1, ge=1, le=1024)
-    """torch threads per role process (1 avoids oversubscription on small machines)."""
+    """torch threads per role process while the roles compute at the same time (1 avoids
+    oversubscription on small machines)."""
+    solo_threads: int = Field(0, ge=0, le=1024)
+    """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
+    launcher's before the roles start) and the trainer in ``orchestrator.mode: sync`` (rollout waits
+    for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
+    sets it. See ``asyncrl.bootstrap.torch_threads``."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
     M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which

@@ -470,7 +470,7 @@ def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
     started = time.time()  # the ledger counts this process's whole life, start-up included
     from asyncrl.bootstrap import init_role_process
 
-    cfg = init_role_process(cfg_json)
+    cfg = init_role_process(cfg_json, "rollout")
     worker = RolloutWorker(cfg, Path(run_dir), index, started=started)
     try:
         asyncio.run(worker.run())

@@ -285,5 +285,5 @@ def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:
     started = time.time()  # the ledger counts this process's whole life, start-up included
     from asyncrl.bootstrap import init_role_process
 
-    cfg = init_role_process(cfg_json)
+    cfg = init_role_process(cfg_json, "trainer")
     TrainerRole(cfg, Path(run_dir), resume=resume, started=started).run()

@@ -159,14 +159,22 @@ def build_demonstrations(
 
 
 def sft_loss(
-    model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int, chunk_tokens: int = 0
+    model: Any,
+    batch: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    chunk_tokens: int = 0,
+    share_prefixes: bool = False,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy over the model's tokens (loss mask 1) of a right-padded batch.
 
     ``loss = −Σ_{b,t} m[b,t] · log p(x[b,t] | x[b,<t]) / Σ m``. The log-probs come from
     :func:`~asyncrl.policy.model.token_logprobs` with ``chunk_tokens``
-    (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary."""
-    from asyncrl.policy.model import token_logprobs
+    (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary, and the
+    LM head only at the loss positions. ``share_prefixes`` (``trainer.share_prefixes``): demonstrations
+    that share a prefix (the system prompt) forward it once when that saves compute
+    (:func:`~asyncrl.policy.packing.shared_microbatches`)."""
+    from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs
+    from asyncrl.policy.packing import shared_microbatches
 
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -178,7 +186,14 @@ def sft_loss(
         attn[i, : len(x)] = 1
     dev = next(model.parameters()).device
     ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
-    lp = token_logprobs(model, ids, attn, chunk_tokens=chunk_tokens)  # lp[:, 0] = 0 (no context)
+    share = (
+        share_prefixes
+        and can_chunk_logits(model)
+        and shared_microbatches(ids, attn.sum(1), 0, decoder_layer_shape(model)) is not None
+    )
+    lp = token_logprobs(  # lp[:, 0] = 0 (no context)
+        model, ids, attn, chunk_tokens=chunk_tokens, positions=mask > 0, share_prefixes=share
+    )
     m = mask[:, 1:] * attn[:, 1:]
     loss: torch.Tensor = -(lp[:, 1:] * m).sum() / m.sum().clamp(min=1.0)
     return loss
@@ -210,7 +225,10 @@ def train_sft(
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             batch = rng.sample(demos, min(sft.batch_size, len(demos)))
-            loss = sft_loss(model, batch, policy.tokenizer.pad_token_id, cfg.trainer.logits_chunk_tokens)
+            tc = cfg.trainer
+            loss = sft_loss(
+                model, batch, policy.tokenizer.pad_token_id, tc.logits_chunk_tokens, tc.share_prefixes
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -270,6 +288,7 @@ def warm_start(
     cfg: RunConfig, *, force: bool = False, progress: bool | float = False, eval_limit: int | None = None
 ) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
+    from asyncrl.bootstrap import pinned_threads, torch_threads
     from asyncrl.policy import Policy
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
@@ -286,9 +305,10 @@ def warm_start(
     renderer = make_renderer(cfg.model, policy)
     steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
     demos = build_demonstrations(cfg, renderer, context_limit(cfg.model, policy)) if steps else []
-    losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
-    train_seconds = time.perf_counter() - t0
-    report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+    with pinned_threads(torch_threads(cfg, "warm_start")):  # nothing else computes yet: every core
+        losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
+        train_seconds = time.perf_counter() - t0
+        report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     seconds = time.perf_counter() - t0
     policy.save(out)
     meta = {
