@@ -530,9 +530,9 @@ class HFEngine(GenerationEngine):
         kv = torch.empty(
             (layers, 2, len(paths), heads, cols, dim), dtype=self.model.dtype, device=self.device
         )
-        kv[..., :end, :].zero_()
         for i, pieces in enumerate(paths):
             col = end - sum(p.length for p in pieces)
+            kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
             for p in pieces:
                 src = sources[p.source]
                 kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
