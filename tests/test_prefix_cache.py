@@ -303,3 +303,22 @@ def test_plan_computes_each_distinct_prefix_once() -> None:
     assert [plan_node == CACHED for plan_node in hit.node_span[:6]] == [True] * 5 + [False]
     assert hit.computed_tokens == 1 + 1 + 1 + 2 and hit.reused_tokens == 5 + 5 + 4 + 5
     assert [x.source for x in hit.pieces(hit.row_leaf[0])] == [("entry", 0), ("span", 0), ("span", 1)]
+
+
+def test_static_path_fits_cached_rows_beside_fresh_ones() -> None:
+    """A cached row beside a fresh one of the same length: the level is twice as wide as either
+    prompt, but the static cache holds the rows' own layout (the longest prompt) and decodes them."""
+    policy = tiny(max_context=64)
+    greedy = SamplingParams(temperature=1e-4, max_new_tokens=5)
+    engines = [
+        HFEngine(policy, [], seed=0, max_batch=8, static_cache=static, cuda_graphs=False, prefix_cache_mb=8)
+        for static in (True, False)
+    ]
+    outs = []
+    for engine in engines:
+        engine.cache_len = 60  # what max_context + slack would be for a smaller slack
+        first = engine.generate([[11] * 30], greedy)[0]
+        second = [[11] * 30 + first.token_ids + [12], [13] * 36]
+        outs.append(engine.generate(second, SamplingParams(temperature=1e-4, max_new_tokens=20)))
+    assert engines[0].static_chunks == 2 and engines[0].prefill_tokens_reused == 34
+    assert_same([outs[0]], [outs[1]])

@@ -452,7 +452,7 @@ class HFEngine(GenerationEngine):
         The KV holds each row's prompt left-padded to ``valid.shape[1]`` columns (``valid [B, width]``
         marks the real ones): a :class:`DynamicCache` with ``room`` more columns preallocated for
         decoding, or, with ``room == 0`` (the static path), the tensor ``[layers, 2, B, kv_heads,
-        width, head_dim]``. When the plan is one level whose spans are the rows in order (nothing
+        width, head_dim]`` with ``width`` the longest prompt. When the plan is one level whose spans are the rows in order (nothing
         shared), that level's own layout is the rows' layout and nothing is gathered.
         """
         sources: dict[tuple[str, int], torch.Tensor] = {
@@ -460,6 +460,8 @@ class HFEngine(GenerationEngine):
         }
         span_logits: dict[int, torch.Tensor] = {}
         own = len(plan.levels) == 1 and [plan.node_span[n] for n in plan.row_leaf] == plan.levels[0]
+        # cached pasts make a level wider than its longest prompt, which is what the static path fits
+        own = own and (room > 0 or not any(plan.spans[s].start for s in plan.levels[0]))
         for level in plan.levels:
             logits, cache, valid, kv = self._run_level(plan, level, sources, room if own else 0)
             if own:
