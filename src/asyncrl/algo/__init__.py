@@ -42,6 +42,7 @@ from .losses import (
 )
 from .returns import broadcast_turn_values, discounted_returns, gae, turn_level_gae
 from .segments import brier_score, roc_auc, spearman, turn_group_advantages, value_delta_credit
+from .tree import ancestor_matrix, spread_chains, tree_advantages, tree_values
 
 __all__ = [
     "AGG_MODES",
@@ -57,6 +58,7 @@ __all__ = [
     "PolicyLossConfig",
     "PolicyLossKind",
     "aggregate_loss",
+    "ancestor_matrix",
     "approx_kl",
     "batch_mean_baseline",
     "brier_score",
@@ -78,7 +80,10 @@ __all__ = [
     "policy_loss_mask",
     "roc_auc",
     "spearman",
+    "spread_chains",
     "staleness_weight",
+    "tree_advantages",
+    "tree_values",
     "turn_group_advantages",
     "turn_level_gae",
     "value_delta_credit",

@@ -21,6 +21,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
+from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
 from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
 
@@ -308,6 +309,15 @@ class HFEngine(GenerationEngine):
         self.clear_prefix_cache()  # before the load: a failed load leaves no stale entry either
         self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
         self.version = version
+
+    def fingerprint(self, names: Sequence[str]) -> Fingerprint:
+        """Read from the model's live parameters and buffers (no copy); see the interface."""
+        state = self.model.state_dict()
+        return fingerprint({n: state[n] for n in names if n in state})
+
+    def probe(self, ids: Sequence[int]) -> list[float]:
+        """One uncached forward pass of the model that generates (eval mode); see the interface."""
+        return probe_logprobs(self.model, ids)
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""

@@ -409,8 +409,12 @@ def _untouched(
 
 def context_limit(cfg: ModelConfig, policy: Policy) -> int:
     """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
-    own = policy.max_context
-    return own if cfg.max_context is None else min(cfg.max_context, own)
+    return context_cap(cfg.max_context, policy.max_context)
+
+
+def context_cap(configured: int | None, own: int) -> int:
+    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
+    return own if configured is None else min(configured, own)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from asyncrl.records import Task
 if TYPE_CHECKING:
     from asyncrl.policy.chat import Renderer
 
-TEMPLATE_VERSION = 2
+TEMPLATE_VERSION = 3
 """Bump when the token template changes: it invalidates cached warm starts."""
 
 
@@ -97,23 +97,34 @@ def warm_start_key(cfg: RunConfig) -> str:
     return config_hash(model, env, sft) + f"-{_digest(versions.encode())[:8]}-t{TEMPLATE_VERSION}"
 
 
-async def _play(env: Any, task: Task, texts: list[str], renderer: Renderer) -> tuple[list[int], list[int]]:
+async def _play(
+    env: Any, task: Task, texts: list[str], renderer: Renderer
+) -> list[tuple[list[int], list[int]]]:
     """Play scripted model turns (canonical actions) through the environment, rendered as the
-    episode runner renders them; return token ids and loss mask."""
+    episode runner renders them; return the samples as (token ids, loss mask): one for the
+    episode (``multi_turn: bridge``), or one per turn (``per_turn``: the template's own rendering
+    of the chat so far + the turn)."""
     tools = list(getattr(env, "tools", None) or [])
     conv = renderer.start(await env.reset(task), tools)
-    mask = [0] * len(conv.ids)
+    prompt = list(conv.ids)
+    ids, mask = list(prompt), [0] * len(prompt)
+    per_turn: list[tuple[list[int], list[int]]] = []
     for text in texts:
         turn = renderer.demo_turn(text, tools)
         renderer.add_model_turn(conv, turn)
-        mask += [1] * len(turn)
+        per_turn.append((prompt + turn, [0] * len(prompt) + [1] * len(turn)))
+        ids, mask = ids + turn, mask + [1] * len(turn)
         result = await env.step(text)
         if result.done:
             break
+        if renderer.multi_turn == "per_turn":
+            prompt = renderer.next_prompt(conv, result.observation)
+            renderer.add_observation(conv, result.observation, [])
+            continue
         obs = renderer.observation(conv, result.observation)
         renderer.add_observation(conv, result.observation, obs)
-        mask += [0] * len(obs)
-    return conv.ids, mask
+        ids, mask = ids + obs, mask + [0] * len(obs)
+    return per_turn if renderer.multi_turn == "per_turn" else [(ids, mask)]
 
 
 def build_demonstrations(
@@ -139,9 +150,9 @@ def build_demonstrations(
         for _ in range(sft.num_demos):
             task = source.sample(rng)
             texts = demonstrate(task, rng, sft.corruption_rate)
-            ids, mask = await _play(env, task, texts, renderer)
-            if len(ids) <= max_context:
-                out.append((ids, mask))
+            for ids, mask in await _play(env, task, texts, renderer):
+                if len(ids) <= max_context:
+                    out.append((ids, mask))
         return out
 
     return asyncio.run(all_demos())
