@@ -455,11 +455,15 @@ class HFEngineConfig(_EngineBase):
     """With the static cache on a CUDA GPU: capture one decode step per batch bucket
     as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
     eager decoding, with a warning, if capture fails)."""
+    prefix_sharing: bool = True
+    """Prefill each distinct prefix of a generation call once: a token trie over the call's prompts
+    (GRPO group members share the whole prompt, tasks share the system prompt) computes every
+    distinct prefix token once and the rows read its KV. Same samples and log-probs as an unshared
+    prefill, up to float rounding. See docs/engines.md."""
     prefix_cache: bool = True
-    """Growing-cache path: keep each sequence's KV after a model turn and, when a
-    later prompt extends it (the next turn of a multi-turn episode), prefill only the new tokens.
-    Entries are dropped at every weight load. Not used with the static cache (``static_cache`` on,
-    the default on CUDA), whose buffers are refilled per chunk. See docs/engines.md."""
+    """Keep each sequence's KV after a model turn and, when a later prompt extends it (the next turn
+    of a multi-turn episode), prefill only the new tokens. Entries are dropped at every weight load.
+    Both the growing and the static cache use it. See docs/engines.md."""
     prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
     """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
     SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""

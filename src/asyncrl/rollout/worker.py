@@ -448,9 +448,11 @@ class RolloutWorker:
                 # the built-in engine's decode loop (absent for other engines): per-step latency
                 "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
                 "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
-                # prefill work computed vs taken from the prefix cache (multi-turn KV reuse)
+                # prefill work computed vs taken from the prefix cache (multi-turn KV reuse) or shared
+                # with another prompt of the same call (prefix sharing)
                 "rollout/prefill_tokens_computed": float(getattr(self.engine, "prefill_tokens_computed", 0)),
                 "rollout/prefill_tokens_reused": float(getattr(self.engine, "prefill_tokens_reused", 0)),
+                "rollout/prefill_tokens_shared": float(getattr(self.engine, "prefill_tokens_shared", 0)),
                 "rollout/prefill_seconds": float(getattr(self.engine, "prefill_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
                 **GUARD_STATS.metrics(),  # faults, retries and timeouts the environment guards absorbed
