@@ -345,7 +345,7 @@ def test_an_episode_of_several_samples_counts_once_in_its_group_baseline() -> No
 
 
 def test_a_group_is_ready_once_every_episode_has_all_its_samples() -> None:
-    from asyncrl.control.staleness import StalenessPolicy
+    from asyncrl.staleness import StalenessPolicy
 
     from helpers import replay_buffer
 
