@@ -346,7 +346,6 @@ def test_an_episode_of_several_samples_counts_once_in_its_group_baseline() -> No
 
 def test_a_group_is_ready_once_every_episode_has_all_its_samples() -> None:
     from asyncrl.staleness import StalenessPolicy
-
     from helpers import replay_buffer
 
     buf = replay_buffer(2, 1, StalenessPolicy.from_config("async", 5, 8, "drop"))
