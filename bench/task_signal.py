@@ -14,7 +14,7 @@ CPU seconds (``time.process_time``, one torch thread) are what the run would tak
 on a shared machine wall time also counts the other processes. Prints one JSON object.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/task_signal.py configs/smollm2_arithmetic.yaml \
-        --policy .cache/asyncrl/warmstart-... --heldout 64 --batch-tasks 4
+        --policy "$(asyncrl sft CONFIG | sed -n 's/^warm-start policy: //p')" --heldout 64 --batch-tasks 4
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_system_prompt_example_is_a_call_the_env_runs_in_the_demonstrations_form
     fmt = HermesFormat()
     found = fmt.find_call(cfg.model.system_prompt)
     assert isinstance(found, tuple), found
-    name, arguments = found
+    name, arguments = found[0], found[1]  # later formats also return the call's id
     env = make_raw_env(cfg.env)
     action = fmt.to_action(cfg.model.system_prompt.split("The result")[0], env.tools)
     task = make_task_source(cfg.env).heldout()[0]
