@@ -18,6 +18,11 @@ not extra optimiser steps). Log-probs come from the final hidden states in chunk
 ``trainer.logits_chunk_tokens`` (never ``[B, T, V]`` logits); ``trainer.gradient_checkpointing``
 recomputes block activations in the backward. The no-grad passes (proximal, reference, KL check)
 use the same micro-batches.
+
+Data parallel (``trainer.world_size > 1``): :attr:`Learner.group` is set and every rank runs only its
+share of each list of micro-batches (:meth:`Learner._own`); gradients and log-probs are summed over
+the ranks (:mod:`asyncrl.trainer.distributed`). Everything else — normalisers, clipping, the
+finiteness check, the optimiser step — is computed identically on every rank.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -42,6 +47,9 @@ from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import token_logprobs_and_entropy
 from asyncrl.records import Trajectory
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.distributed import Group
 
 
 @dataclass
@@ -172,6 +180,8 @@ class Learner:
         self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
+        self.group: Group | None = None
+        """The trainer group when ``trainer.world_size > 1`` (set by the rank's process)."""
         if tc.gradient_checkpointing:
             hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
             enable = getattr(hf, "activation_checkpointing_enable", None)
@@ -262,6 +272,12 @@ class Learner:
         parts = microbatches(lengths, self.cfg.trainer.max_tokens_per_microbatch)
         return [(rows[p], max(int(lengths[p].max()), 1)) for p in parts]
 
+    def _own(self, parts: list[tuple[torch.Tensor, int]]) -> list[int]:
+        """Indices of the micro-batches this rank runs: all of them on one rank."""
+        if self.group is None:
+            return list(range(len(parts)))
+        return self.group.mine([len(rows) * width for rows, width in parts])
+
     def _score(
         self, model: Any, b: Batch, rows: torch.Tensor, width: int, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -278,9 +294,10 @@ class Learner:
     def _logprobs(self, model: Any, b: Batch) -> torch.Tensor:
         """Log-probs ``[B, T]`` of the whole batch (no grad), one micro-batch at a time."""
         out = torch.zeros_like(b.mask)
-        for rows, width in self._parts(b, torch.arange(b.ids.shape[0], device=b.ids.device)):
+        parts = self._parts(b, torch.arange(b.ids.shape[0], device=b.ids.device))
+        for rows, width in (parts[i] for i in self._own(parts)):
             out[rows, :width] = self._score(model, b, rows, width, with_entropy=False)[0]
-        return out
+        return out if self.group is None else self.group.sum_(out)
 
     def _weights(
         self, d: _Minibatch, parts: list[tuple[torch.Tensor, int]]
@@ -320,7 +337,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=d.b.ids.device)
         merged: list[tuple[dict[str, float], float, float]] = []
-        for (rows, w), wp, wt in zip(parts, w_policy, w_tok, strict=True):
+        for i in self._own(parts):
+            (rows, w), wp, wt = parts[i], w_policy[i], w_tok[i]
             logp, ent = self._score(self.model, d.b, rows, w, with_entropy=True)
             m = d.b.mask[rows, :w]
             loss, pm = policy_loss(
@@ -349,6 +367,10 @@ class Learner:
             if ent is not None:
                 pm["entropy/mean"] = float(masked_mean(ent.detach(), m))
             merged.append((pm, wp, wt))
+        if self.group is not None:  # the whole minibatch's loss, gradient and metrics on every rank
+            total = self.group.sum_(total)
+            self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
+            merged = self.group.gather_parts(merged)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)

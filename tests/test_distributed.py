@@ -1,0 +1,157 @@
+"""Data-parallel trainer ranks: N ranks take the one-rank step (invariance, in the spirit of TRL's
+``tests/invariant/``), the micro-batch split is deterministic, checkpoints resume across world sizes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode
+from asyncrl.trainer.distributed import assign
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "trainer.lr=0.01",
+    "rollout.group_size=2",
+    "trainer.batch_size=6",
+    "trainer.max_tokens_per_microbatch=24",  # several micro-batches per minibatch
+    "algo.entropy_coef=0.01",  # a token-mean term beside the policy loss
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def batch() -> list[Trajectory]:
+    """Six trajectories of different lengths in three groups (rewards differ within each group)."""
+    out = []
+    for i in range(6):
+        model = [3 + (i + k) % 7 for k in range(2 + i)]
+        turns = [
+            Turn(role="env", token_ids=[1, 2, 1 + i % 3]),
+            Turn(role="model", token_ids=model, logprobs=[-0.7 - 0.1 * k for k in range(len(model))], version=0),
+        ]
+        out.append(
+            Trajectory(
+                id=f"t{i}",
+                task=Task(id=f"g{i // 2}", task_type="calc"),
+                turns=turns,
+                final_reward=float(i % 2),
+                outcome="success" if i % 2 else "failure",
+                group_id=f"g{i // 2}",
+            )
+        )
+    return out
+
+
+def _policy(cfg: RunConfig, model_dir: str | None) -> Any:
+    from asyncrl.policy import Policy
+
+    torch.manual_seed(0)
+    return Policy.load(model_dir, cfg=cfg.model) if model_dir else Policy.build(cfg.model)
+
+
+def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> dict[str, float]:
+    from asyncrl.trainer.learner import Learner
+
+    learner = Learner(cfg, policy)
+    learner.group = group
+    trajs = [decode_trajectory(encode(t)) for t in batch()]
+    metrics: dict[str, float] = {}
+    for v in range(steps):
+        torch.manual_seed(100 + v)  # the minibatch permutation: the same on every rank (rank 0 sends it)
+        metrics = learner.step(trajs, version=v)
+    return metrics
+
+
+def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
+    from asyncrl.trainer.distributed import Group
+
+    torch.set_num_threads(1)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    group = Group.join(cfg, rank, "127.0.0.1", port)
+    policy = _policy(cfg, model_dir)
+    metrics = _train(cfg, policy, group, steps)
+    params = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    save_file(params, f"{out}/params-{rank}.safetensors")
+    Path(f"{out}/metrics-{rank}.json").write_text(json.dumps(metrics))
+    group.close()
+
+
+def run_ranks(cfg: RunConfig, world: int, out: Path, model_dir: str | None, steps: int) -> None:
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank, args=(r, port, cfg.model_dump_json(), model_dir, str(out), steps))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * world
+
+
+def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, steps: int) -> None:
+    cfg = load_config(None, [*TINY, *args, "trainer.world_size=2"])
+    policy = _policy(cfg, model_dir)
+    one = _train(cfg, policy, None, steps)
+    run_ranks(cfg, 2, tmp_path, model_dir, steps)
+    ref = {n: p.detach() for n, p in policy.model.named_parameters()}
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    for rank in (0, 1):
+        got = load_file(str(tmp_path / f"params-{rank}.safetensors"))
+        assert set(got) == set(ref)
+        for n in ref:
+            torch.testing.assert_close(got[n], ref[n], atol=2e-6, rtol=1e-5, msg=f"rank {rank}: {n}")
+        m = json.loads((tmp_path / f"metrics-{rank}.json").read_text())
+        for k in ("loss/policy", "train/grad_norm", "entropy/mean", "policy/tokens", "train/microbatches"):
+            assert m[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
+    assert one["train/microbatches"] >= 3  # the split had something to split
+    moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]
+    assert moved, "the step should have changed the trainable parameters"
+
+
+def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path) -> None:
+    """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too)."""
+    _check_invariance(tmp_path, ["trainer.minibatches=2"], None, steps=2)
+
+
+def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path) -> None:
+    """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model."""
+    from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
+
+    tok = family_tokenizer(load_tokenizer(smollm2_dir()), "smollm2")
+    model = tiny_model_dir(tmp_path / "model", tok)
+    args = [f"model.path={model}", "model.lora.rank=4", "model.lora.alpha=8"]
+    out = tmp_path / "out"
+    out.mkdir()
+    _check_invariance(out, args, str(model), steps=2)
+
+
+def test_assign_is_deterministic_and_balanced() -> None:
+    assert assign([10, 40, 30, 20], 2) == [0, 0, 1, 1]  # 40→0, 30→1, 20→1, 10→0: 50 each
+    assert assign([5, 5, 5], 4) == [0, 1, 2]  # more ranks than micro-batches: rank 3 idles
+    assert assign([], 3) == []
+    sizes = [7, 3, 9, 1, 4, 4]
+    owner = assign(sizes, 3)
+    assert owner == assign(sizes, 3)
+    loads = [sum(s for s, o in zip(sizes, owner, strict=True) if o == r) for r in range(3)]
+    assert max(loads) - min(loads) <= max(sizes)
