@@ -46,7 +46,9 @@ def batch() -> list[Trajectory]:
         model = [3 + (i + k) % 7 for k in range(2 + i)]
         turns = [
             Turn(role="env", token_ids=[1, 2, 1 + i % 3]),
-            Turn(role="model", token_ids=model, logprobs=[-0.7 - 0.1 * k for k in range(len(model))], version=0),
+            Turn(
+                role="model", token_ids=model, logprobs=[-0.7 - 0.1 * k for k in range(len(model))], version=0
+            ),
         ]
         out.append(
             Trajectory(

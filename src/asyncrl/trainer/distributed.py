@@ -175,7 +175,11 @@ class Group:
     def _broadcast_bytes(self, data: bytes) -> bytes:
         size = torch.tensor([len(data)], dtype=torch.long, device=self._comm)
         dist.broadcast(size, src=0)
-        buf = self._bytes_tensor(data) if self.leader else torch.empty(int(size), dtype=torch.uint8, device=self._comm)
+        buf = (
+            self._bytes_tensor(data)
+            if self.leader
+            else torch.empty(int(size), dtype=torch.uint8, device=self._comm)
+        )
         dist.broadcast(buf, src=0)
         return bytes(buf.cpu().numpy())
 
