@@ -157,3 +157,98 @@ def test_assign_is_deterministic_and_balanced() -> None:
     assert owner == assign(sizes, 3)
     loads = [sum(s for s, o in zip(sizes, owner, strict=True) if o == r) for r in range(3)]
     assert max(loads) - min(loads) <= max(sizes)
+
+
+# ---- checkpoints across world sizes ---------------------------------------------------------------
+def _learner(cfg: RunConfig, group: Any = None) -> Any:
+    from asyncrl.trainer.learner import Learner
+
+    learner = Learner(cfg, _policy(cfg, None))
+    learner.group = group
+    return learner
+
+
+def _optimizer_tensors(learner: Any) -> dict[str, torch.Tensor]:
+    from asyncrl.trainer.checkpoint import _optimizer_payload
+
+    return {k: v.clone() for k, v in _optimizer_payload(learner.optimizer)[0].items()}
+
+
+def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> None:
+    """Load the one-rank checkpoint ``ckpt``, take a step, write a sharded checkpoint under ``out``."""
+    from asyncrl.trainer.checkpoint import (
+        TrainerState,
+        load_checkpoint,
+        save_checkpoint,
+        write_optimizer_shards,
+    )
+    from asyncrl.trainer.distributed import Group
+
+    torch.set_num_threads(1)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    group = Group.join(cfg, rank, "127.0.0.1", port)
+    learner = _learner(cfg, group)
+    ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
+    torch.manual_seed(101)
+    learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    if rank == 0:
+
+        def shards(path: Path) -> None:
+            group.send("ckpt", dir=str(path))
+            write_optimizer_shards(path, learner.optimizer)
+
+        state = TrainerState(ts.step + 1, 0, 0, {})
+        save_checkpoint(
+            Path(out), learner.policy, learner.optimizer, learner.scheduler, state, optimizer_shards=shards
+        )
+        save_file(_optimizer_tensors(learner), f"{out}/saved-optimizer.safetensors")
+        save_file(
+            {n: p.detach().clone() for n, p in learner.model.named_parameters()},
+            f"{out}/saved-params.safetensors",
+        )
+    else:
+        write_optimizer_shards(Path(group.receive()["dir"]), learner.optimizer)
+    group.close()
+
+
+def test_checkpoints_resume_on_another_world_size(tmp_path: Path) -> None:
+    """1 rank → checkpoint → 2 ranks resume, step, sharded checkpoint → 1 rank resumes it exactly,
+    and the result is the one-rank run's."""
+    from asyncrl.trainer.checkpoint import OPTIMIZER_SHARDS, TrainerState, load_checkpoint, save_checkpoint
+
+    cfg = load_config(None, [*TINY, "trainer.minibatches=2", "trainer.world_size=2"])
+    one = _learner(cfg)
+    torch.manual_seed(100)
+    one.step(batch(), version=0)
+    first = save_checkpoint(
+        tmp_path / "one", one.policy, one.optimizer, one.scheduler, TrainerState(1, 0, 0, {})
+    )
+    torch.manual_seed(101)
+    one.step(batch(), version=1)  # the one-rank continuation, for comparison
+
+    ctx, port, out = mp.get_context("spawn"), free_port(), tmp_path / "two"
+    procs = [
+        ctx.Process(target=_resume_rank, args=(r, port, cfg.model_dump_json(), str(first), str(out)))
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    sharded = out / "step_00000002"
+    shard_files = sorted((sharded / OPTIMIZER_SHARDS).glob("*.safetensors"))
+    assert len(shard_files) == 2 and not (sharded / "optimizer.safetensors").exists()  # both ranks wrote
+
+    resumed = _learner(cfg)
+    assert load_checkpoint(sharded, resumed.policy, resumed.optimizer, resumed.scheduler).step == 2
+    saved_opt = load_file(str(out / "saved-optimizer.safetensors"))
+    got_opt = _optimizer_tensors(resumed)
+    assert set(got_opt) == set(saved_opt) and all(torch.equal(got_opt[k], saved_opt[k]) for k in saved_opt)
+    saved = load_file(str(out / "saved-params.safetensors"))
+    for n, p in resumed.model.named_parameters():
+        assert torch.equal(p.detach(), saved[n]), n  # exactly what rank 0 held
+        torch.testing.assert_close(
+            p.detach(), dict(one.model.named_parameters())[n].detach(), atol=2e-6, rtol=1e-5
+        )
+    assert resumed.scheduler.state_dict()["last_epoch"] == one.scheduler.state_dict()["last_epoch"]

@@ -48,6 +48,7 @@ import json
 import logging
 import random
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,7 +345,9 @@ def read_optimizer_shards(path: Path) -> dict[str, torch.Tensor]:
         if not isinstance(m, TensorStorageMetadata):
             raise ValueError(f"{k} is not a tensor")
         out[k] = torch.empty(m.size, dtype=m.properties.dtype)
-    load(out, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        load(out, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=True)
     return out
 
 
