@@ -987,7 +987,15 @@ class RayLauncherConfig(_LauncherBase):
     trainer_cpus: float = Field(1.0, ge=0, le=1024)
     """CPUs requested by the trainer actor."""
     trainer_gpus: float = Field(0.0, ge=0, le=64)
-    """GPUs requested by the trainer actor."""
+    """GPUs requested by the trainer actor (by each rank's, with ``trainer.world_size > 1``)."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each trainer rank asks for (e.g. ``{trainer_node: 1}`` to keep the trainer
+    on the nodes started with that resource)."""
+    rollout_resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each rollout worker asks for."""
+    trainer_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy of the trainer ranks (one bundle per rank): ``PACK`` as few nodes as
+    possible, ``STRICT_SPREAD`` one rank per node, ... (Ray's placement-group strategies)."""
 
 
 class ExternalLauncherConfig(_LauncherBase):

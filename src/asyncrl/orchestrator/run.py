@@ -137,11 +137,9 @@ class Orchestrator:
             if name in self.launcher.names():
                 self.launcher.stop(name, timeout=0.0)
                 self._ended(name)
-        port = self.cfg.trainer.dist_port or _free_port()
-        for rank, name in enumerate(self.trainer_ranks):
-            self.launcher.start(
-                name, trainer_rank_main, cfg_json, str(self.run_dir), resume, rank, _RANK0_HOST, port
-            )
+        args = (cfg_json, str(self.run_dir), resume)
+        self.launcher.start_group(self.trainer_ranks, trainer_rank_main, args, self.cfg.trainer.dist_port)
+        for name in self.trainer_ranks:
             self._launched(name)
 
     def _write_pids(self) -> None:
@@ -415,19 +413,6 @@ class Orchestrator:
             self.launcher.stop(name, timeout=2.0 if name == EVALUATOR else 20.0)
             self._ended(name)
         self.launcher.close()
-
-
-_RANK0_HOST = "127.0.0.1"
-"""Where a local trainer group's rank 0 listens for the rendezvous."""
-
-
-def _free_port() -> int:
-    """A TCP port free on this host now (the trainer group's rendezvous; ``trainer.dist_port: 0``)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind((_RANK0_HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _start_ticks(pid: int) -> int | None:
