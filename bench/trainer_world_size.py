@@ -52,7 +52,7 @@ def batch(n: int, length: int) -> list[Any]:
     out = []
     for i in range(n):
         k = int(length * (0.5 + 0.5 * torch.rand((), generator=g)))
-        ids = torch.randint(3, 200, (k,), generator=g).tolist()
+        ids = torch.randint(3, 40, (k,), generator=g).tolist()  # inside the char vocabulary
         turns = [
             Turn(role="env", token_ids=ids[: k // 4]),
             Turn(role="model", token_ids=ids[k // 4 :], logprobs=[-1.0] * (k - k // 4), version=0),
@@ -60,7 +60,7 @@ def batch(n: int, length: int) -> list[Any]:
         out.append(
             Trajectory(
                 id=f"t{i}",
-                task=Task(id=f"g{i // 8}"),
+                task=Task(id=f"g{i // 8}", task_type="calc"),
                 turns=turns,
                 final_reward=float(i % 2),
                 group_id=f"g{i // 8}",
