@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from asyncrl.config import RunConfig, load_config
 from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode
 from asyncrl.trainer.distributed import assign
+from helpers import free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,12 +31,6 @@ TINY = [
     "trainer.max_tokens_per_microbatch=24",  # several micro-batches per minibatch
     "algo.entropy_coef=0.01",  # a token-mean term beside the policy loss
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def batch() -> list[Trajectory]:

@@ -639,7 +639,7 @@ class TrainerConfig(Section):
     """Trainer ranks (data parallel, one torch.distributed process group: gloo on CPU, nccl on CUDA).
     Rank 0 owns the queue, the ledger, publishing and checkpoints; every rank holds the whole model and
     runs its share of each minibatch's micro-batches; gradients are all-reduced before the optimiser
-    step, so N ranks take the same step as one (docs/trainer.md). 1: one process, no process group."""
+    step, so N ranks take the same step as one (docs/trainer-group.md). 1: one process, no process group."""
     dist_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Timeout of every collective of the trainer group (and of its rendezvous): a rank that died or
     hangs ends the whole group after at most this long, and the supervisor restarts it from the newest

@@ -81,7 +81,8 @@ class Group:
 
     @classmethod
     def join(cls, cfg: RunConfig, rank: int, addr: str, port: int) -> Group:
-        """Rendezvous at ``tcp://addr:port`` (rank 0 listens there); gloo on CPU, nccl on CUDA."""
+        """Rendezvous at ``tcp://addr:port`` (rank 0 listens there), or ``addr = "env://"``: at
+        ``MASTER_ADDR:MASTER_PORT`` (torchrun's store when torchrun started us); gloo on CPU, nccl on CUDA."""
         from asyncrl.policy.model import resolve_device
 
         device = resolve_device(cfg.model.device)
@@ -89,7 +90,7 @@ class Group:
         timeout = cfg.trainer.dist_timeout_s
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{addr}:{port}",
+            init_method=addr if addr == "env://" else f"tcp://{addr}:{port}",
             rank=rank,
             world_size=cfg.trainer.world_size,
             timeout=datetime.timedelta(seconds=timeout),

@@ -18,6 +18,10 @@ from asyncrl.config import RunConfig
 from asyncrl.records import decode_trajectory
 from asyncrl.trainer.distributed import Group
 
+ENV_RENDEZVOUS = "env://"
+"""The rendezvous address meaning "from MASTER_ADDR / MASTER_PORT" (``asyncrl role trainer``; under
+torchrun, its agent's store)."""
+
 
 def trainer_rank_main(cfg_json: str, run_dir: str, resume: bool, rank: int, addr: str, port: int) -> None:
     """Process entry point of rank ``rank`` (spawned by the launcher; rank 0 listens on ``addr:port``)."""
