@@ -18,6 +18,7 @@ from asyncrl.trainer.distributed import assign
 from helpers import free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SPAWNS = pytest.mark.slow  # two spawned gloo ranks: ~1 min each on a loaded 2-core machine (imports)
 
 TINY = [
     "model.hidden_size=32",
@@ -125,11 +126,13 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
     assert moved, "the step should have changed the trainable parameters"
 
 
+@SPAWNS
 def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path) -> None:
     """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too)."""
     _check_invariance(tmp_path, ["trainer.minibatches=2"], None, steps=2)
 
 
+@SPAWNS
 def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path) -> None:
     """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model."""
     from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
@@ -205,6 +208,7 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
     group.close()
 
 
+@SPAWNS
 def test_checkpoints_resume_on_another_world_size(tmp_path: Path) -> None:
     """1 rank → checkpoint → 2 ranks resume, step, sharded checkpoint → 1 rank resumes it exactly,
     and the result is the one-rank run's."""
