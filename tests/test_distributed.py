@@ -250,3 +250,20 @@ def test_checkpoints_resume_on_another_world_size(tmp_path: Path) -> None:
             p.detach(), dict(one.model.named_parameters())[n].detach(), atol=2e-6, rtol=1e-5
         )
     assert resumed.scheduler.state_dict()["last_epoch"] == one.scheduler.state_dict()["last_epoch"]
+
+
+def test_a_rank_service_without_its_rendezvous_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.errors import UserError
+    from asyncrl.service import _rank_from_env
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(UserError, match=r"missing RANK, MASTER_ADDR, MASTER_PORT"):
+        _rank_from_env(2)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(UserError, match=r"RANK=2 WORLD_SIZE=2: need 0 <= RANK < trainer.world_size = 2"):
+        _rank_from_env(2)
+    monkeypatch.setenv("RANK", "1")
+    assert _rank_from_env(2) == 1

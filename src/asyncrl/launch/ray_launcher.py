@@ -191,7 +191,7 @@ class RayLauncher(Launcher):
             raise UserError(
                 f"Ray could not place role {name!r} within {_PLACE_TIMEOUT_S:.0f}s: no node offers "
                 f"{cpus} CPUs, {gpus} GPUs and {resources or 'no custom resources'}; lower "
-                f"launcher.{field}_cpus / {field}_gpus / {field}_resources or add nodes"
+                f"launcher.{field}_cpus / launcher.{field}_gpus / launcher.{field}_resources or add nodes"
             ) from None
 
     def start_group(
