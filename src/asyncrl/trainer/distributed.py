@@ -37,6 +37,7 @@ Faults
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from typing import Any
 
@@ -85,6 +86,9 @@ class Group:
         ``MASTER_ADDR:MASTER_PORT`` (torchrun's store when torchrun started us); gloo on CPU, nccl on CUDA."""
         from asyncrl.policy.model import resolve_device
 
+        if cfg.model.device != "cpu" and torch.cuda.is_available():  # one device per rank on a node
+            local = os.environ.get("LOCAL_RANK")  # torchrun's; else ranks fill a node's devices in order
+            torch.cuda.set_device(int(local) if local else rank % torch.cuda.device_count())
         device = resolve_device(cfg.model.device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = cfg.trainer.dist_timeout_s
