@@ -58,7 +58,7 @@ test-faults: $(STAMP)
 # environment on two cores, so not part of `make test` (which checks the same paths on a tiny
 # model with SmolLM2's tokenizer and template, plus SmolLM2's templates, loading and evaluation).
 test-models: $(STAMP)
-	$(PY) -m pytest -m realmodel tests/test_models_e2e.py tests/test_lora.py
+	$(PY) -m pytest -m realmodel tests/test_models_e2e.py tests/test_lora.py tests/test_families.py
 
 # End-to-end learning runs that take minutes (the calculator agent trained through the gateway).
 test-long: $(STAMP)

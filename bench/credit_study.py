@@ -1,7 +1,7 @@
 """Credit-assignment study: trained samples to reach a target held-out success, per strategy; prints JSON.
 
     PYTHONPATH=src .venv/bin/python bench/credit_study.py [--envs calculator kb_lookup]
-        [--strategies outcome process gae value_delta turn_group] [--seeds 0 1 2]
+        [--strategies outcome value_delta turn_group tree tree_outcome] [--seeds 0 1 2]
         [--steps 12] [--batch 32] [--eval-limit 64] [--eval-at 4 8] [--target-gain 0.10]
         [--ablate-trajectories 6 --ablate-k 4] [--out results.json]
 
@@ -10,7 +10,10 @@ with the same sample budget (``steps × batch`` trained samples) and the same ca
 All weight versions are kept; after the run the versions in ``--eval-at`` are evaluated on the
 first ``--eval-limit`` held-out tasks, next to the run's own initial (version 0) and final
 evaluations. A run *reaches the target* at the first evaluated version whose held-out success is
-at least its initial success + ``--target-gain``; its cost is ``version × batch`` trained samples.
+at least its initial success + ``--target-gain``; its cost is ``version × batch`` trained samples,
+the sampled (generated, not replayed) tokens of those steps and their share of the RL wall time.
+``tree`` runs tree groups (``rollout.tree``) with tree credit; ``tree_outcome`` the same groups with
+outcome credit (separating what the tree's sampling does from what its credit does).
 At the end the ablation (``asyncrl credit ablate``) runs on the first seed's ``value_delta`` and
 ``outcome`` runs of the first environment and reports the Spearman correlation of the Monte Carlo
 segment contributions with the assigned credit. Results are also written to ``--out`` after every
@@ -27,8 +30,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+STRATEGIES = {  # credit.strategy plus what else the strategy needs
+    "outcome": [],
+    "process": [],
+    "gae": [],
+    "value_delta": [],
+    "turn_group": [],
+    "tree": ["rollout.tree.enabled=true"],  # tree groups credited from the tree
+    "tree_outcome": ["rollout.tree.enabled=true"],  # the same tree groups, outcome credit
+}
+
 ENVS = {
     "calculator": ("configs/demo.yaml", ["env.latency.kind=none"]),
+    "strings": ("configs/demo.yaml", ["env.latency.kind=none", "env.kind=strings", "env.min_difficulty=3"]),
     "kb_lookup": ("configs/kb_lookup.yaml", []),
 }
 
@@ -48,7 +62,8 @@ def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dic
             f"name=credit-{env}-{strategy}-s{seed}",
             f"run_root={args.run_root}",
             f"seed={seed}",
-            f"credit.strategy={strategy}",
+            f"credit.strategy={strategy.removeprefix('tree_')}",
+            *STRATEGIES[strategy],
             f"trainer.total_steps={args.steps}",
             f"trainer.batch_size={args.batch}",
             f"trainer.lr={args.lr}",
@@ -75,9 +90,14 @@ def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dic
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     trainer_rows = [r for r in metrics if r.get("role") == "trainer" and "event" not in r]
     last = trainer_rows[-1] if trainer_rows else {}
+    tokens = last.get("trainer/tokens_trained", 0.0)  # sampled tokens: replayed turns are not counted
+    per_step = tokens / max(1, int(s["trainer_steps"]))
     return {
         "env": env,
         "strategy": strategy,
+        "tokens_to_target": None if reached is None else round(reached * per_step),
+        "seconds_to_target": None if reached is None else round(s["rl_seconds"] * reached / args.steps, 1),
+        "generated_tokens": tokens,
         "seed": seed,
         "run_dir": str(run_dir),
         "initial_success": s["initial_success"],
@@ -101,6 +121,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for strat, rs in by.items():
             gains = [r["final_success"] - r["initial_success"] for r in rs]
             hits = [r["samples_to_target"] for r in rs if r["samples_to_target"] is not None]
+            tok = [r["tokens_to_target"] for r in rs if r.get("tokens_to_target") is not None]
             table.setdefault(env, {})[strat] = {
                 "seeds": len(rs),
                 "final_success_mean": round(statistics.mean(r["final_success"] for r in rs), 3),
@@ -108,6 +129,8 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "gain_std": round(statistics.stdev(gains), 3) if len(gains) > 1 else 0.0,
                 "reached_target": f"{len(hits)}/{len(rs)}",
                 "samples_to_target_mean_of_reached": round(statistics.mean(hits), 1) if hits else None,
+                "tokens_to_target_mean_of_reached": round(statistics.mean(tok)) if tok else None,
+                "tokens_to_target_std": round(statistics.stdev(tok)) if len(tok) > 1 else None,
             }
     return table
 
@@ -118,8 +141,8 @@ def main() -> int:
     ap.add_argument(
         "--strategies",
         nargs="+",
-        default=["outcome", "process", "gae", "value_delta", "turn_group"],
-        choices=["outcome", "process", "gae", "value_delta", "turn_group"],
+        default=["outcome", "value_delta", "turn_group", "tree"],
+        choices=list(STRATEGIES),
     )
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=12)

@@ -21,7 +21,8 @@ FLOORS: list[set[str]] = [
         "credentials",
         "durable",
         "algo",
-    },  # 0: records, shared helpers, pure maths
+        "staleness",
+    },  # 0: records, shared helpers, pure maths, the staleness rules
     {"config"},  # 1
     {"envs", "policy", "telemetry", "bootstrap"},  # 2: environments, the model, metric writing
     {"transport", "weights", "control", "engine", "cost"},  # 3: the boundaries and the shared run state
@@ -165,6 +166,60 @@ def test_only_the_control_package_uses_the_state_store() -> None:
         if any(t.startswith("asyncrl.control.store") for t in targets) and not a.startswith("asyncrl.control")
     )
     assert users == []
+
+
+# -- the staleness rules live only in asyncrl/staleness.py ----------------------------------------
+MODES = {"sync", "one_step_off", "async"}
+
+
+def _rule5_derivations(path: Path, root: Path = SRC) -> list[str]:
+    """Places that re-derive rule 5 (what a mode means): a comparison of something's ``mode`` with a
+    staleness mode (``mode == "async"``, ``mode in ("sync", ...)``), or a mapping keyed by one
+    (``{"sync": 0, "one_step_off": 1}``). Reading the mode to print it is fine."""
+    rel = str(path.relative_to(root))
+    found = []
+
+    def is_mode(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "mode") or (
+            isinstance(node, ast.Name) and node.id == "mode"
+        )
+
+    def names_a_mode(node: ast.expr) -> bool:
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in MODES for e in elts)
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(is_mode(o) for o in operands) and any(names_a_mode(o) for o in operands):
+                found.append(f"{rel}:{node.lineno}")
+        elif isinstance(node, ast.Dict) and any(
+            isinstance(k, ast.Constant) and k.value in MODES - {"async"} for k in node.keys
+        ):
+            found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_rule_5_is_derived_only_in_the_staleness_module() -> None:
+    """The config, the report, the gateway and the roles ask ``StalenessPolicy`` what a mode means."""
+    found = [
+        f
+        for path in sorted(SRC.rglob("*.py"))
+        if path != SRC / "staleness.py"
+        for f in _rule5_derivations(path)
+    ]
+    assert found == []
+
+
+def test_the_rule_5_scan_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "lag = {'sync': 0, 'one_step_off': 1}.get(cfg.orchestrator.mode, 3)\n"
+        "limit = 2 if cfg.orchestrator.mode == 'async' else None\n"
+        "fixed = mode in ('sync', 'one_step_off')\n"
+        "title = f'asyncrl {cfg.orchestrator.mode}'\n"
+    )
+    assert sorted(_rule5_derivations(probe, root=tmp_path)) == ["probe.py:1", "probe.py:2", "probe.py:3"]
 
 
 # -- defaults live only in config.py ---------------------------------------------------------------

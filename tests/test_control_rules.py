@@ -430,8 +430,8 @@ def test_fault_wrapper_confined_to_bucket_and_switch(tmp_path: Path) -> None:
 
 # -- the curriculum steers the replay buffer; alerts reach the live display ---------------------------
 def test_buffer_follows_curriculum_bucket_weights() -> None:
-    from asyncrl.control.staleness import StalenessPolicy
     from asyncrl.records import Trajectory, Turn
+    from asyncrl.staleness import StalenessPolicy
     from helpers import replay_buffer
 
     def one(i: int, difficulty: int) -> Trajectory:

@@ -408,3 +408,32 @@ def test_credit_fragment_reads_the_run_each_time(tmp_path: Path) -> None:
     (tmp_path / "credit" / "samples-00000001.msgpack").write_bytes(b"not msgpack")
     with pytest.raises(UserError):
         credit_fragment(tmp_path)
+
+
+def test_tree_credit_on_an_unbranched_group_is_outcome_credit() -> None:
+    trajs = [
+        make_traj([([5], [7], 0.0), ([8], [9], 0.0), ([3], [], 0.0)], 1.0, "g"),
+        make_traj([([6], [7], 0.0), ([4, 4], [], 0.0)], 0.0, "g"),
+        make_traj([([4], [], 0.0)], 0.0, "g"),
+        make_traj([([6], [7], 0.0)], 1.0, "h", prompt=(1, 3)),
+        make_traj([([5], [7], 0.0)], 0.0, "h", prompt=(1, 3)),
+    ]
+    ids, attn, mask = tensors(trajs)
+    for baseline in ("grpo", "dr_grpo", "rloo"):
+        out = assigner("outcome", f"credit.baseline={baseline}").advantages(trajs, ids, attn, mask)[0]
+        tree, m = assigner("tree", f"credit.baseline={baseline}").advantages(trajs, ids, attn, mask)
+        assert_close(tree, out)
+        assert m["tree/count"] == 2 and m["tree/branch_nodes"] == 0
+
+
+def test_tree_credit_goes_to_the_segments_where_the_branches_diverge() -> None:
+    trajs = batch_two_groups()  # g1: a1 and a2 share their first segment, then a1 succeeds
+    ids, attn, mask = tensors(trajs)
+    adv, m = assigner("tree", "credit.baseline=dr_grpo").advantages(trajs, ids, attn, mask)
+    # V(root) = V(shared node) = 0.5: the shared first turn changed nothing → 0. a1's unbranched
+    # chain (turns 2-3) raised V by +0.5, shared evenly and scaled by L = 3; a2's turn 2 lowered it
+    # by 0.5 (L = 2). Path totals equal outcome credit's (3 × 0.5 and 2 × −0.5).
+    assert [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])] == pytest.approx([0.0, 0.75, 0.75])
+    assert [float(adv[1, s]) for s, *_ in segment_spans(trajs[1])] == pytest.approx([0.0, -1.0])
+    assert (adv[2:] == 0).all() and (adv[mask == 0] == 0).all()  # g2 is constant
+    assert m["tree/branch_nodes"] == 1

@@ -49,9 +49,13 @@ TINY = [
 RUNS: dict[str, Path] = {}
 
 
-def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
+def _rows(run_dir: Path, role: str) -> list[dict[str, Any]]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    return [r for r in rows if r.get("role") == "trainer" and "event" not in r]
+    return [r for r in rows if r.get("role") == role and "event" not in r]
+
+
+def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return _rows(run_dir, "trainer")
 
 
 @pytest.mark.parametrize(
@@ -61,6 +65,7 @@ def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
         ("gae", ["credit.value.kind=separate", "credit.value.hidden_size=16"]),
         ("value_delta", ["credit.process_weight=0"]),
         ("turn_group", []),
+        ("tree", ["rollout.tree.enabled=true", "rollout.tree.points=every_turn", "env.max_difficulty=2"]),
     ],
 )
 def test_strategy_trains_end_to_end(strategy: str, extra: list[str], tmp_path: Path, cache_dir: Path) -> None:
@@ -93,6 +98,11 @@ def test_strategy_trains_end_to_end(strategy: str, extra: list[str], tmp_path: P
             for sample in f.samples:
                 mean = sum(g.credit for g in sample.segments) / len(sample.segments)
                 assert mean == pytest.approx(sample.outcome_advantage, abs=1e-4)
+    if strategy == "tree":  # leaves that went on past a turn were branched, and replays were exact
+        worker = [r for r in _rows(run_dir, "rollout-0") if "rollout/tree_roots" in r][-1]
+        multi = any(sum(t.role == "model" for t in s.trajectory.turns) > 1 for f in files for s in f.samples)
+        assert worker["rollout/tree_replay_diverged"] == 0
+        assert worker["rollout/tree_branch_points"] > 0 or not multi
     RUNS[strategy] = run_dir
 
 
@@ -139,3 +149,18 @@ def test_credit_ablate_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
     assert again.token_ids() == sample.trajectory.token_ids()
     assert again.outcome == sample.trajectory.outcome and again.final_reward == sample.trajectory.final_reward
     assert main(["credit", "ablate", str(run), "--checkpoint", "999"]) == 2
+
+
+def test_credit_show_draws_the_tree_of_a_tree_group(capsys: pytest.CaptureFixture[str]) -> None:
+    run = RUNS.get("tree")
+    assert run is not None, "needs the tree end-to-end run (run the whole file)"
+    assert main(["credit", "show", str(run), "--n", "1"]) == 0
+    out = capsys.readouterr().out
+    last = read_samples(run)[-1]
+    assert last.strategy == "tree" and len({s.trajectory.group_id for s in last.samples}) >= 1
+    # whole groups are sampled; the tree's root line counts its episodes, each node its leaves below
+    group = last.samples[0].trajectory.group_id
+    members = sum(1 for s in last.samples if s.trajectory.group_id == group)
+    assert f"{members} episodes" in out and "below" in out and "credit" in out
+    for s in last.samples:  # measured values: V after the last segment is the episode's reward
+        assert s.segments[-1].v_after == pytest.approx(s.trajectory.final_reward)

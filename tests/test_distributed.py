@@ -128,8 +128,11 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
 
 @SPAWNS
 def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path) -> None:
-    """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too)."""
-    _check_invariance(tmp_path, ["trainer.minibatches=2"], None, steps=2)
+    """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too), with
+    decoupled PPO: the proximal log-probs the first minibatch fills are summed over the ranks."""
+    _check_invariance(
+        tmp_path, ["trainer.minibatches=2", "algo.policy_loss.kind=decoupled_ppo"], None, steps=2
+    )
 
 
 @SPAWNS

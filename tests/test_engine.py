@@ -314,6 +314,23 @@ def test_first_token_frequencies_match_distribution(temperature: float, top_p: f
 
 
 # ---- weights -----------------------------------------------------------------------------------
+def test_draw_follows_the_weights_and_never_draws_a_zero() -> None:
+    """Inverse transform sampling (the engine's sampler): frequencies match, weight 0 never drawn."""
+    from asyncrl.engine.hf import draw
+
+    weights = torch.tensor([[0.0, 1.0, 3.0, 0.0, 4.0], [2.0, 0.0, 0.0, 0.0, 0.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    idx = draw(weights, g).view(2000, 2)
+    assert (idx[:, 1] == 0).all()
+    counts = torch.bincount(idx[:, 0], minlength=5).double()
+    assert counts[0] == counts[3] == 0
+    stat, dof = _chi_square(counts[[1, 2, 4]], torch.tensor([1.0, 3.0, 4.0]) / 8)
+    assert stat < dof + 4 * math.sqrt(2 * dof)
+    # a total that rounds onto the last (zero) weight falls back to the likeliest index
+    edge = torch.tensor([[1.0, 0.0]])
+    assert all(int(draw(edge, g)) == 0 for _ in range(50))
+
+
 def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     prompts = random_prompts(6, 2, 12, seed=14)
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)

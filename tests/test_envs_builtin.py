@@ -16,6 +16,7 @@ from asyncrl.envs import (
     KBLookupEnv,
     PythonEnv,
     StepResult,
+    StringsEnv,
     evaluate,
     make_raw_env,
     make_task_source,
@@ -238,6 +239,67 @@ def test_kb_options_are_validated() -> None:
     small = cfg("kb_lookup", 2, 3, options={"num_people": 50})
     task = make_task_source(small).sample(random.Random(0))
     assert run_episode(make_raw_env(small), task, KBLookupEnv.solve(task))[1][-1].outcome == "success"
+
+
+# ---------------------------------------------------------------------------------------------
+# strings
+# ---------------------------------------------------------------------------------------------
+def test_strings_solver_succeeds_and_difficulty_is_operations() -> None:
+    from asyncrl.envs.strings import OPERATIONS, run_pipeline
+
+    c = cfg("strings", 1, 3)
+    src, env = make_task_source(c), make_raw_env(c)
+    rng = random.Random(5)
+    for _ in range(200):
+        task = src.sample(rng)
+        texts = StringsEnv.solve(task)
+        ops = task.payload["ops"]
+        assert len(texts) - 1 == task.difficulty == len(ops) == len(set(ops))
+        assert (
+            set(ops) <= set(OPERATIONS)
+            and run_pipeline(task.payload["word"], ops)[-1] == task.payload["answer"]
+        )
+        prompt, results = run_episode(env, task, texts)
+        assert prompt == task.payload["prompt"] and prompt.isascii()
+        assert results[-1].outcome == "success" and results[-1].reward == 1.0
+        assert [r.observation for r in results[:-1]] == task.payload["path"]  # each step feeds the next
+    # hand-checked pipeline
+    assert run_pipeline("kolabe", ["reverse", "upper", "drop_vowels"]) == ["ebalok", "EBALOK", "BLK"]
+
+
+def test_strings_heldout_disjoint_and_demonstrations_corrupted_at_the_rate() -> None:
+    src = make_task_source(cfg("strings", 2, 3))
+    held = {src.content_key(t) for t in src.heldout()}  # type: ignore[attr-defined]
+    rng = random.Random(6)
+    assert held and not held & {src.content_key(src.sample(rng)) for _ in range(3000)}  # type: ignore[attr-defined]
+    n, rate = 1500, 0.25
+    corrupted = [
+        t
+        for t in (src.sample(rng) for _ in range(n))
+        if StringsEnv.demonstrate(t, rng, rate) != StringsEnv.solve(t)
+    ]
+    assert abs(len(corrupted) / n - rate) < 0.04
+
+
+def test_strings_tool_rejects_bad_calls_and_answers_are_exact() -> None:
+    c = cfg("strings", 1, 1)
+    task = make_task_source(c).sample(random.Random(0))
+    env = make_raw_env(c)
+    word = task.payload["word"]
+    _, results = run_episode(
+        env,
+        task,
+        [
+            f"<tool>apply(explode, {word})</tool>",
+            "<tool>apply(reverse)</tool>",
+            "<tool>apply(reverse, )</tool>",
+            f"<tool>apply( reverse ,  {word} )</tool>",
+            f"<answer>{task.payload['answer'].swapcase()}</answer>",
+        ],
+    )
+    assert [r.observation.startswith("error:") for r in results[:4]] == [True, True, True, False]
+    assert results[3].observation == word[::-1]
+    assert results[-1].outcome == "failure"  # case matters: the pipeline's answer exactly
 
 
 # ---------------------------------------------------------------------------------------------

@@ -280,7 +280,7 @@ def test_check_passes_a_good_plugin(name: str) -> None:
     assert "Result: passed" in report.render()
 
 
-@pytest.mark.parametrize("kind", ["calculator", "kb_lookup", "python"])
+@pytest.mark.parametrize("kind", ["calculator", "kb_lookup", "python", "strings"])
 def test_check_passes_the_builtins(kind: str) -> None:
     report = check_environment(EnvConfig(kind=kind), episodes=2)  # type: ignore[arg-type]
     assert report.ok, report.render()
@@ -416,3 +416,43 @@ def test_a_user_environments_answer_checking_cost_is_counted() -> None:
     asyncio.run(go())
     assert VERIFIER_CACHE.misses == misses + 1
     assert VERIFIER_CACHE.seconds - seconds >= 0.05
+
+
+class TinyTasks(HashSplitTaskSource):
+    """A task space of five words: its held-out split (about a tenth) cannot hold 8 tasks."""
+
+    task_types = ("echo",)
+    difficulties = (1,)
+    max_attempts = 50
+
+    def generate(self, rng: random.Random, difficulty: int) -> Task:
+        word = rng.choice(["ab", "cd", "ef", "gh", "ij"])
+        return Task(id=f"tiny-{word}", task_type="echo", difficulty=1, payload={"word": word})
+
+    def content_key(self, task: Task) -> str:
+        return str(task.payload["word"])
+
+
+class TinyEnv(EchoEnv):
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> TinyTasks:  # type: ignore[override]
+        return TinyTasks(seed=cfg.seed, heldout_size=cfg.heldout_size)
+
+
+def test_a_heldout_split_smaller_than_heldout_size_is_a_one_line_error_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncrl.trainer.sft
+    from asyncrl.cli import main
+
+    def no_work(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the warm start began")
+
+    monkeypatch.setattr(asyncrl.trainer.sft, "warm_start", no_work)
+    over = ["env.kind=plugin", f"env.path={__name__}:TinyEnv", "env.heldout_size=8", f"run_root={tmp_path}"]
+    args = ["train", "configs/calculator.yaml", "--no-display", *(a for o in over for a in ("--set", o))]
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "env.heldout_size" in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())  # no run directory was made

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from asyncrl.gateway import Gateway, build_trajectories
 from asyncrl.policy.chat import TextRenderer
 from asyncrl.policy.tokenizer import build_tokenizer
 from asyncrl.records import SamplingParams, Task
+from asyncrl.staleness import StalenessPolicy
 
 TOK = build_tokenizer("char")
 RENDER = TextRenderer(TOK)
@@ -326,6 +328,7 @@ def test_body_over_the_limit_is_413() -> None:
 # -- back-pressure ---------------------------------------------------------------------------------
 def _stale_gateway(mode: str, newest: list[int]) -> Gateway:
     gw = make_gateway(ScriptedEngine([], version=0), stale_calls=mode, hold_s=2.0, retry_after_s=7)
+    gw.policy = StalenessPolicy.from_config("async", 1, 1, "drop")
     gw.newest_version = lambda: newest[0]
     gw.max_staleness = lambda: 1
     return gw
@@ -472,3 +475,119 @@ def test_a_client_that_disconnects_mid_request_is_a_cancelled_call_not_an_error(
     assert gw.counts["cancelled_calls"] == 1 and gw.counts["errors_4xx"] == 0
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     gw.batcher.close()
+
+
+# -- defects found in review (issue 29): each test failed before its fix -------------------------------
+async def _post_reward(gw: Gateway, s: Any, data: bytes) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw") as h:
+        hdr = {"Authorization": f"Bearer {s.key}", "Content-Type": "application/json"}
+        return await h.post(f"/v1/sessions/{s.id}/reward", content=data, headers=hdr)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"reward": Infinity}',
+        b'{"reward": -Infinity}',
+        b'{"reward": NaN}',
+        b'{"reward": 1e400}',
+        b'{"reward": 1' + b"0" * 400 + b"}",  # 10**400: an int no float holds
+        b'{"reward": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # nested past the recursion limit
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=["inf", "-inf", "nan", "1e400", "10**400", "deep-reward", "deep-body"],
+)
+def test_reward_route_refuses_what_is_no_finite_number_and_stores_nothing(data: bytes) -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+    r = asyncio.run(_post_reward(gw, s, data))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "reward"
+    assert s.reward is None
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "user", "content": "a \ud800 b"}], "messages.0.content"),
+        ([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}], "messages.0.content.0.text"),
+        (
+            [
+                {"role": "user", "content": "3*4?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "12\ud800"},
+            ],
+            "messages.2.content",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(messages: list[Any], param: str) -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+    body = json.dumps({**OK, "tools": [CALC], "messages": messages}).encode()  # ensure_ascii: valid JSON
+    r = _call(gw, body, s.key)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "surrogate" in r.json()["error"]["message"]
+    assert not s.calls
+
+
+def test_stop_is_bounded_as_openai_bounds_it() -> None:
+    gw = make_gateway(ScriptedEngine(["<answer>12</answer>"] * 2))
+    s = gw.sessions.open(TASK)
+    t0 = time.monotonic()
+    r = _call(gw, {**OK, "stop": ["x"] * 100_000}, s.key)  # ~600 kB: under the body limit
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+    assert time.monotonic() - t0 < 5 and not s.calls
+    assert _call(
+        make_gateway(ScriptedEngine([])), {**OK, "stop": ["a", "b", "c", "d", "e"]}, s.key
+    ).status_code
+    gw = make_gateway(ScriptedEngine(["<answer>12</answer>"]))
+    s = gw.sessions.open(TASK)
+    r = _call(gw, {**OK, "stop": ["X", "Y", "Z", "</answer>"]}, s.key)  # four are fine
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("<answer>12")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({**OK, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        (
+            {**OK, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0.text",
+        ),
+        ({**OK, "stop": 5}, "stop"),
+        ({**OK, "stop": [5]}, "stop.0"),
+    ],
+)
+def test_400_bodies_name_the_field_not_a_union_branch(body: Any, param: str) -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    s = gw.sessions.open(TASK)
+    r = _call(gw, body, s.key)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert r.json()["error"]["message"].startswith(f"{param}: ")
+
+
+def test_ipv6_loopback_base_url_has_brackets() -> None:
+    gw = make_gateway(ScriptedEngine([]), host="::1")
+    gw.port = 8123
+    assert gw.base_url == "http://[::1]:8123/v1"
+    assert httpx.URL(gw.base_url).host == "::1" and httpx.URL(gw.base_url).port == 8123
+    gw = make_gateway(ScriptedEngine([]), host="127.0.0.1")
+    gw.port = 8123
+    assert gw.base_url == "http://127.0.0.1:8123/v1"
+
+
+def test_the_session_id_reveals_nothing_of_the_key() -> None:
+    gw = make_gateway(ScriptedEngine([]))
+    sessions = [gw.sessions.open(TASK) for _ in range(50)]
+    assert all(s.id not in s.key and s.key[-8:] not in s.id for s in sessions)
+    assert len({s.id for s in sessions}) == 50
+    assert all(gw.sessions.by_id(s.id) is s for s in sessions[:3])
+    ok = asyncio.run(_post_reward(gw, sessions[0], b'{"reward": 0.5}'))
+    assert ok.status_code == 200 and sessions[0].reward == 0.5

@@ -113,3 +113,67 @@ def test_agent_config_and_loading_errors_are_clear(tmp_path: Path, monkeypatch: 
     with pytest.raises(AgentLoadError, match="async def run"):
         load_agent("sync_agent:run")
     assert load_agent("examples.calculator_openai:run").__name__ == "run"
+
+
+# -- success follows the task's verifier, not the sign of the reward (issue 29) --------------------------
+AGENTS = {
+    "shaped_agent": (
+        "async def run(task, client):\n"
+        "    await client.chat.completions.create(model='asyncrl-policy', messages=[{'role': 'user', 'content': 'x'}])\n"
+        "    return 0.5  # a shaped reward, whatever the answer\n"
+    ),
+    "explicit_agent": (
+        "async def run(task, client):\n"
+        "    await client.chat.completions.create(model='asyncrl-policy', messages=[{'role': 'user', 'content': 'x'}])\n"
+        "    return {'reward': 0.2, 'success': True}\n"
+    ),
+    "posting_agent": (
+        "async def run(task, client):\n"
+        "    await client.chat.completions.create(model='asyncrl-policy', messages=[{'role': 'user', 'content': 'x'}])\n"
+        "    sid = client.default_headers['X-Asyncrl-Session']\n"
+        "    await client.post(f'/sessions/{sid}/reward', body={'reward': 0.25}, cast_to=object)\n"
+        "    return None\n"
+    ),
+}
+
+
+def scripted_episodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: str, answer: str) -> list[Any]:
+    """Two episodes of ``agent`` (a module of :data:`AGENTS`) on the calculator task whose answer is 12,
+    the policy scripted to reply ``answer``."""
+    from test_gateway import RENDER, TASK, ScriptedEngine
+
+    (tmp_path / f"{agent}.py").write_text(AGENTS[agent])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = agent_cfg(f"env.path={agent}:run")
+
+    async def go() -> list[Any]:
+        batcher = TurnBatcher(ScriptedEngine([answer] * 2), max_wait_s=0.005, max_batch=64)
+        runner = await AgentRunner.start(cfg, batcher, RENDER, 512, worker_id="w")
+        try:
+            return [await runner.episode(TASK, group_id="g") for _ in range(2)]
+        finally:
+            await runner.stop()
+            batcher.close()
+
+    return [trajs[0] for trajs in asyncio.run(go())]
+
+
+def test_a_positive_reward_is_no_success_when_the_verifier_says_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrong = scripted_episodes(tmp_path, monkeypatch, "shaped_agent", "<answer>13</answer>")
+    assert [(t.outcome, t.final_reward) for t in wrong] == [("failure", 0.5)] * 2
+    right = scripted_episodes(tmp_path, monkeypatch, "shaped_agent", "<answer>12</answer>")
+    assert [(t.outcome, t.final_reward) for t in right] == [("success", 0.5)] * 2
+
+
+def test_an_explicit_success_from_the_agent_is_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ts = scripted_episodes(tmp_path, monkeypatch, "explicit_agent", "<answer>13</answer>")
+    assert [(t.outcome, t.final_reward) for t in ts] == [("success", 0.2)] * 2
+
+
+def test_an_agent_learns_its_session_id_from_its_client_and_posts_its_reward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ts = scripted_episodes(tmp_path, monkeypatch, "posting_agent", "<answer>12</answer>")
+    assert [(t.outcome, t.final_reward) for t in ts] == [("success", 0.25)] * 2

@@ -37,7 +37,9 @@ CALC = {
 @pytest.fixture(scope="module", params=["smollm2", "qwen25", "llama3"])
 def renderer(request: pytest.FixtureRequest) -> HFChatRenderer:
     tok = family_tokenizer(load_tokenizer(smollm2_dir()), request.param)
-    return HFChatRenderer(tok, eos_token_ids=eos_ids(None, tok), tool_format="auto", observation_role="auto")
+    return HFChatRenderer(
+        tok, eos_token_ids=eos_ids(None, tok), tool_format="auto", observation_role="auto", multi_turn="auto"
+    )
 
 
 class TokenEngine(GenerationEngine):

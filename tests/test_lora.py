@@ -15,6 +15,7 @@ from asyncrl.policy import Policy
 from asyncrl.policy.lora import ADAPTER_FILE, AdapterError, adapter_names
 from asyncrl.records import SamplingParams
 from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
+from test_canary import assert_every_load_passed_the_canary
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +128,7 @@ def test_a_lora_run_publishes_adapter_versions(tiny: Path, tmp_path: Path) -> No
     run_dir, summary = train(cfg, display=False, eval_limit=2)
     assert summary["trainer_steps"] == 2 and summary["lost_trajectories"] == 0
     assert summary["token_exact_rate"] == 1.0
+    assert_every_load_passed_the_canary(run_dir, summary)
     versions = sorted((run_dir / "weights").glob("v*/model.safetensors"))
     assert versions
     tensors = load_file(str(versions[-1]))

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from asyncrl.config import HFEngineConfig, ModelConfig
 from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.engine.prefix_cache import PrefixCache
+from asyncrl.engine.prefix_tree import CACHED, plan_prefill
 from asyncrl.policy import Policy
 from asyncrl.records import SamplingParams
 from test_engine import TINY, random_prompts, recomputed, tiny
@@ -104,9 +105,12 @@ def test_stored_kv_equals_a_fresh_forward_pass() -> None:
             torch.testing.assert_close(entry.kv[layer, 1], ref.values[0], atol=1e-5, rtol=1e-4)
 
 
-def test_weight_load_drops_the_cache(tmp_path: Path) -> None:
+@pytest.mark.parametrize("share", [False, True])
+def test_weight_load_drops_the_cache(tmp_path: Path, share: bool) -> None:
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)
-    engine = HFEngine(tiny(seed=0), STOPS, seed=0, prefix_cache_mb=64, max_batch=64, cuda_graphs=False)
+    engine = HFEngine(
+        tiny(seed=0), STOPS, seed=0, prefix_cache_mb=64, max_batch=64, cuda_graphs=False, prefix_sharing=share
+    )
     prompts = random_prompts(6, 2, 12, seed=14)
     first = engine.generate(prompts, greedy)
     assert engine.prefix_cache is not None and len(engine.prefix_cache) > 0
@@ -125,12 +129,19 @@ def test_weight_load_drops_the_cache(tmp_path: Path) -> None:
     assert engine.prefill_tokens_reused == 0
 
 
-def test_eviction_keeps_the_memory_bound_and_the_samples() -> None:
+@pytest.mark.parametrize("share", [False, True])
+def test_eviction_keeps_the_memory_bound_and_the_samples(share: bool) -> None:
     policy = tiny()
     per_token = 2 * 2 * 2 * 8 * 4  # layers x (k, v) x kv_heads x head_dim x float32 bytes
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
     small = HFEngine(
-        policy, STOPS, seed=7, max_batch=8, prefix_cache_mb=200 * per_token / 2**20, cuda_graphs=False
+        policy,
+        STOPS,
+        seed=7,
+        max_batch=8,
+        prefix_cache_mb=200 * per_token / 2**20,
+        cuda_graphs=False,
+        prefix_sharing=share,
     )
     plain = HFEngine(policy, STOPS, seed=7, max_batch=8, cuda_graphs=False)
     _, a = multi_turn(small, 3, sp, seed=2)
@@ -163,18 +174,151 @@ def test_lookup_rules() -> None:
     assert len(cache) == 0 and cache.bytes == 0
 
 
-def test_config_switch_and_static_path() -> None:
+def test_config_switch() -> None:
     on = make_engine(HFEngineConfig(), tiny(), stop_token_ids=[2], seed=0)
-    assert isinstance(on, HFEngine) and on.prefix_cache is not None
+    assert isinstance(on, HFEngine) and on.prefix_cache is not None and on.prefix_sharing
     assert on.prefix_cache.max_bytes == 1024 * 2**20
-    off = make_engine(HFEngineConfig(prefix_cache=False), tiny(), stop_token_ids=[2], seed=0)
-    assert isinstance(off, HFEngine) and off.prefix_cache is None
-    static = make_engine(HFEngineConfig(static_cache="on"), tiny(), stop_token_ids=[2], seed=0)
-    assert isinstance(static, HFEngine) and static.prefix_cache is None  # the static path refills per chunk
+    off = make_engine(
+        HFEngineConfig(prefix_cache=False, prefix_sharing=False), tiny(), stop_token_ids=[2], seed=0
+    )
+    assert isinstance(off, HFEngine) and off.prefix_cache is None and not off.prefix_sharing
     prompts = random_prompts(4, 2, 10, seed=3)
-    for engine in (off, static):
-        out = engine.generate(prompts, SamplingParams(max_new_tokens=4))
-        engine.generate(
-            [p + s.token_ids for p, s in zip(prompts, out, strict=True)], SamplingParams(max_new_tokens=4)
+    out = off.generate(prompts, SamplingParams(max_new_tokens=4))
+    off.generate(
+        [p + s.token_ids for p, s in zip(prompts, out, strict=True)], SamplingParams(max_new_tokens=4)
+    )
+    assert (
+        off.prefill_tokens_reused == 0 and off.prefill_tokens_shared == 0 and off.prefill_tokens_computed > 0
+    )
+
+
+# ---- shared-prefix prefill: each distinct prefix of a chunk computed once ------------------------------
+def grpo_prompts(tasks: int, group: int, seed: int, system: int = 20) -> list[list[int]]:
+    """A GRPO batch: ``tasks`` prompts (one system prompt, then the task) ``group`` times each, plus a
+    prompt that is a strict prefix of the first task's and one that shares nothing."""
+    sys_prompt = random_prompts(1, system, system, seed=seed)[0]
+    task_prompts = [sys_prompt + t for t in random_prompts(tasks, 2, 9, seed=seed + 1)]
+    prompts = [p for p in task_prompts for _ in range(group)]
+    return [*prompts, task_prompts[0][:-1], [7] + random_prompts(1, 5, 5, seed=seed + 2)[0]]
+
+
+def distinct_prefix_tokens(prompts: list[list[int]]) -> int:
+    return len({tuple(p[:i]) for p in prompts for i in range(1, len(p) + 1)})
+
+
+@pytest.mark.parametrize(
+    ("family", "attn", "temperature", "static"),
+    [
+        ("qwen2", "sdpa", 1.0, False),
+        ("llama", "eager", 1e-4, False),
+        ("qwen2", "sdpa", 0.7, True),
+        ("llama", "sdpa", 1e-4, True),
+    ],
+)
+def test_sharing_gives_the_samples_of_unshared_generation(
+    family: str, attn: str, temperature: float, static: bool
+) -> None:
+    policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
+    prompts = grpo_prompts(tasks=3, group=4, seed=0)
+    sp = SamplingParams(temperature=temperature, max_new_tokens=12)
+
+    def engine(share: bool) -> HFEngine:
+        return HFEngine(
+            policy, STOPS, seed=5, max_batch=16, static_cache=static, cuda_graphs=False, prefix_sharing=share
         )
-        assert engine.prefill_tokens_reused == 0 and engine.prefill_tokens_computed > 0
+
+    shared, plain = engine(True), engine(False)
+    a, b = shared.generate(prompts, sp), plain.generate(prompts, sp)
+    assert_same([a], [b])
+    assert shared.static_chunks == plain.static_chunks == int(static)
+    # every distinct prefix token ran through the model once; the rest came from other rows
+    total = sum(map(len, prompts))
+    assert shared.prefill_tokens_computed == distinct_prefix_tokens(prompts) < total // 3
+    assert shared.prefill_tokens_shared == total - shared.prefill_tokens_computed
+    assert plain.prefill_tokens_computed == total and plain.prefill_tokens_shared == 0
+    if temperature > 0.01:  # the group members sampled different continuations from the shared KV
+        assert len({tuple(s.token_ids) for s in a[:4]}) > 1
+    ref = recomputed(policy, prompts, a, [temperature] * len(a))
+    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, a, strict=True)])
+    assert delta.mean() < 1e-4 and delta.max() < 1e-3
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_sharing_and_the_prefix_cache_across_turns(static: bool) -> None:
+    """Turn 2 of GRPO episodes: the cache holds each member's turn 1, the chunk shares the rest."""
+    policy = tiny(peaky=2.0)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10)
+
+    def engine(cache_mb: float, share: bool) -> HFEngine:
+        return HFEngine(
+            policy,
+            STOPS,
+            seed=2,
+            max_batch=32,
+            static_cache=static,
+            cuda_graphs=False,
+            prefix_cache_mb=cache_mb,
+            prefix_sharing=share,
+        )
+
+    both, cache_only, plain = engine(64, True), engine(64, False), engine(0, False)
+    outs = []
+    for e in (both, cache_only, plain):
+        prompts = grpo_prompts(tasks=2, group=3, seed=4)
+        turns = [e.generate(prompts, sp)]
+        nxt = [p + s.token_ids + [21, 22] for p, s in zip(prompts, turns[0], strict=True)]
+        nxt += grpo_prompts(tasks=2, group=2, seed=9)  # new episodes join: fresh rows sharing a system prompt
+        turns.append(e.generate(nxt, sp))
+        outs.append(turns)
+    assert_same(outs[0], outs[2])
+    assert_same(outs[1], outs[2])
+    assert both.prefill_tokens_reused == cache_only.prefill_tokens_reused > 0
+    assert both.prefill_tokens_shared > 0 and cache_only.prefill_tokens_shared == 0
+    assert both.prefill_tokens_computed < cache_only.prefill_tokens_computed < plain.prefill_tokens_computed
+    for e in (both, cache_only):
+        assert e.prefill_tokens_computed + e.prefill_tokens_reused + e.prefill_tokens_shared == (
+            plain.prefill_tokens_computed
+        )
+
+
+def test_plan_computes_each_distinct_prefix_once() -> None:
+    system = [5, 6, 7, 8]
+    prompts = [[*system, 1, 2, 3], [*system, 1, 2, 3], [*system, 4], [*system, 1, 2], [9, 9]]
+    plan = plan_prefill(prompts, [0] * 5, share=True)
+    assert plan.computed_tokens == distinct_prefix_tokens(prompts) == 4 + 3 + 1 + 2
+    # levels: the system prompt (and the unrelated prompt), then [1, 2] and [4], then [3] after the end at 2
+    assert [[plan.spans[s].tokens for s in level] for level in plan.levels] == [
+        [system, [9, 9]],
+        [[1, 2], [4]],
+        [[3]],
+    ]
+    assert plan.row_leaf[0] == plan.row_leaf[1]  # the group shares its last token and its logits
+    for p, leaf in zip(prompts, plan.row_leaf, strict=True):
+        pieces = plan.pieces(leaf)
+        assert sum(x.length for x in pieces) == len(p) and pieces[0].column == 0
+    assert plan_prefill(prompts, [0] * 5, share=False).computed_tokens == sum(map(len, prompts))
+    # a cache hit of prompt 0 covers the whole system prompt and [1, 2] — but prompt 3 ends at 2, so
+    # that node is computed (its logits are needed), and [3] after it waits for it
+    hit = plan_prefill(prompts, [6, 0, 0, 0, 0], share=True)
+    assert [plan_node == CACHED for plan_node in hit.node_span[:6]] == [True] * 5 + [False]
+    assert hit.computed_tokens == 1 + 1 + 1 + 2 and hit.reused_tokens == 5 + 5 + 4 + 5
+    assert [x.source for x in hit.pieces(hit.row_leaf[0])] == [("entry", 0), ("span", 0), ("span", 1)]
+
+
+def test_static_path_fits_cached_rows_beside_fresh_ones() -> None:
+    """A cached row beside a fresh one of the same length: the level is twice as wide as either
+    prompt, but the static cache holds the rows' own layout (the longest prompt) and decodes them."""
+    policy = tiny(max_context=64)
+    greedy = SamplingParams(temperature=1e-4, max_new_tokens=5)
+    engines = [
+        HFEngine(policy, [], seed=0, max_batch=8, static_cache=static, cuda_graphs=False, prefix_cache_mb=8)
+        for static in (True, False)
+    ]
+    outs = []
+    for engine in engines:
+        engine.cache_len = 60  # what max_context + slack would be for a smaller slack
+        first = engine.generate([[11] * 30], greedy)[0]
+        second = [[11] * 30 + first.token_ids + [12], [13] * 36]
+        outs.append(engine.generate(second, SamplingParams(temperature=1e-4, max_new_tokens=20)))
+    assert engines[0].static_chunks == 2 and engines[0].prefill_tokens_reused == 34
+    assert_same([outs[0]], [outs[1]])

@@ -17,10 +17,10 @@ import pytest
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.control import RunState
-from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.orchestrator.alerts import AlertLog
 from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.records import Task, Trajectory, Turn, new_id
+from asyncrl.staleness import StalenessPolicy
 from helpers import TINY_RUN, replay_buffer, wait_for
 
 

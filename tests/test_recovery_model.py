@@ -42,9 +42,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import asyncrl.transport.embedded as embedded
 from asyncrl.config import max_trainer_held, min_queue_capacity
 from asyncrl.control import RunState
-from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.control.store import SQLiteStateStore
 from asyncrl.records import Task, Trajectory, Turn, new_id
+from asyncrl.staleness import StalenessPolicy
 from asyncrl.trainer.intake import Intake
 from asyncrl.transport import EmbeddedQueue
 from helpers import replay_buffer

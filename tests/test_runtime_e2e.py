@@ -25,6 +25,7 @@ from asyncrl.config import RunConfig, load_config
 from asyncrl.control import RunState
 from asyncrl.orchestrator.run import train
 from helpers import wait_for
+from test_canary import assert_every_load_passed_the_canary
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +80,9 @@ def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path
     assert s["staleness_max"] <= 2
     assert s["trainer_steps"] == 40 and s["samples_trained"] == 40 * 64
     assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
+    assert_every_load_passed_the_canary(
+        run_dir, s
+    )  # full weights: version 0 by the launcher, then the trainer
     peaks = s["peak_rss_mb"]  # every role's peak memory, from the mem/peak_rss_mb of its metric rows
     assert {"trainer", "rollout-0", "launcher"} <= set(peaks) and all(v > 50 for v in peaks.values()), peaks
     for name in ("config.yaml", "metrics.jsonl", "summary.json"):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
-from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.engine import GenerationEngine, Sample
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.staleness import StalenessPolicy
 from asyncrl.trainer.buffer import ReplayBuffer
 from helpers import replay_buffer
 
@@ -46,6 +46,20 @@ def test_modes_fix_the_lag() -> None:
     assert StalenessPolicy.from_config("async", 5, 8, "drop").max_staleness == 5
     assert StalenessPolicy.from_config("async", 5, 8, "drop").inflight_updates
     assert not StalenessPolicy.from_config("one_step_off", 5, 8, "drop").inflight_updates
+
+
+def test_the_rules_the_gateway_config_and_report_ask() -> None:
+    sync, off, live = (
+        StalenessPolicy.from_config(m, 5, 8, "drop") for m in ("sync", "one_step_off", "async")
+    )
+    assert [p.max_sync_every for p in (sync, off, live)] == [1, 2, 6]  # the config's sync_every bound
+    assert [p.barrier for p in (sync, off, live)] == [True, False, False]
+    assert [p.adapts for p in (sync, off, live)] == [False, False, True]  # rule 6 only in async
+    p = StalenessPolicy.from_config("async", 2, 8, "drop")
+    assert p.admits_call(3, 5) and not p.admits_call(2, 5)  # rule 2 for a gateway call
+    assert p.admits_call(2, 5, max_staleness=3) and not p.admits_call(4, 5, max_staleness=0)
+    assert p.session_expired(2, 5) and not p.session_expired(3, 5)  # rule 4 for a gateway session
+    assert p.session_expired(4, 5, max_staleness=0) and not p.session_expired(5, 5, max_staleness=0)
 
 
 def test_admission_limit_is_arealS_rule() -> None:

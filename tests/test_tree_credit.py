@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from asyncrl.algo import group_advantages, tree_advantages, tree_values
+from asyncrl.algo import group_advantages, spread_chains, tree_advantages, tree_values
 
 
 def _loop_values(parent: list[int], r: list[float], w: list[float]) -> list[float]:
@@ -156,3 +156,46 @@ def test_bad_trees_are_refused() -> None:
         tree_values(torch.tensor([-1, 0]), torch.zeros(3), torch.ones(2))
     with pytest.raises(ValueError, match="allowed values"):
         tree_advantages(torch.tensor([-1]), torch.zeros(1), torch.ones(1), "ppo")  # type: ignore[arg-type]
+
+
+def _loop_spread(parent: list[int], seg: list[float], w: list[float]) -> list[float]:
+    kids = [sum(1 for p in parent if p == i) for i in range(len(parent))]
+
+    def passing(i: int) -> bool:
+        return parent[i] >= 0 and w[i] <= 0 and kids[i] == 1
+
+    top = list(range(len(parent)))
+    for i in range(len(parent)):  # topological: a parent's top is final
+        if parent[i] >= 0 and passing(parent[i]):
+            top[i] = top[parent[i]]
+    out = [0.0] * len(parent)
+    for i in range(len(parent)):
+        if parent[i] >= 0:
+            out[i] = seg[top[i]] / sum(1 for j in range(len(parent)) if parent[j] >= 0 and top[j] == top[i])
+    return out
+
+
+def test_spread_chains_matches_the_loop_reference_and_keeps_path_sums() -> None:
+    rng = random.Random(11)
+    for _ in range(30):
+        parent, r, w = _random_forest(rng, rng.randrange(1, 25))
+        p, wt = torch.tensor(parent), torch.tensor(w)
+        seg, out, _, _ = tree_advantages(p, torch.tensor(r), wt, "grpo")
+        spread = spread_chains(p, seg, wt)
+        torch.testing.assert_close(spread, torch.tensor(_loop_spread(parent, seg.tolist(), w)))
+        for leaf in (i for i in range(len(parent)) if w[i] > 0):
+            total, n = 0.0, leaf
+            while n >= 0:
+                total += float(spread[n])
+                n = parent[n]
+            assert total == pytest.approx(float(out[leaf]), abs=1e-5)
+
+
+def test_a_flat_multi_turn_group_spreads_the_outcome_evenly() -> None:
+    # two unbranched 3-turn episodes of one task: each turn gets out(ℓ) / 3
+    parent = torch.tensor([-1, 0, 1, 2, 0, 4, 5])
+    r = torch.tensor([0, 0, 0, 1, 0, 0, 0.0])
+    w = torch.tensor([0, 0, 0, 1, 0, 0, 1.0])
+    seg, _, _, _ = tree_advantages(parent, r, w, "dr_grpo")
+    spread = spread_chains(parent, seg, w)
+    torch.testing.assert_close(spread, torch.tensor([0, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5]) / 3)

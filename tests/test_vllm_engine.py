@@ -236,6 +236,36 @@ def test_vllm_reloads_versioned_snapshots(vllm_setup: tuple[Any, Policy], tmp_pa
 
 
 @pytest.mark.vllm
+def test_vllm_probe_passes_the_weight_sync_canary(vllm_setup: tuple[Any, Policy], tmp_path: Path) -> None:
+    """vLLM's prompt log-probs are the trainer's (float32 tolerance); no fingerprint: the probe carries it."""
+    from asyncrl.config import CanaryConfig
+    from asyncrl.policy.canary import probe_logprobs
+    from asyncrl.rollout.canary import WeightCanary
+    from asyncrl.rollout.worker import WeightFollower
+    from asyncrl.weights import LocalWeightStore, publish_policy
+
+    engine, policy = vllm_setup
+    ids = random_prompts(1, 32, 32, seed=9)[0]
+    got, want = engine.probe(ids), probe_logprobs(policy.model, ids)
+    assert len(got) == len(want) == 31
+    assert (
+        sum(abs(a - b) for a, b in zip(got, want, strict=True)) / 31 < CanaryConfig().probe_tolerance_float32
+    )
+    assert engine.fingerprint(["model.embed_tokens.weight"]) is None
+    store = LocalWeightStore(tmp_path / "weights", keep=2)
+    canary = WeightCanary(CanaryConfig(), ("float32", "float32"))
+    follower = WeightFollower(store, engine, canary=canary)
+    other = tiny(seed=7, peaky=4.0)
+    publish_policy(store, engine.version + 1, other, step=1, canary=CanaryConfig())
+    follower.refresh()
+    assert canary.checked == 1 and canary.failed == 0 and canary.last is not None
+    assert canary.last.tensors_checked == 0 and canary.last.probe_mean_abs_diff is not None
+    publish_policy(store, engine.version + 1, policy, step=2, canary=CanaryConfig())
+    follower.refresh()
+    assert canary.checked == 2 and canary.failed == 0
+
+
+@pytest.mark.vllm
 def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tuple[Any, Policy]) -> None:
     """Same interface as HFEngine: the same calls give samples of the same shape and semantics."""
     engine, policy = vllm_setup

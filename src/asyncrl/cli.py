@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 EXIT_USER_ERROR = 2
 
@@ -81,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("--force", action="store_true", help="convert again even if a verified copy exists")
     info = mdl_sub.add_parser(
-        "info", help="architecture, parameters, vocabulary, chat template, tool-call format and memory needs"
+        "info",
+        help="architecture, parameters, memory needs, and the preflight train runs: multi-turn mode, tool "
+        "format and observation role, or the error that stops train",
     )
     info.add_argument("path", help="a local Hugging Face model directory")
     info.add_argument(
@@ -91,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per training step for the memory estimate (default 4096)",
     )
     info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run-config override the preflight should use, e.g. --set model.observation_role=user",
+    )
 
     env = sub.add_parser("env", help="environment tools")
     env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND")
@@ -309,10 +320,6 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    import json
-
-    from asyncrl.errors import UserError
-
     if args.model_command == "import":
         from asyncrl.policy.hub import import_model
 
@@ -324,26 +331,53 @@ def _cmd_model(args: argparse.Namespace) -> int:
         print(f"use it with: --set model.path={result.path}")
         return 0
     if args.model_command == "info":
-        from asyncrl.policy.hub import model_info
-
-        if args.tokens < 1:
-            raise UserError("--tokens must be >= 1")
-        report = model_info(args.path, tokens=args.tokens)
-        if args.json:
-            print(json.dumps(report, sort_keys=True))
-            return 0
-        mem = report.pop("memory_gib")
-        for key, value in report.items():
-            print(f"{key:>24}: {value}")
-        print(
-            f"{'memory (GiB)':>24}: weights {mem['weights_float32']} float32, {mem['weights_bfloat16']} bfloat16"
-        )
-        step = next(v for k, v in mem.items() if k.startswith("train_step"))
-        parts = ", ".join(f"{k} {v}" for k, v in step.items() if k != "total")
-        print(f"{'train step (GiB)':>24}: {step['total']} for {args.tokens} tokens in float32 ({parts})")
-        return 0
+        return _model_info(args)
     print("usage: asyncrl model {import,info} ... (see asyncrl model --help)", file=sys.stderr)
     return EXIT_USER_ERROR
+
+
+def _model_info(args: argparse.Namespace) -> int:
+    """The directory's numbers, then the preflight ``train`` runs: its plan, or its one-line error."""
+    import json
+
+    from asyncrl.config import load_config
+    from asyncrl.errors import UserError
+    from asyncrl.policy.hub import model_info
+    from asyncrl.policy.preflight import preflight_model
+
+    if args.tokens < 1:
+        raise UserError("--tokens must be >= 1")
+    report = model_info(args.path, tokens=args.tokens)
+    cfg = load_config(None, [*args.overrides, f"model.path={args.path}"])
+    try:
+        plan = preflight_model(cfg.model)
+        report["preflight"] = "ok: asyncrl train can run this model"
+        report.update(plan.summary() if plan is not None else {})
+        ok = True
+    except UserError as exc:
+        report["preflight"] = f"error: {exc}"
+        print(f"asyncrl: error: {exc}", file=sys.stderr)  # what train would stop with
+        ok = False
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        _print_model_info(report, args.tokens)
+    return 0 if ok else EXIT_USER_ERROR
+
+
+def _print_model_info(report: dict[str, Any], tokens: int) -> None:
+    mem = report.pop("memory_gib")
+    preflight = report.pop("preflight")
+    for key, value in report.items():
+        shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
+        print(f"{key:>24}: {shown}")
+    print(
+        f"{'memory (GiB)':>24}: weights {mem['weights_float32']} float32, {mem['weights_bfloat16']} bfloat16"
+    )
+    step = next(v for k, v in mem.items() if k.startswith("train_step"))
+    parts = ", ".join(f"{k} {v}" for k, v in step.items() if k != "total")
+    print(f"{'train step (GiB)':>24}: {step['total']} for {tokens} tokens in float32 ({parts})")
+    print(f"{'preflight':>24}: {preflight}")
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:

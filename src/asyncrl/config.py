@@ -30,6 +30,7 @@ from pydantic_core import ErrorDetails
 
 from asyncrl.algo.config import PolicyLossConfig
 from asyncrl.errors import UserError
+from asyncrl.staleness import StalenessPolicy
 
 
 class Section(BaseModel):
@@ -169,11 +170,20 @@ class ModelConfig(Section):
     """``char``/``byte``: a locally built tokenizer with asyncrl's text protocol (built models
     only); ``hf``: the tokenizer and chat template of ``path``. Unset: ``hf`` when ``path`` is
     set, else ``char``."""
-    tool_format: Literal["auto", "hermes", "qwen25", "llama3_json", "text"] = "auto"
+    tool_format: Literal["auto", "hermes", "qwen25", "llama3_json", "mistral", "text"] = "auto"
     """How the model writes tool calls (see docs/models.md): ``hermes`` (``<tool_call>{json}
-    </tool_call>``, also Qwen2.5's), ``llama3_json`` (a bare JSON object), ``text`` (asyncrl's
-    ``<tool>NAME(ARGS)</tool>`` protocol of the char models). ``auto``: ``text`` for char/byte
-    tokenizers, else read from the chat template (hermes unless it is Llama-3 style)."""
+    </tool_call>``, Qwen2.5's and Qwen3's), ``llama3_json`` (a bare JSON object), ``mistral``
+    (``[TOOL_CALLS] [...]`` with 9-character ids), ``text`` (asyncrl's ``<tool>NAME(ARGS)</tool>``
+    protocol of the char models). ``auto``: ``text`` for char/byte tokenizers, else read from the
+    chat template's own tool-call markers (a template whose calls asyncrl cannot read is an error
+    that asks for this setting)."""
+    multi_turn: Literal["auto", "bridge", "per_turn"] = "auto"
+    """How a multi-turn episode becomes training samples (see docs/models.md). ``bridge``: one
+    sample per episode, each prompt the previous prompt + the sampled turn + the rendered
+    observation delta; ``per_turn``: each model turn is prompted with the template's own rendering
+    of the chat so far (what the model sees at inference, e.g. Qwen3 without earlier reasoning)
+    and is its own sample, all carrying the episode's reward. ``auto``: ``bridge`` when the
+    template is prefix-stable (appending a message only appends text), else ``per_turn``."""
     observation_role: Literal["auto", "tool", "user"] = "auto"
     """Chat role of tool results and other environment feedback. ``auto``: ``tool`` when the chat
     template knows a tool role, else ``user``."""
@@ -367,7 +377,7 @@ class SandboxConfig(Section):
 class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
-    kind: Literal["calculator", "kb_lookup", "python", "plugin", "agent"] = "calculator"
+    kind: Literal["calculator", "kb_lookup", "python", "strings", "plugin", "agent"] = "calculator"
     """Built-in environment, ``plugin`` for a user class named by ``path``, or ``agent`` for a user
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
     calls go through the worker's gateway (docs/agents.md)."""
@@ -445,11 +455,15 @@ class HFEngineConfig(_EngineBase):
     """With the static cache on a CUDA GPU: capture one decode step per batch bucket
     as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
     eager decoding, with a warning, if capture fails)."""
+    prefix_sharing: bool = True
+    """Prefill each distinct prefix of a generation call once: a token trie over the call's prompts
+    (GRPO group members share the whole prompt, tasks share the system prompt) computes every
+    distinct prefix token once and the rows read its KV. Same samples and log-probs as an unshared
+    prefill, up to float rounding. See docs/engines.md."""
     prefix_cache: bool = True
-    """Growing-cache path: keep each sequence's KV after a model turn and, when a
-    later prompt extends it (the next turn of a multi-turn episode), prefill only the new tokens.
-    Entries are dropped at every weight load. Not used with the static cache (``static_cache`` on,
-    the default on CUDA), whose buffers are refilled per chunk. See docs/engines.md."""
+    """Keep each sequence's KV after a model turn and, when a later prompt extends it (the next turn
+    of a multi-turn episode), prefill only the new tokens. Entries are dropped at every weight load.
+    Both the growing and the static cache use it. See docs/engines.md."""
     prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
     """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
     SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""
@@ -505,6 +519,36 @@ class GatewayConfig(Section):
     """An agent program running longer is cancelled; its episode ends with outcome ``timeout``."""
 
 
+TREE_TOKEN_BUDGET_FACTOR = 2
+"""A token-budget tree group delivers at most this many times ``group_size`` episodes."""
+
+
+class TreeConfig(Section):
+    """Tree groups (``rollout.tree``): a group is a tree of episodes that branch at turn boundaries.
+
+    ``roots`` independent episodes start the tree; then, round by round, chosen nodes (the state
+    after a model turn of an existing episode) branch: ``branch − 1`` new episodes replay the
+    prefix's model turns into a fresh environment and continue from there with fresh samples,
+    until the budget is spent. Replayed turns are context, not trained again (docs/credit.md)."""
+
+    enabled: bool = False
+    """Build each group as a tree (off: ``group_size`` independent episodes)."""
+    roots: int = Field(2, ge=1, le=1024)
+    """Independent episodes at the root of each tree."""
+    branch: int = Field(2, ge=2, le=64)
+    """Children of a branching node (the episode already there counts as one)."""
+    points: Literal["every_turn", "first_k", "entropy"] = "entropy"
+    """Where to branch: ``every_turn`` (shallowest nodes first), ``first_k`` (only after the first
+    ``first_k`` model turns) or ``entropy`` (where the next turn's sampled tokens were most
+    surprising: mean −log p, an estimate of the policy's entropy there)."""
+    first_k: int = Field(2, ge=1, le=1000)
+    """``points: first_k``: the deepest turn after which a node may branch."""
+    budget: Literal["leaves", "tokens"] = "leaves"
+    """``leaves``: ``group_size`` finished episodes, as a flat group; ``tokens``: as many generated
+    (not replayed) tokens as ``group_size`` flat episodes of the roots' mean length, at most
+    ``2 × group_size`` episodes."""
+
+
 class RolloutConfig(Section):
     """Rollout workers: how many, how many concurrent episodes, how they sample."""
 
@@ -521,6 +565,13 @@ class RolloutConfig(Section):
     """Per-episode temperature is drawn uniformly from temperature·(1 ± jitter)."""
     exploration_rate: float = Field(0.0, ge=0, le=1)
     """Share of episodes drawn from the hardest difficulty regardless of curriculum."""
+    tree: TreeConfig = Field(default_factory=TreeConfig)
+
+    @property
+    def max_group_size(self) -> int:
+        """Most episodes one group can deliver (a tree with a token budget may exceed ``group_size``)."""
+        tree = self.tree.enabled and self.tree.budget == "tokens"
+        return TREE_TOKEN_BUDGET_FACTOR * self.group_size if tree else self.group_size
 
 
 class SFTConfig(Section):
@@ -600,7 +651,15 @@ class TrainerConfig(Section):
     minibatch is cut into micro-batches of at most this many tokens whose gradients are accumulated
     into the minibatch's ONE optimiser step, with the loss normalised so that the accumulated
     gradient equals the whole minibatch's. A row longer than the budget is a micro-batch of its own.
-    0: the whole minibatch in one pass."""
+    0: the whole minibatch in one pass. With ``share_prefixes`` in use, the budget counts the
+    micro-batch's distinct prefix tokens (its token trie's nodes) instead."""
+    share_prefixes: bool = True
+    """Prefix-shared forward (tree training): rows that share a prefix (a group's prompt, the system
+    prompt) are grouped into the same micro-batch and forwarded as one token trie, each shared token
+    computed once, with the same log-probs and gradients as the padded batch up to float rounding. Used
+    for a minibatch when its estimated decoder FLOPs are at most 0.8 of the padded layout's (the
+    tree's attention is dense, so a small model with long rows keeps the padded layout) and the
+    architecture is chunkable (llama, qwen2, qwen3, mistral). See docs/algorithms.md (5d)."""
     logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
     """Token log-probs and entropies are computed from the final hidden states this many tokens at a
     time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
@@ -609,7 +668,8 @@ class TrainerConfig(Section):
     """Recompute each transformer block's activations in the backward instead of keeping them (HF
     ``gradient_checkpointing_enable``): less memory for about one extra forward pass per step."""
     target_kl: float | None = Field(None, gt=0)
-    """Stop the epochs early when approximate KL to the batch's start exceeds this."""
+    """Stop the epochs early when approximate KL to the batch's start exceeds this (checked after
+    every epoch but the last, which has nothing left to stop; with ``epochs: 1`` it has no effect)."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Global gradient-norm clip."""
     total_steps: int = Field(100, ge=1, le=10_000_000)
@@ -704,11 +764,13 @@ ValueModelConfig: TypeAlias = Annotated[
 class CreditConfig(Section):
     """Credit assignment: how a trajectory's reward becomes per-token advantages (docs/credit.md)."""
 
-    strategy: Literal["outcome", "process", "gae", "value_delta", "turn_group"] = "outcome"
+    strategy: Literal["outcome", "process", "gae", "value_delta", "turn_group", "tree"] = "outcome"
     """``outcome``: final reward with a group baseline on every model token; ``process``: plus
     per-turn rule rewards weighted by ``process_weight``; ``gae``: critic-based GAE (``gae_level``);
     ``value_delta``: segment credit V(after) − V(before) rescaled to sum to the outcome advantage;
-    ``turn_group``: GiGPO-style step-relative advantages for turns that start from the same state."""
+    ``turn_group``: GiGPO-style step-relative advantages for turns that start from the same state;
+    ``tree``: each segment gets the change in Monte-Carlo success probability it caused, measured over
+    the group's tree of conversation states (branching groups: ``rollout.tree``)."""
     baseline: Literal["grpo", "dr_grpo", "rloo", "batch_mean"] = "grpo"
     """Outcome baseline within a group."""
     process_weight: float = Field(0.15, ge=0, le=10)
@@ -809,6 +871,40 @@ TransportConfig: TypeAlias = Annotated[
 """``transport``: one model per ``kind``."""
 
 
+class CanaryConfig(Section):
+    """The weight-sync canary (docs/reliability.md#weight-sync-canary): after every weight load a rollout
+    worker checks that its engine serves the version the trainer published — a fingerprint of the
+    tensors in the engine's model and the log-probs of a fixed probe prompt, against the values the
+    trainer recorded in the version's manifest. A mismatch refuses the version: the worker goes back
+    to its previous good version, the orchestrator raises a ``weight_canary`` alert and the trainer
+    publishes its weights again as a new version."""
+
+    enabled: bool = True
+    """Record the canary at every publish and check it at every load. Off: versions are loaded unchecked."""
+    probe_tokens: int = Field(32, ge=2, le=4096)
+    """Length of the probe prompt in tokens (capped by the context). Its cost per load is one forward
+    pass of this many tokens in the engine, and one in the trainer per publish."""
+    probe_tolerance: float | None = Field(None, gt=0)
+    """Largest ``mean |Δ log p|`` over the probe tokens between the engine and the trainer. Unset: by
+    dtype, ``probe_tolerance_float32`` when the trainer and the engine both compute in float32, else
+    ``probe_tolerance_half``."""
+    probe_tolerance_float32: float = Field(1e-4, gt=0)
+    """Default tolerance in float32. Engine and trainer then differ by rounding only: 0 on SmolLM2 with the
+    built-in engine on CPU (the same kernels), 1.5e-7-4.2e-7 for vLLM vs the trainer on CPU
+    (docs/engines.md) — over 200x margin — while one LoRA step of ±1e-4 per element moves the SmolLM2
+    probe by 8.5e-4 to 1.3e-3 (bench/canary_cost.py), so even a one-version-stale engine shows."""
+    probe_tolerance_half: float = Field(0.2, gt=0)
+    """Default tolerance when either side computes in bfloat16 or float16: the same SmolLM2 weights in
+    float32 and bfloat16 give probe log-probs 0.040 apart on average (max 0.14; bench/canary_cost.py), and
+    the gap grows with the model, so this leaves 5x margin and catches only gross failures (an adapter
+    whose effect is not served, other weights); version identity then rests on the fingerprint."""
+    fingerprint_rtol: float = Field(1e-6, gt=0, le=1)
+    """Tolerance of each fingerprint statistic relative to its scale (``sqrt(Σx²)`` for sums, ``Σx²`` for
+    sums of squares). The engine holds a bitwise copy, so only reduction order differs: at most 4e-8 on
+    SmolLM2's 272 tensors (1 vs 2 threads, against float64). One optimiser step moves a tensor's sum by
+    about ``lr·sqrt(n)``, which this sees for any ``lr`` above ``1e-6 × rms(weights)``."""
+
+
 class _WeightsBase(Section):
     """The versioned weight store."""
 
@@ -817,6 +913,8 @@ class _WeightsBase(Section):
     with the latest-version pointer in Redis (``redis_url``), for roles on several machines."""
     keep: int = Field(3, ge=1, le=10000)
     """Snapshots kept (older ones are deleted)."""
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    """The weight-sync canary: every load is checked against what the trainer published."""
 
 
 class LocalWeightsConfig(_WeightsBase):
@@ -956,7 +1054,13 @@ class _LauncherBase(Section):
     """``local``: OS processes on this machine; ``ray``: Ray actors; ``external``: the roles are started
     elsewhere (``asyncrl role ...`` as services) and the orchestrator only watches their heartbeats."""
     torch_threads: int = Field(1, ge=1, le=1024)
-    """torch threads per role process (1 avoids oversubscription on small machines)."""
+    """torch threads per role process while the roles compute at the same time (1 avoids
+    oversubscription on small machines)."""
+    solo_threads: int = Field(0, ge=0, le=1024)
+    """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
+    launcher's before the roles start) and the trainer in ``orchestrator.mode: sync`` (rollout waits
+    for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
+    sets it. See ``asyncrl.bootstrap.torch_threads``."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
     M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which
@@ -1241,6 +1345,13 @@ class RunConfig(Section):
     def _older_dumps(cls, data: Any) -> Any:
         return drop_stale_defaults(cls, data)
 
+    def staleness_policy(self) -> StalenessPolicy:
+        """The staleness rules in force for this run (:mod:`asyncrl.staleness`; rule 5 sets the lag)."""
+        oc = self.orchestrator
+        return StalenessPolicy.from_config(
+            oc.mode, oc.max_staleness, self.trainer.batch_size, oc.stale_policy
+        )
+
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
         if self.rollout.engine.kind == "vllm" and "kind" not in self.algo.policy_loss.model_fields_set:
@@ -1251,18 +1362,23 @@ class RunConfig(Section):
                 f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of rollout.group_size "
                 f"({self.rollout.group_size}) so that batches hold whole groups"
             )
-        lag = {"sync": 0, "one_step_off": 1}.get(self.orchestrator.mode, self.orchestrator.max_staleness)
-        if self.trainer.sync_every - 1 > lag:
+        most = self.staleness_policy().max_sync_every
+        if self.trainer.sync_every > most:
             raise ValueError(
-                f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({lag + 1}) in "
+                f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({most}) in "
                 f"mode {self.orchestrator.mode!r}: samples from one published version are trained up to "
                 "sync_every - 1 steps later"
+            )
+        if self.rollout.tree.enabled and self.env.kind == "agent":
+            raise ValueError(
+                "rollout.tree needs environment episodes it can replay; env.kind 'agent' runs your own "
+                "program (set rollout.tree.enabled: false, or use an environment)"
             )
         need = min_queue_capacity(
             self.trainer.checkpoint_every,
             self.trainer.buffer_steps,
             self.trainer.batch_size,
-            self.rollout.group_size,
+            self.rollout.max_group_size,
         )
         if self.transport.capacity < need:
             raise ValueError(

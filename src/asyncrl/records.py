@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped whenever a field changes meaning or type; decoders reject other versions."""
 
 Role = Literal["model", "tool", "env"]
@@ -85,6 +85,10 @@ class Turn(msgspec.Struct, kw_only=True):
     ended_at: float = 0.0
     env_seconds: float = 0.0
     """Model turns: wall time of the environment step this turn caused (tool call, grading)."""
+    shared: bool = False
+    """A model turn replayed from the episode this one branched off (tree groups, ``rollout.tree``):
+    context here — 0 in the loss mask, not counted as generated or for staleness — and trained
+    in the trajectory that sampled it."""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -117,26 +121,46 @@ class Trajectory(msgspec.Struct, kw_only=True):
     worker_id: str = ""
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
+    group_size: int = 0
+    """Members of its group when that differs from ``rollout.group_size`` (a tree group with a token
+    budget); 0: ``rollout.group_size``."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
-    """Tokens where the trained ids disagree with the chat template's rendering of the whole
-    finished chat with the sampled turns spliced in as ids (0: token-exact, the deltas are what
-    the template renders; ``None``: not checked)."""
+    """Token-exactness of this sample: tokens where the trained ids disagree with the prompt ids
+    the engine was actually given + the ids it sampled, plus (bridged episodes on a prefix-stable
+    template) where they disagree with the template's rendering of the whole chat with the
+    sampled ids spliced in. 0: token-exact. Set on every trajectory of every path (episodes,
+    gateway sessions, evaluation); ``None`` only in records built by hand."""
     retokenization_diff: int | None = None
     """Tokens where rendering the finished chat as *text* and tokenising it anew would disagree
     with the sampled ids (a model may sample a non-canonical tokenisation, e.g. "\\n\\n" + "1"
     where the tokenizer makes "\\n" + "\\n1"). Training always uses the sampled ids; this
     measures the drift a re-tokenising framework would have trained on."""
+    episode_id: str = ""
+    """The episode this sample belongs to: an episode may be several samples (``model.multi_turn:
+    per_turn``, a gateway session whose calls do not extend each other). Credit baselines count
+    episodes, not samples; empty: the sample is its own episode."""
+    episode_samples: int = msgspec.field(default=1)
+    """How many samples the episode produced (>= 1)."""
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived views -------------------------------------------------------------
+    @property
+    def episode(self) -> str:
+        """The episode's id (the sample's own id when it is a whole episode)."""
+        return self.episode_id or self.id
+
     def token_ids(self) -> list[int]:
         """The flat token sequence: every turn's tokens in order."""
         return [t for turn in self.turns for t in turn.token_ids]
 
     def loss_mask(self) -> list[int]:
-        """1 exactly on model-sampled tokens, 0 on prompt and observation tokens."""
-        return [1 if turn.role == "model" else 0 for turn in self.turns for _ in turn.token_ids]
+        """1 exactly on tokens sampled for this trajectory; 0 on prompt, observation and replayed tokens."""
+        return [self._trained(turn) for turn in self.turns for _ in turn.token_ids]
+
+    @staticmethod
+    def _trained(turn: Turn) -> int:
+        return 1 if turn.role == "model" and not turn.shared else 0
 
     def behaviour_logprobs(self) -> list[float]:
         """Per-token behaviour log-probs, 0.0 on non-model tokens."""
@@ -167,7 +191,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
         return None if self.retokenization_diff is None else self.retokenization_diff == 0
 
     def model_versions(self) -> list[int]:
-        return [t.version for t in self.turns if t.role == "model" and t.version is not None]
+        """Versions of the model turns sampled for this trajectory (replayed turns excluded)."""
+        return [t.version for t in self.turns if self._trained(t) and t.version is not None]
 
     def oldest_version(self) -> int | None:
         """The oldest policy version that produced any token (what staleness is measured on)."""
@@ -175,7 +200,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
         return min(versions) if versions else None
 
     def num_model_tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns if t.role == "model")
+        """Tokens sampled for this trajectory (replayed turns excluded)."""
+        return sum(len(t.token_ids) for t in self.turns if self._trained(t))
 
     def segments(self) -> list[tuple[int, int]]:
         """Token spans ``[start, end)`` of each segment: one model turn plus the observation it caused."""

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from asyncrl.bootstrap import ComputeRole
 from asyncrl.config import ExternalLauncherConfig, RunConfig
 from asyncrl.credentials import check_connections
 from asyncrl.errors import UserError
@@ -72,7 +73,7 @@ def run_role(
     if role == "trainer":
         from asyncrl.trainer.process import TrainerRole
 
-        _init(cfg)
+        _init(cfg, "trainer")
         if cfg.trainer.world_size > 1:  # one rank of the group, torchrun-style (RANK, MASTER_ADDR/PORT)
             from asyncrl.trainer.ranks import ENV_RENDEZVOUS, trainer_rank_main
 
@@ -94,7 +95,7 @@ def run_role(
         state = RunState.open(cfg, run_dir)
         state.reclaim(f"rollout-{index}")  # a previous incarnation died with admissions it never delivered
         state.close()
-        _init(cfg)
+        _init(cfg, "rollout")
         asyncio.run(RolloutWorker(cfg, run_dir, index, started=started).run())
         return None
     raise UserError(f"unknown role {role!r}; use rollout, trainer or orchestrator")
@@ -116,10 +117,10 @@ def _rank_from_env(world_size: int) -> int:
     return int(rank)
 
 
-def _init(cfg: RunConfig) -> None:
+def _init(cfg: RunConfig, role: ComputeRole) -> None:
     from asyncrl.bootstrap import init_role_process
 
-    init_role_process(cfg.model_dump_json())
+    init_role_process(cfg.model_dump_json(), role)
 
 
 def summary_line(summary: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ from .losses import (
 )
 from .returns import broadcast_turn_values, discounted_returns, gae, turn_level_gae
 from .segments import brier_score, roc_auc, spearman, turn_group_advantages, value_delta_credit
-from .tree import ancestor_matrix, tree_advantages, tree_values
+from .tree import ancestor_matrix, spread_chains, tree_advantages, tree_values
 
 __all__ = [
     "AGG_MODES",
@@ -80,6 +80,7 @@ __all__ = [
     "policy_loss_mask",
     "roc_auc",
     "spearman",
+    "spread_chains",
     "staleness_weight",
     "tree_advantages",
     "tree_values",

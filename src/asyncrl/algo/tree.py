@@ -18,7 +18,7 @@ import torch
 
 from .advantages import GROUP_MODES, GroupMode, _check_ndim, _float
 
-__all__ = ["ancestor_matrix", "tree_advantages", "tree_values"]
+__all__ = ["ancestor_matrix", "spread_chains", "tree_advantages", "tree_values"]
 
 
 def _check_forest(parent: torch.Tensor) -> None:
@@ -144,6 +144,44 @@ def tree_advantages(
             "tree/value_root_mean": float(v[is_root].mean()) if bool(is_root.any()) else 0.0,
         }
     return seg, out, v, metrics
+
+
+def spread_chains(parent: torch.Tensor, seg: torch.Tensor, leaf_weight: torch.Tensor) -> torch.Tensor:
+    """Share each unbranched chain's credit equally among its segments.
+
+    A node is *pass-through* when it is not a root, not a weighted leaf and has exactly one
+    child. A chain is a maximal run ``c → … → b`` whose inner nodes are all pass-through: its top
+    ``c`` hangs off a root or a branching node. Every node of a chain has the same Monte-Carlo
+    value (the same leaves lie below), so :func:`tree_advantages` gives the whole change
+    ``V(b) − V(parent(c))`` to the chain's first segment and ``0`` to the rest — which turn of
+    an unbranched run caused it cannot be measured. This spreads it evenly instead::
+
+        spread(n) = seg(top(n)) / |chain(top(n))|
+
+    Sums along every root→leaf path are unchanged. A flat group (a root with one unbranched
+    path per leaf) then gives each of a leaf's ``L`` segments ``out(ℓ) / L``.
+
+    Shapes: all ``[N]``. Returns ``spread [N]`` (0 at roots). Detached.
+    """
+    _check_forest(parent)
+    with torch.no_grad():
+        n = parent.numel()
+        is_root = parent < 0
+        kids = torch.zeros(n, dtype=torch.long, device=parent.device).index_add(
+            0, parent[~is_root], torch.ones(int((~is_root).sum()), dtype=torch.long, device=parent.device)
+        )
+        passing = ~is_root & (leaf_weight <= 0) & (kids == 1)
+        m = ancestor_matrix(parent)
+        depth = m.sum(0)
+        # top(n): the deepest non-root ancestor-or-self whose parent does not pass through
+        starts = ~is_root & ~passing[parent.clamp_min(0)]
+        cand = m.T & starts.unsqueeze(0)  # [n, a]
+        top = torch.where(cand, depth.unsqueeze(0), -1).argmax(1)
+        length = torch.zeros(n, dtype=torch.long, device=parent.device).index_add(
+            0, top[~is_root], torch.ones(int((~is_root).sum()), dtype=torch.long, device=parent.device)
+        )
+        out = seg.detach()[top] / length[top].clamp_min(1).to(seg.dtype)
+        return torch.where(is_root, torch.zeros_like(out), out)
 
 
 def _scale(mode: GroupMode, std: torch.Tensor, n: torch.Tensor, eps: float) -> torch.Tensor:

@@ -6,7 +6,8 @@ and ``transport``); the rollout workers, the trainer, the evaluator, the orchest
 services above it use only :class:`RunState`, :class:`StalenessPolicy`, :class:`WorkerControl` and
 the bucket helpers — never a state-store key.
 
-* :mod:`asyncrl.control.staleness` — the off-policy rules (admission, refresh, age, modes);
+* :class:`StalenessPolicy` — re-exported from :mod:`asyncrl.staleness` (floor 0, so the config can ask it
+  too), the off-policy rules (admission, refresh, age, modes);
 * :mod:`asyncrl.control.run_state` — :class:`RunState`, the typed shared state;
 * :mod:`asyncrl.control.directives` — the orchestrator <-> worker channel;
 * :mod:`asyncrl.control.worker` — :class:`WorkerControl`, a rollout worker's side of it;
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 from asyncrl.control.directives import Directives, Exploration
 from asyncrl.control.run_state import Fate, RunState, Tallies
-from asyncrl.control.staleness import Mode, StalenessPolicy
 from asyncrl.control.worker import WorkerControl
+from asyncrl.staleness import Mode, StalenessPolicy
 
 __all__ = [
     "Directives",

@@ -5,7 +5,7 @@ a few numbers, flags, a ledger and two documents. They live in a :class:`~asyncr
 (SQLite by default, Redis for several machines), but no role names a key: each reads and writes
 through :class:`RunState`, whose methods say what happens — :meth:`RunState.admit` a group,
 :meth:`RunState.release` admissions, read the :meth:`RunState.effective_lag`, :meth:`RunState.paused`,
-announce a version. The staleness rules (:mod:`asyncrl.control.staleness`) are applied here, in
+announce a version. The staleness rules (:mod:`asyncrl.staleness`) are applied here, in
 one place, against those numbers.
 
 What is stored (the key names are private to this module):
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.control.directives import Directives
-from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.control.store import StateStore, make_state_store
+from asyncrl.staleness import StalenessPolicy
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -67,7 +67,7 @@ class RunState:
     @classmethod
     def open(cls, cfg: RunConfig, run_dir: str | Path) -> RunState:
         """The run's state, in the store ``control.state`` names."""
-        return cls(make_state_store(cfg, run_dir), StalenessPolicy.of(cfg), cfg.trainer.sync_every)
+        return cls(make_state_store(cfg, run_dir), cfg.staleness_policy(), cfg.trainer.sync_every)
 
     def close(self) -> None:
         self.store.close()

@@ -101,8 +101,9 @@ def ablate(
         if tasks
         else []
     )
+    episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples: one per episode
     wins: dict[tuple[int, int], list[float]] = {}
-    for (i, j), t in zip(owners, trajs, strict=True):
+    for (i, j), t in zip(owners, episodes, strict=True):
         wins.setdefault((i, j), []).append(1.0 if t.outcome == "success" else 0.0)
     rows: list[dict[str, Any]] = []
     for i, s in enumerate(samples):

@@ -11,6 +11,9 @@
 * ``gae`` — GAE(γ, λ) with the value model as critic, over segments (``gae_level: turn``) or
   model tokens (``token``); rewards: ``α p_k`` at the end of turn ``k`` plus the final reward at
   the end of the last turn. No outcome baseline: the critic is the baseline.
+* ``tree`` — :mod:`asyncrl.credit.tree`: segments are edges of the group's tree of conversation
+  states; segment ``k`` gets ``L_i · spread(node_k) + α (G_k − Ḡ)``, the change in Monte-Carlo
+  success probability it caused (an unbranched group reproduces ``outcome``).
 * ``turn_group`` — GiGPO: ``A_i + ω A^S`` where step groups are turns of one task group whose
   exact preceding context is identical, and ``A^S`` normalises the step returns
   ``G_k = γ^{n−1−k} R + α Σ_{j≥k} γ^{j−k} p_j`` within a step group.
@@ -32,6 +35,7 @@ from asyncrl.algo import brier_score, gae, roc_auc, turn_group_advantages, turn_
 from asyncrl.config import RunConfig
 from asyncrl.credit.outcome import sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
+from asyncrl.credit.tree import tree_segment_advantages
 from asyncrl.records import Trajectory
 
 VALUE_STRATEGIES = ("gae", "value_delta")
@@ -62,6 +66,21 @@ def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
     return out[::-1]
 
 
+def _whole_groups(samples: list[CreditSample], n: int, rng: Any) -> list[CreditSample]:
+    """Random groups, whole, until at least ``n`` samples (at least one group)."""
+    groups: dict[str, list[CreditSample]] = {}
+    for smp in samples:
+        groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
+    keys = list(groups)
+    rng.shuffle(keys)
+    out: list[CreditSample] = []
+    for key in keys:
+        if out and len(out) >= n:
+            break
+        out += groups[key]
+    return out
+
+
 class CreditAssigner:
     def __init__(self, cfg: RunConfig, policy: Any) -> None:
         from asyncrl.credit.value import ValueModel
@@ -74,6 +93,8 @@ class CreditAssigner:
         )
         self.last_samples: list[CreditSample] = []
         self._old_values: torch.Tensor | None = None
+        self._tree_values: list[list[tuple[float, float]]] = []
+        """``tree``: the measured success probability before and after each segment of the batch."""
 
     # -- advantages ----------------------------------------------------------------------------
     def advantages(
@@ -152,6 +173,15 @@ class CreditAssigner:
             return [a[i, : len(sp)].tolist() for i, sp in enumerate(spans)], {
                 "credit/gae_adv_mean": float(a[seg_mask].mean()) if seg_mask.any() else 0.0
             }
+        if c.strategy == "tree":
+            tree = tree_segment_advantages(
+                trajs, spans, "dr_grpo" if c.baseline == "batch_mean" else c.baseline
+            )
+            self._tree_values = tree.values
+            extra = self._process_to_go(spans)
+            return [
+                [tree.advantages[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)
+            ], tree.metrics
         # turn_group
         keys: dict[str, int] = {}
         owner, returns, states = [], [], []
@@ -237,6 +267,8 @@ class CreditAssigner:
                 if values is not None:
                     vb = float(values[i, max(s - 1, 0)])
                     va = float(t.final_reward) if k == len(sp) - 1 else float(values[i, e - 1])
+                elif self.cfg.strategy == "tree":
+                    vb, va = self._tree_values[i][k]
                 segs.append(
                     SegmentCredit(
                         start=s,
@@ -269,7 +301,10 @@ class CreditAssigner:
         c = self.cfg
         if not c.sample_every or not self.last_samples:
             return None
-        picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
+        if c.strategy == "tree":  # whole groups, so that `credit show` can draw their trees
+            picked = _whole_groups(self.last_samples, c.sample_size, rng)
+        else:
+            picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
         return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
 
     def save_value(self, run_dir: Path, step: int, keep: int = 2) -> None:

@@ -59,6 +59,42 @@ def _fmt(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}"
 
 
+def group_tree(samples: list[CreditSample], tok: Any) -> Any:
+    """A ``rich`` tree of one group's episodes: a node per distinct state (as tree credit finds
+    them: the token prefix at a segment boundary), labelled with the segment's text, the measured
+    success probability after it (``V``), the leaves below it and its credit."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from asyncrl.credit.tree import TreeIndex
+
+    index = TreeIndex()
+    labels: dict[int, str] = {}
+    leaves: dict[int, int] = {}
+    first = samples[0]
+    for smp in samples:
+        spans = [(g.start, g.start, g.end, g.process_reward) for g in smp.segments]
+        path = index.add(smp.trajectory, spans)
+        texts = _segment_texts(smp, tok)[1]
+        trained = [not t.shared for t in smp.trajectory.turns if t.role == "model"]
+        for node, seg, (act, obs), own in zip(path, smp.segments, texts, trained, strict=False):
+            leaves[node] = leaves.get(node, 0) + 1
+            if own or node not in labels:
+                colour = "green" if seg.credit > 0 else "red" if seg.credit < 0 else "white"
+                end = f" · R {smp.trajectory.final_reward:.2f}" if node == path[-1] else ""
+                labels[node] = (
+                    f"{escape(act.strip()[:60])}[dim]{' → ' + escape(obs.strip()[:40]) if obs else ''}[/] · "
+                    f"V {_fmt(seg.v_after)}{end} · [{colour}]credit {seg.credit:+.3f}[/]"
+                )
+    v_root = first.segments[0].v_before if first.segments else None
+    root = Tree(f"[bold]task {first.trajectory.task.id}[/] · V {_fmt(v_root)} · {len(samples)} episodes")
+    nodes: dict[int, Any] = {0: root}
+    for node, parent in enumerate(index.parent):
+        if parent >= 0:
+            nodes[node] = nodes[parent].add(f"{labels.get(node, '')} · {leaves.get(node, 0)} below")
+    return root
+
+
 def render_terminal(run_dir: str | Path, n: int = 5) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -71,6 +107,12 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
     console.print(
         f"[bold]credit samples[/] of {run} — strategy {files[-1].strategy}, {len(files)} sample file(s)"
     )
+    if files[-1].strategy == "tree":
+        groups: dict[str, list[CreditSample]] = {}
+        for smp in files[-1].samples:
+            groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
+        for members in groups.values():
+            console.print(group_tree(members, tok))
     for step, s in picked:
         t = s.trajectory
         prompt, texts = _segment_texts(s, tok)

@@ -2,6 +2,8 @@
 
 ``outcome``: every model token of trajectory ``i`` gets the group-relative advantage of its
 final reward, ``A_i`` from :func:`asyncrl.algo.group_advantages` (or the batch mean baseline).
+An episode that is several samples (``model.multi_turn: per_turn``, a gateway session of
+non-extending calls) enters its group's statistics once; each of its samples gets its ``A``.
 
 ``process``: segment ``k`` (model turn ``k`` and the observation it caused) additionally gets
 ``α · G_k`` where ``G_k = Σ_{j≥k} γ^{j−k} p_j`` is the reward-to-go of the environment's rule
@@ -27,10 +29,15 @@ def sequence_advantages(batch: list[Trajectory], cfg: CreditConfig) -> tuple[tor
             "adv/outcome_mean": float(adv.mean()),
             "adv/outcome_std": float(adv.std()) if len(adv) > 1 else 0.0,
         }
+    # an episode of several samples (per-turn / per-call) counts once in its group's baseline;
+    # each of its samples gets the episode's advantage
+    episodes = {e: i for i, e in enumerate(dict.fromkeys(t.episode for t in batch))}
+    first = {t.episode: t for t in reversed(batch)}
     keys = {g: i for i, g in enumerate(dict.fromkeys(t.group_id or t.id for t in batch))}
-    groups = torch.tensor([keys[t.group_id or t.id] for t in batch], dtype=torch.long)
-    adv, metrics = group_advantages(rewards, groups, cfg.baseline)
-    return adv, metrics
+    ep_rewards = torch.tensor([first[e].final_reward for e in episodes], dtype=torch.float32)
+    groups = torch.tensor([keys[first[e].group_id or first[e].id] for e in episodes], dtype=torch.long)
+    ep_adv, metrics = group_advantages(ep_rewards, groups, cfg.baseline)
+    return ep_adv[torch.tensor([episodes[t.episode] for t in batch], dtype=torch.long)], metrics
 
 
 def token_advantages(

@@ -12,7 +12,9 @@ publishes them) and, when they came from a verified weight-store snapshot, its d
 an engine whose model lives in other processes (vLLM) may reload from directly.
 :attr:`GenerationEngine.version` changes only once the load succeeded. To load a directory
 written by :meth:`~asyncrl.policy.model.Policy.save` or the weight store, read it with
-:func:`read_weights` first.
+:func:`read_weights` first. After every load the weight-sync canary
+(:mod:`asyncrl.policy.canary`) asks the engine for :meth:`GenerationEngine.fingerprint` and
+:meth:`GenerationEngine.probe` and refuses a version whose values differ from the trainer's.
 
 **Behaviour log-prob definition.** For every sampled token the engine records
 ``log q(token)``, where ``q`` is the distribution the token was actually drawn from:
@@ -33,13 +35,17 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from asyncrl.records import SamplingParams
+
+if TYPE_CHECKING:
+    from asyncrl.policy.canary import Fingerprint
 
 FinishReason = Literal["stop", "length"]
 
@@ -88,6 +94,19 @@ class GenerationEngine(ABC):
         ``tensors`` when it cannot (e.g. retention removed the directory meanwhile). The built-in
         engine uses ``tensors`` only.
         """
+
+    def fingerprint(self, names: Sequence[str]) -> Fingerprint | None:
+        """The :func:`~asyncrl.policy.canary.fingerprint` of the weights the engine's model holds now
+        under ``names`` (a version's tensor names), read from the model itself, not from a file; a name
+        the model lacks is left out. ``None``: this backend cannot read its model's tensors (the weight-sync
+        canary then checks the probe only)."""
+        return None
+
+    def probe(self, ids: Sequence[int]) -> list[float] | None:
+        """``log p(ids[t] | ids[:t])`` for ``t = 1..len(ids)-1`` at temperature 1 under the weights the
+        engine serves now (what the weight-sync canary compares with the trainer's); ``None``: not
+        supported by this backend."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release processes or files the engine holds (nothing for the built-in engine)."""

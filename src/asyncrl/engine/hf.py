@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
+from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
+from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
 from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
 
@@ -54,9 +56,26 @@ def sample_tokens(
         keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
         probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
         log_mass = torch.where(nucleus, probs.sum(-1).log(), log_mass)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = draw(probs, generator)
     lp = logp.gather(-1, tokens[:, None]).squeeze(-1) - log_mass
     return tokens, lp
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of ``weights`` ``[B, V]`` (non-negative, unnormalised), with probability
+    ``weights / weights.sum()``: inverse transform sampling on a float64 cumulative sum.
+
+    The first index whose cumulative weight exceeds ``u * total`` (``u`` uniform in [0, 1)); an
+    index of weight 0 never is. ``torch.multinomial`` draws one exponential variate per vocabulary
+    entry instead: 44 ms per decode step at batch 16 on SmolLM2's 49k vocabulary (one CPU thread),
+    against 0.5 ms here.
+    """
+    cdf = weights.double().cumsum(-1)
+    u = torch.rand((weights.shape[0], 1), dtype=torch.float64, device=weights.device, generator=generator)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(weights.shape[-1] - 1)
+    # u * total can round up to total: the last index, which may have weight 0; take the likeliest then
+    ok = weights.gather(-1, idx) > 0
+    return torch.where(ok, idx, weights.argmax(-1, keepdim=True)).squeeze(-1)
 
 
 def last_logits(
@@ -154,13 +173,28 @@ class StaticDecoder:
         finally:
             self.cache.reset()  # type: ignore[no-untyped-call]  # in place: the graph keeps pointing at the same tensors
 
-    def prefill(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """Run the chunk's prompts (``[rows, width]``, mask ``[rows, 1, width, cache_len]``); last logits."""
+    def load(self, kv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Put the chunk's prompt KV (``[layers, 2, b, kv_heads, width, head_dim]``, its real columns
+        ``valid [b, width]``) in the cache; return ``valid`` for all bucket rows (a dummy row sees
+        one zero column, so its attention is never empty)."""
+        b, width = valid.shape
         self.cache.reset()  # type: ignore[no-untyped-call]
-        self.mask.copy_(mask[:, :, -1:, :])  # the last prompt row's keys: what the next token may see
-        return last_logits(self.model, input_ids, position_ids, mask, self.cache)
+        for i, layer in enumerate(self.cache.layers):
+            assert isinstance(layer, StaticLayer)
+            if not layer.is_initialized:  # eager (CPU) decoding: no capture allocated it
+                shape = (self.rows, *kv.shape[3:])
+                layer.lazy_initialization(kv[i, 0, :1].expand(shape), kv[i, 1, :1].expand(shape))
+            keys, values = _layer_kv(layer)
+            keys[:b, :, :width].copy_(kv[i, 0])
+            values[:b, :, :width].copy_(kv[i, 1])
+            layer.cumulative_length.fill_(width)
+        rows_valid = torch.zeros((self.rows, width), dtype=torch.bool, device=valid.device)
+        rows_valid[:b] = valid
+        rows_valid[b:, -1] = True
+        allowed = torch.zeros((self.rows, 1, 1, self.cache_len), dtype=torch.bool, device=valid.device)
+        allowed[:, 0, 0, :width] = rows_valid
+        self.mask.copy_(as_attention_bias(allowed, self.attn))
+        return rows_valid
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
         """Decode ``tokens`` ``[rows]`` at ``positions``, written to cache ``column``; next logits."""
@@ -210,14 +244,16 @@ class HFEngine(GenerationEngine):
         compact_fraction: float = 0.25,
         static_cache: bool | None = None,
         prefix_cache_mb: float = 0.0,
+        prefix_sharing: bool = False,
     ) -> None:
         """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
         passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
         ``compact_fraction``: drop finished rows once they are this share of the batch;
         ``static_cache``: decode with :class:`StaticDecoder` (``None``: where the model is on a
         CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
-        ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never with the
-        static cache, nor for models whose cache layers are not plain full-attention layers)."""
+        ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models
+        whose cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each
+        distinct prefix of a chunk once (``rollout.engine.prefix_sharing``; same condition)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
@@ -249,13 +285,17 @@ class HFEngine(GenerationEngine):
         self.decode_seconds = 0.0
         self.static_chunks = 0
         """Chunks decoded on the static path (the rest on the growing cache)."""
+        self._plain = _plain_dynamic_cache(self.model)
+        self.prefix_sharing = prefix_sharing
         self.prefix_cache: PrefixCache | None = None
-        if prefix_cache_mb > 0 and not self.static_cache and _plain_dynamic_cache(self.model):
+        if prefix_cache_mb > 0 and self._plain:
             self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self.prefill_tokens_computed = 0
-        """Prompt tokens run through the model in prefills."""
+        """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
         self.prefill_tokens_reused = 0
         """Prompt tokens whose KV came from the prefix cache instead."""
+        self.prefill_tokens_shared = 0
+        """Prompt tokens whose KV another prompt of the same chunk computed (prefix sharing)."""
         self.prefill_seconds = 0.0
         """Time in prefills (cached-KV assembly included)."""
         self.prefix_cache_seconds = 0.0
@@ -269,6 +309,15 @@ class HFEngine(GenerationEngine):
         self.clear_prefix_cache()  # before the load: a failed load leaves no stale entry either
         self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
         self.version = version
+
+    def fingerprint(self, names: Sequence[str]) -> Fingerprint:
+        """Read from the model's live parameters and buffers (no copy); see the interface."""
+        state = self.model.state_dict()
+        return fingerprint({n: state[n] for n in names if n in state})
+
+    def probe(self, ids: Sequence[int]) -> list[float]:
+        """One uncached forward pass of the model that generates (eval mode); see the interface."""
+        return probe_logprobs(self.model, ids)
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""
@@ -307,46 +356,37 @@ class HFEngine(GenerationEngine):
 
     def _generate_chunk(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sample]:
         dev = self.device
-        attn = self.model.config._attn_implementation
         b = len(prompts)
         hits = self._lookup(prompts)
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
-        reused = torch.tensor([h.length if h else 0 for h in hits], dtype=torch.long, device=dev)
-        # Columns after the prefill: the cached region (longest cached prefix), then the delta window.
-        n_cached = int(reused.max())
-        n_delta = int((lengths - reused).max())
-        width = n_cached + n_delta
         budget = torch.minimum(
             torch.tensor([sp.max_new_tokens for sp in params], dtype=torch.long, device=dev),
             self.max_context - lengths,
         )
         max_steps = int(budget.max())
-        static = self.static_cache and n_cached == 0 and width + max_steps <= self.cache_len
+        share = self.prefix_sharing and self._plain
+        plan = plan_prefill(prompts, [h.length if h else 0 for h in hits], share=share)
+        static = self.static_cache and self._plain and max(map(len, prompts)) + max_steps <= self.cache_len
         # Static decoding runs a fixed bucket of rows; the extra rows are one-token dummies.
         rows_run = bucket_for(b, self.buckets) if static else b
-        padded = [
-            [self.pad_token_id] * (n_delta - len(p) + h_len) + p[h_len:]
-            for p, h_len in zip(prompts, reused.tolist(), strict=True)
-        ]
-        padded += [[self.pad_token_id] * n_delta] * (rows_run - b)
-        input_ids = torch.tensor(padded, dtype=torch.long).to(dev)  # one host-to-device copy
-        lengths = torch.cat([lengths, torch.ones(rows_run - b, dtype=torch.long, device=dev)])
-        reused = torch.cat([reused, torch.zeros(rows_run - b, dtype=torch.long, device=dev)])
-        budget = torch.cat([budget, torch.zeros(rows_run - b, dtype=torch.long, device=dev)])
-        kv_cols = self.cache_len if static else width
-        cols = torch.arange(kv_cols, device=dev)
-        delta_start = width - (lengths - reused)  # column of each row's first new token
-        # [B, kv]: real (non-pad) keys so far; the static cache's future columns start hidden.
-        cached_cols = (cols[None, :] >= (n_cached - reused)[:, None]) & (cols[None, :] < n_cached)
-        valid = cached_cols | ((cols[None, :] >= delta_start[:, None]) & (cols[None, :] < width))
-        q = cols[n_cached:width]
-        position_ids = (q[None, :] - delta_start[:, None] + reused[:, None]).clamp_min(0)
-        # Prefill mask: causal, real keys only, plus the diagonal so pad rows are never empty.
-        causal = cols[None, :] <= q[:, None]
-        diagonal = cols[None, :] == q[:, None]
-        allowed = causal[None] & (valid[:, None, :] | diagonal[None])
-        mask = as_attention_bias(allowed[:, None], attn)
 
+        t_prefill = time.perf_counter()
+        logits, cache, valid = self._prefill(plan, hits, prompts, 0 if static else max_steps)
+        width = valid.shape[1]
+        decoder = self._decoder(rows_run) if static else None
+        if decoder is not None:
+            assert isinstance(cache, torch.Tensor)
+            valid, logits = decoder.load(cache, valid), _pad_rows(logits, rows_run)
+            self.static_chunks += 1
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # prefill and decode times apart
+        self.prefill_seconds += time.perf_counter() - t_prefill
+        self.prefill_tokens_computed += plan.computed_tokens
+        self.prefill_tokens_reused += plan.reused_tokens
+        self.prefill_tokens_shared += int(lengths.sum()) - plan.computed_tokens - plan.reused_tokens
+
+        lengths = torch.cat([lengths, torch.ones(rows_run - b, dtype=torch.long, device=dev)])
+        budget = torch.cat([budget, torch.zeros(rows_run - b, dtype=torch.long, device=dev)])
         temperature = torch.tensor(
             [sp.temperature for sp in params] + [1.0] * (rows_run - b), dtype=torch.float32, device=dev
         )
@@ -361,21 +401,8 @@ class HFEngine(GenerationEngine):
         rows = torch.arange(rows_run, device=dev)  # active row -> original row
         finished = budget <= 0  # per active row (the dummies are finished from the start)
         next_pos = lengths.clone()  # position id of the next token of each active row
-        decoder = self._decoder(rows_run) if static else None
-        cache: DynamicCache | None = None
-        t_prefill = time.perf_counter()
-        if decoder is not None:
-            logits = decoder.prefill(input_ids, position_ids, mask)
-            self.static_chunks += 1
-        else:
-            cache = self._cache_from(hits, n_cached)
-            logits = last_logits(self.model, input_ids, position_ids, mask, cache)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)  # prefill and decode times apart
-        self.prefill_seconds += time.perf_counter() - t_prefill
-        self.prefill_tokens_computed += int((lengths - reused)[:b].sum())
-        self.prefill_tokens_reused += int(reused.sum())
-        store = self.prefix_cache is not None and cache is not None
+        attn = self.model.config._attn_implementation
+        store = self.prefix_cache is not None
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
         steps = 0
@@ -392,12 +419,13 @@ class HFEngine(GenerationEngine):
             n_done = int(finished.sum())  # the step's one host sync: is the chunk done?
             if n_done == finished.shape[0]:
                 break
+            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
             if decoder is not None:
                 # Fixed shapes: finished rows keep decoding (their tokens are ignored); the
                 # column of this step's token becomes visible to every row.
                 logits = decoder.step(tok, next_pos, width + step)
             else:
-                assert cache is not None
+                assert isinstance(cache, DynamicCache)
                 if n_done >= max(1.0, self.compact_fraction * finished.shape[0]):
                     if store:  # the dropped rows' KV leaves the batch now: keep it first
                         self._store(
@@ -412,7 +440,6 @@ class HFEngine(GenerationEngine):
                         budget[keep],
                         next_pos[keep],
                     )
-                valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
                 mask = as_attention_bias(valid[:, None, None, :], attn)
                 logits = last_logits(self.model, tok[:, None], next_pos[:, None], mask, cache)
             next_pos = next_pos + 1
@@ -420,11 +447,109 @@ class HFEngine(GenerationEngine):
         self.decode_steps += steps
         self.decode_seconds += time.perf_counter() - t0 - (self.prefix_cache_seconds - store_seconds)
         if store:
-            assert cache is not None
-            self._store(
-                cache, torch.arange(rows.shape[0], device=dev), rows, valid, prompts, out_tokens, n_out
-            )
+            kept = decoder.cache if decoder is not None else cache
+            assert isinstance(kept, (DynamicCache, StaticCache))
+            active = torch.arange(rows.shape[0], device=dev)[: b if decoder is not None else None]
+            self._store(kept, active, rows, valid, prompts, out_tokens, n_out)
         return self._collect(out_tokens[:b], out_logprobs[:b], n_out[:b], stopped[:b])
+
+    # ---- shared-prefix prefill -----------------------------------------------------------------
+    def _prefill(
+        self, plan: PrefillPlan, hits: list[Hit | None], prompts: list[list[int]], room: int
+    ) -> tuple[torch.Tensor, torch.Tensor | DynamicCache, torch.Tensor]:
+        """Run ``plan``'s levels; return the rows' next-token logits ``[B, V]``, their KV and ``valid``.
+
+        The KV holds each row's prompt left-padded to ``valid.shape[1]`` columns (``valid [B, width]``
+        marks the real ones): a :class:`DynamicCache` with ``room`` more columns preallocated for
+        decoding, or, with ``room == 0`` (the static path), the tensor ``[layers, 2, B, kv_heads,
+        width, head_dim]`` with ``width`` the longest prompt. When the plan is one level whose spans are the rows in order (nothing
+        shared), that level's own layout is the rows' layout and nothing is gathered.
+        """
+        sources: dict[tuple[str, int], torch.Tensor] = {
+            ("entry", i): h.entry.kv for i, h in enumerate(hits) if h is not None
+        }
+        span_logits: dict[int, torch.Tensor] = {}
+        own = len(plan.levels) == 1 and [plan.node_span[n] for n in plan.row_leaf] == plan.levels[0]
+        # cached pasts make a level wider than its longest prompt, which is what the static path fits
+        own = own and (room > 0 or not any(plan.spans[s].start for s in plan.levels[0]))
+        for level in plan.levels:
+            logits, cache, valid, kv = self._run_level(plan, level, sources, room if own else 0)
+            if own:
+                return logits, cache if room or kv is None else kv, valid
+            assert kv is not None
+            for j, s in enumerate(level):
+                first = valid.shape[1] - len(plan.spans[s].tokens)
+                sources[("span", s)] = kv[:, :, j, :, first : valid.shape[1]]
+                span_logits[s] = logits[j]
+        width = max(map(len, prompts))
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        valid = torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]
+        kv_rows = self._gather([plan.pieces(n) for n in plan.row_leaf], sources, width, width + room)
+        logits = torch.stack([span_logits[plan.node_span[n]] for n in plan.row_leaf])
+        if room == 0:
+            return logits, kv_rows, valid
+        return logits, _buffer_cache(kv_rows, width, self.model.config), valid
+
+    def _run_level(
+        self, plan: PrefillPlan, level: list[int], sources: dict[tuple[str, int], torch.Tensor], room: int
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor | None]:
+        """One batched forward over a level's spans: last logits ``[S, V]``, the cache, ``valid [S, width]``
+        and the cache's storage ``[layers, 2, S, kv_heads, width + room, head_dim]`` (``None`` for a
+        model whose cache layers are not plain full-attention layers).
+
+        Layout: each span's past (its ancestors' KV) left-padded to the longest past, then a window of
+        the spans' tokens, right-aligned; masks hide the padding of both and position ids count real
+        tokens, so each span's tokens see exactly their ancestors.
+        """
+        dev = self.device
+        spans = [plan.spans[s] for s in level]
+        reused = torch.tensor([sp.start for sp in spans], dtype=torch.long, device=dev)
+        lengths = reused + torch.tensor([len(sp.tokens) for sp in spans], dtype=torch.long, device=dev)
+        n_cached = int(reused.max())
+        n_delta = int((lengths - reused).max())
+        width = n_cached + n_delta
+        ids = [[self.pad_token_id] * (n_delta - len(sp.tokens)) + sp.tokens for sp in spans]
+        input_ids = torch.tensor(ids, dtype=torch.long).to(dev)  # one host-to-device copy
+        cols = torch.arange(width, device=dev)
+        delta_start = width - (lengths - reused)  # column of each span's first token
+        cached_cols = (cols[None, :] >= (n_cached - reused)[:, None]) & (cols[None, :] < n_cached)
+        valid = cached_cols | (cols[None, :] >= delta_start[:, None])
+        q = cols[n_cached:width]
+        position_ids = (q[None, :] - delta_start[:, None] + reused[:, None]).clamp_min(0)
+        # Prefill mask: causal, real keys only, plus the diagonal so pad rows are never empty.
+        causal = cols[None, :] <= q[:, None]
+        diagonal = cols[None, :] == q[:, None]
+        allowed = causal[None] & (valid[:, None, :] | diagonal[None])
+        mask = as_attention_bias(allowed[:, None], self.model.config._attn_implementation)
+        kv: torch.Tensor | None = None
+        if self._plain:
+            kv = self._gather([plan.pieces(sp.parent) for sp in spans], sources, n_cached, width + room)
+            cache = _buffer_cache(kv, n_cached, self.model.config)
+        else:  # sliding-window layers: the model's own growing cache (nothing shared, no prefix cache)
+            cache = DynamicCache(config=self.model.config)
+        logits = last_logits(self.model, input_ids, position_ids, mask, cache)
+        return logits, cache, valid, kv
+
+    def _gather(
+        self, paths: list[list[Piece]], sources: dict[tuple[str, int], torch.Tensor], end: int, cols: int
+    ) -> torch.Tensor:
+        """``[layers, 2, len(paths), kv_heads, cols, head_dim]``: each path's KV right-aligned at column ``end``.
+
+        Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
+        the forward passes to write.
+        """
+        layers, heads, dim = _kv_dims(self.model)
+        kv = torch.empty(
+            (layers, 2, len(paths), heads, cols, dim), dtype=self.model.dtype, device=self.device
+        )
+        for i, pieces in enumerate(paths):
+            col = end - sum(p.length for p in pieces)
+            kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
+            for p in pieces:
+                src = sources[p.source]
+                kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
+                col += p.length
+        return kv
 
     # ---- prefix cache ------------------------------------------------------------------------
     def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
@@ -439,23 +564,9 @@ class HFEngine(GenerationEngine):
         self.prefix_cache_seconds += time.perf_counter() - t0
         return hits
 
-    def _cache_from(self, hits: list[Hit | None], n_cached: int) -> DynamicCache:
-        """A growing cache holding each row's cached prefix, left-padded to ``n_cached`` columns."""
-        if n_cached == 0:
-            return DynamicCache(config=self.model.config)
-        first = next(h.entry.kv for h in hits if h is not None)
-        layers, _, heads, _, dim = first.shape
-        kv = first.new_zeros((layers, 2, len(hits), heads, n_cached, dim))
-        for i, h in enumerate(hits):
-            if h is not None:
-                kv[:, :, i, :, n_cached - h.length :] = h.entry.kv[:, :, :, : h.length]
-        return DynamicCache(
-            ddp_cache_data=[(kv[i, 0], kv[i, 1]) for i in range(layers)], config=self.model.config
-        )
-
     def _store(
         self,
-        cache: DynamicCache,
+        cache: DynamicCache | StaticCache,
         active: torch.Tensor,
         rows: torch.Tensor,
         valid: torch.Tensor,
@@ -471,7 +582,13 @@ class HFEngine(GenerationEngine):
         """
         assert self.prefix_cache is not None
         t0 = time.perf_counter()
-        kv = torch.stack([torch.stack([k[active], v[active]]) for k, v in map(_layer_kv, cache.layers)])
+        n_cols = valid.shape[1]
+        kv = torch.stack(
+            [
+                torch.stack([k[active, :, :n_cols], v[active, :, :n_cols]])
+                for k, v in map(_layer_kv, cache.layers)
+            ]
+        )
         originals = rows[active]
         counts = n_out[originals].tolist()
         sampled = out_tokens[originals].tolist()
@@ -510,9 +627,68 @@ class HFEngine(GenerationEngine):
 
 
 def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values ``[B, kv_heads, T, head_dim]`` of one full-attention cache layer."""
-    assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+    """Keys and values ``[B, kv_heads, T, head_dim]`` of one full-attention cache layer (growing or static)."""
+    assert layer.keys is not None and layer.values is not None
     return layer.keys, layer.values
+
+
+class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A full-attention cache layer over preallocated buffers ``[B, kv_heads, capacity, head_dim]``.
+
+    An update writes its columns in place and returns views of the filled columns: no concatenation,
+    allocation or page faults per decode step (the growing cache's ``torch.cat`` copies the whole KV
+    at every step). A write past the capacity reallocates (the engine sizes buffers so it does not).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.kbuf, self.vbuf, self.filled = keys, values, filled
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self.kbuf[:, :, : self.filled], self.vbuf[:, :, : self.filled]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.filled + key_states.shape[-2]
+        if n > self.kbuf.shape[-2]:
+            grow = (0, 0, 0, n - self.kbuf.shape[-2])
+            self.kbuf = torch.nn.functional.pad(self.kbuf, grow)
+            self.vbuf = torch.nn.functional.pad(self.vbuf, grow)
+        self.kbuf[:, :, self.filled : n] = key_states
+        self.vbuf[:, :, self.filled : n] = value_states
+        self.filled = n
+        self._views()
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
+        self._views()
+
+
+def _buffer_cache(kv: torch.Tensor, filled: int, config: Any) -> DynamicCache:
+    """A growing cache whose layers are views of ``kv`` ``[layers, 2, B, kv_heads, capacity, head_dim]``,
+    the first ``filled`` columns already holding KV."""
+    cache = DynamicCache(config=config)
+    cache.layers = [_BufferLayer(kv[i, 0], kv[i, 1], filled) for i in range(kv.shape[0])]
+    return cache
+
+
+def _kv_dims(model: PreTrainedModel) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of the model's KV cache."""
+    c = model.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return int(c.num_hidden_layers), int(heads), int(dim)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``rows`` rows."""
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))]) if rows > x.shape[0] else x
 
 
 def _plain_dynamic_cache(model: PreTrainedModel) -> bool:

@@ -301,6 +301,25 @@ class VLLMEngine(GenerationEngine):
                     raise  # not a retention race: a real failure
         self._load_staged(version, tensors)
 
+    def probe(self, ids: Sequence[int]) -> list[float]:
+        """vLLM's own prompt log-probs of ``ids`` at temperature 1 (``prompt_logprobs=0``: each prompt
+        token's log-prob), computed by the processes that sample, after the reload."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = VSamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], [sp], use_tqdm=False)[0]
+        lps = out.prompt_logprobs
+        if lps is None or len(lps) != len(ids):
+            raise RuntimeError("vLLM returned no prompt log-probs for the weight-sync probe")
+        return [float(lps[t][int(ids[t])].logprob) for t in range(1, len(ids))]
+
+    # fingerprint(): not overridden — vLLM's tensors live in its worker processes, fused (qkv_proj,
+    # gate_up_proj), padded or LoRA-merged, so the canary checks the probe only (see the interface). The
+    # path to a fingerprint: a worker extension (``LLM(worker_extension_cls=...)``) whose method, called
+    # by name through ``collective_rpc``, returns :func:`asyncrl.policy.canary.fingerprint` of the
+    # served tensors, compared with that of :meth:`_served_tensors` of the published version.
+
     adapter_policy: Policy | None = None
     """With ``model.lora``: the policy (on the CPU) whose adapter versions are merged into full
     weights for vLLM. vLLM's own LoRA serving would avoid the merge; merging keeps one code path

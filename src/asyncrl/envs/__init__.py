@@ -25,6 +25,7 @@ from asyncrl.envs.python_env import PythonEnv, PythonTasks
 from asyncrl.envs.registry import (
     BUILTIN_ENVS,
     EnvPluginError,
+    check_heldout,
     env_class,
     load_plugin,
     make_env,
@@ -32,6 +33,7 @@ from asyncrl.envs.registry import (
     make_task_source,
 )
 from asyncrl.envs.sandbox import SandboxLimits, SandboxResult, run_python, run_python_sync, sandbox_support
+from asyncrl.envs.strings import StringsEnv, StringTasks
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.envs.wrappers import (
     EnvResetError,
@@ -71,6 +73,8 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "StepResult",
+    "StringTasks",
+    "StringsEnv",
     "SyncEnvironment",
     "TaskSource",
     "Tool",
@@ -80,6 +84,7 @@ __all__ = [
     "acheck_environment",
     "call_env",
     "check_environment",
+    "check_heldout",
     "close_env",
     "env_class",
     "evaluate",

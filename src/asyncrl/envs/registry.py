@@ -30,19 +30,30 @@ from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
+from asyncrl.envs.strings import StringsEnv
 from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.errors import UserError
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
 
-__all__ = ["BUILTIN_ENVS", "EnvPluginError", "env_class", "load_plugin", "make_env", "make_task_source"]
+__all__ = [
+    "BUILTIN_ENVS",
+    "EnvPluginError",
+    "check_heldout",
+    "env_class",
+    "load_plugin",
+    "make_env",
+    "make_task_source",
+]
 
 BUILTIN_ENVS: dict[str, type[Any]] = {
     "calculator": CalculatorEnv,
     "kb_lookup": KBLookupEnv,
     "python": PythonEnv,
+    "strings": StringsEnv,
 }
 
 
@@ -183,3 +194,19 @@ def make_task_source(cfg: EnvConfig) -> TaskSource:
             f"{where}.make_task_source returned {type(source).__name__}, which has no {' or '.join(missing)} method"
         )
     return source  # type: ignore[no-any-return]
+
+
+def check_heldout(source: TaskSource, cfg: EnvConfig) -> list[Task]:
+    """The held-out split, or an :class:`EnvPluginError` (one line, exit 2) when the task source cannot
+    give ``env.heldout_size`` distinct tasks — said before any work, not after the warm start."""
+    where = cfg.agent_tasks if cfg.kind == "agent" else cfg.path if cfg.kind == "plugin" else cfg.kind
+    try:
+        tasks = source.heldout()
+    except ValueError as exc:
+        raise EnvPluginError(f"env.heldout_size: {exc}") from None
+    if len(tasks) < cfg.heldout_size:
+        raise EnvPluginError(
+            f"env.heldout_size is {cfg.heldout_size} but the held-out split of {where} has {len(tasks)} tasks: "
+            "lower env.heldout_size or widen the task source"
+        )
+    return tasks

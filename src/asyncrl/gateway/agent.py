@@ -2,11 +2,18 @@
 
 The user writes ``async def run(task, client) -> float | None`` in their own module (``env.path =
 "my_agents.calc:run"``); ``client`` is an ``openai.AsyncOpenAI`` bound to the episode's session
-(its own key, the gateway's base URL). The return value is the episode's reward; ``None`` takes
-the reward posted to ``/v1/sessions/{id}/reward`` (0.0 when none was). The program runs under the
-guard's rules: past ``rollout.gateway.agent_timeout_s`` it is cancelled (outcome ``timeout``);
-an exception or a non-finite reward ends the episode as ``env_error`` with reward 0 — neither
-reaches the worker. A session finished as stale yields no samples (counted).
+(its own key, the gateway's base URL, the session id in ``client.default_headers["X-Asyncrl-Session"]``).
+The return value is the episode's reward; ``None`` takes the reward posted to
+``/v1/sessions/{id}/reward`` (0.0 when none was); ``{"reward": r, "success": b}`` gives both.
+
+**Success** is not "reward > 0" (a shaped reward would read as 100 % success): it is the ``success``
+the agent returned, else the verdict of the task's own verifier — the ``env.agent_tasks`` environment,
+reset on the task and stepped with the content of the agent's last answer (the reply to its last
+call, when that reply made no tool call), exactly as an environment episode's final turn is graded.
+
+The program runs under the guard's rules: past ``rollout.gateway.agent_timeout_s`` it is cancelled
+(outcome ``timeout``); an exception or a non-finite reward ends the episode as ``env_error`` with
+reward 0 — neither reaches the worker. A session finished as stale yields no samples (counted).
 """
 
 from __future__ import annotations
@@ -17,12 +24,13 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.envs import call_env, close_env, make_raw_env
 from asyncrl.errors import UserError
 from asyncrl.gateway.server import Gateway
-from asyncrl.gateway.sessions import build_trajectories
+from asyncrl.gateway.sessions import Session, build_trajectories
 from asyncrl.records import SamplingParams, Task, Trajectory
 
 if TYPE_CHECKING:
@@ -70,6 +78,9 @@ class AgentRunner:
         self.http: Any = None
         """One connection pool for every episode's client: building an ``openai.AsyncOpenAI`` with
         its own pool costs ~60 ms of event-loop time (an SSL context), with a shared one ~0.1 ms."""
+        self.verifier = make_raw_env(cfg.env)
+        """The ``env.agent_tasks`` environment: grades an agent's last answer (one at a time)."""
+        self._grading = asyncio.Lock()
 
     @classmethod
     async def start(
@@ -93,6 +104,7 @@ class AgentRunner:
     async def stop(self) -> None:
         if self.http is not None:
             await self.http.aclose()
+        await close_env(self.verifier)
         await self.gateway.stop()
 
     async def episode(self, task: Task, group_id: str = "") -> list[Trajectory]:
@@ -112,19 +124,21 @@ class AgentRunner:
         if self.http is None:
             self.http = openai.DefaultAsyncHttpxClient()
         client = openai.AsyncOpenAI(
-            base_url=gw.base_url, api_key=session.key, max_retries=5, http_client=self.http
+            base_url=gw.base_url,
+            api_key=session.key,
+            max_retries=5,
+            http_client=self.http,
+            default_headers={"X-Asyncrl-Session": session.id},
         )
         outcome, reward = "failure", 0.0
         try:
             result = await asyncio.wait_for(
                 self.agent(task, client), self.cfg.rollout.gateway.agent_timeout_s
             )
-            if result is None:
-                result = session.reward if session.reward is not None else 0.0
-            if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
-                raise TypeError(f"the agent returned {result!r}, not a finite reward")
-            reward = float(result)
-            outcome = "success" if reward > 0 else "failure"
+            reward, success = _reward_and_success(result, session)
+            if success is None:
+                success = await self._verified(task, session)
+            outcome = "success" if success else "failure"
         except TimeoutError:
             outcome = "timeout"
         except Exception as exc:  # the agent program is user code: its failure ends only its episode
@@ -138,25 +152,62 @@ class AgentRunner:
         if session.stale:
             self.counts["stale_sessions"] += 1
             return []
-        trajs = build_trajectories(session, reward, outcome, worker_id=self.worker_id, sampling=self.sampling)
+        trajs = build_trajectories(
+            session, reward, outcome, worker_id=self.worker_id, sampling=self.sampling, renderer=gw.renderer
+        )
         self.counts["per_call"] += len(trajs) if len(trajs) > 1 else 0
         return trajs
+
+    async def _verified(self, task: Task, session: Session) -> bool:
+        """The task's verifier on the agent's last answer: the content of the reply to its last call,
+        graded as an environment episode's final turn (a last reply that called a tool is no answer)."""
+        last = session.last
+        calls = [c for c in session.calls if not c.auxiliary]
+        if last is None or not calls or last.record is not calls[-1] or len(last.replies) != 1:
+            return False
+        [(content, tool_calls)] = last.replies
+        if tool_calls:
+            return False
+        async with self._grading:  # one environment instance grades one answer at a time
+            await call_env(self.verifier.reset, task)
+            result = await call_env(self.verifier.step, content)
+        outcome = result.outcome or ("success" if result.reward > 0 else "failure")
+        return bool(result.done) and outcome == "success"
+
+
+def _reward_and_success(result: Any, session: Session) -> tuple[float, bool | None]:
+    """What ``run`` returned as (reward, explicit success or None): a number, ``None`` (the posted
+    reward, else 0), or ``{"reward": ..., "success": ...}`` (either key may be left out)."""
+    success: Any = None
+    if isinstance(result, Mapping):
+        unknown = set(result) - {"reward", "success"}
+        if unknown:
+            raise TypeError(
+                f"the agent returned keys {sorted(unknown)}; only 'reward' and 'success' are read"
+            )
+        success, result = result.get("success"), result.get("reward")
+        if success is not None and not isinstance(success, bool):
+            raise TypeError(f"the agent returned success={success!r}, not True or False")
+    if result is None:
+        result = session.reward if session.reward is not None else 0.0
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
+        raise TypeError(f"the agent returned {result!r}, not a finite reward")
+    return float(result), success
 
 
 async def run_agent_episodes(
     cfg: RunConfig, batcher: TurnBatcher, renderer: Renderer, max_context: int, tasks: list[Task]
 ) -> list[Trajectory]:
-    """One agent episode per task through a private gateway (held-out evaluation); the first
-    trajectory of each episode (its merged sample, or its first call)."""
+    """One agent episode per task through a private gateway (held-out evaluation); every sample of
+    each episode (one merged sample, or one per call)."""
     runner = await AgentRunner.start(cfg, batcher, renderer, max_context, worker_id="eval")
     gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
 
-    async def one(task: Task) -> Trajectory:
+    async def one(task: Task) -> list[Trajectory]:
         async with gate:
-            trajs = await runner.episode(task)
-            return trajs[0]
+            return await runner.episode(task)
 
     try:
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
+        return [t for ts in await asyncio.gather(*(one(t) for t in tasks)) for t in ts]
     finally:
         await runner.stop()

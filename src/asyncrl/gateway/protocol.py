@@ -3,16 +3,22 @@
 Requests are validated with pydantic models that accept (and ignore) fields asyncrl does not use,
 so SDKs that send extra parameters (``user``, ``metadata``, ``parallel_tool_calls``, ...) work.
 A request that fails validation is answered ``400`` with an OpenAI-style error body whose
-``param`` names the offending field (``messages.2.content``, ``max_tokens``, ...).
+``param`` names the offending field (``messages.2.content``, ``max_tokens``, ...) — the field, never
+the union branch pydantic tried (``messages.0.content.str``). Text that is not valid Unicode (a lone
+surrogate such as ``"\ud800"``, which JSON can spell) is refused the same way, before anything is
+rendered. ``stop`` holds at most 4 strings, as OpenAI's API allows.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 
 class GatewayError(Exception):
@@ -89,7 +95,7 @@ class ChatRequest(_Loose):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     n: int = Field(1, ge=1, le=16)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -143,14 +149,96 @@ def parse_request(raw: bytes) -> ChatRequest:
         raise GatewayError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
     if not isinstance(data, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_json")
+    bad = _surrogate_at(data) if _ESCAPED_SURROGATE.search(raw) else None
+    if bad is not None:
+        raise GatewayError(
+            400,
+            f"{bad or 'the request body'}: contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text",
+            param=bad or None,
+            code="invalid_value",
+        )
     try:
         return ChatRequest.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise GatewayError(400, f"{param}: {err['msg']}", param=param, code="invalid_value") from None
+        param, message = _first_error(exc.errors())
+        raise GatewayError(400, f"{param}: {message}", param=param, code="invalid_value") from None
     except RecursionError:
         raise GatewayError(400, "the request body is nested too deeply", code="invalid_json") from None
+
+
+def _fields() -> frozenset[str]:
+    models = (FunctionCall, ToolCallIn, ContentPart, Message, FunctionDef, ToolDef, ChatRequest)
+    return frozenset(name for m in models for name in m.model_fields)
+
+
+_FIELDS = _fields()
+
+
+def _first_error(errors: list[ErrorDetails]) -> tuple[str | None, str]:
+    """The field at fault — list indices and field names, without the union branches pydantic tried
+    (``messages.0.content.str`` is ``messages.0.content``); the deepest one, since a branch that got
+    past the field's own type is the one the client meant — and what was wrong with it: the reason a
+    branch that matched the type gave, else the types the field takes."""
+
+    def field(err: ErrorDetails) -> str:
+        return ".".join(str(p) for p in err["loc"] if isinstance(p, int) or p in _FIELDS)
+
+    param = field(max(errors, key=lambda e: len(field(e).split("."))))
+    same = [e for e in errors if field(e) == param]
+    reasons = [e["msg"] for e in same if not e["type"].endswith("_type")]
+    if reasons:
+        return param or None, reasons[0]
+    wanted = [e["msg"].removeprefix("Input should be ") for e in same]
+    return param or None, "Input should be " + " or ".join(dict.fromkeys(wanted))
+
+
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: only then can the decoded body hold a lone one."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_at(data: Any) -> str | None:
+    """The dotted path of the first string (or key) holding a lone surrogate; ``""`` for the top level."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return path
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        )
+        for k, v in items:
+            if isinstance(k, str) and _SURROGATE.search(k):
+                return path
+            stack.append((f"{path}.{k}" if path else str(k), v))
+    return None
+
+
+def parse_reward(raw: bytes) -> float:
+    """The ``reward`` of a ``POST /v1/sessions/{id}/reward`` body; :class:`GatewayError` (400, naming
+    ``reward``) for anything but a finite number — ``Infinity``, ``1e400``, ``10**400``, a body nested past
+    the parser's depth — so nothing but a finite float is ever stored."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not a finite number")
+
+    try:
+        data = json.loads(raw or b"null", parse_constant=refuse)
+    except (ValueError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise GatewayError(
+            400, f'reward: the body must be {{"reward": <finite number>}} ({why})', param="reward"
+        ) from None
+    reward = data.get("reward") if isinstance(data, dict) else None
+    try:
+        value = (
+            float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else math.nan
+        )
+    except OverflowError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise GatewayError(400, "reward: must be a finite number", param="reward")
+    return value
 
 
 def completion_id() -> str:

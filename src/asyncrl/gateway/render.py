@@ -1,29 +1,27 @@
-"""OpenAI ``messages`` (+ ``tools``) as prompt token ids, and a completion as content + ``tool_calls``.
+"""OpenAI ``messages`` (+ ``tools``) to the renderer protocol, and a completion back to a reply.
 
-Built on the episode renderers of :mod:`asyncrl.policy.chat`, so a gateway call sees the very
-layout an environment episode would:
+The gateway keeps only the OpenAI-message conversion; every rendering decision (the chat layout,
+the tools prompt, observation wrapping, template quirks, stop strings) is the episode renderer's
+(:class:`asyncrl.policy.chat.Renderer`), so a gateway call sees the very layout an environment
+episode would:
 
-* char/byte models (:class:`~asyncrl.policy.chat.TextRenderer`): ``<bos>`` + system/user text,
-  assistant turns as their text with tool calls written ``<tool>NAME(ARGS)</tool>``, tool results
-  as ``<obs> TEXT </obs>``. A completion's ``<tool>NAME(ARGS)</tool>`` is reported as a tool call
-  whose arguments are ``{"<the tool's single parameter>": ARGS}`` (``input`` when unknown).
-* pretrained models (:class:`~asyncrl.policy.chat.HFChatRenderer`): the model's chat template
-  with the request's ``tools`` as JSON schemas, message contents tokenised with special tokens
-  split (a client cannot inject ``<|im_end|>``); tool calls in the model's format.
-
-:meth:`MessageRenderer.delta` renders only the messages that follow an assistant turn (tool
-results, a new user message) plus the next assistant header: the gateway appends it to the
-previous call's prompt + sampled completion, so an agent's ordinary loop yields prompts that
-extend each other token-exactly (the sampled ids are never decoded and re-encoded).
+* ``developer`` messages are system messages; a ``tool`` message becomes the renderer's
+  observation message (with its ``tool_call_id``); an assistant message's ``tool_calls`` keep
+  their ids and JSON arguments, its ``reasoning_content`` (when a client sends it back) is kept.
+* A completion is parsed by the renderer: the text before a tool call (and no reasoning) is the
+  reply's ``content``, the reasoning block its ``reasoning_content``, the first call its
+  ``tool_calls``. For the char models' ``<tool>NAME(ARGS)</tool>`` the arguments are
+  ``{"<the tool's single parameter>": ARGS}`` (``input`` when unknown).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.gateway.protocol import Message, ToolDef
-from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, Renderer, TextRenderer, _mark
+from asyncrl.policy.chat import Renderer, TextRenderer
 
 
 def _arguments(raw: str) -> Any:
@@ -42,139 +40,85 @@ def _single_param(tools: list[ToolDef], name: str) -> str:
     return "input"
 
 
+@dataclass
+class Reply:
+    """A completion as the client sees it."""
+
+    content: str | None
+    reasoning: str | None
+    calls: list[tuple[str, str, str]]
+    """``(tool name, arguments JSON, call id)``; the first call only."""
+
+
 class MessageRenderer:
-    """Chat-completions rendering over one episode :class:`Renderer`."""
+    """Chat-completions conversion over one episode :class:`Renderer`."""
 
     def __init__(self, renderer: Renderer) -> None:
         self.renderer = renderer
         self.text = isinstance(renderer, TextRenderer)
 
     # -- prompts ---------------------------------------------------------------------------------
-    def render(self, messages: list[Message], tools: list[ToolDef]) -> list[int]:
-        """The whole chat with the assistant header (a first call, or one that does not extend)."""
-        if isinstance(self.renderer, TextRenderer):
-            return [self.renderer.bos, *self._text_delta(messages)]
-        return self._hf_render(self._with_tool_prompt(messages, tools), tools)
-
-    def _with_tool_prompt(self, messages: list[Message], tools: list[ToolDef]) -> list[Message]:
-        """For a template that cannot render tools: list them (and the call format) in the system
-        message, as :meth:`HFChatRenderer.system_text` does for environment episodes."""
-        r = self.renderer
-        if not tools or not isinstance(r, HFChatRenderer) or r.native_tools:
-            return messages
-        listing = "\n".join(json.dumps(t.model_dump(exclude_none=True)) for t in tools)
-        text = (
-            "# Tools\n\nYou may call one of these tools:\n"
-            f"<tools>\n{listing}\n</tools>\n\n{r.fmt.instructions()}\n"
-            "The result comes back in the next message."
-        )
-        if messages and messages[0].role in ("system", "developer"):
-            first = messages[0].model_copy(update={"content": f"{messages[0].text()}\n\n{text}"})
-            return [first, *messages[1:]]
-        return [Message(role="system", content=text), *messages]
-
-    def delta(
-        self, before: list[Message], new: list[Message], tools: list[ToolDef], closed: bool
-    ) -> list[int]:
-        """Ids of ``new`` (messages after the assistant turn that ends ``before``) + the next header.
-
-        ``closed``: whether the sampled turn ended with its end-of-turn token; if not, the
-        template's turn end is rendered first (outside the loss mask)."""
-        if isinstance(self.renderer, TextRenderer):
-            return self._text_delta(new)
-        assert isinstance(self.renderer, HFChatRenderer)
-        r = self.renderer
-        schemas = self._schemas(tools)
-        before = self._with_tool_prompt(before, tools)
-        base = r._apply(self._hf_messages(before), schemas, False)
-        marked = [self._hf_message(m, _mark(i)) for i, m in enumerate(new)]
-        full = r._apply(self._hf_messages(before) + marked, schemas, True)
-        if not full.startswith(base):
-            raise ChatTemplateError("the chat template is not prefix-stable for these messages")
-        head = r._after_eot if closed else r._tail
-        ids = r._encode_marked(head + full[len(base) :], [m.text() for m in new])
-        if ids is None:
-            raise ChatTemplateError("the chat template transforms message contents")
-        return ids
-
-    def _text_delta(self, messages: list[Message]) -> list[int]:
-        r = self.renderer
-        assert isinstance(r, TextRenderer)
-        out: list[int] = []
-        for m in messages:
-            if m.role == "tool":
-                out += [r.obs_open, *r.encode_content(m.text()), r.obs_close]
-            elif m.role == "assistant":
-                out += r.encode_content(m.text())
-                for tc in m.tool_calls or []:
-                    out += r.encode_content(
-                        r.fmt.write_call(tc.function.name, _as_dict(tc.function.arguments))
-                    )
-            else:
-                out += r.encode_content(m.text())
-        return out
-
-    def _schemas(self, tools: list[ToolDef]) -> list[dict[str, Any]] | None:
-        r = self.renderer
-        if not tools or not (isinstance(r, HFChatRenderer) and r.native_tools):
-            return None
-        return [t.model_dump(exclude_none=True) for t in tools]
-
-    def _hf_message(self, m: Message, content: str | None = None) -> dict[str, Any]:
-        role = "system" if m.role == "developer" else m.role
-        out: dict[str, Any] = {"role": role, "content": m.text() if content is None else content}
+    def message(self, m: Message) -> dict[str, Any]:
+        """One OpenAI message as a renderer message."""
         if m.role == "tool":
-            r = self.renderer
-            if isinstance(r, HFChatRenderer) and r.observation_role != "tool":
-                text = m.text() if content is None else content
-                out = {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
+            return self.renderer.observation_message(m.text(), m.tool_call_id)
+        out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.tool_calls:
             out["tool_calls"] = [
                 {
                     "type": "function",
+                    "id": tc.id,
                     "function": {"name": tc.function.name, "arguments": _arguments(tc.function.arguments)},
                 }
                 for tc in m.tool_calls
             ]
+        reasoning = (m.model_extra or {}).get("reasoning_content")
+        if m.role == "assistant" and isinstance(reasoning, str) and reasoning:
+            out["reasoning_content"] = reasoning
         return out
 
-    def _hf_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
-        return [self._hf_message(m) for m in messages]
+    def messages(self, msgs: list[Message]) -> list[dict[str, Any]]:
+        return [self.message(m) for m in msgs]
 
-    def _hf_render(self, messages: list[Message], tools: list[ToolDef]) -> list[int]:
+    @staticmethod
+    def schemas(tools: list[ToolDef]) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in tools] or None
+
+    def render(self, messages: list[Message], tools: list[ToolDef]) -> list[int]:
+        """The whole chat with the assistant header (a first call, or one that does not extend)."""
+        return self.renderer.render(self.messages(messages), self.schemas(tools))
+
+    def bridge(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        before: list[Message],
+        new: list[Message],
+        tools: list[ToolDef],
+    ) -> list[int] | None:
+        """The previous call's prompt + its sampled completion + the delta of ``new`` (the
+        messages after the assistant turn that ends ``before``); ``None`` if not prefix-stable."""
         r = self.renderer
-        assert isinstance(r, HFChatRenderer)
-        schemas = self._schemas(tools)
-        marked = [self._hf_message(m, _mark(i)) for i, m in enumerate(messages)]
-        ids = r._encode_marked(r._apply(marked, schemas, True), [m.text() for m in messages])
-        if ids is None:
-            ids = r._encode_plain(r._apply(self._hf_messages(messages), schemas, True))
-        return ids
+        return r.bridge(
+            prompt_ids, completion_ids, self.messages(before), self.messages(new), self.schemas(tools)
+        )
 
     # -- completions -----------------------------------------------------------------------------
-    def parse(self, ids: list[int], tools: list[ToolDef]) -> tuple[str | None, list[tuple[str, str]]]:
-        """A completion as ``(content, [(tool name, arguments JSON)])``; the first call only."""
-        r = self.renderer
-        if self.text and ids and ids[-1] == r.stop_token_ids[-1]:  # <eos> ends a text-protocol turn
-            ids = ids[:-1]
-        text = r.turn_text(ids)
-        found = r.fmt.find_call(text) if tools else None
-        if not isinstance(found, tuple):
-            return text, []
-        name, args = found
-        if self.text:
-            arguments = json.dumps({_single_param(tools, name): args})
-            at = text.find("<tool>")
-            content = text[:at] if at > 0 else None
-        else:
-            arguments = args if isinstance(args, str) else json.dumps(args)
-            content = None
-        return content, [(name, arguments)]
+    def parse(self, ids: list[int], tools: list[ToolDef], first_id: int) -> Reply:
+        """A completion as content, reasoning and ``(name, arguments JSON, id)`` of its first call;
+        calls are read only when ``tools`` are offered. ``first_id`` numbers fresh call ids."""
+        turn = self.renderer.parse(ids)
+        if not tools or not turn.tool_calls:
+            return Reply(turn.content, turn.reasoning, [])
+        calls = []
+        for k, c in enumerate(turn.tool_calls):
+            args = c.arguments
+            if self.text:
+                args = {_single_param(tools, c.name): args}
+            fresh = c.id == self.renderer.fmt.call_id(0)  # the model wrote no usable id of its own
+            cid = self.renderer.fmt.call_id(first_id + k) if fresh else c.id
+            calls.append((c.name, args if isinstance(args, str) else json.dumps(args), cid))
+        return Reply(turn.prefix if turn.prefix.strip() else None, turn.reasoning, calls)
 
     def token_strings(self, ids: list[int]) -> list[str]:
         return [str(self.renderer.tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
-
-
-def _as_dict(arguments: str) -> dict[str, Any]:
-    parsed = _arguments(arguments)
-    return parsed if isinstance(parsed, dict) else {"input": parsed}

@@ -38,6 +38,7 @@ from asyncrl.gateway.protocol import (
     completion_id,
     logprobs_block,
     parse_request,
+    parse_reward,
     response_body,
     stream_chunks,
 )
@@ -45,6 +46,7 @@ from asyncrl.gateway.render import MessageRenderer
 from asyncrl.gateway.sessions import CallRecord, LastCall, ReplyKey, Session, SessionTable
 from asyncrl.policy.chat import ChatTemplateError, Renderer
 from asyncrl.records import SamplingParams
+from asyncrl.staleness import StalenessPolicy
 
 log = logging.getLogger("asyncrl.gateway")
 
@@ -60,6 +62,7 @@ class Gateway:
         max_context: int,
         sampling: SamplingParams,
         *,
+        policy: StalenessPolicy | None = None,
         newest_version: Callable[[], int] | None = None,
         max_staleness: Callable[[], int | None] | None = None,
         refresh: Callable[[], None] | None = None,
@@ -68,6 +71,8 @@ class Gateway:
         self.messages = MessageRenderer(renderer)
         self.renderer = renderer
         self.sessions = SessionTable()
+        self.policy = policy
+        """The staleness rules (none: no staleness checks, e.g. a held-out evaluation's gateway)."""
         self.newest_version = newest_version
         self.max_staleness = max_staleness or (lambda: None)
         self.refresh = refresh
@@ -87,19 +92,29 @@ class Gateway:
         self._server: Any = None
 
     # -- back-pressure -----------------------------------------------------------------------------
-    def _lag(self) -> int:
+    def _fresh(self) -> bool:
+        """Whether the worker's weights may answer a call now (rule 2, asked of the policy)."""
         newest = self.newest_version() if self.newest_version else None
-        return 0 if newest is None else max(0, newest - int(self.batcher.engine.version))
+        if self.policy is None or newest is None:
+            return True
+        return self.policy.admits_call(int(self.batcher.engine.version), newest, self.max_staleness())
+
+    def _bound(self) -> int | None:
+        """The ``max_staleness`` in force (the control state's effective one, else the policy's)."""
+        bound = self.max_staleness()
+        return bound if bound is not None or self.policy is None else self.policy.max_staleness
 
     def _check_session_age(self, s: Session) -> None:
-        bound, first = self.max_staleness(), s.first_version()
+        first = s.first_version()
         newest = self.newest_version() if self.newest_version else None
-        if bound is not None and first is not None and newest is not None and newest - first > bound:
+        if self.policy is None or first is None or newest is None:
+            return
+        if self.policy.session_expired(first, newest, self.max_staleness()):
             self.sessions.close(s, stale=True)
             raise GatewayError(
                 401,
-                f"session finished: it began on weight version {first}, more than max_staleness={bound} "
-                f"versions before the newest ({newest}); its samples are dropped",
+                f"session finished: it began on weight version {first}, more than max_staleness="
+                f"{self._bound()} versions before the newest ({newest}); its samples are dropped",
                 code="session_stale",
                 type_="authentication_error",
             )
@@ -107,22 +122,21 @@ class Gateway:
     async def _admit_call(self) -> None:
         if self.pending >= self.cfg.max_pending_calls:
             raise self._busy(f"{self.pending} calls are waiting for generation (gateway.max_pending_calls)")
-        bound = self.max_staleness()
-        if bound is None or self._lag() <= bound:
+        if self._fresh():
             return
         if self.refresh is not None:
             async with self.batcher.lock:  # never while a batch is being generated
                 self.refresh()
-            if self._lag() <= bound:
+            if self._fresh():
                 return
         t0 = time.monotonic()
         while self.cfg.stale_calls == "hold" and time.monotonic() - t0 < self.cfg.hold_s:
             await asyncio.sleep(0.05)
-            if self._lag() <= bound:
+            if self._fresh():
                 self.counts["held_seconds"] += time.monotonic() - t0
                 return
         self.counts["held_seconds"] += time.monotonic() - t0
-        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={bound}")
+        raise self._busy(f"the worker's weights lag the newest by more than max_staleness={self._bound()}")
 
     def _busy(self, why: str) -> GatewayError:
         self.counts["rejected_429"] += 1
@@ -161,13 +175,11 @@ class Gateway:
                 and _reply_key(msgs[n]) in last.replies
             ):
                 c = last.record
-                closed = bool(c.completion_ids) and c.completion_ids[-1] in self.renderer.stop_token_ids
-                try:
-                    delta = self.messages.delta(list(msgs[: n + 1]), list(msgs[n + 1 :]), tools, closed)
+                before, new = list(msgs[: n + 1]), list(msgs[n + 1 :])
+                ids = self.messages.bridge(c.prompt_ids, c.completion_ids, before, new, tools)
+                if ids is not None:  # else a template that is not prefix-stable here: render in full
                     self.counts["appended_prompts"] += 1
-                    return c.prompt_ids + c.completion_ids + delta
-                except ChatTemplateError:
-                    pass  # a template that is not prefix-stable here: render in full
+                    return ids
         self.counts["rendered_prompts"] += 1
         return self.messages.render(list(msgs), tools)
 
@@ -233,14 +245,17 @@ class Gateway:
         records: list[CallRecord] = []
         stops = req.stops()
         for i, (sample, version) in enumerate(results):
-            keep = self._cut(sample.token_ids, stops)
+            keep = self.renderer.cut_at_stop(sample.token_ids, stops)
             ids, lps = list(sample.token_ids[:keep]), list(sample.logprobs[:keep])
             rec = CallRecord(prompt, ids, lps, version, sample.finish_reason, auxiliary, started, time.time())
             s.calls.append(rec)
             records.append(rec)
             # tool_choice "none": the tools stay in the prompt (so it still extends the session's
             # prompt token-exactly), the reply is not parsed for calls
-            content, calls = self.messages.parse(ids, [] if choice_mode == "none" else req.tools or [])
+            reply = self.messages.parse(
+                ids, [] if choice_mode == "none" else req.tools or [], 10 * len(s.calls)
+            )
+            content, calls = reply.content, [(n, a) for n, a, _ in reply.calls]
             if (choice_mode == "required" and not calls) or (
                 choice_mode == "function" and [n for n, _ in calls] != [choice_fn]
             ):
@@ -248,12 +263,8 @@ class Gateway:
                 # choose, and their log-probs would no longer be the behaviour policy's. Counted.
                 self.counts["tool_choice_unmet"] += 1
             tool_calls = [
-                {
-                    "id": f"call_{len(s.calls)}_{k}",
-                    "type": "function",
-                    "function": {"name": n, "arguments": a},
-                }
-                for k, (n, a) in enumerate(calls)
+                {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                for n, a, cid in reply.calls
             ]
             replies.add(_key(content, calls))
             finish = (
@@ -261,9 +272,12 @@ class Gateway:
                 if tool_calls
                 else ("stop" if sample.finish_reason == "stop" or keep < len(sample.token_ids) else "length")
             )
+            message = choice_message(content, tool_calls)
+            if reply.reasoning is not None:  # text before the answer or call is not dropped
+                message["reasoning_content"] = reply.reasoning
             choice: dict[str, Any] = {
                 "index": i,
-                "message": choice_message(content, tool_calls),
+                "message": message,
                 "finish_reason": finish,
                 "logprobs": None,
             }
@@ -285,15 +299,6 @@ class Gateway:
             sum(len(r.completion_ids) for r in records),
         )
         return body
-
-    def _cut(self, ids: list[int], stops: list[str]) -> int:
-        if not stops:
-            return len(ids)
-        tok = self.renderer.tokenizer
-        for k in range(1, len(ids) + 1):
-            if any(st in str(tok.decode(ids[:k], skip_special_tokens=False)) for st in stops):
-                return k
-        return len(ids)
 
     # -- HTTP --------------------------------------------------------------------------------------
     def app(self) -> Starlette:
@@ -372,17 +377,9 @@ class Gateway:
                     code="invalid_api_key",
                     type_="authentication_error",
                 )
-            data = json.loads(await self._body(request) or b"null")
-            reward = data.get("reward") if isinstance(data, dict) else None
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
-                raise GatewayError(400, "reward: must be a finite number", param="reward")
-            s.reward = float(reward)
+            s.reward = parse_reward(await self._body(request))
         except GatewayError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
-        except ValueError:
-            return JSONResponse(
-                GatewayError(400, "the request body is not valid JSON").body(), status_code=400
-            )
         return JSONResponse({"id": s.id, "reward": s.reward})
 
     # -- serving -----------------------------------------------------------------------------------
@@ -417,7 +414,10 @@ class Gateway:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.cfg.host}:{self.port}/v1"
+        host = self.cfg.host
+        if ":" in host and not host.startswith("["):  # an IPv6 address: bracketed in a URL (RFC 3986)
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
 
 
 def _key(content: str | None, calls: list[tuple[str, str]]) -> ReplyKey:

@@ -1,6 +1,6 @@
 """Gateway sessions: one per agent episode, every call recorded, calls turned into training samples.
 
-A session is issued a random API key; every chat-completion call made with it is recorded as a
+A session is issued a random API key and, independently, a random id (safe to log and to put in a URL); every chat-completion call made with it is recorded as a
 :class:`CallRecord` (prompt ids, sampled completion ids, behaviour log-probs, weight version).
 When the agent finishes, :func:`build_trajectories` turns the calls into trajectories:
 
@@ -9,8 +9,8 @@ When the agent finishes, :func:`build_trajectories` turns the calls into traject
   turn, each completion as a ``model`` turn, and the tokens between one completion and the next
   call's completion (tool results, the next header) as a ``tool`` turn (loss mask 0);
 * **per call** — otherwise one trajectory per call (prompt + completion), all sharing the episode's
-  reward and group, flagged ``reward_components["gateway/per_call"] = 1``. Text is never
-  re-tokenised to force a merge.
+  reward, group and ``episode_id`` (credit baselines count the episode once), flagged
+  ``reward_components["gateway/per_call"] = 1``. Text is never re-tokenised to force a merge.
 
 Calls marked auxiliary (header ``X-Asyncrl-Auxiliary: 1``, e.g. a summariser) are recorded but not
 trained on. A session whose first call is more than ``max_staleness`` versions older than the
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.policy.chat import Renderer, count_differences, engine_diff
 from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -68,10 +69,9 @@ class Session:
     """The last (non-auxiliary, n = 1) call: what a continuation must repeat."""
     created: float = field(default_factory=time.time)
     in_flight: int = 0
-
-    @property
-    def id(self) -> str:
-        return self.key[-16:]
+    id: str = field(default_factory=lambda: secrets.token_hex(8))
+    """Names the session in URLs (``/v1/sessions/{id}/reward``) and logs: drawn on its own, so it tells
+    nothing of the key (the key alone authenticates)."""
 
     def first_version(self) -> int | None:
         return min((c.version for c in self.calls), default=None)
@@ -120,12 +120,18 @@ def build_trajectories(
     *,
     worker_id: str = "",
     sampling: SamplingParams | None = None,
+    renderer: Renderer | None = None,
 ) -> list[Trajectory]:
-    """The session's (non-auxiliary) calls as trajectories; see the module docstring."""
+    """The session's (non-auxiliary) calls as trajectories; see the module docstring.
+
+    Every trajectory carries its exactness: ``render_diff`` counts where the trained ids differ
+    from the prompt each call's engine was given + the ids it sampled; ``retokenization_diff``
+    where decoding the trained ids to text and tokenising it anew would differ (with a renderer)."""
     calls = [c for c in session.calls if not c.auxiliary]
     sp = sampling or SamplingParams()
+    episode = new_id()
 
-    def traj(turns: list[Turn], per_call: bool) -> Trajectory:
+    def traj(turns: list[Turn], per_call: bool, served: list[CallRecord], samples: int) -> Trajectory:
         life = Lifecycle(created=session.created, rollout_start=session.created, rollout_end=time.time())
         t = Trajectory(
             id=new_id(),
@@ -137,8 +143,14 @@ def build_trajectories(
             worker_id=worker_id,
             group_id=session.group_id,
             sampling=sp,
-            retokenization_diff=0 if not per_call else None,
+            episode_id=episode,
+            episode_samples=samples,
         )
+        trained = t.token_ids()
+        offsets = [o for o, turn in zip(_offsets(turns), turns, strict=True) if turn.role == "model"]
+        seen = [(o, c.prompt_ids, c.completion_ids) for o, c in zip(offsets, served, strict=True)]
+        t.render_diff = engine_diff(trained, seen)
+        t.retokenization_diff = _retokenized(renderer, trained)
         t.reward_components["outcome"] = reward
         t.reward_components["gateway/per_call"] = float(per_call)
         t.validate()
@@ -155,7 +167,7 @@ def build_trajectories(
         )
 
     if not calls:
-        return [traj([], per_call=False)]
+        return [traj([], False, [], 1)]
     if all(extends(a, b) for a, b in itertools.pairwise(calls)):
         turns = [Turn(role="env", token_ids=list(calls[0].prompt_ids)), model(calls[0])]
         for a, b in itertools.pairwise(calls):
@@ -164,5 +176,25 @@ def build_trajectories(
                 Turn(role="tool", token_ids=obs, started_at=a.ended_at, ended_at=b.started_at),
                 model(b),
             ]
-        return [traj(turns, per_call=False)]
-    return [traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], per_call=True) for c in calls]
+        return [traj(turns, False, calls, 1)]
+    return [
+        traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], True, [c], len(calls)) for c in calls
+    ]
+
+
+def _offsets(turns: list[Turn]) -> list[int]:
+    out, pos = [], 0
+    for t in turns:
+        out.append(pos)
+        pos += len(t.token_ids)
+    return out
+
+
+def _retokenized(renderer: Renderer | None, ids: list[int]) -> int:
+    """Tokens where the trained ids' text, tokenised anew, differs (0 without a renderer to ask)."""
+    if renderer is None or not ids:
+        return 0
+    tok = renderer.tokenizer
+    return count_differences(
+        ids, list(tok.encode(tok.decode(ids, skip_special_tokens=False), add_special_tokens=False))
+    )

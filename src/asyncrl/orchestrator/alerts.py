@@ -1,7 +1,8 @@
 """The typed alert stream: what the orchestrator noticed, the evidence, and what it did about it.
 
 Every rule that acts (a breaker opening, a drift alarm, a staleness tightening, a scaling
-decision, suspected reward hacking, an environment fault rate above its threshold) emits one :class:`Alert`. :class:`AlertLog` appends it as a
+decision, suspected reward hacking, an environment fault rate above its threshold, a weight version a
+worker refused because its engine did not serve it as published) emits one :class:`Alert`. :class:`AlertLog` appends it as a
 JSON line to ``run_dir/alerts.jsonl`` (the run's record), keeps the most recent ones for the live
 display, and counts them by kind (the ``alerts/*`` metrics).
 """
@@ -28,6 +29,7 @@ AlertKind = Literal[
     "exploration",
     "env_faults",
     "stall",
+    "weight_canary",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Staleness runaway: rule 6 of :mod:`asyncrl.control.staleness`, as a pure controller.
+"""Staleness runaway: rule 6 of :mod:`asyncrl.staleness`, as a pure controller.
 
 Fed the trained samples' mean age (one point per trainer report) and the queue fill (one per
 tick), it returns the effective ``max_staleness`` and ``sync_every``:

@@ -1,7 +1,8 @@
 """All of the orchestrator's rules behind one object: fed metric rows, returns alerts and directives.
 
 :class:`Rules` owns one instance of each rule (curriculum, breakers, drift, reward hacking,
-exploration, staleness runaway, elastic capacity) and the alert log. The orchestrator tick calls
+exploration, staleness runaway, elastic capacity) and the alert log; it also turns a worker's refusal of
+a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The orchestrator tick calls
 :meth:`feed` with the new metric rows, :meth:`directives` to get the document the workers follow,
 and :meth:`snapshot` / :meth:`restore` to persist every rule's state in the state store.
 """
@@ -53,6 +54,8 @@ class Rules:
         for r in rows:
             if r.get("role") == "trainer" and r.get("reward/mean") is not None:
                 self.train_reward = float(r["reward/mean"])
+            if r.get("event") == "weights/canary_failed":
+                out.append(canary_alert(r))
             if r.get("event") != "rollout/group":
                 continue
             bucket, rewards = str(r["bucket"]), [float(x) for x in r["rewards"]]
@@ -151,3 +154,17 @@ class Rules:
             self.env_counts = doc.get("env_counts", {})
         self.train_reward = doc.get("train_reward")
         self.groups = int(doc.get("groups", 0))
+
+
+def canary_alert(event: dict[str, Any]) -> Alert:
+    """A worker refused a weight version: its engine did not serve it as published (weight-sync canary)."""
+    evidence = {k: v for k, v in event.items() if k not in ("time", "event")}
+    kept = event.get("kept")
+    action = (
+        f"version {event.get('version')} refused by {event.get('worker')}: it keeps serving version {kept}; "
+        "the trainer publishes its weights again as a new version"
+        if kept is not None
+        else f"version {event.get('version')} refused by {event.get('worker')}, which had no good version: "
+        "the worker stops and is restarted"
+    )
+    return Alert("weight_canary", "", evidence, action)

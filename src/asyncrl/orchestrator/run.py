@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
@@ -45,7 +45,11 @@ from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
 
 log = logging.getLogger("asyncrl.orchestrator")
 
+if TYPE_CHECKING:
+    from asyncrl.policy.preflight import ModelPlan
+
 ORCHESTRATOR = "orchestrator"
+CONTEXT_PROBE_TASKS = 4  # held-out and training tasks each whose episode openings the preflight renders
 
 
 def new_run_dir(cfg: RunConfig) -> Path:
@@ -369,7 +373,7 @@ class Orchestrator:
                     self._supervise()
                     self._watermarks()
                     self._apply_rules(rows)
-                    if self.cfg.orchestrator.mode == "async":
+                    if self.staleness.adapts:
                         self._adapt_staleness()
                     self._scale()
                     self._watchdog()
@@ -537,12 +541,12 @@ def train(
     """
     from asyncrl.credentials import check_connections
     from asyncrl.policy import Policy, resolve_device
-    from asyncrl.policy.chat import preflight_model
+    from asyncrl.policy.preflight import preflight_model
     from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.telemetry.experiment import finish_run_record, write_run_record
     from asyncrl.trainer.sft import warm_start
     from asyncrl.transport import make_queue
-    from asyncrl.weights import make_weight_store
+    from asyncrl.weights import make_weight_store, publish_policy
 
     t0 = time.time()
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
@@ -560,8 +564,13 @@ def train(
     else:
         check_connections(cfg)
         resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
-        _check_env(cfg)  # a bad env.path or option fails here, before a run directory exists
-        preflight_model(cfg.model)  # so does a model directory asyncrl cannot render episodes with
+        plan = preflight_model(cfg.model)  # a model directory asyncrl cannot run fails here,
+        if plan is not None and cfg.rollout.tree.enabled and plan.renderer.multi_turn == "per_turn":
+            raise UserError(
+                "rollout.tree replays an episode's turns into one trajectory; model.multi_turn is per_turn "
+                "for this template (set model.multi_turn: bridge, or rollout.tree.enabled: false)"
+            )
+        _check_env(cfg, plan)  # so do a bad env.path or option and a context too small for a turn
         fresh = run_dir is None or not Path(run_dir).exists()
         run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -573,7 +582,8 @@ def train(
             )  # plain lines without it
             shutil.copytree(ws.path, run_dir / "initial_policy")
             policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-            make_weight_store(cfg.weights, run_dir).publish(0, policy.state_dict_tensors(), step=0)
+            store = make_weight_store(cfg.weights, run_dir)
+            publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
             # a warm start trained just now was evaluated with this very call (same limit, same
             # seed) on the weights it saved: reuse it rather than play the held-out set twice
             prior = (
@@ -604,15 +614,51 @@ def train(
     return run_dir, summary
 
 
-def _check_env(cfg: RunConfig) -> None:
-    """Build the environment and its task source once: a wrong ``env.path`` or option raises its
-    :class:`~asyncrl.envs.EnvPluginError` (a user error) now."""
+def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
+    """Build the environment and its task source once: a wrong ``env.path`` or option, or a held-out
+    split smaller than ``env.heldout_size``, raises its :class:`~asyncrl.envs.EnvPluginError` (a user
+    error) now. With a pretrained model's ``plan``, also render the opening of a few episodes
+    (held-out and training tasks) and check that the context holds the longest one plus a whole
+    model turn (``rollout.sampling.max_new_tokens``)."""
     import asyncio
+    import random
 
-    from asyncrl.envs import close_env, make_raw_env, make_task_source
+    from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
 
-    make_task_source(cfg.env)
-    asyncio.run(close_env(make_raw_env(cfg.env)))
+    source = make_task_source(cfg.env)
+    check_heldout(source, cfg.env)
+    env = make_raw_env(cfg.env)
+    if plan is None or cfg.env.kind == "agent":  # an agent's prompts are its own: the gateway checks them
+        asyncio.run(close_env(env))
+        return
+    rng = random.Random(cfg.seed)
+    tasks = list(source.heldout())[:CONTEXT_PROBE_TASKS] + [
+        source.sample(rng) for _ in range(CONTEXT_PROBE_TASKS)
+    ]
+
+    async def openings() -> list[tuple[int, str]]:
+        tools, out = list(getattr(env, "tools", None) or []), []
+        try:
+            for t in tasks:
+                try:
+                    prompt = str(await call_env(env.reset, t))
+                except Exception:  # a reset that fails is the run's env_error to count, not a preflight's
+                    continue
+                out.append((len(plan.renderer.start(prompt, tools).ids), t.id))
+            return out or [(0, "")]
+        finally:
+            await close_env(env)
+
+    longest, task_id = max(asyncio.run(openings()))
+    turn = cfg.rollout.sampling.max_new_tokens
+    if longest + turn > plan.context:
+        limit = "model.max_context" if cfg.model.max_context is not None else "the model's own context"
+        raise UserError(
+            f"{limit} ({plan.context} tokens) leaves {max(plan.context - longest, 0)} tokens after the "
+            f"longest episode opening ({longest} tokens: system text, tools and the prompt of task "
+            f"{task_id}), less than one model turn (rollout.sampling.max_new_tokens={turn}): set "
+            f"model.max_context to at least {longest + turn} or lower rollout.sampling.max_new_tokens"
+        )
 
 
 def _peak_memory(run_dir: Path) -> dict[str, float]:
@@ -639,6 +685,16 @@ def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
         "token_exact_rate": share_exact("rollout/token_inexact"),
         "retokenization_exact_rate": share_exact("rollout/retokenization_inexact"),
         "retokenization_diff_tokens": int(orch.live.total("rollout/retokenization_diff_tokens")),
+    }
+
+
+def _canary(orch: Orchestrator) -> dict[str, int]:
+    """The weight-sync canary over the run: loads checked, versions refused, loads that could not be checked."""
+    return {
+        "checked": int(orch.live.total("weights/canary_checked")),
+        "failed": int(orch.live.total("weights/canary_failed")),
+        "unverified": int(orch.live.total("weights/canary_unverified")),
+        "alerts": orch.rules.alerts.counts.get("weight_canary", 0),
     }
 
 
@@ -718,6 +774,7 @@ def _summary(
         "cost_waste_share": cost.get("waste_total_share"),
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
         **_token_exactness(orch),
+        "weights_canary": _canary(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         "notes": [faults["note"]] if faults["note"] else [],

@@ -1,19 +1,27 @@
-"""Conversations as token ids: chat templates, tool-call formats, and token-exact multi-turn.
+"""Conversations as token ids: ONE renderer protocol for episodes, evaluation and the gateway.
 
-An episode is a chat: a system message, the environment's prompt as the user message, then model
-turns and environment observations in turn. A :class:`Renderer` turns that chat into token ids
-*by appending only*:
+A :class:`Renderer` is the only place that knows a model's chat layout. Every caller — the
+environment episode runner, held-out evaluation, the OpenAI-compatible gateway — goes through its
+public protocol (after PrimeIntellect's renderers and verifiers):
 
-* :meth:`Renderer.start` renders the opening messages (system + user + the assistant header);
-* the model's turn is kept exactly as sampled — the ids are never decoded and re-encoded;
-* :meth:`Renderer.observation` renders only the *new* messages (the tool result, and the next
-  assistant header) as a delta and appends it.
+* :meth:`Renderer.render` ``(messages, tools) -> ids``: a chat (OpenAI-style message dicts:
+  ``system``/``user``/``assistant`` with ``tool_calls`` and ``reasoning_content``/``tool`` with
+  ``tool_call_id``) rendered with the assistant header, ready to sample;
+* :meth:`Renderer.bridge` ``(prompt_ids, completion_ids, history, new, tools) -> ids | None``: the
+  next prompt as the previous prompt + the *sampled* completion ids + the rendered delta of the
+  ``new`` messages; ``None`` when the template renders the longer chat differently (not
+  prefix-stable for it);
+* :meth:`Renderer.parse` ``(completion_ids) -> AssistantTurn``: content, reasoning and tool calls;
+* ``stop_token_ids`` and :meth:`Renderer.cut_at_stop` (the one stop-string cut);
+* :meth:`Renderer.tool_prompt` (the one tools system prompt, for templates that cannot list
+  tools) and :meth:`Renderer.observation_message` (the one observation wrapping).
 
-So the ids the trainer sees are, by construction, the ids that were sampled plus rendered deltas;
-the history is never re-rendered. :meth:`Renderer.reference_ids` renders the whole finished chat
-once the way a framework that re-tokenises text would, and :func:`count_differences` counts where
-the two disagree: every trajectory records that count (``retokenization_diff``), and the run
-reports the share of inexact samples. Training never uses the re-rendered ids.
+Multi-turn (``model.multi_turn``): in ``bridge`` mode a whole episode is one sample, its ids the
+sampled turns plus rendered deltas (the history is never re-rendered); in ``per_turn`` mode
+each model turn is prompted with the template's own rendering of the history (what the model sees
+at inference, e.g. Qwen3 with earlier reasoning stripped) and is its own sample. ``auto`` probes
+the template: ``bridge`` when it is prefix-stable, else ``per_turn``. Sampled ids are never
+changed in either mode.
 
 Two renderers:
 
@@ -21,16 +29,17 @@ Two renderers:
     the char/byte models built from config: ``<bos> PROMPT`` then ``<obs> TEXT </obs>`` deltas,
     tool calls in asyncrl's ``<tool>NAME(ARGS)</tool>`` protocol.
 :class:`HFChatRenderer`
-    any Hugging Face tokenizer with a chat template. Tools are passed to the template as JSON
-    schemas (``tools=``) when it renders them; otherwise (SmolLM2's template has no tools block
-    and no tool role) a generated system prompt lists them with the call format. Observations go
-    in the ``tool`` role when the template knows one, else in the ``user`` role wrapped as
-    ``<tool_response>``. Deltas are cut out of the template's own rendering of a fixed probe chat,
-    so any template that renders a chat as a prefix of its continuation works. Environment text
-    is tokenised with special tokens split (an observation holding ``<|im_end|>`` stays text and
-    cannot close the turn); the template's own markup keeps its special tokens.
+    any Hugging Face tokenizer with a chat template. Tools go to the template as JSON schemas
+    when it renders them, else into the system message (:meth:`tool_prompt`). Observations use
+    the ``tool`` role when the template knows one, else ``user`` wrapped in ``<tool_response>``.
+    A template without a system role gets the system text folded into the first user turn.
+    Message contents are tokenised with special tokens split (an observation holding
+    ``<|im_end|>`` stays text); the template's own markup keeps its special tokens. Contents the
+    template trims or rewrites are taken from the template's real rendering, so the ids are
+    always what the template renders.
 
-End-of-turn ids come from the model's ``generation_config`` (and the tokenizer's eos token);
+End-of-turn ids come from the model's ``generation_config`` (every id of ``eos_token_id``, then
+the tokenizer's eos token); the one the template writes after an assistant message closes a turn;
 ``model.stop_strings`` may add multi-token stop strings, found by incremental decoding in
 :meth:`Renderer.cut_at_stop`. A turn that ended without its end-of-turn token (length, stop
 string) gets it as the first token of the next delta, outside the loss mask.
@@ -38,12 +47,14 @@ string) gets it as the first token of the next delta, outside the loss mask.
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.errors import UserError
+from asyncrl.policy.template_probe import end_ids_of
 from asyncrl.policy.toolcalls import ToolCallFormat, detect_format, make_format, tool_schema
 
 if TYPE_CHECKING:
@@ -51,6 +62,9 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
 
 Message = dict[str, Any]
+_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+"""A call id every template accepts (Mistral's refuses any other)."""
+ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer> and nothing else."
 
 
 class ChatTemplateError(UserError, ValueError):
@@ -68,68 +82,203 @@ def count_differences(ids: list[int], reference: list[int]) -> int:
     return diff + max(0, n - len(reference))
 
 
+def engine_diff(trained: list[int], seen: list[tuple[int, list[int], list[int]]]) -> int:
+    """Exactness of one trained sample: tokens where ``trained`` disagrees with what the engine saw.
+
+    ``seen``: per model turn, ``(offset of the turn in trained, prompt ids the engine was given,
+    ids it sampled)``. The prompt must be ``trained[:offset]`` and the sampled ids must follow it;
+    0 means the trained ids are exactly the engine's prompts + its samples.
+    """
+    diff = 0
+    for offset, prompt, sampled in seen:
+        diff += count_differences(prompt, trained[:offset]) + abs(len(prompt) - offset)
+        diff += count_differences(sampled, trained[offset : offset + len(sampled)])
+    return diff
+
+
+@dataclass
+class ToolCallOut:
+    name: str
+    arguments: Any
+    id: str
+
+
+@dataclass
+class AssistantTurn:
+    """A sampled turn read back: what the environment and the gateway's client get."""
+
+    text: str
+    """The whole turn as text, without its end-of-turn token."""
+    content: str
+    """The text without the reasoning block (the action the environment parses)."""
+    reasoning: str | None = None
+    tool_calls: list[ToolCallOut] = field(default_factory=list)
+    malformed: str | None = None
+    """Why a started tool call could not be read (cut off, bad JSON); ``None`` when fine."""
+    prefix: str = ""
+    """The content before the tool call (what the gateway returns as ``content``)."""
+
+
 @dataclass
 class Conversation:
-    """One episode's chat, grown by appending: its messages and its token ids."""
+    """One episode's chat, grown turn by turn: its messages and (bridge mode) its token ids."""
 
     messages: list[Message]
     ids: list[int]
     tools: list[Tool] = field(default_factory=list)
     turn_closed: bool = True
-    """Whether the last model turn ended with an end-of-turn token."""
+    """Whether the last model turn ended with the template's end-of-turn token."""
     turn_ids: list[list[int]] = field(default_factory=list)
     """Each model turn's sampled ids, as sampled."""
 
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [tool_schema(t) for t in self.tools]
+
 
 class Renderer(ABC):
-    """Turns an episode's chat into token ids and model turns into environment actions."""
+    """Turns chats into token ids and sampled turns back into messages; see the module docstring."""
 
     tokenizer: Any
     fmt: ToolCallFormat
     stop_token_ids: list[int]
     stop_strings: list[str]
+    multi_turn: str = "bridge"
+    """``bridge`` or ``per_turn`` (resolved from ``model.multi_turn``)."""
+    prefix_stable: bool = True
+    """Whether appending a message only appends text (probed for chat templates)."""
+    strip_stop_token: bool = True
 
-    # -- the episode ---------------------------------------------------------------------------
+    # -- the protocol --------------------------------------------------------------------------
     @abstractmethod
+    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        """``messages`` rendered with the next assistant header (ready to sample)."""
+
+    @abstractmethod
+    def bridge(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        history: list[Message],
+        new: list[Message],
+        tools: list[dict[str, Any]] | None,
+    ) -> list[int] | None:
+        """The next prompt: ``prompt_ids + completion_ids`` + the delta of ``new`` after
+        ``history`` (which ends with the sampled assistant turn); ``None`` if not prefix-stable."""
+
+    def parse(self, completion_ids: list[int]) -> AssistantTurn:
+        """A sampled turn as content, reasoning and (the first) tool call."""
+        text = self.turn_text(completion_ids)
+        reasoning, content = self.split_reasoning(text)
+        found = self.fmt.find_call(content)
+        turn = AssistantTurn(text, content, reasoning)
+        if isinstance(found, str):
+            turn.malformed = found
+        elif found is not None:
+            name, arguments, cid = found
+            cid = cid if cid is not None and _CALL_ID.fullmatch(cid) else self.fmt.call_id(0)
+            turn.tool_calls.append(ToolCallOut(name, arguments, cid))
+        at = self.fmt.call_start(content)
+        turn.prefix = content if at < 0 else content[:at]
+        return turn
+
+    def split_reasoning(self, text: str) -> tuple[str | None, str]:
+        """``(reasoning, the rest)``; no reasoning for templates without a reasoning block."""
+        return None, text
+
+    def tool_prompt(self, tools: list[dict[str, Any]]) -> str:
+        """The one tools system prompt, for templates that cannot list tools themselves."""
+        listing = "\n".join(json.dumps(t) for t in tools)
+        return (
+            "# Tools\n\nYou may call one of these tools:\n"
+            f"<tools>\n{listing}\n</tools>\n\n{self.fmt.instructions()}\n"
+            "The result comes back in the next message."
+        )
+
+    def observation_message(self, text: str, call_id: str | None = None) -> Message:
+        """The one observation message: a tool result (or other environment feedback)."""
+        m: Message = {"role": "tool", "content": text}
+        if call_id is not None:
+            m["tool_call_id"] = call_id
+        return m
+
+    def malformed_message(self, reason: str) -> str:
+        """What the model is told when its tool call could not be read — in its own format."""
+        return f"error: the tool call could not be read ({reason}). {self.fmt.instructions()}"
+
+    def assistant_message(self, turn: AssistantTurn) -> Message:
+        """A parsed turn as the assistant message a client would send back."""
+        m: Message = {"role": "assistant", "content": turn.text}
+        return m
+
+    @abstractmethod
+    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The whole chat rendered as text and tokenised anew (what a re-tokenising framework trains)."""
+
+    # -- episodes: the protocol applied to an environment's chat ---------------------------------
+    def system_text(self, tools: list[Tool]) -> str | None:
+        return None
+
     def start(self, prompt: str, tools: list[Tool]) -> Conversation:
-        """The opening of an episode: system and user messages, then the assistant header."""
+        """The opening of an episode: (system and) user message, then the assistant header."""
+        system = self.system_text(tools)
+        messages: list[Message] = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": prompt})
+        conv = Conversation(messages, [], list(tools))
+        conv.ids = self.render(messages, conv.schemas or None)
+        return conv
 
     def add_model_turn(self, conv: Conversation, ids: list[int]) -> str:
         """Append a sampled turn (its ids kept as they are); return the environment's action text."""
         conv.ids.extend(ids)
         conv.turn_ids.append(list(ids))
-        text = self.turn_text(ids)
-        conv.messages.append({"role": "assistant", "content": text})
-        conv.turn_closed = bool(ids) and ids[-1] in self.stop_token_ids
-        return self.fmt.to_action(text, conv.tools)
+        turn = self.parse(ids)
+        conv.messages.append(self.assistant_message(turn))
+        conv.turn_closed = self.closes_turn(ids)
+        return self.fmt.to_action(turn.content, conv.tools)
 
-    @abstractmethod
+    def closes_turn(self, ids: list[int]) -> bool:
+        return bool(ids) and ids[-1] == self.stop_token_ids[0]
+
     def observation(self, conv: Conversation, text: str) -> list[int]:
         """The delta after a model turn: the observation message and the next assistant header.
 
-        Does not change ``conv``; :meth:`add_observation` appends it.
-        """
+        Does not change ``conv``; :meth:`add_observation` appends it."""
+        msg = self.observation_message(text, self._last_call_id(conv))
+        out = self.bridge(conv.ids, [], conv.messages, [msg], conv.schemas or None)
+        if out is None:
+            raise ChatTemplateError(
+                "the chat template renders this chat differently once a message is added (not "
+                "prefix-stable); set model.multi_turn: per_turn (or auto)"
+            )
+        return out[len(conv.ids) :]
 
     def add_observation(self, conv: Conversation, text: str, ids: list[int]) -> None:
         conv.ids.extend(ids)
-        conv.messages.append({"role": "observation", "content": text})
+        conv.messages.append(self.observation_message(text, self._last_call_id(conv)))
         conv.turn_closed = True
 
-    @abstractmethod
-    def reference_ids(self, conv: Conversation) -> list[int]:
-        """The whole chat rendered and tokenised at once (the re-tokenising way), for the check."""
+    def next_prompt(self, conv: Conversation, text: str) -> list[int]:
+        """``per_turn`` mode: the chat so far plus the observation, rendered whole by the template."""
+        msg = self.observation_message(text, self._last_call_id(conv))
+        return self.render([*conv.messages, msg], conv.schemas or None)
+
+    def _last_call_id(self, conv: Conversation) -> str | None:
+        last = conv.messages[-1] if conv.messages else {}
+        calls = last.get("tool_calls") or []
+        return str(calls[0]["id"]) if calls else None
 
     def retokenization_diff(self, conv: Conversation) -> int:
-        return count_differences(conv.ids, self.reference_ids(conv))
+        return count_differences(conv.ids, self.reference_ids(conv.messages, conv.schemas or None))
 
-    @abstractmethod
     def spliced_ids(self, conv: Conversation) -> list[int] | None:
         """The whole chat rendered at once with each model turn's *sampled ids* spliced in (its
-        text is never re-encoded); ``None`` if the template cannot be rendered that way."""
+        text never re-encoded); ``None`` if the template cannot be rendered that way."""
+        return None
 
     def render_diff(self, conv: Conversation) -> int | None:
         """Tokens where the appended ids disagree with a whole-chat rendering of the same sampled
-        turns: 0 means the deltas are exactly what the template renders (token-exact)."""
+        turns: 0 means the deltas are exactly what the template renders; ``None``: not checkable."""
         ref = self.spliced_ids(conv)
         return None if ref is None else count_differences(conv.ids, ref)
 
@@ -140,27 +289,27 @@ class Renderer(ABC):
             ids = ids[:-1]
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
-    strip_stop_token: bool = True
-
     def encode_content(self, text: str) -> list[int]:
         """Environment or model text as ids, special-token strings kept as plain text."""
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
-    def cut_at_stop(self, ids: list[int]) -> int:
-        """Tokens to keep of a sampled turn: up to the token that completes a stop string.
+    def cut_at_stop(self, ids: list[int], extra: list[str] | None = None) -> int:
+        """Tokens to keep of a sampled turn: up to the token that completes a stop string
+        (``model.stop_strings`` and a request's ``extra`` ones).
 
         Incremental decoding: the text of ``ids[:k]`` is checked as ``k`` grows, so a stop string
         spread over several tokens (or sharing a token with other text) is found at the first
         token where it is complete. ``len(ids)`` when no stop string occurs.
         """
-        if not self.stop_strings:
+        stops = [*self.stop_strings, *(extra or [])]
+        if not stops:
             return len(ids)
         full = self.tokenizer.decode(ids, skip_special_tokens=False)
-        if not any(s in full for s in self.stop_strings):
+        if not any(s in full for s in stops):
             return len(ids)
         for k in range(1, len(ids) + 1):
             text = self.tokenizer.decode(ids[:k], skip_special_tokens=False)
-            if any(s in text for s in self.stop_strings):
+            if any(s in text for s in stops):
                 return k
         return len(ids)  # pragma: no cover - the full text held a stop string
 
@@ -170,7 +319,7 @@ class Renderer(ABC):
         return self.encode_content(native) + self.turn_end_ids()
 
     def turn_end_ids(self) -> list[int]:
-        """What closes a model turn (the first end-of-turn token; none for the text protocol)."""
+        """What closes a model turn (the template's end-of-turn token; none for the text protocol)."""
         return [self.stop_token_ids[0]] if self.stop_token_ids else []
 
 
@@ -201,33 +350,53 @@ class TextRenderer(Renderer):
     def encode_content(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def start(self, prompt: str, tools: list[Tool]) -> Conversation:
-        return Conversation(
-            [{"role": "user", "content": prompt}], [self.bos, *self.encode_content(prompt)], tools
-        )
-
-    def observation(self, conv: Conversation, text: str) -> list[int]:
-        return [self.obs_open, *self.encode_content(text), self.obs_close]
-
-    def reference_ids(self, conv: Conversation) -> list[int]:
-        out = [self.bos]
-        for m in conv.messages:
-            if m["role"] == "observation":
-                out += [self.obs_open, *self.encode_content(m["content"]), self.obs_close]
-            else:
-                out += self.encode_content(m["content"])
+    def _messages(self, messages: list[Message]) -> list[int]:
+        out: list[int] = []
+        for m in messages:
+            text = str(m.get("content") or "")
+            if m["role"] == "tool":
+                out += [self.obs_open, *self.encode_content(text), self.obs_close]
+                continue
+            out += self.encode_content(text)
+            for tc in m.get("tool_calls") or []:
+                fn = tc["function"]
+                args = fn["arguments"] if isinstance(fn["arguments"], dict) else {"input": fn["arguments"]}
+                out += self.encode_content(self.fmt.write_call(fn["name"], args))
         return out
+
+    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        return [self.bos, *self._messages(messages)]
+
+    def bridge(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        history: list[Message],
+        new: list[Message],
+        tools: list[dict[str, Any]] | None,
+    ) -> list[int]:
+        return [*prompt_ids, *completion_ids, *self._messages(new)]
+
+    def parse(self, completion_ids: list[int]) -> AssistantTurn:
+        ids = completion_ids
+        if ids and ids[-1] == self.stop_token_ids[-1]:  # <eos> ends a text-protocol turn
+            ids = ids[:-1]
+        return super().parse(ids)
+
+    def closes_turn(self, ids: list[int]) -> bool:
+        return bool(ids) and ids[-1] in self.stop_token_ids
+
+    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.render(messages, tools)
 
     def spliced_ids(self, conv: Conversation) -> list[int] | None:
         out, turns = [self.bos], iter(conv.turn_ids)
         for m in conv.messages:
-            if m["role"] == "observation":
-                out += [self.obs_open, *self.encode_content(m["content"]), self.obs_close]
-            elif m["role"] == "assistant":
-                out += next(turns)
-            else:
-                out += self.encode_content(m["content"])
+            out += next(turns) if m["role"] == "assistant" else self._messages([m])
         return out
+
+    def malformed_message(self, reason: str) -> str:
+        return f"error: {reason}"
 
     def demo_turn(self, action_text: str, tools: list[Tool]) -> list[int]:
         return self.encode_content(action_text)  # the closing tag is the stop token
@@ -238,15 +407,46 @@ class TextRenderer(Renderer):
 
 # ---------------------------------------------------------------------------------------------
 _SENTINEL = re.compile("\ue000(\\d+)\ue001")
-_PROBE_ASSISTANT = "\ue002"
+_PROBE = "\ue002"
+_CONTENT_KEYS = ("content", "reasoning_content")
+Spans = tuple[str, list[tuple[int, int]]]
+"""Template text and the character spans of message contents in it (encoded with specials split)."""
 
 
 def _mark(i: int) -> str:
     return f"\ue000{i}\ue001"
 
 
+def _probe_tools() -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": "zq_probe_tool", "description": "d", "parameters": {"type": "object"}},
+        }
+    ]
+
+
+def _between(literals: list[str], text: str) -> list[str] | None:
+    """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln);
+    each literal at its first occurrence (a linear scan), else the backtracking match."""
+    if len(literals) == 1 or not text.startswith(literals[0]):
+        return [] if text == literals[0] else None
+    pos, out = len(literals[0]), []
+    for lit in literals[1:-1]:
+        at = text.find(lit, pos) if lit else pos
+        if at < 0:
+            break
+        out.append(text[pos:at])
+        pos = at + len(lit)
+    else:
+        if text.endswith(literals[-1]) and len(text) - len(literals[-1]) >= pos:
+            return [*out, text[pos : len(text) - len(literals[-1])]]
+    match = re.fullmatch("(.*?)".join(re.escape(lit) for lit in literals), text, flags=re.DOTALL)
+    return list(match.groups()) if match is not None else None
+
+
 class HFChatRenderer(Renderer):
-    """Episodes in a pretrained model's own chat template; see the module docstring."""
+    """Chats in a pretrained model's own chat template; see the module docstring."""
 
     def __init__(
         self,
@@ -255,6 +455,7 @@ class HFChatRenderer(Renderer):
         eos_token_ids: list[int],
         tool_format: str,
         observation_role: str,
+        multi_turn: str,
         system_prompt: str | None = None,
         stop_strings: list[str] | None = None,
         name: str = "the model",
@@ -269,20 +470,18 @@ class HFChatRenderer(Renderer):
             )
         self.template_source = template if isinstance(template, str) else str(template)
         self.fmt = make_format(detect_format(self.template_source) if tool_format == "auto" else tool_format)
-        stops = [int(i) for i in eos_token_ids if i is not None]
+        stops = list(dict.fromkeys(int(i) for i in eos_token_ids if i is not None))
         if not stops:
             raise ChatTemplateError(
                 f"{name} names no end-of-turn token (generation_config.eos_token_id or the tokenizer's "
                 "eos_token): add one, or a turn could never end"
             )
-        self.stop_token_ids = list(dict.fromkeys(stops))
         self.stop_strings = list(stop_strings or [])
-        self.eot_text = str(tokenizer.decode([self.stop_token_ids[0]], skip_special_tokens=False))
-        self.native_tools = self._renders_tools()
+        self.system_prompt = system_prompt
+        self.thinks = "</think>" in self.template_source
         if observation_role == "auto":
             observation_role = "tool" if re.search(r"['\"]tool['\"]", self.template_source) else "user"
         self.observation_role = observation_role
-        self.system_prompt = system_prompt
         added = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self._added_ids = added
         self._added_re = (
@@ -290,8 +489,23 @@ class HFChatRenderer(Renderer):
             if added
             else None
         )
-        self._after_eot, self._tail = self._probe_turn_end()
-        self._marked_delta = self._observation_delta(_mark(0))
+        self.systemless = not self._accepts(
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        )
+        self.alternates = not self._accepts(
+            [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+        )
+        self.native_tools = self._renders_tools()
+        self.native_calls = self._renders_calls()
+        if self.native_calls:
+            self._check_call_format(tool_format)
+        self.stop_token_ids = self._probe_turn_end(stops)
+        self.eot_text = str(tokenizer.decode([self.stop_token_ids[0]], skip_special_tokens=False))
+        stable = self._prefix_stable()
+        if multi_turn == "auto":
+            multi_turn = "bridge" if stable else "per_turn"
+        self.multi_turn = multi_turn
+        self.prefix_stable = stable
 
     # -- probing the template --------------------------------------------------------------------
     def _apply(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> str:
@@ -303,103 +517,237 @@ class HFChatRenderer(Renderer):
             raise ChatTemplateError(f"the chat template cannot render this chat ({exc})") from None
         return str(out)
 
-    def _renders_tools(self) -> bool:
-        probe = [{"role": "user", "content": "x"}]
-        schema = [
-            {
-                "type": "function",
-                "function": {"name": "zq_probe_tool", "description": "d", "parameters": {"type": "object"}},
-            }
-        ]
+    def _accepts(self, messages: list[Message]) -> bool:
         try:
-            return "zq_probe_tool" in self._apply(probe, schema, True)
+            self._apply(messages, None, True)
+        except ChatTemplateError:
+            return False
+        return True
+
+    def _renders_tools(self) -> bool:
+        try:
+            return "zq_probe_tool" in self._apply([{"role": "user", "content": "x"}], _probe_tools(), True)
         except ChatTemplateError:
             return False
 
-    def _probe_turn_end(self) -> tuple[str, str]:
-        """The template text after an assistant message's content: ``(after the eot, whole tail)``."""
-        chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE_ASSISTANT}]
+    def _probe_call(self) -> Message:
+        call = {"name": "zq_probe_call", "arguments": {"a": 1}}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "id": self.fmt.call_id(0), "function": call}],
+        }
+
+    def _renders_calls(self) -> bool:
+        try:
+            text = self._apply([{"role": "user", "content": "x"}, self._probe_call()], None, False)
+        except ChatTemplateError:
+            return False
+        return "zq_probe_call" in text
+
+    def _check_call_format(self, tool_format: str) -> None:
+        """A template that writes tool calls must write them in the format asyncrl reads."""
+        text = self._apply([{"role": "user", "content": _PROBE}, self._probe_call()], None, False)
+        found = self.fmt.find_call(text[text.rfind(_PROBE) + 1 :])
+        if not (isinstance(found, tuple) and found[0] == "zq_probe_call"):
+            how = "read from the template" if tool_format == "auto" else "set"
+            raise ChatTemplateError(
+                f"the chat template writes tool calls in a format other than {self.fmt.name!r} ({how} by "
+                "model.tool_format); set model.tool_format to the template's own format (hermes, "
+                "llama3_json, mistral)"
+            )
+
+    def _probe_turn_end(self, stops: list[int]) -> list[int]:
+        """The stop ids with the one the template closes an assistant turn with first."""
+        chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
         text = self._apply(chat, None, False)
-        at = text.rfind(_PROBE_ASSISTANT)
+        at = text.rfind(_PROBE)
         if at < 0:
             raise ChatTemplateError("the chat template drops assistant messages; cannot render episodes")
-        tail = text[at + len(_PROBE_ASSISTANT) :]
-        if not tail.startswith(self.eot_text):
-            raise ChatTemplateError(
-                f"the chat template closes an assistant turn with {tail[:20]!r}, not with the end-of-turn "
-                f"token {self.eot_text!r} the model stops on; set model.stop_strings or use a matching "
-                "generation_config.eos_token_id"
-            )
-        return tail[len(self.eot_text) :], tail
-
-    # -- messages ------------------------------------------------------------------------------
-    def system_text(self, tools: list[Tool]) -> str:
-        if self.system_prompt is not None:
-            return self.system_prompt
-        answer = "When you know the final answer, reply with <answer>ANSWER</answer> and nothing else."
-        if not tools:
-            return f"You are a helpful assistant. {answer}"
-        if self.native_tools:
-            return f"You are a helpful assistant with tools. Call a tool when it helps. {answer}"
-        import json
-
-        listing = "\n".join(json.dumps(tool_schema(t)) for t in tools)
-        return (
-            "You are a helpful assistant with tools.\n\n# Tools\n\nYou may call one of these tools:\n"
-            f"<tools>\n{listing}\n</tools>\n\n{self.fmt.instructions()}\n"
-            f"The result comes back in the next message. {answer}"
+        tail = text[at + len(_PROBE) :]
+        for i in stops:
+            eot = str(self.tokenizer.decode([i], skip_special_tokens=False))
+            if eot and tail.startswith(eot):
+                return [i, *(s for s in stops if s != i)]
+        names = [str(self.tokenizer.decode([i], skip_special_tokens=False)) for i in stops]
+        raise ChatTemplateError(
+            f"the chat template closes an assistant turn with {tail[:20]!r}, none of the end-of-turn "
+            f"tokens {names} the model stops on (generation_config.eos_token_id and eos_token); add "
+            "that token's id to generation_config.json's eos_token_id"
         )
 
-    def _observation_message(self, text: str) -> Message:
-        if self.observation_role == "tool":
-            return {"role": "tool", "content": text}
-        return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
+    def _prefix_stable(self) -> bool:
+        """Whether rendering a chat and then appending a message only appends (the probe chat has
+        reasoning, a tool call and an observation when the template has them)."""
+        for reasoning in (False, True) if self.thinks else (False,):
+            for calls in (False, True) if self.native_calls else (False,):
+                history = [*self._opening("s", "u"), self._probe_assistant(0, reasoning, calls)]
+                try:
+                    for k in range(1, 3):
+                        new = [self.observation_message("o", self._call_id_of(history[-1]))]
+                        if self.bridge([], [], history, new, _probe_tools()) is None:
+                            return False
+                        history = [*history, *new, self._probe_assistant(k, reasoning, calls)]
+                except ChatTemplateError:
+                    return False
+        return True
 
-    def _chat_messages(self, conv: Conversation) -> list[Message]:
+    def _probe_assistant(self, k: int, reasoning: bool, calls: bool) -> Message:
+        m: Message = {"role": "assistant", "content": f"a{k}"}
+        if reasoning:
+            m["content"] = f"<think>\nr{k}\n</think>\n\na{k}"
+        if calls:
+            m["tool_calls"] = [
+                {
+                    "type": "function",
+                    "id": self.fmt.call_id(k),
+                    "function": {"name": "f", "arguments": {"x": k}},
+                }
+            ]
+        return m
+
+    @staticmethod
+    def _call_id_of(m: Message) -> str | None:
+        calls = m.get("tool_calls") or []
+        return str(calls[0]["id"]) if calls else None
+
+    def _opening(self, system: str | None, user: str) -> list[Message]:
+        head: list[Message] = [{"role": "system", "content": system}] if system is not None else []
+        return [*head, {"role": "user", "content": user}]
+
+    # -- messages as the template takes them ------------------------------------------------------
+    def system_text(self, tools: list[Tool]) -> str | None:
+        if self.system_prompt is not None:
+            return self.system_prompt
+        if not tools:
+            return f"You are a helpful assistant. {ANSWER_HINT}"
+        return f"You are a helpful assistant with tools. Call a tool when it helps. {ANSWER_HINT}"
+
+    def observation_message(self, text: str, call_id: str | None = None) -> Message:
+        if call_id is None and self.native_calls:  # feedback on a turn without a call (e.g. a cut-off
+            return {"role": "user", "content": text}  # one): a tool result would answer no call
+        return super().observation_message(text, call_id)
+
+    def split_reasoning(self, text: str) -> tuple[str | None, str]:
+        if not self.thinks:
+            return None, text
+        end = text.find("</think>")
+        if end < 0:
+            if text.lstrip().startswith("<think>"):  # cut off while reasoning: no action yet
+                return text.lstrip()[len("<think>") :].strip(), ""
+            return None, text
+        reasoning = text[:end].strip()
+        reasoning = reasoning[len("<think>") :].strip() if reasoning.startswith("<think>") else reasoning
+        return reasoning, text[end + len("</think>") :].lstrip("\n")
+
+    def assistant_message(self, turn: AssistantTurn) -> Message:
+        if not (self.native_calls and turn.tool_calls):
+            return {"role": "assistant", "content": turn.text}
+        m: Message = {
+            "role": "assistant",
+            "content": turn.prefix.strip(),
+            "tool_calls": [
+                {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+                for c in turn.tool_calls
+            ],
+        }
+        if turn.reasoning is not None:
+            m["reasoning_content"] = turn.reasoning
+        return m
+
+    def _template_messages(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> list[Message]:
+        """Messages as this template takes them: the tools prompt in the system message (templates
+        that cannot list tools), observations in the user role when the template has no tool role,
+        the system text folded into the first user turn (systemless templates), consecutive user
+        turns joined (templates that require alternating roles)."""
         out: list[Message] = []
-        for m in conv.messages:
-            out.append(self._observation_message(m["content"]) if m["role"] == "observation" else dict(m))
+        for m in messages:
+            m = dict(m)
+            if m["role"] == "developer":
+                m["role"] = "system"
+            if m["role"] == "tool" and self.observation_role != "tool":
+                m = {
+                    "role": "user",
+                    "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>",
+                }
+            if m.get("tool_calls") and self.observation_role != "tool":  # results come as user turns:
+                m = {"role": "assistant", "content": self._calls_as_text(m)}  # so do the calls
+            out.append(m)
+        if tools and not self.native_tools:
+            prompt = self.tool_prompt(tools)
+            if out and out[0]["role"] == "system":
+                out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{prompt}"}
+            else:
+                out.insert(0, {"role": "system", "content": prompt})
+        if self.systemless and out and out[0]["role"] == "system":
+            system = str(out.pop(0).get("content") or "")
+            if out and out[0]["role"] == "user":
+                out[0] = {**out[0], "content": f"{system}\n\n{out[0].get('content') or ''}"}
+            else:
+                out.insert(0, {"role": "user", "content": system})
+        if self.alternates:
+            merged: list[Message] = []
+            for m in out:
+                if merged and m["role"] == "user" and merged[-1]["role"] == "user":
+                    merged[-1] = {**merged[-1], "content": f"{merged[-1]['content']}\n\n{m['content']}"}
+                else:
+                    merged.append(m)
+            out = merged
         return out
 
-    def _schemas(self, tools: list[Tool]) -> list[dict[str, Any]] | None:
-        return [tool_schema(t) for t in tools] if tools and self.native_tools else None
+    def _calls_as_text(self, m: Message) -> str:
+        calls = []
+        for tc in m.get("tool_calls") or []:
+            args = tc["function"]["arguments"]
+            calls.append(
+                self.fmt.write_call(
+                    tc["function"]["name"], args if isinstance(args, dict) else {"input": args}
+                )
+            )
+        return "\n".join([str(m.get("content") or ""), *calls]).strip()
 
-    # -- rendering with marked content -----------------------------------------------------------
-    def _encode_marked(self, text: str, contents: list[str] | list[str | list[int]]) -> list[int] | None:
-        """Tokenise template text whose message contents are sentinels, as the tokenizer would
-        tokenise the filled-in text — except that special-token strings inside the contents stay
-        text (environment text cannot close a turn). A content given as ids is spliced in as it
-        is. ``None`` when the template did not copy every sentinel through verbatim (e.g. it
-        JSON-escapes content).
+    def _schemas(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return tools if tools and self.native_tools else None
 
-        The tokenizer itself splits text at added tokens before pre-tokenising each piece, so
-        splitting the filled-in text at the markup's added tokens and encoding each piece with
-        special tokens split gives the same ids as encoding it whole, at every boundary."""
-        found = list(_SENTINEL.finditer(text))
-        if sorted(int(m.group(1)) for m in found) != list(range(len(contents))):
-            return None
-        ids: list[int] = []
-        filled: list[str] = []
-        protected: list[tuple[int, int]] = []  # content spans in the filled text
-        pos = length = 0
-        for m in found:
-            filled.append(text[pos : m.start()])
-            length += m.start() - pos
-            pos = m.end()
-            content = contents[int(m.group(1))]
-            if isinstance(content, list):  # sampled ids: encode what came before, then splice
-                ids += self._encode_outside("".join(filled), protected)
-                ids += content
-                filled, protected, length = [], [], 0
-                continue
-            filled.append(content)
-            protected.append((length, length + len(content)))
-            length += len(content)
-        filled.append(text[pos:])
-        return ids + self._encode_outside("".join(filled), protected)
+    # -- rendering: template text with the contents' spans ---------------------------------------
+    def _spans(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> Spans:
+        """The template's real rendering of ``messages`` and where each message content lies in it.
 
-    def _encode_outside(self, text: str, protected: list[tuple[int, int]]) -> list[int]:
-        """Ids of ``text`` with added tokens matched only outside the ``protected`` spans."""
+        The chat is rendered twice: with sentinels for contents (to find the template's own text)
+        and as it is (the truth). Filling the sentinels in must give the true text; a template that
+        trims or rewrites contents (Gemma's ``| trim``, Qwen3's reasoning split) is matched
+        instead: its literal text between contents is found in the true text."""
+        contents: list[str] = []
+        marked: list[Message] = []
+        for m in messages:
+            mm = dict(m)
+            for key in _CONTENT_KEYS:
+                v = m.get(key)
+                if isinstance(v, str) and v:
+                    mm[key] = _mark(len(contents))
+                    contents.append(v)
+            marked.append(mm)
+        real = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
+        text = self._apply(self._template_messages(marked, tools), self._schemas(tools), gen)
+        pieces = _SENTINEL.split(text)  # literal, index, literal, index, ..., literal
+        literals, order = pieces[0::2], [int(i) for i in pieces[1::2]]
+        filled = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:], strict=True))
+        found: list[str] | None = [contents[i] for i in order] if filled == real else _between(literals, real)
+        if found is None:
+            return real, []  # contents not separable: the true text, markup parsed everywhere
+        spans, pos = [], len(literals[0])
+        for lit, content in zip(literals[1:], found, strict=True):
+            spans.append((pos, pos + len(content)))
+            pos += len(content) + len(lit)
+        return real, spans
+
+    def _encode(self, text: str, protected: list[tuple[int, int]]) -> list[int]:
+        """Ids of ``text``: the template's added tokens (matched only outside ``protected`` spans)
+        as themselves, everything else with special tokens split. The tokenizer itself splits text
+        at added tokens before pre-tokenising each piece, so this gives the ids of encoding the
+        text whole, except that contents cannot inject markup."""
         ids: list[int] = []
         pos = 0
         for m in self._added_re.finditer(text) if self._added_re is not None else ():
@@ -413,80 +761,69 @@ class HFChatRenderer(Renderer):
             ids += self.encode_content(text[pos:])
         return [int(i) for i in ids]
 
-    def _encode_plain(self, text: str) -> list[int]:
-        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self._encode(*self._spans(messages, tools, True))
 
-    def start(self, prompt: str, tools: list[Tool]) -> Conversation:
-        messages = [
-            {"role": "system", "content": self.system_text(tools)},
-            {"role": "user", "content": prompt},
-        ]
-        marked = [{"role": m["role"], "content": _mark(i)} for i, m in enumerate(messages)]
-        ids = self._encode_marked(
-            self._apply(marked, self._schemas(tools), True), [m["content"] for m in messages]
-        )
-        if ids is None:  # a template that transforms content: render it as it is
-            ids = self._encode_plain(self._apply(messages, self._schemas(tools), True))
-        return Conversation(messages, ids, list(tools))
+    def bridge(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        history: list[Message],
+        new: list[Message],
+        tools: list[dict[str, Any]] | None,
+    ) -> list[int] | None:
+        base = self._apply(self._template_messages(history, tools), self._schemas(tools), False)
+        close = base.rfind(self.eot_text)  # the end of the sampled turn (a finished chat may add
+        end = close + len(self.eot_text)  # text after it, e.g. Phi's closing eos)
+        full, spans = self._spans([*history, *new], tools, True)
+        if close < 0 or not full.startswith(base[:end]):
+            return None
+        closed = self.closes_turn(completion_ids) if completion_ids else self._closed_in(prompt_ids)
+        cut = end if closed else close
+        delta = self._encode(full[cut:], [(lo - cut, hi - cut) for lo, hi in spans if hi > cut])
+        return [*prompt_ids, *completion_ids, *delta]
 
-    def _observation_delta(self, content: str) -> str:
-        """Template text of an observation message and the next assistant header, after the
-        previous assistant turn's end-of-turn token."""
-        probe = [
-            {"role": "system", "content": "s"},
-            {"role": "user", "content": "u"},
-            {"role": "assistant", "content": _PROBE_ASSISTANT},
-        ]
-        base = self._apply(probe, None, False)
-        full = self._apply([*probe, self._observation_message(content)], None, True)
-        if not full.startswith(base):
-            raise ChatTemplateError(
-                "the chat template renders a chat differently once a message is added (not prefix-stable); "
-                "asyncrl cannot append turns token-exactly with it"
-            )
-        return full[len(base) :]
+    def _closed_in(self, ids: list[int]) -> bool:
+        return bool(ids) and ids[-1] == self.stop_token_ids[0]
 
-    def observation(self, conv: Conversation, text: str) -> list[int]:
-        head = self._after_eot if conv.turn_closed else self._tail
-        ids = self._encode_marked(head + self._marked_delta, [text])
-        if ids is None:
-            ids = self._encode_plain(head + self._observation_delta(text))
-        return ids
-
-    def reference_ids(self, conv: Conversation) -> list[int]:
-        ends_open = bool(conv.messages) and conv.messages[-1]["role"] != "assistant"
-        text = self._apply(self._chat_messages(conv), self._schemas(conv.tools), ends_open)
+    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        gen = bool(messages) and messages[-1]["role"] != "assistant"
+        text = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def spliced_ids(self, conv: Conversation) -> list[int] | None:
-        messages = self._chat_messages(conv)
-        ends_open = bool(messages) and conv.messages[-1]["role"] != "assistant"
-        marked = [{"role": m["role"], "content": _mark(i)} for i, m in enumerate(messages)]
-        text = self._apply(marked, self._schemas(conv.tools), ends_open)
-        contents: list[str | list[int]] = []
+        """The whole chat with each sampled turn's ids spliced in where the template puts an
+        assistant message's content; ``None`` when a turn's place cannot be found."""
+        tools = conv.schemas or None
+        gen = bool(conv.messages) and conv.messages[-1]["role"] != "assistant"
         turns = iter(conv.turn_ids)
-        for m, original in zip(messages, conv.messages, strict=True):
-            if original["role"] == "assistant":
+        marked, parts = [], {}
+        for i, m in enumerate(conv.messages):
+            if m["role"] == "assistant":
                 ids = next(turns)
-                contents.append(ids[:-1] if ids and ids[-1] in self.stop_token_ids else list(ids))
+                parts[_mark(i)] = ids[:-1] if self.closes_turn(ids) else list(ids)
+                marked.append({"role": "assistant", "content": _mark(i)})
             else:
-                contents.append(str(m["content"]))
-        return self._encode_marked(text, contents)
+                marked.append(m)
+        text, spans = self._spans(marked, tools, gen)
+        out: list[int] = []
+        pos = 0
+        for found in _SENTINEL.finditer(text):
+            if found.group(0) not in parts:
+                continue
+            before = [(lo - pos, hi - pos) for lo, hi in spans if pos <= lo and hi <= found.start()]
+            out += self._encode(text[pos : found.start()], before) + parts.pop(found.group(0))
+            pos = found.end()
+        if parts:
+            return None
+        return out + self._encode(text[pos:], [(lo - pos, hi - pos) for lo, hi in spans if lo >= pos])
 
 
 # ---------------------------------------------------------------------------------------------
 def eos_ids(policy_model: Any, tokenizer: Any) -> list[int]:
     """End-of-turn ids: the generation config's ``eos_token_id`` (one or a list), then the tokenizer's."""
-    ids: list[int] = []
     gen = getattr(policy_model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if isinstance(eos, int):
-        ids.append(eos)
-    elif isinstance(eos, (list, tuple)):
-        ids.extend(int(i) for i in eos)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    return list(dict.fromkeys(ids))
+    return end_ids_of(getattr(gen, "eos_token_id", None) if gen is not None else None, tokenizer)
 
 
 def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
@@ -498,63 +835,18 @@ def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
                 "char/byte models speak asyncrl's text protocol (tool_format 'text' or 'auto')"
             )
         return TextRenderer(policy.tokenizer, cfg.stop_strings)
+    return chat_renderer(cfg, policy.tokenizer, eos_ids(policy.model, policy.tokenizer))
+
+
+def chat_renderer(cfg: ModelConfig, tokenizer: Any, eos: list[int]) -> HFChatRenderer:
+    """The chat-template renderer ``cfg`` describes (training, evaluation and preflight alike)."""
     return HFChatRenderer(
-        policy.tokenizer,
-        eos_token_ids=eos_ids(policy.model, policy.tokenizer),
+        tokenizer,
+        eos_token_ids=eos,
         tool_format=cfg.tool_format,
         observation_role=cfg.observation_role,
+        multi_turn=cfg.multi_turn,
         system_prompt=cfg.system_prompt,
         stop_strings=cfg.stop_strings,
         name=f"model {cfg.path!r}" if cfg.path else "the model",
-    )
-
-
-def preflight_model(cfg: ModelConfig) -> None:
-    """Check a pretrained model directory before any work: its files, architecture, memory need,
-    tokenizer and chat template — without reading its weights (a bad directory fails in a second,
-    not after the model is loaded)."""
-    if cfg.path is None:
-        return
-    import json
-    from pathlib import Path
-
-    from asyncrl.policy.memory import check_fits, parameter_count
-    from asyncrl.policy.model import PolicyLoadError
-
-    p = Path(cfg.path)
-    if not (p / "config.json").is_file():
-        raise PolicyLoadError(f"model.path {cfg.path!r} is not a model directory (no config.json)")
-    n = parameter_count(p, trust_remote_code=cfg.trust_remote_code)
-    check_fits(n * (4 if cfg.dtype == "float32" else 2), f"model {cfg.path!r} ({n / 1e6:.1f}M parameters)")
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise PolicyLoadError(f"model.path {cfg.path!r} has no tokenizer files (expected tokenizer.json)")
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(
-            str(p), local_files_only=True, trust_remote_code=cfg.trust_remote_code
-        )
-    except Exception as exc:
-        raise PolicyLoadError(
-            f"model.path {cfg.path!r}: cannot load the tokenizer ({str(exc)[:160]})"
-        ) from None
-
-    class _Gen:  # eos ids as the loaded model would report them, from generation_config.json
-        eos_token_id: Any = None
-
-    gen = _Gen()
-    if (p / "generation_config.json").is_file():
-        gen.eos_token_id = json.loads((p / "generation_config.json").read_text()).get("eos_token_id")
-
-    class _Model:
-        generation_config = gen
-
-    HFChatRenderer(
-        tok,
-        eos_token_ids=eos_ids(_Model(), tok),
-        tool_format=cfg.tool_format,
-        observation_role=cfg.observation_role,
-        system_prompt=cfg.system_prompt,
-        stop_strings=cfg.stop_strings,
-        name=f"model {cfg.path!r}",
     )

@@ -230,7 +230,8 @@ def import_model(source: str | None = None, *, name: str | None = None, force: b
 
 # ---------------------------------------------------------------------------------------------
 def model_info(path: str | Path, *, tokens: int = 64 * 256) -> dict[str, Any]:
-    """What ``asyncrl model info`` prints: architecture, size, vocabulary, template, tool format, memory."""
+    """The directory part of ``asyncrl model info``: architecture, size, vocabulary, memory (the run
+    plan — multi-turn mode, tool format, observation role — comes from the preflight)."""
     from asyncrl.policy.memory import config_numbers, parameter_count, training_estimate
 
     p = Path(path)
@@ -238,16 +239,11 @@ def model_info(path: str | Path, *, tokens: int = 64 * 256) -> dict[str, Any]:
         raise ModelImportError(f"{str(p)!r} is not a model directory (no config.json)")
     numbers = config_numbers(p)
     params = parameter_count(p, trust_remote_code=False)  # inspecting a directory never runs its code
-    template = _chat_template(p)
-    from asyncrl.policy.toolcalls import detect_format
-
     info: dict[str, Any] = {
         "path": str(p),
         **numbers,
         "parameters": params,
-        "chat_template": template is not None,
-        "template_renders_tools": bool(template and "tools" in template),
-        "tool_format": detect_format(template) if template else "none (no chat template)",
+        "chat_template": _chat_template(p) is not None,
         "manifest_ok": verify_manifest(p) if (p / MANIFEST).is_file() else None,
     }
     est = training_estimate(

@@ -43,6 +43,7 @@ from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 if TYPE_CHECKING:
     from asyncrl.config import ModelConfig
+    from asyncrl.policy.packing import LayerShape
 
 AttnImpl = Literal["sdpa", "eager"]
 
@@ -409,8 +410,12 @@ def _untouched(
 
 def context_limit(cfg: ModelConfig, policy: Policy) -> int:
     """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
-    own = policy.max_context
-    return own if cfg.max_context is None else min(cfg.max_context, own)
+    return context_cap(cfg.max_context, policy.max_context)
+
+
+def context_cap(configured: int | None, own: int) -> int:
+    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
+    return own if configured is None else min(configured, own)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,40 +527,29 @@ def _chunk_scores(
     return lp, (ent if ent is not None else torch.zeros_like(lp))
 
 
-def _chunked_scores(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float | torch.Tensor,
-    keep: torch.Tensor,
+def _head_scores(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temp: torch.Tensor,
     with_entropy: bool,
     chunk_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores ``[B, T-1]`` from the decoder's hidden states, ``chunk_tokens`` positions at a time.
+    """Scores ``[N]`` of ``N`` positions from their final hidden states ``[N, H]``, ``chunk_tokens`` at a time.
 
-    Only the ``keep`` positions are scored (padding costs no head matmul). With autograd on, each
-    chunk runs under non-reentrant :func:`torch.utils.checkpoint.checkpoint`: the forward keeps
-    only the chunk's hidden states, the backward recomputes that chunk's logits, so at most one
-    ``[chunk_tokens, V]`` block of logits (and its gradient) is alive at a time instead of
-    ``[B, T, V]``.
+    With autograd on, each chunk runs under non-reentrant :func:`torch.utils.checkpoint.checkpoint`:
+    the forward keeps only the chunk's hidden states, the backward recomputes that chunk's logits, so
+    at most one ``[chunk_tokens, V]`` block of logits (and its gradient) is alive at a time.
+    ``chunk_tokens = 0`` scores all ``N`` in one block.
     """
-    mask4d, position_ids = padded_attention_inputs(attention_mask, model.config._attn_implementation)
-    hf: Any = model  # get_decoder / get_output_embeddings are untyped in transformers
-    decoder: Any = hf.get_decoder()
-    out = decoder(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
-    hidden = out.last_hidden_state[:, :-1][keep]  # [N, H]
-    targets = input_ids[:, 1:][keep]
-    b, t1 = keep.shape
-    temp = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device)
-    temp = temp.reshape(-1, 1).expand(b, t1)[keep]  # [N]: one value per row, or a float for all
-    head: torch.nn.Module = hf.get_output_embeddings()
     grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
     )
+    step = chunk_tokens if chunk_tokens > 0 else max(int(hidden.shape[0]), 1)
     lps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
-    for s in range(0, hidden.shape[0], chunk_tokens):
-        args = (head, hidden[s : s + chunk_tokens], targets[s : s + chunk_tokens], temp[s : s + chunk_tokens])
+    for s in range(0, hidden.shape[0], step):
+        args = (head, hidden[s : s + step], targets[s : s + step], temp[s : s + step])
         if grad:
             lp, ent = torch.utils.checkpoint.checkpoint(
                 _chunk_scores, *args, with_entropy, use_reentrant=False
@@ -564,11 +558,67 @@ def _chunked_scores(
             lp, ent = _chunk_scores(*args, with_entropy)
         lps.append(lp)
         ents.append(ent)
-    zeros = torch.zeros(b, t1, dtype=torch.float32, device=hidden.device)
-    lp_all = zeros.masked_scatter(keep, torch.cat(lps)) if lps else zeros
-    if not with_entropy:
-        return lp_all, None
-    return lp_all, (zeros.masked_scatter(keep, torch.cat(ents)) if ents else zeros)
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    lp_all = torch.cat(lps) if lps else empty
+    return lp_all, ((torch.cat(ents) if ents else empty) if with_entropy else None)
+
+
+def _kept_hidden(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    keep: torch.Tensor,
+    share_prefixes: bool,
+) -> torch.Tensor:
+    """The decoder's final hidden states ``[N, H]`` that predict the ``N`` ``keep`` positions.
+
+    From the padded batch, or (``share_prefixes``) from ONE forward of the rows' token trie
+    (:mod:`asyncrl.policy.packing`): every shared prefix computed once, the hidden state predicting
+    ``x[b, t+1]`` that of node ``node(b, t)`` (a shared node is read by each of its rows).
+    """
+    hf: Any = model  # get_decoder is untyped in transformers
+    decoder: Any = hf.get_decoder()
+    attn = model.config._attn_implementation
+    if not share_prefixes:
+        mask4d, position_ids = padded_attention_inputs(attention_mask, attn)
+        out = decoder(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
+        hidden: torch.Tensor = out.last_hidden_state[:, :-1][keep]
+        return hidden
+    from asyncrl.policy.packing import build_prefix_tree
+
+    tree = build_prefix_tree(input_ids, attention_mask.to(torch.bool))
+    out = decoder(
+        input_ids=tree.ids.unsqueeze(0),
+        attention_mask=as_attention_bias(tree.allowed[None, None], attn),
+        position_ids=tree.positions.unsqueeze(0),
+        use_cache=False,
+    )
+    shared: torch.Tensor = out.last_hidden_state[0, tree.node[:, :-1][keep]]
+    return shared
+
+
+def _chunked_scores(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float | torch.Tensor,
+    keep: torch.Tensor,
+    with_entropy: bool,
+    chunk_tokens: int,
+    share_prefixes: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores ``[B, T-1]`` (0 off ``keep``) from the decoder's hidden states (:func:`_kept_hidden`):
+    the LM head runs on the ``keep`` positions only (:func:`_head_scores`), so padding and positions
+    outside the loss cost no head matmul. The temperature is one value per row, or a float for all."""
+    hidden = _kept_hidden(model, input_ids, attention_mask, keep, share_prefixes)
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=keep.device)
+    temp = temp.reshape(-1, 1).expand(keep.shape)[keep]
+    hf: Any = model  # get_output_embeddings is untyped in transformers
+    lp, ent = _head_scores(
+        hf.get_output_embeddings(), hidden, input_ids[:, 1:][keep], temp, with_entropy, chunk_tokens
+    )
+    zeros = torch.zeros(keep.shape, dtype=torch.float32, device=keep.device)
+    return zeros.masked_scatter(keep, lp), (None if ent is None else zeros.masked_scatter(keep, ent))
 
 
 def can_chunk_logits(model: PreTrainedModel) -> bool:
@@ -582,6 +632,18 @@ def can_chunk_logits(model: PreTrainedModel) -> bool:
     )
 
 
+def decoder_layer_shape(model: PreTrainedModel) -> LayerShape:
+    """The cost shape of ``model``'s decoder layers (:class:`~asyncrl.policy.packing.LayerShape`):
+    the first layer's weights (adapters included) and its query width."""
+    from asyncrl.policy.packing import LayerShape
+
+    hf: Any = model
+    layer: torch.nn.Module = hf.get_decoder().layers[0]
+    cfg = model.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return LayerShape(sum(p.numel() for p in layer.parameters()), int(cfg.num_attention_heads * head))
+
+
 def token_logprobs_and_entropy(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -590,6 +652,8 @@ def token_logprobs_and_entropy(
     *,
     with_entropy: bool = True,
     chunk_tokens: int = 0,
+    positions: torch.Tensor | None = None,
+    share_prefixes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs and entropies ``[B, T]`` under ``softmax(logits / temperature)``.
 
@@ -600,13 +664,24 @@ def token_logprobs_and_entropy(
     Differentiable; works with right padding (the trainer's layout) and any other.
 
     ``chunk_tokens > 0`` (``trainer.logits_chunk_tokens``) never materialises the ``[B, T, V]``
-    logits: the decoder's final hidden states are scored ``chunk_tokens`` real positions at a time
-    (see :func:`_chunked_scores`); the numbers are those of the plain path up to float rounding.
+    logits: the decoder's final hidden states are scored ``chunk_tokens`` positions at a time
+    (see :func:`_head_scores`); the numbers are those of the plain path up to float rounding.
     ``0``, or an architecture outside :data:`CHUNKABLE_MODEL_TYPES`, takes the plain path.
+
+    ``positions`` (bool ``[B, T]``, e.g. the loss mask): only these tokens are scored, the others
+    are 0 like padding; on the hidden-state paths the LM head and its log-softmax then run at these
+    positions alone (TRL's ``logits_to_keep``, for any mask: multi-turn trajectories hold several
+    scored spans). ``share_prefixes``: forward the rows' token trie once instead of the padded batch
+    (:mod:`asyncrl.policy.packing`; rows sharing a prompt compute it once) — same numbers up to
+    float rounding; architectures outside :data:`CHUNKABLE_MODEL_TYPES` take the padded path.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, T]"
+        )
+    if positions is not None and positions.shape != input_ids.shape:
+        raise ValueError(
+            f"positions {tuple(positions.shape)} must be [B, T] like input_ids {tuple(input_ids.shape)}"
         )
     b, t = input_ids.shape
     _check_temperature(temperature, b)
@@ -616,9 +691,11 @@ def token_logprobs_and_entropy(
     if t < 2:
         return zeros.expand(b, t).clone(), (zeros.expand(b, t).clone() if with_entropy else None)
     keep = valid[:, 1:] & valid[:, :-1]
-    if chunk_tokens > 0 and can_chunk_logits(model):
+    if positions is not None:
+        keep = keep & positions[:, 1:].to(torch.bool)
+    if (share_prefixes or chunk_tokens > 0) and can_chunk_logits(model):
         lp, ent = _chunked_scores(
-            model, input_ids, attention_mask, temperature, keep, with_entropy, chunk_tokens
+            model, input_ids, attention_mask, temperature, keep, with_entropy, chunk_tokens, share_prefixes
         )
     else:
         lp, ent = _plain_scores(model, input_ids, attention_mask, temperature, keep, with_entropy)
@@ -632,8 +709,17 @@ def token_logprobs(
     temperature: float | torch.Tensor = 1.0,
     *,
     chunk_tokens: int = 0,
+    positions: torch.Tensor | None = None,
+    share_prefixes: bool = False,
 ) -> torch.Tensor:
     """Per-token log-probs ``[B, T]``; see :func:`token_logprobs_and_entropy`."""
     return token_logprobs_and_entropy(
-        model, input_ids, attention_mask, temperature, with_entropy=False, chunk_tokens=chunk_tokens
+        model,
+        input_ids,
+        attention_mask,
+        temperature,
+        with_entropy=False,
+        chunk_tokens=chunk_tokens,
+        positions=positions,
+        share_prefixes=share_prefixes,
     )[0]

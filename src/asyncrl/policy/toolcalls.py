@@ -21,6 +21,17 @@ Formats (``model.tool_format``):
 ``llama3_json``
     a bare JSON object ``{"name": ..., "parameters": {...}}`` (optionally after
     ``<|python_tag|>``) — Llama 3.1+ JSON tool calling.
+``mistral``
+    ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": "<9 alphanumerics>"}]`` — Mistral
+    v0.3 (its template refuses call ids of another length).
+
+``auto`` reads the template's own markers (:func:`detect_format`): a template that writes
+``[TOOL_CALLS]`` is Mistral, one with Llama-3 headers or ``<|python_tag|>`` is Llama-3 JSON, one
+that writes ``<tool_call>`` (Qwen2.5/Qwen3, Hermes) is Hermes; a template with no tool-call
+markup at all (SmolLM2) is taught Hermes by the generated tools prompt.
+
+Reasoning (``<think>...</think>``) is split off by the renderer before a format reads the turn,
+so it never reaches the environment.
 
 A turn with no tool call is the final answer: ``<answer>TEXT</answer>`` inside it is kept as it
 is, otherwise the whole turn text becomes the answer. Only the first tool call of a turn is run
@@ -40,7 +51,9 @@ from asyncrl.envs.base import ANSWER_CLOSE, ANSWER_OPEN, AnswerAction, ToolCallA
 if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
 
-TOOL_FORMATS = ("hermes", "qwen25", "llama3_json", "text")
+TOOL_FORMATS = ("hermes", "qwen25", "llama3_json", "mistral", "text")
+FoundCall = tuple[str, Any, str | None]
+"""A call read from a turn: ``(name, arguments, the call id the model wrote or None)``."""
 
 
 def tool_schema(tool: Tool) -> dict[str, Any]:
@@ -89,9 +102,17 @@ class ToolCallFormat(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def find_call(self, text: str) -> tuple[str, Any] | str | None:
-        """The first call in ``text`` as ``(name, arguments)``; ``None`` when there is none;
-        a string (the reason) when a call was started but cannot be read."""
+    def find_call(self, text: str) -> FoundCall | str | None:
+        """The first call in ``text``; ``None`` when there is none; a string (the reason) when a
+        call was started but cannot be read."""
+
+    @abstractmethod
+    def call_start(self, text: str) -> int:
+        """Where the first call in ``text`` begins; -1 when there is none."""
+
+    def call_id(self, n: int) -> str:
+        """The id of the ``n``-th call of a chat: nine alphanumerics, which every template accepts."""
+        return f"call{n:05d}"
 
     @abstractmethod
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
@@ -107,7 +128,7 @@ class ToolCallFormat(ABC):
         if isinstance(found, str):
             return text  # unreadable call: the environment reports it as malformed
         if found is not None:
-            name, arguments = found
+            name, arguments, _ = found
             tool = next((t for t in tools if t.name == name), None)
             return f"<tool>{name}({args_text(tool, arguments)})</tool>"
         body = text.strip()
@@ -131,9 +152,12 @@ class TextFormat(ToolCallFormat):
 
     name = "text"
 
-    def find_call(self, text: str) -> tuple[str, Any] | str | None:
+    def find_call(self, text: str) -> FoundCall | str | None:
         action = parse_action(text)
-        return (action.name, action.args) if isinstance(action, ToolCallAction) else None
+        return (action.name, action.args, None) if isinstance(action, ToolCallAction) else None
+
+    def call_start(self, text: str) -> int:
+        return text.find("<tool>") if isinstance(parse_action(text), ToolCallAction) else -1
 
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"<tool>{name}({args_text(None, arguments)})</tool>"
@@ -159,14 +183,26 @@ def _json_object_at(text: str, start: int) -> tuple[dict[str, Any], int] | None:
     return (obj, end) if isinstance(obj, dict) else None
 
 
-def _call_of(obj: dict[str, Any], *arg_keys: str) -> tuple[str, Any] | str:
+def _after_tag(text: str, tag: str) -> int | None:
+    """Where the JSON after the first ``tag`` starts (whitespace skipped); ``None`` without the tag."""
+    at = text.find(tag)
+    if at < 0:
+        return None
+    start = at + len(tag)
+    while start < len(text) and text[start].isspace():
+        start += 1
+    return start
+
+
+def _call_of(obj: dict[str, Any], *arg_keys: str) -> FoundCall | str:
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return 'a tool call needs a "name"'
+    cid = obj.get("id") if isinstance(obj.get("id"), str) else None
     for key in arg_keys:
         if key in obj:
-            return name, obj[key]
-    return name, {}
+            return name, obj[key], cid
+    return name, {}, cid
 
 
 class HermesFormat(ToolCallFormat):
@@ -175,20 +211,20 @@ class HermesFormat(ToolCallFormat):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-    def find_call(self, text: str) -> tuple[str, Any] | str | None:
-        at = text.find(self.OPEN)
-        if at < 0:
+    def call_start(self, text: str) -> int:
+        return text.find(self.OPEN)
+
+    def find_call(self, text: str) -> FoundCall | str | None:
+        start = _after_tag(text, self.OPEN)
+        if start is None:
             return None
-        start = at + len(self.OPEN)
-        while start < len(text) and text[start].isspace():
-            start += 1
         found = _json_object_at(text, start)
         if found is None:
             return f"the JSON after {self.OPEN} does not parse"
         return _call_of(found[0], "arguments", "parameters")
 
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{self.CLOSE}"
+        return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{self.CLOSE}"
 
     def instructions(self) -> str:
         return (
@@ -210,7 +246,12 @@ class Llama3JsonFormat(ToolCallFormat):
     PYTHON_TAG = "<|python_tag|>"
     _START = re.compile(r"\{\s*\"name\"")
 
-    def find_call(self, text: str) -> tuple[str, Any] | str | None:
+    def call_start(self, text: str) -> int:
+        tag = text.find(self.PYTHON_TAG)
+        m = self._START.search(text)
+        return tag if tag >= 0 else (m.start() if m else -1)
+
+    def find_call(self, text: str) -> FoundCall | str | None:
         body = text.replace(self.PYTHON_TAG, "")
         m = self._START.search(body)
         if m is None:
@@ -221,7 +262,7 @@ class Llama3JsonFormat(ToolCallFormat):
         return _call_of(found[0], "parameters", "arguments")
 
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return json.dumps({"name": name, "parameters": arguments})
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
 
     def instructions(self) -> str:
         return (
@@ -230,17 +271,54 @@ class Llama3JsonFormat(ToolCallFormat):
         )
 
 
+class MistralFormat(ToolCallFormat):
+    """``[TOOL_CALLS] [{"name": NAME, "arguments": {...}, "id": ID}]`` (Mistral v0.3; ID: 9 alphanumerics)."""
+
+    name = "mistral"
+    OPEN = "[TOOL_CALLS]"
+
+    def call_start(self, text: str) -> int:
+        return text.find(self.OPEN)
+
+    def find_call(self, text: str) -> FoundCall | str | None:
+        start = _after_tag(text, self.OPEN)
+        if start is None:
+            return None
+        try:
+            obj, _ = _JSON_DECODER.raw_decode(text, start)
+        except json.JSONDecodeError:
+            return f"the JSON after {self.OPEN} does not parse"
+        first = obj[0] if isinstance(obj, list) and obj else obj
+        if not isinstance(first, dict):
+            return f"{self.OPEN} needs a list of call objects"
+        return _call_of(first, "arguments", "parameters")
+
+    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+        call = {"name": name, "arguments": arguments, "id": self.call_id(0)}
+        return f"{self.OPEN} {json.dumps([call], ensure_ascii=False)}"
+
+    def instructions(self) -> str:
+        return (
+            f"To call a tool, reply with exactly:\n{self.OPEN} "
+            '[{"name": "<tool name>", "arguments": {<arguments as JSON>}, "id": "<9 letters or digits>"}]'
+        )
+
+
 FORMATS: dict[str, type[ToolCallFormat]] = {
     "text": TextFormat,
     "hermes": HermesFormat,
     "qwen25": Qwen25Format,
     "llama3_json": Llama3JsonFormat,
+    "mistral": MistralFormat,
 }
 
 
 def detect_format(chat_template: str | None) -> str:
-    """``auto`` for an HF chat template: Llama-3 style templates call tools with JSON, the rest Hermes."""
+    """``auto`` for an HF chat template, from the template's own tool-call markers (see the
+    module docstring); Hermes only for a template that writes ``<tool_call>`` or no calls at all."""
     source = chat_template or ""
+    if "[TOOL_CALLS]" in source:
+        return "mistral"
     if "<|python_tag|>" in source or "ipython" in source or "<|start_header_id|>" in source:
         return "llama3_json"
     return "hermes"

@@ -29,10 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import EnvResetError, StepResult
-from asyncrl.policy.chat import ChatTemplateError, Renderer
+from asyncrl.policy.chat import ChatTemplateError, Renderer, count_differences, engine_diff
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -58,7 +60,28 @@ async def run_episode(
     group_id: str = "",
     prefix: list[list[int]] | None = None,
 ) -> Trajectory:
-    """Play one episode of ``env`` (already guarded) on ``task`` and return its trajectory.
+    """Play one episode and return it as one trajectory (``bridge`` mode, or a one-turn episode);
+    see :func:`run_episode_samples` for the general case."""
+    samples = await run_episode_samples(task, env, batcher, renderer, settings, group_id, prefix)
+    if len(samples) != 1:
+        raise ValueError(
+            f"the episode is {len(samples)} samples (multi_turn: per_turn); use run_episode_samples"
+        )
+    return samples[0]
+
+
+async def run_episode_samples(
+    task: Task,
+    env: Any,
+    batcher: TurnBatcher,
+    renderer: Renderer,
+    settings: EpisodeSettings,
+    group_id: str = "",
+    prefix: list[list[int]] | None = None,
+) -> list[Trajectory]:
+    """Play one episode of ``env`` (already guarded) on ``task``; its training samples: one
+    trajectory in ``bridge`` mode, one per model turn in ``per_turn`` mode (sharing the episode's
+    reward, outcome and ``episode_id``).
 
     ``prefix``: token ids of model turns to replay instead of sampling, before the policy takes
     over (counterfactual resampling from a segment boundary, ``asyncrl credit ablate``); replayed
@@ -71,6 +94,16 @@ async def run_episode(
         batcher.live_episodes -= 1
 
 
+@dataclass
+class _Seen:
+    """One model turn as the engine served it: the prompt it was given and the ids it sampled."""
+
+    prompt: list[int]
+    turn: Turn
+    delta: list[int] = field(default_factory=list)
+    """Bridge mode: the observation delta appended after the turn."""
+
+
 async def _run_episode(
     task: Task,
     env: Any,
@@ -79,7 +112,7 @@ async def _run_episode(
     settings: EpisodeSettings,
     group_id: str,
     prefix: list[list[int]],
-) -> Trajectory:
+) -> list[Trajectory]:
     life = Lifecycle(created=time.time(), rollout_start=time.time())
     traj = Trajectory(
         id=new_id(),
@@ -90,6 +123,7 @@ async def _run_episode(
         group_id=group_id,
         sampling=settings.sampling,
     )
+    traj.episode_id = traj.id
     # 1. reset: the first observation is the prompt
     try:
         prompt_text = await env.reset(task)
@@ -100,58 +134,33 @@ async def _run_episode(
         traj.turns.append(
             Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc)))
         )
+        traj.render_diff = traj.retokenization_diff = 0  # nothing was rendered or sampled
         life.rollout_end = time.time()
-        return traj
+        return [traj]
     conv = renderer.start(prompt_text, list(getattr(env, "tools", None) or []))
-    context = conv.ids  # grows by appending only: sampled turns as sampled, rendered deltas
-    if len(context) >= settings.max_context:
-        traj.turns.append(Turn(role="env", token_ids=context[: settings.max_context]))
+    prompt = list(conv.ids)  # what the engine is given next
+    if len(prompt) >= settings.max_context:
+        traj.turns.append(Turn(role="env", token_ids=prompt[: settings.max_context]))
         traj.outcome = "truncated"
+        traj.render_diff = traj.retokenization_diff = 0
         life.rollout_end = time.time()
-        return traj
-    traj.turns.append(Turn(role="env", token_ids=list(context)))
+        return [traj]
+    seen: list[_Seen] = []
     outcome: str = "truncated"  # unless the environment ends the episode first
     invalid = 0  # consecutive invalid actions (early termination)
     for turn_no in range(settings.max_turns):
         # 2. model turn: sample within the remaining context
-        room = settings.max_context - len(context)
+        room = settings.max_context - len(prompt)
         if room <= 0:
             break
-        sp = SamplingParams(
-            temperature=settings.sampling.temperature,
-            top_p=settings.sampling.top_p,
-            max_new_tokens=min(settings.sampling.max_new_tokens, room),
-        )
-        started = time.time()
-        if turn_no < len(prefix):  # a replayed turn
-            ids = prefix[turn_no][:room]
-            sample, version = Sample(ids, [0.0] * len(ids), "stop"), batcher.engine.version
-        else:
-            sample, version = await batcher.generate(list(context), sp)
-        keep = renderer.cut_at_stop(sample.token_ids)  # a stop string ends the turn where it completes
-        turn = Turn(
-            role="model",
-            token_ids=list(sample.token_ids[:keep]),
-            logprobs=list(sample.logprobs[:keep]),
-            version=version,
-            started_at=started,
-            ended_at=time.time(),
-        )
-        traj.turns.append(turn)
+        turn = await _model_turn(batcher, renderer, settings, prompt, room, prefix, turn_no)
+        seen.append(_Seen(prompt, turn))
+        parsed = renderer.parse(turn.token_ids)
         action = renderer.add_model_turn(conv, turn.token_ids)
         if settings.on_turn is not None:
             settings.on_turn()
         # 3. environment step (guarded: faults come back as a default observation)
-        step_start = time.perf_counter()
-        result: StepResult = await env.step(action)
-        turn.env_seconds = time.perf_counter() - step_start
-        if result.retried_faults:
-            traj.reward_components["env_retries"] = traj.reward_components.get("env_retries", 0.0) + len(
-                result.retried_faults
-            )
-        turn.process_reward = float(result.process_reward)
-        turn.tool_call = result.tool_call
-        turn.fault = result.fault
+        result = await _step(env, action, turn, traj)
         if result.done:
             traj.final_reward = float(result.reward)
             outcome = result.outcome or ("success" if result.reward > 0 else "failure")
@@ -161,27 +170,150 @@ async def _run_episode(
         if settings.early_stop_invalid and invalid >= settings.early_stop_invalid:
             outcome = "early_stopped"  # a failing trajectory: stop spending generation on it
             break
-        # 4. observation, unless it would overflow the context
-        obs = renderer.observation(conv, result.observation)
-        if len(context) + len(obs) >= settings.max_context:
+        # 4. observation (in the model's own format when its call could not be read), unless it
+        # would overflow the context
+        text = (
+            renderer.malformed_message(parsed.malformed)
+            if parsed.malformed and result.malformed
+            else result.observation
+        )
+        if renderer.multi_turn == "per_turn":
+            nxt, delta = renderer.next_prompt(conv, text), []
+        else:
+            delta = renderer.observation(conv, text)
+            nxt = [*conv.ids, *delta]
+        if len(nxt) >= settings.max_context:
             break
-        renderer.add_observation(conv, result.observation, obs)
-        traj.turns.append(Turn(role="tool", token_ids=obs, started_at=turn.ended_at, ended_at=time.time()))
-    traj.render_diff, traj.retokenization_diff = _exactness(renderer, conv)
+        renderer.add_observation(conv, text, delta)
+        seen[-1].delta = delta
+        prompt = nxt
     traj.outcome = outcome  # type: ignore[assignment]
+    life.rollout_end = time.time()
+    if renderer.multi_turn == "per_turn":
+        return _per_turn_samples(traj, seen, renderer, conv)
+    return [_bridged(traj, seen, renderer, conv)]
+
+
+async def _model_turn(
+    batcher: TurnBatcher,
+    renderer: Renderer,
+    settings: EpisodeSettings,
+    prompt: list[int],
+    room: int,
+    prefix: list[list[int]],
+    turn_no: int,
+) -> Turn:
+    sp = SamplingParams(
+        temperature=settings.sampling.temperature,
+        top_p=settings.sampling.top_p,
+        max_new_tokens=min(settings.sampling.max_new_tokens, room),
+    )
+    started = time.time()
+    if turn_no < len(prefix):  # a replayed turn
+        ids = prefix[turn_no][:room]
+        sample, version = Sample(ids, [0.0] * len(ids), "stop"), batcher.engine.version
+    else:
+        sample, version = await batcher.generate(list(prompt), sp)
+    keep = renderer.cut_at_stop(sample.token_ids)  # a stop string ends the turn where it completes
+    return Turn(
+        role="model",
+        token_ids=list(sample.token_ids[:keep]),
+        logprobs=list(sample.logprobs[:keep]),
+        version=version,
+        started_at=started,
+        ended_at=time.time(),
+    )
+
+
+async def _step(env: Any, action: str, turn: Turn, traj: Trajectory) -> StepResult:
+    step_start = time.perf_counter()
+    result: StepResult = await env.step(action)
+    turn.env_seconds = time.perf_counter() - step_start
+    if result.retried_faults:
+        traj.reward_components["env_retries"] = traj.reward_components.get("env_retries", 0.0) + len(
+            result.retried_faults
+        )
+    turn.process_reward = float(result.process_reward)
+    turn.tool_call = result.tool_call
+    turn.fault = result.fault
+    return result
+
+
+def _finish(traj: Trajectory) -> Trajectory:
     traj.reward_components["outcome"] = traj.final_reward
     traj.reward_components["process"] = sum(t.process_reward for t in traj.turns)
-    life.rollout_end = time.time()
     return traj
 
 
-def _exactness(renderer: Renderer, conv: Any) -> tuple[int | None, int | None]:
-    """(render diff, retokenisation diff) of the finished chat; ``None`` where the template
-    cannot render it whole."""
+def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Any) -> Trajectory:
+    """Bridge mode: the episode as one sample — the opening prompt, then each sampled turn and
+    the observation delta after it. Exactness: the trained ids against every prompt the engine
+    was given + its samples, and (prefix-stable templates) against the template's own rendering
+    of the whole chat with the sampled ids spliced in."""
+    opening = seen[0].prompt if seen else list(conv.ids)
+    traj.turns.append(Turn(role="env", token_ids=list(opening)))
+    for s in seen:
+        traj.turns.append(s.turn)
+        if s.delta:
+            traj.turns.append(
+                Turn(role="tool", token_ids=s.delta, started_at=s.turn.ended_at, ended_at=time.time())
+            )
+    trained = traj.token_ids()
+    offsets, pos = [], 0
+    for t in traj.turns:
+        if t.role == "model":
+            offsets.append(pos)
+        pos += len(t.token_ids)
+    diff = engine_diff(trained, [(o, s.prompt, s.turn.token_ids) for o, s in zip(offsets, seen, strict=True)])
+    traj.render_diff, traj.retokenization_diff = (
+        diff + _template_diff(renderer, conv),
+        _retok_diff(renderer, conv),
+    )
+    return _finish(traj)
+
+
+def _per_turn_samples(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Any) -> list[Trajectory]:
+    """Per-turn mode: each model turn is its own sample — the prompt the engine was given (the
+    template's rendering of the chat so far) + the sampled ids — all with the episode's reward."""
+    out: list[Trajectory] = []
+    for k, s in enumerate(seen):
+        t = msgspec.structs.replace(
+            traj,
+            id=traj.id if k == len(seen) - 1 else new_id(),
+            turns=[Turn(role="env", token_ids=list(s.prompt)), s.turn],
+            reward_components=dict(traj.reward_components),
+            episode_samples=len(seen),
+        )
+        t.render_diff = engine_diff(t.token_ids(), [(len(s.prompt), s.prompt, s.turn.token_ids)])
+        history = conv.messages[: _assistant_index(conv.messages, k) + 1]
+        ref = renderer.reference_ids(history, conv.schemas or None)
+        t.retokenization_diff = count_differences(t.token_ids(), ref)
+        out.append(_finish(t))
+    if not out:  # no model turn (the context was full at once)
+        traj.turns.append(Turn(role="env", token_ids=list(conv.ids)))
+        traj.render_diff = traj.retokenization_diff = 0
+        out.append(_finish(traj))
+    return out
+
+
+def _assistant_index(messages: list[Any], k: int) -> int:
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"][k]
+
+
+def _template_diff(renderer: Renderer, conv: Any) -> int:
+    if not renderer.prefix_stable:
+        return 0  # bridged on purpose: the template renders a longer chat differently
     try:
-        return renderer.render_diff(conv), renderer.retokenization_diff(conv)
+        return renderer.render_diff(conv) or 0
     except ChatTemplateError:
-        return None, None
+        return 0
+
+
+def _retok_diff(renderer: Renderer, conv: Any) -> int:
+    try:
+        return renderer.retokenization_diff(conv)
+    except ChatTemplateError:  # the template cannot render the chat whole: count every token
+        return len(conv.ids)
 
 
 def jittered(sampling: SamplingParams, jitter: float, rng: random.Random) -> SamplingParams:

@@ -91,6 +91,6 @@ def evaluator_main(cfg_json: str, run_dir: str) -> None:
     started = time.time()
     from asyncrl.bootstrap import init_role_process
 
-    cfg = init_role_process(cfg_json)
+    cfg = init_role_process(cfg_json, "evaluator")
     os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers
     Evaluator(cfg, Path(run_dir), started=started).run()

@@ -34,7 +34,8 @@ async def run_episodes(
     sampling: SamplingParams | None = None,
     prefixes: list[list[list[int]]] | None = None,
 ) -> list[Trajectory]:
-    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes).
+    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes); every
+    sample of every episode, in task order (``multi_turn: per_turn`` episodes are several).
 
     ``prefixes[i]``: model turns replayed before the policy samples in episode ``i`` (see ``run_episode``).
     """
@@ -43,7 +44,7 @@ async def run_episodes(
     from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.episode import EpisodeSettings, run_episode
+    from asyncrl.rollout.episode import EpisodeSettings, run_episode_samples
 
     env_cfg = env_cfg or eval_env_config(cfg)
     renderer = make_renderer(cfg.model, policy)
@@ -72,19 +73,19 @@ async def run_episodes(
             batcher.close()
     gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
 
-    async def one(i: int, task: Task) -> Trajectory:
+    async def one(i: int, task: Task) -> list[Trajectory]:
         async with gate:
             env = make_env(env_cfg, seed + i)
             try:
                 prefix = prefixes[i] if prefixes is not None else None
-                return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)
+                return await run_episode_samples(task, env, batcher, renderer, settings, prefix=prefix)
             finally:
                 close = getattr(env, "close", None)
                 if close is not None:
                     await close()
 
     try:
-        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+        return [t for ts in await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))) for t in ts]
     finally:
         batcher.close()
 
@@ -98,7 +99,7 @@ def retokenization_stats(trajs: list[Trajectory]) -> dict[str, Any]:
     """Token-exactness of checked trajectories: ``token_exact_rate`` (trained ids = the template's
     rendering of the sampled chat) and ``retokenization_exact_rate`` (re-tokenising the rendered
     text would have given the same ids)."""
-    exact = [t.render_diff for t in trajs if t.render_diff is not None]
+    exact = [t.render_diff for t in trajs if t.render_diff is not None]  # every sample of every path
     retok = [t.retokenization_diff for t in trajs if t.retokenization_diff is not None]
     return {
         "token_exact_checked": len(exact),
@@ -114,17 +115,18 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
     def stats(ts: list[Trajectory]) -> dict[str, Any]:
         calls = [t.tool_call for tr in ts for t in tr.turns if t.role == "model" and t.tool_call is not None]
         outputs = [t.token_ids for tr in ts for t in tr.turns if t.role == "model"]
-        n = max(len(ts), 1)
+        episodes = list({t.episode: t for t in ts}.values())  # an episode's samples share its outcome
+        n = max(len(episodes), 1)
         return {
-            "episodes": len(ts),
-            "success_rate": sum(t.outcome == "success" for t in ts) / n,
-            "avg_steps": sum(sum(1 for u in t.turns if u.role == "model") for t in ts) / n,
+            "episodes": len(episodes),
+            "success_rate": sum(t.outcome == "success" for t in episodes) / n,
+            "avg_steps": len(outputs) / n,
             "tool_calls": len(calls),
             "tool_success_rate": (sum(c.ok for c in calls) / len(calls)) if calls else 0.0,
             "distinct_1": _distinct(outputs, 1),
             "distinct_2": _distinct(outputs, 2),
-            "mean_reward": sum(t.final_reward for t in ts) / n,
-            "outcomes": dict(Counter(t.outcome for t in ts)),
+            "mean_reward": sum(t.final_reward for t in episodes) / n,
+            "outcomes": dict(Counter(t.outcome for t in episodes)),
         }
 
     report = stats(trajs)

@@ -2,13 +2,14 @@
 
 The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It starts a new *group*
 (``group_size`` episodes of one task) only when the staleness budget admits it and the queue is
-not above high water (rules in :mod:`asyncrl.control.staleness`; the budget counts a group
+not above high water (rules in :mod:`asyncrl.staleness`; the budget counts a group
 against the worker's own weight version). Before starting, it loads newer weights whenever it may
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
 lag exceeds ``max_staleness``. In ``async`` mode it also loads new
 weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
-the version that produced it. A corrupt newest snapshot is reported and the worker keeps the
-newest valid one. Finished groups are put on the queue (blocking put = back-pressure).
+the version that produced it. A corrupt newest snapshot, or a version whose load fails the
+weight-sync canary (:mod:`asyncrl.rollout.canary`), is reported and the worker keeps the newest
+valid one. Finished groups are put on the queue (blocking put = back-pressure).
 What to run (curriculum bucket, open breakers, exploration, held-out probes), load balancing and
 retirement follow the orchestrator's directives (:mod:`asyncrl.control.directives`); every
 finished group is reported as a ``rollout/group`` event (bucket, outcomes, rewards, anomalies).
@@ -28,12 +29,13 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
-from asyncrl.records import SamplingParams, Task, Trajectory, new_id
+from asyncrl.records import SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
-    from asyncrl.weights.base import WeightStore
+    from asyncrl.rollout.canary import WeightCanary
+    from asyncrl.weights.base import LoadedWeights, WeightStore
 
 log = logging.getLogger("asyncrl.rollout")
 
@@ -43,7 +45,9 @@ class WeightFollower:
 
     A corrupt or partial newest snapshot is reported once (log + metric event + ``on_corrupt``, which
     tells the trainer to publish a good version again) and remembered; the engine keeps the newest
-    valid version until a newer good one appears.
+    valid version until a newer good one appears. With a ``canary`` (:mod:`asyncrl.rollout.canary`)
+    every load is checked against the version's manifest; a version that fails is refused the same
+    way, after the engine went back to the previous good version (whose tensors are kept for that).
     """
 
     def __init__(
@@ -53,9 +57,13 @@ class WeightFollower:
         metrics: MetricWriter | None = None,
         name: str = "",
         on_corrupt: Callable[[int], None] | None = None,
+        canary: WeightCanary | None = None,
     ) -> None:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
         self.on_corrupt = on_corrupt
+        self.canary = canary
+        self.good: LoadedWeights | None = None
+        """The newest version that passed the canary (what a refused load goes back to)."""
         self.bad_versions: set[int] = set()
         self.loads = self.fallbacks = 0
         self.bytes_loaded = 0
@@ -105,11 +113,54 @@ class WeightFollower:
                     },
                 )
         if loaded.version > self.engine.version:
-            t0 = time.perf_counter()
-            self.engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
-            self.load_seconds += time.perf_counter() - t0
-            self.loads += 1
-            self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
+            self._load(loaded)
+
+    def _load(self, loaded: LoadedWeights) -> None:
+        t0 = time.perf_counter()
+        self.engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
+        self.load_seconds += time.perf_counter() - t0
+        if self.canary is not None:
+            verdict = self.canary.verify(self.engine, loaded)
+            if verdict is not None and not verdict.ok:
+                self._refuse(loaded, verdict.evidence())
+                return
+            self.good = loaded
+        self.loads += 1
+        self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
+
+    def _refuse(self, loaded: LoadedWeights, evidence: dict[str, Any]) -> None:
+        """The engine does not serve ``loaded`` as published: go back to the last good version, record
+        the evidence (``weights/canary_failed``; the orchestrator raises an alert) and report it."""
+        from asyncrl.rollout.canary import WeightCanaryError
+
+        assert self.canary is not None
+        good = self.good
+        evidence = {
+            "worker": self.name,
+            "version": loaded.version,
+            "kept": good.version if good else None,
+            **evidence,
+        }
+        log.error(
+            "%s: weight version %d fails the weight-sync canary: %s", self.name, loaded.version, evidence
+        )
+        if self.metrics is not None:
+            self.metrics.event("weights/canary_failed", evidence)
+        self.bad_versions.add(loaded.version)
+        if self.on_corrupt is not None:
+            self.on_corrupt(loaded.version)  # the trainer publishes its weights again as a new version
+        if good is None:
+            raise WeightCanaryError(
+                f"{self.name}: weight version {loaded.version} fails the weight-sync canary and no earlier "
+                f"version passed it: {'; '.join(evidence['problems'])}"
+            )
+        self.engine.load_weights(good.version, good.tensors, path=good.path)
+        again = self.canary.verify(self.engine, good, count=False)
+        if again is not None and not again.ok:
+            raise WeightCanaryError(
+                f"{self.name}: back on weight version {good.version}, which now fails the canary too: "
+                + "; ".join(again.problems[:3])
+            )
 
 
 class RolloutWorker:
@@ -119,6 +170,7 @@ class RolloutWorker:
         from asyncrl.policy import Policy
         from asyncrl.policy.chat import make_renderer
         from asyncrl.policy.model import context_limit
+        from asyncrl.rollout.canary import WeightCanary
         from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
@@ -145,7 +197,7 @@ class RolloutWorker:
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
-            self.store, self.engine, self.metrics, self.name, self.state.report_corrupt
+            self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
         self.agent: Any = None
@@ -169,6 +221,11 @@ class RolloutWorker:
             "token_inexact": 0,
             "retokenization_inexact": 0,
             "retokenization_diff_tokens": 0,
+            "tree_roots": 0,
+            "tree_branch_points": 0,
+            "tree_replayed_turns": 0,
+            "tree_replay_diverged": 0,
+            "tree_rounds": 0,
         }
         self._refresh(force=True)
 
@@ -188,16 +245,58 @@ class RolloutWorker:
     def _turn_done(self) -> None:
         self.load -= 1
 
-    async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
+    async def _env_episode(
+        self, batcher: Any, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    ) -> list[Trajectory]:
+        """One environment episode's samples (one, or one per model turn with ``multi_turn: per_turn``),
+        replaying ``prefix``'s model turns first (tree branches)."""
         from asyncrl.envs import make_env
-        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode_samples
 
-        rc = self.cfg.rollout
+        rc, max_turns = self.cfg.rollout, self.cfg.env.max_turns
         base = SamplingParams(
             temperature=rc.sampling.temperature,
             top_p=rc.sampling.top_p,
             max_new_tokens=rc.sampling.max_new_tokens,
         )
+        env = make_env(self.cfg.env, self.rng.randrange(2**31))
+        settings = EpisodeSettings(
+            max_turns,
+            self.max_context,
+            jittered(base, self.control.temperature_jitter(), self.rng),
+            self.name,
+            early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
+            on_turn=self._turn_done,
+        )
+        samples: list[Trajectory] = []
+        try:
+            samples = await run_episode_samples(task, env, batcher, self.renderer, settings, group_id, prefix)
+            return samples
+        finally:
+            self.load -= max_turns - sum(1 for tr in samples for t in tr.turns if t.role == "model")
+            close = getattr(env, "close", None)
+            if close is not None:
+                await close()
+
+    async def _tree_group(self, batcher: Any, task: Task, group_id: str) -> list[Trajectory]:
+        """A tree group (``rollout.tree``): its leaves; replayed turns and branch points counted."""
+        from asyncrl.rollout.tree import grow_tree
+
+        rc = self.cfg.rollout
+
+        async def leaf(prefix: list[Turn]) -> Trajectory:
+            # one sample per episode: the preflight refuses rollout.tree with multi_turn per_turn
+            (traj,) = await self._env_episode(batcher, task, group_id, [t.token_ids for t in prefix])
+            return traj
+
+        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
+        self.load -= (len(trajs) - rc.group_size) * self.cfg.env.max_turns  # admitted for group_size
+        for k, v in stats.metrics().items():
+            self.counts[f"tree_{k}"] += v
+        return trajs
+
+    async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
+        rc = self.cfg.rollout
         group_id = new_id()
         max_turns = self.cfg.env.max_turns
 
@@ -208,28 +307,14 @@ class RolloutWorker:
                     return out
                 finally:
                     self.load -= max_turns
-            env = make_env(self.cfg.env, self.rng.randrange(2**31))
-            settings = EpisodeSettings(
-                max_turns,
-                self.max_context,
-                jittered(base, self.control.temperature_jitter(), self.rng),
-                self.name,
-                early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
-                on_turn=self._turn_done,
-            )
-            traj: Trajectory | None = None
-            try:
-                traj = await run_episode(task, env, batcher, self.renderer, settings, group_id=group_id)
-                return [traj]
-            finally:
-                self.load -= max_turns - (sum(1 for t in traj.turns if t.role == "model") if traj else 0)
-                close = getattr(env, "close", None)
-                if close is not None:
-                    await close()
+            return await self._env_episode(batcher, task, group_id)
 
-        episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
+        if rc.tree.enabled and not heldout:  # held-out probes measure the policy: flat
+            episodes = [await self._tree_group(batcher, task, group_id)]
+        else:
+            episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
         trajs = [t for ts in episodes for t in ts]
-        if len(trajs) != rc.group_size:  # agent episodes: per-call samples, stale sessions dropped
+        if len(trajs) != rc.group_size:  # per-turn / per-call samples, stale agent sessions dropped, trees
             empty = sum(1 for ts in episodes if not ts)
             self.state.release(self.name, empty)  # back to the budget
             self.state.add_inflight(self.name, len(trajs) - (rc.group_size - empty))
@@ -268,7 +353,8 @@ class RolloutWorker:
     def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
         bc = self.cfg.control.breaker
-        self.metrics.event("rollout/group", group_report(trajs, heldout, bc.reward_min, bc.reward_max))
+        episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
+        self.metrics.event("rollout/group", group_report(episodes, heldout, bc.reward_min, bc.reward_max))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
@@ -289,6 +375,7 @@ class RolloutWorker:
                 self.max_context,
                 index=self.index,
                 worker_id=self.name,
+                policy=self.staleness,
                 newest_version=self._newest_valid,
                 max_staleness=self.state.effective_lag,
                 refresh=self._refresh if inflight else None,
@@ -349,6 +436,7 @@ class RolloutWorker:
                 "rollout/weight_fallbacks": float(self.weights.fallbacks),
                 "rollout/weight_bytes_loaded": float(self.weights.bytes_loaded),
                 "rollout/weight_load_seconds": self.weights.load_seconds,
+                **(self.weights.canary.metrics() if self.weights.canary else {}),
                 "cost/reward_cache_hits": float(self.verifier.hits),
                 "cost/reward_cache_misses": float(self.verifier.misses),
                 "cost/reward_seconds": self.verifier.seconds,
@@ -360,9 +448,11 @@ class RolloutWorker:
                 # the built-in engine's decode loop (absent for other engines): per-step latency
                 "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
                 "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
-                # prefill work computed vs taken from the prefix cache (multi-turn KV reuse)
+                # prefill work computed vs taken from the prefix cache (multi-turn KV reuse) or shared
+                # with another prompt of the same call (prefix sharing)
                 "rollout/prefill_tokens_computed": float(getattr(self.engine, "prefill_tokens_computed", 0)),
                 "rollout/prefill_tokens_reused": float(getattr(self.engine, "prefill_tokens_reused", 0)),
+                "rollout/prefill_tokens_shared": float(getattr(self.engine, "prefill_tokens_shared", 0)),
                 "rollout/prefill_seconds": float(getattr(self.engine, "prefill_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
                 **GUARD_STATS.metrics(),  # faults, retries and timeouts the environment guards absorbed
@@ -382,7 +472,7 @@ def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
     started = time.time()  # the ledger counts this process's whole life, start-up included
     from asyncrl.bootstrap import init_role_process
 
-    cfg = init_role_process(cfg_json)
+    cfg = init_role_process(cfg_json, "rollout")
     worker = RolloutWorker(cfg, Path(run_dir), index, started=started)
     try:
         asyncio.run(worker.run())

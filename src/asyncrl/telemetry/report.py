@@ -297,7 +297,7 @@ class Report:
         d = self.d
         sx, sy = d.series(d.trainer, "staleness/mean")
         mx, my = d.series(d.trainer, "staleness/max")
-        limit = d.cfg.orchestrator.max_staleness if d.cfg.orchestrator.mode == "async" else None
+        limit = d.cfg.staleness_policy().max_staleness  # rule 5: the mode fixes it
         fresh = svg.line_chart(
             "freshness",
             Chart(
@@ -308,7 +308,7 @@ class Report:
                 x_label="trainer step",
                 y_label="versions",
                 y_min=0.0,
-                hlines=[HLine(float(limit), f"max_staleness {limit}")] if limit is not None else [],
+                hlines=[HLine(float(limit), f"max_staleness {limit}")],
             ),
         )
         lx, ly = d.series(d.trainer, "loss/policy")

@@ -3,7 +3,7 @@
 * Samples arrive from the queue and are held **by group** (the ``n`` trajectories sampled for one
   task). A group is *ready* once all ``group_size`` members have arrived; group baselines are
   only computed over whole groups.
-* **Staleness** (rule 4 of :mod:`asyncrl.control.staleness`) is checked when a batch is
+* **Staleness** (rule 4 of :mod:`asyncrl.staleness`) is checked when a batch is
   assembled, against the trainer's version at that moment: a too-old sample is dropped (and
   reported to the caller so it can be recorded and returned to the admission budget) or kept
   for down-weighting, by config. A sample with no model tokens (an environment that failed at
@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from asyncrl.control.staleness import StalenessPolicy
 from asyncrl.records import Trajectory
+from asyncrl.staleness import StalenessPolicy
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -112,11 +112,15 @@ class ReplayBuffer:
         if self._missing[key] >= self.group_size and key not in self._groups:
             del self._missing[key]  # the whole group is gone
 
+    def _members(self, g: list[Trajectory]) -> int:
+        """A group's size: its own (a token-budget tree's) or ``rollout.group_size``."""
+        return g[0].group_size or self.group_size
+
     def _ready(self) -> list[str]:
         return [
             k
             for k, g in self._groups.items()
-            if len(g) + self._missing.get(k, 0) >= self.group_size or not g[0].group_id
+            if _episodes(g) + self._missing.get(k, 0) >= self._members(g) or not g[0].group_id
         ]
 
     def take(
@@ -248,3 +252,13 @@ def _finite(traj: Trajectory) -> bool:
     if not math.isfinite(traj.final_reward):
         return False
     return all(math.isfinite(x) for turn in traj.turns if turn.logprobs for x in turn.logprobs)
+
+
+def _episodes(group: list[Trajectory]) -> int:
+    """Whole episodes in a group: an episode of several samples (per-turn, per-call) counts once
+    all its samples are in."""
+    have: dict[str, int] = {}
+    for t in group:
+        have[t.episode] = have.get(t.episode, 0) + 1
+    need = {t.episode: t.episode_samples for t in group}
+    return sum(1 for e, n in have.items() if n >= need[e])

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from asyncrl.algo import (
+    PolicyLossConfig,
     approx_kl,
     entropy_loss,
     kl_penalty_loss,
@@ -45,7 +46,8 @@ from asyncrl.algo import (
 )
 from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
-from asyncrl.policy.model import token_logprobs_and_entropy
+from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
+from asyncrl.policy.packing import shared_microbatches
 from asyncrl.records import Trajectory
 
 if TYPE_CHECKING:
@@ -116,13 +118,23 @@ def microbatches(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
 
 
 class _Minibatch(NamedTuple):
-    """What the loss of a set of rows needs besides the model (all ``[B, T]`` over the whole batch)."""
+    """What the loss of a set of rows needs besides the model (all ``[B, T]`` over the whole batch).
+
+    ``prox`` is ``None`` when nothing reads the proximal log-probs (:attr:`Learner.needs_prox`)."""
 
     b: Batch
     adv: torch.Tensor
-    prox: torch.Tensor
+    prox: torch.Tensor | None
     ref: torch.Tensor | None
     age: torch.Tensor
+
+
+class _Part(NamedTuple):
+    """One micro-batch: its rows, its padded width, and whether it is forwarded as a token trie."""
+
+    rows: torch.Tensor
+    width: int
+    shared: bool
 
 
 def _merge_metrics(parts: list[tuple[dict[str, float], float, float]]) -> dict[str, float]:
@@ -202,9 +214,19 @@ class Learner:
             return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         return 1.0
 
+    @property
+    def needs_prox(self) -> bool:
+        """Whether anything reads the proximal log-probs (the weights at the start of the step): the
+        ``decoupled_ppo`` loss, or ``trainer.target_kl``'s check after an epoch that is not the last.
+        Other losses take their ratio against the behaviour log-probs, so the pass is skipped."""
+        tc = self.cfg.trainer
+        return self.cfg.algo.policy_loss.kind == "decoupled_ppo" or (
+            tc.target_kl is not None and tc.epochs > 1
+        )
+
     def step(self, trajs: list[Trajectory], version: int) -> dict[str, float]:
         """Train on ``trajs`` at weight ``version``; returns metrics (``train/skipped`` = 1 if not finite)."""
-        tc, algo = self.cfg.trainer, self.cfg.algo
+        algo = self.cfg.algo
         pad = self.policy.tokenizer.pad_token_id
         host = collate(trajs, pad)
         # 1. credit: per-token advantages (computed on the host: per-trajectory Python work; a
@@ -213,45 +235,21 @@ class Learner:
         dev = self.policy.device
         b, adv = host.to(dev), adv.to(dev)
         age = torch.where(b.mask > 0, (version - b.versions).clamp(min=0), torch.zeros_like(b.versions))
-        # 2. proximal log-probs: the weights at the start of this step (decoupled PPO, KL early stop)
+        # 2. the first epoch's minibatches; proximal log-probs only when read; reference log-probs
+        first = self._minibatches(len(trajs))
         with torch.no_grad():
-            prox = self._logprobs(self.model, b)
+            prox = self._proximal(b, first[0])
             ref = self._logprobs(self.ref.model, b) if self.ref is not None and algo.kl_coef > 0 else None
-        data = _Minibatch(b, adv, prox, ref, age)
         # 3. epochs x minibatches (one optimiser step each) with approximate-KL early stop; a
         # non-finite minibatch undoes the whole step
-        order = torch.arange(len(trajs))
-        n_mb = min(tc.minibatches, len(trajs))
-        snapshot = _Snapshot.take(self.model, self.optimizer) if n_mb * tc.epochs > 1 else None
-        skipped = stopped = 0
-        metrics["train/microbatches"] = 0.0
-        for _epoch in range(tc.epochs):
-            for mb in torch.chunk(order[torch.randperm(len(order))] if n_mb > 1 else order, n_mb):
-                finite, pm = self._minibatch_step(data, mb)
-                if not finite:
-                    skipped = 1  # never step on a non-finite loss or gradient; undo earlier minibatches
-                    if snapshot is not None:
-                        snapshot.restore(self.model, self.optimizer)
-                    break
-                metrics["train/microbatches"] += pm.pop("train/microbatches")
-                metrics.update(pm)
-            if skipped:
-                break
-            if tc.target_kl is not None:
-                with torch.no_grad():
-                    now = self._logprobs(self.model, b)
-                kl_now = float(approx_kl(now, prox, b.mask))
-                metrics["train/approx_kl"] = kl_now
-                if kl_now > tc.target_kl:
-                    stopped = 1
-                    break
+        skipped, stopped = self._epochs(_Minibatch(b, adv, prox, ref, age), first, metrics)
         if not skipped:
             self.scheduler.step()
         metrics.update(self.credit.train_value(trajs, host.ids, host.attn, host.mask))  # 4. the value model
         ages = age[b.mask > 0].float()
         metrics.update(
             {
-                "train/skipped": float(skipped > 0),
+                "train/skipped": float(skipped),
                 "train/early_stopped": float(stopped),
                 "train/lr": float(self.scheduler.get_last_lr()[0]),
                 "train/tokens": float(host.tokens),
@@ -265,23 +263,84 @@ class Learner:
         )
         return metrics
 
-    # ---- helpers ------------------------------------------------------------------------------
-    def _parts(self, b: Batch, rows: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
-        """``rows`` cut into micro-batches by the token budget, each with its padded width."""
-        lengths = b.attn[rows].sum(1).cpu()
-        parts = microbatches(lengths, self.cfg.trainer.max_tokens_per_microbatch)
-        return [(rows[p], max(int(lengths[p].max()), 1)) for p in parts]
+    def _epochs(
+        self, data: _Minibatch, first: list[torch.Tensor], metrics: dict[str, float]
+    ) -> tuple[bool, bool]:
+        """Run the epochs (``first``: epoch 0's minibatches); returns ``(skipped, early_stopped)``.
 
-    def _own(self, parts: list[tuple[torch.Tensor, int]]) -> list[int]:
+        A non-finite minibatch restores the snapshot taken here (when there is more than one
+        optimiser step) and ends the step; the KL early stop compares with the proximal log-probs
+        after every epoch but the last.
+        """
+        tc, b = self.cfg.trainer, data.b
+        snapshot = _Snapshot.take(self.model, self.optimizer) if len(first) * tc.epochs > 1 else None
+        metrics["train/microbatches"] = 0.0
+        for epoch in range(tc.epochs):
+            for i, mb in enumerate(first if epoch == 0 else self._minibatches(b.ids.shape[0])):
+                finite, pm = self._minibatch_step(data, mb, fill_prox=epoch == 0 and i == 0)
+                if not finite:  # never step on a non-finite loss or gradient; undo earlier minibatches
+                    if snapshot is not None:
+                        snapshot.restore(self.model, self.optimizer)
+                    return True, False
+                metrics["train/microbatches"] += pm.pop("train/microbatches")
+                metrics.update(pm)
+            if tc.target_kl is not None and epoch < tc.epochs - 1:
+                assert data.prox is not None  # needs_prox
+                with torch.no_grad():
+                    now = self._logprobs(self.model, b)
+                kl_now = float(approx_kl(now, data.prox, b.mask))
+                metrics["train/approx_kl"] = kl_now
+                if kl_now > tc.target_kl:
+                    return False, True
+        return False, False
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _proximal(self, b: Batch, first: torch.Tensor) -> torch.Tensor | None:
+        """Proximal log-probs ``[B, T]`` when something reads them (:attr:`needs_prox`), else ``None``.
+
+        The rows of ``first`` (epoch 0's first minibatch) are left at 0: their gradient pass runs on
+        the start weights and fills them in (:meth:`_minibatch_step`), so with one minibatch there is
+        no extra pass at all.
+        """
+        if not self.needs_prox:
+            return None
+        keep = torch.ones(b.ids.shape[0], dtype=torch.bool)
+        keep[first] = False
+        return self._logprobs(self.model, b, torch.arange(b.ids.shape[0])[keep])
+
+    def _minibatches(self, n: int) -> list[torch.Tensor]:
+        """One epoch's minibatches: ``trainer.minibatches`` chunks of a random order (in order for one)."""
+        n_mb = min(self.cfg.trainer.minibatches, n)
+        order = torch.arange(n)
+        return list(torch.chunk(order[torch.randperm(n)] if n_mb > 1 else order, n_mb))
+
+    def _parts(self, b: Batch, rows: torch.Tensor) -> list[_Part]:
+        """``rows`` cut into micro-batches by the token budget, each with its padded width.
+
+        With ``trainer.share_prefixes`` and rows that share enough to save compute
+        (:func:`~asyncrl.policy.packing.shared_microbatches`), rows sharing a prefix are kept together
+        and each micro-batch is forwarded as one token trie.
+        """
+        budget = self.cfg.trainer.max_tokens_per_microbatch
+        lengths = b.attn[rows].sum(1).cpu()
+        cut = None
+        if self.cfg.trainer.share_prefixes and can_chunk_logits(self.model):
+            cut = shared_microbatches(b.ids[rows].cpu(), lengths, budget, decoder_layer_shape(self.model))
+        parts = cut if cut is not None else microbatches(lengths, budget)
+        return [_Part(rows[p], max(int(lengths[p].max()), 1), cut is not None) for p in parts]
+
+    def _own(self, parts: list[_Part]) -> list[int]:
         """Indices of the micro-batches this rank runs: all of them on one rank."""
         if self.group is None:
             return list(range(len(parts)))
-        return self.group.mine([len(rows) * width for rows, width in parts])
+        return self.group.mine([len(p.rows) * p.width for p in parts])
 
     def _score(
-        self, model: Any, b: Batch, rows: torch.Tensor, width: int, with_entropy: bool
+        self, model: Any, b: Batch, part: _Part, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropies) ``[len(rows), width]`` of ``rows``, trimmed to ``width`` columns."""
+        """Log-probs (and entropies) ``[len(rows), width]`` of a micro-batch, at its loss positions only
+        (0 elsewhere: nothing reads them, so the LM head never runs there)."""
+        rows, width = part.rows, part.width
         return token_logprobs_and_entropy(
             model,
             b.ids[rows, :width],
@@ -289,19 +348,24 @@ class Learner:
             b.temperature[rows],
             with_entropy=with_entropy,
             chunk_tokens=self.cfg.trainer.logits_chunk_tokens,
+            positions=self._positions(b, part),
+            share_prefixes=part.shared,
         )
 
-    def _logprobs(self, model: Any, b: Batch) -> torch.Tensor:
-        """Log-probs ``[B, T]`` of the whole batch (no grad), one micro-batch at a time."""
+    def _positions(self, b: Batch, part: _Part) -> torch.Tensor | None:
+        """The positions a micro-batch's scores are read at: its loss mask."""
+        return b.mask[part.rows, : part.width] > 0
+
+    def _logprobs(self, model: Any, b: Batch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probs ``[B, T]`` of ``rows`` (all by default; 0 elsewhere), no grad, one micro-batch at a time."""
         out = torch.zeros_like(b.mask)
-        parts = self._parts(b, torch.arange(b.ids.shape[0], device=b.ids.device))
-        for rows, width in (parts[i] for i in self._own(parts)):
-            out[rows, :width] = self._score(model, b, rows, width, with_entropy=False)[0]
+        rows = torch.arange(b.ids.shape[0]) if rows is None else rows
+        parts = self._parts(b, rows.to(b.ids.device)) if rows.numel() else []
+        for part in (parts[i] for i in self._own(parts)):
+            out[part.rows, : part.width] = self._score(model, b, part, with_entropy=False)[0]
         return out if self.group is None else self.group.sum_(out)
 
-    def _weights(
-        self, d: _Minibatch, parts: list[tuple[torch.Tensor, int]]
-    ) -> tuple[list[float], list[float]]:
+    def _weights(self, d: _Minibatch, parts: list[_Part]) -> tuple[list[float], list[float]]:
         """Per-micro-batch weights of the policy term and of the token-mean terms (entropy, KL).
 
         The policy term aggregates over :func:`policy_loss_mask`, which with a divergence filter
@@ -309,21 +373,26 @@ class Learner:
         a no-grad pass (one extra forward), so the normaliser is the whole minibatch's.
         """
         pl = self.cfg.algo.policy_loss
-        masks = [d.b.mask[rows, :w] for rows, w in parts]
+        masks = [d.b.mask[p.rows, : p.width] for p in parts]
         keep = masks
         if len(parts) > 1 and pl.max_behaviour_divergence is not None:
             with torch.no_grad():
                 keep = [
                     policy_loss_mask(
-                        self._score(self.model, d.b, rows, w, False)[0], d.b.behaviour[rows, :w], m, pl
+                        self._score(self.model, d.b, p, False)[0], d.b.behaviour[p.rows, : p.width], m, pl
                     )
-                    for (rows, w), m in zip(parts, masks, strict=True)
+                    for p, m in zip(parts, masks, strict=True)
                 ]
         return microbatch_weights(keep, pl.agg), microbatch_weights(masks, "token_mean")
 
-    def _minibatch_step(self, d: _Minibatch, mb: torch.Tensor) -> tuple[bool, dict[str, float]]:
+    def _minibatch_step(
+        self, d: _Minibatch, mb: torch.Tensor, fill_prox: bool
+    ) -> tuple[bool, dict[str, float]]:
         """One optimiser step on rows ``mb``: accumulate micro-batch gradients, clip, step.
 
+        ``fill_prox``: the weights are still the step's start weights (epoch 0's first minibatch), so
+        the detached log-probs of this gradient pass ARE the proximal log-probs of ``mb``: they are
+        used as such and written into ``d.prox`` (the pass before the epochs skipped these rows).
         Returns ``(finite, metrics)``; when the loss or the gradient norm is not finite the
         gradients are dropped and nothing is stepped.
         """
@@ -338,38 +407,17 @@ class Learner:
         total = torch.zeros((), device=d.b.ids.device)
         merged: list[tuple[dict[str, float], float, float]] = []
         for i in self._own(parts):
-            (rows, w), wp, wt = parts[i], w_policy[i], w_tok[i]
-            logp, ent = self._score(self.model, d.b, rows, w, with_entropy=True)
-            m = d.b.mask[rows, :w]
-            loss, pm = policy_loss(
-                logp,
-                d.b.behaviour[rows, :w],
-                d.adv[rows, :w],
-                m,
-                pl,
-                prox_logp=d.prox[rows, :w],
-                age=d.age[rows, :w],
-            )
-            loss = wp * loss
-            # the penalties are token means: ``wt`` (tokens of this micro-batch / tokens of the step) makes
-            # their sum over micro-batches the step's token mean, whatever the policy loss's aggregation
-            if algo.entropy_coef and ent is not None:
-                el, em = entropy_loss(ent, m, algo.entropy_coef, "token_mean")
-                loss, pm = loss + wt * el, {**pm, **em}
-            if d.ref is not None:
-                kl, km = kl_penalty_loss(
-                    logp, d.ref[rows, :w], m, algo.kl_coef, algo.kl_estimator, "token_mean"
-                )
-                loss, pm = loss + wt * kl, {**pm, **km}
+            part, wp, wt = parts[i], w_policy[i], w_tok[i]
+            loss, pm = self._micro_loss(d, part, pl, wp, wt, fill_prox)
             if loss.requires_grad:
                 loss.backward()  # type: ignore[no-untyped-call]
             total = total + loss.detach()
-            if ent is not None:
-                pm["entropy/mean"] = float(masked_mean(ent.detach(), m))
             merged.append((pm, wp, wt))
         if self.group is not None:  # the whole minibatch's loss, gradient and metrics on every rank
             total = self.group.sum_(total)
             self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
+            if fill_prox and d.prox is not None:  # each rank filled its own micro-batches' rows of mb
+                d.prox[mb] = self.group.sum_(d.prox[mb])
             merged = self.group.gather_parts(merged)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
@@ -380,3 +428,35 @@ class Learner:
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/microbatches"] = float(len(parts))
         return True, metrics
+
+    def _micro_loss(
+        self, d: _Minibatch, part: _Part, pl: PolicyLossConfig, wp: float, wt: float, fill_prox: bool
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's weighted loss (policy + entropy bonus + KL penalty) and its metrics.
+
+        Every score (log-probs, the entropies of ``entropy/mean`` and the entropy bonus) is taken at
+        the loss positions alone.
+        """
+        algo = self.cfg.algo
+        rows, w = part.rows, part.width
+        logp, ent = self._score(self.model, d.b, part, with_entropy=True)
+        assert ent is not None
+        m = d.b.mask[rows, :w]
+        prox = None if d.prox is None else d.prox[rows, :w]
+        if fill_prox and d.prox is not None:
+            prox = logp.detach()
+            d.prox[rows, :w] = prox
+        loss, pm = policy_loss(
+            logp, d.b.behaviour[rows, :w], d.adv[rows, :w], m, pl, prox_logp=prox, age=d.age[rows, :w]
+        )
+        loss = wp * loss
+        # the penalties are token means: ``wt`` (tokens of this micro-batch / tokens of the step) makes
+        # their sum over micro-batches the step's token mean, whatever the policy loss's aggregation
+        if algo.entropy_coef:
+            el, em = entropy_loss(ent, m, algo.entropy_coef, "token_mean")
+            loss, pm = loss + wt * el, {**pm, **em}
+        if d.ref is not None:
+            kl, km = kl_penalty_loss(logp, d.ref[rows, :w], m, algo.kl_coef, algo.kl_estimator, "token_mean")
+            loss, pm = loss + wt * kl, {**pm, **km}
+        pm["entropy/mean"] = float(masked_mean(ent.detach(), m))
+        return loss, pm

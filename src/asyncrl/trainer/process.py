@@ -9,7 +9,9 @@ the trained entries un-acked: they are redelivered and the resumed trainer train
 A worker that finds the newest weight version corrupt reports it (``RunState.report_corrupt``); the
 trainer answers by publishing its current weights again as a new version, so that workers (and
 the staleness budget, which counts their version) are never left behind a run of unusable
-versions.
+versions. Every version's manifest carries the weight-sync canary's record (the fingerprint of its
+tensors and the trainer's log-probs of the probe prompt, :mod:`asyncrl.policy.canary`), against which
+each worker checks its engine after loading it.
 
 Versions: the weights after ``step`` optimiser steps are version ``step + offset``; ``offset``
 is 0 on a fresh run and, after a resume, whatever keeps the published sequence strictly
@@ -170,7 +172,11 @@ class TrainerRole:
         self.state.announce_version(self.version)
 
     def _publish(self, republished: bool = False) -> None:
-        path = self.store.publish(self.version, self.policy.state_dict_tensors(), step=self.step)
+        from asyncrl.weights import publish_policy
+
+        path = publish_policy(
+            self.store, self.version, self.policy, step=self.step, canary=self.cfg.weights.canary
+        )
         self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
         self.state.record_publish(self.version, republished=republished)
@@ -329,5 +335,5 @@ def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:
     started = time.time()  # the ledger counts this process's whole life, start-up included
     from asyncrl.bootstrap import init_role_process
 
-    cfg = init_role_process(cfg_json)
+    cfg = init_role_process(cfg_json, "trainer")
     TrainerRole(cfg, Path(run_dir), resume=resume, started=started).run()

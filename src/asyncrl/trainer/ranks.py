@@ -28,7 +28,7 @@ def trainer_rank_main(cfg_json: str, run_dir: str, resume: bool, rank: int, addr
     started = time.time()
     from asyncrl.bootstrap import init_role_process
 
-    cfg = init_role_process(cfg_json)
+    cfg = init_role_process(cfg_json, "trainer")
     group = Group.join(cfg, rank, addr, port)
     if rank == 0:
         from asyncrl.trainer.process import TrainerRole

@@ -40,7 +40,7 @@ from asyncrl.records import Task
 if TYPE_CHECKING:
     from asyncrl.policy.chat import Renderer
 
-TEMPLATE_VERSION = 2
+TEMPLATE_VERSION = 3
 """Bump when the token template changes: it invalidates cached warm starts."""
 
 
@@ -97,23 +97,34 @@ def warm_start_key(cfg: RunConfig) -> str:
     return config_hash(model, env, sft) + f"-{_digest(versions.encode())[:8]}-t{TEMPLATE_VERSION}"
 
 
-async def _play(env: Any, task: Task, texts: list[str], renderer: Renderer) -> tuple[list[int], list[int]]:
+async def _play(
+    env: Any, task: Task, texts: list[str], renderer: Renderer
+) -> list[tuple[list[int], list[int]]]:
     """Play scripted model turns (canonical actions) through the environment, rendered as the
-    episode runner renders them; return token ids and loss mask."""
+    episode runner renders them; return the samples as (token ids, loss mask): one for the
+    episode (``multi_turn: bridge``), or one per turn (``per_turn``: the template's own rendering
+    of the chat so far + the turn)."""
     tools = list(getattr(env, "tools", None) or [])
     conv = renderer.start(await env.reset(task), tools)
-    mask = [0] * len(conv.ids)
+    prompt = list(conv.ids)
+    ids, mask = list(prompt), [0] * len(prompt)
+    per_turn: list[tuple[list[int], list[int]]] = []
     for text in texts:
         turn = renderer.demo_turn(text, tools)
         renderer.add_model_turn(conv, turn)
-        mask += [1] * len(turn)
+        per_turn.append((prompt + turn, [0] * len(prompt) + [1] * len(turn)))
+        ids, mask = ids + turn, mask + [1] * len(turn)
         result = await env.step(text)
         if result.done:
             break
+        if renderer.multi_turn == "per_turn":
+            prompt = renderer.next_prompt(conv, result.observation)
+            renderer.add_observation(conv, result.observation, [])
+            continue
         obs = renderer.observation(conv, result.observation)
         renderer.add_observation(conv, result.observation, obs)
-        mask += [0] * len(obs)
-    return conv.ids, mask
+        ids, mask = ids + obs, mask + [0] * len(obs)
+    return per_turn if renderer.multi_turn == "per_turn" else [(ids, mask)]
 
 
 def build_demonstrations(
@@ -139,23 +150,31 @@ def build_demonstrations(
         for _ in range(sft.num_demos):
             task = source.sample(rng)
             texts = demonstrate(task, rng, sft.corruption_rate)
-            ids, mask = await _play(env, task, texts, renderer)
-            if len(ids) <= max_context:
-                out.append((ids, mask))
+            for ids, mask in await _play(env, task, texts, renderer):
+                if len(ids) <= max_context:
+                    out.append((ids, mask))
         return out
 
     return asyncio.run(all_demos())
 
 
 def sft_loss(
-    model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int, chunk_tokens: int = 0
+    model: Any,
+    batch: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    chunk_tokens: int = 0,
+    share_prefixes: bool = False,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy over the model's tokens (loss mask 1) of a right-padded batch.
 
     ``loss = −Σ_{b,t} m[b,t] · log p(x[b,t] | x[b,<t]) / Σ m``. The log-probs come from
     :func:`~asyncrl.policy.model.token_logprobs` with ``chunk_tokens``
-    (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary."""
-    from asyncrl.policy.model import token_logprobs
+    (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary, and the
+    LM head only at the loss positions. ``share_prefixes`` (``trainer.share_prefixes``): demonstrations
+    that share a prefix (the system prompt) forward it once when that saves compute
+    (:func:`~asyncrl.policy.packing.shared_microbatches`)."""
+    from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs
+    from asyncrl.policy.packing import shared_microbatches
 
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -167,7 +186,14 @@ def sft_loss(
         attn[i, : len(x)] = 1
     dev = next(model.parameters()).device
     ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
-    lp = token_logprobs(model, ids, attn, chunk_tokens=chunk_tokens)  # lp[:, 0] = 0 (no context)
+    share = (
+        share_prefixes
+        and can_chunk_logits(model)
+        and shared_microbatches(ids, attn.sum(1), 0, decoder_layer_shape(model)) is not None
+    )
+    lp = token_logprobs(  # lp[:, 0] = 0 (no context)
+        model, ids, attn, chunk_tokens=chunk_tokens, positions=mask > 0, share_prefixes=share
+    )
     m = mask[:, 1:] * attn[:, 1:]
     loss: torch.Tensor = -(lp[:, 1:] * m).sum() / m.sum().clamp(min=1.0)
     return loss
@@ -199,7 +225,10 @@ def train_sft(
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             batch = rng.sample(demos, min(sft.batch_size, len(demos)))
-            loss = sft_loss(model, batch, policy.tokenizer.pad_token_id, cfg.trainer.logits_chunk_tokens)
+            tc = cfg.trainer
+            loss = sft_loss(
+                model, batch, policy.tokenizer.pad_token_id, tc.logits_chunk_tokens, tc.share_prefixes
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -259,6 +288,7 @@ def warm_start(
     cfg: RunConfig, *, force: bool = False, progress: bool | float = False, eval_limit: int | None = None
 ) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
+    from asyncrl.bootstrap import pinned_threads, torch_threads
     from asyncrl.policy import Policy
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
@@ -275,9 +305,10 @@ def warm_start(
     renderer = make_renderer(cfg.model, policy)
     steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
     demos = build_demonstrations(cfg, renderer, context_limit(cfg.model, policy)) if steps else []
-    losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
-    train_seconds = time.perf_counter() - t0
-    report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+    with pinned_threads(torch_threads(cfg, "warm_start")):  # nothing else computes yet: every core
+        losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
+        train_seconds = time.perf_counter() - t0
+        report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     seconds = time.perf_counter() - t0
     policy.save(out)
     meta = {

@@ -27,7 +27,8 @@ from asyncrl.weights.base import (
 from asyncrl.weights.local import LocalWeightStore
 
 if TYPE_CHECKING:  # only needed for types
-    from asyncrl.config import WeightsConfig
+    from asyncrl.config import CanaryConfig, WeightsConfig
+    from asyncrl.policy.model import Policy
 
 __all__ = [
     "MANIFEST_FILE",
@@ -39,6 +40,7 @@ __all__ = [
     "SnapshotNotFoundError",
     "WeightStore",
     "make_weight_store",
+    "publish_policy",
     "version_dirname",
 ]
 
@@ -57,3 +59,18 @@ def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
         root = Path(cfg.path) / Path(run_dir).name if cfg.path else Path(run_dir) / "weights"
         return SharedWeightStore(root, cfg.redis_url, keep=cfg.keep)
     raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local' or 'shared'")
+
+
+def publish_policy(
+    store: WeightStore, version: int, policy: Policy, *, step: int, canary: CanaryConfig
+) -> Path:
+    """Publish ``policy``'s weights (:meth:`Policy.state_dict_tensors`: all of them, or the LoRA adapter)
+    as ``version``; with ``canary.enabled`` the manifest's ``extra.canary`` holds the weight-sync canary's
+    record of exactly those tensors and of the policy's probe log-probs (:mod:`asyncrl.policy.canary`)."""
+    tensors = policy.state_dict_tensors()
+    extra = None
+    if canary.enabled:
+        from asyncrl.policy.canary import publish_record
+
+        extra = {"canary": publish_record(policy, tensors, canary)}
+    return store.publish(version, tensors, step=step, extra=extra)

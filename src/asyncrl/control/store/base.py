@@ -12,7 +12,7 @@ named JSON ``docs``.
 
 Which names exist and what they mean is :mod:`asyncrl.control.run_state`'s business: roles never use
 the store directly, they go through :class:`asyncrl.control.RunState`. The staleness *rules* live in
-:mod:`asyncrl.control.staleness`; the store only stores.
+:mod:`asyncrl.staleness`; the store only stores.
 """
 
 from __future__ import annotations

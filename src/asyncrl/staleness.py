@@ -1,5 +1,10 @@
 """Staleness: the single statement of asyncrl's off-policy rules. Every role calls these functions.
 
+It sits on the lowest floor (it imports nothing of asyncrl), so that the configuration
+(``RunConfig.staleness_policy``, the ``sync_every`` check), the report and every role above ask this
+one module — none re-derives a rule (``tests/test_architecture.py`` checks that no other module
+compares ``mode`` or maps ``sync``/``one_step_off`` to a lag).
+
 Definitions
 -----------
 * A **version** is the trainer step count of a set of weights. Version 0 is the warm start;
@@ -31,7 +36,9 @@ Rules
    trainer then publishes its current weights again as a new version, so ``w`` catches up and this
    rule cannot stop both sides (``max_staleness + 1`` corrupt versions in a row did, before).
 2. **Refresh before starting.** A worker whose weights lag the newest version by more than
-   ``max_staleness`` loads the newest weights before it starts another episode. A worker that
+   ``max_staleness`` loads the newest weights before it starts another episode. The gateway answers
+   an agent's call only with weights within that bound (:meth:`StalenessPolicy.admits_call`): it
+   refreshes first (async), else holds the call or answers 429. A worker that
    may load weights now (in-flight updates, or no episode running) loads any newer version before
    admission, so rule 1 counts it against the freshest weights; in ``one_step_off`` and ``sync`` a
    worker refused admission finishes its running episodes, then loads and is admitted again.
@@ -41,24 +48,26 @@ Rules
 4. **Too old to train (what happens to it).** When a batch is assembled at version ``v``, a sample
    with ``age > max_staleness`` is *dropped* (counted, recorded in the ledger, and returned to
    the admission budget) when ``stale_policy = drop``; with ``downweight`` it is kept and the loss
-   weights its tokens by ``staleness_gamma ** age``.
+   weights its tokens by ``staleness_gamma ** age``. A gateway session whose first call is more
+   than ``max_staleness`` versions behind the newest weights is finished as stale at its next call
+   (:meth:`StalenessPolicy.session_expired`): its samples would be dropped at assembly anyway.
 5. **Modes.** ``sync``: ``max_staleness = 0`` and no in-flight updates — the barrier schedule
    (generate one batch with the current version, train, publish). ``one_step_off``:
    ``max_staleness = 1``, no in-flight updates — batch ``k+1`` is generated while batch ``k``
-   trains. ``async``: the configured ``max_staleness`` with in-flight updates.
+   trains. ``async``: the configured ``max_staleness`` with in-flight updates. Publishing every
+   ``sync_every`` steps trains a version's samples up to ``sync_every − 1`` steps later, so
+   ``sync_every ≤ max_staleness + 1`` (:attr:`StalenessPolicy.max_sync_every`, checked by the config).
 6. **Adaptive tightening.** The orchestrator may lower the effective ``max_staleness`` (never
    below 0, never above the configured value) when the measured mean age stays above the limit,
    and publish more often (a lower effective ``sync_every``, never above lag + 1); every rule above
-   reads the effective values from the control state.
+   reads the effective values from the control state. Only in ``async`` mode
+   (:attr:`StalenessPolicy.adapts`): the other modes fix the lag.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
+from typing import Literal
 
 Mode = Literal["async", "one_step_off", "sync"]
 
@@ -79,16 +88,25 @@ class StalenessPolicy:
         policy: Literal["drop", "downweight"] = "downweight" if stale_policy == "downweight" else "drop"
         return cls(mode=mode, max_staleness=lag, batch_size=batch_size, stale_policy=policy)
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> StalenessPolicy:
-        """From a :class:`~asyncrl.config.RunConfig`."""
-        oc = cfg.orchestrator
-        return cls.from_config(oc.mode, oc.max_staleness, cfg.trainer.batch_size, oc.stale_policy)
-
     @property
     def inflight_updates(self) -> bool:
         """Rule 3."""
         return self.mode == "async"
+
+    @property
+    def barrier(self) -> bool:
+        """Rule 5, ``sync``: generating and training take turns (one batch, train, publish)."""
+        return self.mode == "sync"
+
+    @property
+    def adapts(self) -> bool:
+        """Rule 6 applies: the orchestrator may tighten the lag (``async`` only)."""
+        return self.mode == "async"
+
+    @property
+    def max_sync_every(self) -> int:
+        """Rule 5: the largest ``trainer.sync_every`` the lag allows."""
+        return self.max_staleness + 1
 
     def admission_limit(
         self, version: int, max_staleness: int | None = None, worker_version: int | None = None
@@ -113,3 +131,14 @@ class StalenessPolicy:
         """Rule 4: True when the sample may not be trained as is."""
         lag = self.max_staleness if max_staleness is None else max_staleness
         return self.age(trainer_version, oldest_version) > lag
+
+    def admits_call(self, worker_version: int, newest_version: int, max_staleness: int | None = None) -> bool:
+        """Rule 2 for a gateway call: weights at ``worker_version`` may answer it now."""
+        return not self.must_refresh(worker_version, newest_version, max_staleness)
+
+    def session_expired(
+        self, first_version: int, newest_version: int, max_staleness: int | None = None
+    ) -> bool:
+        """Rule 4 for a gateway session whose first call was answered by ``first_version``: True when
+        it is more than ``max_staleness`` versions behind the newest weights."""
+        return self.too_stale(newest_version, first_version, max_staleness)

@@ -1,0 +1,180 @@
+"""Tree groups: one task rolled out as a tree of episodes that branch at turn boundaries.
+
+A flat group plays ``group_size`` independent episodes of a task. A tree group (``rollout.tree``)
+starts ``roots`` independent episodes, then grows round by round: it picks *branch points* — the
+state after model turn ``k`` of an episode it already has — and starts ``branch − 1`` new episodes
+from each. A new episode restores the state by **replaying** the prefix's ``k`` model turns into
+a fresh environment (the actions are re-executed; the environment's tools run again and are
+counted as ``tree_replayed_turns``), then samples on from there. Replayed turns keep the log-probs
+and version they were sampled with and are marked ``shared``: context in the new episode, trained
+once, in the episode that sampled them. The leaves of one round run concurrently, so the engine
+batches them and prefills their shared prefix together.
+
+Non-deterministic tools: if a replayed step's observation differs from the original's, the new
+episode's token prefix differs, so it does not pass through the original's nodes — tree credit
+(:mod:`asyncrl.credit.tree`, which finds nodes by token prefix) treats it as a separate branch,
+never as evidence about a state it did not visit. Such replays are counted (``replay_diverged``).
+Slow tools make replay cost wall time; an environment may make it cheap by being deterministic
+and fast to reset, which the built-in ones are.
+
+Branch points (``rollout.tree.points``): ``every_turn`` takes the shallowest untried nodes first,
+``first_k`` only nodes after the first ``first_k`` turns, ``entropy`` the nodes whose next turn
+was sampled with the highest mean surprisal ``−log p`` (an unbiased estimate of the policy's
+entropy there: where the policy was least sure, a branch is most informative).
+
+Budget (``rollout.tree.budget``): ``leaves`` — exactly ``group_size`` episodes, as a flat group;
+``tokens`` — episodes until the generated (not replayed) tokens reach ``group_size`` × the roots'
+mean, at most :meth:`~asyncrl.config.RolloutConfig.max_group_size` episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from array import array
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from asyncrl.config import TreeConfig
+from asyncrl.records import Trajectory, Turn
+
+LeafRunner = Callable[[list[Turn]], Awaitable[Trajectory]]
+"""Plays one episode that first replays the given model turns (``[]``: a fresh root episode)."""
+
+
+@dataclass(frozen=True)
+class BranchPoint:
+    """The state after model turn ``k`` (1-based) of ``leaf``; ``score`` orders the candidates."""
+
+    leaf: Trajectory
+    k: int
+    key: str
+    score: float
+
+    def prefix(self) -> list[Turn]:
+        return model_turns(self.leaf)[: self.k]
+
+
+@dataclass
+class TreeStats:
+    roots: int = 0
+    branch_points: int = 0
+    replayed_turns: int = 0
+    replay_diverged: int = 0
+    rounds: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "roots": float(self.roots),
+            "branch_points": float(self.branch_points),
+            "replayed_turns": float(self.replayed_turns),
+            "replay_diverged": float(self.replay_diverged),
+            "rounds": float(self.rounds),
+        }
+
+
+def model_turns(traj: Trajectory) -> list[Turn]:
+    return [t for t in traj.turns if t.role == "model"]
+
+
+def branch_points(leaf: Trajectory) -> list[BranchPoint]:
+    """Every state after a model turn of ``leaf`` from which the episode went on (``1 ≤ k < L``),
+    keyed by a digest of the exact token prefix up to the next model turn."""
+    h = hashlib.sha1(leaf.group_id.encode())
+    out: list[BranchPoint] = []
+    seen = 0
+    for turn in leaf.turns:
+        if turn.role == "model" and seen >= 1:
+            lp = turn.logprobs or []
+            surprisal = -sum(lp) / len(lp) if lp else 0.0
+            out.append(BranchPoint(leaf, seen, h.hexdigest(), surprisal))
+        seen += turn.role == "model"
+        h.update(array("q", turn.token_ids).tobytes())
+    return out
+
+
+def choose_points(leaves: list[Trajectory], cfg: TreeConfig, tried: set[str], n: int) -> list[BranchPoint]:
+    """Up to ``n`` untried branch points by ``cfg.points`` (one per distinct state)."""
+    cands: dict[str, BranchPoint] = {}
+    for leaf in leaves:
+        for p in branch_points(leaf):
+            if p.key not in tried and p.key not in cands and (cfg.points != "first_k" or p.k <= cfg.first_k):
+                cands[p.key] = p
+    if cfg.points == "entropy":
+        ranked = sorted(cands.values(), key=lambda p: -p.score)
+    else:  # shallowest first; ties in the order the episodes finished
+        ranked = sorted(cands.values(), key=lambda p: p.k)
+    return ranked[:n]
+
+
+def mark_replayed(child: Trajectory, prefix: list[Turn], parent: Trajectory) -> bool:
+    """Give the child's replayed turns their original log-probs and version and mark them shared.
+
+    Returns whether the replay reproduced the parent's token prefix (deterministic tools)."""
+    mine = model_turns(child)
+    for turn, orig in zip(mine, prefix, strict=False):
+        turn.logprobs, turn.version, turn.shared = orig.logprobs, orig.version, True
+    child.reward_components["tree_replayed_turns"] = float(len(prefix))
+    n = _prefix_len(parent, len(prefix))
+    return child.token_ids()[:n] == parent.token_ids()[:n]
+
+
+def _prefix_len(traj: Trajectory, k: int) -> int:
+    """Tokens up to (not including) model turn ``k + 1``."""
+    pos, seen = 0, 0
+    for turn in traj.turns:
+        if turn.role == "model":
+            if seen == k:
+                return pos
+            seen += 1
+        pos += len(turn.token_ids)
+    return pos
+
+
+class _Budget:
+    def __init__(self, cfg: TreeConfig, group_size: int, max_leaves: int, roots: list[Trajectory]) -> None:
+        self.cfg, self.group_size, self.max_leaves = cfg, group_size, max_leaves
+        mean = sum(t.num_model_tokens() for t in roots) / max(1, len(roots))
+        self.target_tokens = group_size * mean
+
+    def remaining(self, leaves: list[Trajectory]) -> int:
+        """Episodes still to start."""
+        if self.cfg.budget == "leaves":
+            return self.group_size - len(leaves)
+        made = sum(t.num_model_tokens() for t in leaves)
+        per = max(1.0, made / max(1, len(leaves)))  # over-estimates a branch: the next round tops up
+        want = math.ceil(max(0.0, self.target_tokens - made) / per)
+        return max(0, min(want, self.max_leaves - len(leaves)))
+
+
+async def grow_tree(
+    run_leaf: LeafRunner, cfg: TreeConfig, group_size: int, max_leaves: int
+) -> tuple[list[Trajectory], TreeStats]:
+    """Play one tree group; returns its finished episodes (the leaves) and what it took."""
+    stats = TreeStats(roots=min(cfg.roots, group_size))
+    leaves = list(await asyncio.gather(*(run_leaf([]) for _ in range(stats.roots))))
+    budget = _Budget(cfg, group_size, max_leaves, leaves)
+    tried: set[str] = set()
+    while (want := budget.remaining(leaves)) > 0:
+        stats.rounds += 1
+        points = choose_points(leaves, cfg, tried, math.ceil(want / (cfg.branch - 1)))
+        # branches first (their children bring new points next round); nothing to branch: fresh roots
+        starts: list[BranchPoint | None] = [p for p in points for _ in range(cfg.branch - 1)]
+        starts = starts[:want]
+        if not starts:
+            starts = [None] * want
+        tried.update(p.key for p in points)
+        stats.branch_points += len(points)
+        children = await asyncio.gather(*(run_leaf(p.prefix() if p else []) for p in starts))
+        for child, p in zip(children, starts, strict=True):
+            if p is not None:
+                stats.replayed_turns += p.k
+                stats.replay_diverged += not mark_replayed(child, p.prefix(), p.leaf)
+            else:
+                stats.roots += 1
+        leaves.extend(children)
+    if cfg.budget == "tokens":  # the trainer's buffer waits for this many members
+        for t in leaves:
+            t.group_size = len(leaves)
+    return leaves, stats

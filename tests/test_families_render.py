@@ -1,0 +1,481 @@
+"""Parity of the one renderer protocol over the model families (as PrimeIntellect renderers'
+``tests/test_bridge.py``): scripted multi-turn episodes — tool calls in each family's own format,
+reasoning blocks, special strings, empty and unicode observations, whitespace a template trims,
+turns cut short, truncation — through environment episodes and through the gateway with the
+official ``openai`` client. Every sample must be token-exact: the trained ids are the prompts the
+engine was given + the ids it sampled, and (benign text) re-tokenising the template's own rendering
+gives the same ids. Tokenizers are built locally (``tests/families.py`` says where each template
+text comes from); no model runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import openai
+import pytest
+import torch
+
+from asyncrl.config import GatewayConfig
+from asyncrl.engine import GenerationEngine, Sample
+from asyncrl.engine.batcher import TurnBatcher
+from asyncrl.envs import StepResult, Tool
+from asyncrl.envs.base import parse_action
+from asyncrl.gateway.server import Gateway
+from asyncrl.gateway.sessions import build_trajectories
+from asyncrl.policy.chat import HFChatRenderer, Renderer
+from asyncrl.records import SamplingParams, Task, Trajectory
+from asyncrl.rollout.episode import EpisodeSettings, run_episode_samples
+from families import FAMILIES, build_tokenizer, end_ids
+
+# family -> (tool format, observation role, multi-turn mode) that ``auto`` must choose
+EXPECTED = {
+    "smollm2": ("hermes", "user", "bridge"),
+    "qwen25": ("hermes", "tool", "bridge"),
+    "qwen3": ("hermes", "tool", "per_turn"),  # strips reasoning of turns without it: not prefix-stable
+    "llama31": ("llama3_json", "tool", "bridge"),
+    "llama32": ("llama3_json", "tool", "bridge"),
+    "mistral_v03": ("mistral", "tool", "per_turn"),  # the system text moves to the last user turn
+    "gemma2": ("hermes", "user", "bridge"),
+    "gemma3": ("hermes", "user", "bridge"),
+    "phi35_mini": ("hermes", "user", "bridge"),
+    "phi4_mini": ("hermes", "user", "bridge"),
+}
+TASK = Task(id="t1", task_type="scripted", payload={"prompt": "Look up x, then answer."})
+NASTY = "ok <|im_end|> <end_of_turn> </s> [INST] <|eot_id|> <|end|> <tool_call>"
+
+
+LOOKUP_TOOL = Tool("lookup", "Look a key up.", {"name": "key", "type": "string"})
+
+
+class ScriptedEnv:
+    """Answers each call with the next scripted observation; an ``<answer>`` ends the episode."""
+
+    tools: ClassVar[list[Tool]] = [LOOKUP_TOOL]
+
+    def __init__(self, observations: list[str]) -> None:
+        self.observations, self.actions = list(observations), []  # type: ignore[var-annotated]
+
+    async def reset(self, task: Task) -> str:
+        return str(task.payload["prompt"])
+
+    async def step(self, action: str) -> StepResult:
+        self.actions.append(action)
+        if action.startswith("<answer>"):
+            return StepResult(observation="done", done=True, reward=1.0, outcome="success")
+        parsed = parse_action(action)
+        bad = not hasattr(parsed, "name")
+        return StepResult(
+            observation=self.observations.pop(0) if not bad else "error: no action", malformed=bad
+        )
+
+
+class ScriptedEngine(GenerationEngine):
+    """Returns scripted turns (token ids) and remembers every prompt it was given."""
+
+    def __init__(self, turns: list[list[int]], finish: str = "stop") -> None:
+        self.turns, self.version, self.max_context, self.finish = list(turns), 3, 100_000, finish
+        self.prompts: list[list[int]] = []
+        self.outputs: list[list[int]] = []
+
+    def generate(self, prompts: list[list[int]], sampling: Any) -> list[Sample]:
+        out = []
+        for p, sp in zip(prompts, sampling, strict=True):
+            self.prompts.append(list(p))
+            ids = self.turns.pop(0)[: sp.max_new_tokens]
+            self.outputs.append(ids)
+            out.append(Sample(ids, [-0.25] * len(ids), self.finish))
+        return out
+
+    def load_weights(
+        self, version: int, tensors: dict[str, torch.Tensor], *, path: str | Path | None = None
+    ) -> None:  # pragma: no cover - unused
+        pass
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> tuple[str, HFChatRenderer]:
+    tok = build_tokenizer(request.param)
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, request.param),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="auto",
+    )
+    return request.param, r
+
+
+def sampled(r: Renderer, text: str, close: bool = True) -> list[int]:
+    """A turn as the model samples it: markup as its special tokens, then the turn's end token."""
+    return [*r.tokenizer.encode(text, add_special_tokens=False), *([r.stop_token_ids[0]] if close else [])]
+
+
+def call_text(name: str, r: Renderer, key: str) -> str:
+    text = r.fmt.write_call("lookup", {"key": key})
+    return f"<think>\nI should look {key} up.\n</think>\n\n{text}" if name == "qwen3" else text
+
+
+def play(
+    r: Renderer,
+    turns: list[list[int]],
+    observations: list[str],
+    max_context: int = 100_000,
+    finish: str = "stop",
+) -> tuple[list[Trajectory], ScriptedEnv, ScriptedEngine]:
+    engine = ScriptedEngine(turns, finish)
+    env = ScriptedEnv(observations)
+    settings = EpisodeSettings(8, max_context, SamplingParams(max_new_tokens=200), early_stop_invalid=0)
+
+    async def go() -> list[Trajectory]:
+        batcher = TurnBatcher(engine, max_wait_s=0.0, max_batch=8)
+        try:
+            return await run_episode_samples(TASK, env, batcher, r, settings)
+        finally:
+            batcher.close()
+
+    return asyncio.run(go()), env, engine
+
+
+def assert_exact(trajs: list[Trajectory], engine: ScriptedEngine) -> None:
+    assert all(t.render_diff == 0 for t in trajs), [t.render_diff for t in trajs]
+    model = [u.token_ids for t in trajs for u in t.turns if u.role == "model"]
+    assert model == engine.outputs  # sampled ids, never changed
+    # each sample's trained ids are the prompt the engine saw + what it sampled (per-turn), or
+    # every prompt is a prefix of the one sample (bridge)
+    if len(trajs) > 1:
+        for t, p in zip(trajs, engine.prompts, strict=True):
+            assert t.token_ids()[: len(p)] == p
+    else:
+        assert all(trajs[0].token_ids()[: len(p)] == p for p in engine.prompts)
+
+
+def test_auto_reads_each_family_from_its_template(family: tuple[str, HFChatRenderer]) -> None:
+    name, r = family
+    assert (r.fmt.name, r.observation_role, r.multi_turn) == EXPECTED[name]
+
+
+def test_a_tool_episode_is_token_exact_and_the_environment_gets_no_reasoning(
+    family: tuple[str, HFChatRenderer],
+) -> None:
+    name, r = family
+    turns = [
+        sampled(r, call_text(name, r, "x")),
+        sampled(r, call_text(name, r, "ünïcödé 🙂")),
+        sampled(r, call_text(name, r, "y")),
+        sampled(r, ("<think>\nDone.\n</think>\n\n" if name == "qwen3" else "") + "<answer>42</answer>"),
+    ]
+    trajs, env, engine = play(r, turns, ["x = 41 ✓", "", "  padded result \n\n"])
+    assert env.actions == [
+        "<tool>lookup(x)</tool>",
+        "<tool>lookup(ünïcödé 🙂)</tool>",
+        "<tool>lookup(y)</tool>",
+        "<answer>42</answer>",
+    ]
+    assert_exact(trajs, engine)
+    assert len(trajs) == (4 if r.multi_turn == "per_turn" else 1)
+    assert {t.episode for t in trajs} == {trajs[-1].id} and all(
+        t.episode_samples == len(trajs) for t in trajs
+    )
+    assert all(t.final_reward == 1.0 and t.outcome == "success" for t in trajs)
+    # the template's own rendering, re-tokenised, gives the very same ids (templates that trim
+    # the padded observation included): the trained ids are what the template renders. Not for
+    # Mistral v0.3: its template shows the system text only while a user turn is last and writes
+    # " " + content before a finished answer, so a finished chat renders unlike its prompts
+    if name != "mistral_v03":
+        assert all(t.retokenization_diff == 0 for t in trajs), (
+            "retok",
+            [t.retokenization_diff for t in trajs],
+        )
+
+
+def test_special_strings_in_observations_stay_text(family: tuple[str, HFChatRenderer]) -> None:
+    name, r = family
+    turns = [sampled(r, call_text(name, r, "x")), sampled(r, "<answer>1</answer>")]
+    trajs, _, engine = play(r, turns, [NASTY])
+    assert_exact(trajs, engine)
+    clean, _, _ = play(r, [list(t) for t in turns], ["plain words only here"])
+    eot = r.stop_token_ids[0]
+    # the markup's end-of-turn tokens only: the observation's copy is text
+    assert sum(t.token_ids().count(eot) for t in trajs) == sum(t.token_ids().count(eot) for t in clean)
+
+
+def test_a_turn_cut_short_and_a_truncated_episode_stay_exact(family: tuple[str, HFChatRenderer]) -> None:
+    name, r = family
+    cut = sampled(r, call_text(name, r, "x"), close=False)
+    turns = [cut, sampled(r, "<answer>1</answer>")]
+    trajs, _, engine = play(r, turns, ["v"], finish="length")
+    assert_exact(trajs, engine)
+    opening = len(r.start(TASK.payload["prompt"], ScriptedEnv.tools).ids)
+    long = [sampled(r, r.fmt.write_call("lookup", {"key": "k" * 30}))] * 6
+    trajs, _, engine = play(r, long, ["value " * 20] * 6, max_context=opening + 120)
+    assert trajs[-1].outcome == "truncated"
+    assert_exact(trajs, engine)
+    assert all(len(t.token_ids()) <= opening + 120 for t in trajs)
+
+
+def test_a_cut_off_call_is_answered_in_the_models_own_format(family: tuple[str, HFChatRenderer]) -> None:
+    _, r = family
+    whole = r.fmt.write_call("lookup", {"key": "x"})
+    broken = whole[: whole.index('"x"') + 2]  # cut off inside the call's JSON
+    turns = [sampled(r, broken, close=False), sampled(r, "<answer>1</answer>")]
+    trajs, _, _ = play(r, turns, [], finish="length")
+    text = r.tokenizer.decode([i for t in trajs for u in t.turns if u.role != "model" for i in u.token_ids])
+    assert "<tool>NAME(ARGS)</tool>" not in text
+    assert r.fmt.instructions().splitlines()[-1].split()[0] in text  # its own format's instructions
+
+
+# ---------------------------------------------------------------------------------------------
+# the gateway, with the official client
+# ---------------------------------------------------------------------------------------------
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a key up.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}},
+    },
+}
+
+
+def test_an_openai_tool_loop_is_exact_in_every_family(family: tuple[str, HFChatRenderer]) -> None:
+    name, r = family
+    tool_loop(name, r)
+
+
+def test_mistral_with_user_observations_alternates_roles_in_a_tool_loop() -> None:
+    """Tool results in the user role follow the user turn of the observation delta: the template's
+    alternation rule holds (consecutive user turns are joined), no 400."""
+    tok = build_tokenizer("mistral_v03")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "mistral_v03"),
+        tool_format="auto",
+        observation_role="user",
+        multi_turn="auto",
+    )
+    tool_loop("mistral_v03", r)
+
+
+def tool_loop(name: str, r: HFChatRenderer) -> None:
+    turns = [
+        sampled(r, call_text(name, r, "x")),
+        sampled(r, call_text(name, r, "y")),
+        sampled(r, "The answer is 42."),
+    ]
+    engine = ScriptedEngine(turns)
+    batcher = TurnBatcher(engine, max_wait_s=0.0, max_batch=8)
+    gw = Gateway(GatewayConfig(), batcher, r, 100_000, SamplingParams(max_new_tokens=64))
+
+    async def go() -> Any:
+        await gw.start(port=0)
+        s = gw.sessions.open(TASK)
+        c = openai.AsyncOpenAI(base_url=gw.base_url, api_key=s.key)
+        messages: list[Any] = [
+            {"role": "system", "content": "You are careful."},
+            {"role": "user", "content": "Look up x and y."},
+        ]
+        replies = []
+        for obs in ("41", NASTY, None):
+            reply = await c.chat.completions.create(model="asyncrl-policy", messages=messages, tools=[LOOKUP])
+            replies.append(reply)
+            msg = reply.choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            for tc in msg.tool_calls or []:
+                messages.append({"role": "tool", "tool_call_id": tc.id, "content": obs})
+        await c.close()
+        batcher.close()
+        await gw.stop()
+        return s, replies
+
+    s, replies = asyncio.run(go())
+    first = replies[0].choices[0].message
+    [tc] = first.tool_calls or []
+    assert tc.function.name == "lookup" and json.loads(tc.function.arguments) == {"key": "x"}
+    if name == "qwen3":  # the reasoning comes back, apart from the call
+        assert first.model_extra["reasoning_content"] == "I should look x up."
+    assert replies[2].choices[0].message.content == "The answer is 42."
+    trajs = build_trajectories(s, 1.0, "success", renderer=r)
+    assert all(t.render_diff == 0 for t in trajs)
+    assert [u.token_ids for t in trajs for u in t.turns if u.role == "model"] == turns
+    if r.multi_turn == "bridge":  # the calls extend each other: one sample
+        assert len(trajs) == 1 and gw.counts["appended_prompts"] == 2
+    assert s.calls[2].prompt_ids.count(r.stop_token_ids[0]) < len(s.calls[2].prompt_ids)
+    system_copies = r.tokenizer.decode(s.calls[2].prompt_ids).count("You are careful.")
+    assert system_copies == 1  # the system text is not repeated in an observation delta
+
+
+# ---------------------------------------------------------------------------------------------
+# per-turn samples: one episode in credit and in the buffer
+# ---------------------------------------------------------------------------------------------
+def per_turn_episode(group: str, reward: float, n: int) -> list[Trajectory]:
+    from asyncrl.records import Turn
+
+    ep = f"{group}-{reward}-{n}"
+    return [
+        Trajectory(
+            id=f"{ep}-{k}",
+            task=TASK,
+            turns=[
+                Turn(role="env", token_ids=[1, 2]),
+                Turn(role="model", token_ids=[3], logprobs=[-0.1], version=0),
+            ],
+            final_reward=reward,
+            group_id=group,
+            episode_id=ep,
+            episode_samples=n,
+            render_diff=0,
+        )
+        for k in range(n)
+    ]
+
+
+def test_an_episode_of_several_samples_counts_once_in_its_group_baseline() -> None:
+    from asyncrl.config import CreditConfig
+    from asyncrl.credit.outcome import sequence_advantages
+
+    long, short = per_turn_episode("g", 1.0, 3), per_turn_episode("g", 0.0, 1)
+    adv, _ = sequence_advantages([*long, *short], CreditConfig())
+    # two episodes, rewards 1 and 0: +a and -a, each sample of the long one carrying +a
+    assert torch.allclose(adv[:3], adv[0].expand(3)) and adv[0] > 0
+    assert torch.isclose(adv[0], -adv[3])
+
+
+def test_a_group_is_ready_once_every_episode_has_all_its_samples() -> None:
+    from asyncrl.control.staleness import StalenessPolicy
+
+    from helpers import replay_buffer
+
+    buf = replay_buffer(2, 1, StalenessPolicy.from_config("async", 5, 8, "drop"))
+    long, short = per_turn_episode("g", 1.0, 3), per_turn_episode("g", 0.0, 1)
+    for t in [*long[:2], *short]:
+        buf.add(t)
+    assert buf.take(0)[0] is None  # 3 samples, but one episode is still missing a sample
+    buf.add(long[2])
+    batch, _ = buf.take(0)
+    assert batch is not None and len(batch) == 4
+
+
+def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str, HFChatRenderer]) -> None:
+    from asyncrl.envs.calculator import CalculatorEnv
+    from asyncrl.trainer.sft import _play
+    from helpers import calc_task
+
+    _, r = family
+    task = calc_task()
+    env = CalculatorEnv()
+    samples = asyncio.run(
+        _play(env, task, ["<tool>calc(3*4)</tool>", "<tool>calc(12+5)</tool>", "<answer>17</answer>"], r)
+    )
+    assert len(samples) == (3 if r.multi_turn == "per_turn" else 1)
+    for ids, mask in samples:
+        assert len(ids) == len(mask) and mask[-1] == 1 and ids[-1] == r.stop_token_ids[0]
+    trained = [i for ids, mask in samples for i, m in zip(ids, mask, strict=True) if m]
+    demo = [
+        i
+        for text in ("<tool>calc(3*4)</tool>", "<tool>calc(12+5)</tool>", "<answer>17</answer>")
+        for i in r.demo_turn(text, env.tools)
+    ]
+    assert trained == demo  # every demonstrated turn trained once, in either mode
+
+
+# ---------------------------------------------------------------------------------------------
+# template quirks, one clear line each
+# ---------------------------------------------------------------------------------------------
+def test_a_systemless_template_gets_the_system_text_in_the_first_user_turn() -> None:
+    tok = build_tokenizer("gemma2")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "gemma2"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="auto",
+    )
+    assert r.systemless
+    text = tok.decode(r.start("Question?", ScriptedEnv.tools).ids)
+    system = r.system_text(ScriptedEnv.tools)
+    assert system is not None and text.count(system) == 1
+    assert text.index("<start_of_turn>user") < text.index(system) < text.index("Question?")
+
+
+def test_gemma3_ends_a_turn_on_end_of_turn_though_eos_is_listed_first() -> None:
+    tok = build_tokenizer("gemma3")
+    eos = end_ids(tok, "gemma3")
+    r = HFChatRenderer(tok, eos_token_ids=eos, tool_format="auto", observation_role="auto", multi_turn="auto")
+    assert tok.convert_tokens_to_ids("<eos>") == eos[0]
+    assert r.stop_token_ids[0] == tok.convert_tokens_to_ids("<end_of_turn>") and set(r.stop_token_ids) == set(
+        eos
+    )
+
+
+def test_a_template_writing_calls_in_an_unknown_format_is_refused_not_read_as_hermes() -> None:
+    from asyncrl.policy.chat import ChatTemplateError
+
+    tok = build_tokenizer("smollm2")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for tc in m.tool_calls or [] %}<<CALL {{ tc.function.name }}>>{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(ChatTemplateError, match=r"model\.tool_format"):
+        HFChatRenderer(
+            tok,
+            eos_token_ids=end_ids(tok, "smollm2"),
+            tool_format="auto",
+            observation_role="auto",
+            multi_turn="auto",
+        )
+    llama = build_tokenizer("llama31")  # an explicit format the template does not write
+    with pytest.raises(ChatTemplateError, match=r"model\.tool_format"):
+        HFChatRenderer(
+            llama,
+            eos_token_ids=end_ids(llama, "llama31"),
+            tool_format="hermes",
+            observation_role="auto",
+            multi_turn="auto",
+        )
+
+
+def test_mistral_calls_are_read_with_their_ids() -> None:
+    from asyncrl.policy.toolcalls import make_format
+
+    f = make_format("mistral")
+    text = '[TOOL_CALLS] [{"name": "lookup", "arguments": {"key": "x"}, "id": "abc123XYZ"}]'
+    assert f.find_call(text) == ("lookup", {"key": "x"}, "abc123XYZ")
+    assert f.to_action(text, ScriptedEnv.tools) == "<tool>lookup(x)</tool>"
+    assert isinstance(f.find_call('[TOOL_CALLS] [{"name": "lookup", "argu'), str)
+
+
+# ---------------------------------------------------------------------------------------------
+# training: per-turn samples through the worker, the queue and the trainer
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.realmodel  # make test-models (about two minutes each on two shared cores)
+@pytest.mark.parametrize("name", ["qwen3", "mistral_v03"])
+def test_two_training_steps_on_a_per_turn_family(name: str, tmp_path: Path) -> None:
+    from asyncrl.config import load_config
+    from asyncrl.orchestrator.run import train
+    from models_util import tiny_model_dir
+    from test_models_e2e import SMALL
+
+    model = tiny_model_dir(tmp_path / "model", build_tokenizer(name))
+    (model / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": end_ids(build_tokenizer(name), name)})
+    )
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "env.kind=calculator",
+            f"model.path={model}",
+            f"run_root={tmp_path}",
+            f"cache_dir={tmp_path / 'c'}",
+        ],
+    )
+    run_dir, summary = train(cfg, display=False, eval_limit=2)
+    assert summary["trainer_steps"] == 2 and summary["lost_trajectories"] == 0
+    assert summary["token_exact_rate"] == 1.0 and summary["token_exact_checked"] > 0
+    assert '"token_exact_rate": 1.0' in (run_dir / "initial_eval.json").read_text()
