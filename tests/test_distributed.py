@@ -121,7 +121,7 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
         m = json.loads((tmp_path / f"metrics-{rank}.json").read_text())
         for k in ("loss/policy", "train/grad_norm", "entropy/mean", "policy/tokens", "train/microbatches"):
             assert m[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
-    assert one["train/microbatches"] >= 3  # the split had something to split
+    assert one["train/microbatches"] >= 2  # the split had something to split (one per rank at least)
     moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]
     assert moved, "the step should have changed the trainable parameters"
 
