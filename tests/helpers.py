@@ -57,3 +57,12 @@ def replay_buffer(group_size: int, batch_size: int, staleness: Any, **kw: Any) -
 
     buffer = ReplayBuffer.of(RunConfig(), staleness)
     return dataclasses.replace(buffer, group_size=group_size, batch_size=batch_size, **kw)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (a trainer group's rendezvous in tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -362,7 +362,15 @@ POINTS = {"after_checkpoint": CKPT + 1, "mid_interval": CKPT + 2, "before_checkp
 
 def wait_point(job: Job, point: str) -> tuple[float, int, int]:
     """Block until the run reaches ``point``; returns (fault time, versions published, accepted)."""
-    if point == "mid_publish":
+    if point == "mid_checkpoint":  # a checkpoint being written: its temp directory exists
+        wait_for(lambda: job.state.version() >= CKPT + 1, 600, f"version {CKPT + 1}")
+        end = time.time() + 120
+        while not any((job.run_dir / "checkpoints").glob(".tmp-step_*")):
+            assert time.time() < end and not job.state.trainer_finished(), (
+                "no checkpoint in progress was seen"
+            )
+            time.sleep(0.001)
+    elif point == "mid_publish":
         root = Path(job.cfg.weights.path or "") / job.run_dir.name
         wait_for(lambda: job.state.version() >= CKPT + 1, 600, f"version {CKPT + 1}")
         end = time.time() + 120
@@ -401,6 +409,53 @@ def kill_role_at(
         recover = job.recovery_seconds(fault_at, pub, put)
         s = job.finish()
         sweep_row(job, s, f"kill -9 {role} at {point}{label}", recover, time.time() - t0)
+    finally:
+        server.stop()
+
+
+GROUP = ["trainer.world_size=2", "trainer.dist_timeout_s=15"]
+
+
+@pytest.mark.parametrize("point", ["mid_interval", "mid_checkpoint", "mid_publish"])
+def test_crash_point_sweep_trainer_rank(tmp_path: Path, cache_dir: Path, point: str) -> None:
+    """kill -9 rank 1 of a two-rank trainer mid-step, mid-checkpoint, mid-publish: rank 0's next
+    collective fails, the group ends and restarts whole from the newest checkpoint."""
+    server = RedisServer(tmp_path / "redis")
+    try:
+        t0 = time.time()
+        job = Job(tmp_path, cache_dir, server, *SWEEP, *GROUP)
+        fault_at, pub, put = wait_point(job, point)
+        victim, leader = job.pids()["trainer.1"], job.pids()["trainer"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: job.pids().get("trainer") not in (None, leader) or job.state.trainer_finished(),
+            300,
+            "the group to restart",
+        )
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        sweep_row(job, s, f"kill -9 trainer rank 1 of 2 at {point}", recover, time.time() - t0)
+    finally:
+        server.stop()
+
+
+def test_hung_trainer_rank(tmp_path: Path, cache_dir: Path) -> None:
+    """A rank that hangs (SIGSTOP) makes the others' collective time out (trainer.dist_timeout_s): the
+    group ends, the stopped rank is killed, the group restarts; nothing lost, nothing trained twice."""
+    server = RedisServer(tmp_path / "redis")
+    try:
+        t0 = time.time()
+        job = Job(tmp_path, cache_dir, server, *SWEEP, "trainer.world_size=2", "trainer.dist_timeout_s=5")
+        fault_at, pub, put = wait_point(job, "mid_interval")
+        victim = job.pids()["trainer.1"]
+        os.kill(victim, signal.SIGSTOP)
+        wait_for(
+            lambda: job.pids().get("trainer.1") != victim or job.state.trainer_finished(), 120, "restart"
+        )
+        recover = job.recovery_seconds(fault_at, pub, put)
+        s = job.finish()
+        assert s["restarts"].get("trainer", 0) >= 1
+        sweep_row(job, s, "SIGSTOP trainer rank 1 of 2 (hang)", recover, time.time() - t0)
     finally:
         server.stop()
 

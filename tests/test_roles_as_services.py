@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_RUN
+from helpers import TINY_RUN, free_port
 from redis_server import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -34,7 +34,10 @@ def role_cmd(role: str, cfg: Path, run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "asyncrl.cli", "role", role, str(cfg), "--run-dir", str(run_dir), *extra]
 
 
-def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -> None:
+@pytest.mark.parametrize("world", [1, 2])
+def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path, world: int) -> None:
+    """The roles as services; with ``world = 2`` the trainer is two rank services started
+    torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in their environment)."""
     server = RedisServer(tmp_path / "redis", password=PASSWORD)
     shared = tmp_path / "shared-weights"
     cfg_path = tmp_path / "run.yaml"
@@ -50,6 +53,7 @@ def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -
         f"control.state.redis_url={server.url}",
         "launcher.kind=external",
         f"cache_dir={tmp_path / 'cache'}",
+        f"trainer.world_size={world}",
     ]
     from asyncrl.config import apply_overrides
 
@@ -57,7 +61,9 @@ def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -
     run_dir = tmp_path / "runs" / "svc"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("ASYNCRL_REDIS_PASSWORD", None)
-    logs = {name: (tmp_path / f"{name}.log").open("w+") for name in ("rollout", "trainer", "orchestrator")}
+    ranks = ["trainer", *(f"trainer.{r}" for r in range(1, world))]
+    logs = {name: (tmp_path / f"{name}.log").open("w+") for name in ("rollout", *ranks, "orchestrator")}
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         # services start in any order: the workers wait for the orchestrator to prepare the run
@@ -68,23 +74,24 @@ def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -
             env=env,
             cwd=REPO,
         )
-        procs["trainer"] = subprocess.Popen(
-            role_cmd("trainer", cfg_path, run_dir),
-            stdout=logs["trainer"],
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-        )
+        for rank, name in enumerate(ranks):
+            procs[name] = subprocess.Popen(
+                role_cmd("trainer", cfg_path, run_dir),
+                stdout=logs[name],
+                stderr=subprocess.STDOUT,
+                env={**env, **rendezvous, "RANK": str(rank)} if world > 1 else env,
+                cwd=REPO,
+            )
         time.sleep(1.0)
         procs["orchestrator"] = subprocess.Popen(
             role_cmd("orchestrator", cfg_path, run_dir), stdout=logs["orchestrator"], stderr=subprocess.STDOUT, env=env, cwd=REPO
         )  # fmt: skip
         deadline = time.time() + 420
-        for name in ("orchestrator", "trainer", "rollout"):
+        for name in ("orchestrator", *ranks, "rollout"):
             procs[name].wait(max(1.0, deadline - time.time()))
         codes = {name: p.returncode for name, p in procs.items()}
         out = {name: (f.seek(0), f.read())[1] for name, f in logs.items()}
-        assert codes == {"rollout": 0, "trainer": 0, "orchestrator": 0}, out
+        assert codes == dict.fromkeys(procs, 0), out
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -112,7 +119,7 @@ def test_three_roles_as_separate_processes_train_to_completion(tmp_path: Path) -
         for root in (
             run_dir,
             shared,
-            *(tmp_path / f"{n}.log" for n in ("rollout", "trainer", "orchestrator")),
+            *(tmp_path / f"{n}.log" for n in ("rollout", *ranks, "orchestrator")),
         )
         for p in ([root] if root.is_file() else root.rglob("*"))
         if p.is_file() and PASSWORD.encode() in p.read_bytes()

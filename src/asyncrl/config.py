@@ -695,6 +695,18 @@ class TrainerConfig(Section):
     """Target share of short and long samples in a batch (split at buffer_length_split tokens)."""
     buffer_length_split: int = Field(128, ge=1, le=1_000_000)
     """Length in tokens above which a sample counts as long (for buffer_length_mix)."""
+    world_size: int = Field(1, ge=1, le=1024)
+    """Trainer ranks (data parallel, one torch.distributed process group: gloo on CPU, nccl on CUDA).
+    Rank 0 owns the queue, the ledger, publishing and checkpoints; every rank holds the whole model and
+    runs its share of each minibatch's micro-batches; gradients are all-reduced before the optimiser
+    step, so N ranks take the same step as one (docs/trainer-group.md). 1: one process, no process group."""
+    dist_timeout_s: float = Field(120.0, gt=0, le=86400)
+    """Timeout of every collective of the trainer group (and of its rendezvous): a rank that died or
+    hangs ends the whole group after at most this long, and the supervisor restarts it from the newest
+    checkpoint. Rank 0 sends a heartbeat when idle, so waiting for data never trips it."""
+    dist_port: int = Field(0, ge=0, le=65535)
+    """TCP port of the trainer group's rendezvous on rank 0's host; 0: a free port chosen at each
+    (re)start of the group."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
 
@@ -1079,7 +1091,15 @@ class RayLauncherConfig(_LauncherBase):
     trainer_cpus: float = Field(1.0, ge=0, le=1024)
     """CPUs requested by the trainer actor."""
     trainer_gpus: float = Field(0.0, ge=0, le=64)
-    """GPUs requested by the trainer actor."""
+    """GPUs requested by the trainer actor (by each rank's, with ``trainer.world_size > 1``)."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each trainer rank asks for (e.g. ``{trainer_node: 1}`` to keep the trainer
+    on the nodes started with that resource)."""
+    rollout_resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each rollout worker asks for."""
+    trainer_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy of the trainer ranks (one bundle per rank): ``PACK`` as few nodes as
+    possible, ``STRICT_SPREAD`` one rank per node, ... (Ray's placement-group strategies)."""
 
 
 class ExternalLauncherConfig(_LauncherBase):

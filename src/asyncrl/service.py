@@ -74,6 +74,12 @@ def run_role(
         from asyncrl.trainer.process import TrainerRole
 
         _init(cfg, "trainer")
+        if cfg.trainer.world_size > 1:  # one rank of the group, torchrun-style (RANK, MASTER_ADDR/PORT)
+            from asyncrl.trainer.ranks import ENV_RENDEZVOUS, trainer_rank_main
+
+            rank = _rank_from_env(cfg.trainer.world_size)
+            trainer_rank_main(cfg.model_dump_json(), str(run_dir), True, rank, ENV_RENDEZVOUS, 0)
+            return None
         TrainerRole(cfg, run_dir, resume=True, started=started).run()
         return None
     if role == "rollout":
@@ -93,6 +99,22 @@ def run_role(
         asyncio.run(RolloutWorker(cfg, run_dir, index, started=started).run())
         return None
     raise UserError(f"unknown role {role!r}; use rollout, trainer or orchestrator")
+
+
+def _rank_from_env(world_size: int) -> int:
+    """This trainer rank, from the variables torchrun sets (or an operator sets by hand)."""
+    import os
+
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise UserError(
+            f"trainer.world_size is {world_size}: start each rank with RANK, MASTER_ADDR and MASTER_PORT "
+            f"set (torchrun sets them); missing {', '.join(missing)}"
+        )
+    rank, world = os.environ["RANK"], os.environ.get("WORLD_SIZE", str(world_size))
+    if not rank.isdigit() or int(rank) >= world_size or world != str(world_size):
+        raise UserError(f"RANK={rank} WORLD_SIZE={world}: need 0 <= RANK < trainer.world_size = {world_size}")
+    return int(rank)
 
 
 def _init(cfg: RunConfig, role: ComputeRole) -> None:

@@ -32,5 +32,30 @@ class Launcher(ABC):
     @abstractmethod
     def names(self) -> list[str]: ...
 
+    def start_group(
+        self, names: list[str], target: Callable[..., None], args: tuple[Any, ...], port: int
+    ) -> None:
+        """Start the ranks of one torch.distributed group: ``names[r]`` runs ``target(*args, r, host,
+        port)``, where rank 0 listens on ``host:port`` for the rendezvous (``port`` 0: a free one).
+
+        Here: every rank on this machine, rank 0 on the loopback address. A launcher that places
+        processes on other machines overrides it (rank 0's address is only known once it is placed).
+        """
+        port = port or free_port(LOOPBACK)
+        for rank, name in enumerate(names):
+            self.start(name, target, *args, rank, LOOPBACK, port)
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the launcher itself holds (e.g. a cluster it started); after every stop()."""
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (a trainer group's rendezvous with ``trainer.dist_port: 0``)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

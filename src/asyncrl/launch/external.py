@@ -46,6 +46,13 @@ class ExternalLauncher(Launcher):
         if not ready.exists():
             ready.write_text(f"{time.time()}\n")
 
+    def start_group(
+        self, names: list[str], target: Callable[..., None], args: tuple[Any, ...], port: int
+    ) -> None:
+        """The trainer's ranks are services too (``asyncrl role trainer`` with RANK/MASTER_ADDR/MASTER_PORT,
+        e.g. under torchrun); only rank 0 reports metrics, so only it is watched."""
+        self.start(names[0], target, *args)
+
     def exitcode(self, name: str) -> int | None:
         self._watch(name)
         return None  # liveness of remote processes is their service manager's business

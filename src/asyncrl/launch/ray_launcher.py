@@ -48,7 +48,7 @@ from typing import Any
 
 from asyncrl.config import RayLauncherConfig
 from asyncrl.errors import UserError
-from asyncrl.launch.base import Launcher
+from asyncrl.launch.base import Launcher, free_port
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,13 @@ class _RoleActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def rendezvous(self, port: int) -> tuple[str, int]:
+        """This node's address and a port on it for a trainer group's rank 0 (``port`` 0: a free one)."""
+        import ray
+
+        host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        return host, port or free_port(host)
 
     def run(self, target: str, args: tuple[Any, ...]) -> int:
         module, _, name = target.partition(":")
@@ -115,6 +122,7 @@ class RayLauncher(Launcher):
     def __init__(self, cfg: RayLauncherConfig) -> None:
         self.cfg = cfg
         self._roles: dict[str, _Role] = {}
+        self._group: Any = None  # the trainer group's placement group
         self._owns_cluster = False
         if cfg.address is None:
             _prepare_local_auth()  # before ray is imported: its token loader reads the environment once
@@ -157,27 +165,75 @@ class RayLauncher(Launcher):
 
     # ---- the Launcher interface -----------------------------------------------------------------
     def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        actor, pid = self._place(name, {})
+        self._roles[name] = _Role(
+            actor=actor, ref=actor.run.remote(_target_path(target), tuple(args)), pid=pid
+        )
+
+    def _place(self, name: str, options: dict[str, Any]) -> tuple[Any, int]:
+        """A new actor for role ``name`` (replacing a previous one), placed, with its pid."""
         ray = self._ray
         old = self._roles.pop(name, None)
         if old is not None:
             ray.kill(old.actor, no_restart=True)
-        trainer = name == "trainer"
-        cpus = self.cfg.trainer_cpus if trainer else self.cfg.rollout_cpus
-        gpus = self.cfg.trainer_gpus if trainer else self.cfg.rollout_gpus
+        trainer = name.partition(".")[0] == "trainer"  # the trainer, or one of its ranks
+        cfg = self.cfg
+        cpus, gpus = (cfg.trainer_cpus, cfg.trainer_gpus) if trainer else (cfg.rollout_cpus, cfg.rollout_gpus)
+        resources = cfg.trainer_resources if trainer else cfg.rollout_resources
         actor: Any = self._actor_cls.options(
-            num_cpus=cpus, num_gpus=gpus, max_restarts=0, max_concurrency=2
+            num_cpus=cpus, num_gpus=gpus, resources=resources, max_restarts=0, max_concurrency=2, **options
         ).remote(os.getcwd())
         try:
-            pid = int(ray.get(actor.pid.remote(), timeout=_PLACE_TIMEOUT_S))
+            return actor, int(ray.get(actor.pid.remote(), timeout=_PLACE_TIMEOUT_S))
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor, no_restart=True)
             field = "trainer" if trainer else "rollout"
             raise UserError(
                 f"Ray could not place role {name!r} within {_PLACE_TIMEOUT_S:.0f}s: no node offers "
-                f"{cpus} CPUs and {gpus} GPUs; lower launcher.{field}_cpus / launcher.{field}_gpus or add nodes"
+                f"{cpus} CPUs, {gpus} GPUs and {resources or 'no custom resources'}; lower "
+                f"launcher.{field}_cpus / launcher.{field}_gpus / launcher.{field}_resources or add nodes"
             ) from None
-        ref = actor.run.remote(_target_path(target), tuple(args))
-        self._roles[name] = _Role(actor=actor, ref=ref, pid=pid)
+
+    def start_group(
+        self, names: list[str], target: Callable[..., None], args: tuple[Any, ...], port: int
+    ) -> None:
+        """The trainer ranks as actors in one placement group (one bundle per rank, strategy
+        ``launcher.trainer_placement``); rank 0's node address and port are asked of rank 0's actor."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray, cfg = self._ray, self.cfg
+        for name in names:  # a group is replaced whole
+            old = self._roles.pop(name, None)
+            if old is not None:
+                ray.kill(old.actor, no_restart=True)
+        if self._group is not None:
+            remove_placement_group(self._group)
+        bundle = {"CPU": cfg.trainer_cpus, "GPU": cfg.trainer_gpus, **cfg.trainer_resources}
+        self._group = placement_group(
+            [{k: v for k, v in bundle.items() if v} for _ in names], strategy=cfg.trainer_placement
+        )
+        if not self._group.wait(_PLACE_TIMEOUT_S):
+            raise UserError(
+                f"Ray could not place {len(names)} trainer ranks ({bundle} each, strategy "
+                f"{cfg.trainer_placement}) within {_PLACE_TIMEOUT_S:.0f}s; lower trainer.world_size or "
+                "launcher.trainer_cpus / trainer_gpus / trainer_resources, or add nodes"
+            )
+        placed = [
+            self._place(
+                name,
+                {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        self._group, placement_group_bundle_index=r
+                    )
+                },
+            )
+            for r, name in enumerate(names)
+        ]
+        host, port = ray.get(placed[0][0].rendezvous.remote(port), timeout=_PLACE_TIMEOUT_S)
+        for rank, (name, (actor, pid)) in enumerate(zip(names, placed, strict=True)):
+            ref = actor.run.remote(_target_path(target), (*args, rank, host, port))
+            self._roles[name] = _Role(actor=actor, ref=ref, pid=pid)
 
     def exitcode(self, name: str) -> int | None:
         role = self._roles[name]
@@ -225,6 +281,11 @@ class RayLauncher(Launcher):
         for role in self._roles.values():
             if role.code is None:
                 self._ray.kill(role.actor, no_restart=True)
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._group)
+            self._group = None
         if self._owns_cluster and self._ray.is_initialized():
             self._ray.shutdown()
             self._owns_cluster = False

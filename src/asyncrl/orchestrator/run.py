@@ -81,6 +81,8 @@ class Orchestrator:
         self.governor = StalenessGovernor(
             self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator
         )
+        self.trainer_ranks = [TRAINER, *(f"{TRAINER}.{r}" for r in range(1, cfg.trainer.world_size))]
+        """The trainer's processes: rank 0 is ``trainer`` (metrics, restarts), rank r ``trainer.r``."""
         self.workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
         """Active rollout workers (elastic capacity changes this list)."""
         self.retiring: list[str] = []
@@ -104,7 +106,6 @@ class Orchestrator:
     # -- roles ---------------------------------------------------------------------------------------
     def _start(self, name: str, resume_trainer: bool = True) -> None:
         from asyncrl.rollout.worker import worker_main
-        from asyncrl.trainer.process import trainer_main
 
         cfg_json = self.cfg.model_dump_json()
         if name == EVALUATOR:  # not a training device: no lifetime in the cost ledger
@@ -114,13 +115,36 @@ class Orchestrator:
             self._write_pids()  # an orphaned evaluator is reaped by a resumed orchestrator like any role
             return
         if name == TRAINER:
-            self.launcher.start(name, trainer_main, cfg_json, str(self.run_dir), resume_trainer)
-        else:
-            self.launcher.start(name, worker_main, cfg_json, str(self.run_dir), int(name.split("-")[1]))
+            self._start_trainer(cfg_json, resume_trainer)
+            return
+        self.launcher.start(name, worker_main, cfg_json, str(self.run_dir), int(name.split("-")[1]))
+        self._launched(name)
+
+    def _launched(self, name: str) -> None:
         pid = self.launcher.pid(name)
-        if pid is not None:
-            self.lifetimes[(name, pid)] = [time.time(), 0.0]
+        if pid is not None:  # every trainer rank holds a training device: all count as "trainer"
+            self.lifetimes[(TRAINER if name in self.trainer_ranks else name, pid)] = [time.time(), 0.0]
         self._write_pids()
+
+    def _start_trainer(self, cfg_json: str, resume: bool) -> None:
+        """The trainer: one process, or a group of ``trainer.world_size`` ranks started together (a
+        group is only ever restarted whole: whatever is left of the old one is stopped first)."""
+        if len(self.trainer_ranks) == 1:
+            from asyncrl.trainer.process import trainer_main
+
+            self.launcher.start(TRAINER, trainer_main, cfg_json, str(self.run_dir), resume)
+            self._launched(TRAINER)
+            return
+        from asyncrl.trainer.ranks import trainer_rank_main
+
+        for name in self.trainer_ranks:
+            if name in self.launcher.names():
+                self.launcher.stop(name, timeout=0.0)
+                self._ended(name)
+        args = (cfg_json, str(self.run_dir), resume)
+        self.launcher.start_group(self.trainer_ranks, trainer_rank_main, args, self.cfg.trainer.dist_port)
+        for name in self.trainer_ranks:
+            self._launched(name)
 
     def _write_pids(self) -> None:
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
@@ -133,7 +157,8 @@ class Orchestrator:
 
     def _ended(self, name: str) -> None:
         pid = self.launcher.pid(name)
-        life = self.lifetimes.get((name, pid)) if pid is not None else None
+        role = TRAINER if name in self.trainer_ranks else name
+        life = self.lifetimes.get((role, pid)) if pid is not None else None
         if life is not None and not life[1]:
             life[1] = time.time()
 
@@ -142,6 +167,10 @@ class Orchestrator:
             code = self.launcher.exitcode(name)
             if code is None or self.state.trainer_finished():  # done: the loop is about to end
                 continue
+            if name in self.trainer_ranks[1:]:  # a lost rank is a lost trainer: the group restarts
+                self._ended(name)
+                self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
+                name = TRAINER
             if name not in (TRAINER, EVALUATOR) and name not in self.workers:  # retired (elastic)
                 if name in self.retiring:
                     self.retiring.remove(name)

@@ -14,6 +14,14 @@ Layout of one checkpoint, ``root/step_{N:08d}/`` (``N`` = optimiser steps done):
     trainer_state.json      TrainerState: step, last_published, consumed, extra
     manifest.json           sha256 and size of every other file; written LAST
 
+A trainer group (``trainer.world_size > 1``) writes ``optimizer_shards/`` instead of
+``optimizer.safetensors``: the same tensors, saved by every rank together with
+``torch.distributed.checkpoint`` (``HuggingFaceStorageWriter``: safetensors shards, each tensor
+written once by one rank, metadata in JSON headers, no Python object serialisation) —
+:func:`write_optimizer_shards`. Everything else is written once by rank 0 (the policy is the full state every rank holds), and the manifest covers the shards
+too. A sharded checkpoint loads in any world size, one rank included (:func:`read_optimizer_shards`
+reads every shard; the state is replicated on every rank), and a one-rank checkpoint loads on N.
+
 No Python object serialisation is used: tensors go to safetensors, the rest to JSON. Non-JSON Python
 values (tuples, int dict keys, tensors nested in state) are stored with small tagged JSON
 objects (``{"__tuple__": [...]}``, ``{"__items__": [[k, v], ...]}``, ``{"__tensor__": key}``)
@@ -40,6 +48,7 @@ import json
 import logging
 import random
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +72,7 @@ POLICY_DIR = "policy"
 POLICY_WEIGHTS = f"{POLICY_DIR}/model.safetensors"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_JSON = "optimizer.json"
+OPTIMIZER_SHARDS = "optimizer_shards"
 SCHEDULER_JSON = "scheduler.json"
 SCHEDULER_TENSORS = "scheduler.safetensors"
 RNG_TENSORS = "rng.safetensors"
@@ -254,9 +264,12 @@ def save_checkpoint(
     state: TrainerState,
     py_rng: random.Random | None = None,
     keep: int = 2,
+    optimizer_shards: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``root/step_{state.step:08d}`` atomically, apply retention, return its path.
 
+    ``optimizer_shards``: a trainer group's collective writer of the optimiser tensors, called with
+    the directory to fill (:data:`OPTIMIZER_SHARDS`) instead of writing ``optimizer.safetensors``.
     An existing checkpoint of the same step is replaced. Raises :class:`CheckpointError`
     when some state is neither tensors nor JSON data (e.g. non-JSON ``state.extra``).
     """
@@ -290,7 +303,10 @@ def save_checkpoint(
         final, tmp_prefix=f"{_TMP_PREFIX}{state.step:08d}-", replace_prefix=f"{_OLD_PREFIX}{state.step:08d}-"
     ) as tmp:
         policy.save(tmp / POLICY_DIR)
-        write_durably(tmp / OPTIMIZER_TENSORS, st_save(opt_tensors, metadata={"format": "pt"}))
+        if optimizer_shards is not None:
+            optimizer_shards(tmp / OPTIMIZER_SHARDS)
+        else:
+            write_durably(tmp / OPTIMIZER_TENSORS, st_save(opt_tensors, metadata={"format": "pt"}))
         _write_json(tmp / OPTIMIZER_JSON, opt_meta)
         if sched_meta is not None:
             _write_json(tmp / SCHEDULER_JSON, sched_meta)
@@ -305,6 +321,34 @@ def save_checkpoint(
         _write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, "step": state.step, "files": files})
     _apply_retention(root, keep, final)
     return final
+
+
+def write_optimizer_shards(path: Path, optimizer: torch.optim.Optimizer) -> None:
+    """Collective over the trainer group: every rank calls it with the same ``path``; each tensor of
+    the (replicated) optimiser state is written once, by the rank the planner assigns it to."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    tensors, _ = _optimizer_payload(optimizer)
+    save(tensors, storage_writer=HuggingFaceStorageWriter(str(path), save_distributed=True))
+
+
+def read_optimizer_shards(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a sharded optimiser state, read by this process alone (any world size)."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    meta = HuggingFaceStorageReader(str(path)).read_metadata().state_dict_metadata
+    out: dict[str, Any] = {}
+    for k, m in meta.items():
+        if not isinstance(m, TensorStorageMetadata):
+            raise ValueError(f"{k} is not a tensor")
+        out[k] = torch.empty(m.size, dtype=m.properties.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        load(out, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=True)
+    return out
 
 
 def _apply_retention(root: Path, keep: int, current: Path) -> None:
@@ -341,7 +385,9 @@ def verify_checkpoint(path: Path) -> None:
     """Raise :class:`CheckpointError` unless every file of the manifest is present and intact."""
     path = Path(path)
     files = _read_manifest(path)
-    for required in (POLICY_WEIGHTS, OPTIMIZER_TENSORS, OPTIMIZER_JSON, RNG_TENSORS, TRAINER_STATE):
+    sharded = any(rel.startswith(f"{OPTIMIZER_SHARDS}/") for rel in files)
+    optimizer = () if sharded else (OPTIMIZER_TENSORS,)
+    for required in (POLICY_WEIGHTS, *optimizer, OPTIMIZER_JSON, RNG_TENSORS, TRAINER_STATE):
         if required not in files:
             raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} does not list {required}")
     for rel, entry in files.items():
@@ -439,7 +485,15 @@ def load_checkpoint(
 
     # Parse everything before mutating anything, so a bad file leaves the objects untouched.
     weights = _load_tensors(path, POLICY_WEIGHTS)
-    opt_tensors = _load_tensors(path, OPTIMIZER_TENSORS)
+    if (path / OPTIMIZER_SHARDS).is_dir():
+        try:
+            opt_tensors = read_optimizer_shards(path / OPTIMIZER_SHARDS)
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: {OPTIMIZER_SHARDS} is corrupt ({_short(exc)})"
+            ) from None
+    else:
+        opt_tensors = _load_tensors(path, OPTIMIZER_TENSORS)
     opt_meta = _load_json(path, OPTIMIZER_JSON)
     err = _guard(path, OPTIMIZER_JSON, "the optimizer")
     try:
@@ -521,6 +575,8 @@ __all__ = [
     "TrainerState",
     "latest_checkpoint",
     "load_checkpoint",
+    "read_optimizer_shards",
     "save_checkpoint",
     "verify_checkpoint",
+    "write_optimizer_shards",
 ]

@@ -18,6 +18,11 @@ not extra optimiser steps). Log-probs come from the final hidden states in chunk
 ``trainer.logits_chunk_tokens`` (never ``[B, T, V]`` logits); ``trainer.gradient_checkpointing``
 recomputes block activations in the backward. The no-grad passes (proximal, reference, KL check)
 use the same micro-batches.
+
+Data parallel (``trainer.world_size > 1``): :attr:`Learner.group` is set and every rank runs only its
+share of each list of micro-batches (:meth:`Learner._own`); gradients and log-probs are summed over
+the ranks (:mod:`asyncrl.trainer.distributed`). Everything else — normalisers, clipping, the
+finiteness check, the optimiser step — is computed identically on every rank.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -44,6 +49,9 @@ from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.policy.packing import shared_microbatches
 from asyncrl.records import Trajectory
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.distributed import Group
 
 
 @dataclass
@@ -184,6 +192,8 @@ class Learner:
         self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
+        self.group: Group | None = None
+        """The trainer group when ``trainer.world_size > 1`` (set by the rank's process)."""
         if tc.gradient_checkpointing:
             hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
             enable = getattr(hf, "activation_checkpointing_enable", None)
@@ -319,6 +329,12 @@ class Learner:
         parts = cut if cut is not None else microbatches(lengths, budget)
         return [_Part(rows[p], max(int(lengths[p].max()), 1), cut is not None) for p in parts]
 
+    def _own(self, parts: list[_Part]) -> list[int]:
+        """Indices of the micro-batches this rank runs: all of them on one rank."""
+        if self.group is None:
+            return list(range(len(parts)))
+        return self.group.mine([len(p.rows) * p.width for p in parts])
+
     def _score(
         self, model: Any, b: Batch, part: _Part, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -344,9 +360,10 @@ class Learner:
         """Log-probs ``[B, T]`` of ``rows`` (all by default; 0 elsewhere), no grad, one micro-batch at a time."""
         out = torch.zeros_like(b.mask)
         rows = torch.arange(b.ids.shape[0]) if rows is None else rows
-        for part in self._parts(b, rows.to(b.ids.device)) if rows.numel() else []:
+        parts = self._parts(b, rows.to(b.ids.device)) if rows.numel() else []
+        for part in (parts[i] for i in self._own(parts)):
             out[part.rows, : part.width] = self._score(model, b, part, with_entropy=False)[0]
-        return out
+        return out if self.group is None else self.group.sum_(out)
 
     def _weights(self, d: _Minibatch, parts: list[_Part]) -> tuple[list[float], list[float]]:
         """Per-micro-batch weights of the policy term and of the token-mean terms (entropy, KL).
@@ -389,12 +406,19 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=d.b.ids.device)
         merged: list[tuple[dict[str, float], float, float]] = []
-        for part, wp, wt in zip(parts, w_policy, w_tok, strict=True):
+        for i in self._own(parts):
+            part, wp, wt = parts[i], w_policy[i], w_tok[i]
             loss, pm = self._micro_loss(d, part, pl, wp, wt, fill_prox)
             if loss.requires_grad:
                 loss.backward()  # type: ignore[no-untyped-call]
             total = total + loss.detach()
             merged.append((pm, wp, wt))
+        if self.group is not None:  # the whole minibatch's loss, gradient and metrics on every rank
+            total = self.group.sum_(total)
+            self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
+            if fill_prox and d.prox is not None:  # each rank filled its own micro-batches' rows of mb
+                d.prox[mb] = self.group.sum_(d.prox[mb])
+            merged = self.group.gather_parts(merged)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)

@@ -16,6 +16,10 @@ each worker checks its engine after loading it.
 Versions: the weights after ``step`` optimiser steps are version ``step + offset``; ``offset``
 is 0 on a fresh run and, after a resume, whatever keeps the published sequence strictly
 increasing (versions published after the checkpoint by the crashed trainer are never reused).
+
+With ``trainer.world_size > 1`` this is rank 0 of the trainer group (:mod:`asyncrl.trainer.distributed`):
+everything above is rank 0's alone; the other ranks (:mod:`asyncrl.trainer.ranks`) receive each batch
+and take the same step, and write their shard of the optimiser state into each checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,16 +40,45 @@ from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.intake import Intake
 
+if TYPE_CHECKING:
+    from asyncrl.trainer.checkpoint import TrainerState
+    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.learner import Learner
+
 log = logging.getLogger("asyncrl.trainer")
+
+
+def load_learner(
+    cfg: RunConfig, run_dir: Path, ckpt: Path | None, py_rng: random.Random
+) -> tuple[Learner, TrainerState]:
+    """The policy (from ``ckpt`` or the initial policy), its reference and learner, restored from
+    ``ckpt`` when given (every rank of a trainer group builds its replica this way)."""
+    from asyncrl.policy import Policy
+    from asyncrl.trainer.checkpoint import TrainerState, load_checkpoint
+    from asyncrl.trainer.learner import Learner
+
+    device = cfg.model.device
+    policy = Policy.load(ckpt / "policy" if ckpt else run_dir / "initial_policy", cfg=cfg.model).to(device)
+    ref = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(device) if cfg.algo.kl_coef > 0 else None
+    learner = Learner(cfg, policy, ref)
+    ts = TrainerState(step=0, last_published=0, consumed=0, extra={})
+    if ckpt is not None:
+        ts = load_checkpoint(ckpt, policy, learner.optimizer, learner.scheduler, py_rng)
+        log.info("resumed from %s (step %d)", ckpt, ts.step)
+        learner.credit.load_value(run_dir, ts.step)
+    return learner, ts
 
 
 class TrainerRole:
     def __init__(
-        self, cfg: RunConfig, run_dir: Path, resume: bool = True, started: float | None = None
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        resume: bool = True,
+        started: float | None = None,
+        group: Group | None = None,
     ) -> None:
-        from asyncrl.policy import Policy
-        from asyncrl.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
-        from asyncrl.trainer.learner import Learner
+        from asyncrl.trainer.checkpoint import latest_checkpoint
         from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
@@ -56,23 +90,12 @@ class TrainerRole:
         self.store = make_weight_store(cfg.weights, run_dir)
         self.ckpt_root = run_dir / "checkpoints"
         ckpt = latest_checkpoint(self.ckpt_root, verify=True) if resume else None
-        device = cfg.model.device
-        self.policy = Policy.load(ckpt / "policy" if ckpt else run_dir / "initial_policy", cfg=cfg.model).to(
-            device
-        )
-        ref = (
-            Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(device)
-            if cfg.algo.kl_coef > 0
-            else None
-        )
-        self.learner = Learner(cfg, self.policy, ref)
-        ts = TrainerState(step=0, last_published=0, consumed=0, extra={})
-        if ckpt is not None:
-            ts = load_checkpoint(
-                ckpt, self.policy, self.learner.optimizer, self.learner.scheduler, self.py_rng
-            )
-            log.info("resumed from %s (step %d)", ckpt, ts.step)
-            self.learner.credit.load_value(run_dir, ts.step)
+        self.group = group
+        if group is not None:  # every rank resumes from the checkpoint rank 0 chose
+            group.send("init", ckpt=str(ckpt) if ckpt else "")
+        self.learner, ts = load_learner(cfg, run_dir, ckpt, self.py_rng)
+        self.learner.group = group
+        self.policy = self.learner.policy
         self.step = ts.step
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
@@ -175,11 +198,20 @@ class TrainerRole:
             ts,
             self.py_rng,
             keep=self.cfg.trainer.keep_checkpoints,
+            optimizer_shards=self._optimizer_shards if self.group is not None else None,
         )
         self.learner.credit.save_value(self.run_dir, self.step, keep=self.cfg.trainer.keep_checkpoints)
         # the trained fates are durable now: record them, then acknowledge (a crash in between only
         # causes a redelivery that is de-duplicated against the ledger)
         self.intake.checkpointed()
+
+    def _optimizer_shards(self, path: Path) -> None:
+        """Every rank writes its shard of the optimiser state into ``path`` (one collective save)."""
+        from asyncrl.trainer.checkpoint import write_optimizer_shards
+
+        if self.group is not None:
+            self.group.send("ckpt", dir=str(path))
+        write_optimizer_shards(path, self.learner.optimizer)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -196,10 +228,14 @@ class TrainerRole:
             batch, dropped = self.buffer.take(self.version, lag)
             self._record_drops(dropped)
             if batch is None:
+                if self.group is not None:
+                    self.group.beat()
                 self.idle += time.perf_counter() - t0
                 continue
             # 3. learn; a non-finite step is skipped and never published
             t_learn = time.perf_counter()
+            if self.group is not None:  # the other ranks take the same step on the same batch
+                self.group.send("step", **step_command(batch, self.version))
             metrics = self.learner.step(batch, self.version)
             self.learn += time.perf_counter() - t_learn
             skipped = metrics["train/skipped"] > 0
@@ -234,6 +270,8 @@ class TrainerRole:
             last = (metrics, batch)
         if self.intake.trained:
             self._checkpoint()
+        if self.group is not None:
+            self.group.send("stop")
         if last is not None:
             self._report(*last)  # final figures (the cost ledger reads the last row of each process)
         if self.step >= tc.total_steps:
@@ -278,6 +316,18 @@ class TrainerRole:
             },
             step=self.step,
         )
+
+
+def step_command(batch: list[Trajectory], version: int) -> dict[str, Any]:
+    """The ``step`` command for the other ranks: the batch on the wire format, the version, and this
+    rank's torch RNG state (the minibatch permutation draws from it)."""
+    from asyncrl.records import encode
+
+    return {
+        "trajs": [encode(t) for t in batch],
+        "version": version,
+        "rng": torch.get_rng_state().numpy().tobytes(),
+    }
 
 
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:

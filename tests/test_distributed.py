@@ -1,0 +1,272 @@
+"""Data-parallel trainer ranks: N ranks take the one-rank step (invariance, in the spirit of TRL's
+``tests/invariant/``), the micro-batch split is deterministic, checkpoints resume across world sizes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode
+from asyncrl.trainer.distributed import assign
+from helpers import free_port
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SPAWNS = pytest.mark.slow  # two spawned gloo ranks: ~1 min each on a loaded 2-core machine (imports)
+
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "trainer.lr=0.01",
+    "rollout.group_size=2",
+    "trainer.batch_size=6",
+    "trainer.max_tokens_per_microbatch=24",  # several micro-batches per minibatch
+    "algo.entropy_coef=0.01",  # a token-mean term beside the policy loss
+]
+
+
+def batch() -> list[Trajectory]:
+    """Six trajectories of different lengths in three groups (rewards differ within each group)."""
+    out = []
+    for i in range(6):
+        model = [3 + (i + k) % 7 for k in range(2 + i)]
+        turns = [
+            Turn(role="env", token_ids=[1, 2, 1 + i % 3]),
+            Turn(
+                role="model", token_ids=model, logprobs=[-0.7 - 0.1 * k for k in range(len(model))], version=0
+            ),
+        ]
+        out.append(
+            Trajectory(
+                id=f"t{i}",
+                task=Task(id=f"g{i // 2}", task_type="calc"),
+                turns=turns,
+                final_reward=float(i % 2),
+                outcome="success" if i % 2 else "failure",
+                group_id=f"g{i // 2}",
+            )
+        )
+    return out
+
+
+def _policy(cfg: RunConfig, model_dir: str | None) -> Any:
+    from asyncrl.policy import Policy
+
+    torch.manual_seed(0)
+    return Policy.load(model_dir, cfg=cfg.model) if model_dir else Policy.build(cfg.model)
+
+
+def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> dict[str, float]:
+    from asyncrl.trainer.learner import Learner
+
+    learner = Learner(cfg, policy)
+    learner.group = group
+    trajs = [decode_trajectory(encode(t)) for t in batch()]
+    metrics: dict[str, float] = {}
+    for v in range(steps):
+        torch.manual_seed(100 + v)  # the minibatch permutation: the same on every rank (rank 0 sends it)
+        metrics = learner.step(trajs, version=v)
+    return metrics
+
+
+def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
+    from asyncrl.trainer.distributed import Group
+
+    torch.set_num_threads(1)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    group = Group.join(cfg, rank, "127.0.0.1", port)
+    policy = _policy(cfg, model_dir)
+    metrics = _train(cfg, policy, group, steps)
+    params = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    save_file(params, f"{out}/params-{rank}.safetensors")
+    Path(f"{out}/metrics-{rank}.json").write_text(json.dumps(metrics))
+    group.close()
+
+
+def run_ranks(cfg: RunConfig, world: int, out: Path, model_dir: str | None, steps: int) -> None:
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank, args=(r, port, cfg.model_dump_json(), model_dir, str(out), steps))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * world
+
+
+def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, steps: int) -> None:
+    cfg = load_config(None, [*TINY, *args, "trainer.world_size=2"])
+    policy = _policy(cfg, model_dir)
+    one = _train(cfg, policy, None, steps)
+    run_ranks(cfg, 2, tmp_path, model_dir, steps)
+    ref = {n: p.detach() for n, p in policy.model.named_parameters()}
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    for rank in (0, 1):
+        got = load_file(str(tmp_path / f"params-{rank}.safetensors"))
+        assert set(got) == set(ref)
+        for n in ref:
+            torch.testing.assert_close(got[n], ref[n], atol=2e-6, rtol=1e-5, msg=f"rank {rank}: {n}")
+        m = json.loads((tmp_path / f"metrics-{rank}.json").read_text())
+        for k in ("loss/policy", "train/grad_norm", "entropy/mean", "policy/tokens", "train/microbatches"):
+            assert m[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
+    assert one["train/microbatches"] >= 2  # the split had something to split (one per rank at least)
+    moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]
+    assert moved, "the step should have changed the trainable parameters"
+
+
+@SPAWNS
+def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path) -> None:
+    """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too), with
+    decoupled PPO: the proximal log-probs the first minibatch fills are summed over the ranks."""
+    _check_invariance(
+        tmp_path, ["trainer.minibatches=2", "algo.policy_loss.kind=decoupled_ppo"], None, steps=2
+    )
+
+
+@SPAWNS
+def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path) -> None:
+    """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model."""
+    from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
+
+    tok = family_tokenizer(load_tokenizer(smollm2_dir()), "smollm2")
+    model = tiny_model_dir(tmp_path / "model", tok)
+    args = [f"model.path={model}", "model.lora.rank=4", "model.lora.alpha=8"]
+    out = tmp_path / "out"
+    out.mkdir()
+    _check_invariance(out, args, str(model), steps=2)
+
+
+def test_assign_is_deterministic_and_balanced() -> None:
+    assert assign([10, 40, 30, 20], 2) == [0, 0, 1, 1]  # 40→0, 30→1, 20→1, 10→0: 50 each
+    assert assign([5, 5, 5], 4) == [0, 1, 2]  # more ranks than micro-batches: rank 3 idles
+    assert assign([], 3) == []
+    sizes = [7, 3, 9, 1, 4, 4]
+    owner = assign(sizes, 3)
+    assert owner == assign(sizes, 3)
+    loads = [sum(s for s, o in zip(sizes, owner, strict=True) if o == r) for r in range(3)]
+    assert max(loads) - min(loads) <= max(sizes)
+
+
+# ---- checkpoints across world sizes ---------------------------------------------------------------
+def _learner(cfg: RunConfig, group: Any = None) -> Any:
+    from asyncrl.trainer.learner import Learner
+
+    learner = Learner(cfg, _policy(cfg, None))
+    learner.group = group
+    return learner
+
+
+def _optimizer_tensors(learner: Any) -> dict[str, torch.Tensor]:
+    from asyncrl.trainer.checkpoint import _optimizer_payload
+
+    return {k: v.clone() for k, v in _optimizer_payload(learner.optimizer)[0].items()}
+
+
+def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> None:
+    """Load the one-rank checkpoint ``ckpt``, take a step, write a sharded checkpoint under ``out``."""
+    from asyncrl.trainer.checkpoint import (
+        TrainerState,
+        load_checkpoint,
+        save_checkpoint,
+        write_optimizer_shards,
+    )
+    from asyncrl.trainer.distributed import Group
+
+    torch.set_num_threads(1)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    group = Group.join(cfg, rank, "127.0.0.1", port)
+    learner = _learner(cfg, group)
+    ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
+    torch.manual_seed(101)
+    learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    if rank == 0:
+
+        def shards(path: Path) -> None:
+            group.send("ckpt", dir=str(path))
+            write_optimizer_shards(path, learner.optimizer)
+
+        state = TrainerState(ts.step + 1, 0, 0, {})
+        save_checkpoint(
+            Path(out), learner.policy, learner.optimizer, learner.scheduler, state, optimizer_shards=shards
+        )
+        save_file(_optimizer_tensors(learner), f"{out}/saved-optimizer.safetensors")
+        save_file(
+            {n: p.detach().clone() for n, p in learner.model.named_parameters()},
+            f"{out}/saved-params.safetensors",
+        )
+    else:
+        write_optimizer_shards(Path(group.receive()["dir"]), learner.optimizer)
+    group.close()
+
+
+@SPAWNS
+def test_checkpoints_resume_on_another_world_size(tmp_path: Path) -> None:
+    """1 rank → checkpoint → 2 ranks resume, step, sharded checkpoint → 1 rank resumes it exactly,
+    and the result is the one-rank run's."""
+    from asyncrl.trainer.checkpoint import OPTIMIZER_SHARDS, TrainerState, load_checkpoint, save_checkpoint
+
+    cfg = load_config(None, [*TINY, "trainer.minibatches=2", "trainer.world_size=2"])
+    one = _learner(cfg)
+    torch.manual_seed(100)
+    one.step(batch(), version=0)
+    first = save_checkpoint(
+        tmp_path / "one", one.policy, one.optimizer, one.scheduler, TrainerState(1, 0, 0, {})
+    )
+    torch.manual_seed(101)
+    one.step(batch(), version=1)  # the one-rank continuation, for comparison
+
+    ctx, port, out = mp.get_context("spawn"), free_port(), tmp_path / "two"
+    procs = [
+        ctx.Process(target=_resume_rank, args=(r, port, cfg.model_dump_json(), str(first), str(out)))
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    sharded = out / "step_00000002"
+    shard_files = sorted((sharded / OPTIMIZER_SHARDS).glob("*.safetensors"))
+    assert len(shard_files) == 2 and not (sharded / "optimizer.safetensors").exists()  # both ranks wrote
+
+    resumed = _learner(cfg)
+    assert load_checkpoint(sharded, resumed.policy, resumed.optimizer, resumed.scheduler).step == 2
+    saved_opt = load_file(str(out / "saved-optimizer.safetensors"))
+    got_opt = _optimizer_tensors(resumed)
+    assert set(got_opt) == set(saved_opt) and all(torch.equal(got_opt[k], saved_opt[k]) for k in saved_opt)
+    saved = load_file(str(out / "saved-params.safetensors"))
+    for n, p in resumed.model.named_parameters():
+        assert torch.equal(p.detach(), saved[n]), n  # exactly what rank 0 held
+        torch.testing.assert_close(
+            p.detach(), dict(one.model.named_parameters())[n].detach(), atol=2e-6, rtol=1e-5
+        )
+    assert resumed.scheduler.state_dict()["last_epoch"] == one.scheduler.state_dict()["last_epoch"]
+
+
+def test_a_rank_service_without_its_rendezvous_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.errors import UserError
+    from asyncrl.service import _rank_from_env
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(UserError, match=r"missing RANK, MASTER_ADDR, MASTER_PORT"):
+        _rank_from_env(2)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(UserError, match=r"RANK=2 WORLD_SIZE=2: need 0 <= RANK < trainer.world_size = 2"):
+        _rank_from_env(2)
+    monkeypatch.setenv("RANK", "1")
+    assert _rank_from_env(2) == 1
