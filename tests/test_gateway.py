@@ -591,3 +591,21 @@ def test_the_session_id_reveals_nothing_of_the_key() -> None:
     assert all(gw.sessions.by_id(s.id) is s for s in sessions[:3])
     ok = asyncio.run(_post_reward(gw, sessions[0], b'{"reward": 0.5}'))
     assert ok.status_code == 200 and sessions[0].reward == 0.5
+
+
+def test_a_streamed_reply_carries_its_reasoning_as_the_message_does() -> None:
+    from asyncrl.gateway.protocol import stream_chunks
+
+    message = {"role": "assistant", "content": "", "reasoning_content": "I should look x up."}
+    body = {
+        "id": "c1",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        "usage": {},
+    }
+    first, end, usage = stream_chunks(body)
+    assert first["choices"][0]["delta"]["reasoning_content"] == "I should look x up."
+    assert end["choices"][0]["finish_reason"] == "tool_calls" and usage["choices"] == []
+    message.pop("reasoning_content")
+    assert "reasoning_content" not in stream_chunks(body)[0]["choices"][0]["delta"]

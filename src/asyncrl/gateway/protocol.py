@@ -292,6 +292,8 @@ def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     chunks: list[dict[str, Any]] = []
     for ch in body["choices"]:
         delta: dict[str, Any] = {"role": "assistant", "content": ch["message"]["content"]}
+        if ch["message"].get("reasoning_content"):  # as the non-streamed message carries it
+            delta["reasoning_content"] = ch["message"]["reasoning_content"]
         if ch["message"].get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(ch["message"]["tool_calls"])]
         chunks.append(
