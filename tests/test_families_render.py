@@ -203,6 +203,20 @@ def test_special_strings_in_observations_stay_text(family: tuple[str, HFChatRend
     assert sum(t.token_ids().count(eot) for t in trajs) == sum(t.token_ids().count(eot) for t in clean)
 
 
+def test_a_non_canonical_tokenisation_is_trained_as_sampled(family: tuple[str, HFChatRenderer]) -> None:
+    """The model may sample a text in pieces the tokenizer would merge ("<answer>42" as single
+    characters): those ids are trained as sampled, and re-tokenising would have got them wrong."""
+    name, r = family
+    pieces = [i for ch in "<answer>42</answer>" for i in r.tokenizer.encode(ch, add_special_tokens=False)]
+    canonical = r.tokenizer.encode("<answer>42</answer>", add_special_tokens=False)
+    assert pieces != canonical  # the same text, other ids
+    turns = [sampled(r, call_text(name, r, "x")), [*pieces, r.stop_token_ids[0]]]
+    trajs, env, engine = play(r, turns, ["41"])
+    assert_exact(trajs, engine)
+    assert env.actions[-1] == "<answer>42</answer>"
+    assert trajs[-1].retokenization_diff and trajs[-1].retokenization_diff > 0
+
+
 def test_a_turn_cut_short_and_a_truncated_episode_stay_exact(family: tuple[str, HFChatRenderer]) -> None:
     name, r = family
     cut = sampled(r, call_text(name, r, "x"), close=False)
