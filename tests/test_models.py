@@ -188,6 +188,24 @@ def test_stop_strings_spanning_several_tokens_end_the_turn(base_tokenizer: Any) 
     assert base_tokenizer.decode(ids[:keep]).endswith("</tool_call>")
     assert "</tool_call>" not in base_tokenizer.decode(ids[: keep - 1])
     assert r.cut_at_stop(enc(base_tokenizer, "no stop here")) == len(enc(base_tokenizer, "no stop here"))
+    # a long reply whose stop string comes late: found with a logarithmic number of decodes
+    long_ids = enc(base_tokenizer, "word " * 2000 + "</tool_call> tail")
+    calls = 0
+    decode = base_tokenizer.decode
+
+    def counting(*a: Any, **k: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return decode(*a, **k)
+
+    r.tokenizer.decode = counting
+    try:
+        keep = r.cut_at_stop(long_ids)
+    finally:
+        del r.tokenizer.decode
+    assert base_tokenizer.decode(long_ids[:keep]).endswith("</tool_call>")
+    assert "</tool_call>" not in base_tokenizer.decode(long_ids[: keep - 1])
+    assert calls <= 2 + len(long_ids).bit_length()
 
 
 # ---------------------------------------------------------------------------------------------

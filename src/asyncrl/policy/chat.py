@@ -297,21 +297,27 @@ class Renderer(ABC):
         """Tokens to keep of a sampled turn: up to the token that completes a stop string
         (``model.stop_strings`` and a request's ``extra`` ones).
 
-        Incremental decoding: the text of ``ids[:k]`` is checked as ``k`` grows, so a stop string
-        spread over several tokens (or sharing a token with other text) is found at the first
-        token where it is complete. ``len(ids)`` when no stop string occurs.
+        The text of ``ids[:k]`` holds a stop string from the first ``k`` where one is complete on
+        (the text only grows with ``k``), so that ``k`` is found by bisection: a stop string spread
+        over several tokens (or sharing a token with other text) is found where it completes, in
+        ``O(log n)`` decodes — a long reply whose stop string comes late does not hold the
+        gateway's event loop for seconds. ``len(ids)`` when no stop string occurs.
         """
         stops = [*self.stop_strings, *(extra or [])]
         if not stops:
             return len(ids)
-        full = self.tokenizer.decode(ids, skip_special_tokens=False)
-        if not any(s in full for s in stops):
-            return len(ids)
-        for k in range(1, len(ids) + 1):
+
+        def holds(k: int) -> bool:
             text = self.tokenizer.decode(ids[:k], skip_special_tokens=False)
-            if any(s in text for s in stops):
-                return k
-        return len(ids)  # pragma: no cover - the full text held a stop string
+            return any(s in text for s in stops)
+
+        if not holds(len(ids)):
+            return len(ids)
+        lo, hi = 1, len(ids)  # holds(hi); find the smallest such k
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+        return lo
 
     def demo_turn(self, action_text: str, tools: list[Tool]) -> list[int]:
         """Token ids of a demonstrated model turn (a canonical action), as the model would write it."""
