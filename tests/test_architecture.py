@@ -232,6 +232,8 @@ ALLOWED_REPEATS = {
     ("records.py", "SamplingParams", "top_p"),
     # an empty directives document (no orchestrator has spoken yet) starts no held-out probes
     ("control/directives.py", "Directives", "heldout_rate"),
+    # a role report's figure before anything was measured (0 s of evaluation), not a setting
+    ("telemetry/reports.py", "EvalFigures", "seconds"),
 }
 
 
