@@ -28,6 +28,10 @@ from asyncrl.orchestrator.breaker import Breakers
 from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.drift import Cusum, DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController, FlowSample
+from asyncrl.orchestrator.explore import ExplorationController
+from asyncrl.orchestrator.governor import StalenessGovernor
+from asyncrl.orchestrator.rules import Rules
+from asyncrl.records import Task
 from asyncrl.telemetry.reports import (
     Decoded,
     GroupReport,
@@ -40,10 +44,6 @@ from asyncrl.telemetry.reports import (
     TrainerReport,
     WorkerReport,
 )
-from asyncrl.orchestrator.explore import ExplorationController
-from asyncrl.orchestrator.governor import StalenessGovernor
-from asyncrl.orchestrator.rules import Rules
-from asyncrl.records import Task
 
 
 # -- curriculum ---------------------------------------------------------------------------------
@@ -327,7 +327,9 @@ def _feed_flow(
             ),
             staleness=StalenessFigures(mean=0.5),
         )
-        orch.live.workers = {"rollout-0": WorkerReport(rollout=RolloutFigures(episodes=episodes_per_tick * i))}
+        orch.live.workers = {
+            "rollout-0": WorkerReport(rollout=RolloutFigures(episodes=episodes_per_tick * i))
+        }
         time.sleep(0.02)
         orch._scale()
 

@@ -21,9 +21,9 @@ from asyncrl.telemetry import tensorboard as tb
 from asyncrl.telemetry.archive import ArchiveWriter, read_batches
 from asyncrl.telemetry.experiment import compare_runs, list_runs
 from asyncrl.telemetry.flow import FlowMeter
-from asyncrl.telemetry.reports import RolloutFigures, WorkerReport
 from asyncrl.telemetry.lifecycle import batch_stats, trace
 from asyncrl.telemetry.report import write_report
+from asyncrl.telemetry.reports import RolloutFigures, WorkerReport
 from asyncrl.telemetry.sinks import Sinks, scalars_of
 
 
@@ -198,6 +198,7 @@ def test_batch_stats_rates_and_distributions() -> None:
 
 def test_flow_rates_never_go_negative_across_a_restart() -> None:
     f = FlowMeter()
+
     def worker(episodes: float, busy: float) -> WorkerReport:
         return WorkerReport(rollout=RolloutFigures(episodes=episodes, gen_busy_seconds=busy))
 
