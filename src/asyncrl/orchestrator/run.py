@@ -49,6 +49,7 @@ log = logging.getLogger("asyncrl.orchestrator")
 
 if TYPE_CHECKING:
     from asyncrl.policy.preflight import ModelPlan
+    from asyncrl.transport import TrajectoryQueue
 
 ORCHESTRATOR = "orchestrator"
 CONTEXT_PROBE_TASKS = 4  # held-out and training tasks each whose episode openings the preflight renders
@@ -101,7 +102,7 @@ class Orchestrator:
         self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self.telemetry = OrchestratorTelemetry(cfg, run_dir)
-        self._queue: Any = None  # opened on first use by the watchdog
+        self._queue: TrajectoryQueue | None = None  # opened on the first tick (_read_queue)
         self._progress: tuple[int, int] | None = None
         self._progress_at = self._stall_alerted = time.time()
 
@@ -701,6 +702,27 @@ def _canary(orch: Orchestrator) -> dict[str, int]:
     }
 
 
+def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dict[str, Any]:
+    """The run's cost ledger from every role's reports (``cost.json``), reconciled with the wall time."""
+    from asyncrl.cost.ledger import collect_usage, price, stored_bytes
+
+    lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
+    usage = collect_usage(
+        read_reports(run_dir),
+        wall_seconds=orch.rl_seconds,
+        stored_bytes=stored_bytes(run_dir),
+        lifetimes=lifetimes,
+    )
+    cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
+    cost["reconciliation"] = {
+        "device_seconds": usage.device_seconds,
+        "wall_x_devices": orch.rl_seconds * usage.devices,
+        "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
+    }
+    (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+    return cost
+
+
 def _summary(
     cfg: RunConfig,
     run_dir: Path,
@@ -709,7 +731,7 @@ def _summary(
     prior: dict[str, Any],
     final: dict[str, Any],
     wall: float,
-    queue: Any,
+    queue: TrajectoryQueue,
 ) -> dict[str, Any]:
     """``summary.json``; the queue's accounting is read from ``queue`` after the roles stopped (final)."""
     state = orch.state
@@ -725,25 +747,8 @@ def _summary(
     leftover = int(qs.depth)
     consumed = sum(fates.values())
     queue.close()
-    cost: dict[str, Any] = {}
-    if cfg.cost.enabled:
-        from asyncrl.cost.ledger import collect_usage, price, stored_bytes
-
-        lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
-        usage = collect_usage(
-            read_reports(run_dir),
-            wall_seconds=orch.rl_seconds,
-            stored_bytes=stored_bytes(run_dir),
-            lifetimes=lifetimes,
-        )
-        gain = (final["success_rate"] - prior["success_rate"]) * 100
-        cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
-        cost["reconciliation"] = {
-            "device_seconds": usage.device_seconds,
-            "wall_x_devices": orch.rl_seconds * usage.devices,
-            "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
-        }
-        (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+    gain = (final["success_rate"] - prior["success_rate"]) * 100
+    cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
     return {
         "mode": cfg.orchestrator.mode,
         "initial_success": prior["success_rate"],

@@ -45,6 +45,7 @@ from asyncrl.telemetry.reports import (
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
+    from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.weights.base import LoadedWeights, WeightStore
 
@@ -425,7 +426,7 @@ class RolloutWorker:
         batcher.close()
         self._report(batcher)
 
-    def _report(self, batcher: Any) -> None:
+    def _report(self, batcher: TurnBatcher) -> None:
         self.metrics.report(
             WorkerReport(
                 rollout=self._figures(batcher),
@@ -440,7 +441,7 @@ class RolloutWorker:
             )
         )
 
-    def _figures(self, batcher: Any) -> RolloutFigures:
+    def _figures(self, batcher: TurnBatcher) -> RolloutFigures:
         """The counters, the weight loads, and the engine's and the batcher's work so far."""
         w, e = self.weights, self.engine
         return msgspec.structs.replace(

@@ -95,9 +95,10 @@ class MetricWriter:
         head = {"time": now, "role": self.role, "pid": self.pid, "alive_s": now - self.started}
         self._f.write(json.dumps({**head, **fields, **clean, **memory_figures()}) + "\n")
 
-    def report(self, report: Report, **fields: Any) -> None:
-        """Write a role's typed report (:mod:`asyncrl.telemetry.reports`) as one flat metric row."""
-        self.write(report.flat(), **fields)
+    def report(self, report: Report, step: int | None = None) -> None:
+        """Write a role's typed report (:mod:`asyncrl.telemetry.reports`) as one flat metric row
+        (with the trainer's ``step`` for the sinks' x-axis)."""
+        self.write(report.flat(), **({"step": step} if step is not None else {}))
 
     def group(self, report: GroupReport) -> None:
         """Write a finished group as its ``rollout/group`` event row."""
