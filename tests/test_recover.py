@@ -107,6 +107,38 @@ def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.C
     state.close()
 
 
+def test_queue_depth_reaches_the_orchestrator_through_its_own_handle(tmp_path: Path) -> None:
+    """One route: the watermarks, the display and the watchdog read the queue the orchestrator read
+    this tick, whatever the trainer's last report said about it."""
+    from asyncrl.telemetry.reports import TrainerReport
+    from asyncrl.transport import make_queue
+
+    small = [
+        "trainer.batch_size=1",
+        "trainer.checkpoint_every=1",
+        "trainer.buffer_steps=1",
+        "rollout.group_size=1",
+    ]
+    cfg = load_config(None, ["transport.capacity=4", *small])
+    orch = Orchestrator(cfg, tmp_path, display=False)
+    orch.live.trainer = TrainerReport(queue=QueueStats(ready=0.0, capacity=4.0))  # a stale report: empty
+    queue = make_queue(cfg.transport, tmp_path)
+    for _ in range(4):
+        assert queue.put(_traj("g"), timeout=1)
+    orch._read_queue()
+    orch._watermarks()
+    assert orch.live.queue.ready == 4 and orch.live.queue.put_total == 4 and orch.state.paused()
+    got = queue.get_batch(4, timeout=1)
+    queue.ack([d.entry_id for d in got])
+    orch._read_queue()
+    orch._watermarks()
+    assert orch.live.queue.ready == 0 and not orch.state.paused()
+    queue.close()
+    orch._queue.close()
+    orch._merged.close()
+    orch.state.close()
+
+
 @pytest.mark.redis
 def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tmp_path: Path) -> None:
     import redis
