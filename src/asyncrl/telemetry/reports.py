@@ -20,6 +20,7 @@ the namespaces of :data:`LEARNER_NAMESPACES`, and no control-plane decision read
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar, get_args
 
@@ -90,12 +91,7 @@ class Report(msgspec.Struct, kw_only=True):
     @classmethod
     def sections(cls) -> dict[str, type[Figures]]:
         """{field name: section type} of this report."""
-        out: dict[str, type[Figures]] = {}
-        for f in msgspec.structs.fields(cls):
-            for t in (f.type, *get_args(f.type)):
-                if isinstance(t, type) and issubclass(t, Figures):
-                    out[f.name] = t
-        return out
+        return _sections_of(cls)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -105,8 +101,22 @@ class Report(msgspec.Struct, kw_only=True):
     @classmethod
     def of_row(cls: type[R], row: Mapping[str, Any]) -> R:
         """The report a metric row holds (figures it lacks keep their defaults)."""
-        head = {k: row[k] for k in ("role", "pid", "time", "alive_s") if row.get(k) is not None}
-        return msgspec.convert({**head, **_sections(cls, _numbers(row))}, cls, strict=False)
+        return msgspec.convert({**_head(row), **_sections(cls, _numbers(row))}, cls, strict=False)
+
+
+@functools.cache
+def _sections_of(cls: type[Report]) -> dict[str, type[Figures]]:
+    out: dict[str, type[Figures]] = {}
+    for f in msgspec.structs.fields(cls):
+        for t in (f.type, *get_args(f.type)):
+            if isinstance(t, type) and issubclass(t, Figures):
+                out[f.name] = t
+    return out
+
+
+def _head(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the writer put in every row besides the figures: ``role``, ``pid``, ``time``, ``alive_s``."""
+    return {k: row[k] for k in ("role", "pid", "time", "alive_s") if row.get(k) is not None}
 
 
 def _numbers(row: Mapping[str, Any]) -> dict[str, float]:
@@ -367,9 +377,8 @@ class TrainerReport(Report):
 
     @classmethod
     def of_row(cls, row: Mapping[str, Any]) -> TrainerReport:
-        head = {k: row[k] for k in ("role", "pid", "time", "alive_s") if row.get(k) is not None}
         figures = {k: float(v) for k, v in _numbers(row).items() if "/" in k}
-        return msgspec.structs.replace(cls.of_figures(figures), **head)
+        return msgspec.structs.replace(cls.of_figures(figures), **_head(row))
 
 
 # -- the evaluator ------------------------------------------------------------------------------------
@@ -410,7 +419,9 @@ class GroupReport(msgspec.Struct, kw_only=True):
     """Per episode: the circuit breakers' anomaly kind, or ``None``."""
 
     def data(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        """The event row's fields."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
 
 
 class Event(msgspec.Struct, kw_only=True):
