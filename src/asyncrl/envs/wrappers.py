@@ -37,7 +37,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import (
@@ -71,7 +71,7 @@ __all__ = [
 @dataclass
 class GuardStats:
     """What the guards of one process absorbed (cumulative; the rollout worker reports them as
-    ``guard/*`` metrics). ``calls``: guarded ``reset``/``step`` calls; ``faults``: calls that
+    the ``guard`` section of its report, :class:`asyncrl.telemetry.reports.GuardFigures`). ``calls``: guarded ``reset``/``step`` calls; ``faults``: calls that
     failed on every attempt; ``retries``: failed attempts that were retried; ``timeouts``,
     ``exceptions``, ``malformed``: failed attempts by kind (retried or not); ``fault_seconds``: wall
     time spent in failed attempts (a hang costs up to ``step_timeout_s`` each); ``tool_faults``:
@@ -85,9 +85,6 @@ class GuardStats:
     malformed: int = 0
     fault_seconds: float = 0.0
     tool_faults: int = 0
-
-    def metrics(self) -> dict[str, float]:
-        return {f"guard/{k}": float(v) for k, v in asdict(self).items()}
 
 
 GUARD_STATS = GuardStats()
