@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from asyncrl.config import EnvConfig
 from asyncrl.envs.base import AnyEnvironment, StepResult, TaskSource, call_env, close_env, is_async_method
+from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
 from asyncrl.records import OUTCOMES, Task
 
 if TYPE_CHECKING:
@@ -195,8 +197,6 @@ async def acheck_environment(
     which makes the reference demonstrator ``demonstrate`` required (without it, ``demonstrate`` is
     checked when present).
     """
-    from asyncrl.config import EnvConfig
-    from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
 
     if isinstance(path_or_cfg, str):
         try:

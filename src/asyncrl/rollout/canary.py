@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from asyncrl.config import VLLMEngineConfig
 from asyncrl.policy.canary import CanaryRecord, Verdict, check, expected_fingerprint, probe_tolerance
 from asyncrl.telemetry.reports import CanaryFigures
 
@@ -39,7 +40,6 @@ class WeightCanary:
     @classmethod
     def of(cls, cfg: RunConfig) -> WeightCanary | None:
         """The canary of a run's workers (``None`` when ``weights.canary.enabled`` is off)."""
-        from asyncrl.config import VLLMEngineConfig
 
         if not cfg.weights.canary.enabled:
             return None
