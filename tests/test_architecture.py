@@ -214,10 +214,10 @@ def test_rule_5_is_derived_only_in_the_staleness_module() -> None:
 def test_the_rule_5_scan_can_fail(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "lag = {'sync': 0, 'one_step_off': 1}.get(cfg.orchestrator.mode, 3)\n"
-        "limit = 2 if cfg.orchestrator.mode == 'async' else None\n"
+        "lag = {'sync': 0, 'one_step_off': 1}.get(cfg.control.mode, 3)\n"
+        "limit = 2 if cfg.control.mode == 'async' else None\n"
         "fixed = mode in ('sync', 'one_step_off')\n"
-        "title = f'asyncrl {cfg.orchestrator.mode}'\n"
+        "title = f'asyncrl {cfg.control.mode}'\n"
     )
     assert sorted(_rule5_derivations(probe, root=tmp_path)) == ["probe.py:1", "probe.py:2", "probe.py:3"]
 

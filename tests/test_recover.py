@@ -149,7 +149,7 @@ TINY = [
     "trainer.batch_size=16",
     "trainer.total_steps=6",
     "telemetry.eval_every=0",
-    "orchestrator.max_staleness=2",
+    "control.max_staleness=2",
 ]
 
 

@@ -11,24 +11,16 @@ One module per role's section, named after the package that reads it — :mod:`.
 :mod:`.orchestrator`, :mod:`.transport`, :mod:`.weights`, :mod:`.cost`, :mod:`.telemetry`,
 :mod:`.launch` — on :mod:`.base` (the section base class and the variant-section helpers);
 :mod:`.run` assembles :class:`RunConfig` from them; :mod:`.loader` reads YAML and ``--set``
-overrides; :mod:`.explain` lists the fields. Every public name is re-exported here, so callers write
+overrides; :mod:`.explain` lists the fields; :mod:`.aliases` maps the renamed paths of
+the last release to the new ones. Every public name is re-exported here, so callers write
 ``from asyncrl.config import X``.
 """
 
 from __future__ import annotations
 
+from asyncrl.config.aliases import RENAMED
 from asyncrl.config.base import Section, drop_stale_defaults, variants
-from asyncrl.config.control import (
-    BreakerConfig,
-    ControlConfig,
-    CurriculumConfig,
-    DriftConfig,
-    ElasticConfig,
-    ExplorationConfig,
-    RedisStateConfig,
-    SQLiteStateConfig,
-    StateStoreConfig,
-)
+from asyncrl.config.control import ControlConfig, RedisStateConfig, SQLiteStateConfig, StateStoreConfig
 from asyncrl.config.cost import CostAssumptionsConfig, CostConfig, PriceConfig
 from asyncrl.config.credit import (
     CreditConfig,
@@ -65,7 +57,15 @@ from asyncrl.config.loader import (
     parse_override,
 )
 from asyncrl.config.model import LoraConfig, ModelConfig
-from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.config.orchestrator import (
+    BreakerConfig,
+    CurriculumConfig,
+    DriftConfig,
+    ElasticConfig,
+    ExplorationConfig,
+    GovernorConfig,
+    OrchestratorConfig,
+)
 from asyncrl.config.rollout import (
     TREE_TOKEN_BUDGET_FACTOR,
     EngineConfig,
@@ -83,6 +83,7 @@ from asyncrl.config.transport import EmbeddedTransportConfig, RedisTransportConf
 from asyncrl.config.weights import CanaryConfig, LocalWeightsConfig, SharedWeightsConfig, WeightsConfig
 
 __all__ = [
+    "RENAMED",
     "SECTIONS",
     "SFT_DEFAULTS",
     "TREE_TOKEN_BUDGET_FACTOR",
@@ -105,6 +106,7 @@ __all__ = [
     "ExternalLauncherConfig",
     "FaultConfig",
     "GatewayConfig",
+    "GovernorConfig",
     "GuardConfig",
     "HFEngineConfig",
     "HeadValueModelConfig",

@@ -12,6 +12,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from asyncrl.config.aliases import renamed_path
 from asyncrl.config.base import variants
 from asyncrl.config.run import RunConfig
 from asyncrl.errors import UserError
@@ -89,7 +90,10 @@ def format_validation_error(exc: ValidationError, source: str, root: type[BaseMo
                 f"  {path}.kind = {tag}: allowed values: {(err.get('ctx') or {}).get('expected_tags')}"
             )
         elif err["type"] == "value_error":
-            lines.append(f"  {path}: {str(err['msg']).removeprefix('Value error, ')}")
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(
+                f"  {path}: {msg}" if err["loc"] else f"  {msg}"
+            )  # a cross-section rule names its fields
         elif err["type"] == "missing":
             lines.append(f"  {path}: required field is missing")
         else:
@@ -135,6 +139,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     given after it is still an error."""
     for text in overrides:
         parts, value = parse_override(text)
+        parts = renamed_path(parts)
         node = data
         for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from asyncrl.config.aliases import move_renamed
 from asyncrl.config.base import Section, drop_stale_defaults
 from asyncrl.config.control import ControlConfig
 from asyncrl.config.cost import CostConfig
@@ -40,25 +41,23 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     transport: TransportConfig = Field(default_factory=EmbeddedTransportConfig)
     weights: WeightsConfig = Field(default_factory=LocalWeightsConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     launcher: LauncherConfig = Field(default_factory=LocalLauncherConfig)
-    control: ControlConfig = Field(default_factory=ControlConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _older_dumps(cls, data: Any) -> Any:
-        return drop_stale_defaults(cls, data)
+        return drop_stale_defaults(cls, move_renamed(data))
 
     def staleness_policy(self) -> StalenessPolicy:
         """The staleness rules in force for this run (:mod:`asyncrl.staleness`; rule 5 sets the lag)."""
-        oc = self.orchestrator
-        return StalenessPolicy.from_config(
-            oc.mode, oc.max_staleness, self.trainer.batch_size, oc.stale_policy
-        )
+        c = self.control
+        return StalenessPolicy.from_config(c.mode, c.max_staleness, self.trainer.batch_size, c.stale_policy)
 
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
@@ -74,7 +73,7 @@ class RunConfig(Section):
         if self.trainer.sync_every > most:
             raise ValueError(
                 f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({most}) in "
-                f"mode {self.orchestrator.mode!r}: samples from one published version are trained up to "
+                f"mode {self.control.mode!r}: samples from one published version are trained up to "
                 "sync_every - 1 steps later"
             )
         if self.rollout.tree.enabled and self.env.kind == "agent":

@@ -49,7 +49,7 @@ class Rules:
         """Consume new metric rows: ``rollout/group`` events and trainer reports."""
         now = time.time() if now is None else now
         out: list[Alert] = []
-        c = self.cfg.control
+        c = self.cfg.orchestrator
         self.observe_env(rows)
         for r in rows:
             if r.get("role") == "trainer" and r.get("reward/mean") is not None:
@@ -104,9 +104,9 @@ class Rules:
             self.drift.factors(now),
             self.breakers.buckets_in("open"),
             self.breakers.buckets_in("half_open"),
-            self.cfg.control.curriculum.floor,
+            self.cfg.orchestrator.curriculum.floor,
             self.exploration.settings(),
-            self.cfg.control.drift.heldout_rate,
+            self.cfg.orchestrator.drift.heldout_rate,
             workers,
             retire,
         )

@@ -79,7 +79,7 @@ class Orchestrator:
         self.staleness = self.state.staleness
         self.rules = Rules(cfg, run_dir)
         self.governor = StalenessGovernor(
-            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator
+            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator.governor
         )
         self.trainer_ranks = [TRAINER, *(f"{TRAINER}.{r}" for r in range(1, cfg.trainer.world_size))]
         """The trainer's processes: rank 0 is ``trainer`` (metrics, restarts), rank r ``trainer.r``."""
@@ -202,7 +202,7 @@ class Orchestrator:
 
     def _adapt_staleness(self) -> None:
         """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.governor.StalenessGovernor`)."""
-        current, sync = self.state.effective_lag(), self.state.effective_sync_every()
+        current, sync = self.state.effective_max_staleness(), self.state.effective_sync_every()
         while self.live.ages:
             self.governor.observe_age(self.live.ages.popleft())
         fill = float(self.live.trainer.get("queue/ready") or 0.0) / self.cfg.transport.capacity
@@ -256,7 +256,7 @@ class Orchestrator:
         """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
         now, t = time.time(), self.live.trainer
         if (
-            not self.cfg.control.elastic.enabled
+            not self.cfg.orchestrator.elastic.enabled
             or now - self._flow.get("at", 0.0) < self.cfg.telemetry.log_every_s
         ):
             return
@@ -471,9 +471,7 @@ class _Display:
         eta = (elapsed / step * (total - step)) if step else float("nan")
         episodes = o.live.total("rollout/episodes")
         tokens = o.live.total("rollout/tokens")
-        table = Table(
-            title=f"asyncrl {o.cfg.orchestrator.mode} — {o.run_dir}", show_header=False, expand=False
-        )
+        table = Table(title=f"asyncrl {o.cfg.control.mode} — {o.run_dir}", show_header=False, expand=False)
         table.add_column(style="bold")
         table.add_column(justify="right")
         rows = [
@@ -741,7 +739,7 @@ def _summary(
         }
         (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
     return {
-        "mode": cfg.orchestrator.mode,
+        "mode": cfg.control.mode,
         "initial_success": prior["success_rate"],
         "final_success": final["success_rate"],
         "samples_trained": fates.get("trained", 0),

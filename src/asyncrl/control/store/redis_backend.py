@@ -174,7 +174,7 @@ class RedisStateStore(StateStore):
         return {_s(k): int(v) for k, v in raw.items() if int(v)}
 
     def ages(self) -> list[int]:
-        """Version lag of every trained sample (for the staleness histogram)."""
+        """Age (in versions) of every trained sample (for the staleness histogram)."""
         return [int(v) for v in with_retries(lambda: self._r.lrange(self._ages, 0, -1))]
 
     # -- documents --------------------------------------------------------------------------

@@ -144,7 +144,7 @@ class SQLiteStateStore(StateStore):
             }
 
     def ages(self) -> list[int]:
-        """Version lag of every trained sample (for the staleness histogram)."""
+        """Age (in versions) of every trained sample (for the staleness histogram)."""
         with self._lock:
             return [int(r[0]) for r in self._db.execute("SELECT age FROM ledger WHERE fate='trained'")]
 
