@@ -19,7 +19,7 @@ the last release to the new ones. Every public name is re-exported here, so call
 from __future__ import annotations
 
 from asyncrl.config.aliases import RENAMED
-from asyncrl.config.base import Section, drop_stale_defaults, variants
+from asyncrl.config.base import Section, default_of, drop_stale_defaults, variants
 from asyncrl.config.control import ControlConfig, RedisStateConfig, SQLiteStateConfig, StateStoreConfig
 from asyncrl.config.cost import CostAssumptionsConfig, CostConfig, PriceConfig
 from asyncrl.config.credit import (
@@ -144,6 +144,7 @@ __all__ = [
     "WeightsConfig",
     "apply_overrides",
     "config_hash",
+    "default_of",
     "drop_stale_defaults",
     "dump_yaml",
     "explain",

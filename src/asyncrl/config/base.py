@@ -91,6 +91,12 @@ def drop_stale_defaults(model: type[BaseModel], data: Any) -> Any:
     return out
 
 
+def default_of(model: type[BaseModel], field: str) -> Any:
+    """The default of ``model.field``, for a constructor that is also called without its config section
+    (tests, benches): the number is still written once, in the config, next to its documentation."""
+    return model.model_fields[field].get_default(call_default_factory=True)
+
+
 def check_redis_url(url: str) -> str:
     """Reject a malformed Redis URL at load time (the message shows it masked)."""
     from asyncrl.credentials import check_url_syntax

@@ -24,6 +24,9 @@ class SQLiteStateConfig(_StateBase):
     """``run_dir/control.sqlite``."""
 
     kind: Literal["sqlite"] = "sqlite"
+    busy_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """How long a role waits for another's write lock on ``control.sqlite`` before the call fails
+    (SQLite's busy timeout)."""
 
 
 class RedisStateConfig(_StateBase):
@@ -36,6 +39,8 @@ class RedisStateConfig(_StateBase):
     prefix: str | None = None
     """Key prefix of this run's state; unset: ``asyncrl:{<hash of the run directory>}:state`` (set it when
     the roles see the run directory under different absolute paths)."""
+    socket_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A state call without an answer for this long fails and is retried under the one retry policy."""
 
     @field_validator("redis_url")
     @classmethod

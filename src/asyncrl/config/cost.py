@@ -66,6 +66,8 @@ class CostConfig(Section):
     prices: PriceConfig = Field(default_factory=PriceConfig)
     reward_cache: bool = True
     """Cache verdicts of deterministic answer verifiers by (environment, task, answer) (a cost lever)."""
+    reward_cache_entries: int = Field(100_000, ge=1, le=100_000_000)
+    """Verdicts the reward cache keeps in each rollout worker; the least recently used go first."""
     assumptions: CostAssumptionsConfig = Field(default_factory=CostAssumptionsConfig)
 
     @model_validator(mode="after")

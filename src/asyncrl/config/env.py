@@ -91,6 +91,9 @@ class GuardConfig(Section):
     """Process reward given to a turn whose environment call failed on every attempt."""
     fault_observation: str = "[tool error]"
     """Observation text returned after the last failed attempt."""
+    max_observation_chars: int = Field(8192, ge=1, le=100_000_000)
+    """An observation (or reset prompt) longer than this is a ``malformed`` attempt (retried, then the
+    fault observation): it bounds what one tool result can add to the context."""
 
 
 class SandboxConfig(Section):

@@ -60,6 +60,10 @@ class HFEngineConfig(_EngineBase):
     prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
     """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
     SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""
+    compact_fraction: float = Field(0.25, ge=0, le=1)
+    """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
+    (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts
+    at every finished row. The static cache never compacts (its shapes are fixed)."""
 
     @field_validator("static_cache", mode="before")
     @classmethod

@@ -24,6 +24,9 @@ class EmbeddedTransportConfig(_TransportBase):
     """A durable SQLite queue in the run directory."""
 
     kind: Literal["embedded"] = "embedded"
+    busy_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """How long a process waits for another's write lock on the SQLite queue before the call fails
+    (SQLite's busy timeout)."""
 
 
 class RedisTransportConfig(_TransportBase):
@@ -33,6 +36,9 @@ class RedisTransportConfig(_TransportBase):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis server: ``redis://[:PASSWORD@]host:port/db``, ``rediss://`` for TLS. Written to the
     run directory masked; a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD."""
+    socket_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A Redis call without an answer for this long fails and is retried under the one retry policy
+    (never below the blocking read's slice + 5 s)."""
 
     @field_validator("redis_url")
     @classmethod

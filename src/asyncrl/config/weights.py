@@ -70,6 +70,9 @@ class SharedWeightsConfig(_WeightsBase):
     go to ``{path}/{run directory name}/``. Unset: ``{run_dir}/weights`` (the run directory is shared)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the latest-version pointer (same URL rules as transport.redis_url)."""
+    socket_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A pointer read or write without an answer for this long fails and is retried under the one retry
+    policy."""
 
     @field_validator("redis_url")
     @classmethod

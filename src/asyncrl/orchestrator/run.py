@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,7 @@ class Orchestrator:
         self._snapshot_at = self._metrics_at = 0.0
         self._progress_at = time.time()
         self.tail = MetricTail(run_dir / "metrics")
-        self.live = Live()
+        self.live = Live(ages=deque(maxlen=cfg.orchestrator.governor.window))
         self.restarts: dict[str, int] = {}
         self.lifetimes: dict[tuple[str, int], list[float]] = {}
         """(role, pid) -> [launched, ended]: the device time each role process held (cost ledger)."""

@@ -29,7 +29,9 @@ class Live:
     trainer: dict[str, Any] = field(default_factory=dict)
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
-    ages: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    ages: deque[float] = field(default_factory=deque)
+    """Mean ages of trained batches not yet seen by the staleness governor (``run.py`` bounds it by
+    ``orchestrator.governor.window``: the governor looks at no more)."""
     per_process: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)
     """The evaluator's latest row (periodic held-out evaluation)."""

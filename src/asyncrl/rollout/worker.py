@@ -195,6 +195,7 @@ class RolloutWorker:
         from asyncrl.envs.toolenv import VERIFIER_CACHE
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
+        VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
         self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
