@@ -51,6 +51,14 @@ def variants(field: FieldInfo) -> dict[str, type[BaseModel]]:
     return out
 
 
+def default_kind(field: FieldInfo) -> str | None:
+    """The ``kind`` a variant-section field takes when none is given (its default model's)."""
+    factory = field.default_factory
+    if isinstance(factory, type) and issubclass(factory, BaseModel):
+        return str(factory.model_fields["kind"].default)
+    return None
+
+
 def drop_stale_defaults(model: type[BaseModel], data: Any) -> Any:
     """``data`` without the fields of another kind that hold that field's default, in every variant section.
 
@@ -67,13 +75,7 @@ def drop_stale_defaults(model: type[BaseModel], data: Any) -> Any:
             continue
         kinds = variants(field)
         if kinds:
-            factory = field.default_factory
-            default = (
-                factory.model_fields["kind"].default
-                if isinstance(factory, type) and issubclass(factory, BaseModel)
-                else None
-            )
-            cls = kinds.get(str(sub.get("kind", default)))
+            cls = kinds.get(str(sub.get("kind", default_kind(field))))
             if cls is None:
                 continue
             stale = [

@@ -7,7 +7,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from asyncrl.config.base import variants
+from asyncrl.config.base import default_kind, variants
 
 
 def _field_row(path: str, field: FieldInfo, note: str = "") -> tuple[str, str, str, str]:
@@ -38,18 +38,12 @@ def explain(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, st
         path = f"{prefix}{name}"
         kinds = variants(field)
         if kinds:
-            factory = field.default_factory
-            default_kind = (
-                factory.model_fields["kind"].default
-                if isinstance(factory, type) and issubclass(factory, BaseModel)
-                else None
-            )
             base = next(iter(kinds.values())).__mro__[1]
             assert issubclass(base, BaseModel)
             rows.append((path, "section", "", _first_line(base)))
             tags = ", ".join(repr(k) for k in kinds)
             kind_doc = (base.model_fields["kind"].description or "").strip().replace("\n", " ")
-            rows.append((f"{path}.kind", f"Literal[{tags}]", repr(default_kind), kind_doc))
+            rows.append((f"{path}.kind", f"Literal[{tags}]", repr(default_kind(field)), kind_doc))
             seen: set[str] = {"kind"}
             for cls in kinds.values():
                 for fname, f in cls.model_fields.items():

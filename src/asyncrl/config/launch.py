@@ -20,7 +20,7 @@ class _LauncherBase(Section):
     oversubscription on small machines)."""
     solo_threads: int = Field(0, ge=0, le=1024)
     """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
-    launcher's before the roles start) and the trainer in ``orchestrator.mode: sync`` (rollout waits
+    launcher's before the roles start) and the trainer in ``control.mode: sync`` (rollout waits
     for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
     sets it. See ``asyncrl.bootstrap.torch_threads``."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
