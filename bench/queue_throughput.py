@@ -78,10 +78,12 @@ def _open(kind: str, run_dir: str, url: str, capacity: int) -> Any:
     if kind == "redis":
         from asyncrl.transport.redis_backend import RedisQueue
 
-        return RedisQueue(url, run_dir, capacity=capacity, lease_seconds=60)
+        return RedisQueue(url, run_dir, capacity=capacity, lease_seconds=60, socket_timeout_s=30.0)
     from asyncrl.transport.embedded import EmbeddedQueue
 
-    return EmbeddedQueue(Path(run_dir) / "queue.sqlite", capacity=capacity, lease_seconds=60)
+    return EmbeddedQueue(
+        Path(run_dir) / "queue.sqlite", capacity=capacity, lease_seconds=60, busy_timeout_s=30.0
+    )
 
 
 def _producer(

@@ -168,10 +168,10 @@ def test_reward_hacking_flagged_only_when_heldout_does_not_follow() -> None:
 
 # -- staleness runaway, exploration, elastic -------------------------------------------------------
 def test_staleness_runaway_tightens_then_relaxes() -> None:
-    oc = load_config(
-        None, ["orchestrator.governor_window=3", "orchestrator.governor_fill_window=100"]
-    ).orchestrator
-    g = StalenessGovernor(max_staleness=2, sync_every=2, oc=oc)
+    gc = load_config(
+        None, ["orchestrator.governor.window=3", "orchestrator.governor.fill_window=100"]
+    ).orchestrator.governor
+    g = StalenessGovernor(max_staleness=2, sync_every=2, gc=gc)
     cur, sync = 2, 2
     for age in (2.5, 2.7, 3.0):
         g.observe_age(age)
@@ -278,7 +278,7 @@ def _group(
 
 
 def test_rules_snapshot_roundtrip_restores_the_same_state() -> None:
-    cfg = load_config(None, ["control.breaker.consecutive=2", "control.drift.warmup=3"])
+    cfg = load_config(None, ["orchestrator.breaker.consecutive=2", "orchestrator.drift.warmup=3"])
     rules = Rules(cfg, None, buckets=["arithmetic:2", "arithmetic:3"])
     reports: list[Decoded] = [_group("arithmetic:2", [1.0, 0.0, 1.0, 0.0], [None] * 4) for _ in range(5)]
     reports += [_group("arithmetic:3", [0.0] * 4, ["timeout"] * 4)]
@@ -340,10 +340,10 @@ def test_orchestrator_starts_a_worker_when_starving_and_retires_one_on_overflow(
     cfg = load_config(
         None,
         [
-            "control.elastic.enabled=true",
-            "control.elastic.window=2",
-            "control.elastic.cooldown_s=0",
-            "control.elastic.max_workers=2",
+            "orchestrator.elastic.enabled=true",
+            "orchestrator.elastic.window=2",
+            "orchestrator.elastic.cooldown_s=0",
+            "orchestrator.elastic.max_workers=2",
             "telemetry.log_every_s=0.01",
         ],
     )
@@ -488,7 +488,9 @@ def _guard_row(pid: int, calls: float, failed: float, **more: float) -> WorkerRe
 def test_env_fault_rate_alert_fires_once_per_excursion_and_counts_restarted_workers() -> None:
     from asyncrl.orchestrator.breaker import FaultRateMonitor
 
-    cfg = load_config(None, ["control.breaker.fault_rate_alert=0.2", "control.breaker.fault_rate_window=50"])
+    cfg = load_config(
+        None, ["orchestrator.breaker.fault_rate_alert=0.2", "orchestrator.breaker.fault_rate_window=50"]
+    )
     rules = Rules(cfg, None, buckets=["arithmetic:2"])
     assert rules.feed([_guard_row(1, 40, 20)], now=1.0) == []  # under one window of attempts: no verdict
     alerts = rules.feed([_guard_row(1, 100, 30)], now=2.0)  # 30% of 100 attempts failed

@@ -326,9 +326,9 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
 
 def test_runs_compare_lists_exactly_the_config_differences(tmp_path: Path) -> None:
     a = make_run(tmp_path, "a", "trainer.lr=1e-4")
-    b = make_run(tmp_path, "b", "trainer.lr=3e-4", "orchestrator.max_staleness=4")
+    b = make_run(tmp_path, "b", "trainer.lr=3e-4", "control.max_staleness=4")
     c = compare_runs(a, b)
-    assert {k for k, _, _ in c["config_diff"]} == {"name", "trainer.lr", "orchestrator.max_staleness"}
+    assert {k for k, _, _ in c["config_diff"]} == {"name", "trainer.lr", "control.max_staleness"}
     assert ("final_success", 0.5, 0.5) in c["metrics"]
     assert [r["run"] for r in list_runs(tmp_path)] == ["a", "b"]
     with pytest.raises(UserError, match="not a run directory"):

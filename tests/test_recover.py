@@ -149,7 +149,7 @@ def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tm
         redis.Redis().ping()
     except redis.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
-    q = RedisQueue("redis://127.0.0.1:6379/0", tmp_path, capacity=8, lease_seconds=5)
+    q = RedisQueue("redis://127.0.0.1:6379/0", tmp_path, capacity=8, lease_seconds=5, socket_timeout_s=30.0)
     try:
         assert q.put(_traj("g"), timeout=1)
         q._client().xadd(q.stream_key, {"id": "outsider", "data": b"\x00garbage"})
@@ -175,7 +175,7 @@ TINY = [
     "trainer.batch_size=16",
     "trainer.total_steps=6",
     "telemetry.eval_every=0",
-    "orchestrator.max_staleness=2",
+    "control.max_staleness=2",
 ]
 
 

@@ -74,7 +74,7 @@ def the_run_dir(root: Path) -> Path:
 
 
 def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path) -> None:
-    cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=40", "orchestrator.max_staleness=2")
+    cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=40", "control.max_staleness=2")
     run_dir, s = train(cfg, display=False)
     assert s["final_success"] >= s["initial_success"] + 0.10, s
     assert s["staleness_max"] <= 2
@@ -201,10 +201,8 @@ def test_async_with_zero_staleness_behaves_as_sync(tmp_path: Path, cache_dir: Pa
     """Compared: for every training step s, the trained batch has exactly batch_size samples, all generated
     entirely by version s (age 0); nothing is dropped; and at most one batch is ever admitted ahead."""
     results = {}
-    for mode, extra in (("sync", []), ("async", ["orchestrator.max_staleness=0"])):
-        cfg = make_cfg(
-            tmp_path / mode, cache_dir, f"orchestrator.mode={mode}", "trainer.total_steps=6", *extra
-        )
+    for mode, extra in (("sync", []), ("async", ["control.max_staleness=0"])):
+        cfg = make_cfg(tmp_path / mode, cache_dir, f"control.mode={mode}", "trainer.total_steps=6", *extra)
         run_dir, s = train(cfg, display=False, eval_limit=8)
         results[mode] = (s, _steps_and_ages(run_dir))
     for _mode, (s, by_step) in results.items():
@@ -224,7 +222,7 @@ def test_one_step_off_drops_nothing_structurally(tmp_path: Path, cache_dir: Path
     cfg = make_cfg(
         tmp_path,
         cache_dir,
-        "orchestrator.mode=one_step_off",
+        "control.mode=one_step_off",
         "env.latency.kind=none",
         "trainer.total_steps=8",
     )

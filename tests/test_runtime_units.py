@@ -408,7 +408,7 @@ def test_config_cross_checks() -> None:
     with pytest.raises(ConfigError, match=r"multiple of rollout\.group_size"):
         load_config(None, ["trainer.batch_size=10", "rollout.group_size=4"])
     with pytest.raises(ConfigError, match="sync_every"):
-        load_config(None, ["trainer.sync_every=3", "orchestrator.mode=sync"])
+        load_config(None, ["trainer.sync_every=3", "control.mode=sync"])
 
 
 def test_unused_model_config_is_valid() -> None:

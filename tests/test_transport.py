@@ -61,11 +61,18 @@ def make_traj(traj_id: str, model_tokens: int = 4, turns: int = 1) -> Trajectory
 def open_queue(kind: str, run_dir: str, capacity: int, lease_seconds: float) -> TrajectoryQueue:
     """Open a backend's queue without importing the config module (used in child processes)."""
     if kind == "embedded":
-        return EmbeddedQueue(Path(run_dir) / QUEUE_FILENAME, capacity=capacity, lease_seconds=lease_seconds)
+        return EmbeddedQueue(
+            Path(run_dir) / QUEUE_FILENAME,
+            capacity=capacity,
+            lease_seconds=lease_seconds,
+            busy_timeout_s=30.0,
+        )
     if kind == "redis":
         from asyncrl.transport.redis_backend import RedisQueue
 
-        return RedisQueue(REDIS_URL, run_dir, capacity=capacity, lease_seconds=lease_seconds)
+        return RedisQueue(
+            REDIS_URL, run_dir, capacity=capacity, lease_seconds=lease_seconds, socket_timeout_s=30.0
+        )
     raise ValueError(f"no test opener for backend {kind!r}")
 
 
@@ -107,7 +114,7 @@ class Backend:
             from asyncrl.transport.redis_backend import RedisQueue
 
             q = RedisQueue(
-                REDIS_URL, self.run_dir, capacity=64, lease_seconds=60.0
+                REDIS_URL, self.run_dir, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0
             )  # creates the stream and group if needed
             q.close()
             r = _redis_client()
@@ -459,7 +466,7 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
     # Another run directory is another stream: nothing collides.
     other = redis_run_dir.parent / "other-run"
     assert key_prefix(other) != key_prefix(redis_run_dir)
-    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0) as q2:
+    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0) as q2:
         try:
             assert q2.depth() == 0 and q2.get_batch(5) == []
         finally:
@@ -514,7 +521,7 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
 def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue
 
-    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=5.0)
+    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=5.0, socket_timeout_s=30.0)
     try:
         assert q.put(make_traj("before"))
         name = f"asyncrl-test-{new_id()}"
@@ -536,7 +543,7 @@ def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path)
 def test_redis_poison_entry_with_no_fields_and_late_ack_of_dead_letter(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue
 
-    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=0.2)
+    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=0.2, socket_timeout_s=30.0)
     try:
         _redis_client().xadd(q.stream_key, {"junk": b"x"})  # neither id nor data
         assert q.put(make_traj("ok"))
@@ -674,7 +681,13 @@ def test_embedded_throughput(synchronous: str, tmp_path: Path, capsys: pytest.Ca
     n = 400 if synchronous == "NORMAL" else 150
     trajs = [make_traj(f"t{i}", model_tokens=400, turns=4) for i in range(n)]
     size = len(encode(trajs[0]))
-    q = EmbeddedQueue(tmp_path / QUEUE_FILENAME, capacity=n, lease_seconds=60.0, synchronous=synchronous)  # type: ignore[arg-type]
+    q = EmbeddedQueue(
+        tmp_path / QUEUE_FILENAME,
+        capacity=n,
+        lease_seconds=60.0,
+        busy_timeout_s=30.0,
+        synchronous=synchronous,
+    )  # type: ignore[arg-type]
     t0 = time.perf_counter()
     for t in trajs:
         assert q.put(t)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from asyncrl.algo import brier_score, gae, roc_auc, turn_group_advantages, turn_level_gae, value_delta_credit
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, TrainerConfig, default_of
 from asyncrl.credit.outcome import sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
 from asyncrl.credit.tree import tree_segment_advantages
@@ -307,7 +307,9 @@ class CreditAssigner:
             picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
         return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
 
-    def save_value(self, run_dir: Path, step: int, keep: int = 2) -> None:
+    def save_value(
+        self, run_dir: Path, step: int, keep: int = default_of(TrainerConfig, "keep_checkpoints")
+    ) -> None:
         if self.value is None:
             return
         folder = Path(run_dir) / VALUE_DIR

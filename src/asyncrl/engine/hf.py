@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
+from asyncrl.config import HFEngineConfig, default_of
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
@@ -304,14 +305,15 @@ class HFEngine(GenerationEngine):
         max_batch: int,
         cuda_graphs: bool,
         seed: int | None = None,
-        compact_fraction: float = 0.25,
+        compact_fraction: float = default_of(HFEngineConfig, "compact_fraction"),
         static_cache: bool | None = None,
         prefix_cache_mb: float = 0.0,
         prefix_sharing: bool = False,
     ) -> None:
         """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
         passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
-        ``compact_fraction``: drop finished rows once they are this share of the batch;
+        ``compact_fraction``: drop finished rows once they are this share of the batch
+        (``rollout.engine.compact_fraction``);
         ``static_cache``: decode with :class:`StaticDecoder` (``None``: where the model is on a
         CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
         ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models

@@ -69,7 +69,7 @@ class StepResult:
     final (outcome) reward of the episode and ``outcome`` one of :data:`asyncrl.records.OUTCOMES`.
     ``process_reward`` is the rule-based reward of this single turn (in [-1, 1] for built-ins).
     ``malformed``: the model's action could not be parsed or named no tool (counts towards
-    ``control.exploration.early_stop_invalid``). ``fault`` and ``retried_faults`` are the guard's: set by
+    ``orchestrator.exploration.early_stop_invalid``). ``fault`` and ``retried_faults`` are the guard's: set by
     :class:`~asyncrl.envs.wrappers.GuardedEnv` when the step failed (the observation is then the
     configured fault observation) or succeeded only after retries; an environment leaves them unset.
     """

@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from asyncrl.config import CostConfig, default_of
 from asyncrl.envs.base import (
     AnswerAction,
     EpisodeRewards,
@@ -40,12 +41,12 @@ class EnvOptionsError(UserError, ValueError):
 class VerifierCache:
     """Caches the verdicts of deterministic verifiers by (environment, task id, answer).
 
-    A cost lever: the 8 samples of a group often give the same answer, and the same task returns
+    Its size is ``cost.reward_cache_entries`` (each rollout worker sets it). A cost lever: the 8 samples of a group often give the same answer, and the same task returns
     across epochs; a deterministic grader need not run twice. Hit rate and time spent grading are
     reported in the cost ledger (``cost/reward_cache_hit_rate``, ``cost/reward_seconds``).
     """
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+    def __init__(self, max_entries: int = default_of(CostConfig, "reward_cache_entries")) -> None:
         from collections import OrderedDict
 
         self.enabled = True

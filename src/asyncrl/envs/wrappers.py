@@ -299,10 +299,9 @@ class AnswerCostWrapper(EnvWrapper):
 class GuardedEnv(EnvWrapper):
     """Isolates every environment fault; see the module docstring for the exact semantics."""
 
-    def __init__(self, env: AnyEnvironment, cfg: GuardConfig, *, max_observation_chars: int = 8192) -> None:
+    def __init__(self, env: AnyEnvironment, cfg: GuardConfig) -> None:
         super().__init__(env)
         self.cfg = cfg
-        self.max_observation_chars = max_observation_chars
 
     async def _attempt(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """One attempt with the timeout; converts every failure into :class:`_AttemptFailed`."""
@@ -352,9 +351,9 @@ class GuardedEnv(EnvWrapper):
     def _check_text(self, obs: object, what: str) -> str:
         if not isinstance(obs, str):
             raise _AttemptFailed("malformed", f"{what} is {type(obs).__name__}, expected str")
-        if len(obs) > self.max_observation_chars:
+        if len(obs) > self.cfg.max_observation_chars:
             raise _AttemptFailed(
-                "malformed", f"{what} has {len(obs)} characters (limit {self.max_observation_chars})"
+                "malformed", f"{what} has {len(obs)} characters (limit {self.cfg.max_observation_chars})"
             )
         return str.__str__(obs)
 

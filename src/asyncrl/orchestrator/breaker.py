@@ -5,7 +5,7 @@ Each finished episode is classified as healthy or as one **anomaly** kind: ``exc
 retries, or a reset that failed), or ``reward_range`` (a final reward outside
 ``[reward_min, reward_max]``).
 
-States and transitions (``control.breaker``):
+States and transitions (``orchestrator.breaker``):
 
 * **closed** -- the bucket is sampled normally. ``consecutive`` episodes in a row with the *same*
   anomaly kind open it (a healthy episode or another kind restarts the count).
@@ -58,7 +58,7 @@ class Breakers:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> Breakers:
-        return cls(cfg.control.breaker, env=cfg.env.kind)
+        return cls(cfg.orchestrator.breaker, env=cfg.env.kind)
 
     def state(self, bucket: str) -> State:
         b = self.b.get(bucket)
@@ -149,7 +149,7 @@ class FaultRateMonitor:
 
     @classmethod
     def of(cls, cfg: Any) -> FaultRateMonitor:
-        c = cfg.control.breaker
+        c = cfg.orchestrator.breaker
         return cls(c.fault_rate_alert, c.fault_rate_window, env=cfg.env.path or cfg.env.kind)
 
     def observe(self, totals: GuardFigures, now: float) -> list[Alert]:

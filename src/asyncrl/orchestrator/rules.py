@@ -76,7 +76,7 @@ class Rules:
 
     def _group(self, g: GroupReport, now: float) -> list[Alert]:
         """One finished group: a held-out probe feeds the hacking rule, a training group the others."""
-        c, out = self.cfg.control, []
+        c, out = self.cfg.orchestrator, []
         if g.heldout:
             if self.train_reward is not None:
                 success = sum(o == "success" for o in g.outcomes) / len(g.rewards)
@@ -111,9 +111,9 @@ class Rules:
             self.drift.factors(now),
             self.breakers.buckets_in("open"),
             self.breakers.buckets_in("half_open"),
-            self.cfg.control.curriculum.floor,
+            self.cfg.orchestrator.curriculum.floor,
             self.exploration.settings(),
-            self.cfg.control.drift.heldout_rate,
+            self.cfg.orchestrator.drift.heldout_rate,
             workers,
             retire,
         )

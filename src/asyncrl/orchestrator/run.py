@@ -82,7 +82,7 @@ class Orchestrator:
         self.staleness = self.state.staleness
         self.rules = Rules(cfg, run_dir)
         self.governor = StalenessGovernor(
-            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator
+            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator.governor
         )
         self.trainer_ranks = [TRAINER, *(f"{TRAINER}.{r}" for r in range(1, cfg.trainer.world_size))]
         """The trainer's processes: rank 0 is ``trainer`` (metrics, restarts), rank r ``trainer.r``."""
@@ -214,7 +214,7 @@ class Orchestrator:
     def _adapt_staleness(self, reports: list[Decoded]) -> None:
         """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.governor.StalenessGovernor`): the
         ages are the mean age of every trained batch this tick (each trainer report's ``staleness.mean``)."""
-        current, sync = self.state.effective_lag(), self.state.effective_sync_every()
+        current, sync = self.state.effective_max_staleness(), self.state.effective_sync_every()
         for r in reports:
             if isinstance(r, TrainerReport) and r.staleness.mean is not None:
                 self.governor.observe_age(r.staleness.mean)
@@ -265,7 +265,7 @@ class Orchestrator:
         """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
         now, t = time.time(), self.live.latest_trainer().trainer
         if (
-            not self.cfg.control.elastic.enabled
+            not self.cfg.orchestrator.elastic.enabled
             or now - self._flow.get("at", 0.0) < self.cfg.telemetry.log_every_s
         ):
             return
@@ -482,9 +482,7 @@ class _Display:
         elapsed = time.time() - o.started
         eta = (elapsed / step * (total - step)) if step else float("nan")
         rollout, ev = o.live.rollout(), o.live.evaluation
-        table = Table(
-            title=f"asyncrl {o.cfg.orchestrator.mode} — {o.run_dir}", show_header=False, expand=False
-        )
+        table = Table(title=f"asyncrl {o.cfg.control.mode} — {o.run_dir}", show_header=False, expand=False)
         table.add_column(style="bold")
         table.add_column(justify="right")
         rows = [
@@ -750,7 +748,7 @@ def _summary(
     gain = (final["success_rate"] - prior["success_rate"]) * 100
     cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
     return {
-        "mode": cfg.orchestrator.mode,
+        "mode": cfg.control.mode,
         "initial_success": prior["success_rate"],
         "final_success": final["success_rate"],
         "samples_trained": fates.get("trained", 0),

@@ -111,7 +111,7 @@ class OrchestratorTelemetry:
         out = {
             "orchestrator/paused": float(st.paused()),
             "orchestrator/queue_fill": live.fill(self.cfg.transport.capacity),
-            "orchestrator/max_staleness": float(st.effective_lag()),
+            "orchestrator/max_staleness": float(st.effective_max_staleness()),
             "orchestrator/sync_every": float(st.effective_sync_every()),
             "orchestrator/restarts": float(sum(restarts.values())),
             "alerts/total": float(count_lines(self.run_dir / "alerts.jsonl")),

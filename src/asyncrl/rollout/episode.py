@@ -46,7 +46,7 @@ class EpisodeSettings:
     sampling: SamplingParams
     worker_id: str = ""
     early_stop_invalid: int = field(kw_only=True)
-    """``control.exploration.early_stop_invalid``: end the episode (outcome ``early_stopped``) after this
+    """``orchestrator.exploration.early_stop_invalid``: end the episode (outcome ``early_stopped``) after this
     many consecutive invalid actions (a malformed action or a step fault); 0: never."""
     on_turn: Callable[[], None] | None = None
     """Called after every model turn (the worker's in-flight load accounting)."""

@@ -5,7 +5,7 @@ The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It star
 not above high water (rules in :mod:`asyncrl.staleness`; the budget counts a group
 against the worker's own weight version). Before starting, it loads newer weights whenever it may
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
-lag exceeds ``max_staleness``. In ``async`` mode it also loads new
+weights are more than ``max_staleness`` versions behind the newest. In ``async`` mode it also loads new
 weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
 the version that produced it. A corrupt newest snapshot, or a version whose load fails the
 weight-sync canary (:mod:`asyncrl.rollout.canary`), is reported and the worker keeps the newest
@@ -207,6 +207,7 @@ class RolloutWorker:
         from asyncrl.envs.toolenv import VERIFIER_CACHE
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
+        VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
         self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
@@ -256,7 +257,7 @@ class RolloutWorker:
             self.max_context,
             jittered(base, self.control.temperature_jitter(), self.rng),
             self.name,
-            early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
+            early_stop_invalid=self.cfg.orchestrator.exploration.early_stop_invalid,
             on_turn=self._turn_done,
         )
         samples: list[Trajectory] = []
@@ -352,7 +353,7 @@ class RolloutWorker:
 
     def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
-        bc = self.cfg.control.breaker
+        bc = self.cfg.orchestrator.breaker
         episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
         self.metrics.group(group_report(episodes, heldout, bc.reward_min, bc.reward_max))
 
@@ -377,7 +378,7 @@ class RolloutWorker:
                 worker_id=self.name,
                 policy=self.staleness,
                 newest_version=self._newest_valid,
-                max_staleness=self.state.effective_lag,
+                max_staleness=self.state.effective_max_staleness,
                 refresh=self._refresh if inflight else None,
             )
         running: set[asyncio.Task[None]] = set()
@@ -394,7 +395,7 @@ class RolloutWorker:
                 and not self.control.retiring()
                 and self.control.may_take(self.load)
             ):
-                lag = self.state.effective_lag()
+                bound = self.state.effective_max_staleness()
                 newest = self._newest_valid()
                 # rule 2: load newer weights whenever allowed (sync / one_step_off: running episodes keep
                 # their version), so that rule 1 counts the next group against the version it will use
@@ -402,7 +403,7 @@ class RolloutWorker:
                     async with batcher.lock:  # never while a batch is being generated
                         self._refresh()
                     newest = self._newest_valid()  # the load may have set a corrupt version aside
-                if not self.staleness.must_refresh(self.engine.version, newest, lag) and (
+                if not self.staleness.must_refresh(self.engine.version, newest, bound) and (
                     self._may_start_group()
                 ):
                     self.load += G * self.cfg.env.max_turns

@@ -70,7 +70,7 @@ class Sinks:
                 self.mlflow = importlib.import_module("mlflow")
                 self.mlflow.set_experiment(tc.project)
                 self.mlflow.start_run(run_name=run_dir.name)
-                self.mlflow.log_params({"name": cfg.name, "mode": cfg.orchestrator.mode, "seed": cfg.seed})
+                self.mlflow.log_params({"name": cfg.name, "mode": cfg.control.mode, "seed": cfg.seed})
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

@@ -21,7 +21,7 @@
 * **Mix**: with ``task_mix`` and/or ``length_mix`` set, groups are taken so that each category's
   share of the batch (task type × short/long, split at ``length_split`` tokens) is as close as
   possible to the product of the configured proportions. Keys of the form ``"type:difficulty"``
-  (the orchestrator's curriculum buckets, ``control.curriculum.steer_buffer``) match task type
+  (the orchestrator's curriculum buckets, ``orchestrator.curriculum.steer_buffer``) match task type
   and difficulty.
 """
 

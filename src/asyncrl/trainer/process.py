@@ -223,10 +223,10 @@ class TrainerRole:
             # 1. answer corrupt-version reports; take what the queue has; 2. assemble a batch
             self._answer_corrupt_reports()
             self.intake.pull(self.buffer)
-            lag = self.state.effective_lag()
-            if self.cfg.control.curriculum.steer_buffer:  # batch composition follows the curriculum
+            bound = self.state.effective_max_staleness()
+            if self.cfg.orchestrator.curriculum.steer_buffer:  # batch composition follows the curriculum
                 self.buffer.task_mix = self.state.directives().weights or self.buffer.task_mix
-            batch, dropped = self.buffer.take(self.version, lag)
+            batch, dropped = self.buffer.take(self.version, bound)
             self._record_drops(dropped)
             if batch is None:
                 if self.group is not None:

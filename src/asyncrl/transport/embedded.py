@@ -120,8 +120,8 @@ class EmbeddedQueue(TrajectoryQueue):
         *,
         capacity: int,
         lease_seconds: float,
+        busy_timeout_s: float,
         synchronous: Synchronous = "NORMAL",
-        busy_timeout_s: float = 30.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")

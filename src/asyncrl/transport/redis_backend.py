@@ -169,8 +169,8 @@ class RedisQueue(TrajectoryQueue):
         *,
         capacity: int,
         lease_seconds: float,
+        socket_timeout_s: float,
         prefix: str | None = None,
-        socket_timeout_s: float = 30.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
