@@ -18,9 +18,14 @@ CLI = [sys.executable, "-m", "asyncrl.cli"]
 
 
 def _yaml_files() -> list[Path]:
-    skip = {".venv", ".git", "runs", ".cache", "node_modules"}
+    # the repository's own files: no virtualenv (.venv, .venv-bench, .venv-vllm), run or cache
+    skip = {".git", "runs", ".cache", "node_modules"}
     return sorted(
-        p for p in ROOT.rglob("*.y*ml") if p.suffix in (".yaml", ".yml") and not skip & set(p.parts)
+        p
+        for p in ROOT.rglob("*.y*ml")
+        if p.suffix in (".yaml", ".yml")
+        and not skip & set(p.parts)
+        and not any(part.startswith(".venv") for part in p.relative_to(ROOT).parts)
     )
 
 
