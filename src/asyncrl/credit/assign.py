@@ -25,7 +25,6 @@ value model (when the strategy needs one) is trained by :meth:`train_value` afte
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -186,11 +185,9 @@ class CreditAssigner:
         keys: dict[str, int] = {}
         owner, returns, states = [], [], []
         for i, (t, sp) in enumerate(zip(trajs, spans, strict=True)):
-            flat = t.token_ids()
             n_seg = len(sp)
             proc_rtg = reward_to_go([p for *_, p in sp], c.gamma)
-            for k, (s, *_rest) in enumerate(sp):
-                digest = hashlib.sha1(repr((t.group_id or t.id, flat[:s])).encode()).hexdigest()
+            for k, digest in enumerate(t.state_keys([s for s, *_ in sp])):  # the state before turn k
                 states.append(keys.setdefault(digest, len(keys)))
                 owner.append(i)
                 returns.append(c.gamma ** (n_seg - 1 - k) * t.final_reward + c.process_weight * proc_rtg[k])
