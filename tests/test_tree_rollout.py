@@ -122,7 +122,10 @@ def test_a_tree_of_real_episodes_replays_exactly_and_gets_tree_credit() -> None:
 
         async def leaf(prefix: list[Turn]) -> Trajectory:
             ids = [t.token_ids for t in prefix]
-            return await run_episode(task, make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(), "g", ids)
+            (traj,) = await run_episode(
+                task, make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(), "g", ids
+            )
+            return traj
 
         try:
             return await grow_tree(leaf, TreeConfig(enabled=True, roots=2, points="every_turn"), 6, 6)
