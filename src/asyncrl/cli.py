@@ -34,7 +34,7 @@ commands:
   runs list [--root DIR]               every run under DIR with its status and headline figures
   runs compare RUN_A RUN_B             key metrics side by side and every config difference
   credit show RUN [--n 5] [--html FILE]  trained trajectories segment by segment with their credit
-  credit ablate RUN [--checkpoint V] [--trajectories N] [--k K]  Monte Carlo check that credit is causal
+  credit ablate RUN [--checkpoint V] [--trajectories N] [--k K] [--siblings]  Monte Carlo check that credit is causal
 """
 
 
@@ -218,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--trajectories", type=int, default=4, help="sampled trajectories to ablate (default 4)"
     )
     cabl.add_argument("--k", type=int, default=4, help="continuations per segment boundary (default 4)")
+    cabl.add_argument(
+        "--siblings",
+        action="store_true",
+        help="tree groups: compare each branching segment with its siblings (no replays)",
+    )
     cabl.add_argument("--json", action="store_true", help="print one JSON object")
 
     demo = sub.add_parser(
@@ -604,7 +609,13 @@ def _cmd_credit(args: argparse.Namespace) -> int:
     if args.credit_command == "ablate":
         from asyncrl.credit.ablate import ablate, render_ablation
 
-        report = ablate(Path(args.run), checkpoint=args.checkpoint, trajectories=args.trajectories, k=args.k)
+        report = ablate(
+            Path(args.run),
+            checkpoint=args.checkpoint,
+            trajectories=args.trajectories,
+            k=args.k,
+            siblings=args.siblings,
+        )
         if args.json:
             print(json.dumps(report, sort_keys=True))
         else:

@@ -91,6 +91,9 @@ class CreditAssigner:
             else None
         )
         self.last_samples: list[CreditSample] = []
+        self.whole_groups = self.cfg.strategy == "tree" or cfg.rollout.tree.enabled
+        """Sample whole groups: ``credit show`` draws their trees, ``credit ablate --siblings`` compares
+        their branches."""
         self._old_values: torch.Tensor | None = None
         self._tree_values: list[list[tuple[float, float]]] = []
         """``tree``: the measured success probability before and after each segment of the batch."""
@@ -298,7 +301,7 @@ class CreditAssigner:
         c = self.cfg
         if not c.sample_every or not self.last_samples:
             return None
-        if c.strategy == "tree":  # whole groups, so that `credit show` can draw their trees
+        if self.whole_groups:
             picked = _whole_groups(self.last_samples, c.sample_size, rng)
         else:
             picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
