@@ -125,8 +125,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
     group_size: int = 0
-    """Members of its group when that differs from ``rollout.group_size`` (a tree group with a token
-    budget); 0: ``rollout.group_size``."""
+    """Members of its group, set by tree groups (a token budget decides it while the tree grows);
+    0: ``rollout.group_size``."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
     """Token-exactness of this sample: tokens where the trained ids disagree with the prompt ids

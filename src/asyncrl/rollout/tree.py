@@ -175,7 +175,6 @@ async def grow_tree(
             else:
                 stats.roots += 1
         leaves.extend(children)
-    if cfg.budget == "tokens":  # the trainer's buffer waits for this many members
-        for t in leaves:
-            t.group_size = len(leaves)
+    for t in leaves:  # the trainer's buffer waits for this many members (a token budget decides late)
+        t.group_size = len(leaves)
     return leaves, stats
