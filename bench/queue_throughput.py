@@ -179,8 +179,8 @@ def run_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ms_per_traj": round(1000 * cpu_s_per_traj, 3),
         "cpu_bound_traj_per_s_on_idle_cores": round((os.cpu_count() or 1) / cpu_s_per_traj, 0),
         "server_cpu_ms_per_traj": round(1000 * server_cpu / max(acked, 1), 3),
-        "dead_letters": int(stats["queue/dead_letters"]),
-        "left_in_queue": int(stats["queue/depth"]),
+        "dead_letters": int(stats.dead_letters),
+        "left_in_queue": int(stats.depth),
     }
 
 

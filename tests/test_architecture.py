@@ -9,6 +9,7 @@ beneath it, never one above. Only the control package touches the state store's 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "asyncrl"
@@ -232,6 +233,8 @@ ALLOWED_REPEATS = {
     ("records.py", "SamplingParams", "top_p"),
     # an empty directives document (no orchestrator has spoken yet) starts no held-out probes
     ("control/directives.py", "Directives", "heldout_rate"),
+    # a role report's figure before anything was measured (0 s of evaluation), not a setting
+    ("telemetry/reports.py", "EvalFigures", "seconds"),
 }
 
 
@@ -315,3 +318,75 @@ def test_the_default_scan_can_fail(tmp_path: Path) -> None:
     )
     found = _repeats(probe, _config_defaults(), root=tmp_path)
     assert {(owner, name) for _, owner, name, _ in found} == {("Q", "capacity"), ("f", "lease_seconds")}
+
+
+# -- the control plane reads typed reports, not metric names ---------------------------------------
+METRICS_DOC = SRC.parent.parent / "docs" / "metrics.md"
+
+
+def _metric_namespaces() -> set[str]:
+    """Every namespace of a documented metric (``docs/metrics.md``), but the learner's: the learner
+    composes its own figures (``loss/*``, ``policy/*``, ... convention 14) and no decision reads them."""
+    from asyncrl.telemetry.reports import LEARNER_NAMESPACES
+
+    return set(re.findall(r"`([a-z_]+)/[a-z0-9_{}*]+", METRICS_DOC.read_text())) - set(LEARNER_NAMESPACES)
+
+
+def _metric_name_reads(path: Path, namespaces: set[str], root: Path = SRC) -> list[str]:
+    """Places that read a metric by its name: a ``"pkg/name"`` literal (or an f-string that starts with
+    ``"pkg/"``) of a metric namespace used as a subscript, a ``.get``/helper argument or in a
+    comparison. Writing one (a dict key, an assignment target, an event's name) is fine."""
+    rel = str(path.relative_to(root))
+    name = re.compile(rf"^({'|'.join(sorted(namespaces))})/[a-z0-9_]*")
+
+    def is_name(node: ast.expr) -> bool:
+        if isinstance(node, ast.JoinedStr) and node.values:
+            node = node.values[0]
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(name.match(node.value))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        read: list[ast.expr] = []
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            read = [node.slice]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            read = [] if callee == "event" else list(node.args)  # an event's name is written, not read
+        elif isinstance(node, ast.Compare):
+            read = [node.left, *node.comparators]
+        if any(is_name(n) for n in read):
+            found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_metric_names_are_read_only_in_telemetry() -> None:
+    """The orchestrator, its rules, the summary and the cost ledger read the attributes of decoded
+    reports (:mod:`asyncrl.telemetry.reports`); only ``telemetry/`` turns rows and names into reports."""
+    namespaces = _metric_namespaces()
+    assert {"rollout", "trainer", "queue", "guard", "eval", "reward", "staleness"} <= namespaces
+    found = [
+        f
+        for path in sorted(SRC.rglob("*.py"))
+        if path.relative_to(SRC).parts[0] != "telemetry"
+        for f in _metric_name_reads(path, namespaces)
+    ]
+    assert found == []
+
+
+def test_the_metric_name_scan_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "depth = row['queue/ready']\n"
+        "reward = row.get('reward/mean')\n"
+        "episodes = live.total('rollout/episodes')\n"
+        "seen = 'guard/calls' in row\n"
+        "group = r.get('event') == 'rollout/group'\n"
+        "figure = row[f'rollout/{key}']\n"
+        "out = {'queue/depth': 1.0, f'rollout/{k}': 2.0}\n"  # writes: fine
+        "out['trainer/step'] = 3.0\n"
+        "writer.event('rollout/group', {})\n"
+        "loss = metrics['loss/policy']\n"  # the learner's own figures: not the control plane's
+    )
+    found = _metric_name_reads(probe, _metric_namespaces(), root=tmp_path)
+    assert found == [f"probe.py:{n}" for n in (1, 2, 3, 4, 5, 6)], found

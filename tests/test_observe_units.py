@@ -23,6 +23,7 @@ from asyncrl.telemetry.experiment import compare_runs, list_runs
 from asyncrl.telemetry.flow import FlowMeter
 from asyncrl.telemetry.lifecycle import batch_stats, trace
 from asyncrl.telemetry.report import write_report
+from asyncrl.telemetry.reports import RolloutFigures, WorkerReport
 from asyncrl.telemetry.sinks import Sinks, scalars_of
 
 
@@ -197,14 +198,13 @@ def test_batch_stats_rates_and_distributions() -> None:
 
 def test_flow_rates_never_go_negative_across_a_restart() -> None:
     f = FlowMeter()
-    f.rates({("rollout-0", 1): {"rollout/episodes": 100.0, "rollout/gen_busy_seconds": 10.0}})
+
+    def worker(episodes: float, busy: float) -> WorkerReport:
+        return WorkerReport(rollout=RolloutFigures(episodes=episodes, gen_busy_seconds=busy))
+
+    f.rates({("rollout-0", 1): worker(100.0, 10.0)})
     time.sleep(0.05)
-    out = f.rates(
-        {
-            ("rollout-0", 1): {"rollout/episodes": 100.0, "rollout/gen_busy_seconds": 10.0},
-            ("rollout-0", 2): {"rollout/episodes": 3.0, "rollout/gen_busy_seconds": 0.01},  # restarted
-        }
-    )
+    out = f.rates({("rollout-0", 1): worker(100.0, 10.0), ("rollout-0", 2): worker(3.0, 0.01)})  # restarted
     assert out["throughput/rollout_samples_per_s"] > 0
     assert 0.0 <= out["idle/rollout"] <= 1.0
 

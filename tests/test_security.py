@@ -105,7 +105,7 @@ def test_pickle_bomb_in_the_redis_queue_is_dead_lettered_not_run(tmp_path: Path)
         assert not marker.exists()
         dead = q.dead_letters()
         assert len(dead) == 1 and dead[0].trajectory_id == "evil" and dead[0].payload == bomb
-        assert q.stats()["queue/dead_letters"] == 1.0
+        assert q.stats().dead_letters == 1.0
         q.close()
     finally:
         server.stop()

@@ -34,6 +34,7 @@ import msgspec
 from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import EnvResetError, StepResult
+from asyncrl.envs.base import Environment
 from asyncrl.policy.chat import ChatTemplateError, Renderer, count_differences, engine_diff
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
@@ -53,7 +54,7 @@ class EpisodeSettings:
 
 async def run_episode(
     task: Task,
-    env: Any,
+    env: Environment,
     batcher: TurnBatcher,
     renderer: Renderer,
     settings: EpisodeSettings,
@@ -87,7 +88,7 @@ class _Seen:
 
 async def _run_episode(
     task: Task,
-    env: Any,
+    env: Environment,
     batcher: TurnBatcher,
     renderer: Renderer,
     settings: EpisodeSettings,
@@ -206,7 +207,7 @@ async def _model_turn(
     )
 
 
-async def _step(env: Any, action: str, turn: Turn, traj: Trajectory) -> StepResult:
+async def _step(env: Environment, action: str, turn: Turn, traj: Trajectory) -> StepResult:
     step_start = time.perf_counter()
     result: StepResult = await env.step(action)
     turn.env_seconds = time.perf_counter() - step_start

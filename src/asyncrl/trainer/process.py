@@ -36,6 +36,7 @@ from asyncrl.config import RunConfig
 from asyncrl.control import RunState
 from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.telemetry.reports import LifecycleFigures, TrainerFigures, TrainerReport
 from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.intake import Intake
@@ -298,24 +299,22 @@ class TrainerRole:
                 )
 
     def _report(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
+        """One :class:`TrainerReport`: the learner's and the batch's figures, the trainer's own, the queue's."""
         total = self.busy + self.idle
         waits = [t.lifecycle.dequeued - t.lifecycle.enqueued for t in batch if t.lifecycle.enqueued]
-        self.metrics.write(
-            {
-                **metrics,
-                "trainer/step": float(self.step),
-                "trainer/version": float(self.version),
-                "trainer/busy_fraction": self.busy / total if total else 0.0,
-                "trainer/busy_seconds": self.busy,
-                "trainer/idle_seconds": self.idle,
-                "trainer/learn_seconds": self.learn,
-                "trainer/buffer_size": float(len(self.buffer)),
-                "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
-                **{f"trainer/{k}": v for k, v in self.tally.items()},
-                **self.queue.stats(),
-            },
-            step=self.step,
+        own = TrainerFigures(
+            step=float(self.step),
+            version=float(self.version),
+            busy_fraction=self.busy / total if total else 0.0,
+            busy_seconds=self.busy,
+            idle_seconds=self.idle,
+            learn_seconds=self.learn,
+            buffer_size=float(len(self.buffer)),
+            **self.tally,
         )
+        wait = LifecycleFigures(queue_wait_mean_s=sum(waits) / len(waits) if waits else 0.0)
+        report = TrainerReport.of_figures(metrics, trainer=own, lifecycle=wait, queue=self.queue.stats())
+        self.metrics.report(report, step=self.step)
 
 
 def step_command(batch: list[Trajectory], version: int) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from asyncrl.config import GuardConfig, NoLatencyConfig, RunConfig, config_hash
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
+    from asyncrl.envs.base import Environment
     from asyncrl.policy.chat import Renderer
 
 TEMPLATE_VERSION = 3
@@ -98,7 +99,7 @@ def warm_start_key(cfg: RunConfig) -> str:
 
 
 async def _play(
-    env: Any, task: Task, texts: list[str], renderer: Renderer
+    env: Environment, task: Task, texts: list[str], renderer: Renderer
 ) -> list[tuple[list[int], list[int]]]:
     """Play scripted model turns (canonical actions) through the environment, rendered as the
     episode runner renders them; return the samples as (token ids, loss mask): one for the
