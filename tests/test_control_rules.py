@@ -392,7 +392,7 @@ def test_early_termination_after_k_consecutive_invalid_actions() -> None:
                 on_turn=lambda: turns.append(1),
             )
             try:
-                traj = await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, TEMPLATE, s)
+                (traj,) = await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, TEMPLATE, s)
                 return traj, len(turns)
             finally:
                 batcher.close()

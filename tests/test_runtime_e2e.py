@@ -106,6 +106,28 @@ def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path
     assert early["total_usd"] > 0 if early["available"] else "first 10%" in early["reason"]
 
 
+def test_tree_config_learns_async_and_loses_nothing(tmp_path: Path, cache_dir: Path) -> None:
+    """configs/tree.yaml (tree groups, tree credit, async), shortened to the budget where the credit
+    study's tree runs had gained 22-27 points (docs/credit.md), on this file's shared warm start."""
+    cfg = load_config(
+        Path(__file__).parents[1] / "configs" / "tree.yaml",
+        [
+            f"run_root={tmp_path}",
+            f"cache_dir={cache_dir}",
+            "trainer.total_steps=20",
+            "trainer.batch_size=32",
+            "trainer.lr=3e-4",
+            "telemetry.eval_every=0",
+        ],
+    )
+    run_dir, s = train(cfg, display=False, eval_limit=128)
+    assert s["final_success"] >= s["initial_success"] + 0.10, s
+    assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0 and s["staleness_max"] <= 2
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    worker = [r for r in rows if r.get("role") == "rollout-0" and "rollout/tree_roots" in r][-1]
+    assert worker["rollout/tree_branch_points"] > 0 and worker["rollout/tree_replay_diverged"] == 0
+
+
 def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(tmp_path: Path, cache_dir: Path) -> None:
     cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=12", "rollout.num_workers=2")
     th, out = run_in_thread(cfg, eval_limit=8)

@@ -227,6 +227,11 @@ def _add_inspect_commands(sub: Sub) -> None:
         "--trajectories", type=int, default=4, help="sampled trajectories to ablate (default 4)"
     )
     cabl.add_argument("--k", type=int, default=4, help="continuations per segment boundary (default 4)")
+    cabl.add_argument(
+        "--siblings",
+        action="store_true",
+        help="tree groups: compare each branching segment with its siblings (no replays)",
+    )
     _json_flag(cabl)
 
 
@@ -685,7 +690,13 @@ def _cmd_credit(args: argparse.Namespace) -> int:
     if args.credit_command == "ablate":
         from asyncrl.credit.ablate import ablate, render_ablation
 
-        report = ablate(Path(args.run), checkpoint=args.checkpoint, trajectories=args.trajectories, k=args.k)
+        report = ablate(
+            Path(args.run),
+            checkpoint=args.checkpoint,
+            trajectories=args.trajectories,
+            k=args.k,
+            siblings=args.siblings,
+        )
         if args.json:
             print(json.dumps(report, sort_keys=True))
         else:

@@ -60,29 +60,10 @@ async def run_episode(
     settings: EpisodeSettings,
     group_id: str = "",
     prefix: list[list[int]] | None = None,
-) -> Trajectory:
-    """Play one episode and return it as one trajectory (``bridge`` mode, or a one-turn episode);
-    see :func:`run_episode_samples` for the general case."""
-    samples = await run_episode_samples(task, env, batcher, renderer, settings, group_id, prefix)
-    if len(samples) != 1:
-        raise ValueError(
-            f"the episode is {len(samples)} samples (multi_turn: per_turn); use run_episode_samples"
-        )
-    return samples[0]
-
-
-async def run_episode_samples(
-    task: Task,
-    env: Environment,
-    batcher: TurnBatcher,
-    renderer: Renderer,
-    settings: EpisodeSettings,
-    group_id: str = "",
-    prefix: list[list[int]] | None = None,
 ) -> list[Trajectory]:
     """Play one episode of ``env`` (already guarded) on ``task``; its training samples: one
-    trajectory in ``bridge`` mode, one per model turn in ``per_turn`` mode (sharing the episode's
-    reward, outcome and ``episode_id``).
+    trajectory in ``bridge`` mode (and for one-turn episodes), one per model turn in ``per_turn``
+    mode (sharing the episode's reward, outcome and ``episode_id``).
 
     ``prefix``: token ids of model turns to replay instead of sampling, before the policy takes
     over (counterfactual resampling from a segment boundary, ``asyncrl credit ablate``); replayed

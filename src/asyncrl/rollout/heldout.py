@@ -44,7 +44,7 @@ async def run_episodes(
     from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.episode import EpisodeSettings, run_episode_samples
+    from asyncrl.rollout.episode import EpisodeSettings, run_episode
 
     env_cfg = env_cfg or eval_env_config(cfg)
     renderer = make_renderer(cfg.model, policy)
@@ -78,7 +78,7 @@ async def run_episodes(
             env = make_env(env_cfg, seed + i)
             try:
                 prefix = prefixes[i] if prefixes is not None else None
-                return await run_episode_samples(task, env, batcher, renderer, settings, prefix=prefix)
+                return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)
             finally:
                 close = getattr(env, "close", None)
                 if close is not None:

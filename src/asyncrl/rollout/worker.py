@@ -243,7 +243,7 @@ class RolloutWorker:
         """One environment episode's samples (one, or one per model turn with ``multi_turn: per_turn``),
         replaying ``prefix``'s model turns first (tree branches)."""
         from asyncrl.envs import make_env
-        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode_samples
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
         rc, max_turns = self.cfg.rollout, self.cfg.env.max_turns
         base = SamplingParams(
@@ -262,7 +262,7 @@ class RolloutWorker:
         )
         samples: list[Trajectory] = []
         try:
-            samples = await run_episode_samples(task, env, batcher, self.renderer, settings, group_id, prefix)
+            samples = await run_episode(task, env, batcher, self.renderer, settings, group_id, prefix)
             return samples
         finally:
             self.load -= max_turns - sum(1 for tr in samples for t in tr.turns if t.role == "model")
