@@ -55,7 +55,8 @@ def heavy_modules(root: Path) -> set[str]:
                 for name in _resolve(module, node, path.name == "__init__.py"):
                     if name.split(".")[0] in HEAVY:
                         heavy.add(module)
-                    targets.add(name)
+                    parts = name.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__ too
+                    targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         edges[module] = targets
     changed = True
     while changed:
@@ -150,7 +151,10 @@ def _deferred_imports(
         if isinstance(inner, (ast.Import, ast.ImportFrom)) and _own_import(inner):
             where = f"{rel}:{inner.lineno} in {node.name}"
             found["function_level_own_imports"].append(where)
-            if not any(name in heavy for name in _resolve(module, inner, is_pkg)):
+            names = _resolve(module, inner, is_pkg)
+            if not any(
+                ".".join(n.split(".")[:i]) in heavy for n in names for i in range(1, n.count(".") + 2)
+            ):
                 found["function_level_own_imports_not_deferring_heavy"].append(where)
 
 

@@ -11,6 +11,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+from asyncrl.credit.inspect import credit_fragment, render_terminal
+from asyncrl.errors import UserError
+from asyncrl.telemetry.report import write_report
+from asyncrl.trainer.replay import replay
+
 EXIT_USER_ERROR = 2
 
 INTRO = "asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents."
@@ -323,7 +328,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in handlers:
         parser.print_help()
         return EXIT_USER_ERROR if argv else 0
-    from asyncrl.errors import UserError
 
     try:
         return handlers[args.command](args)
@@ -336,7 +340,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cmd_help(args: argparse.Namespace) -> int:
-    from asyncrl.errors import UserError
 
     parser = build_parser()
     known = [words for words, _, _ in _commands(parser)]
@@ -366,7 +369,6 @@ def _explain(section: str | None) -> int:
     from rich.table import Table
 
     from asyncrl import config as C
-    from asyncrl.errors import UserError
 
     rows = C.explain(C.RunConfig)
     if section:
@@ -427,7 +429,6 @@ def _model_info(args: argparse.Namespace) -> int:
     import json
 
     from asyncrl.config import load_config
-    from asyncrl.errors import UserError
     from asyncrl.policy.hub import model_info
     from asyncrl.policy.preflight import preflight_model
 
@@ -558,8 +559,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             f"framework would have matched {s['retokenization_exact_rate']:.0%}"
         )
     print(f"run directory: {run_dir}")
-    from asyncrl.credit.inspect import credit_fragment
-    from asyncrl.telemetry.report import write_report
 
     print(f"report: {write_report(run_dir, credit_view=credit_fragment)}")
     return 0
@@ -567,9 +566,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from asyncrl.credit.inspect import credit_fragment
-    from asyncrl.telemetry.report import write_report
 
     path = write_report(Path(args.run), Path(args.out) if args.out else None, credit_view=credit_fragment)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
@@ -579,9 +575,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
-
-    from asyncrl.errors import UserError
-    from asyncrl.trainer.replay import replay
 
     if args.steps is not None and args.steps < 1:
         raise UserError("--steps must be at least 1")
@@ -626,7 +619,6 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     from asyncrl.config import CostAssumptionsConfig, load_config
     from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
     from asyncrl.cost.report import cost_report, render_estimate, render_report
-    from asyncrl.errors import UserError
 
     if args.cost_command == "report":
         run = Path(args.run)
@@ -675,11 +667,7 @@ def _cmd_credit(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from asyncrl.errors import UserError
-
     if args.credit_command == "show":
-        from asyncrl.credit.inspect import credit_fragment, render_terminal
-
         if args.n < 1:
             raise UserError("--n must be >= 1")
         render_terminal(Path(args.run), n=args.n)

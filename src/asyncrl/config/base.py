@@ -13,6 +13,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from asyncrl.credentials import check_url_syntax
 from asyncrl.errors import UserError
 
 
@@ -101,7 +102,6 @@ def default_of(model: type[BaseModel], field: str) -> Any:
 
 def check_redis_url(url: str) -> str:
     """Reject a malformed Redis URL at load time (the message shows it masked)."""
-    from asyncrl.credentials import check_url_syntax
 
     try:
         check_url_syntax(url, "the URL")

@@ -15,6 +15,7 @@ from pydantic_core import ErrorDetails
 from asyncrl.config.aliases import renamed_path
 from asyncrl.config.base import variants
 from asyncrl.config.run import RunConfig
+from asyncrl.credentials import mask_secrets
 from asyncrl.errors import UserError
 
 
@@ -72,7 +73,6 @@ def _walk(loc: tuple[int | str, ...], root: type[BaseModel]) -> tuple[str, str |
 
 def format_validation_error(exc: ValidationError, source: str, root: type[BaseModel] | None = None) -> str:
     """One line per error: the field path, the bad value and what is allowed (no traceback)."""
-    from asyncrl.credentials import mask_secrets
 
     lines = [f"invalid configuration ({mask_secrets(source)}):"]
     for err in exc.errors():
@@ -192,7 +192,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_yaml(cfg: BaseModel) -> str:
     """The config as YAML, with passwords in URLs masked (``***``; see :mod:`asyncrl.credentials`)."""
-    from asyncrl.credentials import mask_secrets
 
     return mask_secrets(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 

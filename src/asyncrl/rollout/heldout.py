@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from asyncrl.config import HFEngineConfig, NoLatencyConfig, RunConfig
+from asyncrl.errors import UserError
 from asyncrl.records import SamplingParams, Task, Trajectory
 
 
@@ -157,7 +158,6 @@ def evaluate_policy(cfg: RunConfig, policy: Any, *, seed: int, limit: int | None
 
 def evaluate_checkpoint(cfg: RunConfig, path: str | None, *, limit: int | None = None) -> dict[str, Any]:
     """Evaluate the policy directory ``path`` (default: ``model.path``, the pretrained model itself)."""
-    from asyncrl.errors import UserError
     from asyncrl.policy import Policy
 
     path = path or cfg.model.path

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig
+from asyncrl.telemetry.tensorboard import EventFileWriter
 
 HEADER = frozenset({"time", "role", "pid", "alive_s", "step"})
 
@@ -49,8 +50,6 @@ class Sinks:
         self.wandb: Any = None
         self.mlflow: Any = None
         if tc.tensorboard:
-            from asyncrl.telemetry.tensorboard import EventFileWriter
-
             self.tb = EventFileWriter(run_dir / "tensorboard")
         if tc.wandb:
             if not installed("wandb"):

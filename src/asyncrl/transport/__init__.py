@@ -23,6 +23,7 @@ from asyncrl.transport.base import (
     TrajectoryQueue,
 )
 from asyncrl.transport.embedded import EmbeddedQueue
+from asyncrl.transport.redis_backend import RedisQueue  # lazy: embedded users skip redis
 
 if TYPE_CHECKING:  # importing the config pulls in torch; keep worker start-up light
     from asyncrl.config import TransportConfig
@@ -52,8 +53,6 @@ def make_queue(cfg: TransportConfig, run_dir: Path) -> TrajectoryQueue:
             busy_timeout_s=cfg.busy_timeout_s,
         )
     if cfg.kind == "redis":
-        from asyncrl.transport.redis_backend import RedisQueue  # lazy: embedded users skip redis
-
         return RedisQueue(
             cfg.redis_url,
             run_dir,
