@@ -226,61 +226,9 @@ class Policy:
         remote = bool(cfg.trust_remote_code) if cfg is not None else False
         p = Path(path)
         where = f"policy directory {str(p)!r}"
-        if not p.is_dir():
-            raise PolicyLoadError(f"{where} does not exist or is not a directory")
-        if not (p / "config.json").is_file():
-            raise PolicyLoadError(f"{where} has no config.json (expected a Hugging Face model directory)")
-        try:
-            json.loads((p / "config.json").read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PolicyLoadError(f"{where}: config.json is not valid JSON ({_short(exc)})") from None
-
-        n_params = parameter_count(p, trust_remote_code=remote)  # also: is the architecture known?
-        check_fits(n_params * dtype.itemsize, f"loading {where} ({n_params / 1e6:.1f}M parameters, {dtype})")
-        weight_files = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-        if not any((p / f).is_file() for f in weight_files):
-            raise PolicyLoadError(f"{where} has no weights (expected one of {', '.join(weight_files)})")
-        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-        if not any((p / f).is_file() for f in tokenizer_files):
-            raise PolicyLoadError(f"{where} has no tokenizer files (expected tokenizer.json)")
-        try:
-            # tokenizer.json is loaded as-is: AutoTokenizer would pick a class from the
-            # model type (e.g. Qwen2Tokenizer), which may change pre-processing.
-            if (p / "tokenizer.json").is_file():
-                tok = PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
-            else:
-                tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=remote)
-        except Exception as exc:
-            raise PolicyLoadError(f"{where}: cannot load the tokenizer ({_short(exc)})") from None
-        try:
-            with _quiet_hf():
-                loaded: Any = AutoModelForCausalLM.from_pretrained(
-                    str(p),
-                    local_files_only=True,
-                    dtype=dtype,
-                    trust_remote_code=remote,
-                    attn_implementation=attn_implementation,
-                    ignore_mismatched_sizes=True,  # reported below, in one line
-                    output_loading_info=True,
-                )
-        except Exception as exc:
-            raise PolicyLoadError(f"{where}: cannot load the model weights ({_short(exc)})") from None
-        model: PreTrainedModel = loaded[0]
-        info: dict[str, Any] = loaded[1]
-        # HF re-initialises missing or mis-shaped weights with a warning; a policy that is
-        # partly random must not start sampling, so both are errors here.
-        mismatched = [f"{k} {tuple(a)} vs config {tuple(b)}" for k, a, b in info.get("mismatched_keys", [])]
-        if mismatched:
-            raise PolicyLoadError(
-                f"{where}: cannot load the model weights (shapes disagree with config.json: "
-                f"{'; '.join(sorted(mismatched)[:2])}{' ...' if len(mismatched) > 2 else ''})"
-            )
-        missing = sorted(info.get("missing_keys", []))
-        if missing:
-            raise PolicyLoadError(
-                f"{where}: cannot load the model weights ({len(missing)} tensor(s) missing from the "
-                f"checkpoint, e.g. {', '.join(missing[:3])})"
-            )
+        _check_model_dir(p, where, dtype, remote)
+        tok = _load_tokenizer(p, where, remote)
+        model = _load_weights(p, where, dtype, remote, attn_implementation)
         vocab = input_vocab_size(model)
         if len(tok) > vocab:
             raise PolicyLoadError(
@@ -723,3 +671,74 @@ def token_logprobs(
         positions=positions,
         share_prefixes=share_prefixes,
     )[0]
+
+
+def _check_model_dir(p: Path, where: str, dtype: torch.dtype, remote: bool) -> None:
+    """The directory holds a readable config, weights and tokenizer files, and fits in memory."""
+    if not p.is_dir():
+        raise PolicyLoadError(f"{where} does not exist or is not a directory")
+    if not (p / "config.json").is_file():
+        raise PolicyLoadError(f"{where} has no config.json (expected a Hugging Face model directory)")
+    try:
+        json.loads((p / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PolicyLoadError(f"{where}: config.json is not valid JSON ({_short(exc)})") from None
+    n_params = parameter_count(p, trust_remote_code=remote)  # also: is the architecture known?
+    check_fits(n_params * dtype.itemsize, f"loading {where} ({n_params / 1e6:.1f}M parameters, {dtype})")
+    weight_files = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    if not any((p / f).is_file() for f in weight_files):
+        raise PolicyLoadError(f"{where} has no weights (expected one of {', '.join(weight_files)})")
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((p / f).is_file() for f in tokenizer_files):
+        raise PolicyLoadError(f"{where} has no tokenizer files (expected tokenizer.json)")
+
+
+def _load_tokenizer(p: Path, where: str, remote: bool) -> PreTrainedTokenizerBase:
+    try:
+        # tokenizer.json is loaded as-is: AutoTokenizer would pick a class from the
+        # model type (e.g. Qwen2Tokenizer), which may change pre-processing.
+        if (p / "tokenizer.json").is_file():
+            tok: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(
+                str(p), local_files_only=True
+            )
+        else:
+            tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=remote)
+    except Exception as exc:
+        raise PolicyLoadError(f"{where}: cannot load the tokenizer ({_short(exc)})") from None
+    return tok
+
+
+def _load_weights(
+    p: Path, where: str, dtype: torch.dtype, remote: bool, attn_implementation: AttnImpl
+) -> PreTrainedModel:
+    """The model, refused when any weight is missing or mis-shaped (HF would re-initialise it)."""
+    try:
+        with _quiet_hf():
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                str(p),
+                local_files_only=True,
+                dtype=dtype,
+                trust_remote_code=remote,
+                attn_implementation=attn_implementation,
+                ignore_mismatched_sizes=True,  # reported below, in one line
+                output_loading_info=True,
+            )
+    except Exception as exc:
+        raise PolicyLoadError(f"{where}: cannot load the model weights ({_short(exc)})") from None
+    model: PreTrainedModel = loaded[0]
+    info: dict[str, Any] = loaded[1]
+    # HF re-initialises missing or mis-shaped weights with a warning; a policy that is
+    # partly random must not start sampling, so both are errors here.
+    mismatched = [f"{k} {tuple(a)} vs config {tuple(b)}" for k, a, b in info.get("mismatched_keys", [])]
+    if mismatched:
+        raise PolicyLoadError(
+            f"{where}: cannot load the model weights (shapes disagree with config.json: "
+            f"{'; '.join(sorted(mismatched)[:2])}{' ...' if len(mismatched) > 2 else ''})"
+        )
+    missing = sorted(info.get("missing_keys", []))
+    if missing:
+        raise PolicyLoadError(
+            f"{where}: cannot load the model weights ({len(missing)} tensor(s) missing from the "
+            f"checkpoint, e.g. {', '.join(missing[:3])})"
+        )
+    return model

@@ -35,7 +35,7 @@ from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import EnvResetError, StepResult
 from asyncrl.envs.base import Environment
-from asyncrl.policy.chat import ChatTemplateError, Renderer, count_differences, engine_diff
+from asyncrl.policy.chat import ChatTemplateError, Conversation, Renderer, count_differences, engine_diff
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -86,6 +86,42 @@ class _Seen:
     """Bridge mode: the observation delta appended after the turn."""
 
 
+def _open_trajectory(task: Task, settings: EpisodeSettings, group_id: str) -> Trajectory:
+    """A new episode's trajectory (its own episode: one sample, or the first of its per-turn samples)."""
+    traj = Trajectory(
+        id=new_id(),
+        task=task,
+        turns=[],
+        lifecycle=Lifecycle(created=time.time(), rollout_start=time.time()),
+        worker_id=settings.worker_id,
+        group_id=group_id,
+        sampling=settings.sampling,
+    )
+    traj.episode_id = traj.id
+    return traj
+
+
+def _reset_failed(traj: Trajectory, exc: EnvResetError) -> Trajectory:
+    """The episode's one record when the environment could not start it (the guard's fault kept)."""
+    traj.outcome = "env_error"
+    traj.reward_components["env_error"] = 1.0
+    fault = exc.fault if isinstance(getattr(exc, "fault", None), Fault) else None
+    traj.turns.append(
+        Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc)))
+    )
+    traj.render_diff = traj.retokenization_diff = 0  # nothing was rendered or sampled
+    traj.lifecycle.rollout_end = time.time()
+    return traj
+
+
+def _with_observation(renderer: Renderer, conv: Conversation, text: str) -> tuple[list[int], list[int]]:
+    """The next prompt once ``text`` is observed, and the bridged delta (``[]`` per turn)."""
+    if renderer.multi_turn == "per_turn":
+        return renderer.next_prompt(conv, text), []
+    delta = renderer.observation(conv, text)
+    return [*conv.ids, *delta], delta
+
+
 async def _run_episode(
     task: Task,
     env: Environment,
@@ -95,30 +131,13 @@ async def _run_episode(
     group_id: str,
     prefix: list[list[int]],
 ) -> list[Trajectory]:
-    life = Lifecycle(created=time.time(), rollout_start=time.time())
-    traj = Trajectory(
-        id=new_id(),
-        task=task,
-        turns=[],
-        lifecycle=life,
-        worker_id=settings.worker_id,
-        group_id=group_id,
-        sampling=settings.sampling,
-    )
-    traj.episode_id = traj.id
+    traj = _open_trajectory(task, settings, group_id)
+    life = traj.lifecycle
     # 1. reset: the first observation is the prompt
     try:
         prompt_text = await env.reset(task)
     except EnvResetError as exc:
-        traj.outcome = "env_error"
-        traj.reward_components["env_error"] = 1.0
-        fault = exc.fault if isinstance(getattr(exc, "fault", None), Fault) else None
-        traj.turns.append(
-            Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc)))
-        )
-        traj.render_diff = traj.retokenization_diff = 0  # nothing was rendered or sampled
-        life.rollout_end = time.time()
-        return [traj]
+        return [_reset_failed(traj, exc)]
     conv = renderer.start(prompt_text, list(getattr(env, "tools", None) or []))
     prompt = list(conv.ids)  # what the engine is given next
     if len(prompt) >= settings.max_context:
@@ -159,11 +178,7 @@ async def _run_episode(
             if parsed.malformed and result.malformed
             else result.observation
         )
-        if renderer.multi_turn == "per_turn":
-            nxt, delta = renderer.next_prompt(conv, text), []
-        else:
-            delta = renderer.observation(conv, text)
-            nxt = [*conv.ids, *delta]
+        nxt, delta = _with_observation(renderer, conv, text)
         if len(nxt) >= settings.max_context:
             break
         renderer.add_observation(conv, text, delta)
@@ -227,7 +242,7 @@ def _finish(traj: Trajectory) -> Trajectory:
     return traj
 
 
-def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Any) -> Trajectory:
+def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Conversation) -> Trajectory:
     """Bridge mode: the episode as one sample — the opening prompt, then each sampled turn and
     the observation delta after it. Exactness: the trained ids against every prompt the engine
     was given + its samples, and (prefix-stable templates) against the template's own rendering
@@ -254,7 +269,9 @@ def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Any)
     return _finish(traj)
 
 
-def _per_turn_samples(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Any) -> list[Trajectory]:
+def _per_turn_samples(
+    traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Conversation
+) -> list[Trajectory]:
     """Per-turn mode: each model turn is its own sample — the prompt the engine was given (the
     template's rendering of the chat so far) + the sampled ids — all with the episode's reward."""
     out: list[Trajectory] = []
@@ -282,7 +299,7 @@ def _assistant_index(messages: list[Any], k: int) -> int:
     return [i for i, m in enumerate(messages) if m["role"] == "assistant"][k]
 
 
-def _template_diff(renderer: Renderer, conv: Any) -> int:
+def _template_diff(renderer: Renderer, conv: Conversation) -> int:
     if not renderer.prefix_stable:
         return 0  # bridged on purpose: the template renders a longer chat differently
     try:
@@ -291,7 +308,7 @@ def _template_diff(renderer: Renderer, conv: Any) -> int:
         return 0
 
 
-def _retok_diff(renderer: Renderer, conv: Any) -> int:
+def _retok_diff(renderer: Renderer, conv: Conversation) -> int:
     try:
         return renderer.retokenization_diff(conv)
     except ChatTemplateError:  # the template cannot render the chat whole: count every token

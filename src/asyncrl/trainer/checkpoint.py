@@ -486,6 +486,29 @@ def load_checkpoint(
 
     # Parse everything before mutating anything, so a bad file leaves the objects untouched.
     weights = _load_tensors(path, POLICY_WEIGHTS)
+    opt_sd = _read_optimizer(path, optimizer)
+    sched_sd = _read_scheduler(path, scheduler) if scheduler is not None else None
+    rng, py_state = _read_rng(path, py_rng)
+
+    try:
+        policy.load_tensors(weights)
+    except ValueError as exc:
+        raise _guard(path, POLICY_WEIGHTS, "the policy weights")(exc) from None
+    try:
+        optimizer.load_state_dict(opt_sd)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _guard(path, OPTIMIZER_JSON, "the optimizer")(exc) from None
+    if scheduler is not None and sched_sd is not None:
+        try:
+            scheduler.load_state_dict(sched_sd)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise _guard(path, SCHEDULER_JSON, "the LR scheduler")(exc) from None
+    _restore_rng(path, rng, py_rng, py_state)
+    return state
+
+
+def _read_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict as saved (sharded or whole), checked against ``optimizer``'s class."""
     if (path / OPTIMIZER_SHARDS).is_dir():
         try:
             opt_tensors = read_optimizer_shards(path / OPTIMIZER_SHARDS)
@@ -502,53 +525,50 @@ def load_checkpoint(
             raise ValueError(
                 f"it was written by a {opt_meta.get('class')} optimizer, got {type(optimizer).__name__}"
             )
-        opt_sd = {
+        return {
             "state": {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()},
             "param_groups": _decode(opt_meta["param_groups"], opt_tensors),
         }
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise err(exc) from None
 
-    sched_sd: dict[str, Any] | None = None
-    if scheduler is not None:
-        meta = _load_json(path, SCHEDULER_JSON)
-        err = _guard(path, SCHEDULER_JSON, "the LR scheduler")
-        sched_tensors = _load_tensors(path, SCHEDULER_TENSORS) if (path / SCHEDULER_TENSORS).exists() else {}
-        try:
-            if meta.get("class") != type(scheduler).__name__:
-                raise ValueError(
-                    f"it was written by a {meta.get('class')} scheduler, got {type(scheduler).__name__}"
-                )
-            sched_sd = _decode(meta["state"], sched_tensors)
-            if not isinstance(sched_sd, dict):
-                raise TypeError("state is not an object")
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise err(exc) from None
 
+def _read_scheduler(path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
+    meta = _load_json(path, SCHEDULER_JSON)
+    err = _guard(path, SCHEDULER_JSON, "the LR scheduler")
+    sched_tensors = _load_tensors(path, SCHEDULER_TENSORS) if (path / SCHEDULER_TENSORS).exists() else {}
+    try:
+        if meta.get("class") != type(scheduler).__name__:
+            raise ValueError(
+                f"it was written by a {meta.get('class')} scheduler, got {type(scheduler).__name__}"
+            )
+        sched_sd = _decode(meta["state"], sched_tensors)
+        if not isinstance(sched_sd, dict):
+            raise TypeError("state is not an object")
+        return sched_sd
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise err(exc) from None
+
+
+def _read_rng(
+    path: Path, py_rng: random.Random | None
+) -> tuple[dict[str, torch.Tensor], tuple[Any, ...] | None]:
+    """The torch (and CUDA) RNG tensors, and the Python RNG state when ``py_rng`` is to be restored."""
     rng = _load_tensors(path, RNG_TENSORS)
     if "torch" not in rng or rng["torch"].dtype != torch.uint8:
         raise CheckpointError(f"checkpoint {str(path)!r}: {RNG_TENSORS} has no uint8 'torch' RNG state")
-    py_state: tuple[Any, ...] | None = None
-    if py_rng is not None:
-        data = _load_json(path, RNG_JSON)
-        try:
-            py_state = (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
-
+    if py_rng is None:
+        return rng, None
+    data = _load_json(path, RNG_JSON)
     try:
-        policy.load_tensors(weights)
-    except ValueError as exc:
-        raise _guard(path, POLICY_WEIGHTS, "the policy weights")(exc) from None
-    try:
-        optimizer.load_state_dict(opt_sd)
+        return rng, (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise _guard(path, OPTIMIZER_JSON, "the optimizer")(exc) from None
-    if scheduler is not None and sched_sd is not None:
-        try:
-            scheduler.load_state_dict(sched_sd)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise _guard(path, SCHEDULER_JSON, "the LR scheduler")(exc) from None
+        raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
+
+
+def _restore_rng(
+    path: Path, rng: dict[str, torch.Tensor], py_rng: random.Random | None, py_state: tuple[Any, ...] | None
+) -> None:
     try:
         torch.set_rng_state(rng["torch"])
         cuda = [rng[f"cuda.{i}"] for i in range(len(rng)) if f"cuda.{i}" in rng]
@@ -568,7 +588,6 @@ def load_checkpoint(
             py_rng.setstate(py_state)
         except (TypeError, ValueError) as exc:
             raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
-    return state
 
 
 __all__ = [
