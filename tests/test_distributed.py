@@ -70,12 +70,26 @@ def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> dict[str, flo
 
     learner = Learner(cfg, policy)
     learner.group = group
+    if group is not None and cfg.trainer.parallel == "fsdp":
+        from asyncrl.trainer.fsdp import shard_learner
+
+        shard_learner(learner, group)
     trajs = [decode_trajectory(encode(t)) for t in batch()]
     metrics: dict[str, float] = {}
     for v in range(steps):
         torch.manual_seed(100 + v)  # the minibatch permutation: the same on every rank (rank 0 sends it)
         metrics = learner.step(trajs, version=v)
     return metrics
+
+
+def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter as a plain tensor (a sharded one gathered: collective, the same order on every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
@@ -86,7 +100,7 @@ def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, 
     group = Group.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
     metrics = _train(cfg, policy, group, steps)
-    params = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    params = _full_params(policy.model)
     save_file(params, f"{out}/params-{rank}.safetensors")
     Path(f"{out}/metrics-{rank}.json").write_text(json.dumps(metrics))
     group.close()

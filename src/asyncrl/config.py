@@ -700,6 +700,12 @@ class TrainerConfig(Section):
     Rank 0 owns the queue, the ledger, publishing and checkpoints; every rank holds the whole model and
     runs its share of each minibatch's micro-batches; gradients are all-reduced before the optimiser
     step, so N ranks take the same step as one (docs/trainer-group.md). 1: one process, no process group."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How the ranks of a trainer group (``world_size > 1``) share the model: ``ddp``, every rank holds
+    the whole model and optimiser and gradients are all-reduced; ``fsdp``, FSDP2 ``fully_shard`` per
+    decoder layer (ZeRO-3: each rank holds 1/N of the parameters, gradients and AdamW moments, gathered
+    layer by layer), for a model that does not fit one device. Same update either way
+    (docs/trainer-group.md). No effect with ``world_size: 1``."""
     dist_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Timeout of every collective of the trainer group (and of its rendezvous): a rank that died or
     hangs ends the whole group after at most this long, and the supervisor restarts it from the newest
@@ -708,6 +714,15 @@ class TrainerConfig(Section):
     """TCP port of the trainer group's rendezvous on rank 0's host; 0: a free port chosen at each
     (re)start of the group."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.parallel == "fsdp" and self.world_size > 1 and self.buffer_sampling == "behaviour_kl":
+            raise ValueError(
+                "trainer.buffer_sampling=behaviour_kl scores groups with the policy on rank 0 alone, which a "
+                "sharded policy (trainer.parallel=fsdp) cannot do; use parallel=ddp or another buffer_sampling"
+            )
+        return self
 
 
 class AlgoConfig(Section):

@@ -114,6 +114,11 @@ class Group:
         """Indices of the micro-batches (``sizes`` in padded tokens) this rank runs."""
         return [i for i, r in enumerate(assign(sizes, self.world)) if r == self.rank]
 
+    def most(self, sizes: list[int]) -> int:
+        """The most micro-batches any rank runs (a sharded rank pads its share to this many passes)."""
+        owners = assign(sizes, self.world)
+        return max((owners.count(r) for r in range(self.world)), default=0)
+
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` summed over the ranks, in place (returned for chaining)."""
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
