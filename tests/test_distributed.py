@@ -95,11 +95,15 @@ def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
     from asyncrl.trainer.distributed import Group
 
+    from torch.distributed.tensor import DTensor
+
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
     group = Group.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
     metrics = _train(cfg, policy, group, steps)
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in policy.model.parameters()]
+    metrics["held_elements"] = float(sum(t.numel() for t in local))  # this rank's share of the weights
     params = _full_params(policy.model)
     save_file(params, f"{out}/params-{rank}.safetensors")
     Path(f"{out}/metrics-{rank}.json").write_text(json.dumps(metrics))
@@ -135,28 +139,36 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
         m = json.loads((tmp_path / f"metrics-{rank}.json").read_text())
         for k in ("loss/policy", "train/grad_norm", "entropy/mean", "policy/tokens", "train/microbatches"):
             assert m[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
+        whole = sum(p.numel() for p in policy.model.parameters())
+        share = 0.5 if cfg.trainer.parallel == "fsdp" else 1.0  # fsdp: each rank holds half of each tensor
+        assert m["held_elements"] == pytest.approx(share * whole, rel=0.02)
     assert one["train/microbatches"] >= 2  # the split had something to split (one per rank at least)
     moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]
     assert moved, "the step should have changed the trainable parameters"
 
 
 @SPAWNS
-def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path, parallel: str) -> None:
     """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too), with
-    decoupled PPO: the proximal log-probs the first minibatch fills are summed over the ranks."""
-    _check_invariance(
-        tmp_path, ["trainer.minibatches=2", "algo.policy_loss.kind=decoupled_ppo"], None, steps=2
-    )
+    decoupled PPO: the proximal log-probs the first minibatch fills are summed over the ranks. fsdp:
+    the ranks run unequal shares of micro-batches (padding passes keep them in lock-step)."""
+    args = ["trainer.minibatches=2", "algo.policy_loss.kind=decoupled_ppo", f"trainer.parallel={parallel}"]
+    _check_invariance(tmp_path, args, None, steps=2)
 
 
 @SPAWNS
-def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path) -> None:
-    """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model."""
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path, parallel: str) -> None:
+    """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model (fsdp: with activation
+    checkpointing, whose recomputation re-gathers each layer in the backward)."""
     from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
 
     tok = family_tokenizer(load_tokenizer(smollm2_dir()), "smollm2")
     model = tiny_model_dir(tmp_path / "model", tok)
-    args = [f"model.path={model}", "model.lora.rank=4", "model.lora.alpha=8"]
+    args = [f"model.path={model}", "model.lora.rank=4", "model.lora.alpha=8", f"trainer.parallel={parallel}"]
+    if parallel == "fsdp":
+        args.append("trainer.gradient_checkpointing=true")
     out = tmp_path / "out"
     out.mkdir()
     _check_invariance(out, args, str(model), steps=2)
@@ -183,9 +195,15 @@ def _learner(cfg: RunConfig, group: Any = None) -> Any:
 
 
 def _optimizer_tensors(learner: Any) -> dict[str, torch.Tensor]:
+    """The optimiser state's tensors, whole (sharded ones gathered: collective, on every rank)."""
+    from torch.distributed.tensor import DTensor
+
     from asyncrl.trainer.checkpoint import _optimizer_payload
 
-    return {k: v.clone() for k, v in _optimizer_payload(learner.optimizer)[0].items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).clone()
+        for k, v in _optimizer_payload(learner.optimizer)[0].items()
+    }
 
 
 def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> None:
@@ -203,8 +221,15 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
     group = Group.join(cfg, rank, "127.0.0.1", port)
     learner = _learner(cfg, group)
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
+    if cfg.trainer.parallel == "fsdp":
+        from asyncrl.trainer.fsdp import shard_learner
+
+        shard_learner(learner, group)  # as load_learner does: load whole, then shard
     torch.manual_seed(101)
     learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    # the collectives of rank 0's checkpoint, in its order: the full policy, then the optimiser shards
+    whole = learner.sharded.gather() if learner.sharded is not None else learner.policy
+    optimizer, params = _optimizer_tensors(learner), _full_params(learner.model)
     if rank == 0:
 
         def shards(path: Path) -> None:
@@ -213,25 +238,26 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
 
         state = TrainerState(ts.step + 1, 0, 0, {})
         save_checkpoint(
-            Path(out), learner.policy, learner.optimizer, learner.scheduler, state, optimizer_shards=shards
+            Path(out), whole, learner.optimizer, learner.scheduler, state, optimizer_shards=shards
         )
-        save_file(_optimizer_tensors(learner), f"{out}/saved-optimizer.safetensors")
-        save_file(
-            {n: p.detach().clone() for n, p in learner.model.named_parameters()},
-            f"{out}/saved-params.safetensors",
-        )
+        save_file(optimizer, f"{out}/saved-optimizer.safetensors")
+        save_file(params, f"{out}/saved-params.safetensors")
     else:
         write_optimizer_shards(Path(group.receive()["dir"]), learner.optimizer)
     group.close()
 
 
 @SPAWNS
-def test_checkpoints_resume_on_another_world_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_checkpoints_resume_on_another_world_size(tmp_path: Path, parallel: str) -> None:
     """1 rank → checkpoint → 2 ranks resume, step, sharded checkpoint → 1 rank resumes it exactly,
-    and the result is the one-rank run's."""
+    and the result is the one-rank run's (fsdp: the policy written is the gathered full state, each
+    rank writes its slices of the AdamW moments)."""
     from asyncrl.trainer.checkpoint import OPTIMIZER_SHARDS, TrainerState, load_checkpoint, save_checkpoint
 
-    cfg = load_config(None, [*TINY, "trainer.minibatches=2", "trainer.world_size=2"])
+    cfg = load_config(
+        None, [*TINY, "trainer.minibatches=2", "trainer.world_size=2", f"trainer.parallel={parallel}"]
+    )
     one = _learner(cfg)
     torch.manual_seed(100)
     one.step(batch(), version=0)

@@ -9,6 +9,7 @@ Roles
     ``init``  the checkpoint rank 0 resumed from (every rank loads the same one)
     ``step``  the batch (wire-encoded trajectories), its weight version and rank 0's torch RNG state
     ``ckpt``  write your shard of the optimiser state into this directory (collective)
+    ``gather`` all-gather the sharded policy's full state for rank 0 (``parallel: fsdp``; collective)
     ``beat``  nothing: rank 0 is waiting for data (keeps the collective timeout from firing)
     ``stop``  the run is over
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import copy
 import math
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
