@@ -93,9 +93,9 @@ def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
-    from asyncrl.trainer.distributed import Group
-
     from torch.distributed.tensor import DTensor
+
+    from asyncrl.trainer.distributed import Group
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
