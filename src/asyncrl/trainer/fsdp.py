@@ -58,9 +58,9 @@ class Scorer(torch.nn.Module):
     """:func:`~asyncrl.policy.model.token_logprobs_and_entropy` of ``model`` as a module: FSDP2's root
     unit, whose forward hooks gather the parameters the learner's separate decoder and head calls use."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
-        self.model = model
+        self.model = model  # a transformers model (or peft's wrapper of one)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: torch.Tensor, **kw: Any

@@ -101,7 +101,7 @@ class TrainerRole:
         if group is not None:  # every rank resumes from the checkpoint rank 0 chose
             group.send("init", ckpt=str(ckpt) if ckpt else "")
         self.learner, ts = load_learner(cfg, run_dir, ckpt, self.py_rng, group)
-        self.policy = self.learner.policy
+        self.policy: Policy = self.learner.policy
         self.step = ts.step
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
@@ -217,7 +217,7 @@ class TrainerRole:
         sharded = self.learner.sharded
         if sharded is None or self.group is None:
             return self.policy
-        if sharded.twin is None or not sharded.gathered:
+        if not sharded.gathered:
             self.group.send("gather")
             sharded.gather()
         assert sharded.twin is not None  # rank 0 keeps the twin
