@@ -310,3 +310,15 @@ def test_a_rank_service_without_its_rendezvous_is_one_clear_error(monkeypatch: p
         _rank_from_env(2)
     monkeypatch.setenv("RANK", "1")
     assert _rank_from_env(2) == 1
+
+
+def test_what_a_sharded_policy_cannot_do_is_one_clear_config_error() -> None:
+    from asyncrl.errors import UserError
+
+    fsdp = ["trainer.world_size=2", "trainer.parallel=fsdp"]
+    with pytest.raises(UserError, match=r"behaviour_kl scores groups with the policy on rank 0 alone"):
+        load_config(None, [*fsdp, "trainer.buffer_sampling=behaviour_kl"])
+    with pytest.raises(UserError, match=r"credit.value.kind=head reads the policy's decoder"):
+        load_config(None, [*fsdp, "credit.strategy=gae"])
+    load_config(None, [*fsdp, "credit.strategy=gae", "credit.value.kind=separate"])  # its own backbone
+    load_config(None, ["trainer.world_size=2", "trainer.buffer_sampling=behaviour_kl"])  # ddp: replicated
