@@ -65,7 +65,7 @@ def _policy(cfg: RunConfig, model_dir: str | None) -> Any:
     return Policy.load(model_dir, cfg=cfg.model) if model_dir else Policy.build(cfg.model)
 
 
-def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> dict[str, float]:
+def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> tuple[Any, dict[str, float]]:
     from asyncrl.trainer.learner import Learner
 
     learner = Learner(cfg, policy)
@@ -79,7 +79,7 @@ def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> dict[str, flo
     for v in range(steps):
         torch.manual_seed(100 + v)  # the minibatch permutation: the same on every rank (rank 0 sends it)
         metrics = learner.step(trajs, version=v)
-    return metrics
+    return learner, metrics
 
 
 def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -101,10 +101,13 @@ def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, 
     cfg = RunConfig.model_validate_json(cfg_json)
     group = Group.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
-    metrics = _train(cfg, policy, group, steps)
+    learner, metrics = _train(cfg, policy, group, steps)
+    whole = learner.sharded.gather() if learner.sharded is not None else None  # rank 0's full state
     local = [p.to_local() if isinstance(p, DTensor) else p for p in policy.model.parameters()]
     metrics["held_elements"] = float(sum(t.numel() for t in local))  # this rank's share of the weights
     params = _full_params(policy.model)
+    if whole is not None:  # rank 0 of a sharded group publishes and checkpoints it, as the role does
+        _publish_and_save(cfg, whole, Path(out))
     save_file(params, f"{out}/params-{rank}.safetensors")
     Path(f"{out}/metrics-{rank}.json").write_text(json.dumps(metrics))
     group.close()
@@ -120,14 +123,14 @@ def run_ranks(cfg: RunConfig, world: int, out: Path, model_dir: str | None, step
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(300)  # imports and two steps of two ranks on a loaded 2-core machine
     assert [p.exitcode for p in procs] == [0] * world
 
 
 def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, steps: int) -> None:
     cfg = load_config(None, [*TINY, *args, "trainer.world_size=2"])
     policy = _policy(cfg, model_dir)
-    one = _train(cfg, policy, None, steps)
+    one = _train(cfg, policy, None, steps)[1]
     run_ranks(cfg, 2, tmp_path, model_dir, steps)
     ref = {n: p.detach() for n, p in policy.model.named_parameters()}
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -143,8 +146,39 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
         share = 0.5 if cfg.trainer.parallel == "fsdp" else 1.0  # fsdp: each rank holds half of each tensor
         assert m["held_elements"] == pytest.approx(share * whole, rel=0.02)
     assert one["train/microbatches"] >= 2  # the split had something to split (one per rank at least)
+    if cfg.trainer.parallel == "fsdp":
+        _check_published_and_saved(cfg, policy, tmp_path)
     moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]
     assert moved, "the step should have changed the trainable parameters"
+
+
+def _publish_and_save(cfg: RunConfig, whole: Any, out: Path) -> None:
+    """Rank 0 of a sharded group: publish version 1 (canary included) and save the policy, as the role does."""
+    from asyncrl.weights import make_weight_store, publish_policy
+
+    store = make_weight_store(cfg.weights, out)
+    publish_policy(store, 1, whole, step=1, canary=cfg.weights.canary)
+    whole.save(out / "saved-policy")
+
+
+def _check_published_and_saved(cfg: RunConfig, policy: Any, out: Path) -> None:
+    """The sharded group's published version and saved policy are the one-rank policy's weights."""
+    from asyncrl.policy import Policy
+    from asyncrl.weights import make_weight_store
+
+    loaded = make_weight_store(cfg.weights, out).load(1)
+    want = policy.state_dict_tensors()  # the adapter alone with LoRA
+    assert set(loaded.tensors) == set(want)
+    for n, t in want.items():
+        torch.testing.assert_close(loaded.tensors[n], t, atol=2e-6, rtol=1e-5, msg=n)
+    canary = loaded.manifest["extra"]["canary"]  # the twin's forward on the probe: the one-rank model's
+    from asyncrl.policy.canary import probe_logprobs
+
+    want_lp = probe_logprobs(policy.model, canary["probe_ids"])
+    assert canary["probe_logprobs"] == pytest.approx(want_lp, abs=1e-4)
+    saved = Policy.load(out / "saved-policy", cfg=cfg.model).model.state_dict()
+    for n, t in policy.model.state_dict().items():
+        torch.testing.assert_close(saved[n], t, atol=2e-6, rtol=1e-5, msg=n)
 
 
 @SPAWNS
