@@ -17,7 +17,8 @@ from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode
 from asyncrl.trainer.distributed import assign
 from helpers import free_port
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# two spawned ranks train a tiny model: about a minute alone, several while other sessions share the cores
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(900)]
 SPAWNS = pytest.mark.slow  # two spawned gloo ranks: ~1 min each on a loaded 2-core machine (imports)
 
 TINY = [
