@@ -22,7 +22,10 @@ use the same micro-batches.
 Data parallel (``trainer.world_size > 1``): :attr:`Learner.group` is set and every rank runs only its
 share of each list of micro-batches (:meth:`Learner._own`); gradients and log-probs are summed over
 the ranks (:mod:`asyncrl.trainer.distributed`). Everything else — normalisers, clipping, the
-finiteness check, the optimiser step — is computed identically on every rank.
+finiteness check, the optimiser step — is computed identically on every rank. With a sharded policy
+(``trainer.parallel: fsdp``, :attr:`Learner.sharded`, :mod:`asyncrl.trainer.fsdp`) the policy is scored
+through FSDP2's root unit, every rank runs the same number of passes, and FSDP's reduce-scatter
+replaces the all-reduce; the maths is the same.
 """
 
 from __future__ import annotations
@@ -355,8 +358,8 @@ class Learner:
         return mine + [-1] * (self.group.most(sizes) - len(mine))
 
     def _idle_part(self, b: Batch, parts: list[_Part]) -> _Part:
-        """The padding pass of a sharded rank: the first row of the smallest micro-batch, scored (so that
-        every unit runs its forward and backward) and then weighted 0."""
+        """The padding pass of a sharded rank: one row of the last (smallest) micro-batch — the one with
+        the most loss tokens, so the loss reaches every unit and each runs its backward — weighted 0."""
         rows = parts[-1].rows
         row = rows[int(b.mask[rows].sum(1).argmax())].reshape(1)  # a row with loss tokens: a backward
         return _Part(row, max(int(b.attn[row].sum()), 1), False)
