@@ -7,7 +7,8 @@ group with replicated weights (``trainer.parallel: ddp``) and by one with FSDP2-
 ``--rounds`` times in rotating order (contention on a shared machine then hits every setting alike;
 the median is reported). Reported per setting: trained model tokens per second; the training state
 one rank holds (parameters, gradients, AdamW moments: this rank's slices with fsdp), a figure load
-does not change; each rank's peak RSS; and the time rank 0 takes to publish a weight version to the
+does not change; each rank's resident memory after the steps and its peak over the whole process
+(which includes loading the whole model before sharding it, and the gathered state at publishing); and the time rank 0 takes to publish a weight version to the
 local store (fsdp: gathering the full state from both ranks first). Prints one JSON object.
 
     PYTHONPATH=src python bench/trainer_world_size.py [--steps 4] [--hidden 256] [--layers 4] [--rounds 2]
@@ -115,6 +116,14 @@ def train(cfg: Any, group: Any, trajs: list[Any], steps: int) -> tuple[Any, floa
     return learner, time.perf_counter() - t0, tokens
 
 
+def _rss_mb() -> float:
+    """This process's resident memory now (Linux ``/proc``), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def publish_seconds(learner: Any, versions: int, leader: bool) -> float:
     """Rank 0's seconds per published version (with a sharded policy: the gather on every rank first)."""
     from asyncrl.config import LocalWeightsConfig
@@ -141,11 +150,19 @@ def rank(r: int, world: int, parallel: str, port: int, args: argparse.Namespace,
     group = Group.join(cfg, r, "127.0.0.1", port) if world > 1 else None
     learner, seconds, tokens = train(cfg, group, batch(args.batch, args.length), args.steps)
     state = _state_bytes(learner)
+    rss_now = _rss_mb()  # after the steps, before publishing: the training-time footprint
     publish = publish_seconds(learner, 3, r == 0)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     Path(f"{out}-{r}.json").write_text(
         json.dumps(
-            {"seconds": seconds, "tokens": tokens, "publish_s": publish, "state": state, "rss": rss_mb}
+            {
+                "seconds": seconds,
+                "tokens": tokens,
+                "publish_s": publish,
+                "state": state,
+                "rss": rss_mb,
+                "rss_training": rss_now,
+            }
         )
     )
     if group is not None:
@@ -198,6 +215,7 @@ def main() -> None:
             "tokens_per_s": round(statistics.median(tps), 1),
             "tokens_per_s_rounds": [round(t, 1) for t in tps],
             "state_mb_per_rank": [round(r["state"] / 2**20, 2) for r in reports[0]],
+            "rss_after_steps_mb_per_rank": [round(r["rss_training"], 1) for r in reports[0]],
             "peak_rss_mb_per_rank": [
                 round(max(rr[k]["rss"] for rr in reports), 1) for k in range(len(reports[0]))
             ],
