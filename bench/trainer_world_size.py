@@ -145,7 +145,10 @@ def publish_seconds(learner: Any, versions: int, leader: bool) -> float:
 def rank(r: int, world: int, parallel: str, port: int, args: argparse.Namespace, out: str) -> None:
     from asyncrl.trainer.distributed import Group
 
+    from asyncrl.policy.memory import set_mmap_threshold
+
     torch.set_num_threads(1)
+    set_mmap_threshold(args.mmap_threshold_kb)  # as the roles do: freed tensors leave the RSS
     cfg = config(args, world, parallel)
     group = Group.join(cfg, r, "127.0.0.1", port) if world > 1 else None
     learner, seconds, tokens = train(cfg, group, batch(args.batch, args.length), args.steps)
@@ -199,6 +202,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--microbatch-tokens", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--mmap-threshold-kb", type=int, default=1024, help="launcher.malloc_mmap_threshold_kb")
     args = ap.parse_args()
     names = list(SETTINGS)
     runs: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in names}
