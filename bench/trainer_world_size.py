@@ -143,9 +143,8 @@ def publish_seconds(learner: Any, versions: int, leader: bool) -> float:
 
 
 def rank(r: int, world: int, parallel: str, port: int, args: argparse.Namespace, out: str) -> None:
-    from asyncrl.trainer.distributed import Group
-
     from asyncrl.policy.memory import set_mmap_threshold
+    from asyncrl.trainer.distributed import Group
 
     torch.set_num_threads(1)
     set_mmap_threshold(args.mmap_threshold_kb)  # as the roles do: freed tensors leave the RSS
