@@ -100,9 +100,7 @@ def train(cfg: Any, group: Any, trajs: list[Any], steps: int) -> tuple[Any, floa
     learner = Learner(cfg, Policy.build(cfg.model))
     learner.group = group
     if group is not None and cfg.trainer.parallel == "fsdp":
-        from asyncrl.trainer.fsdp import shard_learner
-
-        shard_learner(learner, group)
+        learner.shard(group)
     tokens = sum(t.num_model_tokens() for t in trajs)
     t0 = 0.0
     for s in range(steps + 1):

@@ -72,9 +72,7 @@ def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> tuple[Any, di
     learner = Learner(cfg, policy)
     learner.group = group
     if group is not None and cfg.trainer.parallel == "fsdp":
-        from asyncrl.trainer.fsdp import shard_learner
-
-        shard_learner(learner, group)
+        learner.shard(group)
     trajs = [decode_trajectory(encode(t)) for t in batch()]
     metrics: dict[str, float] = {}
     for v in range(steps):
@@ -257,9 +255,7 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
     learner = _learner(cfg, group)
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
     if cfg.trainer.parallel == "fsdp":
-        from asyncrl.trainer.fsdp import shard_learner
-
-        shard_learner(learner, group)  # as load_learner does: load whole, then shard
+        learner.shard(group)  # as load_learner does: load whole, then shard
     torch.manual_seed(101)
     learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
     # the collectives of rank 0's checkpoint, in its order: the full policy, then the optimiser shards

@@ -32,7 +32,7 @@ The full state
 
 Resume
     A checkpoint holds full tensors whatever wrote it: every rank loads it into the unsharded model and
-    optimiser first, then :func:`shard_learner` shards both (each rank keeps its own slice, no
+    optimiser first, then :meth:`~asyncrl.trainer.learner.Learner.shard` shards both (each rank keeps its own slice, no
     communication), so a checkpoint of any world size and either mode resumes in this one.
 """
 
@@ -51,7 +51,6 @@ from asyncrl.policy.model import token_logprobs_and_entropy
 if TYPE_CHECKING:
     from asyncrl.policy import Policy
     from asyncrl.trainer.distributed import Group
-    from asyncrl.trainer.learner import Learner
 
 
 class Scorer(torch.nn.Module):
@@ -135,20 +134,13 @@ class Sharded:
         self.gathered = False
 
 
-def shard_learner(learner: Learner, group: Group) -> Sharded:
-    """Shard ``learner``'s policy and optimiser over ``group`` in place (after any checkpoint was loaded
-    into them): parameters and AdamW moments become each rank's slice; the LR schedule is kept."""
-    old_opt, old_sched = learner.optimizer.state_dict(), learner.scheduler.state_dict()
-    sharded = Sharded(learner.policy, group)
-    learner.sharded = sharded
-    learner.build_optimizer()
-    params = [p for p in learner.model.parameters() if p.requires_grad]
-    for idx, entries in old_opt["state"].items():
+def shard_optimizer_state(state: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
+    """``state`` (an optimiser ``state_dict`` of whole tensors, the same on every rank) for the sharded
+    ``params``: every moment shaped like its parameter becomes this rank's slice of it (no communication);
+    scalars (AdamW's step) stay as they are."""
+    for idx, entries in state["state"].items():
         p = params[idx]
         for name, value in entries.items():
             if isinstance(p, DTensor) and isinstance(value, torch.Tensor) and value.shape == p.shape:
-                # every rank holds the same full tensor: keep this rank's slice (no communication)
                 entries[name] = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None)
-    learner.optimizer.load_state_dict(old_opt)
-    learner.scheduler.load_state_dict(old_sched)
-    return sharded
+    return state

@@ -196,7 +196,7 @@ class Learner:
         self.group: Group | None = None
         """The trainer group when ``trainer.world_size > 1`` (set by the rank's process)."""
         self.sharded: Sharded | None = None
-        """The FSDP2-sharded policy with ``trainer.parallel: fsdp`` (:func:`~asyncrl.trainer.fsdp.shard_learner`)."""
+        """The FSDP2-sharded policy with ``trainer.parallel: fsdp`` (:meth:`shard`)."""
         if tc.gradient_checkpointing:
             hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
             enable = getattr(hf, "activation_checkpointing_enable", None)
@@ -215,6 +215,19 @@ class Learner:
         fused = self.policy.device.type in ("cpu", "cuda") and bool(trainable)
         self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+
+    def shard(self, group: Group) -> None:
+        """Shard the policy and the optimiser over ``group`` in place (``trainer.parallel: fsdp``;
+        :mod:`asyncrl.trainer.fsdp`), after any checkpoint was loaded into them: parameters and AdamW
+        moments become this rank's slices, the LR schedule is kept."""
+        from asyncrl.trainer.fsdp import Sharded, shard_optimizer_state
+
+        state, schedule = self.optimizer.state_dict(), self.scheduler.state_dict()
+        self.sharded = Sharded(self.policy, group)
+        self.build_optimizer()  # on the sharded parameters
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer.load_state_dict(shard_optimizer_state(state, trainable))
+        self.scheduler.load_state_dict(schedule)
 
     def _lr_factor(self, step: int) -> float:
         tc = self.cfg.trainer

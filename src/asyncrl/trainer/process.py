@@ -54,7 +54,7 @@ def load_learner(
 ) -> tuple[Learner, TrainerState]:
     """The policy (from ``ckpt`` or the initial policy), its reference and learner, restored from
     ``ckpt`` when given (every rank of a trainer group builds its replica this way, then, with
-    ``trainer.parallel: fsdp``, shards it: :func:`~asyncrl.trainer.fsdp.shard_learner`)."""
+    ``trainer.parallel: fsdp``, shards it: :meth:`~asyncrl.trainer.learner.Learner.shard`)."""
     from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState, load_checkpoint
     from asyncrl.trainer.learner import Learner
@@ -70,9 +70,7 @@ def load_learner(
         learner.credit.load_value(run_dir, ts.step)
     learner.group = group
     if group is not None and cfg.trainer.parallel == "fsdp":
-        from asyncrl.trainer.fsdp import shard_learner
-
-        shard_learner(learner, group)
+        learner.shard(group)
     return learner, ts
 
 
