@@ -110,13 +110,15 @@ class Sharded:
         """Collective: every parameter's full tensor; rank 0 gets them as its twin policy (else ``None``)."""
         for unit in self._units:
             unit.reshard()  # every rank in the same (sharded) state: the same all-gathers below
-        full: dict[int, torch.nn.Parameter] = {}
+        full: dict[int, torch.nn.Parameter | None] = {}
         for live, mirror, name in self._slots:
             p = live._parameters[name]
             assert p is not None
             if id(p) not in full:
-                t = p.full_tensor() if isinstance(p, DTensor) else p
-                full[id(p)] = torch.nn.Parameter(t.detach(), requires_grad=p.requires_grad)
+                t = p.full_tensor() if isinstance(p, DTensor) else p  # an all-gather on every rank
+                # only rank 0 keeps the whole tensor; the others drop it at once
+                keep = self.twin is not None
+                full[id(p)] = torch.nn.Parameter(t.detach(), requires_grad=p.requires_grad) if keep else None
             if self.twin is not None:
                 mirror._parameters[name] = full[id(p)]  # tied parameters stay tied (one tensor)
         self.gathered = True
