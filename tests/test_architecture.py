@@ -493,7 +493,6 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("envs/sandbox.py", "call:run", "timeout"),
             ("envs/sandbox.py", "call:wait_for", "timeout"),
             ("launch/ray_launcher.py", "call:wait", "timeout"),
-            ("launch/ray_launcher.py", "<module>", "_PLACE_TIMEOUT_S"),
             ("launch/ray_launcher.py", "<module>", "_LOCAL_MIN_CPUS"),
             ("orchestrator/run.py", "<module>", "CONTEXT_PROBE_TASKS"),
             ("policy/canary.py", "<module>", "SAMPLE"),

@@ -17,7 +17,8 @@ from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode
 from asyncrl.trainer.distributed import assign
 from helpers import free_port
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# two spawned ranks train a tiny model: about a minute alone, several while other sessions share the cores
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(900)]
 SPAWNS = pytest.mark.slow  # two spawned gloo ranks: ~1 min each on a loaded 2-core machine (imports)
 
 TINY = [
@@ -65,28 +66,47 @@ def _policy(cfg: RunConfig, model_dir: str | None) -> Any:
     return Policy.load(model_dir, cfg=cfg.model) if model_dir else Policy.build(cfg.model)
 
 
-def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> dict[str, float]:
+def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> tuple[Any, dict[str, float]]:
     from asyncrl.trainer.learner import Learner
 
     learner = Learner(cfg, policy)
     learner.group = group
+    if group is not None and cfg.trainer.parallel == "fsdp":
+        learner.shard(group)
     trajs = [decode_trajectory(encode(t)) for t in batch()]
     metrics: dict[str, float] = {}
     for v in range(steps):
         torch.manual_seed(100 + v)  # the minibatch permutation: the same on every rank (rank 0 sends it)
         metrics = learner.step(trajs, version=v)
-    return metrics
+    return learner, metrics
+
+
+def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter as a plain tensor (a sharded one gathered: collective, the same order on every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
+    from torch.distributed.tensor import DTensor
+
     from asyncrl.trainer.distributed import Group
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
     group = Group.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
-    metrics = _train(cfg, policy, group, steps)
-    params = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    learner, metrics = _train(cfg, policy, group, steps)
+    whole = learner.sharded.gather() if learner.sharded is not None else None  # rank 0's full state
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in policy.model.parameters()]
+    metrics["held_elements"] = float(sum(t.numel() for t in local))  # this rank's share of the weights
+    params = _full_params(policy.model)
+    if whole is not None:  # rank 0 of a sharded group publishes and checkpoints it, as the role does
+        _publish_and_save(cfg, whole, Path(out))
     save_file(params, f"{out}/params-{rank}.safetensors")
     Path(f"{out}/metrics-{rank}.json").write_text(json.dumps(metrics))
     group.close()
@@ -102,14 +122,14 @@ def run_ranks(cfg: RunConfig, world: int, out: Path, model_dir: str | None, step
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(300)  # imports and two steps of two ranks on a loaded 2-core machine
     assert [p.exitcode for p in procs] == [0] * world
 
 
 def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, steps: int) -> None:
     cfg = load_config(None, [*TINY, *args, "trainer.world_size=2"])
     policy = _policy(cfg, model_dir)
-    one = _train(cfg, policy, None, steps)
+    one = _train(cfg, policy, None, steps)[1]
     run_ranks(cfg, 2, tmp_path, model_dir, steps)
     ref = {n: p.detach() for n, p in policy.model.named_parameters()}
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -121,28 +141,67 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
         m = json.loads((tmp_path / f"metrics-{rank}.json").read_text())
         for k in ("loss/policy", "train/grad_norm", "entropy/mean", "policy/tokens", "train/microbatches"):
             assert m[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
+        whole = sum(p.numel() for p in policy.model.parameters())
+        share = 0.5 if cfg.trainer.parallel == "fsdp" else 1.0  # fsdp: each rank holds half of each tensor
+        assert m["held_elements"] == pytest.approx(share * whole, rel=0.02)
     assert one["train/microbatches"] >= 2  # the split had something to split (one per rank at least)
+    if cfg.trainer.parallel == "fsdp":
+        _check_published_and_saved(cfg, policy, tmp_path)
     moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]
     assert moved, "the step should have changed the trainable parameters"
 
 
+def _publish_and_save(cfg: RunConfig, whole: Any, out: Path) -> None:
+    """Rank 0 of a sharded group: publish version 1 (canary included) and save the policy, as the role does."""
+    from asyncrl.weights import make_weight_store, publish_policy
+
+    store = make_weight_store(cfg.weights, out)
+    publish_policy(store, 1, whole, step=1, canary=cfg.weights.canary)
+    whole.save(out / "saved-policy")
+
+
+def _check_published_and_saved(cfg: RunConfig, policy: Any, out: Path) -> None:
+    """The sharded group's published version and saved policy are the one-rank policy's weights."""
+    from asyncrl.policy import Policy
+    from asyncrl.weights import make_weight_store
+
+    loaded = make_weight_store(cfg.weights, out).load(1)
+    want = policy.state_dict_tensors()  # the adapter alone with LoRA
+    assert set(loaded.tensors) == set(want)
+    for n, t in want.items():
+        torch.testing.assert_close(loaded.tensors[n], t, atol=2e-6, rtol=1e-5, msg=n)
+    canary = loaded.manifest["extra"]["canary"]  # the twin's forward on the probe: the one-rank model's
+    from asyncrl.policy.canary import probe_logprobs
+
+    want_lp = probe_logprobs(policy.model, canary["probe_ids"])
+    assert canary["probe_logprobs"] == pytest.approx(want_lp, abs=1e-4)
+    saved = Policy.load(out / "saved-policy", cfg=cfg.model).model.state_dict()
+    for n, t in policy.model.state_dict().items():
+        torch.testing.assert_close(saved[n], t, atol=2e-6, rtol=1e-5, msg=n)
+
+
 @SPAWNS
-def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_take_the_one_rank_step_full_finetuning(tmp_path: Path, parallel: str) -> None:
     """2 ranks vs 1 rank, full fine-tuning, two minibatches × two steps (optimiser moments too), with
-    decoupled PPO: the proximal log-probs the first minibatch fills are summed over the ranks."""
-    _check_invariance(
-        tmp_path, ["trainer.minibatches=2", "algo.policy_loss.kind=decoupled_ppo"], None, steps=2
-    )
+    decoupled PPO: the proximal log-probs the first minibatch fills are summed over the ranks. fsdp:
+    the ranks run unequal shares of micro-batches (padding passes keep them in lock-step)."""
+    args = ["trainer.minibatches=2", "algo.policy_loss.kind=decoupled_ppo", f"trainer.parallel={parallel}"]
+    _check_invariance(tmp_path, args, None, steps=2)
 
 
 @SPAWNS
-def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path) -> None:
-    """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model."""
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_take_the_one_rank_step_lora(tmp_path: Path, parallel: str) -> None:
+    """2 ranks vs 1 rank with a LoRA adapter on a tiny pretrained-format model (fsdp: with activation
+    checkpointing, whose recomputation re-gathers each layer in the backward)."""
     from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
 
     tok = family_tokenizer(load_tokenizer(smollm2_dir()), "smollm2")
     model = tiny_model_dir(tmp_path / "model", tok)
-    args = [f"model.path={model}", "model.lora.rank=4", "model.lora.alpha=8"]
+    args = [f"model.path={model}", "model.lora.rank=4", "model.lora.alpha=8", f"trainer.parallel={parallel}"]
+    if parallel == "fsdp":
+        args.append("trainer.gradient_checkpointing=true")
     out = tmp_path / "out"
     out.mkdir()
     _check_invariance(out, args, str(model), steps=2)
@@ -169,9 +228,15 @@ def _learner(cfg: RunConfig, group: Any = None) -> Any:
 
 
 def _optimizer_tensors(learner: Any) -> dict[str, torch.Tensor]:
+    """The optimiser state's tensors, whole (sharded ones gathered: collective, on every rank)."""
+    from torch.distributed.tensor import DTensor
+
     from asyncrl.trainer.checkpoint import _optimizer_payload
 
-    return {k: v.clone() for k, v in _optimizer_payload(learner.optimizer)[0].items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).clone()
+        for k, v in _optimizer_payload(learner.optimizer)[0].items()
+    }
 
 
 def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> None:
@@ -189,8 +254,13 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
     group = Group.join(cfg, rank, "127.0.0.1", port)
     learner = _learner(cfg, group)
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
+    if cfg.trainer.parallel == "fsdp":
+        learner.shard(group)  # as load_learner does: load whole, then shard
     torch.manual_seed(101)
     learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    # the collectives of rank 0's checkpoint, in its order: the full policy, then the optimiser shards
+    whole = learner.sharded.gather() if learner.sharded is not None else learner.policy
+    optimizer, params = _optimizer_tensors(learner), _full_params(learner.model)
     if rank == 0:
 
         def shards(path: Path) -> None:
@@ -199,25 +269,26 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
 
         state = TrainerState(ts.step + 1, 0, 0, {})
         save_checkpoint(
-            Path(out), learner.policy, learner.optimizer, learner.scheduler, state, optimizer_shards=shards
+            Path(out), whole, learner.optimizer, learner.scheduler, state, optimizer_shards=shards
         )
-        save_file(_optimizer_tensors(learner), f"{out}/saved-optimizer.safetensors")
-        save_file(
-            {n: p.detach().clone() for n, p in learner.model.named_parameters()},
-            f"{out}/saved-params.safetensors",
-        )
+        save_file(optimizer, f"{out}/saved-optimizer.safetensors")
+        save_file(params, f"{out}/saved-params.safetensors")
     else:
         write_optimizer_shards(Path(group.receive()["dir"]), learner.optimizer)
     group.close()
 
 
 @SPAWNS
-def test_checkpoints_resume_on_another_world_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_checkpoints_resume_on_another_world_size(tmp_path: Path, parallel: str) -> None:
     """1 rank → checkpoint → 2 ranks resume, step, sharded checkpoint → 1 rank resumes it exactly,
-    and the result is the one-rank run's."""
+    and the result is the one-rank run's (fsdp: the policy written is the gathered full state, each
+    rank writes its slices of the AdamW moments)."""
     from asyncrl.trainer.checkpoint import OPTIMIZER_SHARDS, TrainerState, load_checkpoint, save_checkpoint
 
-    cfg = load_config(None, [*TINY, "trainer.minibatches=2", "trainer.world_size=2"])
+    cfg = load_config(
+        None, [*TINY, "trainer.minibatches=2", "trainer.world_size=2", f"trainer.parallel={parallel}"]
+    )
     one = _learner(cfg)
     torch.manual_seed(100)
     one.step(batch(), version=0)
@@ -270,3 +341,15 @@ def test_a_rank_service_without_its_rendezvous_is_one_clear_error(monkeypatch: p
         _rank_from_env(2)
     monkeypatch.setenv("RANK", "1")
     assert _rank_from_env(2) == 1
+
+
+def test_what_a_sharded_policy_cannot_do_is_one_clear_config_error() -> None:
+    from asyncrl.errors import UserError
+
+    fsdp = ["trainer.world_size=2", "trainer.parallel=fsdp"]
+    with pytest.raises(UserError, match=r"behaviour_kl scores groups with the policy on rank 0 alone"):
+        load_config(None, [*fsdp, "trainer.buffer_sampling=behaviour_kl"])
+    with pytest.raises(UserError, match=r"credit.value.kind=head reads the policy's decoder"):
+        load_config(None, [*fsdp, "credit.strategy=gae"])
+    load_config(None, [*fsdp, "credit.strategy=gae", "credit.value.kind=separate"])  # its own backbone
+    load_config(None, ["trainer.world_size=2", "trainer.buffer_sampling=behaviour_kl"])  # ddp: replicated

@@ -416,14 +416,22 @@ def kill_role_at(
 GROUP = ["trainer.world_size=2", "trainer.dist_timeout_s=15"]
 
 
-@pytest.mark.parametrize("point", ["mid_interval", "mid_checkpoint", "mid_publish"])
-def test_crash_point_sweep_trainer_rank(tmp_path: Path, cache_dir: Path, point: str) -> None:
+@pytest.mark.parametrize(
+    ("point", "parallel"),
+    [
+        ("mid_interval", "ddp"),
+        ("mid_checkpoint", "ddp"),
+        ("mid_publish", "ddp"),
+        ("mid_checkpoint", "fsdp"),  # sharded: the gather of the full state and the moments' shards
+    ],
+)
+def test_crash_point_sweep_trainer_rank(tmp_path: Path, cache_dir: Path, point: str, parallel: str) -> None:
     """kill -9 rank 1 of a two-rank trainer mid-step, mid-checkpoint, mid-publish: rank 0's next
     collective fails, the group ends and restarts whole from the newest checkpoint."""
     server = RedisServer(tmp_path / "redis")
     try:
         t0 = time.time()
-        job = Job(tmp_path, cache_dir, server, *SWEEP, *GROUP)
+        job = Job(tmp_path, cache_dir, server, *SWEEP, *GROUP, f"trainer.parallel={parallel}")
         fault_at, pub, put = wait_point(job, point)
         victim, leader = job.pids()["trainer.1"], job.pids()["trainer"]
         os.kill(victim, signal.SIGKILL)
@@ -434,7 +442,8 @@ def test_crash_point_sweep_trainer_rank(tmp_path: Path, cache_dir: Path, point: 
         )
         recover = job.recovery_seconds(fault_at, pub, put)
         s = job.finish()
-        sweep_row(job, s, f"kill -9 trainer rank 1 of 2 at {point}", recover, time.time() - t0)
+        mode = " (fsdp)" if parallel == "fsdp" else ""
+        sweep_row(job, s, f"kill -9 trainer rank 1 of 2{mode} at {point}", recover, time.time() - t0)
     finally:
         server.stop()
 

@@ -64,10 +64,7 @@ def test_actor_exit_codes_restart_and_placement_errors(monkeypatch: pytest.Monke
         assert launcher.exitcode("trainer") == -9
         assert sorted(launcher.names()) == ["rollout-0", "rollout-1", "trainer"]
         # a request no node can satisfy is a clear UserError, not a hang
-        import asyncrl.launch.ray_launcher as rl
-
-        monkeypatch.setattr(rl, "_PLACE_TIMEOUT_S", 3.0)
-        launcher.cfg = RayLauncherConfig(trainer_gpus=8)
+        launcher.cfg = RayLauncherConfig(trainer_gpus=8, place_timeout_s=3.0)
         with pytest.raises(UserError, match=r"launcher\.trainer_gpus"):
             launcher.start("trainer", time.sleep, 1)
     finally:

@@ -59,6 +59,10 @@ class RayLauncherConfig(_LauncherBase):
     on the nodes started with that resource)."""
     rollout_resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources each rollout worker asks for."""
+    place_timeout_s: float = Field(300.0, gt=0, le=86400)
+    """How long an actor (or the trainer group's placement group) may take to be placed AND to start its
+    Python process before the launch fails with an error naming the resources asked for. Starting a
+    worker process takes seconds on an idle node but minutes on a loaded one."""
     trainer_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """Ray placement-group strategy of the trainer ranks (one bundle per rank): ``PACK`` as few nodes as
     possible, ``STRICT_SPREAD`` one rank per node, ... (Ray's placement-group strategies)."""

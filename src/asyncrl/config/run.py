@@ -98,6 +98,25 @@ class RunConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _fsdp_fits(self) -> RunConfig:
+        """What a sharded policy (``trainer.parallel: fsdp``) cannot do: run it outside the learner's
+        scoring pass (which gathers its weights), on rank 0 alone or as a value model's backbone."""
+        if self.trainer.parallel != "fsdp" or self.trainer.world_size == 1:
+            return self
+        if self.trainer.buffer_sampling == "behaviour_kl":
+            raise ValueError(
+                "trainer.buffer_sampling=behaviour_kl scores groups with the policy on rank 0 alone, which a "
+                "sharded policy (trainer.parallel=fsdp) cannot do; use parallel=ddp or another buffer_sampling"
+            )
+        if self.credit.strategy in ("gae", "value_delta") and self.credit.value.kind == "head":
+            raise ValueError(
+                f"credit.strategy={self.credit.strategy} with credit.value.kind=head reads the policy's "
+                "decoder as the value model's backbone, which a sharded policy (trainer.parallel=fsdp) cannot "
+                "lend; use credit.value.kind=separate or parallel=ddp"
+            )
+        return self
+
 
 def max_trainer_held(checkpoint_every: int, buffer_steps: int, batch_size: int, group_size: int) -> int:
     """Most queue entries a live trainer holds un-acknowledged between two loop iterations.

@@ -137,6 +137,12 @@ class TrainerConfig(Section):
     Rank 0 owns the queue, the ledger, publishing and checkpoints; every rank holds the whole model and
     runs its share of each minibatch's micro-batches; gradients are all-reduced before the optimiser
     step, so N ranks take the same step as one (docs/trainer-group.md). 1: one process, no process group."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How the ranks of a trainer group (``world_size > 1``) share the model: ``ddp``, every rank holds
+    the whole model and optimiser and gradients are all-reduced; ``fsdp``, FSDP2 ``fully_shard`` per
+    decoder layer (ZeRO-3: each rank holds 1/N of the parameters, gradients and AdamW moments, gathered
+    layer by layer), for a model that does not fit one device. Same update either way
+    (docs/trainer-group.md). No effect with ``world_size: 1``."""
     dist_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Timeout of every collective of the trainer group (and of its rendezvous): a rank that died or
     hangs ends the whole group after at most this long, and the supervisor restarts it from the newest

@@ -11,7 +11,7 @@ Placement
     the same JSON config and run directory as a local process, in one long call to
     :meth:`_RoleActor.run`. Each asks Ray for ``launcher.trainer_cpus`` / ``trainer_gpus`` or
     ``launcher.rollout_cpus`` / ``rollout_gpus``; an actor that cannot be placed within
-    ``_PLACE_TIMEOUT_S`` is a :class:`~asyncrl.errors.UserError` naming those fields. The
+    ``launcher.place_timeout_s`` is a :class:`~asyncrl.errors.UserError` naming those fields. The
     orchestrator stays in the driver process (it is the Ray driver: it runs the warm start,
     evaluations and the summary around the actors).
 
@@ -52,7 +52,6 @@ from asyncrl.launch.base import Launcher, free_port
 
 log = logging.getLogger(__name__)
 
-_PLACE_TIMEOUT_S = 120.0
 _LOCAL_MIN_CPUS = 64
 _KILLED = -9
 """Exit code reported for an actor that died (killed, crashed, node lost): like SIGKILL locally."""
@@ -184,14 +183,15 @@ class RayLauncher(Launcher):
             num_cpus=cpus, num_gpus=gpus, resources=resources, max_restarts=0, max_concurrency=2, **options
         ).remote(os.getcwd())
         try:
-            return actor, int(ray.get(actor.pid.remote(), timeout=_PLACE_TIMEOUT_S))
+            return actor, int(ray.get(actor.pid.remote(), timeout=cfg.place_timeout_s))
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor, no_restart=True)
             field = "trainer" if trainer else "rollout"
             raise UserError(
-                f"Ray could not place role {name!r} within {_PLACE_TIMEOUT_S:.0f}s: no node offers "
-                f"{cpus} CPUs, {gpus} GPUs and {resources or 'no custom resources'}; lower "
-                f"launcher.{field}_cpus / launcher.{field}_gpus / launcher.{field}_resources or add nodes"
+                f"Ray could not place and start role {name!r} within {cfg.place_timeout_s:.0f}s: no node offers "
+                f"{cpus} CPUs, {gpus} GPUs and {resources or 'no custom resources'}, or its process did not "
+                f"start in time; lower launcher.{field}_cpus / launcher.{field}_gpus / "
+                f"launcher.{field}_resources, add nodes, or raise launcher.place_timeout_s on a loaded machine"
             ) from None
 
     def start_group(
@@ -213,10 +213,10 @@ class RayLauncher(Launcher):
         self._group = placement_group(
             [{k: v for k, v in bundle.items() if v} for _ in names], strategy=cfg.trainer_placement
         )
-        if not self._group.wait(_PLACE_TIMEOUT_S):
+        if not self._group.wait(cfg.place_timeout_s):
             raise UserError(
                 f"Ray could not place {len(names)} trainer ranks ({bundle} each, strategy "
-                f"{cfg.trainer_placement}) within {_PLACE_TIMEOUT_S:.0f}s; lower trainer.world_size or "
+                f"{cfg.trainer_placement}) within {cfg.place_timeout_s:.0f}s; lower trainer.world_size or "
                 "launcher.trainer_cpus / trainer_gpus / trainer_resources, or add nodes"
             )
         placed = [
@@ -230,7 +230,7 @@ class RayLauncher(Launcher):
             )
             for r, name in enumerate(names)
         ]
-        host, port = ray.get(placed[0][0].rendezvous.remote(port), timeout=_PLACE_TIMEOUT_S)
+        host, port = ray.get(placed[0][0].rendezvous.remote(port), timeout=cfg.place_timeout_s)
         for rank, (name, (actor, pid)) in enumerate(zip(names, placed, strict=True)):
             ref = actor.run.remote(_target_path(target), (*args, rank, host, port))
             self._roles[name] = _Role(actor=actor, ref=ref, pid=pid)

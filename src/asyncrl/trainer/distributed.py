@@ -9,6 +9,7 @@ Roles
     ``init``  the checkpoint rank 0 resumed from (every rank loads the same one)
     ``step``  the batch (wire-encoded trajectories), its weight version and rank 0's torch RNG state
     ``ckpt``  write your shard of the optimiser state into this directory (collective)
+    ``gather`` all-gather the sharded policy's full state for rank 0 (``parallel: fsdp``; collective)
     ``beat``  nothing: rank 0 is waiting for data (keeps the collective timeout from firing)
     ``stop``  the run is over
 
@@ -113,6 +114,11 @@ class Group:
     def mine(self, sizes: list[int]) -> list[int]:
         """Indices of the micro-batches (``sizes`` in padded tokens) this rank runs."""
         return [i for i, r in enumerate(assign(sizes, self.world)) if r == self.rank]
+
+    def most(self, sizes: list[int]) -> int:
+        """The most micro-batches any rank runs (a sharded rank pads its share to this many passes)."""
+        owners = assign(sizes, self.world)
+        return max((owners.count(r) for r in range(self.world)), default=0)
 
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` summed over the ranks, in place (returned for chaining)."""

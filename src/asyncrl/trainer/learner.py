@@ -22,7 +22,10 @@ use the same micro-batches.
 Data parallel (``trainer.world_size > 1``): :attr:`Learner.group` is set and every rank runs only its
 share of each list of micro-batches (:meth:`Learner._own`); gradients and log-probs are summed over
 the ranks (:mod:`asyncrl.trainer.distributed`). Everything else — normalisers, clipping, the
-finiteness check, the optimiser step — is computed identically on every rank.
+finiteness check, the optimiser step — is computed identically on every rank. With a sharded policy
+(``trainer.parallel: fsdp``, :attr:`Learner.sharded`, :mod:`asyncrl.trainer.fsdp`) the policy is scored
+through FSDP2's root unit, every rank runs the same number of passes, and FSDP's reduce-scatter
+replaces the all-reduce; the maths is the same.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from asyncrl.algo import (
     PolicyLossConfig,
@@ -52,6 +57,7 @@ from asyncrl.records import Trajectory
 
 if TYPE_CHECKING:
     from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.fsdp import Sharded
 
 
 @dataclass
@@ -185,15 +191,12 @@ class Learner:
         self.model = policy.model
         self.ref = ref_policy
         tc = cfg.trainer
-        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter alone
-        # fused: one kernel per step without the foreach path's parameter-sized temporaries (the
-        # optimiser step was the peak of a memory-lean step); CPU and CUDA have the kernel
-        fused = policy.device.type in ("cpu", "cuda") and bool(trainable)
-        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.build_optimizer()
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
         self.group: Group | None = None
         """The trainer group when ``trainer.world_size > 1`` (set by the rank's process)."""
+        self.sharded: Sharded | None = None
+        """The FSDP2-sharded policy with ``trainer.parallel: fsdp`` (:meth:`shard`)."""
         if tc.gradient_checkpointing:
             hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
             enable = getattr(hf, "activation_checkpointing_enable", None)
@@ -202,6 +205,29 @@ class Learner:
             else:  # pragma: no cover - older transformers
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
+
+    def build_optimizer(self) -> None:
+        """A fresh AdamW and LR schedule on the trainable parameters (again after they were sharded)."""
+        tc = self.cfg.trainer
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+        # fused: one kernel per step without the foreach path's parameter-sized temporaries (the
+        # optimiser step was the peak of a memory-lean step); CPU and CUDA have the kernel
+        fused = self.policy.device.type in ("cpu", "cuda") and bool(trainable)
+        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+
+    def shard(self, group: Group) -> None:
+        """Shard the policy and the optimiser over ``group`` in place (``trainer.parallel: fsdp``;
+        :mod:`asyncrl.trainer.fsdp`), after any checkpoint was loaded into them: parameters and AdamW
+        moments become this rank's slices, the LR schedule is kept."""
+        from asyncrl.trainer.fsdp import Sharded, shard_optimizer_state
+
+        state, schedule = self.optimizer.state_dict(), self.scheduler.state_dict()
+        self.sharded = Sharded(self.policy, group)
+        self.build_optimizer()  # on the sharded parameters
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer.load_state_dict(shard_optimizer_state(state, trainable))
+        self.scheduler.load_state_dict(schedule)
 
     def _lr_factor(self, step: int) -> float:
         tc = self.cfg.trainer
@@ -227,6 +253,8 @@ class Learner:
     def step(self, trajs: list[Trajectory], version: int) -> dict[str, float]:
         """Train on ``trajs`` at weight ``version``; returns metrics (``train/skipped`` = 1 if not finite)."""
         algo = self.cfg.algo
+        if self.sharded is not None:
+            self.sharded.release()  # the gathered full state is about to go stale
         pad = self.policy.tokenizer.pad_token_id
         host = collate(trajs, pad)
         # 1. credit: per-token advantages (computed on the host: per-trajectory Python work; a
@@ -330,10 +358,24 @@ class Learner:
         return [_Part(rows[p], max(int(lengths[p].max()), 1), cut is not None) for p in parts]
 
     def _own(self, parts: list[_Part]) -> list[int]:
-        """Indices of the micro-batches this rank runs: all of them on one rank."""
+        """Indices of the micro-batches this rank runs: all of them on one rank.
+
+        Sharded (FSDP), every pass is a collective, so every rank runs as many passes as the busiest:
+        the list is padded with ``-1``, a pass of weight 0 (:meth:`_idle_part`)."""
         if self.group is None:
             return list(range(len(parts)))
-        return self.group.mine([len(p.rows) * p.width for p in parts])
+        sizes = [len(p.rows) * p.width for p in parts]
+        mine = self.group.mine(sizes)
+        if self.sharded is None:
+            return mine
+        return mine + [-1] * (self.group.most(sizes) - len(mine))
+
+    def _idle_part(self, b: Batch, parts: list[_Part]) -> _Part:
+        """The padding pass of a sharded rank: one row of the last (smallest) micro-batch — the one with
+        the most loss tokens, so the loss reaches every unit and each runs its backward — weighted 0."""
+        rows = parts[-1].rows
+        row = rows[int(b.mask[rows].sum(1).argmax())].reshape(1)  # a row with loss tokens: a backward
+        return _Part(row, max(int(b.attn[row].sum()), 1), False)
 
     def _score(
         self, model: Any, b: Batch, part: _Part, with_entropy: bool
@@ -341,8 +383,11 @@ class Learner:
         """Log-probs (and entropies) ``[len(rows), width]`` of a micro-batch, at its loss positions only
         (0 elsewhere: nothing reads them, so the LM head never runs there)."""
         rows, width = part.rows, part.width
-        return token_logprobs_and_entropy(
-            model,
+        # the sharded policy is scored through its FSDP root unit (which gathers the parameters)
+        score: Any = partial(token_logprobs_and_entropy, model)
+        if self.sharded is not None and model is self.model:
+            score = self.sharded.scorer
+        return score(  # type: ignore[no-any-return]
             b.ids[rows, :width],
             b.attn[rows, :width],
             b.temperature[rows],
@@ -361,8 +406,11 @@ class Learner:
         out = torch.zeros_like(b.mask)
         rows = torch.arange(b.ids.shape[0]) if rows is None else rows
         parts = self._parts(b, rows.to(b.ids.device)) if rows.numel() else []
-        for part in (parts[i] for i in self._own(parts)):
-            out[part.rows, : part.width] = self._score(model, b, part, with_entropy=False)[0]
+        for i in self._own(parts):
+            part = parts[i] if i >= 0 else self._idle_part(b, parts)
+            lp = self._score(model, b, part, with_entropy=False)[0]
+            if i >= 0:
+                out[part.rows, : part.width] = lp
         return out if self.group is None else self.group.sum_(out)
 
     def _weights(self, d: _Minibatch, parts: list[_Part]) -> tuple[list[float], list[float]]:
@@ -407,6 +455,9 @@ class Learner:
         total = torch.zeros((), device=d.b.ids.device)
         merged: list[tuple[dict[str, float], float, float]] = []
         for i in self._own(parts):
+            if i < 0:  # a sharded rank's padding pass: the collectives of a pass, weight 0
+                self._micro_loss(d, self._idle_part(d.b, parts), pl, 0.0, 0.0, False)[0].backward()  # type: ignore[no-untyped-call]
+                continue
             part, wp, wt = parts[i], w_policy[i], w_tok[i]
             loss, pm = self._micro_loss(d, part, pl, wp, wt, fill_prox)
             if loss.requires_grad:
@@ -415,11 +466,14 @@ class Learner:
             merged.append((pm, wp, wt))
         if self.group is not None:  # the whole minibatch's loss, gradient and metrics on every rank
             total = self.group.sum_(total)
-            self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
+            if self.sharded is None:  # FSDP reduce-scattered each backward already
+                self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
             if fill_prox and d.prox is not None:  # each rank filled its own micro-batches' rows of mb
                 d.prox[mb] = self.group.sum_(d.prox[mb])
             merged = self.group.gather_parts(merged)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
+        if isinstance(grad_norm, DTensor):  # sharded gradients: the norm is a (replicated) DTensor
+            grad_norm = grad_norm.full_tensor()
         if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return False, {}

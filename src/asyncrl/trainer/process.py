@@ -42,6 +42,7 @@ from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.intake import Intake
 
 if TYPE_CHECKING:
+    from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState
     from asyncrl.trainer.distributed import Group
     from asyncrl.trainer.learner import Learner
@@ -50,10 +51,11 @@ log = logging.getLogger("asyncrl.trainer")
 
 
 def load_learner(
-    cfg: RunConfig, run_dir: Path, ckpt: Path | None, py_rng: random.Random
+    cfg: RunConfig, run_dir: Path, ckpt: Path | None, py_rng: random.Random, group: Group | None = None
 ) -> tuple[Learner, TrainerState]:
     """The policy (from ``ckpt`` or the initial policy), its reference and learner, restored from
-    ``ckpt`` when given (every rank of a trainer group builds its replica this way)."""
+    ``ckpt`` when given (every rank of a trainer group builds its replica this way, then, with
+    ``trainer.parallel: fsdp``, shards it: :meth:`~asyncrl.trainer.learner.Learner.shard`)."""
     from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState, load_checkpoint
     from asyncrl.trainer.learner import Learner
@@ -67,6 +69,9 @@ def load_learner(
         ts = load_checkpoint(ckpt, policy, learner.optimizer, learner.scheduler, py_rng)
         log.info("resumed from %s (step %d)", ckpt, ts.step)
         learner.credit.load_value(run_dir, ts.step)
+    learner.group = group
+    if group is not None and cfg.trainer.parallel == "fsdp":
+        learner.shard(group)
     return learner, ts
 
 
@@ -94,9 +99,8 @@ class TrainerRole:
         self.group = group
         if group is not None:  # every rank resumes from the checkpoint rank 0 chose
             group.send("init", ckpt=str(ckpt) if ckpt else "")
-        self.learner, ts = load_learner(cfg, run_dir, ckpt, self.py_rng)
-        self.learner.group = group
-        self.policy = self.learner.policy
+        self.learner, ts = load_learner(cfg, run_dir, ckpt, self.py_rng, group)
+        self.policy: Policy = self.learner.policy
         self.step = ts.step
         published = max(self.store.latest_version() or 0, ts.last_published)
         self.offset = max(0, published - ts.step)
@@ -176,7 +180,7 @@ class TrainerRole:
         from asyncrl.weights import publish_policy
 
         path = publish_policy(
-            self.store, self.version, self.policy, step=self.step, canary=self.cfg.weights.canary
+            self.store, self.version, self._full_policy(), step=self.step, canary=self.cfg.weights.canary
         )
         self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
@@ -193,7 +197,7 @@ class TrainerRole:
         )
         save_checkpoint(
             self.ckpt_root,
-            self.policy,
+            self._full_policy(),
             self.learner.optimizer,
             self.learner.scheduler,
             ts,
@@ -205,6 +209,18 @@ class TrainerRole:
         # the trained fates are durable now: record them, then acknowledge (a crash in between only
         # causes a redelivery that is de-duplicated against the ledger)
         self.intake.checkpointed()
+
+    def _full_policy(self) -> Policy:
+        """The policy with its whole weights: this rank's own, or with a sharded policy the full state
+        gathered by every rank together (once per step; :meth:`~asyncrl.trainer.fsdp.Sharded.gather`)."""
+        sharded = self.learner.sharded
+        if sharded is None or self.group is None:
+            return self.policy
+        if not sharded.gathered:
+            self.group.send("gather")
+            sharded.gather()
+        assert sharded.twin is not None  # rank 0 keeps the twin
+        return sharded.twin
 
     def _optimizer_shards(self, path: Path) -> None:
         """Every rank writes its shard of the optimiser state into ``path`` (one collective save)."""

@@ -49,9 +49,8 @@ def follow(cfg: RunConfig, run_dir: Path, group: Group) -> None:
     if hello["op"] != "init":
         raise RuntimeError(f"trainer rank {group.rank}: expected 'init' from rank 0, got {hello['op']!r}")
     learner, _ = load_learner(
-        cfg, run_dir, Path(hello["ckpt"]) if hello["ckpt"] else None, random.Random(cfg.seed)
+        cfg, run_dir, Path(hello["ckpt"]) if hello["ckpt"] else None, random.Random(cfg.seed), group
     )
-    learner.group = group
     while True:
         cmd = group.receive()
         op = cmd["op"]
@@ -60,6 +59,8 @@ def follow(cfg: RunConfig, run_dir: Path, group: Group) -> None:
             learner.step([decode_trajectory(b) for b in cmd["trajs"]], int(cmd["version"]))
         elif op == "ckpt":
             write_optimizer_shards(Path(cmd["dir"]), learner.optimizer)
+        elif op == "gather" and learner.sharded is not None:  # rank 0 publishes or checkpoints
+            learner.sharded.gather()
         elif op == "stop":
             return
         elif op != "beat":
