@@ -345,8 +345,11 @@ class Orchestrator:
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
+        from asyncrl.control.lending import lending_plan, open_board
+
         (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
         self.state.begin(self.resume)
+        open_board(self.run_dir, lending_plan(self.cfg))  # core lending: the roles read the plan
         if self.resume:
             saved = self.state.snapshot()
             if saved is not None:
@@ -698,6 +701,15 @@ def _canary(orch: Orchestrator) -> dict[str, int]:
     }
 
 
+def _lending(orch: Orchestrator) -> dict[str, Any]:
+    """Core lending over the run (:mod:`asyncrl.control.lending`): thread-seconds each role borrowed
+    from a waiting one (the roles' last ``cores/borrowed_thread_seconds``)."""
+    key = "cores/borrowed_thread_seconds"
+    rows = {TRAINER: orch.live.trainer, **orch.live.workers}
+    by_role = {name: round(float(r.get(key) or 0.0), 1) for name, r in rows.items() if r.get(key) is not None}
+    return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
+
+
 def _summary(
     cfg: RunConfig,
     run_dir: Path,
@@ -775,6 +787,7 @@ def _summary(
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
         **_token_exactness(orch),
         "weights_canary": _canary(orch),
+        **_lending(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         "notes": [faults["note"]] if faults["note"] else [],

@@ -33,6 +33,7 @@ from asyncrl.records import SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 
 if TYPE_CHECKING:
+    from asyncrl.control.lending import ThreadLender
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.weights.base import LoadedWeights, WeightStore
@@ -200,6 +201,7 @@ class RolloutWorker:
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
+        self.lender = _lender(cfg, run_dir, self.name, self.policy.model)
         self.agent: Any = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.load = 0
@@ -364,7 +366,12 @@ class RolloutWorker:
         from asyncrl.engine.batcher import TurnBatcher
 
         inflight = self.staleness.inflight_updates
-        batcher = TurnBatcher.of(self.engine, self.cfg.rollout.engine, self._refresh if inflight else None)
+        batcher = TurnBatcher.of(
+            self.engine,
+            self.cfg.rollout.engine,
+            self._refresh if inflight else None,
+            self.lender.waiting if self.lender is not None else None,
+        )
         if self.cfg.env.kind == "agent":
             from asyncrl.gateway.agent import AgentRunner
 
@@ -455,6 +462,7 @@ class RolloutWorker:
                 "rollout/prefill_tokens_shared": float(getattr(self.engine, "prefill_tokens_shared", 0)),
                 "rollout/prefill_seconds": float(getattr(self.engine, "prefill_seconds", 0.0)),
                 "rollout/load_steps": float(self.load),
+                **(self.lender.metrics() if self.lender is not None else {}),
                 **GUARD_STATS.metrics(),  # faults, retries and timeouts the environment guards absorbed
                 **(self._gateway_metrics() if self.agent is not None else {}),
             }
@@ -465,6 +473,18 @@ class RolloutWorker:
         out = {f"gateway/{k}": float(v) for k, v in {**gw.counts, **self.agent.counts}.items()}
         out["gateway/open_sessions"] = float(len(gw.sessions))
         return out
+
+
+def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:
+    """The worker's side of core lending (:mod:`asyncrl.control.lending`), polled before each decoder
+    layer of the engine's model (every decode step)."""
+    from asyncrl.bootstrap import torch_threads
+    from asyncrl.control.lending import ThreadLender
+
+    lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
+    if lender is not None:
+        lender.attach(model)
+    return lender
 
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
