@@ -52,21 +52,21 @@ def last_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def step_times(run_dir: Path) -> list[float]:
-    """Wall-clock time of each trainer step's report row (one per optimiser step)."""
+def step_gaps(run_dir: Path) -> list[float]:
+    """Seconds between consecutive trainer steps' report rows (one row per optimiser step; the first
+    step, which includes start-up, has no gap)."""
     seen: dict[float, float] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r.get("role") == "trainer" and "event" not in r and r.get("trainer/step"):
             seen.setdefault(float(r["trainer/step"]), float(r["time"]))
-    return [seen[k] for k in sorted(seen)]
+    return [b - a for a, b in itertools.pairwise(seen[k] for k in sorted(seen))]
 
 
 def measure(run_dir: Path, summary: dict[str, Any], steps: int) -> dict[str, Any]:
     rows = last_rows(run_dir)
     tr, ro = rows.get("trainer", {}), rows.get("rollout-0", {})
-    times = step_times(run_dir)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
+    gaps = step_gaps(run_dir)
 
     def f(r: dict[str, Any], k: str) -> float:
         return round(float(r.get(k) or 0.0), 1)
