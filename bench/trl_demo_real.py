@@ -91,7 +91,7 @@ def _episodes_for_trl(trajs: list[Any]) -> dict[str, list[Any]]:
     rest as the completion, ``env_mask`` 0 on the tool results, the episode reward for the reward
     function."""
     out: dict[str, list[Any]] = {
-        k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")
+        k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "episode_reward")
     }
     for t in trajs:
         ids, mask, lps = t.token_ids(), t.loss_mask(), t.behaviour_logprobs()
@@ -126,8 +126,9 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     calls = [0]
 
     def rollout(prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
-        calls[0] += 1  # one call per step: the repeated prompts of its groups, one episode each
-        picked = [tasks[int(p)] for p in prompts]
+        calls[0] += 1  # one call per step: each group's prompt repeated group_size times (or once: then
+        k = max(1, batch // len(prompts))  # play it group_size times), one episode each
+        picked = [tasks[int(p)] for p in prompts for _ in range(k)]
         trajs = asyncio.run(
             run_episodes(cfg, policy, picked, seed=args.seed * 1000 + calls[0], env_cfg=cfg.env)
         )
@@ -234,7 +235,7 @@ def main(argv: list[str]) -> int:
         res["trl"]["heldout_curve"] = [
             (0, res.get("asyncrl", {}).get("heldout_curve", [(0, None)])[0][1])
         ] + [tuple(p) for p in res["trl"]["heldout_curve"]]
-    res["to_target"] = to_target(res, args.targets, args.steps)
+    res["to_target"] = to_target(res, args.targets)
     text = json.dumps(res, indent=2)
     if args.out:
         args.out.write_text(text)
@@ -242,8 +243,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def to_target(res: dict[str, Any], targets: list[float], steps: int) -> dict[str, Any]:
-    """Per target: each side's steps to it (``> steps`` if not reached), x its seconds per step, and
+def to_target(res: dict[str, Any], targets: list[float]) -> dict[str, Any]:
+    """Per target: each side's steps to it (``> N`` if its last evaluation, at N, had not), x its seconds per step, and
     TRL's time over asyncrl's (the issue's goal: at least 2)."""
     out: dict[str, Any] = {}
     for target in targets:
@@ -251,10 +252,10 @@ def to_target(res: dict[str, Any], targets: list[float], steps: int) -> dict[str
         for side in ("asyncrl", "trl"):
             if side not in res:
                 continue
-            n = steps_to([(int(s), float(v)) for s, v in res[side]["heldout_curve"] if v is not None], target)
-            sps = res[side]["seconds_per_step"]
+            curve = [(int(s), float(v)) for s, v in res[side]["heldout_curve"] if v is not None]
+            n, sps = steps_to(curve, target), res[side]["seconds_per_step"]
             row[side] = {
-                "steps": n if n is not None else f"> {steps}",
+                "steps": n if n is not None else f"> {max((s for s, _ in curve), default=0)}",
                 "seconds": round(n * sps, 1) if n is not None and sps else None,
             }
         a, t = (row.get(s, {}).get("seconds") for s in ("asyncrl", "trl"))
