@@ -5,11 +5,11 @@
 
 Every run is ``asyncrl train`` of the demo-real config (SmolLM2-135M + LoRA, calculator difficulty 1,
 16 trajectories a step in groups of 4, the same cached warm start, the same seed) for ``--steps``
-RL steps; only the orchestrator mode and ``launcher.lend_threads`` change:
+RL steps; only the mode (``control.mode``) and ``launcher.lend_threads`` change:
 
-* ``async_lend`` — ``orchestrator.mode: async``, ``max_staleness: 2``, core lending on (the default);
+* ``async_lend`` — ``control.mode: async``, ``max_staleness: 2``, core lending on (the default);
 * ``async_pinned`` — the same, each role pinned to one torch thread (lending off: main before it);
-* ``sync_lend`` / ``sync_pinned`` — ``orchestrator.mode: sync`` (generate a batch, then train on it),
+* ``sync_lend`` / ``sync_pinned`` — ``control.mode: sync`` (generate a batch, then train on it),
   with / without lending (pinned: the trainer trains on every core, ``launcher.solo_threads``, while
   the rollout worker generates on one).
 
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS: dict[str, list[str]] = {
-    "async_lend": ["orchestrator.mode=async", "launcher.lend_threads=true"],
-    "async_pinned": ["orchestrator.mode=async", "launcher.lend_threads=false"],
-    "sync_lend": ["orchestrator.mode=sync", "launcher.lend_threads=true"],
-    "sync_pinned": ["orchestrator.mode=sync", "launcher.lend_threads=false"],
+    "async_lend": ["control.mode=async", "launcher.lend_threads=true"],
+    "async_pinned": ["control.mode=async", "launcher.lend_threads=false"],
+    "sync_lend": ["control.mode=sync", "launcher.lend_threads=true"],
+    "sync_pinned": ["control.mode=sync", "launcher.lend_threads=false"],
 }
 
 

@@ -1,19 +1,22 @@
-"""Credit-assignment study: trained samples to reach a target held-out success, per strategy; prints JSON.
+"""Credit-assignment study: generated tokens (and samples, seconds) to a target held-out success; JSON.
 
     PYTHONPATH=src .venv/bin/python bench/credit_study.py [--envs calculator kb_lookup]
-        [--strategies outcome value_delta turn_group tree tree_outcome] [--seeds 0 1 2]
-        [--steps 12] [--batch 32] [--eval-limit 64] [--eval-at 4 8] [--target-gain 0.10]
+        [--strategies outcome value_delta turn_group tree tree_outcome tree_tokens] [--seeds 0 1 2]
+        [--steps 12] [--batch 32] [--eval-limit 64] [--eval-at 4 8] [--target-gain 0.10 0.20]
         [--ablate-trajectories 6 --ablate-k 4] [--out results.json]
 
 Every (environment, strategy, seed) runs the whole job through ``asyncrl.orchestrator.run.train``
-with the same sample budget (``steps × batch`` trained samples) and the same cached warm start.
-All weight versions are kept; after the run the versions in ``--eval-at`` are evaluated on the
-first ``--eval-limit`` held-out tasks, next to the run's own initial (version 0) and final
-evaluations. A run *reaches the target* at the first evaluated version whose held-out success is
-at least its initial success + ``--target-gain``; its cost is ``version × batch`` trained samples,
-the sampled (generated, not replayed) tokens of those steps and their share of the RL wall time.
-``tree`` runs tree groups (``rollout.tree``) with tree credit; ``tree_outcome`` the same groups with
-outcome credit (separating what the tree's sampling does from what its credit does).
+with the same number of steps of ``--batch`` trajectories and the same cached warm start. All
+weight versions are kept; after the run the versions in ``--eval-at`` are evaluated on the first
+``--eval-limit`` held-out tasks, next to the run's own initial (version 0) and final evaluations.
+A run *reaches a target* (initial success + each ``--target-gain``) at the first evaluated version
+at or above it; its cost is the generated (sampled, not replayed) model tokens trained up to that
+version (``trainer/tokens_trained``: contention does not change it), and the seconds since the
+trainer started (it does). ``tokens_interp`` interpolates the crossing linearly between
+evaluations. ``tree`` runs tree groups (``rollout.tree``, leaf budget: as many episodes as a flat
+group) with tree credit; ``tree_outcome`` the same groups with outcome credit (separating what the
+tree's sampling does from what its credit does); ``tree_tokens`` tree credit on tree groups with the
+token budget (as many generated tokens as a flat group: more, cheaper episodes).
 At the end the ablation (``asyncrl credit ablate``) runs on the first seed's ``value_delta`` and
 ``outcome`` runs of the first environment and reports the Spearman correlation of the Monte Carlo
 segment contributions with the assigned credit. Results are also written to ``--out`` after every
@@ -23,6 +26,7 @@ run, so a partial study is not lost.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -38,7 +42,10 @@ STRATEGIES = {  # credit.strategy plus what else the strategy needs
     "turn_group": [],
     "tree": ["rollout.tree.enabled=true"],  # tree groups credited from the tree
     "tree_outcome": ["rollout.tree.enabled=true"],  # the same tree groups, outcome credit
+    # tree credit on tree groups as large as a flat group's generated tokens allow (equal tokens)
+    "tree_tokens": ["rollout.tree.enabled=true", "rollout.tree.budget=tokens"],
 }
+CREDIT = {"tree_outcome": "outcome", "tree_tokens": "tree"}  # credit.strategy where it is not the name
 
 ENVS = {
     "calculator": ("configs/demo.yaml", ["env.latency.kind=none"]),
@@ -62,7 +69,7 @@ def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dic
             f"name=credit-{env}-{strategy}-s{seed}",
             f"run_root={args.run_root}",
             f"seed={seed}",
-            f"credit.strategy={strategy.removeprefix('tree_')}",
+            f"credit.strategy={CREDIT.get(strategy, strategy)}",
             *STRATEGIES[strategy],
             f"trainer.total_steps={args.steps}",
             f"trainer.batch_size={args.batch}",
@@ -85,54 +92,89 @@ def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dic
             policy.load_tensors(store.load(v).tensors)
             curve[v] = evaluate_policy(cfg, policy, limit=args.eval_limit, seed=cfg.seed)["success_rate"]
     curve[int(s["trainer_steps"])] = s["final_success"]
-    target = s["initial_success"] + args.target_gain
-    reached = next((v for v in sorted(curve) if v > 0 and curve[v] >= target), None)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     trainer_rows = [r for r in metrics if r.get("role") == "trainer" and "event" not in r]
+    by_step = {int(r["step"]): r for r in trainer_rows if "step" in r}
+    start = min((r["time"] - r["alive_s"] for r in trainer_rows), default=0.0)  # the trainer's start
+    tokens = {v: by_step[v]["trainer/tokens_trained"] if v else 0.0 for v in curve if v == 0 or v in by_step}
+    seconds = {v: round(by_step[v]["time"] - start, 1) if v else 0.0 for v in tokens}
     last = trainer_rows[-1] if trainer_rows else {}
-    tokens = last.get("trainer/tokens_trained", 0.0)  # sampled tokens: replayed turns are not counted
-    per_step = tokens / max(1, int(s["trainer_steps"]))
-    return {
+    row: dict[str, Any] = {
         "env": env,
         "strategy": strategy,
-        "tokens_to_target": None if reached is None else round(reached * per_step),
-        "seconds_to_target": None if reached is None else round(s["rl_seconds"] * reached / args.steps, 1),
-        "generated_tokens": tokens,
         "seed": seed,
         "run_dir": str(run_dir),
         "initial_success": s["initial_success"],
         "final_success": s["final_success"],
-        "curve": {str(k * args.batch): v for k, v in sorted(curve.items())},
-        "samples_to_target": None if reached is None else reached * args.batch,
+        "curve": {str(v): curve[v] for v in sorted(curve)},  # weight version -> held-out success
+        "tokens_at": {str(v): tokens[v] for v in sorted(tokens)},  # generated tokens trained by then
+        "seconds_at": {str(v): seconds[v] for v in sorted(seconds)},  # since the trainer started
         "samples_trained": s["samples_trained"],
+        "generated_tokens": last.get("trainer/tokens_trained", 0.0),  # replayed turns are not counted
         "value_brier": last.get("value/brier"),
         "value_auc": last.get("value/auc"),
-        "guard_frac": last.get("credit/guard_frac"),
         "seconds": round(time.time() - t0, 1),
     }
+    for gain in args.target_gain:
+        hit = to_target(curve, tokens, seconds, s["initial_success"] + gain)
+        row[f"target+{round(gain * 100)}"] = hit
+    return row
 
 
-def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def to_target(
+    curve: dict[int, float], tokens: dict[int, float], seconds: dict[int, float], target: float
+) -> dict[str, Any] | None:
+    """The first evaluated version at or above ``target`` and its generated tokens and seconds; also
+    the tokens where the curve, linearly interpolated between evaluations, first crosses it."""
+    versions = [v for v in sorted(curve) if v in tokens]
+    for prev, v in itertools.pairwise(versions):
+        if curve[v] >= target:
+            lo, hi = curve[prev], curve[v]
+            frac = 1.0 if hi <= lo else min(1.0, max(0.0, (target - lo) / (hi - lo)))
+            interp = tokens[prev] + frac * (tokens[v] - tokens[prev])
+            return {"version": v, "tokens": tokens[v], "tokens_interp": round(interp), "seconds": seconds[v]}
+    return None
+
+
+def aggregate(rows: list[dict[str, Any]], gains: list[float]) -> dict[str, Any]:
+    """Per environment and strategy: held-out gain and, per target, tokens / seconds to reach it."""
     out: dict[str, Any] = {}
     for r in rows:
         out.setdefault(r["env"], {}).setdefault(r["strategy"], []).append(r)
     table: dict[str, Any] = {}
     for env, by in out.items():
         for strat, rs in by.items():
-            gains = [r["final_success"] - r["initial_success"] for r in rs]
-            hits = [r["samples_to_target"] for r in rs if r["samples_to_target"] is not None]
-            tok = [r["tokens_to_target"] for r in rs if r.get("tokens_to_target") is not None]
-            table.setdefault(env, {})[strat] = {
+            gain = [r["final_success"] - r["initial_success"] for r in rs]
+            entry: dict[str, Any] = {
                 "seeds": len(rs),
                 "final_success_mean": round(statistics.mean(r["final_success"] for r in rs), 3),
-                "gain_mean": round(statistics.mean(gains), 3),
-                "gain_std": round(statistics.stdev(gains), 3) if len(gains) > 1 else 0.0,
-                "reached_target": f"{len(hits)}/{len(rs)}",
-                "samples_to_target_mean_of_reached": round(statistics.mean(hits), 1) if hits else None,
-                "tokens_to_target_mean_of_reached": round(statistics.mean(tok)) if tok else None,
-                "tokens_to_target_std": round(statistics.stdev(tok)) if len(tok) > 1 else None,
+                "gain_mean": round(statistics.mean(gain), 3),
+                "gain_std": round(statistics.stdev(gain), 3) if len(gain) > 1 else 0.0,
+                "tokens_per_sample": round(
+                    sum(r["generated_tokens"] for r in rs) / max(1, sum(r["samples_trained"] for r in rs)), 2
+                ),
             }
+            for g in gains:
+                key = f"target+{round(g * 100)}"
+                hits = [r[key] for r in rs if r.get(key)]
+                entry[key] = {
+                    "reached": f"{len(hits)}/{len(rs)}",
+                    "tokens_per_seed": [r[key]["tokens"] if r.get(key) else None for r in rs],
+                    "tokens_interp_per_seed": [r[key]["tokens_interp"] if r.get(key) else None for r in rs],
+                    "seconds_per_seed": [r[key]["seconds"] if r.get(key) else None for r in rs],
+                    **_stats("tokens", [h["tokens"] for h in hits]),
+                    **_stats("tokens_interp", [h["tokens_interp"] for h in hits]),
+                    **_stats("seconds", [h["seconds"] for h in hits]),
+                }
+            table.setdefault(env, {})[strat] = entry
     return table
+
+
+def _stats(name: str, xs: list[float]) -> dict[str, float | None]:
+    return {
+        f"{name}_mean": round(statistics.mean(xs), 1) if xs else None,
+        f"{name}_std": round(statistics.stdev(xs), 1) if len(xs) > 1 else None,
+    }
 
 
 def main() -> int:
@@ -150,7 +192,7 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--eval-limit", type=int, default=64)
     ap.add_argument("--eval-at", nargs="*", type=int, default=[4, 8])
-    ap.add_argument("--target-gain", type=float, default=0.10)
+    ap.add_argument("--target-gain", nargs="+", type=float, default=[0.10])
     ap.add_argument("--ablate-trajectories", type=int, default=6)
     ap.add_argument("--ablate-k", type=int, default=4)
     ap.add_argument("--run-root", default="runs/credit-study")
@@ -163,7 +205,7 @@ def main() -> int:
 
     def dump() -> None:
         result["runs"] = rows
-        result["table"] = aggregate(rows)
+        result["table"] = aggregate(rows, args.target_gain)
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
 

@@ -167,7 +167,7 @@ def run_part(args: argparse.Namespace, model: dict[str, int], device_spec: str, 
     ]
     results: dict[str, Any] = {}
     for mode in ("async", "sync"):
-        cfg = load_config(None, [*sets, f"orchestrator.mode={mode}", f"name=gpu-{mode}"])
+        cfg = load_config(None, [*sets, f"control.mode={mode}", f"name=gpu-{mode}"])
         run_dir, s = train(cfg, display=False, eval_limit=args.heldout)
         rl = max(float(s["rl_seconds"]), 1e-9)
         roll_rows, trainer_rows = _role_rows(run_dir, "rollout-0"), _role_rows(run_dir, "trainer")

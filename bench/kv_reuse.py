@@ -87,12 +87,13 @@ async def episodes(
     env_cfg = eval_env_config(cfg)
     t0 = time.perf_counter()
     try:
-        trajs = await asyncio.gather(
+        episodes = await asyncio.gather(
             *(
                 run_episode(t, KeepGoing(make_env(env_cfg, cfg.seed + i)), batcher, renderer, settings)
                 for i, t in enumerate(tasks)
             )
         )
+        trajs = [t for samples in episodes for t in samples]
     finally:
         batcher.close()
     return list(trajs), engine, time.perf_counter() - t0

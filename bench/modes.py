@@ -89,7 +89,7 @@ def main() -> int:
     for profile in args.latency:
         results[profile] = {}
         for mode in args.modes:
-            sets = [*args.overrides, *PROFILES[profile], f"orchestrator.mode={mode}"]
+            sets = [*args.overrides, *PROFILES[profile], f"control.mode={mode}"]
             # every snapshot kept for the post-hoc evaluation; no evaluator process competing for the cores
             sets += [f"name=bench-{profile}-{mode}", "weights.keep=10000", "telemetry.eval_every=0"]
             cfg = load_config(args.config, sets)

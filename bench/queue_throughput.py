@@ -78,10 +78,12 @@ def _open(kind: str, run_dir: str, url: str, capacity: int) -> Any:
     if kind == "redis":
         from asyncrl.transport.redis_backend import RedisQueue
 
-        return RedisQueue(url, run_dir, capacity=capacity, lease_seconds=60)
+        return RedisQueue(url, run_dir, capacity=capacity, lease_seconds=60, socket_timeout_s=30.0)
     from asyncrl.transport.embedded import EmbeddedQueue
 
-    return EmbeddedQueue(Path(run_dir) / "queue.sqlite", capacity=capacity, lease_seconds=60)
+    return EmbeddedQueue(
+        Path(run_dir) / "queue.sqlite", capacity=capacity, lease_seconds=60, busy_timeout_s=30.0
+    )
 
 
 def _producer(
@@ -179,8 +181,8 @@ def run_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ms_per_traj": round(1000 * cpu_s_per_traj, 3),
         "cpu_bound_traj_per_s_on_idle_cores": round((os.cpu_count() or 1) / cpu_s_per_traj, 0),
         "server_cpu_ms_per_traj": round(1000 * server_cpu / max(acked, 1), 3),
-        "dead_letters": int(stats["queue/dead_letters"]),
-        "left_in_queue": int(stats["queue/depth"]),
+        "dead_letters": int(stats.dead_letters),
+        "left_in_queue": int(stats.depth),
     }
 
 

@@ -9,6 +9,7 @@ beneath it, never one above. Only the control package touches the state store's 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "asyncrl"
@@ -214,15 +215,15 @@ def test_rule_5_is_derived_only_in_the_staleness_module() -> None:
 def test_the_rule_5_scan_can_fail(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "lag = {'sync': 0, 'one_step_off': 1}.get(cfg.orchestrator.mode, 3)\n"
-        "limit = 2 if cfg.orchestrator.mode == 'async' else None\n"
+        "lag = {'sync': 0, 'one_step_off': 1}.get(cfg.control.mode, 3)\n"
+        "limit = 2 if cfg.control.mode == 'async' else None\n"
         "fixed = mode in ('sync', 'one_step_off')\n"
-        "title = f'asyncrl {cfg.orchestrator.mode}'\n"
+        "title = f'asyncrl {cfg.control.mode}'\n"
     )
     assert sorted(_rule5_derivations(probe, root=tmp_path)) == ["probe.py:1", "probe.py:2", "probe.py:3"]
 
 
-# -- defaults live only in config.py ---------------------------------------------------------------
+# -- defaults live only in the config package ---------------------------------------------------------------
 ALLOWED_REPEATS = {
     # log-probs at temperature 1 are the untempered distribution: the neutral element, not the sampling setting
     ("policy/model.py", "token_logprobs", "temperature"),
@@ -232,6 +233,8 @@ ALLOWED_REPEATS = {
     ("records.py", "SamplingParams", "top_p"),
     # an empty directives document (no orchestrator has spoken yet) starts no held-out probes
     ("control/directives.py", "Directives", "heldout_rate"),
+    # a role report's figure before anything was measured (0 s of evaluation), not a setting
+    ("telemetry/reports.py", "EvalFigures", "seconds"),
 }
 
 
@@ -296,12 +299,18 @@ def _repeats(
     return found
 
 
+def _is_config(path: Path) -> bool:
+    """The config package, and ``algo/config.py`` (the loss section, kept beside the pure maths)."""
+    rel = path.relative_to(SRC)
+    return rel.parts[0] == "config" or rel.as_posix() == "algo/config.py"
+
+
 def test_no_config_default_is_written_again_outside_config() -> None:
     defaults = _config_defaults()
     repeats = [
         r
         for path in sorted(SRC.rglob("*.py"))
-        if path.name != "config.py"
+        if not _is_config(path)
         for r in _repeats(path, defaults)
         if r[:3] not in ALLOWED_REPEATS
     ]
@@ -315,3 +324,287 @@ def test_the_default_scan_can_fail(tmp_path: Path) -> None:
     )
     found = _repeats(probe, _config_defaults(), root=tmp_path)
     assert {(owner, name) for _, owner, name, _ in found} == {("Q", "capacity"), ("f", "lease_seconds")}
+
+
+# -- the control plane reads typed reports, not metric names ---------------------------------------
+METRICS_DOC = SRC.parent.parent / "docs" / "metrics.md"
+
+
+def _metric_namespaces() -> set[str]:
+    """Every namespace of a documented metric (``docs/metrics.md``), but the learner's: the learner
+    composes its own figures (``loss/*``, ``policy/*``, ... convention 14) and no decision reads them."""
+    from asyncrl.telemetry.reports import LEARNER_NAMESPACES
+
+    return set(re.findall(r"`([a-z_]+)/[a-z0-9_{}*]+", METRICS_DOC.read_text())) - set(LEARNER_NAMESPACES)
+
+
+def _metric_name_reads(path: Path, namespaces: set[str], root: Path = SRC) -> list[str]:
+    """Places that read a metric by its name: a ``"pkg/name"`` literal (or an f-string that starts with
+    ``"pkg/"``) of a metric namespace used as a subscript, a ``.get``/helper argument or in a
+    comparison. Writing one (a dict key, an assignment target, an event's name) is fine."""
+    rel = str(path.relative_to(root))
+    name = re.compile(rf"^({'|'.join(sorted(namespaces))})/[a-z0-9_]*")
+
+    def is_name(node: ast.expr) -> bool:
+        if isinstance(node, ast.JoinedStr) and node.values:
+            node = node.values[0]
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(name.match(node.value))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        read: list[ast.expr] = []
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            read = [node.slice]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            read = [] if callee == "event" else list(node.args)  # an event's name is written, not read
+        elif isinstance(node, ast.Compare):
+            read = [node.left, *node.comparators]
+        if any(is_name(n) for n in read):
+            found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_metric_names_are_read_only_in_telemetry() -> None:
+    """The orchestrator, its rules, the summary and the cost ledger read the attributes of decoded
+    reports (:mod:`asyncrl.telemetry.reports`); only ``telemetry/`` turns rows and names into reports."""
+    namespaces = _metric_namespaces()
+    assert {"rollout", "trainer", "queue", "guard", "eval", "reward", "staleness"} <= namespaces
+    found = [
+        f
+        for path in sorted(SRC.rglob("*.py"))
+        if path.relative_to(SRC).parts[0] != "telemetry"
+        for f in _metric_name_reads(path, namespaces)
+    ]
+    assert found == []
+
+
+def test_the_metric_name_scan_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "depth = row['queue/ready']\n"
+        "reward = row.get('reward/mean')\n"
+        "episodes = live.total('rollout/episodes')\n"
+        "seen = 'guard/calls' in row\n"
+        "group = r.get('event') == 'rollout/group'\n"
+        "figure = row[f'rollout/{key}']\n"
+        "out = {'queue/depth': 1.0, f'rollout/{k}': 2.0}\n"  # writes: fine
+        "out['trainer/step'] = 3.0\n"
+        "writer.event('rollout/group', {})\n"
+        "loss = metrics['loss/policy']\n"  # the learner's own figures: not the control plane's
+    )
+    found = _metric_name_reads(probe, _metric_namespaces(), root=tmp_path)
+    assert found == [f"probe.py:{n}" for n in (1, 2, 3, 4, 5, 6)], found
+
+
+# -- ... and no knob hides under another name: the scan by value -----------------------------------
+NEUTRAL = {0, 1, -1}
+"""Identity elements and "none"/"one"/"all": a default of 0, 1 or -1 sets nothing a user would tune."""
+KNOB_KEYWORDS = {"maxlen", "timeout", "health_check_interval"}
+"""Call keywords that size or time something (and every keyword ending in ``_s``): ``deque(maxlen=5)``."""
+
+_PURE = "numerical guard of a pure function (epsilon against 0/0, overflow clamp), not a setting"
+_UNIT = "a unit, a format version or an exit code: a definition, not a setting"
+_COMMAND = "an option of a command (its --help shows it; the parser passes it), not a run setting"
+_CHECK = "a threshold of `asyncrl env check`, the contract test of an environment, not a run setting"
+_ENV = "part of a built-in environment's definition (its tasks, tools, reward shaping; docs/environments.md)"
+_WIRE = "the wire record's schema: a record without the field decodes with this value"
+_IMPL = "an implementation bound (chunk, poll, probe, retry or set-up sizes): speed or memory, no behaviour to set"
+_DRAW = "how a chart or report is drawn or summarised"
+
+ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
+    **dict.fromkeys(
+        [
+            ("algo/advantages.py", "group_advantages", "eps"),
+            ("algo/advantages.py", "normalize_rewards", "eps"),
+            ("algo/advantages.py", "whiten_advantages", "eps"),
+            ("algo/tree.py", "tree_advantages", "eps"),
+            ("algo/kl.py", "<module>", "LOG_RATIO_CLAMP"),
+        ],
+        _PURE,
+    ),
+    **dict.fromkeys(
+        [
+            ("cli.py", "<module>", "EXIT_USER_ERROR"),
+            ("cost/ledger.py", "<module>", "GB"),
+            ("cost/ledger.py", "<module>", "MONTH_S"),
+            ("policy/memory.py", "<module>", "GIB"),
+            ("policy/memory.py", "training_estimate", "dtype_bytes"),
+            ("records.py", "<module>", "SCHEMA_VERSION"),
+            ("trainer/sft.py", "<module>", "TEMPLATE_VERSION"),
+            ("launch/ray_launcher.py", "<module>", "_KILLED"),
+        ],
+        _UNIT,
+    ),
+    **dict.fromkeys(
+        [
+            ("credit/ablate.py", "ablate", "trajectories"),
+            ("credit/ablate.py", "ablate", "k"),
+            ("credit/inspect.py", "render_terminal", "n"),
+            ("credit/inspect.py", "credit_fragment", "n"),
+            ("policy/hub.py", "model_info", "tokens"),
+            ("service.py", "run_role", "wait_s"),
+        ],
+        _COMMAND,
+    ),
+    **dict.fromkeys(
+        [
+            ("envs/check.py", "acheck_environment", name)
+            for name in ("episodes", "max_steps", "timeout_s", "slow_s", "stall_s", "overlap_samples")
+        ]
+        + [("envs/check.py", "<module>", "_TICK")],
+        _CHECK,
+    ),
+    **dict.fromkeys(
+        [
+            *(
+                ("envs/kb_lookup.py", "generate", f"num_{x}")
+                for x in ("people", "cities", "countries", "companies")
+            ),
+            *(("envs/calculator.py", "<module>", x) for x in ("MAX_EXPR_CHARS", "MAX_ABS_VALUE", "LIMIT")),
+            *(
+                ("envs/base.py", "<module>", f"REWARD_{x}")
+                for x in ("WELL_FORMED", "USES_RESULT", "MALFORMED", "TOOL_ERROR")
+            ),
+            ("envs/base.py", "HashSplitTaskSource", "heldout_permille"),
+            ("envs/base.py", "HashSplitTaskSource", "max_attempts"),
+            ("envs/python_env.py", "<module>", "OBSERVATION_CHARS"),
+            ("envs/sandbox.py", "summary", "max_chars"),
+            ("envs/toolenv.py", "<module>", "MAX_ARGS_CHARS"),
+        ],
+        _ENV,
+    ),
+    ("records.py", "SamplingParams", "max_new_tokens"): _WIRE,
+    **dict.fromkeys(
+        [
+            ("control/buckets.py", "buckets_of_source", "probes"),
+            ("control/buckets.py", "sample_in_bucket", "attempts"),
+            ("control/store/redis_backend.py", "<module>", "_OP_TTL_S"),
+            ("credentials.py", "connect", "timeout_s"),
+            ("credentials.py", "check_redis", "timeout_s"),
+            ("credentials.py", "call:connect", "timeout_s"),
+            ("credentials.py", "call:connect", "health_check_interval"),
+            ("credentials.py", "<module>", "REDIS_RETRIES"),
+            ("credentials.py", "<module>", "REDIS_BACKOFF_BASE_S"),
+            ("credentials.py", "<module>", "REDIS_BACKOFF_CAP_S"),
+            ("durable.py", "<module>", "_CHUNK"),
+            ("engine/hf.py", "<module>", "STATIC_CACHE_SLACK"),
+            ("envs/sandbox.py", "call:run", "timeout"),
+            ("envs/sandbox.py", "call:wait_for", "timeout"),
+            ("launch/ray_launcher.py", "call:wait", "timeout"),
+            ("launch/ray_launcher.py", "<module>", "_PLACE_TIMEOUT_S"),
+            ("launch/ray_launcher.py", "<module>", "_LOCAL_MIN_CPUS"),
+            ("orchestrator/run.py", "<module>", "CONTEXT_PROBE_TASKS"),
+            ("policy/canary.py", "<module>", "SAMPLE"),
+            ("policy/canary.py", "<module>", "ROW"),
+            ("policy/packing.py", "<module>", "TREE_MAX_COST"),
+            ("telemetry/experiment.py", "call:run", "timeout"),
+            ("trainer/distributed.py", "<module>", "_BUCKET_ELEMENTS"),
+            ("trainer/distributed.py", "<module>", "_BEAT_FRACTION"),
+            ("trainer/intake.py", "pull", "timeout"),
+            ("transport/base.py", "<module>", "_POLL_MIN_S"),
+            ("transport/base.py", "<module>", "_POLL_MAX_S"),
+            ("transport/embedded.py", "<module>", "_ACK_CHUNK"),
+            ("transport/redis_backend.py", "<module>", "_BLOCK_SLICE_S"),
+            ("transport/redis_backend.py", "<module>", "_ACK_CHUNK"),
+            ("transport/redis_backend.py", "<module>", "_STATS_SCAN_MAX"),
+            ("weights/local.py", "<module>", "_MAX_RESTARTS"),
+        ],
+        _IMPL,
+    ),
+    **dict.fromkeys(
+        [
+            ("cost/report.py", "<module>", "EARLY_FRACTION"),
+            ("telemetry/svg.py", "nice_ticks", "n"),
+            ("telemetry/svg.py", "histogram", "bins"),
+            ("telemetry/svg.py", "<module>", "MAX_POINTS"),
+            ("telemetry/trainer.py", "<module>", "SUCCESS_WINDOW"),
+        ],
+        _DRAW,
+    ),
+}
+"""Numeric literals outside the config that are not knobs, each with the reason (the scan below)."""
+
+
+def _number(node: ast.expr) -> float | None:
+    """The value of a numeric literal or of arithmetic on literals (``512 * 2**20``); None otherwise."""
+    if not all(
+        isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop))
+        for n in ast.walk(node)
+    ):
+        return None
+    try:
+        value = eval(
+            compile(ast.Expression(node), "<literal>", "eval"), {"__builtins__": {}}
+        )  # literals only
+    except Exception:
+        return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _literal_knobs(path: Path, root: Path = SRC) -> set[tuple[str, str, str]]:
+    """(file, owner, name) of every numeric literal that sets something outside the config, whatever its
+    name: a parameter's default, a dataclass-style field, a module constant (``UPPER_CASE``), or a
+    sizing/timing call keyword (``deque(maxlen=5)``, ``timeout=30.0``); 0, 1 and -1 excepted."""
+    rel = str(path.relative_to(root))
+    tree = ast.parse(path.read_text())
+    found: set[tuple[str, str, str]] = set()
+
+    def check(owner: str, name: str, node: ast.expr | None) -> None:
+        value = _number(node) if node is not None else None
+        if value is not None and value not in NEUTRAL:
+            found.add((rel, owner, name))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            for arg, d in zip(pos[len(pos) - len(a.defaults) :], a.defaults, strict=True):
+                check(node.name, arg.arg, d)
+            for arg, kd in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+                check(node.name, arg.arg, kd)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    check(node.name, item.target.id, item.value)
+        elif isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "?")
+            for kw in node.keywords:
+                if kw.arg is not None and (kw.arg in KNOB_KEYWORDS or kw.arg.endswith("_s")):
+                    check(f"call:{callee}", kw.arg, kw.value)
+    for item in tree.body:
+        target = item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1 else None
+        target = item.target if isinstance(item, ast.AnnAssign) else target
+        if isinstance(target, ast.Name) and target.id.lstrip("_").isupper():
+            check("<module>", target.id, getattr(item, "value", None))
+    return found
+
+
+def test_no_knob_is_a_literal_outside_config() -> None:
+    """A number that sets behaviour lives in the config (with its doc and bounds), whatever it is called;
+    every other literal is allow-listed with its reason — and an entry that no longer matches goes."""
+    found = {k for path in sorted(SRC.rglob("*.py")) if not _is_config(path) for k in _literal_knobs(path)}
+    assert sorted(found - set(ALLOWED_LITERALS)) == []
+    assert sorted(set(ALLOWED_LITERALS) - found) == []
+
+
+def test_the_value_scan_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from collections import deque\n"
+        "LIMIT = 8 * 1024\n"
+        "def save(path, keep: int = 2, *, compact_fraction: float = 0.25, n: int = 1) -> None: ...\n"
+        "class Cache:\n    max_entries: int = 100_000\n    off: int = 0\n"
+        "ages = deque(maxlen=5)\n"
+        "conn = connect(timeout=30.0, socket_timeout_s=10.0, retries=3)\n"
+    )
+    assert _literal_knobs(probe, root=tmp_path) == {
+        ("probe.py", "<module>", "LIMIT"),
+        ("probe.py", "save", "keep"),
+        ("probe.py", "save", "compact_fraction"),
+        ("probe.py", "Cache", "max_entries"),
+        ("probe.py", "call:deque", "maxlen"),
+        ("probe.py", "call:connect", "timeout"),
+        ("probe.py", "call:connect", "socket_timeout_s"),
+    }

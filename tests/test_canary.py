@@ -24,6 +24,7 @@ from asyncrl.policy.canary import CanaryRecord, expected_fingerprint, fingerprin
 from asyncrl.rollout.canary import WeightCanary, WeightCanaryError
 from asyncrl.rollout.worker import WeightFollower
 from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.telemetry.reports import decode_rows
 from asyncrl.weights import make_weight_store, publish_policy
 from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
 
@@ -184,7 +185,7 @@ def test_a_broken_load_is_refused_and_the_previous_version_kept(
         assert event["probe_mean_abs_diff"] > event["probe_tolerance"]
     # the orchestrator turns the event into a weight_canary alert
     rules = Rules(load_config(None, []), tmp_path, buckets=["calc"])
-    (alert,) = rules.feed([event])
+    (alert,) = rules.feed(decode_rows([event]))
     assert alert.kind == "weight_canary" and "keeps serving version 1" in alert.action
     assert json.loads((tmp_path / "alerts.jsonl").read_text())["evidence"]["version"] == bad
     # the trainer's next version (its answer to the report) loads normally

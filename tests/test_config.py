@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,14 @@ CLI = [sys.executable, "-m", "asyncrl.cli"]
 
 
 def _yaml_files() -> list[Path]:
-    skip = {".venv", ".git", "runs", ".cache", "node_modules"}
+    # the repository's own files: no virtualenv (.venv, .venv-bench, .venv-vllm), run or cache
+    skip = {".git", "runs", ".cache", "node_modules"}
     return sorted(
-        p for p in ROOT.rglob("*.y*ml") if p.suffix in (".yaml", ".yml") and not skip & set(p.parts)
+        p
+        for p in ROOT.rglob("*.y*ml")
+        if p.suffix in (".yaml", ".yml")
+        and not skip & set(p.parts)
+        and not any(part.startswith(".venv") for part in p.relative_to(ROOT).parts)
     )
 
 
@@ -106,7 +112,7 @@ def test_every_field_is_documented_and_numbers_are_constrained() -> None:
         ("trainer.lrr=1", ["trainer.lrr", "unknown key"]),
         ("trainer.lr=-1", ["trainer.lr", "-1", "> 0"]),
         ("trainer.batch_size=lots", ["trainer.batch_size", "'lots'"]),
-        ("orchestrator.mode=fast", ["orchestrator.mode", "'fast'", "async", "sync"]),
+        ("control.mode=fast", ["control.mode", "'fast'", "async", "sync"]),
         ("env.latency={kind: pareto, alpha: 0}", ["env.latency.alpha", "> 0.1"]),
         ("algo.policy_loss.kind=dpo", ["algo.policy_loss.kind", "ppo_clip"]),
         ("env.kind=plugin", ["env.path"]),
@@ -393,3 +399,119 @@ def test_setting_a_kind_switches_the_section_and_drops_the_old_kinds_fields() ->
         load_config(
             None, ["env.latency.kind=none", "env.latency.seconds=0.05"]
         )  # given after the switch: refused
+
+
+# -- renamed paths (docs/configuration.md#renamed-fields): old names work for one release, with a warning
+RENAME_CASES = [  # (old path, new path, a value other than the default)
+    ("orchestrator.mode", "control.mode", "one_step_off"),
+    ("orchestrator.max_staleness", "control.max_staleness", 1),
+    ("orchestrator.stale_policy", "control.stale_policy", "downweight"),
+    ("orchestrator.governor_window", "orchestrator.governor.window", 7),
+    ("orchestrator.governor_fill_window", "orchestrator.governor.fill_window", 3),
+    ("orchestrator.governor_low_fill", "orchestrator.governor.low_fill", 0.2),
+    ("control.curriculum.window", "orchestrator.curriculum.window", 9),
+    ("control.breaker.probes", "orchestrator.breaker.probes", 5),
+    ("control.drift.k", "orchestrator.drift.k", 0.5),
+    ("control.exploration.window", "orchestrator.exploration.window", 4),
+    ("control.elastic.max_workers", "orchestrator.elastic.max_workers", 3),
+]
+
+
+def _nested(path: str, value: object) -> dict[str, object]:
+    out: dict[str, object] = {}
+    node = out
+    *head, last = path.split(".")
+    for part in head:
+        node = node.setdefault(part, {})  # type: ignore[assignment]
+    node[last] = value
+    return out
+
+
+def _at(cfg: RunConfig, path: str) -> object:
+    node: object = cfg
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def test_every_renamed_path_has_a_case() -> None:
+    from asyncrl.config import RENAMED
+
+    covered = {old for old, _, _ in RENAME_CASES}
+    assert all(any(c == old or c.startswith(old + ".") for c in covered) for old in RENAMED)
+
+
+@pytest.mark.parametrize(("old", "new", "value"), RENAME_CASES, ids=[c[0] for c in RENAME_CASES])
+def test_an_old_name_is_accepted_with_a_warning_naming_the_new_path(
+    old: str, new: str, value: object, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = load_config(None, [f"{new}={value}"])
+    assert _at(expected, new) == value and not caplog.records  # the new name: no warning
+    assert load_config(None, [f"{old}={value}"]).model_dump() == expected.model_dump()  # --set
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(_nested(old, value)))
+    assert load_config(path).model_dump() == expected.model_dump()  # a YAML key
+    warnings = [
+        re.fullmatch(r"config: (\S+) is deprecated, use (\S+) \(.*\)", r.getMessage()) for r in caplog.records
+    ]
+    assert len(warnings) == 2  # one line each: the --set, the YAML key (a renamed section is named whole)
+    for w in warnings:
+        assert w is not None and old.startswith(w[1]) and new.startswith(w[2])
+
+
+@pytest.mark.parametrize(("old", "new", "value"), RENAME_CASES, ids=[c[0] for c in RENAME_CASES])
+def test_a_field_under_both_names_is_a_clear_error(old: str, new: str, value: object, tmp_path: Path) -> None:
+    data = _nested(old, value)
+    (node := data)  # merge the new path into the same mapping
+    for part in new.split(".")[:-1]:
+        node = node.setdefault(part, {})  # type: ignore[assignment]
+    node[new.split(".")[-1]] = value  # type: ignore[index]
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(new)} is given twice, also under its old name {re.escape(old)}"
+    ):
+        load_config(path)
+
+
+def test_a_section_under_both_names_is_merged(tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    path.write_text("control: {breaker: {probes: 4}}\norchestrator: {breaker: {consecutive: 7}}\n")
+    breaker = load_config(path).orchestrator.breaker
+    assert (breaker.probes, breaker.consecutive) == (4, 7)
+
+
+def test_an_override_with_the_old_name_overrides_the_files_new_name() -> None:
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml", ["orchestrator.max_staleness=0"]
+    )  # the file says control:
+    assert cfg.control.max_staleness == 0
+
+
+def test_a_resolved_config_of_a_run_before_the_rename_still_loads(tmp_path: Path) -> None:
+    """A ``config.yaml`` written by the last release (whole sections under their old names) resumes."""
+    new = load_config(
+        None, ["control.mode=sync", "orchestrator.breaker.probes=4", "orchestrator.governor.window=2"]
+    )
+    old = new.model_dump(mode="json")
+    orch, ctl = old["orchestrator"], old["control"]
+    for key in ("mode", "max_staleness", "stale_policy"):
+        orch[key] = ctl.pop(key)
+    for key in ("curriculum", "breaker", "drift", "exploration", "elastic"):
+        ctl[key] = orch.pop(key)
+    for key, value in orch.pop("governor").items():
+        orch[f"governor_{key}"] = value
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert load_config(path).model_dump() == new.model_dump()
+
+
+def test_cli_warns_once_on_one_line_for_an_old_name() -> None:
+    out = _cli("config", "show", "configs/demo.yaml", "--set", "orchestrator.max_staleness=1")
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["control"]["max_staleness"] == 1
+    lines = [ln for ln in out.stderr.splitlines() if "deprecated" in ln]
+    assert lines == [
+        "config: orchestrator.max_staleness is deprecated, use control.max_staleness "
+        "(the old name goes in the next release)"
+    ]

@@ -77,8 +77,8 @@ def breaker_scenario(tmp: Path, cache: Path) -> dict[str, Any]:
         "env.faults.task_types=[arithmetic:3]",
         f"env.faults.switch_file={switch}",
         "env.guard.retries=0",
-        "control.breaker.consecutive=5",
-        "control.breaker.backoff_s=8",
+        "orchestrator.breaker.consecutive=5",
+        "orchestrator.breaker.backoff_s=8",
     )
     out: dict[str, Any] = {}
     th = threading.Thread(

@@ -32,6 +32,18 @@ from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.records import Task
+from asyncrl.telemetry.reports import (
+    Decoded,
+    GroupReport,
+    GuardFigures,
+    QueueStats,
+    RewardFigures,
+    RolloutFigures,
+    StalenessFigures,
+    TrainerFigures,
+    TrainerReport,
+    WorkerReport,
+)
 
 
 # -- curriculum ---------------------------------------------------------------------------------
@@ -156,10 +168,10 @@ def test_reward_hacking_flagged_only_when_heldout_does_not_follow() -> None:
 
 # -- staleness runaway, exploration, elastic -------------------------------------------------------
 def test_staleness_runaway_tightens_then_relaxes() -> None:
-    oc = load_config(
-        None, ["orchestrator.governor_window=3", "orchestrator.governor_fill_window=100"]
-    ).orchestrator
-    g = StalenessGovernor(max_staleness=2, sync_every=2, oc=oc)
+    gc = load_config(
+        None, ["orchestrator.governor.window=3", "orchestrator.governor.fill_window=100"]
+    ).orchestrator.governor
+    g = StalenessGovernor(max_staleness=2, sync_every=2, gc=gc)
     cur, sync = 2, 2
     for age in (2.5, 2.7, 3.0):
         g.observe_age(age)
@@ -256,25 +268,23 @@ def test_alert_log_writes_jsonl(tmp_path: Path) -> None:
     assert log.metrics()["alerts/breaker_open"] == 1.0
 
 
-def _group(bucket: str, rewards: list[float], anomalies: list[str | None], heldout: bool = False) -> dict:
-    return {
-        "role": "rollout-0",
-        "event": "rollout/group",
-        "bucket": bucket,
-        "heldout": heldout,
-        "rewards": rewards,
-        "outcomes": ["success" if r > 0 else "failure" for r in rewards],
-        "anomalies": anomalies,
-    }
+def _group(
+    bucket: str, rewards: list[float], anomalies: list[str | None], heldout: bool = False
+) -> GroupReport:
+    outcomes = ["success" if r > 0 else "failure" for r in rewards]
+    return GroupReport(
+        bucket=bucket, started=0.0, heldout=heldout, rewards=rewards, outcomes=outcomes, anomalies=anomalies
+    )
 
 
 def test_rules_snapshot_roundtrip_restores_the_same_state() -> None:
-    cfg = load_config(None, ["control.breaker.consecutive=2", "control.drift.warmup=3"])
+    cfg = load_config(None, ["orchestrator.breaker.consecutive=2", "orchestrator.drift.warmup=3"])
     rules = Rules(cfg, None, buckets=["arithmetic:2", "arithmetic:3"])
-    rows = [_group("arithmetic:2", [1.0, 0.0, 1.0, 0.0], [None] * 4) for _ in range(5)]
-    rows += [_group("arithmetic:3", [0.0] * 4, ["timeout"] * 4), {"role": "trainer", "reward/mean": 0.4}]
-    rows += [_group("arithmetic:2", [1.0, 1.0, 0.0, 0.0], [None] * 4, heldout=True)]
-    alerts = rules.feed(rows, now=100.0)
+    reports: list[Decoded] = [_group("arithmetic:2", [1.0, 0.0, 1.0, 0.0], [None] * 4) for _ in range(5)]
+    reports += [_group("arithmetic:3", [0.0] * 4, ["timeout"] * 4)]
+    reports += [TrainerReport(role="trainer", reward=RewardFigures(mean=0.4))]
+    reports += [_group("arithmetic:2", [1.0, 1.0, 0.0, 0.0], [None] * 4, heldout=True)]
+    alerts = rules.feed(reports, now=100.0)
     assert [a.kind for a in alerts] == ["breaker_open"] and rules.breakers.state("arithmetic:3") == "open"
     saved = json.loads(json.dumps(rules.snapshot()))
     fresh = Rules(cfg, None, buckets=["arithmetic:2", "arithmetic:3"])
@@ -310,14 +320,16 @@ def _feed_flow(
     import time
 
     for i in range(1, 5):
-        orch.live.trainer = {
-            "queue/ready": ready,
-            "trainer/busy_seconds": busy * i,
-            "trainer/idle_seconds": (1 - busy) * i,
-            "trainer/samples_trained": trained_per_tick * i,
-            "staleness/mean": 0.5,
+        orch.live.queue = QueueStats(ready=ready)
+        orch.live.trainer = TrainerReport(
+            trainer=TrainerFigures(
+                busy_seconds=busy * i, idle_seconds=(1 - busy) * i, samples_trained=trained_per_tick * i
+            ),
+            staleness=StalenessFigures(mean=0.5),
+        )
+        orch.live.workers = {
+            "rollout-0": WorkerReport(rollout=RolloutFigures(episodes=episodes_per_tick * i))
         }
-        orch.live.workers = {"rollout-0": {"rollout/episodes": episodes_per_tick * i}}
         time.sleep(0.02)
         orch._scale()
 
@@ -328,10 +340,10 @@ def test_orchestrator_starts_a_worker_when_starving_and_retires_one_on_overflow(
     cfg = load_config(
         None,
         [
-            "control.elastic.enabled=true",
-            "control.elastic.window=2",
-            "control.elastic.cooldown_s=0",
-            "control.elastic.max_workers=2",
+            "orchestrator.elastic.enabled=true",
+            "orchestrator.elastic.window=2",
+            "orchestrator.elastic.cooldown_s=0",
+            "orchestrator.elastic.max_workers=2",
             "telemetry.log_every_s=0.01",
         ],
     )
@@ -380,7 +392,7 @@ def test_early_termination_after_k_consecutive_invalid_actions() -> None:
                 on_turn=lambda: turns.append(1),
             )
             try:
-                traj = await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, TEMPLATE, s)
+                (traj,) = await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, TEMPLATE, s)
                 return traj, len(turns)
             finally:
                 batcher.close()
@@ -468,21 +480,17 @@ def test_live_display_shows_alerts_breakers_and_curriculum(tmp_path: Path) -> No
     orch._merged.close()
 
 
-def _guard_row(pid: int, calls: float, failed: float, **more: float) -> dict[str, Any]:
-    return {
-        "role": "rollout-0",
-        "pid": pid,
-        "guard/calls": calls,
-        "guard/exceptions": failed,
-        "guard/faults": failed,
-        **{f"guard/{k}": v for k, v in more.items()},
-    }
+def _guard_row(pid: int, calls: float, failed: float, **more: float) -> WorkerReport:
+    guard = GuardFigures(calls=calls, exceptions=failed, faults=failed, **more)
+    return WorkerReport(role="rollout-0", pid=pid, guard=guard)
 
 
 def test_env_fault_rate_alert_fires_once_per_excursion_and_counts_restarted_workers() -> None:
     from asyncrl.orchestrator.breaker import FaultRateMonitor
 
-    cfg = load_config(None, ["control.breaker.fault_rate_alert=0.2", "control.breaker.fault_rate_window=50"])
+    cfg = load_config(
+        None, ["orchestrator.breaker.fault_rate_alert=0.2", "orchestrator.breaker.fault_rate_window=50"]
+    )
     rules = Rules(cfg, None, buckets=["arithmetic:2"])
     assert rules.feed([_guard_row(1, 40, 20)], now=1.0) == []  # under one window of attempts: no verdict
     alerts = rules.feed([_guard_row(1, 100, 30)], now=2.0)  # 30% of 100 attempts failed
@@ -491,12 +499,12 @@ def test_env_fault_rate_alert_fires_once_per_excursion_and_counts_restarted_work
     )
     assert rules.feed([_guard_row(1, 200, 60)], now=3.0) == []  # still above: no second alert
     # the worker restarts (new pid, counts from zero): the old process's counts still count
-    assert rules.env_totals()["calls"] == 200
+    assert rules.env_totals().calls == 200
     assert rules.feed([_guard_row(2, 100, 0)], now=4.0) == []  # healthy window: the excursion ends
     assert [a.kind for a in rules.feed([_guard_row(2, 200, 40)], now=5.0)] == ["env_faults"]
     assert rules.alerts.counts["env_faults"] == 2
     off = FaultRateMonitor(0.0, 10)
-    assert off.observe({"calls": 100, "exceptions": 100}, 1.0) == []  # 0 disables
+    assert off.observe(GuardFigures(calls=100, exceptions=100), 1.0) == []  # 0 disables
 
 
 def test_fault_summary_says_when_hangs_stretched_the_run(tmp_path: Path) -> None:
@@ -505,11 +513,11 @@ def test_fault_summary_says_when_hangs_stretched_the_run(tmp_path: Path) -> None
     from asyncrl.orchestrator.breaker import fault_summary
     from asyncrl.orchestrator.run import Orchestrator, _Display
 
-    totals = {"calls": 100.0, "faults": 10.0, "retries": 10.0, "timeouts": 12.0, "fault_seconds": 120.0}
+    totals = GuardFigures(calls=100.0, faults=10.0, retries=10.0, timeouts=12.0, fault_seconds=120.0)
     s = fault_summary(totals, env_seconds=150.0, step_timeout_s=10.0)
     assert s["timeouts"] == 12 and s["retries"] == 10 and s["fault_rate"] == pytest.approx(12 / 110)
     assert "hangs stretched the run's wall time" in s["note"] and "80%" in s["note"]
-    assert fault_summary({"calls": 100.0}, env_seconds=10.0, step_timeout_s=10.0)["note"] == ""
+    assert fault_summary(GuardFigures(calls=100.0), env_seconds=10.0, step_timeout_s=10.0)["note"] == ""
     orch = Orchestrator(load_config(None, []), tmp_path, display=False)
     orch.rules.feed([_guard_row(1, 100, 30, retries=5, timeouts=4)], now=1.0)
     console = Console(record=True, width=160)

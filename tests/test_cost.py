@@ -12,6 +12,7 @@ import pytest
 from asyncrl.config import CostConfig, PriceConfig
 from asyncrl.cost.estimate import Assumptions, estimate
 from asyncrl.cost.ledger import Usage, collect_usage, price
+from asyncrl.telemetry.reports import decode_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = CostConfig(
@@ -74,7 +75,7 @@ def rows() -> list[dict[str, object]]:
 
 
 def test_usage_adds_up_every_incarnation() -> None:
-    u = collect_usage(rows(), wall_seconds=50.0)
+    u = collect_usage(decode_rows(rows()), wall_seconds=50.0)
     assert u.devices == 2
     assert u.rollout_alive_s == 50.0 and u.rollout_busy_s == 30.0
     assert u.tokens_generated == 1000.0 and u.samples_generated == 25.0
@@ -82,7 +83,7 @@ def test_usage_adds_up_every_incarnation() -> None:
     assert u.tokens_masked == 400.0
     # orchestrator-observed lifetimes replace self-reports, and a process that never reported counts
     u2 = collect_usage(
-        rows(),
+        decode_rows(rows()),
         wall_seconds=50.0,
         lifetimes={
             ("trainer", 10): 52.0,
@@ -95,7 +96,7 @@ def test_usage_adds_up_every_incarnation() -> None:
 
 
 def test_hand_priced_components_and_waste() -> None:
-    u = collect_usage(rows(), wall_seconds=50.0)
+    u = collect_usage(decode_rows(rows()), wall_seconds=50.0)
     c = price(u, CFG, success_gain_points=10.0)
     comp = c.components
     assert comp["rollout_device"] == pytest.approx(50 * 0.001)
@@ -171,7 +172,7 @@ def test_estimator_formula() -> None:
     assert e["transfer"] == pytest.approx(1000 * 1e6 / 1e9 * 2.0)
     assert e["startup_device"] == pytest.approx(0.01)
     # estimating with a run's own measured figures reproduces its steady-state device cost
-    u = collect_usage(rows(), wall_seconds=50.0)
+    u = collect_usage(decode_rows(rows()), wall_seconds=50.0)
     from asyncrl.cost.estimate import assumptions_from_usage
 
     back = estimate(assumptions_from_usage(u), CFG)
@@ -272,7 +273,7 @@ def test_cost_report_of_a_short_run_says_the_estimate_is_unavailable(
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "roles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in late))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(RunConfig().model_dump(mode="json")))
-    usage = collect_usage(late, wall_seconds=100.0)
+    usage = collect_usage(decode_rows(late), wall_seconds=100.0)
     (tmp_path / "cost.json").write_text(json.dumps(price(usage, CFG).to_dict()))
     report = cost_report(tmp_path)
     early = report["estimate_from_first_10pct"]

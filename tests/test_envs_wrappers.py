@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 import statistics
@@ -10,6 +11,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
 import pytest
 
 from asyncrl.config import (
@@ -34,6 +36,7 @@ from asyncrl.envs import (
     make_task_source,
 )
 from asyncrl.records import Fault, Task, ToolCall
+from asyncrl.telemetry.reports import GuardFigures
 
 TASK = Task(id="t", task_type="x")
 FAST = GuardConfig(step_timeout_s=0.3, retries=1, fault_reward=-0.2, fault_observation="[tool error]")
@@ -415,7 +418,6 @@ def test_make_env_stacks_the_wrappers() -> None:
 def test_guard_counts_faults_and_a_failed_tool_call_counts_as_a_failed_tool_call() -> None:
     """30% raising tool calls: the tool metrics show ~70% success, not 100%, and the guard's counts
     (faults, retries, timeouts by kind) say what happened."""
-    import dataclasses
 
     from asyncrl.envs.wrappers import GUARD_STATS
     from asyncrl.records import Trajectory, Turn
@@ -445,11 +447,11 @@ def test_guard_counts_faults_and_a_failed_tool_call_counts_as_a_failed_tool_call
     delta = {k: getattr(GUARD_STATS, k) - v for k, v in dataclasses.asdict(before).items()}
     assert delta["calls"] == 200 and delta["faults"] == failed and delta["exceptions"] == failed
     assert delta["tool_faults"] == failed and delta["retries"] == 0 and delta["timeouts"] == 0
-    assert GUARD_STATS.metrics()["guard/faults"] == GUARD_STATS.faults
+    reported = msgspec.convert(dataclasses.asdict(GUARD_STATS), GuardFigures)  # as the worker reports them
+    assert reported.flat()["guard/faults"] == GUARD_STATS.faults
 
 
 def test_guard_counts_retries_and_timeouts() -> None:
-    import dataclasses
 
     from asyncrl.envs.wrappers import GUARD_STATS
 

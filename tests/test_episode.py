@@ -62,9 +62,10 @@ def play(texts: list[str], env: Any = None, **kw: Any) -> Any:
     async def go() -> Any:
         batcher = TurnBatcher(ScriptedEngine(texts), max_batch=64, max_wait_s=0.02)
         try:
-            return await run_episode(
+            (traj,) = await run_episode(
                 calc_task(), env or make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(**kw)
             )
+            return traj
         finally:
             batcher.close()
 
@@ -171,7 +172,7 @@ def test_concurrent_episodes_share_batches() -> None:
         finally:
             batcher.close()
 
-    trajs = asyncio.run(go())
+    trajs = [t for samples in asyncio.run(go()) for t in samples]
     assert len(trajs) == 16
     assert engine.calls == [16]  # one batched call served all sixteen first turns
 

@@ -28,7 +28,7 @@ from asyncrl.gateway.server import Gateway
 from asyncrl.gateway.sessions import build_trajectories
 from asyncrl.policy.chat import HFChatRenderer, Renderer
 from asyncrl.records import SamplingParams, Task, Trajectory
-from asyncrl.rollout.episode import EpisodeSettings, run_episode_samples
+from asyncrl.rollout.episode import EpisodeSettings, run_episode
 from families import FAMILIES, build_tokenizer, end_ids
 
 # family -> (tool format, observation role, multi-turn mode) that ``auto`` must choose
@@ -133,7 +133,7 @@ def play(
     async def go() -> list[Trajectory]:
         batcher = TurnBatcher(engine, max_wait_s=0.0, max_batch=8)
         try:
-            return await run_episode_samples(TASK, env, batcher, r, settings)
+            return await run_episode(TASK, env, batcher, r, settings)
         finally:
             batcher.close()
 

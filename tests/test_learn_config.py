@@ -24,7 +24,7 @@ def test_the_config_is_a_portable_lora_run_with_64_heldout_tasks() -> None:
     cfg = load_config(CONFIG)
     assert cfg.model.device == "auto"  # runs on a GPU unchanged
     assert cfg.model.lora is not None and cfg.model.path is not None
-    assert cfg.orchestrator.mode == "async"
+    assert cfg.control.mode == "async"
     assert cfg.env.heldout_size >= 64
     assert cfg.trainer.sft.steps  # the measured 25 % is after the warm start, not at base
     assert (cfg.env.kind, cfg.env.min_difficulty, cfg.env.max_difficulty) == ("calculator", 1, 1)

@@ -332,13 +332,13 @@ def test_a_role_that_computes_alone_gets_the_solo_threads(monkeypatch: pytest.Mo
         return load_config(None, ["launcher.torch_threads=1", *extra])
 
     assert torch_threads(cfg(), "trainer") == 1  # async: the trainer shares the cores with rollout
-    assert torch_threads(cfg("orchestrator.mode=one_step_off"), "trainer") == 1
-    assert torch_threads(cfg("orchestrator.mode=sync"), "rollout") == 1
-    assert torch_threads(cfg("orchestrator.mode=sync", "launcher.solo_threads=3"), "trainer") == 3
+    assert torch_threads(cfg("control.mode=one_step_off"), "trainer") == 1
+    assert torch_threads(cfg("control.mode=sync"), "rollout") == 1
+    assert torch_threads(cfg("control.mode=sync", "launcher.solo_threads=3"), "trainer") == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the environment's say on a shared machine
-    assert torch_threads(cfg("orchestrator.mode=sync"), "trainer") == usable_cores() == 5
+    assert torch_threads(cfg("control.mode=sync"), "trainer") == usable_cores() == 5
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert torch_threads(cfg("orchestrator.mode=sync"), "trainer") == usable_cores() >= 1
+    assert torch_threads(cfg("control.mode=sync"), "trainer") == usable_cores() >= 1
     assert torch_threads(cfg("launcher.solo_threads=2"), "warm_start") == 2
     before = torch.get_num_threads()
     with pinned_threads(before + 1):

@@ -13,7 +13,6 @@ import torch
 
 from asyncrl.config import load_config
 from asyncrl.control.lending import (
-    POLL_S,
     Plan,
     Slot,
     ThreadLender,
@@ -24,7 +23,8 @@ from asyncrl.control.lending import (
 )
 from helpers import TINY_RUN
 
-TWO = Plan(cores=2, lend_after_s=0.25)
+TWO = Plan(cores=2, lend_after_s=0.25, poll_s=0.05)
+POLL_S = TWO.poll_s
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_a_role_shares_with_computing_roles_and_recent_waiters() -> None:
     # its own slot does not count twice; its pinned threads are a floor (sync mode's solo trainer)
     board = {"trainer": Slot(True, now), "rollout-0": Slot(True, now)}
     assert granted_threads("trainer", board, now, TWO, own=2) == 2
-    four = Plan(cores=4, lend_after_s=0.25)
+    four = Plan(cores=4, lend_after_s=0.25, poll_s=POLL_S)
     board = {"rollout-0": Slot(True, now), "rollout-1": Slot(False, now - 5), "evaluator": Slot(True, now)}
     assert granted_threads("trainer", board, now, four, own=1) == 1  # 3 holders of 4 cores
     del board["evaluator"]
@@ -59,7 +59,7 @@ def test_a_role_shares_with_computing_roles_and_recent_waiters() -> None:
 def test_lenders_hand_cores_back_and_forth_through_the_board(tmp_path: Path, restore_threads: None) -> None:
     """Two roles in one process (two lenders): the trainer borrows while the worker waits, gives the
     core back once the worker computes, and counts the thread-seconds it borrowed."""
-    open_board(tmp_path, Plan(cores=2, lend_after_s=0.0))
+    open_board(tmp_path, Plan(cores=2, lend_after_s=0.0, poll_s=POLL_S))
     trainer = ThreadLender.join(tmp_path, "trainer", own=1)
     worker = ThreadLender.join(tmp_path, "rollout-0", own=1)
     assert trainer is not None and worker is not None
@@ -75,16 +75,16 @@ def test_lenders_hand_cores_back_and_forth_through_the_board(tmp_path: Path, res
     time.sleep(POLL_S + 0.01)
     trainer.poll()
     assert torch.get_num_threads() == 1
-    borrowed = trainer.metrics()["cores/borrowed_thread_seconds"]
+    borrowed = trainer.figures().borrowed_thread_seconds
     assert 0.2 <= borrowed < 1.0, borrowed
     time.sleep(0.1)  # not borrowing: the count stands still
-    assert trainer.metrics()["cores/borrowed_thread_seconds"] == borrowed
+    assert trainer.figures().borrowed_thread_seconds == borrowed
 
 
 def test_the_thread_count_is_set_in_the_thread_that_computes(tmp_path: Path, restore_threads: None) -> None:
     """torch's thread count is per OS thread: the worker generates in a pool thread, so its lender sets
     the count there, whatever the main thread has."""
-    open_board(tmp_path, Plan(cores=2, lend_after_s=0.0))
+    open_board(tmp_path, Plan(cores=2, lend_after_s=0.0, poll_s=POLL_S))
     worker = ThreadLender.join(tmp_path, "rollout-0", own=1)
     assert worker is not None
     torch.set_num_threads(1)
@@ -131,7 +131,7 @@ def test_the_hooks_poll_before_each_decoder_layer(tmp_path: Path, restore_thread
 def test_the_plan_applies_to_local_cpu_runs_with_cores_to_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     plan = lending_plan(load_config(None, ["model.device=cpu"]))
-    assert plan == Plan(cores=2, lend_after_s=0.25)
+    assert plan == TWO
     assert lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=false"])) is None
     assert lending_plan(load_config(None, ["model.device=cpu", "trainer.world_size=2"])) is None
     assert lending_plan(load_config(None, ["model.device=cpu", "launcher.kind=ray"])) is None
@@ -162,7 +162,7 @@ def test_in_sync_mode_the_rollout_worker_borrows_the_waiting_trainers_core(
             "env.heldout_size=16",
             "trainer.batch_size=32",
             "trainer.total_steps=3",
-            "orchestrator.mode=sync",
+            "control.mode=sync",
             "telemetry.eval_every=0",
             f"run_root={tmp_path}",
             f"cache_dir={cache_dir}",

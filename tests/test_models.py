@@ -297,7 +297,8 @@ def run_scripted(r: Any, turns: list[list[int]], max_context: int = 4096) -> Any
             early_stop_invalid=0,
         )
         try:
-            return await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, r, settings_)
+            (traj,) = await run_episode(calc_task(), make_env(EnvConfig(), 0), batcher, r, settings_)
+            return traj
         finally:
             batcher.close()
 

@@ -23,6 +23,7 @@ from asyncrl.telemetry.experiment import compare_runs, list_runs
 from asyncrl.telemetry.flow import FlowMeter
 from asyncrl.telemetry.lifecycle import batch_stats, trace
 from asyncrl.telemetry.report import write_report
+from asyncrl.telemetry.reports import RolloutFigures, WorkerReport
 from asyncrl.telemetry.sinks import Sinks, scalars_of
 
 
@@ -197,14 +198,13 @@ def test_batch_stats_rates_and_distributions() -> None:
 
 def test_flow_rates_never_go_negative_across_a_restart() -> None:
     f = FlowMeter()
-    f.rates({("rollout-0", 1): {"rollout/episodes": 100.0, "rollout/gen_busy_seconds": 10.0}})
+
+    def worker(episodes: float, busy: float) -> WorkerReport:
+        return WorkerReport(rollout=RolloutFigures(episodes=episodes, gen_busy_seconds=busy))
+
+    f.rates({("rollout-0", 1): worker(100.0, 10.0)})
     time.sleep(0.05)
-    out = f.rates(
-        {
-            ("rollout-0", 1): {"rollout/episodes": 100.0, "rollout/gen_busy_seconds": 10.0},
-            ("rollout-0", 2): {"rollout/episodes": 3.0, "rollout/gen_busy_seconds": 0.01},  # restarted
-        }
-    )
+    out = f.rates({("rollout-0", 1): worker(100.0, 10.0), ("rollout-0", 2): worker(3.0, 0.01)})  # restarted
     assert out["throughput/rollout_samples_per_s"] > 0
     assert 0.0 <= out["idle/rollout"] <= 1.0
 
@@ -332,9 +332,9 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
 
 def test_runs_compare_lists_exactly_the_config_differences(tmp_path: Path) -> None:
     a = make_run(tmp_path, "a", "trainer.lr=1e-4")
-    b = make_run(tmp_path, "b", "trainer.lr=3e-4", "orchestrator.max_staleness=4")
+    b = make_run(tmp_path, "b", "trainer.lr=3e-4", "control.max_staleness=4")
     c = compare_runs(a, b)
-    assert {k for k, _, _ in c["config_diff"]} == {"name", "trainer.lr", "orchestrator.max_staleness"}
+    assert {k for k, _, _ in c["config_diff"]} == {"name", "trainer.lr", "control.max_staleness"}
     assert ("final_success", 0.5, 0.5) in c["metrics"]
     assert [r["run"] for r in list_runs(tmp_path)] == ["a", "b"]
     with pytest.raises(UserError, match="not a run directory"):

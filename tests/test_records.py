@@ -193,3 +193,18 @@ def test_unencodable_value_gets_clear_error() -> None:
     t.task = Task(id="q", task_type="calculator", payload={"big": 2**70})
     with pytest.raises(RecordEncodeError, match="cannot encode Trajectory"):
         encode(t)
+
+
+def test_state_keys_name_a_token_prefix_within_a_group() -> None:
+    def traj(group: str, ids: list[int]) -> Trajectory:
+        return Trajectory(
+            id=group + str(ids),
+            task=Task(id="x", task_type="t"),
+            turns=[Turn(role="env", token_ids=ids)],
+            group_id=group,
+        )
+
+    a, b = traj("g", [1, 2, 3, 4]), traj("g", [1, 2, 5, 6])
+    assert a.state_keys([2, 4]) == [a.state_keys([2])[0], a.state_keys([4])[0]]  # incremental = one shot
+    assert a.state_keys([2])[0] == b.state_keys([2])[0] and a.state_keys([3]) != b.state_keys([3])
+    assert traj("h", [1, 2, 3, 4]).state_keys([2]) != a.state_keys([2])  # another group, another tree

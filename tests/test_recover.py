@@ -21,6 +21,7 @@ from asyncrl.orchestrator.alerts import AlertLog
 from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.records import Task, Trajectory, Turn, new_id
 from asyncrl.staleness import StalenessPolicy
+from asyncrl.telemetry.reports import QueueStats
 from helpers import TINY_RUN, replay_buffer, wait_for
 
 
@@ -82,15 +83,13 @@ def test_a_worker_reports_a_corrupt_version_atomically(tmp_path: Path) -> None:
 def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config(None, ["orchestrator.watchdog_s=0.2"])
     state = RunState.open(cfg, tmp_path)
-    queue = SimpleNamespace(
-        stats=lambda: {"queue/put_total": 5.0, "queue/depth": 3.0, "queue/ready": 0.0, "queue/capacity": 8.0}
-    )
+    queue = QueueStats(put_total=5.0, depth=3.0, ready=0.0, capacity=8.0)
     orch: Any = SimpleNamespace(
         cfg=cfg,
         state=state,
         run_dir=tmp_path,
         rules=SimpleNamespace(alerts=AlertLog(tmp_path / "alerts.jsonl", cfg.telemetry.recent_alerts)),
-        _queue=queue,
+        live=SimpleNamespace(queue=queue),
         _progress=None,
         _progress_at=time.time(),
         _stall_alerted=time.time(),
@@ -108,6 +107,38 @@ def test_the_watchdog_alerts_when_nothing_moves(tmp_path: Path, capsys: pytest.C
     state.close()
 
 
+def test_queue_depth_reaches_the_orchestrator_through_its_own_handle(tmp_path: Path) -> None:
+    """One route: the watermarks, the display and the watchdog read the queue the orchestrator read
+    this tick, whatever the trainer's last report said about it."""
+    from asyncrl.telemetry.reports import TrainerReport
+    from asyncrl.transport import make_queue
+
+    small = [
+        "trainer.batch_size=1",
+        "trainer.checkpoint_every=1",
+        "trainer.buffer_steps=1",
+        "rollout.group_size=1",
+    ]
+    cfg = load_config(None, ["transport.capacity=4", *small])
+    orch = Orchestrator(cfg, tmp_path, display=False)
+    orch.live.trainer = TrainerReport(queue=QueueStats(ready=0.0, capacity=4.0))  # a stale report: empty
+    queue = make_queue(cfg.transport, tmp_path)
+    for _ in range(4):
+        assert queue.put(_traj("g"), timeout=1)
+    orch._read_queue()
+    orch._watermarks()
+    assert orch.live.queue.ready == 4 and orch.live.queue.put_total == 4 and orch.state.paused()
+    got = queue.get_batch(4, timeout=1)
+    queue.ack([d.entry_id for d in got])
+    orch._read_queue()
+    orch._watermarks()
+    assert orch.live.queue.ready == 0 and not orch.state.paused()
+    queue.close()
+    orch._queue.close()
+    orch._merged.close()
+    orch.state.close()
+
+
 @pytest.mark.redis
 def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tmp_path: Path) -> None:
     import redis
@@ -118,20 +149,15 @@ def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tm
         redis.Redis().ping()
     except redis.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
-    q = RedisQueue("redis://127.0.0.1:6379/0", tmp_path, capacity=8, lease_seconds=5)
+    q = RedisQueue("redis://127.0.0.1:6379/0", tmp_path, capacity=8, lease_seconds=5, socket_timeout_s=30.0)
     try:
         assert q.put(_traj("g"), timeout=1)
         q._client().xadd(q.stream_key, {"id": "outsider", "data": b"\x00garbage"})
         got = q.get_batch(8, timeout=1)
         q.ack([d.entry_id for d in got])
         s = q.stats()
-        assert s["queue/dead_letters"] == 1 and s["queue/dead_letters_foreign"] == 1
-        lost = (
-            s["queue/put_total"]
-            - len(got)
-            - s["queue/depth"]
-            - (s["queue/dead_letters"] - s["queue/dead_letters_foreign"])
-        )
+        assert s.dead_letters == 1 and s.dead_letters_foreign == 1
+        lost = s.put_total - len(got) - s.depth - (s.dead_letters - s.dead_letters_foreign)
         assert lost == 0
     finally:
         c = q._client()
@@ -149,7 +175,7 @@ TINY = [
     "trainer.batch_size=16",
     "trainer.total_steps=6",
     "telemetry.eval_every=0",
-    "orchestrator.max_staleness=2",
+    "control.max_staleness=2",
 ]
 
 

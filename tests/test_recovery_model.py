@@ -151,7 +151,9 @@ class RecoveryMachine(RuleBasedStateMachine):
     def setup(self, c: int, bs: int, g: int = 2) -> None:
         self.c, self.bs, self.G = c, bs, g
         self.capacity = min_queue_capacity(c, bs, B, g)  # the smallest transport.capacity the config accepts
-        self.queue = EmbeddedQueue(self.dir / "queue.sqlite", capacity=self.capacity, lease_seconds=LEASE)
+        self.queue = EmbeddedQueue(
+            self.dir / "queue.sqlite", capacity=self.capacity, lease_seconds=LEASE, busy_timeout_s=30.0
+        )
         self.state = RunState(
             SQLiteStateStore(self.dir / "control.sqlite"),
             StalenessPolicy.from_config("async", LAG, B, "drop"),

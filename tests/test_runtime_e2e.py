@@ -74,7 +74,7 @@ def the_run_dir(root: Path) -> Path:
 
 
 def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path) -> None:
-    cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=40", "orchestrator.max_staleness=2")
+    cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=40", "control.max_staleness=2")
     run_dir, s = train(cfg, display=False)
     assert s["final_success"] >= s["initial_success"] + 0.10, s
     assert s["staleness_max"] <= 2
@@ -104,6 +104,28 @@ def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path
     report = json.loads(res.stdout)
     early = report["estimate_from_first_10pct"]  # unavailable when start-up filled the first 10%
     assert early["total_usd"] > 0 if early["available"] else "first 10%" in early["reason"]
+
+
+def test_tree_config_learns_async_and_loses_nothing(tmp_path: Path, cache_dir: Path) -> None:
+    """configs/tree.yaml (tree groups, tree credit, async), shortened to the budget where the credit
+    study's tree runs had gained 22-27 points (docs/credit.md), on this file's shared warm start."""
+    cfg = load_config(
+        Path(__file__).parents[1] / "configs" / "tree.yaml",
+        [
+            f"run_root={tmp_path}",
+            f"cache_dir={cache_dir}",
+            "trainer.total_steps=20",
+            "trainer.batch_size=32",
+            "trainer.lr=3e-4",
+            "telemetry.eval_every=0",
+        ],
+    )
+    run_dir, s = train(cfg, display=False, eval_limit=128)
+    assert s["final_success"] >= s["initial_success"] + 0.10, s
+    assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0 and s["staleness_max"] <= 2
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    worker = [r for r in rows if r.get("role") == "rollout-0" and "rollout/tree_roots" in r][-1]
+    assert worker["rollout/tree_branch_points"] > 0 and worker["rollout/tree_replay_diverged"] == 0
 
 
 def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(tmp_path: Path, cache_dir: Path) -> None:
@@ -201,10 +223,8 @@ def test_async_with_zero_staleness_behaves_as_sync(tmp_path: Path, cache_dir: Pa
     """Compared: for every training step s, the trained batch has exactly batch_size samples, all generated
     entirely by version s (age 0); nothing is dropped; and at most one batch is ever admitted ahead."""
     results = {}
-    for mode, extra in (("sync", []), ("async", ["orchestrator.max_staleness=0"])):
-        cfg = make_cfg(
-            tmp_path / mode, cache_dir, f"orchestrator.mode={mode}", "trainer.total_steps=6", *extra
-        )
+    for mode, extra in (("sync", []), ("async", ["control.max_staleness=0"])):
+        cfg = make_cfg(tmp_path / mode, cache_dir, f"control.mode={mode}", "trainer.total_steps=6", *extra)
         run_dir, s = train(cfg, display=False, eval_limit=8)
         results[mode] = (s, _steps_and_ages(run_dir))
     for _mode, (s, by_step) in results.items():
@@ -224,7 +244,7 @@ def test_one_step_off_drops_nothing_structurally(tmp_path: Path, cache_dir: Path
     cfg = make_cfg(
         tmp_path,
         cache_dir,
-        "orchestrator.mode=one_step_off",
+        "control.mode=one_step_off",
         "env.latency.kind=none",
         "trainer.total_steps=8",
     )

@@ -114,6 +114,21 @@ def test_buffer_waits_for_whole_groups() -> None:
     assert batch is not None and sorted(t.group_id for t in batch) == ["g1", "g1", "g2", "g2"]
 
 
+def test_buffer_waits_for_the_size_a_tree_group_carries() -> None:
+    """A token-budget tree decides its size as it grows; the buffer counts its members, dropped ones
+    included, against that size — not rollout.group_size (2 here)."""
+    b = replay_buffer(2, 1, StalenessPolicy.from_config("async", 1, 4, "drop"))
+    members = [traj("t", r) for r in (float("nan"), float("nan"), 1.0)]
+    dropped = []
+    for t in members:
+        t.group_size = 3
+        b.add(t)
+        batch, out = b.take(version=0)
+        dropped += out
+    assert batch == [members[-1]] and batch[0].reward_components["group_dropped"] == 2
+    assert [d.reason for d in dropped] == ["dropped_non_finite"] * 2
+
+
 def test_buffer_drops_too_stale_and_invalid() -> None:
     b = _buffer()
     b.add(traj("g1", 1, versions=(0, 2)))  # oldest token is version 0
@@ -408,7 +423,7 @@ def test_config_cross_checks() -> None:
     with pytest.raises(ConfigError, match=r"multiple of rollout\.group_size"):
         load_config(None, ["trainer.batch_size=10", "rollout.group_size=4"])
     with pytest.raises(ConfigError, match="sync_every"):
-        load_config(None, ["trainer.sync_every=3", "orchestrator.mode=sync"])
+        load_config(None, ["trainer.sync_every=3", "control.mode=sync"])
 
 
 def test_unused_model_config_is_valid() -> None:

@@ -61,11 +61,18 @@ def make_traj(traj_id: str, model_tokens: int = 4, turns: int = 1) -> Trajectory
 def open_queue(kind: str, run_dir: str, capacity: int, lease_seconds: float) -> TrajectoryQueue:
     """Open a backend's queue without importing the config module (used in child processes)."""
     if kind == "embedded":
-        return EmbeddedQueue(Path(run_dir) / QUEUE_FILENAME, capacity=capacity, lease_seconds=lease_seconds)
+        return EmbeddedQueue(
+            Path(run_dir) / QUEUE_FILENAME,
+            capacity=capacity,
+            lease_seconds=lease_seconds,
+            busy_timeout_s=30.0,
+        )
     if kind == "redis":
         from asyncrl.transport.redis_backend import RedisQueue
 
-        return RedisQueue(REDIS_URL, run_dir, capacity=capacity, lease_seconds=lease_seconds)
+        return RedisQueue(
+            REDIS_URL, run_dir, capacity=capacity, lease_seconds=lease_seconds, socket_timeout_s=30.0
+        )
     raise ValueError(f"no test opener for backend {kind!r}")
 
 
@@ -107,7 +114,7 @@ class Backend:
             from asyncrl.transport.redis_backend import RedisQueue
 
             q = RedisQueue(
-                REDIS_URL, self.run_dir, capacity=64, lease_seconds=60.0
+                REDIS_URL, self.run_dir, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0
             )  # creates the stream and group if needed
             q.close()
             r = _redis_client()
@@ -278,17 +285,17 @@ def test_put_get_ack_round_trip(backend: Backend) -> None:
     assert batch[0].trajectory.turns == sent[0].turns and batch[0].trajectory.task == sent[0].task
     assert len({d.entry_id for d in batch}) == 3
     stats = q.stats()
-    assert set(STAT_KEYS) <= set(stats)
-    assert (stats["queue/depth"], stats["queue/ready"], stats["queue/leased"]) == (5, 2, 3)
-    assert stats["queue/put_total"] == 5 and stats["queue/bytes_in"] == sum(len(encode(t)) for t in sent)
+    assert list(STAT_KEYS) == list(stats.flat())
+    assert (stats.depth, stats.ready, stats.leased) == (5, 2, 3)
+    assert stats.put_total == 5 and stats.bytes_in == sum(len(encode(t)) for t in sent)
     q.ack([d.entry_id for d in batch])
     q.ack([d.entry_id for d in batch])  # idempotent
     q.ack([])
-    assert q.depth() == 2 and q.stats()["queue/acked_total"] == 3
+    assert q.depth() == 2 and q.stats().acked_total == 3
     assert drain(q) == ["t3", "t4"]
     assert q.depth() == 0 and q.get_batch(10) == []
     stats = q.stats()
-    assert (stats["queue/acked_total"], stats["queue/redelivered_total"], stats["queue/dead_letters"]) == (
+    assert (stats.acked_total, stats.redelivered_total, stats.dead_letters) == (
         5,
         0,
         0,
@@ -315,16 +322,16 @@ def test_expired_lease_is_redelivered_and_late_ack_is_harmless(backend: Backend)
     time.sleep(0.35)
     second = q.get_batch(5, consumer="c2")
     assert [(d.trajectory.id, d.attempts) for d in second] == [("a", 2)]
-    assert q.stats()["queue/redelivered_total"] == 1
+    assert q.stats().redelivered_total == 1
     q.ack([first[0].entry_id])  # the first consumer's late ack still settles the entry
     q.ack([second[0].entry_id])
-    assert q.depth() == 0 and q.stats()["queue/acked_total"] == 1
+    assert q.depth() == 0 and q.stats().acked_total == 1
 
 
 def test_idempotent_put_of_same_id(backend: Backend) -> None:
     q = backend.make(capacity=2)
     assert q.put(make_traj("dup")) and q.put(make_traj("dup"))
-    assert q.depth() == 1 and q.stats()["queue/put_total"] == 1
+    assert q.depth() == 1 and q.stats().put_total == 1
     leased = q.get_batch(5)
     assert q.put(make_traj("dup"), timeout=0)  # still queued (leased): still a no-op
     assert q.put(make_traj("other"))
@@ -380,7 +387,7 @@ def test_malformed_stored_entry_is_dead_lettered_rest_delivered(backend: Backend
     assert "schema_version" in dead[1].reason and "log-prob" in dead[2].reason and "differs" in dead[3].reason
     assert dead[0].payload == b"\xc1\x00not msgpack at all" and all(d.attempts == 1 for d in dead)
     stats = q.stats()
-    assert stats["queue/dead_letters"] == 4 and stats["queue/depth"] == 3
+    assert stats.dead_letters == 4 and stats.depth == 3
     q.ack([d.entry_id for d in batch])
     assert q.get_batch(10) == [] and q.depth() == 0
     # A batch made only of poison returns empty (after dead-lettering) instead of raising.
@@ -409,7 +416,7 @@ def test_reopen_after_close_keeps_unacked_entries(backend: Backend) -> None:
         q.depth()
     q2 = backend.make(lease_seconds=0.3)
     assert q2.depth() == 4
-    assert q2.stats()["queue/put_total"] == 5  # counters are durable too
+    assert q2.stats().put_total == 5  # counters are durable too
     rest = q2.get_batch(10)
     assert [d.trajectory.id for d in rest] == ["t2", "t3", "t4"]
     q2.ack([d.entry_id for d in rest])
@@ -459,7 +466,7 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
     # Another run directory is another stream: nothing collides.
     other = redis_run_dir.parent / "other-run"
     assert key_prefix(other) != key_prefix(redis_run_dir)
-    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0) as q2:
+    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0) as q2:
         try:
             assert q2.depth() == 0 and q2.get_batch(5) == []
         finally:
@@ -514,7 +521,7 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
 def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue
 
-    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=5.0)
+    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=5.0, socket_timeout_s=30.0)
     try:
         assert q.put(make_traj("before"))
         name = f"asyncrl-test-{new_id()}"
@@ -536,7 +543,7 @@ def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path)
 def test_redis_poison_entry_with_no_fields_and_late_ack_of_dead_letter(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue
 
-    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=0.2)
+    q = RedisQueue(REDIS_URL, redis_run_dir, capacity=64, lease_seconds=0.2, socket_timeout_s=30.0)
     try:
         _redis_client().xadd(q.stream_key, {"junk": b"x"})  # neither id nor data
         assert q.put(make_traj("ok"))
@@ -547,7 +554,7 @@ def test_redis_poison_entry_with_no_fields_and_late_ack_of_dead_letter(redis_run
         q.ack([dead[0].entry_id])  # acking a dead-lettered entry changes nothing
         q.ack([d.entry_id for d in batch])
         stats = q.stats()
-        assert (stats["queue/depth"], stats["queue/acked_total"], stats["queue/dead_letters"]) == (0, 1, 1)
+        assert (stats.depth, stats.acked_total, stats.dead_letters) == (0, 1, 1)
     finally:
         q.close()
     check_redis_invariants(redis_run_dir)
@@ -610,8 +617,8 @@ def test_multiprocess_producers_and_consumers_deliver_everything_once(
     assert min(per_consumer) > 0, per_consumer  # both consumers took part
     q = backend.make()
     stats = q.stats()
-    assert stats["queue/put_total"] == stats["queue/acked_total"] == len(expected)
-    assert stats["queue/depth"] == 0 and stats["queue/redelivered_total"] == 0
+    assert stats.put_total == stats.acked_total == len(expected)
+    assert stats.depth == 0 and stats.redelivered_total == 0
     backend.check_integrity()
 
 
@@ -636,13 +643,13 @@ def test_killed_consumer_leases_are_redelivered(backend: Backend, tmp_path: Path
     leased_at = time.monotonic()
     first = drain(q, timeout=0.0)
     assert first == ids[8:]  # the dead consumer's entries stay leased until the lease runs out
-    assert q.stats()["queue/leased"] == 8
+    assert q.stats().leased == 8
     redelivered = q.get_batch(20, timeout=lease + 5.0)
     assert time.monotonic() - leased_at < lease + 5.0
     assert sorted(d.trajectory.id for d in redelivered) == sorted(held)
     assert all(d.attempts == 2 for d in redelivered)
     q.ack([d.entry_id for d in redelivered])
-    assert q.depth() == 0 and q.stats()["queue/redelivered_total"] == 8
+    assert q.depth() == 0 and q.stats().redelivered_total == 8
     backend.check_integrity()
 
 
@@ -674,7 +681,13 @@ def test_embedded_throughput(synchronous: str, tmp_path: Path, capsys: pytest.Ca
     n = 400 if synchronous == "NORMAL" else 150
     trajs = [make_traj(f"t{i}", model_tokens=400, turns=4) for i in range(n)]
     size = len(encode(trajs[0]))
-    q = EmbeddedQueue(tmp_path / QUEUE_FILENAME, capacity=n, lease_seconds=60.0, synchronous=synchronous)  # type: ignore[arg-type]
+    q = EmbeddedQueue(
+        tmp_path / QUEUE_FILENAME,
+        capacity=n,
+        lease_seconds=60.0,
+        busy_timeout_s=30.0,
+        synchronous=synchronous,
+    )  # type: ignore[arg-type]
     t0 = time.perf_counter()
     for t in trajs:
         assert q.put(t)

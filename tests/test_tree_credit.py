@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -199,3 +200,59 @@ def test_a_flat_multi_turn_group_spreads_the_outcome_evenly() -> None:
     seg, _, _, _ = tree_advantages(parent, r, w, "dr_grpo")
     spread = spread_chains(parent, seg, w)
     torch.testing.assert_close(spread, torch.tensor([0, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5]) / 3)
+
+
+def _sample(tid: str, turns: list[tuple[list[int], list[int] | None, bool]], reward: float) -> Any:
+    """A credit sample of group ``g``: model turns (ids, observation ids, shared) after prompt [1, 2];
+    every segment's credit is its index (what ablation compares with)."""
+    from asyncrl.credit.samples import CreditSample, SegmentCredit
+    from asyncrl.records import Task, Trajectory, Turn
+
+    out = [Turn(role="env", token_ids=[1, 2])]
+    for ids, obs, shared in turns:
+        out.append(Turn(role="model", token_ids=ids, logprobs=[-1.0] * len(ids), version=0, shared=shared))
+        if obs:
+            out.append(Turn(role="tool", token_ids=obs))
+    traj = Trajectory(
+        id=tid,
+        task=Task(id="x", task_type="t"),
+        turns=out,
+        final_reward=reward,
+        outcome="success" if reward else "failure",
+        group_id="g",
+    )
+    segs = [SegmentCredit(start=s, end=e, process_reward=0.0, credit=0.0) for s, e in traj.segments()]
+    return CreditSample(trajectory=traj, segments=segs, outcome_advantage=0.0)
+
+
+def test_ablate_with_siblings_compares_each_branch_with_its_siblings(tmp_path: Any) -> None:
+    """A: 10→20→30 wins; B replays A's first turn, then 40→50 loses; C: 60→70 loses. Root's children:
+    A's first state (leaves A, B: 0.5) and C's (0); that state's children: A's (1) and B's (0)."""
+    from asyncrl.config import dump_yaml, load_config
+    from asyncrl.credit.ablate import ablate
+    from asyncrl.credit.samples import CreditSampleFile, write_samples
+    from asyncrl.errors import UserError
+
+    a = _sample("A", [([10], [11], False), ([20], [21], False), ([30], None, False)], 1.0)
+    b = _sample("B", [([10], [11], True), ([40], [41], False), ([50], None, False)], 0.0)
+    c = _sample("C", [([60], [61], False), ([70], None, False)], 0.0)
+    for smp, credits in ((a, [0.4, 0.9, 0.0]), (b, [0.0, -0.9, 0.0]), (c, [-0.4, 0.0])):
+        for seg, cr in zip(smp.segments, credits, strict=True):
+            seg.credit = cr
+    write_samples(tmp_path, CreditSampleFile(step=1, strategy="tree", samples=[a, b, c]))
+    cfg = load_config(None, ["rollout.tree.enabled=true", "credit.strategy=tree"])
+    (tmp_path / "config.yaml").write_text(dump_yaml(cfg))
+    rep = ablate(tmp_path, trajectories=3, siblings=True)
+    got = {
+        (r["trajectory"], r["segment"]): (r["p_after"], r["p_before"], r["contribution"]) for r in rep["rows"]
+    }
+    assert got == {
+        ("A", 0): (0.5, 0.0, 0.5),  # A's first state (A, B below) vs C's
+        ("A", 1): (1.0, 0.0, 1.0),  # A's second turn vs B's, from the same state
+        ("B", 1): (0.0, 1.0, -1.0),
+        ("C", 0): (0.0, 0.5, -0.5),
+    }  # B's first turn is A's, replayed: judged once, in A
+    assert rep["unbranched"] == 3 and rep["episodes"] == 0 and rep["spearman"] == pytest.approx(1.0)
+    (tmp_path / "config.yaml").write_text(dump_yaml(load_config(None, ["credit.strategy=tree"])))
+    with pytest.raises(UserError, match="needs tree groups"):
+        ablate(tmp_path, siblings=True)

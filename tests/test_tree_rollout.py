@@ -122,7 +122,10 @@ def test_a_tree_of_real_episodes_replays_exactly_and_gets_tree_credit() -> None:
 
         async def leaf(prefix: list[Turn]) -> Trajectory:
             ids = [t.token_ids for t in prefix]
-            return await run_episode(task, make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(), "g", ids)
+            (traj,) = await run_episode(
+                task, make_env(EnvConfig(), 0), batcher, TEMPLATE, settings(), "g", ids
+            )
+            return traj
 
         try:
             return await grow_tree(leaf, TreeConfig(enabled=True, roots=2, points="every_turn"), 6, 6)
@@ -151,3 +154,18 @@ def test_tree_groups_are_refused_for_agent_programs() -> None:
 
     with pytest.raises(ConfigError, match=r"rollout\.tree"):
         load_config("configs/agent.yaml", ["rollout.tree.enabled=true"])
+
+
+def test_branch_points_are_the_nodes_tree_credit_finds() -> None:
+    """The rollout and the credit key a state by one helper: every branch point a leaf offers is a
+    node of the credit's tree (before the leaf's own last segment), with the same key."""
+    from asyncrl.credit.tree import TreeIndex
+
+    run, _ = synthetic_leaf(turns=3)
+    leaves, _ = grow(TreeConfig(enabled=True, roots=2, points="every_turn"), run, group_size=6)
+    index = TreeIndex()
+    for t in leaves:
+        spans = [(s, s, e, 0.0) for s, e in t.segments()]
+        path = index.add(t, spans)
+        points = branch_points(t)
+        assert [index.ids[p.key] for p in points] == path[: len(points)]

@@ -371,7 +371,7 @@ def test_vllm_backend_trains_end_to_end(tmp_path: Path) -> None:
     run_dir, s = train(cfg, display=False)
     assert s["trainer_steps"] == 6 and s["samples_trained"] == 6 * 16
     assert s["lost_trajectories"] == 0 and s["duplicates_recorded"] == 0
-    assert s["staleness_max"] <= cfg.orchestrator.max_staleness
+    assert s["staleness_max"] <= cfg.control.max_staleness
     rows = [json.loads(line) for line in (run_dir / "metrics" / "rollout-0.jsonl").read_text().splitlines()]
     last = [r for r in rows if "rollout/weight_loads" in r][-1]
     assert last["rollout/weight_loads"] >= 2  # initial weights + at least one newer version, via reload

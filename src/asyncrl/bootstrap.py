@@ -32,7 +32,7 @@ def torch_threads(cfg: RunConfig, role: ComputeRole) -> int:
     ``launcher.torch_threads`` where it shares the machine with the other roles.
 
     Alone: the warm start (``asyncrl sft``, and the launcher's before any role starts), and the
-    trainer in ``orchestrator.mode: sync`` (rollout waits for the step, so the trainer may take every
+    trainer in ``control.mode: sync`` (rollout waits for the step, so the trainer may take every
     core while it trains; it waits, idle, while the batch is generated). In ``async`` and
     ``one_step_off`` modes the trainer and the rollout workers compute at the same time and keep
     ``torch_threads`` each, so they do not fight over cores. ``solo_threads: 0`` is

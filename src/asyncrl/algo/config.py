@@ -53,8 +53,8 @@ class PolicyLossConfig(BaseModel):
     matching ``is_cap``)."""
 
     staleness_gamma: float = Field(default=1.0, gt=0, le=1)
-    """Per-token staleness discount ``w = staleness_gamma ** age`` where ``age`` is the policy-version
-    lag of the sample. 1.0 disables staleness weighting."""
+    """Per-token staleness discount ``w = staleness_gamma ** age`` where ``age`` is how many policy
+    versions the sample is behind (trainer version minus its oldest token's). 1.0 disables staleness weighting."""
 
     max_behaviour_divergence: float | None = Field(default=None, gt=0)
     """If set, tokens with ``|logp − behaviour_logp| > max_behaviour_divergence`` (or whole

@@ -266,6 +266,90 @@ _KIND_TERMS: dict[str, Callable[[_KindInputs], _KindTerms]] = {
 """One function per ``PolicyLossConfig.kind``; :func:`policy_loss` does everything they share."""
 
 
+def _check_policy_inputs(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: PolicyLossConfig,
+    prox_logp: torch.Tensor | None,
+    age: torch.Tensor | None,
+) -> torch.Tensor:
+    """The ``Raises`` of :func:`policy_loss`; returns ``advantages`` broadcast to ``[B, T]``."""
+    if not isinstance(cfg, PolicyLossConfig):
+        raise TypeError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
+    if cfg.kind not in POLICY_LOSS_KINDS:
+        raise ValueError(
+            f"unknown policy loss kind {cfg.kind!r}; allowed values: {', '.join(POLICY_LOSS_KINDS)}"
+        )
+    if cfg.agg not in AGG_MODES:
+        raise ValueError(f"unknown aggregation {cfg.agg!r}; allowed values: {', '.join(AGG_MODES)}")
+    _check_ndim("logp", logp, 2)
+    _check_same_shape("logp", logp, behaviour_logp=behaviour_logp, mask=mask)
+    batch, length = logp.shape
+    if advantages.shape == (batch,):
+        advantages = advantages.unsqueeze(1).expand(batch, length)
+    elif advantages.shape != logp.shape:
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}; expected {tuple(logp.shape)} or ({batch},)"
+        )
+    if cfg.kind == "decoupled_ppo" and prox_logp is None:
+        raise ValueError("kind='decoupled_ppo' requires prox_logp (log-probs under the proximal policy)")
+    if prox_logp is not None:
+        _check_same_shape("logp", logp, prox_logp=prox_logp)
+    if age is not None and age.shape not in (logp.shape, torch.Size([batch])):
+        raise ValueError(f"age has shape {tuple(age.shape)}; expected {tuple(logp.shape)} or ({batch},)")
+    return advantages
+
+
+def _token_age(age: torch.Tensor | None, lp: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Per-token age ``[B, T]`` (a ``[B]`` age is broadcast; masked entries and ``None`` are 0)."""
+    if age is None:
+        return torch.zeros_like(lp)
+    age_t = _float(age.detach()).to(lp.dtype)
+    if age_t.dim() == 1:
+        age_t = age_t.unsqueeze(1).expand_as(lp)
+    return torch.where(m, age_t, torch.zeros((), dtype=lp.dtype, device=lp.device))
+
+
+def _policy_metrics(
+    loss: torch.Tensor,
+    t: _KindTerms,
+    lp: torch.Tensor,
+    mu: torch.Tensor,
+    rho: torch.Tensor,
+    m: torch.Tensor,
+    keep: torch.Tensor,
+    w: torch.Tensor,
+    age_t: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The metrics :func:`policy_loss` documents, as 0-d tensors (one host sync later)."""
+    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+    one = torch.ones((), dtype=lp.dtype, device=lp.device)
+    n_valid = m.sum()
+    any_valid = n_valid > 0
+    rho_d = rho.detach()
+    ratio_max = torch.where(any_valid, torch.where(m, rho_d, -torch.inf).max(), zero)
+    ratio_min = torch.where(any_valid, torch.where(m, rho_d, torch.inf).min(), zero)
+    items: dict[str, torch.Tensor] = {
+        "loss/policy": loss.detach(),
+        "policy/clip_frac": masked_mean(t.clipped, keep),
+        "policy/clip_frac_active": masked_mean(t.clip_active, keep),
+        "policy/dual_clip_frac": masked_mean(t.dual_active, keep),
+        "policy/ratio_mean": masked_mean(rho_d, m),
+        "policy/ratio_max": ratio_max,
+        "policy/ratio_min": ratio_min,
+        "policy/is_weight_mean": torch.where(any_valid, masked_mean(t.is_weight.detach(), m), one),
+        "kl/behaviour_k3": approx_kl(lp, mu, m),
+        "policy/staleness_weight_mean": torch.where(any_valid, masked_mean(w, m), one),
+        "policy/age_mean": masked_mean(age_t, m),
+        "policy/masked_frac": masked_mean(m & ~keep, m),
+        "policy/tokens": keep.sum(),
+    }
+    items.update(t.extra)
+    return items
+
+
 def policy_loss(
     logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
@@ -336,30 +420,7 @@ def policy_loss(
             any shape mismatch, or a negative ``age``.
         TypeError: ``cfg`` is not a :class:`PolicyLossConfig`.
     """
-    if not isinstance(cfg, PolicyLossConfig):
-        raise TypeError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
-    if cfg.kind not in POLICY_LOSS_KINDS:
-        raise ValueError(
-            f"unknown policy loss kind {cfg.kind!r}; allowed values: {', '.join(POLICY_LOSS_KINDS)}"
-        )
-    if cfg.agg not in AGG_MODES:
-        raise ValueError(f"unknown aggregation {cfg.agg!r}; allowed values: {', '.join(AGG_MODES)}")
-    _check_ndim("logp", logp, 2)
-    _check_same_shape("logp", logp, behaviour_logp=behaviour_logp, mask=mask)
-    batch, length = logp.shape
-    if advantages.shape == (batch,):
-        advantages = advantages.unsqueeze(1).expand(batch, length)
-    elif advantages.shape != logp.shape:
-        raise ValueError(
-            f"advantages has shape {tuple(advantages.shape)}; expected {tuple(logp.shape)} or ({batch},)"
-        )
-    if cfg.kind == "decoupled_ppo" and prox_logp is None:
-        raise ValueError("kind='decoupled_ppo' requires prox_logp (log-probs under the proximal policy)")
-    if prox_logp is not None:
-        _check_same_shape("logp", logp, prox_logp=prox_logp)
-    if age is not None and age.shape not in (logp.shape, torch.Size([batch])):
-        raise ValueError(f"age has shape {tuple(age.shape)}; expected {tuple(logp.shape)} or ({batch},)")
-
+    advantages = _check_policy_inputs(logp, behaviour_logp, advantages, mask, cfg, prox_logp, age)
     m = _as_mask(mask, logp.shape)
     lp_full = _float(logp)
     dtype = lp_full.dtype
@@ -371,46 +432,18 @@ def policy_loss(
     log_rho = (lp - mu).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rho = torch.exp(log_rho)
 
-    # Staleness weights.
-    if age is None:
-        age_t = torch.zeros_like(lp)
-    else:
-        age_t = _float(age.detach()).to(dtype)
-        if age_t.dim() == 1:
-            age_t = age_t.unsqueeze(1).expand(batch, length)
-        age_t = torch.where(m, age_t, zero)
+    age_t = _token_age(age, lp, m)
     w = staleness_weight(age_t, cfg.staleness_gamma).to(dtype)
 
     keep = policy_loss_mask(lp, mu, m, cfg)  # the divergence filter
 
-    one = torch.ones((), dtype=dtype, device=logp.device)
     # The kind's per-token loss (one function per kind, see _KIND_TERMS), then the staleness weight.
     t = _KIND_TERMS[cfg.kind](_KindInputs(lp, mu, prox_logp, adv, rho, m, cfg))
     tok = w * t.tok
     loss = aggregate_loss(tok, keep, cfg.agg, cfg.max_tokens)
 
     with torch.no_grad():
-        n_valid = m.sum()
-        any_valid = n_valid > 0
-        rho_d = rho.detach()
-        ratio_max = torch.where(any_valid, torch.where(m, rho_d, -torch.inf).max(), zero)
-        ratio_min = torch.where(any_valid, torch.where(m, rho_d, torch.inf).min(), zero)
-        items: dict[str, torch.Tensor] = {
-            "loss/policy": loss.detach(),
-            "policy/clip_frac": masked_mean(t.clipped, keep),
-            "policy/clip_frac_active": masked_mean(t.clip_active, keep),
-            "policy/dual_clip_frac": masked_mean(t.dual_active, keep),
-            "policy/ratio_mean": masked_mean(rho_d, m),
-            "policy/ratio_max": ratio_max,
-            "policy/ratio_min": ratio_min,
-            "policy/is_weight_mean": torch.where(any_valid, masked_mean(t.is_weight.detach(), m), one),
-            "kl/behaviour_k3": approx_kl(lp, mu, m),
-            "policy/staleness_weight_mean": torch.where(any_valid, masked_mean(w, m), one),
-            "policy/age_mean": masked_mean(age_t, m),
-            "policy/masked_frac": masked_mean(m & ~keep, m),
-            "policy/tokens": keep.sum(),
-        }
-        items.update(t.extra)
+        items = _policy_metrics(loss, t, lp, mu, rho, m, keep, w, age_t)
     return loss, _to_metrics(items)
 
 

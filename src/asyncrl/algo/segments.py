@@ -19,8 +19,8 @@ def value_delta_credit(
     v_after: torch.Tensor,
     target: torch.Tensor,
     seg_mask: torch.Tensor,
-    eps: float = 0.05,
-    min_ratio: float = 0.25,
+    eps: float,
+    min_ratio: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Value-delta segment credit, rescaled to sum to ``target`` (the seed documents' attribution).
 
@@ -40,6 +40,7 @@ def value_delta_credit(
 
     Conventions: padded segments (``seg_mask = 0``) get ``0`` and never enter ``S`` or ``L``;
     a row without segments gets zeros; ``target = 0`` gives all-zero credits. Detached output.
+    ``eps`` and ``min_ratio`` are ``credit.value_delta_eps`` and ``credit.value_delta_min_ratio``.
 
     Shapes: ``v_before``, ``v_after``, ``seg_mask``: ``[B, K]``; ``target``: ``[B]``.
     Returns ``(credits [B, K], metrics)`` with ``credit/guard_frac`` (share of the rows with

@@ -22,8 +22,9 @@ open breakers and the curriculum floor for half-open ones (:func:`compose`). Eac
 
 Group reports
 -------------
-A worker reports each finished group as one ``rollout/group`` metric event (:func:`group_report`):
-the rules (curriculum, breakers, drift, exploration) consume exactly these fields.
+A worker reports each finished group as one ``rollout/group`` metric event, a
+:class:`~asyncrl.telemetry.reports.GroupReport` (:func:`group_report`): the rules (curriculum,
+breakers, drift, exploration, reward hacking) consume exactly its fields.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from asyncrl.control.buckets import bucket_of
 from asyncrl.records import Trajectory
+from asyncrl.telemetry.reports import GroupReport
 
 
 @dataclass(frozen=True)
@@ -121,15 +123,13 @@ def anomaly_of(traj: Trajectory, reward_min: float, reward_max: float) -> str | 
     return None
 
 
-def group_report(
-    trajs: list[Trajectory], heldout: bool, reward_min: float, reward_max: float
-) -> dict[str, Any]:
+def group_report(trajs: list[Trajectory], heldout: bool, reward_min: float, reward_max: float) -> GroupReport:
     """The ``rollout/group`` event of a finished group: everything the orchestrator's rules consume."""
-    return {
-        "bucket": bucket_of(trajs[0].task),
-        "started": min(t.lifecycle.rollout_start for t in trajs),
-        "heldout": heldout,
-        "outcomes": [t.outcome for t in trajs],
-        "rewards": [t.final_reward for t in trajs],
-        "anomalies": [anomaly_of(t, reward_min, reward_max) for t in trajs],
-    }
+    return GroupReport(
+        bucket=bucket_of(trajs[0].task),
+        started=min(t.lifecycle.rollout_start for t in trajs),
+        heldout=heldout,
+        outcomes=[t.outcome for t in trajs],
+        rewards=[t.final_reward for t in trajs],
+        anomalies=[anomaly_of(t, reward_min, reward_max) for t in trajs],
+    )

@@ -28,9 +28,9 @@ for less than ``lend_after_ms`` (short gaps — between two model turns, between
 steps — are not worth a switch, and would make two roles oversubscribe the cores back and forth).
 A role that computes gets ``max(its own threads, cores // holders)``: alone, every core; with
 another role computing, its pinned share. Each role applies the rule to itself (:class:`ThreadLender`)
-in its compute thread, at most every ``POLL_S`` (torch's thread count is per OS thread, and
+in its compute thread, at most every ``launcher.lend_poll_ms`` (torch's thread count is per OS thread, and
 ``torch.set_num_threads`` costs well under a microsecond): at decode-step and decoder-layer
-granularity, so a role that starts computing again has its cores back within about ``POLL_S``.
+granularity, so a role that starts computing again has its cores back within about ``lend_poll_ms``.
 The evaluator never borrows (it runs niced, to yield), but it holds its core while it evaluates.
 
 Each lender counts its **borrowed thread-seconds** (threads above its own, times the seconds it held
@@ -39,6 +39,7 @@ them: ``cores/borrowed_thread_seconds``); the run's summary adds them up as ``th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -48,15 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.telemetry.reports import CoreFigures
+
 if TYPE_CHECKING:
     import torch
 
     from asyncrl.config import RunConfig
 
 BOARD = "cores"
-POLL_S = 0.05
-"""Longest time between two reads of the board while computing: a decode step or a decoder layer's
-forward is shorter, so a returning role waits at most this long for its cores."""
 _SLOT = struct.Struct("<dd")  # computing (0 / 1), since (time.time())
 
 
@@ -74,6 +74,9 @@ class Plan:
 
     cores: int
     lend_after_s: float
+    poll_s: float
+    """``launcher.lend_poll_ms``: a decode step or a decoder layer's forward is shorter, so a
+    returning role waits at most this long for its cores."""
 
 
 def granted_threads(me: str, board: dict[str, Slot], now: float, plan: Plan, own: int) -> int:
@@ -96,7 +99,7 @@ def lending_plan(cfg: RunConfig) -> Plan | None:
     if resolve_device(cfg.model.device).type != "cpu":  # GPU roles: docs/orchestrator.md#core-lending
         return None
     cores = usable_cores()
-    return Plan(cores, lc.lend_after_ms / 1000) if cores > 1 else None
+    return Plan(cores, lc.lend_after_ms / 1000, lc.lend_poll_ms / 1000) if cores > 1 else None
 
 
 def open_board(run_dir: Path, plan: Plan | None) -> None:
@@ -108,7 +111,7 @@ def open_board(run_dir: Path, plan: Plan | None) -> None:
         (board / "plan.json").unlink(missing_ok=True)
         return
     board.mkdir(exist_ok=True)
-    (board / "plan.json").write_text(json.dumps({"cores": plan.cores, "lend_after_s": plan.lend_after_s}))
+    (board / "plan.json").write_text(json.dumps(dataclasses.asdict(plan)))
 
 
 def read_board(run_dir: Path) -> dict[str, Slot]:
@@ -141,7 +144,13 @@ class ThreadLender:
         if not path.is_file():
             return None
         doc = json.loads(path.read_text())
-        return cls(run_dir, name, Plan(int(doc["cores"]), float(doc["lend_after_s"])), own, borrow)
+        return cls(
+            run_dir,
+            name,
+            Plan(int(doc["cores"]), float(doc["lend_after_s"]), float(doc["poll_s"])),
+            own,
+            borrow,
+        )
 
     def _announce(self, computing: bool) -> None:
         if self._computing == computing:
@@ -168,12 +177,12 @@ class ThreadLender:
         self.threads, self._mark = threads, now
 
     def poll(self) -> None:
-        """In the compute thread: announce computing; at most every ``POLL_S``, set this thread's torch
+        """In the compute thread: announce computing; at most every ``plan.poll_s``, set this thread's torch
         threads to the role's grant."""
         import torch
 
         now = time.monotonic()
-        if self._computing and now - self._polled < POLL_S:
+        if self._computing and now - self._polled < self.plan.poll_s:
             return
         with self._lock:
             self._announce(True)
@@ -205,7 +214,8 @@ class ThreadLender:
     def _hook(self, module: Any, args: Any) -> None:
         self.poll()
 
-    def metrics(self) -> dict[str, float]:
+    def figures(self) -> CoreFigures:
+        """The role report's ``cores`` section (borrowed thread-seconds so far, threads now)."""
         with self._lock:
             self._account(self.threads)
-        return {"cores/borrowed_thread_seconds": self.borrowed_seconds, "cores/threads": float(self.threads)}
+        return CoreFigures(borrowed_thread_seconds=self.borrowed_seconds, threads=float(self.threads))

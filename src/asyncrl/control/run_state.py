@@ -4,7 +4,7 @@ The rollout workers, the trainer, the evaluator, the launcher's services and the
 a few numbers, flags, a ledger and two documents. They live in a :class:`~asyncrl.control.store.StateStore`
 (SQLite by default, Redis for several machines), but no role names a key: each reads and writes
 through :class:`RunState`, whose methods say what happens — :meth:`RunState.admit` a group,
-:meth:`RunState.release` admissions, read the :meth:`RunState.effective_lag`, :meth:`RunState.paused`,
+:meth:`RunState.release` admissions, read the :meth:`RunState.effective_max_staleness`, :meth:`RunState.paused`,
 announce a version. The staleness rules (:mod:`asyncrl.staleness`) are applied here, in
 one place, against those numbers.
 
@@ -75,7 +75,7 @@ class RunState:
     # -- the run's life -------------------------------------------------------------------------
     def begin(self, resume: bool) -> None:
         """The orchestrator starts (or resumes) the run: clear ``stop``; a fresh run starts at version 0
-        with the configured lag."""
+        with the configured ``max_staleness``."""
         self.store.set_flag("stop", False)
         if not resume:
             self.store.set_value("max_staleness", self.staleness.max_staleness)
@@ -106,7 +106,7 @@ class RunState:
         if self.store.flag("paused") != paused:
             self.store.set_flag("paused", paused)
 
-    def effective_lag(self) -> int:
+    def effective_max_staleness(self) -> int:
         """The ``max_staleness`` in force (rule 6: never above the configured one)."""
         return self.store.get("max_staleness", self.staleness.max_staleness)
 
@@ -114,8 +114,8 @@ class RunState:
         """Publish every this many trainer steps (rule 6: the orchestrator may lower it)."""
         return self.store.get("sync_every", self.sync_every)
 
-    def set_effective(self, lag: int, sync_every: int) -> None:
-        self.store.set_value("max_staleness", lag)
+    def set_effective(self, max_staleness: int, sync_every: int) -> None:
+        self.store.set_value("max_staleness", max_staleness)
         self.store.set_value("sync_every", sync_every)
 
     # -- admission (rule 1) ------------------------------------------------------------------------
@@ -126,10 +126,10 @@ class RunState:
         loses the admission to the budget, as before)."""
         if self.paused() or self.stopping():
             return False
-        lag = self.effective_lag()
+        bound = self.effective_max_staleness()
 
         def limit(c: dict[str, int]) -> int:
-            budget = self.staleness.admission_limit(c.get("version", 0), lag, worker_version=worker_version)
+            budget = self.staleness.admission_limit(c.get("version", 0), bound, worker_version=worker_version)
             return budget + c.get("dropped", 0) + c.get("released", 0)
 
         if not self.store.try_add_within("admitted", group, limit):
@@ -221,7 +221,7 @@ class RunState:
         return self.store.ledger_counts()
 
     def trained_ages(self) -> list[int]:
-        """Version lag of every trained sample (the staleness histogram)."""
+        """Age of every trained sample (the staleness histogram)."""
         return self.store.ages()
 
     # -- documents ---------------------------------------------------------------------------------

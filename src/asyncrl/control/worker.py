@@ -55,7 +55,7 @@ class WorkerControl:
                     self.source, rng, rng.choice([b for b in live if b.endswith(f":{hardest}")])
                 ), False
             return self.source.sample(rng, difficulty=self.cfg.env.max_difficulty), False
-        if not self.cfg.control.curriculum.enabled and not d.open:
+        if not self.cfg.orchestrator.curriculum.enabled and not d.open:
             return self.source.sample(rng), False
         bucket = weighted_choice(weights, rng)
         if bucket is None:
@@ -65,7 +65,7 @@ class WorkerControl:
     def _weights(self, d: Directives) -> dict[str, float]:
         known = d.weights
         w = {b: float(known.get(b, 1.0)) for b in self.buckets} if self.buckets else dict(known)
-        if not self.cfg.control.curriculum.enabled:
+        if not self.cfg.orchestrator.curriculum.enabled:
             w = {b: (0.0 if x == 0 else 1.0) for b, x in w.items()}
         if w and not any(x > 0 for x in w.values()):  # every bucket open: probe them all
             w = {b: 1.0 for b in w}

@@ -20,6 +20,7 @@ from typing import Any
 
 from asyncrl.config import CostAssumptionsConfig, CostConfig
 from asyncrl.cost.ledger import GB, MONTH_S, Usage, collect_usage, read_rows
+from asyncrl.telemetry.reports import decode_rows
 
 Assumptions = CostAssumptionsConfig
 """Inputs of :func:`estimate`: the ``cost.assumptions`` config section (:class:`asyncrl.config.CostAssumptionsConfig`,
@@ -93,8 +94,8 @@ def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
     cut = t_start + fraction * (t_end - t_start)
     part = [r for r in rows if float(r["time"]) <= cut]
     first = _first_rows(part)
-    at_cut = collect_usage(part, wall_seconds=cut - t_start)
-    at_first = collect_usage(first, wall_seconds=0.0)
+    at_cut = collect_usage(decode_rows(part), wall_seconds=cut - t_start)
+    at_first = collect_usage(decode_rows(first), wall_seconds=0.0)
     steady = Usage(**{k: getattr(at_cut, k) - getattr(at_first, k) for k in Usage.__dataclass_fields__})
     a = assumptions_from_usage(at_cut)  # per-trajectory figures over the whole window
     if steady.rollout_alive_s > 0:

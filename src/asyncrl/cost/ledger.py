@@ -1,8 +1,9 @@
 """The cost ledger: where every device-second and dollar of a run went, and how much was wasted.
 
-Inputs are the roles' own metric rows (``metrics/*.jsonl``): each row carries the process id and
-how long that process has been alive (``alive_s``), so every incarnation of a restarted role is
-counted. :func:`collect_usage` folds the rows into :class:`Usage` (physical quantities);
+Inputs are the roles' own reports (``metrics/*.jsonl``, decoded as :mod:`asyncrl.telemetry.reports`):
+each carries the process id and how long that process has been alive (``alive_s``), so every
+incarnation of a restarted role is counted. :func:`collect_usage` folds them into :class:`Usage`
+(physical quantities);
 :func:`price` turns usage into dollars with the config's price table.
 
 Accounting model (all components are disjoint, so they add up to the total):
@@ -32,11 +33,14 @@ Waste (each a part of one component, never counted twice):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import CostConfig
+from asyncrl.telemetry.jsonl import read_jsonl_dir
+from asyncrl.telemetry.reports import Decoded, TrainerReport, WorkerReport, decode_rows
 
 GB = 1e9
 MONTH_S = 30 * 24 * 3600
@@ -81,73 +85,76 @@ class Usage:
         return self.rollout_alive_s + self.trainer_alive_s
 
 
-def _latest_per_process(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:
-        if "event" in r or "pid" not in r:
-            continue
-        key = (str(r["role"]), int(r["pid"]))
-        if key not in latest or r["time"] >= latest[key]["time"]:
+def _latest_per_process(reports: Iterable[Decoded]) -> dict[tuple[str, int], WorkerReport | TrainerReport]:
+    """The newest report of every training-device process (rollout workers and trainer)."""
+    latest: dict[tuple[str, int], WorkerReport | TrainerReport] = {}
+    for r in reports:
+        if not isinstance(r, (WorkerReport, TrainerReport)) or r.pid is None:
+            continue  # events, and the orchestrator and the evaluator: not training devices
+        key = (r.role, r.pid)
+        if key not in latest or r.time >= latest[key].time:
             latest[key] = r
     return latest
 
 
 def collect_usage(
-    rows: list[dict[str, Any]],
+    reports: Iterable[Decoded],
     *,
     wall_seconds: float,
     stored_bytes: float = 0.0,
     lifetimes: dict[tuple[str, int], float] | None = None,
 ) -> Usage:
-    """Fold the roles' metric rows (every incarnation of every role) into one :class:`Usage`.
+    """Fold the roles' reports (every incarnation of every role) into one :class:`Usage`.
 
     ``lifetimes`` — seconds each (role, pid) held its device, from launch to exit, as the orchestrator
     observed them — replaces the processes' self-reported ``alive_s`` (which misses interpreter start-up
     and the time after a process's last report). A process that died before reporting still counts.
     """
     u = Usage(wall_seconds=wall_seconds, stored_bytes=stored_bytes)
-    roles: set[str] = set()
-
-    def g(r: dict[str, Any], key: str) -> float:
-        v = r.get(key)
-        return float(v) if isinstance(v, (int, float)) else 0.0
-
-    latest = _latest_per_process(rows)
-    alive = dict(lifetimes) if lifetimes is not None else {k: g(r, "alive_s") for k, r in latest.items()}
-    for key in alive:
-        latest.setdefault(key, {"role": key[0]})
-    for (role, pid), r in latest.items():
-        if role != "trainer" and not role.startswith("rollout"):
-            continue  # the orchestrator and the evaluator are not training devices
-        roles.add(role)
-        if role == "trainer":
-            u.trainer_alive_s += alive.get((role, pid), 0.0)
-            u.trainer_busy_s += g(r, "trainer/busy_seconds")
-            u.tokens_trained += g(r, "trainer/tokens_trained")
-            u.tokens_processed += g(r, "trainer/tokens_processed")
-            u.tokens_truncated += g(r, "trainer/truncated_tokens")
-            u.tokens_dropped_stale += g(r, "trainer/dropped_stale_tokens")
-            u.tokens_dropped_other += g(r, "trainer/dropped_other_tokens")
-            u.zero_adv_samples += g(r, "trainer/zero_adv_samples")
-            u.zero_adv_tokens += g(r, "trainer/zero_adv_tokens")
-            u.zero_adv_model_tokens += g(r, "trainer/zero_adv_model_tokens")
-            u.weight_bytes += g(r, "trainer/bytes_published")
-            u.samples_trained += g(r, "trainer/samples_trained")
-            u.queue_bytes = max(u.queue_bytes, g(r, "queue/bytes_in"))
-        elif role.startswith("rollout"):
-            u.rollout_alive_s += alive.get((role, pid), 0.0)
-            u.rollout_busy_s += g(r, "rollout/gen_busy_seconds")
-            u.tokens_generated += g(r, "rollout/tokens")
-            u.samples_generated += g(r, "rollout/episodes")
-            u.env_calls += g(r, "rollout/env_calls")
-            u.env_seconds += g(r, "rollout/env_seconds")
-            u.env_retries += g(r, "rollout/env_retries")
-            u.weight_bytes += g(r, "rollout/weight_bytes_loaded")
-            u.reward_s += g(r, "cost/reward_seconds")
-            u.reward_cache_hits += g(r, "cost/reward_cache_hits")
-            u.reward_cache_misses += g(r, "cost/reward_cache_misses")
-    u.devices = len(roles)
+    latest = _latest_per_process(reports)
+    alive = dict(lifetimes) if lifetimes is not None else {k: r.alive_s for k, r in latest.items()}
+    for role, pid in alive:
+        if (role, pid) not in latest and (role == "trainer" or role.startswith("rollout")):
+            latest[(role, pid)] = TrainerReport(role=role) if role == "trainer" else WorkerReport(role=role)
+    for key, r in latest.items():
+        if isinstance(r, TrainerReport):
+            _add_trainer(u, r, alive.get(key, 0.0))
+        else:
+            _add_worker(u, r, alive.get(key, 0.0))
+    u.devices = len({role for role, _ in latest})
     return u
+
+
+def _add_trainer(u: Usage, r: TrainerReport, alive_s: float) -> None:
+    t = r.trainer
+    u.trainer_alive_s += alive_s
+    u.trainer_busy_s += t.busy_seconds
+    u.tokens_trained += t.tokens_trained
+    u.tokens_processed += t.tokens_processed
+    u.tokens_truncated += t.truncated_tokens
+    u.tokens_dropped_stale += t.dropped_stale_tokens
+    u.tokens_dropped_other += t.dropped_other_tokens
+    u.zero_adv_samples += t.zero_adv_samples
+    u.zero_adv_tokens += t.zero_adv_tokens
+    u.zero_adv_model_tokens += t.zero_adv_model_tokens
+    u.weight_bytes += t.bytes_published
+    u.samples_trained += t.samples_trained
+    u.queue_bytes = max(u.queue_bytes, r.queue.bytes_in)  # a queue-wide total: the newest, not a sum
+
+
+def _add_worker(u: Usage, r: WorkerReport, alive_s: float) -> None:
+    w = r.rollout
+    u.rollout_alive_s += alive_s
+    u.rollout_busy_s += w.gen_busy_seconds
+    u.tokens_generated += w.tokens
+    u.samples_generated += w.episodes
+    u.env_calls += w.env_calls
+    u.env_seconds += w.env_seconds
+    u.env_retries += w.env_retries
+    u.weight_bytes += w.weight_bytes_loaded
+    u.reward_s += r.cost.reward_seconds
+    u.reward_cache_hits += r.cost.reward_cache_hits
+    u.reward_cache_misses += r.cost.reward_cache_misses
 
 
 @dataclass
@@ -233,9 +240,12 @@ def price(u: Usage, cfg: CostConfig, *, success_gain_points: float | None = None
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     """Every role's metric rows (``run_dir/metrics/*.jsonl``)."""
-    from asyncrl.telemetry.jsonl import read_jsonl_dir
-
     return read_jsonl_dir(run_dir / "metrics")
+
+
+def read_reports(run_dir: Path) -> list[Decoded]:
+    """Every role's metric rows (``run_dir/metrics/*.jsonl``), decoded."""
+    return decode_rows(read_rows(run_dir))
 
 
 def stored_bytes(run_dir: Path) -> float:

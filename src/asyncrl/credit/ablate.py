@@ -12,6 +12,20 @@ counterfactual contribution of segment ``k`` is::
 and the report gives ``Δ_k`` next to the credit the trainer assigned, and the Spearman rank
 correlation of the two over all segments. Environments must be deterministic given the task
 and the actions (the built-ins are); evaluation settings are used (no latency, no faults).
+
+**Siblings** (``siblings=True``, runs with tree groups): a tree group already holds counterfactuals.
+Where a node ``p`` branched, its children are alternative segments played from the same state, so
+segment ``k`` (ending in node ``c``, a child of ``p``) is compared with its siblings, at no cost::
+
+    Δ_k = V(c) − V(siblings of c)        V(c) = mean final reward of the leaves below c,
+                                         V(siblings) = mean final reward of the leaves below p's
+                                         other children (pooled)
+
+Only segments that branched can be judged this way (the others are counted, not listed); each
+node counts once, in the episode that sampled it (a replayed turn is shared context). The
+estimate uses the group's own leaves — for ``tree`` credit it is the very measurement the credit
+was built from (a consistency check, not an independent one); for any other credit of the same
+groups (e.g. outcome credit on tree groups) it is an independent one.
 """
 
 from __future__ import annotations
@@ -56,12 +70,81 @@ def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Any, str]:
     return policy, f"version {loaded.version}"
 
 
-def _pick(run_dir: Path, n: int) -> list[CreditSample]:
+def sibling_rows(samples: list[CreditSample]) -> tuple[list[dict[str, Any]], int]:
+    """The sibling contrast of every branching segment of the sampled tree groups (module docstring);
+    also returns how many sampled segments had no sibling."""
+    from asyncrl.credit.tree import TreeIndex
+
+    groups: dict[str, list[CreditSample]] = {}
+    for smp in samples:
+        groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
+    rows: list[dict[str, Any]] = []
+    lonely = 0
+    for members in groups.values():
+        index = TreeIndex()
+        paths = [
+            index.add(m.trajectory, [(g.start, g.start, g.end, g.process_reward) for g in m.segments])
+            for m in members
+        ]
+        wins, leaves = _leaf_sums(index.parent, index.outcome, index.weight)
+        kids: dict[int, list[int]] = {}
+        for node, par in enumerate(index.parent):
+            kids.setdefault(par, []).append(node)
+        for m, path in zip(members, paths, strict=True):
+            own = [not t.shared for t in m.trajectory.turns if t.role == "model"]
+            for j, (node, seg, mine) in enumerate(zip(path, m.segments, own, strict=False)):
+                if not mine:
+                    continue
+                sibs = [c for c in kids[index.parent[node]] if c != node and leaves[c] > 0]
+                if not sibs or leaves[node] == 0:
+                    lonely += 1
+                    continue
+                p_sib = sum(wins[c] for c in sibs) / sum(leaves[c] for c in sibs)
+                p_node = wins[node] / leaves[node]
+                rows.append(
+                    {
+                        "trajectory": m.trajectory.id,
+                        "segment": j,
+                        "p_before": p_sib,
+                        "p_after": p_node,
+                        "contribution": p_node - p_sib,
+                        "credit": seg.credit,
+                        "v_before": seg.v_before,
+                        "outcome": m.trajectory.outcome,
+                        "leaves": leaves[node],
+                        "sibling_leaves": sum(leaves[c] for c in sibs),
+                    }
+                )
+    return rows, lonely
+
+
+def _leaf_sums(
+    parent: list[int], outcome: list[float], weight: list[float]
+) -> tuple[list[float], list[float]]:
+    """Per node: the summed final reward and the number of the leaves below it."""
+    wins, leaves = [0.0] * len(parent), [0.0] * len(parent)
+    for node, w in enumerate(weight):
+        at = node
+        while w and at >= 0:
+            wins[at] += outcome[node] * w
+            leaves[at] += w
+            at = parent[at]
+    return wins, leaves
+
+
+def _pick(run_dir: Path, n: int, whole_groups: bool = False) -> list[CreditSample]:
+    """The newest ``n`` sampled trajectories (``whole_groups``: whole groups until at least ``n``)."""
     out: list[CreditSample] = []
     for f in reversed(read_samples(run_dir)):  # newest first
+        groups: dict[str, list[CreditSample]] = {}
         for s in f.samples:
-            if s.segments and len(out) < n:
-                out.append(s)
+            if s.segments:
+                groups.setdefault(
+                    (s.trajectory.group_id or s.trajectory.id) if whole_groups else s.trajectory.id, []
+                ).append(s)
+        for members in groups.values():
+            if len(out) < n:
+                out += members
     return out
 
 
@@ -72,11 +155,12 @@ def ablate(
     trajectories: int = 4,
     k: int = 4,
     seed: int | None = None,
+    siblings: bool = False,
 ) -> dict[str, Any]:
     """Monte Carlo segment contributions vs assigned credit; returns a JSON-able report. The replays are
-    sampled with ``seed`` (None: the run's own ``seed``)."""
+    sampled with ``seed`` (None: the run's own ``seed``); ``siblings``: no replays, each branching
+    segment of the sampled tree groups is compared with its siblings instead (module docstring)."""
     from asyncrl.config import load_config
-    from asyncrl.rollout.heldout import run_episodes
 
     run = Path(run_dir)
     if not (run / "config.yaml").is_file():
@@ -84,8 +168,41 @@ def ablate(
     if trajectories < 1 or k < 1:
         raise UserError("--trajectories and --k must be >= 1")
     cfg = load_config(run / "config.yaml")
-    samples = _pick(run, trajectories)
-    policy, which = load_policy(run, checkpoint)
+    samples = _pick(run, trajectories, whole_groups=siblings)
+    report: dict[str, Any] = {"run": str(run), "strategy": cfg.credit.strategy, "trajectories": len(samples)}
+    if siblings:
+        if not cfg.rollout.tree.enabled:
+            raise UserError(
+                f"--siblings needs tree groups, and {str(run)!r} was run without rollout.tree.enabled; "
+                "leave --siblings out to replay the segments instead"
+            )
+        rows, lonely = sibling_rows(samples)
+        report.update(
+            policy="recorded tree groups", counterfactual="siblings", k=0, episodes=0, unbranched=lonely
+        )
+    else:
+        policy, which = load_policy(run, checkpoint)
+        rows, episodes = _replay_rows(cfg, policy, samples, k, cfg.seed if seed is None else seed)
+        report.update(policy=which, counterfactual="replay", k=k, episodes=episodes)
+    contrib = torch.tensor([r["contribution"] for r in rows])
+    credit = torch.tensor([r["credit"] for r in rows])
+    rho = spearman(contrib, credit) if rows else float("nan")
+    report.update(segments=len(rows), spearman=None if rho != rho else rho, rows=rows)
+    with_v = [r for r in rows if r["v_before"] is not None]
+    if len(with_v) >= 2 and not siblings:
+        v_rho = spearman(
+            torch.tensor([r["v_before"] for r in with_v]), torch.tensor([r["p_before"] for r in with_v])
+        )
+        report["value_vs_mc_spearman"] = None if v_rho != v_rho else v_rho
+    return report
+
+
+def _replay_rows(
+    cfg: Any, policy: Any, samples: list[CreditSample], k: int, seed: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Replay every sample to each segment boundary and let the policy play on ``k`` times."""
+    from asyncrl.rollout.heldout import run_episodes
+
     tasks, prefixes, owners = [], [], []
     for i, s in enumerate(samples):
         turns = [t.token_ids for t in s.trajectory.turns if t.role == "model"]
@@ -94,13 +211,7 @@ def ablate(
                 tasks.append(s.trajectory.task)
                 prefixes.append(turns[:j])
                 owners.append((i, j))
-    trajs = (
-        asyncio.run(
-            run_episodes(cfg, policy, tasks, seed=cfg.seed if seed is None else seed, prefixes=prefixes)
-        )
-        if tasks
-        else []
-    )
+    trajs = asyncio.run(run_episodes(cfg, policy, tasks, seed=seed, prefixes=prefixes)) if tasks else []
     episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples: one per episode
     wins: dict[tuple[int, int], list[float]] = {}
     for (i, j), t in zip(owners, episodes, strict=True):
@@ -123,38 +234,21 @@ def ablate(
                     "outcome": s.trajectory.outcome,
                 }
             )
-    contrib = torch.tensor([r["contribution"] for r in rows])
-    credit = torch.tensor([r["credit"] for r in rows])
-    rho = spearman(contrib, credit) if rows else float("nan")
-    report: dict[str, Any] = {
-        "run": str(run),
-        "policy": which,
-        "strategy": cfg.credit.strategy,
-        "trajectories": len(samples),
-        "k": k,
-        "segments": len(rows),
-        "episodes": len(trajs),
-        "spearman": None if rho != rho else rho,
-        "rows": rows,
-    }
-    with_v = [r for r in rows if r["v_before"] is not None]
-    if len(with_v) >= 2:
-        v_rho = spearman(
-            torch.tensor([r["v_before"] for r in with_v]), torch.tensor([r["p_before"] for r in with_v])
-        )
-        report["value_vs_mc_spearman"] = None if v_rho != v_rho else v_rho
-    return report
+    return rows, len(trajs)
 
 
 def render_ablation(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    sib = report["counterfactual"] == "siblings"
+    how = "tree siblings" if sib else f"K={report['k']}"
     table = Table(
         title=f"counterfactual ablation — {report['strategy']}, {report['policy']}, "
-        f"{report['trajectories']} trajectories × K={report['k']}"
+        f"{report['trajectories']} trajectories × {how}"
     )
-    for col in ("trajectory", "seg", "p before", "p after", "contribution", "assigned credit", "outcome"):
+    before, after = ("p siblings", "p subtree") if sib else ("p before", "p after")
+    for col in ("trajectory", "seg", before, after, "contribution", "assigned credit", "outcome"):
         table.add_column(col, justify="left" if col in ("trajectory", "outcome") else "right")
     for r in report["rows"]:
         table.add_row(
@@ -173,6 +267,8 @@ def render_ablation(report: dict[str, Any]) -> None:
         f"Spearman rank correlation (contribution vs credit) over {report['segments']} segments: "
         + ("undefined (a constant column)" if rho is None else f"{rho:+.3f}")
     )
+    if sib:
+        console.print(f"segments without a sibling (not judged): {report['unbranched']}")
     if report.get("value_vs_mc_spearman") is not None:
         console.print(
             f"value model vs Monte Carlo success estimate (Spearman): {report['value_vs_mc_spearman']:+.3f}"

@@ -25,14 +25,13 @@ value model (when the strategy needs one) is trained by :meth:`train_value` afte
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from asyncrl.algo import brier_score, gae, roc_auc, turn_group_advantages, turn_level_gae, value_delta_credit
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, TrainerConfig, default_of
 from asyncrl.credit.outcome import sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
 from asyncrl.credit.tree import tree_segment_advantages
@@ -92,6 +91,9 @@ class CreditAssigner:
             else None
         )
         self.last_samples: list[CreditSample] = []
+        self.whole_groups = self.cfg.strategy == "tree" or cfg.rollout.tree.enabled
+        """Sample whole groups: ``credit show`` draws their trees, ``credit ablate --siblings`` compares
+        their branches."""
         self._old_values: torch.Tensor | None = None
         self._tree_values: list[list[tuple[float, float]]] = []
         """``tree``: the measured success probability before and after each segment of the batch."""
@@ -186,11 +188,9 @@ class CreditAssigner:
         keys: dict[str, int] = {}
         owner, returns, states = [], [], []
         for i, (t, sp) in enumerate(zip(trajs, spans, strict=True)):
-            flat = t.token_ids()
             n_seg = len(sp)
             proc_rtg = reward_to_go([p for *_, p in sp], c.gamma)
-            for k, (s, *_rest) in enumerate(sp):
-                digest = hashlib.sha1(repr((t.group_id or t.id, flat[:s])).encode()).hexdigest()
+            for k, digest in enumerate(t.state_keys([s for s, *_ in sp])):  # the state before turn k
                 states.append(keys.setdefault(digest, len(keys)))
                 owner.append(i)
                 returns.append(c.gamma ** (n_seg - 1 - k) * t.final_reward + c.process_weight * proc_rtg[k])
@@ -301,13 +301,15 @@ class CreditAssigner:
         c = self.cfg
         if not c.sample_every or not self.last_samples:
             return None
-        if c.strategy == "tree":  # whole groups, so that `credit show` can draw their trees
+        if self.whole_groups:
             picked = _whole_groups(self.last_samples, c.sample_size, rng)
         else:
             picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
         return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
 
-    def save_value(self, run_dir: Path, step: int, keep: int = 2) -> None:
+    def save_value(
+        self, run_dir: Path, step: int, keep: int = default_of(TrainerConfig, "keep_checkpoints")
+    ) -> None:
         if self.value is None:
             return
         folder = Path(run_dir) / VALUE_DIR

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.credit.samples import CreditSample, CreditSampleFile, read_samples
+from asyncrl.credit.samples import SAMPLES_DIR, CreditSample, CreditSampleFile, read_samples
 from asyncrl.telemetry.markup import templates
 
 
@@ -170,7 +170,6 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     (``credit.sample_every: 0``) gets a one-line fragment saying so; unreadable sample files raise
     :class:`asyncrl.errors.UserError`.
     """
-    from asyncrl.credit.samples import SAMPLES_DIR
 
     run = Path(run_dir)
     template = templates("asyncrl.credit").get_template("credit_fragment.html.j2")

@@ -20,8 +20,6 @@ success probability it caused.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from typing import NamedTuple
 
 import torch
@@ -52,15 +50,11 @@ class TreeIndex:
 
     def add(self, traj: Trajectory, spans: list[Span]) -> list[int]:
         """Register ``traj``'s path and return the node of each of its segments."""
-        group = traj.group_id or traj.id
-        here = self.node(f"root:{group}", -1)
-        h = hashlib.sha1(group.encode())
-        flat, fed, path = traj.token_ids(), 0, []
-        for k, (_, _, end, _) in enumerate(spans):
-            h.update(array("q", flat[fed:end]).tobytes())
-            fed = end
-            last = k == len(spans) - 1
-            here = self.node(f"leaf:{traj.id}" if last else h.hexdigest(), here)
+        here = self.node(f"root:{traj.group_id or traj.id}", -1)
+        keys = traj.state_keys([end for _, _, end, _ in spans])
+        path = []
+        for k, key in enumerate(keys):
+            here = self.node(f"leaf:{traj.id}" if k == len(keys) - 1 else key, here)
             path.append(here)
         if path:
             self.outcome[path[-1]] = traj.final_reward

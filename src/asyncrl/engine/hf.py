@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
+from asyncrl.config import HFEngineConfig, default_of
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
@@ -208,6 +210,68 @@ class StaticDecoder:
         return self._step_forward()
 
 
+@dataclass
+class _DecodeState:
+    """The per-row tensors of one chunk's decode loop.
+
+    ``out_*``, ``n_out`` and ``stopped`` are indexed by original row; the others by *active* row
+    (``rows`` maps active -> original), and shrink when finished rows are compacted away.
+    """
+
+    out_tokens: torch.Tensor  # [rows_run, max_steps]
+    out_logprobs: torch.Tensor  # [rows_run, max_steps]
+    n_out: torch.Tensor  # [rows_run]
+    stopped: torch.Tensor  # [rows_run]
+    rows: torch.Tensor  # active row -> original row
+    finished: torch.Tensor  # per active row (the dummies are finished from the start)
+    next_pos: torch.Tensor  # position id of the next token of each active row
+    budget: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    valid: torch.Tensor  # [active rows, columns]: the KV columns each row sees
+
+    @classmethod
+    def start(
+        cls,
+        rows_run: int,
+        max_steps: int,
+        lengths: torch.Tensor,
+        budget: torch.Tensor,
+        params: list[SamplingParams],
+        valid: torch.Tensor,
+        pad_token_id: int,
+    ) -> _DecodeState:
+        """Rows ``len(params)..rows_run`` are the static bucket's one-token dummies (budget 0)."""
+        dev, extra = lengths.device, rows_run - len(params)
+        lengths = torch.cat([lengths, torch.ones(extra, dtype=torch.long, device=dev)])
+        budget = torch.cat([budget, torch.zeros(extra, dtype=torch.long, device=dev)])
+        return cls(
+            out_tokens=torch.full((rows_run, max_steps), pad_token_id, dtype=torch.long, device=dev),
+            out_logprobs=torch.zeros((rows_run, max_steps), dtype=torch.float32, device=dev),
+            n_out=torch.zeros(rows_run, dtype=torch.long, device=dev),
+            stopped=torch.zeros(rows_run, dtype=torch.bool, device=dev),
+            rows=torch.arange(rows_run, device=dev),
+            finished=budget <= 0,
+            next_pos=lengths.clone(),
+            budget=budget,
+            temperature=_row_values([sp.temperature for sp in params], extra, dev),
+            top_p=_row_values([sp.top_p for sp in params], extra, dev),
+            valid=valid,
+        )
+
+    def compact(self, keep: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """Drop the active rows not in ``keep``; ``tok`` (the step's tokens) compacted alike."""
+        self.rows, self.valid, self.finished = self.rows[keep], self.valid[keep], self.finished[keep]
+        self.temperature, self.top_p = self.temperature[keep], self.top_p[keep]
+        self.budget, self.next_pos = self.budget[keep], self.next_pos[keep]
+        return tok[keep]
+
+
+def _row_values(values: list[float], extra: int, dev: torch.device) -> torch.Tensor:
+    """Per-row float32 sampling values, with ``extra`` dummy rows of 1.0."""
+    return torch.tensor(values + [1.0] * extra, dtype=torch.float32, device=dev)
+
+
 class HFEngine(GenerationEngine):
     """Batched sampling with a Hugging Face causal LM and a KV cache.
 
@@ -241,14 +305,15 @@ class HFEngine(GenerationEngine):
         max_batch: int,
         cuda_graphs: bool,
         seed: int | None = None,
-        compact_fraction: float = 0.25,
+        compact_fraction: float = default_of(HFEngineConfig, "compact_fraction"),
         static_cache: bool | None = None,
         prefix_cache_mb: float = 0.0,
         prefix_sharing: bool = False,
     ) -> None:
         """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
         passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
-        ``compact_fraction``: drop finished rows once they are this share of the batch;
+        ``compact_fraction``: drop finished rows once they are this share of the batch
+        (``rollout.engine.compact_fraction``);
         ``static_cache``: decode with :class:`StaticDecoder` (``None``: where the model is on a
         CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
         ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models
@@ -355,12 +420,12 @@ class HFEngine(GenerationEngine):
         return [r for r in results if r is not None]
 
     def _generate_chunk(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sample]:
-        dev = self.device
+        """Prefill the rows' prompts (shared prefixes once), then decode them together to the end."""
         b = len(prompts)
         hits = self._lookup(prompts)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
         budget = torch.minimum(
-            torch.tensor([sp.max_new_tokens for sp in params], dtype=torch.long, device=dev),
+            torch.tensor([sp.max_new_tokens for sp in params], dtype=torch.long, device=self.device),
             self.max_context - lengths,
         )
         max_steps = int(budget.max())
@@ -378,80 +443,70 @@ class HFEngine(GenerationEngine):
             assert isinstance(cache, torch.Tensor)
             valid, logits = decoder.load(cache, valid), _pad_rows(logits, rows_run)
             self.static_chunks += 1
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)  # prefill and decode times apart
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # prefill and decode times apart
         self.prefill_seconds += time.perf_counter() - t_prefill
         self.prefill_tokens_computed += plan.computed_tokens
         self.prefill_tokens_reused += plan.reused_tokens
         self.prefill_tokens_shared += int(lengths.sum()) - plan.computed_tokens - plan.reused_tokens
 
-        lengths = torch.cat([lengths, torch.ones(rows_run - b, dtype=torch.long, device=dev)])
-        budget = torch.cat([budget, torch.zeros(rows_run - b, dtype=torch.long, device=dev)])
-        temperature = torch.tensor(
-            [sp.temperature for sp in params] + [1.0] * (rows_run - b), dtype=torch.float32, device=dev
-        )
-        top_p = torch.tensor(
-            [sp.top_p for sp in params] + [1.0] * (rows_run - b), dtype=torch.float32, device=dev
-        )
-        out_tokens = torch.full((rows_run, max_steps), self.pad_token_id, dtype=torch.long, device=dev)
-        out_logprobs = torch.zeros((rows_run, max_steps), dtype=torch.float32, device=dev)
-        n_out = torch.zeros(rows_run, dtype=torch.long, device=dev)
-        stopped = torch.zeros(rows_run, dtype=torch.bool, device=dev)
-
-        rows = torch.arange(rows_run, device=dev)  # active row -> original row
-        finished = budget <= 0  # per active row (the dummies are finished from the start)
-        next_pos = lengths.clone()  # position id of the next token of each active row
-        attn = self.model.config._attn_implementation
-        store = self.prefix_cache is not None
+        st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
+        steps = self._decode(st, logits, cache, decoder, width, prompts)
+        self.decode_steps += steps
+        self.decode_seconds += time.perf_counter() - t0 - (self.prefix_cache_seconds - store_seconds)
+        if self.prefix_cache is not None:
+            kept = decoder.cache if decoder is not None else cache
+            assert isinstance(kept, (DynamicCache, StaticCache))
+            active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
+            self._store(kept, active, st.rows, st.valid, prompts, st.out_tokens, st.n_out)
+        return self._collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
+
+    def _decode(
+        self,
+        st: _DecodeState,
+        logits: torch.Tensor,
+        cache: torch.Tensor | DynamicCache,
+        decoder: StaticDecoder | None,
+        width: int,
+        prompts: list[list[int]],
+    ) -> int:
+        """Sample token after token until every row stopped or spent its budget; the steps taken."""
+        attn = self.model.config._attn_implementation
         steps = 0
-        for step in range(max_steps):
-            tok, lp = sample_tokens(logits, temperature, top_p, self.generator)
+        for step in range(st.out_tokens.shape[1]):
+            tok, lp = sample_tokens(logits, st.temperature, st.top_p, self.generator)
             # Finished rows still in the batch write past their n_out; those are ignored.
-            live = ~finished
-            out_tokens[rows, step] = tok
-            out_logprobs[rows, step] = lp
-            n_out[rows] = torch.where(live, step + 1, n_out[rows])
+            live = ~st.finished
+            st.out_tokens[st.rows, step] = tok
+            st.out_logprobs[st.rows, step] = lp
+            st.n_out[st.rows] = torch.where(live, step + 1, st.n_out[st.rows])
             hit_stop = live & torch.isin(tok, self._stop)
-            stopped[rows] |= hit_stop
-            finished = finished | hit_stop | (step + 1 >= budget)
-            n_done = int(finished.sum())  # the step's one host sync: is the chunk done?
-            if n_done == finished.shape[0]:
+            st.stopped[st.rows] |= hit_stop
+            st.finished = st.finished | hit_stop | (step + 1 >= st.budget)
+            n_done = int(st.finished.sum())  # the step's one host sync: is the chunk done?
+            if n_done == st.finished.shape[0]:
                 break
-            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
+            st.valid = torch.cat([st.valid, torch.ones_like(st.valid[:, :1])], dim=1)
             if decoder is not None:
                 # Fixed shapes: finished rows keep decoding (their tokens are ignored); the
                 # column of this step's token becomes visible to every row.
-                logits = decoder.step(tok, next_pos, width + step)
+                logits = decoder.step(tok, st.next_pos, width + step)
             else:
                 assert isinstance(cache, DynamicCache)
-                if n_done >= max(1.0, self.compact_fraction * finished.shape[0]):
-                    if store:  # the dropped rows' KV leaves the batch now: keep it first
-                        self._store(
-                            cache, finished.nonzero().squeeze(-1), rows, valid, prompts, out_tokens, n_out
-                        )
-                    keep = (~finished).nonzero().squeeze(-1)
+                if n_done >= max(1.0, self.compact_fraction * st.finished.shape[0]):
+                    if self.prefix_cache is not None:  # the dropped rows' KV leaves the batch: keep it
+                        done = st.finished.nonzero().squeeze(-1)
+                        self._store(cache, done, st.rows, st.valid, prompts, st.out_tokens, st.n_out)
+                    keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
-                    rows, tok, valid, finished = rows[keep], tok[keep], valid[keep], finished[keep]
-                    temperature, top_p, budget, next_pos = (
-                        temperature[keep],
-                        top_p[keep],
-                        budget[keep],
-                        next_pos[keep],
-                    )
-                mask = as_attention_bias(valid[:, None, None, :], attn)
-                logits = last_logits(self.model, tok[:, None], next_pos[:, None], mask, cache)
-            next_pos = next_pos + 1
+                    tok = st.compact(keep, tok)
+                mask = as_attention_bias(st.valid[:, None, None, :], attn)
+                logits = last_logits(self.model, tok[:, None], st.next_pos[:, None], mask, cache)
+            st.next_pos = st.next_pos + 1
             steps += 1
-        self.decode_steps += steps
-        self.decode_seconds += time.perf_counter() - t0 - (self.prefix_cache_seconds - store_seconds)
-        if store:
-            kept = decoder.cache if decoder is not None else cache
-            assert isinstance(kept, (DynamicCache, StaticCache))
-            active = torch.arange(rows.shape[0], device=dev)[: b if decoder is not None else None]
-            self._store(kept, active, rows, valid, prompts, out_tokens, n_out)
-        return self._collect(out_tokens[:b], out_logprobs[:b], n_out[:b], stopped[:b])
+        return steps
 
     # ---- shared-prefix prefill -----------------------------------------------------------------
     def _prefill(

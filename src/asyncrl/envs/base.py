@@ -27,7 +27,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from asyncrl.records import Fault, ToolCall
 
@@ -69,7 +69,7 @@ class StepResult:
     final (outcome) reward of the episode and ``outcome`` one of :data:`asyncrl.records.OUTCOMES`.
     ``process_reward`` is the rule-based reward of this single turn (in [-1, 1] for built-ins).
     ``malformed``: the model's action could not be parsed or named no tool (counts towards
-    ``control.exploration.early_stop_invalid``). ``fault`` and ``retried_faults`` are the guard's: set by
+    ``orchestrator.exploration.early_stop_invalid``). ``fault`` and ``retried_faults`` are the guard's: set by
     :class:`~asyncrl.envs.wrappers.GuardedEnv` when the step failed (the observation is then the
     configured fault observation) or succeeded only after retries; an environment leaves them unset.
     """
@@ -127,7 +127,8 @@ class Environment(Protocol):
     episodes, so per-episode state can live on ``self``.
     """
 
-    tools: list[Tool]
+    @property
+    def tools(self) -> list[Tool]: ...
 
     async def reset(self, task: Task) -> str: ...
 
@@ -141,14 +142,19 @@ class SyncEnvironment(Protocol):
     method that blocks cannot stall the event loop, and the guard's timeout still applies.
     """
 
-    tools: list[Tool]
+    @property
+    def tools(self) -> list[Tool]: ...
 
     def reset(self, task: Task) -> str: ...
 
     def step(self, model_text: str) -> StepResult: ...
 
 
-def is_async_method(fn: Any) -> bool:
+AnyEnvironment: TypeAlias = Environment | SyncEnvironment
+"""What every caller of an environment accepts: either flavour (each call goes through :func:`call_env`)."""
+
+
+def is_async_method(fn: object) -> bool:
     """True when calling ``fn`` returns an awaitable without doing the work synchronously."""
     target = getattr(fn, "__func__", fn)
     if inspect.iscoroutinefunction(target):
@@ -218,7 +224,7 @@ async def call_env(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
-async def close_env(env: Any) -> None:
+async def close_env(env: AnyEnvironment) -> None:
     """Call ``env.close()`` if the environment has one (sync or async)."""
     close = getattr(env, "close", None)
     if callable(close):
@@ -529,7 +535,7 @@ def task_id(prefix: str, key: str) -> str:
     return f"{prefix}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
-def run_texts_sync(env: Any, task: Task, texts: Sequence[str]) -> list[StepResult]:
+def run_texts_sync(env: AnyEnvironment, task: Task, texts: Sequence[str]) -> list[StepResult]:
     """Helper for tests and tooling: reset ``env`` on ``task`` and feed it ``texts``."""
 
     async def go() -> list[StepResult]:

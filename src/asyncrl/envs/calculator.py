@@ -30,7 +30,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
-from asyncrl.envs.toolenv import ToolEnv
+from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -324,8 +324,6 @@ class CalculatorEnv(ToolEnv):
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> CalculatorTasks:
         if cfg.options:
-            from asyncrl.envs.toolenv import EnvOptionsError
-
             raise EnvOptionsError(f"env.options for 'calculator' must be empty, got {sorted(cfg.options)}")
         return CalculatorTasks.from_config(cfg)  # type: ignore[return-value]
 

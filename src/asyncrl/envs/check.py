@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from asyncrl.envs.base import StepResult, call_env, close_env, is_async_method
+from asyncrl.config import EnvConfig
+from asyncrl.envs.base import AnyEnvironment, StepResult, TaskSource, call_env, close_env, is_async_method
+from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
 from asyncrl.records import OUTCOMES, Task
 
 if TYPE_CHECKING:
@@ -110,11 +112,11 @@ def _exc(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _is_finite(x: Any) -> bool:
+def _is_finite(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-def _step_problems(res: Any) -> list[str]:
+def _step_problems(res: object) -> list[str]:
     """Contract violations of one step result, in words."""
     if not isinstance(res, StepResult):
         return [f"step() returned {type(res).__name__}, expected asyncrl.envs.StepResult"]
@@ -195,8 +197,6 @@ async def acheck_environment(
     which makes the reference demonstrator ``demonstrate`` required (without it, ``demonstrate`` is
     checked when present).
     """
-    from asyncrl.config import EnvConfig
-    from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
 
     if isinstance(path_or_cfg, str):
         try:
@@ -254,7 +254,7 @@ async def acheck_environment(
     return report
 
 
-def _check_tools(report: CheckReport, env: Any) -> list[Any]:
+def _check_tools(report: CheckReport, env: AnyEnvironment) -> list[Any]:
     tools = list(getattr(env, "tools", []))
     names = [getattr(t, "name", None) for t in tools]
     if not tools:
@@ -270,7 +270,14 @@ def _check_tools(report: CheckReport, env: Any) -> list[Any]:
 
 
 async def _check_episode(
-    report: CheckReport, probe: _Probe, env: Any, tools: list[Any], task: Task, max_steps: int, *, first: bool
+    report: CheckReport,
+    probe: _Probe,
+    env: AnyEnvironment,
+    tools: list[Any],
+    task: Task,
+    max_steps: int,
+    *,
+    first: bool,
 ) -> None:
     """reset, one well-formed tool call, one malformed action, then answers until done."""
     where = f"task {task.id}"
@@ -318,7 +325,7 @@ async def _check_episode(
         report.add("ok", "episode", "tool call, malformed action and answer handled; episode ends")
 
 
-def _check_prompt(report: CheckReport, prompt: Any, where: str, *, first: bool) -> bool:
+def _check_prompt(report: CheckReport, prompt: object, where: str, *, first: bool) -> bool:
     if not isinstance(prompt, str):
         report.add(
             "error", "reset", f"{where}: returned {type(prompt).__name__}, expected the prompt text (str)"
@@ -347,7 +354,7 @@ def _check_prompt(report: CheckReport, prompt: Any, where: str, *, first: bool) 
 async def _check_step(
     report: CheckReport,
     probe: _Probe,
-    env: Any,
+    env: AnyEnvironment,
     text: str,
     name: str,
     where: str,
@@ -378,7 +385,7 @@ async def _check_step(
 async def _check_reference(
     report: CheckReport,
     probe: _Probe,
-    env: Any,
+    env: AnyEnvironment,
     cls: type,
     tasks: list[Task],
     warm_start: SFTConfig | None,
@@ -428,7 +435,7 @@ async def _check_reference(
 async def _play_reference(
     report: CheckReport,
     probe: _Probe,
-    env: Any,
+    env: AnyEnvironment,
     name: str,
     tasks: list[Task],
     texts_for: Callable[[Task], Any],
@@ -488,7 +495,7 @@ def _report_timing(
         )
 
 
-def _check_source(report: CheckReport, source: Any, episodes: int, overlap_samples: int) -> list[Task]:
+def _check_source(report: CheckReport, source: TaskSource, episodes: int, overlap_samples: int) -> list[Task]:
     rng = random.Random(0)
     tasks: list[Task] = []
     difficulties = list(getattr(source, "difficulties", ()) or [])

@@ -25,8 +25,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import HashSplitTaskSource, Tool, normalize, task_id
-from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
+from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
+from asyncrl.envs.toolenv import ChainToolEnv, EnvOptionsError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -252,29 +252,21 @@ def kb_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> li
     return [*texts, f"<answer>{cur}</answer>"]
 
 
-class KBLookupEnv(ToolEnv):
+class KBLookupEnv(ChainToolEnv):
     """Multi-hop questions over a seeded fictional knowledge base; see the module docstring."""
 
     kind = "kb_lookup"
+    tool_name, usage, chained = "lookup", "lookup(ENTITY, RELATION)", 0
 
     def __init__(self, seed: int, **kb_options: int) -> None:
-        super().__init__()
         self.kb_options = _kb_options(kb_options)
         self.kb = get_kb(seed, **self.kb_options)
-        self.tools = [
-            Tool(
-                name="lookup",
-                description="lookup(ENTITY, RELATION) -> the related entity. Relations: "
-                + ", ".join(RELATIONS),
-                args_schema={
-                    "type": "string",
-                    "name": "query",
-                    "description": "ENTITY, RELATION (split at the last comma)",
-                    "relations": dict(RELATIONS),
-                    "example": f"{self.kb.people[0]}, lives_in",
-                },
-            )
-        ]
+        super().__init__(
+            "the related entity. Relations: " + ", ".join(RELATIONS),
+            ("query", "ENTITY, RELATION (split at the last comma)"),
+            f"{self.kb.people[0]}, lives_in",
+            relations=dict(RELATIONS),
+        )
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> KBLookupEnv:
@@ -296,13 +288,7 @@ class KBLookupEnv(ToolEnv):
             )
         return await super().reset(task)
 
-    def prompt(self, task: Task) -> str:
-        return str(task.payload["prompt"])
-
-    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
-        if "," not in args:
-            return False, "use lookup(ENTITY, RELATION)"
-        entity, relation = (s.strip() for s in args.rsplit(",", 1))
+    def call(self, entity: str, relation: str) -> tuple[bool, str]:
         if relation not in RELATIONS:
             return False, f"unknown relation {relation!r}; use one of {', '.join(RELATIONS)}"
         if normalize(entity) not in self.kb.names:
@@ -312,10 +298,5 @@ class KBLookupEnv(ToolEnv):
             return False, f"{entity} has no {relation}"
         return True, value
 
-    def is_correct(self, answer: str) -> bool:
-        assert self.task is not None
-        return normalize(answer) == normalize(str(self.task.payload["answer"]))
-
-    def result_used(self, text: str, result: str) -> bool:
-        entity = text.rsplit(",", 1)[0] if "," in text else text
-        return normalize(entity) == normalize(result)
+    def same(self, text: str, value: str) -> bool:
+        return normalize(text) == normalize(value)

@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
-from asyncrl.envs.toolenv import ToolEnv
+from asyncrl.envs.base import HashSplitTaskSource, task_id
+from asyncrl.envs.toolenv import ChainToolEnv
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -116,27 +116,19 @@ def strings_demonstrate(task: Task, rng: random.Random, corruption_rate: float) 
     return [*texts, f"<answer>{cur}</answer>"]
 
 
-class StringsEnv(ToolEnv):
+class StringsEnv(ChainToolEnv):
     """String-operation pipelines applied with one tool; see the module docstring."""
 
     kind = "strings"
+    tool_name, usage, chained = "apply", "apply(OPERATION, TEXT)", 1
 
     def __init__(self) -> None:
-        super().__init__()
-        self.tools = [
-            Tool(
-                name="apply",
-                description="apply(OPERATION, TEXT) -> TEXT with the operation applied. Operations: "
-                + ", ".join(OPERATIONS),
-                args_schema={
-                    "type": "string",
-                    "name": "call",
-                    "description": "OPERATION, TEXT (split at the first comma)",
-                    "operations": sorted(OPERATIONS),
-                    "example": "reverse, kolabe",
-                },
-            )
-        ]
+        super().__init__(
+            "TEXT with the operation applied. Operations: " + ", ".join(OPERATIONS),
+            ("call", "OPERATION, TEXT (split at the first comma)"),
+            "reverse, kolabe",
+            operations=sorted(OPERATIONS),
+        )
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> StringTasks:
@@ -145,23 +137,12 @@ class StringsEnv(ToolEnv):
     solve = staticmethod(strings_solve)
     demonstrate = staticmethod(strings_demonstrate)
 
-    def prompt(self, task: Task) -> str:
-        return str(task.payload["prompt"])
-
-    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
-        if "," not in args:
-            return False, "use apply(OPERATION, TEXT)"
-        op, text = (s.strip() for s in args.split(",", 1))
+    def call(self, op: str, text: str) -> tuple[bool, str]:
         if op not in OPERATIONS:
             return False, f"unknown operation {op[:40]!r}; use one of {', '.join(OPERATIONS)}"
         if not text:
             return False, "empty TEXT"
         return True, OPERATIONS[op](text)
 
-    def is_correct(self, answer: str) -> bool:
-        assert self.task is not None
-        return answer.strip().strip('"') == str(self.task.payload["answer"])
-
-    def result_used(self, text: str, result: str) -> bool:
-        arg = text.split(",", 1)[1] if "," in text else text
-        return arg.strip().strip('"') == result
+    def same(self, text: str, value: str) -> bool:
+        return text.strip().strip('"') == value

@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from asyncrl.config import CostConfig, default_of
 from asyncrl.envs.base import (
     AnswerAction,
     EpisodeRewards,
@@ -40,12 +41,12 @@ class EnvOptionsError(UserError, ValueError):
 class VerifierCache:
     """Caches the verdicts of deterministic verifiers by (environment, task id, answer).
 
-    A cost lever: the 8 samples of a group often give the same answer, and the same task returns
+    Its size is ``cost.reward_cache_entries`` (each rollout worker sets it). A cost lever: the 8 samples of a group often give the same answer, and the same task returns
     across epochs; a deterministic grader need not run twice. Hit rate and time spent grading are
     reported in the cost ledger (``cost/reward_cache_hit_rate``, ``cost/reward_seconds``).
     """
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+    def __init__(self, max_entries: int = default_of(CostConfig, "reward_cache_entries")) -> None:
         from collections import OrderedDict
 
         self.enabled = True
@@ -211,3 +212,64 @@ class ToolEnv(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Nothing to release by default."""
+
+
+class ChainToolEnv(ToolEnv):
+    """A built-in with one tool of two comma-separated arguments, ``NAME(A, B)``, whose result is
+    fed into the next call (``kb_lookup``: ``lookup(ENTITY, RELATION)``, ``strings``:
+    ``apply(OPERATION, TEXT)``). One argument is a keyword (a relation, an operation: never a
+    comma); the other, :attr:`chained`, carries the previous result and may contain commas, so the
+    call is split at the comma next to the keyword. The prompt is the task's; an answer is correct,
+    and a later text *uses* a result, when :meth:`same` says the texts agree."""
+
+    tool_name: ClassVar[str]
+    usage: ClassVar[str]
+    """The call's form, shown in the tool's description and its usage error."""
+    chained: ClassVar[int]
+    """Which argument (0 or 1) carries the previous result."""
+
+    def __init__(self, description: str, arg: tuple[str, str], example: str, **schema: Any) -> None:
+        """``arg``: the argument's name and description in the tool's schema; ``schema``: more of it."""
+        super().__init__()
+        self.tools = [
+            Tool(
+                name=self.tool_name,
+                description=f"{self.usage} -> {description}",
+                args_schema={
+                    "type": "string",
+                    "name": arg[0],
+                    "description": arg[1],
+                    **schema,
+                    "example": example,
+                },
+            )
+        ]
+
+    def prompt(self, task: Task) -> str:
+        return str(task.payload["prompt"])
+
+    def split(self, args: str) -> tuple[str, str]:
+        """The two arguments, whitespace-trimmed (the caller checked there is a comma)."""
+        a, b = args.split(",", 1) if self.chained == 1 else args.rsplit(",", 1)
+        return a.strip(), b.strip()
+
+    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
+        if "," not in args:
+            return False, f"use {self.usage}"
+        return self.call(*self.split(args))
+
+    @abstractmethod
+    def call(self, first: str, second: str) -> tuple[bool, str]:
+        """The tool on its two arguments; ``(True, result)`` or ``(False, error message)``."""
+
+    @abstractmethod
+    def same(self, text: str, value: str) -> bool:
+        """Whether the model's ``text`` names ``value`` (the answer, an earlier result)."""
+
+    def is_correct(self, answer: str) -> bool:
+        assert self.task is not None
+        return self.same(answer, str(self.task.payload["answer"]))
+
+    def result_used(self, text: str, result: str) -> bool:
+        arg = self.split(text)[self.chained] if "," in text else text
+        return self.same(arg, result)

@@ -37,10 +37,18 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import StepResult, Tool, ToolCallAction, call_env, close_env, parse_action
+from asyncrl.envs.base import (
+    AnyEnvironment,
+    StepResult,
+    Tool,
+    ToolCallAction,
+    call_env,
+    close_env,
+    parse_action,
+)
 from asyncrl.records import OUTCOMES, Fault, ToolCall
 
 if TYPE_CHECKING:
@@ -63,7 +71,7 @@ __all__ = [
 @dataclass
 class GuardStats:
     """What the guards of one process absorbed (cumulative; the rollout worker reports them as
-    ``guard/*`` metrics). ``calls``: guarded ``reset``/``step`` calls; ``faults``: calls that
+    the ``guard`` section of its report, :class:`asyncrl.telemetry.reports.GuardFigures`). ``calls``: guarded ``reset``/``step`` calls; ``faults``: calls that
     failed on every attempt; ``retries``: failed attempts that were retried; ``timeouts``,
     ``exceptions``, ``malformed``: failed attempts by kind (retried or not); ``fault_seconds``: wall
     time spent in failed attempts (a hang costs up to ``step_timeout_s`` each); ``tool_faults``:
@@ -77,9 +85,6 @@ class GuardStats:
     malformed: int = 0
     fault_seconds: float = 0.0
     tool_faults: int = 0
-
-    def metrics(self) -> dict[str, float]:
-        return {f"guard/{k}": float(v) for k, v in asdict(self).items()}
 
 
 GUARD_STATS = GuardStats()
@@ -103,7 +108,7 @@ class InjectedFault(RuntimeError):
 class EnvWrapper:
     """Base wrapper: forwards ``tools``, ``reset``, ``step``, ``close`` (sync or async inner env)."""
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: AnyEnvironment) -> None:
         self.env = env
 
     def __getattr__(self, name: str) -> Any:
@@ -147,7 +152,7 @@ class LatencyWrapper(EnvWrapper):
     Every delay is capped at ``max_seconds``. The delay is added to ``tool_call.latency_s``.
     """
 
-    def __init__(self, env: Any, cfg: LatencyConfig, rng: random.Random) -> None:
+    def __init__(self, env: AnyEnvironment, cfg: LatencyConfig, rng: random.Random) -> None:
         super().__init__(env)
         self.cfg = cfg
         self.rng = rng
@@ -192,7 +197,7 @@ class FaultWrapper(EnvWrapper):
 
     MALFORMED_KINDS = ("non_str", "huge", "nan_reward", "inf_process_reward", "not_a_result")
 
-    def __init__(self, env: Any, cfg: FaultConfig, rng: random.Random) -> None:
+    def __init__(self, env: AnyEnvironment, cfg: FaultConfig, rng: random.Random) -> None:
         super().__init__(env)
         self.cfg = cfg
         self.rng = rng
@@ -245,7 +250,7 @@ class _AttemptFailed(Exception):
         self.message = message
 
 
-def _finite(value: Any, name: str) -> float:
+def _finite(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _AttemptFailed("bad_reward", f"{name} is {type(value).__name__}, expected a number")
     try:
@@ -294,10 +299,9 @@ class AnswerCostWrapper(EnvWrapper):
 class GuardedEnv(EnvWrapper):
     """Isolates every environment fault; see the module docstring for the exact semantics."""
 
-    def __init__(self, env: Any, cfg: GuardConfig, *, max_observation_chars: int = 8192) -> None:
+    def __init__(self, env: AnyEnvironment, cfg: GuardConfig) -> None:
         super().__init__(env)
         self.cfg = cfg
-        self.max_observation_chars = max_observation_chars
 
     async def _attempt(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """One attempt with the timeout; converts every failure into :class:`_AttemptFailed`."""
@@ -344,19 +348,19 @@ class GuardedEnv(EnvWrapper):
         return None, failures
 
     # -- validation ----------------------------------------------------------------------------
-    def _check_text(self, obs: Any, what: str) -> str:
+    def _check_text(self, obs: object, what: str) -> str:
         if not isinstance(obs, str):
             raise _AttemptFailed("malformed", f"{what} is {type(obs).__name__}, expected str")
-        if len(obs) > self.max_observation_chars:
+        if len(obs) > self.cfg.max_observation_chars:
             raise _AttemptFailed(
-                "malformed", f"{what} has {len(obs)} characters (limit {self.max_observation_chars})"
+                "malformed", f"{what} has {len(obs)} characters (limit {self.cfg.max_observation_chars})"
             )
         return str.__str__(obs)
 
-    def _validate_reset(self, value: Any) -> str:
+    def _validate_reset(self, value: object) -> str:
         return self._check_text(value, "reset() result")
 
-    def _validate_step(self, value: Any) -> StepResult:
+    def _validate_step(self, value: object) -> StepResult:
         if not isinstance(value, StepResult):
             raise _AttemptFailed("malformed", f"step() returned {type(value).__name__}, expected StepResult")
         observation = self._check_text(value.observation, "observation")

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from asyncrl.config import GatewayConfig
+from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway.protocol import (
     ChatRequest,
@@ -212,22 +213,54 @@ class Gateway:
                 code="model_not_found",
             )
         self._check_session_age(s)
-        choice_mode, choice_fn = req.tool_choice_mode()
+        req.tool_choice_mode()  # a tool_choice naming no offered tool is a 400 before any work
+        prompt = self._prompt_in_context(s, req)
+        started = time.time()
+        results = await self._generate(s, req, prompt)
+        self.counts["calls"] += 1
+        choices: list[dict[str, Any]] = []
+        replies: set[ReplyKey] = set()
+        records: list[CallRecord] = []
+        for i, (sample, version) in enumerate(results):
+            keep = self.renderer.cut_at_stop(sample.token_ids, req.stops())
+            ids, lps = list(sample.token_ids[:keep]), list(sample.logprobs[:keep])
+            rec = CallRecord(prompt, ids, lps, version, sample.finish_reason, auxiliary, started, time.time())
+            s.calls.append(rec)
+            records.append(rec)
+            choice, reply_key = self._choice(
+                i, req, rec, cut=keep < len(sample.token_ids), n_calls=len(s.calls)
+            )
+            choices.append(choice)
+            replies.add(reply_key)
+        if req.n == 1 and not auxiliary:
+            s.last = LastCall(
+                [m.model_dump() for m in req.messages],
+                [t.model_dump() for t in req.tools or []],
+                replies,
+                records[0],
+            )
+        completion_tokens = sum(len(r.completion_ids) for r in records)
+        return response_body(completion_id(), self.cfg.model_name, choices, len(prompt), completion_tokens)
+
+    def _prompt_in_context(self, s: Session, req: ChatRequest) -> list[int]:
+        """The request's prompt ids, or the 400 saying why it cannot be prompted."""
         try:
             prompt = self._prompt(s, req)
         except ChatTemplateError as exc:
             raise GatewayError(400, f"messages: {exc}", param="messages") from None
-        room = self.max_context - len(prompt)
-        if room <= 0:
+        if len(prompt) >= self.max_context:
             raise GatewayError(
                 400,
                 f"messages: the prompt has {len(prompt)} tokens, the context holds {self.max_context}",
                 param="messages",
                 code="context_length_exceeded",
             )
-        sp = self._sampling(req, room)
+        return prompt
+
+    async def _generate(self, s: Session, req: ChatRequest, prompt: list[int]) -> list[tuple[Sample, int]]:
+        """Sample ``req.n`` completions once admitted; 401 if the session closed meanwhile."""
+        sp = self._sampling(req, self.max_context - len(prompt))
         await self._admit_call()
-        started = time.time()
         self.pending += req.n
         s.in_flight += 1
         try:
@@ -239,66 +272,42 @@ class Gateway:
             raise GatewayError(
                 401, "session finished during the call", code="session_finished", type_="authentication_error"
             )
-        self.counts["calls"] += 1
-        choices: list[dict[str, Any]] = []
-        replies: set[ReplyKey] = set()
-        records: list[CallRecord] = []
-        stops = req.stops()
-        for i, (sample, version) in enumerate(results):
-            keep = self.renderer.cut_at_stop(sample.token_ids, stops)
-            ids, lps = list(sample.token_ids[:keep]), list(sample.logprobs[:keep])
-            rec = CallRecord(prompt, ids, lps, version, sample.finish_reason, auxiliary, started, time.time())
-            s.calls.append(rec)
-            records.append(rec)
-            # tool_choice "none": the tools stay in the prompt (so it still extends the session's
-            # prompt token-exactly), the reply is not parsed for calls
-            reply = self.messages.parse(
-                ids, [] if choice_mode == "none" else req.tools or [], 10 * len(s.calls)
-            )
-            content, calls = reply.content, [(n, a) for n, a, _ in reply.calls]
-            if (choice_mode == "required" and not calls) or (
-                choice_mode == "function" and [n for n, _ in calls] != [choice_fn]
-            ):
-                # Not enforced by constrained decoding: that would sample tokens the policy did not
-                # choose, and their log-probs would no longer be the behaviour policy's. Counted.
-                self.counts["tool_choice_unmet"] += 1
-            tool_calls = [
-                {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
-                for n, a, cid in reply.calls
-            ]
-            replies.add(_key(content, calls))
-            finish = (
-                "tool_calls"
-                if tool_calls
-                else ("stop" if sample.finish_reason == "stop" or keep < len(sample.token_ids) else "length")
-            )
-            message = choice_message(content, tool_calls)
-            if reply.reasoning is not None:  # text before the answer or call is not dropped
-                message["reasoning_content"] = reply.reasoning
-            choice: dict[str, Any] = {
-                "index": i,
-                "message": message,
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-            if req.logprobs:
-                choice["logprobs"] = logprobs_block(self.messages.token_strings(ids), lps)
-            choices.append(choice)
-        if req.n == 1 and not auxiliary:
-            s.last = LastCall(
-                [m.model_dump() for m in req.messages],
-                [t.model_dump() for t in req.tools or []],
-                replies,
-                records[0],
-            )
-        body = response_body(
-            completion_id(),
-            self.cfg.model_name,
-            choices,
-            len(prompt),
-            sum(len(r.completion_ids) for r in records),
-        )
-        return body
+        return list(results)
+
+    def _choice(
+        self, index: int, req: ChatRequest, rec: CallRecord, *, cut: bool, n_calls: int
+    ) -> tuple[dict[str, Any], ReplyKey]:
+        """One OpenAI choice for a recorded completion, and the key the next call's prompt matches."""
+        choice_mode, choice_fn = req.tool_choice_mode()
+        ids = rec.completion_ids
+        # tool_choice "none": the tools stay in the prompt (so it still extends the session's
+        # prompt token-exactly), the reply is not parsed for calls
+        reply = self.messages.parse(ids, [] if choice_mode == "none" else req.tools or [], 10 * n_calls)
+        content, calls = reply.content, [(n, a) for n, a, _ in reply.calls]
+        if (choice_mode == "required" and not calls) or (
+            choice_mode == "function" and [n for n, _ in calls] != [choice_fn]
+        ):
+            # Not enforced by constrained decoding: that would sample tokens the policy did not
+            # choose, and their log-probs would no longer be the behaviour policy's. Counted.
+            self.counts["tool_choice_unmet"] += 1
+        tool_calls = [
+            {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+            for n, a, cid in reply.calls
+        ]
+        stopped = rec.finish_reason == "stop" or cut
+        finish = "tool_calls" if tool_calls else ("stop" if stopped else "length")
+        message = choice_message(content, tool_calls)
+        if reply.reasoning is not None:  # text before the answer or call is not dropped
+            message["reasoning_content"] = reply.reasoning
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        if req.logprobs:
+            choice["logprobs"] = logprobs_block(self.messages.token_strings(ids), rec.logprobs)
+        return choice, _key(content, calls)
 
     # -- HTTP --------------------------------------------------------------------------------------
     def app(self) -> Starlette:

@@ -82,7 +82,7 @@ class ExternalLauncher(Launcher):
     def pid(self, name: str) -> int | None:
         return None
 
-    def stop(self, name: str, timeout: float = 10.0) -> None:
+    def stop(self, name: str, timeout: float) -> None:
         """Nothing to do: every role stops by itself once the run's ``stop`` flag is set."""
 
     def names(self) -> list[str]:

@@ -28,7 +28,7 @@ class LocalLauncher(Launcher):
         proc = self._procs.get(name)
         return proc.pid if proc is not None else None
 
-    def stop(self, name: str, timeout: float = 10.0) -> None:
+    def stop(self, name: str, timeout: float) -> None:
         proc = self._procs.get(name)
         if proc is None:
             return

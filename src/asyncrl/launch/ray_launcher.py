@@ -259,7 +259,7 @@ class RayLauncher(Launcher):
         role = self._roles.get(name)
         return role.pid if role is not None else None
 
-    def stop(self, name: str, timeout: float = 10.0) -> None:
+    def stop(self, name: str, timeout: float) -> None:
         role = self._roles.get(name)
         if role is None:
             return

@@ -5,7 +5,7 @@ Each finished episode is classified as healthy or as one **anomaly** kind: ``exc
 retries, or a reset that failed), or ``reward_range`` (a final reward outside
 ``[reward_min, reward_max]``).
 
-States and transitions (``control.breaker``):
+States and transitions (``orchestrator.breaker``):
 
 * **closed** -- the bucket is sampled normally. ``consecutive`` episodes in a row with the *same*
   anomaly kind open it (a healthy episode or another kind restarts the count).
@@ -29,8 +29,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from asyncrl.config import BreakerConfig, RunConfig
 from asyncrl.orchestrator.alerts import Alert
+from asyncrl.telemetry.reports import GuardFigures
 
 State = Literal["closed", "open", "half_open"]
 STATE_CODE = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
@@ -55,7 +58,7 @@ class Breakers:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> Breakers:
-        return cls(cfg.control.breaker, env=cfg.env.kind)
+        return cls(cfg.orchestrator.breaker, env=cfg.env.kind)
 
     def state(self, bucket: str) -> State:
         b = self.b.get(bucket)
@@ -146,12 +149,11 @@ class FaultRateMonitor:
 
     @classmethod
     def of(cls, cfg: Any) -> FaultRateMonitor:
-        c = cfg.control.breaker
+        c = cfg.orchestrator.breaker
         return cls(c.fault_rate_alert, c.fault_rate_window, env=cfg.env.path or cfg.env.kind)
 
-    def observe(self, totals: dict[str, float], now: float) -> list[Alert]:
-        attempts = totals.get("calls", 0.0) + totals.get("retries", 0.0)
-        failed = sum(totals.get(k, 0.0) for k in ("timeouts", "exceptions", "malformed"))
+    def observe(self, totals: GuardFigures, now: float) -> list[Alert]:
+        attempts, failed = _attempts(totals)
         n, bad = attempts - self.start[0], failed - self.start[1]
         if n < self.window or not self.threshold:
             return []
@@ -165,7 +167,7 @@ class FaultRateMonitor:
             "attempts": n,
             "failed": bad,
             "threshold": self.threshold,
-            **totals,
+            **msgspec.structs.asdict(totals),
         }
         return [
             Alert("env_faults", "", evidence, f"environment {self.env}: {self.rate:.0%} of calls failed", now)
@@ -179,7 +181,12 @@ class FaultRateMonitor:
         self.above, self.alerts, self.rate = bool(doc["above"]), int(doc["alerts"]), float(doc["rate"])
 
 
-def fault_summary(totals: dict[str, float], env_seconds: float, step_timeout_s: float) -> dict[str, Any]:
+def _attempts(totals: GuardFigures) -> tuple[float, float]:
+    """(attempts, failed attempts) of the environment calls the guards saw."""
+    return totals.calls + totals.retries, totals.timeouts + totals.exceptions + totals.malformed
+
+
+def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: float) -> dict[str, Any]:
     """The run's environment faults in one dict (``summary.json``'s ``env_faults`` entry).
 
     ``totals``: the guard counts summed over the workers (:meth:`Rules.env_totals`);
@@ -187,18 +194,17 @@ def fault_summary(totals: dict[str, float], env_seconds: float, step_timeout_s: 
     spent in attempts that failed (mostly hangs waiting for ``step_timeout_s``); above 10%, ``note``
     says in words that hangs stretched the run.
     """
-    attempts = totals.get("calls", 0.0) + totals.get("retries", 0.0)
-    failed = sum(totals.get(k, 0.0) for k in ("timeouts", "exceptions", "malformed"))
-    lost = totals.get("fault_seconds", 0.0)
+    attempts, failed = _attempts(totals)
+    lost = totals.fault_seconds
     share = lost / env_seconds if env_seconds > 0 else 0.0
     out: dict[str, Any] = {
-        "calls": int(totals.get("calls", 0)),
-        "faults": int(totals.get("faults", 0)),
-        "retries": int(totals.get("retries", 0)),
-        "timeouts": int(totals.get("timeouts", 0)),
-        "exceptions": int(totals.get("exceptions", 0)),
-        "malformed": int(totals.get("malformed", 0)),
-        "tool_faults": int(totals.get("tool_faults", 0)),
+        "calls": int(totals.calls),
+        "faults": int(totals.faults),
+        "retries": int(totals.retries),
+        "timeouts": int(totals.timeouts),
+        "exceptions": int(totals.exceptions),
+        "malformed": int(totals.malformed),
+        "tool_faults": int(totals.tool_faults),
         "fault_rate": failed / attempts if attempts else 0.0,
         "fault_seconds": lost,
         "hang_share": share,

@@ -4,7 +4,7 @@ A **bucket** is a (task type, difficulty) pair, written ``"type:difficulty"`` (e
 ``"arithmetic:3"``); the buckets of a run are the task source's ``task_types`` x its active
 difficulties. Each bucket keeps the outcomes of its last ``window`` episodes.
 
-Weight rule (``control.curriculum``): with ``p`` the bucket's success rate over its window,
+Weight rule (``orchestrator.curriculum``): with ``p`` the bucket's success rate over its window,
 
     w = floor + (ceiling - floor) * 4 p (1 - p)            once it has >= min_episodes episodes
     w = ceiling                                            before that (unexplored buckets first)
@@ -40,7 +40,7 @@ class Curriculum:
 
     @classmethod
     def of(cls, cfg: RunConfig, buckets: list[str]) -> Curriculum:
-        return cls(buckets, cfg.control.curriculum)
+        return cls(buckets, cfg.orchestrator.curriculum)
 
     def observe(self, bucket: str, success: bool) -> None:
         self.outcomes.setdefault(bucket, deque(maxlen=self.window)).append(int(success))

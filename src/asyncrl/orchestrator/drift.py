@@ -40,7 +40,7 @@ class Cusum:
     k: float
     h: float
     min_std: float
-    """``control.drift.warmup``, ``k``, ``h``, ``min_std``."""
+    """``orchestrator.drift.warmup``, ``k``, ``h``, ``min_std``."""
     ref: list[float] = field(default_factory=list)
     mu: float = 0.0
     sd: float = 0.0
@@ -89,7 +89,7 @@ class DriftMonitor:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> DriftMonitor:
-        return cls(cfg.control.drift)
+        return cls(cfg.orchestrator.drift)
 
     def observe(self, bucket: str, group_mean_reward: float, now: float) -> list[Alert]:
         stream = self.streams.setdefault(bucket, Cusum(**self.params))  # type: ignore[arg-type]
@@ -131,7 +131,7 @@ class HackingMonitor:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> HackingMonitor:
-        return cls(cfg.control.drift)
+        return cls(cfg.orchestrator.drift)
 
     def observe(self, train_reward: float, heldout_success: float) -> list[Alert]:
         self.pairs.append((train_reward, heldout_success))

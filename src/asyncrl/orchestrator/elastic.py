@@ -3,7 +3,7 @@
 Every tick the orchestrator feeds one :class:`FlowSample` -- production rate (episodes/s finished
 by all workers), consumption rate (samples/s the trainer trained), queue fill (ready entries /
 capacity), the trainer's busy fraction over the last interval, and the mean staleness of the
-trained samples against its limit. Over the last ``window`` samples (``control.elastic``):
+trained samples against its limit. Over the last ``window`` samples (``orchestrator.elastic``):
 
 * **scale up** (one worker, if below ``max_workers``) when in every sample the queue is nearly
   empty (``fill <= starve_fill``), the trainer is starving (``busy < starve_busy``), production
@@ -49,7 +49,7 @@ class ElasticController:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> ElasticController:
-        return cls(cfg.control.elastic)
+        return cls(cfg.orchestrator.elastic)
 
     def observe(self, sample: FlowSample, workers: int, now: float) -> tuple[int, list[Alert]]:
         """Add one sample; returns (change in worker count: -1, 0 or +1, alerts)."""

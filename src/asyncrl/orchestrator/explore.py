@@ -1,7 +1,7 @@
 """Exploration control: temperature jitter and the exploration-task rate.
 
 The signal is the share of finished groups whose members all got the same reward (zero group
-advantage: nothing to learn from). With ``control.exploration.adaptive`` on, after every
+advantage: nothing to learn from). With ``orchestrator.exploration.adaptive`` on, after every
 ``window`` groups:
 
 * share ``>= zero_signal_high`` -> raise ``temperature_jitter`` and ``exploration_rate`` by ``step``
@@ -35,7 +35,7 @@ class ExplorationController:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> ExplorationController:
-        return cls(cfg.control.exploration, cfg.rollout.temperature_jitter, cfg.rollout.exploration_rate)
+        return cls(cfg.orchestrator.exploration, cfg.rollout.temperature_jitter, cfg.rollout.exploration_rate)
 
     def observe(self, group_rewards: list[float]) -> list[Alert]:
         if not self.adaptive or len(group_rewards) < 2:

@@ -3,31 +3,31 @@
 Fed the trained samples' mean age (one point per trainer report) and the queue fill (one per
 tick), it returns the effective ``max_staleness`` and ``sync_every``:
 
-* mean age above the configured limit for ``window`` reports in a row -> lag - 1 and
-  sync_every - 1 (tighter lag, weights published more often; at lag 0 every episode starts on the
+* mean age above the configured bound for ``window`` reports in a row -> bound - 1 and
+  sync_every - 1 (tighter bound, weights published more often; at bound 0 every episode starts on the
   newest weights: "online mode"), with a ``staleness_runaway`` alert;
-* mean age at most half the limit -> lag + 1 back towards the configured value
+* mean age at most half the bound -> bound + 1 back towards the configured value
   (``staleness_recovered`` alert when it gets there);
 * queue fill under ``low_fill`` for ``fill_window`` ticks -> sync_every - 1 (an under-used queue: sync
   faster); at or above it for ``fill_window`` ticks -> sync_every + 1 back towards the configured value;
-* always ``sync_every <= lag + 1``.
+* always ``sync_every <= bound + 1``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from asyncrl.config import OrchestratorConfig
+from asyncrl.config import GovernorConfig
 from asyncrl.orchestrator.alerts import Alert
 
 
 class StalenessGovernor:
-    """Rule 6 (module docstring); the windows and the fill threshold are ``orchestrator.governor_*``."""
+    """Rule 6 (module docstring); the windows and the fill threshold are ``orchestrator.governor``."""
 
-    def __init__(self, max_staleness: int, sync_every: int, oc: OrchestratorConfig) -> None:
-        self.configured, self.configured_sync, self.low_fill = max_staleness, sync_every, oc.governor_low_fill
-        self.ages: deque[float] = deque(maxlen=oc.governor_window)
-        self.fills: deque[float] = deque(maxlen=oc.governor_fill_window)
+    def __init__(self, max_staleness: int, sync_every: int, gc: GovernorConfig) -> None:
+        self.configured, self.configured_sync, self.low_fill = max_staleness, sync_every, gc.low_fill
+        self.ages: deque[float] = deque(maxlen=gc.window)
+        self.fills: deque[float] = deque(maxlen=gc.fill_window)
 
     def observe_age(self, mean_age: float) -> None:
         self.ages.append(mean_age)

@@ -1,10 +1,11 @@
-"""All of the orchestrator's rules behind one object: fed metric rows, returns alerts and directives.
+"""All of the orchestrator's rules behind one object: fed the roles' reports, returns alerts and directives.
 
 :class:`Rules` owns one instance of each rule (curriculum, breakers, drift, reward hacking,
 exploration, staleness runaway, elastic capacity) and the alert log; it also turns a worker's refusal of
 a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The orchestrator tick calls
-:meth:`feed` with the new metric rows, :meth:`directives` to get the document the workers follow,
-and :meth:`snapshot` / :meth:`restore` to persist every rule's state in the state store.
+:meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded once per tick),
+:meth:`directives` to get the document the workers follow, and :meth:`snapshot` / :meth:`restore` to
+persist every rule's state in the state store.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from asyncrl.control.buckets import buckets_of_source
 from asyncrl.control.directives import Directives, compose
@@ -21,6 +24,15 @@ from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController
 from asyncrl.orchestrator.explore import ExplorationController
+from asyncrl.telemetry.reports import (
+    CANARY_FAILED,
+    Decoded,
+    Event,
+    GroupReport,
+    GuardFigures,
+    TrainerReport,
+    WorkerReport,
+)
 
 
 class Rules:
@@ -36,8 +48,8 @@ class Rules:
         self.curriculum = Curriculum.of(cfg, buckets)
         self.breakers = Breakers.of(cfg)
         self.faults = FaultRateMonitor.of(cfg)
-        self.env_counts: dict[str, dict[str, float]] = {}
-        """Latest guard counts (``guard/*``) of every rollout process, keyed ``role:pid``."""
+        self.env_counts: dict[str, GuardFigures] = {}
+        """Latest guard counts of every rollout process, keyed ``role:pid``."""
         self.drift = DriftMonitor.of(cfg)
         self.hacking = HackingMonitor.of(cfg)
         self.exploration = ExplorationController.of(cfg)
@@ -45,57 +57,52 @@ class Rules:
         self.train_reward: float | None = None
         self.groups = 0
 
-    def feed(self, rows: list[dict[str, Any]], now: float | None = None) -> list[Alert]:
-        """Consume new metric rows: ``rollout/group`` events and trainer reports."""
+    def feed(self, reports: list[Decoded], now: float | None = None) -> list[Alert]:
+        """Consume new reports: group reports, trainer reports, refused weight versions, guard counts."""
         now = time.time() if now is None else now
         out: list[Alert] = []
-        c = self.cfg.control
-        self.observe_env(rows)
-        for r in rows:
-            if r.get("role") == "trainer" and r.get("reward/mean") is not None:
-                self.train_reward = float(r["reward/mean"])
-            if r.get("event") == "weights/canary_failed":
-                out.append(canary_alert(r))
-            if r.get("event") != "rollout/group":
-                continue
-            bucket, rewards = str(r["bucket"]), [float(x) for x in r["rewards"]]
-            mean = sum(rewards) / len(rewards)
-            if r.get("heldout"):
-                if self.train_reward is not None:
-                    out += self.hacking.observe(
-                        self.train_reward, sum(o == "success" for o in r["outcomes"]) / len(rewards)
-                    )
-                continue
-            self.groups += 1
-            if c.breaker.enabled:
-                for a in r["anomalies"]:
-                    out += self.breakers.observe(bucket, a, now)
-            if self.breakers.state(bucket) != "open":
-                for o in r["outcomes"]:
-                    self.curriculum.observe(bucket, o == "success")
-                if c.drift.enabled:
-                    out += self.drift.observe(bucket, mean, now)
-            out += self.exploration.observe(rewards)
+        self.observe_env(reports)
+        for r in reports:
+            if isinstance(r, TrainerReport) and r.reward.mean is not None:
+                self.train_reward = r.reward.mean
+            elif isinstance(r, Event) and r.name == CANARY_FAILED:
+                out.append(canary_alert(r.data))
+            elif isinstance(r, GroupReport):
+                out += self._group(r, now)
         out += self.breakers.tick(now)
         out += self.faults.observe(self.env_totals(), now)
         self.alerts.extend(out)
         return out
 
-    def observe_env(self, rows: list[dict[str, Any]]) -> None:
-        """Keep the latest guard counts (``guard/*``) of every rollout process."""
-        for r in rows:
-            if "guard/calls" in r and "event" not in r:
-                self.env_counts[f"{r.get('role')}:{r.get('pid')}"] = {
-                    k.removeprefix("guard/"): float(v) for k, v in r.items() if k.startswith("guard/")
-                }
-
-    def env_totals(self) -> dict[str, float]:
-        """The guard counts summed over every rollout process (restarted ones included)."""
-        out: dict[str, float] = {}
-        for counts in self.env_counts.values():
-            for k, v in counts.items():
-                out[k] = out.get(k, 0.0) + v
+    def _group(self, g: GroupReport, now: float) -> list[Alert]:
+        """One finished group: a held-out probe feeds the hacking rule, a training group the others."""
+        c, out = self.cfg.orchestrator, []
+        if g.heldout:
+            if self.train_reward is not None:
+                success = sum(o == "success" for o in g.outcomes) / len(g.rewards)
+                out += self.hacking.observe(self.train_reward, success)
+            return out
+        self.groups += 1
+        if c.breaker.enabled:
+            for a in g.anomalies:
+                out += self.breakers.observe(g.bucket, a, now)
+        if self.breakers.state(g.bucket) != "open":
+            for o in g.outcomes:
+                self.curriculum.observe(g.bucket, o == "success")
+            if c.drift.enabled:
+                out += self.drift.observe(g.bucket, sum(g.rewards) / len(g.rewards), now)
+        out += self.exploration.observe(g.rewards)
         return out
+
+    def observe_env(self, reports: list[Decoded]) -> None:
+        """Keep the latest guard counts of every rollout process."""
+        for r in reports:
+            if isinstance(r, WorkerReport):
+                self.env_counts[f"{r.role}:{r.pid}"] = r.guard
+
+    def env_totals(self) -> GuardFigures:
+        """The guard counts summed over every rollout process (restarted ones included)."""
+        return GuardFigures.total(self.env_counts.values())
 
     def directives(self, workers: list[str], retire: list[str], now: float | None = None) -> Directives:
         now = time.time() if now is None else now
@@ -104,9 +111,9 @@ class Rules:
             self.drift.factors(now),
             self.breakers.buckets_in("open"),
             self.breakers.buckets_in("half_open"),
-            self.cfg.control.curriculum.floor,
+            self.cfg.orchestrator.curriculum.floor,
             self.exploration.settings(),
-            self.cfg.control.drift.heldout_rate,
+            self.cfg.orchestrator.drift.heldout_rate,
             workers,
             retire,
         )
@@ -136,7 +143,7 @@ class Rules:
             "exploration": self.exploration.snapshot(),
             "elastic": self.elastic.snapshot(),
             "faults": self.faults.snapshot(),
-            "env_counts": self.env_counts,
+            "env_counts": {k: msgspec.to_builtins(v) for k, v in self.env_counts.items()},
             "train_reward": self.train_reward,
             "groups": self.groups,
         }
@@ -151,7 +158,8 @@ class Rules:
         self.elastic.restore(doc["elastic"])
         if "faults" in doc:  # absent in snapshots written before the fault-rate alert existed
             self.faults.restore(doc["faults"])
-            self.env_counts = doc.get("env_counts", {})
+            counts = doc.get("env_counts", {})
+            self.env_counts = {k: msgspec.convert(v, GuardFigures) for k, v in counts.items()}
         self.train_reward = doc.get("train_reward")
         self.groups = int(doc.get("groups", 0))
 

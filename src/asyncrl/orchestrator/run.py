@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
+from asyncrl.cost.ledger import read_reports
 from asyncrl.errors import UserError
 from asyncrl.orchestrator.alerts import Alert
 from asyncrl.orchestrator.breaker import fault_line, fault_summary
@@ -41,12 +42,14 @@ from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
-from asyncrl.telemetry.jsonl import MetricTail, memory_figures, read_jsonl_dir
+from asyncrl.telemetry.jsonl import MetricTail, memory
+from asyncrl.telemetry.reports import Decoded, Report, TrainerReport, WorkerReport, decode_rows
 
 log = logging.getLogger("asyncrl.orchestrator")
 
 if TYPE_CHECKING:
     from asyncrl.policy.preflight import ModelPlan
+    from asyncrl.transport import TrajectoryQueue
 
 ORCHESTRATOR = "orchestrator"
 CONTEXT_PROBE_TASKS = 4  # held-out and training tasks each whose episode openings the preflight renders
@@ -79,7 +82,7 @@ class Orchestrator:
         self.staleness = self.state.staleness
         self.rules = Rules(cfg, run_dir)
         self.governor = StalenessGovernor(
-            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator
+            self.staleness.max_staleness, cfg.trainer.sync_every, cfg.orchestrator.governor
         )
         self.trainer_ranks = [TRAINER, *(f"{TRAINER}.{r}" for r in range(1, cfg.trainer.world_size))]
         """The trainer's processes: rank 0 is ``trainer`` (metrics, restarts), rank r ``trainer.r``."""
@@ -99,7 +102,7 @@ class Orchestrator:
         self.rl_seconds = 0.0
         self._merged = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self.telemetry = OrchestratorTelemetry(cfg, run_dir)
-        self._queue: Any = None  # opened on first use by the watchdog
+        self._queue: TrajectoryQueue | None = None  # opened on the first tick (_read_queue)
         self._progress: tuple[int, int] | None = None
         self._progress_at = self._stall_alerted = time.time()
 
@@ -187,25 +190,35 @@ class Orchestrator:
     def env_faults(self) -> dict[str, Any]:
         """The environment's fault, retry and timeout counts so far (display, summary, report)."""
         return fault_summary(
-            self.rules.env_totals(), self.live.total("rollout/env_seconds"), self.cfg.env.guard.step_timeout_s
+            self.rules.env_totals(), self.live.rollout().env_seconds, self.cfg.env.guard.step_timeout_s
         )
 
     # -- flow control --------------------------------------------------------------------------------
+    def _read_queue(self) -> None:
+        """The queue's figures, read once per tick through the orchestrator's own handle: the one source
+        of queue depth for the watermarks, the governor, elastic scaling, the watchdog and the display."""
+        if self._queue is None:
+            from asyncrl.transport import make_queue
+
+            self._queue = make_queue(self.cfg.transport, self.run_dir)
+        self.live.queue = self._queue.stats()
+
     def _watermarks(self) -> None:
         # ready entries only: leased ones are already the trainer's (acknowledged once their fate is durable)
-        oc, depth = self.cfg.orchestrator, float(self.live.trainer.get("queue/ready") or 0.0)
-        fill = depth / self.cfg.transport.capacity
+        oc, fill = self.cfg.orchestrator, self.live.fill(self.cfg.transport.capacity)
         if fill >= oc.high_watermark:
             self.state.set_paused(True)
         elif fill <= oc.low_watermark:
             self.state.set_paused(False)
 
-    def _adapt_staleness(self) -> None:
-        """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.governor.StalenessGovernor`)."""
-        current, sync = self.state.effective_lag(), self.state.effective_sync_every()
-        while self.live.ages:
-            self.governor.observe_age(self.live.ages.popleft())
-        fill = float(self.live.trainer.get("queue/ready") or 0.0) / self.cfg.transport.capacity
+    def _adapt_staleness(self, reports: list[Decoded]) -> None:
+        """Rule 6 of the staleness rules (:class:`~asyncrl.orchestrator.governor.StalenessGovernor`): the
+        ages are the mean age of every trained batch this tick (each trainer report's ``staleness.mean``)."""
+        current, sync = self.state.effective_max_staleness(), self.state.effective_sync_every()
+        for r in reports:
+            if isinstance(r, TrainerReport) and r.staleness.mean is not None:
+                self.governor.observe_age(r.staleness.mean)
+        fill = self.live.fill(self.cfg.transport.capacity)
         current, sync, alerts = self.governor.step(current, sync, fill)
         self.rules.alerts.extend(alerts)
         self.state.set_effective(current, sync)
@@ -215,12 +228,8 @@ class Orchestrator:
         limit, now = self.cfg.orchestrator.watchdog_s, time.time()
         if not limit:
             return
-        if self._queue is None:
-            from asyncrl.transport import make_queue
-
-            self._queue = make_queue(self.cfg.transport, self.run_dir)
-        qs = self._queue.stats()
-        mark = (self.state.version(), int(qs["queue/put_total"]))
+        qs = self.live.queue
+        mark = (self.state.version(), int(qs.put_total))
         if mark != self._progress:
             self._progress, self._progress_at = mark, now
             return
@@ -232,9 +241,9 @@ class Orchestrator:
             "seconds": round(stalled, 1),
             "version": mark[0],
             "accepted": mark[1],
-            "queue_depth": int(qs["queue/depth"]),
-            "queue_ready": int(qs["queue/ready"]),
-            "queue_capacity": int(qs["queue/capacity"]),
+            "queue_depth": int(qs.depth),
+            "queue_ready": int(qs.ready),
+            "queue_capacity": int(qs.capacity),
             "fates": self.state.fate_counts(),
             "paused": self.state.paused(),
         }
@@ -248,24 +257,24 @@ class Orchestrator:
         print(message, file=sys.stderr, flush=True)
 
     # -- rules, capacity, snapshots ------------------------------------------------------------------
-    def _apply_rules(self, rows: list[dict[str, Any]]) -> None:
-        self.rules.feed(rows)
+    def _apply_rules(self, reports: list[Decoded]) -> None:
+        self.rules.feed(reports)
         self.state.publish_directives(self.rules.directives(self.workers, self.retiring))
 
     def _scale(self) -> None:
         """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
-        now, t = time.time(), self.live.trainer
+        now, t = time.time(), self.live.latest_trainer().trainer
         if (
-            not self.cfg.control.elastic.enabled
+            not self.cfg.orchestrator.elastic.enabled
             or now - self._flow.get("at", 0.0) < self.cfg.telemetry.log_every_s
         ):
             return
         cur = {
             "at": now,
-            "episodes": self.live.total("rollout/episodes"),
-            "trained": float(t.get("trainer/samples_trained") or 0.0),
-            "busy": float(t.get("trainer/busy_seconds") or 0.0),
-            "idle": float(t.get("trainer/idle_seconds") or 0.0),
+            "episodes": self.live.rollout().episodes,
+            "trained": t.samples_trained,
+            "busy": t.busy_seconds,
+            "idle": t.idle_seconds,
         }
         prev, self._flow = self._flow, cur
         if not prev:
@@ -275,9 +284,9 @@ class Orchestrator:
         sample = FlowSample(
             production=(cur["episodes"] - prev["episodes"]) / dt,
             consumption=(cur["trained"] - prev["trained"]) / dt,
-            fill=float(t.get("queue/ready") or 0.0) / self.cfg.transport.capacity,
+            fill=self.live.fill(self.cfg.transport.capacity),
             busy=(cur["busy"] - prev["busy"]) / spent if spent > 0 else 1.0,
-            staleness=float(t.get("staleness/mean") or 0.0),
+            staleness=self.live.latest_trainer().staleness.mean or 0.0,
             staleness_limit=float(self.staleness.max_staleness),
         )
         delta, alerts = self.rules.elastic.observe(sample, len(self.workers), now)
@@ -356,7 +365,7 @@ class Orchestrator:
                 self.restore(saved)
             self._reap_orphans()
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrainerReport | None:
         self.prepare()
         self._start(TRAINER, resume_trainer=self.resume)
         for name in self.workers:
@@ -371,13 +380,15 @@ class Orchestrator:
                     rows = self.tail.poll()
                     for r in rows:
                         self._merged.write(json.dumps(r) + "\n")
-                    self.live.absorb(rows)
+                    reports = decode_rows(rows)  # once per tick: everything below reads attributes
+                    self.live.absorb(reports)
+                    self._read_queue()
                     self.telemetry.tick(rows, self.state, self.live, self.restarts, self.started)
                     self._supervise()
                     self._watermarks()
-                    self._apply_rules(rows)
+                    self._apply_rules(reports)
                     if self.staleness.adapts:
-                        self._adapt_staleness()
+                        self._adapt_staleness(reports)
                     self._scale()
                     self._watchdog()
                     self._snapshot()
@@ -395,8 +406,9 @@ class Orchestrator:
         for r in rows:
             self._merged.write(json.dumps(r) + "\n")
         self._merged.close()
-        self.live.absorb(rows)
-        self.rules.observe_env(rows)
+        reports = decode_rows(rows)
+        self.live.absorb(reports)
+        self.rules.observe_env(reports)
         self.telemetry.close(rows)
         return self.live.trainer
 
@@ -405,12 +417,12 @@ class Orchestrator:
         now = time.time()
         if now - self._progress_at < self.cfg.telemetry.progress_every_s:
             return
-        self._progress_at, t = now, self.live.trainer
+        self._progress_at, r = now, self.live.latest_trainer()
         print(
-            f"[{now - self.started:5.0f}s] step {int(t.get('trainer/step') or 0)}/{self.cfg.trainer.total_steps}"
-            f" version {int(t.get('trainer/version') or 0)} reward {float(t.get('reward/mean') or 0):.3f}"
-            f" success {float(t.get('reward/success_rate') or 0):.1%}"
-            f" episodes {int(self.live.total('rollout/episodes'))} env: {fault_line(self.env_faults())}",
+            f"[{now - self.started:5.0f}s] step {int(r.trainer.step)}/{self.cfg.trainer.total_steps}"
+            f" version {int(r.trainer.version)} reward {r.reward.mean or 0:.3f}"
+            f" success {r.reward.success_rate or 0:.1%}"
+            f" episodes {int(self.live.rollout().episodes)} env: {fault_line(self.env_faults())}",
             flush=True,
         )
 
@@ -467,38 +479,27 @@ class _Display:
     def render(self) -> Any:
         from rich.table import Table
 
-        o, t = self.orch, self.orch.live.trainer
+        o, t = self.orch, self.orch.live.latest_trainer()
         total = o.cfg.trainer.total_steps
-        step = int(t.get("trainer/step") or 0)
+        step = int(t.trainer.step)
         elapsed = time.time() - o.started
         eta = (elapsed / step * (total - step)) if step else float("nan")
-        episodes = o.live.total("rollout/episodes")
-        tokens = o.live.total("rollout/tokens")
-        table = Table(
-            title=f"asyncrl {o.cfg.orchestrator.mode} — {o.run_dir}", show_header=False, expand=False
-        )
+        rollout, ev = o.live.rollout(), o.live.evaluation
+        table = Table(title=f"asyncrl {o.cfg.control.mode} — {o.run_dir}", show_header=False, expand=False)
         table.add_column(style="bold")
         table.add_column(justify="right")
         rows = [
-            ("version / step", f"{int(t.get('trainer/version') or 0)} / {step} of {total}"),
-            ("samples/s (rollout)", f"{episodes / elapsed:.1f}" if elapsed else "-"),
-            ("tokens/s (rollout)", f"{tokens / elapsed:.0f}" if elapsed else "-"),
-            (
-                "queue depth",
-                f"{int(t.get('queue/depth') or 0)}" + (" (paused)" if o.state.paused() else ""),
-            ),
-            (
-                "staleness mean / max",
-                f"{float(t.get('staleness/mean') or 0):.2f} / {int(t.get('staleness/max') or 0)}",
-            ),
-            ("reward (train batch)", f"{float(t.get('reward/mean') or 0):.3f}"),
-            ("success (train batch)", f"{float(t.get('reward/success_rate') or 0):.1%}"),
-            ("trainer busy", f"{float(t.get('trainer/busy_fraction') or 0):.0%}"),
+            ("version / step", f"{int(t.trainer.version)} / {step} of {total}"),
+            ("samples/s (rollout)", f"{rollout.episodes / elapsed:.1f}" if elapsed else "-"),
+            ("tokens/s (rollout)", f"{rollout.tokens / elapsed:.0f}" if elapsed else "-"),
+            ("queue depth", f"{int(o.live.queue.depth)}" + (" (paused)" if o.state.paused() else "")),
+            ("staleness mean / max", f"{t.staleness.mean or 0:.2f} / {int(t.staleness.max or 0)}"),
+            ("reward (train batch)", f"{t.reward.mean or 0:.3f}"),
+            ("success (train batch)", f"{t.reward.success_rate or 0:.1%}"),
+            ("trainer busy", f"{t.trainer.busy_fraction:.0%}"),
             (
                 "held-out success (periodic)",
-                f"{float(o.live.evaluation['eval/success_rate']):.1%} at v{int(o.live.evaluation['eval/version'])}"
-                if o.live.evaluation
-                else "-",
+                f"{ev.eval.success_rate:.1%} at v{int(ev.eval.version)}" if ev else "-",
             ),
             ("elapsed / ETA", f"{elapsed:.0f}s / {eta:.0f}s" if step else f"{elapsed:.0f}s / -"),
             ("restarts", ", ".join(f"{k}×{v}" for k, v in o.restarts.items()) or "none"),
@@ -668,45 +669,68 @@ def _peak_memory(run_dir: Path) -> dict[str, float]:
     """Peak resident memory (MB) per role, from the ``mem/peak_rss_mb`` of its metric rows (the
     highest over restarts), and of this launcher process (warm start and evaluations)."""
     peaks: dict[str, float] = {}
-    for row in read_jsonl_dir(run_dir / "metrics"):
-        role, peak = row.get("role"), row.get("mem/peak_rss_mb")
-        if isinstance(role, str) and isinstance(peak, (int, float)):
-            peaks[role] = max(peaks.get(role, 0.0), float(peak))
-    peaks["launcher"] = memory_figures()["mem/peak_rss_mb"]
+    for r in read_reports(run_dir):
+        if isinstance(r, Report) and r.mem is not None:
+            peaks[r.role] = max(peaks.get(r.role, 0.0), r.mem.peak_rss_mb)
+    peaks["launcher"] = memory().peak_rss_mb
     return dict(sorted(peaks.items()))
 
 
 def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
     """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`)."""
-    checked = int(orch.live.total("rollout/token_exact_checked"))
+    w = orch.live.rollout()
+    checked = int(w.token_exact_checked)
 
-    def share_exact(key: str) -> float | None:
-        return (1.0 - orch.live.total(key) / checked) if checked else None
+    def share_exact(inexact: float) -> float | None:
+        return (1.0 - inexact / checked) if checked else None
 
     return {
         "token_exact_checked": checked,
-        "token_exact_rate": share_exact("rollout/token_inexact"),
-        "retokenization_exact_rate": share_exact("rollout/retokenization_inexact"),
-        "retokenization_diff_tokens": int(orch.live.total("rollout/retokenization_diff_tokens")),
+        "token_exact_rate": share_exact(w.token_inexact),
+        "retokenization_exact_rate": share_exact(w.retokenization_inexact),
+        "retokenization_diff_tokens": int(w.retokenization_diff_tokens),
     }
 
 
 def _canary(orch: Orchestrator) -> dict[str, int]:
     """The weight-sync canary over the run: loads checked, versions refused, loads that could not be checked."""
+    c = orch.live.canary()
     return {
-        "checked": int(orch.live.total("weights/canary_checked")),
-        "failed": int(orch.live.total("weights/canary_failed")),
-        "unverified": int(orch.live.total("weights/canary_unverified")),
+        "checked": int(c.canary_checked),
+        "failed": int(c.canary_failed),
+        "unverified": int(c.canary_unverified),
         "alerts": orch.rules.alerts.counts.get("weight_canary", 0),
     }
 
 
+def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dict[str, Any]:
+    """The run's cost ledger from every role's reports (``cost.json``), reconciled with the wall time."""
+    from asyncrl.cost.ledger import collect_usage, price, stored_bytes
+
+    lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
+    usage = collect_usage(
+        read_reports(run_dir),
+        wall_seconds=orch.rl_seconds,
+        stored_bytes=stored_bytes(run_dir),
+        lifetimes=lifetimes,
+    )
+    cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
+    cost["reconciliation"] = {
+        "device_seconds": usage.device_seconds,
+        "wall_x_devices": orch.rl_seconds * usage.devices,
+        "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
+    }
+    (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+    return cost
+
+
 def _lending(orch: Orchestrator) -> dict[str, Any]:
     """Core lending over the run (:mod:`asyncrl.control.lending`): thread-seconds each role borrowed
-    from a waiting one (the roles' last ``cores/borrowed_thread_seconds``)."""
-    key = "cores/borrowed_thread_seconds"
-    rows = {TRAINER: orch.live.trainer, **orch.live.workers}
-    by_role = {name: round(float(r.get(key) or 0.0), 1) for name, r in rows.items() if r.get(key) is not None}
+    from a waiting one (the ``cores`` section of the roles' latest reports)."""
+    reports: dict[str, WorkerReport | TrainerReport] = {**orch.live.workers}
+    if orch.live.trainer is not None:
+        reports[TRAINER] = orch.live.trainer
+    by_role = {name: round(r.cores.borrowed_thread_seconds, 1) for name, r in reports.items() if r.cores}
     return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
 
 
@@ -714,12 +738,13 @@ def _summary(
     cfg: RunConfig,
     run_dir: Path,
     orch: Orchestrator,
-    last: dict[str, Any],
+    last: TrainerReport | None,
     prior: dict[str, Any],
     final: dict[str, Any],
     wall: float,
-    queue: Any,
+    queue: TrajectoryQueue,
 ) -> dict[str, Any]:
+    """``summary.json``; the queue's accounting is read from ``queue`` after the roles stopped (final)."""
     state = orch.state
     faults = orch.env_faults()
     fates = state.fate_counts()
@@ -729,31 +754,14 @@ def _summary(
     for a in ages:
         hist[str(a)] = hist.get(str(a), 0) + 1
     qs = queue.stats()
-    accepted = int(qs["queue/put_total"])
-    leftover = int(qs["queue/depth"])
+    accepted = int(qs.put_total)
+    leftover = int(qs.depth)
     consumed = sum(fates.values())
     queue.close()
-    cost: dict[str, Any] = {}
-    if cfg.cost.enabled:
-        from asyncrl.cost.ledger import collect_usage, price, read_rows, stored_bytes
-
-        lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
-        usage = collect_usage(
-            read_rows(run_dir),
-            wall_seconds=orch.rl_seconds,
-            stored_bytes=stored_bytes(run_dir),
-            lifetimes=lifetimes,
-        )
-        gain = (final["success_rate"] - prior["success_rate"]) * 100
-        cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
-        cost["reconciliation"] = {
-            "device_seconds": usage.device_seconds,
-            "wall_x_devices": orch.rl_seconds * usage.devices,
-            "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
-        }
-        (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+    gain = (final["success_rate"] - prior["success_rate"]) * 100
+    cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
     return {
-        "mode": cfg.orchestrator.mode,
+        "mode": cfg.control.mode,
         "initial_success": prior["success_rate"],
         "final_success": final["success_rate"],
         "samples_trained": fates.get("trained", 0),
@@ -767,20 +775,20 @@ def _summary(
         "lost_trajectories": accepted
         - consumed
         - leftover
-        - (int(qs["queue/dead_letters"]) - int(qs["queue/dead_letters_foreign"])),
+        - (int(qs.dead_letters) - int(qs.dead_letters_foreign)),
         "duplicates_recorded": tallies.duplicates,
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,
         "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "trainer_busy_fraction": float(last.get("trainer/busy_fraction") or 0.0),
+        "trainer_busy_fraction": last.trainer.busy_fraction if last else 0.0,
         "wall_seconds": wall,
         "rl_seconds": orch.rl_seconds,
         "versions_published": tallies.versions_published,
         "last_version": tallies.last_published,
-        "trainer_steps": int(last.get("trainer/step") or 0),
+        "trainer_steps": int(last.trainer.step) if last else 0,
         "restarts": orch.restarts,
-        "dead_letters": int(qs["queue/dead_letters"]),
-        "dead_letters_foreign": int(qs["queue/dead_letters_foreign"]),
+        "dead_letters": int(qs.dead_letters),
+        "dead_letters_foreign": int(qs.dead_letters_foreign),
         "run_dir": str(run_dir),
         "cost_usd": cost.get("total_usd"),
         "cost_waste_share": cost.get("waste_total_share"),

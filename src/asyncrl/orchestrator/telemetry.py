@@ -1,11 +1,10 @@
-"""The orchestrator's telemetry: :class:`Live` (the latest figures of every role, for the display and
-the summary) and, on each tick, feeding the sinks and every ``telemetry.log_every_s`` writing its own row
+"""The orchestrator's telemetry: :class:`Live` (the latest report of every role, decoded, and the queue
+as the orchestrator read it, for the rules, the display and the summary) and, on each tick, feeding the sinks and every ``telemetry.log_every_s`` writing its own row
 (``metrics/orchestrator.jsonl``) with flow-control state, rates and cost so far."""
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,16 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import RunConfig
 from asyncrl.telemetry.flow import FlowMeter, count_lines
 from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.telemetry.reports import (
+    CanaryFigures,
+    Decoded,
+    EvaluatorReport,
+    Event,
+    QueueStats,
+    RolloutFigures,
+    TrainerReport,
+    WorkerReport,
+)
 from asyncrl.telemetry.sinks import Sinks
 
 if TYPE_CHECKING:
@@ -24,30 +33,31 @@ TRAINER, EVALUATOR = "trainer", "evaluator"
 
 @dataclass
 class Live:
-    """The latest figures of every role, for the display and the summary."""
+    """The latest report of every role, for the rules, the display and the summary."""
 
-    trainer: dict[str, Any] = field(default_factory=dict)
-    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    trainer: TrainerReport | None = None
+    workers: dict[str, WorkerReport] = field(default_factory=dict)
+    """The latest report of each rollout worker (by name: a restarted worker replaces its predecessor)."""
+    per_process: dict[tuple[str, int], WorkerReport | TrainerReport] = field(default_factory=dict)
+    """The latest report of every training-device process, restarted ones included (cost, flow rates)."""
+    evaluation: EvaluatorReport | None = None
+    """The evaluator's latest report (periodic held-out evaluation)."""
+    queue: QueueStats = field(default_factory=QueueStats)
+    """The queue as the orchestrator read it this tick (its own handle): the one source of queue depth."""
     events: list[dict[str, Any]] = field(default_factory=list)
-    ages: deque[float] = field(default_factory=lambda: deque(maxlen=5))
-    per_process: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
-    evaluation: dict[str, Any] = field(default_factory=dict)
-    """The evaluator's latest row (periodic held-out evaluation)."""
 
-    def absorb(self, rows: list[dict[str, Any]]) -> None:
-        for r in rows:
-            if "pid" in r and "event" not in r:
-                self.per_process[(str(r["role"]), int(r["pid"]))] = r
-            if "event" in r:
-                if r["event"] != "rollout/group":  # those feed the rules, not the event list
-                    self.events.append(r)
-            elif r.get("role") == TRAINER:
-                self.trainer = r
-                if r.get("staleness/mean") is not None:
-                    self.ages.append(float(r["staleness/mean"]))
-            elif str(r.get("role", "")).startswith("rollout"):
-                self.workers[str(r.get("role"))] = r
-            elif r.get("role") == EVALUATOR:
+    def absorb(self, reports: list[Decoded]) -> None:
+        for r in reports:
+            if isinstance(r, Event):
+                self.events.append(r.data)
+            elif isinstance(r, (TrainerReport, WorkerReport)):
+                if r.pid is not None:
+                    self.per_process[(r.role, r.pid)] = r
+                if isinstance(r, TrainerReport):
+                    self.trainer = r
+                else:
+                    self.workers[r.role] = r
+            elif isinstance(r, EvaluatorReport):
                 self.evaluation = r
 
     def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
@@ -55,8 +65,21 @@ class Live:
 
         return price(collect_usage(list(self.per_process.values()), wall_seconds=wall_seconds), cfg.cost)
 
-    def total(self, key: str) -> float:
-        return sum(float(w.get(key) or 0.0) for w in self.workers.values())
+    def rollout(self) -> RolloutFigures:
+        """The rollout workers' counters, summed over the latest report of each."""
+        return RolloutFigures.total(w.rollout for w in self.workers.values())
+
+    def canary(self) -> CanaryFigures:
+        """The weight-sync canary's counts, summed over the workers."""
+        return CanaryFigures.total(w.weights for w in self.workers.values() if w.weights is not None)
+
+    def latest_trainer(self) -> TrainerReport:
+        """The trainer's latest report (an empty one before its first)."""
+        return self.trainer if self.trainer is not None else TrainerReport()
+
+    def fill(self, capacity: int) -> float:
+        """Ready entries over the queue's capacity (leased ones are already the trainer's)."""
+        return self.queue.ready / capacity
 
 
 class OrchestratorTelemetry:
@@ -82,15 +105,13 @@ class OrchestratorTelemetry:
             return
         self._last = time.time()
         row = self.row(state, live, restarts, started)
-        self.writer.write(row, step=int(live.trainer.get("trainer/step") or 0))
+        self.writer.write(row, step=int(live.latest_trainer().trainer.step))
 
     def row(self, st: RunState, live: Live, restarts: dict[str, int], started: float) -> dict[str, float]:
-        cap = self.cfg.transport.capacity
-        ready = float(live.trainer.get("queue/ready") or 0.0)
         out = {
             "orchestrator/paused": float(st.paused()),
-            "orchestrator/queue_fill": ready / cap,
-            "orchestrator/max_staleness": float(st.effective_lag()),
+            "orchestrator/queue_fill": live.fill(self.cfg.transport.capacity),
+            "orchestrator/max_staleness": float(st.effective_max_staleness()),
             "orchestrator/sync_every": float(st.effective_sync_every()),
             "orchestrator/restarts": float(sum(restarts.values())),
             "alerts/total": float(count_lines(self.run_dir / "alerts.jsonl")),

@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from asyncrl.config import CanaryConfig
     from asyncrl.policy.model import Policy
 
@@ -163,7 +165,7 @@ def expected_fingerprint(
     return fingerprint({k: v.to(dtype) if v.is_floating_point() else v for k, v in published.items()})
 
 
-def probe_ids(tokenizer: Any, n: int, max_context: int) -> list[int]:
+def probe_ids(tokenizer: PreTrainedTokenizerBase, n: int, max_context: int) -> list[int]:
     """The probe prompt: :data:`PROBE_TEXT` tokenised, repeated, cut to ``min(n, max_context)`` tokens."""
     one = list(tokenizer.encode(PROBE_TEXT, add_special_tokens=False)) or [0]
     want = max(2, min(n, max_context))

@@ -58,8 +58,11 @@ from asyncrl.policy.template_probe import end_ids_of
 from asyncrl.policy.toolcalls import ToolCallFormat, detect_format, make_format, tool_schema
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from asyncrl.config import ModelConfig
     from asyncrl.envs.base import Tool
+    from asyncrl.policy.model import Policy
 
 Message = dict[str, Any]
 _CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -139,7 +142,7 @@ class Conversation:
 class Renderer(ABC):
     """Turns chats into token ids and sampled turns back into messages; see the module docstring."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     fmt: ToolCallFormat
     stop_token_ids: list[int]
     stop_strings: list[str]
@@ -335,13 +338,14 @@ class TextRenderer(Renderer):
 
     strip_stop_token = False
 
-    def __init__(self, tokenizer: Any, stop_strings: list[str] | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_strings: list[str] | None = None) -> None:
         self.tokenizer = tokenizer
-        ids = {
-            t: tokenizer.convert_tokens_to_ids(t)
-            for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>")
-        }
-        missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
+        ids: dict[str, int] = {}
+        for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>"):
+            i = tokenizer.convert_tokens_to_ids(t)  # one token in, one id (or None) out
+            if isinstance(i, int) and i != tokenizer.unk_token_id:
+                ids[t] = i
+        missing = [t for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>") if t not in ids]
         if missing:
             raise ChatTemplateError(
                 f"this tokenizer lacks asyncrl's text-protocol tokens {missing}: it is not a char/byte "
@@ -456,7 +460,7 @@ class HFChatRenderer(Renderer):
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         eos_token_ids: list[int],
         tool_format: str,
@@ -517,7 +521,10 @@ class HFChatRenderer(Renderer):
     def _apply(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> str:
         try:
             out = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=gen
+                messages,
+                tools=list(tools) if tools is not None else None,
+                tokenize=False,
+                add_generation_prompt=gen,
             )
         except Exception as exc:  # jinja raises for chats a template refuses (e.g. a role it lacks)
             raise ChatTemplateError(f"the chat template cannot render this chat ({exc})") from None
@@ -826,13 +833,13 @@ class HFChatRenderer(Renderer):
 
 
 # ---------------------------------------------------------------------------------------------
-def eos_ids(policy_model: Any, tokenizer: Any) -> list[int]:
+def eos_ids(policy_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """End-of-turn ids: the generation config's ``eos_token_id`` (one or a list), then the tokenizer's."""
     gen = getattr(policy_model, "generation_config", None)
     return end_ids_of(getattr(gen, "eos_token_id", None) if gen is not None else None, tokenizer)
 
 
-def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
+def make_renderer(cfg: ModelConfig, policy: Policy) -> Renderer:
     """The renderer for ``cfg``'s tokenizer kind and tool format, over ``policy``'s tokenizer."""
     if cfg.tokenizer_kind in ("char", "byte"):
         if cfg.tool_format not in ("auto", "text"):
@@ -844,7 +851,7 @@ def make_renderer(cfg: ModelConfig, policy: Any) -> Renderer:
     return chat_renderer(cfg, policy.tokenizer, eos_ids(policy.model, policy.tokenizer))
 
 
-def chat_renderer(cfg: ModelConfig, tokenizer: Any, eos: list[int]) -> HFChatRenderer:
+def chat_renderer(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, eos: list[int]) -> HFChatRenderer:
     """The chat-template renderer ``cfg`` describes (training, evaluation and preflight alike)."""
     return HFChatRenderer(
         tokenizer,

@@ -38,6 +38,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from asyncrl.errors import UserError
+from asyncrl.policy.memory import check_fits, parameter_count
 from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
@@ -233,7 +234,6 @@ class Policy:
             json.loads((p / "config.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PolicyLoadError(f"{where}: config.json is not valid JSON ({_short(exc)})") from None
-        from asyncrl.policy.memory import check_fits, parameter_count
 
         n_params = parameter_count(p, trust_remote_code=remote)  # also: is the architecture known?
         check_fits(n_params * dtype.itemsize, f"loading {where} ({n_params / 1e6:.1f}M parameters, {dtype})")

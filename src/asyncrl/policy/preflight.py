@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, chat_renderer
+from asyncrl.policy.memory import check_fits, config_numbers, parameter_count
 from asyncrl.policy.template_probe import TemplateProfile, end_ids_of, probe_template
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ class ModelPlan:
 
 
 def _load_tokenizer(cfg: ModelConfig, p: Path) -> Any:
-    from asyncrl.policy.memory import check_fits, parameter_count
     from asyncrl.policy.model import PolicyLoadError
 
     if not (p / "config.json").is_file():
@@ -117,7 +117,6 @@ def preflight_model(cfg: ModelConfig) -> ModelPlan | None:
     error that ``asyncrl train`` would stop with."""
     if cfg.path is None:
         return None
-    from asyncrl.policy.memory import config_numbers
     from asyncrl.policy.model import context_cap
 
     p = Path(cfg.path)

@@ -39,7 +39,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _SYS, _USER, _TURN, _OBS, _THINK = "\ue010", "\ue011", "\ue012", "\ue013", "\ue014"
 _PROBE_TOOL = "zq_probe_tool"
@@ -83,7 +86,7 @@ class TemplateProfile:
 class _Renderer:
     """``apply_chat_template`` to text; a template's exception becomes ``(None, message)``."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
 
     def __call__(
@@ -91,7 +94,10 @@ class _Renderer:
     ) -> tuple[str | None, str | None]:
         try:
             out = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=gen
+                messages,
+                tools=list(tools) if tools is not None else None,
+                tokenize=False,
+                add_generation_prompt=gen,
             )
         except Exception as exc:  # jinja raise_exception, a missing role, a bad filter
             return None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
@@ -156,7 +162,7 @@ def _trims(render: _Renderer, head: list[dict[str, Any]]) -> bool:
 
 
 def _turn_end(
-    render: _Renderer, tokenizer: Any, head: list[dict[str, Any]], end_ids: Sequence[int]
+    render: _Renderer, tokenizer: PreTrainedTokenizerBase, head: list[dict[str, Any]], end_ids: Sequence[int]
 ) -> tuple[int | None, str | None, str | None]:
     text, _ = render([*head, {"role": "assistant", "content": _TURN}])
     if text is None or _TURN not in text:
@@ -177,7 +183,7 @@ def _renders_tools(render: _Renderer) -> bool:
     return text is not None and _PROBE_TOOL in text
 
 
-def probe_template(tokenizer: Any, end_ids: Sequence[int]) -> TemplateProfile:
+def probe_template(tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -> TemplateProfile:
     """The :class:`TemplateProfile` of ``tokenizer``'s chat template (it must have one), with
     ``end_ids`` the model's end-of-turn candidates in order (see :func:`end_ids_of`)."""
     source = str(tokenizer.chat_template)
@@ -208,7 +214,7 @@ def probe_template(tokenizer: Any, end_ids: Sequence[int]) -> TemplateProfile:
     )
 
 
-def end_ids_of(generation_eos: Any, tokenizer: Any) -> list[int]:
+def end_ids_of(generation_eos: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """End-of-turn candidates in order: every id of ``generation_config.eos_token_id`` (one id or
     a list, in the published order), then the tokenizer's eos token; duplicates dropped."""
     ids: list[int] = []

@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from asyncrl.config import VLLMEngineConfig
 from asyncrl.policy.canary import CanaryRecord, Verdict, check, expected_fingerprint, probe_tolerance
+from asyncrl.telemetry.reports import CanaryFigures
 
 if TYPE_CHECKING:
     from asyncrl.config import CanaryConfig, RunConfig
@@ -38,7 +40,6 @@ class WeightCanary:
     @classmethod
     def of(cls, cfg: RunConfig) -> WeightCanary | None:
         """The canary of a run's workers (``None`` when ``weights.canary.enabled`` is off)."""
-        from asyncrl.config import VLLMEngineConfig
 
         if not cfg.weights.canary.enabled:
             return None
@@ -69,12 +70,16 @@ class WeightCanary:
             self.last = verdict
         return verdict
 
-    def metrics(self) -> dict[str, float]:
+    def figures(self) -> CanaryFigures:
+        """The canary's counts for the worker's report (``weights/canary_*``)."""
         last = self.last.probe_mean_abs_diff if self.last is not None else None
-        return {
-            "weights/canary_checked": float(self.checked),
-            "weights/canary_failed": float(self.failed),
-            "weights/canary_unverified": float(self.unverified),
-            "weights/canary_seconds": self.seconds,
-            "weights/canary_probe_diff": float(last) if last is not None else 0.0,
-        }
+        return CanaryFigures(
+            canary_checked=float(self.checked),
+            canary_failed=float(self.failed),
+            canary_unverified=float(self.unverified),
+            canary_seconds=self.seconds,
+            canary_probe_diff=float(last) if last is not None else 0.0,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return self.figures().flat()

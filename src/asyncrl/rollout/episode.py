@@ -34,6 +34,7 @@ import msgspec
 from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import EnvResetError, StepResult
+from asyncrl.envs.base import Environment
 from asyncrl.policy.chat import ChatTemplateError, Renderer, count_differences, engine_diff
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
@@ -45,7 +46,7 @@ class EpisodeSettings:
     sampling: SamplingParams
     worker_id: str = ""
     early_stop_invalid: int = field(kw_only=True)
-    """``control.exploration.early_stop_invalid``: end the episode (outcome ``early_stopped``) after this
+    """``orchestrator.exploration.early_stop_invalid``: end the episode (outcome ``early_stopped``) after this
     many consecutive invalid actions (a malformed action or a step fault); 0: never."""
     on_turn: Callable[[], None] | None = None
     """Called after every model turn (the worker's in-flight load accounting)."""
@@ -53,26 +54,7 @@ class EpisodeSettings:
 
 async def run_episode(
     task: Task,
-    env: Any,
-    batcher: TurnBatcher,
-    renderer: Renderer,
-    settings: EpisodeSettings,
-    group_id: str = "",
-    prefix: list[list[int]] | None = None,
-) -> Trajectory:
-    """Play one episode and return it as one trajectory (``bridge`` mode, or a one-turn episode);
-    see :func:`run_episode_samples` for the general case."""
-    samples = await run_episode_samples(task, env, batcher, renderer, settings, group_id, prefix)
-    if len(samples) != 1:
-        raise ValueError(
-            f"the episode is {len(samples)} samples (multi_turn: per_turn); use run_episode_samples"
-        )
-    return samples[0]
-
-
-async def run_episode_samples(
-    task: Task,
-    env: Any,
+    env: Environment,
     batcher: TurnBatcher,
     renderer: Renderer,
     settings: EpisodeSettings,
@@ -80,8 +62,8 @@ async def run_episode_samples(
     prefix: list[list[int]] | None = None,
 ) -> list[Trajectory]:
     """Play one episode of ``env`` (already guarded) on ``task``; its training samples: one
-    trajectory in ``bridge`` mode, one per model turn in ``per_turn`` mode (sharing the episode's
-    reward, outcome and ``episode_id``).
+    trajectory in ``bridge`` mode (and for one-turn episodes), one per model turn in ``per_turn``
+    mode (sharing the episode's reward, outcome and ``episode_id``).
 
     ``prefix``: token ids of model turns to replay instead of sampling, before the policy takes
     over (counterfactual resampling from a segment boundary, ``asyncrl credit ablate``); replayed
@@ -106,7 +88,7 @@ class _Seen:
 
 async def _run_episode(
     task: Task,
-    env: Any,
+    env: Environment,
     batcher: TurnBatcher,
     renderer: Renderer,
     settings: EpisodeSettings,
@@ -225,7 +207,7 @@ async def _model_turn(
     )
 
 
-async def _step(env: Any, action: str, turn: Turn, traj: Trajectory) -> StepResult:
+async def _step(env: Environment, action: str, turn: Turn, traj: Trajectory) -> StepResult:
     step_start = time.perf_counter()
     result: StepResult = await env.step(action)
     turn.env_seconds = time.perf_counter() - step_start

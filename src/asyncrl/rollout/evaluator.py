@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from asyncrl.config import RunConfig
+from asyncrl.telemetry.reports import EvalFigures, EvaluatorReport
 
 ROLE = "evaluator"
 
@@ -53,12 +54,12 @@ class Evaluator:
         v = self.store.latest_version()
         return v is not None and v >= self.last + self.cfg.telemetry.eval_every
 
-    def evaluate_newest(self) -> dict[str, float]:
+    def evaluate_newest(self) -> EvalFigures | None:
         from asyncrl.rollout.heldout import evaluate_policy
 
         loaded = self.store.load_latest()
         if loaded is None or loaded.version <= self.last:
-            return {}
+            return None
         self.policy.load_tensors(loaded.tensors)
         t0 = time.time()
         tc = self.cfg.telemetry
@@ -72,22 +73,22 @@ class Evaluator:
         seconds = time.time() - t0
         self.last = loaded.version
         step = int(loaded.manifest.get("step", -1))
-        row = {
-            "eval/version": float(loaded.version),
-            "eval/trainer_step": float(step),
-            "eval/success_rate": float(report["success_rate"]),
-            "eval/mean_reward": float(report["mean_reward"]),
-            "eval/tool_success_rate": float(report["tool_success_rate"]),
-            "eval/avg_steps": float(report["avg_steps"]),
-            "eval/distinct_2": float(report["distinct_2"]),
-            "eval/episodes": float(report["episodes"]),
-            "eval/seconds": seconds,
-        }
+        figures = EvalFigures(
+            version=float(loaded.version),
+            trainer_step=float(step),
+            success_rate=float(report["success_rate"]),
+            mean_reward=float(report["mean_reward"]),
+            tool_success_rate=float(report["tool_success_rate"]),
+            avg_steps=float(report["avg_steps"]),
+            distinct_2=float(report["distinct_2"]),
+            episodes=float(report["episodes"]),
+            seconds=seconds,
+        )
         line = {"version": loaded.version, "step": step, "time": time.time(), "seconds": seconds, **report}
         with (self.run_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")
-        self.metrics.write(row)
-        return row
+        self.metrics.report(EvaluatorReport(eval=figures))
+        return figures
 
     def run(self) -> None:
         while not self.state.stopping() and not self.state.trainer_finished():

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from asyncrl.config import HFEngineConfig, NoLatencyConfig, RunConfig
+from asyncrl.errors import UserError
 from asyncrl.records import SamplingParams, Task, Trajectory
 
 
@@ -44,7 +45,7 @@ async def run_episodes(
     from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.episode import EpisodeSettings, run_episode_samples
+    from asyncrl.rollout.episode import EpisodeSettings, run_episode
 
     env_cfg = env_cfg or eval_env_config(cfg)
     renderer = make_renderer(cfg.model, policy)
@@ -78,7 +79,7 @@ async def run_episodes(
             env = make_env(env_cfg, seed + i)
             try:
                 prefix = prefixes[i] if prefixes is not None else None
-                return await run_episode_samples(task, env, batcher, renderer, settings, prefix=prefix)
+                return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)
             finally:
                 close = getattr(env, "close", None)
                 if close is not None:
@@ -157,7 +158,6 @@ def evaluate_policy(cfg: RunConfig, policy: Any, *, seed: int, limit: int | None
 
 def evaluate_checkpoint(cfg: RunConfig, path: str | None, *, limit: int | None = None) -> dict[str, Any]:
     """Evaluate the policy directory ``path`` (default: ``model.path``, the pretrained model itself)."""
-    from asyncrl.errors import UserError
     from asyncrl.policy import Policy
 
     path = path or cfg.model.path

@@ -30,9 +30,7 @@ mean, at most :meth:`~asyncrl.config.RolloutConfig.max_group_size` episodes.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
-from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -80,18 +78,21 @@ def model_turns(traj: Trajectory) -> list[Turn]:
 
 def branch_points(leaf: Trajectory) -> list[BranchPoint]:
     """Every state after a model turn of ``leaf`` from which the episode went on (``1 ≤ k < L``),
-    keyed by a digest of the exact token prefix up to the next model turn."""
-    h = hashlib.sha1(leaf.group_id.encode())
-    out: list[BranchPoint] = []
-    seen = 0
+    keyed by :meth:`~asyncrl.records.Trajectory.state_keys` of the token prefix up to the next model
+    turn (the key tree credit gives that node)."""
+    starts, scores, pos, seen = [], [], 0, 0
     for turn in leaf.turns:
-        if turn.role == "model" and seen >= 1:
-            lp = turn.logprobs or []
-            surprisal = -sum(lp) / len(lp) if lp else 0.0
-            out.append(BranchPoint(leaf, seen, h.hexdigest(), surprisal))
-        seen += turn.role == "model"
-        h.update(array("q", turn.token_ids).tobytes())
-    return out
+        if turn.role == "model":
+            if seen >= 1:
+                lp = turn.logprobs or []
+                starts.append(pos)
+                scores.append(-sum(lp) / len(lp) if lp else 0.0)
+            seen += 1
+        pos += len(turn.token_ids)
+    keys = leaf.state_keys(starts)
+    return [
+        BranchPoint(leaf, k + 1, key, score) for k, (key, score) in enumerate(zip(keys, scores, strict=True))
+    ]
 
 
 def choose_points(leaves: list[Trajectory], cfg: TreeConfig, tried: set[str], n: int) -> list[BranchPoint]:
@@ -174,7 +175,6 @@ async def grow_tree(
             else:
                 stats.roots += 1
         leaves.extend(children)
-    if cfg.budget == "tokens":  # the trainer's buffer waits for this many members
-        for t in leaves:
-            t.group_size = len(leaves)
+    for t in leaves:  # the trainer's buffer waits for this many members (a token budget decides late)
+        t.group_size = len(leaves)
     return leaves, stats

@@ -5,7 +5,7 @@ The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It star
 not above high water (rules in :mod:`asyncrl.staleness`; the budget counts a group
 against the worker's own weight version). Before starting, it loads newer weights whenever it may
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
-lag exceeds ``max_staleness``. In ``async`` mode it also loads new
+weights are more than ``max_staleness`` versions behind the newest. In ``async`` mode it also loads new
 weights between turns (the batcher's ``before_batch`` hook), so every model turn is stamped with
 the version that produced it. A corrupt newest snapshot, or a version whose load fails the
 weight-sync canary (:mod:`asyncrl.rollout.canary`), is reported and the worker keeps the newest
@@ -23,18 +23,30 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
+from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.telemetry.reports import (
+    GatewayFigures,
+    GuardFigures,
+    RewardCostFigures,
+    RolloutFigures,
+    WorkerReport,
+)
 
 if TYPE_CHECKING:
     from asyncrl.control.lending import ThreadLender
     from asyncrl.engine.base import GenerationEngine
+    from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.weights.base import LoadedWeights, WeightStore
 
@@ -196,6 +208,7 @@ class RolloutWorker:
         from asyncrl.envs.toolenv import VERIFIER_CACHE
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
+        VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
         self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
@@ -206,29 +219,8 @@ class RolloutWorker:
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.load = 0
         """In-flight episode steps: model turns the running episodes may still take."""
-        self.counts: dict[str, float] = {
-            "episodes": 0,
-            "tokens": 0,
-            "groups": 0,
-            "put_seconds": 0.0,
-            "faults": 0,
-            "success": 0,
-            "env_calls": 0,
-            "env_seconds": 0.0,
-            "env_retries": 0,
-            "truncated_tokens": 0,
-            "early_stopped": 0,
-            "heldout_episodes": 0,
-            "token_exact_checked": 0,
-            "token_inexact": 0,
-            "retokenization_inexact": 0,
-            "retokenization_diff_tokens": 0,
-            "tree_roots": 0,
-            "tree_branch_points": 0,
-            "tree_replayed_turns": 0,
-            "tree_replay_diverged": 0,
-            "tree_rounds": 0,
-        }
+        self.counts = RolloutFigures()
+        """The worker's counters (cumulative for this process), reported every ``telemetry.log_every_s``."""
         self._refresh(force=True)
 
     # -- weights ---------------------------------------------------------------------------------
@@ -253,7 +245,7 @@ class RolloutWorker:
         """One environment episode's samples (one, or one per model turn with ``multi_turn: per_turn``),
         replaying ``prefix``'s model turns first (tree branches)."""
         from asyncrl.envs import make_env
-        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode_samples
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
         rc, max_turns = self.cfg.rollout, self.cfg.env.max_turns
         base = SamplingParams(
@@ -267,12 +259,12 @@ class RolloutWorker:
             self.max_context,
             jittered(base, self.control.temperature_jitter(), self.rng),
             self.name,
-            early_stop_invalid=self.cfg.control.exploration.early_stop_invalid,
+            early_stop_invalid=self.cfg.orchestrator.exploration.early_stop_invalid,
             on_turn=self._turn_done,
         )
         samples: list[Trajectory] = []
         try:
-            samples = await run_episode_samples(task, env, batcher, self.renderer, settings, group_id, prefix)
+            samples = await run_episode(task, env, batcher, self.renderer, settings, group_id, prefix)
             return samples
         finally:
             self.load -= max_turns - sum(1 for tr in samples for t in tr.turns if t.role == "model")
@@ -293,8 +285,12 @@ class RolloutWorker:
 
         trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
         self.load -= (len(trajs) - rc.group_size) * self.cfg.env.max_turns  # admitted for group_size
-        for k, v in stats.metrics().items():
-            self.counts[f"tree_{k}"] += v
+        c = self.counts
+        c.tree_roots += stats.roots
+        c.tree_branch_points += stats.branch_points
+        c.tree_replayed_turns += stats.replayed_turns
+        c.tree_replay_diverged += stats.replay_diverged
+        c.tree_rounds += stats.rounds
         return trajs
 
     async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
@@ -325,7 +321,7 @@ class RolloutWorker:
         self._report_group(trajs, heldout)
         if heldout:  # a held-out probe: measured, never trained; its admissions go back to the budget
             self.state.release(self.name, len(trajs))
-            self.counts["heldout_episodes"] += len(trajs)
+            self.counts.heldout_episodes += len(trajs)
             return
         t0 = time.perf_counter()
         for traj in trajs:
@@ -333,30 +329,35 @@ class RolloutWorker:
             while not ok and not self.state.stopping():
                 ok = await asyncio.to_thread(self.queue.put, traj, 1.0)
             self.state.delivered(self.name)
-            self.counts["episodes"] += 1
-            self.counts["tokens"] += traj.num_model_tokens()
-            self.counts["success"] += traj.outcome == "success"
-            self.counts["faults"] += sum(1 for t in traj.turns if t.fault is not None)
-            model_turns = [t for t in traj.turns if t.role == "model"]
-            self.counts["env_calls"] += len(model_turns)
-            self.counts["env_seconds"] += sum(t.env_seconds for t in model_turns)
-            self.counts["env_retries"] += int(traj.reward_components.get("env_retries", 0))
-            if traj.outcome in ("truncated", "timeout", "early_stopped"):
-                self.counts["truncated_tokens"] += traj.num_model_tokens()
-            self.counts["early_stopped"] += traj.outcome == "early_stopped"
-            if traj.render_diff is not None:  # token-exactness, and how far re-tokenising would drift
-                self.counts["token_exact_checked"] += 1
-                self.counts["token_inexact"] += traj.render_diff > 0
-                self.counts["retokenization_inexact"] += bool(traj.retokenization_diff)
-                self.counts["retokenization_diff_tokens"] += traj.retokenization_diff or 0
-        self.counts["put_seconds"] += time.perf_counter() - t0
-        self.counts["groups"] += 1
+            self._count(traj)
+        self.counts.put_seconds += time.perf_counter() - t0
+        self.counts.groups += 1
+
+    def _count(self, traj: Trajectory) -> None:
+        """A delivered trajectory in the worker's counters."""
+        c = self.counts
+        c.episodes += 1
+        c.tokens += traj.num_model_tokens()
+        c.success += traj.outcome == "success"
+        c.faults += sum(1 for t in traj.turns if t.fault is not None)
+        model_turns = [t for t in traj.turns if t.role == "model"]
+        c.env_calls += len(model_turns)
+        c.env_seconds += sum(t.env_seconds for t in model_turns)
+        c.env_retries += int(traj.reward_components.get("env_retries", 0))
+        if traj.outcome in ("truncated", "timeout", "early_stopped"):
+            c.truncated_tokens += traj.num_model_tokens()
+        c.early_stopped += traj.outcome == "early_stopped"
+        if traj.render_diff is not None:  # token-exactness, and how far re-tokenising would drift
+            c.token_exact_checked += 1
+            c.token_inexact += traj.render_diff > 0
+            c.retokenization_inexact += bool(traj.retokenization_diff)
+            c.retokenization_diff_tokens += traj.retokenization_diff or 0
 
     def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
-        bc = self.cfg.control.breaker
+        bc = self.cfg.orchestrator.breaker
         episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
-        self.metrics.event("rollout/group", group_report(episodes, heldout, bc.reward_min, bc.reward_max))
+        self.metrics.group(group_report(episodes, heldout, bc.reward_min, bc.reward_max))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
@@ -384,7 +385,7 @@ class RolloutWorker:
                 worker_id=self.name,
                 policy=self.staleness,
                 newest_version=self._newest_valid,
-                max_staleness=self.state.effective_lag,
+                max_staleness=self.state.effective_max_staleness,
                 refresh=self._refresh if inflight else None,
             )
         running: set[asyncio.Task[None]] = set()
@@ -401,7 +402,7 @@ class RolloutWorker:
                 and not self.control.retiring()
                 and self.control.may_take(self.load)
             ):
-                lag = self.state.effective_lag()
+                bound = self.state.effective_max_staleness()
                 newest = self._newest_valid()
                 # rule 2: load newer weights whenever allowed (sync / one_step_off: running episodes keep
                 # their version), so that rule 1 counts the next group against the version it will use
@@ -409,7 +410,7 @@ class RolloutWorker:
                     async with batcher.lock:  # never while a batch is being generated
                         self._refresh()
                     newest = self._newest_valid()  # the load may have set a corrupt version aside
-                if not self.staleness.must_refresh(self.engine.version, newest, lag) and (
+                if not self.staleness.must_refresh(self.engine.version, newest, bound) and (
                     self._may_start_group()
                 ):
                     self.load += G * self.cfg.env.max_turns
@@ -433,46 +434,52 @@ class RolloutWorker:
         batcher.close()
         self._report(batcher)
 
-    def _report(self, batcher: Any) -> None:
-        from asyncrl.envs.wrappers import GUARD_STATS
-
-        self.metrics.write(
-            {
-                **{f"rollout/{k}": float(v) for k, v in self.counts.items()},
-                "rollout/weight_loads": float(self.weights.loads),
-                "rollout/weight_fallbacks": float(self.weights.fallbacks),
-                "rollout/weight_bytes_loaded": float(self.weights.bytes_loaded),
-                "rollout/weight_load_seconds": self.weights.load_seconds,
-                **(self.weights.canary.metrics() if self.weights.canary else {}),
-                "cost/reward_cache_hits": float(self.verifier.hits),
-                "cost/reward_cache_misses": float(self.verifier.misses),
-                "cost/reward_seconds": self.verifier.seconds,
-                "rollout/version": float(self.engine.version),
-                "rollout/gen_busy_seconds": batcher.busy_seconds,
-                "rollout/gen_batches": float(batcher.batches),
-                "rollout/gen_sequences": float(batcher.sequences),
-                "rollout/gen_tokens": float(batcher.tokens),
-                # the built-in engine's decode loop (absent for other engines): per-step latency
-                "rollout/decode_steps": float(getattr(self.engine, "decode_steps", 0)),
-                "rollout/decode_seconds": float(getattr(self.engine, "decode_seconds", 0.0)),
-                # prefill work computed vs taken from the prefix cache (multi-turn KV reuse) or shared
-                # with another prompt of the same call (prefix sharing)
-                "rollout/prefill_tokens_computed": float(getattr(self.engine, "prefill_tokens_computed", 0)),
-                "rollout/prefill_tokens_reused": float(getattr(self.engine, "prefill_tokens_reused", 0)),
-                "rollout/prefill_tokens_shared": float(getattr(self.engine, "prefill_tokens_shared", 0)),
-                "rollout/prefill_seconds": float(getattr(self.engine, "prefill_seconds", 0.0)),
-                "rollout/load_steps": float(self.load),
-                **(self.lender.metrics() if self.lender is not None else {}),
-                **GUARD_STATS.metrics(),  # faults, retries and timeouts the environment guards absorbed
-                **(self._gateway_metrics() if self.agent is not None else {}),
-            }
+    def _report(self, batcher: TurnBatcher) -> None:
+        self.metrics.report(
+            WorkerReport(
+                rollout=self._figures(batcher),
+                guard=msgspec.convert(asdict(GUARD_STATS), GuardFigures),  # what the env guards absorbed
+                cost=RewardCostFigures(
+                    reward_cache_hits=float(self.verifier.hits),
+                    reward_cache_misses=float(self.verifier.misses),
+                    reward_seconds=self.verifier.seconds,
+                ),
+                weights=self.weights.canary.figures() if self.weights.canary else None,
+                gateway=self._gateway_figures() if self.agent is not None else None,
+                cores=self.lender.figures() if self.lender is not None else None,
+            )
         )
 
-    def _gateway_metrics(self) -> dict[str, float]:
+    def _figures(self, batcher: TurnBatcher) -> RolloutFigures:
+        """The counters, the weight loads, and the engine's and the batcher's work so far."""
+        w, e = self.weights, self.engine
+        return msgspec.structs.replace(
+            self.counts,
+            weight_loads=float(w.loads),
+            weight_fallbacks=float(w.fallbacks),
+            weight_bytes_loaded=float(w.bytes_loaded),
+            weight_load_seconds=w.load_seconds,
+            version=float(e.version),
+            gen_busy_seconds=batcher.busy_seconds,
+            gen_batches=float(batcher.batches),
+            gen_sequences=float(batcher.sequences),
+            gen_tokens=float(batcher.tokens),
+            # the built-in engine's decode loop (absent for other engines): per-step latency
+            decode_steps=float(getattr(e, "decode_steps", 0)),
+            decode_seconds=float(getattr(e, "decode_seconds", 0.0)),
+            # prefill work computed vs taken from the prefix cache (multi-turn KV reuse) or shared
+            # with another prompt of the same call (prefix sharing)
+            prefill_tokens_computed=float(getattr(e, "prefill_tokens_computed", 0)),
+            prefill_tokens_reused=float(getattr(e, "prefill_tokens_reused", 0)),
+            prefill_tokens_shared=float(getattr(e, "prefill_tokens_shared", 0)),
+            prefill_seconds=float(getattr(e, "prefill_seconds", 0.0)),
+            load_steps=float(self.load),
+        )
+
+    def _gateway_figures(self) -> GatewayFigures:
         gw = self.agent.gateway
-        out = {f"gateway/{k}": float(v) for k, v in {**gw.counts, **self.agent.counts}.items()}
-        out["gateway/open_sessions"] = float(len(gw.sessions))
-        return out
+        counts = {**gw.counts, **self.agent.counts, "open_sessions": len(gw.sessions)}
+        return msgspec.convert(counts, GatewayFigures)
 
 
 def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:

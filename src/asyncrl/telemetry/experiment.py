@@ -19,7 +19,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import asyncrl
 from asyncrl.config import RunConfig
+from asyncrl.envs import make_env
 from asyncrl.errors import UserError
 from asyncrl.telemetry.jsonl import read_jsonl
 
@@ -57,7 +59,6 @@ def _version(dist: str) -> str | None:
 
 
 def environment_info(cfg: RunConfig) -> dict[str, Any]:
-    from asyncrl.envs import make_env
 
     info: dict[str, Any] = {"kind": cfg.env.kind}
     try:
@@ -80,7 +81,6 @@ def environment_info(cfg: RunConfig) -> dict[str, Any]:
 
 
 def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
-    import asyncrl
 
     path = run_dir / "run.json"
     if resumed and path.is_file():

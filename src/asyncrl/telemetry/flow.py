@@ -1,7 +1,7 @@
 """The orchestrator's own metric row: flow control state, throughput and utilisation per role, alerts, cost.
 
 Throughput and utilisation are rates over the interval since the previous row, computed from the
-cumulative counters in every role process's latest row (per process, so a restarted role — whose
+cumulative counters in every role process's latest report (per process, so a restarted role — whose
 counters start again at zero — never produces a negative rate).
 """
 
@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
-COUNTERS = {
-    "rollout": ("rollout/episodes", "rollout/tokens", "rollout/gen_busy_seconds"),
-    "trainer": ("trainer/samples_trained", "trainer/tokens_trained", "trainer/busy_seconds"),
-}
+from asyncrl.telemetry.reports import TrainerReport, WorkerReport
 
 
 def count_lines(path: Path) -> int:
@@ -24,35 +20,40 @@ def count_lines(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
+def _counters(r: WorkerReport | TrainerReport) -> tuple[str, float, float, float]:
+    """(kind, samples, tokens, busy seconds) of a process's report, all cumulative."""
+    if isinstance(r, TrainerReport):
+        t = r.trainer
+        return "trainer", t.samples_trained, t.tokens_trained, t.busy_seconds
+    w = r.rollout
+    return "rollout", w.episodes, w.tokens, w.gen_busy_seconds
+
+
 class FlowMeter:
     def __init__(self) -> None:
-        self._prev: dict[tuple[str, int], dict[str, float]] = {}
+        self._prev: dict[tuple[str, int], tuple[float, float, float]] = {}
         self._t = time.time()
 
-    def rates(self, per_process: dict[tuple[str, int], dict[str, Any]]) -> dict[str, float]:
+    def rates(self, per_process: dict[tuple[str, int], WorkerReport | TrainerReport]) -> dict[str, float]:
         now = time.time()
         dt = max(now - self._t, 1e-9)
         self._t = now
-        sums: dict[str, float] = {}
+        sums: dict[str, list[float]] = {"rollout": [0.0, 0.0], "trainer": [0.0, 0.0]}  # samples, tokens
         busy: dict[str, float] = {}
-        for (role, pid), row in per_process.items():
-            kind = "trainer" if role == "trainer" else "rollout" if role.startswith("rollout") else None
-            if kind is None:
-                continue
-            prev = self._prev.setdefault((role, pid), {})
-            for key in COUNTERS[kind]:
-                cur = float(row.get(key) or 0.0)
-                delta = max(0.0, cur - prev.get(key, 0.0))
-                prev[key] = cur
-                sums[key] = sums.get(key, 0.0) + delta
-                if key.endswith("busy_seconds"):
-                    busy[role] = busy.get(role, 0.0) + delta
+        for (role, pid), report in per_process.items():
+            kind, *cur = _counters(report)
+            prev = self._prev.get((role, pid), (0.0, 0.0, 0.0))
+            delta = [max(0.0, c - p) for c, p in zip(cur, prev, strict=True)]
+            self._prev[(role, pid)] = (cur[0], cur[1], cur[2])
+            sums[kind][0] += delta[0]
+            sums[kind][1] += delta[1]
+            busy[role] = busy.get(role, 0.0) + delta[2]
         rollouts = [r for r in busy if r.startswith("rollout")]
         out = {
-            "throughput/rollout_samples_per_s": sums.get("rollout/episodes", 0.0) / dt,
-            "throughput/rollout_tokens_per_s": sums.get("rollout/tokens", 0.0) / dt,
-            "throughput/trainer_samples_per_s": sums.get("trainer/samples_trained", 0.0) / dt,
-            "throughput/trainer_tokens_per_s": sums.get("trainer/tokens_trained", 0.0) / dt,
+            "throughput/rollout_samples_per_s": sums["rollout"][0] / dt,
+            "throughput/rollout_tokens_per_s": sums["rollout"][1] / dt,
+            "throughput/trainer_samples_per_s": sums["trainer"][0] / dt,
+            "throughput/trainer_tokens_per_s": sums["trainer"][1] / dt,
         }
         for role, b in busy.items():
             out[f"utilisation/{role}"] = min(1.0, b / dt)

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from asyncrl.telemetry.reports import GROUP_EVENT, GroupReport, Memory, Report
+
 
 def parse_lines(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
     """The JSON objects of ``lines``; blank, partial (a writer died mid-line) or non-object lines are skipped."""
@@ -42,8 +44,12 @@ def read_jsonl_dir(folder: Path) -> list[dict[str, Any]]:
 
 
 def memory_figures() -> dict[str, float]:
-    """This process's resident memory now and its peak so far, in MB (``mem/rss_mb``,
-    ``mem/peak_rss_mb``): every metric row carries them, so each role's memory is on TensorBoard
+    """:func:`memory` under its metric names (``mem/rss_mb``, ``mem/peak_rss_mb``)."""
+    return memory().flat()
+
+
+def memory() -> Memory:
+    """This process's resident memory now and its peak so far, in MB: every metric row carries them, so each role's memory is on TensorBoard
     and its peak in ``summary.json``.
 
     The peak is ``VmHWM`` of ``/proc/self/status``: the high-water mark of this program image.
@@ -66,7 +72,7 @@ def memory_figures() -> dict[str, float]:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
     if rss < 0:
         rss = peak
-    return {"mem/rss_mb": round(rss, 1), "mem/peak_rss_mb": round(max(peak, rss), 1)}
+    return Memory(rss_mb=round(rss, 1), peak_rss_mb=round(max(peak, rss), 1))
 
 
 class MetricWriter:
@@ -88,6 +94,15 @@ class MetricWriter:
         now = time.time()
         head = {"time": now, "role": self.role, "pid": self.pid, "alive_s": now - self.started}
         self._f.write(json.dumps({**head, **fields, **clean, **memory_figures()}) + "\n")
+
+    def report(self, report: Report, step: int | None = None) -> None:
+        """Write a role's typed report (:mod:`asyncrl.telemetry.reports`) as one flat metric row
+        (with the trainer's ``step`` for the sinks' x-axis)."""
+        self.write(report.flat(), **({"step": step} if step is not None else {}))
+
+    def group(self, report: GroupReport) -> None:
+        """Write a finished group as its ``rollout/group`` event row."""
+        self.event(GROUP_EVENT, report.data())
 
     def event(self, name: str, data: dict[str, Any]) -> None:
         self._f.write(json.dumps({"time": time.time(), "role": self.role, "event": name, **data}) + "\n")

@@ -205,7 +205,7 @@ class Report:
             ("run directory", str(d.dir)),
             ("status", str(rec.get("status") or ("finished" if s else "incomplete"))),
             ("created (UTC)", str(rec.get("created_utc", "-"))),
-            ("mode", d.cfg.orchestrator.mode),
+            ("mode", d.cfg.control.mode),
             ("environment", f"{d.cfg.env.kind} ({(rec.get('environment') or {}).get('class', '-')})"),
             ("config hash", str(rec.get("config_hash", "-"))),
             ("asyncrl / git", f"{rec.get('asyncrl_version', '-')} / {_git(rec)}"),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig
+from asyncrl.telemetry.tensorboard import EventFileWriter
 
 HEADER = frozenset({"time", "role", "pid", "alive_s", "step"})
 
@@ -49,8 +50,6 @@ class Sinks:
         self.wandb: Any = None
         self.mlflow: Any = None
         if tc.tensorboard:
-            from asyncrl.telemetry.tensorboard import EventFileWriter
-
             self.tb = EventFileWriter(run_dir / "tensorboard")
         if tc.wandb:
             if not installed("wandb"):
@@ -70,7 +69,7 @@ class Sinks:
                 self.mlflow = importlib.import_module("mlflow")
                 self.mlflow.set_experiment(tc.project)
                 self.mlflow.start_run(run_name=run_dir.name)
-                self.mlflow.log_params({"name": cfg.name, "mode": cfg.orchestrator.mode, "seed": cfg.seed})
+                self.mlflow.log_params({"name": cfg.name, "mode": cfg.control.mode, "seed": cfg.seed})
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

@@ -21,7 +21,7 @@
 * **Mix**: with ``task_mix`` and/or ``length_mix`` set, groups are taken so that each category's
   share of the batch (task type × short/long, split at ``length_split`` tokens) is as close as
   possible to the product of the configured proportions. Keys of the form ``"type:difficulty"``
-  (the orchestrator's curriculum buckets, ``control.curriculum.steer_buffer``) match task type
+  (the orchestrator's curriculum buckets, ``orchestrator.curriculum.steer_buffer``) match task type
   and difficulty.
 """
 
@@ -103,24 +103,25 @@ class ReplayBuffer:
         key = traj.group_id or traj.id
         if not _finite(traj):  # reported by the next take(); its group mates are marked there
             self._rejected.append(Dropped(traj, "dropped_non_finite", 0))
-            self._count_missing(key, 1)
+            self._count_missing(key, 1, self._size(traj))
             return
         self._groups.setdefault(key, []).append(traj)
 
-    def _count_missing(self, key: str, n: int) -> None:
+    def _count_missing(self, key: str, n: int, size: int) -> None:
         self._missing[key] = self._missing.get(key, 0) + n
-        if self._missing[key] >= self.group_size and key not in self._groups:
+        if self._missing[key] >= size and key not in self._groups:
             del self._missing[key]  # the whole group is gone
 
-    def _members(self, g: list[Trajectory]) -> int:
-        """A group's size: its own (a token-budget tree's) or ``rollout.group_size``."""
-        return g[0].group_size or self.group_size
+    def _size(self, t: Trajectory) -> int:
+        """Members of ``t``'s group: the size it carries (a tree group's, whose token budget makes it
+        known only to the worker that grew it) or ``rollout.group_size``."""
+        return t.group_size or self.group_size
 
     def _ready(self) -> list[str]:
         return [
             k
             for k, g in self._groups.items()
-            if _episodes(g) + self._missing.get(k, 0) >= self._members(g) or not g[0].group_id
+            if _episodes(g) + self._missing.get(k, 0) >= self._size(g[0]) or not g[0].group_id
         ]
 
     def take(

@@ -58,6 +58,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
+from asyncrl.config import TrainerConfig, default_of
 from asyncrl.durable import discard, hash_file, hash_tree, remove_stale, staged_dir, to_prune, write_durably
 from asyncrl.errors import UserError
 
@@ -263,7 +264,7 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     state: TrainerState,
     py_rng: random.Random | None = None,
-    keep: int = 2,
+    keep: int = default_of(TrainerConfig, "keep_checkpoints"),
     optimizer_shards: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``root/step_{state.step:08d}`` atomically, apply retention, return its path.

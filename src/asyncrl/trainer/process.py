@@ -36,6 +36,7 @@ from asyncrl.config import RunConfig
 from asyncrl.control import RunState
 from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
+from asyncrl.telemetry.reports import LifecycleFigures, TrainerFigures, TrainerReport
 from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.intake import Intake
@@ -227,10 +228,10 @@ class TrainerRole:
             # 1. answer corrupt-version reports; take what the queue has; 2. assemble a batch
             self._answer_corrupt_reports()
             self.intake.pull(self.buffer)
-            lag = self.state.effective_lag()
-            if self.cfg.control.curriculum.steer_buffer:  # batch composition follows the curriculum
+            bound = self.state.effective_max_staleness()
+            if self.cfg.orchestrator.curriculum.steer_buffer:  # batch composition follows the curriculum
                 self.buffer.task_mix = self.state.directives().weights or self.buffer.task_mix
-            batch, dropped = self.buffer.take(self.version, lag)
+            batch, dropped = self.buffer.take(self.version, bound)
             self._record_drops(dropped)
             if batch is None:
                 if self.group is not None:
@@ -305,26 +306,26 @@ class TrainerRole:
                 )
 
     def _report(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
+        """One :class:`TrainerReport`: the learner's and the batch's figures, the trainer's own, the queue's."""
         total = self.busy + self.idle
         waits = [t.lifecycle.dequeued - t.lifecycle.enqueued for t in batch if t.lifecycle.enqueued]
-        self.metrics.write(
-            {
-                **metrics,
-                "trainer/step": float(self.step),
-                "trainer/version": float(self.version),
-                "trainer/busy_fraction": self.busy / total if total else 0.0,
-                "trainer/busy_seconds": self.busy,
-                "trainer/idle_seconds": self.idle,
-                "trainer/learn_seconds": self.learn,
-                "trainer/publish_seconds": self.publish_s,
-                "trainer/buffer_size": float(len(self.buffer)),
-                "lifecycle/queue_wait_mean_s": sum(waits) / len(waits) if waits else 0.0,
-                **{f"trainer/{k}": v for k, v in self.tally.items()},
-                **self.queue.stats(),
-                **(self.lender.metrics() if self.lender is not None else {}),
-            },
-            step=self.step,
+        own = TrainerFigures(
+            step=float(self.step),
+            version=float(self.version),
+            busy_fraction=self.busy / total if total else 0.0,
+            busy_seconds=self.busy,
+            idle_seconds=self.idle,
+            learn_seconds=self.learn,
+            publish_seconds=self.publish_s,
+            buffer_size=float(len(self.buffer)),
+            **self.tally,
         )
+        wait = LifecycleFigures(queue_wait_mean_s=sum(waits) / len(waits) if waits else 0.0)
+        lent = {"cores": self.lender.figures()} if self.lender is not None else {}
+        report = TrainerReport.of_figures(
+            metrics, trainer=own, lifecycle=wait, queue=self.queue.stats(), **lent
+        )
+        self.metrics.report(report, step=self.step)
 
 
 def _lender(cfg: RunConfig, run_dir: Path, model: torch.nn.Module) -> ThreadLender | None:

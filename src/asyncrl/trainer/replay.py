@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserError
+from asyncrl.telemetry.archive import read_batches
+from asyncrl.telemetry.jsonl import MetricWriter, read_jsonl
 
 COMPARED = ("loss/policy", "train/grad_norm", "staleness/mean", "reward/mean")
 
 
 def recorded_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
     """The trainer's own metric rows by step (the last row written for each step)."""
-    from asyncrl.telemetry.jsonl import read_jsonl
 
     rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
     return {r["step"]: r for r in rows if "event" not in r and isinstance(r.get("step"), int)}
@@ -32,8 +33,6 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
 
     from asyncrl.config import load_config
     from asyncrl.policy import Policy
-    from asyncrl.telemetry.archive import read_batches
-    from asyncrl.telemetry.jsonl import MetricWriter
     from asyncrl.trainer.learner import Learner
 
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "initial_policy").is_dir():

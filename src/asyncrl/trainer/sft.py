@@ -34,10 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from asyncrl.bootstrap import pinned_threads, torch_threads
 from asyncrl.config import GuardConfig, NoLatencyConfig, RunConfig, config_hash
+from asyncrl.envs import make_env, make_task_source
+from asyncrl.envs.registry import env_class
+from asyncrl.errors import UserError
+from asyncrl.policy.chat import make_renderer
 from asyncrl.records import Task
+from asyncrl.rollout.heldout import evaluate_policy
 
 if TYPE_CHECKING:
+    from asyncrl.envs.base import Environment
     from asyncrl.policy.chat import Renderer
 
 TEMPLATE_VERSION = 3
@@ -59,7 +66,6 @@ def _digest(data: bytes) -> str:
 
 def env_code_version(cfg: RunConfig) -> str:
     """Hash of the source of the environment's module (a plugin or a built-in)."""
-    from asyncrl.envs.registry import env_class
 
     cls = env_class(cfg.env)
     try:
@@ -98,7 +104,7 @@ def warm_start_key(cfg: RunConfig) -> str:
 
 
 async def _play(
-    env: Any, task: Task, texts: list[str], renderer: Renderer
+    env: Environment, task: Task, texts: list[str], renderer: Renderer
 ) -> list[tuple[list[int], list[int]]]:
     """Play scripted model turns (canonical actions) through the environment, rendered as the
     episode runner renders them; return the samples as (token ids, loss mask): one for the
@@ -130,7 +136,6 @@ async def _play(
 def build_demonstrations(
     cfg: RunConfig, renderer: Renderer, max_context: int
 ) -> list[tuple[list[int], list[int]]]:
-    from asyncrl.envs import make_env, make_task_source
 
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
@@ -139,8 +144,6 @@ def build_demonstrations(
     env = make_env(env_cfg, sft.seed)
     demonstrate = getattr(env, "demonstrate", None)
     if demonstrate is None:
-        from asyncrl.errors import UserError
-
         raise UserError(
             f"environment {cfg.env.kind!r} has no reference solver (demonstrate); cannot warm-start"
         )
@@ -288,11 +291,8 @@ def warm_start(
     cfg: RunConfig, *, force: bool = False, progress: bool | float = False, eval_limit: int | None = None
 ) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
-    from asyncrl.bootstrap import pinned_threads, torch_threads
     from asyncrl.policy import Policy
-    from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.heldout import evaluate_policy
 
     out = Path(cfg.cache_dir) / f"warmstart-{warm_start_key(cfg)}"
     meta_path = out / "warmstart.json"

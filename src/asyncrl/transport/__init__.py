@@ -23,6 +23,7 @@ from asyncrl.transport.base import (
     TrajectoryQueue,
 )
 from asyncrl.transport.embedded import EmbeddedQueue
+from asyncrl.transport.redis_backend import RedisQueue  # lazy: embedded users skip redis
 
 if TYPE_CHECKING:  # importing the config pulls in torch; keep worker start-up light
     from asyncrl.config import TransportConfig
@@ -46,10 +47,17 @@ def make_queue(cfg: TransportConfig, run_dir: Path) -> TrajectoryQueue:
     """Open (creating if needed) the run's trajectory queue; every process calls this itself."""
     if cfg.kind == "embedded":
         return EmbeddedQueue(
-            Path(run_dir) / QUEUE_FILENAME, capacity=cfg.capacity, lease_seconds=cfg.lease_seconds
+            Path(run_dir) / QUEUE_FILENAME,
+            capacity=cfg.capacity,
+            lease_seconds=cfg.lease_seconds,
+            busy_timeout_s=cfg.busy_timeout_s,
         )
     if cfg.kind == "redis":
-        from asyncrl.transport.redis_backend import RedisQueue  # lazy: embedded users skip redis
-
-        return RedisQueue(cfg.redis_url, run_dir, capacity=cfg.capacity, lease_seconds=cfg.lease_seconds)
+        return RedisQueue(
+            cfg.redis_url,
+            run_dir,
+            capacity=cfg.capacity,
+            lease_seconds=cfg.lease_seconds,
+            socket_timeout_s=cfg.socket_timeout_s,
+        )
     raise BackendUnavailableError(f"unknown transport.kind {cfg.kind!r}; use 'embedded' or 'redis'")

@@ -41,20 +41,10 @@ from types import TracebackType
 
 from asyncrl.errors import UserError
 from asyncrl.records import Trajectory, encode
+from asyncrl.telemetry.reports import QueueStats
 
-STAT_KEYS: tuple[str, ...] = (
-    "queue/depth",
-    "queue/ready",
-    "queue/leased",
-    "queue/dead_letters",
-    "queue/dead_letters_foreign",
-    "queue/put_total",
-    "queue/acked_total",
-    "queue/redelivered_total",
-    "queue/bytes_in",
-    "queue/capacity",
-)
-"""Keys every backend's :meth:`TrajectoryQueue.stats` returns."""
+STAT_KEYS: tuple[str, ...] = tuple(QueueStats.names())
+"""Metric names of every backend's :meth:`TrajectoryQueue.stats` (the trainer reports them)."""
 
 
 class QueueClosedError(RuntimeError):
@@ -113,23 +103,21 @@ def check_batch_args(max_items: int, timeout: float) -> None:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
 
 
-def stats_dict(
-    depth: int, ready: int, dead: int, counters: dict[str, int], capacity: int
-) -> dict[str, float]:
-    """The :data:`STAT_KEYS` dict every backend's :meth:`TrajectoryQueue.stats` returns."""
-    return {
-        "queue/depth": float(depth),
-        "queue/ready": float(ready),
-        "queue/leased": float(depth - ready),
-        "queue/dead_letters": float(dead),
+def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capacity: int) -> QueueStats:
+    """The :class:`QueueStats` every backend's :meth:`TrajectoryQueue.stats` returns."""
+    return QueueStats(
+        depth=float(depth),
+        ready=float(ready),
+        leased=float(depth - ready),
+        dead_letters=float(dead),
         # dead letters never accepted by put (written into the store from outside): not the run's to account
-        "queue/dead_letters_foreign": float(counters.get("dead_foreign_total", 0)),
-        "queue/put_total": float(counters.get("put_total", 0)),
-        "queue/acked_total": float(counters.get("acked_total", 0)),
-        "queue/redelivered_total": float(counters.get("redelivered_total", 0)),
-        "queue/bytes_in": float(counters.get("bytes_in", 0)),
-        "queue/capacity": float(capacity),
-    }
+        dead_letters_foreign=float(counters.get("dead_foreign_total", 0)),
+        put_total=float(counters.get("put_total", 0)),
+        acked_total=float(counters.get("acked_total", 0)),
+        redelivered_total=float(counters.get("redelivered_total", 0)),
+        bytes_in=float(counters.get("bytes_in", 0)),
+        capacity=float(capacity),
+    )
 
 
 class TrajectoryQueue(ABC):
@@ -192,8 +180,8 @@ class TrajectoryQueue(ABC):
         """Un-acked entries: ready + leased (what back-pressure counts)."""
 
     @abstractmethod
-    def stats(self) -> dict[str, float]:
-        """Gauges and counters, keys as in :data:`STAT_KEYS` (totals are queue-wide, all processes)."""
+    def stats(self) -> QueueStats:
+        """Gauges and counters (totals are queue-wide, all processes)."""
 
     @abstractmethod
     def dead_letters(self) -> list[DeadLetter]:

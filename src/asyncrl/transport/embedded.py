@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Literal
 
 from asyncrl.records import RecordDecodeError, decode_trajectory
+from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
     Delivery,
@@ -48,7 +49,7 @@ from asyncrl.transport.base import (
     TrajectoryQueue,
     backoff_sleep,
     check_batch_args,
-    stats_dict,
+    stats_of,
 )
 
 SCHEMA_VERSION = 1
@@ -119,8 +120,8 @@ class EmbeddedQueue(TrajectoryQueue):
         *,
         capacity: int,
         lease_seconds: float,
+        busy_timeout_s: float,
         synchronous: Synchronous = "NORMAL",
-        busy_timeout_s: float = 30.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -321,7 +322,7 @@ class EmbeddedQueue(TrajectoryQueue):
     def depth(self) -> int:
         return self._scalar("SELECT count(*) FROM entries")
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> QueueStats:
         with self._lock:
             conn = self._conn()
             conn.execute("BEGIN")  # one consistent snapshot for all numbers
@@ -336,7 +337,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
             finally:
                 conn.execute("COMMIT")
-        return stats_dict(int(depth), int(ready), int(dead), counters, self.capacity)
+        return stats_of(int(depth), int(ready), int(dead), counters, self.capacity)
 
     def dead_letters(self) -> list[DeadLetter]:
         with self._lock:

@@ -58,13 +58,14 @@ import redis
 
 from asyncrl.credentials import open_redis, with_retries
 from asyncrl.records import RecordDecodeError, decode_trajectory
+from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
     Delivery,
     QueueClosedError,
     TrajectoryQueue,
     check_batch_args,
-    stats_dict,
+    stats_of,
 )
 
 T = TypeVar("T")
@@ -168,8 +169,8 @@ class RedisQueue(TrajectoryQueue):
         *,
         capacity: int,
         lease_seconds: float,
+        socket_timeout_s: float,
         prefix: str | None = None,
-        socket_timeout_s: float = 30.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -334,14 +335,14 @@ class RedisQueue(TrajectoryQueue):
     def depth(self) -> int:
         return int(self._call(lambda r: r.xlen(self.stream_key)))
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> QueueStats:
         keys = [self.stream_key, self.counters_key, self.dead_key]
         length, pending, expired, dead, flat = self._call(
             lambda r: self._stats_script(keys=keys, args=[GROUP, self._lease_ms, _STATS_SCAN_MAX])
         )
         counters = {_s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         leased = int(pending) - int(expired)
-        return stats_dict(int(length), int(length) - leased, int(dead), counters, self.capacity)
+        return stats_of(int(length), int(length) - leased, int(dead), counters, self.capacity)
 
     def dead_letters(self) -> list[DeadLetter]:
         rows = self._call(lambda r: r.xrange(self.dead_key, "-", "+"))

@@ -57,7 +57,7 @@ def make_weight_store(cfg: WeightsConfig, run_dir: Path) -> WeightStore:
         from asyncrl.weights.shared import SharedWeightStore  # lazy: local users skip redis
 
         root = Path(cfg.path) / Path(run_dir).name if cfg.path else Path(run_dir) / "weights"
-        return SharedWeightStore(root, cfg.redis_url, keep=cfg.keep)
+        return SharedWeightStore(root, cfg.redis_url, keep=cfg.keep, socket_timeout_s=cfg.socket_timeout_s)
     raise ValueError(f"unknown weights.kind {cfg.kind!r}; use 'local' or 'shared'")
 
 

@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import SharedWeightsConfig, default_of
 from asyncrl.credentials import mask_url, open_redis, with_retries
 from asyncrl.weights.base import check_version
 from asyncrl.weights.local import LocalWeightStore
@@ -57,10 +58,17 @@ def pointer_key(root: str | Path) -> str:
 class SharedWeightStore(LocalWeightStore):
     """Snapshots under ``root`` (a shared filesystem); the pointer in Redis at ``redis_url``."""
 
-    def __init__(self, root: str | Path, redis_url: str, *, keep: int) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        redis_url: str,
+        *,
+        keep: int,
+        socket_timeout_s: float = default_of(SharedWeightsConfig, "socket_timeout_s"),
+    ) -> None:
         # connect first, under the one Redis retry policy (a role started while Redis restarts waits for
         # it); bad settings, or a Redis that stays down, fail with a UserError naming the field
-        self._r: Any = open_redis(redis_url, "weights.redis_url", socket_timeout_s=10.0)
+        self._r: Any = open_redis(redis_url, "weights.redis_url", socket_timeout_s=socket_timeout_s)
         self.redis_url = redis_url
         self.key = pointer_key(root)
         self._set_pointer = self._r.register_script(_SET_POINTER_LUA)

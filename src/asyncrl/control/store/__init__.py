@@ -31,5 +31,5 @@ def make_state_store(cfg: RunConfig, run_dir: str | Path) -> StateStore:
 
         if not sc.redis_url:
             raise UserError("control.state.kind=redis needs control.state.redis_url")
-        return RedisStateStore(sc.redis_url, run_dir, prefix=sc.prefix)
-    return SQLiteStateStore(Path(run_dir) / "control.sqlite")
+        return RedisStateStore(sc.redis_url, run_dir, prefix=sc.prefix, socket_timeout_s=sc.socket_timeout_s)
+    return SQLiteStateStore(Path(run_dir) / "control.sqlite", busy_timeout_s=sc.busy_timeout_s)

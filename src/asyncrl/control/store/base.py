@@ -64,7 +64,7 @@ class StateStore(ABC):
 
     @abstractmethod
     def ages(self) -> list[int]:
-        """Version lag of every trained sample (for the staleness histogram)."""
+        """Age (in versions) of every trained sample (for the staleness histogram)."""
 
     @abstractmethod
     def put_doc(self, name: str, doc: dict[str, Any]) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 import redis
 
+from asyncrl.config import RedisStateConfig, default_of
 from asyncrl.control.store.base import StateStore
 from asyncrl.credentials import open_redis, with_retries
 from asyncrl.transport.redis_backend import key_prefix
@@ -86,7 +87,14 @@ def _s(value: Any) -> str:
 class RedisStateStore(StateStore):
     """Counters, flags, ledger and documents of one run in Redis (see the module docstring)."""
 
-    def __init__(self, url: str, run_dir: str | Path, *, prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        run_dir: str | Path,
+        *,
+        prefix: str | None = None,
+        socket_timeout_s: float = default_of(RedisStateConfig, "socket_timeout_s"),
+    ) -> None:
         self.prefix = prefix or f"{key_prefix(run_dir)}:state"
         self._counters = f"{self.prefix}:counters"
         self._flags = f"{self.prefix}:flags"
@@ -95,7 +103,7 @@ class RedisStateStore(StateStore):
         self._ages = f"{self.prefix}:ages"
         self._docs = f"{self.prefix}:docs"
         # a role (re)started during a Redis restart rides through it, like every Redis client
-        self._r: redis.Redis = open_redis(url, "control.state.redis_url")
+        self._r: redis.Redis = open_redis(url, "control.state.redis_url", socket_timeout_s=socket_timeout_s)
         self._record_script = self._r.register_script(_RECORD_LUA)
         self._add_script = self._r.register_script(_ADD_LUA)
 
@@ -174,7 +182,7 @@ class RedisStateStore(StateStore):
         return {_s(k): int(v) for k, v in raw.items() if int(v)}
 
     def ages(self) -> list[int]:
-        """Version lag of every trained sample (for the staleness histogram)."""
+        """Age (in versions) of every trained sample (for the staleness histogram)."""
         return [int(v) for v in with_retries(lambda: self._r.lrange(self._ages, 0, -1))]
 
     # -- documents --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import SQLiteStateConfig, default_of
 from asyncrl.control.store.base import StateStore
 
 _SCHEMA = """
@@ -29,12 +30,14 @@ CREATE TABLE IF NOT EXISTS docs (name TEXT PRIMARY KEY, body TEXT NOT NULL, at R
 class SQLiteStateStore(StateStore):
     """Cross-process counters, flags, ledger and documents for one run (see :mod:`asyncrl.control.store.base`)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(
+        self, path: str | Path, busy_timeout_s: float = default_of(SQLiteStateConfig, "busy_timeout_s")
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(
-            str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
+            str(self.path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -144,7 +147,7 @@ class SQLiteStateStore(StateStore):
             }
 
     def ages(self) -> list[int]:
-        """Version lag of every trained sample (for the staleness histogram)."""
+        """Age (in versions) of every trained sample (for the staleness histogram)."""
         with self._lock:
             return [int(r[0]) for r in self._db.execute("SELECT age FROM ledger WHERE fate='trained'")]
 

@@ -1,0 +1,173 @@
+"""``env``: the environment, its task source, simulated latency, faults, guard and sandbox (:mod:`asyncrl.envs`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from asyncrl.config.base import Section, kind_of
+
+
+class _LatencyBase(Section):
+    """Simulated tool latency added to every environment step."""
+
+    kind: str = "none"
+    """Distribution of the added delay: ``none``, ``constant``, ``lognormal`` or ``pareto``."""
+
+
+class NoLatencyConfig(_LatencyBase):
+    """No simulated latency."""
+
+    kind: Literal["none"] = "none"
+
+
+class _DelayBase(_LatencyBase):
+    seconds: float = Field(0.0, ge=0, le=600)
+    """Constant delay, or the median (lognormal) / scale x_m (pareto) of the delay."""
+    max_seconds: float = Field(60.0, gt=0, le=3600)
+    """Cap on any single delay."""
+
+
+class ConstantLatencyConfig(_DelayBase):
+    """The same delay before every step."""
+
+    kind: Literal["constant"] = "constant"
+
+
+class LognormalLatencyConfig(_DelayBase):
+    """Lognormal delays (median ``seconds``, shape ``sigma``)."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    sigma: float = Field(1.0, gt=0, le=10)
+    """Lognormal shape (std of the log-delay)."""
+
+
+class ParetoLatencyConfig(_DelayBase):
+    """Pareto delays (scale ``seconds``, tail index ``alpha``)."""
+
+    kind: Literal["pareto"] = "pareto"
+    alpha: float = Field(1.5, gt=0.1, le=100)
+    """Pareto tail index; smaller means heavier tail (1 < alpha < 2: infinite variance)."""
+
+
+LatencyConfig: TypeAlias = Annotated[
+    Annotated[NoLatencyConfig, Tag("none")]
+    | Annotated[ConstantLatencyConfig, Tag("constant")]
+    | Annotated[LognormalLatencyConfig, Tag("lognormal")]
+    | Annotated[ParetoLatencyConfig, Tag("pareto")],
+    Discriminator(kind_of("none")),
+]
+"""``env.latency``: one model per ``kind``."""
+
+
+class FaultConfig(Section):
+    """Injected environment faults, for testing robustness."""
+
+    exception_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a step raises an exception."""
+    hang_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a step hangs (until the guard's timeout)."""
+    malformed_rate: float = Field(0.0, ge=0, le=1)
+    """Probability that a step returns a malformed observation."""
+    task_types: list[str] = Field(default_factory=list)
+    """Inject faults only into episodes of these task types or ``type:difficulty`` buckets (empty: all)."""
+    active_from: float = Field(0.0, ge=0)
+    """Unix time before which no fault is injected (0: from the start)."""
+    active_until: float = Field(0.0, ge=0)
+    """Unix time from which no fault is injected (0: never stops)."""
+    switch_file: str | None = None
+    """Inject faults only while this file exists (a chaos switch for tests and drills)."""
+
+
+class GuardConfig(Section):
+    """Isolation of environment faults: timeouts, retries and the fallback observation."""
+
+    step_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Wall-clock limit of one environment call."""
+    retries: int = Field(1, ge=0, le=10)
+    """Extra attempts after a failed call."""
+    fault_reward: float = Field(-0.1, ge=-10, le=0)
+    """Process reward given to a turn whose environment call failed on every attempt."""
+    fault_observation: str = "[tool error]"
+    """Observation text returned after the last failed attempt."""
+    max_observation_chars: int = Field(8192, ge=1, le=100_000_000)
+    """An observation (or reset prompt) longer than this is a ``malformed`` attempt (retried, then the
+    fault observation): it bounds what one tool result can add to the context."""
+
+
+class SandboxConfig(Section):
+    """Sandbox limits of the ``python`` environment, each enforced per run of model-written code.
+
+    See docs/environments.md#the-python-sandbox; ``asyncrl.envs.SandboxLimits`` is this model."""
+
+    cpu_seconds: int = Field(2, ge=1, le=3600)
+    """CPU time (RLIMIT_CPU); the process gets SIGXCPU, one second later SIGKILL."""
+    wall_seconds: float = Field(5.0, gt=0, le=3600)
+    """Wall-clock limit enforced by the host (kills the run's processes). Keep it below
+    ``env.guard.step_timeout_s``."""
+    memory_bytes: int = Field(512 * 2**20, ge=2**20, le=2**40)
+    """Address-space limit (RLIMIT_AS) of each process."""
+    max_processes: int = Field(16, ge=1, le=4096)
+    """Processes/threads of the run's uid (RLIMIT_NPROC)."""
+    file_size_bytes: int = Field(8 * 2**20, ge=0, le=2**40)
+    """Largest file the code may write (RLIMIT_FSIZE)."""
+    disk_bytes: int = Field(16 * 2**20, ge=4096, le=2**40)
+    """Size of the private tmpfs work dir."""
+    max_open_files: int = Field(64, ge=4, le=65536)
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    max_output_bytes: int = Field(16384, ge=1, le=2**30)
+    """stdout and stderr are each capped at this; writing more kills the run."""
+    max_code_chars: int = Field(20000, ge=1, le=10_000_000)
+    """Longer code is refused without running (``error: code longer than ...``)."""
+    require_isolation: bool = True
+    """Refuse to run (error result) when network or filesystem isolation is unavailable."""
+    uid_base: int = Field(2_000_000, ge=1000, le=2**31 - 1)
+    """First uid of the pool of dedicated uids (root mode). The pool must not overlap real users."""
+    uid_count: int = Field(1000, ge=1, le=1_000_000)
+    """Number of uids in the pool: concurrent runs at most (each locks one)."""
+    python: str | None = None
+    """Interpreter for the code; unset: this process's base interpreter."""
+
+
+class EnvConfig(Section):
+    """The environment the agent acts in, and its task source."""
+
+    kind: Literal["calculator", "kb_lookup", "python", "strings", "plugin", "agent"] = "calculator"
+    """Built-in environment, ``plugin`` for a user class named by ``path``, or ``agent`` for a user
+    agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
+    calls go through the worker's gateway (docs/agents.md)."""
+    path: str | None = None
+    """kind: plugin, agent — import path ``package.module:ClassName`` of a user environment (plugin),
+    or ``package.module:function`` of an agent program (agent)."""
+    agent_tasks: str = "calculator"
+    """kind: agent — the built-in environment kind (or plugin ``module:Class``) whose task source,
+    held-out split and warm-start demonstrations the agent's episodes use."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to the environment's constructor."""
+    max_turns: int = Field(6, ge=1, le=256)
+    """Model turns per episode before it ends as ``truncated``."""
+    min_difficulty: int = Field(2, ge=0, le=100)
+    """Lowest task difficulty drawn (calculator: number of steps)."""
+    max_difficulty: int = Field(3, ge=0, le=100)
+    """Highest task difficulty drawn."""
+    heldout_size: int = Field(64, ge=1, le=100000)
+    """Number of held-out evaluation tasks (disjoint from training tasks)."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the task generator (and knowledge base)."""
+    latency: LatencyConfig = Field(default_factory=NoLatencyConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvConfig:
+        if self.kind == "plugin" and not self.path:
+            raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
+        if self.kind == "agent" and not self.path:
+            raise ValueError("env.kind 'agent' needs env.path, e.g. 'my_agents.calculator:run'")
+        if self.min_difficulty > self.max_difficulty:
+            raise ValueError(
+                f"min_difficulty ({self.min_difficulty}) must not exceed max_difficulty ({self.max_difficulty})"
+            )
+        return self

@@ -1,0 +1,124 @@
+"""``RunConfig``: the root of a run's configuration, assembled from every role's section, and its
+cross-section rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from asyncrl.config.aliases import move_renamed
+from asyncrl.config.base import Section, drop_stale_defaults
+from asyncrl.config.control import ControlConfig
+from asyncrl.config.cost import CostConfig
+from asyncrl.config.credit import CreditConfig
+from asyncrl.config.env import EnvConfig
+from asyncrl.config.launch import LauncherConfig, LocalLauncherConfig
+from asyncrl.config.model import ModelConfig
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.config.rollout import RolloutConfig
+from asyncrl.config.telemetry import TelemetryConfig
+from asyncrl.config.trainer import AlgoConfig, TrainerConfig
+from asyncrl.config.transport import EmbeddedTransportConfig, TransportConfig
+from asyncrl.config.weights import LocalWeightsConfig, WeightsConfig
+from asyncrl.staleness import StalenessPolicy
+
+
+class RunConfig(Section):
+    """Root of a run's configuration."""
+
+    name: str = "run"
+    """Run name; the run directory is ``{run_root}/{name}``."""
+    run_root: str = "runs"
+    """Folder holding run directories."""
+    cache_dir: str = ".cache/asyncrl"
+    """Cache of warm-start checkpoints, keyed by config hash."""
+    seed: int = Field(0, ge=0)
+    """Global seed."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    transport: TransportConfig = Field(default_factory=EmbeddedTransportConfig)
+    weights: WeightsConfig = Field(default_factory=LocalWeightsConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    launcher: LauncherConfig = Field(default_factory=LocalLauncherConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_dumps(cls, data: Any) -> Any:
+        return drop_stale_defaults(cls, move_renamed(data))
+
+    def staleness_policy(self) -> StalenessPolicy:
+        """The staleness rules in force for this run (:mod:`asyncrl.staleness`; rule 5 sets the lag)."""
+        c = self.control
+        return StalenessPolicy.from_config(c.mode, c.max_staleness, self.trainer.batch_size, c.stale_policy)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> RunConfig:
+        if self.rollout.engine.kind == "vllm" and "kind" not in self.algo.policy_loss.model_fields_set:
+            # vLLM's log-probs differ from the trainer's: correct with truncated IS (docs/engines.md).
+            self.algo.policy_loss = self.algo.policy_loss.model_copy(update={"kind": "decoupled_ppo"})
+        if self.trainer.batch_size % self.rollout.group_size:
+            raise ValueError(
+                f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of rollout.group_size "
+                f"({self.rollout.group_size}) so that batches hold whole groups"
+            )
+        most = self.staleness_policy().max_sync_every
+        if self.trainer.sync_every > most:
+            raise ValueError(
+                f"trainer.sync_every ({self.trainer.sync_every}) may be at most max_staleness + 1 ({most}) in "
+                f"mode {self.control.mode!r}: samples from one published version are trained up to "
+                "sync_every - 1 steps later"
+            )
+        if self.rollout.tree.enabled and self.env.kind == "agent":
+            raise ValueError(
+                "rollout.tree needs environment episodes it can replay; env.kind 'agent' runs your own "
+                "program (set rollout.tree.enabled: false, or use an environment)"
+            )
+        need = min_queue_capacity(
+            self.trainer.checkpoint_every,
+            self.trainer.buffer_steps,
+            self.trainer.batch_size,
+            self.rollout.max_group_size,
+        )
+        if self.transport.capacity < need:
+            raise ValueError(
+                f"transport.capacity ({self.transport.capacity}) must be at least "
+                "(trainer.checkpoint_every + trainer.buffer_steps + 1) x trainer.batch_size + "
+                f"(trainer.checkpoint_every - 1) x (rollout.group_size - 1) = {need}: the trainer holds entries "
+                "un-acknowledged until a checkpoint covers them (trained) or it has a buffer slot for them "
+                "(buffered); with less, a full queue can hold only entries waiting for a checkpoint that needs "
+                "new entries"
+            )
+        return self
+
+
+def max_trainer_held(checkpoint_every: int, buffer_steps: int, batch_size: int, group_size: int) -> int:
+    """Most queue entries a live trainer holds un-acknowledged between two loop iterations.
+
+    ``checkpoint_every − 1`` steps trained since the last checkpoint (the step that reaches
+    ``checkpoint_every`` checkpoints in the same iteration), each of at most ``batch_size +
+    group_size − 1`` samples (a batch takes whole groups until it has ``batch_size``; a group with a
+    dropped member is smaller, so the last group taken can overshoot by ``group_size − 1``), plus a
+    replay buffer of at most ``buffer_steps × batch_size`` (it evicts beyond). See
+    :mod:`asyncrl.trainer.intake` for why this bounds back-pressure.
+    """
+    return (checkpoint_every - 1) * (batch_size + group_size - 1) + buffer_steps * batch_size
+
+
+def min_queue_capacity(checkpoint_every: int, buffer_steps: int, batch_size: int, group_size: int) -> int:
+    """Smallest ``transport.capacity`` accepted: :func:`max_trainer_held` plus ``2 × batch_size`` —
+    room for one pull of fresh entries beyond everything the trainer can hold, so a full queue
+    always holds an entry the trainer can take."""
+    return max_trainer_held(checkpoint_every, buffer_steps, batch_size, group_size) + 2 * batch_size
+
+
+SECTIONS: tuple[str, ...] = tuple(
+    name for name, f in RunConfig.model_fields.items() if isinstance(f.default_factory, type)
+)

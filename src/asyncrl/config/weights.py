@@ -1,0 +1,87 @@
+"""``weights``: the versioned weight store and its weight-sync canary (:mod:`asyncrl.weights`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from asyncrl.config.base import Section, check_redis_url, kind_of
+
+
+class CanaryConfig(Section):
+    """The weight-sync canary (docs/reliability.md#weight-sync-canary): after every weight load a rollout
+    worker checks that its engine serves the version the trainer published — a fingerprint of the
+    tensors in the engine's model and the log-probs of a fixed probe prompt, against the values the
+    trainer recorded in the version's manifest. A mismatch refuses the version: the worker goes back
+    to its previous good version, the orchestrator raises a ``weight_canary`` alert and the trainer
+    publishes its weights again as a new version."""
+
+    enabled: bool = True
+    """Record the canary at every publish and check it at every load. Off: versions are loaded unchecked."""
+    probe_tokens: int = Field(32, ge=2, le=4096)
+    """Length of the probe prompt in tokens (capped by the context). Its cost per load is one forward
+    pass of this many tokens in the engine, and one in the trainer per publish."""
+    probe_tolerance: float | None = Field(None, gt=0)
+    """Largest ``mean |Δ log p|`` over the probe tokens between the engine and the trainer. Unset: by
+    dtype, ``probe_tolerance_float32`` when the trainer and the engine both compute in float32, else
+    ``probe_tolerance_half``."""
+    probe_tolerance_float32: float = Field(1e-4, gt=0)
+    """Default tolerance in float32. Engine and trainer then differ by rounding only: 0 on SmolLM2 with the
+    built-in engine on CPU (the same kernels), 1.5e-7-4.2e-7 for vLLM vs the trainer on CPU
+    (docs/engines.md) — over 200x margin — while one LoRA step of ±1e-4 per element moves the SmolLM2
+    probe by 8.5e-4 to 1.3e-3 (bench/canary_cost.py), so even a one-version-stale engine shows."""
+    probe_tolerance_half: float = Field(0.2, gt=0)
+    """Default tolerance when either side computes in bfloat16 or float16: the same SmolLM2 weights in
+    float32 and bfloat16 give probe log-probs 0.040 apart on average (max 0.14; bench/canary_cost.py), and
+    the gap grows with the model, so this leaves 5x margin and catches only gross failures (an adapter
+    whose effect is not served, other weights); version identity then rests on the fingerprint."""
+    fingerprint_rtol: float = Field(1e-6, gt=0, le=1)
+    """Tolerance of each fingerprint statistic relative to its scale (``sqrt(Σx²)`` for sums, ``Σx²`` for
+    sums of squares). The engine holds a bitwise copy, so only reduction order differs: at most 4e-8 on
+    SmolLM2's 272 tensors (1 vs 2 threads, against float64). One optimiser step moves a tensor's sum by
+    about ``lr·sqrt(n)``, which this sees for any ``lr`` above ``1e-6 × rms(weights)``."""
+
+
+class _WeightsBase(Section):
+    """The versioned weight store."""
+
+    kind: str = "local"
+    """``local``: snapshots under the run directory; ``shared``: snapshots on a shared filesystem (``path``)
+    with the latest-version pointer in Redis (``redis_url``), for roles on several machines."""
+    keep: int = Field(3, ge=1, le=10000)
+    """Snapshots kept (older ones are deleted)."""
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    """The weight-sync canary: every load is checked against what the trainer published."""
+
+
+class LocalWeightsConfig(_WeightsBase):
+    """Snapshots under the run directory."""
+
+    kind: Literal["local"] = "local"
+
+
+class SharedWeightsConfig(_WeightsBase):
+    """Snapshots on a shared filesystem, the latest-version pointer in Redis."""
+
+    kind: Literal["shared"] = "shared"
+    path: str | None = None
+    """Directory on a filesystem every machine mounts (at the same path); the run's snapshots
+    go to ``{path}/{run directory name}/``. Unset: ``{run_dir}/weights`` (the run directory is shared)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the latest-version pointer (same URL rules as transport.redis_url)."""
+    socket_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A pointer read or write without an answer for this long fails and is retried under the one retry
+    policy."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return check_redis_url(v)
+
+
+WeightsConfig: TypeAlias = Annotated[
+    Annotated[LocalWeightsConfig, Tag("local")] | Annotated[SharedWeightsConfig, Tag("shared")],
+    Discriminator(kind_of("local")),
+]
+"""``weights``: one model per ``kind``."""
