@@ -7,7 +7,7 @@ Every run is ``asyncrl train`` of the demo-real config (SmolLM2-135M + LoRA, cal
 16 trajectories a step in groups of 4, the same cached warm start, the same seed) for ``--steps``
 RL steps; only the mode (``control.mode``) and ``launcher.lend_threads`` change:
 
-* ``async_lend`` — ``control.mode: async``, ``max_staleness: 2``, core lending on (the default);
+* ``async_lend`` — ``control.mode: async``, ``max_staleness: 2``, core lending on;
 * ``async_pinned`` — the same, each role pinned to one torch thread (lending off: main before it);
 * ``sync_lend`` / ``sync_pinned`` — ``control.mode: sync`` (generate a batch, then train on it),
   with / without lending (pinned: the trainer trains on every core, ``launcher.solo_threads``, while

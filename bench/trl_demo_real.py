@@ -28,7 +28,7 @@ Held-out success is measured the same way on both sides, off the clock:
 the run; TRL: the trained policy, between steps, excluded from the step time). Steps to a target do
 not depend on the machine's load; seconds per step do (this machine is shared: contaminated), so
 time to target = steps to target x the median seconds per step of each side's own run. asyncrl runs
-its default async mode (core lending on); TRL runs in one process on every core
+its default async mode (core lending off, the default); TRL runs in one process on every core
 (``--trl-threads``, default 2).
 """
 

@@ -130,13 +130,18 @@ def test_the_hooks_poll_before_each_decoder_layer(tmp_path: Path, restore_thread
 
 def test_the_plan_applies_to_local_cpu_runs_with_cores_to_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    plan = lending_plan(load_config(None, ["model.device=cpu"]))
+    plan = lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=true"]))
     assert plan == TWO
-    assert lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=false"])) is None
-    assert lending_plan(load_config(None, ["model.device=cpu", "trainer.world_size=2"])) is None
+    assert lending_plan(load_config(None, ["model.device=cpu"])) is None  # off by default
+    assert (
+        lending_plan(
+            load_config(None, ["model.device=cpu", "launcher.lend_threads=true", "trainer.world_size=2"])
+        )
+        is None
+    )
     assert lending_plan(load_config(None, ["model.device=cpu", "launcher.kind=ray"])) is None
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # nothing to lend
-    assert lending_plan(load_config(None, ["model.device=cpu"])) is None
+    assert lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=true"])) is None
 
 
 def test_without_a_plan_no_role_lends(tmp_path: Path) -> None:
@@ -164,6 +169,7 @@ def test_in_sync_mode_the_rollout_worker_borrows_the_waiting_trainers_core(
             "trainer.total_steps=3",
             "control.mode=sync",
             "telemetry.eval_every=0",
+            "launcher.lend_threads=true",
             f"run_root={tmp_path}",
             f"cache_dir={cache_dir}",
         ],
