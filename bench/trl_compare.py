@@ -1,5 +1,8 @@
 """asyncrl vs TRL's GRPOTrainer on the same single-turn task, side by side; prints one JSON object.
 
+(``--task demo-real``: the real-model comparison on ``make demo-real``'s multi-turn task, SmolLM2 +
+LoRA, steps and time to a held-out target — ``bench/trl_demo_real.py``.)
+
     .venv/bin/python bench/trl_compare.py --trl-python .venv-bench/bin/python [--seeds 1 2 3] [--steps 100]
         [--lr 3e-4] [--target 0.8] [--sft-steps 500] [--corruption 0.8] [--latency none|pareto]
 
@@ -205,6 +208,10 @@ def run_trl(policy_dir: str, steps: int, seed: int, lr: float, target: float) ->
 
 # ---------------------------------------------------------------------------------------------- driver
 def main() -> int:
+    if "--task" in sys.argv:  # the real-model comparison on the demo-real task: bench/trl_demo_real.py
+        import trl_demo_real
+
+        return trl_demo_real.main(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trl-python", default=".venv-bench/bin/python", help="interpreter with trl installed")
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])

@@ -220,3 +220,25 @@ def test_eval_json_cli(tmp_path: Any) -> None:
     for key in ("success_rate", "avg_steps", "tool_success_rate", "per_task_type", "distinct_2"):
         assert key in report
     assert report["episodes"] == 4
+
+
+def test_the_batcher_says_when_it_has_nothing_left_to_generate() -> None:
+    """``idle`` (the rollout worker's core-lending announcement) runs after a generation call that
+    leaves no request waiting — not after one whose successors are already queued."""
+    engine = ScriptedEngine([])
+    seen: list[int] = []
+
+    async def go() -> None:
+        batcher = TurnBatcher(
+            engine, idle=lambda: seen.append(len(engine.calls)), max_wait_s=0.0, max_batch=2
+        )
+        sp = SamplingParams(max_new_tokens=4)
+        try:
+            await asyncio.gather(*(batcher.generate([1, 2], sp) for _ in range(5)))  # batches of 2, 2, 1
+            assert seen == [3]
+            await batcher.generate([1], sp)
+            assert seen == [3, 4]
+        finally:
+            batcher.close()
+
+    asyncio.run(go())

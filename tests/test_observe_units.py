@@ -236,6 +236,10 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
                 "queue/ready": float(10 * (s % 7)),
                 "queue/leased": 5.0,
                 "trainer/busy_seconds": 1.5 * s,
+                "trainer/step": float(s),
+                "trainer/learn_seconds": 1.2 * s,
+                "trainer/publish_seconds": 0.1 * s,
+                "trainer/idle_seconds": 0.5 * s,
             }
         )
         rows.append(
@@ -245,6 +249,8 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
                 "pid": 12,
                 "alive_s": 2.0 * s + 5,
                 "rollout/gen_busy_seconds": 1.2 * s,
+                "rollout/prefill_seconds": 0.4 * s,
+                "rollout/decode_seconds": 0.7 * s,
             }
         )
         rows.append(
@@ -354,6 +360,7 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
         "freshness",
         "queue",
         "utilisation",
+        "step-wall",
         "latency",
         "evaluation",
         "alerts",
@@ -367,6 +374,8 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
         "staleness-hist",
         "queue",
         "utilisation",
+        "step-wall",
+        "heldout",
         "latency",
         "alerts",
         "cost",
@@ -374,6 +383,8 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
     ):
         assert f'<figure class="chart" id="chart-{chart}">' in html
     assert "reward_hacking" in html and "paused bucket" in html  # the alert timeline and table
+    # per-step wall: step 2's interval is 2 s; the trainer learned 1.2 s of it, the worker generated 1.2 s
+    assert "<td>2</td><td>2.0</td><td>1.2</td><td>0.1</td><td>0.2</td><td>0.5</td><td>1.2</td>" in html
     assert "admission paused" in html  # the paused band on the queue chart
     # environment faults per environment, and why the wall time grew
     assert "Environment faults" in html and "<td>calculator</td><td>400</td><td>30.0%</td>" in html
@@ -421,3 +432,54 @@ def test_one_jsonl_reader_skips_partial_and_non_object_lines(tmp_path: Path) -> 
     assert read_jsonl(tmp_path / "a.jsonl") == [{"x": 1}, {"x": 2}]
     assert read_jsonl(tmp_path / "missing.jsonl") == []
     assert [r["x"] for r in read_jsonl_dir(tmp_path)] == [1, 2, 4]
+
+
+def test_step_walls_split_each_step_by_role_and_phase() -> None:
+    """Hand-computed: the trainer launched at t=0 and reported steps at t=10 and t=30 (then repeated
+    step 2 at the end); the worker's cumulative counters are interpolated at those instants; a
+    restarted worker (new pid) counts from 0."""
+    from asyncrl.telemetry.walltime import step_walls
+
+    def tr(t: float, step: int, learn: float, publish: float, busy: float, idle: float) -> dict[str, Any]:
+        return {
+            "time": t,
+            "role": "trainer",
+            "pid": 1,
+            "alive_s": t,
+            "trainer/step": float(step),
+            "trainer/learn_seconds": learn,
+            "trainer/publish_seconds": publish,
+            "trainer/busy_seconds": busy,
+            "trainer/idle_seconds": idle,
+            "cores/borrowed_thread_seconds": learn / 4,
+        }
+
+    def ro(t: float, pid: int, gen: float) -> dict[str, Any]:
+        return {
+            "time": t,
+            "role": "rollout-0",
+            "pid": pid,
+            "rollout/gen_busy_seconds": gen,
+            "rollout/prefill_seconds": gen / 4,
+            "rollout/decode_seconds": gen / 2,
+        }
+
+    rows = [
+        tr(10, 1, 6.0, 0.5, 7.0, 3.0),
+        tr(30, 2, 20.0, 1.0, 22.0, 8.0),
+        tr(31, 2, 20.0, 1.0, 22.0, 8.0),  # the final row repeats step 2
+        ro(5, 7, 4.0),
+        ro(20, 7, 10.0),  # killed after this row
+        ro(25, 8, 2.0),  # restarted: from 0
+        ro(40, 8, 8.0),
+        {"time": 12.0, "role": "rollout-0", "event": "role/restart"},
+    ]
+    one, two = step_walls(rows)
+    assert (one.step, one.wall, one.train, one.publish, one.other, one.idle) == (1, 10.0, 6.0, 0.5, 0.5, 3.0)
+    assert one.generate == pytest.approx(6.0)  # 0 → 6 (t=10 between the rows at 5 and 20: 4 + 6/15·5)
+    assert (two.step, two.wall, two.train, two.publish, two.other, two.idle) == (2, 20.0, 14.0, 0.5, 0.5, 5.0)
+    # pid 7: 6 → 10; pid 8: 0 → 2 + 6·5/15 = 4
+    assert two.generate == pytest.approx(8.0)
+    assert two.prefill == pytest.approx(2.0) and two.decode == pytest.approx(4.0)
+
+    assert two.borrowed == pytest.approx(3.5)  # the trainer's cumulative 1.5 at step 1, 5.0 at step 2

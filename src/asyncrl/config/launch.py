@@ -37,6 +37,19 @@ class LocalLauncherConfig(_LauncherBase):
     """OS processes on this machine."""
 
     kind: Literal["local"] = "local"
+    lend_threads: bool = False
+    """Core lending (CPU models, one trainer rank): a compute role that waits — a rollout worker held
+    by the staleness budget, the trainer with no batch to take — lends its cores to the roles still
+    computing, which raise their torch threads until it computes again (docs/orchestrator.md#core-lending,
+    ``asyncrl.control.lending``). Off (the default until it measures better on the demo-real task:
+    docs/benchmarks.md): every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
+    lend_after_ms: int = Field(250, ge=0, le=60_000)
+    """A role's cores are lent only once it has waited this long: the short gaps between two model
+    turns or two training steps are not worth a switch (each switch costs the borrower a moment of
+    oversubscription when the lender comes back)."""
+    lend_poll_ms: int = Field(50, ge=1, le=10_000)
+    """Longest time between two reads of the lending board while a role computes (it reads it before
+    a decoder layer's forward, at most this often): a returning lender has its cores back within it."""
 
 
 class RayLauncherConfig(_LauncherBase):

@@ -43,6 +43,9 @@ class TurnBatcher:
 
     engine: GenerationEngine
     before_batch: Callable[[], None] | None = None
+    idle: Callable[[], None] | None = None
+    """Runs (in the event loop thread) when a generation call returns and no request waits: the
+    rollout worker announces there that its cores may be lent (:mod:`asyncrl.control.lending`)."""
     _pending: list[_Request] = field(default_factory=list)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
@@ -94,6 +97,8 @@ class TurnBatcher:
                             r.future.set_exception(exc)
                     continue
             self.busy_seconds += time.perf_counter() - t0
+            if self.idle is not None and not self._pending:
+                self.idle()
             self.batches += 1
             self.sequences += len(batch)
             self.tokens += sum(len(s.token_ids) for s in samples)
@@ -120,7 +125,11 @@ class TurnBatcher:
 
     @classmethod
     def of(
-        cls, engine: GenerationEngine, ec: EngineConfig, before_batch: Callable[[], None] | None = None
+        cls,
+        engine: GenerationEngine,
+        ec: EngineConfig,
+        before_batch: Callable[[], None] | None = None,
+        idle: Callable[[], None] | None = None,
     ) -> TurnBatcher:
         """The batcher ``rollout.engine`` describes."""
-        return cls(engine, before_batch, max_batch=ec.max_batch, max_wait_s=ec.batch_wait_ms / 1000)
+        return cls(engine, before_batch, idle, max_batch=ec.max_batch, max_wait_s=ec.batch_wait_ms / 1000)

@@ -43,7 +43,7 @@ from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
 from asyncrl.telemetry.jsonl import MetricTail, memory
-from asyncrl.telemetry.reports import Decoded, Report, TrainerReport, decode_rows
+from asyncrl.telemetry.reports import Decoded, Report, TrainerReport, WorkerReport, decode_rows
 
 log = logging.getLogger("asyncrl.orchestrator")
 
@@ -354,8 +354,11 @@ class Orchestrator:
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
+        from asyncrl.control.lending import lending_plan, open_board
+
         (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
         self.state.begin(self.resume)
+        open_board(self.run_dir, lending_plan(self.cfg))  # core lending: the roles read the plan
         if self.resume:
             saved = self.state.snapshot()
             if saved is not None:
@@ -721,6 +724,16 @@ def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dic
     return cost
 
 
+def _lending(orch: Orchestrator) -> dict[str, Any]:
+    """Core lending over the run (:mod:`asyncrl.control.lending`): thread-seconds each role borrowed
+    from a waiting one (the ``cores`` section of the roles' latest reports)."""
+    reports: dict[str, WorkerReport | TrainerReport] = {**orch.live.workers}
+    if orch.live.trainer is not None:
+        reports[TRAINER] = orch.live.trainer
+    by_role = {name: round(r.cores.borrowed_thread_seconds, 1) for name, r in reports.items() if r.cores}
+    return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
+
+
 def _summary(
     cfg: RunConfig,
     run_dir: Path,
@@ -782,6 +795,7 @@ def _summary(
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
         **_token_exactness(orch),
         "weights_canary": _canary(orch),
+        **_lending(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         "notes": [faults["note"]] if faults["note"] else [],

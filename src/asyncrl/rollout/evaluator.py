@@ -44,6 +44,11 @@ class Evaluator:
         self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
         self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
+        from asyncrl.bootstrap import torch_threads
+        from asyncrl.control.lending import ThreadLender
+
+        # core lending: the evaluator holds its core while it evaluates and never borrows (it yields)
+        self.lender = ThreadLender.join(run_dir, ROLE, torch_threads(cfg, "evaluator"), borrow=False)
 
     def due(self) -> bool:
         v = self.store.latest_version()
@@ -58,7 +63,13 @@ class Evaluator:
         self.policy.load_tensors(loaded.tensors)
         t0 = time.time()
         tc = self.cfg.telemetry
-        report = evaluate_policy(self.cfg, self.policy, limit=tc.eval_tasks or None, seed=self.cfg.seed)
+        if self.lender is not None:
+            self.lender.computing()
+        try:
+            report = evaluate_policy(self.cfg, self.policy, limit=tc.eval_tasks or None, seed=self.cfg.seed)
+        finally:
+            if self.lender is not None:
+                self.lender.waiting()
         seconds = time.time() - t0
         self.last = loaded.version
         step = int(loaded.manifest.get("step", -1))

@@ -44,6 +44,7 @@ from asyncrl.telemetry.reports import (
 )
 
 if TYPE_CHECKING:
+    from asyncrl.control.lending import ThreadLender
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.rollout.canary import WeightCanary
@@ -213,6 +214,7 @@ class RolloutWorker:
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
+        self.lender = _lender(cfg, run_dir, self.name, self.policy.model)
         self.agent: Any = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.load = 0
@@ -365,7 +367,12 @@ class RolloutWorker:
         from asyncrl.engine.batcher import TurnBatcher
 
         inflight = self.staleness.inflight_updates
-        batcher = TurnBatcher.of(self.engine, self.cfg.rollout.engine, self._refresh if inflight else None)
+        batcher = TurnBatcher.of(
+            self.engine,
+            self.cfg.rollout.engine,
+            self._refresh if inflight else None,
+            self.lender.waiting if self.lender is not None else None,
+        )
         if self.cfg.env.kind == "agent":
             from asyncrl.gateway.agent import AgentRunner
 
@@ -439,6 +446,7 @@ class RolloutWorker:
                 ),
                 weights=self.weights.canary.figures() if self.weights.canary else None,
                 gateway=self._gateway_figures() if self.agent is not None else None,
+                cores=self.lender.figures() if self.lender is not None else None,
             )
         )
 
@@ -472,6 +480,18 @@ class RolloutWorker:
         gw = self.agent.gateway
         counts = {**gw.counts, **self.agent.counts, "open_sessions": len(gw.sessions)}
         return msgspec.convert(counts, GatewayFigures)
+
+
+def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:
+    """The worker's side of core lending (:mod:`asyncrl.control.lending`), polled before each decoder
+    layer of the engine's model (every decode step)."""
+    from asyncrl.bootstrap import torch_threads
+    from asyncrl.control.lending import ThreadLender
+
+    lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
+    if lender is not None:
+        lender.attach(model)
+    return lender
 
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:

@@ -458,6 +458,65 @@ class Report:
             ],
         )
 
+    def step_wall(self) -> None:
+        """Where each step's wall time went (:func:`asyncrl.telemetry.walltime.step_walls`)."""
+        from asyncrl.telemetry.walltime import step_walls
+
+        walls = step_walls(self.d.rows)
+        if not walls:
+            self.add("step-wall", "Wall time per step", [Note("no trainer steps recorded")])
+            return
+        xs = [float(w.step) for w in walls]
+        parts = [
+            ("step wall", "wall", "#111827"),
+            ("train", "train", "#2563eb"),
+            ("publish", "publish", "#7c3aed"),
+            ("trainer idle", "idle", "#9ca3af"),
+            ("rollout generating", "generate", "#16a34a"),
+            ("prefill", "prefill", "#f59e0b"),
+            ("decode", "decode", "#dc2626"),
+        ]
+        chart = svg.line_chart(
+            "step-wall",
+            Chart(
+                series=[
+                    Series(label, xs, [getattr(w, f) for w in walls], color=c, points=True)
+                    for label, f, c in parts
+                ],
+                x_label="trainer step",
+                y_label="seconds",
+                y_min=0.0,
+            ),
+        )
+        cols = [
+            "step",
+            "wall s",
+            "train",
+            "publish",
+            "other",
+            "idle",
+            "rollout",
+            "prefill",
+            "decode",
+            "lent thr·s",
+        ]
+        fields = ["wall", "train", "publish", "other", "idle", "generate", "prefill", "decode", "borrowed"]
+        rows = [[str(w.step), *(f"{getattr(w, f):.1f}" for f in fields)] for w in walls]
+        rows.append(["all", *(f"{sum(getattr(w, f) for w in walls):.1f}" for f in fields)])
+        self.add(
+            "step-wall",
+            "Wall time per step",
+            [
+                self.chart(
+                    "chart-step-wall", "Seconds per training step, by role and phase", chart, "no steps"
+                ),
+                _table(cols, rows),
+            ],
+            "Each step's interval (trainer row to trainer row): the trainer's learning, publishing, other work "
+            "and idle time; the rollout workers' generation (prefill + decode, summed over workers), which "
+            "overlaps training in async mode; thread-seconds lent between roles (core lending).",
+        )
+
     # 6. latency and distributions
     def latency(self) -> None:
         tr = self.d.traces
@@ -552,10 +611,39 @@ class Report:
             "episodes",
         ]
         body = _table(cols, rows) if rows else Note("no evaluations recorded")
+        curve = [
+            (float(v), float(e["success_rate"]))
+            for _, v, _, e in pts
+            if v is not None and "success_rate" in e
+        ]
+        chart = svg.line_chart(
+            "heldout",
+            Chart(
+                series=[
+                    Series(
+                        "held-out success",
+                        [p[0] for p in curve],
+                        [p[1] for p in curve],
+                        color="#dc2626",
+                        points=True,
+                    )
+                ],
+                x_label="weight version",
+                y_label="success rate",
+                y_min=0.0,
+                y_max=1.0,
+                percent=True,
+            ),
+        )
         self.add(
             "evaluation",
             "Held-out evaluation",
-            [body],
+            [
+                self.chart(
+                    "chart-heldout", "Held-out success over weight versions", chart, "no evaluations recorded"
+                ),
+                body,
+            ],
             f"Held-out split, every {d.cfg.telemetry.eval_every} published versions (0: start and end only); latency and faults off.",
         )
 
@@ -690,6 +778,7 @@ class Report:
             self.freshness,
             self.queue,
             self.utilisation,
+            self.step_wall,
             self.latency,
             self.evaluation,
             self.alerts,

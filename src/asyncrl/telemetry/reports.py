@@ -232,6 +232,15 @@ class GatewayFigures(Figures):
     open_sessions: float = 0.0
 
 
+class CoreFigures(Figures):
+    """Core lending (:mod:`asyncrl.control.lending`): thread-seconds this role ran above its pinned
+    threads on cores a waiting role lent it, and its thread count at the row."""
+
+    NS = "cores"
+    borrowed_thread_seconds: float = 0.0
+    threads: float = 0.0
+
+
 class WorkerReport(Report):
     """A rollout worker's row (``role: rollout-N``, every ``telemetry.log_every_s``)."""
 
@@ -240,6 +249,7 @@ class WorkerReport(Report):
     cost: RewardCostFigures = msgspec.field(default_factory=RewardCostFigures)
     weights: CanaryFigures | None = None
     gateway: GatewayFigures | None = None
+    cores: CoreFigures | None = None
 
 
 # -- the trainer ---------------------------------------------------------------------------------------
@@ -264,6 +274,7 @@ class TrainerFigures(Figures):
     dropped_stale_tokens: float = 0.0
     dropped_other_tokens: float = 0.0
     bytes_published: float = 0.0
+    publish_seconds: float = 0.0
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
 
@@ -349,6 +360,7 @@ class TrainerReport(Report):
     tools: ToolFigures = msgspec.field(default_factory=ToolFigures)
     diversity: DiversityFigures = msgspec.field(default_factory=DiversityFigures)
     lifecycle: LifecycleFigures = msgspec.field(default_factory=LifecycleFigures)
+    cores: CoreFigures | None = None
     learner: dict[str, float] = msgspec.field(default_factory=dict)
     """The learner's figures, by metric name (:data:`LEARNER_NAMESPACES`): written, never decided on."""
 

@@ -42,6 +42,7 @@ from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.intake import Intake
 
 if TYPE_CHECKING:
+    from asyncrl.control.lending import ThreadLender
     from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState
     from asyncrl.trainer.distributed import Group
@@ -126,7 +127,9 @@ class TrainerRole:
         )
         self.busy = self.idle = 0.0
         self.learn = 0.0  # of busy: inside the learner's step (the rest of busy is framework overhead)
+        self.publish_s = 0.0  # of busy: writing weight versions
         self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
+        self.lender = _lender(cfg, run_dir, self.policy.model) if group is None else None
         self.state.announce_version(self.version)
         self.state.record_start(resumed=ckpt is not None)
 
@@ -179,12 +182,14 @@ class TrainerRole:
     def _publish(self, republished: bool = False) -> None:
         from asyncrl.weights import publish_policy
 
+        t0 = time.perf_counter()
         path = publish_policy(
             self.store, self.version, self._full_policy(), step=self.step, canary=self.cfg.weights.canary
         )
         self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
         self.state.record_publish(self.version, republished=republished)
+        self.publish_s += time.perf_counter() - t0
 
     def _checkpoint(self) -> None:
         from asyncrl.trainer.checkpoint import TrainerState, save_checkpoint
@@ -247,6 +252,8 @@ class TrainerRole:
             if batch is None:
                 if self.group is not None:
                     self.group.beat()
+                if self.lender is not None:  # nothing to train: our cores go to the rollout workers
+                    self.lender.waiting()
                 self.idle += time.perf_counter() - t0
                 continue
             # 3. learn; a non-finite step is skipped and never published
@@ -325,12 +332,28 @@ class TrainerRole:
             busy_seconds=self.busy,
             idle_seconds=self.idle,
             learn_seconds=self.learn,
+            publish_seconds=self.publish_s,
             buffer_size=float(len(self.buffer)),
             **self.tally,
         )
         wait = LifecycleFigures(queue_wait_mean_s=sum(waits) / len(waits) if waits else 0.0)
-        report = TrainerReport.of_figures(metrics, trainer=own, lifecycle=wait, queue=self.queue.stats())
+        lent = {"cores": self.lender.figures()} if self.lender is not None else {}
+        report = TrainerReport.of_figures(
+            metrics, trainer=own, lifecycle=wait, queue=self.queue.stats(), **lent
+        )
         self.metrics.report(report, step=self.step)
+
+
+def _lender(cfg: RunConfig, run_dir: Path, model: torch.nn.Module) -> ThreadLender | None:
+    """The trainer's side of core lending (:mod:`asyncrl.control.lending`), polled before each decoder
+    layer of the policy."""
+    from asyncrl.bootstrap import torch_threads
+    from asyncrl.control.lending import ThreadLender
+
+    lender = ThreadLender.join(run_dir, "trainer", torch_threads(cfg, "trainer"))
+    if lender is not None:
+        lender.attach(model)
+    return lender
 
 
 def step_command(batch: list[Trajectory], version: int) -> dict[str, Any]:

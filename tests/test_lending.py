@@ -1,0 +1,181 @@
+"""Core lending (:mod:`asyncrl.control.lending`): the rule, the board between roles, the plan the
+orchestrator publishes, and a real run in which the waiting role's cores went to the computing one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.config import load_config
+from asyncrl.control.lending import (
+    Plan,
+    Slot,
+    ThreadLender,
+    granted_threads,
+    lending_plan,
+    open_board,
+    read_board,
+)
+from helpers import TINY_RUN
+
+TWO = Plan(cores=2, lend_after_s=0.25, poll_s=0.05)
+POLL_S = TWO.poll_s
+
+
+@pytest.fixture
+def restore_threads() -> Iterator[None]:
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_a_role_computing_alone_gets_every_core() -> None:
+    now = 100.0
+    assert granted_threads("trainer", {}, now, TWO, own=1) == 2
+    waited = {"rollout-0": Slot(computing=False, since=now - 1.0)}
+    assert granted_threads("trainer", waited, now, TWO, own=1) == 2
+
+
+def test_a_role_shares_with_computing_roles_and_recent_waiters() -> None:
+    now = 100.0
+    assert granted_threads("trainer", {"rollout-0": Slot(True, now - 9)}, now, TWO, own=1) == 1
+    # a gap shorter than lend_after_s (between two model turns) is not lent
+    assert granted_threads("trainer", {"rollout-0": Slot(False, now - 0.1)}, now, TWO, own=1) == 1
+    # its own slot does not count twice; its pinned threads are a floor (sync mode's solo trainer)
+    board = {"trainer": Slot(True, now), "rollout-0": Slot(True, now)}
+    assert granted_threads("trainer", board, now, TWO, own=2) == 2
+    four = Plan(cores=4, lend_after_s=0.25, poll_s=POLL_S)
+    board = {"rollout-0": Slot(True, now), "rollout-1": Slot(False, now - 5), "evaluator": Slot(True, now)}
+    assert granted_threads("trainer", board, now, four, own=1) == 1  # 3 holders of 4 cores
+    del board["evaluator"]
+    assert granted_threads("trainer", board, now, four, own=1) == 2
+
+
+def test_lenders_hand_cores_back_and_forth_through_the_board(tmp_path: Path, restore_threads: None) -> None:
+    """Two roles in one process (two lenders): the trainer borrows while the worker waits, gives the
+    core back once the worker computes, and counts the thread-seconds it borrowed."""
+    open_board(tmp_path, Plan(cores=2, lend_after_s=0.0, poll_s=POLL_S))
+    trainer = ThreadLender.join(tmp_path, "trainer", own=1)
+    worker = ThreadLender.join(tmp_path, "rollout-0", own=1)
+    assert trainer is not None and worker is not None
+    worker.poll()
+    trainer.poll()
+    assert torch.get_num_threads() == 1 and read_board(tmp_path)["rollout-0"].computing
+    worker.waiting()
+    time.sleep(POLL_S + 0.01)
+    trainer.poll()
+    assert torch.get_num_threads() == 2 and trainer.threads == 2
+    time.sleep(0.2)
+    worker.poll()  # the worker computes again: its next poll already had its share
+    time.sleep(POLL_S + 0.01)
+    trainer.poll()
+    assert torch.get_num_threads() == 1
+    borrowed = trainer.figures().borrowed_thread_seconds
+    assert 0.2 <= borrowed < 1.0, borrowed
+    time.sleep(0.1)  # not borrowing: the count stands still
+    assert trainer.figures().borrowed_thread_seconds == borrowed
+
+
+def test_the_thread_count_is_set_in_the_thread_that_computes(tmp_path: Path, restore_threads: None) -> None:
+    """torch's thread count is per OS thread: the worker generates in a pool thread, so its lender sets
+    the count there, whatever the main thread has."""
+    open_board(tmp_path, Plan(cores=2, lend_after_s=0.0, poll_s=POLL_S))
+    worker = ThreadLender.join(tmp_path, "rollout-0", own=1)
+    assert worker is not None
+    torch.set_num_threads(1)
+    seen: list[int] = []
+
+    def generate() -> None:
+        worker.poll()
+        seen.append(torch.get_num_threads())
+
+    th = threading.Thread(target=generate)
+    th.start()
+    th.join()
+    assert seen == [2]
+
+
+def test_a_lender_that_does_not_borrow_only_holds_its_core(tmp_path: Path, restore_threads: None) -> None:
+    open_board(tmp_path, TWO)
+    evaluator = ThreadLender.join(tmp_path, "evaluator", own=1, borrow=False)
+    assert evaluator is not None
+    evaluator.computing()
+    evaluator.poll()
+    assert torch.get_num_threads() == 1 and read_board(tmp_path)["evaluator"].computing
+    trainer = ThreadLender.join(tmp_path, "trainer", own=1)
+    assert trainer is not None
+    trainer.poll()
+    assert torch.get_num_threads() == 1  # the evaluator holds its core while it evaluates
+
+
+def test_the_hooks_poll_before_each_decoder_layer(tmp_path: Path, restore_threads: None) -> None:
+    from asyncrl.config import ModelConfig
+    from asyncrl.policy import Policy
+
+    policy = Policy.build(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1))
+    open_board(tmp_path, TWO)
+    lender = ThreadLender.join(tmp_path, "trainer", own=1)
+    assert lender is not None
+    polls: list[float] = []
+    lender.poll = lambda: polls.append(1.0)  # type: ignore[method-assign]
+    lender.attach(policy.model)
+    policy.model(torch.tensor([[1, 2, 3]]))
+    assert len(polls) == 2
+
+
+def test_the_plan_applies_to_local_cpu_runs_with_cores_to_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    plan = lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=true"]))
+    assert plan == TWO
+    assert lending_plan(load_config(None, ["model.device=cpu"])) is None  # off by default
+    assert (
+        lending_plan(
+            load_config(None, ["model.device=cpu", "launcher.lend_threads=true", "trainer.world_size=2"])
+        )
+        is None
+    )
+    assert lending_plan(load_config(None, ["model.device=cpu", "launcher.kind=ray"])) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # nothing to lend
+    assert lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=true"])) is None
+
+
+def test_without_a_plan_no_role_lends(tmp_path: Path) -> None:
+    open_board(tmp_path, TWO)
+    open_board(tmp_path, None)  # a resumed run with lending now off
+    assert ThreadLender.join(tmp_path, "trainer", own=1) is None
+
+
+@pytest.mark.slow
+def test_in_sync_mode_the_rollout_worker_borrows_the_waiting_trainers_core(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run (tiny model, ``sync``): the trainer waits while the batch is generated, so the rollout
+    worker generates on both cores; the trainer (alone by the barrier) never needs to borrow."""
+    from asyncrl.orchestrator.run import train
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the machine's 2 cores, whatever the test runner says
+    cfg = load_config(
+        None,
+        [
+            *TINY_RUN,
+            "env.kind=calculator",
+            "env.heldout_size=16",
+            "trainer.batch_size=32",
+            "trainer.total_steps=3",
+            "control.mode=sync",
+            "telemetry.eval_every=0",
+            "launcher.lend_threads=true",
+            f"run_root={tmp_path}",
+            f"cache_dir={cache_dir}",
+        ],
+    )
+    _, s = train(cfg, display=False, eval_limit=8)
+    assert s["trainer_steps"] == 3 and s["lost_trajectories"] == 0
+    assert s["threads_borrowed_by"]["rollout-0"] > 0.1, s["threads_borrowed_by"]
+    assert s["threads_borrowed_by"]["trainer"] == 0.0
+    assert s["threads_lent_seconds"] == pytest.approx(sum(s["threads_borrowed_by"].values()), abs=0.11)
