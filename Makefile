@@ -61,7 +61,8 @@ test-faults: $(STAMP)
 test-models: $(STAMP)
 	$(PY) -m pytest -m realmodel tests/test_models_e2e.py tests/test_lora.py tests/test_families.py
 
-# End-to-end learning runs that take minutes (the calculator agent trained through the gateway).
+# End-to-end runs that take minutes: the calculator agent trained through the gateway, three credit
+# strategies end to end, the orchestrator killed and resumed (kept out of `make test` for its budget).
 test-long: $(STAMP)
 	$(PY) -m pytest -m long
 

@@ -226,6 +226,7 @@ def kill_scenario(tmp: Path, cache: Path, total_steps: int = 8, *extra: str) -> 
     }
 
 
+@pytest.mark.long  # ~2 min; `make test-long` and the crash-point sweep of `make test-faults` kill the orchestrator too
 def test_orchestrator_kill9_resume_restores_saved_state_and_completes(
     tmp_path: Path, cache_dir: Path
 ) -> None:

@@ -61,10 +61,14 @@ def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("strategy", "extra"),
     [
-        ("process", []),
-        ("gae", ["credit.value.kind=separate", "credit.value.hidden_size=16"]),
+        # three strategies run in `make test-long` only (the suite's 15-minute budget); value_delta
+        # and tree stay here, and every strategy's maths is unit-tested in test_credit.py
+        pytest.param("process", [], marks=pytest.mark.long),
+        pytest.param(
+            "gae", ["credit.value.kind=separate", "credit.value.hidden_size=16"], marks=pytest.mark.long
+        ),
         ("value_delta", ["credit.process_weight=0"]),
-        ("turn_group", []),
+        pytest.param("turn_group", [], marks=pytest.mark.long),
         ("tree", ["rollout.tree.enabled=true", "rollout.tree.points=every_turn", "env.max_difficulty=2"]),
     ],
 )
