@@ -32,13 +32,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asyncrl.algo import spearman
 from asyncrl.credit.samples import CreditSample, read_samples
 from asyncrl.errors import UserError
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+    from asyncrl.policy.model import Policy
 
 
 def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Any, str]:
@@ -198,7 +202,7 @@ def ablate(
 
 
 def _replay_rows(
-    cfg: Any, policy: Any, samples: list[CreditSample], k: int, seed: int
+    cfg: RunConfig, policy: Policy, samples: list[CreditSample], k: int, seed: int
 ) -> tuple[list[dict[str, Any]], int]:
     """Replay every sample to each segment boundary and let the policy play on ``k`` times."""
     from asyncrl.rollout.heldout import run_episodes

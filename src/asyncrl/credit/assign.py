@@ -26,7 +26,7 @@ value model (when the strategy needs one) is trained by :meth:`train_value` afte
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +36,9 @@ from asyncrl.credit.outcome import sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
 from asyncrl.credit.tree import tree_segment_advantages
 from asyncrl.records import Trajectory
+
+if TYPE_CHECKING:
+    from asyncrl.policy.model import Policy
 
 VALUE_STRATEGIES = ("gae", "value_delta")
 VALUE_DIR = "credit/value"
@@ -81,7 +84,7 @@ def _whole_groups(samples: list[CreditSample], n: int, rng: Any) -> list[CreditS
 
 
 class CreditAssigner:
-    def __init__(self, cfg: RunConfig, policy: Any) -> None:
+    def __init__(self, cfg: RunConfig, policy: Policy) -> None:
         from asyncrl.credit.value import ValueModel
 
         self.cfg = cfg.credit

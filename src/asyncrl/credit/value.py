@@ -18,7 +18,7 @@ token is regressed on the episode's final reward. Outputs pass through a sigmoid
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,9 +26,12 @@ from safetensors.torch import load_file, save_file
 from asyncrl.algo import value_loss
 from asyncrl.config import ModelConfig, ValueModelConfig
 
+if TYPE_CHECKING:
+    from asyncrl.policy.model import Policy
+
 
 class ValueModel:
-    def __init__(self, vcfg: ValueModelConfig, policy: Any, family: str, seed: int) -> None:
+    def __init__(self, vcfg: ValueModelConfig, policy: Policy, family: str, seed: int) -> None:
         from asyncrl.policy.model import build_model, input_vocab_size
 
         self.cfg, self.policy = vcfg, policy

@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
 from asyncrl.cost.ledger import read_reports
+from asyncrl.credentials import check_connections
 from asyncrl.errors import UserError
+from asyncrl.launch import make_launcher
 from asyncrl.orchestrator.alerts import Alert
 from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
@@ -44,6 +46,7 @@ from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, Orchestrato
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
 from asyncrl.telemetry.jsonl import MetricTail, memory
 from asyncrl.telemetry.reports import Decoded, Report, TrainerReport, WorkerReport, decode_rows
+from asyncrl.transport import make_queue
 
 log = logging.getLogger("asyncrl.orchestrator")
 
@@ -68,7 +71,6 @@ def new_run_dir(cfg: RunConfig) -> Path:
 
 class Orchestrator:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool = False, display: bool = True) -> None:
-        from asyncrl.launch import make_launcher
 
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
         self.state = RunState.open(cfg, run_dir)
@@ -198,8 +200,6 @@ class Orchestrator:
         """The queue's figures, read once per tick through the orchestrator's own handle: the one source
         of queue depth for the watermarks, the governor, elastic scaling, the watchdog and the display."""
         if self._queue is None:
-            from asyncrl.transport import make_queue
-
             self._queue = make_queue(self.cfg.transport, self.run_dir)
         self.live.queue = self._queue.stats()
 
@@ -543,14 +543,7 @@ def train(
 
     ``run_dir``: use this (new or empty) directory instead of a fresh ``{run_root}/{name}-{time}``.
     """
-    from asyncrl.credentials import check_connections
-    from asyncrl.policy import Policy, resolve_device
-    from asyncrl.policy.preflight import preflight_model
-    from asyncrl.rollout.heldout import evaluate_policy
-    from asyncrl.telemetry.experiment import finish_run_record, write_run_record
-    from asyncrl.trainer.sft import warm_start
-    from asyncrl.transport import make_queue
-    from asyncrl.weights import make_weight_store, publish_policy
+    from asyncrl.telemetry.experiment import finish_run_record
 
     t0 = time.time()
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
@@ -558,51 +551,85 @@ def train(
 
         preflight(cfg)
     if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise UserError(f"--resume {str(run_dir)!r}: not a run directory (no config.yaml)")
-        cfg = load_config(run_dir / "config.yaml")
-        check_connections(cfg)  # bad Redis settings fail here, before any work
-        prior = json.loads((run_dir / "initial_eval.json").read_text())
-        write_run_record(cfg, run_dir, resumed=True)
+        cfg, run_dir, prior = _resumed(Path(resume))
     else:
-        check_connections(cfg)
-        resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
-        plan = preflight_model(cfg.model)  # a model directory asyncrl cannot run fails here,
-        if plan is not None and cfg.rollout.tree.enabled and plan.renderer.multi_turn == "per_turn":
-            raise UserError(
-                "rollout.tree replays an episode's turns into one trajectory; model.multi_turn is per_turn "
-                "for this template (set model.multi_turn: bridge, or rollout.tree.enabled: false)"
-            )
-        _check_env(cfg, plan)  # so do a bad env.path or option and a context too small for a turn
-        fresh = run_dir is None or not Path(run_dir).exists()
-        run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            write_run_record(cfg, run_dir)
-            set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start
-            ws = warm_start(
-                cfg, progress=display or cfg.telemetry.progress_every_s, eval_limit=eval_limit
-            )  # plain lines without it
-            shutil.copytree(ws.path, run_dir / "initial_policy")
-            policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-            store = make_weight_store(cfg.weights, run_dir)
-            publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
-            # a warm start trained just now was evaluated with this very call (same limit, same
-            # seed) on the weights it saved: reuse it rather than play the held-out set twice
-            prior = (
-                ws.report if not ws.cached else evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
-            )
-            (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
-            del policy, ws
-            release_memory()  # the warm start's peak is not this supervisor's to keep for the run
-        except BaseException:
-            if fresh:  # nothing ran yet: leave no half-made run directory behind
-                shutil.rmtree(run_dir, ignore_errors=True)
-            raise
+        run_dir, prior = _fresh(cfg, run_dir, display, eval_limit)
     orch = Orchestrator(cfg, run_dir, resume=resume is not None, display=display)
     last = orch.run()
-    # final evaluation on the newest valid weights
+    final = _final_eval(cfg, run_dir, eval_limit)
+    summary = _summary(
+        cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir)
+    )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    finish_run_record(run_dir, summary)
+    return run_dir, summary
+
+
+def _resumed(run_dir: Path) -> tuple[RunConfig, Path, dict[str, Any]]:
+    """``--resume``: the run's own config, and its initial evaluation."""
+    from asyncrl.telemetry.experiment import write_run_record
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"--resume {str(run_dir)!r}: not a run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml")
+    check_connections(cfg)  # bad Redis settings fail here, before any work
+    prior = json.loads((run_dir / "initial_eval.json").read_text())
+    write_run_record(cfg, run_dir, resumed=True)
+    return cfg, run_dir, prior
+
+
+def _fresh(
+    cfg: RunConfig, run_dir: str | Path | None, display: bool, eval_limit: int | None
+) -> tuple[Path, dict[str, Any]]:
+    """A new run: preflight, run directory, warm start, version 0 published, initial evaluation."""
+    from asyncrl.policy import Policy, resolve_device
+    from asyncrl.policy.preflight import preflight_model
+    from asyncrl.rollout.heldout import evaluate_policy
+    from asyncrl.telemetry.experiment import write_run_record
+    from asyncrl.trainer.sft import warm_start
+    from asyncrl.weights import make_weight_store, publish_policy
+
+    check_connections(cfg)
+    resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
+    plan = preflight_model(cfg.model)  # a model directory asyncrl cannot run fails here,
+    if plan is not None and cfg.rollout.tree.enabled and plan.renderer.multi_turn == "per_turn":
+        raise UserError(
+            "rollout.tree replays an episode's turns into one trajectory; model.multi_turn is per_turn "
+            "for this template (set model.multi_turn: bridge, or rollout.tree.enabled: false)"
+        )
+    _check_env(cfg, plan)  # so do a bad env.path or option and a context too small for a turn
+    fresh = run_dir is None or not Path(run_dir).exists()
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        write_run_record(cfg, run_dir)
+        set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start
+        ws = warm_start(
+            cfg, progress=display or cfg.telemetry.progress_every_s, eval_limit=eval_limit
+        )  # plain lines without it
+        shutil.copytree(ws.path, run_dir / "initial_policy")
+        policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+        store = make_weight_store(cfg.weights, run_dir)
+        publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
+        # a warm start trained just now was evaluated with this very call (same limit, same
+        # seed) on the weights it saved: reuse it rather than play the held-out set twice
+        prior = ws.report if not ws.cached else evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+        (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
+        del policy, ws
+        release_memory()  # the warm start's peak is not this supervisor's to keep for the run
+    except BaseException:
+        if fresh:  # nothing ran yet: leave no half-made run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return run_dir, prior
+
+
+def _final_eval(cfg: RunConfig, run_dir: Path, eval_limit: int | None) -> dict[str, Any]:
+    """Held-out evaluation of the newest valid weights, written to ``final_eval.json``."""
+    from asyncrl.policy import Policy
+    from asyncrl.rollout.heldout import evaluate_policy
+    from asyncrl.weights import make_weight_store
+
     store = make_weight_store(cfg.weights, run_dir)
     loaded = store.load_latest()
     policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
@@ -610,12 +637,7 @@ def train(
         policy.load_tensors(loaded.tensors)
     final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
-    summary = _summary(
-        cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir)
-    )
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    finish_run_record(run_dir, summary)
-    return run_dir, summary
+    return final
 
 
 def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 from asyncrl.config import RunConfig
+from asyncrl.telemetry.jsonl import MetricWriter, read_jsonl
 from asyncrl.telemetry.reports import EvalFigures, EvaluatorReport
 
 ROLE = "evaluator"
 
 
 def evaluated_versions(run_dir: Path) -> list[int]:
-    from asyncrl.telemetry.jsonl import read_jsonl
 
     return [
         int(r["version"]) for r in read_jsonl(run_dir / "evals.jsonl") if isinstance(r.get("version"), int)
@@ -35,7 +35,6 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, run_dir: Path, started: float | None = None) -> None:
         from asyncrl.control import RunState
         from asyncrl.policy import Policy
-        from asyncrl.telemetry.jsonl import MetricWriter
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir = cfg, run_dir

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import HFEngineConfig, NoLatencyConfig, RunConfig
 from asyncrl.errors import UserError
 from asyncrl.records import SamplingParams, Task, Trajectory
+
+if TYPE_CHECKING:
+    from asyncrl.policy.model import Policy
 
 
 def eval_env_config(cfg: RunConfig) -> Any:
@@ -27,7 +30,7 @@ def eval_env_config(cfg: RunConfig) -> Any:
 
 async def run_episodes(
     cfg: RunConfig,
-    policy: Any,
+    policy: Policy,
     tasks: list[Task],
     *,
     seed: int,
@@ -150,7 +153,7 @@ def heldout_tasks(cfg: RunConfig, limit: int | None = None) -> list[Task]:
     return tasks[:limit] if limit else tasks
 
 
-def evaluate_policy(cfg: RunConfig, policy: Any, *, seed: int, limit: int | None = None) -> dict[str, Any]:
+def evaluate_policy(cfg: RunConfig, policy: Policy, *, seed: int, limit: int | None = None) -> dict[str, Any]:
     tasks = heldout_tasks(cfg, limit)
     trajs = asyncio.run(run_episodes(cfg, policy, tasks, seed=seed))
     return summarise(trajs)

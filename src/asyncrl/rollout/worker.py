@@ -42,6 +42,7 @@ from asyncrl.telemetry.reports import (
     RolloutFigures,
     WorkerReport,
 )
+from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
     from asyncrl.control.lending import ThreadLender
@@ -184,7 +185,6 @@ class RolloutWorker:
         from asyncrl.policy.chat import make_renderer
         from asyncrl.policy.model import context_limit
         from asyncrl.rollout.canary import WeightCanary
-        from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir, self.index = cfg, run_dir, index
@@ -240,7 +240,7 @@ class RolloutWorker:
         self.load -= 1
 
     async def _env_episode(
-        self, batcher: Any, task: Task, group_id: str, prefix: list[list[int]] | None = None
+        self, batcher: TurnBatcher, task: Task, group_id: str, prefix: list[list[int]] | None = None
     ) -> list[Trajectory]:
         """One environment episode's samples (one, or one per model turn with ``multi_turn: per_turn``),
         replaying ``prefix``'s model turns first (tree branches)."""
@@ -272,7 +272,7 @@ class RolloutWorker:
             if close is not None:
                 await close()
 
-    async def _tree_group(self, batcher: Any, task: Task, group_id: str) -> list[Trajectory]:
+    async def _tree_group(self, batcher: TurnBatcher, task: Task, group_id: str) -> list[Trajectory]:
         """A tree group (``rollout.tree``): its leaves; replayed turns and branch points counted."""
         from asyncrl.rollout.tree import grow_tree
 
@@ -293,7 +293,7 @@ class RolloutWorker:
         c.tree_rounds += stats.rounds
         return trajs
 
-    async def _run_group(self, batcher: Any, task: Task, heldout: bool = False) -> None:
+    async def _run_group(self, batcher: TurnBatcher, task: Task, heldout: bool = False) -> None:
         rc = self.cfg.rollout
         group_id = new_id()
         max_turns = self.cfg.env.max_turns

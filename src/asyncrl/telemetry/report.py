@@ -31,6 +31,7 @@ from asyncrl.telemetry import svg
 from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
 from asyncrl.telemetry.markup import templates
 from asyncrl.telemetry.svg import Band, Chart, HLine, Series
+from asyncrl.telemetry.walltime import step_walls
 
 CreditView = Callable[[Path, int], str]
 """Markup of ``n`` credit samples of a run (``asyncrl.credit.inspect.credit_fragment``)."""
@@ -460,7 +461,6 @@ class Report:
 
     def step_wall(self) -> None:
         """Where each step's wall time went (:func:`asyncrl.telemetry.walltime.step_walls`)."""
-        from asyncrl.telemetry.walltime import step_walls
 
         walls = step_walls(self.d.rows)
         if not walls:

@@ -39,6 +39,7 @@ Resume
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -136,7 +137,7 @@ class Sharded:
         self.gathered = False
 
 
-def shard_optimizer_state(state: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
+def shard_optimizer_state(state: dict[str, Any], params: Sequence[torch.Tensor]) -> dict[str, Any]:
     """``state`` (an optimiser ``state_dict`` of whole tensors, the same on every rank) for the sharded
     ``params``: every moment shaped like its parameter becomes this rank's slice of it (no communication);
     scalars (AdamW's step) stay as they are."""

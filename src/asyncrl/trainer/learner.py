@@ -56,6 +56,7 @@ from asyncrl.policy.packing import shared_microbatches
 from asyncrl.records import Trajectory
 
 if TYPE_CHECKING:
+    from asyncrl.policy.model import Policy
     from asyncrl.trainer.distributed import Group
     from asyncrl.trainer.fsdp import Sharded
 
@@ -185,7 +186,7 @@ class _Snapshot:
 class Learner:
     """Owns the policy's optimiser and LR schedule; ``step`` trains on one batch."""
 
-    def __init__(self, cfg: RunConfig, policy: Any, ref_policy: Any | None = None) -> None:
+    def __init__(self, cfg: RunConfig, policy: Policy, ref_policy: Policy | None = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.model = policy.model

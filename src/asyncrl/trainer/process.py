@@ -34,12 +34,13 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState
-from asyncrl.records import Trajectory
+from asyncrl.records import Trajectory, encode
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import LifecycleFigures, TrainerFigures, TrainerReport
 from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.intake import Intake
+from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
     from asyncrl.control.lending import ThreadLender
@@ -86,7 +87,6 @@ class TrainerRole:
         group: Group | None = None,
     ) -> None:
         from asyncrl.trainer.checkpoint import latest_checkpoint
-        from asyncrl.transport import make_queue
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -359,7 +359,6 @@ def _lender(cfg: RunConfig, run_dir: Path, model: torch.nn.Module) -> ThreadLend
 def step_command(batch: list[Trajectory], version: int) -> dict[str, Any]:
     """The ``step`` command for the other ranks: the batch on the wire format, the version, and this
     rank's torch RNG state (the minibatch permutation draws from it)."""
-    from asyncrl.records import encode
 
     return {
         "trajs": [encode(t) for t in batch],

@@ -46,6 +46,7 @@ from asyncrl.rollout.heldout import evaluate_policy
 if TYPE_CHECKING:
     from asyncrl.envs.base import Environment
     from asyncrl.policy.chat import Renderer
+    from asyncrl.policy.model import Policy
 
 TEMPLATE_VERSION = 3
 """Bump when the token template changes: it invalidates cached warm starts."""
@@ -203,7 +204,7 @@ def sft_loss(
 
 
 def train_sft(
-    cfg: RunConfig, policy: Any, demos: list[tuple[list[int], list[int]]], progress: bool | float = False
+    cfg: RunConfig, policy: Policy, demos: list[tuple[list[int], list[int]]], progress: bool | float = False
 ) -> list[float]:
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed + 1)
@@ -239,7 +240,7 @@ def train_sft(
             losses.append(float(loss.detach()))
             if bar is not None and task_id is not None:
                 bar.update(task_id, advance=1, description=f"warm start (SFT) loss {loss.item():.3f}")
-    model.eval()
+    model.train(False)  # eval mode (PreTrainedModel.eval is untyped)
     return losses
 
 
