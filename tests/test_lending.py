@@ -170,12 +170,13 @@ def test_in_sync_mode_the_rollout_worker_borrows_the_waiting_trainers_core(
             "control.mode=sync",
             "telemetry.eval_every=0",
             "launcher.lend_threads=true",
+            "launcher.lend_after_ms=0",  # lend from the first wait: a tiny model's batch takes ~1 s
             f"run_root={tmp_path}",
             f"cache_dir={cache_dir}",
         ],
     )
     _, s = train(cfg, display=False, eval_limit=8)
     assert s["trainer_steps"] == 3 and s["lost_trajectories"] == 0
-    assert s["threads_borrowed_by"]["rollout-0"] > 0.1, s["threads_borrowed_by"]
+    assert s["threads_borrowed_by"]["rollout-0"] >= 0.2, s["threads_borrowed_by"]
     assert s["threads_borrowed_by"]["trainer"] == 0.0
     assert s["threads_lent_seconds"] == pytest.approx(sum(s["threads_borrowed_by"].values()), abs=0.11)
