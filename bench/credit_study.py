@@ -51,6 +51,9 @@ ENVS = {
     "calculator": ("configs/demo.yaml", ["env.latency.kind=none"]),
     "strings": ("configs/demo.yaml", ["env.latency.kind=none", "env.kind=strings", "env.min_difficulty=3"]),
     "kb_lookup": ("configs/kb_lookup.yaml", []),
+    # the demo-real task (SmolLM2-135M + LoRA, one calc call then the answer): pass its own
+    # budget, e.g. --batch 16 --lr 2e-4 --set rollout.group_size=4 (--set wins over the study's 8)
+    "smollm2_arithmetic": ("configs/smollm2_arithmetic.yaml", []),
 }
 
 
@@ -86,7 +89,7 @@ def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dic
     run_dir, s = train(cfg, display=False, eval_limit=args.eval_limit)
     curve = {0: s["initial_success"]}
     store = make_weight_store(cfg.weights, run_dir)
-    policy = Policy.load(run_dir / "initial_policy")
+    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model)  # cfg: LoRA models load their adapter
     for v in args.eval_at:
         if 0 < v < args.steps and v in store.versions():
             policy.load_tensors(store.load(v).tensors)
