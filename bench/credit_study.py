@@ -51,8 +51,13 @@ ENVS = {
     "calculator": ("configs/demo.yaml", ["env.latency.kind=none"]),
     "strings": (  # 48 new tokens a turn: a 3-operation call on a doubled word is longer than 24
         "configs/demo.yaml",
-        ["env.latency.kind=none", "env.kind=strings", "env.min_difficulty=3"]
-        + ["rollout.sampling.max_new_tokens=48", "model.max_context=512"],
+        [
+            "env.latency.kind=none",
+            "env.kind=strings",
+            "env.min_difficulty=3",
+            "rollout.sampling.max_new_tokens=48",
+            "model.max_context=512",
+        ],
     ),
     "kb_lookup": ("configs/kb_lookup.yaml", []),
     # the demo-real task (SmolLM2-135M + LoRA, one calc call then the answer): pass its own
