@@ -40,6 +40,7 @@ def test_actor_exit_codes_restart_and_placement_errors(monkeypatch: pytest.Monke
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
     launcher = RayLauncher(RayLauncherConfig(rollout_cpus=0.5, trainer_cpus=0.5))
     try:
         assert ray.is_initialized()
@@ -56,6 +57,8 @@ def test_actor_exit_codes_restart_and_placement_errors(monkeypatch: pytest.Monke
         launcher.start("trainer", time.sleep, 600)
         pid = launcher.pid("trainer")
         assert pid is not None and launcher.exitcode("trainer") is None
+        # at the launcher's priority, not Ray's default nice 15 (starved beside any other work)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
         os.kill(pid, signal.SIGKILL)
         assert wait_code(launcher, "trainer") == -9
         launcher.start("trainer", time.sleep, 600)
