@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from typing import Any
 
 import pytest
@@ -69,7 +70,6 @@ def test_calculator_chain_property() -> None:
     rng = random.Random(2)
     for _ in range(200):
         task = src.sample(rng)
-        import re
 
         numbers = [int(x) for x in re.findall(r"\d+", task.payload["prompt"])]
         steps = task.payload["steps"]
@@ -300,6 +300,82 @@ def test_strings_tool_rejects_bad_calls_and_answers_are_exact() -> None:
     assert [r.observation.startswith("error:") for r in results[:4]] == [True, True, True, False]
     assert results[3].observation == word[::-1]
     assert results[-1].outcome == "failure"  # case matters: the pipeline's answer exactly
+
+
+def test_strings_by_reference_resolves_underscore_to_the_previous_result() -> None:
+    """With ``reference: true`` ``_`` names the last result (the word at first), in calls and in
+    the answer; the demonstrations use it and copy no string; grading and the verifier cache see
+    the resolved answer, so the same ``_`` on two paths of one task is graded per path."""
+    from asyncrl.envs.strings import run_pipeline
+
+    c = cfg("strings", 3, 3, options={"reference": True})
+    src, env = make_task_source(c), make_raw_env(c)
+    rng = random.Random(7)
+    for _ in range(50):
+        task = src.sample(rng)
+        texts = StringsEnv.solve(task)
+        assert task.payload["reference"] is True
+        assert all(t.endswith(", _)</tool>") for t in texts[:-1]) and texts[-1] == "<answer>_</answer>"
+        _, results = run_episode(env, task, texts)
+        assert [r.observation for r in results[:-1]] == task.payload["path"]
+        assert results[-1].outcome == "success" and results[-1].reward == 1.0
+        # a wrong order on the same task answers "_" too, and is graded on its own path
+        ops = task.payload["ops"]
+        swapped = [ops[1], ops[0], ops[2]]
+        _, wrong = run_episode(
+            env, task, [*(f"<tool>apply({o}, _)</tool>" for o in swapped), "<answer>_</answer>"]
+        )
+        expected = run_pipeline(task.payload["word"], swapped)[-1] == task.payload["answer"]
+        assert (wrong[-1].outcome == "success") is expected
+    # the first call's _ is the input word; an explicit text still works; _ counts as using a result
+    task = src.sample(rng)
+    word, (op1, op2, op3) = task.payload["word"], task.payload["ops"]
+    first = run_pipeline(word, [op1])[0]
+    _, results = run_episode(
+        env,
+        task,
+        [
+            f"<tool>apply({op1}, _)</tool>",
+            f"<tool>apply({op2}, {first})</tool>",
+            f"<tool>apply({op3}, _)</tool>",
+        ],
+    )
+    assert [r.observation for r in results] == task.payload["path"]
+    assert results[1].info["reward_parts"].get("uses_result") and results[2].info["reward_parts"].get(
+        "uses_result"
+    )
+    assert results[0].tool_call is not None and results[0].tool_call.arguments == f"{op1}, {word}"
+    # by value (the default) "_" is plain text
+    plain = make_raw_env(cfg("strings", 1, 1))
+    t1 = make_task_source(cfg("strings", 1, 1)).sample(random.Random(0))
+    _, results = run_episode(plain, t1, ["<tool>apply(reverse, _)</tool>", "<answer>_</answer>"])
+    assert results[0].observation == "_" and results[-1].outcome == "failure"
+    # demonstrations by reference: corrupted at the rate, never copying a string
+    n, rate = 1500, 0.4
+    demos = [StringsEnv.demonstrate(t, rng, rate) for t in (src.sample(rng) for _ in range(n))]
+    assert all(d[-1] == "<answer>_</answer>" and all(", _)" in x for x in d[:-1]) for d in demos)
+    wrong = 0
+    for _ in range(n):
+        t = src.sample(rng)
+        _, res = run_episode(env, t, StringsEnv.demonstrate(t, rng, rate))
+        wrong += res[-1].outcome != "success"
+    assert abs(wrong / n - rate) < 0.04  # every corrupted demonstration fails
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"refrence": True}, "unknown ['refrence']; allowed: ['reference']"),
+        ({"reference": "yes"}, "true or false"),
+    ],
+)
+def test_strings_options_errors_name_the_field(options: dict[str, Any], message: str) -> None:
+    from asyncrl.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        make_task_source(cfg("strings", 1, 3, options=options))
+    with pytest.raises(UserError, match="reference"):
+        make_raw_env(cfg("strings", 1, 3, options=options))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,14 @@ and a wrong step is a clean, attributable mistake (what segment credit should fi
 Tool syntax: ``apply(OPERATION, TEXT)`` -- the text before the FIRST comma is the operation,
 after it the text (whitespace-trimmed). Operations: see :data:`OPERATIONS`.
 
-Example (difficulty 3)::
+With ``env.options: {reference: true}`` the text ``_`` (as TEXT or as the whole answer) stands
+for the previous result -- the input word before the first call -- and the demonstrations use it:
+``apply(reverse, _)``, ..., ``<answer>_</answer>``. The task then tests choosing the operations
+in order, not copying strings: a model too small to copy a 7-16 character string exactly (the
+tiny models, see docs/credit.md) can still learn the pipeline, and every mistake is a wrong
+decision at one step.
+
+Example (difficulty 3, by value)::
 
     prompt : Apply reverse, then upper, then drop_vowels to "kolabe".
     model  : <tool>apply(reverse, kolabe)</tool>       -> ebalok
@@ -24,13 +31,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import HashSplitTaskSource, task_id
-from asyncrl.envs.toolenv import ChainToolEnv
+from asyncrl.envs.toolenv import ChainToolEnv, EnvOptionsError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
 
-__all__ = ["OPERATIONS", "StringTasks", "StringsEnv", "strings_demonstrate", "strings_solve"]
+__all__ = ["OPERATIONS", "REFERENCE", "StringTasks", "StringsEnv", "strings_demonstrate", "strings_solve"]
 
 OPERATIONS: dict[str, Callable[[str], str]] = {
     "reverse": lambda s: s[::-1],
@@ -41,6 +48,9 @@ OPERATIONS: dict[str, Callable[[str], str]] = {
     "rotate": lambda s: s[1:] + s[:1],
     "sort": lambda s: "".join(sorted(s)),
 }
+
+REFERENCE = "_"
+"""With ``reference: true``, this TEXT (or answer) is the previous result."""
 
 _SYLLABLES = ("ka", "lo", "be", "mi", "tu", "ra", "sen", "vo", "di", "pel", "zu", "no", "gri", "fa")
 
@@ -54,12 +64,27 @@ def run_pipeline(word: str, ops: list[str]) -> list[str]:
     return out
 
 
+def _reference_option(options: dict[str, Any]) -> bool:
+    unknown = sorted(set(options) - {"reference"})
+    if unknown:
+        raise EnvOptionsError(f"env.options for 'strings': unknown {unknown}; allowed: ['reference']")
+    value = options.get("reference", False)
+    if not isinstance(value, bool):
+        raise EnvOptionsError(f"env.options.reference for 'strings' must be true or false, got {value!r}")
+    return value
+
+
 class StringTasks(HashSplitTaskSource):
-    """Pipelines of 1-3 distinct operations on a made-up word; split by (word, pipeline)."""
+    """Pipelines of 1-3 distinct operations on a made-up word; split by (word, pipeline).
+    ``reference`` is recorded in each task, so its demonstrations use ``_`` (module docstring)."""
 
     task_types = ("pipeline",)
     difficulties = (1, 2, 3)
     salt = "strings"
+
+    def __init__(self, *, reference: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reference = reference
 
     def generate(self, rng: random.Random, difficulty: int) -> Task:
         word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
@@ -74,6 +99,7 @@ class StringTasks(HashSplitTaskSource):
             "ops": ops,
             "path": path,
             "answer": path[-1],
+            "reference": self.reference,
         }
         return Task(
             id=task_id("str", f"{word}|{'.'.join(ops)}"),
@@ -86,34 +112,49 @@ class StringTasks(HashSplitTaskSource):
         return f"{task.payload['word']}|{'.'.join(task.payload['ops'])}"
 
 
+def _episode(word: str, ops: list[str], reference: bool) -> list[str]:
+    """The model turns applying ``ops`` in order to ``word``, then answering the last result."""
+    cur, texts = word, []
+    for op in ops:
+        texts.append(f"<tool>apply({op}, {REFERENCE if reference else cur})</tool>")
+        cur = OPERATIONS[op](cur)
+    return [*texts, f"<answer>{REFERENCE if reference else cur}</answer>"]
+
+
 def strings_solve(task: Task) -> list[str]:
     """One ``apply`` per operation, each on the previous result, then the answer."""
-    cur, texts = task.payload["word"], []
-    for op, nxt in zip(task.payload["ops"], task.payload["path"], strict=True):
-        texts.append(f"<tool>apply({op}, {cur})</tool>")
-        cur = nxt
-    return [*texts, f"<answer>{cur}</answer>"]
+    p = task.payload
+    return _episode(p["word"], list(p["ops"]), bool(p.get("reference", False)))
 
 
 def strings_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
-    """Reference episode, or with probability ``corruption_rate`` one mistake: a wrong operation
-    in one step (carried on to the end), a skipped last step, or the input word as the answer."""
+    """Reference episode, or with probability ``corruption_rate`` one mistake that changes the
+    answer: a wrong operation in one step (carried on to the end), a skipped last step, or a
+    wrong answer -- by value the input word copied as the answer, by reference (where no string
+    is copied) two neighbouring operations applied in the wrong order. A mistake that happens to
+    give the right answer (commuting operations) is drawn again, so the rate is the rate of
+    failing demonstrations."""
     if rng.random() >= corruption_rate:
         return strings_solve(task)
-    ops, word = list(task.payload["ops"]), task.payload["word"]
-    kind = rng.choice(("wrong_operation", "skipped_call", "wrong_final_copy"))
-    if kind == "skipped_call":
-        prev = task.payload["path"][-2] if len(ops) > 1 else word
-        return [*strings_solve(task)[:-2], f"<answer>{prev}</answer>"]
-    if kind == "wrong_final_copy":
-        return [*strings_solve(task)[:-1], f"<answer>{word}</answer>"]
-    k = rng.randrange(len(ops))
-    ops[k] = rng.choice([o for o in OPERATIONS if o not in ops])
-    cur, texts = word, []
-    for op in ops:
-        texts.append(f"<tool>apply({op}, {cur})</tool>")
-        cur = OPERATIONS[op](cur)
-    return [*texts, f"<answer>{cur}</answer>"]
+    p = task.payload
+    word, answer, reference = p["word"], p["answer"], bool(p.get("reference", False))
+    texts: list[str] = []
+    for _ in range(20):
+        ops = list(p["ops"])
+        kind = rng.choice(("wrong_operation", "skipped_call", "wrong_final"))
+        if kind == "wrong_final" and not reference:
+            return [*strings_solve(task)[:-1], f"<answer>{word}</answer>"]
+        if kind == "skipped_call":
+            ops = ops[:-1]
+        elif kind == "wrong_final" and len(ops) > 1:
+            k = rng.randrange(len(ops) - 1)
+            ops[k], ops[k + 1] = ops[k + 1], ops[k]
+        else:
+            ops[rng.randrange(len(ops))] = rng.choice([o for o in OPERATIONS if o not in ops])
+        texts = _episode(word, ops, reference)
+        if (run_pipeline(word, ops) or [word])[-1] != answer:
+            break
+    return texts
 
 
 class StringsEnv(ChainToolEnv):
@@ -122,17 +163,42 @@ class StringsEnv(ChainToolEnv):
     kind = "strings"
     tool_name, usage, chained = "apply", "apply(OPERATION, TEXT)", 1
 
-    def __init__(self) -> None:
+    def __init__(self, *, reference: bool = False) -> None:
+        by_reference = f" TEXT {REFERENCE} is the previous result (the input word at first)."
         super().__init__(
-            "TEXT with the operation applied. Operations: " + ", ".join(OPERATIONS),
+            "TEXT with the operation applied. Operations: "
+            + ", ".join(OPERATIONS)
+            + ("." + by_reference if reference else ""),
             ("call", "OPERATION, TEXT (split at the first comma)"),
-            "reverse, kolabe",
+            f"reverse, {REFERENCE}" if reference else "reverse, kolabe",
             operations=sorted(OPERATIONS),
         )
+        self.reference = reference
+        self.current = ""
+        """The previous result (the input word before the first call): what ``_`` names."""
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> StringsEnv:
+        return cls(reference=_reference_option(cfg.options))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> StringTasks:
-        return StringTasks.from_config(cfg)  # type: ignore[return-value]
+        return StringTasks.from_config(cfg, reference=_reference_option(cfg.options))  # type: ignore[return-value]
+
+    async def reset(self, task: Task) -> str:
+        self.current = str(task.payload["word"])
+        return await super().reset(task)
+
+    def resolve(self, text: str, *, answer: bool) -> str:
+        if not self.reference:
+            return text
+        if answer:
+            return self.current if text.strip() == REFERENCE else text
+        if "," in text:
+            op, arg = self.split(text)
+            if arg == REFERENCE:
+                return f"{op}, {self.current}"
+        return text
 
     solve = staticmethod(strings_solve)
     demonstrate = staticmethod(strings_demonstrate)
@@ -142,7 +208,8 @@ class StringsEnv(ChainToolEnv):
             return False, f"unknown operation {op[:40]!r}; use one of {', '.join(OPERATIONS)}"
         if not text:
             return False, "empty TEXT"
-        return True, OPERATIONS[op](text)
+        self.current = OPERATIONS[op](text)
+        return True, self.current
 
     def same(self, text: str, value: str) -> bool:
         return text.strip().strip('"') == value

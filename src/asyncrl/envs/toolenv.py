@@ -134,6 +134,13 @@ class ToolEnv(ABC):
     def result_used(self, text: str, result: str) -> bool:
         """Whether ``text`` (later args or the answer) uses an earlier tool ``result``."""
 
+    def resolve(self, text: str, *, answer: bool) -> str:
+        """The tool arguments (or, with ``answer``, the answer) with any reference the
+        environment defines replaced by what it names; identity by default. Applied before the
+        call, the grading, the verifier cache and the process rewards, so all of them see the
+        same resolved text (``strings`` with ``reference: true`` resolves ``_``)."""
+        return text
+
     # -- the protocol ---------------------------------------------------------------------------
     async def reset(self, task: Task) -> str:
         self.task = task
@@ -164,18 +171,18 @@ class ToolEnv(ABC):
                 malformed=True,
             )
         if isinstance(action, AnswerAction):
-            answer = action.answer
+            answer = self.resolve(action.answer, answer=True)
             correct = VERIFIER_CACHE.verdict(
                 (type(self).__name__, self.task.id, answer.strip()), lambda: self.is_correct(answer)
             )
-            reward, parts = self.rewards.answer(action.answer, self.result_used)
+            reward, parts = self.rewards.answer(answer, self.result_used)
             self._final = StepResult(
                 observation="correct" if correct else "incorrect",
                 process_reward=reward,
                 done=True,
                 reward=1.0 if correct else 0.0,
                 outcome="success" if correct else "failure",
-                info={"action": "answer", "answer": action.answer, "reward_parts": parts},
+                info={"action": "answer", "answer": answer, "reward_parts": parts},
             )
             return self._final
         names = [t.name for t in self.tools]
@@ -188,21 +195,23 @@ class ToolEnv(ABC):
                 malformed=True,
             )
         started = time.monotonic()
-        if len(action.args) > MAX_ARGS_CHARS:
+        args = action.args
+        if len(args) > MAX_ARGS_CHARS:
             ok, text = False, f"arguments longer than {MAX_ARGS_CHARS} characters"
         else:
-            ok, text = await self.run_tool(action.name, action.args)
+            args = self.resolve(args, answer=False)
+            ok, text = await self.run_tool(action.name, args)
         latency = time.monotonic() - started
         call = ToolCall(
             name=action.name,
-            arguments=action.args,
+            arguments=args,
             ok=ok,
             result=text if ok else "",
             error="" if ok else text,
             latency_s=latency,
         )
         if ok:
-            reward, parts = self.rewards.tool_ok(action.name, action.args, text, self.result_used)
+            reward, parts = self.rewards.tool_ok(action.name, args, text, self.result_used)
             observation = text
         else:
             reward, parts = self.rewards.tool_error()
