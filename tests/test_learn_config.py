@@ -64,3 +64,37 @@ def test_system_prompt_example_is_a_call_the_env_runs_in_the_demonstrations_form
     demo_call = json.loads(demo.removeprefix(fmt.OPEN).removesuffix(fmt.CLOSE))
     assert demo_call["name"] == name
     assert set(demo_call["arguments"]) == set(arguments)
+
+
+STRINGS = CONFIG.parent / "smollm2_strings.yaml"
+
+
+def test_the_strings_config_branches_between_calls_by_reference() -> None:
+    """configs/smollm2_strings.yaml (issue #27's SmolLM2 study): two calls by reference, 64 held-out
+    tasks never drawn in training, and a system-prompt example the environment runs the way the
+    demonstrations write it."""
+    cfg = load_config(STRINGS)
+    assert cfg.model.lora is not None and cfg.model.device == "auto" and cfg.control.mode == "async"
+    assert (cfg.env.kind, cfg.env.min_difficulty, cfg.env.max_difficulty) == ("strings", 2, 2)
+    assert cfg.env.options == {"reference": True} and cfg.env.max_turns >= 3
+    source = make_task_source(cfg.env)
+    heldout = {source.content_key(t) for t in source.heldout()}
+    rng = random.Random(0)
+    assert len(heldout) == cfg.env.heldout_size == 64
+    assert not heldout & {source.content_key(source.sample(rng)) for _ in range(3000)}
+    assert cfg.model.system_prompt is not None
+    fmt = HermesFormat()
+    env = make_raw_env(cfg.env)
+    action = fmt.to_action(cfg.model.system_prompt.split("_ is the")[0], env.tools)
+    task = source.heldout()[0]
+
+    async def run() -> str:
+        await env.reset(task)
+        result = await env.step(action)
+        assert result.tool_call is not None and result.tool_call.ok, result.observation
+        return result.observation
+
+    assert asyncio.run(run()) == task.payload["word"][::-1]  # "reverse, _" on the input word
+    demo = fmt.from_action(env.solve(task)[0], env.tools)
+    demo_call = json.loads(demo.removeprefix(fmt.OPEN).removesuffix(fmt.CLOSE))
+    assert demo_call["name"] == "apply" and demo_call["arguments"]["call"].endswith(", _")
