@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
-from asyncrl.envs.toolenv import ChainToolEnv, EnvOptionsError
+from asyncrl.envs.toolenv import ChainToolEnv, EnvOptionsError, refuse_unknown_options
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -161,11 +161,7 @@ _SIZE_OPTIONS = ("num_people", "num_cities", "num_countries", "num_companies")
 
 
 def _kb_options(options: dict[str, Any]) -> dict[str, int]:
-    unknown = sorted(set(options) - set(_SIZE_OPTIONS))
-    if unknown:
-        raise EnvOptionsError(
-            f"env.options for 'kb_lookup': unknown {unknown}; allowed: {list(_SIZE_OPTIONS)}"
-        )
+    refuse_unknown_options("kb_lookup", options, _SIZE_OPTIONS)
     bad = [k for k, v in options.items() if not isinstance(v, int) or isinstance(v, bool) or v < 2]
     if bad:
         raise EnvOptionsError(f"env.options for 'kb_lookup': {bad} must be integers >= 2")

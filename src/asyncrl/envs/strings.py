@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import HashSplitTaskSource, task_id
-from asyncrl.envs.toolenv import ChainToolEnv, EnvOptionsError
+from asyncrl.envs.toolenv import ChainToolEnv, EnvOptionsError, refuse_unknown_options
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -65,9 +65,7 @@ def run_pipeline(word: str, ops: list[str]) -> list[str]:
 
 
 def _reference_option(options: dict[str, Any]) -> bool:
-    unknown = sorted(set(options) - {"reference"})
-    if unknown:
-        raise EnvOptionsError(f"env.options for 'strings': unknown {unknown}; allowed: ['reference']")
+    refuse_unknown_options("strings", options, ("reference",))
     value = options.get("reference", False)
     if not isinstance(value, bool):
         raise EnvOptionsError(f"env.options.reference for 'strings' must be true or false, got {value!r}")

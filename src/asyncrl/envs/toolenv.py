@@ -38,6 +38,13 @@ class EnvOptionsError(UserError, ValueError):
     """Unknown or invalid ``env.options`` for a built-in environment (a user mistake)."""
 
 
+def refuse_unknown_options(kind: str, options: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    """Raise :class:`EnvOptionsError` naming any key of ``options`` not in ``allowed``, and those."""
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise EnvOptionsError(f"env.options for {kind!r}: unknown {unknown}; allowed: {list(allowed)}")
+
+
 class VerifierCache:
     """Caches the verdicts of deterministic verifiers by (environment, task id, answer).
 
