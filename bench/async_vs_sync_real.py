@@ -99,7 +99,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
     from asyncrl.trainer.sft import warm_start
 
     base = [*args.overrides, f"trainer.total_steps={args.steps}", "telemetry.eval_every=0"]

@@ -5,7 +5,7 @@
         [--steps 12] [--batch 32] [--eval-limit 64] [--eval-at 4 8] [--target-gain 0.10 0.20]
         [--ablate-trajectories 6 --ablate-k 4] [--out results.json]
 
-Every (environment, strategy, seed) runs the whole job through ``asyncrl.orchestrator.run.train``
+Every (environment, strategy, seed) runs the whole job through ``asyncrl.jobs.train.train``
 with the same number of steps of ``--batch`` trajectories and the same cached warm start. All
 weight versions are kept; after the run the versions in ``--eval-at`` are evaluated on the first
 ``--eval-limit`` held-out tasks, next to the run's own initial (version 0) and final evaluations.
@@ -83,7 +83,7 @@ ENVS = {
 
 def run_one(env: str, strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
     from asyncrl.policy import Policy
     from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.weights import make_weight_store

@@ -44,7 +44,7 @@ def run(
     path: str, steps: int, seed: int, root: Path, cache: Path, target: float, window: int
 ) -> dict[str, Any]:
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     cfg = load_config(
         CONFIG,

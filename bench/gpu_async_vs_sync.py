@@ -139,7 +139,7 @@ def _role_rows(run_dir: Path, role: str) -> list[dict[str, Any]]:
 
 def run_part(args: argparse.Namespace, model: dict[str, int], device_spec: str, root: Path) -> dict[str, Any]:
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     sets = [f"model.{k}={v}" for k, v in model.items()]
     sets += [

@@ -81,7 +81,7 @@ def main() -> int:
     from _common import run_stats
 
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
     from asyncrl.trainer.sft import warm_start
 
     warm_start(load_config(args.config, args.overrides))  # cached before timing anything

@@ -93,7 +93,7 @@ def summarise(curve: list[tuple[float, float]], target: float, total: float) -> 
 # ---------------------------------------------------------------------------------------------- asyncrl
 def run_asyncrl(steps: int, seed: int, lr: float, target: float) -> dict[str, Any]:
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     cfg = load_config(None, overrides(steps, seed, lr))
     run_dir, summary = train(cfg, display=False, eval_limit=64)

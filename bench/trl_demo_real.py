@@ -59,7 +59,7 @@ def run_asyncrl(args: argparse.Namespace) -> dict[str, Any]:
     from async_vs_sync_real import step_gaps
 
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
     from asyncrl.policy import Policy
     from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.weights import make_weight_store

@@ -31,7 +31,7 @@ FLOORS: list[set[str]] = [
     {"trainer"},  # 5
     {"launch"},  # 6: places role processes
     {"orchestrator"},  # 7: prepares, launches, supervises
-    {"service", "cli"},  # 8: entry points
+    {"service", "cli", "jobs"},  # 8: entry points and the offline jobs they run
 ]
 FLOOR = {pkg: i for i, pkgs in enumerate(FLOORS) for pkg in pkgs}
 
@@ -156,7 +156,7 @@ def test_the_checks_can_fail() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     tree = ast.parse("def f():\n    from asyncrl.orchestrator.run import train\n")
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))  # a function-level import is seen
-    assert "asyncrl.orchestrator.run" in _imports("asyncrl.service", MODULES["asyncrl.service"])
+    assert "asyncrl.jobs.train" in _imports("asyncrl.service", MODULES["asyncrl.service"])
 
 
 def test_only_the_control_package_uses_the_state_store() -> None:
@@ -494,7 +494,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("envs/sandbox.py", "call:wait_for", "timeout"),
             ("launch/ray_launcher.py", "call:wait", "timeout"),
             ("launch/ray_launcher.py", "<module>", "_LOCAL_MIN_CPUS"),
-            ("orchestrator/run.py", "<module>", "CONTEXT_PROBE_TASKS"),
+            ("jobs/train.py", "<module>", "CONTEXT_PROBE_TASKS"),
             ("policy/canary.py", "<module>", "SAMPLE"),
             ("policy/canary.py", "<module>", "ROW"),
             ("policy/packing.py", "<module>", "TREE_MAX_COST"),

@@ -232,7 +232,7 @@ def test_a_start_that_fails_on_a_bad_path_or_option_leaves_no_run_directory(
     tmp_path: Path, override: str, message: str
 ) -> None:
     from asyncrl.errors import UserError
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     kind = "plugin" if override.startswith("env.path") else "calculator"
     cfg = load_config(None, [f"env.kind={kind}", override, f"run_root={tmp_path / 'runs'}"])

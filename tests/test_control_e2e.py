@@ -25,7 +25,8 @@ import pytest
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.control import RunState
-from asyncrl.orchestrator.run import Orchestrator, train
+from asyncrl.jobs.train import train
+from asyncrl.orchestrator.run import Orchestrator
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow

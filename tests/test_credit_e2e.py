@@ -16,7 +16,7 @@ from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.credit.inspect import credit_fragment
 from asyncrl.credit.samples import read_samples
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 
 pytestmark = pytest.mark.slow
 

@@ -171,7 +171,7 @@ def test_model_info_prints_the_plan_train_uses_or_its_error(
 def test_a_context_too_small_for_one_turn_is_an_error_before_a_run_directory(
     family_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     runs = tmp_path / "runs"
     cfg = load_config(
@@ -228,7 +228,7 @@ def doc_rows() -> dict[str, str]:
 
 
 def _train_two_steps(directory: Path, tmp_path: Path) -> dict[str, Any]:
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     cfg = load_config(
         None, [*SMALL, f"model.path={directory}", f"run_root={tmp_path}", f"cache_dir={tmp_path / 'c'}"]

@@ -470,7 +470,7 @@ def test_mistral_calls_are_read_with_their_ids() -> None:
 @pytest.mark.parametrize("name", ["qwen3", "mistral_v03"])
 def test_two_training_steps_on_a_per_turn_family(name: str, tmp_path: Path) -> None:
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
     from models_util import tiny_model_dir
     from test_models_e2e import SMALL
 

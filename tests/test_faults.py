@@ -38,7 +38,7 @@ import pytest
 import helpers
 from asyncrl.config import RunConfig, load_config
 from asyncrl.control import RunState
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 from helpers import TINY_RUN
 from redis_server import RedisServer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]  # `make test-long`
 ROOT = Path(__file__).resolve().parents[1]

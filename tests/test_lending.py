@@ -156,7 +156,7 @@ def test_in_sync_mode_the_rollout_worker_borrows_the_waiting_trainers_core(
 ) -> None:
     """A real run (tiny model, ``sync``): the trainer waits while the batch is generated, so the rollout
     worker generates on both cores; the trainer (alone by the barrier) never needs to borrow."""
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the machine's 2 cores, whatever the test runner says
     cfg = load_config(

@@ -111,7 +111,7 @@ def test_save_and_load_keep_base_and_adapter_apart(tiny: Path, tmp_path: Path) -
 def test_a_lora_run_publishes_adapter_versions(tiny: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
     from test_models_e2e import SMALL
 
     cfg = load_config(

@@ -18,7 +18,7 @@ import pytest
 
 from asyncrl.config import EnvConfig, load_config
 from asyncrl.envs import HashSplitTaskSource, StepResult, Tool
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 from asyncrl.records import Task
 from models_util import family_tokenizer, load_tokenizer, smollm2_dir, tiny_model_dir
 

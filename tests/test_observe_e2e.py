@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 from asyncrl.telemetry.experiment import config_hash
 from asyncrl.telemetry.tensorboard import read_scalars
 from browser_util import chromium, open_in_browser, screenshot

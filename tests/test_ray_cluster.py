@@ -32,8 +32,8 @@ def test_three_node_cluster_trains_and_survives_losing_a_trainer_node(
     import ray
     from ray.cluster_utils import Cluster
 
+    from asyncrl.jobs.train import train
     from asyncrl.launch import ray_launcher
-    from asyncrl.orchestrator.run import train
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)

@@ -76,7 +76,7 @@ def test_actor_exit_codes_restart_and_placement_errors(monkeypatch: pytest.Monke
 
 
 def test_demo_config_runs_on_ray(tmp_path: Path) -> None:
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     cfg = load_config(
         REPO / "configs" / "demo.yaml",

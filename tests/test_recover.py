@@ -190,7 +190,7 @@ def test_sweep_sample_trainer_killed_before_a_checkpoint_then_three_corrupt_vers
     import signal
     import threading
 
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     cfg = load_config(None, [*TINY, f"run_root={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}"])
     out: dict[str, Any] = {}

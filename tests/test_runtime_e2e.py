@@ -23,7 +23,7 @@ import pytest
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.control import RunState
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 from helpers import wait_for
 from test_canary import assert_every_load_passed_the_canary
 

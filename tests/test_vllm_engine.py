@@ -68,7 +68,7 @@ def test_missing_vllm_is_a_clear_user_error(no_vllm: None) -> None:
 
 
 def test_train_fails_before_the_warm_start_without_vllm(no_vllm: None, tmp_path: Path) -> None:
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     cfg = load_config(
         None, [f"run_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", "rollout.engine.kind=vllm"]
@@ -343,7 +343,7 @@ def test_vllm_backend_trains_end_to_end(tmp_path: Path) -> None:
     weights reach vLLM mid-run, nothing is lost."""
     import json
 
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     _require_vllm()
     cfg = load_config(

@@ -13,10 +13,18 @@ from typing import Any, TypeAlias
 
 from asyncrl.credit.inspect import credit_fragment, render_terminal
 from asyncrl.errors import UserError
+from asyncrl.orchestrator.stopping import Stopped
 from asyncrl.telemetry.report import write_report
 from asyncrl.trainer.replay import replay
 
 EXIT_USER_ERROR = 2
+EXIT_CODES = """Exit codes: **0** finished (or nothing to do: `train --resume` of a finished run), **1** failed
+(the run's `run.json` says `failed` with the error), **2** a user mistake (one line on stderr),
+**128 + N** stopped by signal N — 130 for SIGINT (Ctrl-C), 143 for SIGTERM (`kill`, `timeout`,
+Slurm, Kubernetes, and `asyncrl stop`), 129 for SIGHUP. A stopped run stops every role within
+`launcher.stop_grace_s` (the trainer checkpoints first), leaves no process behind, says `stopped` in
+`run.json` and continues with `asyncrl train --resume RUN`; a second signal stops at once
+(docs/reliability.md#stopping-a-run)."""
 
 INTRO = "asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents."
 
@@ -159,6 +167,23 @@ def _add_run_commands(sub: Sub) -> None:
     role.add_argument(
         "--wait", type=float, default=3600.0, help="seconds to wait for the orchestrator to prepare the run"
     )
+    status = sub.add_parser(
+        "status",
+        help="a run's state from any shell: running / stopped / finished / failed / lost, step, version, "
+        "roles alive, last held-out success, queue depth",
+    )
+    status.add_argument("run", help="run directory")
+    _json_flag(status)
+    stop = sub.add_parser(
+        "stop",
+        help="stop a running run cleanly from another shell (as SIGTERM does): checkpoint, roles stopped, "
+        "resumable with train --resume",
+    )
+    stop.add_argument("run", help="run directory")
+    stop.add_argument("--now", action="store_true", help="no grace period: kill the roles at once")
+    stop.add_argument(
+        "--wait", type=float, default=120.0, help="seconds to wait for the run to stop (default 120)"
+    )
 
 
 def _add_cost_commands(sub: Sub) -> None:
@@ -282,6 +307,8 @@ def cli_reference(parser: argparse.ArgumentParser, topic: Sequence[str] = ()) ->
             "     tests/test_cli.py fails when this file and the parser differ -->",
             "",
             f"{INTRO} Every command ends a user mistake with one line on stderr and exit code 2.",
+            "",
+            EXIT_CODES,
         ]
     )
     for words, help, p in _commands(parser):
@@ -319,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _cmd_demo,
         "cost": _cmd_cost,
         "role": _cmd_role,
+        "status": _cmd_status,
+        "stop": _cmd_stop,
         "report": _cmd_report,
         "replay": _cmd_replay,
         "runs": _cmd_runs,
@@ -334,7 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"asyncrl: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except Stopped as stop:  # a stop signal: the run is stopped cleanly and says how to resume
+        print(stop.message(), file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:  # Ctrl-C in a command that runs no training job
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
 
@@ -500,7 +532,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import json
 
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     if args.config is None and args.resume is None:
         print("asyncrl train: give a CONFIG or --resume RUN", file=sys.stderr)
@@ -525,6 +557,27 @@ def _cmd_role(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from asyncrl.orchestrator.runctl import run_status
+
+    st = run_status(args.run)
+    print(json.dumps(st.to_dict(), indent=2) if args.json else st.render())
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from asyncrl.orchestrator.runctl import stop_run
+
+    st = stop_run(args.run, now=args.now, wait_s=args.wait)
+    print(st.render())
+    if st.status == "running":
+        print(f"asyncrl stop: {args.run} is still running after {args.wait:.0f}s", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -532,7 +585,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from asyncrl.config import load_config
-    from asyncrl.orchestrator.run import train
+    from asyncrl.jobs.train import train
 
     path = args.config or str(Path("configs") / "demo.yaml")
     cfg = load_config(path, args.overrides)

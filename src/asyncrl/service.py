@@ -9,7 +9,10 @@
   delivered, then runs the worker until the run's ``stop`` flag.
 
 Every role gets the same CONFIG (and ``--set`` overrides). Exit code 0 means the run is over for
-this role; anything else is a failure its service manager should restart. See ``docs/deploy.md``.
+this role (or its orchestrator was gone longer than ``launcher.orphan_timeout_s``: a restarted role
+service waits for the orchestrator's heartbeat before it begins); ``128 + N`` means signal N stopped
+it at its next safe point (the trainer wrote a checkpoint); anything else is a failure its service
+manager should restart. See ``docs/deploy.md``.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from asyncrl.config import ExternalLauncherConfig, RunConfig
 from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
 from asyncrl.errors import UserError
+from asyncrl.jobs.train import train
 from asyncrl.launch.external import READY_FILE
-from asyncrl.orchestrator.run import train
+from asyncrl.orchestrator.stopping import Stopped, StopSignals, stop_signals
 from asyncrl.rollout.worker import RolloutWorker
 
 Role = Literal["rollout", "trainer", "orchestrator"]
@@ -69,7 +73,22 @@ def run_role(
         resume = run_dir if (run_dir / "initial_eval.json").is_file() else None
         _, summary = train(cfg, resume=resume, run_dir=run_dir, display=False)
         return summary
+    if role not in ("trainer", "rollout"):
+        raise UserError(f"unknown role {role!r}; use rollout, trainer or orchestrator")
+    if role == "rollout" and not 0 <= index < cfg.rollout.num_workers:
+        raise UserError(
+            f"--index {index}: must be in 0..rollout.num_workers-1 ({cfg.rollout.num_workers - 1})"
+        )
     wait_until_prepared(run_dir, wait_s)
+    wait_for_orchestrator(cfg, run_dir, wait_s)
+    with stop_signals() as signals:  # SIGTERM from the service manager: stop here, at the next safe point
+        _run_compute_role(role, cfg, run_dir, index, signals)
+    if signals.signum is not None:
+        raise Stopped(signals.signum, f"the {role} role")
+    return None
+
+
+def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, signals: StopSignals) -> None:
     started = time.time()
     if role == "trainer":
         from asyncrl.trainer.process import TrainerRole
@@ -80,23 +99,42 @@ def run_role(
 
             rank = _rank_from_env(cfg.trainer.world_size)
             trainer_rank_main(cfg.model_dump_json(), str(run_dir), True, rank, ENV_RENDEZVOUS, 0)
-            return None
-        TrainerRole(cfg, run_dir, resume=True, started=started).run()
-        return None
-    if role == "rollout":
-        import asyncio
+            return
+        trainer = TrainerRole(cfg, run_dir, resume=True, started=started)
+        signals.on_signal = trainer.state.stop_here
+        with signals.mode(raising=False):
+            trainer.run()
+        return
+    import asyncio
 
-        if index < 0 or index >= cfg.rollout.num_workers:
-            raise UserError(
-                f"--index {index}: must be in 0..rollout.num_workers-1 ({cfg.rollout.num_workers - 1})"
-            )
-        state = RunState.open(cfg, run_dir)
-        state.reclaim(f"rollout-{index}")  # a previous incarnation died with admissions it never delivered
+    state = RunState.open(cfg, run_dir)
+    state.reclaim(f"rollout-{index}")  # a previous incarnation died with admissions it never delivered
+    state.close()
+    _init(cfg, "rollout")
+    worker = RolloutWorker(cfg, run_dir, index, started=started)
+    signals.on_signal = worker.state.stop_here
+    with signals.mode(raising=False):
+        asyncio.run(worker.run())
+
+
+def wait_for_orchestrator(cfg: RunConfig, run_dir: Path, timeout_s: float, poll_s: float = 1.0) -> None:
+    """A role service starts only while the orchestrator beats (within ``launcher.orphan_timeout_s``):
+    restarted while the orchestrator is away, it waits instead of stopping at once as an orphan."""
+    state = RunState.open(cfg, run_dir)
+    deadline, announced = time.monotonic() + timeout_s, False
+    try:
+        while (silent := state.orchestrator_silent_s()) is None or silent > cfg.launcher.orphan_timeout_s:
+            if time.monotonic() >= deadline:
+                raise UserError(
+                    f"the orchestrator of {run_dir} has not beaten for {timeout_s:.0f}s: start (or resume) "
+                    f"`asyncrl role orchestrator CONFIG --run-dir {run_dir}`, or raise --wait"
+                )
+            if not announced:
+                log.warning("waiting for the orchestrator of %s to run ...", run_dir)
+                announced = True
+            time.sleep(poll_s)
+    finally:
         state.close()
-        _init(cfg, "rollout")
-        asyncio.run(RolloutWorker(cfg, run_dir, index, started=started).run())
-        return None
-    raise UserError(f"unknown role {role!r}; use rollout, trainer or orchestrator")
 
 
 def _rank_from_env(world_size: int) -> int:

@@ -23,6 +23,16 @@ class _LauncherBase(Section):
     launcher's before the roles start) and the trainer in ``control.mode: sync`` (rollout waits
     for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
     sets it. See ``asyncrl.bootstrap.torch_threads``."""
+    stop_grace_s: float = Field(30.0, ge=0, le=3600)
+    """A stop (SIGINT, SIGTERM, SIGHUP to the orchestrator, or ``asyncrl stop RUN``) asks every role to
+    stop at its next safe point (the trainer writes a checkpoint) and waits this long for them; what is
+    still running then is killed, as is everything at a second signal. 30 s sits inside Slurm's and
+    Kubernetes' default grace periods (``KillWait`` 30 s, ``terminationGracePeriodSeconds`` 30 s):
+    give the scheduler a longer grace when raising it."""
+    orphan_timeout_s: float = Field(60.0, gt=0, le=86400)
+    """No orphans: a role whose orchestrator has not beaten (the heartbeat in the control state, every
+    tick) for this long stops by itself, as if the run had been stopped. A ``--resume`` that attaches
+    sooner takes the run over (it reaps the old roles and starts its own)."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
     M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which

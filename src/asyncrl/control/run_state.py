@@ -17,7 +17,11 @@ What is stored (the key names are private to this module):
   ``versions_republished``, ``weights_corrupt`` (highest version a worker found corrupt, + 1);
 * the **effective limits** — ``max_staleness`` and ``sync_every`` (rule 6: the orchestrator may
   tighten them);
-* **flags** — ``paused`` (queue above high water), ``stop`` (end of run), ``trainer_done``;
+* **flags** — ``paused`` (queue above high water), ``stop`` (end of run: every role stops),
+  ``trainer_done``, ``halt`` (someone asked the orchestrator to stop the run: ``asyncrl stop``;
+  ``halt_now`` without the grace period);
+* **liveness** — ``orchestrator_at``, the orchestrator's heartbeat (every role stops by itself when it
+  is older than ``launcher.orphan_timeout_s``: no orphans), and ``trainer_step``;
 * **load balancing** — ``load:NAME`` and its heartbeat ``load_at:NAME``;
 * the **ledger** — one fate per trajectory id (``trained``, ``dropped_*``, ``skipped``, ...);
 * **documents** — the orchestrator's :class:`~asyncrl.control.directives.Directives` and its own
@@ -26,6 +30,8 @@ What is stored (the key names are private to this module):
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +48,10 @@ Fate = tuple[str, str, int, int]
 """A ledger row: ``(trajectory id, fate, trainer step, age)``."""
 
 _DIRECTIVES, _SNAPSHOT = "control", "orchestrator"
+_WATCH_EVERY_S = 1.0
+"""A role reads the orchestrator's heartbeat at most this often."""
+
+log = logging.getLogger("asyncrl.control")
 
 
 @dataclass(frozen=True)
@@ -63,11 +73,22 @@ class RunState:
 
     def __init__(self, store: StateStore, staleness: StalenessPolicy, sync_every: int) -> None:
         self.store, self.staleness, self.sync_every = store, staleness, sync_every
+        self._orphan_after: float | None = None
+        self._watched_at, self._orphaned = 0.0, False
+        self._stop_here = False
 
     @classmethod
     def open(cls, cfg: RunConfig, run_dir: str | Path) -> RunState:
         """The run's state, in the store ``control.state`` names."""
         return cls(make_state_store(cfg, run_dir), cfg.staleness_policy(), cfg.trainer.sync_every)
+
+    @classmethod
+    def for_role(cls, cfg: RunConfig, run_dir: str | Path) -> RunState:
+        """A role process's view: :meth:`open`, and :meth:`stopping` also turns true once the
+        orchestrator's heartbeat is older than ``launcher.orphan_timeout_s`` (no orphans)."""
+        state = cls.open(cfg, run_dir)
+        state._orphan_after = cfg.launcher.orphan_timeout_s
+        return state
 
     def close(self) -> None:
         self.store.close()
@@ -77,6 +98,9 @@ class RunState:
         """The orchestrator starts (or resumes) the run: clear ``stop``; a fresh run starts at version 0
         with the configured ``max_staleness``."""
         self.store.set_flag("stop", False)
+        self.store.set_flag("halt", False)
+        self.store.set_flag("halt_now", False)
+        self.beat()
         if not resume:
             self.store.set_value("max_staleness", self.staleness.max_staleness)
             self.store.set_value("version", 0)
@@ -86,7 +110,50 @@ class RunState:
         return bool(self.store.counters())
 
     def stopping(self) -> bool:
-        return self.store.flag("stop")
+        """The run is ending (the ``stop`` flag), or — in a role process — its orchestrator is gone."""
+        return self._stop_here or self.store.flag("stop") or self.orphaned()
+
+    def stop_here(self) -> None:
+        """This process alone stops at its next safe point (a role service sent SIGTERM by its manager)."""
+        self._stop_here = True
+
+    # -- liveness: no orphans ----------------------------------------------------------------------
+    def beat(self, now: float | None = None) -> None:
+        """The orchestrator is alive (every tick)."""
+        self.store.set_value("orchestrator_at", int(now if now is not None else time.time()))
+
+    def orchestrator_silent_s(self, now: float | None = None) -> float | None:
+        """Seconds since the orchestrator's last heartbeat; None if it never beat."""
+        at = self.store.get("orchestrator_at")
+        return None if not at else (now if now is not None else time.time()) - at
+
+    def orphaned(self) -> bool:
+        """A role whose orchestrator has been silent longer than ``launcher.orphan_timeout_s`` (only for
+        states opened with :meth:`for_role`; the heartbeat is read at most once a second). Sticky: a
+        role that saw its orchestrator gone stops, even if a resumed one beats again meanwhile."""
+        if self._orphan_after is None or self._orphaned:
+            return self._orphaned
+        now = time.time()
+        if now - self._watched_at < _WATCH_EVERY_S:
+            return False
+        self._watched_at = now
+        silent = self.orchestrator_silent_s(now)
+        if silent is not None and silent > self._orphan_after:
+            log.warning(
+                "the orchestrator has not been seen for %.0f s (launcher.orphan_timeout_s=%.0f): this role stops",
+                silent,
+                self._orphan_after,
+            )
+            self._orphaned = True
+        return self._orphaned
+
+    def request_halt(self, now: bool = False) -> None:
+        """Ask the orchestrator to stop the run as a signal would (``asyncrl stop``); ``now``: no grace."""
+        self.store.set_flag("halt_now" if now else "halt", True)
+
+    def halt_requested(self) -> tuple[bool, bool]:
+        """(a stop was asked for, without grace) — cleared by :meth:`begin`."""
+        return self.store.flag("halt") or self.store.flag("halt_now"), self.store.flag("halt_now")
 
     def request_stop(self) -> None:
         self.store.set_flag("stop", True)
@@ -180,6 +247,13 @@ class RunState:
 
     def announce_version(self, version: int) -> None:
         self.store.set_value("version", version)
+
+    def record_step(self, step: int) -> None:
+        """The trainer's optimiser steps so far (the summary's ``trainer_steps`` after a resume)."""
+        self.store.set_value("trainer_step", step)
+
+    def trainer_step(self) -> int:
+        return self.store.get("trainer_step")
 
     def record_publish(self, version: int, *, republished: bool = False) -> None:
         self.store.set_value("published", version)

@@ -1,9 +1,16 @@
 """The local launcher (``launcher.kind: local``): role processes on this machine (``multiprocessing``
-with spawn). The contract: :mod:`asyncrl.launch.base`."""
+with spawn). The contract: :mod:`asyncrl.launch.base`.
+
+Each role runs in a session of its own (``setsid``): a terminal's Ctrl-C, a closed terminal's SIGHUP
+and a signal to the launcher's process group (``timeout``, ``kill -- -PGID``) reach the orchestrator
+alone, which stops the roles in order (:mod:`asyncrl.orchestrator.stopping`). A role never outlives
+its orchestrator for long: it watches the orchestrator's heartbeat (``launcher.orphan_timeout_s``).
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +23,7 @@ class LocalLauncher(Launcher):
         self._procs: dict[str, Any] = {}
 
     def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        proc = self._ctx.Process(target=target, args=args, name=name, daemon=False)
+        proc = self._ctx.Process(target=_own_session, args=(target, *args), name=name, daemon=False)
         proc.start()
         self._procs[name] = proc
 
@@ -42,3 +49,9 @@ class LocalLauncher(Launcher):
 
     def names(self) -> list[str]:
         return list(self._procs)
+
+
+def _own_session(target: Callable[..., None], *args: Any) -> None:
+    """A role process's entry: leave the launcher's session and process group, then run the role."""
+    os.setsid()
+    target(*args)

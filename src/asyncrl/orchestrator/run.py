@@ -24,17 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.config import RunConfig, dump_yaml, load_config
+from asyncrl.config import RunConfig, dump_yaml
 from asyncrl.control import RunState
-from asyncrl.cost.ledger import read_reports
-from asyncrl.credentials import check_connections
 from asyncrl.errors import UserError
 from asyncrl.launch import make_launcher
 from asyncrl.orchestrator.alerts import Alert
@@ -42,20 +39,19 @@ from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
+from asyncrl.orchestrator.runctl import process_alive, start_ticks
+from asyncrl.orchestrator.stopping import Stopped, StopSignals
 from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
-from asyncrl.policy.memory import release_memory, set_mmap_threshold
-from asyncrl.telemetry.jsonl import MetricTail, memory
-from asyncrl.telemetry.reports import Decoded, Report, TrainerReport, WorkerReport, decode_rows
+from asyncrl.telemetry.jsonl import MetricTail
+from asyncrl.telemetry.reports import Decoded, TrainerReport, decode_rows
 from asyncrl.transport import make_queue
 
 log = logging.getLogger("asyncrl.orchestrator")
 
 if TYPE_CHECKING:
-    from asyncrl.policy.preflight import ModelPlan
     from asyncrl.transport import TrajectoryQueue
 
 ORCHESTRATOR = "orchestrator"
-CONTEXT_PROBE_TASKS = 4  # held-out and training tasks each whose episode openings the preflight renders
 
 
 def new_run_dir(cfg: RunConfig) -> Path:
@@ -70,9 +66,18 @@ def new_run_dir(cfg: RunConfig) -> Path:
 
 
 class Orchestrator:
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool = False, display: bool = True) -> None:
-
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        display: bool = True,
+        signals: StopSignals | None = None,
+    ) -> None:
         self.cfg, self.run_dir, self.resume, self.display = cfg, run_dir, resume, display
+        self.signals = signals or StopSignals()
+        """Stop signals (:mod:`asyncrl.orchestrator.stopping`): the loop polls them; ``asyncrl stop`` too."""
         self.state = RunState.open(cfg, run_dir)
         sc = cfg.control.state
         if not resume and sc.kind == "redis" and self.state.holds_a_run():
@@ -153,7 +158,7 @@ class Orchestrator:
 
     def _write_pids(self) -> None:
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
-        started = {n: [p, _start_ticks(p)] for n, p in pids.items() if p is not None}
+        started = {n: [p, start_ticks(p)] for n, p in pids.items() if p is not None}
         # replaced whole (temp file + rename): a reader never sees a half-written file
         for name, doc in (("pids.json", pids), ("roles.json", started)):  # operators, fault tests; orphans
             tmp = self.run_dir / f".{name}.tmp"
@@ -344,10 +349,10 @@ class Orchestrator:
         roles = json.loads(roles_file.read_text()) if roles_file.is_file() else {}
         for pid, ticks in roles.values():
             # the same pid AND the same start time: our process, not a later one that reused the pid
-            if pid != os.getpid() and ticks is not None and _start_ticks(pid) == ticks:
+            if pid != os.getpid() and process_alive(pid, ticks):
                 os.kill(int(pid), signal.SIGKILL)
                 end = time.time() + 5.0
-                while _start_ticks(pid) == ticks and time.time() < end and not _zombie(pid):
+                while process_alive(pid, ticks) and time.time() < end:
                     time.sleep(0.05)
         for name in self.state.workers_in_flight():
             self.state.reclaim(name)
@@ -366,16 +371,21 @@ class Orchestrator:
             self._reap_orphans()
 
     def run(self) -> TrainerReport | None:
+        """Start the roles and supervise them until the trainer finishes or a stop is asked for
+        (:attr:`stopped_by`); then stop every role (:meth:`shutdown`)."""
         self.prepare()
-        self._start(TRAINER, resume_trainer=self.resume)
-        for name in self.workers:
-            self._start(name)
-        if self.cfg.telemetry.eval_every > 0:
-            self._start(EVALUATOR)
+        self.signals.arm()  # again: starting Ray replaces the SIGTERM handler with its own
+        if not self.state.trainer_finished():  # a run stopped in its final evaluation has no role to start
+            self._start(TRAINER, resume_trainer=self.resume)
+            for name in self.workers:
+                self._start(name)
+            if self.cfg.telemetry.eval_every > 0:
+                self._start(EVALUATOR)
         view = _Display(self) if self.display else None
         try:
             with view.live() if view else _null():
-                while not self.state.trainer_finished():
+                while not self.state.trainer_finished() and not self._stop_asked():
+                    self.state.beat()
                     time.sleep(0.5)
                     rows = self.tail.poll()
                     for r in rows:
@@ -426,28 +436,39 @@ class Orchestrator:
             flush=True,
         )
 
+    @property
+    def stopped_by(self) -> int | None:
+        """The signal that stopped the run (SIGTERM for ``asyncrl stop``), or None."""
+        return self.signals.signum
+
+    def _stop_asked(self) -> bool:
+        """A stop signal arrived, or ``asyncrl stop`` asked through the control state."""
+        if self.signals.signum is None:
+            halt, now = self.state.halt_requested()
+            if halt:
+                self.signals.request(signal.SIGTERM, force=now)
+        return self.signals.signum is not None
+
     def shutdown(self) -> None:
+        """Every role stops at its next safe point (the ``stop`` flag) within ``launcher.stop_grace_s``
+        (the evaluator within 2 s: an evaluation is not worth waiting for); then, or at a second
+        signal, what is left is killed."""
         self.state.request_stop()
-        for name in self.launcher.names():
-            self.launcher.stop(name, timeout=2.0 if name == EVALUATOR else 20.0)
-            self._ended(name)
+        deadline = time.monotonic() + self.cfg.launcher.stop_grace_s
+        try:
+            for name in self.launcher.names():
+                wait = max(0.0, deadline - time.monotonic())
+                self.launcher.stop(
+                    name,
+                    timeout=0.0 if self.signals.forced else min(wait, 2.0) if name == EVALUATOR else wait,
+                )
+                self._ended(name)
+        except Stopped:  # a second signal: no more grace
+            log.warning("second stop signal: killing the roles now")
+            for name in self.launcher.names():
+                self.launcher.stop(name, timeout=0.0)
+                self._ended(name)
         self.launcher.close()
-
-
-def _start_ticks(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot, /proc/PID/stat field 22); None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 class _null:
@@ -528,297 +549,3 @@ class _Display:
         for k, v in rows:
             table.add_row(k, v)
         return table
-
-
-# ----------------------------------------------------------------------------------------------------
-def train(
-    cfg: RunConfig,
-    *,
-    resume: str | Path | None = None,
-    display: bool = True,
-    eval_limit: int | None = None,
-    run_dir: str | Path | None = None,
-) -> tuple[Path, dict[str, Any]]:
-    """Run the whole job: warm start, initial eval, async RL, final eval, ``summary.json``.
-
-    ``run_dir``: use this (new or empty) directory instead of a fresh ``{run_root}/{name}-{time}``.
-    """
-    from asyncrl.telemetry.experiment import finish_run_record
-
-    t0 = time.time()
-    if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
-        from asyncrl.engine.vllm_backend import preflight
-
-        preflight(cfg)
-    if resume is not None:
-        cfg, run_dir, prior = _resumed(Path(resume))
-    else:
-        run_dir, prior = _fresh(cfg, run_dir, display, eval_limit)
-    orch = Orchestrator(cfg, run_dir, resume=resume is not None, display=display)
-    last = orch.run()
-    final = _final_eval(cfg, run_dir, eval_limit)
-    summary = _summary(
-        cfg, run_dir, orch, last, prior, final, time.time() - t0, make_queue(cfg.transport, run_dir)
-    )
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    finish_run_record(run_dir, summary)
-    return run_dir, summary
-
-
-def _resumed(run_dir: Path) -> tuple[RunConfig, Path, dict[str, Any]]:
-    """``--resume``: the run's own config, and its initial evaluation."""
-    from asyncrl.telemetry.experiment import write_run_record
-
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"--resume {str(run_dir)!r}: not a run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml")
-    check_connections(cfg)  # bad Redis settings fail here, before any work
-    prior = json.loads((run_dir / "initial_eval.json").read_text())
-    write_run_record(cfg, run_dir, resumed=True)
-    return cfg, run_dir, prior
-
-
-def _fresh(
-    cfg: RunConfig, run_dir: str | Path | None, display: bool, eval_limit: int | None
-) -> tuple[Path, dict[str, Any]]:
-    """A new run: preflight, run directory, warm start, version 0 published, initial evaluation."""
-    from asyncrl.policy import Policy, resolve_device
-    from asyncrl.policy.preflight import preflight_model
-    from asyncrl.rollout.heldout import evaluate_policy
-    from asyncrl.telemetry.experiment import write_run_record
-    from asyncrl.trainer.sft import warm_start
-    from asyncrl.weights import make_weight_store, publish_policy
-
-    check_connections(cfg)
-    resolve_device(cfg.model.device)  # a GPU that is not there fails here, before the warm start
-    plan = preflight_model(cfg.model)  # a model directory asyncrl cannot run fails here,
-    if plan is not None and cfg.rollout.tree.enabled and plan.renderer.multi_turn == "per_turn":
-        raise UserError(
-            "rollout.tree replays an episode's turns into one trajectory; model.multi_turn is per_turn "
-            "for this template (set model.multi_turn: bridge, or rollout.tree.enabled: false)"
-        )
-    _check_env(cfg, plan)  # so do a bad env.path or option and a context too small for a turn
-    fresh = run_dir is None or not Path(run_dir).exists()
-    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        write_run_record(cfg, run_dir)
-        set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start
-        ws = warm_start(
-            cfg, progress=display or cfg.telemetry.progress_every_s, eval_limit=eval_limit
-        )  # plain lines without it
-        shutil.copytree(ws.path, run_dir / "initial_policy")
-        policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-        store = make_weight_store(cfg.weights, run_dir)
-        publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
-        # a warm start trained just now was evaluated with this very call (same limit, same
-        # seed) on the weights it saved: reuse it rather than play the held-out set twice
-        prior = ws.report if not ws.cached else evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
-        (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
-        del policy, ws
-        release_memory()  # the warm start's peak is not this supervisor's to keep for the run
-    except BaseException:
-        if fresh:  # nothing ran yet: leave no half-made run directory behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    return run_dir, prior
-
-
-def _final_eval(cfg: RunConfig, run_dir: Path, eval_limit: int | None) -> dict[str, Any]:
-    """Held-out evaluation of the newest valid weights, written to ``final_eval.json``."""
-    from asyncrl.policy import Policy
-    from asyncrl.rollout.heldout import evaluate_policy
-    from asyncrl.weights import make_weight_store
-
-    store = make_weight_store(cfg.weights, run_dir)
-    loaded = store.load_latest()
-    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-    if loaded is not None:
-        policy.load_tensors(loaded.tensors)
-    final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
-    (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
-    return final
-
-
-def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
-    """Build the environment and its task source once: a wrong ``env.path`` or option, or a held-out
-    split smaller than ``env.heldout_size``, raises its :class:`~asyncrl.envs.EnvPluginError` (a user
-    error) now. With a pretrained model's ``plan``, also render the opening of a few episodes
-    (held-out and training tasks) and check that the context holds the longest one plus a whole
-    model turn (``rollout.sampling.max_new_tokens``)."""
-    import asyncio
-    import random
-
-    from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
-
-    source = make_task_source(cfg.env)
-    check_heldout(source, cfg.env)
-    env = make_raw_env(cfg.env)
-    if plan is None or cfg.env.kind == "agent":  # an agent's prompts are its own: the gateway checks them
-        asyncio.run(close_env(env))
-        return
-    rng = random.Random(cfg.seed)
-    tasks = list(source.heldout())[:CONTEXT_PROBE_TASKS] + [
-        source.sample(rng) for _ in range(CONTEXT_PROBE_TASKS)
-    ]
-
-    async def openings() -> list[tuple[int, str]]:
-        tools, out = list(getattr(env, "tools", None) or []), []
-        try:
-            for t in tasks:
-                try:
-                    prompt = str(await call_env(env.reset, t))
-                except Exception:  # a reset that fails is the run's env_error to count, not a preflight's
-                    continue
-                out.append((len(plan.renderer.start(prompt, tools).ids), t.id))
-            return out or [(0, "")]
-        finally:
-            await close_env(env)
-
-    longest, task_id = max(asyncio.run(openings()))
-    turn = cfg.rollout.sampling.max_new_tokens
-    if longest + turn > plan.context:
-        limit = "model.max_context" if cfg.model.max_context is not None else "the model's own context"
-        raise UserError(
-            f"{limit} ({plan.context} tokens) leaves {max(plan.context - longest, 0)} tokens after the "
-            f"longest episode opening ({longest} tokens: system text, tools and the prompt of task "
-            f"{task_id}), less than one model turn (rollout.sampling.max_new_tokens={turn}): set "
-            f"model.max_context to at least {longest + turn} or lower rollout.sampling.max_new_tokens"
-        )
-
-
-def _peak_memory(run_dir: Path) -> dict[str, float]:
-    """Peak resident memory (MB) per role, from the ``mem/peak_rss_mb`` of its metric rows (the
-    highest over restarts), and of this launcher process (warm start and evaluations)."""
-    peaks: dict[str, float] = {}
-    for r in read_reports(run_dir):
-        if isinstance(r, Report) and r.mem is not None:
-            peaks[r.role] = max(peaks.get(r.role, 0.0), r.mem.peak_rss_mb)
-    peaks["launcher"] = memory().peak_rss_mb
-    return dict(sorted(peaks.items()))
-
-
-def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
-    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`)."""
-    w = orch.live.rollout()
-    checked = int(w.token_exact_checked)
-
-    def share_exact(inexact: float) -> float | None:
-        return (1.0 - inexact / checked) if checked else None
-
-    return {
-        "token_exact_checked": checked,
-        "token_exact_rate": share_exact(w.token_inexact),
-        "retokenization_exact_rate": share_exact(w.retokenization_inexact),
-        "retokenization_diff_tokens": int(w.retokenization_diff_tokens),
-    }
-
-
-def _canary(orch: Orchestrator) -> dict[str, int]:
-    """The weight-sync canary over the run: loads checked, versions refused, loads that could not be checked."""
-    c = orch.live.canary()
-    return {
-        "checked": int(c.canary_checked),
-        "failed": int(c.canary_failed),
-        "unverified": int(c.canary_unverified),
-        "alerts": orch.rules.alerts.counts.get("weight_canary", 0),
-    }
-
-
-def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dict[str, Any]:
-    """The run's cost ledger from every role's reports (``cost.json``), reconciled with the wall time."""
-    from asyncrl.cost.ledger import collect_usage, price, stored_bytes
-
-    lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
-    usage = collect_usage(
-        read_reports(run_dir),
-        wall_seconds=orch.rl_seconds,
-        stored_bytes=stored_bytes(run_dir),
-        lifetimes=lifetimes,
-    )
-    cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
-    cost["reconciliation"] = {
-        "device_seconds": usage.device_seconds,
-        "wall_x_devices": orch.rl_seconds * usage.devices,
-        "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
-    }
-    (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
-    return cost
-
-
-def _lending(orch: Orchestrator) -> dict[str, Any]:
-    """Core lending over the run (:mod:`asyncrl.control.lending`): thread-seconds each role borrowed
-    from a waiting one (the ``cores`` section of the roles' latest reports)."""
-    reports: dict[str, WorkerReport | TrainerReport] = {**orch.live.workers}
-    if orch.live.trainer is not None:
-        reports[TRAINER] = orch.live.trainer
-    by_role = {name: round(r.cores.borrowed_thread_seconds, 1) for name, r in reports.items() if r.cores}
-    return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
-
-
-def _summary(
-    cfg: RunConfig,
-    run_dir: Path,
-    orch: Orchestrator,
-    last: TrainerReport | None,
-    prior: dict[str, Any],
-    final: dict[str, Any],
-    wall: float,
-    queue: TrajectoryQueue,
-) -> dict[str, Any]:
-    """``summary.json``; the queue's accounting is read from ``queue`` after the roles stopped (final)."""
-    state = orch.state
-    faults = orch.env_faults()
-    fates = state.fate_counts()
-    ages = state.trained_ages()
-    tallies = state.tallies()
-    hist: dict[str, int] = {}
-    for a in ages:
-        hist[str(a)] = hist.get(str(a), 0) + 1
-    qs = queue.stats()
-    accepted = int(qs.put_total)
-    leftover = int(qs.depth)
-    consumed = sum(fates.values())
-    queue.close()
-    gain = (final["success_rate"] - prior["success_rate"]) * 100
-    cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
-    return {
-        "mode": cfg.control.mode,
-        "initial_success": prior["success_rate"],
-        "final_success": final["success_rate"],
-        "samples_trained": fates.get("trained", 0),
-        "samples_dropped_stale": fates.get("dropped_stale", 0),
-        "samples_dropped_other": sum(v for k, v in fates.items() if k not in ("trained", "dropped_stale")),
-        "samples_left_in_queue": leftover,
-        "samples_accepted": accepted,
-        "samples_admitted": tallies.admitted,
-        # accepted by put = consumed (ledger) + still queued + dead-lettered; dead letters of bytes written into
-        # the queue from outside were never accepted, so they are not subtracted
-        "lost_trajectories": accepted
-        - consumed
-        - leftover
-        - (int(qs.dead_letters) - int(qs.dead_letters_foreign)),
-        "duplicates_recorded": tallies.duplicates,
-        "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
-        "staleness_max": max(ages) if ages else 0,
-        "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "trainer_busy_fraction": last.trainer.busy_fraction if last else 0.0,
-        "wall_seconds": wall,
-        "rl_seconds": orch.rl_seconds,
-        "versions_published": tallies.versions_published,
-        "last_version": tallies.last_published,
-        "trainer_steps": int(last.trainer.step) if last else 0,
-        "restarts": orch.restarts,
-        "dead_letters": int(qs.dead_letters),
-        "dead_letters_foreign": int(qs.dead_letters_foreign),
-        "run_dir": str(run_dir),
-        "cost_usd": cost.get("total_usd"),
-        "cost_waste_share": cost.get("waste_total_share"),
-        "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
-        **_token_exactness(orch),
-        "weights_canary": _canary(orch),
-        **_lending(orch),
-        "peak_rss_mb": _peak_memory(run_dir),
-        "env_faults": {cfg.env.path or cfg.env.kind: faults},
-        "notes": [faults["note"]] if faults["note"] else [],
-    }

@@ -38,7 +38,7 @@ class Evaluator:
         from asyncrl.weights import make_weight_store
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.state = RunState.open(cfg, run_dir)
+        self.state = RunState.for_role(cfg, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)

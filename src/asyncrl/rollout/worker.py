@@ -190,7 +190,7 @@ class RolloutWorker:
         self.cfg, self.run_dir, self.index = cfg, run_dir, index
         self.name = f"rollout-{index}"
         self.rng = random.Random(cfg.seed * 1000 + index * 7919 + os.getpid())
-        self.state = RunState.open(cfg, run_dir)
+        self.state = RunState.for_role(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)

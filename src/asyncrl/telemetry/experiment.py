@@ -115,11 +115,25 @@ def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) ->
     return rec
 
 
-def finish_run_record(run_dir: Path, summary: dict[str, Any]) -> None:
+def update_run_record(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into ``run.json`` (replaced whole: a reader never sees half of it)."""
     path = run_dir / "run.json"
-    rec = json.loads(path.read_text()) if path.is_file() else {}
-    rec.update(status="finished", finished=time.time(), wall_seconds=summary.get("wall_seconds"))
-    path.write_text(json.dumps(rec, indent=2))
+    rec: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    rec.update(fields)
+    tmp = path.with_name(".run.json.tmp")
+    tmp.write_text(json.dumps(rec, indent=2))
+    tmp.replace(path)
+    return rec
+
+
+def finish_run_record(run_dir: Path, summary: dict[str, Any]) -> None:
+    update_run_record(
+        run_dir,
+        status="finished",
+        finished=time.time(),
+        wall_seconds=summary.get("wall_seconds"),
+        trainer_steps=summary.get("trainer_steps"),
+    )
 
 
 # ---- listing and comparing -------------------------------------------------------------------

@@ -92,7 +92,7 @@ class TrainerRole:
         self.cfg, self.run_dir = cfg, run_dir
         torch.manual_seed(cfg.seed)
         self.py_rng = random.Random(cfg.seed)
-        self.state = RunState.open(cfg, run_dir)
+        self.state = RunState.for_role(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
         self.store = make_weight_store(cfg.weights, run_dir)
         self.ckpt_root = run_dir / "checkpoints"
@@ -286,6 +286,7 @@ class TrainerRole:
                 if self.step % sync_every == 0 or self.step == tc.total_steps:
                     self._publish()
                 self.state.announce_version(self.version)
+                self.state.record_step(self.step)
                 # 5. checkpoint every checkpoint_every steps
                 if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
                     self._checkpoint()

@@ -1,0 +1,159 @@
+"""``summary.json``: what a finished run reports — success before and after, the queue's and the
+ledger's accounting (lost, duplicates, staleness), token-exactness, the weight canary, core lending,
+peak memory, environment faults and (with ``cost.enabled``) the cost ledger (``cost.json``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.config import RunConfig
+from asyncrl.cost.ledger import read_reports
+from asyncrl.orchestrator.run import Orchestrator
+from asyncrl.orchestrator.telemetry import TRAINER
+from asyncrl.telemetry.jsonl import memory
+from asyncrl.telemetry.reports import Report, TrainerReport, WorkerReport
+
+if TYPE_CHECKING:
+    from asyncrl.transport import TrajectoryQueue
+
+
+def _peak_memory(run_dir: Path) -> dict[str, float]:
+    """Peak resident memory (MB) per role, from the ``mem/peak_rss_mb`` of its metric rows (the
+    highest over restarts), and of this launcher process (warm start and evaluations)."""
+    peaks: dict[str, float] = {}
+    for r in read_reports(run_dir):
+        if isinstance(r, Report) and r.mem is not None:
+            peaks[r.role] = max(peaks.get(r.role, 0.0), r.mem.peak_rss_mb)
+    peaks["launcher"] = memory().peak_rss_mb
+    return dict(sorted(peaks.items()))
+
+
+def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
+    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`)."""
+    w = orch.live.rollout()
+    checked = int(w.token_exact_checked)
+
+    def share_exact(inexact: float) -> float | None:
+        return (1.0 - inexact / checked) if checked else None
+
+    return {
+        "token_exact_checked": checked,
+        "token_exact_rate": share_exact(w.token_inexact),
+        "retokenization_exact_rate": share_exact(w.retokenization_inexact),
+        "retokenization_diff_tokens": int(w.retokenization_diff_tokens),
+    }
+
+
+def _canary(orch: Orchestrator) -> dict[str, int]:
+    """The weight-sync canary over the run: loads checked, versions refused, loads that could not be checked."""
+    c = orch.live.canary()
+    return {
+        "checked": int(c.canary_checked),
+        "failed": int(c.canary_failed),
+        "unverified": int(c.canary_unverified),
+        "alerts": orch.rules.alerts.counts.get("weight_canary", 0),
+    }
+
+
+def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dict[str, Any]:
+    """The run's cost ledger from every role's reports (``cost.json``), reconciled with the wall time."""
+    from asyncrl.cost.ledger import collect_usage, price, stored_bytes
+
+    lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
+    usage = collect_usage(
+        read_reports(run_dir),
+        wall_seconds=orch.rl_seconds,
+        stored_bytes=stored_bytes(run_dir),
+        lifetimes=lifetimes,
+    )
+    cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
+    cost["reconciliation"] = {
+        "device_seconds": usage.device_seconds,
+        "wall_x_devices": orch.rl_seconds * usage.devices,
+        "ratio": usage.device_seconds / (orch.rl_seconds * usage.devices) if usage.devices else 0.0,
+    }
+    (run_dir / "cost.json").write_text(json.dumps(cost, indent=2))
+    return cost
+
+
+def _lending(orch: Orchestrator) -> dict[str, Any]:
+    """Core lending over the run (:mod:`asyncrl.control.lending`): thread-seconds each role borrowed
+    from a waiting one (the ``cores`` section of the roles' latest reports)."""
+    reports: dict[str, WorkerReport | TrainerReport] = {**orch.live.workers}
+    if orch.live.trainer is not None:
+        reports[TRAINER] = orch.live.trainer
+    by_role = {name: round(r.cores.borrowed_thread_seconds, 1) for name, r in reports.items() if r.cores}
+    return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
+
+
+def summarize(
+    cfg: RunConfig,
+    run_dir: Path,
+    orch: Orchestrator,
+    last: TrainerReport | None,
+    prior: dict[str, Any],
+    final: dict[str, Any],
+    wall: float,
+    queue: TrajectoryQueue,
+) -> dict[str, Any]:
+    """``summary.json``; the queue's accounting is read from ``queue`` after the roles stopped (final)."""
+    state = orch.state
+    faults = orch.env_faults()
+    fates = state.fate_counts()
+    ages = state.trained_ages()
+    tallies = state.tallies()
+    hist: dict[str, int] = {}
+    for a in ages:
+        hist[str(a)] = hist.get(str(a), 0) + 1
+    qs = queue.stats()
+    accepted = int(qs.put_total)
+    leftover = int(qs.depth)
+    consumed = sum(fates.values())
+    queue.close()
+    gain = (final["success_rate"] - prior["success_rate"]) * 100
+    cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
+    return {
+        "mode": cfg.control.mode,
+        "initial_success": prior["success_rate"],
+        "final_success": final["success_rate"],
+        "samples_trained": fates.get("trained", 0),
+        "samples_dropped_stale": fates.get("dropped_stale", 0),
+        "samples_dropped_other": sum(v for k, v in fates.items() if k not in ("trained", "dropped_stale")),
+        "samples_left_in_queue": leftover,
+        "samples_accepted": accepted,
+        "samples_admitted": tallies.admitted,
+        # accepted by put = consumed (ledger) + still queued + dead-lettered; dead letters of bytes written into
+        # the queue from outside were never accepted, so they are not subtracted
+        "lost_trajectories": accepted
+        - consumed
+        - leftover
+        - (int(qs.dead_letters) - int(qs.dead_letters_foreign)),
+        "duplicates_recorded": tallies.duplicates,
+        "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
+        "staleness_max": max(ages) if ages else 0,
+        "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "trainer_busy_fraction": last.trainer.busy_fraction if last else 0.0,
+        "wall_seconds": wall,
+        "rl_seconds": orch.rl_seconds,
+        "versions_published": tallies.versions_published,
+        "last_version": tallies.last_published,
+        # the trainer's own count in the control state: a resumed run whose trainer had nothing left to
+        # train (stopped in its final evaluation) reports every step, never fewer than were trained
+        "trainer_steps": max(int(last.trainer.step) if last else 0, state.trainer_step()),
+        "restarts": orch.restarts,
+        "dead_letters": int(qs.dead_letters),
+        "dead_letters_foreign": int(qs.dead_letters_foreign),
+        "run_dir": str(run_dir),
+        "cost_usd": cost.get("total_usd"),
+        "cost_waste_share": cost.get("waste_total_share"),
+        "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
+        **_token_exactness(orch),
+        "weights_canary": _canary(orch),
+        **_lending(orch),
+        "peak_rss_mb": _peak_memory(run_dir),
+        "env_faults": {cfg.env.path or cfg.env.kind: faults},
+        "notes": [faults["note"]] if faults["note"] else [],
+    }
