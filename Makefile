@@ -52,7 +52,7 @@ bench-venv:
 FAULTS_REPORT ?= runs/faults-report.jsonl
 test-faults: $(STAMP)
 	mkdir -p $(dir $(FAULTS_REPORT)) && rm -f $(FAULTS_REPORT)
-	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py
+	ASYNCRL_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(PY) -m pytest -m faults tests/test_faults.py tests/test_stop.py
 	ASYNCRL_MODEL_EXAMPLES=500 $(PY) -m pytest tests/test_recovery_model.py
 	$(PY) bench/faults_table.py $(FAULTS_REPORT)
 

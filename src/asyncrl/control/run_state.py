@@ -98,8 +98,6 @@ class RunState:
         """The orchestrator starts (or resumes) the run: clear ``stop``; a fresh run starts at version 0
         with the configured ``max_staleness``."""
         self.store.set_flag("stop", False)
-        self.store.set_flag("halt", False)
-        self.store.set_flag("halt_now", False)
         self.beat()
         if not resume:
             self.store.set_value("max_staleness", self.staleness.max_staleness)
@@ -152,7 +150,8 @@ class RunState:
         self.store.set_flag("halt_now" if now else "halt", True)
 
     def halt_requested(self) -> tuple[bool, bool]:
-        """(a stop was asked for, without grace) — cleared by :meth:`begin`."""
+        """(a stop was asked for, without grace) — cleared once the run is stopped (a stop asked for while
+        the run is being prepared is honoured when its supervision begins)."""
         return self.store.flag("halt") or self.store.flag("halt_now"), self.store.flag("halt_now")
 
     def request_stop(self) -> None:

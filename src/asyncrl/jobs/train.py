@@ -93,7 +93,7 @@ def _train(
         queue = make_queue(cfg.transport, run_dir)
         summary = summarize(cfg, run_dir, orch, last, prior, final, time.time() - t0, queue)
     except Stopped as stop:
-        stop.phase = stop.phase or phase
+        stop.phase, where = stop.phase or phase, stop.run_dir or where
         if where is not None and Path(where, "run.json").is_file():
             stop.run_dir = str(where)
             _record_stop(cfg, Path(where), stop)
@@ -188,8 +188,9 @@ def _fresh(
         record_orchestrator(run_dir)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))  # resumable from the first second
         prior = _prepare(cfg, run_dir, display, eval_limit)
-    except Stopped:
-        raise  # the directory stays: `asyncrl train --resume` prepares it again
+    except Stopped as stop:
+        stop.run_dir = str(run_dir)  # the directory stays: `asyncrl train --resume` prepares it again
+        raise
     except BaseException:
         if fresh:  # nothing ran yet: leave no half-made run directory behind
             shutil.rmtree(run_dir, ignore_errors=True)
