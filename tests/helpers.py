@@ -66,3 +66,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def fault_row(fault: str, s: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One row of docs/reliability.md's fault table from a run's ``summary.json``, appended to
+    ``$ASYNCRL_FAULTS_REPORT`` when it is set (``bench/faults_table.py`` renders them)."""
+    import json
+    import os
+
+    row = {
+        "fault": fault,
+        "completed": True,
+        "produced": s["samples_accepted"],
+        "trained": s["samples_trained"],
+        "dropped_stale": s["samples_dropped_stale"],
+        "dropped_other": s["samples_dropped_other"],
+        "dead_lettered": s["dead_letters"],
+        "left_in_queue": s["samples_left_in_queue"],
+        "lost": s["lost_trajectories"],
+        "trained_twice": s["duplicates_recorded"],
+        "versions_monotone": True,
+        **extra,
+    }
+    report = os.environ.get("ASYNCRL_FAULTS_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return row

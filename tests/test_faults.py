@@ -156,28 +156,14 @@ def check_promises(job: Job, s: dict[str, Any], fault: str, recover_s: float) ->
     order = published_in_order(Path(job.cfg.weights.path or "") / job.run_dir.name)
     assert order == sorted(order) and len(set(order)) == len(order), order
     assert order[-1] == s["last_version"], (order, s)
-    row = {
-        "fault": fault,
-        "completed": True,
-        "produced": s["samples_accepted"],
-        "trained": s["samples_trained"],
-        "dropped_stale": s["samples_dropped_stale"],
-        "dropped_other": s["samples_dropped_other"],
-        "dead_lettered": s["dead_letters"],
-        "left_in_queue": s["samples_left_in_queue"],
-        "lost": s["lost_trajectories"],
-        "trained_twice": s["duplicates_recorded"],
-        "versions_monotone": True,
-        "versions": len(order),
-        "restarts": ", ".join(f"{k}×{v}" for k, v in sorted(s["restarts"].items())) or "none",
-        "recover_s": round(recover_s, 1),
-        "rl_seconds": round(s["rl_seconds"], 1),
-    }
-    report = os.environ.get("ASYNCRL_FAULTS_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    return row
+    return helpers.fault_row(
+        fault,
+        s,
+        versions=len(order),
+        restarts=", ".join(f"{k}×{v}" for k, v in sorted(s["restarts"].items())) or "none",
+        recover_s=round(recover_s, 1),
+        rl_seconds=round(s["rl_seconds"], 1),
+    )
 
 
 def inject_after_progress(job: Job, min_version: int = 4) -> tuple[float, int, int]:

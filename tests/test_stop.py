@@ -336,33 +336,9 @@ def test_stop_signal_matrix(
         check_stopped(job, sig, phase, sent)
         took = time.monotonic() - sent
         s = check_resumed(job)
-        _report_row(
-            f"{sig.name} at {moment} ({', '.join(extra) or 'embedded queue'}), then --resume", s, took
-        )
+        fault = f"{sig.name} at {moment} ({', '.join(extra) or 'embedded queue'}), then --resume"
+        helpers.fault_row(fault, s, restarts="none (stopped, resumed)", recover_s=f"stopped in {took:.1f}")
     finally:
         job.cleanup()
         if server is not None:
             server.stop()
-
-
-def _report_row(fault: str, s: dict[str, Any], stop_s: float) -> None:
-    """One row of docs/reliability.md's table (``ASYNCRL_FAULTS_REPORT``, as tests/test_faults.py writes)."""
-    report = os.environ.get("ASYNCRL_FAULTS_REPORT")
-    if not report:
-        return
-    row = {
-        "fault": fault,
-        "completed": True,
-        "produced": s["samples_accepted"],
-        "trained": s["samples_trained"],
-        "dropped_stale": s["samples_dropped_stale"],
-        "dead_lettered": s["dead_letters"],
-        "left_in_queue": s["samples_left_in_queue"],
-        "lost": s["lost_trajectories"],
-        "trained_twice": s["duplicates_recorded"],
-        "versions_monotone": True,
-        "restarts": "none (stopped, resumed)",
-        "recover_s": f"stopped in {stop_s:.1f}",
-    }
-    with open(report, "a") as f:
-        f.write(json.dumps(row) + "\n")

@@ -21,7 +21,8 @@ EXIT_USER_ERROR = 2
 EXIT_CODES = """Exit codes: **0** finished (or nothing to do: `train --resume` of a finished run), **1** failed
 (the run's `run.json` says `failed` with the error), **2** a user mistake (one line on stderr),
 **128 + N** stopped by signal N — 130 for SIGINT (Ctrl-C), 143 for SIGTERM (`kill`, `timeout`,
-Slurm, Kubernetes, and `asyncrl stop`), 129 for SIGHUP. A stopped run stops every role within
+Slurm, Kubernetes, and `asyncrl stop`), 129 for SIGHUP; **75** (`asyncrl role` only) the role's
+orchestrator was gone longer than `launcher.orphan_timeout_s`, so the role stopped. A stopped run stops every role within
 `launcher.stop_grace_s` (the trainer checkpoints first), leaves no process behind, says `stopped` in
 `run.json` and continues with `asyncrl train --resume RUN`; a second signal stops at once
 (docs/reliability.md#stopping-a-run)."""
@@ -548,10 +549,14 @@ def _cmd_role(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncrl.config import load_config
-    from asyncrl.service import run_role, summary_line
+    from asyncrl.service import EXIT_ORPHANED, Orphaned, run_role, summary_line
 
     cfg = load_config(args.config, args.overrides)
-    summary = run_role(args.role, cfg, Path(args.run_dir), index=args.index, wait_s=args.wait)
+    try:
+        summary = run_role(args.role, cfg, Path(args.run_dir), index=args.index, wait_s=args.wait)
+    except Orphaned as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_ORPHANED
     if summary is not None:
         print(summary_line(summary))
     return 0

@@ -9,10 +9,10 @@
   delivered, then runs the worker until the run's ``stop`` flag.
 
 Every role gets the same CONFIG (and ``--set`` overrides). Exit code 0 means the run is over for
-this role (or its orchestrator was gone longer than ``launcher.orphan_timeout_s``: a restarted role
-service waits for the orchestrator's heartbeat before it begins); ``128 + N`` means signal N stopped
-it at its next safe point (the trainer wrote a checkpoint); anything else is a failure its service
-manager should restart. See ``docs/deploy.md``.
+this role; ``128 + N`` means signal N stopped it at its next safe point (the trainer wrote a
+checkpoint); 75 means its orchestrator was gone longer than ``launcher.orphan_timeout_s`` (no
+orphans: it stopped; restarted, it waits for the orchestrator's heartbeat before it begins);
+anything else is a failure its service manager should restart. See ``docs/deploy.md``.
 """
 
 from __future__ import annotations
@@ -82,13 +82,28 @@ def run_role(
     wait_until_prepared(run_dir, wait_s)
     wait_for_orchestrator(cfg, run_dir, wait_s)
     with stop_signals() as signals:  # SIGTERM from the service manager: stop here, at the next safe point
-        _run_compute_role(role, cfg, run_dir, index, signals)
+        orphaned = _run_compute_role(role, cfg, run_dir, index, signals)
     if signals.signum is not None:
         raise Stopped(signals.signum, f"the {role} role")
+    if orphaned:
+        raise Orphaned(
+            f"asyncrl role {role}: the orchestrator of {run_dir} was silent for more than "
+            f"launcher.orphan_timeout_s ({cfg.launcher.orphan_timeout_s:.0f}s); stopped (restart this service: "
+            "it waits for the orchestrator)"
+        )
     return None
 
 
-def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, signals: StopSignals) -> None:
+class Orphaned(Exception):
+    """A role service stopped because its orchestrator was gone (exit :data:`EXIT_ORPHANED`)."""
+
+
+EXIT_ORPHANED = 75
+"""EX_TEMPFAIL: a failure to its service manager (``Restart=on-failure`` restarts it), not a finished run."""
+
+
+def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, signals: StopSignals) -> bool:
+    """Run the trainer (or one of its ranks) or a rollout worker; True if it stopped as an orphan."""
     started = time.time()
     if role == "trainer":
         from asyncrl.trainer.process import TrainerRole
@@ -99,12 +114,12 @@ def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, sig
 
             rank = _rank_from_env(cfg.trainer.world_size)
             trainer_rank_main(cfg.model_dump_json(), str(run_dir), True, rank, ENV_RENDEZVOUS, 0)
-            return
+            return False
         trainer = TrainerRole(cfg, run_dir, resume=True, started=started)
         signals.on_signal = trainer.state.stop_here
         with signals.mode(raising=False):
             trainer.run()
-        return
+        return trainer.state.orphaned()
     import asyncio
 
     state = RunState.open(cfg, run_dir)
@@ -115,6 +130,7 @@ def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, sig
     signals.on_signal = worker.state.stop_here
     with signals.mode(raising=False):
         asyncio.run(worker.run())
+    return worker.state.orphaned()
 
 
 def wait_for_orchestrator(cfg: RunConfig, run_dir: Path, timeout_s: float, poll_s: float = 1.0) -> None:
