@@ -182,7 +182,9 @@ def test_killed_job_resumes_version_sequence_without_training_twice(tmp_path: Pa
     state = RunState.open(cfg, run_dir)
     wait_for(lambda: state.version() >= 5, 240, "a few published versions")
     before = _published_versions(run_dir)
-    os.killpg(job.pid, signal.SIGKILL)  # the whole job: orchestrator, trainer and workers
+    os.killpg(
+        job.pid, signal.SIGKILL
+    )  # the job's process group: its roles (own sessions) live on until reaped
     job.wait(30)
     assert list((run_dir / "checkpoints").glob("step_*")), "a checkpoint existed before the crash"
     res = subprocess.run(
