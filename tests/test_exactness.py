@@ -53,20 +53,22 @@ def garbage_opening(monkeypatch: pytest.MonkeyPatch, r: Renderer) -> None:
     monkeypatch.setattr(r, "start", bad_start)
 
 
-# -- per turn ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["qwen3", "mistral_v03"])
-def test_a_garbage_prompt_is_flagged_on_the_per_turn_path(
+# -- per turn and bridge ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["qwen3", "mistral_v03", "smollm2", "llama31"])
+def test_a_garbage_prompt_is_flagged_on_the_per_turn_and_bridge_paths(
     name: str, base: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     r = family_renderer(name, base)
-    assert r.multi_turn == "per_turn"
+    per_turn = r.multi_turn == "per_turn"  # Qwen3 and Mistral v0.3; the others bridge
+    assert per_turn == (name in ("qwen3", "mistral_v03"))
     trajs, _, engine = play(r, tool_episode(name, r), ["41"])
-    assert [t.render_diff for t in trajs] == [0, 0]  # the honest episode is checked and exact
-    monkeypatch.setattr(r, "next_prompt", lambda conv, text: list(GARBAGE))  # the second turn's prompt
-    trajs, _, engine = play(r, tool_episode(name, r), ["41"])
-    assert engine.prompts[1] == GARBAGE and trajs[1].token_ids()[:3] == GARBAGE
-    assert trajs[0].render_diff == 0 and trajs[1].render_diff and trajs[1].render_diff > 0
-    garbage_opening(monkeypatch, r)  # and the first turn's
+    assert [t.render_diff for t in trajs] == ([0, 0] if per_turn else [0])  # honest: checked, exact
+    if per_turn:  # the second turn's prompt alone
+        monkeypatch.setattr(r, "next_prompt", lambda conv, text: list(GARBAGE))
+        trajs, _, engine = play(r, tool_episode(name, r), ["41"])
+        assert engine.prompts[1] == GARBAGE and trajs[1].token_ids()[:3] == GARBAGE
+        assert trajs[0].render_diff == 0 and trajs[1].render_diff and trajs[1].render_diff > 0
+    garbage_opening(monkeypatch, r)  # the first turn's
     trajs, _, engine = play(r, tool_episode(name, r), ["41"])
     assert engine.prompts[0] == GARBAGE and all(t.render_diff and t.render_diff > 0 for t in trajs)
 
@@ -88,20 +90,7 @@ def test_a_per_turn_history_the_template_cannot_render_is_unchecked(
     assert calls[0] == 4 and [t.render_diff for t in trajs] == [None, None]
 
 
-# -- bridge -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["smollm2", "llama31"])
-def test_a_garbage_prompt_is_flagged_on_the_bridge_path(
-    name: str, base: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    r = family_renderer(name, base)
-    assert r.multi_turn == "bridge"
-    [honest], _, _ = play(r, tool_episode(name, r), ["41"])
-    assert honest.render_diff == 0
-    garbage_opening(monkeypatch, r)
-    [traj], _, engine = play(r, tool_episode(name, r), ["41"])
-    assert engine.prompts[0] == GARBAGE and traj.render_diff and traj.render_diff > 0
-
-
+# -- unchecked, not exact ---------------------------------------------------------------------------
 def test_a_bridged_chat_the_template_cannot_check_is_unchecked_not_exact(
     base: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
