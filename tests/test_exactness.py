@@ -164,6 +164,23 @@ def test_per_call_gateway_samples_are_exact_by_construction_and_unchecked() -> N
     assert [t.render_diff for t in trajs] == [None, None]
 
 
+def test_a_session_whose_chat_holds_turns_not_sampled_here_is_unchecked() -> None:
+    gw = make_gateway(TextEngine(["<answer>12</answer>"]))
+    few_shot: Any = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<answer>4</answer>"},  # written by the client, not sampled
+        {"role": "user", "content": "3*4?"},
+    ]
+
+    async def body(gw: Gateway) -> Any:
+        s = gw.sessions.open(TASK)
+        await client(gw, s.key).chat.completions.create(model=MODEL, messages=few_shot)
+        return s
+
+    [traj] = build_trajectories(serve(gw, body), 1.0, "success", renderer=RENDER)
+    assert traj.reward_components["gateway/per_call"] == 0.0 and traj.render_diff is None
+
+
 # -- counted: the rate over checked samples, the unchecked beside it ---------------------------------
 def _sample(render_diff: int | None) -> Trajectory:
     turns = [

@@ -268,8 +268,9 @@ class Renderer(ABC):
         """Tokens where ``ids`` (sampled turns + rendered deltas) disagree with :meth:`splice` of
         the same chat: 0 means the deltas are exactly what the template renders. ``None`` when that
         cannot be checked: the template is not prefix-stable (a whole-chat rendering differs from
-        the prompts it gave by design), cannot render the chat, or a turn's place is not found."""
-        if not self.prefix_stable:
+        the prompts it gave by design), cannot render the chat, or its assistant messages are not
+        the sampled turns one for one (a chat a gateway client wrote turns into)."""
+        if not self.prefix_stable or sum(m["role"] == "assistant" for m in messages) != len(turn_ids):
             return None
         try:
             ref = self.splice(messages, turn_ids, tools)
@@ -398,8 +399,6 @@ class TextRenderer(Renderer):
     def splice(
         self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
     ) -> list[int] | None:
-        if sum(m["role"] == "assistant" for m in messages) != len(turn_ids):
-            return None
         out, turns = [self.bos], iter(turn_ids)
         for m in messages:
             out += next(turns) if m["role"] == "assistant" else self._messages([m])
@@ -809,8 +808,6 @@ class HFChatRenderer(Renderer):
     ) -> list[int] | None:
         """The whole chat with each sampled turn's ids spliced in where the template puts an
         assistant message's content; ``None`` when a turn's place cannot be found."""
-        if sum(m["role"] == "assistant" for m in messages) != len(turn_ids):
-            return None
         gen = bool(messages) and messages[-1]["role"] != "assistant"
         turns = iter(turn_ids)
         marked, parts = [], {}
