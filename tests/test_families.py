@@ -2,7 +2,9 @@
 special tokens and published ``generation_config`` end ids (``tests/families.py`` says where each
 template text comes from): what the template probe finds, what the one preflight (``asyncrl
 train`` and ``asyncrl model info``) decides, a 2-step ``asyncrl train`` per family, and the
-family table of ``docs/models.md``, which these tests generate and check.
+family table of ``docs/models.md``, which these tests generate and check — every column, the
+exactness one recomputed from scripted episodes on the renderer ``train`` builds (the 2-step train
+of ``make test-models`` must agree with it).
 
 Families ``train`` still refuses are ``xfail(strict=True)`` with the missing piece named, so the
 change that makes one train flips its test (and the table must then be regenerated:
@@ -22,10 +24,13 @@ import pytest
 
 from asyncrl.config import ModelConfig, load_config
 from asyncrl.errors import UserError
+from asyncrl.policy.chat import Renderer
 from asyncrl.policy.preflight import preflight_model
 from asyncrl.policy.template_probe import probe_template
+from asyncrl.rollout.heldout import retokenization_stats
 from families import FAMILIES, build_tokenizer, end_ids, write_family_model
 from models_util import REPO, load_tokenizer, smollm2_dir
+from test_families_render import call_text, play, sampled
 
 DOC = REPO / "docs" / "models.md"
 BEGIN, END = "<!-- families table: begin (python tests/test_families.py) -->", "<!-- families table: end -->"
@@ -186,9 +191,10 @@ def test_a_context_too_small_for_one_turn_is_an_error_before_a_run_directory(
 # ---------------------------------------------------------------------------------------------
 # a 2-step asyncrl train per family, and the table of docs/models.md
 # ---------------------------------------------------------------------------------------------
-def family_row(name: str, directory: Path, exactness: str) -> str:
+def family_row(name: str, directory: Path, exactness: str | None = None) -> str:
     """One row of the family table: loads, multi-turn mode, tool format, observation role,
-    exactness, and what the probe found in the template."""
+    exactness (default: :func:`scripted_exactness` on the renderer the preflight builds), and what
+    the probe found in the template."""
     title = FAMILIES[name].title
     try:
         plan = preflight_model(ModelConfig(path=str(directory)))
@@ -197,10 +203,41 @@ def family_row(name: str, directory: Path, exactness: str) -> str:
         return f"| {title} | no: {reason} | — | — | — | — | {_notes(name, directory)} |"
     assert plan is not None
     mode = plan.multi_turn.split(" ")[0]
+    exactness = exactness if exactness is not None else scripted_exactness(name, plan.renderer)
     return (
         f"| {title} | yes | {mode} | {plan.tool_format} | {plan.observation_role} | {exactness} "
         f"| {_notes(name, directory)} |"
     )
+
+
+def exactness_cell(rate: float | None, unchecked: int) -> str:
+    """The exactness column: the token-exact share of the checked samples, the unchecked beside it."""
+    return f"{'—' if rate is None else f'{rate:.2f}'} ({unchecked} unchecked)"
+
+
+def scripted_exactness(name: str, r: Renderer) -> str:
+    """Exactness of scripted tool episodes on ``r`` (calls in the family's format, reasoning for
+    Qwen3, unicode and padded observations, a turn cut short before its end token): each sample
+    checked against the template's own rendering, as in a run."""
+    episodes = [
+        (
+            [
+                sampled(r, call_text(name, r, "x")),
+                sampled(r, call_text(name, r, "ünïcödé")),
+                sampled(r, "<answer>42</answer>"),
+            ],
+            ["x = 41", "  padded result \n\n"],
+            "stop",
+        ),
+        (
+            [sampled(r, call_text(name, r, "x"), close=False), sampled(r, "<answer>1</answer>")],
+            ["v"],
+            "length",
+        ),
+    ]
+    trajs = [t for turns, obs, finish in episodes for t in play(r, turns, obs, finish=finish)[0]]
+    stats = retokenization_stats(trajs)
+    return exactness_cell(stats["token_exact_rate"], stats["token_exact_unchecked"])
 
 
 def _notes(name: str, directory: Path) -> str:
@@ -258,33 +295,30 @@ def test_two_steps_of_asyncrl_train_per_family(
     summary = _train_two_steps(family_dirs[name], tmp_path)
     assert summary["trainer_steps"] == 2 and summary["lost_trajectories"] == 0
     assert summary["token_exact_checked"] > 0 and summary["token_exact_rate"] == 1.0
-    row = family_row(name, family_dirs[name], f"{summary['token_exact_rate']:.2f}")
+    cell = exactness_cell(summary["token_exact_rate"], summary["token_exact_unchecked"])
+    row = family_row(name, family_dirs[name], cell)  # the train agrees with the scripted episodes
     assert doc_rows().get(FAMILIES[name].title) == row, (
-        "docs/models.md is stale: python tests/test_families.py"
+        "docs/models.md is stale (python tests/test_families.py), or the 2-step train's exactness "
+        "differs from the scripted episodes'"
     )
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_family_table_in_the_docs_is_current(name: str, family_dirs: dict[str, Path]) -> None:
-    """The loads / mode / tool format / role / notes columns, from the preflight (the exactness
-    column is checked by the 2-step train test)."""
+    """Every column recomputed: loads / mode / tool format / role / notes from the preflight, the
+    exactness from scripted episodes on the preflight's renderer — nothing read back from the doc."""
     row = doc_rows().get(FAMILIES[name].title, "")
-    cells = row.split(" | ")
-    want = family_row(name, family_dirs[name], cells[5] if len(cells) > 5 else "?").split(" | ")
-    assert cells == want, "docs/models.md is stale: python tests/test_families.py"
+    assert row.split(" | ") == family_row(name, family_dirs[name]).split(" | "), (
+        "docs/models.md is stale: python tests/test_families.py"
+    )
 
 
 def write_table(tmp: Path) -> str:
-    """Regenerate the table: preflight every family, train the ones that load for 2 steps."""
+    """Regenerate the table: preflight every family, scripted episodes on the ones that load."""
     rows = ["| family | loads | multi-turn | tool format | observation role | exactness | template |"]
     rows.append("|---|---|---|---|---|---|---|")
     for name in FAMILIES:
-        directory = write_family_model(tmp / name, name)
-        try:
-            exactness = f"{_train_two_steps(directory, tmp / (name + '-runs'))['token_exact_rate']:.2f}"
-        except UserError:
-            exactness = "—"
-        rows.append(family_row(name, directory, exactness))
+        rows.append(family_row(name, write_family_model(tmp / name, name)))
     text = DOC.read_text()
     table = "\n".join([BEGIN, *rows, END])
     DOC.write_text(text[: text.index(BEGIN)] + table + text[text.index(END) + len(END) :])

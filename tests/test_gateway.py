@@ -203,6 +203,7 @@ def test_edited_history_gives_flagged_per_call_samples_never_retokenised() -> No
     for t, c in zip(trajs, s.calls, strict=True):
         assert t.token_ids() == c.prompt_ids + c.completion_ids
         assert t.final_reward == 0.5 and t.group_id == "g" and t.reward_components["gateway/per_call"] == 1.0
+        assert t.render_diff is None  # exact by construction: unchecked, not counted exact
 
 
 def test_auxiliary_calls_are_recorded_but_not_trained() -> None:

@@ -613,9 +613,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     if s.get("token_exact_rate") is not None:
         print(
-            f"token-exact samples {s['token_exact_rate']:.0%} of {s['token_exact_checked']}; a re-tokenising "
+            f"token-exact samples {s['token_exact_rate']:.0%} of {s['token_exact_checked']} checked "
+            f"({s.get('token_exact_unchecked', 0)} unchecked); a re-tokenising "
             f"framework would have matched {s['retokenization_exact_rate']:.0%}"
         )
+    elif s.get("token_exact_unchecked"):
+        print(f"token-exactness: none of {s['token_exact_unchecked']} samples could be checked")
     print(f"run directory: {run_dir}")
 
     print(f"report: {write_report(run_dir, credit_view=credit_fragment)}")

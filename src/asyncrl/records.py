@@ -129,11 +129,13 @@ class Trajectory(msgspec.Struct, kw_only=True):
     0: ``rollout.group_size``."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
-    """Token-exactness of this sample: tokens where the trained ids disagree with the prompt ids
-    the engine was actually given + the ids it sampled, plus (bridged episodes on a prefix-stable
-    template) where they disagree with the template's rendering of the whole chat with the
-    sampled ids spliced in. 0: token-exact. Set on every trajectory of every path (episodes,
-    gateway sessions, evaluation); ``None`` only in records built by hand."""
+    """Token-exactness of this sample: tokens where the trained ids disagree with a rendering made
+    apart from the one that built them — bridged episodes and merged gateway sessions: the
+    template's rendering of the whole chat with the sampled ids spliced in; per-turn samples: the
+    template's rendering of the history before the turn, against the prompt the engine was given.
+    0: token-exact. ``None``: unchecked (no such rendering: a template that is not prefix-stable
+    bridged, a chat it cannot render, a per-call gateway sample, nothing sampled) — never counted
+    exact (``asyncrl.policy.exactness``)."""
     retokenization_diff: int | None = None
     """Tokens where rendering the finished chat as *text* and tokenising it anew would disagree
     with the sampled ids (a model may sample a non-canonical tokenisation, e.g. "\\n\\n" + "1"

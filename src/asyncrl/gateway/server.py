@@ -238,6 +238,8 @@ class Gateway:
                 [t.model_dump() for t in req.tools or []],
                 replies,
                 records[0],
+                self.messages.messages(list(req.messages)),
+                self.messages.schemas(req.tools or []),
             )
         completion_tokens = sum(len(r.completion_ids) for r in records)
         return response_body(completion_id(), self.cfg.model_name, choices, len(prompt), completion_tokens)

@@ -12,6 +12,16 @@ When the agent finishes, :func:`build_trajectories` turns the calls into traject
   reward, group and ``episode_id`` (credit baselines count the episode once), flagged
   ``reward_components["gateway/per_call"] = 1``. Text is never re-tokenised to force a merge.
 
+Token-exactness (``render_diff``): a per-call sample is one call's prompt + completion, exact by
+construction — there is nothing independent to compare it with, so it is *unchecked* (``None``),
+not counted exact. A merged sample extends call by call by definition (that is the merge rule), so
+it is checked against the template instead: the last request's chat rendered whole, with every
+call's sampled completion spliced in where its assistant message goes (``Renderer.spliced_diff``) —
+a prompt the engine was given that the template would not render (a wrong first prompt, a wrong
+delta) shows up there. ``None`` without a renderer, when the last call's chat was not kept (its
+``n`` > 1), or when the template cannot check the chat (not prefix-stable, assistant messages that
+were not sampled here).
+
 Calls marked auxiliary (header ``X-Asyncrl-Auxiliary: 1``, e.g. a summariser) are recorded but not
 trained on. A session whose first call is more than ``max_staleness`` versions older than the
 newest weights is finished as *stale*: its samples are dropped and counted.
@@ -25,7 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.policy.chat import Renderer, count_differences, engine_diff
+from asyncrl.policy.chat import Message, Renderer
+from asyncrl.policy.exactness import count_differences
 from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -53,6 +64,10 @@ class LastCall:
     tools: list[dict[str, Any]]
     replies: set[ReplyKey]
     record: CallRecord
+    chat: list[Message] = field(default_factory=list)
+    """The request's messages as the renderer takes them (the merged sample's exactness check)."""
+    schemas: list[dict[str, Any]] | None = None
+    """The request's tools as the renderer takes them."""
 
 
 @dataclass
@@ -122,16 +137,14 @@ def build_trajectories(
     sampling: SamplingParams | None = None,
     renderer: Renderer | None = None,
 ) -> list[Trajectory]:
-    """The session's (non-auxiliary) calls as trajectories; see the module docstring.
-
-    Every trajectory carries its exactness: ``render_diff`` counts where the trained ids differ
-    from the prompt each call's engine was given + the ids it sampled; ``retokenization_diff``
-    where decoding the trained ids to text and tokenising it anew would differ (with a renderer)."""
+    """The session's (non-auxiliary) calls as trajectories; see the module docstring for their
+    exactness (``render_diff``); ``retokenization_diff`` counts where decoding the trained ids to
+    text and tokenising it anew would differ (with a renderer)."""
     calls = [c for c in session.calls if not c.auxiliary]
     sp = sampling or SamplingParams()
     episode = new_id()
 
-    def traj(turns: list[Turn], per_call: bool, served: list[CallRecord], samples: int) -> Trajectory:
+    def traj(turns: list[Turn], per_call: bool, samples: int, render_diff: int | None) -> Trajectory:
         life = Lifecycle(created=session.created, rollout_start=session.created, rollout_end=time.time())
         t = Trajectory(
             id=new_id(),
@@ -145,12 +158,9 @@ def build_trajectories(
             sampling=sp,
             episode_id=episode,
             episode_samples=samples,
+            render_diff=render_diff,
         )
-        trained = t.token_ids()
-        offsets = [o for o, turn in zip(_offsets(turns), turns, strict=True) if turn.role == "model"]
-        seen = [(o, c.prompt_ids, c.completion_ids) for o, c in zip(offsets, served, strict=True)]
-        t.render_diff = engine_diff(trained, seen)
-        t.retokenization_diff = _retokenized(renderer, trained)
+        t.retokenization_diff = _retokenized(renderer, t.token_ids())
         t.reward_components["outcome"] = reward
         t.reward_components["gateway/per_call"] = float(per_call)
         t.validate()
@@ -167,7 +177,7 @@ def build_trajectories(
         )
 
     if not calls:
-        return [traj([], False, [], 1)]
+        return [traj([], False, 1, None)]
     if all(extends(a, b) for a, b in itertools.pairwise(calls)):
         turns = [Turn(role="env", token_ids=list(calls[0].prompt_ids)), model(calls[0])]
         for a, b in itertools.pairwise(calls):
@@ -176,18 +186,22 @@ def build_trajectories(
                 Turn(role="tool", token_ids=obs, started_at=a.ended_at, ended_at=b.started_at),
                 model(b),
             ]
-        return [traj(turns, False, calls, 1)]
+        return [traj(turns, False, 1, _merged_diff(session, calls, renderer))]
     return [
-        traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], True, [c], len(calls)) for c in calls
+        traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], True, len(calls), None)
+        for c in calls
     ]
 
 
-def _offsets(turns: list[Turn]) -> list[int]:
-    out, pos = [], 0
-    for t in turns:
-        out.append(pos)
-        pos += len(t.token_ids)
-    return out
+def _merged_diff(session: Session, calls: list[CallRecord], renderer: Renderer | None) -> int | None:
+    """Tokens where a merged sample (the last call's prompt + completion) differs from the template's
+    rendering of the last request's chat with every call's completion spliced in; ``None``: unchecked."""
+    last = session.last
+    if renderer is None or last is None or last.record is not calls[-1]:
+        return None
+    ids = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
+    chat: list[Message] = [*last.chat, {"role": "assistant", "content": ""}]  # the last completion's place
+    return renderer.spliced_diff(ids, chat, [c.completion_ids for c in calls], last.schemas)
 
 
 def _retokenized(renderer: Renderer | None, ids: list[int]) -> int:

@@ -32,7 +32,8 @@ def _peak_memory(run_dir: Path) -> dict[str, float]:
 
 
 def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
-    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`)."""
+    """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`):
+    the rate counts only checked samples; the unchecked ones are reported beside it."""
     w = orch.live.rollout()
     checked = int(w.token_exact_checked)
 
@@ -41,6 +42,7 @@ def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
 
     return {
         "token_exact_checked": checked,
+        "token_exact_unchecked": int(w.token_exact_unchecked),
         "token_exact_rate": share_exact(w.token_inexact),
         "retokenization_exact_rate": share_exact(w.retokenization_inexact),
         "retokenization_diff_tokens": int(w.retokenization_diff_tokens),

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.errors import UserError
+from asyncrl.policy.exactness import count_differences
 from asyncrl.policy.template_probe import end_ids_of
 from asyncrl.policy.toolcalls import ToolCallFormat, detect_format, make_format, tool_schema
 
@@ -72,31 +73,6 @@ ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer
 
 class ChatTemplateError(UserError, ValueError):
     """A tokenizer or chat template asyncrl cannot render episodes with; the message names the fix."""
-
-
-def count_differences(ids: list[int], reference: list[int]) -> int:
-    """Positions where ``ids`` and the re-rendered ``reference`` disagree, plus missing positions.
-
-    Compared over ``len(ids)``: the template's closing text after the last message (which was
-    never sampled) is not counted.
-    """
-    n = len(ids)
-    diff = sum(1 for a, b in zip(ids, reference[:n], strict=False) if a != b)
-    return diff + max(0, n - len(reference))
-
-
-def engine_diff(trained: list[int], seen: list[tuple[int, list[int], list[int]]]) -> int:
-    """Exactness of one trained sample: tokens where ``trained`` disagrees with what the engine saw.
-
-    ``seen``: per model turn, ``(offset of the turn in trained, prompt ids the engine was given,
-    ids it sampled)``. The prompt must be ``trained[:offset]`` and the sampled ids must follow it;
-    0 means the trained ids are exactly the engine's prompts + its samples.
-    """
-    diff = 0
-    for offset, prompt, sampled in seen:
-        diff += count_differences(prompt, trained[:offset]) + abs(len(prompt) - offset)
-        diff += count_differences(sampled, trained[offset : offset + len(sampled)])
-    return diff
 
 
 @dataclass
@@ -274,16 +250,37 @@ class Renderer(ABC):
     def retokenization_diff(self, conv: Conversation) -> int:
         return count_differences(conv.ids, self.reference_ids(conv.messages, conv.schemas or None))
 
-    def spliced_ids(self, conv: Conversation) -> list[int] | None:
-        """The whole chat rendered at once with each model turn's *sampled ids* spliced in (its
-        text never re-encoded); ``None`` if the template cannot be rendered that way."""
+    def splice(
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+    ) -> list[int] | None:
+        """The whole chat rendered at once with each assistant message replaced by the *sampled
+        ids* of its turn (``turn_ids``, in order; its text never re-encoded); ``None`` if the
+        template cannot be rendered that way."""
         return None
 
+    def spliced_diff(
+        self,
+        ids: list[int],
+        messages: list[Message],
+        turn_ids: list[list[int]],
+        tools: list[dict[str, Any]] | None,
+    ) -> int | None:
+        """Tokens where ``ids`` (sampled turns + rendered deltas) disagree with :meth:`splice` of
+        the same chat: 0 means the deltas are exactly what the template renders. ``None`` when that
+        cannot be checked: the template is not prefix-stable (a whole-chat rendering differs from
+        the prompts it gave by design), cannot render the chat, or its assistant messages are not
+        the sampled turns one for one (a chat a gateway client wrote turns into)."""
+        if not self.prefix_stable or sum(m["role"] == "assistant" for m in messages) != len(turn_ids):
+            return None
+        try:
+            ref = self.splice(messages, turn_ids, tools)
+        except ChatTemplateError:
+            return None
+        return None if ref is None else count_differences(ids, ref)
+
     def render_diff(self, conv: Conversation) -> int | None:
-        """Tokens where the appended ids disagree with a whole-chat rendering of the same sampled
-        turns: 0 means the deltas are exactly what the template renders; ``None``: not checkable."""
-        ref = self.spliced_ids(conv)
-        return None if ref is None else count_differences(conv.ids, ref)
+        """:meth:`spliced_diff` of an episode's bridged chat (``None``: not checkable)."""
+        return self.spliced_diff(conv.ids, conv.messages, conv.turn_ids, conv.schemas or None)
 
     # -- text ----------------------------------------------------------------------------------
     def turn_text(self, ids: list[int]) -> str:
@@ -399,9 +396,11 @@ class TextRenderer(Renderer):
     def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.render(messages, tools)
 
-    def spliced_ids(self, conv: Conversation) -> list[int] | None:
-        out, turns = [self.bos], iter(conv.turn_ids)
-        for m in conv.messages:
+    def splice(
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+    ) -> list[int] | None:
+        out, turns = [self.bos], iter(turn_ids)
+        for m in messages:
             out += next(turns) if m["role"] == "assistant" else self._messages([m])
         return out
 
@@ -804,14 +803,15 @@ class HFChatRenderer(Renderer):
         text = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
-    def spliced_ids(self, conv: Conversation) -> list[int] | None:
+    def splice(
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+    ) -> list[int] | None:
         """The whole chat with each sampled turn's ids spliced in where the template puts an
         assistant message's content; ``None`` when a turn's place cannot be found."""
-        tools = conv.schemas or None
-        gen = bool(conv.messages) and conv.messages[-1]["role"] != "assistant"
-        turns = iter(conv.turn_ids)
+        gen = bool(messages) and messages[-1]["role"] != "assistant"
+        turns = iter(turn_ids)
         marked, parts = [], {}
-        for i, m in enumerate(conv.messages):
+        for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 ids = next(turns)
                 parts[_mark(i)] = ids[:-1] if self.closes_turn(ids) else list(ids)

@@ -8,8 +8,13 @@ own chat template with its tool-call format:
   decoded only to hand it to the environment (translated from the model's tool-call format to
   the canonical ``<tool>NAME(ARGS)</tool>`` action), never re-encoded.
 * Observations are appended as rendered deltas; the history is never re-rendered. At the end the
-  whole chat is rendered once for comparison only: ``Trajectory.retokenization_diff`` counts
-  the tokens a re-tokenising framework would have got wrong (0 = exact).
+  chat is rendered again for comparison only. ``Trajectory.render_diff`` (token-exactness) compares
+  the sample with a rendering made apart from the one that built it: bridged, the template's
+  rendering of the whole chat with the sampled ids spliced in; per turn, the template's rendering
+  of the history before each turn against the prompt the engine was given. ``None`` where the
+  template cannot make that rendering (not prefix-stable, a chat it cannot render) or nothing was
+  sampled — unchecked, never counted exact. ``Trajectory.retokenization_diff`` counts the tokens a
+  re-tokenising framework would have got wrong (0 = exact).
 * The loss mask is 1 only on model-sampled tokens (see :meth:`Trajectory.loss_mask`).
 * The context limit (``model.max_context``) is enforced: an episode that would not fit ends
   with outcome ``truncated``; so does one that uses up ``env.max_turns`` model turns.
@@ -35,7 +40,8 @@ from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import EnvResetError, StepResult
 from asyncrl.envs.base import Environment
-from asyncrl.policy.chat import ChatTemplateError, Conversation, Renderer, count_differences, engine_diff
+from asyncrl.policy.chat import ChatTemplateError, Conversation, Renderer
+from asyncrl.policy.exactness import count_differences, engine_diff, ids_diff
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -109,7 +115,7 @@ def _reset_failed(traj: Trajectory, exc: EnvResetError) -> Trajectory:
     traj.turns.append(
         Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc)))
     )
-    traj.render_diff = traj.retokenization_diff = 0  # nothing was rendered or sampled
+    traj.render_diff = traj.retokenization_diff = None  # nothing sampled: nothing to check (unchecked)
     traj.lifecycle.rollout_end = time.time()
     return traj
 
@@ -143,7 +149,7 @@ async def _run_episode(
     if len(prompt) >= settings.max_context:
         traj.turns.append(Turn(role="env", token_ids=prompt[: settings.max_context]))
         traj.outcome = "truncated"
-        traj.render_diff = traj.retokenization_diff = 0
+        traj.render_diff = traj.retokenization_diff = None  # nothing sampled: nothing to check
         life.rollout_end = time.time()
         return [traj]
     seen: list[_Seen] = []
@@ -245,8 +251,10 @@ def _finish(traj: Trajectory) -> Trajectory:
 def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Conversation) -> Trajectory:
     """Bridge mode: the episode as one sample — the opening prompt, then each sampled turn and
     the observation delta after it. Exactness: the trained ids against every prompt the engine
-    was given + its samples, and (prefix-stable templates) against the template's own rendering
-    of the whole chat with the sampled ids spliced in."""
+    was given + its samples (bookkeeping: the sample is built from them), and against the
+    template's own rendering of the whole chat with the sampled ids spliced in (the independent
+    check). Where the template cannot make that rendering the sample is unchecked (``None``)
+    unless the bookkeeping already found a difference."""
     opening = seen[0].prompt if seen else list(conv.ids)
     traj.turns.append(Turn(role="env", token_ids=list(opening)))
     for s in seen:
@@ -262,18 +270,19 @@ def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Conv
             offsets.append(pos)
         pos += len(t.token_ids)
     diff = engine_diff(trained, [(o, s.prompt, s.turn.token_ids) for o, s in zip(offsets, seen, strict=True)])
-    traj.render_diff, traj.retokenization_diff = (
-        diff + _template_diff(renderer, conv),
-        _retok_diff(renderer, conv),
-    )
+    template = renderer.render_diff(conv)  # None: the template cannot check this chat
+    traj.render_diff = diff + template if template is not None else (diff or None)
+    traj.retokenization_diff = _retok_diff(renderer, conv)
     return _finish(traj)
 
 
 def _per_turn_samples(
     traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Conversation
 ) -> list[Trajectory]:
-    """Per-turn mode: each model turn is its own sample — the prompt the engine was given (the
-    template's rendering of the chat so far) + the sampled ids — all with the episode's reward."""
+    """Per-turn mode: each model turn is its own sample — the prompt the engine was given + the
+    sampled ids — all with the episode's reward. Exactness: that prompt against the template's own
+    rendering of the history before the turn (with the generation prompt), made afresh from the
+    episode's messages once it is over; ``None`` where the template cannot render it."""
     out: list[Trajectory] = []
     for k, s in enumerate(seen):
         t = msgspec.structs.replace(
@@ -283,29 +292,28 @@ def _per_turn_samples(
             reward_components=dict(traj.reward_components),
             episode_samples=len(seen),
         )
-        t.render_diff = engine_diff(t.token_ids(), [(len(s.prompt), s.prompt, s.turn.token_ids)])
-        history = conv.messages[: _assistant_index(conv.messages, k) + 1]
-        ref = renderer.reference_ids(history, conv.schemas or None)
+        at = _assistant_index(conv.messages, k)
+        t.render_diff = _prompt_diff(renderer, s.prompt, conv.messages[:at], conv)
+        ref = renderer.reference_ids(conv.messages[: at + 1], conv.schemas or None)
         t.retokenization_diff = count_differences(t.token_ids(), ref)
         out.append(_finish(t))
-    if not out:  # no model turn (the context was full at once)
+    if not out:  # no model turn (the context was full at once): nothing sampled, nothing to check
         traj.turns.append(Turn(role="env", token_ids=list(conv.ids)))
-        traj.render_diff = traj.retokenization_diff = 0
+        traj.render_diff = traj.retokenization_diff = None
         out.append(_finish(traj))
     return out
 
 
+def _prompt_diff(renderer: Renderer, prompt: list[int], history: list[Any], conv: Conversation) -> int | None:
+    """Tokens where the engine's ``prompt`` differs from the template's rendering of ``history``."""
+    try:
+        return ids_diff(prompt, renderer.render(history, conv.schemas or None))
+    except ChatTemplateError:
+        return None
+
+
 def _assistant_index(messages: list[Any], k: int) -> int:
     return [i for i, m in enumerate(messages) if m["role"] == "assistant"][k]
-
-
-def _template_diff(renderer: Renderer, conv: Conversation) -> int:
-    if not renderer.prefix_stable:
-        return 0  # bridged on purpose: the template renders a longer chat differently
-    try:
-        return renderer.render_diff(conv) or 0
-    except ChatTemplateError:
-        return 0
 
 
 def _retok_diff(renderer: Renderer, conv: Conversation) -> int:

@@ -100,13 +100,16 @@ def _distinct(seqs: list[list[int]], n: int) -> float:
 
 
 def retokenization_stats(trajs: list[Trajectory]) -> dict[str, Any]:
-    """Token-exactness of checked trajectories: ``token_exact_rate`` (trained ids = the template's
-    rendering of the sampled chat) and ``retokenization_exact_rate`` (re-tokenising the rendered
-    text would have given the same ids)."""
-    exact = [t.render_diff for t in trajs if t.render_diff is not None]  # every sample of every path
+    """Token-exactness: ``token_exact_rate`` over the checked samples (trained ids = the template's
+    rendering of the sampled chat, compared apart from the rendering that built them), the samples
+    that could not be checked beside it (``token_exact_unchecked``: ``render_diff`` is ``None``),
+    and ``retokenization_exact_rate`` (re-tokenising the rendered text would have given the same
+    ids)."""
+    exact = [t.render_diff for t in trajs if t.render_diff is not None]
     retok = [t.retokenization_diff for t in trajs if t.retokenization_diff is not None]
     return {
         "token_exact_checked": len(exact),
+        "token_exact_unchecked": len(trajs) - len(exact),
         "token_exact_rate": (sum(d == 0 for d in exact) / len(exact)) if exact else None,
         "retokenization_exact_rate": (sum(d == 0 for d in retok) / len(retok)) if retok else None,
         "retokenization_diff_tokens": sum(retok),

@@ -347,7 +347,9 @@ class RolloutWorker:
         if traj.outcome in ("truncated", "timeout", "early_stopped"):
             c.truncated_tokens += traj.num_model_tokens()
         c.early_stopped += traj.outcome == "early_stopped"
-        if traj.render_diff is not None:  # token-exactness, and how far re-tokenising would drift
+        if traj.render_diff is None:  # no independent rendering to compare with: not counted exact
+            c.token_exact_unchecked += 1
+        else:  # token-exactness, and how far re-tokenising would drift
             c.token_exact_checked += 1
             c.token_inexact += traj.render_diff > 0
             c.retokenization_inexact += bool(traj.retokenization_diff)

@@ -225,11 +225,13 @@ class Report:
             ("trainer busy", _pct(s.get("trainer_busy_fraction"))),
             ("wall time", f"{_num(s.get('wall_seconds'))} s"),
         ]
-        if s.get("token_exact_rate") is not None:
+        if s.get("token_exact_checked") or s.get("token_exact_unchecked"):
             head.append(
                 (
                     "token-exact / re-tokenisable",
-                    f"{_pct(s.get('token_exact_rate'))} / {_pct(s.get('retokenization_exact_rate'))}",
+                    f"{_pct(s.get('token_exact_rate'))} of {_num(s.get('token_exact_checked'))} checked "
+                    f"({_num(s.get('token_exact_unchecked'))} unchecked) / "
+                    f"{_pct(s.get('retokenization_exact_rate'))}",
                 )
             )
         if s.get("cost_usd") is not None:

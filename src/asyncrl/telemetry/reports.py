@@ -153,6 +153,7 @@ class RolloutFigures(Figures):
     early_stopped: float = 0.0
     heldout_episodes: float = 0.0
     token_exact_checked: float = 0.0
+    token_exact_unchecked: float = 0.0
     token_inexact: float = 0.0
     retokenization_inexact: float = 0.0
     retokenization_diff_tokens: float = 0.0
