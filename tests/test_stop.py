@@ -315,6 +315,7 @@ MATRIX = [  # (signal, moment, extra settings, phase it is recorded in)
 
 @pytest.mark.faults
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a resumed warm start, a Ray cluster's start: minutes on a loaded machine
 @pytest.mark.parametrize(
     ("sig", "moment", "extra", "phase"), MATRIX, ids=[f"{s.name}-{m}-{'+'.join(e)}" for s, m, e, _ in MATRIX]
 )

@@ -86,8 +86,10 @@ def _train(
         orch = Orchestrator(cfg, run_dir, resume=resume is not None, display=display, signals=signals)
         with signals.mode(raising=False):  # the loop polls; roles stop at their next safe point
             last = orch.run()
-        if orch.stopped_by is not None:
-            raise Stopped(orch.stopped_by)
+        if orch.stopped_by is not None:  # after the trainer finished, what a stop leaves is the evaluation
+            raise Stopped(
+                orch.stopped_by, "final evaluation" if orch.state.trainer_finished() else "training"
+            )
         phase = "final evaluation"
         final = _final_eval(cfg, run_dir, eval_limit)
         queue = make_queue(cfg.transport, run_dir)
