@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
+from asyncrl.envs.dataset_env import DatasetEnv
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
+from asyncrl.envs.reasoning_gym_env import ReasoningGymEnv
 from asyncrl.envs.strings import StringsEnv
 from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
@@ -44,6 +46,7 @@ __all__ = [
     "EnvPluginError",
     "check_heldout",
     "env_class",
+    "import_object",
     "load_plugin",
     "make_env",
     "make_task_source",
@@ -54,6 +57,8 @@ BUILTIN_ENVS: dict[str, type[Any]] = {
     "kb_lookup": KBLookupEnv,
     "python": PythonEnv,
     "strings": StringsEnv,
+    "reasoning_gym": ReasoningGymEnv,
+    "dataset": DatasetEnv,
 }
 
 
@@ -63,18 +68,15 @@ class EnvPluginError(UserError, ValueError):
     A :class:`~asyncrl.errors.UserError`: the CLI prints the message without a traceback."""
 
 
-def load_plugin(path: str) -> type[Any]:
-    """Import ``package.module:ClassName`` and check it looks like an environment class.
-
-    The current directory is searched too (after installed packages). Raises
-    :class:`EnvPluginError` for a malformed path, a missing module, an import that fails inside
-    the module, a missing attribute, or an object that is not an environment class.
-    """
+def import_object(path: str, *, what: str = "ClassName") -> Any:
+    """Import ``package.module:NAME`` (the current directory is searched too, after installed
+    packages); :class:`EnvPluginError` for a malformed path, a missing module, an import that fails
+    inside the module or a missing attribute. ``what`` names NAME in the messages."""
     if not isinstance(path, str) or path.count(":") != 1:
-        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:ClassName'")
+        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:{what}'")
     module_name, attr = (s.strip() for s in path.split(":"))
     if not module_name or not attr:
-        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:ClassName'")
+        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:{what}'")
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:
         # Console scripts do not put the working directory on sys.path; a plugin module next to
@@ -105,6 +107,13 @@ def load_plugin(path: str) -> type[Any]:
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise EnvPluginError(f"{module_name!r} has no attribute {attr!r}{hint}")
         obj = getattr(obj, part)
+    return obj
+
+
+def load_plugin(path: str) -> type[Any]:
+    """Import ``package.module:ClassName`` (:func:`import_object`) and check it looks like an
+    environment class; :class:`EnvPluginError` otherwise."""
+    obj = import_object(path)
     if not inspect.isclass(obj):
         raise EnvPluginError(f"{path} is a {type(obj).__name__}, not an environment class")
     missing_methods = [m for m in ("reset", "step") if not callable(getattr(obj, m, None))]
