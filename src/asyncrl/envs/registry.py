@@ -33,7 +33,6 @@ from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
 from asyncrl.envs.reasoning_gym_env import ReasoningGymEnv
 from asyncrl.envs.strings import StringsEnv
-from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.errors import UserError
 from asyncrl.records import Task
@@ -144,7 +143,7 @@ def _construct(cls: type[Any], cfg: EnvConfig) -> Any:
     try:
         from_config = getattr(cls, "from_config", None)
         env = from_config(cfg) if callable(from_config) else cls(**cfg.options)
-    except (EnvOptionsError, EnvPluginError) as exc:
+    except UserError as exc:  # EnvOptionsError, EnvPluginError, a scorer refused ...: already in words
         raise EnvPluginError(str(exc)) from None
     except TypeError as exc:
         raise EnvPluginError(f"could not construct {where} with env.options {cfg.options!r}: {exc}") from exc
@@ -191,7 +190,7 @@ def make_task_source(cfg: EnvConfig) -> TaskSource:
         )
     try:
         source = factory(cfg)
-    except (EnvOptionsError, EnvPluginError) as exc:
+    except UserError as exc:  # EnvOptionsError, EnvPluginError, a scorer refused ...: already in words
         raise EnvPluginError(str(exc)) from None
     except ValueError as exc:
         raise EnvPluginError(f"{where}: {exc}") from exc

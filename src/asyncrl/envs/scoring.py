@@ -110,7 +110,9 @@ def numeric_score(answer: str, gold: str, tolerance: float = 1e-6) -> float:
 
 
 def math_score(answer: str, gold: str) -> float:
-    """1.0 when ``math-verify`` finds the expressions equivalent (``1/2`` = ``0.5`` = ``\\frac{1}{2}``).
+    """1.0 when ``math-verify`` finds the expressions equivalent (``1/2`` = ``0.5`` = ``\\frac{1}{2}``,
+    ``x(x+1)`` = ``x^2+x``). A text without ``$`` is read as one LaTeX expression (an answer tag holds
+    just the answer), falling back to math-verify's own extraction.
 
     math-verify's own timeouts use ``signal.alarm`` (main thread only), so they are off here: the
     guard's ``env.guard.step_timeout_s`` bounds a step instead."""
@@ -118,8 +120,12 @@ def math_score(answer: str, gold: str) -> float:
         from math_verify import parse, verify
     except ImportError:
         raise UserError("env.dataset.scorer 'math' needs math-verify: pip install 'asyncrl[math]'") from None
-    g = parse(gold, parsing_timeout=None)  # type: ignore[arg-type]
-    a = parse(answer, parsing_timeout=None)  # type: ignore[arg-type]
+
+    def read(text: str) -> Any:
+        found = parse(f"${text}$", parsing_timeout=None) if "$" not in text else []  # type: ignore[arg-type]
+        return found or parse(text, parsing_timeout=None)  # type: ignore[arg-type]
+
+    g, a = read(gold), read(answer)
     if not g or not a:
         return 0.0
     return 1.0 if verify(g, a, timeout_seconds=None) else 0.0
