@@ -243,10 +243,13 @@ def test_hash_split_is_disjoint_by_content(tmp_path: Path) -> None:
 def test_builtin_scorers() -> None:
     assert exact_score(" Paris ", "paris") == 1.0 and exact_score("Paris.", "paris") == 0.0
     assert numeric_score("1,000.0004", "1000", 1e-6) == 1.0 and numeric_score("1001", "1000", 1e-6) == 0.0
-    assert numeric_score("abc", "1") == 0.0
+    assert numeric_score("abc", "1", 0.5) == 0.0
     assert load_scorer("numeric", tolerance=0.5)("1.4", "1") == 1.0
     assert math_score("0.5", "1/2") == 1.0 and math_score("\\frac{1}{2}", "0.5") == 1.0
-    assert math_score("\\sqrt{4}", "2") == math_score("x(x+1)", "x^2+x") == 1.0 and math_score("1/3", "0.5") == 0.0
+    assert (
+        math_score("\\sqrt{4}", "2") == math_score("x(x+1)", "x^2+x") == 1.0
+        and math_score("1/3", "0.5") == 0.0
+    )
     with pytest.raises(UserError, match=r"package\.module:function"):
         load_scorer("fuzzy", tolerance=0)
 

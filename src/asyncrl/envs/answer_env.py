@@ -62,15 +62,16 @@ class AnswerEnv(ToolEnv):
 
 def corrupt_answer(gold: str, rng: random.Random) -> str:
     """A plausible wrong answer, never ``gold`` nor ``gold`` respaced or repunctuated (which a fair
-    scorer may accept): an integer off by 1 or 2, else one digit (or, without digits, one letter)
-    changed, else ``x`` appended."""
+    scorer may accept): an integer off by 1 or 2, else the first digit (or, without digits, the
+    first letter) changed -- the first, because a scorer with a tolerance fairly accepts a change in
+    the tenth significant digit -- else ``x`` appended."""
     text = gold.strip()
     if _INT_RE.fullmatch(text):
         return str(int(text) + rng.choice((-2, -1, 1, 2)))
     for pool in (string.digits, string.ascii_lowercase, string.ascii_uppercase):
         spots = [k for k, ch in enumerate(text) if ch in pool]
         if spots:
-            k = rng.choice(spots)
+            k = spots[0]
             return text[:k] + rng.choice(pool.replace(text[k], "")) + text[k + 1 :]
     return text + "x"
 

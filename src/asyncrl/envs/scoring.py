@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncrl.envs.base import normalize
+from asyncrl.envs.imports import import_object
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.errors import UserError
 
@@ -97,7 +98,7 @@ def _number(text: str) -> float:
     return float(text.strip().replace(",", "").removesuffix("%"))
 
 
-def numeric_score(answer: str, gold: str, tolerance: float = 1e-6) -> float:
+def numeric_score(answer: str, gold: str, tolerance: float) -> float:
     """1.0 when both parse as numbers (``,`` thousands separators allowed) within ``tolerance``,
     absolute or relative to the reference; 0.0 otherwise (an answer that is not a number included)."""
     try:
@@ -149,8 +150,6 @@ def load_scorer(spec: str, *, tolerance: float, field: str = "env.dataset.scorer
         raise UserError(
             f"{field} {spec!r}: use one of {sorted(BUILTIN_SCORERS)} or 'package.module:function'"
         )
-    from asyncrl.envs.registry import import_object
-
     fn = import_object(spec, what="function")
     if not callable(fn):
         raise UserError(f"{field} {spec!r} is a {type(fn).__name__}, not a function (answer, gold) -> float")
