@@ -10,15 +10,12 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.orchestrator.run import train
+from helpers import TINY_MODEL
 
 pytestmark = pytest.mark.slow
 
 TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
+    *TINY_MODEL,
     "model.max_context=160",
     "env.max_turns=2",
     "env.heldout_size=16",

@@ -233,9 +233,9 @@ class EnvConfig(Section):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     reasoning_gym: ReasoningGymConfig | None = None
-    """kind: reasoning_gym -- the datasets, tools and reward."""
+    """kind: reasoning_gym — the datasets, tools and reward (docs/environments.md#reasoning_gym)."""
     dataset: DatasetConfig | None = None
-    """kind: dataset -- the file, its fields, the scorer, tools and reward."""
+    """kind: dataset — the file, its fields, the scorer, tools and reward (docs/environments.md#dataset)."""
 
     @model_validator(mode="before")
     @classmethod

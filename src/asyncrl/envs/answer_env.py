@@ -9,23 +9,26 @@ Warm starts use the reference answer, corrupted at ``trainer.sft.corruption_rate
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import string
 from abc import abstractmethod
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from asyncrl.envs.base import mentions_number
 from asyncrl.envs.calculator import CalcError, CalculatorEnv, evaluate
 from asyncrl.envs.python_env import OBSERVATION_CHARS, PythonEnv
 from asyncrl.envs.sandbox import run_python
-from asyncrl.envs.toolenv import ToolEnv
+from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 
 if TYPE_CHECKING:
-    from asyncrl.config import SandboxConfig
+    from asyncrl.config import EnvConfig, SandboxConfig
+    from asyncrl.envs.base import HashSplitTaskSource
+    from asyncrl.records import Task
 
-__all__ = ["AnswerEnv", "answer_demonstrate", "corrupt_answer"]
+__all__ = ["AnswerEnv", "answer_demonstrate", "answer_section", "corrupt_answer", "source_of"]
 
 _INT_RE = re.compile(r"-?\d+")
 
@@ -39,6 +42,26 @@ class AnswerEnv(ToolEnv):
         known = {"calc": lambda: CalculatorEnv().tools[0], "python": lambda: PythonEnv(sandbox).tools[0]}
         self.tools = [known[name]() for name in tools]
         self.partial_credit = reward == "score"
+
+    source_class: ClassVar[type[HashSplitTaskSource]]
+    """The task source, built as ``source_class(env.<kind> section, seed=, heldout_size=, lo=, hi=)``."""
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
+        return cast("HashSplitTaskSource", source_of(cfg, cls.kind, cls.source_class))
+
+    @staticmethod
+    @abstractmethod
+    def gold(task: Task) -> str:
+        """The task's reference answer."""
+
+    @classmethod
+    def solve(cls, task: Task) -> list[str]:  # type: ignore[override]
+        return [f"<answer>{cls.gold(task).strip()}</answer>"]
+
+    @classmethod
+    def demonstrate(cls, task: Task, rng: random.Random, corruption_rate: float) -> list[str]:  # type: ignore[override]
+        return answer_demonstrate(cls.gold(task), rng, corruption_rate)
 
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
         if name == "calc":
@@ -80,3 +103,37 @@ def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) ->
     """The reference answer, or (with probability ``corruption_rate``) a wrong one."""
     answer = corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
     return [f"<answer>{answer}</answer>"]
+
+
+def answer_section(cfg: EnvConfig, kind: str) -> Any:
+    """The ``env.<kind>`` section of an answer environment (``env.options`` must be empty)."""
+    if cfg.options:
+        raise EnvOptionsError(f"env.options for {kind!r} must be empty: use the env.{kind} section")
+    section = cfg.reasoning_gym if kind == "reasoning_gym" else cfg.dataset
+    assert section is not None  # EnvConfig's validator requires it for this kind
+    return section
+
+
+def source_of(cfg: EnvConfig, kind: str, source: type[Any]) -> Any:
+    """``source(section, seed=, heldout_size=, lo=, hi=)`` for ``cfg``: built once per process and
+    configuration (one generation or read of the rows, one hygiene check of the scorer)."""
+    section = answer_section(cfg, kind)
+    return (
+        _cached(  # classes are hashable; typeshed's lru_cache says Hashable, which type[Any] is not to mypy
+            cast("Hashable", source),
+            cast("Hashable", type(section)),
+            section.model_dump_json(),
+            cfg.seed,
+            cfg.heldout_size,
+            cfg.min_difficulty,
+            cfg.max_difficulty,
+        )
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(
+    source: type[Any], model: Any, section_json: str, seed: int, heldout_size: int, lo: int, hi: int
+) -> Any:
+    section = model.model_validate_json(section_json)
+    return source(section, seed=seed, heldout_size=heldout_size, lo=lo, hi=hi)

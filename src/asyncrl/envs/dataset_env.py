@@ -14,16 +14,14 @@ and whitespace) is also a held-out prompt is dropped.
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.answer_env import AnswerEnv, answer_demonstrate
+from asyncrl.envs.answer_env import AnswerEnv, answer_section
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
 from asyncrl.envs.scoring import Scorer, load_scorer, refuse_lenient_scorer, safe_score
-from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
@@ -162,6 +160,7 @@ class DatasetEnv(AnswerEnv):
     """Answer a row's prompt; scored by ``env.dataset.scorer`` against the row's answer."""
 
     kind = "dataset"
+    source_class = DatasetTasks
 
     def __init__(self, dc: DatasetConfig, cfg: EnvConfig) -> None:
         super().__init__(dc.tools, dc.reward, cfg.sandbox)
@@ -169,25 +168,11 @@ class DatasetEnv(AnswerEnv):
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> DatasetEnv:
-        return cls(_section(cfg), cfg)
-
-    @classmethod
-    def make_task_source(cls, cfg: EnvConfig) -> DatasetTasks:
-        return _tasks(
-            _section(cfg).model_dump_json(),
-            cfg.seed,
-            cfg.heldout_size,
-            cfg.min_difficulty,
-            cfg.max_difficulty,
-        )
+        return cls(answer_section(cfg, cls.kind), cfg)
 
     @staticmethod
-    def solve(task: Task) -> list[str]:
-        return [f"<answer>{task.payload['answer']}</answer>"]
-
-    @staticmethod
-    def demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
-        return answer_demonstrate(str(task.payload["answer"]), rng, corruption_rate)
+    def gold(task: Task) -> str:
+        return str(task.payload["answer"])
 
     def prompt(self, task: Task) -> str:
         system = task.payload.get("system")
@@ -197,19 +182,3 @@ class DatasetEnv(AnswerEnv):
         assert self.task is not None
         gold = str(self.task.payload["answer"])
         return safe_score(lambda: self.scorer(answer, gold))
-
-
-def _section(cfg: EnvConfig) -> DatasetConfig:
-    if cfg.options:
-        raise EnvOptionsError("env.options for 'dataset' must be empty: use the env.dataset section")
-    assert cfg.dataset is not None  # EnvConfig's validator requires it for this kind
-    return cfg.dataset
-
-
-@functools.lru_cache(maxsize=8)
-def _tasks(section_json: str, seed: int, heldout_size: int, lo: int, hi: int) -> DatasetTasks:
-    """One task source (one read of the file, one hygiene check) per process and configuration."""
-    from asyncrl.config import DatasetConfig
-
-    dc = DatasetConfig.model_validate_json(section_json)
-    return DatasetTasks(dc, seed=seed, heldout_size=heldout_size, lo=lo, hi=hi)

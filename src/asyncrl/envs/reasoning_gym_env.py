@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.answer_env import AnswerEnv, answer_demonstrate
+from asyncrl.envs.answer_env import AnswerEnv, answer_section
 from asyncrl.envs.base import HashSplitTaskSource, task_id
 from asyncrl.envs.scoring import refuse_lenient_scorer, safe_score
-from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
@@ -117,6 +116,7 @@ def _entry(name: str, user_json: str, level: int, curriculum: bool, seed: int, i
 
 
 def _gold(task: Task) -> str:
+    """The reference answer of the task's entry."""
     return str(entry(task)["answer"])
 
 
@@ -182,26 +182,14 @@ class ReasoningGymEnv(AnswerEnv):
     """Answer reasoning-gym questions; the score is the dataset's own ``score_answer``."""
 
     kind = "reasoning_gym"
+    source_class = ReasoningGymTasks
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ReasoningGymEnv:
-        rc = _section(cfg)
+        rc: ReasoningGymConfig = answer_section(cfg, cls.kind)
         return cls(rc.tools, rc.reward, cfg.sandbox)
 
-    @classmethod
-    def make_task_source(cls, cfg: EnvConfig) -> ReasoningGymTasks:
-        rc = _section(cfg)
-        return _tasks(
-            rc.model_dump_json(), cfg.seed, cfg.heldout_size, cfg.min_difficulty, cfg.max_difficulty
-        )
-
-    @staticmethod
-    def solve(task: Task) -> list[str]:
-        return [f"<answer>{_gold(task).strip()}</answer>"]
-
-    @staticmethod
-    def demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
-        return answer_demonstrate(_gold(task), rng, corruption_rate)
+    gold = staticmethod(_gold)
 
     def prompt(self, task: Task) -> str:
         return str(entry(task)["question"])
@@ -211,21 +199,3 @@ class ReasoningGymEnv(AnswerEnv):
         e = entry(self.task)
         data = dataset(*_recipe(self.task)[:5])
         return safe_score(lambda: data.score_answer(answer, e))
-
-
-def _section(cfg: EnvConfig) -> ReasoningGymConfig:
-    if cfg.options:
-        raise EnvOptionsError(
-            "env.options for 'reasoning_gym' must be empty: use the env.reasoning_gym section"
-        )
-    assert cfg.reasoning_gym is not None  # EnvConfig's validator requires it for this kind
-    return cfg.reasoning_gym
-
-
-@functools.lru_cache(maxsize=8)
-def _tasks(section_json: str, seed: int, heldout_size: int, lo: int, hi: int) -> ReasoningGymTasks:
-    """One task source (and one hygiene check) per process and configuration."""
-    from asyncrl.config import ReasoningGymConfig
-
-    rc = ReasoningGymConfig.model_validate_json(section_json)
-    return ReasoningGymTasks(rc, seed=seed, heldout_size=heldout_size, lo=lo, hi=hi)
