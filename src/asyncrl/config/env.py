@@ -160,7 +160,7 @@ class ReasoningGymDatasetConfig(Section):
 class ReasoningGymConfig(_AnswerEnvBase):
     """``env.kind: reasoning_gym``: reasoning-gym datasets as one environment (docs/environments.md)."""
 
-    datasets: list[ReasoningGymDatasetConfig] = Field(default_factory=list, min_length=1, max_length=200)
+    datasets: list[ReasoningGymDatasetConfig] = Field(min_length=1, max_length=200)
     """The datasets and their weights."""
     curriculum: bool = True
     """Map asyncrl difficulties onto each dataset's curriculum levels (difficulty ``d`` = level ``d``
