@@ -23,6 +23,15 @@ TINY_RUN = [  # the core of a small, quick training run; each file adds its size
 ]
 
 
+TINY_MODEL = [  # the smallest char model the tests train (one layer, hidden size 32)
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+]
+
+
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> None:
     """Poll ``pred`` every ``every`` seconds until it is true; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -425,7 +425,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncrl.config import load_config
-    from asyncrl.envs.check import check_environment
+    from asyncrl.envs.check import ENV_OWN_DIFFICULTIES, check_environment
 
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
         cfg = load_config(
@@ -433,7 +433,8 @@ def _cmd_env(args: argparse.Namespace) -> int:
         )  # a run config: it warm-starts, so demonstrate is needed
         warm = cfg.trainer.sft
     else:
-        cfg = load_config(None, ["env.kind=plugin", f"env.path={args.target}", *args.overrides])
+        own = [f"env.{k}={v}" for k, v in ENV_OWN_DIFFICULTIES.items()]  # the plugin's levels, unless --set
+        cfg = load_config(None, ["env.kind=plugin", f"env.path={args.target}", *own, *args.overrides])
         warm = None
     report = check_environment(cfg.env, episodes=args.episodes, warm_start=warm)
     print(report.render())

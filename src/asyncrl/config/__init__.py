@@ -30,6 +30,7 @@ from asyncrl.config.credit import (
 )
 from asyncrl.config.env import (
     ConstantLatencyConfig,
+    DatasetConfig,
     EnvConfig,
     FaultConfig,
     GuardConfig,
@@ -37,6 +38,8 @@ from asyncrl.config.env import (
     LognormalLatencyConfig,
     NoLatencyConfig,
     ParetoLatencyConfig,
+    ReasoningGymConfig,
+    ReasoningGymDatasetConfig,
     SandboxConfig,
 )
 from asyncrl.config.explain import explain
@@ -97,6 +100,7 @@ __all__ = [
     "CostConfig",
     "CreditConfig",
     "CurriculumConfig",
+    "DatasetConfig",
     "DriftConfig",
     "ElasticConfig",
     "EmbeddedTransportConfig",
@@ -122,6 +126,8 @@ __all__ = [
     "ParetoLatencyConfig",
     "PriceConfig",
     "RayLauncherConfig",
+    "ReasoningGymConfig",
+    "ReasoningGymDatasetConfig",
     "RedisStateConfig",
     "RedisTransportConfig",
     "ResolvedSFT",

@@ -130,11 +130,83 @@ class SandboxConfig(Section):
     """Interpreter for the code; unset: this process's base interpreter."""
 
 
+class _AnswerEnvBase(Section):
+    """What the answer environments (``reasoning_gym``, ``dataset``) share: tools and the reward."""
+
+    tools: list[Literal["calc", "python"]] = Field(default_factory=list)
+    """Tools the model may call (empty: answer only). ``calc``: the calculator's integer
+    arithmetic; ``python``: code run in asyncrl's sandbox (``env.sandbox``). Calls earn the
+    built-ins' process rewards."""
+    reward: Literal["binary", "score"] = "binary"
+    """Outcome reward: ``binary`` (1 for a full score, else 0) or ``score`` (the scorer's value in
+    [0, 1]). Success is a full score either way."""
+    hygiene_tasks: int = Field(8, ge=1, le=1000)
+    """Tasks (per dataset) on which the scorer is tried with deliberately wrong answers when the
+    environment is built; a scorer that credits one in full is refused."""
+
+
+class ReasoningGymDatasetConfig(Section):
+    """One reasoning-gym dataset of a ``reasoning_gym`` environment."""
+
+    name: str = Field(min_length=1)
+    """The dataset's registered name, e.g. ``basic_arithmetic`` (``reasoning_gym.factory.DATASETS``)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Its config fields (``seed`` excluded: ``env.seed`` sets it). They win over the curriculum's:
+    a field set here is not moved by the difficulty."""
+    weight: float = Field(1.0, gt=0, le=1e6)
+    """Relative share of training tasks drawn from this dataset."""
+
+
+class ReasoningGymConfig(_AnswerEnvBase):
+    """``env.kind: reasoning_gym``: reasoning-gym datasets as one environment (docs/environments.md)."""
+
+    datasets: list[ReasoningGymDatasetConfig] = Field(min_length=1, max_length=200)
+    """The datasets and their weights."""
+    curriculum: bool = True
+    """Map asyncrl difficulties onto each dataset's curriculum levels (difficulty ``d`` = level ``d``
+    of every curriculum attribute, capped at its last); off, or for a dataset without a curriculum,
+    difficulty 0 only."""
+
+
+class DatasetConfig(_AnswerEnvBase):
+    """``env.kind: dataset``: question/answer rows from a file (docs/environments.md)."""
+
+    path: str = Field(min_length=1)
+    """A ``.jsonl``, ``.csv`` or ``.parquet`` file, or a directory written by ``datasets``'
+    ``save_to_disk`` (no hub downloads). Parquet and saved datasets need ``asyncrl[datasets]``."""
+    prompt_field: str = "question"
+    """Column holding the prompt."""
+    answer_field: str = "answer"
+    """Column holding the reference answer."""
+    system_field: str | None = None
+    """Column holding a per-row system prompt (placed before the prompt), if any."""
+    difficulty_field: str | None = None
+    """Integer column holding each row's difficulty (unset: every row is difficulty 0)."""
+    scorer: str = "exact"
+    """``exact`` (case/whitespace-insensitive), ``numeric`` (within ``tolerance``), ``math``
+    (expression equivalence by math-verify, ``asyncrl[math]``) or ``package.module:function``
+    taking ``(answer, reference)`` and returning a score in [0, 1]."""
+    tolerance: float = Field(1e-6, ge=0, le=1e9)
+    """``numeric``: absolute or relative tolerance."""
+    split_field: str | None = None
+    """Column naming each row's split; rows whose value is ``heldout_value`` are held out. Unset:
+    the held-out split is chosen by a hash of the prompt (disjoint by content)."""
+    heldout_value: str = "test"
+    """The ``split_field`` value of held-out rows."""
+
+
+ANSWER_KINDS = ("reasoning_gym", "dataset")
+"""Kinds whose difficulty range defaults to every level the environment has."""
+
+
 class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
-    kind: Literal["calculator", "kb_lookup", "python", "strings", "plugin", "agent"] = "calculator"
-    """Built-in environment, ``plugin`` for a user class named by ``path``, or ``agent`` for a user
+    kind: Literal[
+        "calculator", "kb_lookup", "python", "strings", "reasoning_gym", "dataset", "plugin", "agent"
+    ] = "calculator"
+    """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
+    name), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
     calls go through the worker's gateway (docs/agents.md)."""
     path: str | None = None
@@ -148,9 +220,10 @@ class EnvConfig(Section):
     max_turns: int = Field(6, ge=1, le=256)
     """Model turns per episode before it ends as ``truncated``."""
     min_difficulty: int = Field(2, ge=0, le=100)
-    """Lowest task difficulty drawn (calculator: number of steps)."""
+    """Lowest task difficulty drawn (calculator: number of steps). ``reasoning_gym`` and
+    ``dataset`` default to 0 (every level they have)."""
     max_difficulty: int = Field(3, ge=0, le=100)
-    """Highest task difficulty drawn."""
+    """Highest task difficulty drawn (``reasoning_gym``, ``dataset``: defaults to 100, every level)."""
     heldout_size: int = Field(64, ge=1, le=100000)
     """Number of held-out evaluation tasks (disjoint from training tasks)."""
     seed: int = Field(1234, ge=0)
@@ -159,9 +232,32 @@ class EnvConfig(Section):
     faults: FaultConfig = Field(default_factory=FaultConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    reasoning_gym: ReasoningGymConfig | None = None
+    """kind: reasoning_gym — the datasets, tools and reward (docs/environments.md#reasoning_gym)."""
+    dataset: DatasetConfig | None = None
+    """kind: dataset — the file, its fields, the scorer, tools and reward (docs/environments.md#dataset)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _answer_kind_range(cls, data: Any) -> Any:
+        """``reasoning_gym`` and ``dataset`` take every difficulty they have unless a range is set."""
+        if isinstance(data, dict) and data.get("kind") in ANSWER_KINDS:
+            data = {"min_difficulty": 0, "max_difficulty": 100, **data}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> EnvConfig:
+        for kind in ANSWER_KINDS:
+            given = self.reasoning_gym if kind == "reasoning_gym" else self.dataset
+            if self.kind == kind and given is None:
+                example = (
+                    "datasets: [{name: basic_arithmetic}]" if kind == "reasoning_gym" else "path: rows.jsonl"
+                )
+                raise ValueError(
+                    f"env.kind {kind!r} needs the env.{kind} section, e.g. env.{kind}: {{{example}}}"
+                )
+            if self.kind != kind and given is not None:
+                raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
         if self.kind == "plugin" and not self.path:
             raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
         if self.kind == "agent" and not self.path:

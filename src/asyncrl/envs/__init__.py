@@ -20,8 +20,10 @@ from asyncrl.envs.base import (
 )
 from asyncrl.envs.calculator import CalcError, CalculatorEnv, CalculatorTasks, evaluate
 from asyncrl.envs.check import CheckReport, Finding, acheck_environment, check_environment
+from asyncrl.envs.dataset_env import DatasetEnv, DatasetTasks, read_rows
 from asyncrl.envs.kb_lookup import KBLookupEnv, KBTasks, KnowledgeBase
 from asyncrl.envs.python_env import PythonEnv, PythonTasks
+from asyncrl.envs.reasoning_gym_env import ReasoningGymEnv, ReasoningGymTasks
 from asyncrl.envs.registry import (
     BUILTIN_ENVS,
     EnvPluginError,
@@ -33,6 +35,7 @@ from asyncrl.envs.registry import (
     make_task_source,
 )
 from asyncrl.envs.sandbox import SandboxLimits, SandboxResult, run_python, run_python_sync, sandbox_support
+from asyncrl.envs.scoring import ScorerRefused, load_scorer
 from asyncrl.envs.strings import StringsEnv, StringTasks
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.envs.wrappers import (
@@ -52,6 +55,8 @@ __all__ = [
     "CalculatorEnv",
     "CalculatorTasks",
     "CheckReport",
+    "DatasetEnv",
+    "DatasetTasks",
     "EnvOptionsError",
     "EnvPluginError",
     "EnvResetError",
@@ -70,8 +75,11 @@ __all__ = [
     "MalformedAction",
     "PythonEnv",
     "PythonTasks",
+    "ReasoningGymEnv",
+    "ReasoningGymTasks",
     "SandboxLimits",
     "SandboxResult",
+    "ScorerRefused",
     "StepResult",
     "StringTasks",
     "StringsEnv",
@@ -89,10 +97,12 @@ __all__ = [
     "env_class",
     "evaluate",
     "load_plugin",
+    "load_scorer",
     "make_env",
     "make_raw_env",
     "make_task_source",
     "parse_action",
+    "read_rows",
     "run_python",
     "run_python_sync",
     "sandbox_support",

@@ -35,7 +35,11 @@ from asyncrl.records import OUTCOMES, Task
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig, SFTConfig
 
-__all__ = ["CheckReport", "Finding", "acheck_environment", "check_environment"]
+__all__ = ["ENV_OWN_DIFFICULTIES", "CheckReport", "Finding", "acheck_environment", "check_environment"]
+
+ENV_OWN_DIFFICULTIES = {"min_difficulty": 0, "max_difficulty": 100}
+"""A difficulty range wide enough for any task source (whose ``from_config`` keeps its own levels):
+what a check without a run config uses, rather than the calculator's default range."""
 
 Level = Literal["ok", "warning", "error"]
 
@@ -187,8 +191,9 @@ async def acheck_environment(
 ) -> CheckReport:
     """Async version of :func:`check_environment`.
 
-    ``path_or_cfg``: ``"pkg.module:Class"`` or an :class:`~asyncrl.config.EnvConfig` (its
-    ``options``, difficulty range, seed and held-out size are used as a run would use them).
+    ``path_or_cfg``: ``"pkg.module:Class"`` (checked on every difficulty its task source declares)
+    or an :class:`~asyncrl.config.EnvConfig` (its ``options``, difficulty range, seed and held-out
+    size are used as a run would use them).
     ``episodes``: tasks to play; ``max_steps``: answer steps allowed before "done never
     reached"; ``timeout_s``: limit of every single call; ``slow_s``: calls slower than this are
     reported (per check: reset, tool call, answer, solver ...); ``stall_s``: an ``async`` method
@@ -200,7 +205,7 @@ async def acheck_environment(
 
     if isinstance(path_or_cfg, str):
         try:
-            cfg = EnvConfig(kind="plugin", path=path_or_cfg)
+            cfg = EnvConfig(kind="plugin", path=path_or_cfg, **ENV_OWN_DIFFICULTIES)
         except ValueError as exc:
             report = CheckReport(path_or_cfg)
             report.add("error", "config", str(exc))
@@ -379,6 +384,13 @@ async def _check_step(
         )
     if malformed and res.done:
         report.add("warning", name, f"{where}: a malformed action ended the episode")
+    if name == "tool call" and res.tool_call is None and not res.malformed:
+        report.add(
+            "warning",
+            name,
+            f"{where}: a well-formed call returned no StepResult.tool_call: asyncrl records it from the parsed "
+            "action (ok unless the observation starts with 'error'); set tool_call to report it exactly",
+        )
     return True
 
 

@@ -18,20 +18,18 @@ no traceback is needed to understand it.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import inspect
-import os
 import random
-import sys
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
+from asyncrl.envs.dataset_env import DatasetEnv
+from asyncrl.envs.imports import EnvPluginError, import_object
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
+from asyncrl.envs.reasoning_gym_env import ReasoningGymEnv
 from asyncrl.envs.strings import StringsEnv
-from asyncrl.envs.toolenv import EnvOptionsError
 from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.errors import UserError
 from asyncrl.records import Task
@@ -44,6 +42,7 @@ __all__ = [
     "EnvPluginError",
     "check_heldout",
     "env_class",
+    "import_object",
     "load_plugin",
     "make_env",
     "make_task_source",
@@ -54,57 +53,15 @@ BUILTIN_ENVS: dict[str, type[Any]] = {
     "kb_lookup": KBLookupEnv,
     "python": PythonEnv,
     "strings": StringsEnv,
+    "reasoning_gym": ReasoningGymEnv,
+    "dataset": DatasetEnv,
 }
 
 
-class EnvPluginError(UserError, ValueError):
-    """A plugin environment could not be loaded, built, or does not follow the contract.
-
-    A :class:`~asyncrl.errors.UserError`: the CLI prints the message without a traceback."""
-
-
 def load_plugin(path: str) -> type[Any]:
-    """Import ``package.module:ClassName`` and check it looks like an environment class.
-
-    The current directory is searched too (after installed packages). Raises
-    :class:`EnvPluginError` for a malformed path, a missing module, an import that fails inside
-    the module, a missing attribute, or an object that is not an environment class.
-    """
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:ClassName'")
-    module_name, attr = (s.strip() for s in path.split(":"))
-    if not module_name or not attr:
-        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:ClassName'")
-    cwd = os.getcwd()
-    if "" not in sys.path and cwd not in sys.path:
-        # Console scripts do not put the working directory on sys.path; a plugin module next to
-        # the user's config should still be found (appended, so it never shadows a package).
-        sys.path.append(cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing == module_name or module_name.startswith(missing + "."):
-            raise EnvPluginError(
-                f"module {module_name!r} not found (is the package installed, or on PYTHONPATH?)"
-            ) from None
-        raise EnvPluginError(
-            f"importing {module_name!r} failed: it needs module {missing!r}, which is not installed"
-        ) from None
-    except SyntaxError as exc:
-        raise EnvPluginError(
-            f"importing {module_name!r} failed: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}"
-        ) from None
-    except Exception as exc:
-        raise EnvPluginError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise EnvPluginError(f"{module_name!r} has no attribute {attr!r}{hint}")
-        obj = getattr(obj, part)
+    """Import ``package.module:ClassName`` (:func:`import_object`) and check it looks like an
+    environment class; :class:`EnvPluginError` otherwise."""
+    obj = import_object(path)
     if not inspect.isclass(obj):
         raise EnvPluginError(f"{path} is a {type(obj).__name__}, not an environment class")
     missing_methods = [m for m in ("reset", "step") if not callable(getattr(obj, m, None))]
@@ -135,7 +92,7 @@ def _construct(cls: type[Any], cfg: EnvConfig) -> Any:
     try:
         from_config = getattr(cls, "from_config", None)
         env = from_config(cfg) if callable(from_config) else cls(**cfg.options)
-    except (EnvOptionsError, EnvPluginError) as exc:
+    except UserError as exc:  # EnvOptionsError, EnvPluginError, a scorer refused ...: already in words
         raise EnvPluginError(str(exc)) from None
     except TypeError as exc:
         raise EnvPluginError(f"could not construct {where} with env.options {cfg.options!r}: {exc}") from exc
@@ -182,7 +139,7 @@ def make_task_source(cfg: EnvConfig) -> TaskSource:
         )
     try:
         source = factory(cfg)
-    except (EnvOptionsError, EnvPluginError) as exc:
+    except UserError as exc:  # EnvOptionsError, EnvPluginError, a scorer refused ...: already in words
         raise EnvPluginError(str(exc)) from None
     except ValueError as exc:
         raise EnvPluginError(f"{where}: {exc}") from exc

@@ -46,7 +46,8 @@ def refuse_unknown_options(kind: str, options: dict[str, Any], allowed: tuple[st
 
 
 class VerifierCache:
-    """Caches the verdicts of deterministic verifiers by (environment, task id, answer).
+    """Caches the scores (a verdict is a score of 1.0 or 0.0) of deterministic verifiers by
+    (environment, task id, answer).
 
     Its size is ``cost.reward_cache_entries`` (each rollout worker sets it). A cost lever: the 8 samples of a group often give the same answer, and the same task returns
     across epochs; a deterministic grader need not run twice. Hit rate and time spent grading are
@@ -58,17 +59,22 @@ class VerifierCache:
 
         self.enabled = True
         self.max_entries = max_entries
-        self._verdicts: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+        self._verdicts: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self.hits = self.misses = 0
         self.seconds = 0.0
 
     def verdict(self, key: tuple[str, str, str], grade: Any) -> bool:
+        """Whether ``grade()`` (a yes/no verifier) accepts the answer; cached."""
+        return self.score(key, lambda: 1.0 if grade() else 0.0) >= 1.0
+
+    def score(self, key: tuple[str, str, str], grade: Any) -> float:
+        """``grade()``'s score of the answer; cached."""
         if self.enabled and key in self._verdicts:
             self.hits += 1
             self._verdicts.move_to_end(key)
             return self._verdicts[key]
         t0 = time.perf_counter()
-        result = bool(grade())
+        result = float(grade())
         self.seconds += time.perf_counter() - t0
         self.misses += 1
         if self.enabled:
@@ -137,6 +143,13 @@ class ToolEnv(ABC):
     def is_correct(self, answer: str) -> bool:
         """Grade the final answer against ``self.task``."""
 
+    partial_credit: bool = False
+    """The outcome reward is :meth:`score` itself, not 1 for a full score and 0 otherwise."""
+
+    def score(self, answer: str) -> float:
+        """The answer's score in [0, 1]; a full score is a success. ``is_correct`` as 1 or 0 by default."""
+        return 1.0 if self.is_correct(answer) else 0.0
+
     @abstractmethod
     def result_used(self, text: str, result: str) -> bool:
         """Whether ``text`` (later args or the answer) uses an earlier tool ``result``."""
@@ -179,15 +192,16 @@ class ToolEnv(ABC):
             )
         if isinstance(action, AnswerAction):
             answer = self.resolve(action.answer, answer=True)
-            correct = VERIFIER_CACHE.verdict(
-                (type(self).__name__, self.task.id, answer.strip()), lambda: self.is_correct(answer)
+            score = VERIFIER_CACHE.score(
+                (type(self).__name__, self.task.id, answer.strip()), lambda: self.score(answer)
             )
+            correct = score >= 1.0
             reward, parts = self.rewards.answer(answer, self.result_used)
             self._final = StepResult(
                 observation="correct" if correct else "incorrect",
                 process_reward=reward,
                 done=True,
-                reward=1.0 if correct else 0.0,
+                reward=score if self.partial_credit else float(correct),
                 outcome="success" if correct else "failure",
                 info={"action": "answer", "answer": answer, "reward_parts": parts},
             )

@@ -25,6 +25,9 @@ Guard semantics (:class:`GuardedEnv`)
   (e.g. ``time.sleep`` inside a coroutine) -- write such environments as plain ``def``.
 * Results are rebuilt from validated fields (rewards converted to ``float``), so odd subclasses
   returned by an environment never leak further.
+* A well-formed call of one of the environment's tools whose ``StepResult`` carries no
+  ``tool_call`` gets one recorded from the parsed action (``ok`` unless the observation starts
+  with ``error``), so the tool metrics of a run never read 0 calls for a tool-using environment.
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ class GuardStats:
     failed on every attempt; ``retries``: failed attempts that were retried; ``timeouts``,
     ``exceptions``, ``malformed``: failed attempts by kind (retried or not); ``fault_seconds``: wall
     time spent in failed attempts (a hang costs up to ``step_timeout_s`` each); ``tool_faults``:
-    failed steps whose model text was a tool call (counted as failed tool calls)."""
+    failed steps whose model text was a tool call (counted as failed tool calls); ``tool_calls_recorded``:
+    tool calls the guard recorded from the parsed action because the environment's ``StepResult`` carried
+    none; ``scorer_errors``: answers whose scorer raised or gave no finite score (graded as failures,
+    :mod:`asyncrl.envs.scoring`)."""
 
     calls: int = 0
     faults: int = 0
@@ -85,6 +91,8 @@ class GuardStats:
     malformed: int = 0
     fault_seconds: float = 0.0
     tool_faults: int = 0
+    tool_calls_recorded: int = 0
+    scorer_errors: int = 0
 
 
 GUARD_STATS = GuardStats()
@@ -420,7 +428,26 @@ class GuardedEnv(EnvWrapper):
             )
         if failures:
             result.retried_faults = list(failures)
+        if result.tool_call is None and not result.malformed:
+            result.tool_call = self._recorded_call(model_text, result)
         return result  # type: ignore[no-any-return]
+
+    def _recorded_call(self, model_text: str, result: StepResult) -> ToolCall | None:
+        """The tool call a turn made, from the parsed action, for an environment whose ``StepResult``
+        carries none (every tool metric reads ``tool_call``): a call of one of its tools, ``ok`` unless
+        the observation starts with ``error`` (the built-ins' convention). ``None`` for anything else."""
+        action = parse_action(model_text)
+        if not isinstance(action, ToolCallAction) or action.name not in {t.name for t in self.tools}:
+            return None
+        GUARD_STATS.tool_calls_recorded += 1
+        failed = result.observation.lstrip().lower().startswith("error")
+        return ToolCall(
+            name=action.name,
+            arguments=action.args,
+            ok=not failed,
+            result="" if failed else result.observation,
+            error=result.observation if failed else "",
+        )
 
     async def close(self) -> None:
         """Close the inner environment; errors and hangs are swallowed (nothing escapes)."""

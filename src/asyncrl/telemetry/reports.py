@@ -192,6 +192,8 @@ class GuardFigures(Figures):
     malformed: float = 0.0
     fault_seconds: float = 0.0
     tool_faults: float = 0.0
+    tool_calls_recorded: float = 0.0
+    scorer_errors: float = 0.0
 
 
 class RewardCostFigures(Figures):

@@ -1,0 +1,139 @@
+"""The base of the answer environments (``reasoning_gym``, ``dataset``): a question, one answer.
+
+The prompt is the task's question; the model answers with ``<answer>TEXT</answer>`` and the
+scorer of the subclass grades TEXT (see :mod:`asyncrl.envs.scoring` for the hygiene rules).
+Tools are opt-in (``tools: [calc, python]``): the calculator's ``calc`` and the sandboxed
+``python`` of the built-ins, with the same process rewards (:class:`~asyncrl.envs.base.EpisodeRewards`).
+Warm starts use the reference answer, corrupted at ``trainer.sft.corruption_rate``.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+import string
+from abc import abstractmethod
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from asyncrl.envs.base import mentions_number
+from asyncrl.envs.calculator import CalcError, CalculatorEnv, evaluate
+from asyncrl.envs.python_env import OBSERVATION_CHARS, PythonEnv
+from asyncrl.envs.sandbox import run_python
+from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
+
+if TYPE_CHECKING:
+    from asyncrl.config import EnvConfig, SandboxConfig
+    from asyncrl.envs.base import HashSplitTaskSource
+    from asyncrl.records import Task
+
+__all__ = ["AnswerEnv", "answer_demonstrate", "answer_section", "corrupt_answer", "source_of"]
+
+_INT_RE = re.compile(r"-?\d+")
+
+
+class AnswerEnv(ToolEnv):
+    """A question answered once, scored by :meth:`score`; ``tools`` names the opt-in tools."""
+
+    def __init__(self, tools: Sequence[str], reward: str, sandbox: SandboxConfig) -> None:
+        super().__init__()
+        self.sandbox = sandbox
+        known = {"calc": lambda: CalculatorEnv().tools[0], "python": lambda: PythonEnv(sandbox).tools[0]}
+        self.tools = [known[name]() for name in tools]
+        self.partial_credit = reward == "score"
+
+    source_class: ClassVar[type[HashSplitTaskSource]]
+    """The task source, built as ``source_class(env.<kind> section, seed=, heldout_size=, lo=, hi=)``."""
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
+        return cast("HashSplitTaskSource", source_of(cfg, cls.kind, cls.source_class))
+
+    @staticmethod
+    @abstractmethod
+    def gold(task: Task) -> str:
+        """The task's reference answer."""
+
+    @classmethod
+    def solve(cls, task: Task) -> list[str]:  # type: ignore[override]
+        return [f"<answer>{cls.gold(task).strip()}</answer>"]
+
+    @classmethod
+    def demonstrate(cls, task: Task, rng: random.Random, corruption_rate: float) -> list[str]:  # type: ignore[override]
+        return answer_demonstrate(cls.gold(task), rng, corruption_rate)
+
+    async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
+        if name == "calc":
+            try:
+                return True, str(evaluate(args))
+            except CalcError as exc:
+                return False, str(exc)
+        result = await run_python(args, self.sandbox)
+        return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
+
+    def result_used(self, text: str, result: str) -> bool:
+        return mentions_number(text, result)
+
+    def is_correct(self, answer: str) -> bool:
+        return self.score(answer) >= 1.0
+
+    @abstractmethod
+    def score(self, answer: str) -> float:
+        """The answer's score in [0, 1] on ``self.task`` (never raises: see ``safe_score``)."""
+
+
+def corrupt_answer(gold: str, rng: random.Random) -> str:
+    """A plausible wrong answer, never ``gold`` nor ``gold`` respaced or repunctuated (which a fair
+    scorer may accept): an integer off by 1 or 2, else the first digit (or, without digits, the
+    first letter) changed -- the first, because a scorer with a tolerance fairly accepts a change in
+    the tenth significant digit -- else ``x`` appended."""
+    text = gold.strip()
+    if _INT_RE.fullmatch(text):
+        return str(int(text) + rng.choice((-2, -1, 1, 2)))
+    for pool in (string.digits, string.ascii_lowercase, string.ascii_uppercase):
+        spots = [k for k, ch in enumerate(text) if ch in pool]
+        if spots:
+            k = spots[0]
+            return text[:k] + rng.choice(pool.replace(text[k], "")) + text[k + 1 :]
+    return text + "x"
+
+
+def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) -> list[str]:
+    """The reference answer, or (with probability ``corruption_rate``) a wrong one."""
+    answer = corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
+    return [f"<answer>{answer}</answer>"]
+
+
+def answer_section(cfg: EnvConfig, kind: str) -> Any:
+    """The ``env.<kind>`` section of an answer environment (``env.options`` must be empty)."""
+    if cfg.options:
+        raise EnvOptionsError(f"env.options for {kind!r} must be empty: use the env.{kind} section")
+    section = cfg.reasoning_gym if kind == "reasoning_gym" else cfg.dataset
+    assert section is not None  # EnvConfig's validator requires it for this kind
+    return section
+
+
+def source_of(cfg: EnvConfig, kind: str, source: type[Any]) -> Any:
+    """``source(section, seed=, heldout_size=, lo=, hi=)`` for ``cfg``: built once per process and
+    configuration (one generation or read of the rows, one hygiene check of the scorer)."""
+    section = answer_section(cfg, kind)
+    return (
+        _cached(  # classes are hashable; typeshed's lru_cache says Hashable, which type[Any] is not to mypy
+            cast("Hashable", source),
+            cast("Hashable", type(section)),
+            section.model_dump_json(),
+            cfg.seed,
+            cfg.heldout_size,
+            cfg.min_difficulty,
+            cfg.max_difficulty,
+        )
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(
+    source: type[Any], model: Any, section_json: str, seed: int, heldout_size: int, lo: int, hi: int
+) -> Any:
+    section = model.model_validate_json(section_json)
+    return source(section, seed=seed, heldout_size=heldout_size, lo=lo, hi=hi)

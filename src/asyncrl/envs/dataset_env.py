@@ -1,0 +1,184 @@
+"""``dataset``: question/answer rows from a file, scored by a built-in or a user scorer.
+
+Rows come from a ``.jsonl``, ``.csv`` or ``.parquet`` file, or a directory written by the
+``datasets`` library's ``save_to_disk`` (never the hub). ``env.dataset`` names the prompt,
+answer and optional system-prompt, difficulty and split columns. A task carries its row's
+texts (``payload = {row, prompt, answer[, system]}``).
+
+Held-out split: rows whose ``split_field`` is ``heldout_value``, or -- without a split column --
+rows whose prompt hashes into the held-out bucket (:class:`~asyncrl.envs.base.HashSplitTaskSource`).
+Either way it is disjoint from training by content: a training row whose prompt (ignoring case
+and whitespace) is also a held-out prompt is dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.envs.answer_env import AnswerEnv, answer_section
+from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
+from asyncrl.envs.scoring import Scorer, load_scorer, refuse_lenient_scorer, safe_score
+from asyncrl.errors import UserError
+from asyncrl.records import Task
+
+if TYPE_CHECKING:
+    from asyncrl.config import DatasetConfig, EnvConfig
+
+__all__ = ["DatasetEnv", "DatasetTasks", "read_rows"]
+
+EXTRA = "pip install 'asyncrl[datasets]'"
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a JSONL, CSV or Parquet file or a saved ``datasets`` directory; a
+    :class:`UserError` naming the file (and line) for anything unreadable."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"env.dataset.path {path!r} does not exist")
+    if p.is_dir():
+        return _saved_dataset(p)
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _jsonl(p)
+    if suffix == ".csv":
+        with p.open(newline="", encoding="utf-8") as f:
+            return [dict(row) for row in csv.DictReader(f)]
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UserError(f"env.dataset.path {path!r}: reading Parquet needs pyarrow: {EXTRA}") from None
+        return pq.read_table(p).to_pylist()  # type: ignore[no-any-return]
+    raise UserError(
+        f"env.dataset.path {path!r}: use a .jsonl, .csv or .parquet file or a datasets save_to_disk directory"
+    )
+
+
+def _jsonl(p: Path) -> list[dict[str, Any]]:
+    rows = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"env.dataset.path {str(p)!r}, line {n}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise UserError(f"env.dataset.path {str(p)!r}, line {n}: a {type(row).__name__}, not an object")
+        rows.append(row)
+    return rows
+
+
+def _saved_dataset(p: Path) -> list[dict[str, Any]]:
+    """A ``save_to_disk`` directory; a ``DatasetDict``'s split names become the ``split`` column."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"env.dataset.path {str(p)!r}: a saved dataset directory needs datasets: {EXTRA}"
+        ) from None
+    loaded = datasets.load_from_disk(str(p))
+    if isinstance(loaded, datasets.DatasetDict):
+        return [{**row, "split": name} for name, part in loaded.items() for row in part]
+    return [dict(row) for row in loaded]
+
+
+class DatasetTasks(HashSplitTaskSource):
+    """The rows of a file as tasks; ``task_type`` ``dataset``, difficulty from ``difficulty_field``."""
+
+    task_types = ("dataset",)
+    salt = "dataset"
+
+    def __init__(self, dc: DatasetConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+        tasks = [_row_task(dc, i, row) for i, row in enumerate(read_rows(dc.path))]
+        if not tasks:
+            raise UserError(f"env.dataset.path {dc.path!r} has no rows")
+        self.split = dc.split_field
+        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == dc.heldout_value}
+        self.difficulties = tuple(sorted({t.difficulty for t, _ in tasks}))
+        super().__init__(seed=seed, heldout_size=heldout_size, min_difficulty=lo, max_difficulty=hi)
+        held = [t for t, _ in tasks if self.is_heldout(t) and t.difficulty in self.active_difficulties]
+        held_keys = {self.content_key(t) for t in held}
+        self.train = [t for t, _ in tasks if not self.is_heldout(t) and self.content_key(t) not in held_keys]
+        self.dropped = len(tasks) - len(self.train) - sum(self.is_heldout(t) for t, _ in tasks)
+        self._held_rows = list({self.content_key(t): t for t in held}.values())
+        self.scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
+        sample = self.train[: dc.hygiene_tasks]
+        refuse_lenient_scorer(
+            f"env.dataset.scorer {dc.scorer!r}",
+            lambda answer, k: self.scorer(answer, str(sample[k].payload["answer"])),
+            [str(t.payload["answer"]) for t in sample],
+        )
+
+    def is_heldout(self, task: Task) -> bool:
+        return task.id in self.held if self.split else super().is_heldout(task)
+
+    def content_key(self, task: Task) -> str:
+        return normalize(str(task.payload["prompt"]))
+
+    def generate(self, rng: random.Random, difficulty: int) -> Task:
+        rows = [t for t in self.train if t.difficulty == difficulty]
+        if not rows:
+            raise ValueError(f"env.dataset: no training rows of difficulty {difficulty}")
+        return rng.choice(rows)
+
+    def heldout(self) -> list[Task]:
+        """The first ``heldout_size`` held-out rows (file order, distinct prompts)."""
+        if len(self._held_rows) < self.heldout_size:
+            raise ValueError(
+                f"the file has {len(self._held_rows)} distinct held-out rows (in the difficulty range); "
+                f"lower env.heldout_size (now {self.heldout_size}) or add rows"
+            )
+        return self._held_rows[: self.heldout_size]
+
+
+def _row_task(dc: DatasetConfig, i: int, row: dict[str, Any]) -> tuple[Task, dict[str, Any]]:
+    """The task of row ``i`` (numbered from 0) and the row; a :class:`UserError` naming a missing field."""
+    for name in (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field):
+        if name is not None and row.get(name) is None:
+            raise UserError(
+                f"env.dataset.path {dc.path!r}: row {i} has no field {name!r} (it has {sorted(row)})"
+            )
+    payload = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": str(row[dc.answer_field]).strip()}
+    if dc.system_field:
+        payload["system"] = str(row[dc.system_field])
+    try:
+        difficulty = int(row[dc.difficulty_field]) if dc.difficulty_field else 0
+    except (TypeError, ValueError):
+        raise UserError(
+            f"env.dataset.path {dc.path!r}: row {i}: {dc.difficulty_field!r} is not an integer"
+        ) from None
+    key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
+    return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload), row
+
+
+class DatasetEnv(AnswerEnv):
+    """Answer a row's prompt; scored by ``env.dataset.scorer`` against the row's answer."""
+
+    kind = "dataset"
+    source_class = DatasetTasks
+
+    def __init__(self, dc: DatasetConfig, cfg: EnvConfig) -> None:
+        super().__init__(dc.tools, dc.reward, cfg.sandbox)
+        self.scorer: Scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> DatasetEnv:
+        return cls(answer_section(cfg, cls.kind), cfg)
+
+    @staticmethod
+    def gold(task: Task) -> str:
+        return str(task.payload["answer"])
+
+    def prompt(self, task: Task) -> str:
+        system = task.payload.get("system")
+        return f"{system}\n\n{task.payload['prompt']}" if system else str(task.payload["prompt"])
+
+    def score(self, answer: str) -> float:
+        assert self.task is not None
+        gold = str(self.task.payload["answer"])
+        return safe_score(lambda: self.scorer(answer, gold))
