@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.orchestrator.run import train
+from asyncrl.jobs.train import train
 from helpers import TINY_MODEL
 
 pytestmark = pytest.mark.slow
