@@ -105,7 +105,8 @@ class GenerationEngine(ABC):
 
     def probe(self, ids: Sequence[int]) -> list[float] | None:
         """``log p(ids[t] | ids[:t])`` for ``t = 1..len(ids)-1`` at temperature 1 under the weights the
-        engine serves now (what the weight-sync canary compares with the trainer's); ``None``: not
+        engine serves now (what the weight-sync canary compares with the trainer's), computed by as much
+        of the engine's generation path as the backend can run (its docstring says which); ``None``: not
         supported by this backend."""
         return None
 
