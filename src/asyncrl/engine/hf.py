@@ -401,7 +401,7 @@ class HFEngine(GenerationEngine):
         rows = min(2, self.max_batch)
         sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=len(tail))
         forced = torch.tensor([tail] * rows, dtype=torch.long)
-        with self._inference():
+        with _inference(self.model):
             samples = self._generate_chunk([head] * rows, [sp] * rows, forced)
         path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in samples), strict=True)]
         return full[: split - 1] + path
@@ -425,7 +425,7 @@ class HFEngine(GenerationEngine):
                 results[i] = Sample([], [], "length")
             else:
                 todo.append(i)
-        with self._inference():
+        with _inference(self.model):
             for start in range(0, len(todo), self.max_batch):
                 idx = todo[start : start + self.max_batch]
                 for i, s in zip(
@@ -435,17 +435,6 @@ class HFEngine(GenerationEngine):
                 ):
                     results[i] = s
         return [r for r in results if r is not None]
-
-    @contextmanager
-    def _inference(self) -> Iterator[None]:
-        """The model in eval mode, no autograd; its training flag restored after."""
-        was_training = self.model.training
-        self.model.train(False)
-        try:
-            with torch.inference_mode():
-                yield
-        finally:
-            self.model.train(was_training)
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: list[SamplingParams], forced: torch.Tensor | None = None
@@ -494,7 +483,7 @@ class HFEngine(GenerationEngine):
             assert isinstance(kept, (DynamicCache, StaticCache))
             active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
             self._store(kept, active, st.rows, st.valid, prompts, st.out_tokens, st.n_out)
-        return self._collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
+        return _collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
 
     def _decode(
         self,
@@ -573,7 +562,9 @@ class HFEngine(GenerationEngine):
         width = max(map(len, prompts))
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         valid = torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]
-        kv_rows = self._gather([plan.pieces(n) for n in plan.row_leaf], sources, width, width + room)
+        kv_rows = _gather(
+            self.model, self.device, [plan.pieces(n) for n in plan.row_leaf], sources, width, width + room
+        )
         logits = torch.stack([span_logits[plan.node_span[n]] for n in plan.row_leaf])
         if room == 0:
             return logits, kv_rows, valid
@@ -612,33 +603,19 @@ class HFEngine(GenerationEngine):
         mask = as_attention_bias(allowed[:, None], self.model.config._attn_implementation)
         kv: torch.Tensor | None = None
         if self._plain:
-            kv = self._gather([plan.pieces(sp.parent) for sp in spans], sources, n_cached, width + room)
+            kv = _gather(
+                self.model,
+                self.device,
+                [plan.pieces(sp.parent) for sp in spans],
+                sources,
+                n_cached,
+                width + room,
+            )
             cache = _buffer_cache(kv, n_cached, self.model.config)
         else:  # sliding-window layers: the model's own growing cache (nothing shared, no prefix cache)
             cache = DynamicCache(config=self.model.config)
         logits = last_logits(self.model, input_ids, position_ids, mask, cache)
         return logits, cache, valid, kv
-
-    def _gather(
-        self, paths: list[list[Piece]], sources: dict[tuple[str, int], torch.Tensor], end: int, cols: int
-    ) -> torch.Tensor:
-        """``[layers, 2, len(paths), kv_heads, cols, head_dim]``: each path's KV right-aligned at column ``end``.
-
-        Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
-        the forward passes to write.
-        """
-        layers, heads, dim = _kv_dims(self.model)
-        kv = torch.empty(
-            (layers, 2, len(paths), heads, cols, dim), dtype=self.model.dtype, device=self.device
-        )
-        for i, pieces in enumerate(paths):
-            col = end - sum(p.length for p in pieces)
-            kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
-            for p in pieces:
-                src = sources[p.source]
-                kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
-                col += p.length
-        return kv
 
     # ---- prefix cache ------------------------------------------------------------------------
     def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
@@ -701,18 +678,56 @@ class HFEngine(GenerationEngine):
             self._decoders[rows] = dec
         return dec
 
-    @staticmethod
-    def _collect(
-        out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
-    ) -> list[Sample]:
-        tokens = out_tokens.cpu().tolist()
-        logprobs = out_logprobs.cpu().tolist()
-        counts = n_out.cpu().tolist()
-        stop_flags = stopped.cpu().tolist()
-        return [
-            Sample(t[:n], lp[:n], "stop" if s else "length")
-            for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
-        ]
+
+@contextmanager
+def _inference(model: PreTrainedModel) -> Iterator[None]:
+    """``model`` in eval mode, no autograd; its training flag restored after."""
+    was_training = model.training
+    model.train(False)
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _gather(
+    model: PreTrainedModel,
+    device: torch.device,
+    paths: list[list[Piece]],
+    sources: dict[tuple[str, int], torch.Tensor],
+    end: int,
+    cols: int,
+) -> torch.Tensor:
+    """``[layers, 2, len(paths), kv_heads, cols, head_dim]``: each path's KV right-aligned at column ``end``.
+
+    Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
+    the forward passes to write.
+    """
+    layers, heads, dim = _kv_dims(model)
+    kv = torch.empty((layers, 2, len(paths), heads, cols, dim), dtype=model.dtype, device=device)
+    for i, pieces in enumerate(paths):
+        col = end - sum(p.length for p in pieces)
+        kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
+        for p in pieces:
+            src = sources[p.source]
+            kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
+            col += p.length
+    return kv
+
+
+def _collect(
+    out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
+) -> list[Sample]:
+    """The chunk's rows as :class:`Sample` s (their first ``n_out`` tokens and log-probs)."""
+    tokens = out_tokens.cpu().tolist()
+    logprobs = out_logprobs.cpu().tolist()
+    counts = n_out.cpu().tolist()
+    stop_flags = stopped.cpu().tolist()
+    return [
+        Sample(t[:n], lp[:n], "stop" if s else "length")
+        for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
+    ]
 
 
 def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
