@@ -31,8 +31,7 @@ class CanaryConfig(Section):
     probe_tolerance_float32: float = Field(1e-4, gt=0)
     """Default tolerance in float32. Engine and trainer then differ by rounding only: at most 6.3e-6 on
     SmolLM2 with the built-in engine on CPU (its cached prefill and decode steps), 1.5e-7-4.2e-7 for
-    vLLM vs the trainer on CPU
-    (docs/engines.md) — over 200x margin — while one LoRA step of ±1e-4 per element moves the SmolLM2
+    vLLM vs the trainer on CPU (docs/engines.md) — 16x margin or more — while one LoRA step of ±1e-4 per element moves the SmolLM2
     probe by 8.5e-4 to 1.3e-3 (bench/canary_cost.py), so even a one-version-stale engine shows."""
     probe_tolerance_half: float = Field(0.2, gt=0)
     """Default tolerance when either side computes in bfloat16 or float16: the same SmolLM2 weights in
