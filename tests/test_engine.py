@@ -394,6 +394,34 @@ def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     assert engine.version == 4
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_the_canary_probe_runs_the_generation_path(static: bool) -> None:
+    """``probe``: the trainer's log-probs (noise floor), the second half through prefill + decode steps."""
+    from asyncrl.policy.canary import probe_logprobs
+
+    policy = tiny("llama", peaky=PEAKY)
+    engine = HFEngine(
+        policy,
+        [2],
+        seed=0,
+        max_batch=8,
+        cuda_graphs=False,
+        static_cache=static,
+        prefix_cache_mb=8,
+        prefix_sharing=True,
+    )
+    ids = random_prompts(1, 32, 32, seed=3)[0] + [2]  # a stop token inside: fed, not a stop
+    got, want = engine.probe(ids), probe_logprobs(policy.model, ids)
+    assert len(got) == len(want) == 32
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOL_MAX
+    assert engine.decode_steps == 33 - 16 - 1 and engine.static_chunks == int(static)
+    assert (
+        engine.prefill_tokens_computed == 16 and engine.prefill_tokens_shared == 16
+    )  # two rows, one prefill
+    assert engine.prefix_cache is not None and len(engine.prefix_cache) == 1  # its KV kept, as for any call
+    assert engine.probe(ids) == pytest.approx(got, abs=LOGPROB_TOL_MAX) and engine.prefill_tokens_reused == 30
+
+
 def test_generate_leaves_train_mode_and_grads_alone() -> None:
     policy = tiny()
     policy.model.train()
