@@ -41,6 +41,20 @@ def lora(path: Path) -> ModelConfig:
     return ModelConfig(path=str(path), lora={"rank": 4, "alpha": 8})
 
 
+LR = 2e-4
+"""One optimiser step of this size is the smallest fault the canary must refuse (a version one step stale)."""
+
+
+def adam_step(policy: Policy, lr: float = LR) -> None:
+    """One Adam step at ``lr`` on the trainable parameters (each moves by about ``lr``)."""
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    ids = torch.arange(10, 42)[None]
+    with torch.enable_grad():
+        policy.model(ids, labels=ids).loss.backward()
+    torch.optim.Adam(params, lr=lr).step()
+    policy.model.zero_grad(set_to_none=True)
+
+
 def perturb(policy: Policy, scale: float = 0.3) -> None:
     with torch.no_grad():
         for p in policy.model.parameters():
@@ -50,7 +64,9 @@ def perturb(policy: Policy, scale: float = 0.3) -> None:
 
 class BrokenEngine(HFEngine):
     """The built-in engine with one faulty load (``fault``), then correct again (a transient fault);
-    ``persistent`` keeps the adapter switched off after an ``inactive`` fault."""
+    ``persistent`` keeps the adapter switched off after an ``inactive`` fault. ``one_step``: the served
+    weights are the published ones plus one Adam step at :data:`LR`; ``stale_cache``: the weights load
+    but the prefix cache keeps the previous version's KV (as if entries were not keyed by version)."""
 
     fault = ""
     persistent = False
@@ -69,7 +85,16 @@ class BrokenEngine(HFEngine):
         if fault == "other_version":
             assert self.stale is not None
             tensors = self.stale
+        if fault == "stale_cache":
+            assert self.prefix_cache is not None
+            self.policy.load_tensors(tensors)
+            self.version = version
+            for entry in self.prefix_cache.entries.values():
+                entry.version = version
+            return
         super().load_weights(version, tensors, path=path)
+        if fault == "one_step":
+            adam_step(self.policy)
         if fault == "inactive":  # in place, but the forward pass does not use it
             set_lora_scaling(self.model, 0.0)
         self.stale = tensors
@@ -91,11 +116,13 @@ def _rename(name: str, swap: dict[str, str]) -> str:
 class Rig:
     """A trainer policy publishing to a store, and a worker's engine following it with the canary."""
 
-    def __init__(self, tiny: Path, tmp: Path, canary: CanaryConfig = CANARY) -> None:
+    def __init__(self, tiny: Path, tmp: Path, canary: CanaryConfig = CANARY, **engine: Any) -> None:
         cfg = lora(tiny)
         torch.manual_seed(0)
         self.trainer = Policy.load(tiny, cfg=cfg)
-        self.engine = BrokenEngine(Policy.load(tiny, cfg=cfg), [2], max_batch=8, cuda_graphs=False, seed=0)
+        self.engine = BrokenEngine(
+            Policy.load(tiny, cfg=cfg), [2], max_batch=8, cuda_graphs=False, seed=0, **engine
+        )
         self.engine.version = -1
         self.store = make_weight_store(LocalWeightsConfig(keep=10), tmp)
         self.events = tmp / "rollout-0.jsonl"
@@ -192,6 +219,34 @@ def test_a_broken_load_is_refused_and_the_previous_version_kept(
     rig.publish()
     rig.follower.refresh()
     assert rig.engine.version == bad + 1 and rig.canary.failed == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "static"), [("one_step", False), ("stale_cache", False), ("stale_cache", True)]
+)
+def test_a_fault_one_adam_step_small_is_refused(tiny: Path, tmp_path: Path, fault: str, static: bool) -> None:
+    """Served weights one Adam step (lr 2e-4) off the published ones are refused by both parts; a prefix
+    cache still holding the KV of the version one step before (correct weights, stale cache) is seen by
+    the probe alone, through the engine's generation path (cached prefill + decode steps)."""
+    rig = Rig(tiny, tmp_path, prefix_cache_mb=64, prefix_sharing=True, static_cache=static)
+    perturb(rig.trainer)
+    rig.publish()
+    rig.follower.refresh()  # version 0 loads; its probe leaves its KV in the prefix cache
+    assert rig.canary.failed == 0 and rig.engine.version == 0
+    adam_step(rig.trainer)  # version 1: one optimiser step on
+    bad = rig.publish()
+    rig.engine.fault = fault
+    rig.follower.refresh()
+    assert rig.canary.failed == 1 and rig.reported == [bad] and rig.engine.version == 0
+    assert rig.served_probe(0) < 1e-5  # back on version 0, exactly (the probe's own noise floor)
+    (event,) = rig.failures()
+    assert event["probe_mean_abs_diff"] > event["probe_tolerance"], event
+    if fault == "one_step":
+        assert event["tensors_differing_count"] > 0
+    else:  # the weights are right: only the generation path's cached KV is old
+        assert event["tensors_differing_count"] == 0
+        assert rig.engine.prefill_tokens_reused > 0
+    print(f"{fault} static={static}: probe mean |dlogp| {event['probe_mean_abs_diff']:.2e}")
 
 
 def test_a_persistent_fault_stops_the_worker_rather_than_serve_unverified_weights(

@@ -145,6 +145,13 @@ def _check_invariance(tmp_path: Path, args: list[str], model_dir: str | None, st
         share = 0.5 if cfg.trainer.parallel == "fsdp" else 1.0  # fsdp: each rank holds half of each tensor
         assert m["held_elements"] == pytest.approx(share * whole, rel=0.02)
     assert one["train/microbatches"] >= 2  # the split had something to split (one per rank at least)
+    assert not any(k.startswith("train/microbatches_rank") for k in one)  # one rank: no split to report
+    for rank in (0, 1):  # each rank did its share: the sum alone would not show a rank that ran nothing
+        m = json.loads((tmp_path / f"metrics-{rank}.json").read_text())
+        counts = [m[f"train/microbatches_rank{r}"] for r in (0, 1)]
+        assert min(counts) >= 1 and sum(counts) == m["train/microbatches"] == one["train/microbatches"], (
+            counts
+        )
     if cfg.trainer.parallel == "fsdp":
         _check_published_and_saved(cfg, policy, tmp_path)
     moved = [n for n in trainable if not torch.equal(ref[n], _policy(cfg, model_dir).model.state_dict()[n])]

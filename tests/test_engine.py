@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,15 +20,33 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64}
 
 
-def tiny(family: str = "qwen2", seed: int = 0, peaky: float = 0.0, **kw: int) -> Policy:
+def tiny(family: str = "qwen2", seed: int = 0, peaky: float = 0.0, attn: str = "sdpa", **kw: int) -> Policy:
     """A tiny policy; ``peaky`` scales the (tied) embeddings so next-token distributions are far from uniform."""
-    policy = Policy.build(ModelConfig(family=family, seed=seed, **{**TINY, **kw}))  # type: ignore[arg-type,unused-ignore]
+    cfg = ModelConfig(family=family, seed=seed, **{**TINY, **kw})  # type: ignore[arg-type,unused-ignore]
+    policy = Policy.build(cfg, attn_implementation=attn)
     if peaky:
         with torch.no_grad():
             weight = policy.model.get_input_embeddings().weight
             assert isinstance(weight, torch.Tensor)
             weight.mul_(peaky)
     return policy
+
+
+PEAKY = 4.0
+"""Embedding scale of the log-prob agreement tests' models: next-token distributions far from uniform
+(mean sampled log-prob about -3.9 against -4.6 unscaled), so that a position or cache bug moves them
+(a decode-position shift by one: max |Δ| about 1e-3, mean 6e-5, 100x the tolerance below)."""
+LOGPROB_FLOOR_MAX = 1.2e-6
+"""The float32 noise floor of engine vs trainer log-probs on the CPU: the largest ``|Δ|`` per sampled
+token, 4.8e-7 to 1.19e-6 (mean ``|Δ|`` 1.3e-7 to 1.8e-7) over qwen2 / llama, growing / static cache,
+prefix sharing on / off, temperature 0.7 / 1.0, 24 prompts x 24 tokens, prefix cache off, one thread.
+Measured with ``pytest tests/test_engine.py -k agree_with_trainer -s`` (it prints each case)."""
+LOGPROB_FLOOR_MEAN = 1.8e-7
+"""The float32 noise floor of the mean ``|Δ|`` (same measurement as :data:`LOGPROB_FLOOR_MAX`)."""
+LOGPROB_TOL_MAX = 1e-5
+"""Tolerance on the largest ``|Δ|``: about 8x :data:`LOGPROB_FLOOR_MAX`."""
+LOGPROB_TOL_MEAN = 1e-6
+"""Tolerance on the mean ``|Δ|``: about 5x :data:`LOGPROB_FLOOR_MEAN`."""
 
 
 def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
@@ -59,6 +78,28 @@ def recomputed(
     ]
 
 
+def logprob_error(
+    policy: Policy, prompts: list[list[int]], samples: list[Sample], temps: list[float]
+) -> torch.Tensor:
+    """``|engine − trainer|`` of every sampled token's behaviour log-prob (top_p = 1)."""
+    ref = recomputed(policy, prompts, samples, temps)
+    return torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
+
+
+def assert_at_noise_floor(delta: torch.Tensor, what: str = "") -> None:
+    """Engine and trainer agree to float32 rounding (:data:`LOGPROB_TOL_MAX`, :data:`LOGPROB_TOL_MEAN`)."""
+    print(f"{what}: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}")
+    assert delta.numel() > 0
+    assert float(delta.max()) < LOGPROB_TOL_MAX, (what, float(delta.max()))
+    assert float(delta.mean()) < LOGPROB_TOL_MEAN, (what, float(delta.mean()))
+
+
+def uncached_engine(policy: Policy, **kw: Any) -> HFEngine:
+    """The built-in engine with the prefix cache OFF (``prefix_cache_mb=0``), so that every prefill and
+    decode step is computed in this call: a position or cache bug cannot hide behind a cache hit."""
+    return HFEngine(policy, kw.pop("stops", [2, 50, 60]), cuda_graphs=False, prefix_cache_mb=0, **kw)
+
+
 def greedy_reference(policy: Policy, prompt: list[int], n: int) -> list[int]:
     """Unbatched, uncached argmax decoding."""
     seq = list(prompt)
@@ -70,50 +111,50 @@ def greedy_reference(policy: Policy, prompt: list[int], n: int) -> list[int]:
 
 # ---- the key property ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("family", "temperature", "compact", "attn"),
+    ("family", "temperature", "compact", "attn", "static", "share"),
     [
-        ("qwen2", 1.0, 0.25, "sdpa"),
-        ("qwen2", 0.7, 0.0, "sdpa"),
-        ("llama", 1.0, 1.0, "sdpa"),
-        ("llama", 0.7, 0.25, "sdpa"),
-        ("qwen2", 0.7, 0.25, "eager"),
+        ("qwen2", 1.0, 0.25, "sdpa", False, False),
+        ("qwen2", 0.7, 0.0, "sdpa", False, True),
+        ("llama", 1.0, 1.0, "sdpa", False, True),
+        ("llama", 0.7, 0.25, "sdpa", False, False),
+        ("qwen2", 0.7, 0.25, "eager", False, False),
+        ("qwen2", 0.7, 0.25, "sdpa", True, False),
+        ("llama", 1.0, 0.25, "sdpa", True, True),
+        ("qwen2", 1.0, 0.25, "eager", True, False),
     ],
 )
-def test_logprobs_agree_with_trainer(family: str, temperature: float, compact: float, attn: str) -> None:
-    policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
-    prompts = random_prompts(24, 2, 40, seed=1)
+def test_logprobs_agree_with_trainer(
+    family: str, temperature: float, compact: float, attn: str, static: bool, share: bool
+) -> None:
+    """Behaviour log-probs equal the trainer's to the float32 noise floor, prefix cache off: a decode or
+    prefill position shifted by one, a KV entry in the wrong slot, a temperature not applied or a
+    prompt token lost each moves them 100x past the tolerance."""
+    policy = tiny(family, peaky=PEAKY, attn=attn)
+    prompts = random_prompts(24 if not static else 21, 2, 40, seed=1)  # static: 21 rows in a 32-row bucket
     assert len({len(p) for p in prompts}) > 10
-    engine = make_engine(HFEngineConfig(max_batch=16), policy, stop_token_ids=[2, 50, 60], seed=0)
-    assert isinstance(engine, HFEngine)
-    engine.compact_fraction = compact
+    engine = uncached_engine(
+        policy,
+        seed=0,
+        max_batch=16 if not static else 32,
+        compact_fraction=compact,
+        static_cache=static,
+        prefix_sharing=share,
+    )
     samples = engine.generate(prompts, SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=24))
     assert {s.finish_reason for s in samples} == {"stop", "length"}
-    ref = recomputed(policy, prompts, samples, [temperature] * len(prompts))
-    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
-    print(
-        f"{family}/{attn} T={temperature}: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}"
-    )
-    assert delta.mean() < 1e-4
-    assert delta.max() < 1e-3
+    assert engine.static_chunks == int(static) and engine.prefill_tokens_reused == 0
+    delta = logprob_error(policy, prompts, samples, [temperature] * len(prompts))
+    assert_at_noise_floor(delta, f"{family}/{attn} T={temperature} static={static} share={share}")
 
 
-# ---- the static-cache (GPU launch-efficient) decoding path ----------------------------------------
-@pytest.mark.parametrize(("family", "attn"), [("qwen2", "sdpa"), ("llama", "sdpa"), ("qwen2", "eager")])
-def test_static_cache_logprobs_agree_with_trainer(family: str, attn: str) -> None:
-    """The static path (fixed buckets, preallocated cache, mask buffer) samples the same distribution."""
-    policy = Policy.build(ModelConfig(family=family, **TINY), attn_implementation=attn)  # type: ignore[arg-type,unused-ignore]
-    prompts = random_prompts(21, 2, 40, seed=1)  # 21 rows: a 32-row bucket with 11 dummy rows
-    engine = make_engine(
-        HFEngineConfig(max_batch=32, static_cache="on"), policy, stop_token_ids=[2, 50, 60], seed=0
-    )
-    assert isinstance(engine, HFEngine) and engine.static_cache
-    samples = engine.generate(prompts, SamplingParams(temperature=0.8, max_new_tokens=24))
-    assert engine.static_chunks == 1 and sorted(engine._decoders) == [32]
-    assert {s.finish_reason for s in samples} == {"stop", "length"}
-    ref = recomputed(policy, prompts, samples, [0.8] * len(prompts))
-    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
-    assert delta.mean() < 1e-4
-    assert delta.max() < 1e-3
+def test_default_engine_config_logprobs_agree_with_trainer() -> None:
+    """The engine as ``make_engine`` builds it by default (prefix cache and sharing on)."""
+    policy = tiny("llama", peaky=PEAKY)
+    engine = make_engine(HFEngineConfig(max_batch=16), policy, stop_token_ids=[2, 50, 60], seed=0)
+    assert isinstance(engine, HFEngine) and engine.prefix_cache is not None
+    prompts = random_prompts(24, 2, 40, seed=1)
+    samples = engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=24))
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [0.7] * len(prompts)), "default config")
 
 
 def test_static_cache_greedy_equals_growing_cache_and_reuses_buffers() -> None:
@@ -166,14 +207,12 @@ def test_engine_device_settings() -> None:
 
 
 def test_logprobs_agree_with_per_prompt_temperature() -> None:
-    policy = tiny()
+    policy = tiny(peaky=PEAKY)
     prompts = random_prompts(16, 1, 30, seed=2)
     temps = [0.5 + 0.05 * i for i in range(16)]
     params = [SamplingParams(temperature=t, max_new_tokens=16) for t in temps]
-    samples = HFEngine(policy, [2], seed=3, max_batch=64, cuda_graphs=False).generate(prompts, params)
-    ref = recomputed(policy, prompts, samples, temps)
-    delta = torch.cat([(r - torch.tensor(s.logprobs)).abs() for r, s in zip(ref, samples, strict=True)])
-    assert delta.mean() < 1e-4 and delta.max() < 1e-3
+    samples = uncached_engine(policy, stops=[2], seed=3, max_batch=64).generate(prompts, params)
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, temps), "per-prompt temperature")
 
 
 def test_top_p_logprobs_are_of_the_renormalised_nucleus() -> None:
@@ -353,6 +392,34 @@ def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
         engine.load_weights(5, read_weights(tmp_path / "missing"))
     assert engine.version == 4
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_canary_probe_runs_the_generation_path(static: bool) -> None:
+    """``probe``: the trainer's log-probs (noise floor), the second half through prefill + decode steps."""
+    from asyncrl.policy.canary import probe_logprobs
+
+    policy = tiny("llama", peaky=PEAKY)
+    engine = HFEngine(
+        policy,
+        [2],
+        seed=0,
+        max_batch=8,
+        cuda_graphs=False,
+        static_cache=static,
+        prefix_cache_mb=8,
+        prefix_sharing=True,
+    )
+    ids = random_prompts(1, 32, 32, seed=3)[0] + [2]  # a stop token inside: fed, not a stop
+    got, want = engine.probe(ids), probe_logprobs(policy.model, ids)
+    assert len(got) == len(want) == 32
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOL_MAX
+    assert engine.decode_steps == 33 - 16 - 1 and engine.static_chunks == int(static)
+    assert (
+        engine.prefill_tokens_computed == 16 and engine.prefill_tokens_shared == 16
+    )  # two rows, one prefill
+    assert engine.prefix_cache is not None and len(engine.prefix_cache) == 1  # its KV kept, as for any call
+    assert engine.probe(ids) == pytest.approx(got, abs=LOGPROB_TOL_MAX) and engine.prefill_tokens_reused == 30
 
 
 def test_generate_leaves_train_mode_and_grads_alone() -> None:

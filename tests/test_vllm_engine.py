@@ -38,6 +38,19 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 96}
 # the demo's shape: head size 64 / 4 = 16, which vLLM's CPU attention lacks: served padded to 32.
 DEMO = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192}
+VLLM_FLOOR_MAX = 2.4e-6
+"""The float32 noise floor of vLLM (CPU) vs the trainer's log-probs: the largest ``|Δ|`` per sampled
+token, 4.8e-7 to 2.4e-6 (mean 1.6e-7 to 4.2e-7) over the tiny, small and padded demo models, 1,024 tokens
+each (docs/engines.md, measured with ``bench/engines.py``; this file's own runs: max 9.5e-7 and 1.9e-6)."""
+VLLM_TOL_MAX = 2e-5
+"""Tolerance on the largest ``|Δ|``: about 8x :data:`VLLM_FLOOR_MAX` (was 1e-2, which hid position bugs)."""
+VLLM_TOL_MEAN = 2e-6
+"""Tolerance on the mean ``|Δ|``: about 5x the largest measured mean (4.2e-7)."""
+
+
+def at_vllm_floor(delta: torch.Tensor) -> bool:
+    """vLLM's log-probs equal the trainer's to float32 rounding (:data:`VLLM_TOL_MAX`, :data:`VLLM_TOL_MEAN`)."""
+    return delta.numel() > 0 and float(delta.max()) < VLLM_TOL_MAX and float(delta.mean()) < VLLM_TOL_MEAN
 
 
 def tiny(seed: int = 0, peaky: float = 0.0, shape: dict[str, int] = TINY) -> Policy:
@@ -181,7 +194,7 @@ def test_vllm_logprobs_agree_with_trainer_and_stops_hold(vllm_setup: tuple[Any, 
     assert {s.finish_reason for s in samples} == {"stop", "length"}
     delta = recomputed(policy, prompts, samples, temps).abs()
     print(f"vllm vs trainer: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}")
-    assert delta.mean() < 1e-4 and delta.max() < 1e-2
+    assert at_vllm_floor(delta)
 
 
 @pytest.mark.vllm
@@ -221,7 +234,7 @@ def test_vllm_reloads_versioned_snapshots(vllm_setup: tuple[Any, Policy], tmp_pa
     after = engine.generate(prompts + shared, sp)
     d_new = recomputed(other, prompts + shared, after, [1.0] * 13).abs()
     d_old = recomputed(policy, prompts + shared, after, [1.0] * 13).abs()
-    assert d_new.mean() < 1e-4 and d_new.max() < 1e-2  # sampled from the new weights, cache included
+    assert at_vllm_floor(d_new)  # sampled from the new weights, cache included
     assert d_old.mean() > 100 * d_new.mean()
 
     # The snapshot directory vanished (retention) after verification: the verified tensors are used.
@@ -231,7 +244,7 @@ def test_vllm_reloads_versioned_snapshots(vllm_setup: tuple[Any, Policy], tmp_pa
     engine.load_weights(start + 2, loaded.tensors, path=loaded.path)
     assert engine.version == start + 2
     back = engine.generate(prompts, sp)
-    assert recomputed(policy, prompts, back, [1.0] * 12).abs().mean() < 1e-4
+    assert at_vllm_floor(recomputed(policy, prompts, back, [1.0] * 12).abs())
     assert len(engine.reload_seconds) >= 2 and max(engine.reload_seconds) < 30
 
 
@@ -298,7 +311,7 @@ def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
         print(
             f"padded 16->32: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}"
         )
-        assert delta.mean() < 1e-4 and delta.max() < 1e-2
+        assert at_vllm_floor(delta)
 
         sp = SamplingParams(temperature=1.0, max_new_tokens=12)
         other = tiny(seed=7, peaky=4.0, shape=DEMO)
@@ -318,7 +331,7 @@ def test_vllm_pads_the_demo_heads_exactly(tmp_path: Path) -> None:
             out = engine.generate(prompts, sp)
             d_new = recomputed(source, prompts, out, [1.0] * len(prompts)).abs()
             d_old = recomputed(policy if source is other else other, prompts, out, [1.0] * len(prompts)).abs()
-            assert d_new.mean() < 1e-4 and d_new.max() < 1e-2, how  # the reloaded weights, padded
+            assert at_vllm_floor(d_new), how  # the reloaded weights, padded
             assert d_old.mean() > 100 * d_new.mean(), how
     finally:
         engine.close()

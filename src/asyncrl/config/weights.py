@@ -21,15 +21,17 @@ class CanaryConfig(Section):
     """Record the canary at every publish and check it at every load. Off: versions are loaded unchecked."""
     probe_tokens: int = Field(32, ge=2, le=4096)
     """Length of the probe prompt in tokens (capped by the context). Its cost per load is one forward
-    pass of this many tokens in the engine, and one in the trainer per publish."""
+    pass of this many tokens in the engine and, in the built-in engine, a prefill of half of them and
+    a decode step per token of the other half (its generation path); one forward in the trainer per
+    publish."""
     probe_tolerance: float | None = Field(None, gt=0)
     """Largest ``mean |Δ log p|`` over the probe tokens between the engine and the trainer. Unset: by
     dtype, ``probe_tolerance_float32`` when the trainer and the engine both compute in float32, else
     ``probe_tolerance_half``."""
     probe_tolerance_float32: float = Field(1e-4, gt=0)
-    """Default tolerance in float32. Engine and trainer then differ by rounding only: 0 on SmolLM2 with the
-    built-in engine on CPU (the same kernels), 1.5e-7-4.2e-7 for vLLM vs the trainer on CPU
-    (docs/engines.md) — over 200x margin — while one LoRA step of ±1e-4 per element moves the SmolLM2
+    """Default tolerance in float32. Engine and trainer then differ by rounding only: at most 6.3e-6 on
+    SmolLM2 with the built-in engine on CPU (its cached prefill and decode steps), 1.5e-7-4.2e-7 for
+    vLLM vs the trainer on CPU (docs/engines.md) — 16x margin or more — while one LoRA step of ±1e-4 per element moves the SmolLM2
     probe by 8.5e-4 to 1.3e-3 (bench/canary_cost.py), so even a one-version-stale engine shows."""
     probe_tolerance_half: float = Field(0.2, gt=0)
     """Default tolerance when either side computes in bfloat16 or float16: the same SmolLM2 weights in

@@ -25,7 +25,8 @@ written by :meth:`~asyncrl.policy.model.Policy.save` or the weight store, read i
 
 With ``top_p = 1`` step 2 is the identity, so the recorded value equals
 :func:`asyncrl.policy.model.token_logprobs` with the same temperature, which is what the
-trainer recomputes (to float32 rounding; the test suite pins mean ``|Δ| < 1e-4``). With
+trainer recomputes (to float32 rounding; the test suite pins max ``|Δ| < 1e-5``, mean ``< 1e-6``,
+about 8x and 5x the measured floor: docs/engines.md#log-prob-tolerances-and-the-mutants-they-catch). With
 ``top_p < 1`` the recorded value is larger by ``-log(nucleus mass)``: the trainer's
 tempered-softmax log-prob does not model truncation, and that gap is absorbed by the
 importance ratio like any other behaviour/target mismatch.
@@ -104,7 +105,8 @@ class GenerationEngine(ABC):
 
     def probe(self, ids: Sequence[int]) -> list[float] | None:
         """``log p(ids[t] | ids[:t])`` for ``t = 1..len(ids)-1`` at temperature 1 under the weights the
-        engine serves now (what the weight-sync canary compares with the trainer's); ``None``: not
+        engine serves now (what the weight-sync canary compares with the trainer's), computed by as much
+        of the engine's generation path as the backend can run (its docstring says which); ``None``: not
         supported by this backend."""
         return None
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +37,18 @@ with the growing cache instead."""
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    generator: torch.Generator | None,
+    forced: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return ``(tokens [B], behaviour log-probs [B])``.
 
     ``logits`` is ``[B, V]``, ``temperature`` and ``top_p`` are ``[B]``. The log-prob is
     taken from ``log_softmax`` (not ``log(softmax)``) and the nucleus correction is
     ``- log(kept mass)``, so both are exact to float32 rounding even for unlikely tokens.
+    ``forced`` ``[B]``: take these tokens instead of drawing (teacher forcing, the canary's probe).
     """
     logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
     probs = logp.exp()
@@ -58,7 +64,7 @@ def sample_tokens(
         keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
         probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
         log_mass = torch.where(nucleus, probs.sum(-1).log(), log_mass)
-    tokens = draw(probs, generator)
+    tokens = draw(probs, generator) if forced is None else forced
     lp = logp.gather(-1, tokens[:, None]).squeeze(-1) - log_mass
     return tokens, lp
 
@@ -229,6 +235,7 @@ class _DecodeState:
     temperature: torch.Tensor
     top_p: torch.Tensor
     valid: torch.Tensor  # [active rows, columns]: the KV columns each row sees
+    forced: torch.Tensor | None = None  # [rows_run, max_steps]: tokens to feed instead of sampling
 
     @classmethod
     def start(
@@ -381,8 +388,23 @@ class HFEngine(GenerationEngine):
         return fingerprint({n: state[n] for n in names if n in state})
 
     def probe(self, ids: Sequence[int]) -> list[float]:
-        """One uncached forward pass of the model that generates (eval mode); see the interface."""
-        return probe_logprobs(self.model, ids)
+        """``log p(ids[t] | ids[:t])``, ``t = 1..n-1`` (see the interface): ``t < n/2`` from one uncached
+        forward pass (:func:`~asyncrl.policy.canary.probe_logprobs`), ``t >= n/2`` through the generation
+        path — :meth:`_generate_chunk` on two rows prompted with ``ids[:n/2]`` (a group: with prefix
+        sharing their prefill is shared and gathered; the prefix cache is looked up and stored as for any
+        call), then ``ids[n/2:]`` fed token by token through the decode loop (static decoder and CUDA
+        graphs where those are on), the two rows' log-probs averaged. Counts in the engine's prefill and
+        decode figures like any call."""
+        full = probe_logprobs(self.model, ids)
+        split = max(1, len(ids) // 2)
+        head, tail = list(ids[:split]), list(ids[split:])
+        rows = min(2, self.max_batch)
+        sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=len(tail))
+        forced = torch.tensor([tail] * rows, dtype=torch.long)
+        with _inference(self.model):
+            samples = self._generate_chunk([head] * rows, [sp] * rows, forced)
+        path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in samples), strict=True)]
+        return full[: split - 1] + path
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""
@@ -403,24 +425,22 @@ class HFEngine(GenerationEngine):
                 results[i] = Sample([], [], "length")
             else:
                 todo.append(i)
-        was_training = self.model.training
-        self.model.train(False)
-        try:
-            with torch.inference_mode():
-                for start in range(0, len(todo), self.max_batch):
-                    idx = todo[start : start + self.max_batch]
-                    for i, s in zip(
-                        idx,
-                        self._generate_chunk([prompts[i] for i in idx], [params[i] for i in idx]),
-                        strict=True,
-                    ):
-                        results[i] = s
-        finally:
-            self.model.train(was_training)
+        with _inference(self.model):
+            for start in range(0, len(todo), self.max_batch):
+                idx = todo[start : start + self.max_batch]
+                for i, s in zip(
+                    idx,
+                    self._generate_chunk([prompts[i] for i in idx], [params[i] for i in idx]),
+                    strict=True,
+                ):
+                    results[i] = s
         return [r for r in results if r is not None]
 
-    def _generate_chunk(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Sample]:
-        """Prefill the rows' prompts (shared prefixes once), then decode them together to the end."""
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: list[SamplingParams], forced: torch.Tensor | None = None
+    ) -> list[Sample]:
+        """Prefill the rows' prompts (shared prefixes once), then decode them together to the end
+        (``forced`` ``[rows, max_new_tokens]``: feed these tokens instead of sampling; stops ignored)."""
         b = len(prompts)
         hits = self._lookup(prompts)
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
@@ -451,6 +471,8 @@ class HFEngine(GenerationEngine):
         self.prefill_tokens_shared += int(lengths.sum()) - plan.computed_tokens - plan.reused_tokens
 
         st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
+        if forced is not None:
+            st.forced = _pad_rows(forced[:, :max_steps].to(self.device), rows_run)
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
         steps = self._decode(st, logits, cache, decoder, width, prompts)
@@ -461,7 +483,7 @@ class HFEngine(GenerationEngine):
             assert isinstance(kept, (DynamicCache, StaticCache))
             active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
             self._store(kept, active, st.rows, st.valid, prompts, st.out_tokens, st.n_out)
-        return self._collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
+        return _collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
 
     def _decode(
         self,
@@ -476,13 +498,14 @@ class HFEngine(GenerationEngine):
         attn = self.model.config._attn_implementation
         steps = 0
         for step in range(st.out_tokens.shape[1]):
-            tok, lp = sample_tokens(logits, st.temperature, st.top_p, self.generator)
+            forced = None if st.forced is None else st.forced[st.rows, step]
+            tok, lp = sample_tokens(logits, st.temperature, st.top_p, self.generator, forced)
             # Finished rows still in the batch write past their n_out; those are ignored.
             live = ~st.finished
             st.out_tokens[st.rows, step] = tok
             st.out_logprobs[st.rows, step] = lp
             st.n_out[st.rows] = torch.where(live, step + 1, st.n_out[st.rows])
-            hit_stop = live & torch.isin(tok, self._stop)
+            hit_stop = live & torch.isin(tok, self._stop) & (forced is None)  # a forced row runs its budget
             st.stopped[st.rows] |= hit_stop
             st.finished = st.finished | hit_stop | (step + 1 >= st.budget)
             n_done = int(st.finished.sum())  # the step's one host sync: is the chunk done?
@@ -539,7 +562,9 @@ class HFEngine(GenerationEngine):
         width = max(map(len, prompts))
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         valid = torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]
-        kv_rows = self._gather([plan.pieces(n) for n in plan.row_leaf], sources, width, width + room)
+        kv_rows = _gather(
+            self.model, self.device, [plan.pieces(n) for n in plan.row_leaf], sources, width, width + room
+        )
         logits = torch.stack([span_logits[plan.node_span[n]] for n in plan.row_leaf])
         if room == 0:
             return logits, kv_rows, valid
@@ -578,33 +603,19 @@ class HFEngine(GenerationEngine):
         mask = as_attention_bias(allowed[:, None], self.model.config._attn_implementation)
         kv: torch.Tensor | None = None
         if self._plain:
-            kv = self._gather([plan.pieces(sp.parent) for sp in spans], sources, n_cached, width + room)
+            kv = _gather(
+                self.model,
+                self.device,
+                [plan.pieces(sp.parent) for sp in spans],
+                sources,
+                n_cached,
+                width + room,
+            )
             cache = _buffer_cache(kv, n_cached, self.model.config)
         else:  # sliding-window layers: the model's own growing cache (nothing shared, no prefix cache)
             cache = DynamicCache(config=self.model.config)
         logits = last_logits(self.model, input_ids, position_ids, mask, cache)
         return logits, cache, valid, kv
-
-    def _gather(
-        self, paths: list[list[Piece]], sources: dict[tuple[str, int], torch.Tensor], end: int, cols: int
-    ) -> torch.Tensor:
-        """``[layers, 2, len(paths), kv_heads, cols, head_dim]``: each path's KV right-aligned at column ``end``.
-
-        Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
-        the forward passes to write.
-        """
-        layers, heads, dim = _kv_dims(self.model)
-        kv = torch.empty(
-            (layers, 2, len(paths), heads, cols, dim), dtype=self.model.dtype, device=self.device
-        )
-        for i, pieces in enumerate(paths):
-            col = end - sum(p.length for p in pieces)
-            kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
-            for p in pieces:
-                src = sources[p.source]
-                kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
-                col += p.length
-        return kv
 
     # ---- prefix cache ------------------------------------------------------------------------
     def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
@@ -667,18 +678,56 @@ class HFEngine(GenerationEngine):
             self._decoders[rows] = dec
         return dec
 
-    @staticmethod
-    def _collect(
-        out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
-    ) -> list[Sample]:
-        tokens = out_tokens.cpu().tolist()
-        logprobs = out_logprobs.cpu().tolist()
-        counts = n_out.cpu().tolist()
-        stop_flags = stopped.cpu().tolist()
-        return [
-            Sample(t[:n], lp[:n], "stop" if s else "length")
-            for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
-        ]
+
+@contextmanager
+def _inference(model: PreTrainedModel) -> Iterator[None]:
+    """``model`` in eval mode, no autograd; its training flag restored after."""
+    was_training = model.training
+    model.train(False)
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _gather(
+    model: PreTrainedModel,
+    device: torch.device,
+    paths: list[list[Piece]],
+    sources: dict[tuple[str, int], torch.Tensor],
+    end: int,
+    cols: int,
+) -> torch.Tensor:
+    """``[layers, 2, len(paths), kv_heads, cols, head_dim]``: each path's KV right-aligned at column ``end``.
+
+    Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
+    the forward passes to write.
+    """
+    layers, heads, dim = _kv_dims(model)
+    kv = torch.empty((layers, 2, len(paths), heads, cols, dim), dtype=model.dtype, device=device)
+    for i, pieces in enumerate(paths):
+        col = end - sum(p.length for p in pieces)
+        kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
+        for p in pieces:
+            src = sources[p.source]
+            kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
+            col += p.length
+    return kv
+
+
+def _collect(
+    out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
+) -> list[Sample]:
+    """The chunk's rows as :class:`Sample` s (their first ``n_out`` tokens and log-probs)."""
+    tokens = out_tokens.cpu().tolist()
+    logprobs = out_logprobs.cpu().tolist()
+    counts = n_out.cpu().tolist()
+    stop_flags = stopped.cpu().tolist()
+    return [
+        Sample(t[:n], lp[:n], "stop" if s else "length")
+        for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
+    ]
 
 
 def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:

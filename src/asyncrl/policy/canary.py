@@ -32,8 +32,16 @@ file is fine, the engine's model is not. So the check runs on the engine's model
   the fingerprint of the published tensors rounded to its dtype (:func:`expected_fingerprint`).
 * **probe**: ``mean_t |Δ log p| <= tolerance`` (:func:`probe_tolerance`). This is what catches
   weights that are in place but not *used*: an adapter loaded but disabled, a merged copy that was
-  never refreshed, a cache computed with the old weights. A failure that moves the served
-  distribution by less than the tolerance is, by definition, one that changes sampling by less.
+  never refreshed. What else it sees depends on what the engine's ``probe`` runs. The built-in engine
+  (:meth:`~asyncrl.engine.hf.HFEngine.probe`) computes the first half of the positions with one
+  uncached forward pass and the second half through its generation path — a prefill of the first
+  half (two rows sharing it: the shared-prefill gather; the prefix cache looked up and stored) and
+  teacher-forced decode steps (static decoder and CUDA graphs where on) — so it also catches a KV cache
+  computed with the old weights (the previous probe's entry), a position off by one in prefill or
+  decode and a KV entry in the wrong slot (``tests/test_canary.py``: a prefix cache one Adam step at
+  lr 2e-4 stale is refused). vLLM's probe is its prompt log-probs: a prefill, no decode step. A
+  failure that moves the probed log-probs by less than the tolerance changes them by less than the
+  float32 rounding allowance; one outside what the probe runs is not seen.
 
 Any mismatch refuses the version (:class:`~asyncrl.rollout.worker.WeightFollower`): the engine
 goes back to the previous good version and the run is told (``docs/reliability.md#weight-sync-canary``).

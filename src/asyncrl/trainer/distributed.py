@@ -125,6 +125,12 @@ class Group:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def per_rank(self, count: int) -> list[int]:
+        """Every rank's ``count``, in rank order (one all-reduce of a ``world``-long vector)."""
+        counts = torch.zeros(self.world, dtype=torch.long, device=self._comm)
+        counts[self.rank] = count
+        return [int(c) for c in self.sum_(counts).tolist()]
+
     def all_reduce_grads(self, params: list[torch.Tensor]) -> None:
         """Sum every parameter's gradient over the ranks (a rank that ran no micro-batch adds zeros).
 

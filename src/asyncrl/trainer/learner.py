@@ -311,7 +311,8 @@ class Learner:
                     if snapshot is not None:
                         snapshot.restore(self.model, self.optimizer)
                     return True, False
-                metrics["train/microbatches"] += pm.pop("train/microbatches")
+                for k in [k for k in pm if k.startswith("train/microbatches")]:  # counts add up
+                    metrics[k] = metrics.get(k, 0.0) + pm.pop(k)
                 metrics.update(pm)
             if tc.target_kl is not None and epoch < tc.epochs - 1:
                 assert data.prox is not None  # needs_prox
@@ -455,6 +456,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=d.b.ids.device)
         merged: list[tuple[dict[str, float], float, float]] = []
+        ran: list[int] = []  # micro-batches each rank ran (a group's, in rank order)
         for i in self._own(parts):
             if i < 0:  # a sharded rank's padding pass: the collectives of a pass, weight 0
                 self._micro_loss(d, self._idle_part(d.b, parts), pl, 0.0, 0.0, False)[0].backward()  # type: ignore[no-untyped-call]
@@ -464,13 +466,14 @@ class Learner:
             if loss.requires_grad:
                 loss.backward()  # type: ignore[no-untyped-call]
             total = total + loss.detach()
-            merged.append((pm, wp, wt))
+            merged.append((pm, wp, wt))  # one entry per micro-batch this rank ran
         if self.group is not None:  # the whole minibatch's loss, gradient and metrics on every rank
             total = self.group.sum_(total)
             if self.sharded is None:  # FSDP reduce-scattered each backward already
                 self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
             if fill_prox and d.prox is not None:  # each rank filled its own micro-batches' rows of mb
                 d.prox[mb] = self.group.sum_(d.prox[mb])
+            ran = self.group.per_rank(len(merged))  # what each rank ran, not what it was told
             merged = self.group.gather_parts(merged)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         if isinstance(grad_norm, DTensor):  # sharded gradients: the norm is a (replicated) DTensor
@@ -482,6 +485,8 @@ class Learner:
         metrics = _merge_metrics(merged)
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/microbatches"] = float(len(parts))
+        if self.group is not None:
+            metrics.update({f"train/microbatches_rank{r}": float(n) for r, n in enumerate(ran)})
         return True, metrics
 
     def _micro_loss(
