@@ -198,7 +198,7 @@ def test_sigterm_mid_training_stops_cleanly_and_resumes_to_the_end(tmp_path: Pat
     job = TrainProcess(tmp_path, cache_dir)
     try:
         state = job.state()
-        helpers.wait_for(lambda: state.trainer_step() >= 3, 300, "trainer step 3")
+        helpers.wait_for(lambda: state.trainer_step() >= 3, 900, "trainer step 3")
         state.close()
         rec = check_stopped(job, signal.SIGTERM, "training", job.signal(signal.SIGTERM))
         assert 3 <= rec["stopped"]["step"] < STEPS
@@ -285,7 +285,7 @@ def _at_moment(job: TrainProcess, moment: str) -> None:
         elif moment == "initial evaluation":
             helpers.wait_for(lambda: (job.run_dir / "initial_policy").is_dir(), 300, "the initial policy")
         elif moment == "mid-step":
-            helpers.wait_for(lambda: state.trainer_step() >= 3, 300, "trainer step 3")
+            helpers.wait_for(lambda: state.trainer_step() >= 3, 900, "trainer step 3")
         elif moment == "at a publish":  # the version announcement follows each publish at once
             v = state.version()
             helpers.wait_for(lambda: state.version() > max(v, 2), 300, "a new version", every=0.01)
