@@ -23,13 +23,14 @@ FLOORS: list[set[str]] = [
         "durable",
         "algo",
         "staleness",
-    },  # 0: records, shared helpers, pure maths, the staleness rules
+        "signal",
+    },  # 0: records, shared helpers, pure maths, the staleness rules, the learning-signal rules
     {"config"},  # 1
     {"envs", "policy", "telemetry", "bootstrap"},  # 2: environments, the model, metric writing
     {"transport", "weights", "control", "engine", "cost"},  # 3: the boundaries and the shared run state
     {"rollout", "gateway", "credit"},  # 4: the rollout worker (and its gateway), credit assignment
     {"trainer"},  # 5
-    {"launch"},  # 6: places role processes
+    {"launch", "jobs"},  # 6: places role processes; offline jobs on a config (env signal)
     {"orchestrator"},  # 7: prepares, launches, supervises
     {"service", "cli"},  # 8: entry points
 ]

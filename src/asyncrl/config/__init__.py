@@ -65,6 +65,7 @@ from asyncrl.config.orchestrator import (
     ExplorationConfig,
     GovernorConfig,
     OrchestratorConfig,
+    SignalConfig,
 )
 from asyncrl.config.rollout import (
     TREE_TOKEN_BUDGET_FACTOR,
@@ -131,6 +132,7 @@ __all__ = [
     "SQLiteStateConfig",
     "SamplingConfig",
     "SandboxConfig",
+    "SignalConfig",
     "Section",
     "SeparateValueModelConfig",
     "SharedWeightsConfig",
