@@ -46,6 +46,7 @@ from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, Orchestrato
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
 from asyncrl.telemetry.jsonl import MetricTail, memory
 from asyncrl.telemetry.reports import Decoded, Report, TrainerReport, WorkerReport, decode_rows
+from asyncrl.telemetry.signal import signal_summary
 from asyncrl.transport import make_queue
 
 log = logging.getLogger("asyncrl.orchestrator")
@@ -820,5 +821,6 @@ def _summary(
         **_lending(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
+        "signal": signal_summary(read_reports(run_dir), cfg),
         "notes": [faults["note"]] if faults["note"] else [],
     }
