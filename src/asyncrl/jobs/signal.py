@@ -19,6 +19,7 @@ from has groups with a reward difference; the command exits 1 when none has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -215,17 +216,10 @@ def check_signal(cfg: RunConfig, *, tasks: int, progress: bool = False, name: st
     return report
 
 
-class _NoBar:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def _bar(enabled: bool) -> Any:
+    """A rich progress bar (one step per bucket), or nothing."""
     if not enabled:
-        return _NoBar()
+        return contextlib.nullcontext()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
