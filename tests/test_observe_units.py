@@ -406,7 +406,7 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
     assert "<td>arith:2</td><td>30</td><td>100.0%</td>" in html
     assert "<td>arith:3</td><td>30</td><td>0.0%</td><td>0.0% → 0.0%</td><td>0.0%</td>" in html
     assert "<td>all</td><td>60</td><td>50.0%</td>" in html
-    assert "Zero-advantage waste (cost ledger): $0.001500" in html
+    assert "Zero-advantage waste (cost ledger): $0.001500 (15.0% of the total cost)" in html
     # environment faults per environment, and why the wall time grew
     assert "Environment faults" in html and "<td>calculator</td><td>400</td><td>30.0%</td>" in html
     assert "hangs stretched the run" in html

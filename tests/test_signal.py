@@ -15,7 +15,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -196,7 +196,7 @@ class CoinTasks(HashSplitTaskSource):
 class NeverEnv:
     """No policy can solve it: every answer fails."""
 
-    tools: list[Any] = []
+    tools: ClassVar[list[Any]] = []
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> CoinTasks:

@@ -648,9 +648,8 @@ class Report:
         d = self.d
         series = signal_series(decode_rows(d.events), d.cfg.signal_window())
         alerts = sum(a.get("kind") == "no_signal" for a in d.alerts)
-        waste = d.cost.get("waste_usd") or {}
         blocks = signal_blocks(
-            series, d.t0, waste, alerts, self.chart, d.cfg.orchestrator.signal.no_signal_share
+            series, d.t0, d.cost, alerts, self.chart, d.cfg.orchestrator.signal.no_signal_share
         )
         self.add(
             "signal",

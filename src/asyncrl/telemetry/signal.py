@@ -104,7 +104,7 @@ Chart_ = Callable[[str, str, str, str], Figure]
 def signal_blocks(
     series: dict[str, BucketSeries],
     t0: float,
-    waste: dict[str, Any],
+    cost: dict[str, Any],
     alerts: int,
     chart: Chart_,
     threshold: float,
@@ -155,9 +155,10 @@ def signal_blocks(
         for key, s in series.items()
     ]
     cols = ["bucket", "groups", "with a difference", "first → last window", "success", "first → last window"]
-    z = waste.get("zero_advantage")
+    z, total = (cost.get("waste_usd") or {}).get("zero_advantage"), cost.get("total_usd")
+    share = f" ({float(z) / float(total):.1%} of the total cost)" if z is not None and total else ""
     note = (
-        f"Zero-advantage waste (cost ledger): ${float(z):.6f}; no_signal alerts: {alerts}."
+        f"Zero-advantage waste (cost ledger): ${float(z):.6f}{share}; no_signal alerts: {alerts}."
         if z is not None
         else f"No cost ledger in this run; no_signal alerts: {alerts}."
     )
