@@ -281,3 +281,42 @@ def test_env_signal_on_a_plugin_whose_groups_differ_finds_the_band(
     for b in start["buckets"]:
         assert (b["success"], b["signal_share"], b["verdict"]) == (0.5, 1.0, "learnable")
         assert b["expected_share"] == pytest.approx(signal_share(0.5, 4))
+
+
+# -- a real run -------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("env", "fires"), [("NeverEnv", True), ("AlternatingEnv", False)])
+def test_a_run_says_when_it_cannot_learn(env: str, fires: bool, tmp_path: Path, cache_dir: Path) -> None:
+    """Multi-process runs of 8 steps (16 trajectories, groups of 4: windows of 2 steps = 8 groups)."""
+    from asyncrl.orchestrator.run import train
+
+    cfg = load_config(
+        None,
+        [
+            "env.kind=plugin",
+            f"env.path={__name__}:{env}",
+            "env.heldout_size=16",
+            "rollout.group_size=4",
+            "rollout.sampling.max_new_tokens=8",
+            "trainer.batch_size=16",
+            "trainer.total_steps=8",
+            "trainer.sft.steps=2",
+            "trainer.sft.num_demos=4",
+            "telemetry.log_every_s=0.5",
+            "orchestrator.signal.window_steps=2",
+            f"run_root={tmp_path}",
+            f"cache_dir={cache_dir}",
+        ],
+    )
+    run_dir, summary = train(cfg, display=False, eval_limit=4)
+    path = run_dir / "alerts.jsonl"
+    alerts = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    no_signal = [a for a in alerts if a["kind"] == "no_signal"]
+    signal = summary["signal"]
+    if fires:  # every bucket and the run: once each, when its first window of 8 groups was full
+        assert sorted(a["bucket"] for a in no_signal) == ["", "coin:1", "coin:2"]
+        assert all(a["evidence"]["groups"] == cfg.signal_window() == 8 for a in no_signal)
+        assert signal["all"]["signal_share"] == 0.0 and signal["all"]["groups"] >= 16
+    else:
+        assert no_signal == [] and signal["all"]["signal_share"] == 1.0 and signal["all"]["success"] == 0.5
