@@ -267,7 +267,7 @@ def test_env_signal_on_an_unsolvable_plugin_reports_zero_and_the_advice(
     for policy in report["policies"]:
         assert [b["bucket"] for b in policy["buckets"]] == ["coin:1", "coin:2"]
         for b in policy["buckets"]:
-            assert (b["groups"], b["episodes"], b["success"], b["signal_share"]) == (2, 8, 0.0, 0.0)
+            assert (b["groups"], b["differ"], b["episodes"], b["success"]) == (2, 0, 8, 0.0)
             assert b["verdict"] == "no_success" and "env.max_difficulty" in b["advice"]
 
 
@@ -279,7 +279,8 @@ def test_env_signal_on_a_plugin_whose_groups_differ_finds_the_band(
     assert code == 0 and report["ok"] is True and report["learnable"] == ["coin:1", "coin:2"]
     start = report["policies"][-1]
     for b in start["buckets"]:
-        assert (b["success"], b["signal_share"], b["verdict"]) == (0.5, 1.0, "learnable")
+        assert (b["groups"], b["differ"], b["success"], b["signal_share"]) == (2, 2, 0.5, 1.0)
+        assert b["verdict"] == "learnable"
         assert b["expected_share"] == pytest.approx(signal_share(0.5, 4))
 
 

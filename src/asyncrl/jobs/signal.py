@@ -40,11 +40,13 @@ class BucketSignal:
 
     bucket: str
     groups: int
+    differ: int
+    """Groups whose members' final rewards differ."""
     episodes: int
     success: float | None
     """Successful episodes / episodes (``None``: the held-out split has no task of this bucket)."""
     signal_share: float | None
-    """Groups whose members' final rewards differ / groups."""
+    """``differ / groups``."""
     expected_share: float | None
     """``s(success, group_size)``: what binary rewards would give at this success."""
     verdict: str
@@ -60,9 +62,7 @@ class PolicySignal:
 
     def share(self) -> float | None:
         """Groups with a reward difference over every bucket."""
-        groups = sum(b.groups for b in self.buckets)
-        hits = sum(round((b.signal_share or 0.0) * b.groups) for b in self.buckets)
-        return share_or_none(hits, groups)
+        return share_or_none(sum(b.differ for b in self.buckets), sum(b.groups for b in self.buckets))
 
 
 @dataclass
@@ -156,10 +156,10 @@ def _bucket(cfg: RunConfig, name: str, groups: list[list[Trajectory]]) -> Bucket
     differ, n, wins, episodes = group_signal(groups)
     p, m = share_or_none(wins, episodes), share_or_none(differ, n)
     if p is None:
-        return BucketSignal(name, 0, 0, None, None, None, "unmeasured", "no held-out task of this bucket")
+        return BucketSignal(name, 0, 0, 0, None, None, None, "unmeasured", "no held-out task of this bucket")
     v = verdict(p, c.band_low, c.band_high)
     return BucketSignal(
-        name, n, episodes, p, m, signal_share(p, g), v, advice(p, m, g, c.band_low, c.band_high)
+        name, n, differ, episodes, p, m, signal_share(p, g), v, advice(p, m, g, c.band_low, c.band_high)
     )
 
 
