@@ -269,6 +269,7 @@ def test_env_signal_on_an_unsolvable_plugin_reports_zero_and_the_advice(
         for b in policy["buckets"]:
             assert (b["groups"], b["differ"], b["episodes"], b["success"]) == (2, 0, 8, 0.0)
             assert b["verdict"] == "no_success" and "env.max_difficulty" in b["advice"]
+            assert "0 of 8 episodes succeeded: the true rate is below 38% at 95% confidence" in b["advice"]
 
 
 def test_env_signal_on_a_plugin_whose_groups_differ_finds_the_band(

@@ -158,9 +158,11 @@ def _bucket(cfg: RunConfig, name: str, groups: list[list[Trajectory]]) -> Bucket
     if p is None:
         return BucketSignal(name, 0, 0, 0, None, None, None, "unmeasured", "no held-out task of this bucket")
     v = verdict(p, c.band_low, c.band_high)
-    return BucketSignal(
-        name, n, differ, episodes, p, m, signal_share(p, g), v, advice(p, m, g, c.band_low, c.band_high)
-    )
+    text = advice(p, m, g, c.band_low, c.band_high)
+    if v in ("no_success", "solved"):  # none seen is not none there: the rule of three bounds it
+        text += f" (0 of {episodes} episodes {'succeeded' if v == 'no_success' else 'failed'}: "
+        text += f"the true rate is below {min(1.0, 3 / episodes):.0%} at 95% confidence; --tasks sharpens it)"
+    return BucketSignal(name, n, differ, episodes, p, m, signal_share(p, g), v, text)
 
 
 def measure(
