@@ -1,5 +1,9 @@
 """Does a real-model task start with signal? Held-out success and the cost of one GRPO batch.
 
+The per-bucket signal check itself is ``asyncrl env signal CONFIG`` (:mod:`asyncrl.jobs.signal`); this
+script adds the timings (wall and CPU seconds of rollout and of one learner step) on the same groups
+(:func:`asyncrl.jobs.signal.play_groups`, :func:`~asyncrl.jobs.signal.group_signal`).
+
 For a run config (and optionally a policy directory, e.g. a warm start written by ``asyncrl sft``):
 
 * held-out success on the first ``--heldout`` tasks of the environment's held-out split, played
@@ -57,29 +61,28 @@ def heldout_figures(cfg: Any, policy: Any, n: int) -> dict[str, Any]:
 
 def batch_figures(cfg: Any, policy: Any, n_tasks: int) -> dict[str, Any]:
     from asyncrl.envs import make_task_source
-    from asyncrl.rollout.heldout import run_episodes
+    from asyncrl.jobs.signal import group_signal, play_groups
     from asyncrl.trainer.learner import Learner
 
-    g = cfg.rollout.group_size
     rng = random.Random(cfg.seed + 1)
     source = make_task_source(cfg.env)
-    tasks = [t for t in (source.sample(rng) for _ in range(n_tasks)) for _ in range(g)]
-    trajs, roll_wall, roll_cpu = _timed(
-        lambda: asyncio.run(run_episodes(cfg, policy, tasks, seed=cfg.seed + 1))
-    )
-    for i, t in enumerate(trajs):
-        t.group_id = f"g{i // g}"
-        for turn in t.turns:
-            if turn.role == "model":
-                turn.version = 0
-    rewards = [[t.final_reward for t in trajs[i : i + g]] for i in range(0, len(trajs), g)]
+    tasks = [source.sample(rng) for _ in range(n_tasks)]
+    groups, roll_wall, roll_cpu = _timed(lambda: play_groups(cfg, policy, tasks, seed=cfg.seed + 1))
+    for i, group in enumerate(groups):
+        for t in group:
+            t.group_id = f"g{i}"
+            for turn in t.turns:
+                if turn.role == "model":
+                    turn.version = 0
+    trajs = [t for group in groups for t in group]
+    differ, n, wins, episodes = group_signal(groups)
     learner = Learner(cfg, policy)
     metrics, step_wall, step_cpu = _timed(lambda: learner.step(trajs, version=0))
     tokens = sum(len(u.token_ids) for t in trajs for u in t.turns)
     return {
         "trajectories": len(trajs),
-        "success_rate": sum(t.outcome == "success" for t in trajs) / len(trajs),
-        "groups_with_signal": sum(len(set(r)) > 1 for r in rewards) / len(rewards),
+        "success_rate": wins / episodes,
+        "groups_with_signal": differ / n,
         "tokens_per_trajectory": round(tokens / len(trajs), 1),
         "sampled_tokens": sum(len(u.token_ids) for t in trajs for u in t.turns if u.role == "model"),
         "rollout_wall_s": round(roll_wall, 1),

@@ -23,7 +23,8 @@ FLOORS: list[set[str]] = [
         "durable",
         "algo",
         "staleness",
-    },  # 0: records, shared helpers, pure maths, the staleness rules
+        "signal",
+    },  # 0: records, shared helpers, pure maths, the staleness rules, the learning-signal rules
     {"config"},  # 1
     {"envs", "policy", "telemetry", "bootstrap"},  # 2: environments, the model, metric writing
     {"transport", "weights", "control", "engine", "cost"},  # 3: the boundaries and the shared run state

@@ -263,6 +263,19 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
             }
         )
     rows.append({"time": t0 + 30, "role": "rollout-0", "event": "role/restart"})
+    for i in range(2 * steps):  # training groups: arith:3 never succeeds, arith:2 always differs
+        bucket, rewards = ("arith:3", [0.0] * 8) if i % 2 else ("arith:2", [1.0, 0.0] * 4)
+        outcomes = ["success" if r else "failure" for r in rewards]
+        group = {
+            "bucket": bucket,
+            "started": t0 + i,
+            "heldout": False,
+            "rewards": rewards,
+            "anomalies": [None] * 8,
+        }
+        rows.append(
+            {"time": t0 + i + 1, "role": "rollout-0", "event": "rollout/group", "outcomes": outcomes, **group}
+        )
     (run / "metrics" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     trained = [
         dict(trace(traj(i, reward=float(i % 3 == 0), created=t0 + i), i % 3, 1 + i // 4)) for i in range(60)
@@ -308,7 +321,7 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
             {
                 "total_usd": 0.01,
                 "components_usd": {"rollout_device": 0.006, "trainer_device": 0.004},
-                "waste_usd": {"idle_devices": 0.002, "stale_dropped": 0.0},
+                "waste_usd": {"idle_devices": 0.002, "stale_dropped": 0.0, "zero_advantage": 0.0015},
                 "waste_total_share": 0.2,
                 "efficiency": {"usd_per_trained_sample": 1e-5},
             }
@@ -364,6 +377,7 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
         "latency",
         "evaluation",
         "alerts",
+        "signal",
         "cost",
     ):
         assert f'<section id="{section}">' in html
@@ -378,6 +392,8 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
         "heldout",
         "latency",
         "alerts",
+        "signal-share",
+        "signal-success",
         "cost",
         "waste",
     ):
@@ -386,6 +402,11 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
     # per-step wall: step 2's interval is 2 s; the trainer learned 1.2 s of it, the worker generated 1.2 s
     assert "<td>2</td><td>2.0</td><td>1.2</td><td>0.1</td><td>0.2</td><td>0.5</td><td>1.2</td>" in html
     assert "admission paused" in html  # the paused band on the queue chart
+    # learning signal per bucket: 30 groups each (windows of 32 training groups: one window per bucket)
+    assert "<td>arith:2</td><td>30</td><td>100.0%</td>" in html
+    assert "<td>arith:3</td><td>30</td><td>0.0%</td><td>0.0% → 0.0%</td><td>0.0%</td>" in html
+    assert "<td>all</td><td>60</td><td>50.0%</td>" in html
+    assert "Zero-advantage waste (cost ledger): $0.001500 (15.0% of the total cost)" in html
     # environment faults per environment, and why the wall time grew
     assert "Environment faults" in html and "<td>calculator</td><td>400</td><td>30.0%</td>" in html
     assert "hangs stretched the run" in html

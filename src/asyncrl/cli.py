@@ -125,6 +125,23 @@ def _add_env_commands(sub: Sub) -> None:
     )
     _add_set(check, "dotted override, e.g. --set env.options.n=3 (repeatable; values are read as YAML)")
     check.add_argument("--episodes", type=int, default=3, help="episodes to run (default 3)")
+    sig = env_sub.add_parser(
+        "signal",
+        help="can this run learn? held-out success and groups with a reward difference per bucket, "
+        "at base and after the warm start, with what to change",
+    )
+    sig.add_argument(
+        "target",
+        metavar="PATH_OR_CONFIG",
+        help="a run config YAML, or the import path of an environment class (my_pkg.my_env:MyEnv) "
+        "played with the default run config",
+    )
+    _add_set(sig, "dotted override, e.g. --set rollout.group_size=16 (repeatable; values are read as YAML)")
+    sig.add_argument(
+        "--tasks", type=int, default=4, help="held-out tasks per bucket, each played as one group (default 4)"
+    )
+    sig.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _json_flag(sig)
 
 
 def _add_run_commands(sub: Sub) -> None:
@@ -419,25 +436,47 @@ def _explain(section: str | None) -> int:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
+    if args.env_command == "signal":
+        return _env_signal(args)
     if args.env_command != "check":
-        print("usage: asyncrl env check PATH_OR_CONFIG [--set k=v ...]", file=sys.stderr)
+        print("usage: asyncrl env {check,signal} PATH_OR_CONFIG [--set k=v ...]", file=sys.stderr)
         return EXIT_USER_ERROR
+    from asyncrl.envs.check import check_environment
+
+    cfg, run_config = _env_target(args)
+    warm = cfg.trainer.sft if run_config else None  # a run config warm-starts: demonstrate is needed
+    report = check_environment(cfg.env, episodes=args.episodes, warm_start=warm)
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+def _env_target(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The run config ``env check`` / ``env signal`` use: (config, whether TARGET was a run config file);
+    an import path of an environment class runs under the default config with ``env.kind: plugin``."""
     from pathlib import Path
 
     from asyncrl.config import load_config
-    from asyncrl.envs.check import ENV_OWN_DIFFICULTIES, check_environment
+    from asyncrl.envs.check import ENV_OWN_DIFFICULTIES
 
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
-        cfg = load_config(
-            args.target, args.overrides
-        )  # a run config: it warm-starts, so demonstrate is needed
-        warm = cfg.trainer.sft
-    else:
-        own = [f"env.{k}={v}" for k, v in ENV_OWN_DIFFICULTIES.items()]  # the plugin's levels, unless --set
-        cfg = load_config(None, ["env.kind=plugin", f"env.path={args.target}", *own, *args.overrides])
-        warm = None
-    report = check_environment(cfg.env, episodes=args.episodes, warm_start=warm)
-    print(report.render())
+        return load_config(args.target, args.overrides), True
+    own = [f"env.{k}={v}" for k, v in ENV_OWN_DIFFICULTIES.items()]  # the plugin's levels, unless --set
+    return load_config(None, ["env.kind=plugin", f"env.path={args.target}", *own, *args.overrides]), False
+
+
+def _env_signal(args: argparse.Namespace) -> int:
+    """``asyncrl env signal``: exit 0 when the starting policy has groups with a reward difference, else 1."""
+    import json
+
+    from asyncrl.jobs.signal import check_signal
+
+    if args.tasks < 1:
+        raise UserError("--tasks must be >= 1")
+    cfg, _ = _env_target(args)
+    report = check_signal(
+        cfg, tasks=args.tasks, progress=not (args.no_progress or args.json), name=args.target
+    )
+    print(json.dumps(report.to_dict(), sort_keys=True) if args.json else report.render())
     return 0 if report.ok else 1
 
 

@@ -68,6 +68,7 @@ from asyncrl.config.orchestrator import (
     ExplorationConfig,
     GovernorConfig,
     OrchestratorConfig,
+    SignalConfig,
 )
 from asyncrl.config.rollout import (
     TREE_TOKEN_BUDGET_FACTOR,
@@ -140,6 +141,7 @@ __all__ = [
     "Section",
     "SeparateValueModelConfig",
     "SharedWeightsConfig",
+    "SignalConfig",
     "StateStoreConfig",
     "TelemetryConfig",
     "TrainerConfig",

@@ -103,6 +103,30 @@ class ExplorationConfig(Section):
     """End an episode after this many consecutive invalid actions (outcome ``early_stopped``); 0: never."""
 
 
+class SignalConfig(Section):
+    """The learning-signal rule (:mod:`asyncrl.orchestrator.signal`, a ``no_signal`` alert) and the success
+    band ``asyncrl env signal`` checks buckets against (:mod:`asyncrl.signal`)."""
+
+    enabled: bool = True
+    """Raise ``no_signal`` alerts while training groups carry no reward difference."""
+    no_signal_share: float = Field(0.9, gt=0, le=1)
+    """Alert when at least this share of the last window's training groups (of one bucket, or of the whole
+    run) had no reward difference (all members rewarded alike: zero advantage, no gradient)."""
+    window_steps: int = Field(4, ge=1, le=10_000)
+    """Window of the rule, in trainer steps' worth of groups: ``window_steps × max(1, trainer.batch_size //
+    rollout.group_size)`` groups (32 groups for configs/demo.yaml)."""
+    band_low: float = Field(0.15, ge=0, le=1)
+    """Lower edge of the learnable band of success (below: success is rare, few groups differ)."""
+    band_high: float = Field(0.5, ge=0, le=1)
+    """Upper edge of the learnable band of success (above: mostly solved, little left to gain)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SignalConfig:
+        if self.band_low > self.band_high:
+            raise ValueError(f"band_low ({self.band_low}) must be at most band_high ({self.band_high})")
+        return self
+
+
 class ElasticConfig(Section):
     """Elastic rollout capacity: add or remove rollout workers within [min_workers, max_workers]."""
 
@@ -150,7 +174,7 @@ class GovernorConfig(Section):
 class OrchestratorConfig(Section):
     """What the orchestrator process decides (:mod:`asyncrl.orchestrator`): admission watermarks, the stall
     watchdog, the staleness governor, and the rules it runs — curriculum, circuit breakers, drift,
-    exploration, elastic capacity."""
+    exploration, learning signal, elastic capacity."""
 
     watchdog_s: float = Field(600.0, ge=0, le=86400)
     """Stall watchdog: when neither a new weight version (a trainer step or publish) nor a newly accepted
@@ -166,6 +190,7 @@ class OrchestratorConfig(Section):
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     drift: DriftConfig = Field(default_factory=DriftConfig)
     exploration: ExplorationConfig = Field(default_factory=ExplorationConfig)
+    signal: SignalConfig = Field(default_factory=SignalConfig)
     elastic: ElasticConfig = Field(default_factory=ElasticConfig)
 
     @model_validator(mode="after")

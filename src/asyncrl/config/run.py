@@ -59,6 +59,12 @@ class RunConfig(Section):
         c = self.control
         return StalenessPolicy.from_config(c.mode, c.max_staleness, self.trainer.batch_size, c.stale_policy)
 
+    def signal_window(self) -> int:
+        """Training groups per window of the no-signal rule (:mod:`asyncrl.orchestrator.signal`) and of the
+        report's signal chart: ``orchestrator.signal.window_steps`` trainer steps' worth of groups."""
+        per_step = max(1, self.trainer.batch_size // self.rollout.group_size)
+        return self.orchestrator.signal.window_steps * per_step
+
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
         if self.rollout.engine.kind == "vllm" and "kind" not in self.algo.policy_loss.model_fields_set:

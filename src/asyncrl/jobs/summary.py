@@ -15,6 +15,7 @@ from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
 from asyncrl.telemetry.reports import Report, TrainerReport, WorkerReport
+from asyncrl.telemetry.signal import signal_summary
 
 if TYPE_CHECKING:
     from asyncrl.transport import TrajectoryQueue
@@ -157,5 +158,6 @@ def summarize(
         **_lending(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
+        "signal": signal_summary(read_reports(run_dir), cfg),
         "notes": [faults["note"]] if faults["note"] else [],
     }

@@ -1,7 +1,7 @@
 """All of the orchestrator's rules behind one object: fed the roles' reports, returns alerts and directives.
 
 :class:`Rules` owns one instance of each rule (curriculum, breakers, drift, reward hacking,
-exploration, staleness runaway, elastic capacity) and the alert log; it also turns a worker's refusal of
+exploration, learning signal, staleness runaway, elastic capacity) and the alert log; it also turns a worker's refusal of
 a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The orchestrator tick calls
 :meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded once per tick),
 :meth:`directives` to get the document the workers follow, and :meth:`snapshot` / :meth:`restore` to
@@ -24,6 +24,7 @@ from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController
 from asyncrl.orchestrator.explore import ExplorationController
+from asyncrl.orchestrator.signal import SignalMonitor
 from asyncrl.telemetry.reports import (
     CANARY_FAILED,
     Decoded,
@@ -54,6 +55,7 @@ class Rules:
         self.hacking = HackingMonitor.of(cfg)
         self.exploration = ExplorationController.of(cfg)
         self.elastic = ElasticController.of(cfg)
+        self.signal = SignalMonitor.of(cfg)
         self.train_reward: float | None = None
         self.groups = 0
 
@@ -92,6 +94,7 @@ class Rules:
             if c.drift.enabled:
                 out += self.drift.observe(g.bucket, sum(g.rewards) / len(g.rewards), now)
         out += self.exploration.observe(g.rewards)
+        out += self.signal.observe(g.bucket, g.rewards, g.outcomes)
         return out
 
     def observe_env(self, reports: list[Decoded]) -> None:
@@ -125,6 +128,7 @@ class Rules:
             **self.curriculum.metrics(),
             **self.breakers.metrics(),
             **self.drift.metrics(now),
+            **self.signal.metrics(),
             "hacking/flags": float(self.hacking.flags),
             "exploration/temperature_jitter": self.exploration.jitter,
             "exploration/rate": self.exploration.rate,
@@ -142,6 +146,7 @@ class Rules:
             "hacking": self.hacking.snapshot(),
             "exploration": self.exploration.snapshot(),
             "elastic": self.elastic.snapshot(),
+            "signal": self.signal.snapshot(),
             "faults": self.faults.snapshot(),
             "env_counts": {k: msgspec.to_builtins(v) for k, v in self.env_counts.items()},
             "train_reward": self.train_reward,
@@ -156,6 +161,7 @@ class Rules:
         self.hacking.restore(doc["hacking"])
         self.exploration.restore(doc["exploration"])
         self.elastic.restore(doc["elastic"])
+        self.signal.restore(doc.get("signal", {}))  # absent in snapshots written before the rule existed
         if "faults" in doc:  # absent in snapshots written before the fault-rate alert existed
             self.faults.restore(doc["faults"])
             counts = doc.get("env_counts", {})

@@ -4,11 +4,11 @@ Sections (each shown when its data exists): run record and headline figures; suc
 curves with the periodic evaluations; the data-freshness curve next to the loss; staleness histogram;
 queue depth timeline with the watermarks and paused periods; role utilisation timeline; latency
 breakdown of the trajectory lifecycle; reward and length distributions; evaluation table; alert
-timeline (``alerts.jsonl``); cost breakdown and waste (``cost.json``); credit view of sample
+timeline (``alerts.jsonl``); learning signal per bucket (:mod:`asyncrl.telemetry.signal`); cost breakdown and waste (``cost.json``); credit view of sample
 trajectories (a ``credit_view`` passed in: the CLI gives ``asyncrl.credit.inspect.credit_fragment``); role events.
 
 This module prepares the data: each section is a list of blocks (:class:`Figure`, :class:`Row`,
-:class:`Table`, :class:`Cards`, :class:`Note`, ...). The markup is the Jinja2 template
+:class:`Table`, :class:`Cards`, :class:`Note`, ...; :mod:`asyncrl.telemetry.report_blocks`). The markup is the Jinja2 template
 ``templates/report.html.j2`` (autoescaped), which inlines ``report.css`` and the two scripts. Charts are
 inline SVG built in Python (:mod:`asyncrl.telemetry.svg`). A short inline script checks on
 load that every chart holds at least one visible data mark and records the result on ``<body>``
@@ -20,16 +20,33 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
-from asyncrl.telemetry.markup import templates
+from asyncrl.telemetry.report_blocks import (
+    Block,
+    Cards,
+    Figure,
+    Fragment,
+    Heading,
+    Note,
+    Page,
+    Row,
+    Section,
+    git,
+    num,
+    pct,
+    render_page,
+    table,
+    text_of,
+    when,
+)
+from asyncrl.telemetry.reports import decode_rows
+from asyncrl.telemetry.signal import signal_blocks, signal_series
 from asyncrl.telemetry.svg import Band, Chart, HLine, Series
 from asyncrl.telemetry.walltime import step_walls
 
@@ -97,93 +114,6 @@ class RunData:
         return xs, ys
 
 
-# ---- what the template renders ------------------------------------------------------------------
-@dataclass
-class Figure:
-    """One chart (inline SVG), or the ``empty`` note in its place when there is nothing to draw."""
-
-    kind: ClassVar[str] = "figure"
-    id: str
-    title: str
-    svg: str
-    """Markup from :mod:`asyncrl.telemetry.svg` (which escapes its text); empty: no chart."""
-    empty: str
-
-
-@dataclass
-class Row:
-    """Figures side by side."""
-
-    kind: ClassVar[str] = "row"
-    figures: list[Figure]
-
-
-@dataclass
-class Table:
-    kind: ClassVar[str] = "table"
-    cols: list[str]
-    rows: list[list[str]]
-    cls: str = ""
-
-
-@dataclass
-class Cards:
-    """Headline figures: (label, value) pairs."""
-
-    kind: ClassVar[str] = "cards"
-    items: list[tuple[str, str]]
-
-
-@dataclass
-class Note:
-    """A paragraph of text: ``empty`` (nothing to show) or ``intro`` (an explanation)."""
-
-    kind: ClassVar[str] = "note"
-    text: str
-    cls: str = "empty"
-
-
-@dataclass
-class Heading:
-    kind: ClassVar[str] = "heading"
-    text: str
-
-
-@dataclass
-class Fragment:
-    """Ready-made markup from another module (the credit view), inside ``<div class=cls>``."""
-
-    kind: ClassVar[str] = "fragment"
-    html: str
-    """Inserted as it is (the module escapes its own text)."""
-    cls: str
-
-
-Block = Figure | Row | Table | Cards | Note | Heading | Fragment
-
-
-@dataclass
-class Section:
-    id: str
-    title: str
-    blocks: list[Block]
-    intro: str = ""
-
-
-@dataclass
-class Page:
-    title: str
-    made: str
-    n_charts: int
-    sections: list[Section] = field(default_factory=list)
-
-
-def render_page(page: Page) -> str:
-    """The report's HTML: ``templates/report.html.j2`` filled with ``page``."""
-    template = templates("asyncrl.telemetry").get_template("report.html.j2")
-    return template.render(title=page.title, made=page.made, n_charts=page.n_charts, sections=page.sections)
-
-
 # ---- sections -----------------------------------------------------------------------------------
 class Report:
     def __init__(self, data: RunData, credit_view: CreditView | None = None) -> None:
@@ -209,34 +139,34 @@ class Report:
             ("mode", d.cfg.control.mode),
             ("environment", f"{d.cfg.env.kind} ({(rec.get('environment') or {}).get('class', '-')})"),
             ("config hash", str(rec.get("config_hash", "-"))),
-            ("asyncrl / git", f"{rec.get('asyncrl_version', '-')} / {_git(rec)}"),
+            ("asyncrl / git", f"{rec.get('asyncrl_version', '-')} / {git(rec)}"),
             ("seeds", ", ".join(f"{k}={v}" for k, v in (rec.get("seeds") or {}).items()) or "-"),
             ("software", ", ".join(f"{k} {v}" for k, v in (rec.get("software") or {}).items() if v) or "-"),
         ]
         head = [
-            ("held-out success", _pct(s.get("initial_success")) + " → " + _pct(s.get("final_success"))),
-            ("samples trained", _num(s.get("samples_trained"))),
-            ("trainer steps", _num(s.get("trainer_steps"))),
-            ("staleness mean / max", f"{_num(s.get('staleness_mean'))} / {_num(s.get('staleness_max'))}"),
+            ("held-out success", pct(s.get("initial_success")) + " → " + pct(s.get("final_success"))),
+            ("samples trained", num(s.get("samples_trained"))),
+            ("trainer steps", num(s.get("trainer_steps"))),
+            ("staleness mean / max", f"{num(s.get('staleness_mean'))} / {num(s.get('staleness_max'))}"),
             (
                 "dropped stale / lost",
-                f"{_num(s.get('samples_dropped_stale'))} / {_num(s.get('lost_trajectories'))}",
+                f"{num(s.get('samples_dropped_stale'))} / {num(s.get('lost_trajectories'))}",
             ),
-            ("trainer busy", _pct(s.get("trainer_busy_fraction"))),
-            ("wall time", f"{_num(s.get('wall_seconds'))} s"),
+            ("trainer busy", pct(s.get("trainer_busy_fraction"))),
+            ("wall time", f"{num(s.get('wall_seconds'))} s"),
         ]
         if s.get("token_exact_checked") or s.get("token_exact_unchecked"):
             head.append(
                 (
                     "token-exact / re-tokenisable",
-                    f"{_pct(s.get('token_exact_rate'))} of {_num(s.get('token_exact_checked'))} checked "
-                    f"({_num(s.get('token_exact_unchecked'))} unchecked) / "
-                    f"{_pct(s.get('retokenization_exact_rate'))}",
+                    f"{pct(s.get('token_exact_rate'))} of {num(s.get('token_exact_checked'))} checked "
+                    f"({num(s.get('token_exact_unchecked'))} unchecked) / "
+                    f"{pct(s.get('retokenization_exact_rate'))}",
                 )
             )
         if s.get("cost_usd") is not None:
-            head.append(("cost / wasted", f"${s['cost_usd']:.4f} / {_pct(s.get('cost_waste_share'))}"))
-        self.add("overview", "Overview", [Cards(head), _table(["", ""], facts, cls="facts")])
+            head.append(("cost / wasted", f"${s['cost_usd']:.4f} / {pct(s.get('cost_waste_share'))}"))
+        self.add("overview", "Overview", [Cards(head), table(["", ""], facts, cls="facts")])
 
     # 2. success and reward
     def learning(self) -> None:
@@ -512,7 +442,7 @@ class Report:
                 self.chart(
                     "chart-step-wall", "Seconds per training step, by role and phase", chart, "no steps"
                 ),
-                _table(cols, rows),
+                table(cols, rows),
             ],
             "Each step's interval (trainer row to trainer row): the trainer's learning, publishing, other work "
             "and idle time; the rollout workers' generation (prefill + decode, summed over workers), which "
@@ -559,7 +489,7 @@ class Report:
                 self.chart("chart-e2e", "End-to-end latency (created → trained)", e2e, "no timings"),
             ]
         )
-        stages = _table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows)
+        stages = table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows)
         rew = svg.histogram("reward-hist", [float(t["reward"]) for t in tr], x_label="final reward", bins=16)
         lens = svg.histogram(
             "length-hist", [float(t["tokens"]) for t in tr], x_label="tokens per trajectory", bins=20
@@ -591,14 +521,14 @@ class Report:
             rows.append(
                 (
                     name,
-                    _num(ver),
-                    _num(step),
-                    _pct(e.get("success_rate")),
-                    _num(e.get("mean_reward")),
-                    _pct(e.get("tool_success_rate")),
-                    _num(e.get("avg_steps")),
-                    _num(e.get("distinct_2")),
-                    _num(e.get("episodes")),
+                    num(ver),
+                    num(step),
+                    pct(e.get("success_rate")),
+                    num(e.get("mean_reward")),
+                    pct(e.get("tool_success_rate")),
+                    num(e.get("avg_steps")),
+                    num(e.get("distinct_2")),
+                    num(e.get("episodes")),
                 )
             )
         cols = [
@@ -612,7 +542,7 @@ class Report:
             "distinct-2",
             "episodes",
         ]
-        body = _table(cols, rows) if rows else Note("no evaluations recorded")
+        body = table(cols, rows) if rows else Note("no evaluations recorded")
         curve = [
             (float(v), float(e["success_rate"]))
             for _, v, _, e in pts
@@ -655,22 +585,22 @@ class Report:
         events = []
         rows = []
         for a in d.alerts:
-            t = _when(a.get("time"), d.t0)
+            t = when(a.get("time"), d.t0)
             kind = str(a.get("kind", "alert"))
             tip = f"{kind} [{a.get('bucket', '')}] {a.get('evidence', '')} → {a.get('action', '')}"
             if t is not None:
                 events.append((t, kind, tip))
             rows.append(
                 (
-                    _num(t) if t is not None else str(a.get("time")),
+                    num(t) if t is not None else str(a.get("time")),
                     kind,
-                    _s(a.get("bucket")),
-                    _s(a.get("evidence")),
-                    _s(a.get("action")),
+                    text_of(a.get("bucket")),
+                    text_of(a.get("evidence")),
+                    text_of(a.get("action")),
                 )
             )
         for e in d.events:  # role restarts, weight fallbacks, ... belong on the same timeline
-            t = _when(e.get("time"), d.t0)
+            t = when(e.get("time"), d.t0)
             if t is not None:
                 events.append((t, f"event: {e['event']}", f"{e['event']} ({e.get('role', '')})"))
         end = max((float(r["time"]) - d.t0 for r in d.rows), default=None)
@@ -679,7 +609,7 @@ class Report:
             self.chart("chart-alerts", "Alerts and role events", chart, "no alerts or events recorded")
         ]
         if rows:
-            body.append(_table(["t (s)", "kind", "bucket", "evidence", "action"], rows))
+            body.append(table(["t (s)", "kind", "bucket", "evidence", "action"], rows))
         elif not (d.dir / "alerts.jsonl").is_file():
             body.append(Note("no alerts.jsonl in this run"))
         self.add("alerts", "Alerts", body + self._env_faults())
@@ -701,7 +631,7 @@ class Report:
             (
                 env,
                 f["calls"],
-                _pct(f["fault_rate"]),
+                pct(f["fault_rate"]),
                 f["faults"],
                 f["retries"],
                 f["timeouts"],
@@ -713,7 +643,24 @@ class Report:
         if not rows:
             return []
         notes: list[Block] = [Note(str(n), cls="intro") for n in self.d.summary.get("notes") or []]
-        return [Heading("Environment faults"), _table(cols, rows), *notes]
+        return [Heading("Environment faults"), table(cols, rows), *notes]
+
+    # 8b. learning signal
+    def signal(self) -> None:
+        d = self.d
+        series = signal_series(decode_rows(d.events), d.cfg.signal_window())
+        alerts = sum(a.get("kind") == "no_signal" for a in d.alerts)
+        blocks = signal_blocks(
+            series, d.t0, d.cost, alerts, self.chart, d.cfg.orchestrator.signal.no_signal_share
+        )
+        self.add(
+            "signal",
+            "Learning signal",
+            blocks,
+            f"Training groups per bucket in windows of {d.cfg.signal_window()} groups: the share whose rewards "
+            "differ (only those carry a GRPO gradient) and the success of their episodes; "
+            "a no_signal alert fires when the share stays under the line (orchestrator.signal).",
+        )
 
     # 9. cost
     def cost(self) -> None:
@@ -749,7 +696,7 @@ class Report:
                 ),
                 self.chart(
                     "chart-waste",
-                    f"Waste — {_pct(c.get('waste_total_share'))} of the total",
+                    f"Waste — {pct(c.get('waste_total_share'))} of the total",
                     w,
                     "no waste recorded",
                 ),
@@ -759,7 +706,7 @@ class Report:
         self.add(
             "cost",
             "Cost and waste",
-            [charts, _table(["efficiency", "value"], rows)],
+            [charts, table(["efficiency", "value"], rows)],
             f"Device {self.d.cfg.cost.device}; see docs/cost.md for the accounting model.",
         )
 
@@ -784,6 +731,7 @@ class Report:
             self.latency,
             self.evaluation,
             self.alerts,
+            self.signal,
             self.cost,
             self.credit,
         ):
@@ -814,45 +762,3 @@ def _q(sorted_vals: list[float], q: float) -> float:
     return (
         sorted_vals[min(len(sorted_vals) - 1, int(q * (len(sorted_vals) - 1) + 0.5))] if sorted_vals else 0.0
     )
-
-
-def _pct(v: Any) -> str:
-    return f"{float(v):.1%}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
-
-
-def _num(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
-
-
-def _s(v: Any) -> str:
-    if v is None:
-        return ""
-    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-
-
-def _git(rec: dict[str, Any]) -> str:
-    g = rec.get("git") or {}
-    if not g:
-        return "-"
-    return str(g.get("commit", ""))[:10] + (" (dirty)" if g.get("dirty") else "")
-
-
-def _when(t: Any, t0: float) -> float | None:
-    if isinstance(t, (int, float)):
-        return float(t) - t0
-    if isinstance(t, str):
-        try:
-            return datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() - t0
-        except ValueError:
-            return None
-    return None
-
-
-def _table(cols: list[str], rows: Sequence[Sequence[object]], cls: str = "") -> Table:
-    return Table(cols, [[str(v) for v in r] for r in rows], cls)

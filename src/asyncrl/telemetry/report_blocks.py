@@ -1,0 +1,144 @@
+"""The blocks a report section is made of (:class:`Figure`, :class:`Row`, :class:`Table`, :class:`Cards`,
+:class:`Note`, ...), the page they fill (``templates/report.html.j2``) and the small formatters the
+sections share: :mod:`asyncrl.telemetry.report` and :mod:`asyncrl.telemetry.signal` build with them."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from asyncrl.telemetry.markup import templates
+
+
+# ---- what the template renders ------------------------------------------------------------------
+@dataclass
+class Figure:
+    """One chart (inline SVG), or the ``empty`` note in its place when there is nothing to draw."""
+
+    kind: ClassVar[str] = "figure"
+    id: str
+    title: str
+    svg: str
+    """Markup from :mod:`asyncrl.telemetry.svg` (which escapes its text); empty: no chart."""
+    empty: str
+
+
+@dataclass
+class Row:
+    """Figures side by side."""
+
+    kind: ClassVar[str] = "row"
+    figures: list[Figure]
+
+
+@dataclass
+class Table:
+    kind: ClassVar[str] = "table"
+    cols: list[str]
+    rows: list[list[str]]
+    cls: str = ""
+
+
+@dataclass
+class Cards:
+    """Headline figures: (label, value) pairs."""
+
+    kind: ClassVar[str] = "cards"
+    items: list[tuple[str, str]]
+
+
+@dataclass
+class Note:
+    """A paragraph of text: ``empty`` (nothing to show) or ``intro`` (an explanation)."""
+
+    kind: ClassVar[str] = "note"
+    text: str
+    cls: str = "empty"
+
+
+@dataclass
+class Heading:
+    kind: ClassVar[str] = "heading"
+    text: str
+
+
+@dataclass
+class Fragment:
+    """Ready-made markup from another module (the credit view), inside ``<div class=cls>``."""
+
+    kind: ClassVar[str] = "fragment"
+    html: str
+    """Inserted as it is (the module escapes its own text)."""
+    cls: str
+
+
+Block = Figure | Row | Table | Cards | Note | Heading | Fragment
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    blocks: list[Block]
+    intro: str = ""
+
+
+@dataclass
+class Page:
+    title: str
+    made: str
+    n_charts: int
+    sections: list[Section] = field(default_factory=list)
+
+
+def render_page(page: Page) -> str:
+    """The report's HTML: ``templates/report.html.j2`` filled with ``page``."""
+    template = templates("asyncrl.telemetry").get_template("report.html.j2")
+    return template.render(title=page.title, made=page.made, n_charts=page.n_charts, sections=page.sections)
+
+
+# ---- formatters ---------------------------------------------------------------------------------
+def pct(v: Any) -> str:
+    return f"{float(v):.1%}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def num(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return "-" if v is None else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def text_of(v: Any) -> str:
+    if v is None:
+        return ""
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+
+
+def git(rec: dict[str, Any]) -> str:
+    g = rec.get("git") or {}
+    if not g:
+        return "-"
+    return str(g.get("commit", ""))[:10] + (" (dirty)" if g.get("dirty") else "")
+
+
+def when(t: Any, t0: float) -> float | None:
+    if isinstance(t, (int, float)):
+        return float(t) - t0
+    if isinstance(t, str):
+        try:
+            return datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() - t0
+        except ValueError:
+            return None
+    return None
+
+
+def table(cols: list[str], rows: Sequence[Sequence[object]], cls: str = "") -> Table:
+    return Table(cols, [[str(v) for v in r] for r in rows], cls)
