@@ -1191,6 +1191,14 @@ def test_error_messages_name_the_argument_at_fault() -> None:
             r"^turn_index values must lie in \[-1, 1\)",
             lambda: broadcast_turn_values(t64([[1.0]]), torch.tensor([[1]])),
         ),
+        (r"^rewards must be 2-D", lambda: gae(row, row, row, 0.9, 0.9)),
+        (r"^values has .* but rewards", lambda: gae(x, row[None], torch.ones(2, 3), 0.9, 0.9)),
+        (r"^mask has .* but rewards", lambda: gae(x, x, torch.ones(3, 2), 0.9, 0.9)),
+        (r"^gamma must be in \[0, 1\]", lambda: gae(x, x, torch.ones(2, 3), 1.5, 0.9)),
+        (r"^lam must be in \[0, 1\]", lambda: gae(x, x, torch.ones(2, 3), 0.9, 1.5)),
+        (r"^rewards must be 2-D", lambda: discounted_returns(row, row, 0.9)),
+        (r"^mask has .* but rewards", lambda: discounted_returns(x, torch.ones(3, 2), 0.9)),
+        (r"^gamma must be in \[0, 1\]", lambda: discounted_returns(x, torch.ones(2, 3), -0.1)),
         (r"^logits must have at least one dimension", lambda: entropy_from_logits(t64(1.0))),
         (r"^init_coef must be finite and >= 0", lambda: AdaptiveKLController(-0.1, 1.0, 10)),
         (r"^init_coef must be finite and >= 0", lambda: AdaptiveKLController(float("nan"), 1.0, 10)),
@@ -1297,6 +1305,51 @@ def test_broadcast_turn_values_edges() -> None:
     # no turns at all: zeros of the index's shape
     out = broadcast_turn_values(torch.zeros(1, 0, dtype=F64), torch.full((1, 2), -1))
     assert torch.equal(out, t64([[0.0, 0.0]]))
+
+
+def test_clip_bounds_count_as_inside_for_every_kind() -> None:
+    """Ratios exactly at a bound are inside (the docs' convention); exp(log v) == v for these v."""
+    lp = t64([[LN(0.75), LN(1.5), LN(2.0)]])
+    zero, adv, mask = torch.zeros(1, 3, dtype=F64), t64([[1.0, -1.0, 1.0]]), torch.tensor([[1, 1, 0]])
+    for cfg, prox in [
+        (ppo_cfg(eps_low=0.25, eps_high=0.5), None),
+        (ppo_cfg(kind="decoupled_ppo", eps_low=0.25, eps_high=0.5), zero),
+        (ppo_cfg(kind="cispo", cispo_eps_low=0.25, cispo_eps_high=0.5), None),
+    ]:
+        _, m = policy_loss(lp, zero, adv, mask, cfg, prox_logp=prox)
+        assert m["policy/clip_frac"] == 0.0, cfg.kind
+    _, m = policy_loss(lp, zero, adv, torch.tensor([[0, 0, 1]]), ppo_cfg(kind="tis", is_cap=2.0))
+    assert m["policy/clip_frac"] == 0.0
+    # the divergence filter keeps a token whose divergence equals the bound (token and sequence level)
+    for level in ("token", "sequence"):
+        cfg = ppo_cfg(max_behaviour_divergence=0.5, divergence_level=level)
+        kept = algo.policy_loss_mask(t64([[0.5, -0.5]]), zero[:, :2], torch.ones(1, 2), cfg)
+        assert kept.tolist() == [[True, True]], level
+
+
+def test_dual_clip_only_where_the_advantage_is_negative_and_strictly_below() -> None:
+    # c = 2: A = -1 at ratio 2 gives loss max(2, 1.5) = 2 = -c*A: not strictly below, not counted
+    cfg = ppo_cfg(eps_low=0.25, eps_high=0.5, dual_clip_c=2.0)
+    _, m = policy_loss(t64([[LN(2.0)]]), t64([[0.0]]), t64([[-1.0]]), torch.ones(1, 1), cfg)
+    assert m["policy/dual_clip_frac"] == 0.0
+    # A > 0 never dual-clips, even where -c*A lies below the PPO loss
+    _, m = policy_loss(t64([[0.0]]), t64([[0.0]]), t64([[0.5]]), torch.ones(1, 1), cfg)
+    assert m["policy/dual_clip_frac"] == 0.0
+
+
+def test_ratio_metrics_with_a_single_valid_token() -> None:
+    _, m = policy_loss(
+        t64([[LN(1.5), 9.0]]), t64([[0.0, 0.0]]), t64([[1.0, 1.0]]), torch.tensor([[1, 0]]), ppo_cfg()
+    )
+    assert m["policy/ratio_max"] == pytest.approx(1.5) and m["policy/ratio_min"] == pytest.approx(1.5)
+
+
+def test_kl_mean_gradient_ignores_masked_positions() -> None:
+    logp = t64([[LN(0.5), float("nan")]]).requires_grad_()
+    ref = t64([[LN(0.25), float("inf")]])
+    for kind in ("k1", "k2", "k3"):
+        out = kl_mean(logp, ref, kind, torch.tensor([[1, 0]]))  # type: ignore[arg-type]
+        assert torch.isfinite(out) and torch.isfinite(grad_of(out, logp)).all(), kind
 
 
 def test_batch_mean_baseline_of_one_reward_is_zero() -> None:

@@ -300,6 +300,42 @@ def test_token_level_gae_rewards_last_token_and_skips_observations() -> None:
     assert (adv[0][mask[0] == 0] == 0).all()
 
 
+def test_token_level_gae_adds_process_rewards_and_reads_the_value_before_each_token() -> None:
+    # tokens [1, 2 | 5, 6 | 7 | 8]: segment 1 (process reward 0.5) ends at token 3, segment 2 (0.25)
+    # at token 5, which also gets the final reward 1. λ = γ = 1: A_t = G_t − V(state before t).
+    trajs = [make_traj([([5, 6], [7], 0.5), ([8], [], 0.25)], 1.0, "g")]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("gae", "credit.gae_level=token", "credit.gae_lambda=1.0", "credit.process_weight=1.0")
+    a.value = FixedValues(torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]]))  # type: ignore[assignment]
+    adv, _ = a.advantages(trajs, ids, attn, mask)
+    # G = [1.75, 1.75, ·, 1.25] on tokens 2, 3, 5; V before them = values at 1, 2, 4
+    assert_close(adv[0], torch.tensor([0.0, 0.0, 1.65, 1.55, 0.0, 0.85]))
+
+
+def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
+    from asyncrl.credit.samples import read_samples
+
+    trajs = batch_two_groups()  # groups g1 and g2, two trajectories each
+    ids, attn, mask = tensors(trajs)
+    a = assigner("outcome", "credit.sample_every=1", "credit.sample_size=2")
+    assert a.write_samples(tmp_path, 1, random.Random(0)) is None  # nothing assigned yet
+    a.advantages(trajs, ids, attn, mask)
+    a.whole_groups = True
+    assert a.write_samples(tmp_path, 1, random.Random(0)) is not None
+    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 1]
+    assert len(picked) == 2 and len({smp.trajectory.group_id for smp in picked}) == 1  # one whole group
+    a.cfg.sample_size = 3  # one group is not enough: the second comes whole too
+    a.write_samples(tmp_path, 2, random.Random(0))
+    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 2]
+    assert sorted(smp.trajectory.group_id for smp in picked) == ["g1", "g1", "g2", "g2"]
+    a.whole_groups = False
+    a.write_samples(tmp_path, 3, random.Random(0))
+    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 3]
+    assert len(picked) == 3 and len({smp.trajectory.id for smp in picked}) == 3
+    a.cfg.sample_every = 0
+    assert a.write_samples(tmp_path, 4, random.Random(0)) is None
+
+
 # ----------------------------------------------------------------------------------------- value model
 
 
