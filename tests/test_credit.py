@@ -107,6 +107,69 @@ def test_value_delta_matches_loop_reference_and_sums_to_target() -> None:
     assert (c.abs() <= target.abs()[:, None] / 0.25 + 1e-5).all()  # the guard bounds every credit
 
 
+def test_value_delta_edges_metrics_and_errors() -> None:
+    one = torch.ones(1, 2)
+    # |S| equal to eps is enough (>=): d = [0.125, 0.375], S = 0.5 = eps -> rescaled, not uniform
+    c, _ = value_delta_credit(
+        torch.zeros(1, 2), torch.tensor([[0.125, 0.375]]), torch.tensor([1.0]), one, 0.5, 0.0
+    )
+    assert_close(c, torch.tensor([[0.25, 0.75]]))
+    # S = 0 with no guard margins (eps = min_ratio = 0): still uniform, never a division by zero
+    c, _ = value_delta_credit(
+        torch.zeros(1, 2), torch.tensor([[0.5, -0.5]]), torch.tensor([1.0]), one, 0.0, 0.0
+    )
+    assert_close(c, torch.tensor([[0.5, 0.5]]))
+    # one segment under the sign guard gets the whole target; a row without segments is not counted
+    vb, va = torch.tensor([[0.0, 0.0], [0.0, 0.0]]), torch.tensor([[0.5, 0.0], [0.5, 0.0]])
+    mask = torch.tensor([[1, 0], [0, 0]])
+    c, m = value_delta_credit(vb, va, torch.tensor([-1.0, 1.0]), mask, 0.05, 0.25)
+    assert_close(c, torch.tensor([[-1.0, 0.0], [0.0, 0.0]]))
+    assert m == {"credit/guard_frac": 1.0, "credit/raw_sum_mean": 0.5}
+    # nothing to distribute (target 0 everywhere): both metrics 0
+    _, m = value_delta_credit(vb, va, torch.zeros(2), mask, 0.05, 0.25)
+    assert m == {"credit/guard_frac": 0.0, "credit/raw_sum_mean": 0.0}
+    row, x = torch.zeros(2), torch.zeros(2, 2)
+    cases = [
+        (r"^v_before must be 2-D", lambda: value_delta_credit(row, row, row, row, 0.1, 0.1)),
+        (r"^v_after has .* but v_before", lambda: value_delta_credit(x, torch.zeros(1, 2), row, x, 0.1, 0.1)),
+        (r"^seg_mask has .* but v_before", lambda: value_delta_credit(x, x, row, torch.ones(2, 1), 0.1, 0.1)),
+        (r"^target must be 1-D", lambda: value_delta_credit(x, x, x, x, 0.1, 0.1)),
+        (
+            r"^target has 3 rows, v_before has 2",
+            lambda: value_delta_credit(x, x, torch.zeros(3), x, 0.1, 0.1),
+        ),
+        (r"^eps and min_ratio must be >= 0", lambda: value_delta_credit(x, x, row, x, -0.1, 0.1)),
+        (r"^eps and min_ratio must be >= 0", lambda: value_delta_credit(x, x, row, x, 0.1, -0.1)),
+        (r"^episode_adv must be 1-D", lambda: turn_group_advantages(x, x, x.long(), "grpo")),
+        (
+            r"^step_returns has .* but episode_adv",
+            lambda: turn_group_advantages(row, torch.zeros(3), row.long(), "grpo"),
+        ),
+        (
+            r"^state_ids has .* but episode_adv",
+            lambda: turn_group_advantages(row, row, torch.zeros(3).long(), "grpo"),
+        ),
+    ]
+    for pattern, call in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+            pytest.fail(f"no error for {pattern}")
+
+
+def test_turn_group_default_weight_and_metric_names() -> None:
+    # two steps share a state (returns 1, 0: Dr.GRPO step advantages ±0.5), one is alone
+    out, m = turn_group_advantages(
+        torch.tensor([0.25, 0.25, 1.0]), torch.tensor([1.0, 0.0, 3.0]), torch.tensor([7, 7, 8]), "dr_grpo"
+    )
+    assert_close(out, torch.tensor([0.75, -0.25, 1.0]))  # weight 1 by default
+    assert m == {
+        "credit/step_groups": 2.0,
+        "credit/step_group_size_mean": 1.5,
+        "credit/step_frac_singleton": 0.5,
+        "credit/step_adv_std": pytest.approx(math.sqrt(1 / 6)),
+    }
+
+
 def test_turn_group_matches_loop_reference() -> None:
     g = torch.Generator().manual_seed(1)
     N = 40
