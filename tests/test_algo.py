@@ -1304,7 +1304,7 @@ def test_broadcast_turn_values_edges() -> None:
     assert broadcast_turn_values(t64([[4.0]]), torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0)
     # no turns at all: zeros of the index's shape
     out = broadcast_turn_values(torch.zeros(1, 0, dtype=F64), torch.full((1, 2), -1))
-    assert torch.equal(out, t64([[0.0, 0.0]]))
+    assert torch.equal(out, t64([[0.0, 0.0]])) and out.dtype == F64  # the values' float dtype
 
 
 def test_clip_bounds_count_as_inside_for_every_kind() -> None:

@@ -375,6 +375,52 @@ def test_token_level_gae_adds_process_rewards_and_reads_the_value_before_each_to
     assert_close(adv[0], torch.tensor([0.0, 0.0, 1.65, 1.55, 0.0, 0.85]))
 
 
+def test_value_delta_adds_the_centred_process_reward_to_go() -> None:
+    trajs = batch_two_groups()[:2]  # process rewards a1 [0.1, 0.2, 0.0], a2 [0.1, -0.1]
+    ids, attn, mask = tensors(trajs)
+    adv = {}
+    for w in ("0", "1.0"):
+        a = assigner("value_delta", "credit.baseline=dr_grpo", f"credit.process_weight={w}")
+        a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
+        adv[w], _ = a.advantages(trajs, ids, attn, mask)
+    # to-go a1 [0.3, 0.2, 0.0], a2 [0.0, -0.1]; centre 0.4 / 5 = 0.08
+    extra = [float(adv["1.0"][0, s] - adv["0"][0, s]) for s, *_ in segment_spans(trajs[0])]
+    assert extra == pytest.approx([0.22, 0.12, -0.08])
+    extra = [float(adv["1.0"][1, s] - adv["0"][1, s]) for s, *_ in segment_spans(trajs[1])]
+    assert extra == pytest.approx([-0.08, -0.18])
+    # a batch without model turns: nothing to centre, no division by zero
+    bare = [make_traj([], 1.0, "g")]
+    ids, attn, mask = tensors(bare)
+    a = assigner("value_delta", "credit.process_weight=1.0")
+    a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
+    out, _ = a.advantages(bare, ids, attn, mask)
+    assert (out == 0).all()
+
+
+def test_value_calibration_reads_the_value_before_each_segment() -> None:
+    # one-token prompts: segments start at tokens 1 and 3 (success) and 1 (failure)
+    win = make_traj([([5], [7], 0.0), ([6], [], 0.0)], 1.0, "g", prompt=(1,))
+    lose = make_traj([([5], [], 0.0)], 0.0, "g", prompt=(1,))
+    values = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]])
+    a = assigner("value_delta")
+    m = a._calibration([win, lose], [segment_spans(win), segment_spans(lose)], values)
+    # probabilities 0.1, 0.3 (labels 1) and 0.5 (label 0): the failure ranks above both successes
+    assert m == {
+        "value/brier": pytest.approx((0.81 + 0.49 + 0.25) / 3),
+        "value/segments": 3.0,
+        "value/auc": 0.0,
+        "value/mean": pytest.approx(0.3),
+    }
+    m = a._calibration([win], [segment_spans(win)], values[:1])
+    assert "value/auc" not in m  # a single class: AUC undefined, not reported
+
+
+def test_tree_credit_of_an_empty_batch_is_empty() -> None:
+    from asyncrl.credit.tree import tree_segment_advantages
+
+    assert tree_segment_advantages([], [], "grpo") == ([], [], {})
+
+
 def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
     from asyncrl.credit.samples import read_samples
 
