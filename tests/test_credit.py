@@ -421,6 +421,61 @@ def test_tree_credit_of_an_empty_batch_is_empty() -> None:
     assert tree_segment_advantages([], [], "grpo") == ([], [], {})
 
 
+def test_reward_to_go_hand_computed() -> None:
+    from asyncrl.credit.assign import reward_to_go
+
+    assert reward_to_go([1.0, 2.0, 3.0], 0.5) == [2.75, 3.5, 3.0]  # 1 + 0.5 * (2 + 0.5 * 3)
+    assert reward_to_go([], 0.5) == []
+
+
+def test_turn_level_gae_adds_process_rewards_and_reads_the_value_before_each_segment() -> None:
+    # one-token prompt: segments start at tokens 1 and 3, process rewards 0.5 and 0.25, outcome 1
+    trajs = [make_traj([([5], [7], 0.5), ([6], [], 0.25)], 1.0, "g", prompt=(1,))]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("gae", "credit.gae_lambda=1.0", "credit.process_weight=1.0")
+    a.value = FixedValues(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))  # type: ignore[assignment]
+    adv, m = a.advantages(trajs, ids, attn, mask)
+    # rewards [0.5, 0.25 + 1]; λ = γ = 1: A_k = G_k − V(before k) = [1.75 − 0.1, 1.25 − 0.3]
+    assert [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])] == pytest.approx([1.65, 0.95])
+    assert m["credit/gae_adv_mean"] == pytest.approx(1.3)
+    bare = [make_traj([], 1.0, "g")]
+    ids, attn, mask = tensors(bare)
+    a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
+    assert a.advantages(bare, ids, attn, mask)[1]["credit/gae_adv_mean"] == 0.0
+
+
+def test_tree_and_turn_group_take_process_credit_weights_and_the_batch_mean_baseline() -> None:
+    trajs = batch_two_groups()[:2]
+    ids, attn, mask = tensors(trajs)
+    spans = [segment_spans(t) for t in trajs]
+
+    def seg(strategy: str, *extra: str) -> list[list[float]]:
+        adv, _ = assigner(strategy, *extra).advantages(trajs, ids, attn, mask)
+        return [[float(adv[i, s]) for s, *_ in sp] for i, sp in enumerate(spans)]
+
+    # tree: the same centred process reward-to-go as value_delta is added to each segment
+    plain, proc = (
+        seg("tree", "credit.baseline=dr_grpo"),
+        seg("tree", "credit.baseline=dr_grpo", "credit.process_weight=1.0"),
+    )
+    assert [b - a for a, b in zip(plain[0], proc[0], strict=True)] == pytest.approx([0.22, 0.12, -0.08])
+    # `batch_mean` has no per-group form: tree and turn_group use Dr.GRPO's centring instead
+    assert seg("tree", "credit.baseline=batch_mean") == plain
+    assert seg("turn_group", "credit.baseline=batch_mean") == seg("turn_group", "credit.baseline=dr_grpo")
+    assert seg("turn_group", "credit.baseline=grpo") != seg("turn_group", "credit.baseline=dr_grpo")
+    # turn_group returns γ^(n−1−k)·R + α·(process to-go): γ = 0.5, α = 1, step weight 0.5.
+    # g1 turn 1: a1 0.25·1 + 0.2 = 0.45, a2 0 + 0.05 → ±0.2; turn 2: a1 0.5 + 0.2, a2 −0.1 → ±0.4;
+    # a1's turn 3 is alone (0). Episode advantages ±0.5.
+    got = seg(
+        "turn_group",
+        "credit.baseline=dr_grpo",
+        "credit.gamma=0.5",
+        "credit.process_weight=1.0",
+        "credit.turn_group_weight=0.5",
+    )
+    assert got[0] == pytest.approx([0.6, 0.7, 0.5]) and got[1] == pytest.approx([-0.6, -0.7])
+
+
 def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
     from asyncrl.credit.samples import read_samples
 
