@@ -156,6 +156,23 @@ def test_value_delta_edges_metrics_and_errors() -> None:
             pytest.fail(f"no error for {pattern}")
 
 
+def test_brier_and_spearman_small_inputs_and_errors() -> None:
+    assert brier_score(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert brier_score(torch.tensor([0.25]), torch.tensor([1.0])) == 0.5625
+    assert math.isnan(spearman(torch.tensor([1.0]), torch.tensor([2.0])))
+    assert spearman(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0])) == pytest.approx(1.0)
+    row, x = torch.zeros(2), torch.zeros(2, 2)
+    for pattern, call in [
+        (r"^prob must be 1-D", lambda: brier_score(x, x)),
+        (r"^label has .* but prob", lambda: brier_score(row, torch.zeros(3))),
+        (r"^x must be 1-D", lambda: spearman(x, x)),
+        (r"^y has .* but x", lambda: spearman(row, torch.zeros(3))),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+            pytest.fail(f"no error for {pattern}")
+
+
 def test_turn_group_default_weight_and_metric_names() -> None:
     # two steps share a state (returns 1, 0: Dr.GRPO step advantages ±0.5), one is alone
     out, m = turn_group_advantages(
