@@ -493,6 +493,58 @@ def test_tree_and_turn_group_take_process_credit_weights_and_the_batch_mean_base
     assert got[0] == pytest.approx([0.6, 0.7, 0.5]) and got[1] == pytest.approx([-0.6, -0.7])
 
 
+class SpyValues(FixedValues):
+    """A value model that records what it is asked to predict and train on."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        super().__init__(values)
+        self.predicted: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.trained: list[tuple[torch.Tensor, ...]] = []
+
+    def predict(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        self.predicted.append((ids, attn))
+        return self.values.clone()
+
+    def train(self, *args: torch.Tensor) -> dict[str, float]:
+        self.trained.append(args)
+        return {"value/loss": 0.0}
+
+
+def test_value_training_targets_each_position_before_a_model_token() -> None:
+    trajs = batch_two_groups()[:2]  # final rewards 1 and 0
+    ids, attn, mask = tensors(trajs)
+    a = assigner("value_delta")
+    assert a.train_value(trajs, ids, attn, mask) == {}  # no value model: nothing to train
+    spy = SpyValues(torch.full(ids.shape, 0.5))
+    a.value = spy  # type: ignore[assignment]
+    a.advantages(trajs, ids, attn, mask)
+    (seen,) = spy.predicted
+    assert seen[0] is ids and seen[1] is attn
+    assert a.train_value(trajs, ids, attn, mask) == {"value/loss": 0.0}
+    (args,) = spy.trained
+    t_ids, t_attn, vmask, targets, old = args
+    assert t_ids is ids and t_attn is attn
+    assert vmask[:, :-1].tolist() == mask[:, 1:].tolist() and (vmask[:, -1] == 0).all()
+    assert targets.tolist() == [[1.0] * ids.shape[1], [0.0] * ids.shape[1]]
+    assert len(spy.predicted) == 1 and torch.equal(
+        old, torch.full(ids.shape, 0.5)
+    )  # the values already predicted
+    a._old_values = None  # a batch the assigner has not seen: predicted now
+    a.train_value(trajs, ids, attn, mask)
+    assert len(spy.predicted) == 2 and spy.predicted[1][0] is ids and spy.predicted[1][1] is attn
+
+
+def test_assigner_starts_empty_and_samples_whole_groups_for_trees() -> None:
+    def make(*extra: str) -> CreditAssigner:
+        return CreditAssigner(load_config(None, list(extra)), None)  # type: ignore[arg-type]
+
+    a = make("credit.strategy=outcome")
+    assert a.value is None and a.last_samples == [] and a._tree_values == [] and a._old_values is None
+    assert not a.whole_groups
+    assert make("credit.strategy=tree").whole_groups
+    assert make("credit.strategy=outcome", "rollout.tree.enabled=true").whole_groups
+
+
 def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
     from asyncrl.credit.samples import read_samples
 
