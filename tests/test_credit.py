@@ -358,6 +358,29 @@ def test_process_strategy_adds_centred_reward_to_go() -> None:
     assert s0 == pytest.approx([0.5 + 0.22, 0.5 + 0.12, 0.5 - 0.08])
 
 
+def test_process_rewards_are_clamped_discounted_and_centred() -> None:
+    # one group, equal outcomes (episode advantage 0): only the process term remains.
+    # a: rewards 1.5, -1.5 clamp to 1, -1; γ = 0.5: to-go [0.5, -1]; b: [0.8]; centre 0.1
+    a_t = make_traj([([5], [7], 1.5), ([6], [], -1.5)], 1.0, "g")
+    b_t = make_traj([([5], [], 0.8)], 1.0, "g")
+    ids, attn, mask = tensors([a_t, b_t])
+    extra = ("credit.baseline=dr_grpo", "credit.gamma=0.5")
+    adv, m = assigner("process", *extra, "credit.process_weight=1.0").advantages([a_t, b_t], ids, attn, mask)
+    assert [float(adv[0, s]) for s, *_ in segment_spans(a_t)] == pytest.approx([0.4, -1.1])
+    assert float(adv[1, 2]) == pytest.approx(0.7)
+    assert m["adv/process_mean_to_go"] == pytest.approx(0.1)
+    # no process term without weight, or for another strategy
+    for strategy, w in (("process", "0"), ("outcome", "1.0")):
+        adv, m = assigner(strategy, *extra, f"credit.process_weight={w}").advantages(
+            [a_t, b_t], ids, attn, mask
+        )
+        assert (adv == 0).all() and "adv/process_mean_to_go" not in m
+    bare = [make_traj([], 1.0, "g")]
+    ids, attn, mask = tensors(bare)
+    _, m = assigner("process", "credit.process_weight=1.0").advantages(bare, ids, attn, mask)
+    assert m["adv/process_mean_to_go"] == 0.0
+
+
 def test_turn_level_gae_uses_value_before_each_segment() -> None:
     trajs = batch_two_groups()[:1]
     ids, attn, mask = tensors(trajs)
