@@ -1267,10 +1267,10 @@ def test_kl_and_entropy_losses_honour_max_tokens_mask_and_metric_names() -> None
     # masked positions hold inf/nan: they must reach neither the value nor the gradient
     logp = t64([[LN(0.5), float("nan")]]).requires_grad_()
     ref = t64([[LN(0.25), float("inf")]])
-    loss, m = kl_penalty_loss(logp, ref, torch.tensor([[1, 0]]), 0.1, "k1", "seq_mean_token_sum_norm", 4)
-    assert_close(loss, t64(0.1 * LN(2) / 4))  # k1 = logp - ref = ln 2, summed / (1 row * 4 tokens)
-    assert torch.isfinite(grad_of(loss, logp)).all()
-    assert set(m) == {"loss/kl", "kl/ref_k1", "kl/coef"}
+    loss, m = kl_penalty_loss(logp, ref, torch.tensor([[1, 0]]), 0.1, "k3", "seq_mean_token_sum_norm", 4)
+    assert_close(loss, t64(0.1 * (LN(2) - 0.5) / 4))  # k3 = 0.5 - 1 + ln 2, summed / (1 row * 4 tokens)
+    assert torch.isfinite(grad_of(loss, logp)).all()  # k3's gradient is exp(ref - logp): nan if not masked
+    assert set(m) == {"loss/kl", "kl/ref_k3", "kl/coef"}
     h = t64([[1.0, 2.0], [3.0, 9.0]])
     loss, m = entropy_loss(h, torch.tensor([[1, 1], [1, 0]]), 0.5, "seq_mean_token_sum_norm", 4)
     assert_close(loss, t64(-0.5 * 6 / (2 * 4)))
