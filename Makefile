@@ -71,8 +71,8 @@ test-long: $(STAMP)
 # (pure-Python packages that move no pinned version; an environment of its own would need a second
 # torch). It mutates algo/, staleness.py, the credit strategies, the embedded queue's ack/redelivery
 # and the renderer's bridge (the globs below; files and tests in [tool.mutmut] of pyproject.toml) and
-# runs the fast unit tests that reach each mutated function, one worker at nice 10: about an hour on
-# two shared cores, so not part of `make test`. Prints the score per area and the survivors.
+# runs the fast unit tests that reach each mutated function, one worker at nice 10: hours on two
+# shared cores, so not part of `make test`. Prints the score per area and the survivors.
 MUTANTS_JOBS ?= 1
 MUTANTS ?= 'asyncrl.algo.*' 'asyncrl.staleness.*' 'asyncrl.credit.outcome.*' 'asyncrl.credit.tree.*' \
   'asyncrl.credit.assign.*' $(foreach m,_try_put get_batch _lease ack dead_letters,'asyncrl.transport.embedded.xǁEmbeddedQueueǁ$(m)__mutmut_*') \
