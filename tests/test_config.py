@@ -18,8 +18,9 @@ CLI = [sys.executable, "-m", "asyncrl.cli"]
 
 
 def _yaml_files() -> list[Path]:
-    # the repository's own files: no virtualenv (.venv, .venv-bench, .venv-vllm), run or cache
-    skip = {".git", "runs", ".cache", "node_modules"}
+    # the repository's own files: no virtualenv (.venv, .venv-bench, .venv-vllm), run, cache or
+    # mutmut's mutated copy (`make mutants`)
+    skip = {".git", "runs", ".cache", "node_modules", "mutants"}
     return sorted(
         p
         for p in ROOT.rglob("*.y*ml")

@@ -107,6 +107,86 @@ def test_value_delta_matches_loop_reference_and_sums_to_target() -> None:
     assert (c.abs() <= target.abs()[:, None] / 0.25 + 1e-5).all()  # the guard bounds every credit
 
 
+def test_value_delta_edges_metrics_and_errors() -> None:
+    one = torch.ones(1, 2)
+    # |S| equal to eps is enough (>=): d = [0.125, 0.375], S = 0.5 = eps -> rescaled, not uniform
+    c, _ = value_delta_credit(
+        torch.zeros(1, 2), torch.tensor([[0.125, 0.375]]), torch.tensor([1.0]), one, 0.5, 0.0
+    )
+    assert_close(c, torch.tensor([[0.25, 0.75]]))
+    # S = 0 with no guard margins (eps = min_ratio = 0): still uniform, never a division by zero
+    c, _ = value_delta_credit(
+        torch.zeros(1, 2), torch.tensor([[0.5, -0.5]]), torch.tensor([1.0]), one, 0.0, 0.0
+    )
+    assert_close(c, torch.tensor([[0.5, 0.5]]))
+    # one segment under the sign guard gets the whole target; a row without segments is not counted
+    vb, va = torch.tensor([[0.0, 0.0], [0.0, 0.0]]), torch.tensor([[0.5, 0.0], [0.5, 0.0]])
+    mask = torch.tensor([[1, 0], [0, 0]])
+    c, m = value_delta_credit(vb, va, torch.tensor([-1.0, 1.0]), mask, 0.05, 0.25)
+    assert_close(c, torch.tensor([[-1.0, 0.0], [0.0, 0.0]]))
+    assert m == {"credit/guard_frac": 1.0, "credit/raw_sum_mean": 0.5}
+    # nothing to distribute (target 0 everywhere): both metrics 0
+    _, m = value_delta_credit(vb, va, torch.zeros(2), mask, 0.05, 0.25)
+    assert m == {"credit/guard_frac": 0.0, "credit/raw_sum_mean": 0.0}
+    row, x = torch.zeros(2), torch.zeros(2, 2)
+    cases = [
+        (r"^v_before must be 2-D", lambda: value_delta_credit(row, row, row, row, 0.1, 0.1)),
+        (r"^v_after has .* but v_before", lambda: value_delta_credit(x, torch.zeros(1, 2), row, x, 0.1, 0.1)),
+        (r"^seg_mask has .* but v_before", lambda: value_delta_credit(x, x, row, torch.ones(2, 1), 0.1, 0.1)),
+        (r"^target must be 1-D", lambda: value_delta_credit(x, x, x, x, 0.1, 0.1)),
+        (
+            r"^target has 3 rows, v_before has 2",
+            lambda: value_delta_credit(x, x, torch.zeros(3), x, 0.1, 0.1),
+        ),
+        (r"^eps and min_ratio must be >= 0", lambda: value_delta_credit(x, x, row, x, -0.1, 0.1)),
+        (r"^eps and min_ratio must be >= 0", lambda: value_delta_credit(x, x, row, x, 0.1, -0.1)),
+        (r"^episode_adv must be 1-D", lambda: turn_group_advantages(x, x, x.long(), "grpo")),
+        (
+            r"^step_returns has .* but episode_adv",
+            lambda: turn_group_advantages(row, torch.zeros(3), row.long(), "grpo"),
+        ),
+        (
+            r"^state_ids has .* but episode_adv",
+            lambda: turn_group_advantages(row, row, torch.zeros(3).long(), "grpo"),
+        ),
+    ]
+    for pattern, call in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+            pytest.fail(f"no error for {pattern}")
+
+
+def test_brier_and_spearman_small_inputs_and_errors() -> None:
+    assert brier_score(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert brier_score(torch.tensor([0.25]), torch.tensor([1.0])) == 0.5625
+    assert math.isnan(spearman(torch.tensor([1.0]), torch.tensor([2.0])))
+    assert spearman(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0])) == pytest.approx(1.0)
+    row, x = torch.zeros(2), torch.zeros(2, 2)
+    for pattern, call in [
+        (r"^prob must be 1-D", lambda: brier_score(x, x)),
+        (r"^label has .* but prob", lambda: brier_score(row, torch.zeros(3))),
+        (r"^x must be 1-D", lambda: spearman(x, x)),
+        (r"^y has .* but x", lambda: spearman(row, torch.zeros(3))),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+            pytest.fail(f"no error for {pattern}")
+
+
+def test_turn_group_default_weight_and_metric_names() -> None:
+    # two steps share a state (returns 1, 0: Dr.GRPO step advantages ±0.5), one is alone
+    out, m = turn_group_advantages(
+        torch.tensor([0.25, 0.25, 1.0]), torch.tensor([1.0, 0.0, 3.0]), torch.tensor([7, 7, 8]), "dr_grpo"
+    )
+    assert_close(out, torch.tensor([0.75, -0.25, 1.0]))  # weight 1 by default
+    assert m == {
+        "credit/step_groups": 2.0,
+        "credit/step_group_size_mean": 1.5,
+        "credit/step_frac_singleton": 0.5,
+        "credit/step_adv_std": pytest.approx(math.sqrt(1 / 6)),
+    }
+
+
 def test_turn_group_matches_loop_reference() -> None:
     g = torch.Generator().manual_seed(1)
     N = 40
@@ -278,6 +358,29 @@ def test_process_strategy_adds_centred_reward_to_go() -> None:
     assert s0 == pytest.approx([0.5 + 0.22, 0.5 + 0.12, 0.5 - 0.08])
 
 
+def test_process_rewards_are_clamped_discounted_and_centred() -> None:
+    # one group, equal outcomes (episode advantage 0): only the process term remains.
+    # a: rewards 1.5, -1.5 clamp to 1, -1; γ = 0.5: to-go [0.5, -1]; b: [0.8]; centre 0.1
+    a_t = make_traj([([5], [7], 1.5), ([6], [], -1.5)], 1.0, "g")
+    b_t = make_traj([([5], [], 0.8)], 1.0, "g")
+    ids, attn, mask = tensors([a_t, b_t])
+    extra = ("credit.baseline=dr_grpo", "credit.gamma=0.5")
+    adv, m = assigner("process", *extra, "credit.process_weight=1.0").advantages([a_t, b_t], ids, attn, mask)
+    assert [float(adv[0, s]) for s, *_ in segment_spans(a_t)] == pytest.approx([0.4, -1.1])
+    assert float(adv[1, 2]) == pytest.approx(0.7)
+    assert m["adv/process_mean_to_go"] == pytest.approx(0.1)
+    # no process term without weight, or for another strategy
+    for strategy, w in (("process", "0"), ("outcome", "1.0")):
+        adv, m = assigner(strategy, *extra, f"credit.process_weight={w}").advantages(
+            [a_t, b_t], ids, attn, mask
+        )
+        assert (adv == 0).all() and "adv/process_mean_to_go" not in m
+    bare = [make_traj([], 1.0, "g")]
+    ids, attn, mask = tensors(bare)
+    _, m = assigner("process", "credit.process_weight=1.0").advantages(bare, ids, attn, mask)
+    assert m["adv/process_mean_to_go"] == 0.0
+
+
 def test_turn_level_gae_uses_value_before_each_segment() -> None:
     trajs = batch_two_groups()[:1]
     ids, attn, mask = tensors(trajs)
@@ -298,6 +401,195 @@ def test_token_level_gae_rewards_last_token_and_skips_observations() -> None:
     # λ = γ = 1, V ≡ 0.25, reward 1 on the last model token: A_t = 1 − 0.25 on every model token
     assert_close(adv[0][mask[0] > 0], torch.full((4,), 0.75))
     assert (adv[0][mask[0] == 0] == 0).all()
+
+
+def test_token_level_gae_adds_process_rewards_and_reads_the_value_before_each_token() -> None:
+    # tokens [1, 2 | 5, 6 | 7 | 8]: segment 1 (process reward 0.5) ends at token 3, segment 2 (0.25)
+    # at token 5, which also gets the final reward 1. λ = γ = 1: A_t = G_t − V(state before t).
+    trajs = [make_traj([([5, 6], [7], 0.5), ([8], [], 0.25)], 1.0, "g")]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("gae", "credit.gae_level=token", "credit.gae_lambda=1.0", "credit.process_weight=1.0")
+    a.value = FixedValues(torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]]))  # type: ignore[assignment]
+    adv, _ = a.advantages(trajs, ids, attn, mask)
+    # G = [1.75, 1.75, ·, 1.25] on tokens 2, 3, 5; V before them = values at 1, 2, 4
+    assert_close(adv[0], torch.tensor([0.0, 0.0, 1.65, 1.55, 0.0, 0.85]))
+
+
+def test_value_delta_adds_the_centred_process_reward_to_go() -> None:
+    trajs = batch_two_groups()[:2]  # process rewards a1 [0.1, 0.2, 0.0], a2 [0.1, -0.1]
+    ids, attn, mask = tensors(trajs)
+    adv = {}
+    for w in ("0", "1.0"):
+        a = assigner("value_delta", "credit.baseline=dr_grpo", f"credit.process_weight={w}")
+        a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
+        adv[w], _ = a.advantages(trajs, ids, attn, mask)
+    # to-go a1 [0.3, 0.2, 0.0], a2 [0.0, -0.1]; centre 0.4 / 5 = 0.08
+    extra = [float(adv["1.0"][0, s] - adv["0"][0, s]) for s, *_ in segment_spans(trajs[0])]
+    assert extra == pytest.approx([0.22, 0.12, -0.08])
+    extra = [float(adv["1.0"][1, s] - adv["0"][1, s]) for s, *_ in segment_spans(trajs[1])]
+    assert extra == pytest.approx([-0.08, -0.18])
+    # a batch without model turns: nothing to centre, no division by zero
+    bare = [make_traj([], 1.0, "g")]
+    ids, attn, mask = tensors(bare)
+    a = assigner("value_delta", "credit.process_weight=1.0")
+    a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
+    out, _ = a.advantages(bare, ids, attn, mask)
+    assert (out == 0).all()
+
+
+def test_value_calibration_reads_the_value_before_each_segment() -> None:
+    # one-token prompts: segments start at tokens 1 and 3 (success) and 1 (failure)
+    win = make_traj([([5], [7], 0.0), ([6], [], 0.0)], 1.0, "g", prompt=(1,))
+    lose = make_traj([([5], [], 0.0)], 0.0, "g", prompt=(1,))
+    values = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]])
+    a = assigner("value_delta")
+    m = a._calibration([win, lose], [segment_spans(win), segment_spans(lose)], values)
+    # probabilities 0.1, 0.3 (labels 1) and 0.5 (label 0): the failure ranks above both successes
+    assert m == {
+        "value/brier": pytest.approx((0.81 + 0.49 + 0.25) / 3),
+        "value/segments": 3.0,
+        "value/auc": 0.0,
+        "value/mean": pytest.approx(0.3),
+    }
+    m = a._calibration([win], [segment_spans(win)], values[:1])
+    assert "value/auc" not in m  # a single class: AUC undefined, not reported
+
+
+def test_tree_credit_of_an_empty_batch_is_empty() -> None:
+    from asyncrl.credit.tree import tree_segment_advantages
+
+    assert tree_segment_advantages([], [], "grpo") == ([], [], {})
+
+
+def test_reward_to_go_hand_computed() -> None:
+    from asyncrl.credit.assign import reward_to_go
+
+    assert reward_to_go([1.0, 2.0, 3.0], 0.5) == [2.75, 3.5, 3.0]  # 1 + 0.5 * (2 + 0.5 * 3)
+    assert reward_to_go([], 0.5) == []
+
+
+def test_turn_level_gae_adds_process_rewards_and_reads_the_value_before_each_segment() -> None:
+    # one-token prompt: segments start at tokens 1 and 3, process rewards 0.5 and 0.25, outcome 1
+    trajs = [make_traj([([5], [7], 0.5), ([6], [], 0.25)], 1.0, "g", prompt=(1,))]
+    ids, attn, mask = tensors(trajs)
+    a = assigner("gae", "credit.gae_lambda=1.0", "credit.process_weight=1.0")
+    a.value = FixedValues(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))  # type: ignore[assignment]
+    adv, m = a.advantages(trajs, ids, attn, mask)
+    # rewards [0.5, 0.25 + 1]; λ = γ = 1: A_k = G_k − V(before k) = [1.75 − 0.1, 1.25 − 0.3]
+    assert [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])] == pytest.approx([1.65, 0.95])
+    assert m["credit/gae_adv_mean"] == pytest.approx(1.3)
+    bare = [make_traj([], 1.0, "g")]
+    ids, attn, mask = tensors(bare)
+    a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
+    assert a.advantages(bare, ids, attn, mask)[1]["credit/gae_adv_mean"] == 0.0
+
+
+def test_tree_and_turn_group_take_process_credit_weights_and_the_batch_mean_baseline() -> None:
+    trajs = batch_two_groups()[:2]
+    ids, attn, mask = tensors(trajs)
+    spans = [segment_spans(t) for t in trajs]
+
+    def seg(strategy: str, *extra: str) -> list[list[float]]:
+        adv, _ = assigner(strategy, *extra).advantages(trajs, ids, attn, mask)
+        return [[float(adv[i, s]) for s, *_ in sp] for i, sp in enumerate(spans)]
+
+    # tree: the same centred process reward-to-go as value_delta is added to each segment
+    plain, proc = (
+        seg("tree", "credit.baseline=dr_grpo"),
+        seg("tree", "credit.baseline=dr_grpo", "credit.process_weight=1.0"),
+    )
+    assert [b - a for a, b in zip(plain[0], proc[0], strict=True)] == pytest.approx([0.22, 0.12, -0.08])
+    # `batch_mean` has no per-group form: tree and turn_group use Dr.GRPO's centring instead
+    assert seg("tree", "credit.baseline=batch_mean") == plain
+    assert seg("turn_group", "credit.baseline=batch_mean") == seg("turn_group", "credit.baseline=dr_grpo")
+    assert seg("turn_group", "credit.baseline=grpo") != seg("turn_group", "credit.baseline=dr_grpo")
+    # turn_group returns γ^(n−1−k)·R + α·(process to-go): γ = 0.5, α = 1, step weight 0.5.
+    # g1 turn 1: a1 0.25·1 + 0.2 = 0.45, a2 0 + 0.05 → ±0.2; turn 2: a1 0.5 + 0.2, a2 −0.1 → ±0.4;
+    # a1's turn 3 is alone (0). Episode advantages ±0.5.
+    got = seg(
+        "turn_group",
+        "credit.baseline=dr_grpo",
+        "credit.gamma=0.5",
+        "credit.process_weight=1.0",
+        "credit.turn_group_weight=0.5",
+    )
+    assert got[0] == pytest.approx([0.6, 0.7, 0.5]) and got[1] == pytest.approx([-0.6, -0.7])
+
+
+class SpyValues(FixedValues):
+    """A value model that records what it is asked to predict and train on."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        super().__init__(values)
+        self.predicted: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.trained: list[tuple[torch.Tensor, ...]] = []
+
+    def predict(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        self.predicted.append((ids, attn))
+        return self.values.clone()
+
+    def train(self, *args: torch.Tensor) -> dict[str, float]:
+        self.trained.append(args)
+        return {"value/loss": 0.0}
+
+
+def test_value_training_targets_each_position_before_a_model_token() -> None:
+    trajs = batch_two_groups()[:2]  # final rewards 1 and 0
+    ids, attn, mask = tensors(trajs)
+    a = assigner("value_delta")
+    assert a.train_value(trajs, ids, attn, mask) == {}  # no value model: nothing to train
+    spy = SpyValues(torch.full(ids.shape, 0.5))
+    a.value = spy  # type: ignore[assignment]
+    a.advantages(trajs, ids, attn, mask)
+    (seen,) = spy.predicted
+    assert seen[0] is ids and seen[1] is attn
+    assert a.train_value(trajs, ids, attn, mask) == {"value/loss": 0.0}
+    (args,) = spy.trained
+    t_ids, t_attn, vmask, targets, old = args
+    assert t_ids is ids and t_attn is attn
+    assert vmask[:, :-1].tolist() == mask[:, 1:].tolist() and (vmask[:, -1] == 0).all()
+    assert targets.tolist() == [[1.0] * ids.shape[1], [0.0] * ids.shape[1]]
+    assert len(spy.predicted) == 1 and torch.equal(
+        old, torch.full(ids.shape, 0.5)
+    )  # the values already predicted
+    a._old_values = None  # a batch the assigner has not seen: predicted now
+    a.train_value(trajs, ids, attn, mask)
+    assert len(spy.predicted) == 2 and spy.predicted[1][0] is ids and spy.predicted[1][1] is attn
+
+
+def test_assigner_starts_empty_and_samples_whole_groups_for_trees() -> None:
+    def make(*extra: str) -> CreditAssigner:
+        return CreditAssigner(load_config(None, list(extra)), None)  # type: ignore[arg-type]
+
+    a = make("credit.strategy=outcome")
+    assert a.value is None and a.last_samples == [] and a._tree_values == [] and a._old_values is None
+    assert not a.whole_groups
+    assert make("credit.strategy=tree").whole_groups
+    assert make("credit.strategy=outcome", "rollout.tree.enabled=true").whole_groups
+
+
+def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
+    from asyncrl.credit.samples import read_samples
+
+    trajs = batch_two_groups()  # groups g1 and g2, two trajectories each
+    ids, attn, mask = tensors(trajs)
+    a = assigner("outcome", "credit.sample_every=1", "credit.sample_size=2")
+    assert a.write_samples(tmp_path, 1, random.Random(0)) is None  # nothing assigned yet
+    a.advantages(trajs, ids, attn, mask)
+    a.whole_groups = True
+    assert a.write_samples(tmp_path, 1, random.Random(0)) is not None
+    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 1]
+    assert len(picked) == 2 and len({smp.trajectory.group_id for smp in picked}) == 1  # one whole group
+    a.cfg.sample_size = 3  # one group is not enough: the second comes whole too
+    a.write_samples(tmp_path, 2, random.Random(0))
+    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 2]
+    assert sorted(smp.trajectory.group_id for smp in picked) == ["g1", "g1", "g2", "g2"]
+    a.whole_groups = False
+    a.write_samples(tmp_path, 3, random.Random(0))
+    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 3]
+    assert len(picked) == 3 and len({smp.trajectory.id for smp in picked}) == 3
+    a.cfg.sample_every = 0
+    assert a.write_samples(tmp_path, 4, random.Random(0)) is None
 
 
 # ----------------------------------------------------------------------------------------- value model

@@ -46,6 +46,9 @@ def test_modes_fix_the_lag() -> None:
     assert StalenessPolicy.from_config("async", 5, 8, "drop").max_staleness == 5
     assert StalenessPolicy.from_config("async", 5, 8, "drop").inflight_updates
     assert not StalenessPolicy.from_config("one_step_off", 5, 8, "drop").inflight_updates
+    # the stale-sample policy is carried through as configured (a mutant found it unchecked)
+    assert StalenessPolicy.from_config("async", 5, 8, "downweight").stale_policy == "downweight"
+    assert StalenessPolicy.from_config("async", 5, 8, "drop").stale_policy == "drop"
 
 
 def test_the_rules_the_gateway_config_and_report_ask() -> None:

@@ -202,6 +202,13 @@ def test_a_flat_multi_turn_group_spreads_the_outcome_evenly() -> None:
     torch.testing.assert_close(spread, torch.tensor([0, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5]) / 3)
 
 
+def test_a_weighted_node_ends_a_chain_whatever_its_weight() -> None:
+    # root → 1 → 2 where node 1 is itself a weighted leaf (weight 0.5) with one child: not pass-through
+    parent = torch.tensor([-1, 0, 1])
+    spread = spread_chains(parent, torch.tensor([0.0, 0.3, 0.6]), torch.tensor([0.0, 0.5, 0.5]))
+    torch.testing.assert_close(spread, torch.tensor([0.0, 0.3, 0.6]))
+
+
 def _sample(tid: str, turns: list[tuple[list[int], list[int] | None, bool]], reward: float) -> Any:
     """A credit sample of group ``g``: model turns (ids, observation ids, shared) after prompt [1, 2];
     every segment's credit is its index (what ablation compares with)."""
