@@ -435,6 +435,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("records.py", "<module>", "SCHEMA_VERSION"),
             ("trainer/sft.py", "<module>", "TEMPLATE_VERSION"),
             ("launch/ray_launcher.py", "<module>", "_KILLED"),
+            ("service.py", "<module>", "EXIT_ORPHANED"),
         ],
         _UNIT,
     ),
