@@ -422,7 +422,9 @@ class HashSplitTaskSource(ABC):
     ``heldout_permille`` buckets are held out. :meth:`sample` rejects held-out tasks, and
     :meth:`heldout` only keeps them, so no training task ever shares a content key with an
     evaluation task, for any seed and any run. Subclasses implement :meth:`generate` and
-    :meth:`content_key`.
+    :meth:`content_key`; the key must be canonical (operands of symmetric operations sorted, parts
+    that do not change the problem dropped), or a held-out problem's twin -- ``b+a`` for ``a+b``
+    -- lands in training (issue #35; docs/environments.md).
     """
 
     task_types: tuple[str, ...] = ()

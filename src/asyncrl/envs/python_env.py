@@ -122,7 +122,8 @@ SUFFIX = " Use python, print the result."
 
 
 class PythonTasks(HashSplitTaskSource):
-    """Computation questions; difficulty = template tier. Split by (template, parameters)."""
+    """Computation questions; difficulty = template tier. Split by (template, parameters), the
+    symmetric parameters of ``count_div`` canonical (:meth:`content_key`)."""
 
     task_types = tuple(t.name for t in TEMPLATES)
     difficulties = (1, 2, 3)
@@ -141,8 +142,14 @@ class PythonTasks(HashSplitTaskSource):
         return Task(id=task_id("py", key), task_type=tpl.name, difficulty=difficulty, payload=payload)
 
     def content_key(self, task: Task) -> str:
+        """Template and parameters, the symmetric ones canonical: "divisible by {a} or {b}" keys
+        on its divisors without order and without one the other divides (``2 or 4`` is ``2``)."""
         p = task.payload
-        return str(p["template"]) + "|" + ",".join(f"{k}={v}" for k, v in sorted(p["params"].items()))
+        params = dict(p["params"])
+        if p["template"] == "count_div":
+            a, b = sorted((int(params.pop("a")), int(params.pop("b"))))
+            params["div"] = f"{a}" if b % a == 0 else f"{a}.{b}"
+        return str(p["template"]) + "|" + ",".join(f"{k}={v}" for k, v in sorted(params.items()))
 
 
 def _code(task: Task, **override: int) -> str:

@@ -73,7 +73,7 @@ def _reference_option(options: dict[str, Any]) -> bool:
 
 
 class StringTasks(HashSplitTaskSource):
-    """Pipelines of 1-3 distinct operations on a made-up word; split by (word, pipeline).
+    """Pipelines of 1-3 distinct operations on a made-up word; split by (word, result).
     ``reference`` is recorded in each task, so its demonstrations use ``_`` (module docstring)."""
 
     task_types = ("pipeline",)
@@ -107,7 +107,11 @@ class StringTasks(HashSplitTaskSource):
         )
 
     def content_key(self, task: Task) -> str:
-        return f"{task.payload['word']}|{'.'.join(task.payload['ops'])}"
+        """The word and the final result: pipelines that take the same word to the same string
+        are one problem -- steps that commute (``reverse, upper`` / ``upper, reverse``), a step a
+        later one undoes (``rotate, sort`` / ``sort``; ``lower`` on the lowercase word), and the
+        rare pipelines that agree on this word by coincidence (held out together: stricter)."""
+        return f"{task.payload['word']}|{task.payload['answer']}"
 
 
 def _episode(word: str, ops: list[str], reference: bool) -> list[str]:
