@@ -193,7 +193,7 @@ def _sample(render_diff: int | None) -> Trajectory:
 
 
 def test_unchecked_samples_are_counted_beside_the_rate_not_in_it() -> None:
-    from asyncrl.orchestrator.run import _token_exactness
+    from asyncrl.jobs.summary import _token_exactness
     from asyncrl.rollout.worker import RolloutWorker
 
     stats = retokenization_stats([_sample(0), _sample(None), _sample(None)])

@@ -230,7 +230,8 @@ def test_asyncrl_stop_from_another_shell_on_the_redis_queue(tmp_path: Path, cach
     from redis_server import RedisServer
 
     server = RedisServer(tmp_path / "redis")
-    job = TrainProcess(tmp_path, cache_dir, "transport.kind=redis", f"transport.redis_url={server.url}")
+    long = "trainer.total_steps=200"  # not resumed here: long enough that the stop lands in training
+    job = TrainProcess(tmp_path, cache_dir, long, "transport.kind=redis", f"transport.redis_url={server.url}")
     try:
         state = job.state()
         helpers.wait_for(lambda: state.trainer_step() >= 2, 300, "trainer step 2")
@@ -256,7 +257,7 @@ def test_asyncrl_stop_from_another_shell_on_the_redis_queue(tmp_path: Path, cach
 def test_roles_of_a_killed_orchestrator_stop_by_themselves(tmp_path: Path, cache_dir: Path) -> None:
     """kill -9 the orchestrator (no handler runs): its roles see the heartbeat stop and exit within
     ``launcher.orphan_timeout_s`` (4 s here); the trainer checkpoints first; ``status`` says lost."""
-    job = TrainProcess(tmp_path, cache_dir)
+    job = TrainProcess(tmp_path, cache_dir, "trainer.total_steps=200")  # still training when killed
     try:
         state = job.state()
         helpers.wait_for(lambda: state.trainer_step() >= 2, 300, "trainer step 2")
