@@ -98,7 +98,7 @@ def _train(
         stop.phase, where = stop.phase or phase, stop.run_dir or where
         if where is not None and Path(where, "run.json").is_file():
             stop.run_dir = str(where)
-            _record_stop(cfg, Path(where), stop)
+            _record_stop(Path(where), stop)
         raise
     except Exception as exc:
         if where is not None and Path(where, "run.json").is_file():
@@ -124,13 +124,13 @@ def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
     return done
 
 
-def _record_stop(cfg: RunConfig, run_dir: Path, stop: Stopped) -> None:
+def _record_stop(run_dir: Path, stop: Stopped) -> None:
     """``run.json``: stopped, by which signal, in which phase, at which step and version."""
     from asyncrl.telemetry.experiment import update_run_record
 
     step = version = None
     if (run_dir / "config.yaml").is_file():
-        state = RunState.open(cfg, run_dir)
+        state = RunState.open(load_config(run_dir / "config.yaml"), run_dir)  # the run's own (on resume)
         step, version = state.trainer_step(), state.version()
         state.store.set_flag("halt", False)  # honoured: a resumed run must not stop at once
         state.store.set_flag("halt_now", False)
