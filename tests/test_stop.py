@@ -287,7 +287,7 @@ def _at_moment(job: TrainProcess, moment: str) -> None:
             helpers.wait_for(lambda: (job.run_dir / "initial_policy").is_dir(), 300, "the initial policy")
         elif moment == "mid-step":
             helpers.wait_for(lambda: state.trainer_step() >= 3, 900, "trainer step 3")
-        elif moment == "at a publish":  # the version announcement follows each publish at once
+        elif moment == "a publish":  # the version announcement follows each publish at once
             v = state.version()
             helpers.wait_for(lambda: state.version() > max(v, 2), 300, "a new version", every=0.01)
         elif moment == "mid-checkpoint":  # a checkpoint directory being written, or just written
@@ -307,7 +307,7 @@ MATRIX = [  # (signal, moment, extra settings, phase it is recorded in)
     (signal.SIGTERM, "initial evaluation", ["env.heldout_size=64"], "preparation"),
     (signal.SIGTERM, "mid-step", [], "training"),
     (signal.SIGINT, "mid-step", ["transport.kind=redis"], "training"),
-    (signal.SIGHUP, "at a publish", ["transport.kind=redis"], "training"),
+    (signal.SIGHUP, "a publish", ["transport.kind=redis"], "training"),
     (signal.SIGTERM, "mid-checkpoint", [], "training"),
     (signal.SIGHUP, "final evaluation", ["env.heldout_size=64"], "final evaluation"),
     (signal.SIGTERM, "mid-step", ["launcher.kind=ray"], "training"),
