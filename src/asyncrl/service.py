@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,17 +43,24 @@ def is_prepared(run_dir: Path) -> bool:
 
 
 def wait_until_prepared(run_dir: Path, timeout_s: float, poll_s: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    announced = False
-    while not is_prepared(run_dir):
+    _poll_until(
+        lambda: is_prepared(run_dir),
+        timeout_s,
+        poll_s,
+        f"waiting for the orchestrator to prepare {run_dir} ...",
+        f"run directory {run_dir} was not prepared within {timeout_s:.0f}s: start "
+        f"`asyncrl role orchestrator CONFIG --run-dir {run_dir}` (it writes {READY_FILE}), or raise --wait",
+    )
+
+
+def _poll_until(done: Callable[[], bool], timeout_s: float, poll_s: float, waiting: str, error: str) -> None:
+    """Poll ``done`` every ``poll_s``; say ``waiting`` once, and raise ``error`` after ``timeout_s``."""
+    deadline, announced = time.monotonic() + timeout_s, False
+    while not done():
         if time.monotonic() >= deadline:
-            raise UserError(
-                f"run directory {run_dir} was not prepared within {timeout_s:.0f}s: start "
-                f"`asyncrl role orchestrator CONFIG --run-dir {run_dir}` (it writes {READY_FILE}), "
-                "or raise --wait"
-            )
+            raise UserError(error)
         if not announced:
-            log.warning("waiting for the orchestrator to prepare %s ...", run_dir)
+            log.warning(waiting)
             announced = True
         time.sleep(poll_s)
 
@@ -137,18 +145,20 @@ def wait_for_orchestrator(cfg: RunConfig, run_dir: Path, timeout_s: float, poll_
     """A role service starts only while the orchestrator beats (within ``launcher.orphan_timeout_s``):
     restarted while the orchestrator is away, it waits instead of stopping at once as an orphan."""
     state = RunState.open(cfg, run_dir)
-    deadline, announced = time.monotonic() + timeout_s, False
+
+    def beating() -> bool:
+        silent = state.orchestrator_silent_s()
+        return silent is not None and silent <= cfg.launcher.orphan_timeout_s
+
     try:
-        while (silent := state.orchestrator_silent_s()) is None or silent > cfg.launcher.orphan_timeout_s:
-            if time.monotonic() >= deadline:
-                raise UserError(
-                    f"the orchestrator of {run_dir} has not beaten for {timeout_s:.0f}s: start (or resume) "
-                    f"`asyncrl role orchestrator CONFIG --run-dir {run_dir}`, or raise --wait"
-                )
-            if not announced:
-                log.warning("waiting for the orchestrator of %s to run ...", run_dir)
-                announced = True
-            time.sleep(poll_s)
+        _poll_until(
+            beating,
+            timeout_s,
+            poll_s,
+            f"waiting for the orchestrator of {run_dir} to run ...",
+            f"the orchestrator of {run_dir} has not beaten for {timeout_s:.0f}s: start (or resume) "
+            f"`asyncrl role orchestrator CONFIG --run-dir {run_dir}`, or raise --wait",
+        )
     finally:
         state.close()
 

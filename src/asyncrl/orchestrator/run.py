@@ -39,7 +39,7 @@ from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.orchestrator.runctl import process_alive, start_ticks
+from asyncrl.orchestrator.runctl import reap_orphans, start_ticks
 from asyncrl.orchestrator.stopping import Stopped, StopSignals
 from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
 from asyncrl.telemetry.jsonl import MetricTail
@@ -342,21 +342,6 @@ class Orchestrator:
             self._merged.write(json.dumps(row) + "\n")
             self._metrics_at = now
 
-    def _reap_orphans(self) -> None:
-        """After a crash of the orchestrator itself its role processes live on: stop them (SIGKILL,
-        as if they had crashed with it) and give their admissions back before starting new ones."""
-        roles_file = self.run_dir / "roles.json"
-        roles = json.loads(roles_file.read_text()) if roles_file.is_file() else {}
-        for pid, ticks in roles.values():
-            # the same pid AND the same start time: our process, not a later one that reused the pid
-            if pid != os.getpid() and process_alive(pid, ticks):
-                os.kill(int(pid), signal.SIGKILL)
-                end = time.time() + 5.0
-                while process_alive(pid, ticks) and time.time() < end:
-                    time.sleep(0.05)
-        for name in self.state.workers_in_flight():
-            self.state.reclaim(name)
-
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
         from asyncrl.control.lending import lending_plan, open_board
@@ -368,7 +353,7 @@ class Orchestrator:
             saved = self.state.snapshot()
             if saved is not None:
                 self.restore(saved)
-            self._reap_orphans()
+            reap_orphans(self.run_dir, self.state)
 
     def run(self) -> TrainerReport | None:
         """Start the roles and supervise them until the trainer finishes or a stop is asked for

@@ -56,6 +56,23 @@ def process_alive(pid: int, ticks: int | None) -> bool:
     return ticks is not None and start_ticks(pid) == ticks and not _zombie(pid)
 
 
+def reap_orphans(run_dir: Path, state: RunState) -> None:
+    """After a crash of the orchestrator itself its role processes may live on (until their orphan
+    watch stops them): stop them (SIGKILL, as if they had crashed with it) and give their admissions
+    back, before a resumed orchestrator starts new ones."""
+    roles_file = run_dir / "roles.json"
+    roles = json.loads(roles_file.read_text()) if roles_file.is_file() else {}
+    for pid, ticks in roles.values():
+        # the same pid AND the same start time: our process, not a later one that reused the pid
+        if pid != os.getpid() and process_alive(pid, ticks):
+            os.kill(int(pid), signal.SIGKILL)
+            end = time.time() + 5.0
+            while process_alive(pid, ticks) and time.time() < end:
+                time.sleep(0.05)
+    for name in state.workers_in_flight():
+        state.reclaim(name)
+
+
 def record_orchestrator(run_dir: Path) -> None:
     """Write this process's identity into ``run.json``: ``asyncrl stop`` signals it, ``status`` checks it."""
     pid = os.getpid()
