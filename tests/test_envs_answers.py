@@ -186,6 +186,16 @@ def test_unknown_dataset_is_a_clear_error() -> None:
         make_task_source(rg_env("{name: basic_arithmetik}"))
 
 
+def test_too_few_heldout_tasks_says_to_raise_the_dataset_size() -> None:
+    small = "{name: basic_arithmetic, config: {size: 10}}"  # ~1 of 10 entries is held out
+    with pytest.raises(ValueError, match=r"could only find \d+ distinct held-out tasks.*config: \{size: N\}"):
+        make_task_source(rg_env(small, extra=("env.heldout_size=4",))).heldout()
+    assert (
+        len(make_task_source(rg_env(small.replace("10", "400"), extra=("env.heldout_size=4",))).heldout())
+        == 4
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # dataset
 # ---------------------------------------------------------------------------------------------

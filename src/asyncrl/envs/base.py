@@ -434,6 +434,8 @@ class HashSplitTaskSource(ABC):
     heldout_permille: int = 100
     """Share of the task space (in 1/1000) reserved for evaluation."""
     max_attempts: int = 10_000
+    widen_hint: str = "widen the difficulty range"
+    """How to get more held-out tasks, in the error when there are too few."""
 
     def __init__(
         self,
@@ -519,7 +521,7 @@ class HashSplitTaskSource(ABC):
                 if attempts > budget:
                     raise ValueError(
                         f"{type(self).__name__}: could only find {len(tasks)} distinct held-out tasks; "
-                        f"lower env.heldout_size (now {self.heldout_size}) or widen the difficulty range"
+                        f"lower env.heldout_size (now {self.heldout_size}) or {self.widen_hint}"
                     )
                 difficulty = self.active_difficulties[len(tasks) % len(self.active_difficulties)]
                 task = self.generate(rng, difficulty)

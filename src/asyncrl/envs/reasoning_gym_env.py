@@ -124,6 +124,10 @@ class ReasoningGymTasks(HashSplitTaskSource):
     """Tasks of the configured datasets; ``task_type`` is the dataset name, the split is by content."""
 
     salt = "reasoning_gym"
+    widen_hint = (
+        "raise the datasets' size (config: {size: N}; reasoning-gym's default is 500 entries, of which "
+        "~10 % are held out) or widen the difficulty range"
+    )
 
     def __init__(self, rc: ReasoningGymConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
         self.specs = list(rc.datasets)

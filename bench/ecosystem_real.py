@@ -1,0 +1,271 @@
+"""The real model on environments asyncrl did not write (issue #34 item 8): one row per environment
+kind, SmolLM2-135M-Instruct + LoRA with the demo-real recipe (``configs/smollm2_arithmetic.yaml``:
+12-step warm start from the environment's own demonstrations, held-out evaluation, asynchronous RL,
+evaluation) on 2 cores. Each row is that config with its ``env`` section (and a system prompt that
+says how to answer) replaced; everything else is the recipe's. Every row is reported whatever it
+shows: held-out success after the warm start -> after RL (``--heldout`` tasks, default 64), the
+samples lost, the token-exactness of the checked samples, tool calls per episode and the wall time.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --rows rg-answer rg-calc
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --dry-run   # configs only
+
+Writes ``bench/results/ecosystem_real.json`` (rows merged by name, so rows can run in separate
+sessions) and prints the table that ``docs/benchmarks.md`` shows ("Environments from other
+ecosystems"). A row whose kind is not on this main (its module is missing) is reported as
+``not run``, never as a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "configs" / "smollm2_arithmetic.yaml"
+RESULTS = ROOT / "bench" / "results" / "ecosystem_real.json"
+
+ANSWER_ONLY = "Solve the problem. Reply with <answer>RESULT</answer> and nothing else."
+CALC = (
+    "You solve problems with a calculator tool. To use it, reply with exactly:\n"
+    '<tool_call>\n{"name": "calc", "arguments": {"expression": "12+7"}}\n</tool_call>\n'
+    "The result comes back in the next message. Then reply with <answer>RESULT</answer> and nothing else."
+)
+PYTHON = (
+    "You solve problems with a Python tool. To use it, reply with exactly:\n"
+    '<tool_call>\n{"name": "python", "arguments": {"code": "print(bin(12).count(\'1\'))"}}\n</tool_call>\n'
+    "What it prints comes back in the next message. Then reply with <answer>RESULT</answer> and nothing else."
+)
+
+
+def _rg(datasets: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
+    return {
+        "kind": "reasoning_gym",
+        "max_turns": 3 if tools else 1,
+        "reasoning_gym": {"datasets": datasets, "tools": tools, "curriculum": False},
+    }
+
+
+def _word_problems(path: Path, n: int = 800, seed: int = 0) -> None:
+    """A question/answer JSONL file (the GSM8K shape: ``question``, ``answer``) of one-step word
+    problems, written once; the held-out split is the dataset kind's content hash."""
+    rng = random.Random(seed)
+    shapes = [
+        (
+            "{name} has {a} apples and buys {b} more. How many apples does {name} have now?",
+            lambda a, b: a + b,
+        ),
+        ("{name} had {a} marbles and gave {b} away. How many marbles are left?", lambda a, b: a - b),
+        ("A box holds {a} pens. How many pens are in {b} boxes?", lambda a, b: a * b),
+        ("{name} reads {a} pages a day. How many pages after {b} days?", lambda a, b: a * b),
+    ]
+    names = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana"]
+    rows, seen = [], set()
+    while len(rows) < n:
+        text, fn = rng.choice(shapes)
+        a, b = rng.randint(2, 60), rng.randint(2, 30)
+        if fn is shapes[1][1] and b > a:
+            a, b = b, a
+        q = text.format(name=rng.choice(names), a=a, b=b)
+        if q not in seen:
+            seen.add(q)
+            rows.append({"question": q, "answer": str(fn(a, b))})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def rows(work: Path) -> dict[str, dict[str, Any]]:
+    """name -> {env, system_prompt, needs (a module that must exist on this main)}."""
+    data = work / "word_problems.jsonl"
+    return {
+        "rg-answer": {
+            "what": "reasoning-gym basic_arithmetic (2 terms of 1-2 digits, + -), answer only",
+            "env": _rg(
+                [
+                    {
+                        "name": "basic_arithmetic",
+                        "config": {
+                            "min_terms": 2,
+                            "max_terms": 2,
+                            "min_digits": 1,
+                            "max_digits": 2,
+                            "operators": ["+", "-"],
+                            "size": 5000,
+                        },
+                    }
+                ],
+                [],
+            ),
+            "system_prompt": ANSWER_ONLY,
+        },
+        "rg-calc": {
+            "what": "reasoning-gym chain_sum (3 terms of 2 digits), calc tool",
+            "env": _rg(
+                [
+                    {
+                        "name": "chain_sum",
+                        "config": {
+                            "min_terms": 3,
+                            "max_terms": 3,
+                            "min_digits": 2,
+                            "max_digits": 2,
+                            "size": 5000,
+                        },
+                    }
+                ],
+                ["calc"],
+            ),
+            "system_prompt": CALC,
+        },
+        "rg-python": {
+            "what": "reasoning-gym count_bits (n < 4096), python tool in the sandbox",
+            "env": _rg(
+                [{"name": "count_bits", "config": {"min_n": 1, "max_n": 4095, "size": 4000}}], ["python"]
+            ),
+            "system_prompt": PYTHON,
+        },
+        "dataset": {
+            "what": "a JSONL file of 800 one-step word problems, numeric scorer, calc tool",
+            "env": {
+                "kind": "dataset",
+                "max_turns": 3,
+                "dataset": {"path": str(data), "scorer": "numeric", "tools": ["calc"]},
+            },
+            "system_prompt": CALC,
+            "prepare": lambda: _word_problems(data),
+        },
+    }
+
+
+def config_for(name: str, row: dict[str, Any], work: Path, steps: int, heldout: int, seed: int) -> Path:
+    cfg = yaml.safe_load(BASE.read_text())
+    cfg["name"] = f"eco-{name}"
+    cfg["seed"] = seed
+    cfg["run_root"] = str(work / "runs")
+    cfg["model"]["system_prompt"] = row["system_prompt"]
+    cfg["env"] = {**row["env"], "heldout_size": heldout}
+    cfg["trainer"]["total_steps"] = steps
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _mean_metric(path: Path, key: str) -> float | None:
+    """The mean of ``key`` over the run's metric records (None when no record has it)."""
+    values = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        value = json.loads(line).get(key)
+        if isinstance(value, (int, float)):
+            values.append(float(value))
+    return sum(values) / len(values) if values else None
+
+
+def run_row(name: str, config: Path, work: Path) -> dict[str, Any]:
+    before = set((work / "runs").glob(f"eco-{name}-*")) if (work / "runs").exists() else set()
+    t0 = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "train", str(config), "--no-display"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    new = sorted(set((work / "runs").glob(f"eco-{name}-*")) - before)
+    summary_path = new[-1] / "summary.json" if new else None
+    if proc.returncode != 0 or summary_path is None or not summary_path.exists():
+        return {"status": "failed", "rc": proc.returncode, "stderr_tail": proc.stderr[-2000:], "wall_s": wall}
+    s = json.loads(summary_path.read_text())
+    return {
+        "status": "ran",
+        "heldout_after_warm_start": s["initial_success"],
+        "heldout_after_rl": s["final_success"],
+        "trainer_steps": s["trainer_steps"],
+        "lost": s["lost_trajectories"],
+        "token_exact_rate": s.get("token_exact_rate"),
+        "token_exact_checked": s.get("token_exact_checked"),
+        "token_exact_unchecked": s.get("token_exact_unchecked"),
+        "tool_calls_per_episode": _mean_metric(
+            summary_path.parent / "metrics.jsonl", "tools/calls_per_episode"
+        ),
+        "wall_s": wall,
+        "rl_s": s.get("rl_seconds"),
+        "run_dir": str(summary_path.parent),
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| row | environment | held-out after warm start → after RL | steps | lost | token-exact (checked) "
+        "| tool calls / episode | wall |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        if r.get("status") != "ran":
+            lines.append(f"| {name} | {r.get('what', '')} | {r.get('status')} | | | | | |")
+            continue
+        exact = r["token_exact_rate"]
+        exact_s = "None" if exact is None else f"{exact:.3f} ({r['token_exact_checked']})"
+        calls = "—" if r["tool_calls_per_episode"] is None else f"{r['tool_calls_per_episode']:.2f}"
+        lines.append(
+            f"| {name} | {r['what']} | {r['heldout_after_warm_start']:.1%} → {r['heldout_after_rl']:.1%} "
+            f"| {r['trainer_steps']} | {r['lost']} | {exact_s} | {calls} | {r['wall_s'] / 60:.1f} min |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", nargs="*", help="rows to run (default: all)")
+    ap.add_argument("--steps", type=int, default=24, help="RL steps (the recipe's 24)")
+    ap.add_argument("--heldout", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default=str(ROOT / "runs" / "ecosystem-real"))
+    ap.add_argument("--dry-run", action="store_true", help="write and validate the configs; train nothing")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    all_rows = rows(work)
+    chosen = args.rows or list(all_rows)
+    unknown = [r for r in chosen if r not in all_rows]
+    if unknown:
+        ap.error(f"unknown rows {unknown}; known: {list(all_rows)}")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    from asyncrl.config import load_config
+    from asyncrl.envs.registry import make_task_source
+
+    for name in chosen:
+        row = all_rows[name]
+        if "prepare" in row:
+            row["prepare"]()
+        config = config_for(name, row, work, args.steps, args.heldout, args.seed)
+        # a typo or a split too small fails here, before any training
+        make_task_source(load_config(str(config), []).env).heldout()
+        if args.dry_run:
+            print(json.dumps({"row": name, "config": str(config), "valid": True}))
+            continue
+        out = {
+            "what": row["what"],
+            "seed": args.seed,
+            "date": time.strftime("%Y-%m-%d"),
+            **run_row(name, config, work),
+        }
+        results[name] = out
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        print(json.dumps({"row": name, **{k: v for k, v in out.items() if k != "stderr_tail"}}), flush=True)
+    if not args.dry_run:
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()
