@@ -3,7 +3,8 @@
 A **bucket** is a (task type, difficulty) pair, written ``"type:difficulty"`` (e.g.
 ``"arithmetic:3"``); the buckets of a run are the task source's ``task_types`` x its active
 difficulties. The orchestrator weights buckets (:mod:`asyncrl.orchestrator.curriculum`); a worker
-samples a bucket by weight and then a task of that bucket (:func:`sample_in_bucket`).
+samples a bucket by weight and then a task of that bucket (:func:`sample_in_bucket`). A task of an
+``env.kind: mix`` run carries its environment's name: ``"name/type:difficulty"`` (``"arith/arithmetic:3"``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from asyncrl.records import Task
 
 
 def bucket_of(task: Task) -> str:
+    if task.env:
+        return f"{task.env}/{task.task_type}:{task.difficulty}"
     return f"{task.task_type}:{task.difficulty}"
 
 
@@ -27,7 +30,10 @@ def buckets_of_source(source: Any, probes: int = 64) -> list[str]:
     """The buckets a task source produces: its task types x its active difficulties.
 
     With several task types not every pair need exist (a template may have one difficulty), so
-    the source is probed: ``probes`` draws per difficulty, with a fixed seed."""
+    the source is probed: ``probes`` draws per difficulty, with a fixed seed. A source that knows its
+    buckets (``buckets()``: a mix) says them itself."""
+    if callable(getattr(source, "buckets", None)):
+        return list(source.buckets())
     types = tuple(getattr(source, "task_types", ()) or ())
     diffs = tuple(getattr(source, "active_difficulties", None) or getattr(source, "difficulties", ()) or ())
     if len(types) <= 1:
@@ -41,7 +47,10 @@ def sample_in_bucket(source: Any, rng: random.Random, bucket: str, attempts: int
     """A training task of ``bucket``: draws at the bucket's difficulty until the type matches.
 
     Sources draw a task type at random, so this is rejection sampling over types; after
-    ``attempts`` misses it returns the last draw (of the right difficulty, another type)."""
+    ``attempts`` misses it returns the last draw (of the right difficulty, another type). A source with
+    ``sample_bucket`` (a mix) draws from the bucket's own environment."""
+    if callable(getattr(source, "sample_bucket", None)):
+        return source.sample_bucket(rng, bucket)  # type: ignore[no-any-return]
     task_type, difficulty = split_bucket(bucket)
     task = source.sample(rng, difficulty=difficulty)
     for _ in range(attempts - 1):
