@@ -287,7 +287,9 @@ class EnvConfig(Section):
 
 def _check_mix(kind: str, mix: list[MixMemberConfig] | None) -> None:
     """``env.mix``: set exactly with ``kind: mix``; names unique; no nested mix, no agent member."""
-    example = "env.mix: [{name: arith, weight: 2, env: {kind: calculator}}, {name: kb, env: {kind: kb_lookup}}]"
+    example = (
+        "env.mix: [{name: arith, weight: 2, env: {kind: calculator}}, {name: kb, env: {kind: kb_lookup}}]"
+    )
     if kind == "mix" and not mix:
         raise ValueError(f"env.kind 'mix' needs the env.mix list, e.g. {example}")
     if kind != "mix" and mix is not None:
@@ -295,7 +297,9 @@ def _check_mix(kind: str, mix: list[MixMemberConfig] | None) -> None:
     seen: set[str] = set()
     for i, m in enumerate(mix or []):
         if m.name in seen:
-            raise ValueError(f"env.mix[{i}]: the name {m.name!r} is used twice; every member needs its own name")
+            raise ValueError(
+                f"env.mix[{i}]: the name {m.name!r} is used twice; every member needs its own name"
+            )
         seen.add(m.name)
         if m.env.kind == "mix":
             raise ValueError(

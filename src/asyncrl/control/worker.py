@@ -8,7 +8,13 @@ import time
 from typing import Any
 
 from asyncrl.config import RunConfig
-from asyncrl.control.buckets import buckets_of_source, sample_in_bucket, split_bucket, weighted_choice
+from asyncrl.control.buckets import (
+    bucket_prior,
+    buckets_of_source,
+    sample_in_bucket,
+    split_bucket,
+    weighted_choice,
+)
 from asyncrl.control.directives import Directives, Exploration
 from asyncrl.control.run_state import RunState
 from asyncrl.records import Task
@@ -26,8 +32,7 @@ class WorkerControl:
         self._loads: list[int] = []
         self._loads_at = 0.0
         self.buckets = buckets_of_source(source)
-        prior = getattr(source, "bucket_prior", None)
-        self.prior: dict[str, float] = prior() if callable(prior) else {}
+        self.prior = bucket_prior(source)
         """``env.kind: mix``: each bucket's share from its environment's weight (curriculum weights scale it)."""
         self.group_steps = cfg.rollout.group_size * cfg.env.max_turns
 

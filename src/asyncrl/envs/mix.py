@@ -6,10 +6,9 @@ seed), then a task from that member's own task source, and tags it with the memb
 (``Task.env``; the id gets the name as a prefix, so ids stay unique across members). Its held-out
 split is every member's own held-out split, interleaved member by member (so a limit on the number
 of evaluation tasks still covers every member). Curriculum buckets carry the member's name
-(``name/type:difficulty``, :func:`asyncrl.control.buckets.bucket_of`), so the curriculum, the breakers
-and the reports see each environment apart; :meth:`MixTaskSource.bucket_prior` spreads a member's
-weight over its buckets, so the curriculum's weights scale the members' shares instead of
-replacing them.
+(``name/type:difficulty``, :mod:`asyncrl.control.buckets`), so the curriculum, the breakers
+and the reports see each environment apart; ``bucket_prior`` there spreads a member's weight over its
+buckets, so the curriculum's weights scale the members' shares instead of replacing them.
 
 :class:`MixEnv` routes an episode to its member by ``task.env``: the member environment is built by
 :func:`asyncrl.envs.make_env` with the member's own config (its latency, faults and guard), so a
@@ -19,11 +18,13 @@ broken member's faults are its own.
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from asyncrl.envs.base import StepResult, Tool, call_env, close_env
+from asyncrl.envs.imports import EnvPluginError
 from asyncrl.errors import UserError
 
 if TYPE_CHECKING:
@@ -55,17 +56,14 @@ class MixTaskSource:
         self.weights = {name: float(w) for name, w, _ in members}
         self.task_types = tuple(f"{name}/{t}" for name, _, src in members for t in src.task_types)
         self.difficulties = tuple(sorted({d for _, _, src in members for d in src.difficulties}))
-        self._buckets: dict[str, list[str]] | None = None
 
     @classmethod
-    def of(cls, cfg: EnvConfig) -> MixTaskSource:
-        """Every member's task source, built from its own config (errors name the member)."""
-        from asyncrl.envs.registry import EnvPluginError, make_task_source
-
+    def of(cls, cfg: EnvConfig, make_source: Callable[[EnvConfig], TaskSource]) -> MixTaskSource:
+        """Every member's task source, built by ``make_source`` from its own config (errors name the member)."""
         members = []
         for name, weight, member in mix_members(cfg):
             try:
-                members.append((name, weight, make_task_source(member)))
+                members.append((name, weight, make_source(member)))
             except EnvPluginError as exc:
                 raise EnvPluginError(f"env.mix member {name!r}: {exc}") from None
         return cls(members)
@@ -95,15 +93,6 @@ class MixTaskSource:
             name = self.pick(rng)
         return self.tag(name, self.members[name].sample(rng, difficulty=difficulty))
 
-    def sample_bucket(self, rng: random.Random, bucket: str) -> Task:
-        """A training task of ``bucket`` (``name/type:difficulty``), from that member alone."""
-        from asyncrl.control.buckets import sample_in_bucket
-
-        name, _, rest = bucket.partition("/")
-        if name not in self.members:
-            return self.sample(rng)
-        return self.tag(name, sample_in_bucket(self.members[name], rng, rest))
-
     def heldout(self) -> list[Task]:
         """Every member's held-out split, tagged and interleaved member by member."""
         splits = [[self.tag(n, t) for t in s.heldout()] for n, s in self.members.items()]
@@ -112,61 +101,31 @@ class MixTaskSource:
             out += [s[i] for s in splits if i < len(s)]
         return out
 
-    def buckets(self) -> list[str]:
-        """Every member's buckets, prefixed with its name."""
-        return [b for bs in self._member_buckets().values() for b in bs]
-
-    def _member_buckets(self) -> dict[str, list[str]]:
-        from asyncrl.control.buckets import buckets_of_source
-
-        if self._buckets is None:
-            self._buckets = {n: [f"{n}/{b}" for b in buckets_of_source(s)] for n, s in self.members.items()}
-        return self._buckets
-
-    def bucket_prior(self) -> dict[str, float]:
-        """Each bucket's share of the draws when every curriculum weight is equal: its member's weight
-        (normalised) spread evenly over the member's buckets."""
-        total = sum(self.weights.values())
-        return {
-            b: self.weights[n] / total / len(bs) for n, bs in self._member_buckets().items() for b in bs
-        }
-
 
 class MixEnv:
     """Routes each episode to its member environment by ``task.env`` (module docstring).
 
-    ``rng_seed`` is ``None`` for the raw members (checks and tests); otherwise each member is built
-    by :func:`~asyncrl.envs.make_env` (its own wrappers) with a seed drawn from it."""
+    ``build(member_cfg, seed)`` makes a member environment (:func:`~asyncrl.envs.make_env`: its own
+    wrappers; :func:`~asyncrl.envs.registry.make_raw_env` for checks); ``rng_seed`` seeds the members'
+    seeds."""
 
-    def __init__(self, cfg: EnvConfig, rng_seed: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: EnvConfig, build: Callable[[EnvConfig, int], Any], rng_seed: int = 0) -> None:
+        self.cfg, self.build = cfg, build
         self.configs = {name: member for name, _, member in mix_members(cfg)}
-        self.rng = random.Random(rng_seed) if rng_seed is not None else None
+        self.rng = random.Random(rng_seed)
         self._envs: dict[str, Any] = {}
         self._current: Any = None
 
-    @classmethod
-    def from_config(cls, cfg: EnvConfig) -> MixEnv:
-        return cls(cfg)
-
-    @classmethod
-    def make_task_source(cls, cfg: EnvConfig) -> MixTaskSource:
-        return MixTaskSource.of(cfg)
-
     def member(self, name: str) -> Any:
         """The member environment ``name`` (built once per :class:`MixEnv`)."""
-        from asyncrl.envs.registry import EnvPluginError, make_env, make_raw_env
-
         if name not in self.configs:
             known = ", ".join(self.configs)
             raise UserError(f"task of environment {name!r}, which is not a member of env.mix ({known})")
         if name not in self._envs:
-            member = self.configs[name]
             try:
-                env = make_raw_env(member) if self.rng is None else make_env(member, self.rng.randrange(2**31))
+                self._envs[name] = self.build(self.configs[name], self.rng.randrange(2**31))
             except EnvPluginError as exc:
                 raise EnvPluginError(f"env.mix member {name!r}: {exc}") from None
-            self._envs[name] = env
         return self._envs[name]
 
     @property
@@ -209,3 +168,39 @@ class MixEnv:
         """The member's demonstration of ``task``."""
         out: list[str] = self._helper(task, "demonstrate")(task, rng, corruption_rate)
         return out
+
+
+async def acheck_mix(
+    cfg: EnvConfig,
+    check: Callable[..., Awaitable[Any]],
+    make_source: Callable[[EnvConfig], TaskSource],
+    report: Any,
+    **kwargs: Any,
+) -> Any:
+    """``asyncrl env check`` of a mix: ``check`` (:func:`~asyncrl.envs.check.acheck_environment`) on every
+    member's own config, each finding prefixed with the member's name, then the mix's task source
+    (every member drawn from, every member's held-out split). ``report`` collects it all."""
+    for name, weight, member in mix_members(cfg):
+        sub = await check(member, **kwargs)
+        report.add("ok", f"{name}", f"member {name!r} ({sub.target}, weight {weight:g})")
+        for f in sub.findings:
+            report.add(f.level, f"{name}: {f.check}", f.message)
+    try:
+        source = MixTaskSource.of(cfg, make_source)
+        held = source.heldout()
+    except (EnvPluginError, ValueError) as exc:
+        report.add("error", "mix", str(exc))
+        return report
+    rng = random.Random(cfg.seed)
+    drawn = {source.sample(rng).env for _ in range(50 * len(source.members))}
+    missing = [n for n in source.members if n not in drawn]
+    if missing:
+        report.add(
+            "error", "mix", f"no training task drawn from {missing} in {50 * len(source.members)} draws"
+        )
+    else:
+        counts = {n: sum(t.env == n for t in held) for n in source.members}
+        report.add(
+            "ok", "mix", f"{len(source.members)} environments; held-out tasks per environment {counts}"
+        )
+    return report

@@ -109,6 +109,8 @@ def _construct(cls: type[Any], cfg: EnvConfig) -> Any:
 
 def make_raw_env(cfg: EnvConfig) -> Any:
     """The environment without wrappers (for checks and tests)."""
+    if cfg.kind == "mix":
+        return MixEnv(cfg, lambda member, _seed: make_raw_env(member))
     return _construct(env_class(cfg), cfg)
 
 
@@ -121,7 +123,7 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
     are each built here with their own config.
     """
     if cfg.kind == "mix":
-        return MixEnv(cfg, rng_seed)
+        return MixEnv(cfg, make_env, rng_seed)
     env = make_raw_env(cfg)
     if cfg.kind == "plugin":  # the built-ins grade through the verifier cache themselves
         env = AnswerCostWrapper(env)
@@ -135,7 +137,10 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
 
 
 def make_task_source(cfg: EnvConfig) -> TaskSource:
-    """The task source for ``cfg``, via the class's ``make_task_source(cfg)`` classmethod."""
+    """The task source for ``cfg``, via the class's ``make_task_source(cfg)`` classmethod (``kind: mix``:
+    every member's, as one)."""
+    if cfg.kind == "mix":
+        return MixTaskSource.of(cfg, make_task_source)  # type: ignore[return-value]
     cls = env_class(cfg)
     where = cfg.path if cfg.kind == "plugin" else cfg.kind
     factory = getattr(cls, "make_task_source", None)
