@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.config import EnvConfig
+from asyncrl.config import EnvConfig, load_config
 from asyncrl.control.buckets import bucket_of, bucket_prior, buckets_of_source, sample_in_bucket
-from asyncrl.control.directives import group_report
+from asyncrl.control.directives import Directives, group_report
+from asyncrl.control.worker import WorkerControl
 from asyncrl.envs import check_heldout, make_env, make_task_source
 from asyncrl.envs.base import StepResult, run_texts_sync
 from asyncrl.envs.calculator import CalculatorEnv
@@ -247,3 +248,35 @@ def test_env_check_checks_every_member_and_blames_the_broken_one() -> None:
     report = check_environment(bad, episodes=1, overlap_samples=50)
     assert not report.ok
     assert report.errors and all(f.check.startswith("oops: ") for f in report.errors), report.render()
+
+
+class _State:
+    """The run state a worker reads its directives from: the orchestrator's curriculum weights."""
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        self.doc = Directives(weights=weights)
+
+    def directives(self) -> Directives:
+        return self.doc
+
+
+@pytest.mark.parametrize(
+    ("weights", "low", "high"),
+    [({}, 0.72, 0.78), ({"arith/arithmetic:2": 0.1, "arith/arithmetic:3": 0.1}, 0.18, 0.28)],
+)
+def test_workers_draw_by_member_weight_times_curriculum_weight(
+    weights: dict[str, float], low: float, high: float
+) -> None:
+    cfg = load_config(
+        None,
+        [
+            "env.kind=mix",
+            "env.mix=[{name: arith, weight: 3, env: {kind: calculator, heldout_size: 8}},"
+            " {name: kb, env: {kind: kb_lookup, heldout_size: 8}}]",
+            "rollout.exploration_rate=0",
+        ],
+    )
+    control = WorkerControl(cfg, _State(weights), "rollout-0", make_task_source(cfg.env))  # type: ignore[arg-type]
+    rng = random.Random(0)
+    draws = [control.next_task(rng)[0].env for _ in range(2000)]
+    assert low < draws.count("arith") / 2000 < high  # 3:1 by weight; the curriculum's 0.1 turns it down

@@ -11,6 +11,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.jobs.train import train
+from asyncrl.telemetry.report import write_report
 from helpers import TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -46,8 +47,8 @@ def test_a_calculator_and_a_dataset_train_in_one_run(tmp_path: Path, cache_dir: 
             "trainer.batch_size=16",
             "trainer.total_steps=4",
             "trainer.checkpoint_every=2",
-            "trainer.sft.steps=20",
-            "trainer.sft.num_demos=64",
+            "trainer.sft.steps=8",
+            "trainer.sft.num_demos=32",
             "trainer.sft.batch_size=16",
             "telemetry.log_every_s=0.5",
             "telemetry.tensorboard=false",
@@ -68,3 +69,5 @@ def test_a_calculator_and_a_dataset_train_in_one_run(tmp_path: Path, cache_dir: 
     assert sum(r["curriculum_share"] for r in envs.values()) == pytest.approx(1.0)
     final = json.loads((Path(run_dir) / "final_eval.json").read_text())
     assert set(final["per_env"]) == {"arith", "qa"}
+    html = write_report(Path(run_dir)).read_text()
+    assert "Per environment" in html and ">qa<" in html, "the report's per-environment table"

@@ -105,8 +105,11 @@ class Rules:
         return out
 
     def env_shares(self) -> dict[str, float]:
-        """``env.kind: mix``: each environment's share of training draws under the curriculum now."""
-        return curriculum_shares(self.curriculum.weights(), self.env_prior)
+        """``env.kind: mix``: each environment's share of training draws under the bucket weights the
+        workers draw by now (curriculum, drift, breakers)."""
+        if not self.env_prior:
+            return {}
+        return curriculum_shares(self.directives([], []).weights, self.env_prior)
 
     def observe_env(self, reports: list[Decoded]) -> None:
         """Keep the latest guard counts of every rollout process."""
