@@ -199,16 +199,29 @@ ANSWER_KINDS = ("reasoning_gym", "dataset")
 """Kinds whose difficulty range defaults to every level the environment has."""
 
 
+class MixMemberConfig(Section):
+    """One environment of an ``env.kind: mix`` run (docs/environments.md#mix)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """The environment's name in buckets, metrics and reports (letters, digits, ``_``, ``-``); unique."""
+    weight: float = Field(1.0, gt=0, le=1e6)
+    """Relative share of training tasks drawn from this environment."""
+    env: EnvConfig
+    """Its full environment config (any kind but ``mix`` and ``agent``): its own tasks, held-out split,
+    difficulty range, latency, faults, guard and sandbox."""
+
+
 class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
     kind: Literal[
-        "calculator", "kb_lookup", "python", "strings", "reasoning_gym", "dataset", "plugin", "agent"
+        "calculator", "kb_lookup", "python", "strings", "reasoning_gym", "dataset", "plugin", "agent", "mix"
     ] = "calculator"
     """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
     name), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
-    calls go through the worker's gateway (docs/agents.md)."""
+    calls go through the worker's gateway (docs/agents.md), or ``mix`` for several environments in one
+    run (the ``mix`` list)."""
     path: str | None = None
     """kind: plugin, agent — import path ``package.module:ClassName`` of a user environment (plugin),
     or ``package.module:function`` of an agent program (agent)."""
@@ -236,6 +249,9 @@ class EnvConfig(Section):
     """kind: reasoning_gym — the datasets, tools and reward (docs/environments.md#reasoning_gym)."""
     dataset: DatasetConfig | None = None
     """kind: dataset — the file, its fields, the scorer, tools and reward (docs/environments.md#dataset)."""
+    mix: list[MixMemberConfig] | None = None
+    """kind: mix — several environments in one run, each with a name, a weight and its own env config
+    (docs/environments.md#mix)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +274,7 @@ class EnvConfig(Section):
                 )
             if self.kind != kind and given is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
+        _check_mix(self.kind, self.mix)
         if self.kind == "plugin" and not self.path:
             raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
         if self.kind == "agent" and not self.path:
@@ -267,3 +284,34 @@ class EnvConfig(Section):
                 f"min_difficulty ({self.min_difficulty}) must not exceed max_difficulty ({self.max_difficulty})"
             )
         return self
+
+
+def _check_mix(kind: str, mix: list[MixMemberConfig] | None) -> None:
+    """``env.mix``: set exactly with ``kind: mix``; names unique; no nested mix, no agent member."""
+    example = (
+        "env.mix: [{name: arith, weight: 2, env: {kind: calculator}}, {name: kb, env: {kind: kb_lookup}}]"
+    )
+    if kind == "mix" and not mix:
+        raise ValueError(f"env.kind 'mix' needs the env.mix list, e.g. {example}")
+    if kind != "mix" and mix is not None:
+        raise ValueError(f"env.mix is set but env.kind is {kind!r}: set env.kind: mix")
+    seen: set[str] = set()
+    for i, m in enumerate(mix or []):
+        if m.name in seen:
+            raise ValueError(
+                f"env.mix[{i}]: the name {m.name!r} is used twice; every member needs its own name"
+            )
+        seen.add(m.name)
+        if m.env.kind == "mix":
+            raise ValueError(
+                f"env.mix[{i}] ({m.name}) is itself a mix: nested mixes are not supported; "
+                "list its members in the outer env.mix"
+            )
+        if m.env.kind == "agent":
+            raise ValueError(
+                f"env.mix[{i}] ({m.name}) has kind 'agent': an agent program runs the whole run's episodes "
+                "and cannot be one member of a mix"
+            )
+
+
+MixMemberConfig.model_rebuild()

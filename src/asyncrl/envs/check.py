@@ -212,6 +212,20 @@ async def acheck_environment(
             return report
     else:
         cfg = path_or_cfg
+    if cfg.kind == "mix":  # every member checked as a run would use it, then the mix's own task source
+        from asyncrl.envs.mix import acheck_mix
+
+        kw: dict[str, Any] = {"episodes": episodes, "max_steps": max_steps, "timeout_s": timeout_s}
+        kw |= {
+            "slow_s": slow_s,
+            "stall_s": stall_s,
+            "overlap_samples": overlap_samples,
+            "warm_start": warm_start,
+        }
+        mixed: CheckReport = await acheck_mix(
+            cfg, acheck_environment, make_task_source, CheckReport(cfg.kind), **kw
+        )
+        return mixed
     report = CheckReport(cfg.path if cfg.kind == "plugin" and cfg.path else cfg.kind)
 
     # -- load and construct ---------------------------------------------------------------------
