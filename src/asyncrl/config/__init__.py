@@ -29,6 +29,7 @@ from asyncrl.config.credit import (
     ValueModelConfig,
 )
 from asyncrl.config.env import (
+    ClassEnvConfig,
     ConstantLatencyConfig,
     DatasetConfig,
     EnvConfig,
@@ -95,6 +96,7 @@ __all__ = [
     "BreakerConfig",
     "CanaryConfig",
     "ConfigError",
+    "ClassEnvConfig",
     "ConstantLatencyConfig",
     "ControlConfig",
     "CostAssumptionsConfig",
