@@ -35,7 +35,8 @@ class ClassEnvConfig(Section):
     heldout_value: str = "test"
     """The ``split_field`` value of held-out rows."""
     demo_field: str | None = None
-    """Column holding a gold final answer, for the warm start's demonstrations (an answer turn, no
-    tool calls). Unset: the run must not warm-start (``trainer.sft.steps: 0``)."""
+    """Column holding each row's demonstration for the warm start: a gold final answer (a string),
+    or the model turns in asyncrl's text protocol (a list of strings, tool calls included). Unset:
+    the run must not warm-start (``trainer.sft.steps: 0``)."""
     success_reward: float = Field(1.0, ge=-1e9, le=1e9)
     """An episode whose reward is at least this is a success."""
