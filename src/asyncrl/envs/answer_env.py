@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import HashSplitTaskSource
     from asyncrl.records import Task
 
-__all__ = ["AnswerEnv", "answer_demonstrate", "answer_section", "cached_source", "corrupt_answer", "source_of"]
+__all__ = [
+    "AnswerEnv",
+    "answer_demonstrate",
+    "answer_section",
+    "cached_source",
+    "corrupt_answer",
+    "source_of",
+]
 
 _INT_RE = re.compile(r"-?\d+")
 

@@ -37,7 +37,16 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from asyncrl.envs.answer_env import answer_demonstrate, cached_source, corrupt_answer
-from asyncrl.envs.base import AnswerAction, MalformedAction, StepResult, Tool, call_env, parse_action, task_id
+from asyncrl.envs.base import (
+    AnswerAction,
+    MalformedAction,
+    StepResult,
+    Tool,
+    ToolCallAction,
+    call_env,
+    parse_action,
+    task_id,
+)
 from asyncrl.envs.class_tools import call_tool, class_tools, load_object
 from asyncrl.envs.dataset_env import RowTasks
 from asyncrl.envs.imports import EnvPluginError
@@ -82,7 +91,9 @@ class ClassTasks(RowTasks):
         cc = self.cc
         for name in (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field):
             if name is not None and row.get(name) is None:
-                raise UserError(f"{self.path_field} {cc.rows!r}: row {i} has no field {name!r} (it has {sorted(row)})")
+                raise UserError(
+                    f"{self.path_field} {cc.rows!r}: row {i} has no field {name!r} (it has {sorted(row)})"
+                )
         try:
             key = msgspec.json.encode(row, order="sorted").decode()
         except (TypeError, msgspec.EncodeError) as exc:
@@ -99,7 +110,9 @@ class ClassTasks(RowTasks):
         try:
             difficulty = int(row[cc.difficulty_field]) if cc.difficulty_field else 0
         except (TypeError, ValueError):
-            raise UserError(f"{self.path_field} {cc.rows!r}: row {i}: {cc.difficulty_field!r} is not an integer") from None
+            raise UserError(
+                f"{self.path_field} {cc.rows!r}: row {i}: {cc.difficulty_field!r} is not an integer"
+            ) from None
         return Task(id=task_id("cls", key), task_type="class", difficulty=difficulty, payload=payload)
 
     def content_key(self, task: Task) -> str:
@@ -134,10 +147,14 @@ class ClassEnv:
             raise EnvPluginError(f"{FIELD}.factory {cc.factory!r} is a {type(factory).__name__}, not a class")
         self.instance = factory(**options)
         if not callable(getattr(self.instance, "reset", None)):
-            raise EnvPluginError(f"{FIELD}.factory {cc.factory!r}: the environment must define a callable reset")
+            raise EnvPluginError(
+                f"{FIELD}.factory {cc.factory!r}: the environment must define a callable reset"
+            )
         self.reward_fn = load_object(cc.reward, f"{FIELD}.reward") if cc.reward else None
         if self.reward_fn is not None and not callable(self.reward_fn):
-            raise EnvPluginError(f"{FIELD}.reward {cc.reward!r} is a {type(self.reward_fn).__name__}, not a function")
+            raise EnvPluginError(
+                f"{FIELD}.reward {cc.reward!r} is a {type(self.reward_fn).__name__}, not a function"
+            )
         get_reward = getattr(self.instance, "get_reward", None)
         self.get_reward = get_reward if callable(get_reward) else None
         if self.reward_fn is None and self.get_reward is None:
@@ -165,7 +182,9 @@ class ClassEnv:
         self.task, self._final, self._completion = task, None, []
         obs = await call_env(functools.partial(self.instance.reset, **task.payload["row"]))
         if obs is not None and not isinstance(obs, str):
-            raise TypeError(f"{self.cc.factory}.reset returned {type(obs).__name__}; expected a string or None")
+            raise TypeError(
+                f"{self.cc.factory}.reset returned {type(obs).__name__}; expected a string or None"
+            )
         prompt = str(task.payload["prompt"]) + (obs or "")  # TRL appends it to the last user message
         system = task.payload.get("system")
         self._prompt = [{"role": "system", "content": system}] if system else []
@@ -177,7 +196,9 @@ class ClassEnv:
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self._final is not None:  # a retried final step: the same result again
             f = self._final
-            return StepResult(f.observation, done=True, reward=f.reward, outcome=f.outcome, info={"after_done": True})
+            return StepResult(
+                f.observation, done=True, reward=f.reward, outcome=f.outcome, info={"after_done": True}
+            )
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
             self._completion.append({"role": "assistant", "content": model_text})
@@ -187,13 +208,19 @@ class ClassEnv:
             reward = await self._reward()
             outcome = "success" if reward >= self.cc.success_reward else "failure"
             info = {"action": "answer", "answer": action.answer}
-            self._final = StepResult(f"reward {reward:g}", done=True, reward=reward, outcome=outcome, info=info)
+            self._final = StepResult(
+                f"reward {reward:g}", done=True, reward=reward, outcome=outcome, info=info
+            )
             return self._final
         tool = self._tools.get(action.name)
         if tool is None:
             self._completion.append({"role": "assistant", "content": model_text})
             names = ", ".join(self._tools) or "none"
-            return StepResult(f"error: unknown tool {action.name!r}; tools: {names}", info={"action": "malformed"}, malformed=True)
+            return StepResult(
+                f"error: unknown tool {action.name!r}; tools: {names}",
+                info={"action": "malformed"},
+                malformed=True,
+            )
         started = time.monotonic()
         ok, text = await call_tool(self.instance, tool, action.args)
         call = ToolCall(
@@ -206,7 +233,9 @@ class ClassEnv:
         )
         observation = text if ok else f"error: {text}"
         function = {"name": action.name, "arguments": action.args}
-        self._completion.append({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": function}]})
+        self._completion.append(
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": function}]}
+        )
         self._completion.append({"role": "tool", "name": action.name, "content": observation})
         return StepResult(observation, info={"action": "tool"}, tool_call=call)
 
@@ -245,7 +274,8 @@ class DemoClassEnv(ClassEnv):
     """:class:`ClassEnv` with ``demo_field`` set: the row's demonstration is a reference solution
     and the warm start's demonstration. A string is the gold final answer; a list of strings is the
     model turns themselves in asyncrl's text protocol (``<tool>add({"amount": 3})</tool>``,
-    ``<answer>7</answer>``). Corrupted at ``trainer.sft.corruption_rate``: one number changed."""
+    ``<answer>7</answer>``). Corrupted at ``trainer.sft.corruption_rate``: one number changed, in a
+    tool call when there is one (the answer's text may not be what the reward reads)."""
 
     @staticmethod
     def solve(task: Task) -> list[str]:
@@ -258,7 +288,10 @@ class DemoClassEnv(ClassEnv):
         if not isinstance(demo, list):
             return answer_demonstrate(str(demo), rng, corruption_rate)
         turns = [str(t) for t in demo]
-        spots = [i for i, t in enumerate(turns) if _INT.search(t)]
+        calls = [
+            i for i, t in enumerate(turns) if _INT.search(t) and isinstance(parse_action(t), ToolCallAction)
+        ]
+        spots = calls or [i for i, t in enumerate(turns) if _INT.search(t)]
         if spots and rng.random() < corruption_rate:
             i = rng.choice(spots)
             turns[i] = _INT.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)

@@ -151,7 +151,11 @@ def class_tools(instance: Any, where: str) -> dict[str, ClassTool]:
                 f"{where}: method {name!r} cannot be a tool: {exc}. A tool needs type hints and a Google-style "
                 "docstring with an 'Args:' line per argument (TRL's rule); make helpers private (_name)"
             ) from None
-        params = [p for p in inspect.signature(method).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(method).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         adapters = {p.name: TypeAdapter(hints.get(p.name, Any)) for p in params}
         required = tuple(p.name for p in params if p.default is inspect.Parameter.empty)
         tool = Tool(

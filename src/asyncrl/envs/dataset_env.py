@@ -79,9 +79,7 @@ def _saved_dataset(p: Path, field: str) -> list[dict[str, Any]]:
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            f"{field} {str(p)!r}: a saved dataset directory needs datasets: {EXTRA}"
-        ) from None
+        raise UserError(f"{field} {str(p)!r}: a saved dataset directory needs datasets: {EXTRA}") from None
     loaded = datasets.load_from_disk(str(p))
     if isinstance(loaded, datasets.DatasetDict):
         return [{**row, "split": name} for name, part in loaded.items() for row in part]
