@@ -245,7 +245,9 @@ class ClassEnv:
         values: list[Any] = []
         if self.reward_fn is not None:
             row = self.task.payload["row"]
-            kwargs = {k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")}
+            kwargs: dict[str, Any] = {
+                k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")
+            }
             kwargs |= {
                 "prompts": [self._prompt],
                 "completions": [self._completion],

@@ -137,7 +137,7 @@ def _json_object(text: str) -> dict[str, Any] | None:
 def class_tools(instance: Any, where: str) -> dict[str, ClassTool]:
     """The tools of ``instance`` by name (TRL's rule, module docstring); :class:`EnvPluginError`
     for a method ``get_json_schema`` refuses (no docstring, an undocumented argument, no type hint)."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     tools: dict[str, ClassTool] = {}
     for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
