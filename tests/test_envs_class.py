@@ -337,3 +337,20 @@ def test_cli_env_check_requires_a_demonstrator_only_when_the_run_warm_starts(
     )
     out = capsys.readouterr().out
     assert "FAIL  demonstrate" in out  # the answer alone does not win: the reference episode fails
+
+
+def test_a_conversational_prompt_column_or_none_at_all(guess_env: tuple[Path, Path], tmp_path: Path) -> None:
+    mod, _ = guess_env
+    rows = tmp_path / "chat.jsonl"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Find it."}]
+    rows.write_text("".join(json.dumps({"prompt": chat, "secret": i, "hint": 1}) + "\n" for i in range(100)))
+    cfg = cfg_of(mod, rows)
+    env = make_raw_env(cfg)
+    task = make_task_source(cfg).train[0]
+    assert asyncio.run(env.reset(task)) == "Be brief.\n\nFind it. Guess it."
+    assert env._prompt == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Find it. Guess it."},
+    ]
+    cfg = cfg_of(mod, rows, prompt_field=None)
+    assert asyncio.run(make_raw_env(cfg).reset(make_task_source(cfg).train[0])) == " Guess it."
