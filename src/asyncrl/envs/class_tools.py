@@ -16,6 +16,7 @@ observation -- never a crash of the episode.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -61,7 +62,7 @@ def load_object(spec: str, field: str) -> Any:
 @functools.lru_cache(maxsize=64)
 def _module_from_file(path: str) -> Any:
     """The module of a file, loaded once per process (so its classes keep one identity)."""
-    name = f"asyncrl_user_{Path(path).stem}"
+    name = f"asyncrl_user_{Path(path).stem}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"  # one per file
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
