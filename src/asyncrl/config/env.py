@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from asyncrl.config.base import Section, kind_of
+from asyncrl.config.env_class import ClassEnvConfig
 
 
 class _LatencyBase(Section):
@@ -196,7 +197,7 @@ class DatasetConfig(_AnswerEnvBase):
 
 
 ANSWER_KINDS = ("reasoning_gym", "dataset")
-"""Kinds whose difficulty range defaults to every level the environment has."""
+"""Kinds whose difficulty range defaults to every level the environment has (and ``class``)."""
 
 
 class MixMemberConfig(Section):
@@ -215,10 +216,19 @@ class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
     kind: Literal[
-        "calculator", "kb_lookup", "python", "strings", "reasoning_gym", "dataset", "plugin", "agent", "mix"
+        "calculator",
+        "kb_lookup",
+        "python",
+        "strings",
+        "reasoning_gym",
+        "dataset",
+        "class",
+        "plugin",
+        "agent",
+        "mix",
     ] = "calculator"
     """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
-    name), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
+    name), ``class`` for a TRL-style environment class (section ``class_env``), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
     calls go through the worker's gateway (docs/agents.md), or ``mix`` for several environments in one
     run (the ``mix`` list)."""
@@ -252,12 +262,14 @@ class EnvConfig(Section):
     mix: list[MixMemberConfig] | None = None
     """kind: mix — several environments in one run, each with a name, a weight and its own env config
     (docs/environments.md#mix)."""
+    class_env: ClassEnvConfig | None = None
+    """kind: class — a TRL-style environment class, its reward and its rows (docs/environments.md#class)."""
 
     @model_validator(mode="before")
     @classmethod
     def _answer_kind_range(cls, data: Any) -> Any:
         """``reasoning_gym`` and ``dataset`` take every difficulty they have unless a range is set."""
-        if isinstance(data, dict) and data.get("kind") in ANSWER_KINDS:
+        if isinstance(data, dict) and data.get("kind") in (*ANSWER_KINDS, "class"):
             data = {"min_difficulty": 0, "max_difficulty": 100, **data}
         return data
 
@@ -275,6 +287,13 @@ class EnvConfig(Section):
             if self.kind != kind and given is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
         _check_mix(self.kind, self.mix)
+        if (self.kind == "class") != (self.class_env is not None):
+            raise ValueError(
+                "env.kind 'class' needs the env.class_env section, e.g. env.class_env: "
+                "{factory: 'my_envs:CounterEnv', rows: rows.jsonl}"
+                if self.kind == "class"
+                else f"env.class_env is set but env.kind is {self.kind!r}: set env.kind: class"
+            )
         if self.kind == "plugin" and not self.path:
             raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
         if self.kind == "agent" and not self.path:

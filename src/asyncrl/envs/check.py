@@ -261,7 +261,7 @@ async def acheck_environment(
         for i, task in enumerate(tasks):
             await _check_episode(report, probe, env, tools, task, max_steps, first=i == 0)
         solved = [t for t in tasks if t.payload]
-        await _check_reference(report, probe, env, cls, solved, warm_start)
+        await _check_reference(report, probe, env, type(env), solved, warm_start)  # the built class
         try:
             await probe.call("close", "close()", lambda: close_env(env))
             report.add("ok", "close", "closed")

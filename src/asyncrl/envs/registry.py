@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
+from asyncrl.envs.class_env import ClassEnv
 from asyncrl.envs.dataset_env import DatasetEnv
 from asyncrl.envs.imports import EnvPluginError, import_object
 from asyncrl.envs.kb_lookup import KBLookupEnv
@@ -56,6 +57,7 @@ BUILTIN_ENVS: dict[str, type[Any]] = {
     "strings": StringsEnv,
     "reasoning_gym": ReasoningGymEnv,
     "dataset": DatasetEnv,
+    "class": ClassEnv,
 }
 
 
@@ -125,7 +127,7 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
     if cfg.kind == "mix":
         return MixEnv(cfg, make_env, rng_seed)
     env = make_raw_env(cfg)
-    if cfg.kind == "plugin":  # the built-ins grade through the verifier cache themselves
+    if cfg.kind in ("plugin", "class"):  # the built-ins grade through the verifier cache themselves
         env = AnswerCostWrapper(env)
     rng = random.Random(rng_seed)
     if cfg.latency.kind != "none":
