@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from asyncrl.config.base import Section, kind_of
+from asyncrl.config.ecosystem import ECOSYSTEM_KINDS, GemConfig, OpenEnvConfig, VerifiersConfig
 
 
 class _LatencyBase(Section):
@@ -203,7 +204,17 @@ class EnvConfig(Section):
     """The environment the agent acts in, and its task source."""
 
     kind: Literal[
-        "calculator", "kb_lookup", "python", "strings", "reasoning_gym", "dataset", "plugin", "agent"
+        "calculator",
+        "kb_lookup",
+        "python",
+        "strings",
+        "reasoning_gym",
+        "dataset",
+        "gem",
+        "openenv",
+        "verifiers",
+        "plugin",
+        "agent",
     ] = "calculator"
     """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
     name), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
@@ -236,6 +247,12 @@ class EnvConfig(Section):
     """kind: reasoning_gym — the datasets, tools and reward (docs/environments.md#reasoning_gym)."""
     dataset: DatasetConfig | None = None
     """kind: dataset — the file, its fields, the scorer, tools and reward (docs/environments.md#dataset)."""
+    gem: GemConfig | None = None
+    """kind: gem — a GEM or TextArena game (docs/environments.md#gem)."""
+    openenv: OpenEnvConfig | None = None
+    """kind: openenv — an OpenEnv Environment class in process (docs/environments.md#openenv)."""
+    verifiers: VerifiersConfig | None = None
+    """kind: verifiers — a verifiers v0 environment in process (docs/environments.md#verifiers)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -256,6 +273,12 @@ class EnvConfig(Section):
                 raise ValueError(
                     f"env.kind {kind!r} needs the env.{kind} section, e.g. env.{kind}: {{{example}}}"
                 )
+            if self.kind != kind and given is not None:
+                raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
+        for kind in ECOSYSTEM_KINDS:
+            given = getattr(self, kind)
+            if self.kind == kind and given is None:
+                raise ValueError(f"env.kind {kind!r} needs the env.{kind} section (docs/environments.md#{kind})")
             if self.kind != kind and given is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
         if self.kind == "plugin" and not self.path:
