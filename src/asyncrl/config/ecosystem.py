@@ -43,7 +43,7 @@ class OpenEnvConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the class."""
     answer_tool: str | None = None
-    """A tool that ``<answer>X</answer>`` calls with X (unset: the model only calls tools)."""
+    """A tool that ``<answer>X</answer>`` calls with X (unset: an answer ends the episode, a failure)."""
     seeds: int = Field(100_000, ge=10, le=2**31 - 1)
     """Episodes are ``reset(seed=s)`` for ``s`` in ``0 .. seeds-1`` (hash split, as ``env.gem``)."""
     success_reward: float = Field(1.0, ge=-1e6, le=1e6)

@@ -7,7 +7,7 @@ MCP input schema as their JSON schema; ``<tool>NAME(ARGS)</tool>`` becomes
 a one-argument tool, coerced to its schema type). A task is a seed (:class:`~asyncrl.envs.gem_env.SeedTasks`):
 the episode starts with ``reset(seed=seed)``, and ends when an observation says ``done``; its
 ``reward`` is the outcome reward (a success from ``success_reward`` up). ``<answer>X</answer>`` calls
-``answer_tool`` with X when one is set, else it is a malformed action.
+``answer_tool`` with X when one is set, else it ends the episode as a failure (reward 0).
 
 Methods are synchronous (OpenEnv's ``MCPEnvironment.step`` runs its own event loop), so asyncrl runs
 each call in a worker thread. Installed without dependencies: docs/environments.md#openenv.
@@ -149,8 +149,11 @@ class OpenEnvEnv:
         if isinstance(action, MalformedAction):
             return self._malformed(action.reason)
         if not hasattr(action, "name"):  # an answer
-            if self.oc.answer_tool is None:
-                return self._malformed("this environment takes tool calls, not <answer>")
+            if self.oc.answer_tool is None:  # the model gave up: the episode ends, a failure
+                self._final = StepResult(
+                    "episode over: this environment takes tool calls", done=True, outcome="failure"
+                )
+                return self._final
             name, args = (
                 self.oc.answer_tool,
                 json.dumps(
