@@ -120,9 +120,9 @@ def test_unsandboxed_code_envs_are_refused_and_python_runs_in_asyncrls_sandbox()
 
 
 def test_the_section_must_match_the_kind() -> None:
-    with pytest.raises(ValueError, match="needs the env.gem section"):
+    with pytest.raises(ValueError, match=r"needs the env\.gem section"):
         EnvConfig(kind="gem")
-    with pytest.raises(ValueError, match="set env.kind: openenv"):
+    with pytest.raises(ValueError, match=r"set env\.kind: openenv"):
         EnvConfig(kind="calculator", openenv={"path": "a.b:C"})
 
 
@@ -172,7 +172,7 @@ def test_verifiers_v0_single_turn_env_scores_with_its_rubric() -> None:
 
 @needs_vf
 def test_verifiers_non_v0_environment_is_refused_with_the_gateway_recipe() -> None:
-    with pytest.raises(UserError, match="verifiers_agent.py"):
+    with pytest.raises(UserError, match="through the gateway"):
         make_raw_env(EnvConfig(kind="verifiers", verifiers={"path": "random:Random"}))
 
 

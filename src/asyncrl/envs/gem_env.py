@@ -34,7 +34,8 @@ from asyncrl.errors import UserError
 from asyncrl.records import Task, ToolCall
 
 if TYPE_CHECKING:
-    from asyncrl.config import EnvConfig, GemConfig, SandboxConfig
+    from asyncrl.config import EnvConfig, SandboxConfig
+    from asyncrl.config.ecosystem import GemConfig
     from asyncrl.envs.base import Tool
 
 __all__ = ["GemEnv", "SeedTasks", "ecosystem_section", "latest_feedback"]

@@ -19,14 +19,15 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import EpisodeRewards, MalformedAction, StepResult, Tool, parse_action
+from asyncrl.envs.base import AnswerAction, EpisodeRewards, MalformedAction, StepResult, Tool, parse_action
 from asyncrl.envs.gem_env import SeedTasks, ecosystem_section
 from asyncrl.envs.imports import import_object
 from asyncrl.errors import UserError
 from asyncrl.records import Task, ToolCall
 
 if TYPE_CHECKING:
-    from asyncrl.config import EnvConfig, OpenEnvConfig
+    from asyncrl.config import EnvConfig
+    from asyncrl.config.ecosystem import OpenEnvConfig
 
 __all__ = ["OpenEnvEnv", "call_arguments", "observation_text"]
 
@@ -148,7 +149,7 @@ class OpenEnvEnv:
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
             return self._malformed(action.reason)
-        if not hasattr(action, "name"):  # an answer
+        if isinstance(action, AnswerAction):
             if self.oc.answer_tool is None:  # the model gave up: the episode ends, a failure
                 self._final = StepResult(
                     "episode over: this environment takes tool calls", done=True, outcome="failure"

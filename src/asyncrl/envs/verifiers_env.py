@@ -9,7 +9,7 @@ environment's ``eval_dataset`` when it has one (training rows with the same prom
 hash split of the prompts.
 
 verifiers v1 environments run their own harness (installed with ``uv`` per episode) and need
-``openai<3``: they run through the gateway instead (``env.kind: agent``, examples/verifiers_agent.py).
+``openai<3``: they run through the gateway instead (``env.kind: agent``, docs/environments.md#verifiers).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from asyncrl.errors import UserError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
-    from asyncrl.config import EnvConfig, VerifiersConfig
+    from asyncrl.config import EnvConfig
+    from asyncrl.config.ecosystem import VerifiersConfig
 
 __all__ = ["VerifiersEnv", "VerifiersTasks", "load_vf_env"]
 
 INSTALL = "pip install --no-deps 'verifiers==0.3.1' (docs/environments.md#verifiers)"
 V1_HINT = (
-    "run verifiers v1 environments through the gateway: env.kind: agent with examples/verifiers_agent.py "
+    "run verifiers v1 environments as an agent through the gateway: env.kind: agent "
     "(docs/environments.md#verifiers)"
 )
 
