@@ -203,3 +203,15 @@ def test_openenv_answer_calls_the_answer_tool_or_ends_the_episode() -> None:
     )
     via_tool = run_texts_sync(make_raw_env(cfg), task, ["<answer>3</answer>"])[0]
     assert via_tool.tool_call is not None and via_tool.tool_call.name == "guess"
+
+
+@pytest.mark.parametrize("name", ["gem_guess", "openenv_guess", "verifiers_arith"])
+def test_env_check_of_a_config_without_warm_start_needs_no_demonstrator(name: str) -> None:
+    module = {"gem_guess": "gem", "openenv_guess": "openenv", "verifiers_arith": "verifiers"}[name]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} not installed")
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    report = check_environment(cfg.env, episodes=2, overlap_samples=100, warm_start=cfg.trainer.sft)
+    assert report.ok, report.render()
+    warm = cfg.trainer.sft.model_copy(update={"steps": 5})
+    assert not check_environment(cfg.env, episodes=1, overlap_samples=10, warm_start=warm).ok

@@ -403,6 +403,8 @@ async def _check_reference(
     warm_start: SFTConfig | None,
 ) -> None:
     """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)."""
+    if warm_start is not None and warm_start.steps == 0:  # sft.steps: 0 -- the run does not warm-start
+        warm_start = None
     solve = getattr(cls, "solve", None)
     if callable(solve) and tasks:
         if await _play_reference(report, probe, env, "solver", tasks, solve):
