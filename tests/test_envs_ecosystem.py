@@ -215,3 +215,15 @@ def test_env_check_of_a_config_without_warm_start_needs_no_demonstrator(name: st
     assert report.ok, report.render()
     warm = cfg.trainer.sft.model_copy(update={"steps": 5})
     assert not check_environment(cfg.env, episodes=1, overlap_samples=10, warm_start=warm).ok
+
+
+def test_the_verifiers_v1_recipe_points_eval_at_the_gateway_and_reads_the_reward(tmp_path: Path) -> None:
+    import importlib
+
+    recipe = importlib.import_module("examples.verifiers_agent")
+    argv = recipe.command("py", "my-env", "http://127.0.0.1:9/v1", "/out", 3)
+    assert argv[argv.index("--client.base_url") + 1] == "http://127.0.0.1:9/v1" and "my-env" in argv
+    assert recipe.reward_of(tmp_path) is None
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "traces.jsonl").write_text('{"reward": 0.5}\n')
+    assert recipe.reward_of(tmp_path) == 0.5
