@@ -46,6 +46,21 @@ PYTHON = (
 )
 
 
+RG_ANSWER = [
+    {
+        "name": "basic_arithmetic",
+        "config": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 2,
+            "operators": ["+", "-"],
+            "size": 5000,
+        },
+    }
+]
+
+
 def _rg(datasets: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
     return {
         "kind": "reasoning_gym",
@@ -88,22 +103,7 @@ def rows(work: Path) -> dict[str, dict[str, Any]]:
     return {
         "rg-answer": {
             "what": "reasoning-gym basic_arithmetic (2 terms of 1-2 digits, + -), answer only",
-            "env": _rg(
-                [
-                    {
-                        "name": "basic_arithmetic",
-                        "config": {
-                            "min_terms": 2,
-                            "max_terms": 2,
-                            "min_digits": 1,
-                            "max_digits": 2,
-                            "operators": ["+", "-"],
-                            "size": 5000,
-                        },
-                    }
-                ],
-                [],
-            ),
+            "env": _rg(RG_ANSWER, []),
             "system_prompt": ANSWER_ONLY,
         },
         "rg-calc": {
@@ -142,6 +142,26 @@ def rows(work: Path) -> dict[str, dict[str, Any]]:
             "system_prompt": CALC,
             "prepare": lambda: _word_problems(data),
         },
+        # the next rows take their env section, system prompt and warm start from a shipped config
+        "class": {
+            "what": "a TRL environment_factory class, unchanged (configs/trl_class.yaml)",
+            "from_config": ROOT / "configs" / "trl_class.yaml",
+        },
+        "gem": {
+            "what": "a GEM / TextArena game through its gym interface (configs/gem_guess.yaml)",
+            "from_config": ROOT / "configs" / "gem_guess.yaml",
+        },
+        "mix": {
+            "what": "one run over two environments (calculator 1 : reasoning-gym basic_arithmetic 1)",
+            "env": {
+                "kind": "mix",
+                "mix": [
+                    {"name": "calc", "weight": 1.0, "env": yaml.safe_load(BASE.read_text())["env"]},
+                    {"name": "rg", "weight": 1.0, "env": _rg(RG_ANSWER, [])},
+                ],
+            },
+            "system_prompt": None,  # the recipe's (calc tool, then the answer)
+        },
     }
 
 
@@ -150,7 +170,12 @@ def config_for(name: str, row: dict[str, Any], work: Path, steps: int, heldout: 
     cfg["name"] = f"eco-{name}"
     cfg["seed"] = seed
     cfg["run_root"] = str(work / "runs")
-    cfg["model"]["system_prompt"] = row["system_prompt"]
+    if "from_config" in row:  # its env, system prompt and warm start; the rest is the recipe's
+        shipped = yaml.safe_load(Path(row["from_config"]).read_text())
+        row = {**row, "env": shipped["env"], "system_prompt": shipped.get("model", {}).get("system_prompt")}
+        cfg["trainer"]["sft"] = {**cfg["trainer"]["sft"], **shipped.get("trainer", {}).get("sft", {})}
+    if row["system_prompt"] is not None:
+        cfg["model"]["system_prompt"] = row["system_prompt"]
     cfg["env"] = {**row["env"], "heldout_size": heldout}
     cfg["trainer"]["total_steps"] = steps
     path = work / f"{name}.yaml"
@@ -247,6 +272,11 @@ def main() -> None:
         row = all_rows[name]
         if "prepare" in row:
             row["prepare"]()
+        if "from_config" in row and not Path(row["from_config"]).exists():
+            print(
+                json.dumps({"row": name, "status": f"not run: {row['from_config'].name} is not on this main"})
+            )
+            continue
         config = config_for(name, row, work, args.steps, args.heldout, args.seed)
         # a typo or a split too small fails here, before any training
         make_task_source(load_config(str(config), []).env).heldout()

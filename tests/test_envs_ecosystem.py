@@ -206,15 +206,14 @@ def test_openenv_answer_calls_the_answer_tool_or_ends_the_episode() -> None:
 
 
 @pytest.mark.parametrize("name", ["gem_guess", "openenv_guess", "verifiers_arith"])
-def test_env_check_of_a_config_without_warm_start_needs_no_demonstrator(name: str) -> None:
+def test_asyncrl_env_check_passes_on_each_config(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncrl.cli import main
+
     module = {"gem_guess": "gem", "openenv_guess": "openenv", "verifiers_arith": "verifiers"}[name]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} not installed")
-    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
-    report = check_environment(cfg.env, episodes=2, overlap_samples=100, warm_start=cfg.trainer.sft)
-    assert report.ok, report.render()
-    warm = cfg.trainer.sft.model_copy(update={"steps": 5})
-    assert not check_environment(cfg.env, episodes=1, overlap_samples=10, warm_start=warm).ok
+    assert main(["env", "check", str(ROOT / "configs" / f"{name}.yaml"), "--episodes", "2"]) == 0
+    assert "Result: passed" in capsys.readouterr().out
 
 
 def test_the_verifiers_v1_recipe_points_eval_at_the_gateway_and_reads_the_reward(tmp_path: Path) -> None:

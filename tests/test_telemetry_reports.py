@@ -83,6 +83,9 @@ def test_the_group_report_and_the_memory_figures_are_documented() -> None:
         "outcomes",
         "rewards",
         "anomalies",
+        "env",
+        "tokens",
+        "faults",
     }
     assert all(f"`{f}`" in para for f in GroupReport.__struct_fields__)
     assert all(f"`{n}`" in DOC for n in ("mem/rss_mb", "mem/peak_rss_mb"))

@@ -571,6 +571,75 @@ def test_bad_arguments(backend: Backend) -> None:
     q.ack(["123456"])  # unknown ids are ignored
 
 
+def test_dead_letters_say_which_entry_died_and_when(backend: Backend) -> None:
+    q = backend.make()
+    before = time.time()
+    backend.inject_raw("poison-a", b"\x00")
+    backend.inject_raw("poison-b", b"\xc1")
+    assert q.get_batch(10, timeout=0.2) == []
+    dead = q.dead_letters()
+    assert [d.trajectory_id for d in dead] == ["poison-a", "poison-b"]
+    assert all(isinstance(d.entry_id, str) and d.entry_id not in ("", "None") for d in dead)
+    assert dead[0].entry_id != dead[1].entry_id
+    assert all(isinstance(d.dead_at, float) and before <= d.dead_at <= time.time() for d in dead)
+
+
+def test_ack_message_and_acks_across_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ack() of more ids than one SQL chunk deletes every one of them and counts each once."""
+    from asyncrl.transport import embedded
+
+    monkeypatch.setattr(embedded, "_ACK_CHUNK", 2)
+    q = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[]).make()
+    with pytest.raises(TypeError, match="sequence of entry ids, not a single string"):
+        q.ack("1")
+    for i in range(5):
+        q.put(make_traj(f"t{i}"))
+    batch = q.get_batch(5)
+    q.ack([d.entry_id for d in batch])
+    assert q.depth() == 0 and q.stats().acked_total == 5
+    q.close()
+
+
+def test_embedded_lease_records_its_owner_and_survives_a_missing_payload(tmp_path: Path) -> None:
+    """The consumer's name is stored with its lease (for whoever inspects queue.sqlite), and an entry
+    whose payload row is gone is dead-lettered with an empty payload instead of crashing the consumer."""
+    b = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[])
+    q = b.make()
+    q.put(make_traj("kept"))
+    q.put(make_traj("hollow"))
+    conn = sqlite3.connect(tmp_path / "run" / QUEUE_FILENAME, isolation_level=None)
+    try:
+        conn.execute("DELETE FROM payloads WHERE seq = (SELECT seq FROM entries WHERE traj_id = 'hollow')")
+        batch = q.get_batch(10, consumer="trainer-7")
+        assert [d.trajectory.id for d in batch] == ["kept"]
+        owners = conn.execute("SELECT traj_id, lease_owner FROM entries").fetchall()
+    finally:
+        conn.close()
+    assert owners == [("kept", "trainer-7")]
+    dead = q.dead_letters()
+    assert [(d.trajectory_id, d.payload) for d in dead] == [("hollow", b"")]
+    assert dead[0].reason.startswith("not a valid trajectory record")
+    for q_ in b.opened:
+        q_.close()
+
+
+def test_embedded_dead_letter_reason_names_an_unexpected_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoder failure that is not a RecordDecodeError is dead-lettered with its type in the reason."""
+    from asyncrl.transport import embedded
+
+    def boom(data: bytes) -> Trajectory:
+        raise ValueError("boom")
+
+    q = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[]).make()
+    q.put(make_traj("t0"))
+    monkeypatch.setattr(embedded, "decode_trajectory", boom)
+    assert q.get_batch(10, timeout=0.1) == []
+    assert [d.reason for d in q.dead_letters()] == ["ValueError: boom"]
+    q.close()
+
+
 # ---- contract: multiple processes ------------------------------------------------------------
 def test_multiprocess_producers_and_consumers_deliver_everything_once(
     backend: Backend, tmp_path: Path

@@ -444,7 +444,8 @@ def _cmd_env(args: argparse.Namespace) -> int:
     from asyncrl.envs.check import check_environment
 
     cfg, run_config = _env_target(args)
-    warm = cfg.trainer.sft if run_config else None  # a run config warm-starts: demonstrate is needed
+    steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
+    warm = cfg.trainer.sft if run_config and steps else None  # a warm start needs demonstrate
     report = check_environment(cfg.env, episodes=args.episodes, warm_start=warm)
     print(report.render())
     return 0 if report.ok else 1

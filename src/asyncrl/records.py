@@ -50,6 +50,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     difficulty: int = 0
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
     """Environment-specific data (question, answer, knowledge base keys, ...)."""
+    env: str = ""
+    """The member environment of an ``env.kind: mix`` run the task belongs to (empty otherwise)."""
 
 
 class ToolCall(msgspec.Struct, kw_only=True):

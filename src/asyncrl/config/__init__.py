@@ -29,6 +29,7 @@ from asyncrl.config.credit import (
     ValueModelConfig,
 )
 from asyncrl.config.env import (
+    ClassEnvConfig,
     ConstantLatencyConfig,
     DatasetConfig,
     EnvConfig,
@@ -94,6 +95,7 @@ __all__ = [
     "AlgoConfig",
     "BreakerConfig",
     "CanaryConfig",
+    "ClassEnvConfig",
     "ConfigError",
     "ConstantLatencyConfig",
     "ControlConfig",

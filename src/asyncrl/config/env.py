@@ -8,6 +8,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from asyncrl.config.base import Section, kind_of
 from asyncrl.config.ecosystem import ECOSYSTEM_KINDS, GemConfig, OpenEnvConfig, VerifiersConfig
+from asyncrl.config.env_class import ClassEnvConfig
 
 
 class _LatencyBase(Section):
@@ -197,7 +198,19 @@ class DatasetConfig(_AnswerEnvBase):
 
 
 ANSWER_KINDS = ("reasoning_gym", "dataset")
-"""Kinds whose difficulty range defaults to every level the environment has."""
+"""Kinds whose difficulty range defaults to every level the environment has (and ``class``)."""
+
+
+class MixMemberConfig(Section):
+    """One environment of an ``env.kind: mix`` run (docs/environments.md#mix)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """The environment's name in buckets, metrics and reports (letters, digits, ``_``, ``-``); unique."""
+    weight: float = Field(1.0, gt=0, le=1e6)
+    """Relative share of training tasks drawn from this environment."""
+    env: EnvConfig
+    """Its full environment config (any kind but ``mix`` and ``agent``): its own tasks, held-out split,
+    difficulty range, latency, faults, guard and sandbox."""
 
 
 class EnvConfig(Section):
@@ -210,16 +223,19 @@ class EnvConfig(Section):
         "strings",
         "reasoning_gym",
         "dataset",
+        "class",
         "gem",
         "openenv",
         "verifiers",
         "plugin",
         "agent",
+        "mix",
     ] = "calculator"
     """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
-    name), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
+    name), ``class`` for a TRL-style environment class (section ``class_env``), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
     agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
-    calls go through the worker's gateway (docs/agents.md)."""
+    calls go through the worker's gateway (docs/agents.md), or ``mix`` for several environments in one
+    run (the ``mix`` list)."""
     path: str | None = None
     """kind: plugin, agent — import path ``package.module:ClassName`` of a user environment (plugin),
     or ``package.module:function`` of an agent program (agent)."""
@@ -253,12 +269,17 @@ class EnvConfig(Section):
     """kind: openenv — an OpenEnv Environment class in process (docs/environments.md#openenv)."""
     verifiers: VerifiersConfig | None = None
     """kind: verifiers — a verifiers v0 environment in process (docs/environments.md#verifiers)."""
+    mix: list[MixMemberConfig] | None = None
+    """kind: mix — several environments in one run, each with a name, a weight and its own env config
+    (docs/environments.md#mix)."""
+    class_env: ClassEnvConfig | None = None
+    """kind: class — a TRL-style environment class, its reward and its rows (docs/environments.md#class)."""
 
     @model_validator(mode="before")
     @classmethod
     def _answer_kind_range(cls, data: Any) -> Any:
         """``reasoning_gym`` and ``dataset`` take every difficulty they have unless a range is set."""
-        if isinstance(data, dict) and data.get("kind") in ANSWER_KINDS:
+        if isinstance(data, dict) and data.get("kind") in (*ANSWER_KINDS, "class"):
             data = {"min_difficulty": 0, "max_difficulty": 100, **data}
         return data
 
@@ -278,9 +299,19 @@ class EnvConfig(Section):
         for kind in ECOSYSTEM_KINDS:
             given = getattr(self, kind)
             if self.kind == kind and given is None:
-                raise ValueError(f"env.kind {kind!r} needs the env.{kind} section (docs/environments.md#{kind})")
+                raise ValueError(
+                    f"env.kind {kind!r} needs the env.{kind} section (docs/environments.md#{kind})"
+                )
             if self.kind != kind and given is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
+        _check_mix(self.kind, self.mix)
+        if (self.kind == "class") != (self.class_env is not None):
+            raise ValueError(
+                "env.kind 'class' needs the env.class_env section, e.g. env.class_env: "
+                "{factory: 'my_envs:CounterEnv', rows: rows.jsonl}"
+                if self.kind == "class"
+                else f"env.class_env is set but env.kind is {self.kind!r}: set env.kind: class"
+            )
         if self.kind == "plugin" and not self.path:
             raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
         if self.kind == "agent" and not self.path:
@@ -290,3 +321,34 @@ class EnvConfig(Section):
                 f"min_difficulty ({self.min_difficulty}) must not exceed max_difficulty ({self.max_difficulty})"
             )
         return self
+
+
+def _check_mix(kind: str, mix: list[MixMemberConfig] | None) -> None:
+    """``env.mix``: set exactly with ``kind: mix``; names unique; no nested mix, no agent member."""
+    example = (
+        "env.mix: [{name: arith, weight: 2, env: {kind: calculator}}, {name: kb, env: {kind: kb_lookup}}]"
+    )
+    if kind == "mix" and not mix:
+        raise ValueError(f"env.kind 'mix' needs the env.mix list, e.g. {example}")
+    if kind != "mix" and mix is not None:
+        raise ValueError(f"env.mix is set but env.kind is {kind!r}: set env.kind: mix")
+    seen: set[str] = set()
+    for i, m in enumerate(mix or []):
+        if m.name in seen:
+            raise ValueError(
+                f"env.mix[{i}]: the name {m.name!r} is used twice; every member needs its own name"
+            )
+        seen.add(m.name)
+        if m.env.kind == "mix":
+            raise ValueError(
+                f"env.mix[{i}] ({m.name}) is itself a mix: nested mixes are not supported; "
+                "list its members in the outer env.mix"
+            )
+        if m.env.kind == "agent":
+            raise ValueError(
+                f"env.mix[{i}] ({m.name}) has kind 'agent': an agent program runs the whole run's episodes "
+                "and cannot be one member of a mix"
+            )
+
+
+MixMemberConfig.model_rebuild()

@@ -105,6 +105,17 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _class_env_demos(self) -> RunConfig:
+        """``env.kind: class`` warm-starts only from gold answers (``env.class_env.demo_field``)."""
+        c = self.env.class_env
+        if c is not None and c.demo_field is None and self.trainer.sft.steps != 0:
+            raise ValueError(
+                "env.kind 'class' has no demonstrations for the warm start: set trainer.sft.steps: 0 "
+                "(RL from the base policy), or env.class_env.demo_field to a column holding each row's gold answer"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fsdp_fits(self) -> RunConfig:
         """What a sharded policy (``trainer.parallel: fsdp``) cannot do: run it outside the learner's
         scoring pass (which gathers its weights), on rank 0 alone or as a value model's backbone."""

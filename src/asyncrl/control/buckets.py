@@ -3,7 +3,8 @@
 A **bucket** is a (task type, difficulty) pair, written ``"type:difficulty"`` (e.g.
 ``"arithmetic:3"``); the buckets of a run are the task source's ``task_types`` x its active
 difficulties. The orchestrator weights buckets (:mod:`asyncrl.orchestrator.curriculum`); a worker
-samples a bucket by weight and then a task of that bucket (:func:`sample_in_bucket`).
+samples a bucket by weight and then a task of that bucket (:func:`sample_in_bucket`). A task of an
+``env.kind: mix`` run carries its environment's name: ``"name/type:difficulty"`` (``"arith/arithmetic:3"``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from asyncrl.records import Task
 
 
 def bucket_of(task: Task) -> str:
+    if task.env:
+        return f"{task.env}/{task.task_type}:{task.difficulty}"
     return f"{task.task_type}:{task.difficulty}"
 
 
@@ -27,7 +30,12 @@ def buckets_of_source(source: Any, probes: int = 64) -> list[str]:
     """The buckets a task source produces: its task types x its active difficulties.
 
     With several task types not every pair need exist (a template may have one difficulty), so
-    the source is probed: ``probes`` draws per difficulty, with a fixed seed."""
+    the source is probed: ``probes`` draws per difficulty, with a fixed seed. A mix: every member's
+    buckets, prefixed with its name."""
+    from asyncrl.envs.mix import MixTaskSource
+
+    if isinstance(source, MixTaskSource):
+        return [f"{n}/{b}" for n, s in source.members.items() for b in buckets_of_source(s, probes)]
     types = tuple(getattr(source, "task_types", ()) or ())
     diffs = tuple(getattr(source, "active_difficulties", None) or getattr(source, "difficulties", ()) or ())
     if len(types) <= 1:
@@ -41,7 +49,15 @@ def sample_in_bucket(source: Any, rng: random.Random, bucket: str, attempts: int
     """A training task of ``bucket``: draws at the bucket's difficulty until the type matches.
 
     Sources draw a task type at random, so this is rejection sampling over types; after
-    ``attempts`` misses it returns the last draw (of the right difficulty, another type)."""
+    ``attempts`` misses it returns the last draw (of the right difficulty, another type). A mix draws
+    from the bucket's own environment."""
+    from asyncrl.envs.mix import MixTaskSource
+
+    if isinstance(source, MixTaskSource):
+        name, _, rest = bucket.partition("/")
+        if name not in source.members:
+            return source.sample(rng)
+        return source.tag(name, sample_in_bucket(source.members[name], rng, rest, attempts))
     task_type, difficulty = split_bucket(bucket)
     task = source.sample(rng, difficulty=difficulty)
     for _ in range(attempts - 1):
@@ -63,3 +79,18 @@ def weighted_choice(weights: dict[str, float], rng: random.Random) -> str | None
         if x <= 0:
             return bucket
     return max(weights, key=lambda b: weights[b])
+
+
+def bucket_prior(source: Any) -> dict[str, float]:
+    """``env.kind: mix``: each bucket's share of the draws when every curriculum weight is equal — its
+    environment's weight (normalised) spread evenly over the environment's buckets; ``{}`` otherwise."""
+    from asyncrl.envs.mix import MixTaskSource
+
+    if not isinstance(source, MixTaskSource):
+        return {}
+    total = sum(source.weights.values())
+    out: dict[str, float] = {}
+    for name, member in source.members.items():
+        bs = buckets_of_source(member)
+        out |= {f"{name}/{b}": source.weights[name] / total / len(bs) for b in bs}
+    return out

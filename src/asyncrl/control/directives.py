@@ -123,8 +123,17 @@ def anomaly_of(traj: Trajectory, reward_min: float, reward_max: float) -> str | 
     return None
 
 
-def group_report(trajs: list[Trajectory], heldout: bool, reward_min: float, reward_max: float) -> GroupReport:
-    """The ``rollout/group`` event of a finished group: everything the orchestrator's rules consume."""
+def group_report(
+    trajs: list[Trajectory],
+    heldout: bool,
+    reward_min: float,
+    reward_max: float,
+    samples: list[Trajectory] | None = None,
+) -> GroupReport:
+    """The ``rollout/group`` event of a finished group (``trajs``: one sample per episode): everything the
+    orchestrator's rules consume. Tokens and faults are counted over ``samples`` (every sample of the
+    group, default ``trajs``)."""
+    every = trajs if samples is None else samples
     return GroupReport(
         bucket=bucket_of(trajs[0].task),
         started=min(t.lifecycle.rollout_start for t in trajs),
@@ -132,4 +141,7 @@ def group_report(trajs: list[Trajectory], heldout: bool, reward_min: float, rewa
         outcomes=[t.outcome for t in trajs],
         rewards=[t.final_reward for t in trajs],
         anomalies=[anomaly_of(t, reward_min, reward_max) for t in trajs],
+        env=trajs[0].task.env,
+        tokens=sum(t.num_model_tokens() for t in every),
+        faults=sum(1 for t in every for turn in t.turns if turn.fault is not None),
     )

@@ -8,7 +8,13 @@ import time
 from typing import Any
 
 from asyncrl.config import RunConfig
-from asyncrl.control.buckets import buckets_of_source, sample_in_bucket, split_bucket, weighted_choice
+from asyncrl.control.buckets import (
+    bucket_prior,
+    buckets_of_source,
+    sample_in_bucket,
+    split_bucket,
+    weighted_choice,
+)
 from asyncrl.control.directives import Directives, Exploration
 from asyncrl.control.run_state import RunState
 from asyncrl.records import Task
@@ -26,6 +32,8 @@ class WorkerControl:
         self._loads: list[int] = []
         self._loads_at = 0.0
         self.buckets = buckets_of_source(source)
+        self.prior = bucket_prior(source)
+        """``env.kind: mix``: each bucket's share from its environment's weight (curriculum weights scale it)."""
         self.group_steps = cfg.rollout.group_size * cfg.env.max_turns
 
     def directives(self) -> Directives:
@@ -69,6 +77,8 @@ class WorkerControl:
             w = {b: (0.0 if x == 0 else 1.0) for b, x in w.items()}
         if w and not any(x > 0 for x in w.values()):  # every bucket open: probe them all
             w = {b: 1.0 for b in w}
+        if self.prior:
+            w = {b: x * self.prior.get(b, 0.0) for b, x in w.items()}
         return w
 
     def temperature_jitter(self) -> float:

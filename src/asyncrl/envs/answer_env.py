@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import HashSplitTaskSource
     from asyncrl.records import Task
 
-__all__ = ["AnswerEnv", "answer_demonstrate", "answer_section", "corrupt_answer", "source_of"]
+__all__ = [
+    "AnswerEnv",
+    "answer_demonstrate",
+    "answer_section",
+    "cached_source",
+    "corrupt_answer",
+    "source_of",
+]
 
 _INT_RE = re.compile(r"-?\d+")
 
@@ -117,7 +124,11 @@ def answer_section(cfg: EnvConfig, kind: str) -> Any:
 def source_of(cfg: EnvConfig, kind: str, source: type[Any]) -> Any:
     """``source(section, seed=, heldout_size=, lo=, hi=)`` for ``cfg``: built once per process and
     configuration (one generation or read of the rows, one hygiene check of the scorer)."""
-    section = answer_section(cfg, kind)
+    return cached_source(source, answer_section(cfg, kind), cfg)
+
+
+def cached_source(source: type[Any], section: Any, cfg: EnvConfig) -> Any:
+    """``source(section, seed=, heldout_size=, lo=, hi=)``, built once per process and configuration."""
     return (
         _cached(  # classes are hashable; typeshed's lru_cache says Hashable, which type[Any] is not to mypy
             cast("Hashable", source),

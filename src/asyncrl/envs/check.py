@@ -212,6 +212,20 @@ async def acheck_environment(
             return report
     else:
         cfg = path_or_cfg
+    if cfg.kind == "mix":  # every member checked as a run would use it, then the mix's own task source
+        from asyncrl.envs.mix import acheck_mix
+
+        kw: dict[str, Any] = {"episodes": episodes, "max_steps": max_steps, "timeout_s": timeout_s}
+        kw |= {
+            "slow_s": slow_s,
+            "stall_s": stall_s,
+            "overlap_samples": overlap_samples,
+            "warm_start": warm_start,
+        }
+        mixed: CheckReport = await acheck_mix(
+            cfg, acheck_environment, make_task_source, CheckReport(cfg.kind), **kw
+        )
+        return mixed
     report = CheckReport(cfg.path if cfg.kind == "plugin" and cfg.path else cfg.kind)
 
     # -- load and construct ---------------------------------------------------------------------
@@ -247,7 +261,7 @@ async def acheck_environment(
         for i, task in enumerate(tasks):
             await _check_episode(report, probe, env, tools, task, max_steps, first=i == 0)
         solved = [t for t in tasks if t.payload]
-        await _check_reference(report, probe, env, cls, solved, warm_start)
+        await _check_reference(report, probe, env, type(env), solved, warm_start)  # the built class
         try:
             await probe.call("close", "close()", lambda: close_env(env))
             report.add("ok", "close", "closed")
@@ -403,8 +417,6 @@ async def _check_reference(
     warm_start: SFTConfig | None,
 ) -> None:
     """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)."""
-    if warm_start is not None and warm_start.steps == 0:  # sft.steps: 0 -- the run does not warm-start
-        warm_start = None
     solve = getattr(cls, "solve", None)
     if callable(solve) and tasks:
         if await _play_reference(report, probe, env, "solver", tasks, solve):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import csv
 import json
 import random
+from abc import abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.envs.answer_env import AnswerEnv, answer_section
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
@@ -28,22 +29,22 @@ from asyncrl.records import Task
 if TYPE_CHECKING:
     from asyncrl.config import DatasetConfig, EnvConfig
 
-__all__ = ["DatasetEnv", "DatasetTasks", "read_rows"]
+__all__ = ["DatasetEnv", "DatasetTasks", "RowTasks", "read_rows"]
 
 EXTRA = "pip install 'asyncrl[datasets]'"
 
 
-def read_rows(path: str) -> list[dict[str, Any]]:
+def read_rows(path: str, field: str = "env.dataset.path") -> list[dict[str, Any]]:
     """The rows of a JSONL, CSV or Parquet file or a saved ``datasets`` directory; a
-    :class:`UserError` naming the file (and line) for anything unreadable."""
+    :class:`UserError` naming the config ``field``, the file (and line) for anything unreadable."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"env.dataset.path {path!r} does not exist")
+        raise UserError(f"{field} {path!r} does not exist")
     if p.is_dir():
-        return _saved_dataset(p)
+        return _saved_dataset(p, field)
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        return _jsonl(p)
+        return _jsonl(p, field)
     if suffix == ".csv":
         with p.open(newline="", encoding="utf-8") as f:
             return [dict(row) for row in csv.DictReader(f)]
@@ -51,14 +52,14 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise UserError(f"env.dataset.path {path!r}: reading Parquet needs pyarrow: {EXTRA}") from None
+            raise UserError(f"{field} {path!r}: reading Parquet needs pyarrow: {EXTRA}") from None
         return pq.read_table(p).to_pylist()  # type: ignore[no-any-return]
     raise UserError(
-        f"env.dataset.path {path!r}: use a .jsonl, .csv or .parquet file or a datasets save_to_disk directory"
+        f"{field} {path!r}: use a .jsonl, .csv or .parquet file or a datasets save_to_disk directory"
     )
 
 
-def _jsonl(p: Path) -> list[dict[str, Any]]:
+def _jsonl(p: Path, field: str) -> list[dict[str, Any]]:
     rows = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -66,39 +67,50 @@ def _jsonl(p: Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"env.dataset.path {str(p)!r}, line {n}: not JSON ({exc.msg})") from None
+            raise UserError(f"{field} {str(p)!r}, line {n}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict):
-            raise UserError(f"env.dataset.path {str(p)!r}, line {n}: a {type(row).__name__}, not an object")
+            raise UserError(f"{field} {str(p)!r}, line {n}: a {type(row).__name__}, not an object")
         rows.append(row)
     return rows
 
 
-def _saved_dataset(p: Path) -> list[dict[str, Any]]:
+def _saved_dataset(p: Path, field: str) -> list[dict[str, Any]]:
     """A ``save_to_disk`` directory; a ``DatasetDict``'s split names become the ``split`` column."""
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            f"env.dataset.path {str(p)!r}: a saved dataset directory needs datasets: {EXTRA}"
-        ) from None
+        raise UserError(f"{field} {str(p)!r}: a saved dataset directory needs datasets: {EXTRA}") from None
     loaded = datasets.load_from_disk(str(p))
     if isinstance(loaded, datasets.DatasetDict):
         return [{**row, "split": name} for name, part in loaded.items() for row in part]
     return [dict(row) for row in loaded]
 
 
-class DatasetTasks(HashSplitTaskSource):
-    """The rows of a file as tasks; ``task_type`` ``dataset``, difficulty from ``difficulty_field``."""
+class RowTasks(HashSplitTaskSource):
+    """The rows of a file as tasks (one per row), with the held-out split of the module docstring.
 
-    task_types = ("dataset",)
-    salt = "dataset"
+    Subclasses make a row's task (:meth:`row_task`) and say which rows are the same problem
+    (:meth:`content_key`); ``env.kind: dataset`` and ``env.kind: class`` share this."""
 
-    def __init__(self, dc: DatasetConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
-        tasks = [_row_task(dc, i, row) for i, row in enumerate(read_rows(dc.path))]
+    path_field: ClassVar[str] = "env.dataset.path"
+    """The config field naming the file, for messages."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        split_field: str | None,
+        heldout_value: str,
+        seed: int,
+        heldout_size: int,
+        lo: int,
+        hi: int,
+    ) -> None:
+        tasks = [(self.row_task(i, row), row) for i, row in enumerate(read_rows(path, self.path_field))]
         if not tasks:
-            raise UserError(f"env.dataset.path {dc.path!r} has no rows")
-        self.split = dc.split_field
-        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == dc.heldout_value}
+            raise UserError(f"{self.path_field} {path!r} has no rows")
+        self.split = split_field
+        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == heldout_value}
         self.difficulties = tuple(sorted({t.difficulty for t, _ in tasks}))
         super().__init__(seed=seed, heldout_size=heldout_size, min_difficulty=lo, max_difficulty=hi)
         held = [t for t, _ in tasks if self.is_heldout(t) and t.difficulty in self.active_difficulties]
@@ -106,28 +118,22 @@ class DatasetTasks(HashSplitTaskSource):
         self.train = [t for t, _ in tasks if not self.is_heldout(t) and self.content_key(t) not in held_keys]
         self.dropped = len(tasks) - len(self.train) - sum(self.is_heldout(t) for t, _ in tasks)
         self._held_rows = list({self.content_key(t): t for t in held}.values())
-        self.scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
-        sample = self.train[: dc.hygiene_tasks]
-        refuse_lenient_scorer(
-            f"env.dataset.scorer {dc.scorer!r}",
-            lambda answer, k: self.scorer(answer, str(sample[k].payload["answer"])),
-            [str(t.payload["answer"]) for t in sample],
-        )
+
+    @abstractmethod
+    def row_task(self, i: int, row: dict[str, Any]) -> Task:
+        """The task of row ``i`` (numbered from 0); a :class:`UserError` naming a missing field."""
 
     def is_heldout(self, task: Task) -> bool:
         return task.id in self.held if self.split else super().is_heldout(task)
 
-    def content_key(self, task: Task) -> str:
-        return normalize(str(task.payload["prompt"]))
-
     def generate(self, rng: random.Random, difficulty: int) -> Task:
         rows = [t for t in self.train if t.difficulty == difficulty]
         if not rows:
-            raise ValueError(f"env.dataset: no training rows of difficulty {difficulty}")
+            raise ValueError(f"{self.path_field}: no training rows of difficulty {difficulty}")
         return rng.choice(rows)
 
     def heldout(self) -> list[Task]:
-        """The first ``heldout_size`` held-out rows (file order, distinct prompts)."""
+        """The first ``heldout_size`` held-out rows (file order, distinct content)."""
         if len(self._held_rows) < self.heldout_size:
             raise ValueError(
                 f"the file has {len(self._held_rows)} distinct held-out rows (in the difficulty range); "
@@ -136,7 +142,39 @@ class DatasetTasks(HashSplitTaskSource):
         return self._held_rows[: self.heldout_size]
 
 
-def _row_task(dc: DatasetConfig, i: int, row: dict[str, Any]) -> tuple[Task, dict[str, Any]]:
+class DatasetTasks(RowTasks):
+    """The rows of a file as tasks; ``task_type`` ``dataset``, difficulty from ``difficulty_field``."""
+
+    task_types = ("dataset",)
+    salt = "dataset"
+
+    def __init__(self, dc: DatasetConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+        self.dc = dc
+        super().__init__(
+            dc.path,
+            split_field=dc.split_field,
+            heldout_value=dc.heldout_value,
+            seed=seed,
+            heldout_size=heldout_size,
+            lo=lo,
+            hi=hi,
+        )
+        self.scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
+        sample = self.train[: dc.hygiene_tasks]
+        refuse_lenient_scorer(
+            f"env.dataset.scorer {dc.scorer!r}",
+            lambda answer, k: self.scorer(answer, str(sample[k].payload["answer"])),
+            [str(t.payload["answer"]) for t in sample],
+        )
+
+    def row_task(self, i: int, row: dict[str, Any]) -> Task:
+        return _row_task(self.dc, i, row)
+
+    def content_key(self, task: Task) -> str:
+        return normalize(str(task.payload["prompt"]))
+
+
+def _row_task(dc: DatasetConfig, i: int, row: dict[str, Any]) -> Task:
     """The task of row ``i`` (numbered from 0) and the row; a :class:`UserError` naming a missing field."""
     for name in (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field):
         if name is not None and row.get(name) is None:
@@ -153,7 +191,7 @@ def _row_task(dc: DatasetConfig, i: int, row: dict[str, Any]) -> tuple[Task, dic
             f"env.dataset.path {dc.path!r}: row {i}: {dc.difficulty_field!r} is not an integer"
         ) from None
     key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
-    return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload), row
+    return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload)
 
 
 class DatasetEnv(AnswerEnv):

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
+from asyncrl.envs.class_env import ClassEnv
 from asyncrl.envs.dataset_env import DatasetEnv
 from asyncrl.envs.gem_env import GemEnv
 from asyncrl.envs.imports import EnvPluginError, import_object
 from asyncrl.envs.kb_lookup import KBLookupEnv
+from asyncrl.envs.mix import MixEnv, MixTaskSource, mix_members
 from asyncrl.envs.openenv_env import OpenEnvEnv
 from asyncrl.envs.python_env import PythonEnv
 from asyncrl.envs.reasoning_gym_env import ReasoningGymEnv
@@ -58,6 +60,7 @@ BUILTIN_ENVS: dict[str, type[Any]] = {
     "strings": StringsEnv,
     "reasoning_gym": ReasoningGymEnv,
     "dataset": DatasetEnv,
+    "class": ClassEnv,
     "gem": GemEnv,
     "openenv": OpenEnvEnv,
     "verifiers": VerifiersEnv,
@@ -90,6 +93,8 @@ def env_class(cfg: EnvConfig) -> type[Any]:
         if not cfg.path:
             raise EnvPluginError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
         return load_plugin(cfg.path)
+    if cfg.kind == "mix":
+        return MixEnv
     return BUILTIN_ENVS[cfg.kind]
 
 
@@ -112,18 +117,23 @@ def _construct(cls: type[Any], cfg: EnvConfig) -> Any:
 
 def make_raw_env(cfg: EnvConfig) -> Any:
     """The environment without wrappers (for checks and tests)."""
+    if cfg.kind == "mix":
+        return MixEnv(cfg, lambda member, _seed: make_raw_env(member))
     return _construct(env_class(cfg), cfg)
 
 
-def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv:
+def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
     """Build the environment for ``cfg`` wrapped as Guard(Fault(Latency(env))).
 
     ``rng_seed`` seeds the latency and fault draws (give each worker/episode slot its own);
     the task content itself is seeded by ``cfg.seed`` through the task source. Latency and
-    fault wrappers are only added when configured.
+    fault wrappers are only added when configured. ``kind: mix``: a :class:`MixEnv`, whose members
+    are each built here with their own config.
     """
+    if cfg.kind == "mix":
+        return MixEnv(cfg, make_env, rng_seed)
     env = make_raw_env(cfg)
-    if cfg.kind == "plugin":  # the built-ins grade through the verifier cache themselves
+    if cfg.kind in ("plugin", "class"):  # the built-ins grade through the verifier cache themselves
         env = AnswerCostWrapper(env)
     rng = random.Random(rng_seed)
     if cfg.latency.kind != "none":
@@ -135,7 +145,10 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv:
 
 
 def make_task_source(cfg: EnvConfig) -> TaskSource:
-    """The task source for ``cfg``, via the class's ``make_task_source(cfg)`` classmethod."""
+    """The task source for ``cfg``, via the class's ``make_task_source(cfg)`` classmethod (``kind: mix``:
+    every member's, as one)."""
+    if cfg.kind == "mix":
+        return MixTaskSource.of(cfg, make_task_source)  # type: ignore[return-value]
     cls = env_class(cfg)
     where = cfg.path if cfg.kind == "plugin" else cfg.kind
     factory = getattr(cls, "make_task_source", None)
@@ -162,6 +175,13 @@ def make_task_source(cfg: EnvConfig) -> TaskSource:
 def check_heldout(source: TaskSource, cfg: EnvConfig) -> list[Task]:
     """The held-out split, or an :class:`EnvPluginError` (one line, exit 2) when the task source cannot
     give ``env.heldout_size`` distinct tasks — said before any work, not after the warm start."""
+    if isinstance(source, MixTaskSource):  # every member's own split, at its own size
+        for name, _, member in mix_members(cfg):
+            try:
+                check_heldout(source.members[name], member)
+            except EnvPluginError as exc:
+                raise EnvPluginError(f"env.mix member {name!r}: {exc}") from None
+        return source.heldout()
     where = cfg.agent_tasks if cfg.kind == "agent" else cfg.path if cfg.kind == "plugin" else cfg.kind
     try:
         tasks = source.heldout()

@@ -1,6 +1,7 @@
 """``summary.json``: what a finished run reports — success before and after, the queue's and the
 ledger's accounting (lost, duplicates, staleness), token-exactness, the weight canary, core lending,
-peak memory, environment faults and (with ``cost.enabled``) the cost ledger (``cost.json``)."""
+peak memory, environment faults, (with ``cost.enabled``) the cost ledger (``cost.json``) and, for an
+``env.kind: mix``, one row per environment (``per_env``, :mod:`asyncrl.telemetry.report_envs`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from asyncrl.cost.ledger import read_reports
 from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
+from asyncrl.telemetry.report_envs import EnvTally, per_env
 from asyncrl.telemetry.reports import Report, TrainerReport, WorkerReport
 from asyncrl.telemetry.signal import signal_summary
 
@@ -92,6 +94,18 @@ def _lending(orch: Orchestrator) -> dict[str, Any]:
     return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
 
 
+def _per_env(
+    cfg: RunConfig, run_dir: Path, orch: Orchestrator, prior: dict[str, Any], final: dict[str, Any], cost: Any
+) -> dict[str, Any]:
+    """``env.kind: mix``: one row per environment (its own held-out split, training groups, faults,
+    tokens, cost share and curriculum share); ``{}`` otherwise."""
+    if not cfg.env.mix:
+        return {}
+    weights = {m.name: m.weight for m in cfg.env.mix}
+    tally = EnvTally.of(read_reports(run_dir))
+    return per_env(weights, tally, prior, final, cost.get("total_usd"), orch.rules.env_shares())
+
+
 def summarize(
     cfg: RunConfig,
     run_dir: Path,
@@ -158,6 +172,7 @@ def summarize(
         **_lending(orch),
         "peak_rss_mb": _peak_memory(run_dir),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
+        **({"per_env": envs} if (envs := _per_env(cfg, run_dir, orch, prior, final, cost)) else {}),
         "signal": signal_summary(read_reports(run_dir), cfg),
         "notes": [faults["note"]] if faults["note"] else [],
     }

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from asyncrl.control.buckets import buckets_of_source
+from asyncrl.control.buckets import bucket_prior, buckets_of_source
 from asyncrl.control.directives import Directives, compose
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers, FaultRateMonitor
@@ -24,7 +24,9 @@ from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController
 from asyncrl.orchestrator.explore import ExplorationController
+from asyncrl.orchestrator.mix import curriculum_shares, env_metrics
 from asyncrl.orchestrator.signal import SignalMonitor
+from asyncrl.telemetry.report_envs import EnvTally
 from asyncrl.telemetry.reports import (
     CANARY_FAILED,
     Decoded,
@@ -38,10 +40,14 @@ from asyncrl.telemetry.reports import (
 
 class Rules:
     def __init__(self, cfg: Any, run_dir: Path | None, buckets: list[str] | None = None) -> None:
+        self.env_prior: dict[str, float] = {}
+        """``env.kind: mix``: each bucket's share from its environment's weight (:mod:`asyncrl.orchestrator.mix`)."""
         if buckets is None:
             from asyncrl.envs import make_task_source
 
-            buckets = buckets_of_source(make_task_source(cfg.env))
+            source = make_task_source(cfg.env)
+            buckets, self.env_prior = buckets_of_source(source), bucket_prior(source)
+        self.envs = EnvTally()
         self.cfg = cfg
         self.alerts = AlertLog(
             run_dir / "alerts.jsonl" if run_dir is not None else None, cfg.telemetry.recent_alerts
@@ -79,6 +85,7 @@ class Rules:
     def _group(self, g: GroupReport, now: float) -> list[Alert]:
         """One finished group: a held-out probe feeds the hacking rule, a training group the others."""
         c, out = self.cfg.orchestrator, []
+        self.envs.observe(g)
         if g.heldout:
             if self.train_reward is not None:
                 success = sum(o == "success" for o in g.outcomes) / len(g.rewards)
@@ -96,6 +103,13 @@ class Rules:
         out += self.exploration.observe(g.rewards)
         out += self.signal.observe(g.bucket, g.rewards, g.outcomes)
         return out
+
+    def env_shares(self) -> dict[str, float]:
+        """``env.kind: mix``: each environment's share of training draws under the bucket weights the
+        workers draw by now (curriculum, drift, breakers)."""
+        if not self.env_prior:
+            return {}
+        return curriculum_shares(self.directives([], []).weights, self.env_prior)
 
     def observe_env(self, reports: list[Decoded]) -> None:
         """Keep the latest guard counts of every rollout process."""
@@ -134,6 +148,7 @@ class Rules:
             "exploration/rate": self.exploration.rate,
             "elastic/decisions": float(self.elastic.decisions),
             "env/fault_rate": self.faults.rate,
+            **env_metrics(self.envs, self.env_shares()),
         }
 
     # -- snapshot --------------------------------------------------------------------------------

@@ -67,8 +67,8 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
 def args_text(tool: Tool | None, arguments: Any) -> str:
     """The raw ARGS text the environment expects, from a call's JSON arguments.
 
-    The tool's single parameter (or a lone value) is passed as its plain text; anything else as
-    compact JSON, so nothing the model wrote is lost.
+    The tool's single parameter (or a lone value, unless the tool has several parameters) is passed
+    as its plain text; anything else as compact JSON, so nothing the model wrote is lost.
     """
     if isinstance(arguments, str):
         return arguments
@@ -77,7 +77,7 @@ def args_text(tool: Tool | None, arguments: Any) -> str:
         if len(names) == 1 and names[0] in arguments and len(arguments) == 1:
             value = arguments[names[0]]
             return value if isinstance(value, str) else json.dumps(value)
-        if len(arguments) == 1:
+        if len(arguments) == 1 and len(names) <= 1:  # several parameters: always a JSON object
             value = next(iter(arguments.values()))
             return value if isinstance(value, str) else json.dumps(value)
     return json.dumps(arguments, separators=(",", ":"))

@@ -21,11 +21,17 @@ if TYPE_CHECKING:
 
 
 def eval_env_config(cfg: RunConfig) -> Any:
-    """The env config used for evaluation: same tasks, no simulated latency or faults."""
-    faults = cfg.env.faults.model_copy(
-        update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0}
-    )
-    return cfg.env.model_copy(update={"latency": NoLatencyConfig(), "faults": faults})
+    """The env config used for evaluation: same tasks, no simulated latency or faults (in every member
+    of an ``env.kind: mix``)."""
+    return _quiet(cfg.env)
+
+
+def _quiet(env: Any) -> Any:
+    faults = env.faults.model_copy(update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0})
+    update: dict[str, Any] = {"latency": NoLatencyConfig(), "faults": faults}
+    if env.mix:
+        update["mix"] = [m.model_copy(update={"env": _quiet(m.env)}) for m in env.mix]
+    return env.model_copy(update=update)
 
 
 async def run_episodes(
@@ -146,6 +152,12 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
     for t in trajs:
         by_diff[t.task.difficulty].append(t)
     report["per_difficulty"] = {str(k): stats(v)["success_rate"] for k, v in sorted(by_diff.items())}
+    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        if t.task.env:
+            by_env[t.task.env].append(t)
+    if by_env:  # env.kind: mix — every environment's own held-out figures
+        report["per_env"] = {k: {**stats(v), **retokenization_stats(v)} for k, v in sorted(by_env.items())}
     return report
 
 
@@ -184,7 +196,8 @@ def render_eval(report: dict[str, Any]) -> None:
     table = Table(title=f"held-out evaluation ({report['episodes']} episodes)")
     for col in ("task type", "episodes", "success", "avg steps", "tool success", "distinct-2"):
         table.add_column(col, justify="right" if col != "task type" else "left")
-    rows = [("all", report), *report["per_task_type"].items()]
+    envs = [(f"env {k}", r) for k, r in (report.get("per_env") or {}).items()]
+    rows = [("all", report), *envs, *report["per_task_type"].items()]
     for name, r in rows:
         table.add_row(
             name,

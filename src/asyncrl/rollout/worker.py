@@ -359,7 +359,7 @@ class RolloutWorker:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
         bc = self.cfg.orchestrator.breaker
         episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
-        self.metrics.group(group_report(episodes, heldout, bc.reward_min, bc.reward_max))
+        self.metrics.group(group_report(episodes, heldout, bc.reward_min, bc.reward_max, samples=trajs))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""

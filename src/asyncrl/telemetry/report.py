@@ -45,6 +45,7 @@ from asyncrl.telemetry.report_blocks import (
     text_of,
     when,
 )
+from asyncrl.telemetry.report_envs import env_blocks
 from asyncrl.telemetry.reports import decode_rows
 from asyncrl.telemetry.signal import signal_blocks, signal_series
 from asyncrl.telemetry.svg import Band, Chart, HLine, Series
@@ -643,7 +644,8 @@ class Report:
         if not rows:
             return []
         notes: list[Block] = [Note(str(n), cls="intro") for n in self.d.summary.get("notes") or []]
-        return [Heading("Environment faults"), table(cols, rows), *notes]
+        # env.kind: mix — each environment's own row (telemetry/report_envs.py)
+        return [Heading("Environment faults"), table(cols, rows), *notes, *env_blocks(self.d.summary)]
 
     # 8b. learning signal
     def signal(self) -> None:

@@ -432,6 +432,12 @@ class GroupReport(msgspec.Struct, kw_only=True):
     rewards: list[float]
     anomalies: list[str | None]
     """Per episode: the circuit breakers' anomaly kind, or ``None``."""
+    env: str = ""
+    """``env.kind: mix``: the environment the group's task belongs to."""
+    tokens: int = 0
+    """Model tokens the group's episodes generated (what per-environment cost rows are apportioned by)."""
+    faults: int = 0
+    """Environment calls of the group's episodes that failed on every attempt (the guard's faults)."""
 
     def data(self) -> dict[str, Any]:
         """The event row's fields."""

@@ -66,14 +66,16 @@ def _digest(data: bytes) -> str:
 
 
 def env_code_version(cfg: RunConfig) -> str:
-    """Hash of the source of the environment's module (a plugin or a built-in)."""
+    """Hash of the source of the environment's module (a plugin or a built-in; a mix: and every member's)."""
 
-    cls = env_class(cfg.env)
-    try:
-        source = inspect.getsource(sys.modules[cls.__module__])
-    except (OSError, TypeError, KeyError):  # no source available (e.g. a compiled module)
-        source = f"{cls.__module__}.{cls.__qualname__}"
-    return _digest(source.encode())
+    classes = [env_class(cfg.env), *(env_class(m.env) for m in cfg.env.mix or [])]
+    sources = []
+    for cls in classes:
+        try:
+            sources.append(inspect.getsource(sys.modules[cls.__module__]))
+        except (OSError, TypeError, KeyError):  # no source available (e.g. a compiled module)
+            sources.append(f"{cls.__module__}.{cls.__qualname__}")
+    return _digest("\0".join(sources).encode() if len(sources) > 1 else sources[0].encode())
 
 
 def chat_template_version(cfg: RunConfig) -> str:

@@ -58,7 +58,7 @@ SCHEMA_VERSION = 1
 Synchronous = Literal["NORMAL", "FULL"]
 
 _ACK_CHUNK = 500
-_COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in", "dead_lettered_total")
+_COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in")  # dead letters: their own table
 
 _SCHEMA: tuple[str, ...] = (
     """
@@ -258,7 +258,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 (now, max_items),
             ).fetchall()
             leased: list[tuple[float, str, int]] = []
-            redelivered = dead = 0
+            redelivered = 0
             for seq, traj_id, payload, attempts in rows:
                 payload = b"" if payload is None else bytes(payload)
                 try:
@@ -278,7 +278,6 @@ class EmbeddedQueue(TrajectoryQueue):
                     )
                     conn.execute("DELETE FROM entries WHERE seq = ?", (seq,))
                     conn.execute("DELETE FROM payloads WHERE seq = ?", (seq,))
-                    dead += 1
                     continue
                 traj.lifecycle.dequeued = now
                 redelivered += attempts > 0
@@ -290,7 +289,6 @@ class EmbeddedQueue(TrajectoryQueue):
                 leased,
             )
             self._bump(conn, "redelivered_total", redelivered)
-            self._bump(conn, "dead_lettered_total", dead)
         return out
 
     def ack(self, entry_ids: Sequence[str]) -> None:

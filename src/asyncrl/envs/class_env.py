@@ -1,0 +1,300 @@
+"""``class``: an environment class written for TRL's ``environment_factory``, trained unchanged.
+
+The contract is TRL's (``GRPOTrainer(environment_factory=...)``):
+
+* the factory (``env.class_env.factory``, a class or zero-argument callable) builds an instance;
+  one per asyncrl environment, reset for every episode (TRL: "construct once, reset often");
+* ``reset(**row)`` starts an episode on a row of ``env.class_env.rows`` and returns ``None`` or a
+  string appended to the row's prompt;
+* every other public method is a tool (:mod:`asyncrl.envs.class_tools`: schema from the signature
+  and docstring, arguments coerced to their types, an exception is a tool error the model reads);
+* the reward: a TRL reward function ``reward_func(environments, prompts, completions, **row
+  columns) -> list[float | None]`` called with this episode's instance, plus the instance's
+  ``get_reward()`` when it has one (sync or async; ``None`` counts 0).
+
+A model turn is read by asyncrl's own tool-call parser (``<tool>NAME(ARGS)</tool>``, into which
+:mod:`asyncrl.policy.toolcalls` turns a native JSON call); a turn without a call is the final answer
+and ends the episode with the reward. Success is a reward of at least ``success_reward``. There are
+no process rewards (TRL has none): only the reward function's. An episode that uses up
+``env.max_turns`` ends ``truncated`` with reward 0, without calling the reward function.
+
+Tasks are the rows, read and split by :class:`~asyncrl.envs.dataset_env.RowTasks` (the
+``dataset`` kind's loader); a task carries its whole row (``payload["row"]``), so every column
+reaches ``reset`` and the reward function, and the held-out split is by a hash of the row.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import numbers
+import random
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from asyncrl.envs.answer_env import answer_demonstrate, cached_source, corrupt_answer
+from asyncrl.envs.base import (
+    AnswerAction,
+    MalformedAction,
+    StepResult,
+    Tool,
+    ToolCallAction,
+    call_env,
+    parse_action,
+    task_id,
+)
+from asyncrl.envs.class_tools import call_tool, class_tools, load_object
+from asyncrl.envs.dataset_env import RowTasks
+from asyncrl.envs.imports import EnvPluginError
+from asyncrl.errors import UserError
+from asyncrl.records import Task, ToolCall
+
+if TYPE_CHECKING:
+    from asyncrl.config import ClassEnvConfig, EnvConfig
+
+__all__ = ["ClassEnv", "ClassTasks", "DemoClassEnv"]
+
+FIELD = "env.class_env"
+_INT = re.compile(r"-?\d+")
+
+
+def _section(cfg: EnvConfig) -> ClassEnvConfig:
+    assert cfg.class_env is not None  # EnvConfig's validator requires it for this kind
+    return cfg.class_env
+
+
+class ClassTasks(RowTasks):
+    """The rows of ``env.class_env.rows`` as tasks (``task_type`` ``class``); held out by column
+    or by a hash of the whole row (the split column left out)."""
+
+    task_types = ("class",)
+    salt = "class"
+    path_field = f"{FIELD}.rows"
+
+    def __init__(self, cc: ClassEnvConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+        self.cc = cc
+        super().__init__(
+            cc.rows,
+            split_field=cc.split_field,
+            heldout_value=cc.heldout_value,
+            seed=seed,
+            heldout_size=heldout_size,
+            lo=lo,
+            hi=hi,
+        )
+
+    def row_task(self, i: int, row: dict[str, Any]) -> Task:
+        cc = self.cc
+        for name in (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field):
+            if name is not None and row.get(name) is None:
+                raise UserError(
+                    f"{self.path_field} {cc.rows!r}: row {i} has no field {name!r} (it has {sorted(row)})"
+                )
+        try:
+            key = msgspec.json.encode(row, order="sorted").decode()
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise UserError(f"{self.path_field} {cc.rows!r}: row {i} cannot travel as JSON: {exc}") from None
+        system, prompt = _prompt_of(row[cc.prompt_field]) if cc.prompt_field else (None, "")
+        if cc.system_field:
+            system = str(row[cc.system_field])
+        payload: dict[str, Any] = {"row": msgspec.json.decode(key), "prompt": prompt}
+        if system:
+            payload["system"] = system
+        if cc.demo_field:
+            demo = row[cc.demo_field]
+            payload["demo"] = [str(t) for t in demo] if isinstance(demo, list) else str(demo).strip()
+        try:
+            difficulty = int(row[cc.difficulty_field]) if cc.difficulty_field else 0
+        except (TypeError, ValueError):
+            raise UserError(
+                f"{self.path_field} {cc.rows!r}: row {i}: {cc.difficulty_field!r} is not an integer"
+            ) from None
+        return Task(id=task_id("cls", key), task_type="class", difficulty=difficulty, payload=payload)
+
+    def content_key(self, task: Task) -> str:
+        row = {k: v for k, v in task.payload["row"].items() if k != self.split}
+        return json.dumps(row, sort_keys=True)
+
+
+def _prompt_of(value: Any) -> tuple[str | None, str]:
+    """(system, prompt) of a prompt column: a string, or TRL's conversational form (a list of
+    messages: the system messages are the system prompt, the last user message the prompt)."""
+    if not isinstance(value, list):
+        return None, str(value)
+    messages = [m for m in value if isinstance(m, dict)]
+    system = "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
+    users = [str(m.get("content", "")) for m in messages if m.get("role") == "user"]
+    return system or None, users[-1] if users else ""
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    """TRL's ``log_extra`` / ``log_metric`` hooks, which a reward function may call."""
+
+
+class ClassEnv:
+    """A TRL-style environment class as an asyncrl environment (module docstring)."""
+
+    kind = "class"
+
+    def __init__(self, cc: ClassEnvConfig, options: dict[str, Any]) -> None:
+        self.cc = cc
+        factory = load_object(cc.factory, f"{FIELD}.factory")
+        if not callable(factory):
+            raise EnvPluginError(f"{FIELD}.factory {cc.factory!r} is a {type(factory).__name__}, not a class")
+        self.instance = factory(**options)
+        if not callable(getattr(self.instance, "reset", None)):
+            raise EnvPluginError(
+                f"{FIELD}.factory {cc.factory!r}: the environment must define a callable reset"
+            )
+        self.reward_fn = load_object(cc.reward, f"{FIELD}.reward") if cc.reward else None
+        if self.reward_fn is not None and not callable(self.reward_fn):
+            raise EnvPluginError(
+                f"{FIELD}.reward {cc.reward!r} is a {type(self.reward_fn).__name__}, not a function"
+            )
+        get_reward = getattr(self.instance, "get_reward", None)
+        self.get_reward = get_reward if callable(get_reward) else None
+        if self.reward_fn is None and self.get_reward is None:
+            raise EnvPluginError(
+                f"{FIELD}: no reward source: set {FIELD}.reward to a reward function 'module:function' "
+                f"or give {cc.factory} a get_reward() method"
+            )
+        self._tools = class_tools(self.instance, cc.factory)
+        self.tools: list[Tool] = [t.tool for t in self._tools.values()]
+        self.task: Task | None = None
+        self._final: StepResult | None = None
+        self._prompt: list[dict[str, Any]] = []
+        self._completion: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> ClassEnv:
+        cc = _section(cfg)
+        return (DemoClassEnv if cc.demo_field else ClassEnv)(cc, cfg.options)
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> ClassTasks:
+        return cached_source(ClassTasks, _section(cfg), cfg)  # type: ignore[no-any-return]
+
+    async def reset(self, task: Task) -> str:
+        self.task, self._final, self._completion = task, None, []
+        obs = await call_env(functools.partial(self.instance.reset, **task.payload["row"]))
+        if obs is not None and not isinstance(obs, str):
+            raise TypeError(
+                f"{self.cc.factory}.reset returned {type(obs).__name__}; expected a string or None"
+            )
+        prompt = str(task.payload["prompt"]) + (obs or "")  # TRL appends it to the last user message
+        system = task.payload.get("system")
+        self._prompt = [{"role": "system", "content": system}] if system else []
+        self._prompt.append({"role": "user", "content": prompt})
+        return f"{system}\n\n{prompt}" if system else prompt
+
+    async def step(self, model_text: str) -> StepResult:
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+        if self._final is not None:  # a retried final step: the same result again
+            f = self._final
+            return StepResult(
+                f.observation, done=True, reward=f.reward, outcome=f.outcome, info={"after_done": True}
+            )
+        action = parse_action(model_text)
+        if isinstance(action, MalformedAction):
+            self._completion.append({"role": "assistant", "content": model_text})
+            return StepResult(f"error: {action.reason}", info={"action": "malformed"}, malformed=True)
+        if isinstance(action, AnswerAction):
+            self._completion.append({"role": "assistant", "content": action.answer})
+            reward = await self._reward()
+            outcome = "success" if reward >= self.cc.success_reward else "failure"
+            info = {"action": "answer", "answer": action.answer}
+            self._final = StepResult(
+                f"reward {reward:g}", done=True, reward=reward, outcome=outcome, info=info
+            )
+            return self._final
+        tool = self._tools.get(action.name)
+        if tool is None:
+            self._completion.append({"role": "assistant", "content": model_text})
+            names = ", ".join(self._tools) or "none"
+            return StepResult(
+                f"error: unknown tool {action.name!r}; tools: {names}",
+                info={"action": "malformed"},
+                malformed=True,
+            )
+        started = time.monotonic()
+        ok, text = await call_tool(self.instance, tool, action.args)
+        call = ToolCall(
+            name=action.name,
+            arguments=action.args,
+            ok=ok,
+            result=text if ok else "",
+            error="" if ok else text,
+            latency_s=time.monotonic() - started,
+        )
+        observation = text if ok else f"error: {text}"
+        function = {"name": action.name, "arguments": action.args}
+        self._completion.append(
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": function}]}
+        )
+        self._completion.append({"role": "tool", "name": action.name, "content": observation})
+        return StepResult(observation, info={"action": "tool"}, tool_call=call)
+
+    async def _reward(self) -> float:
+        """The reward function's value on this episode's instance plus ``get_reward()`` (TRL's sum)."""
+        assert self.task is not None
+        values: list[Any] = []
+        if self.reward_fn is not None:
+            row = self.task.payload["row"]
+            kwargs: dict[str, Any] = {
+                k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")
+            }
+            kwargs |= {
+                "prompts": [self._prompt],
+                "completions": [self._completion],
+                "completion_ids": [[]],
+                "environments": [self.instance],
+                "trainer_state": None,
+                "log_extra": _noop,
+                "log_metric": _noop,
+            }
+            out = await call_env(functools.partial(self.reward_fn, **kwargs))
+            if not isinstance(out, (list, tuple)) or len(out) != 1:
+                raise EnvPluginError(
+                    f"{FIELD}.reward {self.cc.reward} returned {out!r}: a reward function returns a list with "
+                    "one float (or None) per environment"
+                )
+            values.append(out[0])
+        if self.get_reward is not None:
+            values.append(await call_env(self.get_reward))
+        for v in values:
+            if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(float(v))):
+                raise EnvPluginError(f"{FIELD}: a reward of {v!r}; rewards are finite numbers (or None)")
+        return float(sum(float(v) for v in values if v is not None))
+
+
+class DemoClassEnv(ClassEnv):
+    """:class:`ClassEnv` with ``demo_field`` set: the row's demonstration is a reference solution
+    and the warm start's demonstration. A string is the gold final answer; a list of strings is the
+    model turns themselves in asyncrl's text protocol (``<tool>add({"amount": 3})</tool>``,
+    ``<answer>7</answer>``). Corrupted at ``trainer.sft.corruption_rate``: one number changed, in a
+    tool call when there is one (the answer's text may not be what the reward reads)."""
+
+    @staticmethod
+    def solve(task: Task) -> list[str]:
+        demo = task.payload["demo"]
+        return [str(t) for t in demo] if isinstance(demo, list) else [f"<answer>{demo}</answer>"]
+
+    @staticmethod
+    def demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+        demo = task.payload["demo"]
+        if not isinstance(demo, list):
+            return answer_demonstrate(str(demo), rng, corruption_rate)
+        turns = [str(t) for t in demo]
+        calls = [
+            i for i, t in enumerate(turns) if _INT.search(t) and isinstance(parse_action(t), ToolCallAction)
+        ]
+        spots = calls or [i for i, t in enumerate(turns) if _INT.search(t)]
+        if spots and rng.random() < corruption_rate:
+            i = rng.choice(spots)
+            turns[i] = _INT.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)
+        return turns
