@@ -226,3 +226,31 @@ def test_the_verifiers_v1_recipe_points_eval_at_the_gateway_and_reads_the_reward
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "traces.jsonl").write_text('{"reward": 0.5}\n')
     assert recipe.reward_of(tmp_path) == 0.5
+
+
+@needs_gem
+@needs_openenv
+def test_gem_and_openenv_mix_in_one_run() -> None:
+    cfg = EnvConfig(
+        kind="mix",
+        mix=[
+            {
+                "name": "guess",
+                "weight": 1,
+                "env": {"kind": "gem", "gem": {"game": "game:GuessTheNumber-v0-easy"}, "heldout_size": 4},
+            },
+            {
+                "name": "mcp",
+                "weight": 1,
+                "env": {
+                    "kind": "openenv",
+                    "openenv": {"path": "examples.openenv_guess:GuessNumberEnv"},
+                    "heldout_size": 4,
+                },
+            },
+        ],
+    )
+    report = check_environment(cfg, episodes=4, overlap_samples=50)
+    assert report.ok, report.render()
+    held = make_task_source(cfg).heldout()
+    assert len(held) == 8
