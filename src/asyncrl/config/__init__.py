@@ -29,7 +29,6 @@ from asyncrl.config.credit import (
     ValueModelConfig,
 )
 from asyncrl.config.env import (
-    ClassEnvConfig,
     ConstantLatencyConfig,
     DatasetConfig,
     EnvConfig,
@@ -43,6 +42,7 @@ from asyncrl.config.env import (
     ReasoningGymDatasetConfig,
     SandboxConfig,
 )
+from asyncrl.config.env_class import ClassEnvConfig
 from asyncrl.config.explain import explain
 from asyncrl.config.launch import (
     ExternalLauncherConfig,
