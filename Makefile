@@ -15,6 +15,24 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# asyncrl[games,openenv,verifiers]: their packages pin against asyncrl (GEM: msgspec==0.19.0), so
+	# they install without dependencies, with the import-time ones pinned here (none moves a pin above;
+	# tests/test_envs_ecosystem.py checks). docs/environments.md#gem
+	$(PY) -m pip install -q --no-deps gem-llm==0.1.0 textarena==0.7.4 openenv-core==0.3.0 verifiers==0.3.1
+	$(PY) -m pip install -q --no-deps aiofile==3.12.3 aiofiles==25.1.0 aiohappyeyeballs==2.7.1 \
+		 aiohttp==3.14.5 aiolimiter==1.3.0 aiosignal==1.4.0 anthropic==2.16.0 Authlib==1.9.10 \
+		 beartype==0.23.1 cachetools==8.0.2 caio==0.12.10 chess==1.11.2 cloudpickle==3.1.3 \
+		 connectrpc==0.11.1 cyclopts==5.5.2 datasets==5.2.0 dill==0.4.1 dnspython==2.9.2 \
+		 docstring_parser==0.18.0 email-validator==2.4.0 exceptiongroup==1.3.2 fastapi==0.165.0 \
+		 fastmcp==4.2.3 fastmcp-slim==4.2.3 frozenlist==1.8.0 gepa==0.1.4 httpcore==1.0.9 httpx==0.29.0 \
+		 joblib==1.6.0 joserfc==1.8.0 jsonref==1.1.0 jsonschema-path==0.5.0 loguru==0.7.3 multidict==7.2.1 \
+		 multiprocess==0.70.19 nltk==3.9.1 openai-harmony==0.0.8 openapi-pydantic==0.6.0 pandas==3.1.1 \
+		 pathable==0.6.0 platformdirs==4.14.9 prime-pydantic-config==0.4.3 prime-sandboxes==0.5.1 \
+		 prime-tunnel==0.1.15 propcache==0.5.4 protobuf-py==0.1.1 protobuf-py-ext==0.1.1 \
+		 py-key-value-aio==0.5.0 pyarrow==26.0.1 pydantic-settings==2.16.3 pyperclip==1.11.0 \
+		 pyqwest==0.12.0 python-dotenv==1.2.4 pyzmq==27.3.0 renderers==0.1.12 rich-rst==2.2.0 \
+		 setproctitle==1.3.8 tenacity==9.2.1 tiktoken==0.14.0 tomli_w==1.2.0 uncalled-for==0.6.2 \
+		 uvloop==0.23.0 watchfiles==1.3.0 xxhash==4.1.0 yarl==1.25.1
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from asyncrl.config.base import Section, kind_of
+from asyncrl.config.ecosystem import ECOSYSTEM_KINDS, GemConfig, OpenEnvConfig, VerifiersConfig
 from asyncrl.config.env_class import ClassEnvConfig
 
 
@@ -223,6 +224,9 @@ class EnvConfig(Section):
         "reasoning_gym",
         "dataset",
         "class",
+        "gem",
+        "openenv",
+        "verifiers",
         "plugin",
         "agent",
         "mix",
@@ -259,6 +263,12 @@ class EnvConfig(Section):
     """kind: reasoning_gym — the datasets, tools and reward (docs/environments.md#reasoning_gym)."""
     dataset: DatasetConfig | None = None
     """kind: dataset — the file, its fields, the scorer, tools and reward (docs/environments.md#dataset)."""
+    gem: GemConfig | None = None
+    """kind: gem — a GEM or TextArena game (docs/environments.md#gem)."""
+    openenv: OpenEnvConfig | None = None
+    """kind: openenv — an OpenEnv Environment class in process (docs/environments.md#openenv)."""
+    verifiers: VerifiersConfig | None = None
+    """kind: verifiers — a verifiers v0 environment in process (docs/environments.md#verifiers)."""
     mix: list[MixMemberConfig] | None = None
     """kind: mix — several environments in one run, each with a name, a weight and its own env config
     (docs/environments.md#mix)."""
@@ -283,6 +293,14 @@ class EnvConfig(Section):
                 )
                 raise ValueError(
                     f"env.kind {kind!r} needs the env.{kind} section, e.g. env.{kind}: {{{example}}}"
+                )
+            if self.kind != kind and given is not None:
+                raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
+        for kind in ECOSYSTEM_KINDS:
+            given = getattr(self, kind)
+            if self.kind == kind and given is None:
+                raise ValueError(
+                    f"env.kind {kind!r} needs the env.{kind} section (docs/environments.md#{kind})"
                 )
             if self.kind != kind and given is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")

@@ -26,12 +26,15 @@ from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.envs.class_env import ClassEnv
 from asyncrl.envs.dataset_env import DatasetEnv
+from asyncrl.envs.gem_env import GemEnv
 from asyncrl.envs.imports import EnvPluginError, import_object
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.mix import MixEnv, MixTaskSource, mix_members
+from asyncrl.envs.openenv_env import OpenEnvEnv
 from asyncrl.envs.python_env import PythonEnv
 from asyncrl.envs.reasoning_gym_env import ReasoningGymEnv
 from asyncrl.envs.strings import StringsEnv
+from asyncrl.envs.verifiers_env import VerifiersEnv
 from asyncrl.envs.wrappers import AnswerCostWrapper, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.errors import UserError
 from asyncrl.records import Task
@@ -58,6 +61,9 @@ BUILTIN_ENVS: dict[str, type[Any]] = {
     "reasoning_gym": ReasoningGymEnv,
     "dataset": DatasetEnv,
     "class": ClassEnv,
+    "gem": GemEnv,
+    "openenv": OpenEnvEnv,
+    "verifiers": VerifiersEnv,
 }
 
 
