@@ -22,6 +22,7 @@ from typing import Any
 
 from asyncrl.gateway.protocol import Message, ToolDef
 from asyncrl.policy.chat import Renderer, TextRenderer
+from asyncrl.policy.messages import Message as ChatMessage
 
 
 def _arguments(raw: str) -> Any:
@@ -58,11 +59,11 @@ class MessageRenderer:
         self.text = isinstance(renderer, TextRenderer)
 
     # -- prompts ---------------------------------------------------------------------------------
-    def message(self, m: Message) -> dict[str, Any]:
+    def message(self, m: Message) -> ChatMessage:
         """One OpenAI message as a renderer message."""
         if m.role == "tool":
             return self.renderer.observation_message(m.text(), m.tool_call_id)
-        out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        out: ChatMessage = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.tool_calls:
             out["tool_calls"] = [
                 {
@@ -77,7 +78,7 @@ class MessageRenderer:
             out["reasoning_content"] = reasoning
         return out
 
-    def messages(self, msgs: list[Message]) -> list[dict[str, Any]]:
+    def messages(self, msgs: list[Message]) -> list[ChatMessage]:
         return [self.message(m) for m in msgs]
 
     @staticmethod
