@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from asyncrl import config as C
 from asyncrl.cli.parser import EXIT_USER_ERROR
+from asyncrl.config import CostAssumptionsConfig, load_config
 from asyncrl.credit.inspect import credit_fragment, render_terminal
 from asyncrl.errors import UserError
 from asyncrl.telemetry.report import write_report
@@ -16,8 +20,6 @@ from asyncrl.trainer.replay import replay
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from asyncrl import config as C
-
     if args.config_command == "show":
         cfg = C.load_config(args.config, args.overrides)
         sys.stdout.write(C.dump_yaml(cfg))
@@ -32,8 +34,6 @@ def _explain(section: str | None) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-
-    from asyncrl import config as C
 
     rows = C.explain(C.RunConfig)
     if section:
@@ -114,9 +114,6 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 def _model_info(args: argparse.Namespace) -> int:
     """The directory's numbers, then the preflight ``train`` runs: its plan, or its one-line error."""
-    import json
-
-    from asyncrl.config import load_config
     from asyncrl.policy.hub import model_info
     from asyncrl.policy.preflight import preflight_model
 
@@ -156,17 +153,12 @@ def _print_model_info(report: dict[str, Any], tokens: int) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     path = write_report(Path(args.run), Path(args.out) if args.out else None, credit_view=credit_fragment)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
     if args.steps is not None and args.steps < 1:
         raise UserError("--steps must be at least 1")
     result = replay(Path(args.run), steps=args.steps, save=args.save)
@@ -184,9 +176,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
     from asyncrl.telemetry.experiment import compare_runs, list_runs, render_compare, render_list
 
     if args.runs_command == "list":
@@ -204,10 +193,6 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from asyncrl.config import CostAssumptionsConfig, load_config
     from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
     from asyncrl.cost.report import cost_report, render_estimate, render_report
 
@@ -255,9 +240,6 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 
 def _cmd_credit(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
     if args.credit_command == "show":
         if args.n < 1:
             raise UserError("--n must be >= 1")

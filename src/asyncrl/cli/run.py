@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from asyncrl.cli.parser import EXIT_USER_ERROR
+from asyncrl.config import load_config
 from asyncrl.credit.inspect import credit_fragment
 from asyncrl.telemetry.report import write_report
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from asyncrl.config import load_config
     from asyncrl.trainer.sft import warm_start
 
     cfg = load_config(args.config, args.overrides)
@@ -27,9 +29,6 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    import json
-
-    from asyncrl.config import load_config
     from asyncrl.rollout.heldout import evaluate_checkpoint, render_eval
 
     cfg = load_config(args.config, args.overrides)
@@ -42,9 +41,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    import json
-
-    from asyncrl.config import load_config
     from asyncrl.jobs.train import train
 
     if args.config is None and args.resume is None:
@@ -58,9 +54,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_role(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from asyncrl.config import load_config
     from asyncrl.service import EXIT_ORPHANED, Orphaned, run_role, summary_line
 
     cfg = load_config(args.config, args.overrides)
@@ -75,8 +68,6 @@ def _cmd_role(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import json
-
     from asyncrl.orchestrator.runctl import run_status
 
     st = run_status(args.run)
@@ -96,12 +87,9 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from rich.console import Console
     from rich.table import Table
 
-    from asyncrl.config import load_config
     from asyncrl.jobs.train import train
 
     path = args.config or str(Path("configs") / "demo.yaml")
