@@ -48,11 +48,19 @@ string) gets it as the first token of the next delta, outside the loss mask.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.policy.messages import CallFunction, Message
-from asyncrl.policy.renderer import AssistantTurn, ChatTemplateError, Conversation, Renderer, TextRenderer
-from asyncrl.policy.template_probe import end_ids_of
+from asyncrl.policy.renderer import (
+    AssistantTurn,
+    ChatTemplateError,
+    Conversation,
+    Renderer,
+    TextRenderer,
+    call_id_of,
+    opening,
+)
+from asyncrl.policy.template_probe import PROBE_TOOLS, TemplateRenderer, end_ids_of
 from asyncrl.policy.toolcalls import detect_format, make_format
 
 if TYPE_CHECKING:
@@ -85,15 +93,6 @@ Spans = tuple[str, list[tuple[int, int]]]
 
 def _mark(i: int) -> str:
     return f"\ue000{i}\ue001"
-
-
-def _probe_tools() -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {"name": "zq_probe_tool", "description": "d", "parameters": {"type": "object"}},
-        }
-    ]
 
 
 def _between(literals: list[str], text: str) -> list[str] | None:
@@ -131,6 +130,7 @@ class HFChatRenderer(Renderer):
         name: str = "the model",
     ) -> None:
         self.tokenizer = tokenizer
+        self._render = TemplateRenderer(tokenizer)
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise ChatTemplateError(
@@ -179,16 +179,10 @@ class HFChatRenderer(Renderer):
 
     # -- probing the template --------------------------------------------------------------------
     def _apply(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> str:
-        try:
-            out = self.tokenizer.apply_chat_template(
-                cast("list[dict[str, str]]", messages),  # transformers' annotation; any JSON works
-                tools=list(tools) if tools is not None else None,
-                tokenize=False,
-                add_generation_prompt=gen,
-            )
-        except Exception as exc:  # jinja raises for chats a template refuses (e.g. a role it lacks)
-            raise ChatTemplateError(f"the chat template cannot render this chat ({exc})") from None
-        return str(out)
+        out, error = self._render(messages, gen=gen, tools=tools)
+        if out is None:  # jinja raises for chats a template refuses (e.g. a role it lacks)
+            raise ChatTemplateError(f"the chat template cannot render this chat ({error})")
+        return out
 
     def _accepts(self, messages: list[Message]) -> bool:
         try:
@@ -199,7 +193,7 @@ class HFChatRenderer(Renderer):
 
     def _renders_tools(self) -> bool:
         try:
-            return "zq_probe_tool" in self._apply([{"role": "user", "content": "x"}], _probe_tools(), True)
+            return "zq_probe_tool" in self._apply([{"role": "user", "content": "x"}], PROBE_TOOLS, True)
         except ChatTemplateError:
             return False
 
@@ -254,11 +248,11 @@ class HFChatRenderer(Renderer):
         reasoning, a tool call and an observation when the template has them)."""
         for reasoning in (False, True) if self.thinks else (False,):
             for calls in (False, True) if self.native_calls else (False,):
-                history = [*self._opening("s", "u"), self._probe_assistant(0, reasoning, calls)]
+                history = [*opening("s", "u"), self._probe_assistant(0, reasoning, calls)]
                 try:
                     for k in range(1, 3):
-                        new = [self.observation_message("o", self._call_id_of(history[-1]))]
-                        if self.bridge([], [], history, new, _probe_tools()) is None:
+                        new = [self.observation_message("o", call_id_of(history[-1]))]
+                        if self.bridge([], [], history, new, PROBE_TOOLS) is None:
                             return False
                         history = [*history, *new, self._probe_assistant(k, reasoning, calls)]
                 except ChatTemplateError:
@@ -278,15 +272,6 @@ class HFChatRenderer(Renderer):
                 }
             ]
         return m
-
-    @staticmethod
-    def _call_id_of(m: Message) -> str | None:
-        calls = m.get("tool_calls") or []
-        return str(calls[0]["id"]) if calls else None
-
-    def _opening(self, system: str | None, user: str) -> list[Message]:
-        head: list[Message] = [{"role": "system", "content": system}] if system is not None else []
-        return [*head, {"role": "user", "content": user}]
 
     # -- messages as the template takes them ------------------------------------------------------
     def system_text(self, tools: list[Tool]) -> str | None:
@@ -452,13 +437,10 @@ class HFChatRenderer(Renderer):
         full, spans = self._spans([*history, *new], tools, True)
         if close < 0 or not full.startswith(base[:end]):
             return None
-        closed = self.closes_turn(completion_ids) if completion_ids else self._closed_in(prompt_ids)
+        closed = self.closes_turn(completion_ids or prompt_ids)
         cut = end if closed else close
         delta = self._encode(full[cut:], [(lo - cut, hi - cut) for lo, hi in spans if hi > cut])
         return [*prompt_ids, *completion_ids, *delta]
-
-    def _closed_in(self, ids: list[int]) -> bool:
-        return bool(ids) and ids[-1] == self.stop_token_ids[0]
 
     def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
         gen = bool(messages) and messages[-1]["role"] != "assistant"

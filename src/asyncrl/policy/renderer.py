@@ -26,6 +26,18 @@ _CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
 """A call id every template accepts (Mistral's refuses any other)."""
 
 
+def opening(system: str | None, user: str) -> list[Message]:
+    """A chat's opening: the system message (when there is one) and the user's."""
+    head: list[Message] = [{"role": "system", "content": system}] if system is not None else []
+    return [*head, {"role": "user", "content": user}]
+
+
+def call_id_of(m: Message) -> str | None:
+    """The id of a message's (first) tool call; ``None`` when it has none."""
+    calls = m.get("tool_calls")
+    return str(calls[0]["id"]) if calls else None
+
+
 class ChatTemplateError(UserError, ValueError):
     """A tokenizer or chat template asyncrl cannot render episodes with; the message names the fix."""
 
@@ -142,8 +154,7 @@ class Renderer(ABC):
 
     def assistant_message(self, turn: AssistantTurn) -> Message:
         """A parsed turn as the assistant message a client would send back."""
-        m: Message = {"role": "assistant", "content": turn.text}
-        return m
+        return {"role": "assistant", "content": turn.text}
 
     @abstractmethod
     def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -155,11 +166,8 @@ class Renderer(ABC):
 
     def start(self, prompt: str, tools: list[Tool]) -> Conversation:
         """The opening of an episode: (system and) user message, then the assistant header."""
-        system = self.system_text(tools)
-        messages: list[Message] = [{"role": "system", "content": system}] if system is not None else []
-        messages.append({"role": "user", "content": prompt})
-        conv = Conversation(messages, [], list(tools))
-        conv.ids = self.render(messages, conv.schemas or None)
+        conv = Conversation(opening(self.system_text(tools), prompt), [], list(tools))
+        conv.ids = self.render(conv.messages, conv.schemas or None)
         return conv
 
     def add_model_turn(self, conv: Conversation, ids: list[int]) -> str:
@@ -198,8 +206,7 @@ class Renderer(ABC):
         return self.render([*conv.messages, msg], conv.schemas or None)
 
     def _last_call_id(self, conv: Conversation) -> str | None:
-        calls = conv.messages[-1].get("tool_calls") if conv.messages else None
-        return str(calls[0]["id"]) if calls else None
+        return call_id_of(conv.messages[-1]) if conv.messages else None
 
     def retokenization_diff(self, conv: Conversation) -> int:
         return count_differences(conv.ids, self.reference_ids(conv.messages, conv.schemas or None))
