@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from asyncrl.gateway.protocol import Message, ToolDef
 from asyncrl.policy.chat import Renderer, TextRenderer
 from asyncrl.policy.messages import Message as ChatMessage
+from asyncrl.policy.messages import ToolSchema
 
 
 def _arguments(raw: str) -> Any:
@@ -82,8 +83,8 @@ class MessageRenderer:
         return [self.message(m) for m in msgs]
 
     @staticmethod
-    def schemas(tools: list[ToolDef]) -> list[dict[str, Any]] | None:
-        return [t.model_dump(exclude_none=True) for t in tools] or None
+    def schemas(tools: list[ToolDef]) -> list[ToolSchema] | None:
+        return [cast("ToolSchema", t.model_dump(exclude_none=True)) for t in tools] or None
 
     def render(self, messages: list[Message], tools: list[ToolDef]) -> list[int]:
         """The whole chat with the assistant header (a first call, or one that does not extend)."""

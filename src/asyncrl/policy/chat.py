@@ -48,9 +48,9 @@ string) gets it as the first token of the next delta, outside the loss mask.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from asyncrl.policy.messages import CallFunction, Message
+from asyncrl.policy.messages import CallFunction, Message, ToolSchema
 from asyncrl.policy.renderer import (
     AssistantTurn,
     ChatTemplateError,
@@ -178,7 +178,7 @@ class HFChatRenderer(Renderer):
         self.prefix_stable = stable
 
     # -- probing the template --------------------------------------------------------------------
-    def _apply(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+    def _apply(self, messages: list[Message], tools: list[ToolSchema] | None, gen: bool) -> str:
         out, error = self._render(messages, gen=gen, tools=tools)
         if out is None:  # jinja raises for chats a template refuses (e.g. a role it lacks)
             raise ChatTemplateError(f"the chat template cannot render this chat ({error})")
@@ -313,9 +313,7 @@ class HFChatRenderer(Renderer):
             m["reasoning_content"] = turn.reasoning
         return m
 
-    def _template_messages(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None
-    ) -> list[Message]:
+    def _template_messages(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[Message]:
         """Messages as this template takes them: the tools prompt in the system message (templates
         that cannot list tools), observations in the user role when the template has no tool role,
         the system text folded into the first user turn (systemless templates), consecutive user
@@ -366,11 +364,11 @@ class HFChatRenderer(Renderer):
             )
         return "\n".join([str(m.get("content") or ""), *calls]).strip()
 
-    def _schemas(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def _schemas(self, tools: list[ToolSchema] | None) -> list[ToolSchema] | None:
         return tools if tools and self.native_tools else None
 
     # -- rendering: template text with the contents' spans ---------------------------------------
-    def _spans(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> Spans:
+    def _spans(self, messages: list[Message], tools: list[ToolSchema] | None, gen: bool) -> Spans:
         """The template's real rendering of ``messages`` and where each message content lies in it.
 
         The chat is rendered twice: with sentinels for contents (to find the template's own text)
@@ -420,7 +418,7 @@ class HFChatRenderer(Renderer):
             ids += self.encode_content(text[pos:])
         return [int(i) for i in ids]
 
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         return self._encode(*self._spans(messages, tools, True))
 
     def bridge(
@@ -429,7 +427,7 @@ class HFChatRenderer(Renderer):
         completion_ids: list[int],
         history: list[Message],
         new: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[ToolSchema] | None,
     ) -> list[int] | None:
         base = self._apply(self._template_messages(history, tools), self._schemas(tools), False)
         close = base.rfind(self.eot_text)  # the end of the sampled turn (a finished chat may add
@@ -442,13 +440,13 @@ class HFChatRenderer(Renderer):
         delta = self._encode(full[cut:], [(lo - cut, hi - cut) for lo, hi in spans if hi > cut])
         return [*prompt_ids, *completion_ids, *delta]
 
-    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def reference_ids(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         gen = bool(messages) and messages[-1]["role"] != "assistant"
         text = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def splice(
-        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[ToolSchema] | None
     ) -> list[int] | None:
         """The whole chat with each sampled turn's ids spliced in where the template puts an
         assistant message's content; ``None`` when a turn's place cannot be found."""

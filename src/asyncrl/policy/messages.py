@@ -17,6 +17,20 @@ class ToolCall(TypedDict):
     function: CallFunction
 
 
+class FunctionSchema(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[dict[str, Any]]
+    """A JSON schema of the arguments."""
+
+
+class ToolSchema(TypedDict):
+    """An OpenAI-style tool: what chat templates take as ``tools=``."""
+
+    type: str
+    function: FunctionSchema
+
+
 class Message(TypedDict):
     """``system``/``user``/``assistant`` (with ``tool_calls`` and ``reasoning_content``)/``tool``
     (with ``tool_call_id``); ``developer`` is taken as ``system``."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.errors import UserError
 from asyncrl.policy.exactness import count_differences
-from asyncrl.policy.messages import Message
+from asyncrl.policy.messages import Message, ToolSchema
 from asyncrl.policy.toolcalls import ToolCallFormat, make_format, tool_schema
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class Conversation:
     """Each model turn's sampled ids, as sampled."""
 
     @property
-    def schemas(self) -> list[dict[str, Any]]:
+    def schemas(self) -> list[ToolSchema]:
         return [tool_schema(t) for t in self.tools]
 
 
@@ -97,7 +97,7 @@ class Renderer(ABC):
 
     # -- the protocol --------------------------------------------------------------------------
     @abstractmethod
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         """``messages`` rendered with the next assistant header (ready to sample)."""
 
     @abstractmethod
@@ -107,7 +107,7 @@ class Renderer(ABC):
         completion_ids: list[int],
         history: list[Message],
         new: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[ToolSchema] | None,
     ) -> list[int] | None:
         """The next prompt: ``prompt_ids + completion_ids`` + the delta of ``new`` after
         ``history`` (which ends with the sampled assistant turn); ``None`` if not prefix-stable."""
@@ -132,7 +132,7 @@ class Renderer(ABC):
         """``(reasoning, the rest)``; no reasoning for templates without a reasoning block."""
         return None, text
 
-    def tool_prompt(self, tools: list[dict[str, Any]]) -> str:
+    def tool_prompt(self, tools: list[ToolSchema]) -> str:
         """The one tools system prompt, for templates that cannot list tools themselves."""
         listing = "\n".join(json.dumps(t) for t in tools)
         return (
@@ -157,7 +157,7 @@ class Renderer(ABC):
         return {"role": "assistant", "content": turn.text}
 
     @abstractmethod
-    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def reference_ids(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         """The whole chat rendered as text and tokenised anew (what a re-tokenising framework trains)."""
 
     # -- episodes: the protocol applied to an environment's chat ---------------------------------
@@ -212,7 +212,7 @@ class Renderer(ABC):
         return count_differences(conv.ids, self.reference_ids(conv.messages, conv.schemas or None))
 
     def splice(
-        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[ToolSchema] | None
     ) -> list[int] | None:
         """The whole chat rendered at once with each assistant message replaced by the *sampled
         ids* of its turn (``turn_ids``, in order; its text never re-encoded); ``None`` if the
@@ -224,7 +224,7 @@ class Renderer(ABC):
         ids: list[int],
         messages: list[Message],
         turn_ids: list[list[int]],
-        tools: list[dict[str, Any]] | None,
+        tools: list[ToolSchema] | None,
     ) -> int | None:
         """Tokens where ``ids`` (sampled turns + rendered deltas) disagree with :meth:`splice` of
         the same chat: 0 means the deltas are exactly what the template renders. ``None`` when that
@@ -332,7 +332,7 @@ class TextRenderer(Renderer):
                 out += self.encode_content(self.fmt.write_call(fn["name"], args))
         return out
 
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         return [self.bos, *self._messages(messages)]
 
     def bridge(
@@ -341,7 +341,7 @@ class TextRenderer(Renderer):
         completion_ids: list[int],
         history: list[Message],
         new: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[ToolSchema] | None,
     ) -> list[int]:
         return [*prompt_ids, *completion_ids, *self._messages(new)]
 
@@ -354,11 +354,11 @@ class TextRenderer(Renderer):
     def closes_turn(self, ids: list[int]) -> bool:
         return bool(ids) and ids[-1] in self.stop_token_ids
 
-    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def reference_ids(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         return self.render(messages, tools)
 
     def splice(
-        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[ToolSchema] | None
     ) -> list[int] | None:
         out, turns = [self.bos], iter(turn_ids)
         for m in messages:

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from asyncrl.policy.messages import Message
+from asyncrl.policy.messages import Message, ToolSchema
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -92,12 +92,12 @@ class TemplateRenderer:
         self.tokenizer = tokenizer
 
     def __call__(
-        self, messages: list[Message], *, gen: bool = False, tools: list[dict[str, Any]] | None = None
+        self, messages: list[Message], *, gen: bool = False, tools: list[ToolSchema] | None = None
     ) -> tuple[str | None, str | None]:
         try:
             out = self.tokenizer.apply_chat_template(
                 cast("list[dict[str, str]]", messages),  # transformers' annotation; any JSON works
-                tools=list(tools) if tools is not None else None,
+                tools=[dict(t) for t in tools] if tools is not None else None,
                 tokenize=False,
                 add_generation_prompt=gen,
             )
@@ -177,7 +177,7 @@ def _turn_end(
     return None, None, None
 
 
-PROBE_TOOLS = [
+PROBE_TOOLS: list[ToolSchema] = [
     {
         "type": "function",
         "function": {"name": _PROBE_TOOL, "description": "d", "parameters": {"type": "object"}},

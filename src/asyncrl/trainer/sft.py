@@ -111,7 +111,7 @@ async def _play(
     episode runner renders them; return the samples as (token ids, loss mask): one for the
     episode (``multi_turn: bridge``), or one per turn (``per_turn``: the template's own rendering
     of the chat so far + the turn)."""
-    tools = list(getattr(env, "tools", None) or [])
+    tools = list(env.tools)
     conv = renderer.start(await env.reset(task), tools)
     prompt = list(conv.ids)
     ids, mask = list(prompt), [0] * len(prompt)
