@@ -70,17 +70,7 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
     from asyncrl.policy.model import Policy
 
-__all__ = [
-    "ChatTemplateError",
-    "Conversation",
-    "HFChatRenderer",
-    "Message",
-    "Renderer",
-    "TextRenderer",
-    "chat_renderer",
-    "eos_ids",
-    "make_renderer",
-]
+__all__ = ["ChatTemplateError", "Conversation", "Message", "Renderer", "TextRenderer"]  # re-exported
 ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer> and nothing else."
 
 

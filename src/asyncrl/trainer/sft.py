@@ -21,6 +21,7 @@ an edited environment does not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import json
@@ -244,14 +245,6 @@ def train_sft(
     return losses
 
 
-class _NoProgress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 class _PlainProgress:
     """``--no-display``: one plain line every ``every_s`` seconds (and at the end), for logs and CI."""
 
@@ -280,7 +273,7 @@ def _progress(enabled: bool | float, total: int) -> Any:
     if enabled is not True and enabled:
         return _PlainProgress(float(enabled))
     if not enabled:
-        return _NoProgress()
+        return contextlib.nullcontext()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
