@@ -175,17 +175,11 @@ class HFChatRenderer(Renderer):
         return out
 
     def _accepts(self, messages: list[Message]) -> bool:
-        try:
-            self._apply(messages, None, True)
-        except ChatTemplateError:
-            return False
-        return True
+        return self._render(messages, gen=True)[0] is not None
 
     def _renders_tools(self) -> bool:
-        try:
-            return "zq_probe_tool" in self._apply([{"role": "user", "content": "x"}], PROBE_TOOLS, True)
-        except ChatTemplateError:
-            return False
+        text, _ = self._render([{"role": "user", "content": "x"}], gen=True, tools=PROBE_TOOLS)
+        return text is not None and "zq_probe_tool" in text
 
     def _probe_call(self) -> Message:
         call: CallFunction = {"name": "zq_probe_call", "arguments": {"a": 1}}
@@ -196,11 +190,8 @@ class HFChatRenderer(Renderer):
         }
 
     def _renders_calls(self) -> bool:
-        try:
-            text = self._apply([{"role": "user", "content": "x"}, self._probe_call()], None, False)
-        except ChatTemplateError:
-            return False
-        return "zq_probe_call" in text
+        text, _ = self._render([{"role": "user", "content": "x"}, self._probe_call()])
+        return text is not None and "zq_probe_call" in text
 
     def _check_call_format(self, tool_format: str) -> None:
         """A template that writes tool calls must write them in the format asyncrl reads."""
