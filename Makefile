@@ -94,9 +94,9 @@ test-long: $(STAMP)
 MUTANTS_JOBS ?= 1
 MUTANTS ?= 'asyncrl.algo.*' 'asyncrl.staleness.*' 'asyncrl.credit.outcome.*' 'asyncrl.credit.tree.*' \
   'asyncrl.credit.assign.*' $(foreach m,_try_put get_batch _lease ack dead_letters,'asyncrl.transport.embedded.xǁEmbeddedQueueǁ$(m)__mutmut_*') \
-  $(foreach f,x_count_differences x_engine_diff x__mark x__between xǁRendererǁobservation xǁRendererǁadd_observation \
-  xǁRendererǁrender_diff xǁTextRendererǁbridge xǁTextRendererǁspliced_ids xǁHFChatRendererǁ_spans \
-  xǁHFChatRendererǁ_encode xǁHFChatRendererǁbridge xǁHFChatRendererǁ_closed_in xǁHFChatRendererǁspliced_ids,'asyncrl.policy.chat.$(f)__mutmut_*')
+  $(foreach f,x__mark x__between xǁHFChatRendererǁ_spans xǁHFChatRendererǁ_encode xǁHFChatRendererǁbridge \
+  xǁHFChatRendererǁsplice,'asyncrl.policy.chat.$(f)__mutmut_*') $(foreach f,xǁRendererǁobservation \
+  xǁRendererǁadd_observation xǁRendererǁrender_diff xǁTextRendererǁbridge xǁTextRendererǁsplice,'asyncrl.policy.renderer.$(f)__mutmut_*')
 mutants: $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,mutants]'
 	mkdir -p mutants && ln -sfn ../.cache mutants/.cache  # the imported SmolLM2 tokenizer, not a second copy

@@ -8,7 +8,14 @@
   top-level imports) import one of those libraries: the ones that should move to the top;
 - ``functions_over_80_lines``: functions whose ``def`` to last line spans more than 80 lines;
 - ``metric_name_reads_outside_telemetry``: subscripts or ``.get(...)`` calls whose key is a string
-  literal shaped ``"namespace/name"`` outside ``telemetry/`` (reads of metric names).
+  literal shaped ``"namespace/name"`` outside ``telemetry/`` (reads of metric names);
+- ``modules_over_800_lines`` / ``classes_over_400_lines``: the size limits of CONVENTIONS;
+- ``any_uses``: every use of ``Any`` in code (annotations included, imports not);
+- ``dict_str_any``: every ``dict[str, Any]`` (``Dict``/``Mapping``/``MutableMapping`` too);
+- ``getattr_hasattr``: calls of ``getattr`` / ``hasattr``;
+- ``src_lines``: lines of every module (a number, no findings);
+- ``duplicate_pairs``: the pairs the ``duplicates`` command (the tool library's, when on PATH)
+  reports for the tree; ``null`` where the command is not there.
 
 Usage: ``python bench/house_counts.py [--root src/asyncrl] [--list]``.
 """
@@ -19,6 +26,8 @@ import argparse
 import ast
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 METRIC_KEY = re.compile(r"^[a-z_]+/[a-z0-9_./]+$")
@@ -110,12 +119,20 @@ def count(root: Path) -> dict[str, list[str]]:
         "function_level_own_imports_not_deferring_heavy": [],
         "functions_over_80_lines": [],
         "metric_name_reads_outside_telemetry": [],
+        "modules_over_800_lines": [],
+        "classes_over_400_lines": [],
+        "any_uses": [],
+        "dict_str_any": [],
+        "getattr_hasattr": [],
     }
     heavy = heavy_modules(root)
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).as_posix()
         module = _module_name(root, path)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        if (lines := len(text.splitlines())) > 800:
+            found["modules_over_800_lines"].append(f"{rel} ({lines} lines)")
         in_telemetry = "/telemetry/" in f"/{path.relative_to(root).as_posix()}"
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -123,7 +140,53 @@ def count(root: Path) -> dict[str, list[str]]:
                 _deferred_imports(node, rel, module, path.name == "__init__.py", heavy, found)
             elif not in_telemetry and (key := _metric_key(node)) is not None:
                 found["metric_name_reads_outside_telemetry"].append(f"{rel}:{node.lineno} {key}")
+            _typing_counts(node, rel, found)
     return found
+
+
+DICT_ANY = {f"{d}[str, Any]" for d in ("dict", "Dict", "Mapping", "MutableMapping")}
+
+
+def _typing_counts(node: ast.AST, rel: str, found: dict[str, list[str]]) -> None:
+    if isinstance(node, ast.ClassDef):
+        span = (node.end_lineno or node.lineno) - node.lineno + 1
+        if span > 400:
+            found["classes_over_400_lines"].append(f"{rel}:{node.lineno} {node.name} ({span} lines)")
+    elif (isinstance(node, ast.Name) and node.id == "Any") or (
+        isinstance(node, ast.Attribute) and node.attr == "Any"
+    ):
+        found["any_uses"].append(f"{rel}:{node.lineno}")
+    elif isinstance(node, ast.Subscript) and ast.unparse(node).replace("typing.", "") in DICT_ANY:
+        found["dict_str_any"].append(f"{rel}:{node.lineno}")
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        # string annotations ("dict[str, Any]") are not parsed: count them by their text
+        hits = sum(node.value.replace("typing.", "").count(d) for d in DICT_ANY)
+        found["dict_str_any"].extend([f"{rel}:{node.lineno} (in a string)"] * hits)
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+    ):
+        found["getattr_hasattr"].append(f"{rel}:{node.lineno} {node.func.id}")
+
+
+def src_lines(root: Path) -> int:
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in root.rglob("*.py"))
+
+
+def duplicate_pairs(root: Path) -> int | None:
+    """The pair count of the ``duplicates`` command over ``root``; None where it is absent."""
+    tool = shutil.which("duplicates")
+    if tool is None:
+        return None
+    out = subprocess.run(
+        [tool, "--repo", str(root), "--seconds", "120"], capture_output=True, text=True, check=False
+    ).stdout
+    first = out.splitlines()[0] if out else ""
+    if first.startswith("no duplicates"):
+        return 0
+    match = re.match(r"(\d+) pairs? ", first)
+    return int(match.group(1)) if match else None
 
 
 def _function_counts(
@@ -176,6 +239,8 @@ def main() -> None:
     args = parser.parse_args()
     found = count(Path(args.root))
     out: dict[str, object] = {name: len(items) for name, items in found.items()}
+    out["src_lines"] = src_lines(Path(args.root))
+    out["duplicate_pairs"] = duplicate_pairs(Path(args.root))
     if args.list:
         out["findings"] = found
     print(json.dumps(out, indent=2))

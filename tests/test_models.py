@@ -25,7 +25,8 @@ from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import Tool, make_env
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.errors import UserError
-from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, TextRenderer, count_differences, eos_ids
+from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, TextRenderer, eos_ids
+from asyncrl.policy.exactness import count_differences
 from asyncrl.policy.toolcalls import make_format
 from asyncrl.records import SamplingParams
 from asyncrl.rollout.episode import EpisodeSettings, run_episode

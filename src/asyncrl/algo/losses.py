@@ -275,7 +275,16 @@ def _check_policy_inputs(
     prox_logp: torch.Tensor | None,
     age: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The ``Raises`` of :func:`policy_loss`; returns ``advantages`` broadcast to ``[B, T]``."""
+    """:func:`policy_loss`'s inputs checked; returns ``advantages`` broadcast to ``[B, T]``.
+
+    Shapes: ``logp`` (requires grad), ``behaviour_logp``, ``mask``, ``prox_logp``: ``[B, T]``;
+    ``advantages``: ``[B, T]`` or ``[B]`` (broadcast over tokens); ``age``: ``[B, T]`` or ``[B]``.
+
+    Raises:
+        ValueError: unknown ``cfg.kind``/``cfg.agg``, ``decoupled_ppo`` without ``prox_logp``,
+            any shape mismatch, or a negative ``age``.
+        TypeError: ``cfg`` is not a :class:`PolicyLossConfig`.
+    """
     if not isinstance(cfg, PolicyLossConfig):
         raise TypeError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
     if cfg.kind not in POLICY_LOSS_KINDS:
@@ -323,7 +332,17 @@ def _policy_metrics(
     w: torch.Tensor,
     age_t: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """The metrics :func:`policy_loss` documents, as 0-d tensors (one host sync later)."""
+    """:func:`policy_loss`'s metrics as 0-d tensors (one host sync later, as python floats):
+    ``loss/policy``; ``policy/clip_frac`` (fraction of kept tokens whose
+    clipped quantity — r for the PPO kinds, the IS weight for tis/cispo — was outside its bounds;
+    0 for reinforce), ``policy/clip_frac_active`` (fraction where clipping changed the loss value,
+    i.e. verl's ``pg_clipfrac``; equal to ``clip_frac`` for tis/cispo), ``policy/dual_clip_frac``,
+    ``policy/ratio_mean``/``ratio_max``/``ratio_min`` (ρ = π_θ/μ over valid tokens),
+    ``policy/is_weight_mean`` (mean detached IS weight; 1 for ppo_clip/reinforce),
+    ``kl/behaviour_k3`` (:func:`approx_kl`, i.e. k3 estimate of KL(μ ‖ π_θ)), ``kl/prox_k3`` (decoupled_ppo only),
+    ``policy/staleness_weight_mean``, ``policy/age_mean``, ``policy/masked_frac`` (fraction of
+    valid tokens removed by the divergence filter) and ``policy/tokens`` (tokens in the loss).
+    """
     zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
     one = torch.ones((), dtype=lp.dtype, device=lp.device)
     n_valid = m.sum()
@@ -402,23 +421,7 @@ def policy_loss(
         5. Aggregation over the remaining tokens with ``cfg.agg`` (see :func:`aggregate_loss`;
            an all-zero mask gives loss 0 with zero gradient).
 
-    Shapes: ``logp`` (requires grad), ``behaviour_logp``, ``mask``, ``prox_logp``: ``[B, T]``;
-    ``advantages``: ``[B, T]`` or ``[B]`` (broadcast over tokens); ``age``: ``[B, T]`` or ``[B]``.
-
-    Metrics (python floats): ``loss/policy``; ``policy/clip_frac`` (fraction of kept tokens whose
-    clipped quantity — r for the PPO kinds, the IS weight for tis/cispo — was outside its bounds;
-    0 for reinforce), ``policy/clip_frac_active`` (fraction where clipping changed the loss value,
-    i.e. verl's ``pg_clipfrac``; equal to ``clip_frac`` for tis/cispo), ``policy/dual_clip_frac``,
-    ``policy/ratio_mean``/``ratio_max``/``ratio_min`` (ρ = π_θ/μ over valid tokens),
-    ``policy/is_weight_mean`` (mean detached IS weight; 1 for ppo_clip/reinforce),
-    ``kl/behaviour_k3`` (:func:`approx_kl`, i.e. k3 estimate of KL(μ ‖ π_θ)), ``kl/prox_k3`` (decoupled_ppo only),
-    ``policy/staleness_weight_mean``, ``policy/age_mean``, ``policy/masked_frac`` (fraction of
-    valid tokens removed by the divergence filter) and ``policy/tokens`` (tokens in the loss).
-
-    Raises:
-        ValueError: unknown ``cfg.kind``/``cfg.agg``, ``decoupled_ppo`` without ``prox_logp``,
-            any shape mismatch, or a negative ``age``.
-        TypeError: ``cfg`` is not a :class:`PolicyLossConfig`.
+    Shapes, errors: :func:`_check_policy_inputs`; metrics: :func:`_policy_metrics`.
     """
     advantages = _check_policy_inputs(logp, behaviour_logp, advantages, mask, cfg, prox_logp, age)
     m = _as_mask(mask, logp.shape)

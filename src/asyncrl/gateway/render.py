@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from asyncrl.gateway.protocol import Message, ToolDef
 from asyncrl.policy.chat import Renderer, TextRenderer
+from asyncrl.policy.messages import Message as ChatMessage
+from asyncrl.policy.messages import ToolSchema
 
 
 def _arguments(raw: str) -> Any:
@@ -58,11 +60,11 @@ class MessageRenderer:
         self.text = isinstance(renderer, TextRenderer)
 
     # -- prompts ---------------------------------------------------------------------------------
-    def message(self, m: Message) -> dict[str, Any]:
+    def message(self, m: Message) -> ChatMessage:
         """One OpenAI message as a renderer message."""
         if m.role == "tool":
             return self.renderer.observation_message(m.text(), m.tool_call_id)
-        out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        out: ChatMessage = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.tool_calls:
             out["tool_calls"] = [
                 {
@@ -77,12 +79,12 @@ class MessageRenderer:
             out["reasoning_content"] = reasoning
         return out
 
-    def messages(self, msgs: list[Message]) -> list[dict[str, Any]]:
+    def messages(self, msgs: list[Message]) -> list[ChatMessage]:
         return [self.message(m) for m in msgs]
 
     @staticmethod
-    def schemas(tools: list[ToolDef]) -> list[dict[str, Any]] | None:
-        return [t.model_dump(exclude_none=True) for t in tools] or None
+    def schemas(tools: list[ToolDef]) -> list[ToolSchema] | None:
+        return [cast("ToolSchema", t.model_dump(exclude_none=True)) for t in tools] or None
 
     def render(self, messages: list[Message], tools: list[ToolDef]) -> list[int]:
         """The whole chat with the assistant header (a first call, or one that does not extend)."""

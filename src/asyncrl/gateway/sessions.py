@@ -37,6 +37,7 @@ from typing import Any
 
 from asyncrl.policy.chat import Message, Renderer
 from asyncrl.policy.exactness import count_differences
+from asyncrl.policy.messages import ToolSchema
 from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -66,7 +67,7 @@ class LastCall:
     record: CallRecord
     chat: list[Message] = field(default_factory=list)
     """The request's messages as the renderer takes them (the merged sample's exactness check)."""
-    schemas: list[dict[str, Any]] | None = None
+    schemas: list[ToolSchema] | None = None
     """The request's tools as the renderer takes them."""
 
 

@@ -281,7 +281,7 @@ def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
     ]
 
     async def openings() -> list[tuple[int, str]]:
-        tools, out = list(getattr(env, "tools", None) or []), []
+        tools, out = list(env.tools), []  # the registry checked it is a list
         try:
             for t in tasks:
                 try:

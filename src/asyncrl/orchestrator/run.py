@@ -21,6 +21,7 @@ The run directory (``runs/{name}-{timestamp}/``) holds ``config.yaml`` (resolved
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -368,7 +369,7 @@ class Orchestrator:
                 self._start(EVALUATOR)
         view = _Display(self) if self.display else None
         try:
-            with view.live() if view else _null():
+            with view.live() if view else contextlib.nullcontext():
                 while not self.state.trainer_finished() and not self._stop_asked():
                     self.state.beat()
                     time.sleep(0.5)
@@ -454,14 +455,6 @@ class Orchestrator:
                 self.launcher.stop(name, timeout=0.0)
                 self._ended(name)
         self.launcher.close()
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 class _Display:

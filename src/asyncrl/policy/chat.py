@@ -47,16 +47,21 @@ string) gets it as the first token of the next delta, outside the loss mask.
 
 from __future__ import annotations
 
-import json
 import re
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from asyncrl.errors import UserError
-from asyncrl.policy.exactness import count_differences
-from asyncrl.policy.template_probe import end_ids_of
-from asyncrl.policy.toolcalls import ToolCallFormat, detect_format, make_format, tool_schema
+from asyncrl.policy.messages import CallFunction, Message, ToolSchema
+from asyncrl.policy.renderer import (
+    AssistantTurn,
+    ChatTemplateError,
+    Conversation,
+    Renderer,
+    TextRenderer,
+    call_id_of,
+    opening,
+)
+from asyncrl.policy.template_probe import PROBE_TOOLS, TemplateRenderer, end_ids_of
+from asyncrl.policy.toolcalls import detect_format, make_format
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -65,374 +70,19 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
     from asyncrl.policy.model import Policy
 
-Message = dict[str, Any]
-_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
-"""A call id every template accepts (Mistral's refuses any other)."""
+__all__ = ["ChatTemplateError", "Conversation", "Message", "Renderer", "TextRenderer"]  # re-exported
 ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer> and nothing else."
-
-
-class ChatTemplateError(UserError, ValueError):
-    """A tokenizer or chat template asyncrl cannot render episodes with; the message names the fix."""
-
-
-@dataclass
-class ToolCallOut:
-    name: str
-    arguments: Any
-    id: str
-
-
-@dataclass
-class AssistantTurn:
-    """A sampled turn read back: what the environment and the gateway's client get."""
-
-    text: str
-    """The whole turn as text, without its end-of-turn token."""
-    content: str
-    """The text without the reasoning block (the action the environment parses)."""
-    reasoning: str | None = None
-    tool_calls: list[ToolCallOut] = field(default_factory=list)
-    malformed: str | None = None
-    """Why a started tool call could not be read (cut off, bad JSON); ``None`` when fine."""
-    prefix: str = ""
-    """The content before the tool call (what the gateway returns as ``content``)."""
-
-
-@dataclass
-class Conversation:
-    """One episode's chat, grown turn by turn: its messages and (bridge mode) its token ids."""
-
-    messages: list[Message]
-    ids: list[int]
-    tools: list[Tool] = field(default_factory=list)
-    turn_closed: bool = True
-    """Whether the last model turn ended with the template's end-of-turn token."""
-    turn_ids: list[list[int]] = field(default_factory=list)
-    """Each model turn's sampled ids, as sampled."""
-
-    @property
-    def schemas(self) -> list[dict[str, Any]]:
-        return [tool_schema(t) for t in self.tools]
-
-
-class Renderer(ABC):
-    """Turns chats into token ids and sampled turns back into messages; see the module docstring."""
-
-    tokenizer: PreTrainedTokenizerBase
-    fmt: ToolCallFormat
-    stop_token_ids: list[int]
-    stop_strings: list[str]
-    multi_turn: str = "bridge"
-    """``bridge`` or ``per_turn`` (resolved from ``model.multi_turn``)."""
-    prefix_stable: bool = True
-    """Whether appending a message only appends text (probed for chat templates)."""
-    strip_stop_token: bool = True
-
-    # -- the protocol --------------------------------------------------------------------------
-    @abstractmethod
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
-        """``messages`` rendered with the next assistant header (ready to sample)."""
-
-    @abstractmethod
-    def bridge(
-        self,
-        prompt_ids: list[int],
-        completion_ids: list[int],
-        history: list[Message],
-        new: list[Message],
-        tools: list[dict[str, Any]] | None,
-    ) -> list[int] | None:
-        """The next prompt: ``prompt_ids + completion_ids`` + the delta of ``new`` after
-        ``history`` (which ends with the sampled assistant turn); ``None`` if not prefix-stable."""
-
-    def parse(self, completion_ids: list[int]) -> AssistantTurn:
-        """A sampled turn as content, reasoning and (the first) tool call."""
-        text = self.turn_text(completion_ids)
-        reasoning, content = self.split_reasoning(text)
-        found = self.fmt.find_call(content)
-        turn = AssistantTurn(text, content, reasoning)
-        if isinstance(found, str):
-            turn.malformed = found
-        elif found is not None:
-            name, arguments, cid = found
-            cid = cid if cid is not None and _CALL_ID.fullmatch(cid) else self.fmt.call_id(0)
-            turn.tool_calls.append(ToolCallOut(name, arguments, cid))
-        at = self.fmt.call_start(content)
-        turn.prefix = content if at < 0 else content[:at]
-        return turn
-
-    def split_reasoning(self, text: str) -> tuple[str | None, str]:
-        """``(reasoning, the rest)``; no reasoning for templates without a reasoning block."""
-        return None, text
-
-    def tool_prompt(self, tools: list[dict[str, Any]]) -> str:
-        """The one tools system prompt, for templates that cannot list tools themselves."""
-        listing = "\n".join(json.dumps(t) for t in tools)
-        return (
-            "# Tools\n\nYou may call one of these tools:\n"
-            f"<tools>\n{listing}\n</tools>\n\n{self.fmt.instructions()}\n"
-            "The result comes back in the next message."
-        )
-
-    def observation_message(self, text: str, call_id: str | None = None) -> Message:
-        """The one observation message: a tool result (or other environment feedback)."""
-        m: Message = {"role": "tool", "content": text}
-        if call_id is not None:
-            m["tool_call_id"] = call_id
-        return m
-
-    def malformed_message(self, reason: str) -> str:
-        """What the model is told when its tool call could not be read — in its own format."""
-        return f"error: the tool call could not be read ({reason}). {self.fmt.instructions()}"
-
-    def assistant_message(self, turn: AssistantTurn) -> Message:
-        """A parsed turn as the assistant message a client would send back."""
-        m: Message = {"role": "assistant", "content": turn.text}
-        return m
-
-    @abstractmethod
-    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The whole chat rendered as text and tokenised anew (what a re-tokenising framework trains)."""
-
-    # -- episodes: the protocol applied to an environment's chat ---------------------------------
-    def system_text(self, tools: list[Tool]) -> str | None:
-        return None
-
-    def start(self, prompt: str, tools: list[Tool]) -> Conversation:
-        """The opening of an episode: (system and) user message, then the assistant header."""
-        system = self.system_text(tools)
-        messages: list[Message] = [{"role": "system", "content": system}] if system is not None else []
-        messages.append({"role": "user", "content": prompt})
-        conv = Conversation(messages, [], list(tools))
-        conv.ids = self.render(messages, conv.schemas or None)
-        return conv
-
-    def add_model_turn(self, conv: Conversation, ids: list[int]) -> str:
-        """Append a sampled turn (its ids kept as they are); return the environment's action text."""
-        conv.ids.extend(ids)
-        conv.turn_ids.append(list(ids))
-        turn = self.parse(ids)
-        conv.messages.append(self.assistant_message(turn))
-        conv.turn_closed = self.closes_turn(ids)
-        return self.fmt.to_action(turn.content, conv.tools)
-
-    def closes_turn(self, ids: list[int]) -> bool:
-        return bool(ids) and ids[-1] == self.stop_token_ids[0]
-
-    def observation(self, conv: Conversation, text: str) -> list[int]:
-        """The delta after a model turn: the observation message and the next assistant header.
-
-        Does not change ``conv``; :meth:`add_observation` appends it."""
-        msg = self.observation_message(text, self._last_call_id(conv))
-        out = self.bridge(conv.ids, [], conv.messages, [msg], conv.schemas or None)
-        if out is None:
-            raise ChatTemplateError(
-                "the chat template renders this chat differently once a message is added (not "
-                "prefix-stable); set model.multi_turn: per_turn (or auto)"
-            )
-        return out[len(conv.ids) :]
-
-    def add_observation(self, conv: Conversation, text: str, ids: list[int]) -> None:
-        conv.ids.extend(ids)
-        conv.messages.append(self.observation_message(text, self._last_call_id(conv)))
-        conv.turn_closed = True
-
-    def next_prompt(self, conv: Conversation, text: str) -> list[int]:
-        """``per_turn`` mode: the chat so far plus the observation, rendered whole by the template."""
-        msg = self.observation_message(text, self._last_call_id(conv))
-        return self.render([*conv.messages, msg], conv.schemas or None)
-
-    def _last_call_id(self, conv: Conversation) -> str | None:
-        last = conv.messages[-1] if conv.messages else {}
-        calls = last.get("tool_calls") or []
-        return str(calls[0]["id"]) if calls else None
-
-    def retokenization_diff(self, conv: Conversation) -> int:
-        return count_differences(conv.ids, self.reference_ids(conv.messages, conv.schemas or None))
-
-    def splice(
-        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
-    ) -> list[int] | None:
-        """The whole chat rendered at once with each assistant message replaced by the *sampled
-        ids* of its turn (``turn_ids``, in order; its text never re-encoded); ``None`` if the
-        template cannot be rendered that way."""
-        return None
-
-    def spliced_diff(
-        self,
-        ids: list[int],
-        messages: list[Message],
-        turn_ids: list[list[int]],
-        tools: list[dict[str, Any]] | None,
-    ) -> int | None:
-        """Tokens where ``ids`` (sampled turns + rendered deltas) disagree with :meth:`splice` of
-        the same chat: 0 means the deltas are exactly what the template renders. ``None`` when that
-        cannot be checked: the template is not prefix-stable (a whole-chat rendering differs from
-        the prompts it gave by design), cannot render the chat, or its assistant messages are not
-        the sampled turns one for one (a chat a gateway client wrote turns into)."""
-        if not self.prefix_stable or sum(m["role"] == "assistant" for m in messages) != len(turn_ids):
-            return None
-        try:
-            ref = self.splice(messages, turn_ids, tools)
-        except ChatTemplateError:
-            return None
-        return None if ref is None else count_differences(ids, ref)
-
-    def render_diff(self, conv: Conversation) -> int | None:
-        """:meth:`spliced_diff` of an episode's bridged chat (``None``: not checkable)."""
-        return self.spliced_diff(conv.ids, conv.messages, conv.turn_ids, conv.schemas or None)
-
-    # -- text ----------------------------------------------------------------------------------
-    def turn_text(self, ids: list[int]) -> str:
-        """A model turn as text, without its end-of-turn token."""
-        if ids and ids[-1] in self.stop_token_ids and self.strip_stop_token:
-            ids = ids[:-1]
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
-
-    def encode_content(self, text: str) -> list[int]:
-        """Environment or model text as ids, special-token strings kept as plain text."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
-
-    def cut_at_stop(self, ids: list[int], extra: list[str] | None = None) -> int:
-        """Tokens to keep of a sampled turn: up to the token that completes a stop string
-        (``model.stop_strings`` and a request's ``extra`` ones).
-
-        The text of ``ids[:k]`` holds a stop string from the first ``k`` where one is complete on
-        (the text only grows with ``k``), so that ``k`` is found by bisection: a stop string spread
-        over several tokens (or sharing a token with other text) is found where it completes, in
-        ``O(log n)`` decodes — a long reply whose stop string comes late does not hold the
-        gateway's event loop for seconds. ``len(ids)`` when no stop string occurs.
-        """
-        stops = [*self.stop_strings, *(extra or [])]
-        if not stops:
-            return len(ids)
-
-        def holds(k: int) -> bool:
-            text = self.tokenizer.decode(ids[:k], skip_special_tokens=False)
-            return any(s in text for s in stops)
-
-        if not holds(len(ids)):
-            return len(ids)
-        lo, hi = 1, len(ids)  # holds(hi); find the smallest such k
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
-        return lo
-
-    def demo_turn(self, action_text: str, tools: list[Tool]) -> list[int]:
-        """Token ids of a demonstrated model turn (a canonical action), as the model would write it."""
-        native = self.fmt.from_action(action_text, tools)
-        return self.encode_content(native) + self.turn_end_ids()
-
-    def turn_end_ids(self) -> list[int]:
-        """What closes a model turn (the template's end-of-turn token; none for the text protocol)."""
-        return [self.stop_token_ids[0]] if self.stop_token_ids else []
-
-
-# ---------------------------------------------------------------------------------------------
-class TextRenderer(Renderer):
-    """asyncrl's own layout for the char/byte models: ``<bos> PROMPT | turn | <obs> TEXT </obs> | ...``."""
-
-    strip_stop_token = False
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_strings: list[str] | None = None) -> None:
-        self.tokenizer = tokenizer
-        ids: dict[str, int] = {}
-        for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>"):
-            i = tokenizer.convert_tokens_to_ids(t)  # one token in, one id (or None) out
-            if isinstance(i, int) and i != tokenizer.unk_token_id:
-                ids[t] = i
-        missing = [t for t in ("<bos>", "<obs>", "</obs>", "</tool>", "</answer>", "<eos>") if t not in ids]
-        if missing:
-            raise ChatTemplateError(
-                f"this tokenizer lacks asyncrl's text-protocol tokens {missing}: it is not a char/byte "
-                "tokenizer built by asyncrl; for a pretrained model use model.tokenizer=hf (the default "
-                "when model.path is set)"
-            )
-        self.bos, self.obs_open, self.obs_close = ids["<bos>"], ids["<obs>"], ids["</obs>"]
-        self.stop_token_ids = [ids["</tool>"], ids["</answer>"], ids["<eos>"]]
-        self.stop_strings = list(stop_strings or [])
-        self.fmt = make_format("text")
-
-    def encode_content(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _messages(self, messages: list[Message]) -> list[int]:
-        out: list[int] = []
-        for m in messages:
-            text = str(m.get("content") or "")
-            if m["role"] == "tool":
-                out += [self.obs_open, *self.encode_content(text), self.obs_close]
-                continue
-            out += self.encode_content(text)
-            for tc in m.get("tool_calls") or []:
-                fn = tc["function"]
-                args = fn["arguments"] if isinstance(fn["arguments"], dict) else {"input": fn["arguments"]}
-                out += self.encode_content(self.fmt.write_call(fn["name"], args))
-        return out
-
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
-        return [self.bos, *self._messages(messages)]
-
-    def bridge(
-        self,
-        prompt_ids: list[int],
-        completion_ids: list[int],
-        history: list[Message],
-        new: list[Message],
-        tools: list[dict[str, Any]] | None,
-    ) -> list[int]:
-        return [*prompt_ids, *completion_ids, *self._messages(new)]
-
-    def parse(self, completion_ids: list[int]) -> AssistantTurn:
-        ids = completion_ids
-        if ids and ids[-1] == self.stop_token_ids[-1]:  # <eos> ends a text-protocol turn
-            ids = ids[:-1]
-        return super().parse(ids)
-
-    def closes_turn(self, ids: list[int]) -> bool:
-        return bool(ids) and ids[-1] in self.stop_token_ids
-
-    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
-        return self.render(messages, tools)
-
-    def splice(
-        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
-    ) -> list[int] | None:
-        out, turns = [self.bos], iter(turn_ids)
-        for m in messages:
-            out += next(turns) if m["role"] == "assistant" else self._messages([m])
-        return out
-
-    def malformed_message(self, reason: str) -> str:
-        return f"error: {reason}"
-
-    def demo_turn(self, action_text: str, tools: list[Tool]) -> list[int]:
-        return self.encode_content(action_text)  # the closing tag is the stop token
-
-    def turn_end_ids(self) -> list[int]:
-        return []
 
 
 # ---------------------------------------------------------------------------------------------
 _SENTINEL = re.compile("\ue000(\\d+)\ue001")
 _PROBE = "\ue002"
-_CONTENT_KEYS = ("content", "reasoning_content")
 Spans = tuple[str, list[tuple[int, int]]]
 """Template text and the character spans of message contents in it (encoded with specials split)."""
 
 
 def _mark(i: int) -> str:
     return f"\ue000{i}\ue001"
-
-
-def _probe_tools() -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {"name": "zq_probe_tool", "description": "d", "parameters": {"type": "object"}},
-        }
-    ]
 
 
 def _between(literals: list[str], text: str) -> list[str] | None:
@@ -470,6 +120,7 @@ class HFChatRenderer(Renderer):
         name: str = "the model",
     ) -> None:
         self.tokenizer = tokenizer
+        self._render = TemplateRenderer(tokenizer)
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise ChatTemplateError(
@@ -517,33 +168,21 @@ class HFChatRenderer(Renderer):
         self.prefix_stable = stable
 
     # -- probing the template --------------------------------------------------------------------
-    def _apply(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> str:
-        try:
-            out = self.tokenizer.apply_chat_template(
-                messages,
-                tools=list(tools) if tools is not None else None,
-                tokenize=False,
-                add_generation_prompt=gen,
-            )
-        except Exception as exc:  # jinja raises for chats a template refuses (e.g. a role it lacks)
-            raise ChatTemplateError(f"the chat template cannot render this chat ({exc})") from None
-        return str(out)
+    def _apply(self, messages: list[Message], tools: list[ToolSchema] | None, gen: bool) -> str:
+        out, error = self._render(messages, gen=gen, tools=tools)
+        if out is None:  # jinja raises for chats a template refuses (e.g. a role it lacks)
+            raise ChatTemplateError(f"the chat template cannot render this chat ({error})")
+        return out
 
     def _accepts(self, messages: list[Message]) -> bool:
-        try:
-            self._apply(messages, None, True)
-        except ChatTemplateError:
-            return False
-        return True
+        return self._render(messages, gen=True)[0] is not None
 
     def _renders_tools(self) -> bool:
-        try:
-            return "zq_probe_tool" in self._apply([{"role": "user", "content": "x"}], _probe_tools(), True)
-        except ChatTemplateError:
-            return False
+        text, _ = self._render([{"role": "user", "content": "x"}], gen=True, tools=PROBE_TOOLS)
+        return text is not None and "zq_probe_tool" in text
 
     def _probe_call(self) -> Message:
-        call = {"name": "zq_probe_call", "arguments": {"a": 1}}
+        call: CallFunction = {"name": "zq_probe_call", "arguments": {"a": 1}}
         return {
             "role": "assistant",
             "content": "",
@@ -551,11 +190,8 @@ class HFChatRenderer(Renderer):
         }
 
     def _renders_calls(self) -> bool:
-        try:
-            text = self._apply([{"role": "user", "content": "x"}, self._probe_call()], None, False)
-        except ChatTemplateError:
-            return False
-        return "zq_probe_call" in text
+        text, _ = self._render([{"role": "user", "content": "x"}, self._probe_call()])
+        return text is not None and "zq_probe_call" in text
 
     def _check_call_format(self, tool_format: str) -> None:
         """A template that writes tool calls must write them in the format asyncrl reads."""
@@ -571,7 +207,7 @@ class HFChatRenderer(Renderer):
 
     def _probe_turn_end(self, stops: list[int]) -> list[int]:
         """The stop ids with the one the template closes an assistant turn with first."""
-        chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
+        chat: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
         text = self._apply(chat, None, False)
         at = text.rfind(_PROBE)
         if at < 0:
@@ -593,11 +229,11 @@ class HFChatRenderer(Renderer):
         reasoning, a tool call and an observation when the template has them)."""
         for reasoning in (False, True) if self.thinks else (False,):
             for calls in (False, True) if self.native_calls else (False,):
-                history = [*self._opening("s", "u"), self._probe_assistant(0, reasoning, calls)]
+                history = [*opening("s", "u"), self._probe_assistant(0, reasoning, calls)]
                 try:
                     for k in range(1, 3):
-                        new = [self.observation_message("o", self._call_id_of(history[-1]))]
-                        if self.bridge([], [], history, new, _probe_tools()) is None:
+                        new = [self.observation_message("o", call_id_of(history[-1]))]
+                        if self.bridge([], [], history, new, PROBE_TOOLS) is None:
                             return False
                         history = [*history, *new, self._probe_assistant(k, reasoning, calls)]
                 except ChatTemplateError:
@@ -617,15 +253,6 @@ class HFChatRenderer(Renderer):
                 }
             ]
         return m
-
-    @staticmethod
-    def _call_id_of(m: Message) -> str | None:
-        calls = m.get("tool_calls") or []
-        return str(calls[0]["id"]) if calls else None
-
-    def _opening(self, system: str | None, user: str) -> list[Message]:
-        head: list[Message] = [{"role": "system", "content": system}] if system is not None else []
-        return [*head, {"role": "user", "content": user}]
 
     # -- messages as the template takes them ------------------------------------------------------
     def system_text(self, tools: list[Tool]) -> str | None:
@@ -667,16 +294,14 @@ class HFChatRenderer(Renderer):
             m["reasoning_content"] = turn.reasoning
         return m
 
-    def _template_messages(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None
-    ) -> list[Message]:
+    def _template_messages(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[Message]:
         """Messages as this template takes them: the tools prompt in the system message (templates
         that cannot list tools), observations in the user role when the template has no tool role,
         the system text folded into the first user turn (systemless templates), consecutive user
         turns joined (templates that require alternating roles)."""
         out: list[Message] = []
         for m in messages:
-            m = dict(m)
+            m = m.copy()
             if m["role"] == "developer":
                 m["role"] = "system"
             if m["role"] == "tool" and self.observation_role != "tool":
@@ -720,11 +345,11 @@ class HFChatRenderer(Renderer):
             )
         return "\n".join([str(m.get("content") or ""), *calls]).strip()
 
-    def _schemas(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def _schemas(self, tools: list[ToolSchema] | None) -> list[ToolSchema] | None:
         return tools if tools and self.native_tools else None
 
     # -- rendering: template text with the contents' spans ---------------------------------------
-    def _spans(self, messages: list[Message], tools: list[dict[str, Any]] | None, gen: bool) -> Spans:
+    def _spans(self, messages: list[Message], tools: list[ToolSchema] | None, gen: bool) -> Spans:
         """The template's real rendering of ``messages`` and where each message content lies in it.
 
         The chat is rendered twice: with sentinels for contents (to find the template's own text)
@@ -734,12 +359,13 @@ class HFChatRenderer(Renderer):
         contents: list[str] = []
         marked: list[Message] = []
         for m in messages:
-            mm = dict(m)
-            for key in _CONTENT_KEYS:
-                v = m.get(key)
-                if isinstance(v, str) and v:
-                    mm[key] = _mark(len(contents))
-                    contents.append(v)
+            mm = m.copy()
+            if content := m.get("content"):
+                mm["content"] = _mark(len(contents))
+                contents.append(content)
+            if reasoning := m.get("reasoning_content"):
+                mm["reasoning_content"] = _mark(len(contents))
+                contents.append(reasoning)
             marked.append(mm)
         real = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         text = self._apply(self._template_messages(marked, tools), self._schemas(tools), gen)
@@ -773,7 +399,7 @@ class HFChatRenderer(Renderer):
             ids += self.encode_content(text[pos:])
         return [int(i) for i in ids]
 
-    def render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         return self._encode(*self._spans(messages, tools, True))
 
     def bridge(
@@ -782,7 +408,7 @@ class HFChatRenderer(Renderer):
         completion_ids: list[int],
         history: list[Message],
         new: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[ToolSchema] | None,
     ) -> list[int] | None:
         base = self._apply(self._template_messages(history, tools), self._schemas(tools), False)
         close = base.rfind(self.eot_text)  # the end of the sampled turn (a finished chat may add
@@ -790,27 +416,25 @@ class HFChatRenderer(Renderer):
         full, spans = self._spans([*history, *new], tools, True)
         if close < 0 or not full.startswith(base[:end]):
             return None
-        closed = self.closes_turn(completion_ids) if completion_ids else self._closed_in(prompt_ids)
+        closed = self.closes_turn(completion_ids or prompt_ids)
         cut = end if closed else close
         delta = self._encode(full[cut:], [(lo - cut, hi - cut) for lo, hi in spans if hi > cut])
         return [*prompt_ids, *completion_ids, *delta]
 
-    def _closed_in(self, ids: list[int]) -> bool:
-        return bool(ids) and ids[-1] == self.stop_token_ids[0]
-
-    def reference_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def reference_ids(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:
         gen = bool(messages) and messages[-1]["role"] != "assistant"
         text = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def splice(
-        self, messages: list[Message], turn_ids: list[list[int]], tools: list[dict[str, Any]] | None
+        self, messages: list[Message], turn_ids: list[list[int]], tools: list[ToolSchema] | None
     ) -> list[int] | None:
         """The whole chat with each sampled turn's ids spliced in where the template puts an
         assistant message's content; ``None`` when a turn's place cannot be found."""
         gen = bool(messages) and messages[-1]["role"] != "assistant"
         turns = iter(turn_ids)
-        marked, parts = [], {}
+        marked: list[Message] = []
+        parts: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 ids = next(turns)

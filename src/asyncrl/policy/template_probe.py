@@ -39,7 +39,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from asyncrl.policy.messages import Message, ToolSchema
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -83,19 +85,19 @@ class TemplateProfile:
     tool_call_id_length: int | None
 
 
-class _Renderer:
+class TemplateRenderer:
     """``apply_chat_template`` to text; a template's exception becomes ``(None, message)``."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
 
     def __call__(
-        self, messages: list[dict[str, Any]], *, gen: bool = False, tools: list[dict[str, Any]] | None = None
+        self, messages: list[Message], *, gen: bool = False, tools: list[ToolSchema] | None = None
     ) -> tuple[str | None, str | None]:
         try:
             out = self.tokenizer.apply_chat_template(
-                messages,
-                tools=list(tools) if tools is not None else None,
+                cast("list[dict[str, str]]", messages),  # transformers' annotation; any JSON works
+                tools=[dict(t) for t in tools] if tools is not None else None,
                 tokenize=False,
                 add_generation_prompt=gen,
             )
@@ -104,31 +106,31 @@ class _Renderer:
         return str(out), None
 
 
-def _observation(role: str, text: str) -> dict[str, Any]:
+def _observation(role: str, text: str) -> Message:
     if role == "tool":
         return {"role": "tool", "content": text, "tool_call_id": _PROBE_ID, "name": _PROBE_TOOL}
     return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
 
 
-def _system(render: _Renderer) -> tuple[bool, str | None]:
+def _system(render: TemplateRenderer) -> tuple[bool, str | None]:
     text, err = render([{"role": "system", "content": _SYS}, {"role": "user", "content": _USER}], gen=True)
     if text is None:
         return False, err
     return _SYS in text, None if _SYS in text else "the template drops the system message"
 
 
-def _tool_role(render: _Renderer, head: list[dict[str, Any]], source: str) -> bool:
+def _tool_role(render: TemplateRenderer, head: list[Message], source: str) -> bool:
     if not _NAMES_TOOL_ROLE.search(source):  # ChatML renders any role name: that is not a tool role
         return False
-    chat = [*head, {"role": "assistant", "content": _TURN}, _observation("tool", _OBS)]
+    chat: list[Message] = [*head, {"role": "assistant", "content": _TURN}, _observation("tool", _OBS)]
     text, _ = render(chat, gen=True)
     return text is not None and _OBS in text
 
 
-def _stability(render: _Renderer, head: list[dict[str, Any]], role: str) -> str | None:
+def _stability(render: TemplateRenderer, head: list[Message], role: str) -> str | None:
     """``None`` when prefix-stable, else the step where the rendering changed."""
     opening, err = render(head, gen=True)
-    turn = [*head, {"role": "assistant", "content": _TURN}]
+    turn: list[Message] = [*head, {"role": "assistant", "content": _TURN}]
     closed, err2 = render(turn)
     grown, err3 = render([*turn, _observation(role, _OBS)], gen=True)
     if opening is None or closed is None or grown is None:
@@ -144,8 +146,8 @@ def _stability(render: _Renderer, head: list[dict[str, Any]], role: str) -> str 
     return None
 
 
-def _strips_reasoning(render: _Renderer, head: list[dict[str, Any]]) -> bool:
-    chat = [
+def _strips_reasoning(render: TemplateRenderer, head: list[Message]) -> bool:
+    chat: list[Message] = [
         *head,
         {"role": "assistant", "content": f"<think>\n{_THINK}\n</think>\n\n{_TURN}"},
         {"role": "user", "content": "u2"},
@@ -154,15 +156,15 @@ def _strips_reasoning(render: _Renderer, head: list[dict[str, Any]]) -> bool:
     return text is not None and _TURN in text and _THINK not in text
 
 
-def _trims(render: _Renderer, head: list[dict[str, Any]]) -> bool:
-    padded = [*head[:-1], {"role": "user", "content": f" {_USER} \n"}]
-    chat = [*padded, {"role": "assistant", "content": f" {_TURN} \n"}]
+def _trims(render: TemplateRenderer, head: list[Message]) -> bool:
+    padded: list[Message] = [*head[:-1], {"role": "user", "content": f" {_USER} \n"}]
+    chat: list[Message] = [*padded, {"role": "assistant", "content": f" {_TURN} \n"}]
     text, _ = render(chat)
     return text is not None and (f" {_USER} \n" not in text or f" {_TURN} \n" not in text)
 
 
 def _turn_end(
-    render: _Renderer, tokenizer: PreTrainedTokenizerBase, head: list[dict[str, Any]], end_ids: Sequence[int]
+    render: TemplateRenderer, tokenizer: PreTrainedTokenizerBase, head: list[Message], end_ids: Sequence[int]
 ) -> tuple[int | None, str | None, str | None]:
     text, _ = render([*head, {"role": "assistant", "content": _TURN}])
     if text is None or _TURN not in text:
@@ -175,11 +177,17 @@ def _turn_end(
     return None, None, None
 
 
-def _renders_tools(render: _Renderer) -> bool:
-    schema = {"name": _PROBE_TOOL, "description": "d", "parameters": {"type": "object"}}
-    text, _ = render(
-        [{"role": "user", "content": _USER}], gen=True, tools=[{"type": "function", "function": schema}]
-    )
+PROBE_TOOLS: list[ToolSchema] = [
+    {
+        "type": "function",
+        "function": {"name": _PROBE_TOOL, "description": "d", "parameters": {"type": "object"}},
+    }
+]
+"""A tool list whose schema a template that renders tools shows by name."""
+
+
+def _renders_tools(render: TemplateRenderer) -> bool:
+    text, _ = render([{"role": "user", "content": _USER}], gen=True, tools=PROBE_TOOLS)
     return text is not None and _PROBE_TOOL in text
 
 
@@ -187,9 +195,10 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -
     """The :class:`TemplateProfile` of ``tokenizer``'s chat template (it must have one), with
     ``end_ids`` the model's end-of-turn candidates in order (see :func:`end_ids_of`)."""
     source = str(tokenizer.chat_template)
-    render = _Renderer(tokenizer)
+    render = TemplateRenderer(tokenizer)
     system_ok, system_error = _system(render)
-    head = ([{"role": "system", "content": _SYS}] if system_ok else []) + [{"role": "user", "content": _USER}]
+    head: list[Message] = [{"role": "system", "content": _SYS}] if system_ok else []
+    head.append({"role": "user", "content": _USER})
     tool_role = _tool_role(render, head, source)
     role = "tool" if tool_role else "user"
     turn_id, turn_text, after = _turn_end(render, tokenizer, head, end_ids)

@@ -47,6 +47,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.envs.base import ANSWER_CLOSE, ANSWER_OPEN, AnswerAction, ToolCallAction, parse_action
+from asyncrl.policy.messages import ToolSchema
 
 if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
@@ -56,7 +57,7 @@ FoundCall = tuple[str, Any, str | None]
 """A call read from a turn: ``(name, arguments, the call id the model wrote or None)``."""
 
 
-def tool_schema(tool: Tool) -> dict[str, Any]:
+def tool_schema(tool: Tool) -> ToolSchema:
     """The OpenAI-style function schema of an environment tool (what chat templates take as ``tools=``)."""
     return {
         "type": "function",

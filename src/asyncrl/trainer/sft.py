@@ -21,6 +21,7 @@ an edited environment does not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import json
@@ -113,7 +114,7 @@ async def _play(
     episode runner renders them; return the samples as (token ids, loss mask): one for the
     episode (``multi_turn: bridge``), or one per turn (``per_turn``: the template's own rendering
     of the chat so far + the turn)."""
-    tools = list(getattr(env, "tools", None) or [])
+    tools = list(env.tools)
     conv = renderer.start(await env.reset(task), tools)
     prompt = list(conv.ids)
     ids, mask = list(prompt), [0] * len(prompt)
@@ -246,14 +247,6 @@ def train_sft(
     return losses
 
 
-class _NoProgress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 class _PlainProgress:
     """``--no-display``: one plain line every ``every_s`` seconds (and at the end), for logs and CI."""
 
@@ -282,7 +275,7 @@ def _progress(enabled: bool | float, total: int) -> Any:
     if enabled is not True and enabled:
         return _PlainProgress(float(enabled))
     if not enabled:
-        return _NoProgress()
+        return contextlib.nullcontext()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(

@@ -52,11 +52,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from asyncrl.credentials import open_redis, with_retries
+from asyncrl.credentials import mask_url, open_redis, with_retries
 from asyncrl.records import RecordDecodeError, decode_trajectory
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
@@ -144,17 +143,6 @@ def key_prefix(run_dir: str | Path) -> str:
     return f"asyncrl:{{{digest}}}"
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and reprs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def _s(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -202,7 +190,7 @@ class RedisQueue(TrajectoryQueue):
     # ---- plumbing ----------------------------------------------------------------------
     def _client(self) -> redis.Redis:
         if self._closed or self._r is None:
-            raise QueueClosedError(f"queue {self.prefix} on {redact_url(self.url)} is closed")
+            raise QueueClosedError(f"queue {self.prefix} on {mask_url(self.url)} is closed")
         return self._r
 
     def _ensure_group(self) -> None:
@@ -371,6 +359,6 @@ class RedisQueue(TrajectoryQueue):
 
     def __repr__(self) -> str:
         return (
-            f"RedisQueue({redact_url(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
+            f"RedisQueue({mask_url(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
             f"lease_seconds={self.lease_seconds})"
         )
