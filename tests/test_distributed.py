@@ -68,11 +68,10 @@ def _policy(cfg: RunConfig, model_dir: str | None) -> Any:
 
 def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> tuple[Any, dict[str, float]]:
     from asyncrl.trainer.learner import Learner
+    from asyncrl.trainer.parallel import make_parallel
 
     learner = Learner(cfg, policy)
-    learner.group = group
-    if group is not None and cfg.trainer.parallel == "fsdp":
-        learner.shard(group)
+    learner.parallelize(make_parallel(cfg, group))
     trajs = [decode_trajectory(encode(t)) for t in batch()]
     metrics: dict[str, float] = {}
     for v in range(steps):
@@ -101,7 +100,7 @@ def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, 
     group = Group.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
     learner, metrics = _train(cfg, policy, group, steps)
-    whole = learner.sharded.gather() if learner.sharded is not None else None  # rank 0's full state
+    whole = learner.parallel.gather()  # sharded: rank 0's full state (collective)
     local = [p.to_local() if isinstance(p, DTensor) else p for p in policy.model.parameters()]
     metrics["held_elements"] = float(sum(t.numel() for t in local))  # this rank's share of the weights
     params = _full_params(policy.model)
@@ -226,12 +225,10 @@ def test_assign_is_deterministic_and_balanced() -> None:
 
 
 # ---- checkpoints across world sizes ---------------------------------------------------------------
-def _learner(cfg: RunConfig, group: Any = None) -> Any:
+def _learner(cfg: RunConfig) -> Any:
     from asyncrl.trainer.learner import Learner
 
-    learner = Learner(cfg, _policy(cfg, None))
-    learner.group = group
-    return learner
+    return Learner(cfg, _policy(cfg, None))
 
 
 def _optimizer_tensors(learner: Any) -> dict[str, torch.Tensor]:
@@ -254,24 +251,24 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
         save_checkpoint,
         write_optimizer_shards,
     )
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import Checkpoint, Group
+    from asyncrl.trainer.parallel import make_parallel
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
     group = Group.join(cfg, rank, "127.0.0.1", port)
-    learner = _learner(cfg, group)
+    learner = _learner(cfg)
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
-    if cfg.trainer.parallel == "fsdp":
-        learner.shard(group)  # as load_learner does: load whole, then shard
+    learner.parallelize(make_parallel(cfg, group))  # as load_learner does: load whole, then parallelize
     torch.manual_seed(101)
     learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
     # the collectives of rank 0's checkpoint, in its order: the full policy, then the optimiser shards
-    whole = learner.sharded.gather() if learner.sharded is not None else learner.policy
+    whole = learner.parallel.gather() or learner.policy
     optimizer, params = _optimizer_tensors(learner), _full_params(learner.model)
     if rank == 0:
 
         def shards(path: Path) -> None:
-            group.send("ckpt", dir=str(path))
+            group.send(Checkpoint(str(path)))
             write_optimizer_shards(path, learner.optimizer)
 
         state = TrainerState(ts.step + 1, 0, 0, {})
@@ -281,7 +278,9 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
         save_file(optimizer, f"{out}/saved-optimizer.safetensors")
         save_file(params, f"{out}/saved-params.safetensors")
     else:
-        write_optimizer_shards(Path(group.receive()["dir"]), learner.optimizer)
+        cmd = group.receive()
+        assert isinstance(cmd, Checkpoint)
+        write_optimizer_shards(Path(cmd.dir), learner.optimizer)
     group.close()
 
 

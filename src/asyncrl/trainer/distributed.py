@@ -40,21 +40,60 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import Any
 
 import msgspec
 import torch
 import torch.distributed as dist
 
 from asyncrl.config import RunConfig
+from asyncrl.records import Trajectory, encode
 
-_BUCKET_ELEMENTS = 1 << 24
-"""Gradients are all-reduced in flattened buckets of at most this many elements (64 MB in float32)."""
 _BEAT_FRACTION = 0.25
 """An idle rank 0 sends ``beat`` after this fraction of ``trainer.dist_timeout_s`` without a command."""
 
+
+class Init(msgspec.Struct, tag=True):
+    """Load this checkpoint (``""``: the initial policy): the one rank 0 resumed from."""
+
+    ckpt: str
+
+
+class Step(msgspec.Struct, tag=True):
+    """Take the learner step on this batch (wire-encoded trajectories) at this weight version, from
+    rank 0's torch RNG state (the minibatch permutation draws from it)."""
+
+    trajs: list[bytes]
+    version: int
+    rng: bytes
+
+    @classmethod
+    def of(cls, batch: list[Trajectory], version: int) -> Step:
+        return cls([encode(t) for t in batch], version, torch.get_rng_state().numpy().tobytes())
+
+
+class Checkpoint(msgspec.Struct, tag=True):
+    """Write your shard of the optimiser state into this directory (collective)."""
+
+    dir: str
+
+
+class Gather(msgspec.Struct, tag=True):
+    """All-gather the sharded policy's full state for rank 0 (collective)."""
+
+
+class Beat(msgspec.Struct, tag=True):
+    """Nothing: rank 0 is alive and waiting for data."""
+
+
+class Stop(msgspec.Struct, tag=True):
+    """The run is over."""
+
+
+Command = Init | Step | Checkpoint | Gather | Beat | Stop
+"""What rank 0 tells the followers: one msgspec tagged union (msgpack on the wire, never pickle)."""
+
 _encode = msgspec.msgpack.Encoder().encode
-_decode_command = msgspec.msgpack.Decoder(dict[str, Any]).decode
+_commands: msgspec.msgpack.Decoder[Command] = msgspec.msgpack.Decoder(Command)
 _decode_parts = msgspec.msgpack.Decoder(list[tuple[dict[str, float], float, float]]).decode
 
 
@@ -131,33 +170,6 @@ class Group:
         counts[self.rank] = count
         return [int(c) for c in self.sum_(counts).tolist()]
 
-    def all_reduce_grads(self, params: list[torch.Tensor]) -> None:
-        """Sum every parameter's gradient over the ranks (a rank that ran no micro-batch adds zeros).
-
-        A parameter with no gradient on any rank keeps ``grad = None`` (as on one rank, where the
-        optimiser then leaves it alone).
-        """
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=params[0].device)
-        dist.all_reduce(has, op=dist.ReduceOp.MAX)
-        live = [p for p, h in zip(params, has.tolist(), strict=True) if h]
-        for p in live:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in live if p.grad is not None]
-        start = 0
-        while start < len(grads):
-            end, size = start, 0
-            while end < len(grads) and (end == start or size + grads[end].numel() <= _BUCKET_ELEMENTS):
-                size += grads[end].numel()
-                end += 1
-            flat = torch.cat([g.reshape(-1) for g in grads[start:end]])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            offset = 0
-            for g in grads[start:end]:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-            start = end
-
     def gather_parts(
         self, parts: list[tuple[dict[str, float], float, float]]
     ) -> list[tuple[dict[str, float], float, float]]:
@@ -165,19 +177,19 @@ class Group:
         return [p for blob in self._all_gather_bytes(_encode(parts)) for p in _decode_parts(blob)]
 
     # -- commands from rank 0 ------------------------------------------------------------------------
-    def send(self, op: str, **fields: Any) -> None:
+    def send(self, cmd: Command) -> None:
         """Rank 0: broadcast one command to the followers."""
-        self._broadcast_bytes(_encode({"op": op, **fields}))
+        self._broadcast_bytes(_encode(cmd))
         self._sent = time.monotonic()
 
-    def receive(self) -> dict[str, Any]:
+    def receive(self) -> Command:
         """A follower: the next command from rank 0 (raises when rank 0 is gone or past the timeout)."""
-        return _decode_command(self._broadcast_bytes(b""))
+        return _commands.decode(self._broadcast_bytes(b""))
 
     def beat(self) -> None:
         """Rank 0, idle: tell the followers it is alive, at most every quarter of the timeout."""
         if time.monotonic() - self._sent > _BEAT_FRACTION * self.timeout_s:
-            self.send("beat")
+            self.send(Beat())
 
     # -- bytes over the group --------------------------------------------------------------------
     def _bytes_tensor(self, data: bytes) -> torch.Tensor:
