@@ -147,10 +147,10 @@ class _Ranks(Parallel):
         self.group.beat()
 
 
-def _sum(group: dist.ProcessGroup | None, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+def _sum(group, bucket):  # type: ignore[no-untyped-def]  # DDP rejects the string annotations of this module
     """DDP's comm hook: a bucket's gradients summed over the ranks (DDP's own hook divides by the world)."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])  # type: ignore[no-any-return]
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 class Replicated(_Ranks):
