@@ -4,27 +4,21 @@ Roles
     Rank 0 is the trainer role (:class:`~asyncrl.trainer.process.TrainerRole`): it alone touches the
     queue (lease, ack), the ledger, the replay buffer, the weight store and the checkpoint directory.
     Ranks 1..N-1 are followers (:func:`asyncrl.trainer.ranks.follow`): a replica of the policy and its
-    optimiser that does what rank 0 broadcasts, one command at a time (msgpack, never pickle):
-
-    ``init``  the checkpoint rank 0 resumed from (every rank loads the same one)
-    ``step``  the batch (wire-encoded trajectories), its weight version and rank 0's torch RNG state
-    ``ckpt``  write your shard of the optimiser state into this directory (collective)
-    ``gather`` all-gather the sharded policy's full state for rank 0 (``parallel: fsdp``; collective)
-    ``beat``  nothing: rank 0 is waiting for data (keeps the collective timeout from firing)
-    ``stop``  the run is over
+    optimiser that does what rank 0 broadcasts, one :data:`Command` at a time (a msgspec tagged union
+    on msgpack, never pickle): :class:`Init`, :class:`Step`, :class:`Checkpoint`, :class:`Gather`,
+    :class:`Beat`, :class:`Stop`.
 
 Exactly the one-rank update
     Within each minibatch the learner cuts micro-batches exactly as one rank would (same rows, same
     token budget) and :func:`assign` gives each to one rank — largest first, to the rank with the
     fewest padded tokens so far, ties to the lowest rank: deterministic and balanced. Every rank
-    computes the normalisers (``microbatch_weights``) over the WHOLE minibatch, so the sum over ranks
-    of the weighted micro-batch gradients is the one-rank gradient: :meth:`Group.all_reduce_grads`
-    (one SUM per bucket of flattened gradients) runs before clipping, and clipping, the finiteness
-    check and the optimiser step then see identical gradients on every rank — the replicas stay
-    identical (DDP semantics without the wrapper, whose hooks assume the same number of backward
-    passes on every rank). Log-prob passes (proximal, reference, KL early stop) are split the same way
-    and summed (each entry is computed by one rank, zero elsewhere). Metrics are gathered so that
-    every rank merges the same list of micro-batch metrics one rank would have.
+    computes the normalisers (``microbatch_weights``) over the WHOLE minibatch, so the SUM over ranks
+    of the weighted micro-batch gradients is the one-rank gradient (DDP's or FSDP2's reduction, set to
+    sum: :mod:`asyncrl.trainer.parallel`); clipping, the finiteness check and the optimiser step then
+    see identical gradients on every rank — the replicas stay identical. Log-prob passes (proximal,
+    reference, KL early stop) are split the same way and summed (each entry is computed by one rank,
+    zero elsewhere). Metrics are gathered so that every rank merges the same list of micro-batch
+    metrics one rank would have.
 
 Faults
     Every collective, and the rendezvous, has ``trainer.dist_timeout_s``: a rank that died makes the
@@ -32,7 +26,7 @@ Faults
     out; each then raises and its process exits non-zero, and the supervisor stops the rest of the group
     and starts a new one from the newest checkpoint (:mod:`asyncrl.orchestrator.run`). Rank 0 acknowledges
     queue entries only after a checkpoint covers them, so a lost group loses nothing and trains nothing
-    twice. Rank 0 sends ``beat`` when idle for a quarter of the timeout.
+    twice. Rank 0 sends :class:`Beat` when idle for a quarter of the timeout.
 """
 
 from __future__ import annotations
@@ -49,7 +43,7 @@ from asyncrl.config import RunConfig
 from asyncrl.records import Trajectory, encode
 
 _BEAT_FRACTION = 0.25
-"""An idle rank 0 sends ``beat`` after this fraction of ``trainer.dist_timeout_s`` without a command."""
+"""An idle rank 0 sends :class:`Beat` after this fraction of ``trainer.dist_timeout_s`` without a command."""
 
 
 class Init(msgspec.Struct, tag=True):
