@@ -163,7 +163,7 @@ class Replicated(_Ranks):
         self.ddp = DistributedDataParallel(
             Scorer(learner.model),
             device_ids=[device] if device.type == "cuda" else None,
-            broadcast_buffers=False,  # no collective in a forward: ranks run unequal numbers of passes
+            forward_sync_buffers=False,  # no collective in a forward: ranks run unequal numbers of passes
         )
         self.ddp.register_comm_hook(None, _sum)
         self.scorer = self.ddp
