@@ -1,7 +1,7 @@
 """Which parallelism a trainer rank runs: one object the learner asks, so its inner loop has no branches
 (in the spirit of torchtitan's ``ParallelDims``).
 
-:class:`Parallel` is the interface and the one-rank trainer (``trainer.world_size: 1``); the learner asks it
+:class:`Parallel` is the interface (its answers are one rank's: :class:`Single`); the learner asks it
 
 ``wrap``         put the policy under the parallelism: the :attr:`~Parallel.scorer` the learner runs it through
 ``own``          which micro-batches of a list this rank runs (``-1``: a padding pass of weight 0)
