@@ -93,21 +93,20 @@ def _state_bytes(learner: Any) -> int:
 def train(cfg: Any, group: Any, trajs: list[Any], steps: int) -> tuple[Any, float, int]:
     """The learner, seconds for ``steps`` learner steps (after one warm-up step), model tokens per step."""
     from asyncrl.policy import Policy
+    from asyncrl.trainer.distributed import Step
     from asyncrl.trainer.learner import Learner
-    from asyncrl.trainer.process import step_command
+    from asyncrl.trainer.parallel import make_parallel
 
     torch.manual_seed(0)
     learner = Learner(cfg, Policy.build(cfg.model))
-    learner.group = group
-    if group is not None and cfg.trainer.parallel == "fsdp":
-        learner.shard(group)
+    learner.parallelize(make_parallel(cfg, group))
     tokens = sum(t.num_model_tokens() for t in trajs)
     t0 = 0.0
     for s in range(steps + 1):
         if s == 1:
             t0 = time.perf_counter()
         if group is not None and group.leader:
-            group.send("step", **step_command(trajs, s))
+            group.send(Step.of(trajs, s))
         elif group is not None:
             group.receive()
         learner.step(trajs, s)
@@ -131,10 +130,8 @@ def publish_seconds(learner: Any, versions: int, leader: bool) -> float:
         store = make_weight_store(LocalWeightsConfig(keep=2), Path(run_dir))
         t0 = time.perf_counter()
         for v in range(1, versions + 1):
-            policy = learner.policy
-            if learner.sharded is not None:
-                learner.sharded.release()
-                policy = learner.sharded.gather()
+            learner.parallel.release()
+            policy = learner.parallel.gather() or learner.policy  # sharded: the full state (collective)
             if leader:
                 store.publish(v, policy.state_dict_tensors(), step=v)
         return (time.perf_counter() - t0) / versions

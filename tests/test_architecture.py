@@ -501,7 +501,6 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("policy/canary.py", "<module>", "ROW"),
             ("policy/packing.py", "<module>", "TREE_MAX_COST"),
             ("telemetry/experiment.py", "call:run", "timeout"),
-            ("trainer/distributed.py", "<module>", "_BUCKET_ELEMENTS"),
             ("trainer/distributed.py", "<module>", "_BEAT_FRACTION"),
             ("trainer/intake.py", "pull", "timeout"),
             ("transport/base.py", "<module>", "_POLL_MIN_S"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import multiprocessing as mp
 from pathlib import Path
@@ -68,11 +69,10 @@ def _policy(cfg: RunConfig, model_dir: str | None) -> Any:
 
 def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> tuple[Any, dict[str, float]]:
     from asyncrl.trainer.learner import Learner
+    from asyncrl.trainer.parallel import make_parallel
 
     learner = Learner(cfg, policy)
-    learner.group = group
-    if group is not None and cfg.trainer.parallel == "fsdp":
-        learner.shard(group)
+    learner.parallelize(make_parallel(cfg, group))
     trajs = [decode_trajectory(encode(t)) for t in batch()]
     metrics: dict[str, float] = {}
     for v in range(steps):
@@ -101,7 +101,7 @@ def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, 
     group = Group.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
     learner, metrics = _train(cfg, policy, group, steps)
-    whole = learner.sharded.gather() if learner.sharded is not None else None  # rank 0's full state
+    whole = learner.parallel.gather()  # sharded: rank 0's full state (collective)
     local = [p.to_local() if isinstance(p, DTensor) else p for p in policy.model.parameters()]
     metrics["held_elements"] = float(sum(t.numel() for t in local))  # this rank's share of the weights
     params = _full_params(policy.model)
@@ -225,13 +225,120 @@ def test_assign_is_deterministic_and_balanced() -> None:
     assert max(loads) - min(loads) <= max(sizes)
 
 
+# ---- rank 1 does its share of the gradient (replicated) -------------------------------------------
+def _contribution_rank(rank: int, port: int, cfg_json: str, out: str) -> None:
+    """Two steps under DDP, recording this rank's gradient buckets before and after DDP's all-reduce
+    (the SUM comm hook wrapped); the second step with every micro-batch given to rank 0."""
+    import asyncrl.trainer.parallel as par
+    from asyncrl.trainer.distributed import Group
+
+    torch.set_num_threads(1)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    group = Group.join(cfg, rank, "127.0.0.1", port)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (local, summed) of every bucket
+    real = par._sum
+
+    def recording(pg, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+        local = bucket.buffer().clone()
+        return real(pg, bucket).then(lambda f: seen.append((local, f.value().clone())) or f.value())
+
+    par._sum = recording  # DDP registers the hook when the learner is wrapped
+    policy = _policy(cfg, None)
+    learner = _train(cfg, policy, group, steps=1)[0]
+    first = len(seen)
+    group.mine = lambda sizes: list(range(len(sizes))) if rank == 0 else []  # type: ignore[method-assign]
+    torch.manual_seed(101)
+    learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    record = {}
+    for name, part in (("busy", seen[:first]), ("idle", seen[first:])):
+        record[f"{name}-local"] = torch.cat([lo.reshape(-1) for lo, _ in part])
+        record[f"{name}-sum"] = torch.cat([su.reshape(-1) for _, su in part])
+    save_file(record | _full_params(policy.model), f"{out}/contribution-{rank}.safetensors")
+    group.close()
+
+
+@SPAWNS
+def test_rank_1_contributes_its_share_of_the_replicated_gradient(tmp_path: Path) -> None:
+    """Under DDP each rank's bucket holds the gradient of its own micro-batches: rank 1's is not zero,
+    and the all-reduced bucket is the SUM of the ranks' (the learner's weights normalise, not DDP). The
+    same check sees an idle rank: with every micro-batch on rank 0, rank 1's bucket is all zeros (and
+    the replicas still agree)."""
+    cfg = load_config(None, [*TINY, "trainer.world_size=2", "trainer.parallel=ddp"])
+    ctx, port = mp.get_context("spawn"), free_port()
+    procs = [
+        ctx.Process(target=_contribution_rank, args=(r, port, cfg.model_dump_json(), str(tmp_path)))
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = [load_file(str(tmp_path / f"contribution-{r}.safetensors")) for r in (0, 1)]
+    for name in ("busy", "idle"):
+        local0, local1 = got[0][f"{name}-local"], got[1][f"{name}-local"]
+        torch.testing.assert_close(got[0][f"{name}-sum"], local0 + local1)  # a SUM, on both ranks
+        torch.testing.assert_close(got[1][f"{name}-sum"], local0 + local1)
+        assert float(local0.abs().sum()) > 0
+    assert float(got[1]["busy-local"].abs().sum()) > 0  # rank 1 computed gradient of its own
+    assert float(got[1]["idle-local"].abs().sum()) == 0  # an idle rank shows as zeros
+    for n in got[0]:
+        if "-" not in n:
+            torch.testing.assert_close(got[0][n], got[1][n], atol=0, rtol=0, msg=n)  # the replicas agree
+
+
+# ---- the learner asks the parallelism object -------------------------------------------------------
+_BRANCH_NAMES = {"Group", "Sharded", "Replicated", "ShardedPolicy", "DTensor", "dist"}
+_BRANCH_ATTRS = {"group", "sharded", "world", "rank", "leader", "ddp"}
+_BRANCH_MODULES = ("asyncrl.trainer.distributed", "asyncrl.trainer.fsdp", "torch.distributed")
+
+
+def _parallelism_branches(source: str) -> list[str]:
+    """Where ``source`` asks which parallelism runs instead of asking the object: a group, a sharded
+    policy, a world size or a rank, their classes, or torch.distributed."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in _BRANCH_NAMES:
+            found.append(f"{node.lineno}: {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr in _BRANCH_ATTRS:
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_BRANCH_MODULES):
+            found.append(f"{node.lineno}: from {node.module}")
+        elif isinstance(node, ast.Import) and any(a.name.startswith(_BRANCH_MODULES) for a in node.names):
+            found.append(f"{node.lineno}: import")
+    return sorted(found, key=lambda f: int(f.split(":")[0]))
+
+
+def test_the_learner_has_no_parallelism_branches() -> None:
+    learner = Path(__file__).resolve().parent.parent / "src" / "asyncrl" / "trainer" / "learner.py"
+    assert _parallelism_branches(learner.read_text()) == []
+
+
+def test_the_parallelism_scan_can_fail() -> None:
+    old = (
+        "from torch.distributed.tensor import DTensor\n"
+        "def f(self, total):\n"
+        "    if self.group is not None:\n"
+        "        total = self.group.sum_(total)\n"
+        "    if self.sharded is None and self.parallel.world > 1:\n"
+        "        pass\n"
+        "    return isinstance(total, DTensor)\n"
+    )
+    assert _parallelism_branches(old) == [
+        "1: from torch.distributed.tensor",
+        "3: .group",
+        "4: .group",
+        "5: .sharded",
+        "5: .world",
+        "7: DTensor",
+    ]
+
+
 # ---- checkpoints across world sizes ---------------------------------------------------------------
-def _learner(cfg: RunConfig, group: Any = None) -> Any:
+def _learner(cfg: RunConfig) -> Any:
     from asyncrl.trainer.learner import Learner
 
-    learner = Learner(cfg, _policy(cfg, None))
-    learner.group = group
-    return learner
+    return Learner(cfg, _policy(cfg, None))
 
 
 def _optimizer_tensors(learner: Any) -> dict[str, torch.Tensor]:
@@ -254,24 +361,24 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
         save_checkpoint,
         write_optimizer_shards,
     )
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import Checkpoint, Group
+    from asyncrl.trainer.parallel import make_parallel
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
     group = Group.join(cfg, rank, "127.0.0.1", port)
-    learner = _learner(cfg, group)
+    learner = _learner(cfg)
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
-    if cfg.trainer.parallel == "fsdp":
-        learner.shard(group)  # as load_learner does: load whole, then shard
+    learner.parallelize(make_parallel(cfg, group))  # as load_learner does: load whole, then parallelize
     torch.manual_seed(101)
     learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
     # the collectives of rank 0's checkpoint, in its order: the full policy, then the optimiser shards
-    whole = learner.sharded.gather() if learner.sharded is not None else learner.policy
+    whole = learner.parallel.gather() or learner.policy
     optimizer, params = _optimizer_tensors(learner), _full_params(learner.model)
     if rank == 0:
 
         def shards(path: Path) -> None:
-            group.send("ckpt", dir=str(path))
+            group.send(Checkpoint(str(path)))
             write_optimizer_shards(path, learner.optimizer)
 
         state = TrainerState(ts.step + 1, 0, 0, {})
@@ -281,7 +388,9 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
         save_file(optimizer, f"{out}/saved-optimizer.safetensors")
         save_file(params, f"{out}/saved-params.safetensors")
     else:
-        write_optimizer_shards(Path(group.receive()["dir"]), learner.optimizer)
+        cmd = group.receive()
+        assert isinstance(cmd, Checkpoint)
+        write_optimizer_shards(Path(cmd.dir), learner.optimizer)
     group.close()
 
 

@@ -255,7 +255,7 @@ def test_lean_step_equals_full_step(extra: list[str], monkeypatch: pytest.Monkey
     assert learner._parts(_collated(learner), torch.arange(8))[0].shared  # the trie layout was used
 
     def full_proximal(self: Any, b: Any, first: torch.Tensor) -> torch.Tensor | None:
-        return self._logprobs(self.model, b) if self.needs_prox else None
+        return self._logprobs(self.parallel.scorer, b) if self.needs_prox else None
 
     monkeypatch.setattr(learner_mod.Learner, "_proximal", full_proximal)
     g_ref, m_ref, _ = _step(["trainer.share_prefixes=false", "trainer.logits_chunk_tokens=0", *extra])
@@ -287,6 +287,7 @@ def test_no_grad_passes_only_when_read(
     extra: list[str], proximal_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import asyncrl.trainer.learner as learner_mod
+    import asyncrl.trainer.parallel as parallel_mod
 
     real = learner_mod.token_logprobs_and_entropy
     no_grad_rows: list[int] = []
@@ -296,7 +297,8 @@ def test_no_grad_passes_only_when_read(
             no_grad_rows.append(int(args[1].shape[0]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(learner_mod, "token_logprobs_and_entropy", counting)
+    monkeypatch.setattr(learner_mod, "token_logprobs_and_entropy", counting)  # the reference's scorer
+    monkeypatch.setattr(parallel_mod, "token_logprobs_and_entropy", counting)  # the policy's
     learner = _learner(extra)
     torch.manual_seed(0)
     m = learner.step(_group_trajectories(2, seed=1), version=0)

@@ -4,27 +4,21 @@ Roles
     Rank 0 is the trainer role (:class:`~asyncrl.trainer.process.TrainerRole`): it alone touches the
     queue (lease, ack), the ledger, the replay buffer, the weight store and the checkpoint directory.
     Ranks 1..N-1 are followers (:func:`asyncrl.trainer.ranks.follow`): a replica of the policy and its
-    optimiser that does what rank 0 broadcasts, one command at a time (msgpack, never pickle):
-
-    ``init``  the checkpoint rank 0 resumed from (every rank loads the same one)
-    ``step``  the batch (wire-encoded trajectories), its weight version and rank 0's torch RNG state
-    ``ckpt``  write your shard of the optimiser state into this directory (collective)
-    ``gather`` all-gather the sharded policy's full state for rank 0 (``parallel: fsdp``; collective)
-    ``beat``  nothing: rank 0 is waiting for data (keeps the collective timeout from firing)
-    ``stop``  the run is over
+    optimiser that does what rank 0 broadcasts, one :data:`Command` at a time (a msgspec tagged union
+    on msgpack, never pickle): :class:`Init`, :class:`Step`, :class:`Checkpoint`, :class:`Gather`,
+    :class:`Beat`, :class:`Stop`.
 
 Exactly the one-rank update
     Within each minibatch the learner cuts micro-batches exactly as one rank would (same rows, same
     token budget) and :func:`assign` gives each to one rank — largest first, to the rank with the
     fewest padded tokens so far, ties to the lowest rank: deterministic and balanced. Every rank
-    computes the normalisers (``microbatch_weights``) over the WHOLE minibatch, so the sum over ranks
-    of the weighted micro-batch gradients is the one-rank gradient: :meth:`Group.all_reduce_grads`
-    (one SUM per bucket of flattened gradients) runs before clipping, and clipping, the finiteness
-    check and the optimiser step then see identical gradients on every rank — the replicas stay
-    identical (DDP semantics without the wrapper, whose hooks assume the same number of backward
-    passes on every rank). Log-prob passes (proximal, reference, KL early stop) are split the same way
-    and summed (each entry is computed by one rank, zero elsewhere). Metrics are gathered so that
-    every rank merges the same list of micro-batch metrics one rank would have.
+    computes the normalisers (``microbatch_weights``) over the WHOLE minibatch, so the SUM over ranks
+    of the weighted micro-batch gradients is the one-rank gradient (DDP's or FSDP2's reduction, set to
+    sum: :mod:`asyncrl.trainer.parallel`); clipping, the finiteness check and the optimiser step then
+    see identical gradients on every rank — the replicas stay identical. Log-prob passes (proximal,
+    reference, KL early stop) are split the same way and summed (each entry is computed by one rank,
+    zero elsewhere). Metrics are gathered so that every rank merges the same list of micro-batch
+    metrics one rank would have.
 
 Faults
     Every collective, and the rendezvous, has ``trainer.dist_timeout_s``: a rank that died makes the
@@ -32,7 +26,7 @@ Faults
     out; each then raises and its process exits non-zero, and the supervisor stops the rest of the group
     and starts a new one from the newest checkpoint (:mod:`asyncrl.orchestrator.run`). Rank 0 acknowledges
     queue entries only after a checkpoint covers them, so a lost group loses nothing and trains nothing
-    twice. Rank 0 sends ``beat`` when idle for a quarter of the timeout.
+    twice. Rank 0 sends :class:`Beat` when idle for a quarter of the timeout.
 """
 
 from __future__ import annotations
@@ -40,21 +34,60 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import Any
 
 import msgspec
 import torch
 import torch.distributed as dist
 
 from asyncrl.config import RunConfig
+from asyncrl.records import Trajectory, encode
 
-_BUCKET_ELEMENTS = 1 << 24
-"""Gradients are all-reduced in flattened buckets of at most this many elements (64 MB in float32)."""
 _BEAT_FRACTION = 0.25
-"""An idle rank 0 sends ``beat`` after this fraction of ``trainer.dist_timeout_s`` without a command."""
+"""An idle rank 0 sends :class:`Beat` after this fraction of ``trainer.dist_timeout_s`` without a command."""
+
+
+class Init(msgspec.Struct, tag=True):
+    """Load this checkpoint (``""``: the initial policy): the one rank 0 resumed from."""
+
+    ckpt: str
+
+
+class Step(msgspec.Struct, tag=True):
+    """Take the learner step on this batch (wire-encoded trajectories) at this weight version, from
+    rank 0's torch RNG state (the minibatch permutation draws from it)."""
+
+    trajs: list[bytes]
+    version: int
+    rng: bytes
+
+    @classmethod
+    def of(cls, batch: list[Trajectory], version: int) -> Step:
+        return cls([encode(t) for t in batch], version, torch.get_rng_state().numpy().tobytes())
+
+
+class Checkpoint(msgspec.Struct, tag=True):
+    """Write your shard of the optimiser state into this directory (collective)."""
+
+    dir: str
+
+
+class Gather(msgspec.Struct, tag=True):
+    """All-gather the sharded policy's full state for rank 0 (collective)."""
+
+
+class Beat(msgspec.Struct, tag=True):
+    """Nothing: rank 0 is alive and waiting for data."""
+
+
+class Stop(msgspec.Struct, tag=True):
+    """The run is over."""
+
+
+Command = Init | Step | Checkpoint | Gather | Beat | Stop
+"""What rank 0 tells the followers: one msgspec tagged union (msgpack on the wire, never pickle)."""
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode_command = msgspec.msgpack.Decoder(dict[str, Any]).decode
+_commands: msgspec.msgpack.Decoder[Command] = msgspec.msgpack.Decoder(Command)
 _decode_parts = msgspec.msgpack.Decoder(list[tuple[dict[str, float], float, float]]).decode
 
 
@@ -131,33 +164,6 @@ class Group:
         counts[self.rank] = count
         return [int(c) for c in self.sum_(counts).tolist()]
 
-    def all_reduce_grads(self, params: list[torch.Tensor]) -> None:
-        """Sum every parameter's gradient over the ranks (a rank that ran no micro-batch adds zeros).
-
-        A parameter with no gradient on any rank keeps ``grad = None`` (as on one rank, where the
-        optimiser then leaves it alone).
-        """
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=params[0].device)
-        dist.all_reduce(has, op=dist.ReduceOp.MAX)
-        live = [p for p, h in zip(params, has.tolist(), strict=True) if h]
-        for p in live:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in live if p.grad is not None]
-        start = 0
-        while start < len(grads):
-            end, size = start, 0
-            while end < len(grads) and (end == start or size + grads[end].numel() <= _BUCKET_ELEMENTS):
-                size += grads[end].numel()
-                end += 1
-            flat = torch.cat([g.reshape(-1) for g in grads[start:end]])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            offset = 0
-            for g in grads[start:end]:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-            start = end
-
     def gather_parts(
         self, parts: list[tuple[dict[str, float], float, float]]
     ) -> list[tuple[dict[str, float], float, float]]:
@@ -165,19 +171,19 @@ class Group:
         return [p for blob in self._all_gather_bytes(_encode(parts)) for p in _decode_parts(blob)]
 
     # -- commands from rank 0 ------------------------------------------------------------------------
-    def send(self, op: str, **fields: Any) -> None:
+    def send(self, cmd: Command) -> None:
         """Rank 0: broadcast one command to the followers."""
-        self._broadcast_bytes(_encode({"op": op, **fields}))
+        self._broadcast_bytes(_encode(cmd))
         self._sent = time.monotonic()
 
-    def receive(self) -> dict[str, Any]:
+    def receive(self) -> Command:
         """A follower: the next command from rank 0 (raises when rank 0 is gone or past the timeout)."""
-        return _decode_command(self._broadcast_bytes(b""))
+        return _commands.decode(self._broadcast_bytes(b""))
 
     def beat(self) -> None:
         """Rank 0, idle: tell the followers it is alive, at most every quarter of the timeout."""
         if time.monotonic() - self._sent > _BEAT_FRACTION * self.timeout_s:
-            self.send("beat")
+            self.send(Beat())
 
     # -- bytes over the group --------------------------------------------------------------------
     def _bytes_tensor(self, data: bytes) -> torch.Tensor:

@@ -1,30 +1,30 @@
 """Sharded trainer ranks (``trainer.parallel: fsdp``): the policy under FSDP2's ``fully_shard``.
 
 With ``trainer.world_size > 1`` and ``parallel: fsdp`` each rank keeps 1/N of every parameter, of its
-gradient and of the AdamW moments (ZeRO-3), instead of the whole model (``ddp``,
-:mod:`asyncrl.trainer.distributed`). The learner's maths is unchanged; this module wraps it.
+gradient and of the AdamW moments (ZeRO-3), instead of the whole model (``ddp``).
+The learner's maths is unchanged; :class:`asyncrl.trainer.parallel.Sharded` asks this module.
 
 Units
     Every decoder layer is one ``fully_shard`` unit (its parameters all-gathered just before its
     forward, freed after it, gathered again for the backward, gradients reduce-scattered after it).
     The learner never calls the causal LM's own ``forward``: it runs the decoder and the LM head as
     separate calls (the head only at the loss positions, in chunks; :mod:`asyncrl.policy.model`). So the
-    root unit is :class:`Scorer`, a module whose ``forward`` IS the learner's scoring function: the
+    root unit is :class:`~asyncrl.trainer.parallel.Scorer`, a module whose ``forward`` IS the learner's scoring function: the
     embeddings, the final norm and the (tied) head belong to it, are gathered when a score starts and
     stay gathered until its backward ends (FSDP2 does not reshard its root after the forward), so the
     head's chunked calls, and their recomputation in the backward, see whole weights.
 
 Lock-step
-    Every pass through :class:`Scorer` is a collective (all-gathers in the forward, reduce-scatters in
+    Every pass through the scorer is a collective (all-gathers in the forward, reduce-scatters in
     the backward), so every rank must run the same number of passes: the learner pads a rank's share
-    of micro-batches with passes of weight 0 (:meth:`asyncrl.trainer.learner.Learner._own`), and an
+    of micro-batches with passes of weight 0 (:meth:`asyncrl.trainer.parallel.Sharded.own`), and an
     adapter or layer that got no gradient on a rank reduce-scatters zeros
     (``set_reduce_scatter_unused_params``). The reduce-scatter SUMS (divide factor 1): the learner's
     micro-batch weights already make the sum over ranks the one-rank gradient, as with ``ddp``.
 
 The full state
     Publishing a version (the canary runs the model on its probe) and checkpointing the policy need the
-    whole weights on rank 0: :meth:`Sharded.gather` all-gathers every parameter, on every rank
+    whole weights on rank 0: :meth:`ShardedPolicy.gather` all-gathers every parameter, on every rank
     together (rank 0 sends ``gather``), into a :class:`~asyncrl.policy.Policy` twin of rank 0 — the
     same modules, built once on the meta device — which then publishes and saves exactly as one rank
     does. The twin's weights are released at the next step. The optimiser state stays sharded: each
@@ -32,7 +32,7 @@ The full state
 
 Resume
     A checkpoint holds full tensors whatever wrote it: every rank loads it into the unsharded model and
-    optimiser first, then :meth:`~asyncrl.trainer.learner.Learner.shard` shards both (each rank keeps its own slice, no
+    optimiser first, then :meth:`~asyncrl.trainer.parallel.Sharded.wrap` shards both (each rank keeps its own slice, no
     communication), so a checkpoint of any world size and either mode resumes in this one.
 """
 
@@ -47,25 +47,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from asyncrl.policy.model import token_logprobs_and_entropy
-
 if TYPE_CHECKING:
     from asyncrl.policy import Policy
     from asyncrl.trainer.distributed import Group
-
-
-class Scorer(torch.nn.Module):
-    """:func:`~asyncrl.policy.model.token_logprobs_and_entropy` of ``model`` as a module: FSDP2's root
-    unit, whose forward hooks gather the parameters the learner's separate decoder and head calls use."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model  # a transformers model (or peft's wrapper of one)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: torch.Tensor, **kw: Any
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logprobs_and_entropy(self.model, input_ids, attention_mask, temperature, **kw)
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -82,10 +66,10 @@ def _skeleton(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
-class Sharded:
-    """A rank's FSDP2-sharded policy: the :class:`Scorer` to run, and the gathered full state."""
+class ShardedPolicy:
+    """A rank's FSDP2-sharded policy: the scorer to run (the root unit), and the gathered full state."""
 
-    def __init__(self, policy: Policy, group: Group) -> None:
+    def __init__(self, policy: Policy, scorer: torch.nn.Module, group: Group) -> None:
         from asyncrl.policy import Policy
 
         model = policy.model
@@ -99,7 +83,7 @@ class Sharded:
         self.twin = None if twin is None else Policy(twin, policy.tokenizer)  # type: ignore[arg-type]
         mesh = init_device_mesh(group.device.type, (group.world,))
         units: list[FSDPModule] = [fully_shard(layer, mesh=mesh) for layer in _layers(model)]
-        self.scorer = fully_shard(Scorer(model), mesh=mesh)
+        self.scorer = fully_shard(scorer, mesh=mesh)
         for unit in [*units, self.scorer]:
             unit.set_gradient_divide_factor(1.0)  # a sum: the learner's weights normalise
             unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)

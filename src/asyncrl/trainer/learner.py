@@ -19,13 +19,11 @@ not extra optimiser steps). Log-probs come from the final hidden states in chunk
 recomputes block activations in the backward. The no-grad passes (proximal, reference, KL check)
 use the same micro-batches.
 
-Data parallel (``trainer.world_size > 1``): :attr:`Learner.group` is set and every rank runs only its
-share of each list of micro-batches (:meth:`Learner._own`); gradients and log-probs are summed over
-the ranks (:mod:`asyncrl.trainer.distributed`). Everything else — normalisers, clipping, the
-finiteness check, the optimiser step — is computed identically on every rank. With a sharded policy
-(``trainer.parallel: fsdp``, :attr:`Learner.sharded`, :mod:`asyncrl.trainer.fsdp`) the policy is scored
-through FSDP2's root unit, every rank runs the same number of passes, and FSDP's reduce-scatter
-replaces the all-reduce; the maths is the same.
+Parallelism (``trainer.world_size > 1``): the learner asks :attr:`Learner.parallel`
+(:mod:`asyncrl.trainer.parallel`) which micro-batches this rank runs, what to score the policy with,
+how to accumulate, and for the sums over the ranks; the code below is the same for one rank, DDP and
+FSDP2. Normalisers, clipping, the finiteness check and the optimiser step are computed identically
+on every rank.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from asyncrl.algo import (
     PolicyLossConfig,
@@ -54,11 +51,10 @@ from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.policy.packing import shared_microbatches
 from asyncrl.records import Trajectory
+from asyncrl.trainer.parallel import Parallel, Single
 
 if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
-    from asyncrl.trainer.distributed import Group
-    from asyncrl.trainer.fsdp import Sharded
 
 
 @dataclass
@@ -194,10 +190,6 @@ class Learner:
         tc = cfg.trainer
         self.build_optimizer()
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
-        self.group: Group | None = None
-        """The trainer group when ``trainer.world_size > 1`` (set by the rank's process)."""
-        self.sharded: Sharded | None = None
-        """The FSDP2-sharded policy with ``trainer.parallel: fsdp`` (:meth:`shard`)."""
         if tc.gradient_checkpointing:
             hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
             enable = getattr(hf, "activation_checkpointing_enable", None)
@@ -206,6 +198,12 @@ class Learner:
             else:  # pragma: no cover - older transformers
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
+        self.parallelize(Single())
+
+    def parallelize(self, parallel: Parallel) -> None:
+        """Train under ``parallel`` (after any checkpoint was loaded into the policy and optimiser)."""
+        self.parallel = parallel
+        parallel.wrap(self)
 
     def build_optimizer(self) -> None:
         """A fresh AdamW and LR schedule on the trainable parameters (again after they were sharded)."""
@@ -216,19 +214,6 @@ class Learner:
         fused = self.policy.device.type in ("cpu", "cuda") and bool(trainable)
         self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-
-    def shard(self, group: Group) -> None:
-        """Shard the policy and the optimiser over ``group`` in place (``trainer.parallel: fsdp``;
-        :mod:`asyncrl.trainer.fsdp`), after any checkpoint was loaded into them: parameters and AdamW
-        moments become this rank's slices, the LR schedule is kept."""
-        from asyncrl.trainer.fsdp import Sharded, shard_optimizer_state
-
-        state, schedule = self.optimizer.state_dict(), self.scheduler.state_dict()
-        self.sharded = Sharded(self.policy, group)
-        self.build_optimizer()  # on the sharded parameters
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer.load_state_dict(shard_optimizer_state(state, trainable))
-        self.scheduler.load_state_dict(schedule)
 
     def _lr_factor(self, step: int) -> float:
         tc = self.cfg.trainer
@@ -254,8 +239,7 @@ class Learner:
     def step(self, trajs: list[Trajectory], version: int) -> dict[str, float]:
         """Train on ``trajs`` at weight ``version``; returns metrics (``train/skipped`` = 1 if not finite)."""
         algo = self.cfg.algo
-        if self.sharded is not None:
-            self.sharded.release()  # the gathered full state is about to go stale
+        self.parallel.release()  # a gathered full state is about to go stale
         pad = self.policy.tokenizer.pad_token_id
         host = collate(trajs, pad)
         # 1. credit: per-token advantages (computed on the host: per-trajectory Python work; a
@@ -268,7 +252,9 @@ class Learner:
         first = self._minibatches(len(trajs))
         with torch.no_grad():
             prox = self._proximal(b, first[0])
-            ref = self._logprobs(self.ref.model, b) if self.ref is not None and algo.kl_coef > 0 else None
+            ref = None
+            if self.ref is not None and algo.kl_coef > 0:  # the reference is replicated on every rank
+                ref = self._logprobs(partial(token_logprobs_and_entropy, self.ref.model), b)
         # 3. epochs x minibatches (one optimiser step each) with approximate-KL early stop; a
         # non-finite minibatch undoes the whole step
         skipped, stopped = self._epochs(_Minibatch(b, adv, prox, ref, age), first, metrics)
@@ -317,7 +303,7 @@ class Learner:
             if tc.target_kl is not None and epoch < tc.epochs - 1:
                 assert data.prox is not None  # needs_prox
                 with torch.no_grad():
-                    now = self._logprobs(self.model, b)
+                    now = self._logprobs(self.parallel.scorer, b)
                 kl_now = float(approx_kl(now, data.prox, b.mask))
                 metrics["train/approx_kl"] = kl_now
                 if kl_now > tc.target_kl:
@@ -336,7 +322,7 @@ class Learner:
             return None
         keep = torch.ones(b.ids.shape[0], dtype=torch.bool)
         keep[first] = False
-        return self._logprobs(self.model, b, torch.arange(b.ids.shape[0])[keep])
+        return self._logprobs(self.parallel.scorer, b, torch.arange(b.ids.shape[0])[keep])
 
     def _minibatches(self, n: int) -> list[torch.Tensor]:
         """One epoch's minibatches: ``trainer.minibatches`` chunks of a random order (in order for one)."""
@@ -359,36 +345,25 @@ class Learner:
         parts = cut if cut is not None else microbatches(lengths, budget)
         return [_Part(rows[p], max(int(lengths[p].max()), 1), cut is not None) for p in parts]
 
-    def _own(self, parts: list[_Part]) -> list[int]:
-        """Indices of the micro-batches this rank runs: all of them on one rank.
-
-        Sharded (FSDP), every pass is a collective, so every rank runs as many passes as the busiest:
-        the list is padded with ``-1``, a pass of weight 0 (:meth:`_idle_part`)."""
-        if self.group is None:
-            return list(range(len(parts)))
-        sizes = [len(p.rows) * p.width for p in parts]
-        mine = self.group.mine(sizes)
-        if self.sharded is None:
-            return mine
-        return mine + [-1] * (self.group.most(sizes) - len(mine))
+    def _own(self, parts: list[_Part], backward: bool) -> list[int]:
+        """Indices of the micro-batches this rank runs (``-1``: a padding pass, :meth:`_idle_part`)."""
+        return self.parallel.own([len(p.rows) * p.width for p in parts], backward)
 
     def _idle_part(self, b: Batch, parts: list[_Part]) -> _Part:
-        """The padding pass of a sharded rank: one row of the last (smallest) micro-batch — the one with
-        the most loss tokens, so the loss reaches every unit and each runs its backward — weighted 0."""
+        """A padding pass (a rank with fewer micro-batches than a collective needs): one row of the last
+        (smallest) micro-batch — the one with the most loss tokens, so the loss reaches every unit and
+        each runs its backward — weighted 0."""
         rows = parts[-1].rows
         row = rows[int(b.mask[rows].sum(1).argmax())].reshape(1)  # a row with loss tokens: a backward
         return _Part(row, max(int(b.attn[row].sum()), 1), False)
 
     def _score(
-        self, model: Any, b: Batch, part: _Part, with_entropy: bool
+        self, score: Any, b: Batch, part: _Part, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropies) ``[len(rows), width]`` of a micro-batch, at its loss positions only
-        (0 elsewhere: nothing reads them, so the LM head never runs there)."""
+        """Log-probs (and entropies) ``[len(rows), width]`` of a micro-batch under ``score`` (the
+        parallelism's scorer of the policy, or the reference's), at its loss positions only (0
+        elsewhere: nothing reads them, so the LM head never runs there)."""
         rows, width = part.rows, part.width
-        # the sharded policy is scored through its FSDP root unit (which gathers the parameters)
-        score: Any = partial(token_logprobs_and_entropy, model)
-        if self.sharded is not None and model is self.model:
-            score = self.sharded.scorer
         return score(  # type: ignore[no-any-return]
             b.ids[rows, :width],
             b.attn[rows, :width],
@@ -403,17 +378,17 @@ class Learner:
         """The positions a micro-batch's scores are read at: its loss mask."""
         return b.mask[part.rows, : part.width] > 0
 
-    def _logprobs(self, model: Any, b: Batch, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def _logprobs(self, score: Any, b: Batch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Log-probs ``[B, T]`` of ``rows`` (all by default; 0 elsewhere), no grad, one micro-batch at a time."""
         out = torch.zeros_like(b.mask)
         rows = torch.arange(b.ids.shape[0]) if rows is None else rows
         parts = self._parts(b, rows.to(b.ids.device)) if rows.numel() else []
-        for i in self._own(parts):
+        for i in self._own(parts, backward=False):
             part = parts[i] if i >= 0 else self._idle_part(b, parts)
-            lp = self._score(model, b, part, with_entropy=False)[0]
+            lp = self._score(score, b, part, with_entropy=False)[0]
             if i >= 0:
                 out[part.rows, : part.width] = lp
-        return out if self.group is None else self.group.sum_(out)
+        return self.parallel.sum_(out)
 
     def _weights(self, d: _Minibatch, parts: list[_Part]) -> tuple[list[float], list[float]]:
         """Per-micro-batch weights of the policy term and of the token-mean terms (entropy, KL).
@@ -429,7 +404,10 @@ class Learner:
             with torch.no_grad():
                 keep = [
                     policy_loss_mask(
-                        self._score(self.model, d.b, p, False)[0], d.b.behaviour[p.rows, : p.width], m, pl
+                        self._score(self.parallel.scorer, d.b, p, False)[0],
+                        d.b.behaviour[p.rows, : p.width],
+                        m,
+                        pl,
                     )
                     for p, m in zip(parts, masks, strict=True)
                 ]
@@ -455,29 +433,24 @@ class Learner:
         w_policy, w_tok = self._weights(d, parts)
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=d.b.ids.device)
-        merged: list[tuple[dict[str, float], float, float]] = []
-        ran: list[int] = []  # micro-batches each rank ran (a group's, in rank order)
-        for i in self._own(parts):
-            if i < 0:  # a sharded rank's padding pass: the collectives of a pass, weight 0
-                self._micro_loss(d, self._idle_part(d.b, parts), pl, 0.0, 0.0, False)[0].backward()  # type: ignore[no-untyped-call]
-                continue
-            part, wp, wt = parts[i], w_policy[i], w_tok[i]
-            loss, pm = self._micro_loss(d, part, pl, wp, wt, fill_prox)
-            if loss.requires_grad:
-                loss.backward()  # type: ignore[no-untyped-call]
-            total = total + loss.detach()
-            merged.append((pm, wp, wt))  # one entry per micro-batch this rank ran
-        if self.group is not None:  # the whole minibatch's loss, gradient and metrics on every rank
-            total = self.group.sum_(total)
-            if self.sharded is None:  # FSDP reduce-scattered each backward already
-                self.group.all_reduce_grads([p for p in self.model.parameters() if p.requires_grad])
-            if fill_prox and d.prox is not None:  # each rank filled its own micro-batches' rows of mb
-                d.prox[mb] = self.group.sum_(d.prox[mb])
-            ran = self.group.per_rank(len(merged))  # what each rank ran, not what it was told
-            merged = self.group.gather_parts(merged)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-        if isinstance(grad_norm, DTensor):  # sharded gradients: the norm is a (replicated) DTensor
-            grad_norm = grad_norm.full_tensor()
+        merged: list[tuple[dict[str, float], float, float]] = []  # one entry per micro-batch this rank ran
+        own = self._own(parts, backward=True)
+        for n, i in enumerate(own):
+            part, wp, wt = (
+                (parts[i], w_policy[i], w_tok[i]) if i >= 0 else (self._idle_part(d.b, parts), 0.0, 0.0)
+            )
+            with self.parallel.accumulate(last=n == len(own) - 1):
+                loss, pm = self._micro_loss(d, part, pl, wp, wt, fill_prox and i >= 0)
+                if loss.requires_grad:
+                    loss.backward()  # type: ignore[no-untyped-call]
+            if i >= 0:
+                total = total + loss.detach()
+                merged.append((pm, wp, wt))
+        # the whole minibatch's loss, proximal log-probs (each rank filled its own rows) and metrics
+        total, merged, split = self.parallel.reduce(total, merged)
+        if fill_prox and d.prox is not None:
+            d.prox[mb] = self.parallel.sum_(d.prox[mb])
+        grad_norm = self.parallel.clip(self.model.parameters(), tc.grad_clip)
         if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return False, {}
@@ -485,9 +458,7 @@ class Learner:
         metrics = _merge_metrics(merged)
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/microbatches"] = float(len(parts))
-        if self.group is not None:
-            metrics.update({f"train/microbatches_rank{r}": float(n) for r, n in enumerate(ran)})
-        return True, metrics
+        return True, metrics | split
 
     def _micro_loss(
         self, d: _Minibatch, part: _Part, pl: PolicyLossConfig, wp: float, wt: float, fill_prox: bool
@@ -499,7 +470,7 @@ class Learner:
         """
         algo = self.cfg.algo
         rows, w = part.rows, part.width
-        logp, ent = self._score(self.model, d.b, part, with_entropy=True)
+        logp, ent = self._score(self.parallel.scorer, d.b, part, with_entropy=True)
         assert ent is not None
         m = d.b.mask[rows, :w]
         prox = None if d.prox is None else d.prox[rows, :w]

@@ -27,18 +27,20 @@ from __future__ import annotations
 import logging
 import random
 import time
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState
-from asyncrl.records import Trajectory, encode
+from asyncrl.records import Trajectory
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import LifecycleFigures, TrainerFigures, TrainerReport
 from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
+from asyncrl.trainer.distributed import Checkpoint, Init, Step, Stop
 from asyncrl.trainer.intake import Intake
 from asyncrl.transport import make_queue
 
@@ -56,11 +58,12 @@ def load_learner(
     cfg: RunConfig, run_dir: Path, ckpt: Path | None, py_rng: random.Random, group: Group | None = None
 ) -> tuple[Learner, TrainerState]:
     """The policy (from ``ckpt`` or the initial policy), its reference and learner, restored from
-    ``ckpt`` when given (every rank of a trainer group builds its replica this way, then, with
-    ``trainer.parallel: fsdp``, shards it: :meth:`~asyncrl.trainer.learner.Learner.shard`)."""
+    ``ckpt`` when given (every rank of a trainer group builds its replica this way, then puts it under
+    its parallelism: :func:`~asyncrl.trainer.parallel.make_parallel`)."""
     from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState, load_checkpoint
     from asyncrl.trainer.learner import Learner
+    from asyncrl.trainer.parallel import make_parallel
 
     device = cfg.model.device
     policy = Policy.load(ckpt / "policy" if ckpt else run_dir / "initial_policy", cfg=cfg.model).to(device)
@@ -71,9 +74,7 @@ def load_learner(
         ts = load_checkpoint(ckpt, policy, learner.optimizer, learner.scheduler, py_rng)
         log.info("resumed from %s (step %d)", ckpt, ts.step)
         learner.credit.load_value(run_dir, ts.step)
-    learner.group = group
-    if group is not None and cfg.trainer.parallel == "fsdp":
-        learner.shard(group)
+    learner.parallelize(make_parallel(cfg, group))
     return learner, ts
 
 
@@ -97,10 +98,10 @@ class TrainerRole:
         self.store = make_weight_store(cfg.weights, run_dir)
         self.ckpt_root = run_dir / "checkpoints"
         ckpt = latest_checkpoint(self.ckpt_root, verify=True) if resume else None
-        self.group = group
         if group is not None:  # every rank resumes from the checkpoint rank 0 chose
-            group.send("init", ckpt=str(ckpt) if ckpt else "")
+            group.send(Init(str(ckpt) if ckpt else ""))
         self.learner, ts = load_learner(cfg, run_dir, ckpt, self.py_rng, group)
+        self.parallel = self.learner.parallel
         self.policy: Policy = self.learner.policy
         self.step = ts.step
         published = max(self.store.latest_version() or 0, ts.last_published)
@@ -129,7 +130,7 @@ class TrainerRole:
         self.learn = 0.0  # of busy: inside the learner's step (the rest of busy is framework overhead)
         self.publish_s = 0.0  # of busy: writing weight versions
         self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
-        self.lender = _lender(cfg, run_dir, self.policy.model) if group is None else None
+        self.lender = _lender(cfg, run_dir, self.policy.model) if self.parallel.world == 1 else None
         self.state.announce_version(self.version)
         self.state.record_start(resumed=ckpt is not None)
 
@@ -184,7 +185,11 @@ class TrainerRole:
 
         t0 = time.perf_counter()
         path = publish_policy(
-            self.store, self.version, self._full_policy(), step=self.step, canary=self.cfg.weights.canary
+            self.store,
+            self.version,
+            self.parallel.full_policy(self.policy),
+            step=self.step,
+            canary=self.cfg.weights.canary,
         )
         self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
@@ -202,37 +207,24 @@ class TrainerRole:
         )
         save_checkpoint(
             self.ckpt_root,
-            self._full_policy(),
+            self.parallel.full_policy(self.policy),
             self.learner.optimizer,
             self.learner.scheduler,
             ts,
             self.py_rng,
             keep=self.cfg.trainer.keep_checkpoints,
-            optimizer_shards=self._optimizer_shards if self.group is not None else None,
+            optimizer_shards=self._optimizer_shards if self.parallel.world > 1 else None,
         )
         self.learner.credit.save_value(self.run_dir, self.step, keep=self.cfg.trainer.keep_checkpoints)
         # the trained fates are durable now: record them, then acknowledge (a crash in between only
         # causes a redelivery that is de-duplicated against the ledger)
         self.intake.checkpointed()
 
-    def _full_policy(self) -> Policy:
-        """The policy with its whole weights: this rank's own, or with a sharded policy the full state
-        gathered by every rank together (once per step; :meth:`~asyncrl.trainer.fsdp.Sharded.gather`)."""
-        sharded = self.learner.sharded
-        if sharded is None or self.group is None:
-            return self.policy
-        if not sharded.gathered:
-            self.group.send("gather")
-            sharded.gather()
-        assert sharded.twin is not None  # rank 0 keeps the twin
-        return sharded.twin
-
     def _optimizer_shards(self, path: Path) -> None:
         """Every rank writes its shard of the optimiser state into ``path`` (one collective save)."""
         from asyncrl.trainer.checkpoint import write_optimizer_shards
 
-        if self.group is not None:
-            self.group.send("ckpt", dir=str(path))
+        self.parallel.tell(lambda: Checkpoint(str(path)))
         write_optimizer_shards(path, self.learner.optimizer)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -250,16 +242,14 @@ class TrainerRole:
             batch, dropped = self.buffer.take(self.version, bound)
             self._record_drops(dropped)
             if batch is None:
-                if self.group is not None:
-                    self.group.beat()
+                self.parallel.beat()
                 if self.lender is not None:  # nothing to train: our cores go to the rollout workers
                     self.lender.waiting()
                 self.idle += time.perf_counter() - t0
                 continue
             # 3. learn; a non-finite step is skipped and never published
             t_learn = time.perf_counter()
-            if self.group is not None:  # the other ranks take the same step on the same batch
-                self.group.send("step", **step_command(batch, self.version))
+            self.parallel.tell(partial(Step.of, batch, self.version))  # the other ranks take the same step
             metrics = self.learner.step(batch, self.version)
             self.learn += time.perf_counter() - t_learn
             skipped = metrics["train/skipped"] > 0
@@ -295,8 +285,7 @@ class TrainerRole:
             last = (metrics, batch)
         if self.intake.trained:
             self._checkpoint()
-        if self.group is not None:
-            self.group.send("stop")
+        self.parallel.tell(Stop)
         if last is not None:
             self._report(*last)  # final figures (the cost ledger reads the last row of each process)
         if self.step >= tc.total_steps:
@@ -355,17 +344,6 @@ def _lender(cfg: RunConfig, run_dir: Path, model: torch.nn.Module) -> ThreadLend
     if lender is not None:
         lender.attach(model)
     return lender
-
-
-def step_command(batch: list[Trajectory], version: int) -> dict[str, Any]:
-    """The ``step`` command for the other ranks: the batch on the wire format, the version, and this
-    rank's torch RNG state (the minibatch permutation draws from it)."""
-
-    return {
-        "trajs": [encode(t) for t in batch],
-        "version": version,
-        "rng": torch.get_rng_state().numpy().tobytes(),
-    }
 
 
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:

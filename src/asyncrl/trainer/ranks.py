@@ -16,7 +16,7 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.records import decode_trajectory
-from asyncrl.trainer.distributed import Group
+from asyncrl.trainer.distributed import Beat, Checkpoint, Gather, Group, Init, Step, Stop
 
 ENV_RENDEZVOUS = "env://"
 """The rendezvous address meaning "from MASTER_ADDR / MASTER_PORT" (``asyncrl role trainer``; under
@@ -46,22 +46,22 @@ def follow(cfg: RunConfig, run_dir: Path, group: Group) -> None:
 
     torch.manual_seed(cfg.seed)
     hello = group.receive()
-    if hello["op"] != "init":
-        raise RuntimeError(f"trainer rank {group.rank}: expected 'init' from rank 0, got {hello['op']!r}")
-    learner, _ = load_learner(
-        cfg, run_dir, Path(hello["ckpt"]) if hello["ckpt"] else None, random.Random(cfg.seed), group
-    )
+    if not isinstance(hello, Init):
+        raise RuntimeError(f"trainer rank {group.rank}: expected Init from rank 0, got {hello!r}")
+    ckpt = Path(hello.ckpt) if hello.ckpt else None
+    learner, _ = load_learner(cfg, run_dir, ckpt, random.Random(cfg.seed), group)
     while True:
-        cmd = group.receive()
-        op = cmd["op"]
-        if op == "step":
-            torch.set_rng_state(torch.frombuffer(bytearray(cmd["rng"]), dtype=torch.uint8))
-            learner.step([decode_trajectory(b) for b in cmd["trajs"]], int(cmd["version"]))
-        elif op == "ckpt":
-            write_optimizer_shards(Path(cmd["dir"]), learner.optimizer)
-        elif op == "gather" and learner.sharded is not None:  # rank 0 publishes or checkpoints
-            learner.sharded.gather()
-        elif op == "stop":
-            return
-        elif op != "beat":
-            raise RuntimeError(f"trainer rank {group.rank}: unknown command {op!r} from rank 0")
+        match group.receive():
+            case Step(trajs, version, rng):
+                torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+                learner.step([decode_trajectory(b) for b in trajs], version)
+            case Checkpoint(dir):
+                write_optimizer_shards(Path(dir), learner.optimizer)
+            case Gather():  # rank 0 publishes or checkpoints a sharded policy
+                learner.parallel.gather()
+            case Beat():
+                pass
+            case Stop():
+                return
+            case other:
+                raise RuntimeError(f"trainer rank {group.rank}: unexpected command {other!r} from rank 0")
