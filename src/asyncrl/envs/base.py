@@ -54,6 +54,7 @@ __all__ = [
     "close_env",
     "is_async_method",
     "parse_action",
+    "repeat_final",
 ]
 
 
@@ -152,6 +153,13 @@ class SyncEnvironment(Protocol):
 
 AnyEnvironment: TypeAlias = Environment | SyncEnvironment
 """What every caller of an environment accepts: either flavour (each call goes through :func:`call_env`)."""
+
+
+def repeat_final(final: StepResult) -> StepResult:
+    """The result of a step after the episode ended (a retried final step): the same ending again."""
+    return StepResult(
+        final.observation, done=True, reward=final.reward, outcome=final.outcome, info={"after_done": True}
+    )
 
 
 def is_async_method(fn: object) -> bool:

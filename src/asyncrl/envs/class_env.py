@@ -45,6 +45,7 @@ from asyncrl.envs.base import (
     ToolCallAction,
     call_env,
     parse_action,
+    repeat_final,
     task_id,
 )
 from asyncrl.envs.class_tools import call_tool, class_tools, load_object
@@ -195,10 +196,7 @@ class ClassEnv:
         if self.task is None:
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self._final is not None:  # a retried final step: the same result again
-            f = self._final
-            return StepResult(
-                f.observation, done=True, reward=f.reward, outcome=f.outcome, info={"after_done": True}
-            )
+            return repeat_final(self._final)
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
             self._completion.append({"role": "assistant", "content": model_text})

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.base import EpisodeRewards, HashSplitTaskSource, StepResult, ToolCallAction, parse_action
+from asyncrl.envs.base import (
+    EpisodeRewards,
+    HashSplitTaskSource,
+    StepResult,
+    ToolCallAction,
+    parse_action,
+    repeat_final,
+)
 from asyncrl.envs.base import task_id as make_task_id
 from asyncrl.envs.python_env import OBSERVATION_CHARS, PythonEnv
 from asyncrl.envs.sandbox import run_python
@@ -153,13 +160,7 @@ class GemEnv:
 
     async def step(self, model_text: str) -> StepResult:
         if self._final is not None:
-            return StepResult(
-                observation=self._final.observation,
-                done=True,
-                reward=self._final.reward,
-                outcome=self._final.outcome,
-                info={"after_done": True},
-            )
+            return repeat_final(self._final)
         if self.tools:
             action = parse_action(model_text)
             if isinstance(action, ToolCallAction) and action.name == "python":

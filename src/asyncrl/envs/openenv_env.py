@@ -19,7 +19,15 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import AnswerAction, EpisodeRewards, MalformedAction, StepResult, Tool, parse_action
+from asyncrl.envs.base import (
+    AnswerAction,
+    EpisodeRewards,
+    MalformedAction,
+    StepResult,
+    Tool,
+    parse_action,
+    repeat_final,
+)
 from asyncrl.envs.gem_env import SeedTasks, ecosystem_section
 from asyncrl.envs.imports import import_object
 from asyncrl.errors import UserError
@@ -138,14 +146,7 @@ class OpenEnvEnv:
 
     def step(self, model_text: str) -> StepResult:
         if self._final is not None:
-            final = self._final
-            return StepResult(
-                final.observation,
-                done=True,
-                reward=final.reward,
-                outcome=final.outcome,
-                info={"after_done": True},
-            )
+            return repeat_final(self._final)
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
             return self._malformed(action.reason)

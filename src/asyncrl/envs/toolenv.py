@@ -20,6 +20,7 @@ from asyncrl.envs.base import (
     StepResult,
     Tool,
     parse_action,
+    repeat_final,
 )
 from asyncrl.errors import UserError
 from asyncrl.records import Task, ToolCall
@@ -173,13 +174,7 @@ class ToolEnv(ABC):
         if self.task is None:
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self._final is not None:
-            return StepResult(
-                observation=self._final.observation,
-                done=True,
-                reward=self._final.reward,
-                outcome=self._final.outcome,
-                info={"after_done": True},
-            )
+            return repeat_final(self._final)
         self.turns += 1
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
