@@ -178,6 +178,19 @@ class _Probe:
         return value
 
 
+def _target(path_or_cfg: str | EnvConfig) -> EnvConfig | CheckReport:
+    """The config to check: a plugin path on every difficulty it declares, or the config itself; a
+    report with the error when the path does not make a config."""
+    if not isinstance(path_or_cfg, str):
+        return path_or_cfg
+    try:
+        return EnvConfig(kind="plugin", path=path_or_cfg, **ENV_OWN_DIFFICULTIES)
+    except ValueError as exc:
+        report = CheckReport(path_or_cfg)
+        report.add("error", "config", str(exc))
+        return report
+
+
 async def acheck_environment(
     path_or_cfg: str | EnvConfig,
     *,
@@ -191,37 +204,24 @@ async def acheck_environment(
 ) -> CheckReport:
     """Async version of :func:`check_environment`.
 
-    ``path_or_cfg``: ``"pkg.module:Class"`` (checked on every difficulty its task source declares)
-    or an :class:`~asyncrl.config.EnvConfig` (its ``options``, difficulty range, seed and held-out
-    size are used as a run would use them).
-    ``episodes``: tasks to play; ``max_steps``: answer steps allowed before "done never
-    reached"; ``timeout_s``: limit of every single call; ``slow_s``: calls slower than this are
-    reported (per check: reset, tool call, answer, solver ...); ``stall_s``: an ``async`` method
-    that blocks the event loop longer than this is reported; ``overlap_samples``: training tasks
-    drawn to test the held-out split; ``warm_start``: the run's SFT settings when it warm-starts,
-    which makes the reference demonstrator ``demonstrate`` required (without it, ``demonstrate`` is
-    checked when present).
+    ``path_or_cfg``: ``"pkg.module:Class"`` (on every difficulty its task source declares) or an
+    :class:`~asyncrl.config.EnvConfig` (used as a run would use it; a ``mix`` checks each member).
+    ``episodes``: tasks to play; ``max_steps``: answer steps before "done never reached";
+    ``timeout_s``: limit of every call; ``slow_s``/``stall_s``: calls slower than this / ``async``
+    methods blocking the loop longer than this are reported; ``overlap_samples``: training tasks drawn
+    to test the held-out split; ``warm_start``: the run's SFT settings when it warm-starts (then
+    ``demonstrate`` is required; otherwise checked when present).
     """
 
-    if isinstance(path_or_cfg, str):
-        try:
-            cfg = EnvConfig(kind="plugin", path=path_or_cfg, **ENV_OWN_DIFFICULTIES)
-        except ValueError as exc:
-            report = CheckReport(path_or_cfg)
-            report.add("error", "config", str(exc))
-            return report
-    else:
-        cfg = path_or_cfg
-    if cfg.kind == "mix":  # every member checked as a run would use it, then the mix's own task source
+    cfg = _target(path_or_cfg)
+    if isinstance(cfg, CheckReport):
+        return cfg
+    if cfg.kind == "mix":  # every member, then the mix's own task source
         from asyncrl.envs.mix import acheck_mix
 
         kw: dict[str, Any] = {"episodes": episodes, "max_steps": max_steps, "timeout_s": timeout_s}
-        kw |= {
-            "slow_s": slow_s,
-            "stall_s": stall_s,
-            "overlap_samples": overlap_samples,
-            "warm_start": warm_start,
-        }
+        kw["slow_s"] = slow_s
+        kw |= {"stall_s": stall_s, "overlap_samples": overlap_samples, "warm_start": warm_start}
         mixed: CheckReport = await acheck_mix(
             cfg, acheck_environment, make_task_source, CheckReport(cfg.kind), **kw
         )
