@@ -589,8 +589,10 @@ def test_ack_message_and_acks_across_chunks(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(embedded, "_ACK_CHUNK", 2)
     q = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[]).make()
-    with pytest.raises(TypeError, match="sequence of entry ids, not a single string"):
+    with pytest.raises(TypeError, match=r"^ack\(\) takes a sequence of entry ids, not a single string$"):
         q.ack("1")
+    with pytest.raises(ValueError, match=r"^'x1' is not an entry id of this queue$"):
+        q.ack(["x1"])
     for i in range(5):
         q.put(make_traj(f"t{i}"))
     batch = q.get_batch(5)
@@ -611,15 +613,35 @@ def test_embedded_lease_records_its_owner_and_survives_a_missing_payload(tmp_pat
         conn.execute("DELETE FROM payloads WHERE seq = (SELECT seq FROM entries WHERE traj_id = 'hollow')")
         batch = q.get_batch(10, consumer="trainer-7")
         assert [d.trajectory.id for d in batch] == ["kept"]
-        owners = conn.execute("SELECT traj_id, lease_owner FROM entries").fetchall()
+        q.put(make_traj("later"))
+        assert [d.trajectory.id for d in q.get_batch(10)] == ["later"]  # the default consumer's name
+        owners = conn.execute("SELECT traj_id, lease_owner FROM entries ORDER BY seq").fetchall()
     finally:
         conn.close()
-    assert owners == [("kept", "trainer-7")]
+    assert owners == [("kept", "trainer-7"), ("later", "trainer")]
     dead = q.dead_letters()
     assert [(d.trajectory_id, d.payload) for d in dead] == [("hollow", b"")]
     assert dead[0].reason.startswith("not a valid trajectory record")
     for q_ in b.opened:
         q_.close()
+
+
+def test_embedded_put_to_a_queue_filled_behind_its_back_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock-free fullness check can be stale (a rival filled the queue since): the check under
+    the write lock refuses the put, and a queue holds exactly ``capacity`` entries."""
+    q = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[]).make(capacity=2)
+    assert q.put(make_traj("a"), timeout=0.1) and q.put(make_traj("b"), timeout=0.1)
+    assert not q.put(make_traj("c"), timeout=0.1) and q.depth() == 2
+    real = q._scalar  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        q, "_scalar", lambda sql, *a: 0 if sql == "SELECT count(*) FROM entries" else real(sql, *a)
+    )
+    assert q._try_put("d", encode(make_traj("d"))) is False  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    assert q.depth() == 2
+    q.close()
 
 
 def test_embedded_dead_letter_reason_names_an_unexpected_error(
