@@ -1,5 +1,5 @@
-"""``gem`` and ``openenv`` train end to end from their configs (configs/gem_guess.yaml,
-configs/openenv_guess.yaml) on a tiny model: no warm start (no demonstrations), a few asynchronous
+"""``gem``, ``openenv`` and ``verifiers`` train end to end from their configs (configs/gem_guess.yaml,
+configs/openenv_guess.yaml, configs/verifiers_arith.yaml) on a tiny model: no warm start (no demonstrations), a few asynchronous
 RL steps, 16 samples trained, nothing lost, the held-out evaluation run."""
 
 from __future__ import annotations
@@ -57,3 +57,11 @@ def test_openenv_trains_from_its_config(
     tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run("openenv_guess", tmp_path, cache_dir, monkeypatch)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verifiers") is None, reason="verifiers not installed")
+def test_verifiers_trains_from_its_config(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifiers v0 SingleTurnEnv (examples/verifiers_arith.py), scored by its own rubric."""
+    run("verifiers_arith", tmp_path, cache_dir, monkeypatch)
