@@ -139,12 +139,12 @@ def publish_seconds(learner: Any, versions: int, leader: bool) -> float:
 
 def rank(r: int, world: int, parallel: str, port: int, args: argparse.Namespace, out: str) -> None:
     from asyncrl.policy.memory import set_mmap_threshold
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import RankGroup
 
     torch.set_num_threads(1)
     set_mmap_threshold(args.mmap_threshold_kb)  # as the roles do: freed tensors leave the RSS
     cfg = config(args, world, parallel)
-    group = Group.join(cfg, r, "127.0.0.1", port) if world > 1 else None
+    group = RankGroup.join(cfg, r, "127.0.0.1", port) if world > 1 else None
     learner, seconds, tokens = train(cfg, group, batch(args.batch, args.length), args.steps)
     state = _state_bytes(learner)
     rss_now = _rss_mb()  # after the steps, before publishing: the training-time footprint

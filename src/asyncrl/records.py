@@ -1,7 +1,8 @@
 """The one typed wire record that every asyncrl process agrees on.
 
-A :class:`Trajectory` is what a rollout worker produces and the trainer consumes.
-It is a ``msgspec.Struct`` tree, encoded with MessagePack. Decoding is pure data
+A :class:`Group` is what a rollout worker produces and the trainer consumes: the samples
+(:class:`Trajectory`) played for one task, whole — the unit group-relative credit reasons about,
+and the unit on the trajectory queue. Records are ``msgspec.Struct`` trees, encoded with MessagePack. Decoding is pure data
 parsing and validation: it never executes code (no pickle anywhere), and any
 malformed, truncated or wrong-version input raises :class:`RecordDecodeError`.
 
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped whenever a field changes meaning or type; decoders reject other versions."""
 
 Role = Literal["model", "tool", "env"]
@@ -125,10 +126,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     lifecycle: Lifecycle = msgspec.field(default_factory=Lifecycle)
     worker_id: str = ""
     group_id: str = ""
-    """Trajectories sampled for the same task in one group share this id."""
-    group_size: int = 0
-    """Members of its group, set by tree groups (a token budget decides it while the tree grows);
-    0: ``rollout.group_size``."""
+    """The id of the :class:`Group` it was sampled in (every member of a group carries it)."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     render_diff: int | None = None
     """Token-exactness of this sample: tokens where the trained ids disagree with a rendering made
@@ -147,8 +145,6 @@ class Trajectory(msgspec.Struct, kw_only=True):
     """The episode this sample belongs to: an episode may be several samples (``model.multi_turn:
     per_turn``, a gateway session whose calls do not extend each other). Credit baselines count
     episodes, not samples; empty: the sample is its own episode."""
-    episode_samples: int = msgspec.field(default=1)
-    """How many samples the episode produced (>= 1)."""
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived views -------------------------------------------------------------
@@ -258,6 +254,116 @@ class Trajectory(msgspec.Struct, kw_only=True):
                 raise RecordDecodeError(f"trajectory {self.id!r} turn {i}: only model turns carry log-probs")
 
 
+class TreeStats(msgspec.Struct, kw_only=True):
+    """How a tree group (``rollout.tree``) grew: its roots, branch points, replayed and diverged turns."""
+
+    roots: int = 0
+    branch_points: int = 0
+    replayed_turns: int = 0
+    replay_diverged: int = 0
+    rounds: int = 0
+
+
+class Group(msgspec.Struct, kw_only=True):
+    """The samples played for one task in one group: the unit on the queue, in the buffer and in credit.
+
+    A group travels whole from the worker that played it to the learner: one queue entry, acknowledged
+    once every member's fate is durable (fates stay per member, keyed by trajectory id). Members are
+    samples; an episode may be several (``Trajectory.episode``). ``episodes`` is how many episodes the
+    group played (a group baseline counts episodes, not samples).
+    """
+
+    id: str
+    task: Task
+    members: list[Trajectory]
+    episodes: int
+    heldout: bool = False
+    """A held-out probe: measured, never trained (never put on the queue)."""
+    worker_id: str = ""
+    tree: TreeStats | None = None
+    """A tree group's growth (``None``: a flat group)."""
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def of(
+        cls,
+        task: Task,
+        members: list[Trajectory],
+        *,
+        id: str = "",
+        heldout: bool = False,
+        tree: TreeStats | None = None,
+    ) -> Group:
+        """A group of ``members`` (every one stamped with the group's id: ``id``, else the first
+        member's ``group_id``, else a new one)."""
+        gid = id or (members[0].group_id if members else "") or new_id()
+        for t in members:
+            t.group_id = gid
+        worker = members[0].worker_id if members else ""
+        episodes = len({t.episode for t in members})
+        return cls(
+            id=gid,
+            task=task,
+            members=members,
+            episodes=episodes,
+            heldout=heldout,
+            worker_id=worker,
+            tree=tree,
+        )
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def episode_heads(self) -> list[Trajectory]:
+        """One sample per episode (its first), in order: what outcome statistics count."""
+        heads: dict[str, Trajectory] = {}
+        for t in self.members:
+            heads.setdefault(t.episode, t)
+        return list(heads.values())
+
+    def validate(self) -> None:
+        """Check the group and every member; raises :class:`RecordDecodeError` on violation."""
+        if self.schema_version != SCHEMA_VERSION:
+            raise RecordDecodeError(
+                f"group {self.id!r} has schema_version {self.schema_version}, "
+                f"this asyncrl reads version {SCHEMA_VERSION}"
+            )
+        if not self.members:
+            raise RecordDecodeError(f"group {self.id!r} has no members")
+        for t in self.members:
+            if t.group_id != self.id:
+                raise RecordDecodeError(f"group {self.id!r}: member {t.id!r} carries group id {t.group_id!r}")
+            t.validate()
+
+
+def members(groups: Sequence[Group]) -> list[Trajectory]:
+    """The samples of ``groups``, group by group (the rows of a training batch)."""
+    return [t for g in groups for t in g.members]
+
+
+def group_key(traj: Trajectory) -> str:
+    """The group ``traj`` was sampled in (its own id if it carries none): the one place a sample's group
+    is read off the sample, for samples read back from files."""
+    return traj.group_id or traj.id
+
+
+def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
+    """Trajectories regrouped by ``group_id`` (a trajectory without one is a group of its own), in
+    order of first appearance — for samples read back from files (credit samples, archives) and tests;
+    the running system moves :class:`Group` records and never regroups."""
+    by_id: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_id.setdefault(group_key(t), []).append(t)
+    out = []
+    for gid, members in by_id.items():
+        for t in members:
+            t.group_id = gid
+        out.append(
+            Group(id=gid, task=members[0].task, members=members, episodes=len({t.episode for t in members}))
+        )
+    return out
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -268,6 +374,7 @@ def now() -> float:
 
 _encoder = msgspec.msgpack.Encoder()
 _traj_decoder = msgspec.msgpack.Decoder(Trajectory)
+_group_decoder = msgspec.msgpack.Decoder(Group)
 _version_probe = msgspec.msgpack.Decoder(dict[str, Any])
 
 
@@ -285,10 +392,24 @@ def decode_trajectory(data: bytes) -> Trajectory:
     Raises :class:`RecordDecodeError` for bytes that are truncated, malformed, of the
     wrong type or of another schema version.
     """
+    traj: Trajectory = _decode_checked(data, _traj_decoder, "trajectory")
+    traj.validate()
+    return traj
+
+
+def decode_group(data: bytes) -> Group:
+    """Decode and validate a group and its members (what the queue carries); never executes code.
+    Raises :class:`RecordDecodeError` as :func:`decode_trajectory` does."""
+    group: Group = _decode_checked(data, _group_decoder, "group")
+    group.validate()
+    return group
+
+
+def _decode_checked(data: bytes, decoder: msgspec.msgpack.Decoder[Any], what: str) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise RecordDecodeError(f"expected bytes, got {type(data).__name__}")
     try:
-        traj = _traj_decoder.decode(data)
+        return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         # Say "wrong version" rather than a field error when the version field disagrees.
         try:
@@ -297,11 +418,9 @@ def decode_trajectory(data: bytes) -> Trajectory:
             version = None
         if version is not None and version != SCHEMA_VERSION:
             raise RecordDecodeError(
-                f"trajectory has schema_version {version!r}, this asyncrl reads version {SCHEMA_VERSION}"
+                f"{what} has schema_version {version!r}, this asyncrl reads version {SCHEMA_VERSION}"
             ) from None
-        raise RecordDecodeError(f"not a valid trajectory record: {exc}") from None
-    traj.validate()
-    return traj
+        raise RecordDecodeError(f"not a valid {what} record: {exc}") from None
 
 
 def decode(data: bytes, type_: type[msgspec.Struct]) -> Any:

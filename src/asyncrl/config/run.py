@@ -88,19 +88,15 @@ class RunConfig(Section):
                 "program (set rollout.tree.enabled: false, or use an environment)"
             )
         need = min_queue_capacity(
-            self.trainer.checkpoint_every,
-            self.trainer.buffer_steps,
-            self.trainer.batch_size,
-            self.rollout.max_group_size,
+            self.trainer.checkpoint_every, self.trainer.buffer_steps, self.trainer.batch_size
         )
         if self.transport.capacity < need:
             raise ValueError(
-                f"transport.capacity ({self.transport.capacity}) must be at least "
-                "(trainer.checkpoint_every + trainer.buffer_steps + 1) x trainer.batch_size + "
-                f"(trainer.checkpoint_every - 1) x (rollout.group_size - 1) = {need}: the trainer holds entries "
-                "un-acknowledged until a checkpoint covers them (trained) or it has a buffer slot for them "
-                "(buffered); with less, a full queue can hold only entries waiting for a checkpoint that needs "
-                "new entries"
+                f"transport.capacity ({self.transport.capacity} groups) must be at least "
+                f"(trainer.checkpoint_every + trainer.buffer_steps + 1) x trainer.batch_size = {need}: the trainer "
+                "holds entries (groups) un-acknowledged until a checkpoint covers them (trained) or it has a "
+                "buffer slot for them (buffered); with less, a full queue can hold only entries waiting for a "
+                "checkpoint that needs new entries"
             )
         return self
 
@@ -135,24 +131,23 @@ class RunConfig(Section):
         return self
 
 
-def max_trainer_held(checkpoint_every: int, buffer_steps: int, batch_size: int, group_size: int) -> int:
-    """Most queue entries a live trainer holds un-acknowledged between two loop iterations.
+def max_trainer_held(checkpoint_every: int, buffer_steps: int, batch_size: int) -> int:
+    """Most queue entries (groups) a live trainer holds un-acknowledged between two loop iterations.
 
     ``checkpoint_every − 1`` steps trained since the last checkpoint (the step that reaches
-    ``checkpoint_every`` checkpoints in the same iteration), each of at most ``batch_size +
-    group_size − 1`` samples (a batch takes whole groups until it has ``batch_size``; a group with a
-    dropped member is smaller, so the last group taken can overshoot by ``group_size − 1``), plus a
-    replay buffer of at most ``buffer_steps × batch_size`` (it evicts beyond). See
-    :mod:`asyncrl.trainer.intake` for why this bounds back-pressure.
+    ``checkpoint_every`` checkpoints in the same iteration), each of at most ``batch_size`` groups (a
+    batch takes whole groups until it has ``batch_size`` samples, and a group holds at least one), plus
+    a replay buffer of at most ``buffer_steps × batch_size`` samples, so as many groups (it evicts
+    beyond). See :mod:`asyncrl.trainer.intake` for why this bounds back-pressure.
     """
-    return (checkpoint_every - 1) * (batch_size + group_size - 1) + buffer_steps * batch_size
+    return (checkpoint_every - 1 + buffer_steps) * batch_size
 
 
-def min_queue_capacity(checkpoint_every: int, buffer_steps: int, batch_size: int, group_size: int) -> int:
-    """Smallest ``transport.capacity`` accepted: :func:`max_trainer_held` plus ``2 × batch_size`` —
-    room for one pull of fresh entries beyond everything the trainer can hold, so a full queue
-    always holds an entry the trainer can take."""
-    return max_trainer_held(checkpoint_every, buffer_steps, batch_size, group_size) + 2 * batch_size
+def min_queue_capacity(checkpoint_every: int, buffer_steps: int, batch_size: int) -> int:
+    """Smallest ``transport.capacity`` (in groups) accepted: :func:`max_trainer_held` plus ``2 ×
+    batch_size`` — room for one pull of fresh entries beyond everything the trainer can hold, so a
+    full queue always holds an entry the trainer can take."""
+    return max_trainer_held(checkpoint_every, buffer_steps, batch_size) + 2 * batch_size
 
 
 SECTIONS: tuple[str, ...] = tuple(

@@ -15,7 +15,7 @@ class _TransportBase(Section):
     kind: str = "embedded"
     """``embedded``: durable SQLite queue in the run directory, no server; ``redis``: Redis Streams."""
     capacity: int = Field(1024, ge=1, le=10_000_000)
-    """Unacknowledged trajectories at most; producers block beyond it (back-pressure)."""
+    """Unacknowledged entries — whole groups — at most; producers block beyond it (back-pressure)."""
     lease_seconds: float = Field(60.0, gt=0, le=86400)
     """A taken but unacknowledged entry is redelivered after this long."""
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from asyncrl.control.buckets import bucket_of
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, Trajectory
 from asyncrl.telemetry.reports import GroupReport
 
 
@@ -123,25 +123,19 @@ def anomaly_of(traj: Trajectory, reward_min: float, reward_max: float) -> str | 
     return None
 
 
-def group_report(
-    trajs: list[Trajectory],
-    heldout: bool,
-    reward_min: float,
-    reward_max: float,
-    samples: list[Trajectory] | None = None,
-) -> GroupReport:
-    """The ``rollout/group`` event of a finished group (``trajs``: one sample per episode): everything the
-    orchestrator's rules consume. Tokens and faults are counted over ``samples`` (every sample of the
-    group, default ``trajs``)."""
-    every = trajs if samples is None else samples
+def group_report(group: Group, reward_min: float, reward_max: float) -> GroupReport:
+    """The ``rollout/group`` event of a finished group: everything the orchestrator's rules consume.
+    Outcomes and rewards are per episode (per-turn samples share their episode's); tokens and faults
+    are counted over every sample."""
+    heads = group.episode_heads()
     return GroupReport(
-        bucket=bucket_of(trajs[0].task),
-        started=min(t.lifecycle.rollout_start for t in trajs),
-        heldout=heldout,
-        outcomes=[t.outcome for t in trajs],
-        rewards=[t.final_reward for t in trajs],
-        anomalies=[anomaly_of(t, reward_min, reward_max) for t in trajs],
-        env=trajs[0].task.env,
-        tokens=sum(t.num_model_tokens() for t in every),
-        faults=sum(1 for t in every for turn in t.turns if turn.fault is not None),
+        bucket=bucket_of(group.task),
+        started=min(t.lifecycle.rollout_start for t in group.members),
+        heldout=group.heldout,
+        outcomes=[t.outcome for t in heads],
+        rewards=[t.final_reward for t in heads],
+        anomalies=[anomaly_of(t, reward_min, reward_max) for t in heads],
+        env=group.task.env,
+        tokens=sum(t.num_model_tokens() for t in group.members),
+        faults=sum(1 for t in group.members for turn in t.turns if turn.fault is not None),
     )

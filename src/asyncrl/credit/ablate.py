@@ -39,6 +39,7 @@ import torch
 from asyncrl.algo import spearman
 from asyncrl.credit.samples import CreditSample, read_samples
 from asyncrl.errors import UserError
+from asyncrl.records import group_key
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -81,13 +82,13 @@ def sibling_rows(samples: list[CreditSample]) -> tuple[list[dict[str, Any]], int
 
     groups: dict[str, list[CreditSample]] = {}
     for smp in samples:
-        groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
+        groups.setdefault(group_key(smp.trajectory), []).append(smp)
     rows: list[dict[str, Any]] = []
     lonely = 0
     for members in groups.values():
         index = TreeIndex()
         paths = [
-            index.add(m.trajectory, [(g.start, g.start, g.end, g.process_reward) for g in m.segments])
+            index.add(0, m.trajectory, [(g.start, g.start, g.end, g.process_reward) for g in m.segments])
             for m in members
         ]
         wins, leaves = _leaf_sums(index.parent, index.outcome, index.weight)
@@ -143,9 +144,7 @@ def _pick(run_dir: Path, n: int, whole_groups: bool = False) -> list[CreditSampl
         groups: dict[str, list[CreditSample]] = {}
         for s in f.samples:
             if s.segments:
-                groups.setdefault(
-                    (s.trajectory.group_id or s.trajectory.id) if whole_groups else s.trajectory.id, []
-                ).append(s)
+                groups.setdefault(group_key(s.trajectory) if whole_groups else s.trajectory.id, []).append(s)
         for members in groups.values():
             if len(out) < n:
                 out += members

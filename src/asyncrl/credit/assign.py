@@ -25,6 +25,7 @@ value model (when the strategy needs one) is trained by :meth:`train_value` afte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from asyncrl.config import RunConfig, TrainerConfig, default_of
 from asyncrl.credit.outcome import sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
 from asyncrl.credit.tree import tree_segment_advantages
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, Trajectory, members
 
 if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
@@ -68,18 +69,15 @@ def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
     return out[::-1]
 
 
-def _whole_groups(samples: list[CreditSample], n: int, rng: Any) -> list[CreditSample]:
+def _whole_groups(groups: list[list[CreditSample]], n: int, rng: Any) -> list[CreditSample]:
     """Random groups, whole, until at least ``n`` samples (at least one group)."""
-    groups: dict[str, list[CreditSample]] = {}
-    for smp in samples:
-        groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
-    keys = list(groups)
-    rng.shuffle(keys)
+    order = list(range(len(groups)))
+    rng.shuffle(order)
     out: list[CreditSample] = []
-    for key in keys:
+    for g in order:
         if out and len(out) >= n:
             break
-        out += groups[key]
+        out += groups[g]
     return out
 
 
@@ -93,7 +91,8 @@ class CreditAssigner:
             if self.cfg.strategy in VALUE_STRATEGIES
             else None
         )
-        self.last_samples: list[CreditSample] = []
+        self.last_samples: list[list[CreditSample]] = []
+        """The last batch's per-segment records, group by group (the credit sample files)."""
         self.whole_groups = self.cfg.strategy == "tree" or cfg.rollout.tree.enabled
         """Sample whole groups: ``credit show`` draws their trees, ``credit ablate --siblings`` compares
         their branches."""
@@ -103,25 +102,27 @@ class CreditAssigner:
 
     # -- advantages ----------------------------------------------------------------------------
     def advantages(
-        self, trajs: list[Trajectory], ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
+        self, groups: Sequence[Group], ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Per-token advantages ``[B, T]`` (zero off model tokens) and ``adv/``, ``credit/``, ``value/`` metrics."""
+        """Per-token advantages ``[B, T]`` of the groups' members (rows group by group; zero off model
+        tokens) and ``adv/``, ``credit/``, ``value/`` metrics."""
         c = self.cfg
         B, T = ids.shape
+        trajs = members(groups)
         spans = [segment_spans(t) for t in trajs]
         values = self.value.predict(ids, attn) if self.value is not None else None
         self._old_values = values
         if c.strategy in ("outcome", "process"):
-            adv, metrics = token_advantages(trajs, T, c)
+            adv, metrics = token_advantages(groups, T, c)
             seq_adv = None
         else:
-            seq_adv, metrics = sequence_advantages(trajs, c)
+            seq_adv, metrics = sequence_advantages(groups, c)
             adv = torch.zeros(B, T)
             if c.strategy == "gae" and c.gae_level == "token":
                 assert values is not None
                 adv = self._token_gae(trajs, spans, values, mask)
             else:
-                seg_adv, m = self._segment_advantages(trajs, spans, values, seq_adv)
+                seg_adv, m = self._segment_advantages(groups, spans, values, seq_adv)
                 metrics.update(m)
                 for i, sp in enumerate(spans):
                     for k, (s, me, _, _) in enumerate(sp):
@@ -129,7 +130,8 @@ class CreditAssigner:
         adv = torch.where(mask > 0, adv, torch.zeros_like(adv))
         if values is not None:
             metrics.update(self._calibration(trajs, spans, values))
-        self.last_samples = self._records(trajs, spans, values, adv, seq_adv)
+        records = iter(self._records(trajs, spans, values, adv, seq_adv))
+        self.last_samples = [[next(records) for _ in g.members] for g in groups]
         return adv, metrics
 
     def _process_to_go(self, spans: list[list[tuple[int, int, int, float]]]) -> list[list[float]]:
@@ -142,12 +144,13 @@ class CreditAssigner:
 
     def _segment_advantages(
         self,
-        trajs: list[Trajectory],
+        groups: Sequence[Group],
         spans: list[list[tuple[int, int, int, float]]],
         values: torch.Tensor | None,
         seq_adv: torch.Tensor,
     ) -> tuple[list[list[float]], dict[str, float]]:
         c = self.cfg
+        trajs = members(groups)
         B, K = len(trajs), max((len(s) for s in spans), default=0)
         seg_mask = torch.zeros(B, K, dtype=torch.bool)
         v_before, v_after = torch.zeros(B, K), torch.zeros(B, K)
@@ -180,7 +183,7 @@ class CreditAssigner:
             }
         if c.strategy == "tree":
             tree = tree_segment_advantages(
-                trajs, spans, "dr_grpo" if c.baseline == "batch_mean" else c.baseline
+                groups, spans, "dr_grpo" if c.baseline == "batch_mean" else c.baseline
             )
             self._tree_values = tree.values
             extra = self._process_to_go(spans)
@@ -307,7 +310,8 @@ class CreditAssigner:
         if self.whole_groups:
             picked = _whole_groups(self.last_samples, c.sample_size, rng)
         else:
-            picked = rng.sample(self.last_samples, min(c.sample_size, len(self.last_samples)))
+            every = [s for g in self.last_samples for s in g]
+            picked = rng.sample(every, min(c.sample_size, len(every)))
         return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
 
     def save_value(

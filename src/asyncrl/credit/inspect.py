@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.credit.samples import SAMPLES_DIR, CreditSample, CreditSampleFile, read_samples
+from asyncrl.records import group_key
 from asyncrl.telemetry.markup import templates
 
 
@@ -74,7 +75,7 @@ def group_tree(samples: list[CreditSample], tok: Any) -> Any:
     first = samples[0]
     for smp in samples:
         spans = [(g.start, g.start, g.end, g.process_reward) for g in smp.segments]
-        path = index.add(smp.trajectory, spans)
+        path = index.add(0, smp.trajectory, spans)
         texts = _segment_texts(smp, tok)[1]
         trained = [not t.shared for t in smp.trajectory.turns if t.role == "model"]
         for node, seg, (act, obs), own in zip(path, smp.segments, texts, trained, strict=False):
@@ -110,7 +111,7 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
     if files[-1].strategy == "tree":
         groups: dict[str, list[CreditSample]] = {}
         for smp in files[-1].samples:
-            groups.setdefault(smp.trajectory.group_id or smp.trajectory.id, []).append(smp)
+            groups.setdefault(group_key(smp.trajectory), []).append(smp)
         for members in groups.values():
             console.print(group_tree(members, tok))
     for step, s in picked:

@@ -13,15 +13,18 @@ rewards ``p_j`` (each clipped to [-1, 1]), centred by the batch mean over segmen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from asyncrl.algo import batch_mean_baseline, group_advantages
 from asyncrl.config import CreditConfig
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, members
 
 
-def sequence_advantages(batch: list[Trajectory], cfg: CreditConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """One outcome advantage per trajectory ``[B]``."""
+def sequence_advantages(groups: Sequence[Group], cfg: CreditConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """One outcome advantage per sample ``[B]`` (the groups' members, in order)."""
+    batch = members(groups)
     rewards = torch.tensor([t.final_reward for t in batch], dtype=torch.float32)
     if cfg.baseline == "batch_mean":
         adv = batch_mean_baseline(rewards)
@@ -31,20 +34,20 @@ def sequence_advantages(batch: list[Trajectory], cfg: CreditConfig) -> tuple[tor
         }
     # an episode of several samples (per-turn / per-call) counts once in its group's baseline;
     # each of its samples gets the episode's advantage
-    episodes = {e: i for i, e in enumerate(dict.fromkeys(t.episode for t in batch))}
-    first = {t.episode: t for t in reversed(batch)}
-    keys = {g: i for i, g in enumerate(dict.fromkeys(t.group_id or t.id for t in batch))}
-    ep_rewards = torch.tensor([first[e].final_reward for e in episodes], dtype=torch.float32)
-    groups = torch.tensor([keys[first[e].group_id or first[e].id] for e in episodes], dtype=torch.long)
-    ep_adv, metrics = group_advantages(ep_rewards, groups, cfg.baseline)
-    return ep_adv[torch.tensor([episodes[t.episode] for t in batch], dtype=torch.long)], metrics
+    heads = [(g, t) for g, group in enumerate(groups) for t in group.episode_heads()]
+    episode = {t.episode: e for e, (_, t) in enumerate(heads)}
+    ep_rewards = torch.tensor([t.final_reward for _, t in heads], dtype=torch.float32)
+    group_of = torch.tensor([g for g, _ in heads], dtype=torch.long)
+    ep_adv, metrics = group_advantages(ep_rewards, group_of, cfg.baseline)
+    return ep_adv[torch.tensor([episode[t.episode] for t in batch], dtype=torch.long)], metrics
 
 
 def token_advantages(
-    batch: list[Trajectory], T: int, cfg: CreditConfig
+    groups: Sequence[Group], T: int, cfg: CreditConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token advantages ``[B, T]`` (right padded; zero off model tokens)."""
-    seq_adv, metrics = sequence_advantages(batch, cfg)
+    """Per-token advantages ``[B, T]`` of the groups' members (right padded; zero off model tokens)."""
+    seq_adv, metrics = sequence_advantages(groups, cfg)
+    batch = members(groups)
     out = torch.zeros(len(batch), T)
     process: list[list[tuple[int, int, float]]] = []
     for i, traj in enumerate(batch):

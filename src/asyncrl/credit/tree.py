@@ -20,13 +20,14 @@ success probability it caused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from asyncrl.algo import spread_chains, tree_advantages
 from asyncrl.algo.advantages import GroupMode
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, Trajectory
 
 Span = tuple[int, int, int, float]
 
@@ -48,9 +49,10 @@ class TreeIndex:
             self.weight.append(0.0)
         return self.ids[key]
 
-    def add(self, traj: Trajectory, spans: list[Span]) -> list[int]:
-        """Register ``traj``'s path and return the node of each of its segments."""
-        here = self.node(f"root:{traj.group_id or traj.id}", -1)
+    def add(self, group: int, traj: Trajectory, spans: list[Span]) -> list[int]:
+        """Register ``traj``'s path (a member of the batch's ``group``-th group) and return the node of
+        each of its segments."""
+        here = self.node(f"root:{group}", -1)
         keys = traj.state_keys([end for _, _, end, _ in spans])
         path = []
         for k, key in enumerate(keys):
@@ -70,10 +72,12 @@ class TreeCredit(NamedTuple):
     metrics: dict[str, float]
 
 
-def tree_segment_advantages(trajs: list[Trajectory], spans: list[list[Span]], mode: GroupMode) -> TreeCredit:
-    """Tree credit of every segment of a batch, its Monte-Carlo values and ``tree/`` metrics."""
+def tree_segment_advantages(groups: Sequence[Group], spans: list[list[Span]], mode: GroupMode) -> TreeCredit:
+    """Tree credit of every segment of a batch (``spans``: per member, group by group), its
+    Monte-Carlo values and ``tree/`` metrics."""
     index = TreeIndex()
-    paths = [index.add(t, sp) for t, sp in zip(trajs, spans, strict=True)]
+    rows = [(g, t) for g, group in enumerate(groups) for t in group.members]
+    paths = [index.add(g, t, sp) for (g, t), sp in zip(rows, spans, strict=True)]
     if not index.parent:
         return TreeCredit([[] for _ in spans], [[] for _ in spans], {})
     parent = torch.tensor(index.parent, dtype=torch.long)

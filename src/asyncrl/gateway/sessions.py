@@ -145,7 +145,7 @@ def build_trajectories(
     sp = sampling or SamplingParams()
     episode = new_id()
 
-    def traj(turns: list[Turn], per_call: bool, samples: int, render_diff: int | None) -> Trajectory:
+    def traj(turns: list[Turn], per_call: bool, render_diff: int | None) -> Trajectory:
         life = Lifecycle(created=session.created, rollout_start=session.created, rollout_end=time.time())
         t = Trajectory(
             id=new_id(),
@@ -158,7 +158,6 @@ def build_trajectories(
             group_id=session.group_id,
             sampling=sp,
             episode_id=episode,
-            episode_samples=samples,
             render_diff=render_diff,
         )
         t.retokenization_diff = _retokenized(renderer, t.token_ids())
@@ -178,7 +177,7 @@ def build_trajectories(
         )
 
     if not calls:
-        return [traj([], False, 1, None)]
+        return [traj([], False, None)]
     if all(extends(a, b) for a, b in itertools.pairwise(calls)):
         turns = [Turn(role="env", token_ids=list(calls[0].prompt_ids)), model(calls[0])]
         for a, b in itertools.pairwise(calls):
@@ -187,11 +186,8 @@ def build_trajectories(
                 Turn(role="tool", token_ids=obs, started_at=a.ended_at, ended_at=b.started_at),
                 model(b),
             ]
-        return [traj(turns, False, 1, _merged_diff(session, calls, renderer))]
-    return [
-        traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], True, len(calls), None)
-        for c in calls
-    ]
+        return [traj(turns, False, _merged_diff(session, calls, renderer))]
+    return [traj([Turn(role="env", token_ids=list(c.prompt_ids)), model(c)], True, None) for c in calls]
 
 
 def _merged_diff(session: Session, calls: list[CallRecord], renderer: Renderer | None) -> int | None:

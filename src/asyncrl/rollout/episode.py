@@ -290,7 +290,6 @@ def _per_turn_samples(
             id=traj.id if k == len(seen) - 1 else new_id(),
             turns=[Turn(role="env", token_ids=list(s.prompt)), s.turn],
             reward_components=dict(traj.reward_components),
-            episode_samples=len(seen),
         )
         at = _assistant_index(conv.messages, k)
         t.render_diff = _prompt_diff(renderer, s.prompt, conv.messages[:at], conv)

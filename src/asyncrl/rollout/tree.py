@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from asyncrl.config import TreeConfig
-from asyncrl.records import Trajectory, Turn
+from asyncrl.records import Trajectory, TreeStats, Turn
 
 LeafRunner = Callable[[list[Turn]], Awaitable[Trajectory]]
 """Plays one episode that first replays the given model turns (``[]``: a fresh root episode)."""
@@ -52,24 +52,6 @@ class BranchPoint:
 
     def prefix(self) -> list[Turn]:
         return model_turns(self.leaf)[: self.k]
-
-
-@dataclass
-class TreeStats:
-    roots: int = 0
-    branch_points: int = 0
-    replayed_turns: int = 0
-    replay_diverged: int = 0
-    rounds: int = 0
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "roots": float(self.roots),
-            "branch_points": float(self.branch_points),
-            "replayed_turns": float(self.replayed_turns),
-            "replay_diverged": float(self.replay_diverged),
-            "rounds": float(self.rounds),
-        }
 
 
 def model_turns(traj: Trajectory) -> list[Turn]:
@@ -175,6 +157,4 @@ async def grow_tree(
             else:
                 stats.roots += 1
         leaves.extend(children)
-    for t in leaves:  # the trainer's buffer waits for this many members (a token budget decides late)
-        t.group_size = len(leaves)
     return leaves, stats

@@ -33,7 +33,7 @@ from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
 from asyncrl.envs.wrappers import GUARD_STATS
-from asyncrl.records import SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
     GatewayFigures,
@@ -272,7 +272,7 @@ class RolloutWorker:
             if close is not None:
                 await close()
 
-    async def _tree_group(self, batcher: TurnBatcher, task: Task, group_id: str) -> list[Trajectory]:
+    async def _tree_group(self, batcher: TurnBatcher, task: Task, group_id: str) -> Group:
         """A tree group (``rollout.tree``): its leaves; replayed turns and branch points counted."""
         from asyncrl.rollout.tree import grow_tree
 
@@ -291,7 +291,7 @@ class RolloutWorker:
         c.tree_replayed_turns += stats.replayed_turns
         c.tree_replay_diverged += stats.replay_diverged
         c.tree_rounds += stats.rounds
-        return trajs
+        return Group.of(task, trajs, id=group_id, tree=stats)
 
     async def _run_group(self, batcher: TurnBatcher, task: Task, heldout: bool = False) -> None:
         rc = self.cfg.rollout
@@ -308,27 +308,28 @@ class RolloutWorker:
             return await self._env_episode(batcher, task, group_id)
 
         if rc.tree.enabled and not heldout:  # held-out probes measure the policy: flat
-            episodes = [await self._tree_group(batcher, task, group_id)]
+            group = await self._tree_group(batcher, task, group_id)
+            empty = 0
         else:
             episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
-        trajs = [t for ts in episodes for t in ts]
-        if len(trajs) != rc.group_size:  # per-turn / per-call samples, stale agent sessions dropped, trees
+            group = Group.of(task, [t for ts in episodes for t in ts], id=group_id, heldout=heldout)
             empty = sum(1 for ts in episodes if not ts)
+        if len(group) != rc.group_size:  # per-turn / per-call samples, stale agent sessions dropped, trees
             self.state.release(self.name, empty)  # back to the budget
-            self.state.add_inflight(self.name, len(trajs) - (rc.group_size - empty))
-        if not trajs:
+            self.state.add_inflight(self.name, len(group) - (rc.group_size - empty))
+        if not group.members:
             return
-        self._report_group(trajs, heldout)
+        self._report_group(group)
         if heldout:  # a held-out probe: measured, never trained; its admissions go back to the budget
-            self.state.release(self.name, len(trajs))
-            self.counts.heldout_episodes += len(trajs)
+            self.state.release(self.name, len(group))
+            self.counts.heldout_episodes += len(group)
             return
         t0 = time.perf_counter()
-        for traj in trajs:
-            ok = False
-            while not ok and not self.state.stopping():
-                ok = await asyncio.to_thread(self.queue.put, traj, 1.0)
-            self.state.delivered(self.name)
+        ok = False
+        while not ok and not self.state.stopping():  # the whole group in one durable write
+            ok = await asyncio.to_thread(self.queue.put, group, 1.0)
+        self.state.delivered(self.name, len(group))
+        for traj in group.members:
             self._count(traj)
         self.counts.put_seconds += time.perf_counter() - t0
         self.counts.groups += 1
@@ -355,11 +356,10 @@ class RolloutWorker:
             c.retokenization_inexact += bool(traj.retokenization_diff)
             c.retokenization_diff_tokens += traj.retokenization_diff or 0
 
-    def _report_group(self, trajs: list[Trajectory], heldout: bool) -> None:
+    def _report_group(self, group: Group) -> None:
         """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
         bc = self.cfg.orchestrator.breaker
-        episodes = list({t.episode: t for t in trajs}.values())  # per-turn samples share an outcome
-        self.metrics.group(group_report(episodes, heldout, bc.reward_min, bc.reward_max, samples=trajs))
+        self.metrics.group(group_report(group, bc.reward_min, bc.reward_max))
 
     def _next_task(self) -> tuple[Task, bool]:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""

@@ -2,7 +2,7 @@
 
 Format: one file per trainer process, ``trained-{pid}.msgpack.gz``, a gzip stream (one gzip member per
 batch, so an append never rewrites earlier data) of frames ``uint32 length | msgpack ArchivedBatch``.
-The trajectories are the wire record itself (:class:`~asyncrl.records.Trajectory`, schema-versioned,
+The batch is the wire record itself — its groups (:class:`~asyncrl.records.Group`, schema-versioned,
 no pickle); decoding validates them like the queue does. A crash can leave a truncated last member:
 readers stop at it and keep everything before.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from asyncrl.records import RecordDecodeError, Trajectory, encode
+from asyncrl.records import Group, RecordDecodeError, Trajectory, encode, members
 
 
 class ArchivedBatch(msgspec.Struct, kw_only=True):
@@ -31,7 +31,12 @@ class ArchivedBatch(msgspec.Struct, kw_only=True):
     version: int
     """Weight version the batch was trained at (what the staleness ages were measured against)."""
     written: float
-    trajectories: list[Trajectory]
+    groups: list[Group]
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """The batch's samples, group by group (the learner's rows)."""
+        return members(self.groups)
 
 
 _decoder = msgspec.msgpack.Decoder(ArchivedBatch)
@@ -42,8 +47,8 @@ class ArchiveWriter:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"trained-{pid}.msgpack.gz"
 
-    def append(self, step: int, version: int, batch: list[Trajectory]) -> None:
-        data = encode(ArchivedBatch(step=step, version=version, written=time.time(), trajectories=batch))
+    def append(self, step: int, version: int, batch: list[Group]) -> None:
+        data = encode(ArchivedBatch(step=step, version=version, written=time.time(), groups=batch))
         with self.path.open("ab") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as gz:
             gz.write(struct.pack("<I", len(data)) + data)
 
@@ -77,8 +82,8 @@ def read_batches(run_dir: Path) -> list[ArchivedBatch]:
                 b = _decoder.decode(data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise RecordDecodeError(f"{path}: not a valid archived batch: {exc}") from None
-            for t in b.trajectories:
-                t.validate()
+            for g in b.groups:
+                g.validate()
             if b.step not in by_step or b.written >= by_step[b.step].written:
                 by_step[b.step] = b
     return [by_step[k] for k in sorted(by_step)]

@@ -10,7 +10,7 @@ from collections import deque
 from pathlib import Path
 
 from asyncrl.config import RunConfig
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, members
 from asyncrl.telemetry.archive import ArchiveWriter
 from asyncrl.telemetry.lifecycle import batch_stats, trace
 
@@ -29,12 +29,12 @@ class TrainerTelemetry:
         self.success: deque[float] = deque(maxlen=SUCCESS_WINDOW)
         self._last = time.time()
 
-    def on_trained(
-        self, batch: list[Trajectory], ages: list[int], step: int, version: int
-    ) -> dict[str, float]:
-        """Archive and trace a batch that was just trained at ``version``; returns its metrics."""
+    def on_trained(self, groups: list[Group], ages: list[int], step: int, version: int) -> dict[str, float]:
+        """Archive and trace a batch that was just trained at ``version`` (``ages``: per member, group by
+        group); returns its metrics."""
         if self.archive is not None:
-            self.archive.append(step, version, batch)
+            self.archive.append(step, version, groups)
+        batch = members(groups)
         traces = [trace(t, age, step + 1) for t, age in zip(batch, ages, strict=True)]
         if self._traces is not None:
             self._traces.write("".join(json.dumps(tr) + "\n" for tr in traces))

@@ -1,8 +1,8 @@
 """The trainer-side replay buffer: staleness admission, whole groups, and batch assembly.
 
-* Samples arrive from the queue and are held **by group** (the ``n`` trajectories sampled for one
-  task). A group is *ready* once all ``group_size`` members have arrived; group baselines are
-  only computed over whole groups.
+* Groups arrive from the queue whole (:class:`~asyncrl.records.Group`: the samples played for one
+  task) and are held and taken whole: a batch is a list of groups, and group baselines are only
+  computed over whole groups.
 * **Staleness** (rule 4 of :mod:`asyncrl.staleness`) is checked when a batch is
   assembled, against the trainer's version at that moment: a too-old sample is dropped (and
   reported to the caller so it can be recorded and returned to the admission budget) or kept
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, Trajectory
 from asyncrl.staleness import StalenessPolicy
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ class Dropped:
 
 @dataclass
 class ReplayBuffer:
-    group_size: int
     batch_size: int
     staleness: StalenessPolicy
     capacity_steps: int = field(kw_only=True)
@@ -63,11 +62,11 @@ class ReplayBuffer:
     task_mix: dict[str, float] | None = None
     length_mix: dict[str, float] | None = None
     scorer: Callable[[list[Trajectory]], float] | None = None
-    """Behaviour-KL of a group under the current policy (``sampling: behaviour_kl``)."""
-    _groups: OrderedDict[str, list[Trajectory]] = field(default_factory=OrderedDict)
+    """Behaviour-KL of a group's members under the current policy (``sampling: behaviour_kl``)."""
+    _groups: OrderedDict[str, Group] = field(default_factory=OrderedDict)
     _rejected: list[Dropped] = field(default_factory=list)
     _missing: dict[str, int] = field(default_factory=dict)
-    """Group key -> members dropped so far (they still count towards the group being complete)."""
+    """Group id -> its members dropped so far (``group_dropped`` on the members trained)."""
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +82,6 @@ class ReplayBuffer:
         """The trainer's buffer, as ``trainer.buffer_*`` describe it."""
         tc = cfg.trainer
         return cls(
-            cfg.rollout.group_size,
             tc.batch_size,
             staleness,
             capacity_steps=tc.buffer_steps,
@@ -97,68 +95,59 @@ class ReplayBuffer:
         )
 
     def __len__(self) -> int:
-        return sum(len(g) for g in self._groups.values())
+        return sum(len(g.members) for g in self._groups.values())
 
-    def add(self, traj: Trajectory) -> None:
-        key = traj.group_id or traj.id
-        if not _finite(traj):  # reported by the next take(); its group mates are marked there
-            self._rejected.append(Dropped(traj, "dropped_non_finite", 0))
-            self._count_missing(key, 1, self._size(traj))
+    def groups(self) -> int:
+        """Groups held."""
+        return len(self._groups)
+
+    def add(self, group: Group, missing: int = 0) -> None:
+        """Hold ``group`` (``missing``: members it had that are not in it — their fate is already
+        recorded). A member with a non-finite reward or log-prob is set aside alone, reported by the
+        next :meth:`take`."""
+        keep = [t for t in group.members if _finite(t)]
+        self._rejected += [Dropped(t, "dropped_non_finite", 0) for t in group.members if not _finite(t)]
+        missing += len(group.members) - len(keep)
+        if not keep:
             return
-        self._groups.setdefault(key, []).append(traj)
-
-    def _count_missing(self, key: str, n: int, size: int) -> None:
-        self._missing[key] = self._missing.get(key, 0) + n
-        if self._missing[key] >= size and key not in self._groups:
-            del self._missing[key]  # the whole group is gone
-
-    def _size(self, t: Trajectory) -> int:
-        """Members of ``t``'s group: the size it carries (a tree group's, whose token budget makes it
-        known only to the worker that grew it) or ``rollout.group_size``."""
-        return t.group_size or self.group_size
-
-    def _ready(self) -> list[str]:
-        return [
-            k
-            for k, g in self._groups.items()
-            if _episodes(g) + self._missing.get(k, 0) >= self._size(g[0]) or not g[0].group_id
-        ]
+        group.members = keep
+        if missing:
+            self._missing[group.id] = missing
+        self._groups[group.id] = group
 
     def take(
         self, version: int, max_staleness: int | None = None
-    ) -> tuple[list[Trajectory] | None, list[Dropped]]:
-        """Assemble one batch at trainer ``version``; returns (batch or None, dropped samples)."""
+    ) -> tuple[list[Group] | None, list[Dropped]]:
+        """Assemble one batch of whole groups at trainer ``version``; returns (batch or None, dropped samples)."""
         dropped, self._rejected = self._rejected, []
         dropped += self._screen(version, max_staleness)
         # batch first, then evict: evicting first can throw away the very groups that complete a batch
-        # (with buffer_steps: 1 and a group split across two pulls, forever — found by the model check)
         batch = self._assemble()
         dropped += self._evict()
         return batch, dropped
 
-    def _assemble(self) -> list[Trajectory] | None:
-        ready = self._ready()
-        if sum(len(self._groups[k]) for k in ready) < self.batch_size:
+    def _assemble(self) -> list[Group] | None:
+        if len(self) < self.batch_size:
             return None
         chosen: list[str] = []
         count = 0
-        for key in self._order(ready):
+        for key in self._order(list(self._groups)):
             if count >= self.batch_size:
                 break
             chosen.append(key)
-            count += len(self._groups[key])
-        return [t for k in chosen for t in self._pop(k)]
+            count += len(self._groups[key].members)
+        return [self._pop(k) for k in chosen]
 
-    def _pop(self, key: str) -> list[Trajectory]:
+    def _pop(self, key: str) -> Group:
         self._missing.pop(key, None)
         return self._groups.pop(key)
 
     # -- helpers -------------------------------------------------------------------------------
     def _screen(self, version: int, max_staleness: int | None) -> list[Dropped]:
         out: list[Dropped] = []
-        for key in list(self._groups):
+        for key, group in list(self._groups.items()):
             keep: list[Trajectory] = []
-            for t in self._groups[key]:
+            for t in group.members:
                 oldest = t.oldest_version()
                 if oldest is None:
                     out.append(Dropped(t, "dropped_invalid", 0))
@@ -168,16 +157,15 @@ class ReplayBuffer:
                     out.append(Dropped(t, "dropped_stale", self.staleness.age(version, oldest)))
                 else:
                     keep.append(t)
-            # dropped members still count towards the group being complete
-            if len(keep) < len(self._groups[key]):
-                self._missing[key] = self._missing.get(key, 0) + len(self._groups[key]) - len(keep)
-            missing = self._missing.get(key, 0)
-            if missing and keep:
-                for t in keep:
-                    t.reward_components["group_dropped"] = float(missing)
-            self._groups[key] = keep
+            missing = self._missing.get(key, 0) + len(group.members) - len(keep)
             if not keep:
                 self._pop(key)
+                continue
+            if missing:
+                self._missing[key] = missing
+                for t in keep:
+                    t.reward_components["group_dropped"] = float(missing)
+            group.members = keep
         return out
 
     def _evict(self) -> list[Dropped]:
@@ -185,17 +173,19 @@ class ReplayBuffer:
         limit = self.capacity_steps * self.batch_size
         while len(self) > limit and self._groups:
             key = next(iter(self._groups))
-            out += [Dropped(t, "dropped_evicted", 0) for t in self._pop(key)]
+            out += [Dropped(t, "dropped_evicted", 0) for t in self._pop(key).members]
         return out
 
     def _order(self, ready: list[str]) -> list[str]:
         if self.sampling == "freshness":
-            ordered = sorted(ready, key=lambda k: -min(t.oldest_version() or 0 for t in self._groups[k]))
+            ordered = sorted(
+                ready, key=lambda k: -min(t.oldest_version() or 0 for t in self._groups[k].members)
+            )
         elif self.sampling == "advantage":
             ordered = sorted(ready, key=lambda k: -self._spread(k))
         elif self.sampling == "behaviour_kl" and self.scorer is not None:
             scorer = self.scorer
-            ordered = sorted(ready, key=lambda k: -scorer(self._groups[k]))
+            ordered = sorted(ready, key=lambda k: -scorer(self._groups[k].members))
         else:
             ordered = list(ready)
         if self.random_fraction > 0 and len(ordered) > 1:
@@ -207,11 +197,11 @@ class ReplayBuffer:
         return ordered
 
     def _spread(self, key: str) -> float:
-        rewards = [t.final_reward for t in self._groups[key]]
+        rewards = [t.final_reward for t in self._groups[key].members]
         return statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
 
     def _category(self, key: str) -> tuple[str, str]:
-        group = self._groups[key]
+        group = self._groups[key].members
         t0 = group[0].task
         bucketed = any(":" in k for k in self.task_mix or {})  # curriculum bucket keys
         task = (f"{t0.task_type}:{t0.difficulty}" if bucketed else t0.task_type) if self.task_mix else "*"
@@ -244,7 +234,7 @@ class ReplayBuffer:
             queue.remove(best)
             out.append(best)
             cat = self._category(best)
-            taken[cat] = taken.get(cat, 0) + len(self._groups[best])
+            taken[cat] = taken.get(cat, 0) + len(self._groups[best].members)
         return out
 
 
@@ -253,13 +243,3 @@ def _finite(traj: Trajectory) -> bool:
     if not math.isfinite(traj.final_reward):
         return False
     return all(math.isfinite(x) for turn in traj.turns if turn.logprobs for x in turn.logprobs)
-
-
-def _episodes(group: list[Trajectory]) -> int:
-    """Whole episodes in a group: an episode of several samples (per-turn, per-call) counts once
-    all its samples are in."""
-    have: dict[str, int] = {}
-    for t in group:
-        have[t.episode] = have.get(t.episode, 0) + 1
-    need = {t.episode: t.episode_samples for t in group}
-    return sum(1 for e, n in have.items() if n >= need[e])

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import RunConfig
-from asyncrl.records import Trajectory, encode
+from asyncrl.records import Group, encode
 
 _BEAT_FRACTION = 0.25
 """An idle rank 0 sends :class:`Beat` after this fraction of ``trainer.dist_timeout_s`` without a command."""
@@ -53,16 +53,16 @@ class Init(msgspec.Struct, tag=True):
 
 
 class Step(msgspec.Struct, tag=True):
-    """Take the learner step on this batch (wire-encoded trajectories) at this weight version, from
+    """Take the learner step on this batch (its wire-encoded groups) at this weight version, from
     rank 0's torch RNG state (the minibatch permutation draws from it)."""
 
-    trajs: list[bytes]
+    groups: list[bytes]
     version: int
     rng: bytes
 
     @classmethod
-    def of(cls, batch: list[Trajectory], version: int) -> Step:
-        return cls([encode(t) for t in batch], version, torch.get_rng_state().numpy().tobytes())
+    def of(cls, batch: list[Group], version: int) -> Step:
+        return cls([encode(g) for g in batch], version, torch.get_rng_state().numpy().tobytes())
 
 
 class Checkpoint(msgspec.Struct, tag=True):
@@ -107,7 +107,7 @@ def assign(sizes: list[int], world: int) -> list[int]:
     return owner
 
 
-class Group:
+class RankGroup:
     """This process's place in the trainer group, and the collectives the trainer needs."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, device: torch.device) -> None:
@@ -115,7 +115,7 @@ class Group:
         self._sent = time.monotonic()
 
     @classmethod
-    def join(cls, cfg: RunConfig, rank: int, addr: str, port: int) -> Group:
+    def join(cls, cfg: RunConfig, rank: int, addr: str, port: int) -> RankGroup:
         """Rendezvous at ``tcp://addr:port`` (rank 0 listens there), or ``addr = "env://"``: at
         ``MASTER_ADDR:MASTER_PORT`` (torchrun's store when torchrun started us); gloo on CPU, nccl on CUDA."""
         from asyncrl.policy.model import resolve_device

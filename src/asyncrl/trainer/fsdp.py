@@ -49,7 +49,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 if TYPE_CHECKING:
     from asyncrl.policy import Policy
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import RankGroup
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -69,7 +69,7 @@ def _skeleton(model: torch.nn.Module) -> torch.nn.Module:
 class ShardedPolicy:
     """A rank's FSDP2-sharded policy: the scorer to run (the root unit), and the gathered full state."""
 
-    def __init__(self, policy: Policy, scorer: torch.nn.Module, group: Group) -> None:
+    def __init__(self, policy: Policy, scorer: torch.nn.Module, group: RankGroup) -> None:
         from asyncrl.policy import Policy
 
         model = policy.model

@@ -2,11 +2,13 @@
 
 The rule
 --------
-Every queue entry the trainer takes is acknowledged exactly when the *fate* of its trajectory is
-durable, and not before:
+A queue entry is one whole :class:`~asyncrl.records.Group`; fates are per member (one ledger row per
+trajectory id). The trainer acknowledges an entry exactly when the *fate* of every member is durable,
+and not before:
 
-* **duplicate** — its trajectory id is already in the ledger (a redelivery, or a re-put of a
-  trajectory whose fate is recorded): acknowledged at once, its fate is already durable;
+* **duplicate** — every member's id is already in the ledger (a redelivery, or a re-put of a group
+  whose fates are recorded): acknowledged at once. A redelivered group of which only some members
+  have a fate (dropped ones, after a crash) is held with the others, which count as missing members;
 * **dropped** (stale, invalid, non-finite, evicted) or **skipped** (part of a non-finite step):
   the fate is written to the ledger now and the entry acknowledged now. Such a fate does not
   depend on the model's weights, so no checkpoint has to cover it;
@@ -22,10 +24,9 @@ Why back-pressure cannot deadlock against the checkpoint
 Producers block only while ``depth ≥ capacity``. A live trainer holds at most
 ``T + F`` un-acknowledged entries (:func:`asyncrl.config.max_trainer_held`): ``T`` trained since the
 last checkpoint — at most ``checkpoint_every − 1`` steps (the step that reaches ``checkpoint_every``
-checkpoints in the same iteration), each of at most ``batch_size + group_size − 1`` samples (a batch
-takes whole groups until it holds ``batch_size``; a group with a dropped member is smaller, so the last
-group taken can overshoot) — and ``F ≤ buffer_steps × batch_size`` buffered (the buffer evicts beyond
-that, and an eviction is a fate). Dropped, skipped and duplicate entries are acknowledged in the
+checkpoints in the same iteration), each of at most ``batch_size`` groups (a batch takes whole groups
+until it holds ``batch_size`` samples, and a group holds at least one) — and ``F ≤ buffer_steps ×
+batch_size`` buffered groups (the buffer evicts beyond that many samples, and an eviction is a fate). Dropped, skipped and duplicate entries are acknowledged in the
 iteration that saw them, so they hold nothing. Entries leased by a dead trainer become ready after
 ``lease_seconds``. The config requires ``capacity ≥ T_max + F_max + 2 × batch_size``
 (:func:`asyncrl.config.min_queue_capacity`), so a full queue always holds a ready (or soon-expired)
@@ -54,14 +55,18 @@ if TYPE_CHECKING:
 
 
 class Intake:
-    """Takes deliveries into the replay buffer and acknowledges each entry once its fate is durable."""
+    """Takes groups into the replay buffer and acknowledges each entry once its members' fates are durable."""
 
     def __init__(self, queue: TrajectoryQueue, state: RunState, *, pull_size: int) -> None:
         self.queue, self.state, self.pull_size = queue, state, pull_size
         self.done_ids: set[str] = state.ids_with_fate()
-        """Ids whose fate is durable (the checkpointed consumed-id set, plus fates recorded since)."""
+        """Trajectory ids whose fate is durable (the checkpointed consumed-id set, plus fates recorded since)."""
         self.entries: dict[str, list[str]] = {}
-        """Trajectory id -> its un-acknowledged entry ids (buffered, or trained since the checkpoint)."""
+        """Group id -> its un-acknowledged entry ids (held: buffered, or trained since the checkpoint)."""
+        self.pending: dict[str, set[str]] = {}
+        """Group id -> its members without a durable fate yet (the entry is acknowledged when empty)."""
+        self.group_of: dict[str, str] = {}
+        """Trajectory id -> its held group's id."""
         self.trained: dict[str, tuple[int, int]] = {}
         """Trajectory id -> (step, age), trained since the last checkpoint."""
 
@@ -74,32 +79,50 @@ class Intake:
         duplicates: list[str] = []
         added = 0
         for d in self.queue.get_batch(self.pull_size, timeout=timeout, consumer="trainer"):
-            tid = d.trajectory.id
-            if tid in self.done_ids:  # its fate is durable already: nothing left to do with it
-                duplicates.append(d.entry_id)
-                continue
-            held = self.entries.setdefault(tid, [])
-            if held:  # a redelivery of an entry we hold (expired lease), or a second entry of the id
+            group = d.group
+            held = self.entries.get(group.id)
+            if held is not None:  # a redelivery of an entry we hold (expired lease), or a second entry
                 if d.entry_id not in held:
                     held.append(d.entry_id)
                 continue
-            held.append(d.entry_id)
-            buffer.add(d.trajectory)
-            added += 1
+            fresh = [t for t in group.members if t.id not in self.done_ids]
+            if not fresh:  # every fate is durable already: nothing left to do with it
+                duplicates.append(d.entry_id)
+                continue
+            self.entries[group.id] = [d.entry_id]
+            self.pending[group.id] = {t.id for t in fresh}
+            self.group_of.update((t.id, group.id) for t in fresh)
+            missing = len(group.members) - len(fresh)
+            group.members = fresh
+            buffer.add(group, missing)
+            added += len(fresh)
         if duplicates:
             self.queue.ack(duplicates)
         return added
 
+    def _fated(self, ids: Iterable[str]) -> list[str]:
+        """``ids`` have a durable fate now: the entries of the groups they completed."""
+        acks: list[str] = []
+        for tid in ids:
+            self.done_ids.add(tid)
+            gid = self.group_of.pop(tid, None)
+            if gid is None:
+                continue
+            left = self.pending[gid]
+            left.discard(tid)
+            if not left:
+                del self.pending[gid]
+                acks += self.entries.pop(gid)
+        return acks
+
     def settle(self, rows: Iterable[Fate]) -> None:
-        """Record fates that need no checkpoint (dropped, skipped), then acknowledge their entries."""
+        """Record fates that need no checkpoint (dropped, skipped), then acknowledge the entries they complete."""
         rows = list(rows)
         if not rows:
             return
         # fate first: a crash before the ack only causes a de-duplicated redelivery
         self.state.record_fates(rows)
-        ids = [r[0] for r in rows]
-        self.done_ids.update(ids)
-        self.queue.ack([e for tid in ids for e in self.entries.pop(tid, [])])
+        self.queue.ack(self._fated(r[0] for r in rows))
 
     def mark_trained(self, batch: list[Trajectory], step: int, ages: list[int]) -> None:
         """Samples of a step not yet covered by a checkpoint: acknowledged by :meth:`checkpointed`."""
@@ -107,10 +130,10 @@ class Intake:
             self.trained[t.id] = (step, age)
 
     def record_trained(self) -> list[str]:
-        """First half of :meth:`checkpointed`: the trained fates into the ledger. Returns their entry ids."""
+        """First half of :meth:`checkpointed`: the trained fates into the ledger. Returns the entry ids
+        of the groups they complete."""
         self.state.record_fates((tid, "trained", step, age) for tid, (step, age) in self.trained.items())
-        acks = [e for tid in self.trained for e in self.entries.pop(tid, [])]
-        self.done_ids.update(self.trained)
+        acks = self._fated(list(self.trained))
         self.trained.clear()
         return acks
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -50,7 +51,7 @@ from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.policy.packing import shared_microbatches
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, Trajectory, members
 from asyncrl.trainer.parallel import Parallel, Single
 
 if TYPE_CHECKING:
@@ -236,15 +237,17 @@ class Learner:
             tc.target_kl is not None and tc.epochs > 1
         )
 
-    def step(self, trajs: list[Trajectory], version: int) -> dict[str, float]:
-        """Train on ``trajs`` at weight ``version``; returns metrics (``train/skipped`` = 1 if not finite)."""
+    def step(self, groups: Sequence[Group], version: int) -> dict[str, float]:
+        """Train on the members of ``groups`` at weight ``version``; returns metrics (``train/skipped``
+        = 1 if not finite)."""
         algo = self.cfg.algo
         self.parallel.release()  # a gathered full state is about to go stale
         pad = self.policy.tokenizer.pad_token_id
+        trajs = members(groups)
         host = collate(trajs, pad)
         # 1. credit: per-token advantages (computed on the host: per-trajectory Python work; a
         # value model runs on the policy's device); staleness age of every model token
-        adv, metrics = self.credit.advantages(trajs, host.ids, host.attn, host.mask)
+        adv, metrics = self.credit.advantages(groups, host.ids, host.attn, host.mask)
         dev = self.policy.device
         b, adv = host.to(dev), adv.to(dev)
         age = torch.where(b.mask > 0, (version - b.versions).clamp(min=0), torch.zeros_like(b.versions))

@@ -35,7 +35,7 @@ from asyncrl.policy.model import token_logprobs_and_entropy
 
 if TYPE_CHECKING:
     from asyncrl.policy import Policy
-    from asyncrl.trainer.distributed import Command, Group
+    from asyncrl.trainer.distributed import Command, RankGroup
     from asyncrl.trainer.fsdp import ShardedPolicy
 
 Parts = list[tuple[dict[str, float], float, float]]
@@ -125,7 +125,7 @@ class Single(Parallel):
 class _Ranks(Parallel):
     """N ranks of one process group: the split of micro-batches, the sums and the commands."""
 
-    def __init__(self, group: Group) -> None:
+    def __init__(self, group: RankGroup) -> None:
         self.group = group
         self.world = group.world
 
@@ -221,7 +221,7 @@ class Sharded(_Ranks):
         return self.sharded.gather()
 
 
-def make_parallel(cfg: RunConfig, group: Group | None) -> Parallel:
+def make_parallel(cfg: RunConfig, group: RankGroup | None) -> Parallel:
     """This rank's parallelism: one rank without a group, else ``trainer.parallel``'s."""
     if group is None:
         return Single()

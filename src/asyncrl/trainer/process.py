@@ -35,7 +35,7 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState
-from asyncrl.records import Trajectory
+from asyncrl.records import Group, Trajectory, members
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import LifecycleFigures, TrainerFigures, TrainerReport
 from asyncrl.telemetry.trainer import TrainerTelemetry
@@ -48,14 +48,14 @@ if TYPE_CHECKING:
     from asyncrl.control.lending import ThreadLender
     from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import RankGroup
     from asyncrl.trainer.learner import Learner
 
 log = logging.getLogger("asyncrl.trainer")
 
 
 def load_learner(
-    cfg: RunConfig, run_dir: Path, ckpt: Path | None, py_rng: random.Random, group: Group | None = None
+    cfg: RunConfig, run_dir: Path, ckpt: Path | None, py_rng: random.Random, group: RankGroup | None = None
 ) -> tuple[Learner, TrainerState]:
     """The policy (from ``ckpt`` or the initial policy), its reference and learner, restored from
     ``ckpt`` when given (every rank of a trainer group builds its replica this way, then puts it under
@@ -85,7 +85,7 @@ class TrainerRole:
         run_dir: Path,
         resume: bool = True,
         started: float | None = None,
-        group: Group | None = None,
+        group: RankGroup | None = None,
     ) -> None:
         from asyncrl.trainer.checkpoint import latest_checkpoint
         from asyncrl.weights import make_weight_store
@@ -109,7 +109,10 @@ class TrainerRole:
         self.last_published = published
         self.staleness = self.state.staleness
         self.buffer = ReplayBuffer.of(cfg, self.staleness, scorer=self._behaviour_kl)
-        self.intake = Intake(self.queue, self.state, pull_size=2 * cfg.trainer.batch_size)
+        # two batches of flat groups a pull
+        self.intake = Intake(
+            self.queue, self.state, pull_size=-(-2 * cfg.trainer.batch_size // cfg.rollout.group_size)
+        )
         self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", started=started)
         self.tally: dict[str, float] = dict.fromkeys(
             (
@@ -253,15 +256,18 @@ class TrainerRole:
             metrics = self.learner.step(batch, self.version)
             self.learn += time.perf_counter() - t_learn
             skipped = metrics["train/skipped"] > 0
-            ages = [self.staleness.age(self.version, t.oldest_version() or 0) for t in batch]
-            for t in batch:
+            samples = members(batch)
+            ages = [self.staleness.age(self.version, t.oldest_version() or 0) for t in samples]
+            for t in samples:
                 t.lifecycle.trained = time.time()
             if skipped:  # the step was undone: a fate of its own, recorded and acknowledged now
-                self.intake.settle((t.id, "skipped", self.step, a) for t, a in zip(batch, ages, strict=True))
-                self.state.record_dropped(len(batch))
+                self.intake.settle(
+                    (t.id, "skipped", self.step, a) for t, a in zip(samples, ages, strict=True)
+                )
+                self.state.record_dropped(len(samples))
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
-                self.intake.mark_trained(batch, self.step, ages)
+                self.intake.mark_trained(samples, self.step, ages)
                 self._tally_batch(batch)
                 metrics.update(self.observe.on_trained(batch, ages, self.step, self.version))
                 self.step += 1
@@ -281,8 +287,8 @@ class TrainerRole:
                 if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
                     self._checkpoint()
             self.busy += time.perf_counter() - t0
-            self._report(metrics, batch)  # one row per trained batch: the data-freshness curve
-            last = (metrics, batch)
+            self._report(metrics, samples)  # one row per trained batch: the data-freshness curve
+            last = (metrics, samples)
         if self.intake.trained:
             self._checkpoint()
         self.parallel.tell(Stop)
@@ -291,23 +297,22 @@ class TrainerRole:
         if self.step >= tc.total_steps:
             self.state.mark_trainer_finished()
 
-    def _tally_batch(self, batch: list[Trajectory]) -> None:
+    def _tally_batch(self, batch: list[Group]) -> None:
         """Token accounting for the cost ledger: trained, processed, and zero-signal groups."""
-        groups: dict[str, list[Trajectory]] = {}
-        for t in batch:
-            groups.setdefault(t.group_id or t.id, []).append(t)
+        for t in members(batch):
             self.tally["samples_trained"] += 1
             self.tally["tokens_trained"] += t.num_model_tokens()
             self.tally["tokens_processed"] += len(t.token_ids())
-        for members in groups.values():
-            if len(members) > 1 and len({m.final_reward for m in members}) == 1:  # advantage 0 everywhere
-                self.tally["zero_adv_samples"] += len(members)
-                self.tally["zero_adv_tokens"] += sum(len(m.token_ids()) for m in members)
-                self.tally["zero_adv_model_tokens"] += sum(m.num_model_tokens() for m in members)
+        for group in batch:
+            rows = group.members
+            if len(rows) > 1 and len({m.final_reward for m in rows}) == 1:  # advantage 0 everywhere
+                self.tally["zero_adv_samples"] += len(rows)
+                self.tally["zero_adv_tokens"] += sum(len(m.token_ids()) for m in rows)
+                self.tally["zero_adv_model_tokens"] += sum(m.num_model_tokens() for m in rows)
             else:  # disjoint from zero-advantage waste: early-terminated samples that did carry signal
                 self.tally["truncated_tokens"] += sum(
                     m.num_model_tokens()
-                    for m in members
+                    for m in rows
                     if m.outcome in ("truncated", "timeout", "early_stopped")
                 )
 

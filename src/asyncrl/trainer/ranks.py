@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from asyncrl.config import RunConfig
-from asyncrl.records import decode_trajectory
-from asyncrl.trainer.distributed import Beat, Checkpoint, Gather, Group, Init, Step, Stop
+from asyncrl.records import decode_group
+from asyncrl.trainer.distributed import Beat, Checkpoint, Gather, Init, RankGroup, Step, Stop
 
 ENV_RENDEZVOUS = "env://"
 """The rendezvous address meaning "from MASTER_ADDR / MASTER_PORT" (``asyncrl role trainer``; under
@@ -29,7 +29,7 @@ def trainer_rank_main(cfg_json: str, run_dir: str, resume: bool, rank: int, addr
     from asyncrl.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json, "trainer")
-    group = Group.join(cfg, rank, addr, port)
+    group = RankGroup.join(cfg, rank, addr, port)
     if rank == 0:
         from asyncrl.trainer.process import TrainerRole
 
@@ -39,7 +39,7 @@ def trainer_rank_main(cfg_json: str, run_dir: str, resume: bool, rank: int, addr
     group.close()
 
 
-def follow(cfg: RunConfig, run_dir: Path, group: Group) -> None:
+def follow(cfg: RunConfig, run_dir: Path, group: RankGroup) -> None:
     """A rank other than 0: a replica of the policy and optimiser that does what rank 0 says."""
     from asyncrl.trainer.checkpoint import write_optimizer_shards
     from asyncrl.trainer.process import load_learner
@@ -52,9 +52,9 @@ def follow(cfg: RunConfig, run_dir: Path, group: Group) -> None:
     learner, _ = load_learner(cfg, run_dir, ckpt, random.Random(cfg.seed), group)
     while True:
         match group.receive():
-            case Step(trajs, version, rng):
+            case Step(groups, version, rng):
                 torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
-                learner.step([decode_trajectory(b) for b in trajs], version)
+                learner.step([decode_group(b) for b in groups], version)
             case Checkpoint(dir):
                 write_optimizer_shards(Path(dir), learner.optimizer)
             case Gather():  # rank 0 publishes or checkpoints a sharded policy

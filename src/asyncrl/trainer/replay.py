@@ -61,7 +61,7 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
     t0 = time.time()
     done = 0
     for b in batches[: steps if steps is not None else len(batches)]:
-        metrics = learner.step(b.trajectories, b.version)
+        metrics = learner.step(b.groups, b.version)
         done += 1
         writer.write(metrics, step=b.step + 1)
         rec = recorded.get(b.step + 1)

@@ -1,7 +1,7 @@
 """The trajectory bus: a durable, at-least-once queue from rollout workers to the trainer.
 
-Rollout workers :meth:`~TrajectoryQueue.put` trajectories; the trainer leases batches with
-:meth:`~TrajectoryQueue.get_batch` and :meth:`~TrajectoryQueue.ack`\\ s each entry once its fate is
+Rollout workers :meth:`~TrajectoryQueue.put` whole groups (one entry per group); the trainer leases
+batches with :meth:`~TrajectoryQueue.get_batch` and :meth:`~TrajectoryQueue.ack`\\ s each entry once its fate is
 durable (acknowledgement by fate, :mod:`asyncrl.trainer.intake`). Entries
 not acked within ``transport.lease_seconds`` are redelivered, so delivery is at-least-once and
 **the consumer de-duplicates by trajectory id**. Semantics: :mod:`asyncrl.transport.base`;

@@ -1,23 +1,27 @@
 """The trajectory queue interface between rollout workers (producers) and the trainer (consumer).
 
+An entry is one :class:`~asyncrl.records.Group`: the samples played for one task, whole. A
+half-delivered group cannot exist — the worker puts the group in one durable write, and the
+trainer acknowledges the entry once every member's fate is durable (fates are per member).
+
 Delivery semantics (every backend)
 ----------------------------------
 * **At-least-once.** An entry accepted by :meth:`TrajectoryQueue.put` (it returned ``True``)
   is durable and is delivered until somebody acknowledges it. A consumer that takes entries
   with :meth:`~TrajectoryQueue.get_batch` holds a *lease* on them; if it does not
   :meth:`~TrajectoryQueue.ack` them within the lease (it crashed, hung or was killed), they
-  become ready again and are redelivered with ``attempts + 1``. The same trajectory can
+  become ready again and are redelivered with ``attempts + 1``. The same group can
   therefore reach the trainer more than once: **the consumer de-duplicates by trajectory id**
-  (``Delivery.trajectory.id``), and acks every delivery, duplicate or not.
-* **Idempotent producers.** Putting a trajectory whose id is already queued (ready or leased)
+  (each member of ``Delivery.group``), and acks every delivery, duplicate or not.
+* **Idempotent producers.** Putting a group whose id is already queued (ready or leased)
   is a no-op that returns ``True``, so a producer may retry a put whose outcome it does not
   know. Once an entry is acked it is gone; a later put of the same id enqueues it again
   (the consumer's de-duplication covers that case too).
 * **Exclusive leases.** While a lease is live, no other consumer receives that entry.
-* **Back-pressure.** At most ``capacity`` un-acked entries (ready + leased) exist; ``put``
+* **Back-pressure.** At most ``capacity`` un-acked entries — groups — (ready + leased) exist; ``put``
   blocks beyond that until entries are acked, or returns ``False`` at its timeout.
 * **Poison entries never block the queue.** A stored entry that does not decode or validate
-  as a current :class:`~asyncrl.records.Trajectory` is moved to a dead-letter area with the
+  as a current :class:`~asyncrl.records.Group` is moved to a dead-letter area with the
   reason, counted, and skipped; the rest of the batch is delivered.
 * **Order** is FIFO by enqueue time on a best-effort basis; redelivered entries come back in
   the order their leases expired. Nothing depends on order.
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from asyncrl.errors import UserError
-from asyncrl.records import Trajectory, encode
+from asyncrl.records import Group, encode
 from asyncrl.telemetry.reports import QueueStats
 
 STAT_KEYS: tuple[str, ...] = tuple(QueueStats.names())
@@ -61,18 +65,18 @@ class Delivery:
 
     entry_id: str
     """Queue-assigned id; pass it to :meth:`TrajectoryQueue.ack`."""
-    trajectory: Trajectory
-    """The decoded, validated trajectory (``lifecycle.dequeued`` stamped at this delivery)."""
+    group: Group
+    """The decoded, validated group (every member's ``lifecycle.dequeued`` stamped at this delivery)."""
     attempts: int
     """1 on first delivery, 2 after one expired lease, ..."""
 
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """An entry set aside because it could not be delivered as a valid trajectory."""
+    """An entry set aside because it could not be delivered as a valid group."""
 
     entry_id: str
-    trajectory_id: str
+    group_id: str
     """Id the producer stored the entry under (the payload itself may not be readable)."""
     reason: str
     payload: bytes
@@ -121,7 +125,7 @@ def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capaci
 
 
 class TrajectoryQueue(ABC):
-    """A durable, multi-producer multi-consumer, at-least-once queue of trajectories.
+    """A durable, multi-producer multi-consumer, at-least-once queue of trajectory groups.
 
     Every method is safe to call from several threads of one process, and several processes
     may open the same queue at once (each opens its own handle with :func:`make_queue`).
@@ -130,24 +134,26 @@ class TrajectoryQueue(ABC):
     capacity: int
     lease_seconds: float
 
-    def put(self, traj: Trajectory, timeout: float | None = None) -> bool:
-        """Enqueue ``traj`` durably; stamps ``traj.lifecycle.enqueued`` (on the caller's object).
+    def put(self, group: Group, timeout: float | None = None) -> bool:
+        """Enqueue ``group`` durably, whole; stamps each member's ``lifecycle.enqueued`` (on the caller's objects).
 
         Blocks while ``capacity`` un-acked entries exist. ``timeout=None`` waits forever,
         ``0`` tries once. Returns ``True`` once the entry is committed (or was already queued
         under the same id), ``False`` if the queue stayed full until the timeout.
-        Raises ``ValueError`` (``RecordDecodeError``/``RecordEncodeError``) for a trajectory
+        Raises ``ValueError`` (``RecordDecodeError``/``RecordEncodeError``) for a group
         that could never be decoded by the consumer.
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
         self._before_put()
-        traj.validate()  # fail at the producer, not as a dead letter at the trainer
+        group.validate()  # fail at the producer, not as a dead letter at the trainer
         deadline = None if timeout is None else time.monotonic() + timeout
-        traj.lifecycle.enqueued = time.time()
-        payload = encode(traj)
+        stamp = time.time()
+        for member in group.members:
+            member.lifecycle.enqueued = stamp
+        payload = encode(group)
         attempt = 0
-        while not self._try_put(traj.id, payload):
+        while not self._try_put(group.id, payload):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             backoff_sleep(attempt, deadline)
@@ -158,8 +164,8 @@ class TrajectoryQueue(ABC):
         """Hook run once per put before validation (e.g. to fail fast on a closed handle)."""
 
     @abstractmethod
-    def _try_put(self, traj_id: str, payload: bytes) -> bool:
-        """One attempt: commit ``payload`` under ``traj_id`` (True), find it already queued (True),
+    def _try_put(self, group_id: str, payload: bytes) -> bool:
+        """One attempt: commit ``payload`` under ``group_id`` (True), find it already queued (True),
         or find the queue full (False)."""
 
     @abstractmethod

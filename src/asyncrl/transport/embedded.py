@@ -3,7 +3,8 @@
 Several processes open ``run_dir/queue.sqlite`` at once, each with its own connection.
 Delivery semantics are those of :mod:`asyncrl.transport.base`: **at-least-once**, leases
 expire after ``lease_seconds`` and the entry is redelivered with ``attempts + 1``, and **the
-consumer de-duplicates by trajectory id**.
+consumer de-duplicates by trajectory id** (an entry is one :class:`~asyncrl.records.Group`, keyed by
+the group's id).
 
 How the guarantees are met
 --------------------------
@@ -20,7 +21,7 @@ How the guarantees are met
   ``lease time + lease_seconds`` for a leased one. An entry is ready iff
   ``visible_at <= now``, so an expired lease needs no sweeper. Times are wall-clock
   (``time.time()``), comparable across processes and restarts.
-* **Idempotent put.** ``traj_id`` is ``UNIQUE``; re-putting a queued id is a no-op.
+* **Idempotent put.** ``group_id`` is ``UNIQUE``; re-putting a queued id is a no-op.
 * **Bounded disk.** Acked entries are deleted (their pages are reused by new entries).
 * **Poison entries.** A stored payload that raises :class:`~asyncrl.records.RecordDecodeError`
   (or whose id disagrees with the row) is moved, in the same transaction, to the
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from asyncrl.records import RecordDecodeError, decode_trajectory
+from asyncrl.records import RecordDecodeError, decode_group
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
@@ -52,7 +53,7 @@ from asyncrl.transport.base import (
     stats_of,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stored in ``PRAGMA user_version``; a database of another version is refused."""
 
 Synchronous = Literal["NORMAL", "FULL"]
@@ -64,7 +65,7 @@ _SCHEMA: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS entries (
         seq          INTEGER PRIMARY KEY AUTOINCREMENT,  -- entry id (AUTOINCREMENT: never reused)
-        traj_id      TEXT    NOT NULL UNIQUE,
+        group_id      TEXT    NOT NULL UNIQUE,
         state        TEXT    NOT NULL DEFAULT 'ready',   -- 'ready' | 'leased' (a leased entry whose
                                                          -- visible_at has passed is ready again)
         visible_at   REAL    NOT NULL,                   -- deliverable when visible_at <= now
@@ -79,7 +80,7 @@ _SCHEMA: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS payloads (
         seq          INTEGER PRIMARY KEY,                -- = entries.seq
-        data         BLOB    NOT NULL                    -- records.encode(trajectory), msgpack
+        data         BLOB    NOT NULL                    -- records.encode(group), msgpack
     )
     """,
     """
@@ -89,7 +90,7 @@ _SCHEMA: tuple[str, ...] = (
     CREATE TABLE IF NOT EXISTS dead_letters (
         id           INTEGER PRIMARY KEY AUTOINCREMENT,
         entry_id     TEXT    NOT NULL,
-        traj_id      TEXT    NOT NULL,
+        group_id      TEXT    NOT NULL,
         reason       TEXT    NOT NULL,
         payload      BLOB    NOT NULL,
         attempts     INTEGER NOT NULL,
@@ -209,20 +210,20 @@ class EmbeddedQueue(TrajectoryQueue):
             conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
 
     # ---- producer ----------------------------------------------------------------------
-    def _try_put(self, traj_id: str, payload: bytes) -> bool:
+    def _try_put(self, group_id: str, payload: bytes) -> bool:
         # Cheap lock-free check first, so blocked producers never hold the write lock.
         full = self._scalar("SELECT count(*) FROM entries") >= self.capacity
         if full:
-            return bool(self._scalar("SELECT count(*) FROM entries WHERE traj_id = ?", (traj_id,)))
+            return bool(self._scalar("SELECT count(*) FROM entries WHERE group_id = ?", (group_id,)))
         with self._write() as conn:
-            if conn.execute("SELECT 1 FROM entries WHERE traj_id = ?", (traj_id,)).fetchall():
+            if conn.execute("SELECT 1 FROM entries WHERE group_id = ?", (group_id,)).fetchall():
                 return True
             if _int(conn.execute("SELECT count(*) FROM entries").fetchall()) >= self.capacity:
                 return False
             now = time.time()
             cur = conn.execute(
-                "INSERT INTO entries (traj_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
-                (traj_id, now, now, len(payload)),
+                "INSERT INTO entries (group_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
+                (group_id, now, now, len(payload)),
             )
             conn.execute("INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload))
             self._bump(conn, "put_total", 1)
@@ -252,37 +253,38 @@ class EmbeddedQueue(TrajectoryQueue):
         with self._write() as conn:
             now = time.time()
             rows = conn.execute(
-                "SELECT e.seq, e.traj_id, p.data, e.attempts FROM entries AS e "
+                "SELECT e.seq, e.group_id, p.data, e.attempts FROM entries AS e "
                 "LEFT JOIN payloads AS p ON p.seq = e.seq "
                 "WHERE e.visible_at <= ? ORDER BY e.visible_at, e.seq LIMIT ?",
                 (now, max_items),
             ).fetchall()
             leased: list[tuple[float, str, int]] = []
             redelivered = 0
-            for seq, traj_id, payload, attempts in rows:
+            for seq, group_id, payload, attempts in rows:
                 payload = b"" if payload is None else bytes(payload)
                 try:
-                    traj = decode_trajectory(payload)
-                    if traj.id != traj_id:
+                    group = decode_group(payload)
+                    if group.id != group_id:
                         raise RecordDecodeError(
-                            f"payload id {traj.id!r} differs from the entry's id {traj_id!r}"
+                            f"payload id {group.id!r} differs from the entry's id {group_id!r}"
                         )
                 except Exception as exc:  # poison must never crash the consumer
                     reason = (
                         str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
                     )
                     conn.execute(
-                        "INSERT INTO dead_letters (entry_id, traj_id, reason, payload, attempts, dead_at) "
+                        "INSERT INTO dead_letters (entry_id, group_id, reason, payload, attempts, dead_at) "
                         "VALUES (?, ?, ?, ?, ?, ?)",
-                        (str(seq), traj_id, reason, payload, attempts + 1, now),
+                        (str(seq), group_id, reason, payload, attempts + 1, now),
                     )
                     conn.execute("DELETE FROM entries WHERE seq = ?", (seq,))
                     conn.execute("DELETE FROM payloads WHERE seq = ?", (seq,))
                     continue
-                traj.lifecycle.dequeued = now
+                for member in group.members:
+                    member.lifecycle.dequeued = now
                 redelivered += attempts > 0
                 leased.append((now + self.lease_seconds, consumer, seq))
-                out.append(Delivery(entry_id=str(seq), trajectory=traj, attempts=attempts + 1))
+                out.append(Delivery(entry_id=str(seq), group=group, attempts=attempts + 1))
             conn.executemany(
                 "UPDATE entries SET state = 'leased', visible_at = ?, lease_owner = ?, "
                 "attempts = attempts + 1 WHERE seq = ?",
@@ -342,20 +344,20 @@ class EmbeddedQueue(TrajectoryQueue):
             rows = (
                 self._conn()
                 .execute(
-                    "SELECT entry_id, traj_id, reason, payload, attempts, dead_at FROM dead_letters ORDER BY id"
+                    "SELECT entry_id, group_id, reason, payload, attempts, dead_at FROM dead_letters ORDER BY id"
                 )
                 .fetchall()
             )
         return [
             DeadLetter(
                 entry_id=str(entry_id),
-                trajectory_id=str(traj_id),
+                group_id=str(group_id),
                 reason=str(reason),
                 payload=bytes(payload),
                 attempts=int(attempts),
                 dead_at=float(dead_at),
             )
-            for entry_id, traj_id, reason, payload, attempts, dead_at in rows
+            for entry_id, group_id, reason, payload, attempts, dead_at in rows
         ]
 
     def close(self) -> None:

@@ -2,15 +2,15 @@
 
 Delivery semantics are those of :mod:`asyncrl.transport.base`: **at-least-once**, leases
 expire after ``lease_seconds`` and the entry is redelivered with ``attempts + 1``, and **the
-consumer de-duplicates by trajectory id**.
+consumer de-duplicates by trajectory id** (an entry is one :class:`~asyncrl.records.Group`).
 
 Keys (one set per run; ``P = asyncrl:{<sha1(abs run_dir)[:12]>}``, the braces are a Redis
 Cluster hash tag so every key of a run lives in one slot and Lua scripts may touch them all):
 
-* ``P:stream`` - the stream; each entry has the fields ``id`` (trajectory id) and ``data``
-  (``records.encode(traj)``, MessagePack; nothing is pickled). Consumer group ``trainers``.
-* ``P:ids`` - HASH trajectory id -> stream id of every queued (ready or leased) entry.
-* ``P:entries`` - HASH stream id -> trajectory id (lets ``ack`` find the id to release).
+* ``P:stream`` - the stream; each entry has the fields ``id`` (group id) and ``data``
+  (``records.encode(group)``, MessagePack; nothing is pickled). Consumer group ``trainers``.
+* ``P:ids`` - HASH group id -> stream id of every queued (ready or leased) entry.
+* ``P:entries`` - HASH stream id -> group id (lets ``ack`` find the id to release).
 * ``P:counters`` - HASH of the queue-wide totals (shared by every process).
 * ``P:dead`` - the dead-letter stream.
 
@@ -24,7 +24,7 @@ How the guarantees are met
   the PEL delivery counter), then ``XREADGROUP ... >`` for new ones, blocking in short slices
   so expired leases are noticed while waiting. Idle times are measured by the server clock.
 * **Ack** is a Lua script: ``XACK``; when that settled a pending entry, ``XDEL`` it and release
-  its trajectory id. Unknown or already-acked ids are ignored.
+  its group id. Unknown or already-acked ids are ignored.
 * **Poison entries** are moved by a Lua script to ``P:dead`` (with the reason) and
   ``XACK``'d + ``XDEL``'d, only if this handle's ``XACK`` settled them (no double counting). One
   that never went through ``put`` (bytes added with ``XADD`` from outside: no ``P:entries`` row) is also
@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 import redis
 
 from asyncrl.credentials import mask_url, open_redis, with_retries
-from asyncrl.records import RecordDecodeError, decode_trajectory
+from asyncrl.records import RecordDecodeError, decode_group
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
@@ -78,7 +78,7 @@ _ACK_CHUNK = 500
 _STATS_SCAN_MAX = 100_000
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
 
-# KEYS: stream ids entries counters; ARGV: traj_id payload capacity
+# KEYS: stream ids entries counters; ARGV: group_id payload capacity
 # returns 1: already queued, 0: full, else the new stream id
 _PUT_LUA = """
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 1 end
@@ -108,10 +108,10 @@ if n > 0 then redis.call('HINCRBY', KEYS[4], 'acked_total', n) end
 return n
 """
 
-# KEYS: stream ids entries counters dead; ARGV: group entry_id traj_id reason payload attempts dead_at
+# KEYS: stream ids entries counters dead; ARGV: group entry_id group_id reason payload attempts dead_at
 _DEAD_LUA = """
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'traj_id', ARGV[3], 'reason', ARGV[4],
+redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'group_id', ARGV[3], 'reason', ARGV[4],
            'payload', ARGV[5], 'attempts', ARGV[6], 'dead_at', ARGV[7])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if redis.call('HDEL', KEYS[3], ARGV[2]) == 0 then
@@ -224,9 +224,9 @@ class RedisQueue(TrajectoryQueue):
     def _before_put(self) -> None:
         self._client()  # a closed handle fails before any work
 
-    def _try_put(self, traj_id: str, payload: bytes) -> bool:
+    def _try_put(self, group_id: str, payload: bytes) -> bool:
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
-        result = self._call(lambda r: self._put_script(keys=keys, args=[traj_id, payload, self.capacity]))
+        result = self._call(lambda r: self._put_script(keys=keys, args=[group_id, payload, self.capacity]))
         return bool(result != 0)
 
     # ---- consumer ----------------------------------------------------------------------
@@ -292,19 +292,22 @@ class RedisQueue(TrajectoryQueue):
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key, self.dead_key]
         for (raw_id, fields), tries in zip(entries, attempts, strict=True):
             entry_id = _s(raw_id)
-            traj_id = _s(fields.get(b"id", b""))
+            group_id = _s(fields.get(b"id", b""))
             payload = bytes(fields.get(b"data", b""))
             try:
-                traj = decode_trajectory(payload)
-                if traj.id != traj_id:
-                    raise RecordDecodeError(f"payload id {traj.id!r} differs from the entry's id {traj_id!r}")
+                group = decode_group(payload)
+                if group.id != group_id:
+                    raise RecordDecodeError(
+                        f"payload id {group.id!r} differs from the entry's id {group_id!r}"
+                    )
             except Exception as exc:  # poison must never crash the consumer
                 reason = str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
-                args: list[bytes | str | int] = [GROUP, entry_id, traj_id, reason, payload, tries, repr(now)]
+                args: list[bytes | str | int] = [GROUP, entry_id, group_id, reason, payload, tries, repr(now)]
                 self._call(functools.partial(self._dead_script, keys, args))
                 continue
-            traj.lifecycle.dequeued = now
-            out.append(Delivery(entry_id=entry_id, trajectory=traj, attempts=tries))
+            for member in group.members:
+                member.lifecycle.dequeued = now
+            out.append(Delivery(entry_id=entry_id, group=group, attempts=tries))
         return out
 
     def ack(self, entry_ids: Sequence[str]) -> None:
@@ -337,7 +340,7 @@ class RedisQueue(TrajectoryQueue):
         return [
             DeadLetter(
                 entry_id=_s(f[b"entry_id"]),
-                trajectory_id=_s(f[b"traj_id"]),
+                group_id=_s(f[b"group_id"]),
                 reason=_s(f[b"reason"]),
                 payload=bytes(f[b"payload"]),
                 attempts=int(f[b"attempts"]),
