@@ -32,7 +32,7 @@ def figures(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     from asyncrl.envs.registry import make_raw_env, make_task_source
     from asyncrl.policy import Policy, token_logprobs
     from asyncrl.policy.chat import make_renderer
-    from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+    from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
     from asyncrl.trainer.learner import Learner
 
     cfg = load_config(args.config, [f"model.dtype={dtype}", f"trainer.batch_size={args.prompts}", *args.set])
@@ -87,7 +87,7 @@ def figures(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     ]
     learner = Learner(cfg, policy)
     t0 = time.perf_counter()
-    metrics = learner.step(trajs, version=0)
+    metrics = learner.step(groups_of(trajs), version=0)
     step_s = time.perf_counter() - t0
     tokens = sum(len(p) + len(s.token_ids) for p, s in zip(prompts, samples, strict=True))
     return {

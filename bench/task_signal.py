@@ -62,6 +62,7 @@ def heldout_figures(cfg: Any, policy: Any, n: int) -> dict[str, Any]:
 def batch_figures(cfg: Any, policy: Any, n_tasks: int) -> dict[str, Any]:
     from asyncrl.envs import make_task_source
     from asyncrl.jobs.signal import group_signal, play_groups
+    from asyncrl.records import groups_of
     from asyncrl.trainer.learner import Learner
 
     rng = random.Random(cfg.seed + 1)
@@ -77,7 +78,7 @@ def batch_figures(cfg: Any, policy: Any, n_tasks: int) -> dict[str, Any]:
     trajs = [t for group in groups for t in group]
     differ, n, wins, episodes = group_signal(groups)
     learner = Learner(cfg, policy)
-    metrics, step_wall, step_cpu = _timed(lambda: learner.step(trajs, version=0))
+    metrics, step_wall, step_cpu = _timed(lambda: learner.step(groups_of(trajs), version=0))
     tokens = sum(len(u.token_ids) for t in trajs for u in t.turns)
     return {
         "trajectories": len(trajs),

@@ -51,7 +51,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     from asyncrl.config import load_config
     from asyncrl.policy import Policy
-    from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+    from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
     from asyncrl.trainer.learner import Learner
 
     overrides = [f"model.path={args.model}", "trainer.lr=1e-5", "rollout.group_size=4", *CONFIGS[args.child]]
@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         )
     learner = Learner(cfg, policy)
     t0 = time.perf_counter()
-    metrics = learner.step(trajs, version=0)
+    metrics = learner.step(groups_of(trajs), version=0)
     step_s = time.perf_counter() - t0
     tc = cfg.trainer
     return {

@@ -44,7 +44,7 @@ import torch
 from asyncrl.config import RunConfig, load_config
 from asyncrl.policy import Policy
 from asyncrl.policy.chat import make_renderer
-from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
 from asyncrl.trainer.learner import Batch, Learner, _Part
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def run_variant(name: str, policy: Policy, trajs: list[Trajectory], completions:
     learner = cls(cfg, policy)
     torch.manual_seed(0)
     t0, c0 = time.perf_counter(), time.process_time()
-    m = learner.step(trajs, version=0)
+    m = learner.step(groups_of(trajs), version=0)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(t.token_ids()) for t in trajs)
     return {

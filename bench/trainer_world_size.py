@@ -93,6 +93,7 @@ def _state_bytes(learner: Any) -> int:
 def train(cfg: Any, group: Any, trajs: list[Any], steps: int) -> tuple[Any, float, int]:
     """The learner, seconds for ``steps`` learner steps (after one warm-up step), model tokens per step."""
     from asyncrl.policy import Policy
+    from asyncrl.records import groups_of
     from asyncrl.trainer.distributed import Step
     from asyncrl.trainer.learner import Learner
     from asyncrl.trainer.parallel import make_parallel
@@ -106,10 +107,10 @@ def train(cfg: Any, group: Any, trajs: list[Any], steps: int) -> tuple[Any, floa
         if s == 1:
             t0 = time.perf_counter()
         if group is not None and group.leader:
-            group.send(Step.of(trajs, s))
+            group.send(Step.of(groups_of(trajs), s))
         elif group is not None:
             group.receive()
-        learner.step(trajs, s)
+        learner.step(groups_of(trajs), s)
     return learner, time.perf_counter() - t0, tokens
 
 

@@ -56,16 +56,16 @@ def calc_task() -> Task:
     )
 
 
-def replay_buffer(group_size: int, batch_size: int, staleness: Any, **kw: Any) -> Any:
+def replay_buffer(batch_size: int, staleness: Any, **kw: Any) -> Any:
     """The trainer's replay buffer (``ReplayBuffer.of`` on the default config: ``trainer.buffer_*``, seed 0)
-    for ``group_size`` x ``batch_size``; ``kw`` overrides its fields."""
+    for batches of ``batch_size`` samples; ``kw`` overrides its fields."""
     import dataclasses
 
     from asyncrl.config import RunConfig
     from asyncrl.trainer.buffer import ReplayBuffer
 
     buffer = ReplayBuffer.of(RunConfig(), staleness)
-    return dataclasses.replace(buffer, group_size=group_size, batch_size=batch_size, **kw)
+    return dataclasses.replace(buffer, batch_size=batch_size, **kw)
 
 
 def free_port() -> int:

@@ -433,6 +433,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("policy/memory.py", "<module>", "GIB"),
             ("policy/memory.py", "training_estimate", "dtype_bytes"),
             ("records.py", "<module>", "SCHEMA_VERSION"),
+            ("transport/embedded.py", "<module>", "SCHEMA_VERSION"),
             ("trainer/sft.py", "<module>", "TEMPLATE_VERSION"),
             ("launch/ray_launcher.py", "<module>", "_KILLED"),
             ("service.py", "<module>", "EXIT_ORPHANED"),
@@ -608,3 +609,18 @@ def test_the_value_scan_can_fail(tmp_path: Path) -> None:
         ("probe.py", "call:connect", "timeout"),
         ("probe.py", "call:connect", "socket_timeout_s"),
     }
+
+
+def _regroupings(files: dict[str, str]) -> list[str]:
+    """Places outside ``records.py`` that rebuild a group from its members' ``group_id``."""
+    pattern = re.compile(r"group_id\s+or\b")
+    return [name for name, text in files.items() if name != "records.py" and pattern.search(text)]
+
+
+def test_groups_are_never_rebuilt_from_their_members() -> None:
+    """A group flows whole (``records.Group``) from the worker to the learner: nothing regroups samples
+    by ``group_id`` except ``records.py`` (for samples read back from files: ``records.group_key``)."""
+    files = {str(p.relative_to(SRC)): p.read_text() for p in SRC.rglob("*.py")}
+    assert _regroupings(files) == []
+    # the rule can fail
+    assert _regroupings({"trainer/buffer.py": "key = traj.group_id or traj.id"}) == ["trainer/buffer.py"]

@@ -21,7 +21,7 @@ from asyncrl.algo import (
 )
 from asyncrl.config import load_config
 from asyncrl.credit.assign import CreditAssigner, segment_spans
-from asyncrl.records import Task, Trajectory, Turn
+from asyncrl.records import Task, Trajectory, Turn, groups_of
 
 # ----------------------------------------------------------------------------------------- references
 
@@ -271,7 +271,7 @@ class FixedValues:
 def assigner(strategy: str, *extra: str) -> CreditAssigner:
     cfg = load_config(None, [f"credit.strategy={strategy}", "credit.process_weight=0", *extra])
     a = CreditAssigner.__new__(CreditAssigner)
-    a.cfg, a.value, a.last_samples, a._old_values = cfg.credit, None, [], None
+    a.cfg, a.value, a.last_groups, a._old_values = cfg.credit, None, [], None
     return a
 
 
@@ -286,7 +286,7 @@ def batch_two_groups() -> list[Trajectory]:
 def test_outcome_groups_by_group_id_and_masks_non_model_tokens() -> None:
     trajs = batch_two_groups()
     ids, attn, mask = tensors(trajs)
-    adv, m = assigner("outcome", "credit.baseline=dr_grpo").advantages(trajs, ids, attn, mask)
+    adv, m = assigner("outcome", "credit.baseline=dr_grpo").advantages(groups_of(trajs), ids, attn, mask)
     # group g1 rewards (1, 0) → ±0.5; group g2 is constant → 0
     assert_close(adv[0][mask[0] > 0], torch.full((4,), 0.5))
     assert_close(adv[1][mask[1] > 0], torch.full((4,), -0.5))
@@ -303,7 +303,7 @@ def test_value_delta_segment_credits_sum_to_outcome_advantage() -> None:
     # trajectory 0: segments start at 2, 5, 8; boundaries (last token before) 1, 4, 7 → V = 0.5, 0.7, 0.6
     values[0, 4], values[0, 7] = 0.7, 0.6  # terminal V(after last) = reward 1
     a.value = FixedValues(values)  # type: ignore[assignment]
-    adv, m = a.advantages(trajs, ids, attn, mask)
+    adv, m = a.advantages(groups_of(trajs), ids, attn, mask)
     assert (adv[mask == 0] == 0).all()
     spans = segment_spans(trajs[0])
     seg_adv = [float(adv[0, s]) for s, *_ in spans]
@@ -322,12 +322,12 @@ def test_value_delta_segment_credits_sum_to_outcome_advantage() -> None:
 def test_value_delta_with_flat_values_reduces_to_outcome() -> None:
     trajs = batch_two_groups()
     ids, attn, mask = tensors(trajs)
-    out = assigner("outcome", "credit.baseline=dr_grpo").advantages(trajs, ids, attn, mask)[0]
+    out = assigner("outcome", "credit.baseline=dr_grpo").advantages(groups_of(trajs), ids, attn, mask)[0]
     a = assigner("value_delta", "credit.baseline=dr_grpo")
     T = ids.shape[1]
     # V equals the reward everywhere: S = 0 → guard → uniform = outcome advantage on every token
     a.value = FixedValues(torch.tensor([t.final_reward for t in trajs])[:, None].expand(4, T))  # type: ignore[assignment]
-    adv, m = a.advantages(trajs, ids, attn, mask)
+    adv, m = a.advantages(groups_of(trajs), ids, attn, mask)
     assert_close(adv, out)
     assert m["credit/guard_frac"] == 1.0
 
@@ -336,7 +336,7 @@ def test_turn_group_groups_identical_states_within_a_task_group() -> None:
     trajs = batch_two_groups()
     ids, attn, mask = tensors(trajs)
     a = assigner("turn_group", "credit.baseline=dr_grpo", "credit.turn_group_weight=1.0")
-    adv, m = a.advantages(trajs, ids, attn, mask)
+    adv, m = a.advantages(groups_of(trajs), ids, attn, mask)
     # step states: g1 turn 1 (shared prompt) ×2, g1 turn 2 after the identical first turn ×2,
     # g1 a1 turn 3, g2 turn 1 ×2, g2 b2 turn 2 → 5 step groups
     assert m["credit/step_groups"] == 5
@@ -352,7 +352,7 @@ def test_process_strategy_adds_centred_reward_to_go() -> None:
     trajs = batch_two_groups()[:2]
     ids, attn, mask = tensors(trajs)
     a = assigner("process", "credit.baseline=dr_grpo", "credit.process_weight=1.0")
-    adv, _ = a.advantages(trajs, ids, attn, mask)
+    adv, _ = a.advantages(groups_of(trajs), ids, attn, mask)
     # to-go: a1 [0.3, 0.2, 0.0], a2 [0.0, -0.1]; centre = 0.4 / 5 = 0.08
     s0 = [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])]
     assert s0 == pytest.approx([0.5 + 0.22, 0.5 + 0.12, 0.5 - 0.08])
@@ -365,19 +365,21 @@ def test_process_rewards_are_clamped_discounted_and_centred() -> None:
     b_t = make_traj([([5], [], 0.8)], 1.0, "g")
     ids, attn, mask = tensors([a_t, b_t])
     extra = ("credit.baseline=dr_grpo", "credit.gamma=0.5")
-    adv, m = assigner("process", *extra, "credit.process_weight=1.0").advantages([a_t, b_t], ids, attn, mask)
+    adv, m = assigner("process", *extra, "credit.process_weight=1.0").advantages(
+        groups_of([a_t, b_t]), ids, attn, mask
+    )
     assert [float(adv[0, s]) for s, *_ in segment_spans(a_t)] == pytest.approx([0.4, -1.1])
     assert float(adv[1, 2]) == pytest.approx(0.7)
     assert m["adv/process_mean_to_go"] == pytest.approx(0.1)
     # no process term without weight, or for another strategy
     for strategy, w in (("process", "0"), ("outcome", "1.0")):
         adv, m = assigner(strategy, *extra, f"credit.process_weight={w}").advantages(
-            [a_t, b_t], ids, attn, mask
+            groups_of([a_t, b_t]), ids, attn, mask
         )
         assert (adv == 0).all() and "adv/process_mean_to_go" not in m
     bare = [make_traj([], 1.0, "g")]
     ids, attn, mask = tensors(bare)
-    _, m = assigner("process", "credit.process_weight=1.0").advantages(bare, ids, attn, mask)
+    _, m = assigner("process", "credit.process_weight=1.0").advantages(groups_of(bare), ids, attn, mask)
     assert m["adv/process_mean_to_go"] == 0.0
 
 
@@ -386,7 +388,7 @@ def test_turn_level_gae_uses_value_before_each_segment() -> None:
     ids, attn, mask = tensors(trajs)
     a = assigner("gae", "credit.gae_lambda=1.0")
     a.value = FixedValues(torch.full(ids.shape, 0.25))  # type: ignore[assignment]
-    adv, m = a.advantages(trajs, ids, attn, mask)
+    adv, m = a.advantages(groups_of(trajs), ids, attn, mask)
     # λ = γ = 1, no process rewards: A_k = R − V_k = 0.75 on every segment
     assert [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])] == pytest.approx([0.75] * 3)
     assert "value/brier" in m and m["value/brier"] == pytest.approx(0.75**2)
@@ -397,7 +399,7 @@ def test_token_level_gae_rewards_last_token_and_skips_observations() -> None:
     ids, attn, mask = tensors(trajs)
     a = assigner("gae", "credit.gae_level=token", "credit.gae_lambda=1.0")
     a.value = FixedValues(torch.full(ids.shape, 0.25))  # type: ignore[assignment]
-    adv, _ = a.advantages(trajs, ids, attn, mask)
+    adv, _ = a.advantages(groups_of(trajs), ids, attn, mask)
     # λ = γ = 1, V ≡ 0.25, reward 1 on the last model token: A_t = 1 − 0.25 on every model token
     assert_close(adv[0][mask[0] > 0], torch.full((4,), 0.75))
     assert (adv[0][mask[0] == 0] == 0).all()
@@ -410,7 +412,7 @@ def test_token_level_gae_adds_process_rewards_and_reads_the_value_before_each_to
     ids, attn, mask = tensors(trajs)
     a = assigner("gae", "credit.gae_level=token", "credit.gae_lambda=1.0", "credit.process_weight=1.0")
     a.value = FixedValues(torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]]))  # type: ignore[assignment]
-    adv, _ = a.advantages(trajs, ids, attn, mask)
+    adv, _ = a.advantages(groups_of(trajs), ids, attn, mask)
     # G = [1.75, 1.75, ·, 1.25] on tokens 2, 3, 5; V before them = values at 1, 2, 4
     assert_close(adv[0], torch.tensor([0.0, 0.0, 1.65, 1.55, 0.0, 0.85]))
 
@@ -422,7 +424,7 @@ def test_value_delta_adds_the_centred_process_reward_to_go() -> None:
     for w in ("0", "1.0"):
         a = assigner("value_delta", "credit.baseline=dr_grpo", f"credit.process_weight={w}")
         a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
-        adv[w], _ = a.advantages(trajs, ids, attn, mask)
+        adv[w], _ = a.advantages(groups_of(trajs), ids, attn, mask)
     # to-go a1 [0.3, 0.2, 0.0], a2 [0.0, -0.1]; centre 0.4 / 5 = 0.08
     extra = [float(adv["1.0"][0, s] - adv["0"][0, s]) for s, *_ in segment_spans(trajs[0])]
     assert extra == pytest.approx([0.22, 0.12, -0.08])
@@ -433,7 +435,7 @@ def test_value_delta_adds_the_centred_process_reward_to_go() -> None:
     ids, attn, mask = tensors(bare)
     a = assigner("value_delta", "credit.process_weight=1.0")
     a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
-    out, _ = a.advantages(bare, ids, attn, mask)
+    out, _ = a.advantages(groups_of(bare), ids, attn, mask)
     assert (out == 0).all()
 
 
@@ -474,14 +476,14 @@ def test_turn_level_gae_adds_process_rewards_and_reads_the_value_before_each_seg
     ids, attn, mask = tensors(trajs)
     a = assigner("gae", "credit.gae_lambda=1.0", "credit.process_weight=1.0")
     a.value = FixedValues(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))  # type: ignore[assignment]
-    adv, m = a.advantages(trajs, ids, attn, mask)
+    adv, m = a.advantages(groups_of(trajs), ids, attn, mask)
     # rewards [0.5, 0.25 + 1]; λ = γ = 1: A_k = G_k − V(before k) = [1.75 − 0.1, 1.25 − 0.3]
     assert [float(adv[0, s]) for s, *_ in segment_spans(trajs[0])] == pytest.approx([1.65, 0.95])
     assert m["credit/gae_adv_mean"] == pytest.approx(1.3)
     bare = [make_traj([], 1.0, "g")]
     ids, attn, mask = tensors(bare)
     a.value = FixedValues(torch.full(ids.shape, 0.5))  # type: ignore[assignment]
-    assert a.advantages(bare, ids, attn, mask)[1]["credit/gae_adv_mean"] == 0.0
+    assert a.advantages(groups_of(bare), ids, attn, mask)[1]["credit/gae_adv_mean"] == 0.0
 
 
 def test_tree_and_turn_group_take_process_credit_weights_and_the_batch_mean_baseline() -> None:
@@ -490,7 +492,7 @@ def test_tree_and_turn_group_take_process_credit_weights_and_the_batch_mean_base
     spans = [segment_spans(t) for t in trajs]
 
     def seg(strategy: str, *extra: str) -> list[list[float]]:
-        adv, _ = assigner(strategy, *extra).advantages(trajs, ids, attn, mask)
+        adv, _ = assigner(strategy, *extra).advantages(groups_of(trajs), ids, attn, mask)
         return [[float(adv[i, s]) for s, *_ in sp] for i, sp in enumerate(spans)]
 
     # tree: the same centred process reward-to-go as value_delta is added to each segment
@@ -540,7 +542,7 @@ def test_value_training_targets_each_position_before_a_model_token() -> None:
     assert a.train_value(trajs, ids, attn, mask) == {}  # no value model: nothing to train
     spy = SpyValues(torch.full(ids.shape, 0.5))
     a.value = spy  # type: ignore[assignment]
-    a.advantages(trajs, ids, attn, mask)
+    a.advantages(groups_of(trajs), ids, attn, mask)
     (seen,) = spy.predicted
     assert seen[0] is ids and seen[1] is attn
     assert a.train_value(trajs, ids, attn, mask) == {"value/loss": 0.0}
@@ -575,7 +577,7 @@ def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
     ids, attn, mask = tensors(trajs)
     a = assigner("outcome", "credit.sample_every=1", "credit.sample_size=2")
     assert a.write_samples(tmp_path, 1, random.Random(0)) is None  # nothing assigned yet
-    a.advantages(trajs, ids, attn, mask)
+    a.advantages(groups_of(trajs), ids, attn, mask)
     a.whole_groups = True
     assert a.write_samples(tmp_path, 1, random.Random(0)) is not None
     (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 1]
@@ -647,7 +649,7 @@ def test_samples_round_trip_and_clear_errors(tmp_path: Path) -> None:
     trajs = batch_two_groups()
     ids, attn, mask = tensors(trajs)
     a = assigner("outcome")
-    a.advantages(trajs, ids, attn, mask)
+    a.advantages(groups_of(trajs), ids, attn, mask)
     write_samples(tmp_path, CreditSampleFile(step=3, strategy="outcome", samples=a.last_samples))
     files = read_samples(tmp_path)
     assert files[0].step == 3 and files[0].samples[0].trajectory.token_ids() == trajs[0].token_ids()
@@ -712,8 +714,12 @@ def test_tree_credit_on_an_unbranched_group_is_outcome_credit() -> None:
     ]
     ids, attn, mask = tensors(trajs)
     for baseline in ("grpo", "dr_grpo", "rloo"):
-        out = assigner("outcome", f"credit.baseline={baseline}").advantages(trajs, ids, attn, mask)[0]
-        tree, m = assigner("tree", f"credit.baseline={baseline}").advantages(trajs, ids, attn, mask)
+        out = assigner("outcome", f"credit.baseline={baseline}").advantages(
+            groups_of(trajs), ids, attn, mask
+        )[0]
+        tree, m = assigner("tree", f"credit.baseline={baseline}").advantages(
+            groups_of(trajs), ids, attn, mask
+        )
         assert_close(tree, out)
         assert m["tree/count"] == 2 and m["tree/branch_nodes"] == 0
 
@@ -721,7 +727,7 @@ def test_tree_credit_on_an_unbranched_group_is_outcome_credit() -> None:
 def test_tree_credit_goes_to_the_segments_where_the_branches_diverge() -> None:
     trajs = batch_two_groups()  # g1: a1 and a2 share their first segment, then a1 succeeds
     ids, attn, mask = tensors(trajs)
-    adv, m = assigner("tree", "credit.baseline=dr_grpo").advantages(trajs, ids, attn, mask)
+    adv, m = assigner("tree", "credit.baseline=dr_grpo").advantages(groups_of(trajs), ids, attn, mask)
     # V(root) = V(shared node) = 0.5: the shared first turn changed nothing → 0. a1's unbranched
     # chain (turns 2-3) raised V by +0.5, shared evenly and scaled by L = 3; a2's turn 2 lowered it
     # by 0.5 (L = 2). Path totals equal outcome credit's (3 × 0.5 and 2 × −0.5).

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asyncrl.config import RunConfig, load_config
-from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode
+from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode, groups_of
 from asyncrl.trainer.distributed import assign
 from helpers import free_port
 
@@ -77,7 +77,7 @@ def _train(cfg: RunConfig, policy: Any, group: Any, steps: int) -> tuple[Any, di
     metrics: dict[str, float] = {}
     for v in range(steps):
         torch.manual_seed(100 + v)  # the minibatch permutation: the same on every rank (rank 0 sends it)
-        metrics = learner.step(trajs, version=v)
+        metrics = learner.step(groups_of(trajs), version=v)
     return learner, metrics
 
 
@@ -248,7 +248,7 @@ def _contribution_rank(rank: int, port: int, cfg_json: str, out: str) -> None:
     first = len(seen)
     group.mine = lambda sizes: list(range(len(sizes))) if rank == 0 else []  # type: ignore[method-assign]
     torch.manual_seed(101)
-    learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    learner.step(groups_of([decode_trajectory(encode(t)) for t in batch()]), version=1)
     record = {}
     for name, part in (("busy", seen[:first]), ("idle", seen[first:])):
         record[f"{name}-local"] = torch.cat([lo.reshape(-1) for lo, _ in part])
@@ -371,7 +371,7 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
     learner.parallelize(make_parallel(cfg, group))  # as load_learner does: load whole, then parallelize
     torch.manual_seed(101)
-    learner.step([decode_trajectory(encode(t)) for t in batch()], version=1)
+    learner.step(groups_of([decode_trajectory(encode(t)) for t in batch()]), version=1)
     # the collectives of rank 0's checkpoint, in its order: the full policy, then the optimiser shards
     whole = learner.parallel.gather() or learner.policy
     optimizer, params = _optimizer_tensors(learner), _full_params(learner.model)

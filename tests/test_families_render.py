@@ -27,7 +27,7 @@ from asyncrl.envs.base import parse_action
 from asyncrl.gateway.server import Gateway
 from asyncrl.gateway.sessions import build_trajectories
 from asyncrl.policy.chat import HFChatRenderer, Renderer
-from asyncrl.records import SamplingParams, Task, Trajectory
+from asyncrl.records import Group, SamplingParams, Task, Trajectory, groups_of
 from asyncrl.rollout.episode import EpisodeSettings, run_episode
 from families import FAMILIES, build_tokenizer, end_ids
 
@@ -177,9 +177,8 @@ def test_a_tool_episode_is_token_exact_and_the_environment_gets_no_reasoning(
     ]
     assert_exact(trajs, engine)
     assert len(trajs) == (4 if r.multi_turn == "per_turn" else 1)
-    assert {t.episode for t in trajs} == {trajs[-1].id} and all(
-        t.episode_samples == len(trajs) for t in trajs
-    )
+    assert {t.episode for t in trajs} == {trajs[-1].id}
+    assert Group.of(trajs[0].task, trajs).episodes == 1  # however many samples
     assert all(t.final_reward == 1.0 and t.outcome == "success" for t in trajs)
     # the template's own rendering, re-tokenised, gives the very same ids (templates that trim
     # the padded observation included): the trained ids are what the template renders. Not for
@@ -344,7 +343,6 @@ def per_turn_episode(group: str, reward: float, n: int) -> list[Trajectory]:
             final_reward=reward,
             group_id=group,
             episode_id=ep,
-            episode_samples=n,
             render_diff=0,
         )
         for k in range(n)
@@ -356,24 +354,23 @@ def test_an_episode_of_several_samples_counts_once_in_its_group_baseline() -> No
     from asyncrl.credit.outcome import sequence_advantages
 
     long, short = per_turn_episode("g", 1.0, 3), per_turn_episode("g", 0.0, 1)
-    adv, _ = sequence_advantages([*long, *short], CreditConfig())
+    adv, _ = sequence_advantages(groups_of([*long, *short]), CreditConfig())
     # two episodes, rewards 1 and 0: +a and -a, each sample of the long one carrying +a
     assert torch.allclose(adv[:3], adv[0].expand(3)) and adv[0] > 0
     assert torch.isclose(adv[0], -adv[3])
 
 
-def test_a_group_is_ready_once_every_episode_has_all_its_samples() -> None:
-    from asyncrl.staleness import StalenessPolicy
-    from helpers import replay_buffer
+def test_a_group_of_per_turn_samples_counts_and_reports_its_episodes() -> None:
+    """Samples of one episode travel in their group: the group counts episodes, and the orchestrator's
+    group report has one outcome per episode while it counts every sample's tokens."""
+    from asyncrl.control.directives import group_report
 
-    buf = replay_buffer(2, 1, StalenessPolicy.from_config("async", 5, 8, "drop"))
     long, short = per_turn_episode("g", 1.0, 3), per_turn_episode("g", 0.0, 1)
-    for t in [*long[:2], *short]:
-        buf.add(t)
-    assert buf.take(0)[0] is None  # 3 samples, but one episode is still missing a sample
-    buf.add(long[2])
-    batch, _ = buf.take(0)
-    assert batch is not None and len(batch) == 4
+    group = Group.of(TASK, [*long, *short], id="g")
+    assert len(group) == 4 and group.episodes == 2
+    assert [t.id for t in group.episode_heads()] == [long[0].id, short[0].id]
+    report = group_report(group, 0.0, 1.0)
+    assert report.rewards == [1.0, 0.0] and report.tokens == 4
 
 
 def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str, HFChatRenderer]) -> None:

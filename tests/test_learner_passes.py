@@ -10,7 +10,7 @@ import torch
 
 from asyncrl.policy.model import token_logprobs_and_entropy
 from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_size
-from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
 from test_engine import right_padded
 from test_memory import tiny_model
 
@@ -226,7 +226,7 @@ def _learner(extra: list[str]) -> Any:
 def _step(extra: list[str]) -> tuple[list[torch.Tensor], dict[str, float], Any]:
     learner = _learner(extra)
     torch.manual_seed(0)
-    m = learner.step(_group_trajectories(2, seed=1), version=0)
+    m = learner.step(groups_of(_group_trajectories(2, seed=1)), version=0)
     grads = [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
     return grads, m, learner
 
@@ -301,7 +301,7 @@ def test_no_grad_passes_only_when_read(
     monkeypatch.setattr(parallel_mod, "token_logprobs_and_entropy", counting)  # the policy's
     learner = _learner(extra)
     torch.manual_seed(0)
-    m = learner.step(_group_trajectories(2, seed=1), version=0)
+    m = learner.step(groups_of(_group_trajectories(2, seed=1)), version=0)
     kl_checks = 8 if "trainer.epochs=2" in extra else 0  # one pass over every row after epoch 0
     assert sum(no_grad_rows) == proximal_rows + kl_checks
     assert ("train/approx_kl" in m) == (kl_checks > 0)

@@ -14,7 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.policy.model import can_chunk_logits, token_logprobs_and_entropy
-from asyncrl.records import Trajectory
+from asyncrl.records import Trajectory, groups_of
 
 VOCAB = 97
 
@@ -238,7 +238,7 @@ def _trained(
     learner = Learner(cfg, policy, ref)
     assert bool(policy.model.is_activation_checkpointing) == cfg.trainer.gradient_checkpointing
     torch.manual_seed(0)  # minibatch shuffles
-    metrics = [learner.step(_trajectories(8, seed=s), version=0) for s in range(steps)]
+    metrics = [learner.step(groups_of(_trajectories(8, seed=s)), version=0) for s in range(steps)]
     params = [p.detach().clone() for p in policy.model.parameters()]
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in policy.model.parameters()]
     return params, grads, metrics

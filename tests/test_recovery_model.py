@@ -3,8 +3,8 @@
 The real pieces — :class:`~asyncrl.transport.EmbeddedQueue`, :class:`~asyncrl.control.store.
 SQLiteStateStore` (the ledger), :class:`~asyncrl.trainer.buffer.ReplayBuffer` and
 :class:`~asyncrl.trainer.intake.Intake` — are driven by a rule-based state machine over random
-interleavings of: a worker putting a group (fresh, stale, with a non-finite member, or only part of it
-— a worker killed mid-put), one trainer iteration (lease, assemble, drop, train, checkpoint every
+interleavings of: a worker putting a group — one entry, whole (fresh, stale, with a non-finite member,
+or smaller than ``group_size``: per-turn samples, agent sessions dropped as stale) —, one trainer iteration (lease, assemble, drop, train, checkpoint every
 ``checkpoint_every`` steps), a non-finite step, a crash of the trainer at any point (before the
 checkpoint, after taking entries, between recording the trained fates and acknowledging them), and
 the clock running past the lease. The queue's clock is a fake one, so leases expire exactly when
@@ -14,9 +14,10 @@ where back-pressure is tightest.
 Checked after every rule:
 * **never stuck**: when the queue is full, it holds an entry the live trainer does not (ready, or
   leased by a dead trainer and so ready after the lease) — the trainer can take it and move;
-* the trainer holds at most :func:`asyncrl.config.max_trainer_held` un-acked entries (batches of whole
-  groups overshoot ``batch_size`` by up to ``group_size − 1`` when a group lost a member);
-* **nothing lost**: every accepted id is in the ledger, still queued or dead-lettered;
+* the trainer holds at most :func:`asyncrl.config.max_trainer_held` un-acked entries (groups: a batch
+  holds at most ``batch_size`` of them, each at least one sample);
+* **nothing lost**: every accepted sample's id is in the ledger, or its group is still queued or
+  dead-lettered;
 * **nothing trained twice**: no id is committed (trained in a step a checkpoint covers) twice, and the
   ledger's ``trained`` rows are exactly the committed ids; no duplicate fate was ever recorded.
 At the end of every example the run is **driven to completion** from the state reached: the clock
@@ -43,7 +44,7 @@ import asyncrl.transport.embedded as embedded
 from asyncrl.config import max_trainer_held, min_queue_capacity
 from asyncrl.control import RunState
 from asyncrl.control.store import SQLiteStateStore
-from asyncrl.records import Task, Trajectory, Turn, new_id
+from asyncrl.records import Group, Task, Trajectory, Turn, members, new_id
 from asyncrl.staleness import StalenessPolicy
 from asyncrl.trainer.intake import Intake
 from asyncrl.transport import EmbeddedQueue
@@ -94,10 +95,8 @@ class SimTrainer:
         self.m = m
         self.step = m.ckpt_step
         self.offset = max(0, m.published - self.step)  # versions never go back after a resume
-        self.buffer = replay_buffer(
-            m.G, B, StalenessPolicy.from_config("async", LAG, B, "drop"), capacity_steps=m.bs
-        )
-        self.intake = Intake(m.queue, m.state, pull_size=2 * B)
+        self.buffer = replay_buffer(B, StalenessPolicy.from_config("async", LAG, B, "drop"), capacity_steps=m.bs)
+        self.intake = Intake(m.queue, m.state, pull_size=2 * B)  # as the trainer sizes it
         self.since_ckpt: list[str] = []
 
     @property
@@ -108,10 +107,11 @@ class SimTrainer:
         """One loop iteration; returns whether it trained a step. ``crash_mid_checkpoint``: stop between
         recording the trained fates and acknowledging them (the caller then crashes the trainer)."""
         self.intake.pull(self.buffer, timeout=0.0)
-        batch, dropped = self.buffer.take(self.version, LAG)
+        groups, dropped = self.buffer.take(self.version, LAG)
         self.intake.settle((d.traj.id, d.reason, self.step, d.age) for d in dropped)
-        if batch is None:
+        if groups is None:
             return False
+        batch = members(groups)
         if non_finite_step:
             self.intake.settle((t.id, "skipped", self.step, 0) for t in batch)
             return False
@@ -143,6 +143,8 @@ class RecoveryMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="asyncrl-model-", dir=_FAST_TMP))
         self.accepted: set[str] = set()
+        self.members: dict[str, list[str]] = {}
+        """Group id -> its members' ids (what a queued or dead-lettered entry holds)."""
         self.committed: set[str] = set()
         self.ckpt_step = self.published = 0
         self.crashes = 0
@@ -150,7 +152,7 @@ class RecoveryMachine(RuleBasedStateMachine):
     @initialize(c=st.integers(1, 3), bs=st.integers(1, 2), g=st.sampled_from([2, 4]))
     def setup(self, c: int, bs: int, g: int = 2) -> None:
         self.c, self.bs, self.G = c, bs, g
-        self.capacity = min_queue_capacity(c, bs, B, g)  # the smallest transport.capacity the config accepts
+        self.capacity = min_queue_capacity(c, bs, B)  # the smallest transport.capacity the config accepts
         self.queue = EmbeddedQueue(
             self.dir / "queue.sqlite", capacity=self.capacity, lease_seconds=LEASE, busy_timeout_s=30.0
         )
@@ -172,13 +174,13 @@ class RecoveryMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- the world ------------------------------------------------------------------------------------
-    def put_group(self, version: int, members: int, non_finite: int | None = None) -> bool:
+    def put_group(self, version: int, size: int, non_finite: int | None = None) -> bool:
         gid = new_id()
-        for k in range(members):
-            t = traj(gid, max(0, version), float("nan") if k == non_finite else 1.0)
-            if not self.queue.put(t, timeout=0):
-                return False  # back-pressure: the worker waits (tried again by a later rule)
-            self.accepted.add(t.id)
+        trajs = [traj(gid, max(0, version), float("nan") if k == non_finite else 1.0) for k in range(size)]
+        if not self.queue.put(Group.of(trajs[0].task, trajs, id=gid), timeout=0):
+            return False  # back-pressure: the worker waits (tried again by a later rule)
+        self.members[gid] = [t.id for t in trajs]
+        self.accepted.update(self.members[gid])
         return True
 
     @rule(
@@ -187,7 +189,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         non_finite=st.sampled_from([None, None, None, 0]),
     )
     def worker_puts(self, lag: int, members: int, non_finite: int | None) -> None:
-        # members < G: a worker killed mid-put
+        # members < G: a smaller group (per-turn samples, agent sessions dropped as stale)
         self.put_group(self.published - lag, min(members, self.G), non_finite)
 
     @rule(n=st.integers(1, 4))
@@ -225,16 +227,17 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     # -- invariants ------------------------------------------------------------------------------------
     def queued_ids(self) -> set[str]:
+        """The samples of the groups still queued."""
         with sqlite3.connect(self.dir / "queue.sqlite") as db:
-            rows = db.execute("SELECT traj_id FROM entries").fetchall()
-        return {str(r[0]) for r in rows}
+            rows = db.execute("SELECT group_id FROM entries").fetchall()
+        return {tid for r in rows for tid in self.members[str(r[0])]}
 
     @invariant()
     def never_stuck(self) -> None:
         if not hasattr(self, "queue"):
             return
         held = self.trainer.intake.held()
-        assert held <= max_trainer_held(self.c, self.bs, B, self.G), (held, self.c, self.bs)
+        assert held <= max_trainer_held(self.c, self.bs, B), (held, self.c, self.bs)
         depth = self.queue.depth()
         if depth >= self.capacity:
             assert depth - held > 0, "the queue is full of entries the live trainer holds"
@@ -244,7 +247,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         if not hasattr(self, "queue"):
             return
         ledger = self.state.ids_with_fate()
-        dead = {d.trajectory_id for d in self.queue.dead_letters()}
+        dead = {tid for d in self.queue.dead_letters() for tid in self.members[d.group_id]}
         assert self.accepted <= ledger | self.queued_ids() | dead, "an accepted trajectory vanished"
         assert self.state.tallies().duplicates == 0
         with sqlite3.connect(self.dir / "control.sqlite") as db:
@@ -309,25 +312,25 @@ def test_the_model_finds_the_old_deadlock(monkeypatch: Any) -> None:
             shutil.rmtree(m.dir, ignore_errors=True)
 
 
-def test_a_batch_of_whole_groups_overshoots_and_the_bound_counts_it() -> None:
-    """The counterexample the model check found: a group that lost a member (non-finite) is smaller, so
-    a batch of whole groups overshoots ``batch_size`` by up to ``group_size − 1``. The trainer then holds
-    more than ``(checkpoint_every − 1 + buffer_steps) × batch_size`` (the old bound, 8 here), and the
-    capacity the config requires must count the overshoot."""
+def test_the_bound_counts_groups_of_one_sample() -> None:
+    """Entries are groups, and a group may hold a single sample (its mates dropped as non-finite or
+    stale, a small per-call group): a batch then takes ``batch_size`` entries. The trainer holds up to
+    ``(checkpoint_every − 1 + buffer_steps) × batch_size`` entries — beyond what groups of ``G`` would
+    fill — and the capacity the config requires counts that."""
     with mock.patch.object(embedded, "time", CLOCK):
         m = RecoveryMachine()
         m.setup(c=2, bs=1, g=4)
         try:
-            m.put_group(m.published, 4, non_finite=0)  # 3 survive: a group of 3
-            m.put_group(m.published, 4)
-            m.trainer.iterate()  # a batch of 3 + 4 = 7 > batch_size 4
+            for _ in range(B):
+                m.put_group(m.published, 1)
+            m.trainer.iterate()  # a batch of 4 one-sample groups: 4 entries held until the checkpoint
             assert m.trainer.step == 1
-            m.put_group(m.published, 3)  # a worker killed mid-put: 3 members wait in the buffer
-            m.trainer.iterate()
-            assert m.trainer.step == 1 and len(m.trainer.buffer) == 3
+            for _ in range(B):
+                m.put_group(m.published, 1, non_finite=None)
+            m.trainer.intake.pull(m.trainer.buffer, timeout=0.0)  # 4 more wait in the buffer
             held = m.trainer.intake.held()
-            assert held > (m.c - 1 + m.bs) * B, held  # beyond the old bound
-            assert held <= max_trainer_held(m.c, m.bs, B, m.G)
+            assert held == (m.c - 1 + m.bs) * B > (m.c - 1 + m.bs) * B // m.G, held
+            assert held <= max_trainer_held(m.c, m.bs, B)
             m.never_stuck()
             m.drive_to_completion()
         finally:

@@ -10,7 +10,7 @@ import torch
 
 from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
 from asyncrl.engine import GenerationEngine, Sample
-from asyncrl.records import SamplingParams, Task, Trajectory, Turn
+from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, groups_of, members
 from asyncrl.staleness import StalenessPolicy
 from asyncrl.trainer.buffer import ReplayBuffer
 from helpers import replay_buffer
@@ -100,71 +100,77 @@ def test_refresh_and_too_stale() -> None:
 
 
 # ---- replay buffer ---------------------------------------------------------------------------------
+def group(gid: str, *members: Trajectory) -> Group:
+    return Group.of(members[0].task, list(members), id=gid)
+
+
+def flat(gid: str, *rewards: float, versions: tuple[int, ...] = (0,), task_type: str = "calc") -> Group:
+    """A group ``gid`` of one member per reward."""
+    return group(gid, *(traj(gid, r, versions, task_type=task_type) for r in rewards))
+
+
 def _buffer(**kw: object) -> ReplayBuffer:
-    return replay_buffer(
-        group_size=2, batch_size=4, staleness=StalenessPolicy.from_config("async", 1, 4, "drop"), **kw
-    )  # type: ignore[arg-type]
+    return replay_buffer(batch_size=4, staleness=StalenessPolicy.from_config("async", 1, 4, "drop"), **kw)  # type: ignore[arg-type]
 
 
-def test_buffer_waits_for_whole_groups() -> None:
+def test_buffer_takes_whole_groups_until_a_batch() -> None:
     b = _buffer()
-    for t in (traj("g1", 1), traj("g1", 0), traj("g2", 1)):
-        b.add(t)
+    b.add(flat("g1", 1, 0))
     batch, dropped = b.take(version=0)
     assert batch is None and dropped == []
-    b.add(traj("g2", 0))
+    b.add(flat("g2", 1, 0, 1))  # 5 samples: the batch takes both groups whole (overshoots 4)
     batch, dropped = b.take(version=0)
-    assert batch is not None and sorted(t.group_id for t in batch) == ["g1", "g1", "g2", "g2"]
+    assert batch is not None and [g.id for g in batch] == ["g1", "g2"] and len(members(batch)) == 5
+    assert len(b) == 0 and b.groups() == 0
 
 
-def test_buffer_waits_for_the_size_a_tree_group_carries() -> None:
-    """A token-budget tree decides its size as it grows; the buffer counts its members, dropped ones
-    included, against that size — not rollout.group_size (2 here)."""
-    b = replay_buffer(2, 1, StalenessPolicy.from_config("async", 1, 4, "drop"))
-    members = [traj("t", r) for r in (float("nan"), float("nan"), 1.0)]
-    dropped = []
-    for t in members:
-        t.group_size = 3
-        b.add(t)
-        batch, out = b.take(version=0)
-        dropped += out
-    assert batch == [members[-1]] and batch[0].reward_components["group_dropped"] == 2
-    assert [d.reason for d in dropped] == ["dropped_non_finite"] * 2
+def test_buffer_sets_a_non_finite_member_aside_alone() -> None:
+    """A member with a non-finite reward is dropped alone; its group mates train with the count of the
+    missing ones (the members whose fate was recorded before, ``missing``, included)."""
+    b = replay_buffer(1, StalenessPolicy.from_config("async", 1, 4, "drop"))
+    members_ = [traj("t", r) for r in (float("nan"), 1.0)]
+    b.add(group("t", *members_), missing=1)
+    batch, dropped = b.take(version=0)
+    assert batch is not None and batch[0].members == [members_[-1]]
+    assert batch[0].members[0].reward_components["group_dropped"] == 2
+    assert [d.reason for d in dropped] == ["dropped_non_finite"]
+    b.add(flat("all-bad", float("nan")))  # nothing of it is held; its member is reported
+    assert b.groups() == 0 and [d.reason for d in b.take(version=0)[1]] == ["dropped_non_finite"]
 
 
 def test_buffer_drops_too_stale_and_invalid() -> None:
     b = _buffer()
-    b.add(traj("g1", 1, versions=(0, 2)))  # oldest token is version 0
-    b.add(traj("g1", 0, versions=(2,)))
+    b.add(
+        group("g1", traj("g1", 1, versions=(0, 2)), traj("g1", 0, versions=(2,)))
+    )  # oldest token: version 0
     empty = Trajectory(
         id="e", task=Task(id="x", task_type="calc"), turns=[Turn(role="env", token_ids=[1])], group_id="g3"
     )
-    b.add(empty)
+    b.add(group("g3", empty))
     _, dropped = b.take(version=2)  # age 2 > max_staleness 1
     reasons = sorted(d.reason for d in dropped)
     assert reasons == ["dropped_invalid", "dropped_stale"]
     assert [d.age for d in dropped if d.reason == "dropped_stale"] == [2]
+    assert b.groups() == 1 and b._groups["g1"].members[0].reward_components["group_dropped"] == 1
 
 
 def test_buffer_never_returns_stale_samples() -> None:
     b = _buffer()
     for v in range(6):
-        b.add(traj(f"g{v}", 1, versions=(v,)))
-        b.add(traj(f"g{v}", 0, versions=(v,)))
+        b.add(flat(f"g{v}", 1, 0, versions=(v,)))
     batch, _ = b.take(version=5)
     assert batch is not None
-    assert all(5 - (t.oldest_version() or 0) <= 1 for t in batch)
+    assert all(5 - (t.oldest_version() or 0) <= 1 for t in members(batch))
 
 
 def test_buffer_capacity_evicts_and_reports() -> None:
     b = replay_buffer(
-        group_size=1,
         batch_size=2,
         staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
         capacity_steps=1,
     )
     for i in range(5):
-        b.add(traj(f"g{i}", 1))
+        b.add(flat(f"g{i}", 1))
     b._groups.move_to_end("g4")
     dropped = b._evict()
     assert len(dropped) == 3 and all(d.reason == "dropped_evicted" for d in dropped)
@@ -173,74 +179,61 @@ def test_buffer_capacity_evicts_and_reports() -> None:
 
 def test_buffer_orders() -> None:
     b = replay_buffer(
-        group_size=2,
-        batch_size=2,
-        staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
-        sampling="freshness",
+        batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2, "drop"), sampling="freshness"
     )
-    b.add(traj("old", 1, (0,)))
-    b.add(traj("old", 0, (0,)))
-    b.add(traj("new", 1, (3,)))
-    b.add(traj("new", 0, (3,)))
+    b.add(flat("old", 1, 0, versions=(0,)))
+    b.add(flat("new", 1, 0, versions=(3,)))
     batch, _ = b.take(version=3)
-    assert batch is not None and {t.group_id for t in batch} == {"new"}
+    assert batch is not None and [g.id for g in batch] == ["new"]
     b = replay_buffer(
-        group_size=2,
-        batch_size=2,
-        staleness=StalenessPolicy.from_config("async", 9, 2, "drop"),
-        sampling="advantage",
+        batch_size=2, staleness=StalenessPolicy.from_config("async", 9, 2, "drop"), sampling="advantage"
     )
-    b.add(traj("flat", 1))
-    b.add(traj("flat", 1))
-    b.add(traj("spread", 1))
-    b.add(traj("spread", 0))
+    b.add(flat("flat", 1, 1))
+    b.add(flat("spread", 1, 0))
     batch, _ = b.take(version=0)
-    assert batch is not None and {t.group_id for t in batch} == {"spread"}
+    assert batch is not None and [g.id for g in batch] == ["spread"]
 
 
 def test_buffer_task_mix() -> None:
     b = replay_buffer(
-        group_size=1,
         batch_size=4,
         staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
         task_mix={"a": 0.5, "b": 0.5},
     )
     for i in range(6):
-        b.add(traj(f"a{i}", 1, task_type="a"))
+        b.add(flat(f"a{i}", 1, task_type="a"))
     for i in range(2):
-        b.add(traj(f"b{i}", 1, task_type="b"))
+        b.add(flat(f"b{i}", 1, task_type="b"))
     batch, _ = b.take(version=0)
     assert batch is not None
-    assert sorted(t.task.task_type for t in batch) == ["a", "a", "b", "b"]
+    assert sorted(t.task.task_type for t in members(batch)) == ["a", "a", "b", "b"]
 
 
 def test_buffer_behaviour_kl_priority_and_length_mix() -> None:
     scores = {"near": 0.01, "far": 0.5}
     b = replay_buffer(
-        group_size=1,
         batch_size=1,
         staleness=StalenessPolicy.from_config("async", 9, 1, "drop"),
         sampling="behaviour_kl",
         scorer=lambda g: scores[g[0].group_id],
     )
-    b.add(traj("near", 1))
-    b.add(traj("far", 1))
+    b.add(flat("near", 1))
+    b.add(flat("far", 1))
     batch, _ = b.take(version=0)
-    assert batch is not None and batch[0].group_id == "far"
+    assert batch is not None and batch[0].id == "far"
     b = replay_buffer(
-        group_size=1,
         batch_size=4,
         staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
         length_mix={"short": 0.5, "long": 0.5},
         length_split=8,
     )
     for i in range(5):
-        b.add(traj(f"s{i}", 1))  # 2 + 2 + 1 = 5 tokens: short
+        b.add(flat(f"s{i}", 1))  # 2 + 2 + 1 = 5 tokens: short
     for i in range(2):
-        b.add(traj(f"l{i}", 1, versions=(0, 0, 0)))  # 11 tokens: long
+        b.add(flat(f"l{i}", 1, versions=(0, 0, 0)))  # 11 tokens: long
     batch, _ = b.take(version=0)
     assert batch is not None
-    assert sorted(len(t.token_ids()) > 8 for t in batch) == [False, False, True, True]
+    assert sorted(len(t.token_ids()) > 8 for t in members(batch)) == [False, False, True, True]
 
 
 # ---- credit ----------------------------------------------------------------------------------------
@@ -249,7 +242,7 @@ def test_outcome_advantages_on_model_tokens_only() -> None:
     T = len(batch[0].token_ids())
     from asyncrl.credit.outcome import token_advantages
 
-    adv, _ = token_advantages(batch, T, CreditConfig(baseline="dr_grpo"))
+    adv, _ = token_advantages(groups_of(batch), T, CreditConfig(baseline="dr_grpo"))
     mask = torch.tensor([t.loss_mask() for t in batch], dtype=torch.bool)
     assert torch.all(adv[~mask] == 0)
     assert torch.allclose(adv[0][mask[0]], torch.tensor(0.5))
@@ -263,7 +256,7 @@ def test_process_credit_reward_to_go() -> None:
     t.turns[1].process_reward = 1.0  # first model turn
     t.turns[3].process_reward = 0.0
     adv, _ = token_advantages(
-        [t],
+        groups_of([t]),
         len(t.token_ids()),
         CreditConfig(strategy="process", baseline="dr_grpo", process_weight=0.5, gamma=1.0),
     )
@@ -312,7 +305,7 @@ def test_learner_step_moves_probability_towards_positive_advantage() -> None:
     ]
     learner = Learner(cfg, policy)
     for _ in range(3):
-        m = learner.step([good, bad], version=0)
+        m = learner.step(groups_of([good, bad]), version=0)
     assert m["train/skipped"] == 0
     after = [
         token_logprobs(policy.model, collate([t], 0).ids, collate([t], 0).attn)[0, 2:4].sum()
@@ -330,7 +323,7 @@ def test_learner_skips_non_finite_step() -> None:
     learner = Learner(cfg, policy)
     params = [p.detach().clone() for p in policy.model.parameters()]
     bad = traj("g", float("nan"))
-    m = learner.step([bad, traj("g", 1.0)], version=0)
+    m = learner.step(groups_of([bad, traj("g", 1.0)]), version=0)
     assert m["train/skipped"] == 1
     assert all(torch.equal(a, b) for a, b in zip(params, policy.model.parameters(), strict=True))
 
@@ -353,7 +346,7 @@ def test_learner_skipped_minibatch_step_leaves_weights_and_optimiser_unchanged(
     policy = Policy.build(cfg.model)
     learner = learner_mod.Learner(cfg, policy)
     batch = [traj("g", 1.0), traj("g", 0.0)]
-    learner.step(batch, version=0)  # a finite step first: the optimiser has moments to protect
+    learner.step(groups_of(batch), version=0)  # a finite step first: the optimiser has moments to protect
     params = [p.detach().clone() for p in policy.model.parameters()]
     moments, lr = _opt_state(learner), learner.scheduler.get_last_lr()
     assert moments, "the finite step should have created optimiser state"
@@ -365,7 +358,7 @@ def test_learner_skipped_minibatch_step_leaves_weights_and_optimiser_unchanged(
         return (loss * float("nan") if len(calls) == 2 else loss), metrics
 
     monkeypatch.setattr(learner_mod, "policy_loss", nan_on_second)
-    m = learner.step(batch, version=1)
+    m = learner.step(groups_of(batch), version=1)
     assert len(calls) == 2 and m["train/skipped"] == 1
     assert all(torch.equal(a, b) for a, b in zip(params, policy.model.parameters(), strict=True))
     after = _opt_state(learner)

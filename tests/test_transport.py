@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.records import Task, Trajectory, Turn, encode, new_id
+from asyncrl.records import Group, Task, Trajectory, Turn, encode, new_id
 from asyncrl.transport import (
     QUEUE_FILENAME,
     STAT_KEYS,
@@ -42,8 +42,9 @@ REDIS_URL = os.environ.get("ASYNCRL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 # ---- trajectories ----------------------------------------------------------------------------
-def make_traj(traj_id: str, model_tokens: int = 4, turns: int = 1) -> Trajectory:
-    """A valid trajectory; ``model_tokens=400, turns=4`` encodes to about 20 KB."""
+def make_traj(traj_id: str, model_tokens: int = 4, turns: int = 1) -> Group:
+    """A valid one-member group (the queue's entry) of id ``traj_id``, its member's id too;
+    ``model_tokens=400, turns=4`` encodes to about 20 KB."""
     parts = [Turn(role="env", token_ids=[30000 + j for j in range(model_tokens // 2 or 1)])]
     for k in range(turns):
         parts.append(
@@ -54,7 +55,8 @@ def make_traj(traj_id: str, model_tokens: int = 4, turns: int = 1) -> Trajectory
                 version=k,
             )
         )
-    return Trajectory(id=traj_id, task=Task(id=f"task-{traj_id}", task_type="unit"), turns=parts)
+    task = Task(id=f"task-{traj_id}", task_type="unit")
+    return Group.of(task, [Trajectory(id=traj_id, task=task, turns=parts)], id=traj_id)
 
 
 # ---- backends --------------------------------------------------------------------------------
@@ -103,7 +105,7 @@ class Backend:
                 conn.execute("BEGIN IMMEDIATE")
                 now = time.time()
                 cur = conn.execute(
-                    "INSERT INTO entries (traj_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
+                    "INSERT INTO entries (group_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
                     (traj_id, now, now, len(payload)),
                 )
                 conn.execute("INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload))
@@ -215,7 +217,7 @@ def drain(q: TrajectoryQueue, consumer: str = "trainer", timeout: float = 0.5) -
     """Take and ack everything currently deliverable; returns trajectory ids in delivery order."""
     ids: list[str] = []
     while batch := q.get_batch(64, timeout=timeout, consumer=consumer):
-        ids.extend(d.trajectory.id for d in batch)
+        ids.extend(d.group.id for d in batch)
         q.ack([d.entry_id for d in batch])
     return ids
 
@@ -240,7 +242,7 @@ def _consume(kind: str, run_dir: str, name: str, stop: Any, out_path: str) -> No
     while True:
         batch = q.get_batch(16, timeout=0.05, consumer=name)
         for d in batch:
-            seen.append([d.trajectory.id, d.entry_id, d.attempts])
+            seen.append([d.group.id, d.entry_id, d.attempts])
         if batch:
             time.sleep(0.002)  # hold the leases a moment, so consumers overlap
             q.ack([d.entry_id for d in batch])
@@ -255,7 +257,7 @@ def _hold_leases(kind: str, run_dir: str, lease_seconds: float, n: int, out_path
     q = open_queue(kind, run_dir, 1024, lease_seconds)
     batch = q.get_batch(n, timeout=10.0, consumer="doomed")
     tmp = out_path + ".tmp"
-    Path(tmp).write_text(json.dumps([d.trajectory.id for d in batch]))
+    Path(tmp).write_text(json.dumps([d.group.id for d in batch]))
     os.replace(tmp, out_path)
     time.sleep(600)
 
@@ -270,19 +272,43 @@ def _kill(proc: Any) -> None:
 
 
 # ---- contract: single process ----------------------------------------------------------------
+def test_a_group_is_one_entry_delivered_whole(backend: Backend) -> None:
+    """Every member of a group travels in one entry: one slot of capacity, one delivery, one ack."""
+    q = backend.make(capacity=1)
+    task = Task(id="task-g", task_type="unit")
+    members = [make_traj(f"m{i}").members[0] for i in range(3)]
+    group = Group.of(task, members, id="g")
+    assert q.put(group, timeout=0) and q.depth() == 1
+    assert not q.put(make_traj("other"), timeout=0)  # capacity counts groups
+    (d,) = q.get_batch(10)
+    assert d.group.id == "g" and [m.id for m in d.group.members] == ["m0", "m1", "m2"]
+    assert all(m.group_id == "g" for m in d.group.members) and d.group.episodes == 3
+    q.ack([d.entry_id])
+    assert q.depth() == 0
+
+
+def test_a_group_with_a_foreign_member_is_refused_at_put(backend: Backend) -> None:
+    q = backend.make()
+    group = make_traj("g")
+    group.members.append(make_traj("stranger").members[0])  # carries group id "stranger"
+    with pytest.raises(ValueError, match="carries group id"):
+        q.put(group)
+    assert q.depth() == 0
+
+
 def test_put_get_ack_round_trip(backend: Backend) -> None:
     q = backend.make()
     before = time.time()
     sent = [make_traj(f"t{i}") for i in range(5)]
     for t in sent:
         assert q.put(t)
-        assert t.lifecycle.enqueued >= before
+        assert t.members[0].lifecycle.enqueued >= before
     assert q.depth() == 5
     batch = q.get_batch(3)
-    assert [d.trajectory.id for d in batch] == ["t0", "t1", "t2"]  # FIFO
+    assert [d.group.id for d in batch] == ["t0", "t1", "t2"]  # FIFO
     assert all(d.attempts == 1 for d in batch)
-    assert all(d.trajectory.lifecycle.dequeued >= d.trajectory.lifecycle.enqueued > 0 for d in batch)
-    assert batch[0].trajectory.turns == sent[0].turns and batch[0].trajectory.task == sent[0].task
+    assert all(m.lifecycle.dequeued >= m.lifecycle.enqueued > 0 for d in batch for m in d.group.members)
+    assert batch[0].group.members[0].turns == sent[0].members[0].turns and batch[0].group.task == sent[0].task
     assert len({d.entry_id for d in batch}) == 3
     stats = q.stats()
     assert list(STAT_KEYS) == list(stats.flat())
@@ -310,7 +336,7 @@ def test_get_batch_waits_for_timeout_then_returns_empty(backend: Backend) -> Non
     threading.Timer(0.1, lambda: q.put(make_traj("late"))).start()
     t0 = time.monotonic()
     batch = q.get_batch(4, timeout=5.0)
-    assert [d.trajectory.id for d in batch] == ["late"] and time.monotonic() - t0 < 2.0
+    assert [d.group.id for d in batch] == ["late"] and time.monotonic() - t0 < 2.0
 
 
 def test_expired_lease_is_redelivered_and_late_ack_is_harmless(backend: Backend) -> None:
@@ -321,7 +347,7 @@ def test_expired_lease_is_redelivered_and_late_ack_is_harmless(backend: Backend)
     assert q.get_batch(5, consumer="c2") == []  # leased: invisible to others
     time.sleep(0.35)
     second = q.get_batch(5, consumer="c2")
-    assert [(d.trajectory.id, d.attempts) for d in second] == [("a", 2)]
+    assert [(d.group.id, d.attempts) for d in second] == [("a", 2)]
     assert q.stats().redelivered_total == 1
     q.ack([first[0].entry_id])  # the first consumer's late ack still settles the entry
     q.ack([second[0].entry_id])
@@ -375,15 +401,15 @@ def test_malformed_stored_entry_is_dead_lettered_rest_delivered(backend: Backend
     wrong_version.schema_version = 999
     backend.inject_raw("old-schema", encode(wrong_version))
     invalid = make_traj("no-logprobs")
-    invalid.turns[1].logprobs = None  # decodes, but fails validation
+    invalid.members[0].turns[1].logprobs = None  # decodes, but fails validation
     backend.inject_raw("no-logprobs", encode(invalid))
     backend.inject_raw("mismatch", encode(make_traj("someone-else")))
     q.put(make_traj("good-2"))
 
     batch = q.get_batch(10)
-    assert [d.trajectory.id for d in batch] == ["good-0", "good-1", "good-2"]
+    assert [d.group.id for d in batch] == ["good-0", "good-1", "good-2"]
     dead = q.dead_letters()
-    assert [d.trajectory_id for d in dead] == ["garbage", "old-schema", "no-logprobs", "mismatch"]
+    assert [d.group_id for d in dead] == ["garbage", "old-schema", "no-logprobs", "mismatch"]
     assert "schema_version" in dead[1].reason and "log-prob" in dead[2].reason and "differs" in dead[3].reason
     assert dead[0].payload == b"\xc1\x00not msgpack at all" and all(d.attempts == 1 for d in dead)
     stats = q.stats()
@@ -398,7 +424,7 @@ def test_malformed_stored_entry_is_dead_lettered_rest_delivered(backend: Backend
 def test_put_rejects_trajectory_that_could_never_be_consumed(backend: Backend) -> None:
     q = backend.make()
     bad = make_traj("bad")
-    bad.turns[1].version = None
+    bad.members[0].turns[1].version = None
     with pytest.raises(ValueError, match="version"):
         q.put(bad)
     assert q.depth() == 0
@@ -418,11 +444,11 @@ def test_reopen_after_close_keeps_unacked_entries(backend: Backend) -> None:
     assert q2.depth() == 4
     assert q2.stats().put_total == 5  # counters are durable too
     rest = q2.get_batch(10)
-    assert [d.trajectory.id for d in rest] == ["t2", "t3", "t4"]
+    assert [d.group.id for d in rest] == ["t2", "t3", "t4"]
     q2.ack([d.entry_id for d in rest])
     time.sleep(0.35)
     again = q2.get_batch(10)
-    assert [(d.trajectory.id, d.attempts) for d in again] == [("t1", 2)]
+    assert [(d.group.id, d.attempts) for d in again] == [("t1", 2)]
 
 
 def test_threads_share_one_handle(backend: Backend) -> None:
@@ -438,7 +464,7 @@ def test_threads_share_one_handle(backend: Backend) -> None:
     def consume() -> None:
         while not (done.is_set() and q.depth() == 0):
             batch = q.get_batch(8, timeout=0.05)
-            got.extend(d.trajectory.id for d in batch)
+            got.extend(d.group.id for d in batch)
             q.ack([d.entry_id for d in batch])
 
     threads = [threading.Thread(target=produce, args=(k,)) for k in range(n_threads)]
@@ -531,7 +557,7 @@ def test_redis_reconnects_after_server_drops_the_connection(redis_run_dir: Path)
         finally:
             admin.close()
         assert q.put(make_traj("after"))  # transparently reconnected
-        assert [d.trajectory.id for d in q.get_batch(5)] == ["before", "after"]
+        assert [d.group.id for d in q.get_batch(5)] == ["before", "after"]
         assert "***" not in repr(q) and "RedisQueue(" in repr(q)
     finally:
         q.close()
@@ -547,9 +573,9 @@ def test_redis_poison_entry_with_no_fields_and_late_ack_of_dead_letter(redis_run
         _redis_client().xadd(q.stream_key, {"junk": b"x"})  # neither id nor data
         assert q.put(make_traj("ok"))
         batch = q.get_batch(10)
-        assert [d.trajectory.id for d in batch] == ["ok"]
+        assert [d.group.id for d in batch] == ["ok"]
         dead = q.dead_letters()
-        assert len(dead) == 1 and dead[0].trajectory_id == "" and dead[0].payload == b""
+        assert len(dead) == 1 and dead[0].group_id == "" and dead[0].payload == b""
         q.ack([dead[0].entry_id])  # acking a dead-lettered entry changes nothing
         q.ack([d.entry_id for d in batch])
         stats = q.stats()
@@ -577,7 +603,7 @@ def test_dead_letters_say_which_entry_died_and_when(backend: Backend) -> None:
     backend.inject_raw("poison-b", b"\xc1")
     assert q.get_batch(10, timeout=0.2) == []
     dead = q.dead_letters()
-    assert [d.trajectory_id for d in dead] == ["poison-a", "poison-b"]
+    assert [d.group_id for d in dead] == ["poison-a", "poison-b"]
     assert all(isinstance(d.entry_id, str) and d.entry_id not in ("", "None") for d in dead)
     assert dead[0].entry_id != dead[1].entry_id
     assert all(isinstance(d.dead_at, float) and before <= d.dead_at <= time.time() for d in dead)
@@ -610,18 +636,18 @@ def test_embedded_lease_records_its_owner_and_survives_a_missing_payload(tmp_pat
     q.put(make_traj("hollow"))
     conn = sqlite3.connect(tmp_path / "run" / QUEUE_FILENAME, isolation_level=None)
     try:
-        conn.execute("DELETE FROM payloads WHERE seq = (SELECT seq FROM entries WHERE traj_id = 'hollow')")
+        conn.execute("DELETE FROM payloads WHERE seq = (SELECT seq FROM entries WHERE group_id = 'hollow')")
         batch = q.get_batch(10, consumer="trainer-7")
-        assert [d.trajectory.id for d in batch] == ["kept"]
+        assert [d.group.id for d in batch] == ["kept"]
         q.put(make_traj("later"))
-        assert [d.trajectory.id for d in q.get_batch(10)] == ["later"]  # the default consumer's name
-        owners = conn.execute("SELECT traj_id, lease_owner FROM entries ORDER BY seq").fetchall()
+        assert [d.group.id for d in q.get_batch(10)] == ["later"]  # the default consumer's name
+        owners = conn.execute("SELECT group_id, lease_owner FROM entries ORDER BY seq").fetchall()
     finally:
         conn.close()
     assert owners == [("kept", "trainer-7"), ("later", "trainer")]
     dead = q.dead_letters()
-    assert [(d.trajectory_id, d.payload) for d in dead] == [("hollow", b"")]
-    assert dead[0].reason.startswith("not a valid trajectory record")
+    assert [(d.group_id, d.payload) for d in dead] == [("hollow", b"")]
+    assert dead[0].reason.startswith("not a valid group record")
     for q_ in b.opened:
         q_.close()
 
@@ -638,7 +664,7 @@ def test_embedded_put_to_a_queue_filled_behind_its_back_is_refused(
     monkeypatch.setattr(
         q, "_scalar", lambda sql, *a: 0 if sql == "SELECT count(*) FROM entries" else real(sql, *a)
     )
-    assert q._try_put("d", encode(make_traj("d"))) is False  # type: ignore[attr-defined]
+    assert q._try_put("d", encode(make_traj("d")), 1) is False  # type: ignore[attr-defined]
     monkeypatch.undo()
     assert q.depth() == 2
     q.close()
@@ -650,12 +676,12 @@ def test_embedded_dead_letter_reason_names_an_unexpected_error(
     """A decoder failure that is not a RecordDecodeError is dead-lettered with its type in the reason."""
     from asyncrl.transport import embedded
 
-    def boom(data: bytes) -> Trajectory:
+    def boom(data: bytes) -> Group:
         raise ValueError("boom")
 
     q = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[]).make()
     q.put(make_traj("t0"))
-    monkeypatch.setattr(embedded, "decode_trajectory", boom)
+    monkeypatch.setattr(embedded, "decode_group", boom)
     assert q.get_batch(10, timeout=0.1) == []
     assert [d.reason for d in q.dead_letters()] == ["ValueError: boom"]
     q.close()
@@ -736,7 +762,7 @@ def test_killed_consumer_leases_are_redelivered(backend: Backend, tmp_path: Path
     assert q.stats().leased == 8
     redelivered = q.get_batch(20, timeout=lease + 5.0)
     assert time.monotonic() - leased_at < lease + 5.0
-    assert sorted(d.trajectory.id for d in redelivered) == sorted(held)
+    assert sorted(d.group.id for d in redelivered) == sorted(held)
     assert all(d.attempts == 2 for d in redelivered)
     q.ack([d.entry_id for d in redelivered])
     assert q.depth() == 0 and q.stats().redelivered_total == 8

@@ -13,7 +13,7 @@ from asyncrl.config import EnvConfig, TreeConfig, load_config
 from asyncrl.credit.assign import CreditAssigner
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import make_env
-from asyncrl.records import Task, Trajectory, Turn
+from asyncrl.records import Task, Trajectory, Turn, groups_of
 from asyncrl.rollout.episode import run_episode
 from asyncrl.rollout.tree import branch_points, choose_points, grow_tree
 from helpers import calc_task
@@ -144,7 +144,7 @@ def test_a_tree_of_real_episodes_replays_exactly_and_gets_tree_credit() -> None:
     for i, t in enumerate(leaves):
         ids[i, : len(t.token_ids())] = torch.tensor(t.token_ids())
         mask[i, : len(t.token_ids())] = torch.tensor(t.loss_mask(), dtype=torch.float32)
-    adv, m = a.advantages(leaves, ids, (ids > 0).long(), mask)
+    adv, m = a.advantages(groups_of(leaves), ids, (ids > 0).long(), mask)
     assert m["tree/branch_nodes"] >= 1 and m["tree/count"] == 1
     assert (adv[mask == 0] == 0).all()
 

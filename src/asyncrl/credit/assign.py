@@ -91,7 +91,7 @@ class CreditAssigner:
             if self.cfg.strategy in VALUE_STRATEGIES
             else None
         )
-        self.last_samples: list[list[CreditSample]] = []
+        self.last_groups: list[list[CreditSample]] = []
         """The last batch's per-segment records, group by group (the credit sample files)."""
         self.whole_groups = self.cfg.strategy == "tree" or cfg.rollout.tree.enabled
         """Sample whole groups: ``credit show`` draws their trees, ``credit ablate --siblings`` compares
@@ -99,6 +99,11 @@ class CreditAssigner:
         self._old_values: torch.Tensor | None = None
         self._tree_values: list[list[tuple[float, float]]] = []
         """``tree``: the measured success probability before and after each segment of the batch."""
+
+    @property
+    def last_samples(self) -> list[CreditSample]:
+        """The last batch's per-segment records, one per sample (rows of the batch, in order)."""
+        return [s for g in self.last_groups for s in g]
 
     # -- advantages ----------------------------------------------------------------------------
     def advantages(
@@ -131,7 +136,7 @@ class CreditAssigner:
         if values is not None:
             metrics.update(self._calibration(trajs, spans, values))
         records = iter(self._records(trajs, spans, values, adv, seq_adv))
-        self.last_samples = [[next(records) for _ in g.members] for g in groups]
+        self.last_groups = [[next(records) for _ in g.members] for g in groups]
         return adv, metrics
 
     def _process_to_go(self, spans: list[list[tuple[int, int, int, float]]]) -> list[list[float]]:
@@ -305,12 +310,12 @@ class CreditAssigner:
     # -- files -----------------------------------------------------------------------------------
     def write_samples(self, run_dir: Path, step: int, rng: Any) -> Path | None:
         c = self.cfg
-        if not c.sample_every or not self.last_samples:
+        if not c.sample_every or not self.last_groups:
             return None
         if self.whole_groups:
-            picked = _whole_groups(self.last_samples, c.sample_size, rng)
+            picked = _whole_groups(self.last_groups, c.sample_size, rng)
         else:
-            every = [s for g in self.last_samples for s in g]
+            every = self.last_samples
             picked = rng.sample(every, min(c.sample_size, len(every)))
         return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
 

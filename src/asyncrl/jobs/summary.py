@@ -125,9 +125,10 @@ def summarize(
     hist: dict[str, int] = {}
     for a in ages:
         hist[str(a)] = hist.get(str(a), 0) + 1
-    qs = queue.stats()
-    accepted = int(qs.put_total)
-    leftover = int(qs.depth)
+    qs = queue.stats()  # an entry is a group: the accounting below counts its samples
+    accepted = int(qs.samples_in)
+    dead = int(qs.samples_dead)
+    leftover = accepted - int(qs.samples_acked) - dead
     consumed = sum(fates.values())
     queue.close()
     gain = (final["success_rate"] - prior["success_rate"]) * 100
@@ -142,12 +143,9 @@ def summarize(
         "samples_left_in_queue": leftover,
         "samples_accepted": accepted,
         "samples_admitted": tallies.admitted,
-        # accepted by put = consumed (ledger) + still queued + dead-lettered; dead letters of bytes written into
-        # the queue from outside were never accepted, so they are not subtracted
-        "lost_trajectories": accepted
-        - consumed
-        - leftover
-        - (int(qs.dead_letters) - int(qs.dead_letters_foreign)),
+        # accepted by put = consumed (a fate in the ledger) + still queued + dead-lettered, counted in samples
+        # by the queue (dead letters of bytes written into the queue from outside hold none)
+        "lost_trajectories": accepted - consumed - leftover - dead,
         "duplicates_recorded": tallies.duplicates,
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,

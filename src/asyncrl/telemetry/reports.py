@@ -296,6 +296,12 @@ class QueueStats(Figures):
     redelivered_total: float = 0.0
     bytes_in: float = 0.0
     capacity: float = 0.0
+    samples_in: float = 0.0
+    """Samples (members of the groups) accepted by ``put``; an entry is one group."""
+    samples_acked: float = 0.0
+    """Samples of the entries acknowledged (every one's fate durable)."""
+    samples_dead: float = 0.0
+    """Samples of entries put by ``put`` and set aside as dead letters."""
 
 
 class StalenessFigures(Figures):

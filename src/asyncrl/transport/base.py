@@ -120,6 +120,9 @@ def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capaci
         acked_total=float(counters.get("acked_total", 0)),
         redelivered_total=float(counters.get("redelivered_total", 0)),
         bytes_in=float(counters.get("bytes_in", 0)),
+        samples_in=float(counters.get("samples_in", 0)),
+        samples_acked=float(counters.get("samples_acked", 0)),
+        samples_dead=float(counters.get("samples_dead", 0)),
         capacity=float(capacity),
     )
 
@@ -153,7 +156,7 @@ class TrajectoryQueue(ABC):
             member.lifecycle.enqueued = stamp
         payload = encode(group)
         attempt = 0
-        while not self._try_put(group.id, payload):
+        while not self._try_put(group.id, payload, len(group.members)):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             backoff_sleep(attempt, deadline)
@@ -164,8 +167,8 @@ class TrajectoryQueue(ABC):
         """Hook run once per put before validation (e.g. to fail fast on a closed handle)."""
 
     @abstractmethod
-    def _try_put(self, group_id: str, payload: bytes) -> bool:
-        """One attempt: commit ``payload`` under ``group_id`` (True), find it already queued (True),
+    def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:
+        """One attempt: commit ``payload`` (a group of ``members`` samples) under ``group_id`` (True), find it already queued (True),
         or find the queue full (False)."""
 
     @abstractmethod

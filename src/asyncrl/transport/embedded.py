@@ -59,7 +59,7 @@ SCHEMA_VERSION = 2
 Synchronous = Literal["NORMAL", "FULL"]
 
 _ACK_CHUNK = 500
-_COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in")  # dead letters: their own table
+_COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in", "samples_in", "samples_acked", "samples_dead")  # dead letters: their own table
 
 _SCHEMA: tuple[str, ...] = (
     """
@@ -72,7 +72,8 @@ _SCHEMA: tuple[str, ...] = (
         lease_owner  TEXT,
         attempts     INTEGER NOT NULL DEFAULT 0,
         enqueued_at  REAL    NOT NULL,
-        nbytes       INTEGER NOT NULL
+        nbytes       INTEGER NOT NULL,
+        members      INTEGER NOT NULL DEFAULT 0          -- samples in the group (0: not put by put())
     )
     """,
     # Payloads live in their own table: leasing rewrites only the small entries row
@@ -94,7 +95,8 @@ _SCHEMA: tuple[str, ...] = (
         reason       TEXT    NOT NULL,
         payload      BLOB    NOT NULL,
         attempts     INTEGER NOT NULL,
-        dead_at      REAL    NOT NULL
+        dead_at      REAL    NOT NULL,
+        members      INTEGER NOT NULL DEFAULT 0
     )
     """,
     """
@@ -210,7 +212,7 @@ class EmbeddedQueue(TrajectoryQueue):
             conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
 
     # ---- producer ----------------------------------------------------------------------
-    def _try_put(self, group_id: str, payload: bytes) -> bool:
+    def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:
         # Cheap lock-free check first, so blocked producers never hold the write lock.
         full = self._scalar("SELECT count(*) FROM entries") >= self.capacity
         if full:
@@ -222,11 +224,12 @@ class EmbeddedQueue(TrajectoryQueue):
                 return False
             now = time.time()
             cur = conn.execute(
-                "INSERT INTO entries (group_id, visible_at, enqueued_at, nbytes) VALUES (?, ?, ?, ?)",
-                (group_id, now, now, len(payload)),
+                "INSERT INTO entries (group_id, visible_at, enqueued_at, nbytes, members) VALUES (?, ?, ?, ?, ?)",
+                (group_id, now, now, len(payload), members),
             )
             conn.execute("INSERT INTO payloads (seq, data) VALUES (?, ?)", (cur.lastrowid, payload))
             self._bump(conn, "put_total", 1)
+            self._bump(conn, "samples_in", members)
             self._bump(conn, "bytes_in", len(payload))
             return True
 
@@ -253,14 +256,14 @@ class EmbeddedQueue(TrajectoryQueue):
         with self._write() as conn:
             now = time.time()
             rows = conn.execute(
-                "SELECT e.seq, e.group_id, p.data, e.attempts FROM entries AS e "
+                "SELECT e.seq, e.group_id, p.data, e.attempts, e.members FROM entries AS e "
                 "LEFT JOIN payloads AS p ON p.seq = e.seq "
                 "WHERE e.visible_at <= ? ORDER BY e.visible_at, e.seq LIMIT ?",
                 (now, max_items),
             ).fetchall()
             leased: list[tuple[float, str, int]] = []
             redelivered = 0
-            for seq, group_id, payload, attempts in rows:
+            for seq, group_id, payload, attempts, members in rows:
                 payload = b"" if payload is None else bytes(payload)
                 try:
                     group = decode_group(payload)
@@ -273,10 +276,11 @@ class EmbeddedQueue(TrajectoryQueue):
                         str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
                     )
                     conn.execute(
-                        "INSERT INTO dead_letters (entry_id, group_id, reason, payload, attempts, dead_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (str(seq), group_id, reason, payload, attempts + 1, now),
+                        "INSERT INTO dead_letters (entry_id, group_id, reason, payload, attempts, dead_at, members) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (str(seq), group_id, reason, payload, attempts + 1, now, members),
                     )
+                    self._bump(conn, "samples_dead", members)
                     conn.execute("DELETE FROM entries WHERE seq = ?", (seq,))
                     conn.execute("DELETE FROM payloads WHERE seq = ?", (seq,))
                     continue
@@ -305,18 +309,20 @@ class EmbeddedQueue(TrajectoryQueue):
         if not seqs:
             return
         with self._write() as conn:
-            acked = 0
+            acked = samples = 0
             for i in range(0, len(seqs), _ACK_CHUNK):
                 chunk = seqs[i : i + _ACK_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 # (no DELETE ... RETURNING: it needs SQLite >= 3.35)
                 gone = conn.execute(
-                    f"SELECT seq FROM entries WHERE state = 'leased' AND seq IN ({marks})", chunk
+                    f"SELECT seq, members FROM entries WHERE state = 'leased' AND seq IN ({marks})", chunk
                 ).fetchall()
-                conn.executemany("DELETE FROM entries WHERE seq = ?", gone)
-                conn.executemany("DELETE FROM payloads WHERE seq = ?", gone)
+                conn.executemany("DELETE FROM entries WHERE seq = ?", [(seq,) for seq, _ in gone])
+                conn.executemany("DELETE FROM payloads WHERE seq = ?", [(seq,) for seq, _ in gone])
                 acked += len(gone)
+                samples += sum(int(n) for _, n in gone)
             self._bump(conn, "acked_total", acked)
+            self._bump(conn, "samples_acked", samples)
 
     # ---- introspection -----------------------------------------------------------------
     def depth(self) -> int:

@@ -78,15 +78,16 @@ _ACK_CHUNK = 500
 _STATS_SCAN_MAX = 100_000
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
 
-# KEYS: stream ids entries counters; ARGV: group_id payload capacity
+# KEYS: stream ids entries counters; ARGV: group_id payload capacity members
 # returns 1: already queued, 0: full, else the new stream id
 _PUT_LUA = """
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 1 end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-local id = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'data', ARGV[2])
+local id = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'n', ARGV[4], 'data', ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], id)
 redis.call('HSET', KEYS[3], id, ARGV[1])
 redis.call('HINCRBY', KEYS[4], 'put_total', 1)
+redis.call('HINCRBY', KEYS[4], 'samples_in', tonumber(ARGV[4]))
 redis.call('HINCRBY', KEYS[4], 'bytes_in', string.len(ARGV[2]))
 return id
 """
@@ -94,9 +95,15 @@ return id
 # KEYS: stream ids entries counters; ARGV: group, entry ids...; returns the number settled
 _ACK_LUA = """
 local n = 0
+local samples = 0
 for i = 2, #ARGV do
   local e = ARGV[i]
   if redis.call('XACK', KEYS[1], ARGV[1], e) == 1 then
+    local row = redis.call('XRANGE', KEYS[1], e, e)
+    if row[1] then
+      local f = row[1][2]
+      for j = 1, #f, 2 do if f[j] == 'n' then samples = samples + tonumber(f[j + 1]) end end
+    end
     redis.call('XDEL', KEYS[1], e)
     local tid = redis.call('HGET', KEYS[3], e)
     redis.call('HDEL', KEYS[3], e)
@@ -105,10 +112,11 @@ for i = 2, #ARGV do
   end
 end
 if n > 0 then redis.call('HINCRBY', KEYS[4], 'acked_total', n) end
+if samples > 0 then redis.call('HINCRBY', KEYS[4], 'samples_acked', samples) end
 return n
 """
 
-# KEYS: stream ids entries counters dead; ARGV: group entry_id group_id reason payload attempts dead_at
+# KEYS: stream ids entries counters dead; ARGV: group entry_id group_id reason payload attempts dead_at members
 _DEAD_LUA = """
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'group_id', ARGV[3], 'reason', ARGV[4],
@@ -116,6 +124,8 @@ redis.call('XADD', KEYS[5], '*', 'entry_id', ARGV[2], 'group_id', ARGV[3], 'reas
 redis.call('XDEL', KEYS[1], ARGV[2])
 if redis.call('HDEL', KEYS[3], ARGV[2]) == 0 then
   redis.call('HINCRBY', KEYS[4], 'dead_foreign_total', 1)  -- written by XADD from outside, never put
+else
+  redis.call('HINCRBY', KEYS[4], 'samples_dead', tonumber(ARGV[8]))
 end
 if redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then redis.call('HDEL', KEYS[2], ARGV[3]) end
 redis.call('HINCRBY', KEYS[4], 'dead_lettered_total', 1)
@@ -224,9 +234,10 @@ class RedisQueue(TrajectoryQueue):
     def _before_put(self) -> None:
         self._client()  # a closed handle fails before any work
 
-    def _try_put(self, group_id: str, payload: bytes) -> bool:
+    def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
-        result = self._call(lambda r: self._put_script(keys=keys, args=[group_id, payload, self.capacity]))
+        args = [group_id, payload, self.capacity, members]
+        result = self._call(lambda r: self._put_script(keys=keys, args=args))
         return bool(result != 0)
 
     # ---- consumer ----------------------------------------------------------------------
@@ -302,7 +313,9 @@ class RedisQueue(TrajectoryQueue):
                     )
             except Exception as exc:  # poison must never crash the consumer
                 reason = str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
+                members = _s(fields.get(b"n", b"0"))
                 args: list[bytes | str | int] = [GROUP, entry_id, group_id, reason, payload, tries, repr(now)]
+                args.append(int(members) if members.isdigit() else 0)
                 self._call(functools.partial(self._dead_script, keys, args))
                 continue
             for member in group.members:
