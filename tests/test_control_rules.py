@@ -31,7 +31,7 @@ from asyncrl.orchestrator.elastic import ElasticController, FlowSample
 from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.governor import StalenessGovernor
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.records import Task
+from asyncrl.records import Group, Task
 from asyncrl.telemetry.reports import (
     Decoded,
     GroupReport,
@@ -455,15 +455,15 @@ def test_buffer_follows_curriculum_bucket_weights() -> None:
         return Trajectory(id=f"x{i}-{difficulty}", task=task, turns=turns, group_id=f"g{i}-{difficulty}")
 
     b = replay_buffer(
-        group_size=1,
         batch_size=4,
         staleness=StalenessPolicy.from_config("async", 9, 4, "drop"),
         task_mix={"arithmetic:2": 0.75, "arithmetic:3": 0.25},  # the control document's weights
     )
     for i in range(8):
-        b.add(one(i, 2 if i % 2 else 3))  # equal supply of both buckets
+        t = one(i, 2 if i % 2 else 3)  # equal supply of both buckets
+        b.add(Group.of(t.task, [t]))
     batch, _ = b.take(version=0)
-    assert batch is not None and sorted(t.task.difficulty for t in batch) == [2, 2, 2, 3]
+    assert batch is not None and sorted(g.task.difficulty for g in batch) == [2, 2, 2, 3]
 
 
 def test_live_display_shows_alerts_breakers_and_curriculum(tmp_path: Path) -> None:

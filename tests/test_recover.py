@@ -19,7 +19,7 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.control import RunState
 from asyncrl.orchestrator.alerts import AlertLog
 from asyncrl.orchestrator.run import Orchestrator
-from asyncrl.records import Task, Trajectory, Turn, new_id
+from asyncrl.records import Group, Task, Trajectory, Turn, members, new_id
 from asyncrl.staleness import StalenessPolicy
 from asyncrl.telemetry.reports import QueueStats
 from helpers import TINY_RUN, replay_buffer, wait_for
@@ -49,25 +49,36 @@ def _traj(group: str, reward: float = 1.0, logprob: float = -0.5) -> Trajectory:
     )
 
 
+def _group() -> Group:
+    """A one-sample group, as a worker puts it."""
+    t = _traj("")
+    return Group.of(t.task, [t])
+
+
 def test_a_non_finite_sample_is_dropped_alone_and_its_group_still_trains() -> None:
-    buf = replay_buffer(4, 8, StalenessPolicy.from_config("async", 2, 8, "drop"))
+    buf = replay_buffer(8, StalenessPolicy.from_config("async", 2, 8, "drop"))
     for g in ("a", "b"):
-        for k in range(4):
-            bad = g == "a" and k == 1
-            buf.add(
-                _traj(g, reward=float("nan"))
-                if bad
-                else _traj(g, logprob=float("-inf") if g == "b" and k == 3 else -0.5)
-            )
+        trajs = [
+            _traj(g, reward=float("nan"))
+            if g == "a" and k == 1
+            else _traj(g, logprob=float("-inf") if g == "b" and k == 3 else -0.5)
+            for k in range(4)
+        ]
+        buf.add(Group.of(trajs[0].task, trajs, id=g))
     batch, dropped = buf.take(0, 2)
     assert [d.reason for d in dropped] == ["dropped_non_finite", "dropped_non_finite"]
-    assert batch is None  # 6 finite samples < batch of 8: the groups are complete (4 - 1 each) and wait
-    for _ in range(4):
-        buf.add(_traj("c"))
+    assert batch is None  # 6 finite samples < batch of 8: the groups (4 - 1 each) wait
+    trajs = [_traj("c") for _ in range(4)]
+    buf.add(Group.of(trajs[0].task, trajs, id="c"))
     batch, dropped = buf.take(0, 2)
-    assert batch is not None and len(batch) >= 8 and not dropped
-    assert {t.group_id for t in batch} >= {"a", "b"}  # the two groups with a bad member were trained
-    assert all(t.reward_components.get("group_dropped") == 1.0 for t in batch if t.group_id in ("a", "b"))
+    assert batch is not None and len(members(batch)) >= 8 and not dropped
+    assert {g.id for g in batch} >= {"a", "b"}  # the two groups with a bad member were trained
+    assert all(
+        t.reward_components.get("group_dropped") == 1.0
+        for g in batch
+        if g.id in ("a", "b")
+        for t in g.members
+    )
 
 
 def test_a_worker_reports_a_corrupt_version_atomically(tmp_path: Path) -> None:
@@ -124,7 +135,7 @@ def test_queue_depth_reaches_the_orchestrator_through_its_own_handle(tmp_path: P
     orch.live.trainer = TrainerReport(queue=QueueStats(ready=0.0, capacity=4.0))  # a stale report: empty
     queue = make_queue(cfg.transport, tmp_path)
     for _ in range(4):
-        assert queue.put(_traj("g"), timeout=1)
+        assert queue.put(_group(), timeout=1)
     orch._read_queue()
     orch._watermarks()
     assert orch.live.queue.ready == 4 and orch.live.queue.put_total == 4 and orch.state.paused()
@@ -151,14 +162,13 @@ def test_bytes_added_to_the_redis_stream_from_outside_are_not_counted_as_lost(tm
         pytest.skip("no Redis at 127.0.0.1:6379")
     q = RedisQueue("redis://127.0.0.1:6379/0", tmp_path, capacity=8, lease_seconds=5, socket_timeout_s=30.0)
     try:
-        assert q.put(_traj("g"), timeout=1)
+        assert q.put(_group(), timeout=1)
         q._client().xadd(q.stream_key, {"id": "outsider", "data": b"\x00garbage"})
         got = q.get_batch(8, timeout=1)
         q.ack([d.entry_id for d in got])
         s = q.stats()
         assert s.dead_letters == 1 and s.dead_letters_foreign == 1
-        lost = s.put_total - len(got) - s.depth - (s.dead_letters - s.dead_letters_foreign)
-        assert lost == 0
+        assert s.samples_in == s.samples_acked == 1 and s.samples_dead == 0  # the outsider holds no sample
     finally:
         c = q._client()
         for key in c.scan_iter(f"{q.prefix}*"):

@@ -95,7 +95,9 @@ class SimTrainer:
         self.m = m
         self.step = m.ckpt_step
         self.offset = max(0, m.published - self.step)  # versions never go back after a resume
-        self.buffer = replay_buffer(B, StalenessPolicy.from_config("async", LAG, B, "drop"), capacity_steps=m.bs)
+        self.buffer = replay_buffer(
+            B, StalenessPolicy.from_config("async", LAG, B, "drop"), capacity_steps=m.bs
+        )
         self.intake = Intake(m.queue, m.state, pull_size=2 * B)  # as the trainer sizes it
         self.since_ckpt: list[str] = []
 

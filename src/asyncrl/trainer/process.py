@@ -109,9 +109,7 @@ class TrainerRole:
         self.last_published = published
         self.staleness = self.state.staleness
         self.buffer = ReplayBuffer.of(cfg, self.staleness, scorer=self._behaviour_kl)
-        self.intake = Intake(
         self.intake = Intake(self.queue, self.state, pull_size=2 * cfg.trainer.batch_size)  # entries: groups
-        )
         self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", started=started)
         self.tally: dict[str, float] = dict.fromkeys(
             (

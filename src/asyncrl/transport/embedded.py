@@ -59,7 +59,15 @@ SCHEMA_VERSION = 2
 Synchronous = Literal["NORMAL", "FULL"]
 
 _ACK_CHUNK = 500
-_COUNTERS = ("put_total", "acked_total", "redelivered_total", "bytes_in", "samples_in", "samples_acked", "samples_dead")  # dead letters: their own table
+_COUNTERS = (
+    "put_total",
+    "acked_total",
+    "redelivered_total",
+    "bytes_in",
+    "samples_in",
+    "samples_acked",
+    "samples_dead",
+)  # dead letters: their own table
 
 _SCHEMA: tuple[str, ...] = (
     """
