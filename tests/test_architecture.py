@@ -26,7 +26,8 @@ FLOORS: list[set[str]] = [
         "signal",
     },  # 0: records, shared helpers, pure maths, the staleness rules, the learning-signal rules
     {"config"},  # 1
-    {"envs", "policy", "telemetry", "bootstrap"},  # 2: environments, the model, metric writing
+    {"envs", "policy", "telemetry", "bootstrap", "lending"},  # 2: environments, the model, metric writing,
+    # role start-up and core lending between the role processes
     {"transport", "weights", "control", "engine", "cost"},  # 3: the boundaries and the shared run state
     {"rollout", "gateway", "credit"},  # 4: the rollout worker (and its gateway), credit assignment
     {"trainer"},  # 5

@@ -345,7 +345,7 @@ class Orchestrator:
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        from asyncrl.control.lending import lending_plan, open_board
+        from asyncrl.lending import lending_plan, open_board
 
         (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
         self.state.begin(self.resume)

@@ -45,9 +45,9 @@ from asyncrl.telemetry.reports import (
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
-    from asyncrl.control.lending import ThreadLender
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
+    from asyncrl.lending import ThreadLender
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.weights.base import LoadedWeights, WeightStore
 
@@ -485,10 +485,10 @@ class RolloutWorker:
 
 
 def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:
-    """The worker's side of core lending (:mod:`asyncrl.control.lending`), polled before each decoder
+    """The worker's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
     layer of the engine's model (every decode step)."""
     from asyncrl.bootstrap import torch_threads
-    from asyncrl.control.lending import ThreadLender
+    from asyncrl.lending import ThreadLender
 
     lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
     if lender is not None:
