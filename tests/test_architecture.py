@@ -442,10 +442,10 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
     ),
     **dict.fromkeys(
         [
-            ("credit/ablate.py", "ablate", "trajectories"),
-            ("credit/ablate.py", "ablate", "k"),
-            ("credit/inspect.py", "render_terminal", "n"),
-            ("credit/inspect.py", "credit_fragment", "n"),
+            ("jobs/credit_ablate.py", "ablate", "trajectories"),
+            ("jobs/credit_ablate.py", "ablate", "k"),
+            ("jobs/credit_inspect.py", "render_terminal", "n"),
+            ("jobs/credit_inspect.py", "credit_fragment", "n"),
             ("policy/hub.py", "model_info", "tokens"),
             ("service.py", "run_role", "wait_s"),
         ],

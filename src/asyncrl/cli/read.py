@@ -13,8 +13,8 @@ from typing import Any
 from asyncrl import config as C
 from asyncrl.cli.parser import EXIT_USER_ERROR
 from asyncrl.config import CostAssumptionsConfig, load_config
-from asyncrl.credit.inspect import credit_fragment, render_terminal
 from asyncrl.errors import UserError
+from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
 from asyncrl.telemetry.report import write_report
 from asyncrl.trainer.replay import replay
 
@@ -250,7 +250,7 @@ def _cmd_credit(args: argparse.Namespace) -> int:
             print(f"HTML fragment written to {args.html}")
         return 0
     if args.credit_command == "ablate":
-        from asyncrl.credit.ablate import ablate, render_ablation
+        from asyncrl.jobs.credit_ablate import ablate, render_ablation
 
         report = ablate(
             Path(args.run),

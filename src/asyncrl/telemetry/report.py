@@ -5,7 +5,7 @@ curves with the periodic evaluations; the data-freshness curve next to the loss;
 queue depth timeline with the watermarks and paused periods; role utilisation timeline; latency
 breakdown of the trajectory lifecycle; reward and length distributions; evaluation table; alert
 timeline (``alerts.jsonl``); learning signal per bucket (:mod:`asyncrl.telemetry.signal`); cost breakdown and waste (``cost.json``); credit view of sample
-trajectories (a ``credit_view`` passed in: the CLI gives ``asyncrl.credit.inspect.credit_fragment``); role events.
+trajectories (a ``credit_view`` passed in: the CLI gives ``asyncrl.jobs.credit_inspect.credit_fragment``); role events.
 
 This module prepares the data: each section is a list of blocks (:class:`Figure`, :class:`Row`,
 :class:`Table`, :class:`Cards`, :class:`Note`, ...; :mod:`asyncrl.telemetry.report_blocks`). The markup is the Jinja2 template
@@ -52,7 +52,7 @@ from asyncrl.telemetry.svg import Band, Chart, HLine, Series
 from asyncrl.telemetry.walltime import step_walls
 
 CreditView = Callable[[Path, int], str]
-"""Markup of ``n`` credit samples of a run (``asyncrl.credit.inspect.credit_fragment``)."""
+"""Markup of ``n`` credit samples of a run (``asyncrl.jobs.credit_inspect.credit_fragment``)."""
 
 STAGE_LABELS = {
     "env_s": "environment",
@@ -750,7 +750,7 @@ class Report:
 
 def write_report(run_dir: Path, out: Path | None = None, *, credit_view: CreditView | None = None) -> Path:
     """Write the run's report (default ``RUN/report.html``) and return its path. ``credit_view`` makes the
-    credit section (the CLI passes :func:`asyncrl.credit.inspect.credit_fragment`; the credit package sits
+    credit section (the CLI passes :func:`asyncrl.jobs.credit_inspect.credit_fragment`; the credit package sits
     above telemetry, so the report does not import it)."""
     html = Report(RunData(run_dir), credit_view).build()
     path = out or run_dir / "report.html"
