@@ -434,7 +434,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("policy/memory.py", "<module>", "GIB"),
             ("policy/memory.py", "training_estimate", "dtype_bytes"),
             ("records.py", "<module>", "SCHEMA_VERSION"),
-            ("trainer/sft.py", "<module>", "TEMPLATE_VERSION"),
+            ("jobs/warm_start.py", "<module>", "TEMPLATE_VERSION"),
             ("launch/ray_launcher.py", "<module>", "_KILLED"),
             ("service.py", "<module>", "EXIT_ORPHANED"),
         ],

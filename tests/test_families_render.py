@@ -378,7 +378,7 @@ def test_a_group_is_ready_once_every_episode_has_all_its_samples() -> None:
 
 def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str, HFChatRenderer]) -> None:
     from asyncrl.envs.calculator import CalculatorEnv
-    from asyncrl.trainer.sft import _play
+    from asyncrl.jobs.warm_start import _play
     from helpers import calc_task
 
     _, r = family

@@ -110,8 +110,8 @@ def test_every_recorded_metric_is_documented(run: tuple[Path, dict[str, Any]]) -
 def test_replay_trains_from_the_archive_and_reproduces_the_losses(run: tuple[Path, dict[str, Any]]) -> None:
     import torch
 
+    from asyncrl.jobs.replay import replay
     from asyncrl.policy import Policy
-    from asyncrl.trainer.replay import replay
 
     run_dir, summary = run
     out = replay(run_dir, save=True)

@@ -15,8 +15,8 @@ from asyncrl.cli.parser import EXIT_USER_ERROR
 from asyncrl.config import CostAssumptionsConfig, load_config
 from asyncrl.errors import UserError
 from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
+from asyncrl.jobs.replay import replay
 from asyncrl.telemetry.report import write_report
-from asyncrl.trainer.replay import replay
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from asyncrl.telemetry.report import write_report
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from asyncrl.trainer.sft import warm_start
+    from asyncrl.jobs.warm_start import warm_start
 
     cfg = load_config(args.config, args.overrides)
     result = warm_start(cfg, force=args.force, progress=True)
