@@ -516,7 +516,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
     ),
     **dict.fromkeys(
         [
-            ("cost/report.py", "<module>", "EARLY_FRACTION"),
+            ("jobs/cost_report.py", "<module>", "EARLY_FRACTION"),
             ("telemetry/svg.py", "nice_ticks", "n"),
             ("telemetry/svg.py", "histogram", "bins"),
             ("telemetry/svg.py", "<module>", "MAX_POINTS"),

@@ -195,7 +195,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def _cmd_cost(args: argparse.Namespace) -> int:
     from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
-    from asyncrl.cost.report import cost_report, render_estimate, render_report
+    from asyncrl.jobs.cost_report import cost_report, render_estimate, render_report
 
     if args.cost_command == "report":
         run = Path(args.run)
