@@ -177,7 +177,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from asyncrl.telemetry.experiment import compare_runs, list_runs, render_compare, render_list
+    from asyncrl.jobs.runs import compare_runs, list_runs, render_compare, render_list
 
     if args.runs_command == "list":
         render_list(list_runs(Path(args.root)))
