@@ -16,7 +16,7 @@ from asyncrl.config import CostAssumptionsConfig, load_config
 from asyncrl.errors import UserError
 from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
 from asyncrl.jobs.replay import replay
-from asyncrl.telemetry.report import write_report
+from asyncrl.jobs.report import write_report
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from asyncrl.cli.parser import EXIT_USER_ERROR
 from asyncrl.config import load_config
 from asyncrl.jobs.credit_inspect import credit_fragment
-from asyncrl.telemetry.report import write_report
+from asyncrl.jobs.report import write_report
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
