@@ -26,14 +26,16 @@ FLOORS: list[set[str]] = [
         "signal",
     },  # 0: records, shared helpers, pure maths, the staleness rules, the learning-signal rules
     {"config"},  # 1
-    {"envs", "policy", "telemetry", "bootstrap", "lending"},  # 2: environments, the model, metric writing,
-    # role start-up and core lending between the role processes
+    # 2: environments, the model, metric writing, role start-up, core lending between the role processes
+    {"envs", "policy", "telemetry", "bootstrap", "lending"},
     {"transport", "weights", "control", "engine", "cost"},  # 3: the boundaries and the shared run state
     {"rollout", "gateway", "credit"},  # 4: the rollout worker (and its gateway), credit assignment
-    {"trainer"},  # 5
+    {"trainer"},  # 5: the trainer role (what runs in its process)
     {"launch"},  # 6: places role processes
     {"orchestrator"},  # 7: prepares, launches, supervises
-    {"service", "cli", "jobs"},  # 8: entry points and the offline jobs they run
+    # 8: entry points and the offline jobs they run (train, warm start, replay, credit show / ablate,
+    # report, runs list / compare, cost report)
+    {"service", "cli", "jobs"},
 ]
 FLOOR = {pkg: i for i, pkgs in enumerate(FLOORS) for pkg in pkgs}
 

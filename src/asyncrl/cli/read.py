@@ -17,6 +17,7 @@ from asyncrl.errors import UserError
 from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
 from asyncrl.jobs.replay import replay
 from asyncrl.jobs.report import write_report
+from asyncrl.jobs.runs import compare_runs, list_runs, render_compare, render_list
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -177,8 +178,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from asyncrl.jobs.runs import compare_runs, list_runs, render_compare, render_list
-
     if args.runs_command == "list":
         render_list(list_runs(Path(args.root)))
         return 0

@@ -33,6 +33,7 @@ from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
 from asyncrl.envs.wrappers import GUARD_STATS
+from asyncrl.lending import ThreadLender
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
@@ -47,7 +48,6 @@ from asyncrl.transport import make_queue
 if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
-    from asyncrl.lending import ThreadLender
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.weights.base import LoadedWeights, WeightStore
 
@@ -488,7 +488,6 @@ def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLende
     """The worker's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
     layer of the engine's model (every decode step)."""
     from asyncrl.bootstrap import torch_threads
-    from asyncrl.lending import ThreadLender
 
     lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
     if lender is not None:
