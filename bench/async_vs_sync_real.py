@@ -100,7 +100,7 @@ def main() -> int:
 
     from asyncrl.config import load_config
     from asyncrl.jobs.train import train
-    from asyncrl.trainer.sft import warm_start
+    from asyncrl.jobs.warm_start import warm_start
 
     base = [*args.overrides, f"trainer.total_steps={args.steps}", "telemetry.eval_every=0"]
     warm_start(load_config(args.config, base))  # cached before timing anything

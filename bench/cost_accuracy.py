@@ -17,7 +17,7 @@ def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    from asyncrl.cost.report import cost_report
+    from asyncrl.jobs.cost_report import cost_report
 
     run = Path(sys.argv[1])
     report = cost_report(run)

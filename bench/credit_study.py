@@ -284,7 +284,7 @@ def main() -> int:
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                 dump()
     if args.ablate_trajectories > 0:
-        from asyncrl.credit.ablate import ablate
+        from asyncrl.jobs.credit_ablate import ablate
 
         env = args.envs[0]
         ablation = {}

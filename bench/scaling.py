@@ -31,7 +31,7 @@ def main() -> int:
 
     from asyncrl.config import load_config
     from asyncrl.jobs.train import train
-    from asyncrl.trainer.sft import warm_start
+    from asyncrl.jobs.warm_start import warm_start
 
     warm_start(load_config(args.config, args.overrides))
     cells = []

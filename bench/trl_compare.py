@@ -239,7 +239,7 @@ def main() -> int:
         return 0
 
     from asyncrl.config import load_config
-    from asyncrl.trainer.sft import warm_start
+    from asyncrl.jobs.warm_start import warm_start
 
     ws = warm_start(load_config(None, overrides(args.steps, args.seeds[0], args.lr)))
     results: dict[str, list[dict[str, Any]]] = {"asyncrl": [], "trl": []}

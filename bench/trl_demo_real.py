@@ -112,9 +112,9 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
 
     from asyncrl.config import load_config
     from asyncrl.envs import make_task_source
+    from asyncrl.jobs.warm_start import warm_start
     from asyncrl.policy import Policy
     from asyncrl.rollout.heldout import evaluate_policy, run_episodes
-    from asyncrl.trainer.sft import warm_start
 
     torch.set_num_threads(args.trl_threads)
     cfg = load_config(args.config, [f"seed={args.seed}"])

@@ -26,13 +26,16 @@ FLOORS: list[set[str]] = [
         "signal",
     },  # 0: records, shared helpers, pure maths, the staleness rules, the learning-signal rules
     {"config"},  # 1
-    {"envs", "policy", "telemetry", "bootstrap"},  # 2: environments, the model, metric writing
+    # 2: environments, the model, metric writing, role start-up, core lending between the role processes
+    {"envs", "policy", "telemetry", "bootstrap", "lending"},
     {"transport", "weights", "control", "engine", "cost"},  # 3: the boundaries and the shared run state
     {"rollout", "gateway", "credit"},  # 4: the rollout worker (and its gateway), credit assignment
-    {"trainer"},  # 5
+    {"trainer"},  # 5: the trainer role (what runs in its process)
     {"launch"},  # 6: places role processes
     {"orchestrator"},  # 7: prepares, launches, supervises
-    {"service", "cli", "jobs"},  # 8: entry points and the offline jobs they run
+    # 8: entry points and the offline jobs they run (train, warm start, replay, credit show / ablate,
+    # report, runs list / compare, cost report)
+    {"service", "cli", "jobs"},
 ]
 FLOOR = {pkg: i for i, pkgs in enumerate(FLOORS) for pkg in pkgs}
 
@@ -434,7 +437,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("policy/memory.py", "training_estimate", "dtype_bytes"),
             ("records.py", "<module>", "SCHEMA_VERSION"),
             ("transport/embedded.py", "<module>", "SCHEMA_VERSION"),
-            ("trainer/sft.py", "<module>", "TEMPLATE_VERSION"),
+            ("jobs/warm_start.py", "<module>", "TEMPLATE_VERSION"),
             ("launch/ray_launcher.py", "<module>", "_KILLED"),
             ("service.py", "<module>", "EXIT_ORPHANED"),
         ],
@@ -442,10 +445,10 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
     ),
     **dict.fromkeys(
         [
-            ("credit/ablate.py", "ablate", "trajectories"),
-            ("credit/ablate.py", "ablate", "k"),
-            ("credit/inspect.py", "render_terminal", "n"),
-            ("credit/inspect.py", "credit_fragment", "n"),
+            ("jobs/credit_ablate.py", "ablate", "trajectories"),
+            ("jobs/credit_ablate.py", "ablate", "k"),
+            ("jobs/credit_inspect.py", "render_terminal", "n"),
+            ("jobs/credit_inspect.py", "credit_fragment", "n"),
             ("policy/hub.py", "model_info", "tokens"),
             ("service.py", "run_role", "wait_s"),
         ],
@@ -516,7 +519,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
     ),
     **dict.fromkeys(
         [
-            ("cost/report.py", "<module>", "EARLY_FRACTION"),
+            ("jobs/cost_report.py", "<module>", "EARLY_FRACTION"),
             ("telemetry/svg.py", "nice_ticks", "n"),
             ("telemetry/svg.py", "histogram", "bins"),
             ("telemetry/svg.py", "<module>", "MAX_POINTS"),

@@ -257,7 +257,7 @@ def test_cost_report_of_a_short_run_says_the_estimate_is_unavailable(
     import yaml
 
     from asyncrl.config import RunConfig
-    from asyncrl.cost.report import cost_report, render_report
+    from asyncrl.jobs.cost_report import cost_report, render_report
 
     late = [  # both roles started at t=0 and first reported at t=100: nothing before the 10% cut
         {"time": 100.0, "role": "trainer", "pid": 1, "alive_s": 100.0, "trainer/tokens_trained": 600.0},

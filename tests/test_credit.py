@@ -694,8 +694,8 @@ def test_value_model_saved_with_checkpoints_and_restored_on_resume(tmp_path: Pat
 
 def test_credit_fragment_reads_the_run_each_time(tmp_path: Path) -> None:
     """The report's credit view reflects the run as it is now (it was once cached per run directory)."""
-    from asyncrl.credit.inspect import credit_fragment
     from asyncrl.errors import UserError
+    from asyncrl.jobs.credit_inspect import credit_fragment
 
     assert "No credit samples" in credit_fragment(tmp_path)
     (tmp_path / "credit").mkdir()

@@ -14,8 +14,8 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.credit.inspect import credit_fragment
 from asyncrl.credit.samples import read_samples
+from asyncrl.jobs.credit_inspect import credit_fragment
 from asyncrl.jobs.train import train
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def test_credit_show_and_html_fragment(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_credit_ablate_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
-    from asyncrl.credit.ablate import load_policy
+    from asyncrl.jobs.credit_ablate import load_policy
     from asyncrl.rollout.heldout import run_episodes
 
     run = RUNS.get("value_delta")

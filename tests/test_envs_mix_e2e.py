@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
+from asyncrl.jobs.report import write_report
 from asyncrl.jobs.train import train
-from asyncrl.telemetry.report import write_report
 from helpers import TINY_MODEL
 
 pytestmark = pytest.mark.slow

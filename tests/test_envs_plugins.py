@@ -443,13 +443,13 @@ class TinyEnv(EchoEnv):
 def test_a_heldout_split_smaller_than_heldout_size_is_a_one_line_error_before_any_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import asyncrl.trainer.sft
+    import asyncrl.jobs.warm_start
     from asyncrl.cli import main
 
     def no_work(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the warm start began")
 
-    monkeypatch.setattr(asyncrl.trainer.sft, "warm_start", no_work)
+    monkeypatch.setattr(asyncrl.jobs.warm_start, "warm_start", no_work)
     over = ["env.kind=plugin", f"env.path={__name__}:TinyEnv", "env.heldout_size=8", f"run_root={tmp_path}"]
     args = ["train", "configs/calculator.yaml", "--no-display", *(a for o in over for a in ("--set", o))]
     monkeypatch.chdir(Path(__file__).resolve().parents[1])

@@ -375,7 +375,7 @@ def test_a_group_of_per_turn_samples_counts_and_reports_its_episodes() -> None:
 
 def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str, HFChatRenderer]) -> None:
     from asyncrl.envs.calculator import CalculatorEnv
-    from asyncrl.trainer.sft import _play
+    from asyncrl.jobs.warm_start import _play
     from helpers import calc_task
 
     _, r = family

@@ -309,7 +309,7 @@ def test_no_grad_passes_only_when_read(
 
 
 def test_sft_loss_with_shared_prefixes_equalsright_padded() -> None:
-    from asyncrl.trainer.sft import sft_loss
+    from asyncrl.jobs.warm_start import sft_loss
 
     model = tiny_model("llama", tied=True)
     batch = [(r, [0] * 12 + [1] * (len(r) - 12)) for r in _rows()[:5]]

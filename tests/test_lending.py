@@ -1,4 +1,4 @@
-"""Core lending (:mod:`asyncrl.control.lending`): the rule, the board between roles, the plan the
+"""Core lending (:mod:`asyncrl.lending`): the rule, the board between roles, the plan the
 orchestrator publishes, and a real run in which the waiting role's cores went to the computing one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from asyncrl.config import load_config
-from asyncrl.control.lending import (
+from asyncrl.lending import (
     Plan,
     Slot,
     ThreadLender,

@@ -320,7 +320,7 @@ def test_chunked_matches_plain_with_lora(targets: list[str]) -> None:
 def test_sft_loss_chunked_equals_the_cross_entropy_reference() -> None:
     """The warm start's loss from chunked log-probs is the masked mean cross-entropy of full logits
     (the loop reference), with the same gradients."""
-    from asyncrl.trainer.sft import sft_loss
+    from asyncrl.jobs.warm_start import sft_loss
 
     g = torch.Generator().manual_seed(3)
     batch = []

@@ -110,8 +110,8 @@ def test_every_recorded_metric_is_documented(run: tuple[Path, dict[str, Any]]) -
 def test_replay_trains_from_the_archive_and_reproduces_the_losses(run: tuple[Path, dict[str, Any]]) -> None:
     import torch
 
+    from asyncrl.jobs.replay import replay
     from asyncrl.policy import Policy
-    from asyncrl.trainer.replay import replay
 
     run_dir, summary = run
     out = replay(run_dir, save=True)
@@ -142,7 +142,7 @@ def test_run_record_identifies_the_run(run: tuple[Path, dict[str, Any]]) -> None
 
 @pytest.mark.browser
 def test_report_renders_in_headless_chromium(run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    from asyncrl.telemetry.report import write_report
+    from asyncrl.jobs.report import write_report
 
     run_dir, _ = run
     page = write_report(run_dir)
@@ -161,7 +161,7 @@ def test_report_renders_in_headless_chromium(run: tuple[Path, dict[str, Any]], t
 @pytest.mark.browser
 def test_browser_check_catches_a_broken_page(run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     """The check above can fail: a script error and a chart without data are both seen."""
-    from asyncrl.telemetry.report import write_report
+    from asyncrl.jobs.report import write_report
 
     html = write_report(run[0], tmp_path / "r.html").read_text()
     broken = html.replace("<main>", "<main><script>notAFunction();</script>", 1).replace(

@@ -16,13 +16,13 @@ import pytest
 
 from asyncrl.config import dump_yaml, load_config
 from asyncrl.errors import UserError
+from asyncrl.jobs.report import write_report
+from asyncrl.jobs.runs import compare_runs, list_runs
 from asyncrl.records import Lifecycle, Task, ToolCall, Trajectory, Turn
 from asyncrl.telemetry import tensorboard as tb
 from asyncrl.telemetry.archive import ArchiveWriter, read_batches
-from asyncrl.telemetry.experiment import compare_runs, list_runs
 from asyncrl.telemetry.flow import FlowMeter
 from asyncrl.telemetry.lifecycle import batch_stats, trace
-from asyncrl.telemetry.report import write_report
 from asyncrl.telemetry.reports import RolloutFigures, WorkerReport
 from asyncrl.telemetry.sinks import Sinks, scalars_of
 

@@ -236,9 +236,9 @@ def test_ablate_with_siblings_compares_each_branch_with_its_siblings(tmp_path: A
     """A: 10→20→30 wins; B replays A's first turn, then 40→50 loses; C: 60→70 loses. Root's children:
     A's first state (leaves A, B: 0.5) and C's (0); that state's children: A's (1) and B's (0)."""
     from asyncrl.config import dump_yaml, load_config
-    from asyncrl.credit.ablate import ablate
     from asyncrl.credit.samples import CreditSampleFile, write_samples
     from asyncrl.errors import UserError
+    from asyncrl.jobs.credit_ablate import ablate
 
     a = _sample("A", [([10], [11], False), ([20], [21], False), ([30], None, False)], 1.0)
     b = _sample("B", [([10], [11], True), ([40], [41], False), ([50], None, False)], 0.0)

@@ -13,10 +13,11 @@ from typing import Any
 from asyncrl import config as C
 from asyncrl.cli.parser import EXIT_USER_ERROR
 from asyncrl.config import CostAssumptionsConfig, load_config
-from asyncrl.credit.inspect import credit_fragment, render_terminal
 from asyncrl.errors import UserError
-from asyncrl.telemetry.report import write_report
-from asyncrl.trainer.replay import replay
+from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
+from asyncrl.jobs.replay import replay
+from asyncrl.jobs.report import write_report
+from asyncrl.jobs.runs import compare_runs, list_runs, render_compare, render_list
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -177,8 +178,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from asyncrl.telemetry.experiment import compare_runs, list_runs, render_compare, render_list
-
     if args.runs_command == "list":
         render_list(list_runs(Path(args.root)))
         return 0
@@ -195,7 +194,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def _cmd_cost(args: argparse.Namespace) -> int:
     from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
-    from asyncrl.cost.report import cost_report, render_estimate, render_report
+    from asyncrl.jobs.cost_report import cost_report, render_estimate, render_report
 
     if args.cost_command == "report":
         run = Path(args.run)
@@ -250,7 +249,7 @@ def _cmd_credit(args: argparse.Namespace) -> int:
             print(f"HTML fragment written to {args.html}")
         return 0
     if args.credit_command == "ablate":
-        from asyncrl.credit.ablate import ablate, render_ablation
+        from asyncrl.jobs.credit_ablate import ablate, render_ablation
 
         report = ablate(
             Path(args.run),

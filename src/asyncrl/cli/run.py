@@ -11,12 +11,12 @@ from pathlib import Path
 
 from asyncrl.cli.parser import EXIT_USER_ERROR
 from asyncrl.config import load_config
-from asyncrl.credit.inspect import credit_fragment
-from asyncrl.telemetry.report import write_report
+from asyncrl.jobs.credit_inspect import credit_fragment
+from asyncrl.jobs.report import write_report
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from asyncrl.trainer.sft import warm_start
+    from asyncrl.jobs.warm_start import warm_start
 
     cfg = load_config(args.config, args.overrides)
     result = warm_start(cfg, force=args.force, progress=True)

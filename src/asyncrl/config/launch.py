@@ -51,7 +51,7 @@ class LocalLauncherConfig(_LauncherBase):
     """Core lending (CPU models, one trainer rank): a compute role that waits — a rollout worker held
     by the staleness budget, the trainer with no batch to take — lends its cores to the roles still
     computing, which raise their torch threads until it computes again (docs/orchestrator.md#core-lending,
-    ``asyncrl.control.lending``). Off (the default until it measures better on the demo-real task:
+    ``asyncrl.lending``). Off (the default until it measures better on the demo-real task:
     docs/benchmarks.md): every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
     lend_after_ms: int = Field(250, ge=0, le=60_000)
     """A role's cores are lent only once it has waited this long: the short gaps between two model

@@ -45,7 +45,7 @@ class TurnBatcher:
     before_batch: Callable[[], None] | None = None
     idle: Callable[[], None] | None = None
     """Runs (in the event loop thread) when a generation call returns and no request waits: the
-    rollout worker announces there that its cores may be lent (:mod:`asyncrl.control.lending`)."""
+    rollout worker announces there that its cores may be lent (:mod:`asyncrl.lending`)."""
     _pending: list[_Request] = field(default_factory=list)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None

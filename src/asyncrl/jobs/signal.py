@@ -195,8 +195,8 @@ def tasks_by_bucket(cfg: RunConfig, per_bucket: int) -> dict[str, list[Task]]:
 def check_signal(cfg: RunConfig, *, tasks: int, progress: bool = False, name: str = "") -> SignalReport:
     """The report of the module docstring for ``cfg`` (``tasks`` held-out tasks per bucket)."""
     from asyncrl.bootstrap import pinned_threads, torch_threads
+    from asyncrl.jobs.warm_start import warm_start
     from asyncrl.policy import Policy
-    from asyncrl.trainer.sft import warm_start
 
     c = cfg.orchestrator.signal
     report = SignalReport(name or cfg.name, cfg.rollout.group_size, tasks, (c.band_low, c.band_high))

@@ -85,7 +85,7 @@ def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dic
 
 
 def _lending(orch: Orchestrator) -> dict[str, Any]:
-    """Core lending over the run (:mod:`asyncrl.control.lending`): thread-seconds each role borrowed
+    """Core lending over the run (:mod:`asyncrl.lending`): thread-seconds each role borrowed
     from a waiting one (the ``cores`` section of the roles' latest reports)."""
     reports: dict[str, WorkerReport | TrainerReport] = {**orch.live.workers}
     if orch.live.trainer is not None:

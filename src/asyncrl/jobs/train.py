@@ -220,9 +220,9 @@ def _preflight(cfg: RunConfig) -> ModelPlan | None:
 
 def _prepare(cfg: RunConfig, run_dir: Path, display: bool, eval_limit: int | None) -> dict[str, Any]:
     """Warm start, ``initial_policy``, version 0 published, the initial evaluation (``initial_eval.json``)."""
+    from asyncrl.jobs.warm_start import warm_start
     from asyncrl.policy import Policy
     from asyncrl.rollout.heldout import evaluate_policy
-    from asyncrl.trainer.sft import warm_start
     from asyncrl.weights import make_weight_store, publish_policy
 
     set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start

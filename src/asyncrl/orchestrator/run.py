@@ -35,6 +35,7 @@ from asyncrl.config import RunConfig, dump_yaml
 from asyncrl.control import RunState
 from asyncrl.errors import UserError
 from asyncrl.launch import make_launcher
+from asyncrl.lending import lending_plan, open_board
 from asyncrl.orchestrator.alerts import Alert
 from asyncrl.orchestrator.breaker import fault_line, fault_summary
 from asyncrl.orchestrator.elastic import FlowSample
@@ -345,8 +346,6 @@ class Orchestrator:
 
     # -- main ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        from asyncrl.control.lending import lending_plan, open_board
-
         (self.run_dir / "config.yaml").write_text(dump_yaml(self.cfg))
         self.state.begin(self.resume)
         open_board(self.run_dir, lending_plan(self.cfg))  # core lending: the roles read the plan

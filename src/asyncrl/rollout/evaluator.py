@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from asyncrl.config import RunConfig
+from asyncrl.lending import ThreadLender
 from asyncrl.telemetry.jsonl import MetricWriter, read_jsonl
 from asyncrl.telemetry.reports import EvalFigures, EvaluatorReport
 
@@ -44,7 +45,6 @@ class Evaluator:
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
         self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
         from asyncrl.bootstrap import torch_threads
-        from asyncrl.control.lending import ThreadLender
 
         # core lending: the evaluator holds its core while it evaluates and never borrows (it yields)
         self.lender = ThreadLender.join(run_dir, ROLE, torch_threads(cfg, "evaluator"), borrow=False)

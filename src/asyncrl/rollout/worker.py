@@ -33,6 +33,7 @@ from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.directives import group_report
 from asyncrl.envs.wrappers import GUARD_STATS
+from asyncrl.lending import ThreadLender
 from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_id
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
@@ -45,7 +46,6 @@ from asyncrl.telemetry.reports import (
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
-    from asyncrl.control.lending import ThreadLender
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.rollout.canary import WeightCanary
@@ -485,10 +485,9 @@ class RolloutWorker:
 
 
 def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:
-    """The worker's side of core lending (:mod:`asyncrl.control.lending`), polled before each decoder
+    """The worker's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
     layer of the engine's model (every decode step)."""
     from asyncrl.bootstrap import torch_threads
-    from asyncrl.control.lending import ThreadLender
 
     lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
     if lender is not None:

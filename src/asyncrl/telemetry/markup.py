@@ -1,7 +1,7 @@
 """HTML from Jinja2 templates: one environment per package that ships a ``templates/`` folder.
 
 Autoescaped (run data is text, never markup) and strict (a misspelt variable is an error, not an
-empty string). Used by the run report (``asyncrl.telemetry``) and the credit view (``asyncrl.credit``).
+empty string). Used by the run report (``asyncrl.telemetry``) and the credit view (``asyncrl.jobs``).
 """
 
 from __future__ import annotations

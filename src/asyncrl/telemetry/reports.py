@@ -236,7 +236,7 @@ class GatewayFigures(Figures):
 
 
 class CoreFigures(Figures):
-    """Core lending (:mod:`asyncrl.control.lending`): thread-seconds this role ran above its pinned
+    """Core lending (:mod:`asyncrl.lending`): thread-seconds this role ran above its pinned
     threads on cores a waiting role lent it, and its thread count at the row."""
 
     NS = "cores"

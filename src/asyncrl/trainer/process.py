@@ -35,6 +35,7 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState
+from asyncrl.lending import ThreadLender
 from asyncrl.records import Group, Trajectory, members
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import LifecycleFigures, TrainerFigures, TrainerReport
@@ -45,7 +46,6 @@ from asyncrl.trainer.intake import Intake
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
-    from asyncrl.control.lending import ThreadLender
     from asyncrl.policy import Policy
     from asyncrl.trainer.checkpoint import TrainerState
     from asyncrl.trainer.distributed import RankGroup
@@ -337,10 +337,9 @@ class TrainerRole:
 
 
 def _lender(cfg: RunConfig, run_dir: Path, model: torch.nn.Module) -> ThreadLender | None:
-    """The trainer's side of core lending (:mod:`asyncrl.control.lending`), polled before each decoder
+    """The trainer's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
     layer of the policy."""
     from asyncrl.bootstrap import torch_threads
-    from asyncrl.control.lending import ThreadLender
 
     lender = ThreadLender.join(run_dir, "trainer", torch_threads(cfg, "trainer"))
     if lender is not None:

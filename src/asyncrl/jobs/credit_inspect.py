@@ -173,7 +173,7 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     """
 
     run = Path(run_dir)
-    template = templates("asyncrl.credit").get_template("credit_fragment.html.j2")
+    template = templates("asyncrl.jobs").get_template("credit_fragment.html.j2")
     if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
         return template.render(samples=None)
     files, picked = _latest(run, n)
