@@ -105,7 +105,7 @@ def test_a_token_budget_matches_flat_generated_tokens_and_sizes_the_group() -> N
     leaves, _ = grow(TreeConfig(enabled=True, roots=2, budget="tokens"), run, group_size=4, max_leaves=8)
     generated = sum(t.num_model_tokens() for t in leaves)
     assert generated >= 4 * 4 and len(leaves) > 4  # branches are cheaper than fresh episodes
-    assert len(leaves) <= 8 and all(t.group_size == len(leaves) for t in leaves)
+    assert len(leaves) <= 8  # the group carries its members whatever their number: nothing to stamp on them
 
 
 def test_a_tree_of_real_episodes_replays_exactly_and_gets_tree_credit() -> None:
@@ -137,7 +137,7 @@ def test_a_tree_of_real_episodes_replays_exactly_and_gets_tree_credit() -> None:
     assert any(t.turns[1].shared for t in leaves)
     cfg = load_config(None, ["credit.strategy=tree", "credit.process_weight=0"])
     a = CreditAssigner.__new__(CreditAssigner)
-    a.cfg, a.value, a.last_samples, a._old_values = cfg.credit, None, [], None
+    a.cfg, a.value, a.last_groups, a._old_values = cfg.credit, None, [], None
     T = max(len(t.token_ids()) for t in leaves)
     ids = torch.zeros(len(leaves), T, dtype=torch.long)
     mask = torch.zeros(len(leaves), T)
@@ -166,6 +166,6 @@ def test_branch_points_are_the_nodes_tree_credit_finds() -> None:
     index = TreeIndex()
     for t in leaves:
         spans = [(s, s, e, 0.0) for s, e in t.segments()]
-        path = index.add(t, spans)
+        path = index.add(0, t, spans)
         points = branch_points(t)
         assert [index.ids[p.key] for p in points] == path[: len(points)]
