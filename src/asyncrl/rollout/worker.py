@@ -31,10 +31,11 @@ import msgspec
 
 from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
+from asyncrl.control.admission import Admission, Ticket
 from asyncrl.control.directives import group_report
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.lending import ThreadLender
-from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.records import Group, Task, Trajectory, TreeStats
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
     GatewayFigures,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.rollout.canary import WeightCanary
+    from asyncrl.rollout.runners import GroupRunner
     from asyncrl.weights.base import LoadedWeights, WeightStore
 
 log = logging.getLogger("asyncrl.rollout")
@@ -217,8 +219,8 @@ class RolloutWorker:
         self.lender = _lender(cfg, run_dir, self.name, self.policy.model)
         self.agent: Any = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
-        self.load = 0
-        """In-flight episode steps: model turns the running episodes may still take."""
+        self.admission = Admission(self.state, self.name, cfg.rollout.group_size, cfg.env.max_turns)
+        """Rule 1 and the in-flight load (model turns the running episodes may still take), one ticket a group."""
         self.counts = RolloutFigures()
         """The worker's counters (cumulative for this process), reported every ``telemetry.log_every_s``."""
         self._refresh(force=True)
@@ -230,109 +232,40 @@ class RolloutWorker:
     def _newest_valid(self) -> int:
         return self.weights.newest_valid()
 
-    # -- admission -------------------------------------------------------------------------------
-    def _may_start_group(self) -> bool:
-        """Rule 1, counted against the version this worker's engine holds."""
-        return self.state.admit(self.name, self.cfg.rollout.group_size, int(self.engine.version))
+    # -- groups ----------------------------------------------------------------------------------
+    async def _run_group(self, runner: GroupRunner, ticket: Ticket, task: Task, heldout: bool) -> None:
+        """Run one group, report it, deliver it whole (held-out probes: measured, never trained)."""
+        with ticket:  # raised or cancelled: the ticket returns what it holds
+            group = await runner.run(ticket, task, heldout)
+            if group.tree is not None:
+                self._count_tree(group.tree)
+            if not group.members:
+                ticket.release()
+                return
+            self._report_group(group)
+            if heldout:
+                ticket.release()
+                self.counts.heldout_episodes += len(group)
+                return
+            t0 = time.perf_counter()
+            ok = False
+            while not ok and not self.state.stopping():  # the whole group in one durable write
+                ok = await asyncio.to_thread(self.queue.put, group, 1.0)
+            if not ok:
+                return  # stopping: the ticket returns the admissions
+            ticket.deliver(group)
+            for traj in group.members:
+                self._count(traj)
+            self.counts.put_seconds += time.perf_counter() - t0
+            self.counts.groups += 1
 
-    # -- episodes --------------------------------------------------------------------------------
-    def _turn_done(self) -> None:
-        self.load -= 1
-
-    async def _env_episode(
-        self, batcher: TurnBatcher, task: Task, group_id: str, prefix: list[list[int]] | None = None
-    ) -> list[Trajectory]:
-        """One environment episode's samples (one, or one per model turn with ``multi_turn: per_turn``),
-        replaying ``prefix``'s model turns first (tree branches)."""
-        from asyncrl.envs import make_env
-        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
-
-        rc, max_turns = self.cfg.rollout, self.cfg.env.max_turns
-        base = SamplingParams(
-            temperature=rc.sampling.temperature,
-            top_p=rc.sampling.top_p,
-            max_new_tokens=rc.sampling.max_new_tokens,
-        )
-        env = make_env(self.cfg.env, self.rng.randrange(2**31))
-        settings = EpisodeSettings(
-            max_turns,
-            self.max_context,
-            jittered(base, self.control.temperature_jitter(), self.rng),
-            self.name,
-            early_stop_invalid=self.cfg.orchestrator.exploration.early_stop_invalid,
-            on_turn=self._turn_done,
-        )
-        samples: list[Trajectory] = []
-        try:
-            samples = await run_episode(task, env, batcher, self.renderer, settings, group_id, prefix)
-            return samples
-        finally:
-            self.load -= max_turns - sum(1 for tr in samples for t in tr.turns if t.role == "model")
-            close = getattr(env, "close", None)
-            if close is not None:
-                await close()
-
-    async def _tree_group(self, batcher: TurnBatcher, task: Task, group_id: str) -> Group:
-        """A tree group (``rollout.tree``): its leaves; replayed turns and branch points counted."""
-        from asyncrl.rollout.tree import grow_tree
-
-        rc = self.cfg.rollout
-
-        async def leaf(prefix: list[Turn]) -> Trajectory:
-            # one sample per episode: the preflight refuses rollout.tree with multi_turn per_turn
-            (traj,) = await self._env_episode(batcher, task, group_id, [t.token_ids for t in prefix])
-            return traj
-
-        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
-        self.load -= (len(trajs) - rc.group_size) * self.cfg.env.max_turns  # admitted for group_size
+    def _count_tree(self, stats: TreeStats) -> None:
         c = self.counts
         c.tree_roots += stats.roots
         c.tree_branch_points += stats.branch_points
         c.tree_replayed_turns += stats.replayed_turns
         c.tree_replay_diverged += stats.replay_diverged
         c.tree_rounds += stats.rounds
-        return Group.of(task, trajs, id=group_id, tree=stats)
-
-    async def _run_group(self, batcher: TurnBatcher, task: Task, heldout: bool = False) -> None:
-        rc = self.cfg.rollout
-        group_id = new_id()
-        max_turns = self.cfg.env.max_turns
-
-        async def one(k: int) -> list[Trajectory]:
-            if self.agent is not None:  # env.kind: agent — the user's program, through the gateway
-                try:
-                    out: list[Trajectory] = await self.agent.episode(task, group_id)
-                    return out
-                finally:
-                    self.load -= max_turns
-            return await self._env_episode(batcher, task, group_id)
-
-        if rc.tree.enabled and not heldout:  # held-out probes measure the policy: flat
-            group = await self._tree_group(batcher, task, group_id)
-            empty = 0
-        else:
-            episodes = await asyncio.gather(*(one(k) for k in range(rc.group_size)))
-            group = Group.of(task, [t for ts in episodes for t in ts], id=group_id, heldout=heldout)
-            empty = sum(1 for ts in episodes if not ts)
-        if len(group) != rc.group_size:  # per-turn / per-call samples, stale agent sessions dropped, trees
-            self.state.release(self.name, empty)  # back to the budget
-            self.state.add_inflight(self.name, len(group) - (rc.group_size - empty))
-        if not group.members:
-            return
-        self._report_group(group)
-        if heldout:  # a held-out probe: measured, never trained; its admissions go back to the budget
-            self.state.release(self.name, len(group))
-            self.counts.heldout_episodes += len(group)
-            return
-        t0 = time.perf_counter()
-        ok = False
-        while not ok and not self.state.stopping():  # the whole group in one durable write
-            ok = await asyncio.to_thread(self.queue.put, group, 1.0)
-        self.state.delivered(self.name, len(group))
-        for traj in group.members:
-            self._count(traj)
-        self.counts.put_seconds += time.perf_counter() - t0
-        self.counts.groups += 1
 
     def _count(self, traj: Trajectory) -> None:
         """A delivered trajectory in the worker's counters."""
@@ -365,19 +298,15 @@ class RolloutWorker:
         """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
         return self.control.next_task(self.rng)
 
-    async def run(self) -> None:
-        from asyncrl.engine.batcher import TurnBatcher
+    async def _runner(self, batcher: TurnBatcher) -> GroupRunner:
+        """The group runner: environment episodes, or the user's program through the gateway."""
+        from asyncrl.rollout.runners import AgentPlayer, EpisodePlayer, Player, make_runner
 
-        inflight = self.staleness.inflight_updates
-        batcher = TurnBatcher.of(
-            self.engine,
-            self.cfg.rollout.engine,
-            self._refresh if inflight else None,
-            self.lender.waiting if self.lender is not None else None,
-        )
+        play: Player
         if self.cfg.env.kind == "agent":
             from asyncrl.gateway.agent import AgentRunner
 
+            refresh = self._refresh if self.staleness.inflight_updates else None
             self.agent = await AgentRunner.start(
                 self.cfg,
                 batcher,
@@ -388,39 +317,59 @@ class RolloutWorker:
                 policy=self.staleness,
                 newest_version=self._newest_valid,
                 max_staleness=self.state.effective_max_staleness,
-                refresh=self._refresh if inflight else None,
+                refresh=refresh,
             )
+            play = AgentPlayer(self.agent)
+        else:
+            jitter = self.control.temperature_jitter
+            play = EpisodePlayer(
+                self.cfg, batcher, self.renderer, self.max_context, self.name, self.rng, jitter
+            )
+        return make_runner(self.cfg, play)
+
+    async def _admit(self, batcher: TurnBatcher, busy: bool) -> Ticket | None:
+        """Rule 2, then rule 1: load newer weights whenever allowed (``sync`` / ``one_step_off``: only with
+        no group running, ``busy``), so that the budget counts the next group against the version it will
+        use; a ticket when the worker is not too stale and the budget admits a group."""
+        bound = self.state.effective_max_staleness()
+        newest = self._newest_valid()
+        if newest > self.engine.version and (self.staleness.inflight_updates or not busy):
+            async with batcher.lock:  # never while a batch is being generated
+                self._refresh()
+            newest = self._newest_valid()  # the load may have set a corrupt version aside
+        if self.staleness.must_refresh(self.engine.version, newest, bound):
+            return None
+        return self.admission.admit(int(self.engine.version))
+
+    async def run(self) -> None:
+        """The worker loop: refresh → admit → run → deliver, up to ``rollout.concurrent_episodes``."""
+        from asyncrl.engine.batcher import TurnBatcher
+
+        batcher = TurnBatcher.of(
+            self.engine,
+            self.cfg.rollout.engine,
+            self._refresh if self.staleness.inflight_updates else None,
+            self.lender.waiting if self.lender is not None else None,
+        )
+        runner = await self._runner(batcher)
         running: set[asyncio.Task[None]] = set()
         G = self.cfg.rollout.group_size
         cap = max(self.cfg.rollout.concurrent_episodes, G)
         last_report = time.time()
         while not self.state.stopping():
             started = False
-            self.control.publish_load(self.load)
+            load = self.admission.load
+            self.control.publish_load(load)
             if self.control.retiring() and not running:
                 break  # elastic scale-down: every admitted group delivered
-            if (
-                len(running) * G + G <= cap
-                and not self.control.retiring()
-                and self.control.may_take(self.load)
-            ):
-                bound = self.state.effective_max_staleness()
-                newest = self._newest_valid()
-                # rule 2: load newer weights whenever allowed (sync / one_step_off: running episodes keep
-                # their version), so that rule 1 counts the next group against the version it will use
-                if newest > self.engine.version and (inflight or not running):
-                    async with batcher.lock:  # never while a batch is being generated
-                        self._refresh()
-                    newest = self._newest_valid()  # the load may have set a corrupt version aside
-                if not self.staleness.must_refresh(self.engine.version, newest, bound) and (
-                    self._may_start_group()
-                ):
-                    self.load += G * self.cfg.env.max_turns
-                    self.control.publish_load(self.load, force=True)
-                    running.add(asyncio.create_task(self._run_group(batcher, *self._next_task())))
+            if len(running) * G + G <= cap and not self.control.retiring() and self.control.may_take(load):
+                ticket = await self._admit(batcher, bool(running))
+                if ticket is not None:
+                    self.control.publish_load(self.admission.load, force=True)
+                    task, heldout = self._next_task()
+                    running.add(asyncio.create_task(self._run_group(runner, ticket, task, heldout)))
                     started = True
-            done = {t for t in running if t.done()}
-            for t in done:
+            for t in [t for t in running if t.done()]:
                 running.discard(t)
                 t.result()  # an unexpected error propagates to the supervisor (restart)
             if time.time() - last_report > self.cfg.telemetry.log_every_s:
@@ -475,7 +424,7 @@ class RolloutWorker:
             prefill_tokens_reused=float(getattr(e, "prefill_tokens_reused", 0)),
             prefill_tokens_shared=float(getattr(e, "prefill_tokens_shared", 0)),
             prefill_seconds=float(getattr(e, "prefill_seconds", 0.0)),
-            load_steps=float(self.load),
+            load_steps=float(self.admission.load),
         )
 
     def _gateway_figures(self) -> GatewayFigures:

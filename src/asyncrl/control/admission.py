@@ -1,0 +1,88 @@
+"""A rollout worker's admissions: one :class:`Ticket` per admitted group owns both what the group holds
+of the staleness budget (rule 1, :meth:`RunState.admit`) and what it adds to the worker's in-flight load
+(model turns its episodes may still take — what load balancing compares).
+
+A ticket is admitted for ``group_size`` episodes of ``max_turns`` turns each. While the group runs its
+episodes report each model turn (:meth:`Ticket.turn_done`) and their end (:meth:`Ticket.episode_done`:
+the turns they did not take go back to the load). When the group is finished, :meth:`Ticket.deliver`
+settles it — the budget learns how many samples the group really holds (per-turn samples, dropped agent
+sessions, a tree's extra leaves), the samples count as delivered, and whatever the ticket still holds of
+the load goes back — or :meth:`Ticket.release` returns everything (a held-out probe, an empty group). As
+a context manager the ticket returns whatever it still holds when the group's code raises or is
+cancelled, so a crash inside a group leaks neither budget nor load.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from asyncrl.control.run_state import RunState
+from asyncrl.records import Group
+
+
+class Admission:
+    """A worker's side of rule 1 and its in-flight load, handed out as :class:`Ticket`\\ s."""
+
+    def __init__(self, state: RunState, worker: str, group_size: int, max_turns: int) -> None:
+        self.state, self.worker = state, worker
+        self.group_size, self.max_turns = group_size, max_turns
+        self.load = 0
+        """Model turns the admitted groups' episodes may still take."""
+
+    def admit(self, worker_version: int) -> Ticket | None:
+        """A ticket for one group if the staleness budget admits it (counted against the version the
+        worker's engine holds), else ``None``."""
+        if not self.state.admit(self.worker, self.group_size, worker_version):
+            return None
+        return Ticket(self)
+
+
+class Ticket:
+    """One admitted group's claim on the budget and the load (module docstring)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.reserved = admission.group_size * admission.max_turns
+        """Turns of the load this ticket still holds."""
+        self.open = True
+        admission.load += self.reserved
+
+    def turn_done(self) -> None:
+        """A model turn of one of the group's episodes is done."""
+        self.admission.load -= 1
+        self.reserved -= 1
+
+    def episode_done(self, turns_taken: int) -> None:
+        """An episode ended after ``turns_taken`` model turns: the rest of its turns leave the load."""
+        rest = self.admission.max_turns - turns_taken
+        self.admission.load -= rest
+        self.reserved -= rest
+
+    def _close(self) -> None:
+        self.admission.load -= self.reserved  # a tree's extra leaves took more than admitted: back up
+        self.reserved, self.open = 0, False
+
+    def deliver(self, group: Group) -> None:
+        """``group`` is in the queue: the budget counts its samples (admitted as ``group_size``, then
+        fewer or more), and they are delivered."""
+        a = self.admission
+        state, worker = a.state, a.worker
+        empty = max(0, a.group_size - group.episodes)  # episodes that produced nothing: back to the budget
+        state.release(worker, empty)
+        state.add_inflight(worker, len(group) - (a.group_size - empty))
+        state.delivered(worker, len(group))
+        self._close()
+
+    def release(self) -> None:
+        """The group never reaches the trainer (a held-out probe, nothing produced): its admissions go back."""
+        self.admission.state.release(self.admission.worker, self.admission.group_size)
+        self._close()
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.open:  # raised or cancelled before it was settled: return what it holds
+            self.release()

@@ -1,0 +1,148 @@
+"""Group runners: one protocol, ``run(ticket, task) -> Group``, for every shape a group takes.
+
+* :class:`FlatRunner` — ``group_size`` independent episodes of the task (one sample each, or one per
+  model turn with ``model.multi_turn: per_turn``); an :class:`EpisodePlayer` plays environment episodes,
+  :class:`AgentPlayer` the user's program through the gateway (``env.kind: agent``: one sample per
+  session, or one per call).
+* :class:`TreeRunner` — a tree group (``rollout.tree``, :mod:`asyncrl.rollout.tree`); held-out probes
+  measure the policy, so they run flat.
+
+A runner reports each model turn and each episode's end to the group's
+:class:`~asyncrl.control.admission.Ticket` (the worker's in-flight load) and returns the whole group;
+the worker settles the ticket and delivers the group (:mod:`asyncrl.rollout.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from asyncrl.config import RunConfig
+from asyncrl.control.admission import Ticket
+from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_id
+
+if TYPE_CHECKING:
+    from asyncrl.engine.batcher import TurnBatcher
+    from asyncrl.policy.renderer import Renderer
+
+
+class Player(Protocol):
+    """Plays one episode of ``task`` in group ``group_id``; returns its samples (none: it produced nothing)."""
+
+    async def __call__(
+        self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    ) -> list[Trajectory]: ...
+
+
+class GroupRunner(Protocol):
+    async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group: ...
+
+
+class EpisodePlayer:
+    """Environment episodes (:func:`asyncrl.rollout.episode.run_episode`), replaying ``prefix``'s model
+    turns first (tree branches)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        batcher: TurnBatcher,
+        renderer: Renderer,
+        max_context: int,
+        worker: str,
+        rng: random.Random,
+        jitter: Callable[[], float],
+    ) -> None:
+        self.cfg, self.batcher, self.renderer = cfg, batcher, renderer
+        self.max_context, self.worker, self.rng, self.jitter = max_context, worker, rng, jitter
+
+    async def __call__(
+        self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    ) -> list[Trajectory]:
+        from asyncrl.envs import make_env
+        from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
+
+        rc = self.cfg.rollout
+        base = SamplingParams(
+            temperature=rc.sampling.temperature,
+            top_p=rc.sampling.top_p,
+            max_new_tokens=rc.sampling.max_new_tokens,
+        )
+        env = make_env(self.cfg.env, self.rng.randrange(2**31))
+        settings = EpisodeSettings(
+            self.cfg.env.max_turns,
+            self.max_context,
+            jittered(base, self.jitter(), self.rng),
+            self.worker,
+            early_stop_invalid=self.cfg.orchestrator.exploration.early_stop_invalid,
+            on_turn=ticket.turn_done,
+        )
+        samples: list[Trajectory] = []
+        try:
+            samples = await run_episode(task, env, self.batcher, self.renderer, settings, group_id, prefix)
+            return samples
+        finally:
+            ticket.episode_done(sum(1 for tr in samples for t in tr.turns if t.role == "model"))
+            close = getattr(env, "close", None)
+            if close is not None:
+                await close()
+
+
+class AgentPlayer:
+    """The user's program through the gateway (``env.kind: agent``, :class:`~asyncrl.gateway.agent.AgentRunner`)."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    async def __call__(
+        self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    ) -> list[Trajectory]:
+        try:
+            out: list[Trajectory] = await self.agent.episode(task, group_id)
+            return out
+        finally:
+            ticket.episode_done(0)  # the gateway does not report turns: the episode's turns leave at its end
+
+
+class FlatRunner:
+    """``group_size`` independent episodes, played concurrently."""
+
+    def __init__(self, play: Player, group_size: int) -> None:
+        self.play, self.group_size = play, group_size
+
+    async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
+        gid = new_id()
+        episodes = await asyncio.gather(*(self.play(ticket, task, gid) for _ in range(self.group_size)))
+        return Group.of(task, [t for ts in episodes for t in ts], id=gid, heldout=heldout)
+
+
+class TreeRunner:
+    """A tree group (``rollout.tree``): its leaves, grown by branching finished episodes; flat for
+    held-out probes."""
+
+    def __init__(self, cfg: RunConfig, play: Player) -> None:
+        self.cfg, self.play = cfg, play
+        self.flat = FlatRunner(play, cfg.rollout.group_size)
+
+    async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
+        from asyncrl.rollout.tree import grow_tree
+
+        if heldout:
+            return await self.flat.run(ticket, task, heldout)
+        rc, gid = self.cfg.rollout, new_id()
+
+        async def leaf(prefix: list[Turn]) -> Trajectory:
+            # one sample per episode: the preflight refuses rollout.tree with multi_turn per_turn
+            (traj,) = await self.play(ticket, task, gid, [t.token_ids for t in prefix])
+            return traj
+
+        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
+        return Group.of(task, trajs, id=gid, tree=stats)
+
+
+def make_runner(cfg: RunConfig, play: Player) -> GroupRunner:
+    """The runner of ``cfg``'s groups, playing episodes with ``play``."""
+    if cfg.rollout.tree.enabled:
+        return TreeRunner(cfg, play)
+    return FlatRunner(play, cfg.rollout.group_size)
