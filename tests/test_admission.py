@@ -123,7 +123,9 @@ def test_a_tree_runner_grows_a_tree_and_runs_held_out_probes_flat(admission: Adm
     ticket = admission.admit(0)
     assert ticket is not None
     group = asyncio.run(TreeRunner(cfg, player).run(ticket, TASK))
-    assert isinstance(group.tree, TreeStats) and group.tree.roots >= 2 and len(group) == G  # no turn to branch at
+    assert (
+        isinstance(group.tree, TreeStats) and group.tree.roots >= 2 and len(group) == G
+    )  # no turn to branch at
     probe = admission.admit(0)
     assert probe is not None
     flat = asyncio.run(TreeRunner(cfg, player).run(probe, TASK, heldout=True))
