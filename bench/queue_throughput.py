@@ -34,12 +34,13 @@ BATCH = 256
 
 
 def make_trajectory(traj_id: str, target_bytes: int) -> Any:
-    """A realistic multi-turn trajectory of about ``target_bytes`` encoded bytes."""
-    from asyncrl.records import encode
+    """A queue entry: a group of one realistic multi-turn trajectory, about ``target_bytes`` encoded bytes."""
+    from asyncrl.records import Group, encode
 
     first = _trajectory(traj_id, 400)
     per_turn = max(8, int(400 * target_bytes / len(encode(first))))  # size grows linearly with tokens
-    return _trajectory(traj_id, per_turn)
+    traj = _trajectory(traj_id, per_turn)
+    return Group.of(traj.task, [traj], id=traj_id)
 
 
 def _trajectory(traj_id: str, per_turn: int) -> Any:
@@ -94,7 +95,7 @@ def _producer(
     n, put_s = 0, 0.0
     cpu0 = time.process_time()
     while time.time() < stop_at:
-        template.id = uuid.uuid4().hex
+        template.id = template.members[0].id = template.members[0].group_id = uuid.uuid4().hex
         t0 = time.perf_counter()
         if q.put(template, timeout=1.0):
             n += 1
