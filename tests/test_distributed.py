@@ -94,11 +94,11 @@ def _full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, steps: int) -> None:
     from torch.distributed.tensor import DTensor
 
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import RankGroup
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
-    group = Group.join(cfg, rank, "127.0.0.1", port)
+    group = RankGroup.join(cfg, rank, "127.0.0.1", port)
     policy = _policy(cfg, model_dir)
     learner, metrics = _train(cfg, policy, group, steps)
     whole = learner.parallel.gather()  # sharded: rank 0's full state (collective)
@@ -230,11 +230,11 @@ def _contribution_rank(rank: int, port: int, cfg_json: str, out: str) -> None:
     """Two steps under DDP, recording this rank's gradient buckets before and after DDP's all-reduce
     (the SUM comm hook wrapped); the second step with every micro-batch given to rank 0."""
     import asyncrl.trainer.parallel as par
-    from asyncrl.trainer.distributed import Group
+    from asyncrl.trainer.distributed import RankGroup
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
-    group = Group.join(cfg, rank, "127.0.0.1", port)
+    group = RankGroup.join(cfg, rank, "127.0.0.1", port)
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (local, summed) of every bucket
     real = par._sum
 
@@ -288,7 +288,7 @@ def test_rank_1_contributes_its_share_of_the_replicated_gradient(tmp_path: Path)
 
 
 # ---- the learner asks the parallelism object -------------------------------------------------------
-_BRANCH_NAMES = {"Group", "Sharded", "Replicated", "ShardedPolicy", "DTensor", "dist"}
+_BRANCH_NAMES = {"RankGroup", "Sharded", "Replicated", "ShardedPolicy", "DTensor", "dist"}
 _BRANCH_ATTRS = {"group", "sharded", "world", "rank", "leader", "ddp"}
 _BRANCH_MODULES = ("asyncrl.trainer.distributed", "asyncrl.trainer.fsdp", "torch.distributed")
 
@@ -361,12 +361,12 @@ def _resume_rank(rank: int, port: int, cfg_json: str, ckpt: str, out: str) -> No
         save_checkpoint,
         write_optimizer_shards,
     )
-    from asyncrl.trainer.distributed import Checkpoint, Group
+    from asyncrl.trainer.distributed import Checkpoint, RankGroup
     from asyncrl.trainer.parallel import make_parallel
 
     torch.set_num_threads(1)
     cfg = RunConfig.model_validate_json(cfg_json)
-    group = Group.join(cfg, rank, "127.0.0.1", port)
+    group = RankGroup.join(cfg, rank, "127.0.0.1", port)
     learner = _learner(cfg)
     ts = load_checkpoint(Path(ckpt), learner.policy, learner.optimizer, learner.scheduler)
     learner.parallelize(make_parallel(cfg, group))  # as load_learner does: load whole, then parallelize
