@@ -278,6 +278,14 @@ class ProcJob(Job):
     def resume(self) -> None:
         self.procs.append(self._train("--resume", str(self.run_dir)))
 
+    def resumed(self) -> bool:
+        """The ``--resume`` process has recorded itself as the run's orchestrator (``run.json``); it
+        reaps the orphans next. Fails at once if that process has already exited."""
+        proc = self.procs[-1]
+        assert proc.poll() is None, (self.run_dir.parent.parent / "job.log").read_text()[-3000:]
+        record = json.loads((self.run_dir / "run.json").read_text())  # replaced whole: never half
+        return bool(record.get("orchestrator", {}).get("pid") == proc.pid)
+
     def finish(self) -> dict[str, Any]:
         assert self.procs[-1].wait(600) == 0, (self.run_dir.parent.parent / "job.log").read_text()[-3000:]
         return dict(json.loads((self.run_dir / "summary.json").read_text()))
@@ -303,11 +311,25 @@ def test_kill9_orchestrator(tmp_path: Path, cache_dir: Path) -> None:
         wait_for(lambda: job.state.snapshot() is not None, 600, "an orchestrator snapshot")
         fault_at, _, _ = inject_after_progress(job)
         old_trainer = job.pids()["trainer"]
-        job.procs[0].send_signal(signal.SIGKILL)  # the orchestrator only
-        job.procs[0].wait(30)
-        job.resume()
+        # The orphaned trainer is held (SIGSTOP) while the `--resume` process starts: its imports take
+        # ~6 s on two cores, longer than the ~12 steps left take the trainer alone (0.3-0.5 s each), so
+        # unheld it would finish the run first and the resume would rightly start no role at all. It
+        # runs on (SIGCONT) once the resumed orchestrator has recorded itself, just before it reaps.
+        os.kill(old_trainer, signal.SIGSTOP)
+        try:
+            job.procs[0].send_signal(signal.SIGKILL)  # the orchestrator only
+            job.procs[0].wait(30)
+            job.resume()
+            wait_for(job.resumed, 300, "the resumed orchestrator")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old_trainer, signal.SIGCONT)
         # the resumed orchestrator reaps the orphans and starts its own roles
-        wait_for(lambda: job.pids().get("trainer") not in (None, old_trainer), 300, "a new trainer")
+        wait_for(
+            lambda: job.resumed() and job.pids().get("trainer") not in (None, old_trainer),
+            300,
+            "a new trainer",
+        )
         recover = job.recovery_seconds(fault_at, job.state.tallies().versions_published, job.put_total() or 0)
         s = job.finish()
         assert job.state.tallies().resumes >= 1  # the trainer restarted from its checkpoint
