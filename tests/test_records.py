@@ -13,6 +13,7 @@ from asyncrl.records import (
     OUTCOMES,
     SCHEMA_VERSION,
     Fault,
+    Group,
     Lifecycle,
     RecordDecodeError,
     RecordEncodeError,
@@ -20,8 +21,12 @@ from asyncrl.records import (
     ToolCall,
     Trajectory,
     Turn,
+    decode_group,
     decode_trajectory,
     encode,
+    group_key,
+    groups_of,
+    members,
 )
 
 token_lists = st.lists(st.integers(0, 50_000), min_size=1, max_size=20)
@@ -208,3 +213,64 @@ def test_state_keys_name_a_token_prefix_within_a_group() -> None:
     assert a.state_keys([2, 4]) == [a.state_keys([2])[0], a.state_keys([4])[0]]  # incremental = one shot
     assert a.state_keys([2])[0] == b.state_keys([2])[0] and a.state_keys([3]) != b.state_keys([3])
     assert traj("h", [1, 2, 3, 4]).state_keys([2]) != a.state_keys([2])  # another group, another tree
+
+
+# ---- the group: the unit on the queue ----------------------------------------------------------------
+def _members(n: int, episode: str = "") -> list[Trajectory]:
+    return [
+        Trajectory(
+            id=f"m{k}",
+            task=Task(id="t", task_type="calc"),
+            turns=[
+                Turn(role="env", token_ids=[1]),
+                Turn(role="model", token_ids=[2], logprobs=[-0.1], version=0),
+            ],
+            episode_id=episode,
+        )
+        for k in range(n)
+    ]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(trajectories(), min_size=1, max_size=4))
+def test_a_group_round_trips_whole(members: list[Trajectory]) -> None:
+    group = Group.of(members[0].task, members, id="g")
+    back = decode_group(encode(group))
+    assert back == group and [t.id for t in back.members] == [t.id for t in members]
+    assert all(t.group_id == "g" for t in back.members)
+
+
+def test_a_group_counts_its_episodes_and_names_one_sample_of_each() -> None:
+    per_turn, whole = _members(3, episode="e"), _members(2)  # one episode of three samples; two of one
+    for k, t in enumerate(whole):
+        t.id = f"w{k}"
+    group = Group.of(per_turn[0].task, [*per_turn, *whole], id="g")
+    assert len(group) == 5 and group.episodes == 3
+    assert [t.id for t in group.episode_heads()] == ["m0", "w0", "w1"]
+
+
+def test_a_malformed_group_is_refused_with_its_reason() -> None:
+    group = Group.of(Task(id="t", task_type="calc"), _members(2), id="g")
+    stranger = msgspec.structs.replace(group, members=[*group.members, *_members(1)])
+    stranger.members[-1].group_id = "other"
+    with pytest.raises(RecordDecodeError, match="carries group id 'other'"):
+        decode_group(encode(stranger))
+    with pytest.raises(RecordDecodeError, match="has no members"):
+        decode_group(encode(msgspec.structs.replace(group, members=[])))
+    old = msgspec.structs.replace(group, schema_version=SCHEMA_VERSION - 1)
+    with pytest.raises(RecordDecodeError, match=f"group .g. has schema_version {SCHEMA_VERSION - 1}"):
+        decode_group(encode(old))
+    broken = Group.of(Task(id="t", task_type="calc"), _members(1), id="g")
+    broken.members[0].turns[1].logprobs = None  # a member that could never be trained
+    with pytest.raises(RecordDecodeError, match="log-prob"):
+        decode_group(encode(broken))
+
+
+def test_groups_of_regroups_samples_read_back_from_files_in_order() -> None:
+    a, b = _members(2), _members(1)
+    for t in a:
+        t.group_id = "a"
+    b[0].id, b[0].group_id = "solo", ""
+    groups = groups_of([a[0], b[0], a[1]])
+    assert [g.id for g in groups] == ["a", "solo"] and [len(g) for g in groups] == [2, 1]
+    assert group_key(b[0]) == "solo" and members(groups) == [a[0], a[1], b[0]]
