@@ -5,9 +5,9 @@ of the staleness budget (rule 1, :meth:`RunState.admit`) and what it adds to the
 A ticket is admitted for ``group_size`` episodes of ``max_turns`` turns each. While the group runs its
 episodes report each model turn (:meth:`Ticket.turn_done`) and their end (:meth:`Ticket.episode_done`:
 the turns they did not take go back to the load). When the group is finished, :meth:`Ticket.deliver`
-settles it — the budget learns how many samples the group really holds (per-turn samples, dropped agent
-sessions, a tree's extra leaves), the samples count as delivered, and whatever the ticket still holds of
-the load goes back — or :meth:`Ticket.release` returns everything (a held-out probe, an empty group). As
+settles it — episodes that produced nothing go back to the budget (which counts episodes), the worker's
+in-flight count follows the samples the group really holds (per-turn samples, per-call samples, a tree's
+extra leaves) and they count as delivered, and whatever the ticket still holds of the load goes back — or :meth:`Ticket.release` returns everything (a held-out probe, an empty group). As
 a context manager the ticket returns whatever it still holds when the group's code raises or is
 cancelled, so a crash inside a group leaks neither budget nor load.
 """
@@ -63,8 +63,8 @@ class Ticket:
         self.reserved, self.open = 0, False
 
     def deliver(self, group: Group) -> None:
-        """``group`` is in the queue: the budget counts its samples (admitted as ``group_size``, then
-        fewer or more), and they are delivered."""
+        """``group`` is in the queue: its empty episodes go back to the budget, and its samples (more or
+        fewer than the ``group_size`` episodes admitted) are delivered."""
         a = self.admission
         state, worker = a.state, a.worker
         empty = max(0, a.group_size - group.episodes)  # episodes that produced nothing: back to the budget
