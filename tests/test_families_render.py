@@ -566,6 +566,30 @@ def test_a_systemless_template_gets_the_system_text_in_the_first_user_turn() -> 
     assert text.index("<start_of_turn>user") < text.index(system) < text.index("Question?")
 
 
+def test_bridging_a_template_that_is_not_prefix_stable_names_the_fix() -> None:
+    """Qwen3 drops the reasoning of turns before the last user message: bridged on purpose, a turn
+    with reasoning and no call (answered in the user role) cannot be appended to, and the error
+    says which setting to change."""
+    from asyncrl.policy.chat import ChatTemplateError
+
+    tok = build_tokenizer("qwen3")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen3"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="bridge",
+    )
+    conv = r.start(str(TASK.payload["prompt"]), ScriptedEnv.tools)
+    r.add_model_turn(conv, sampled(r, "<think>\nHm.\n</think>\n\nNo call here."))
+    message = (
+        "the chat template renders this chat differently once a message is added (not prefix-stable); "
+        "set model.multi_turn: per_turn (or auto)"
+    )
+    with pytest.raises(ChatTemplateError, match=f"^{re.escape(message)}$"):
+        r.observation(conv, "Call a tool.")
+
+
 def test_gemma3_ends_a_turn_on_end_of_turn_though_eos_is_listed_first() -> None:
     tok = build_tokenizer("gemma3")
     eos = end_ids(tok, "gemma3")
