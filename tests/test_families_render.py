@@ -538,6 +538,23 @@ def test_special_strings_in_reasoning_stay_text() -> None:
     assert nasty.count(eot) == plain.count(eot)
 
 
+def test_markup_written_right_against_a_content_stays_markup() -> None:
+    """Phi-4-mini writes ``<|user|>`` with no newline before the content: the markup token that
+    ends where a content starts is the template's token, not text (ids as the template's text
+    tokenised whole)."""
+    tok = build_tokenizer("phi4_mini")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "phi4_mini"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="auto",
+    )
+    messages: list[Any] = [{"role": "user", "content": "Look up x."}]
+    assert tok.decode(r.render(messages, None)).startswith("<|user|>Look up x.")
+    assert r.render(messages, None) == r.reference_ids(messages, None)
+
+
 def test_a_tokenizer_without_added_tokens_encodes_all_text_as_content(
     family: tuple[str, HFChatRenderer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
