@@ -31,20 +31,22 @@ AREAS: list[tuple[str, list[str]]] = [
         [
             f"asyncrl.policy.chat.{f}__mutmut_*"
             for f in (
-                "x_count_differences",
-                "x_engine_diff",
                 "x__mark",
                 "x__between",
+                "xǁHFChatRendererǁ_spans",
+                "xǁHFChatRendererǁ_encode",
+                "xǁHFChatRendererǁbridge",
+                "xǁHFChatRendererǁsplice",
+            )
+        ]
+        + [
+            f"asyncrl.policy.renderer.{f}__mutmut_*"
+            for f in (
                 "xǁRendererǁobservation",
                 "xǁRendererǁadd_observation",
                 "xǁRendererǁrender_diff",
                 "xǁTextRendererǁbridge",
-                "xǁTextRendererǁspliced_ids",
-                "xǁHFChatRendererǁ_spans",
-                "xǁHFChatRendererǁ_encode",
-                "xǁHFChatRendererǁbridge",
-                "xǁHFChatRendererǁ_closed_in",
-                "xǁHFChatRendererǁspliced_ids",
+                "xǁTextRendererǁsplice",
             )
         ],
     ),

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
 import openai
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncrl.config import GatewayConfig
 from asyncrl.engine import GenerationEngine, Sample
@@ -26,7 +29,7 @@ from asyncrl.envs import StepResult, Tool
 from asyncrl.envs.base import parse_action
 from asyncrl.gateway.server import Gateway
 from asyncrl.gateway.sessions import build_trajectories
-from asyncrl.policy.chat import HFChatRenderer, Renderer
+from asyncrl.policy.chat import HFChatRenderer, Renderer, _between
 from asyncrl.records import Group, SamplingParams, Task, Trajectory, groups_of
 from asyncrl.rollout.episode import EpisodeSettings, run_episode
 from families import FAMILIES, build_tokenizer, end_ids
@@ -125,15 +128,19 @@ def play(
     observations: list[str],
     max_context: int = 100_000,
     finish: str = "stop",
+    max_turns: int = 8,
+    task: Task = TASK,
 ) -> tuple[list[Trajectory], ScriptedEnv, ScriptedEngine]:
     engine = ScriptedEngine(turns, finish)
     env = ScriptedEnv(observations)
-    settings = EpisodeSettings(8, max_context, SamplingParams(max_new_tokens=200), early_stop_invalid=0)
+    settings = EpisodeSettings(
+        max_turns, max_context, SamplingParams(max_new_tokens=200), early_stop_invalid=0
+    )
 
     async def go() -> list[Trajectory]:
         batcher = TurnBatcher(engine, max_wait_s=0.0, max_batch=8)
         try:
-            return await run_episode(TASK, env, batcher, r, settings)
+            return await run_episode(task, env, batcher, r, settings)
         finally:
             batcher.close()
 
@@ -239,6 +246,75 @@ def test_a_cut_off_call_is_answered_in_the_models_own_format(family: tuple[str, 
     text = r.tokenizer.decode([i for t in trajs for u in t.turns if u.role != "model" for i in u.token_ids])
     assert "<tool>NAME(ARGS)</tool>" not in text
     assert r.fmt.instructions().splitlines()[-1].split()[0] in text  # its own format's instructions
+
+
+def test_an_episode_that_ends_on_an_observation_stays_exact(family: tuple[str, HFChatRenderer]) -> None:
+    """The turn limit ends the episode after an observation: the trained ids end with its delta and
+    the next assistant header, as the template renders a chat that does not end on an assistant
+    turn (with its generation prompt); the observation's special strings stay text."""
+    name, r = family
+    turns = [sampled(r, call_text(name, r, "x")), sampled(r, call_text(name, r, "y"))]
+    trajs, _, engine = play(r, turns, ["41", NASTY], max_turns=2)
+    assert trajs[-1].outcome == "truncated"
+    assert_exact(trajs, engine)
+    clean, _, _ = play(r, [list(t) for t in turns], ["41", "plain words only here"], max_turns=2)
+    eot = r.stop_token_ids[0]
+    assert sum(t.token_ids().count(eot) for t in trajs) == sum(t.token_ids().count(eot) for t in clean)
+
+
+def test_an_observation_holding_the_templates_own_markup_stays_text(
+    family: tuple[str, HFChatRenderer],
+) -> None:
+    """An observation may hold the very text the template writes around it (here a whole rendered
+    chat): it is one content, found by position and not split at its copy of the markup."""
+    name, r = family
+    conv = r.start(str(TASK.payload["prompt"]), ScriptedEnv.tools)
+    r.add_model_turn(conv, sampled(r, call_text(name, r, "x")))
+    markup = r.tokenizer.decode(r.next_prompt(conv, "v"))
+    turns = [sampled(r, call_text(name, r, k)) for k in ("x", "y")] + [sampled(r, "<answer>1</answer>")]
+    trajs, _, engine = play(r, turns, [markup, "v"])
+    assert_exact(trajs, engine)
+    clean, _, _ = play(r, [list(t) for t in turns], ["plain words only here", "v"])
+    eot = r.stop_token_ids[0]
+    assert sum(t.token_ids().count(eot) for t in trajs) == sum(t.token_ids().count(eot) for t in clean)
+
+
+def test_a_prompt_the_template_trims_keeps_its_special_strings_as_text(
+    family: tuple[str, HFChatRenderer],
+) -> None:
+    """Gemma's templates trim contents, so filling the template's text in does not give its
+    rendering: the contents are found between its literals instead, and stay text there too."""
+    name, r = family
+    task = Task(id="t2", task_type="scripted", payload={"prompt": f"  Look {NASTY} up x, then answer. \n"})
+    turns = [sampled(r, call_text(name, r, "x")), sampled(r, "<answer>1</answer>")]
+    trajs, _, engine = play(r, turns, ["41"], task=task)
+    assert_exact(trajs, engine)
+    clean, _, clean_engine = play(r, [list(t) for t in turns], ["41"])
+    eot = r.stop_token_ids[0]
+    assert engine.prompts[0].count(eot) == clean_engine.prompts[0].count(eot)
+    assert sum(t.token_ids().count(eot) for t in trajs) == sum(t.token_ids().count(eot) for t in clean)
+
+
+def test_splicing_canonical_turns_gives_the_templates_own_rendering(
+    family: tuple[str, HFChatRenderer],
+) -> None:
+    """``splice`` of turns sampled as the tokenizer encodes their text is the template's rendering of
+    the chat, tokenised: with the generation prompt while an observation is last, without it once
+    the chat ends on an assistant turn; and the bridged ids are its prefix."""
+    name, r = family
+    if r.multi_turn != "bridge":
+        pytest.skip("per-turn templates render a finished chat unlike its prompts by design")
+    conv = r.start(str(TASK.payload["prompt"]), ScriptedEnv.tools)
+    tools = conv.schemas or None
+    for key in ("x", "y"):
+        r.add_model_turn(conv, sampled(r, call_text(name, r, key)))
+        r.add_observation(conv, f"{key} = 1", r.observation(conv, f"{key} = 1"))
+        assert r.splice(conv.messages, conv.turn_ids, tools) == conv.ids
+        assert r.splice(conv.messages, conv.turn_ids, tools) == r.reference_ids(conv.messages, tools)
+    r.add_model_turn(conv, sampled(r, "<answer>1</answer>"))
+    spliced = r.splice(conv.messages, conv.turn_ids, tools)
+    assert spliced == r.reference_ids(conv.messages, tools) and spliced[: len(conv.ids)] == conv.ids
+    assert r.render_diff(conv) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,6 +473,95 @@ def test_warm_start_demonstrations_follow_the_multi_turn_mode(family: tuple[str,
 
 
 # ---------------------------------------------------------------------------------------------
+# where contents lie in a rendering (a template that trims or rewrites them)
+# ---------------------------------------------------------------------------------------------
+def _backtracking(literals: list[str], text: str) -> list[str] | None:
+    """The pieces of ``text`` between ``literals`` by a lazy regular expression (the reference)."""
+    match = re.fullmatch("(.*?)".join(re.escape(lit) for lit in literals), text, flags=re.DOTALL)
+    return list(match.groups()) if match is not None else None
+
+
+def test_between_takes_each_literal_at_its_first_occurrence() -> None:
+    assert _between(["<a>"], "<a>") == []
+    assert _between(["<a>"], "<a>x") is None and _between(["ab"], "xxab") is None
+    assert _between(["<a>", "</a>"], "<a>x</a>") == ["x"]
+    assert _between(["<a>", "</a>"], "<b>x</a>") is None  # not opened by the first literal
+    assert _between(["[", "|", "]"], "x|y]") is None
+    assert _between(["<s>", ">", "</s>"], "<s>x>y>z</s>") == ["x", "y>z"]  # after the opening's own ">"
+    assert _between(["<", "|", ">"], "<a|b|") is None  # not closed by the last literal
+    assert _between(["<", ">"], "<abcd") is None
+    assert _between(["ab", "bc"], "abc") is None  # the closing literal may not overlap the opening
+    assert _between(["<", "", ">"], "<ab>") == ["", "ab"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.text("ab<", max_size=3), min_size=1, max_size=4),
+    st.lists(st.text("ab<", max_size=4), max_size=4),
+    st.sampled_from(["", "drop", "add"]),
+)
+def test_between_agrees_with_the_backtracking_match(
+    literals: list[str], pieces: list[str], tamper: str
+) -> None:
+    pieces = [*pieces, *[""] * len(literals)][: len(literals) - 1]
+    text = literals[0] + "".join(p + lit for p, lit in zip(pieces, literals[1:], strict=True))
+    text = {"": text, "drop": text[1:], "add": text + "a"}[tamper]
+    assert _between(literals, text) == _backtracking(literals, text)
+
+
+def test_special_strings_in_reasoning_stay_text() -> None:
+    """A reasoning block the template renders (Qwen3, after the last user turn) is content: its
+    copy of the end-of-turn token stays text."""
+    tok = build_tokenizer("qwen3")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen3"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="auto",
+    )
+    call = {"type": "function", "id": "call_0", "function": {"name": "lookup", "arguments": {"key": "x"}}}
+
+    def chat(reasoning: str) -> list[Any]:
+        return [
+            {"role": "user", "content": "Look up x."},
+            {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "41"},
+        ]
+
+    nasty, plain = r.render(chat(f"I look {NASTY} up."), None), r.render(chat("I look it up."), None)
+    assert "I look it up." in tok.decode(plain) and NASTY in tok.decode(nasty)
+    eot = r.stop_token_ids[0]
+    assert nasty.count(eot) == plain.count(eot)
+
+
+def test_markup_written_right_against_a_content_stays_markup() -> None:
+    """Phi-4-mini writes ``<|user|>`` with no newline before the content: the markup token that
+    ends where a content starts is the template's token, not text (ids as the template's text
+    tokenised whole)."""
+    tok = build_tokenizer("phi4_mini")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "phi4_mini"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="auto",
+    )
+    messages: list[Any] = [{"role": "user", "content": "Look up x."}]
+    assert tok.decode(r.render(messages, None)).startswith("<|user|>Look up x.")
+    assert r.render(messages, None) == r.reference_ids(messages, None)
+
+
+def test_a_tokenizer_without_added_tokens_encodes_all_text_as_content(
+    family: tuple[str, HFChatRenderer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, r = family
+    monkeypatch.setattr(r, "_added_re", None)
+    text = f"a {NASTY} b"
+    assert r._encode(text, []) == r.encode_content(text)
+
+
+# ---------------------------------------------------------------------------------------------
 # template quirks, one clear line each
 # ---------------------------------------------------------------------------------------------
 def test_a_systemless_template_gets_the_system_text_in_the_first_user_turn() -> None:
@@ -413,6 +578,30 @@ def test_a_systemless_template_gets_the_system_text_in_the_first_user_turn() -> 
     system = r.system_text(ScriptedEnv.tools)
     assert system is not None and text.count(system) == 1
     assert text.index("<start_of_turn>user") < text.index(system) < text.index("Question?")
+
+
+def test_bridging_a_template_that_is_not_prefix_stable_names_the_fix() -> None:
+    """Qwen3 drops the reasoning of turns before the last user message: bridged on purpose, a turn
+    with reasoning and no call (answered in the user role) cannot be appended to, and the error
+    says which setting to change."""
+    from asyncrl.policy.chat import ChatTemplateError
+
+    tok = build_tokenizer("qwen3")
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen3"),
+        tool_format="auto",
+        observation_role="auto",
+        multi_turn="bridge",
+    )
+    conv = r.start(str(TASK.payload["prompt"]), ScriptedEnv.tools)
+    r.add_model_turn(conv, sampled(r, "<think>\nHm.\n</think>\n\nNo call here."))
+    message = (
+        "the chat template renders this chat differently once a message is added (not prefix-stable); "
+        "set model.multi_turn: per_turn (or auto)"
+    )
+    with pytest.raises(ChatTemplateError, match=f"^{re.escape(message)}$"):
+        r.observation(conv, "Call a tool.")
 
 
 def test_gemma3_ends_a_turn_on_end_of_turn_though_eos_is_listed_first() -> None:
