@@ -22,7 +22,9 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``cache_dir`` of the runs of one test file: the warm start is built once per file."""
+    """``cache_dir`` of the suite's runs: a warm start is built once per configuration (its directory
+    is keyed by a hash of what it depends on, ``jobs.warm_start.warm_start_key``) and shared by every
+    test file that trains that configuration."""
     return tmp_path_factory.mktemp("cache")
