@@ -216,7 +216,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     else:
         a = cfg.cost.assumptions
     names = CostAssumptionsConfig.model_fields
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
     bad = [k for k, v in given.items() if v < 0]
     if bad:
         raise UserError(f"--{bad[0].replace('_', '-')} must be >= 0")

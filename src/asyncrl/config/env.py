@@ -296,13 +296,12 @@ class EnvConfig(Section):
                 )
             if self.kind != kind and given is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
-        for kind in ECOSYSTEM_KINDS:
-            given = getattr(self, kind)
-            if self.kind == kind and given is None:
+        for kind, section in zip(ECOSYSTEM_KINDS, (self.gem, self.openenv, self.verifiers), strict=True):
+            if self.kind == kind and section is None:
                 raise ValueError(
                     f"env.kind {kind!r} needs the env.{kind} section (docs/environments.md#{kind})"
                 )
-            if self.kind != kind and given is not None:
+            if self.kind != kind and section is not None:
                 raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
         _check_mix(self.kind, self.mix)
         if (self.kind == "class") != (self.class_env is not None):

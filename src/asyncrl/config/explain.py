@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from pydantic import (
-    BaseModel,
-)
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from asyncrl.config.base import default_kind, variants
+
+
+def _bound(m: object) -> str | None:
+    match m:
+        case Gt(gt=v):
+            return f"> {v}"
+        case Ge(ge=v):
+            return f">= {v}"
+        case Lt(lt=v):
+            return f"< {v}"
+        case Le(le=v):
+            return f"<= {v}"
+    return None
 
 
 def _field_row(path: str, field: FieldInfo, note: str = "") -> tuple[str, str, str, str]:
@@ -16,8 +28,7 @@ def _field_row(path: str, field: FieldInfo, note: str = "") -> tuple[str, str, s
     default = "" if field.default_factory is not None else repr(field.default)
     if field.default_factory is not None:
         default = repr(field.default_factory())  # type: ignore[call-arg]
-    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-    bounds = [f"{sym} {getattr(m, k)}" for m in field.metadata for k, sym in symbols.items() if hasattr(m, k)]
+    bounds = [b for m in field.metadata if (b := _bound(m))]
     doc = (field.description or "").strip().replace("\n", " ")
     if bounds:
         doc = f"{doc} [{', '.join(bounds)}]".strip()

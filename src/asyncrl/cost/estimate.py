@@ -15,6 +15,7 @@ assumptions and their defaults are the ``cost.assumptions`` config section.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,8 @@ def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
     first = _first_rows(part)
     at_cut = collect_usage(decode_rows(part), wall_seconds=cut - t_start)
     at_first = collect_usage(decode_rows(first), wall_seconds=0.0)
-    steady = Usage(**{k: getattr(at_cut, k) - getattr(at_first, k) for k in Usage.__dataclass_fields__})
+    cut_d, first_d = asdict(at_cut), asdict(at_first)
+    steady = Usage(**{k: v - first_d[k] for k, v in cut_d.items()})
     a = assumptions_from_usage(at_cut)  # per-trajectory figures over the whole window
     if steady.rollout_alive_s > 0:
         a.rollout_tokens_per_s = steady.tokens_generated / steady.rollout_alive_s

@@ -340,7 +340,7 @@ class HFEngine(GenerationEngine):
         if bad:
             raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab - 1})")
         self.stop_token_ids = sorted(set(stop_token_ids))
-        pad = getattr(policy.tokenizer, "pad_token_id", None)
+        pad = policy.tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self.device = policy.device
         self.generator = torch.Generator(device=self.device)

@@ -451,9 +451,8 @@ class VLLMEngine(GenerationEngine):
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
         """Stop vLLM's processes and remove the engine's temporary directories."""
-        llm = getattr(self, "llm", None)
+        llm, self.llm = self.llm, None
         if llm is not None:
-            self.llm = None
             try:
                 llm.llm_engine.engine_core.shutdown()
             finally:

@@ -236,7 +236,7 @@ async def acheck_environment(
         report.add("error", "load", str(exc))
         return report
     report.add("ok", "load", f"{cls.__name__} constructed" + (f" with {cfg.options}" if cfg.options else ""))
-    sync = not is_async_method(getattr(env, "step", None))
+    sync = not is_async_method(env.step)
     if sync:
         report.add("ok", "style", "synchronous methods: they will run in worker threads")
     tools = _check_tools(report, env)

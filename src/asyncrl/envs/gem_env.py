@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -53,11 +53,13 @@ UNSANDBOXED = ("code:",)
 INSTALL = "pip install --no-deps 'gem-llm==0.1.0' 'textarena==0.7.4' (docs/environments.md#gem)"
 
 
-def ecosystem_section(cfg: EnvConfig) -> Any:
-    """The ``env.<kind>`` section of an ecosystem kind (``env.options`` must be empty)."""
+S = TypeVar("S")
+
+
+def ecosystem_section(cfg: EnvConfig, section: S | None) -> S:
+    """``section``, the ``env.<kind>`` section of an ecosystem kind (``env.options`` must be empty)."""
     if cfg.options:
         raise EnvOptionsError(f"env.options for {cfg.kind!r} must be empty: use the env.{cfg.kind} section")
-    section = getattr(cfg, cfg.kind)
     assert section is not None  # EnvConfig's validator requires it for this kind
     return section
 
@@ -139,11 +141,11 @@ class GemEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> GemEnv:
-        return cls(ecosystem_section(cfg), cfg.sandbox)
+        return cls(ecosystem_section(cfg, cfg.gem), cfg.sandbox)
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> SeedTasks:
-        gc: GemConfig = ecosystem_section(cfg)
+        gc = ecosystem_section(cfg, cfg.gem)
         return SeedTasks(gc.game, gc.seeds, seed=cfg.seed, heldout_size=cfg.heldout_size, prefix="gem")
 
     async def reset(self, task: Task) -> str:

@@ -29,7 +29,7 @@ from asyncrl.errors import UserError
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
-    from asyncrl.envs.base import TaskSource
+    from asyncrl.envs.base import AnyEnvironment, TaskSource
     from asyncrl.records import Task
 
 __all__ = ["MixEnv", "MixTaskSource", "env_of_bucket", "mix_members"]
@@ -109,14 +109,16 @@ class MixEnv:
     wrappers; :func:`~asyncrl.envs.registry.make_raw_env` for checks); ``rng_seed`` seeds the members'
     seeds."""
 
-    def __init__(self, cfg: EnvConfig, build: Callable[[EnvConfig, int], Any], rng_seed: int = 0) -> None:
+    def __init__(
+        self, cfg: EnvConfig, build: Callable[[EnvConfig, int], AnyEnvironment], rng_seed: int = 0
+    ) -> None:
         self.cfg, self.build = cfg, build
         self.configs = {name: member for name, _, member in mix_members(cfg)}
         self.rng = random.Random(rng_seed)
-        self._envs: dict[str, Any] = {}
-        self._current: Any = None
+        self._envs: dict[str, AnyEnvironment] = {}
+        self._current: AnyEnvironment | None = None
 
-    def member(self, name: str) -> Any:
+    def member(self, name: str) -> AnyEnvironment:
         """The member environment ``name`` (built once per :class:`MixEnv`)."""
         if name not in self.configs:
             known = ", ".join(self.configs)
@@ -131,7 +133,7 @@ class MixEnv:
     @property
     def tools(self) -> list[Tool]:
         """The tools of the member running the current episode (none before ``reset``)."""
-        return list(getattr(self._current, "tools", None) or [])
+        return list(self._current.tools) if self._current is not None else []
 
     async def reset(self, task: Task) -> str:
         self._current = self.member(task.env)

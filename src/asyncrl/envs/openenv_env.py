@@ -132,11 +132,11 @@ class OpenEnvEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> OpenEnvEnv:
-        return cls(ecosystem_section(cfg))
+        return cls(ecosystem_section(cfg, cfg.openenv))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> SeedTasks:
-        oc: OpenEnvConfig = ecosystem_section(cfg)
+        oc = ecosystem_section(cfg, cfg.openenv)
         return SeedTasks(oc.path, oc.seeds, seed=cfg.seed, heldout_size=cfg.heldout_size, prefix="openenv")
 
     def reset(self, task: Task) -> str:

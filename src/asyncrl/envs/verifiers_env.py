@@ -118,11 +118,11 @@ class VerifiersEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> VerifiersEnv:
-        return cls(ecosystem_section(cfg))
+        return cls(ecosystem_section(cfg, cfg.verifiers))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> VerifiersTasks:
-        return VerifiersTasks(ecosystem_section(cfg), cfg.heldout_size)
+        return VerifiersTasks(ecosystem_section(cfg, cfg.verifiers), cfg.heldout_size)
 
     async def reset(self, task: Task) -> str:
         data = self.env.get_eval_dataset() if task.payload["split"] == "eval" else self.env.get_dataset()

@@ -78,8 +78,8 @@ class ElasticController:
         return 0, []
 
     def _decide(self, delta: int, workers: int, now: float, reason: str) -> tuple[int, list[Alert]]:
-        s = list(self.samples)
-        mean = {k: sum(float(getattr(x, k)) for x in s) / len(s) for k in asdict(s[0])}
+        s = [asdict(x) for x in self.samples]
+        mean = {k: sum(float(x[k]) for x in s) / len(s) for k in s[0]}
         self.last_decision, self.decisions = now, self.decisions + 1
         self.samples.clear()
         kind: Any = "scale_up" if delta > 0 else "scale_down"

@@ -121,7 +121,7 @@ class HFChatRenderer(Renderer):
     ) -> None:
         self.tokenizer = tokenizer
         self._render = TemplateRenderer(tokenizer)
-        template = getattr(tokenizer, "chat_template", None)
+        template = tokenizer.chat_template
         if not template:
             raise ChatTemplateError(
                 f"{name} has no chat template (tokenizer_config.json / chat_template.jinja): asyncrl "

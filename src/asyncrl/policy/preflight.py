@@ -22,6 +22,8 @@ from asyncrl.policy.memory import check_fits, config_numbers, parameter_count
 from asyncrl.policy.template_probe import TemplateProfile, end_ids_of, probe_template
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from asyncrl.config import ModelConfig
 
 
@@ -62,7 +64,7 @@ class ModelPlan:
         }
 
 
-def _load_tokenizer(cfg: ModelConfig, p: Path) -> Any:
+def _load_tokenizer(cfg: ModelConfig, p: Path) -> PreTrainedTokenizerBase:
     from asyncrl.policy.model import PolicyLoadError
 
     if not (p / "config.json").is_file():
@@ -123,7 +125,7 @@ def preflight_model(cfg: ModelConfig) -> ModelPlan | None:
     tok = _load_tokenizer(cfg, p)
     ids = end_ids_of(_generation_eos(p), tok)
     name = f"model {cfg.path!r}"
-    profile = probe_template(tok, ids) if getattr(tok, "chat_template", None) else None
+    profile = probe_template(tok, ids) if tok.chat_template else None
     try:
         renderer = chat_renderer(cfg, tok, ids)
     except ChatTemplateError as exc:

@@ -135,7 +135,7 @@ def _stability(render: TemplateRenderer, head: list[Message], role: str) -> str 
     grown, err3 = render([*turn, _observation(role, _OBS)], gen=True)
     if opening is None or closed is None or grown is None:
         return f"a probe chat does not render ({err or err2 or err3})"
-    eos = getattr(render.tokenizer, "eos_token", None)
+    eos = render.tokenizer.eos_token
     if eos and closed.endswith(str(eos)) and not grown.startswith(closed):
         closed = closed[: -len(str(eos))]  # Phi: a closed chat ends with eos_token, an open one does not
     at = closed.find(_TURN)
@@ -231,7 +231,7 @@ def end_ids_of(generation_eos: Any, tokenizer: PreTrainedTokenizerBase) -> list[
         ids.append(generation_eos)
     elif isinstance(generation_eos, (list, tuple)):
         ids.extend(int(i) for i in generation_eos)
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = tokenizer.eos_token_id
     if eos is not None:
         ids.append(int(eos))
     return list(dict.fromkeys(ids))

@@ -206,19 +206,30 @@ def _call_of(obj: dict[str, Any], *arg_keys: str) -> FoundCall | str:
     return name, {}, cid
 
 
-class HermesFormat(ToolCallFormat):
-    """``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`` (Hermes, ChatML, Qwen2.5)."""
+class _TaggedFormat(ToolCallFormat):
+    """A call opened by the tag ``OPEN``, its JSON right after it."""
 
-    name = "hermes"
-    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    OPEN: ClassVar[str]
 
     def call_start(self, text: str) -> int:
         return text.find(self.OPEN)
 
     def find_call(self, text: str) -> FoundCall | str | None:
         start = _after_tag(text, self.OPEN)
-        if start is None:
-            return None
+        return None if start is None else self._call_at(text, start)
+
+    @abstractmethod
+    def _call_at(self, text: str, start: int) -> FoundCall | str:
+        """The call whose JSON starts at ``start``; a string (the reason) when it cannot be read."""
+
+
+class HermesFormat(_TaggedFormat):
+    """``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`` (Hermes, ChatML, Qwen2.5)."""
+
+    name = "hermes"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def _call_at(self, text: str, start: int) -> FoundCall | str:
         found = _json_object_at(text, start)
         if found is None:
             return f"the JSON after {self.OPEN} does not parse"
@@ -272,19 +283,13 @@ class Llama3JsonFormat(ToolCallFormat):
         )
 
 
-class MistralFormat(ToolCallFormat):
+class MistralFormat(_TaggedFormat):
     """``[TOOL_CALLS] [{"name": NAME, "arguments": {...}, "id": ID}]`` (Mistral v0.3; ID: 9 alphanumerics)."""
 
     name = "mistral"
     OPEN = "[TOOL_CALLS]"
 
-    def call_start(self, text: str) -> int:
-        return text.find(self.OPEN)
-
-    def find_call(self, text: str) -> FoundCall | str | None:
-        start = _after_tag(text, self.OPEN)
-        if start is None:
-            return None
+    def _call_at(self, text: str, start: int) -> FoundCall | str:
         try:
             obj, _ = _JSON_DECODER.raw_decode(text, start)
         except json.JSONDecodeError:

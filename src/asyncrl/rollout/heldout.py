@@ -90,9 +90,7 @@ async def run_episodes(
                 prefix = prefixes[i] if prefixes is not None else None
                 return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)
             finally:
-                close = getattr(env, "close", None)
-                if close is not None:
-                    await close()
+                await env.close()
 
     try:
         return [t for ts in await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))) for t in ts]

@@ -65,15 +65,13 @@ def environment_info(cfg: RunConfig) -> dict[str, Any]:
     except Exception as exc:  # recorded, not fatal: the run itself reports a broken environment
         info["error"] = f"{type(exc).__name__}: {exc}"
         return info
-    inner = env
-    while hasattr(inner, "inner") or hasattr(inner, "env"):  # unwrap latency / fault / guard wrappers
-        nxt = getattr(inner, "inner", None) or getattr(inner, "env", None)
-        if nxt is None or nxt is inner:
-            break
+    inner: object = env
+    # unwrap latency / fault / guard wrappers, and an ecosystem adapter's ``env`` (openenv, verifiers)
+    while (nxt := getattr(inner, "env", None)) is not None and nxt is not inner:
         inner = nxt
     cls = type(inner)
     info["class"] = f"{cls.__module__}.{cls.__qualname__}"
-    info["version"] = str(getattr(inner, "version", getattr(cls, "version", "")) or "") or None
+    info["version"] = str(getattr(inner, "version", "") or "") or None
     top = cls.__module__.split(".")[0]
     info["package_version"] = _version(top) if top != "asyncrl" else None
     return info

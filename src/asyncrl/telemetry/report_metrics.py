@@ -9,6 +9,7 @@ Each function returns one :class:`Section`; ``figure`` makes a chart's block and
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, astuple
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +299,7 @@ def step_wall(d: RunData, figure: Chart_) -> Section:
     if not walls:
         return Section("step-wall", "Wall time per step", [Note("no trainer steps recorded")])
     xs = [float(w.step) for w in walls]
+    values = [asdict(w) for w in walls]
     parts = [
         ("step wall", "wall", "#111827"),
         ("train", "train", "#2563eb"),
@@ -311,7 +313,7 @@ def step_wall(d: RunData, figure: Chart_) -> Section:
         "step-wall",
         Chart(
             series=[
-                Series(label, xs, [getattr(w, f) for w in walls], color=c, points=True)
+                Series(label, xs, [float(v[f]) for v in values], color=c, points=True)
                 for label, f, c in parts
             ],
             x_label="trainer step",
@@ -331,9 +333,9 @@ def step_wall(d: RunData, figure: Chart_) -> Section:
         "decode",
         "lent thr·s",
     ]
-    fields = ["wall", "train", "publish", "other", "idle", "generate", "prefill", "decode", "borrowed"]
-    rows = [[str(w.step), *(f"{getattr(w, f):.1f}" for f in fields)] for w in walls]
-    rows.append(["all", *(f"{sum(getattr(w, f) for w in walls):.1f}" for f in fields)])
+    seconds = [astuple(w)[1:] for w in walls]  # the fields after ``step``, in the columns' order
+    rows = [[str(w.step), *(f"{v:.1f}" for v in s)] for w, s in zip(walls, seconds, strict=True)]
+    rows.append(["all", *(f"{sum(col):.1f}" for col in zip(*seconds, strict=True))])
     return Section(
         "step-wall",
         "Wall time per step",
