@@ -23,7 +23,7 @@ from asyncrl.envs.check import check_environment
 from asyncrl.envs.mix import MixTaskSource
 from asyncrl.errors import UserError
 from asyncrl.orchestrator.mix import curriculum_shares, env_metrics
-from asyncrl.records import Lifecycle, Task, Trajectory, Turn
+from asyncrl.records import Group, Lifecycle, Task, Trajectory, Turn
 from asyncrl.rollout.heldout import eval_env_config, heldout_tasks, summarise
 from asyncrl.telemetry.report_envs import EnvTally, env_blocks, per_env
 
@@ -185,8 +185,9 @@ def test_a_broken_member_shows_in_its_own_row_only() -> None:
     for task in source.heldout()[:8]:
         tr = play(env, task)
         trajs.append(tr)
-        tally.observe(group_report([tr], False, -1.0, 1.0))
-    tally.observe(group_report([trajs[0]], True, -1.0, 1.0))  # a held-out probe: not a training figure
+        tally.observe(group_report(Group.of(task, [tr]), -1.0, 1.0))
+    probe = Group.of(trajs[0].task, [trajs[0]], heldout=True)  # a held-out probe: not a training figure
+    tally.observe(group_report(probe, -1.0, 1.0))
     rows = per_env(
         {"good": 1.0, "broken": 1.0},
         tally,

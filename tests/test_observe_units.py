@@ -18,7 +18,7 @@ from asyncrl.config import dump_yaml, load_config
 from asyncrl.errors import UserError
 from asyncrl.jobs.report import write_report
 from asyncrl.jobs.runs import compare_runs, list_runs
-from asyncrl.records import Lifecycle, Task, ToolCall, Trajectory, Turn
+from asyncrl.records import Lifecycle, Task, ToolCall, Trajectory, Turn, groups_of
 from asyncrl.telemetry import tensorboard as tb
 from asyncrl.telemetry.archive import ArchiveWriter, read_batches
 from asyncrl.telemetry.flow import FlowMeter
@@ -132,6 +132,7 @@ def traj(i: int, *, version: int = 0, reward: float = 0.0, created: float = 100.
         ],
         final_reward=reward,
         outcome="success" if reward > 0 else "failure",
+        group_id=f"g{i}",
         lifecycle=Lifecycle(
             created=created,
             rollout_start=created,
@@ -145,8 +146,8 @@ def traj(i: int, *, version: int = 0, reward: float = 0.0, created: float = 100.
 
 def test_archive_round_trip_keeps_batches_in_step_order(tmp_path: Path) -> None:
     w = ArchiveWriter(tmp_path / "archive", pid=1)
-    w.append(0, 0, [traj(0), traj(1)])
-    w.append(1, 1, [traj(2, version=1)])
+    w.append(0, 0, groups_of([traj(0), traj(1)]))
+    w.append(1, 1, groups_of([traj(2, version=1)]))
     raw = w.path.read_bytes()
     assert raw[:2] == b"\x1f\x8b"  # gzip; frames inside are msgpack, never pickle
     batches = read_batches(tmp_path)
@@ -159,13 +160,13 @@ def test_archive_round_trip_keeps_batches_in_step_order(tmp_path: Path) -> None:
 
 def test_archive_survives_a_truncated_tail_and_later_writes_win(tmp_path: Path) -> None:
     w = ArchiveWriter(tmp_path / "archive", pid=1)
-    w.append(0, 0, [traj(0)])
-    w.append(1, 1, [traj(1)])
+    w.append(0, 0, groups_of([traj(0)]))
+    w.append(1, 1, groups_of([traj(1)]))
     w.path.write_bytes(w.path.read_bytes()[:-7])  # a crash in the middle of the last append
     assert [b.step for b in read_batches(tmp_path)] == [0]
     time.sleep(0.01)
     resumed = ArchiveWriter(tmp_path / "archive", pid=2)  # the restarted trainer retrains step 0
-    resumed.append(0, 0, [traj(9)])
+    resumed.append(0, 0, groups_of([traj(9)]))
     assert [t.id for t in read_batches(tmp_path)[0].trajectories] == ["t9"]
 
 
