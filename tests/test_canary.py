@@ -66,7 +66,12 @@ class BrokenEngine(HFEngine):
     """The built-in engine with one faulty load (``fault``), then correct again (a transient fault);
     ``persistent`` keeps the adapter switched off after an ``inactive`` fault. ``one_step``: the served
     weights are the published ones plus one Adam step at :data:`LR`; ``stale_cache``: the weights load
-    but the prefix cache keeps the previous version's KV (as if entries were not keyed by version)."""
+    but the prefix cache keeps the previous version's KV (as if entries were not keyed by version).
+    Merged copy (``merge_lora``, the default): ``stale_merge``: the new adapter is loaded but the copy
+    is folded from the previous version's; ``unfolded``: the copy's record of its adapter
+    (:attr:`~asyncrl.policy.lora.MergedCopy.adapter`) is the new version's, its weights are still the
+    previous fold (a refresh that skipped the fold). Every fault is made on the PEFT model and then
+    folded, so it reaches what the engine serves in both modes."""
 
     fault = ""
     persistent = False
@@ -75,7 +80,7 @@ class BrokenEngine(HFEngine):
     def load_weights(self, version: int, tensors: dict[str, torch.Tensor], *, path: Any = None) -> None:
         fault, self.fault = self.fault, ""
         if not self.persistent:
-            set_lora_scaling(self.model, 8 / 4)  # alpha / rank: the adapter active again
+            set_lora_scaling(self.policy.model, 8 / 4)  # alpha / rank: the adapter active again
         if fault == "noop":  # says loaded, changed nothing
             self.version = version
             return
@@ -88,15 +93,25 @@ class BrokenEngine(HFEngine):
         if fault == "stale_cache":
             assert self.prefix_cache is not None
             self.policy.load_tensors(tensors)
+            self.refresh_merged()
             self.version = version
             for entry in self.prefix_cache.entries.values():
                 entry.version = version
+            return
+        if fault in ("stale_merge", "unfolded"):
+            assert self.merged is not None and self.stale is not None
+            super().load_weights(version, self.stale, path=path)  # the copy folds the previous adapter
+            self.policy.load_tensors(tensors)  # the PEFT model holds the new one
+            if fault == "unfolded":
+                for name, t in self.merged.adapter.items():
+                    t.copy_(tensors[name])
             return
         super().load_weights(version, tensors, path=path)
         if fault == "one_step":
             adam_step(self.policy)
         if fault == "inactive":  # in place, but the forward pass does not use it
-            set_lora_scaling(self.model, 0.0)
+            set_lora_scaling(self.policy.model, 0.0)
+        self.refresh_merged()
         self.stale = tensors
 
 
@@ -175,20 +190,25 @@ def test_a_correct_load_passes_and_the_engine_serves_the_trainers_version(tiny: 
 
 
 @pytest.mark.parametrize(
-    ("fault", "caught_by"),
+    ("fault", "caught_by", "merge"),
     [
-        ("wrong_modules", "fingerprint"),
-        ("noop", "fingerprint"),
-        ("other_version", "fingerprint"),
-        ("inactive", "probe"),
+        ("wrong_modules", "fingerprint", True),
+        ("noop", "fingerprint", True),
+        ("other_version", "fingerprint", True),
+        ("inactive", "probe", True),
+        ("inactive", "probe", False),
+        ("stale_merge", "fingerprint", True),
+        ("unfolded", "probe", True),
     ],
 )
 def test_a_broken_load_is_refused_and_the_previous_version_kept(
-    tiny: Path, tmp_path: Path, fault: str, caught_by: str
+    tiny: Path, tmp_path: Path, fault: str, caught_by: str, merge: bool
 ) -> None:
+    """With the merged copy (the default) and, for ``inactive``, without it (sampling through the adapter)."""
     from asyncrl.orchestrator.rules import Rules
 
-    rig = Rig(tiny, tmp_path)
+    rig = Rig(tiny, tmp_path, merge_lora=merge)
+    assert (rig.engine.merged is not None) == merge
     for _ in range(2):  # versions 0 and 1 load correctly
         rig.publish()
         rig.follower.refresh()
@@ -222,12 +242,20 @@ def test_a_broken_load_is_refused_and_the_previous_version_kept(
 
 
 @pytest.mark.parametrize(
-    ("fault", "static"), [("one_step", False), ("stale_cache", False), ("stale_cache", True)]
+    ("fault", "static"),
+    [
+        ("one_step", False),
+        ("stale_cache", False),
+        ("stale_cache", True),
+        ("unfolded", False),
+        ("unfolded", True),
+    ],
 )
 def test_a_fault_one_adam_step_small_is_refused(tiny: Path, tmp_path: Path, fault: str, static: bool) -> None:
     """Served weights one Adam step (lr 2e-4) off the published ones are refused by both parts; a prefix
     cache still holding the KV of the version one step before (correct weights, stale cache) is seen by
-    the probe alone, through the engine's generation path (cached prefill + decode steps)."""
+    the probe alone, through the engine's generation path (cached prefill + decode steps); so is a
+    merged copy still folded from the version one step before while it reports the new adapter."""
     rig = Rig(tiny, tmp_path, prefix_cache_mb=64, prefix_sharing=True, static_cache=static)
     perturb(rig.trainer)
     rig.publish()
@@ -243,9 +271,11 @@ def test_a_fault_one_adam_step_small_is_refused(tiny: Path, tmp_path: Path, faul
     assert event["probe_mean_abs_diff"] > event["probe_tolerance"], event
     if fault == "one_step":
         assert event["tensors_differing_count"] > 0
-    else:  # the weights are right: only the generation path's cached KV is old
+    elif fault == "stale_cache":  # the weights are right: only the generation path's cached KV is old
         assert event["tensors_differing_count"] == 0
         assert rig.engine.prefill_tokens_reused > 0
+    else:  # the adapter the copy reports is right: only its weights are old
+        assert event["tensors_differing_count"] == 0
     print(f"{fault} static={static}: probe mean |dlogp| {event['probe_mean_abs_diff']:.2e}")
 
 

@@ -432,6 +432,116 @@ def test_generate_leaves_train_mode_and_grads_alone() -> None:
     assert all(p.grad is None for p in policy.model.parameters())
 
 
+# ---- LoRA: the merged copy (rollout.engine.merge_lora) ----------------------------------------
+def tiny_lora(family: str = "qwen2", adapter_seed: int = 0, scale: float = 0.1, **kw: Any) -> Policy:
+    """:func:`tiny` with LoRA (rank 4, alpha 8, every linear layer) and a random non-zero adapter
+    (``B`` too: a fresh adapter, ``B = 0``, would be the base model exactly)."""
+    from asyncrl.config import LoraConfig
+    from asyncrl.policy.lora import apply_lora
+
+    policy = tiny(family, peaky=PEAKY, **kw)
+    policy.model = apply_lora(policy.model, LoraConfig(rank=4, alpha=8))
+    set_adapter(policy, adapter(policy, adapter_seed, scale))
+    return policy
+
+
+def adapter(policy: Policy, seed: int, scale: float) -> dict[str, torch.Tensor]:
+    """A random adapter version for ``policy`` (entries ``N(0, scale²)``)."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(t.shape, generator=g) * scale for name, t in policy.state_dict_tensors().items()
+    }
+
+
+def set_adapter(policy: Policy, tensors: dict[str, torch.Tensor]) -> None:
+    policy.load_tensors(tensors)
+
+
+@pytest.mark.parametrize(("family", "static"), [("qwen2", False), ("llama", True)])
+def test_merged_lora_logprobs_agree_with_the_trainer_and_the_unmerged_engine(
+    family: str, static: bool
+) -> None:
+    """The merged copy samples the LoRA policy: its behaviour log-probs equal the trainer's
+    (``token_logprobs`` on the PEFT model) to the float32 noise floor, as the unmerged engine's do, and
+    with the same seed both engines draw the same tokens."""
+    prompts = random_prompts(21, 2, 40, seed=1)
+    sp = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=24)
+    out = {}
+    for merge in (True, False):
+        policy = tiny_lora(family)
+        engine = uncached_engine(policy, seed=0, max_batch=32, static_cache=static, merge_lora=merge)
+        assert (engine.merged is not None) == merge and (engine.model is policy.model) != merge
+        samples = engine.generate(prompts, sp)
+        delta = logprob_error(policy, prompts, samples, [0.7] * len(prompts))
+        assert_at_noise_floor(delta, f"LoRA {family} static={static} merged={merge}")
+        out[merge] = samples
+    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+    gap = max(
+        abs(a - b)
+        for x, y in zip(out[True], out[False], strict=True)
+        for a, b in zip(x.logprobs, y.logprobs, strict=True)
+    )
+    print(f"merged vs unmerged engine: max |dlogp| {gap:.2e}")
+    assert gap < LOGPROB_TOL_MAX
+
+
+def test_merged_copy_equals_peft_merge_and_shares_the_unadapted_tensors() -> None:
+    """The fold is ``W + (alpha/r) B A`` (peft's own ``merge_and_unload`` gives the same weights); only
+    the adapted weights are the copy's own, and the copy's adapter record is the loaded adapter."""
+    from asyncrl.policy.lora import MergedCopy, merged_state_dict
+
+    policy = tiny_lora()
+    merged = MergedCopy(policy.model)
+    want = merged_state_dict(policy.model)
+    got = merged.model.state_dict()
+    for name, t in want.items():
+        torch.testing.assert_close(got[name], t, atol=1e-6, rtol=0)
+    peft_ptrs = {t.data_ptr() for t in policy.model.state_dict().values()}
+    own = [n for n, t in got.items() if t.data_ptr() not in peft_ptrs]
+    assert own and all(n.rsplit(".", 2)[-2].endswith("proj") for n in own), own
+    assert len(own) == 2 * 7  # 2 layers x 7 adapted linear layers
+    assert all(torch.equal(merged.adapter[k], v) for k, v in policy.state_dict_tensors().items())
+
+
+def test_a_new_adapter_version_is_served_after_load_not_the_old_merged_copy() -> None:
+    """Each load refolds the copy: the engine then samples the new adapter (noise floor against the
+    trainer holding it), far from the previous one; a failed load leaves the copy equal to the policy."""
+    from asyncrl.policy.lora import AdapterError
+
+    engine_policy, trainer = tiny_lora(adapter_seed=0), tiny_lora(adapter_seed=0)
+    engine = uncached_engine(engine_policy, seed=0, max_batch=16)
+    assert engine.merged is not None
+    prompts = random_prompts(12, 2, 30, seed=5)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=16)
+    for version, seed in ((1, 1), (2, 2)):
+        new = adapter(trainer, seed, 0.1)
+        old_trainer = tiny_lora(adapter_seed=0 if version == 1 else 1)
+        set_adapter(trainer, new)
+        engine.load_weights(version, new)
+        assert engine.version == version and engine.merge_seconds > 0
+        samples = engine.generate(prompts, sp)
+        assert_at_noise_floor(logprob_error(trainer, prompts, samples, [1.0] * len(prompts)), f"v{version}")
+        stale = logprob_error(old_trainer, prompts, samples, [1.0] * len(prompts))
+        assert float(stale.mean()) > 100 * LOGPROB_TOL_MEAN  # the previous version is not what is served
+    with pytest.raises(AdapterError):
+        engine.load_weights(3, {"x.lora_A.default.weight": torch.zeros(1)})
+    assert engine.version == 2
+    samples = engine.generate(prompts, sp)
+    assert_at_noise_floor(
+        logprob_error(trainer, prompts, samples, [1.0] * len(prompts)), "after a failed load"
+    )
+
+
+def test_merge_lora_is_ignored_without_lora_and_off_samples_through_the_adapter() -> None:
+    plain = tiny()
+    assert HFEngine(plain, [2], max_batch=4, cuda_graphs=False).merged is None
+    lora = tiny_lora()
+    engine = make_engine(HFEngineConfig(merge_lora=False), lora, stop_token_ids=[2], seed=0)
+    assert isinstance(engine, HFEngine) and engine.merged is None and engine.model is lora.model
+    engine = make_engine(HFEngineConfig(), lora, stop_token_ids=[2], seed=0)
+    assert isinstance(engine, HFEngine) and engine.merged is not None
+
+
 # ---- throughput (printed, not asserted) -------------------------------------------------------
 def test_throughput_default_model(capsys: pytest.CaptureFixture[str]) -> None:
     policy = Policy.build(ModelConfig())

@@ -60,6 +60,12 @@ class HFEngineConfig(_EngineBase):
     prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
     """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
     SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""
+    merge_lora: bool = True
+    """With ``model.lora``: sample from a merged copy of the policy (plain weights with the adapter
+    folded in, ``W + (alpha/r) B A``, refolded in place at every weight load) instead of through the
+    adapter layers, so a decode step runs no adapter matmuls. Costs the adapted weights once more in
+    memory (at most one extra copy of the model) and one fold per load; log-probs equal the unmerged
+    adapter's to float32 rounding. The weight-sync canary checks the merged copy. See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

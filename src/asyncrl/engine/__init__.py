@@ -44,6 +44,7 @@ def make_engine(
             prefix_cache_mb=cfg.prefix_cache_mb if cfg.prefix_cache else 0.0,
             prefix_sharing=cfg.prefix_sharing,
             compact_fraction=cfg.compact_fraction,
+            merge_lora=cfg.merge_lora,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine

@@ -25,6 +25,7 @@ from asyncrl.engine.base import GenerationEngine, Sample, check_requests
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
+from asyncrl.policy.lora import MergedCopy, MergeUnsupported, is_lora
 from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
 
@@ -301,7 +302,14 @@ class HFEngine(GenerationEngine):
     The engine samples from ``policy.model`` itself (no copy): :meth:`load_weights`
     overwrites those parameters in place. Give the engine its own :class:`Policy` when
     something else (a trainer) must keep its weights; code that changes the weights other than
-    through :meth:`load_weights` must call :meth:`clear_prefix_cache`.
+    through :meth:`load_weights` must call :meth:`clear_prefix_cache` (and, with a merged copy,
+    :meth:`refresh_merged`).
+
+    With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl.policy.lora.MergedCopy`
+    instead (:attr:`model`; ``policy.model`` stays the PEFT model that loads are validated against):
+    plain weights with the adapter folded in, refolded at every :meth:`load_weights`, so a decode step
+    runs no adapter matmuls. :meth:`fingerprint` then reports the adapter the copy was folded from and
+    :meth:`probe` runs on the copy: the weight-sync canary checks what is served.
     """
 
     def __init__(
@@ -316,6 +324,7 @@ class HFEngine(GenerationEngine):
         static_cache: bool | None = None,
         prefix_cache_mb: float = 0.0,
         prefix_sharing: bool = False,
+        merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
     ) -> None:
         """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
         passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -325,11 +334,16 @@ class HFEngine(GenerationEngine):
         CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
         ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models
         whose cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each
-        distinct prefix of a chunk once (``rollout.engine.prefix_sharing``; same condition)."""
+        distinct prefix of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``:
+        sample a LoRA policy from a merged copy (``rollout.engine.merge_lora``; ignored without LoRA,
+        and with a warning for adapters :class:`~asyncrl.policy.lora.MergedCopy` cannot fold)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
-        self.model: PreTrainedModel = policy.model
+        self.merged = _merged_copy(policy) if merge_lora else None
+        self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
+        self.merge_seconds = 0.0
+        """Time folding adapters into the merged copy (at construction and every load)."""
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -379,12 +393,25 @@ class HFEngine(GenerationEngine):
     ) -> None:
         """Copy ``tensors`` into the policy's parameters in place (``path`` is not needed here)."""
         self.clear_prefix_cache()  # before the load: a failed load leaves no stale entry either
-        self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
+        try:
+            self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
+        finally:  # even a load that failed half-way: serve what the policy now holds
+            self.refresh_merged()
         self.version = version
 
+    def refresh_merged(self) -> None:
+        """Fold the policy's adapter into the merged copy again (nothing without one)."""
+        if self.merged is not None:
+            t0 = time.perf_counter()
+            self.merged.refresh()
+            self.merge_seconds += time.perf_counter() - t0
+
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
-        """Read from the model's live parameters and buffers (no copy); see the interface."""
-        state = self.model.state_dict()
+        """Read from the live parameters and buffers (no copy); see the interface. With a merged copy,
+        the adapter tensors are those the copy was folded from (:attr:`MergedCopy.adapter`)."""
+        state = self.policy.model.state_dict()
+        if self.merged is not None:
+            state |= self.merged.adapter
         return fingerprint({n: state[n] for n in names if n in state})
 
     def probe(self, ids: Sequence[int]) -> list[float]:
@@ -677,6 +704,21 @@ class HFEngine(GenerationEngine):
             )
             self._decoders[rows] = dec
         return dec
+
+
+def _merged_copy(policy: Policy) -> MergedCopy | None:
+    """A merged copy of a LoRA policy to sample from; ``None`` without LoRA, or (with a warning) for an
+    adapter that cannot be folded."""
+    if not is_lora(policy.model):
+        return None
+    t0 = time.perf_counter()
+    try:
+        merged = MergedCopy(policy.model)
+    except MergeUnsupported as exc:
+        log.warning("rollout.engine.merge_lora: sampling through the unmerged adapter (%s)", exc)
+        return None
+    log.debug("merged LoRA copy built in %.2f s", time.perf_counter() - t0)
+    return merged
 
 
 @contextmanager

@@ -23,7 +23,9 @@ file is fine, the engine's model is not. So the check runs on the engine's model
 
 * **fingerprint**, per tensor and statistic, ``|Δ| <= rtol · scale`` with ``scale`` the statistic's
   natural size (``sqrt(Σx²)`` for the sums, ``Σx²`` for the sums of squares) and ``rtol`` =
-  ``weights.canary.fingerprint_rtol``. The engine holds a bitwise copy of the published tensors,
+  ``weights.canary.fingerprint_rtol``. The engine holds a bitwise copy of the published tensors
+  (the built-in engine sampling a LoRA policy from a merged copy reports the adapter that copy was
+  folded from, :attr:`~asyncrl.policy.lora.MergedCopy.adapter`),
   so the only legitimate difference is float32 reduction order (thread counts, CPU vs GPU kernels):
   a few ulps of ``sqrt(n)·rms``. A version one optimiser step away moves ``Σx`` by about
   ``lr·sqrt(n)`` — far above that for any learning rate in use (the fingerprint of a no-op load,

@@ -10,11 +10,15 @@ that cannot be applied fails loudly instead of sampling from a policy nobody can
 
 An adapter update is ``W x + (alpha / r) B A x``; ``B`` starts at zero, so version 0 is the base
 model exactly. :func:`merged_state_dict` folds the adapter into plain weights (for an engine that
-takes full weights, e.g. vLLM, and for saving a warm start as an ordinary model directory).
+takes full weights, e.g. vLLM, and for saving a warm start as an ordinary model directory);
+:class:`MergedCopy` keeps a plain model with the adapter folded in, refreshed in place at every load
+(the built-in engine samples from it: ``rollout.engine.merge_lora``).
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -110,8 +114,6 @@ def base_model(model: Any) -> Any:
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """Plain HF weights with the adapter folded in (``W + (alpha/r) B A``); the model is unchanged."""
-    import copy
-
     merged = copy.deepcopy(model).merge_and_unload()
     return state_dict_tensors(merged)
 
@@ -126,3 +128,85 @@ def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
             continue
         out[name.replace(".base_layer.", ".")] = t
     return out
+
+
+class MergeUnsupported(ValueError):
+    """A LoRA model :class:`MergedCopy` cannot fold: an adapter on a layer other than ``nn.Linear``
+    (embeddings, convolutions), a LoRA variant (DoRA, ...) or an adapter bias."""
+
+
+class MergedCopy:
+    """A plain (non-PEFT) model computing what a LoRA model computes, for sampling: each adapted linear
+    layer's weight is ``W + (alpha / r) B A`` (``Σ`` over active adapters; none while adapters are
+    disabled), the other parameters and buffers are the LoRA model's own tensors (shared, not copied).
+
+    :meth:`refresh` folds the LoRA model's adapter in again, in place: ``W`` is read from the LoRA
+    model's base layer, which the adapter never changes (a pristine copy of the base), so a refresh
+    is one pass over the adapted weights (one ``addmm`` each), never an unmerge and never a copy of
+    the PEFT model; tensors keep their addresses, so a captured CUDA graph sees the new values.
+    Memory: the adapted weights once more (all linear layers of the default ``model.lora``: 107M of
+    SmolLM2-135M's 135M parameters) plus a copy of the adapter — at most one extra copy of the model.
+
+    :attr:`adapter` holds the adapter tensors the served weights were folded from (a copy taken by
+    :meth:`refresh`, under the LoRA model's parameter names: what a weight version holds): the
+    weight-sync canary fingerprints those, so a copy folded from another version than the one
+    loaded is seen by the fingerprint as well as by the probe.
+    """
+
+    def __init__(self, model: Any) -> None:
+        from peft.tuners.lora import Linear as LoraLinear
+        from peft.tuners.lora import LoraLayer
+
+        inner = base_model(model)
+        layers = {n: m for n, m in inner.named_modules() if isinstance(m, LoraLayer)}
+        for name, m in layers.items():
+            if type(m) is not LoraLinear or m.lora_variant or any(m.lora_bias.values()):
+                raise MergeUnsupported(
+                    f"{name}: {type(m).__name__} adapter (variant {sorted(m.lora_variant) or 'none'}, "
+                    f"bias {any(m.lora_bias.values())}): only plain LoRA on linear layers is folded"
+                )
+        own = {id(m.get_base_layer().weight) for m in layers.values()}
+        memo: dict[int, Any] = {
+            id(t): t for t in itertools.chain(inner.parameters(), inner.buffers()) if id(t) not in own
+        }
+        plain = copy.deepcopy(inner, memo)  # shares every tensor but the adapted weights
+        for name in layers:
+            parent, _, child = name.rpartition(".")
+            setattr(plain.get_submodule(parent), child, plain.get_submodule(name).get_base_layer())
+        plain.train(False)
+        self.model: Any = plain
+        self._layers: list[tuple[Any, torch.Tensor]] = [
+            (m, plain.get_submodule(n).weight) for n, m in layers.items()
+        ]
+        names = {id(p): n for n, p in model.named_parameters()}
+        params = _adapter_params(layers.values())
+        self.adapter: dict[str, torch.Tensor] = {
+            names[id(p)]: torch.empty_like(p, requires_grad=False) for p in params
+        }
+        self._snap = {id(p): self.adapter[names[id(p)]] for p in params}
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Fold the LoRA model's adapter, as it is now, into the copy (in place)."""
+        for p in _adapter_params(m for m, _ in self._layers):
+            self._snap[id(p)].copy_(p)
+        for layer, w in self._layers:
+            base = layer.get_base_layer().weight
+            active = [] if layer.disable_adapters else [a for a in layer.active_adapters if a in layer.lora_A]
+            if not active:
+                w.copy_(base)
+                continue
+            half = w.dtype in (torch.float16, torch.bfloat16)  # fold in float32, round once
+            acc = base.float() if half else w.copy_(base)
+            for a in active:
+                b_, a_ = self._snap[id(layer.lora_B[a].weight)], self._snap[id(layer.lora_A[a].weight)]
+                b_, a_ = (a_.T, b_.T) if layer.fan_in_fan_out else (b_, a_)
+                acc.addmm_(b_.to(acc.dtype), a_.to(acc.dtype), alpha=layer.scaling[a])
+            if half:
+                w.copy_(acc)
+
+
+def _adapter_params(layers: Any) -> list[torch.Tensor]:
+    """The ``lora_A`` / ``lora_B`` parameters of ``layers`` (LoRA layers), in order."""
+    return [p for m in layers for p in itertools.chain(m.lora_A.parameters(), m.lora_B.parameters())]
