@@ -87,21 +87,20 @@ def _mark(i: int) -> str:
 
 def _between(literals: list[str], text: str) -> list[str] | None:
     """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln);
-    each literal at its first occurrence (a linear scan), else the backtracking match."""
+    each literal at its first occurrence (a linear scan). Where the scan fails, so does any other
+    split (each literal can only come later there), so there is nothing to backtrack to."""
     if len(literals) == 1 or not text.startswith(literals[0]):
         return [] if text == literals[0] else None
     pos, out = len(literals[0]), []
     for lit in literals[1:-1]:
         at = text.find(lit, pos) if lit else pos
         if at < 0:
-            break
+            return None
         out.append(text[pos:at])
         pos = at + len(lit)
-    else:
-        if text.endswith(literals[-1]) and len(text) - len(literals[-1]) >= pos:
-            return [*out, text[pos : len(text) - len(literals[-1])]]
-    match = re.fullmatch("(.*?)".join(re.escape(lit) for lit in literals), text, flags=re.DOTALL)
-    return list(match.groups()) if match is not None else None
+    if text.endswith(literals[-1]) and len(text) - len(literals[-1]) >= pos:
+        return [*out, text[pos : len(text) - len(literals[-1])]]
+    return None
 
 
 class HFChatRenderer(Renderer):
