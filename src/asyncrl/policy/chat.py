@@ -85,21 +85,58 @@ def _mark(i: int) -> str:
     return f"\ue000{i}\ue001"
 
 
-def _between(literals: list[str], text: str) -> list[str] | None:
-    """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln);
-    each literal at its first occurrence (a linear scan). Where the scan fails, so does any other
-    split (each literal can only come later there), so there is nothing to backtrack to."""
+def _forms(content: str) -> list[str]:
+    """What a template may leave of a content: all of it, or with its surrounding whitespace
+    trimmed (Jinja's ``trim`` is ``str.strip``) on both sides or one."""
+    return list(dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip())))
+
+
+def _between(literals: list[str], text: str, contents: list[str] | None = None) -> list[str] | None:
+    """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln).
+
+    Piece ``k`` is ``contents[k]`` as the template may have left it (:func:`_forms`) where that is
+    followed by the next literal, else the text up to the literal's first occurrence (a template
+    that rewrites the content); the first choice that leads to a whole split wins. A content that
+    holds a copy of the markup after it is so found whole, not cut at the copy. Without
+    ``contents`` this is the first-occurrence scan: where it fails, so does any other split (each
+    literal can only come later there), so there is nothing to backtrack to."""
     if len(literals) == 1 or not text.startswith(literals[0]):
         return [] if text == literals[0] else None
-    pos, out = len(literals[0]), []
-    for lit in literals[1:-1]:
-        at = text.find(lit, pos) if lit else pos
-        if at < 0:
-            return None
-        out.append(text[pos:at])
-        pos = at + len(lit)
-    if text.endswith(literals[-1]) and len(text) - len(literals[-1]) >= pos:
-        return [*out, text[pos : len(text) - len(literals[-1])]]
+    last, tail = len(literals) - 2, len(text) - len(literals[-1])
+    if not text.endswith(literals[-1]):
+        return None
+
+    def ends(k: int, pos: int) -> list[int]:
+        """Where piece ``k``, starting at ``pos``, may end: its content's forms, then the scan."""
+        lit, out = literals[k + 1], []
+        for form in _forms(contents[k]) if contents is not None else ():
+            end = pos + len(form)
+            if text.startswith(form, pos) and (end == tail if k == last else text.startswith(lit, end)):
+                out.append(end)
+        at = tail if k == last else text.find(lit, pos)
+        return [*out, at] if at >= pos and at not in out else out
+
+    # depth-first over the choices, without recursion (an episode has many contents); a piece
+    # start that led nowhere once is not tried again
+    starts, pieces, failed = [len(literals[0])], list[str](), set[tuple[int, int]]()
+    choices = [iter(ends(0, starts[0]))]
+    while choices:
+        k = len(choices) - 1
+        end = next(choices[k], None)
+        if end is None:
+            failed.add((k, starts.pop()))
+            choices.pop()
+            if pieces:
+                pieces.pop()
+            continue
+        if k == last:
+            return [*pieces, text[starts[k] : end]]
+        nxt = end + len(literals[k + 1])
+        if (k + 1, nxt) in failed:
+            continue
+        pieces.append(text[starts[k] : end])
+        starts.append(nxt)
+        choices.append(iter(ends(k + 1, nxt)))
     return None
 
 
@@ -371,7 +408,8 @@ class HFChatRenderer(Renderer):
         pieces = _SENTINEL.split(text)  # literal, index, literal, index, ..., literal
         literals, order = pieces[0::2], [int(i) for i in pieces[1::2]]
         filled = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:], strict=True))
-        found: list[str] | None = [contents[i] for i in order] if filled == real else _between(literals, real)
+        ordered = [contents[i] for i in order]
+        found = ordered if filled == real else _between(literals, real, ordered)
         if found is None:
             return real, []  # contents not separable: the true text, markup parsed everywhere
         spans, pos = [], len(literals[0])
