@@ -774,3 +774,53 @@ def test_a_trimmed_prompt_and_an_observation_holding_markup_keep_the_next_deltas
     ]
     assert engine.prompts[-1][-12:] == clean_engine.prompts[-1][-12:]  # the last delta, as markup
     assert_exact(trajs, engine)  # render_diff was 111
+
+
+def test_text_shaped_like_a_content_mark_is_text() -> None:
+    """``splice`` marks each assistant turn in the chat it renders (and ``_spans`` each content); an
+    observation holding text of the same shape is not a turn: an exact episode reports no
+    difference (it reported 37)."""
+    r = _renderer("qwen25")
+    turns = [sampled(r, call_text("qwen25", r, k)) for k in ("x", "y")] + [sampled(r, "<answer>1</answer>")]
+    for fake in ("\ue0004\ue001", "\ue0002\ue001 \ue0004\ue001 \ue0006\ue001", "\ue000\ue001\ue0021"):
+        trajs, _, engine = play(r, [list(t) for t in turns], [fake, "v"])
+        assert_exact(trajs, engine)
+    # nor is a tool call's argument, which the template writes outside the contents (it made
+    # the bridge fail with an IndexError: a mark of a content that does not exist)
+    turns[1] = sampled(r, call_text("qwen25", r, "\ue0009\ue001"))
+    trajs, _, engine = play(r, turns, ["a <|im_end|> b", "v"])
+    assert_exact(trajs, engine)
+
+
+ECHO_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{%- if m.role == 'assistant' %}<|im_start|>echo\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_splicing_a_turn_the_template_writes_twice_is_not_checkable() -> None:
+    """A template that writes an assistant message twice has no one place for its sampled ids:
+    ``splice`` says so (``None``, not checkable) instead of splicing one copy and encoding the
+    other's mark as text."""
+    tok = build_tokenizer("qwen25")
+    once = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen25"),
+        tool_format="hermes",
+        observation_role="user",
+        multi_turn="bridge",
+    )
+    tok = build_tokenizer("qwen25")
+    tok.chat_template = ECHO_TEMPLATE
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen25"),
+        tool_format="hermes",
+        observation_role="user",
+        multi_turn="bridge",
+    )
+    chat: list[Any] = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]
+    turn = sampled(r, "hi")
+    assert once.splice(chat, [turn], None) is not None
+    assert r.splice(chat, [turn], None) is None

@@ -47,6 +47,7 @@ string) gets it as the first token of the next delta, outside the loss mask.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
@@ -75,14 +76,27 @@ ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer
 
 
 # ---------------------------------------------------------------------------------------------
-_SENTINEL = re.compile("\ue000(\\d+)\ue001")
 _PROBE = "\ue002"
+_PRIVATE_USE = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 Spans = tuple[str, list[tuple[int, int]]]
 """Template text and the character spans of message contents in it (encoded with specials split)."""
 
 
-def _mark(i: int) -> str:
-    return f"\ue000{i}\ue001"
+class _Marks:
+    """Marks ``OPEN index CLOSE`` for contents, made of two (private-use) characters that occur in
+    none of ``texts``: a rendering holds them only where they were put, whatever the chat's text
+    (a fixed mark could be written by an environment or a model, and would be taken for one)."""
+
+    def __init__(self, *texts: str) -> None:
+        seen = set("".join(texts))
+        free = (chr(c) for span in _PRIVATE_USE for c in span if chr(c) not in seen)
+        self.open, self.close = next(free, ""), next(free, "")
+        if not self.close:  # every private-use character in the chat: no mark is safe
+            raise ChatTemplateError("this chat holds every private-use character; cannot mark its contents")
+        self.pattern = re.compile(f"{re.escape(self.open)}(\\d+){re.escape(self.close)}")
+
+    def __call__(self, i: int) -> str:
+        return f"{self.open}{i}{self.close}"
 
 
 def _forms(content: str) -> list[str]:
@@ -392,20 +406,21 @@ class HFChatRenderer(Renderer):
         and as it is (the truth). Filling the sentinels in must give the true text; a template that
         trims or rewrites contents (Gemma's ``| trim``, Qwen3's reasoning split) is matched
         instead: its literal text between contents is found in the true text."""
+        real = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
+        mark = _Marks(real, self.template_source)  # what the marked rendering holds besides marks
         contents: list[str] = []
         marked: list[Message] = []
         for m in messages:
             mm = m.copy()
             if content := m.get("content"):
-                mm["content"] = _mark(len(contents))
+                mm["content"] = mark(len(contents))
                 contents.append(content)
             if reasoning := m.get("reasoning_content"):
-                mm["reasoning_content"] = _mark(len(contents))
+                mm["reasoning_content"] = mark(len(contents))
                 contents.append(reasoning)
             marked.append(mm)
-        real = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         text = self._apply(self._template_messages(marked, tools), self._schemas(tools), gen)
-        pieces = _SENTINEL.split(text)  # literal, index, literal, index, ..., literal
+        pieces = mark.pattern.split(text)  # literal, index, literal, index, ..., literal
         literals, order = pieces[0::2], [int(i) for i in pieces[1::2]]
         filled = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:], strict=True))
         ordered = [contents[i] for i in order]
@@ -469,22 +484,23 @@ class HFChatRenderer(Renderer):
         """The whole chat with each sampled turn's ids spliced in where the template puts an
         assistant message's content; ``None`` when a turn's place cannot be found."""
         gen = bool(messages) and messages[-1]["role"] != "assistant"
+        mark = _Marks(json.dumps([messages, tools], ensure_ascii=False, default=str), self.template_source)
         turns = iter(turn_ids)
         marked: list[Message] = []
         parts: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 ids = next(turns)
-                parts[_mark(i)] = ids[:-1] if self.closes_turn(ids) else list(ids)
-                marked.append({"role": "assistant", "content": _mark(i)})
+                parts[mark(i)] = ids[:-1] if self.closes_turn(ids) else list(ids)
+                marked.append({"role": "assistant", "content": mark(i)})
             else:
                 marked.append(m)
         text, spans = self._spans(marked, tools, gen)
         out: list[int] = []
         pos = 0
-        for found in _SENTINEL.finditer(text):
-            if found.group(0) not in parts:
-                continue
+        for found in mark.pattern.finditer(text):
+            if found.group(0) not in parts:  # a turn the template writes twice: no one place for it
+                return None
             before = [(lo - pos, hi - pos) for lo, hi in spans if pos <= lo and hi <= found.start()]
             out += self._encode(text[pos : found.start()], before) + parts.pop(found.group(0))
             pos = found.end()
