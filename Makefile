@@ -94,7 +94,7 @@ test-long: $(STAMP)
 MUTANTS_JOBS ?= 1
 MUTANTS ?= 'asyncrl.algo.*' 'asyncrl.staleness.*' 'asyncrl.credit.outcome.*' 'asyncrl.credit.tree.*' \
   'asyncrl.credit.assign.*' $(foreach m,_try_put get_batch _lease ack dead_letters,'asyncrl.transport.embedded.xǁEmbeddedQueueǁ$(m)__mutmut_*') \
-  $(foreach f,x__mark x__between xǁHFChatRendererǁ_spans xǁHFChatRendererǁ_encode xǁHFChatRendererǁbridge \
+  $(foreach f,xǁ_Marksǁ__init__ xǁ_Marksǁ__call__ x__forms x__between xǁHFChatRendererǁ_spans xǁHFChatRendererǁ_encode xǁHFChatRendererǁbridge \
   xǁHFChatRendererǁsplice,'asyncrl.policy.chat.$(f)__mutmut_*') $(foreach f,xǁRendererǁobservation \
   xǁRendererǁadd_observation xǁRendererǁrender_diff xǁTextRendererǁbridge xǁTextRendererǁsplice,'asyncrl.policy.renderer.$(f)__mutmut_*')
 mutants: $(STAMP)

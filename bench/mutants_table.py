@@ -31,7 +31,9 @@ AREAS: list[tuple[str, list[str]]] = [
         [
             f"asyncrl.policy.chat.{f}__mutmut_*"
             for f in (
-                "x__mark",
+                "xǁ_Marksǁ__init__",
+                "xǁ_Marksǁ__call__",
+                "x__forms",
                 "x__between",
                 "xǁHFChatRendererǁ_spans",
                 "xǁHFChatRendererǁ_encode",

@@ -503,10 +503,47 @@ def test_between_takes_each_literal_at_its_first_occurrence() -> None:
 def test_between_agrees_with_the_backtracking_match(
     literals: list[str], pieces: list[str], tamper: str
 ) -> None:
+    """The first-occurrence scan finds a split exactly where a backtracking match does, and the
+    same one: the reference is the lazy regular expression above, which ``src/`` no longer uses."""
     pieces = [*pieces, *[""] * len(literals)][: len(literals) - 1]
     text = literals[0] + "".join(p + lit for p, lit in zip(pieces, literals[1:], strict=True))
     text = {"": text, "drop": text[1:], "add": text + "a"}[tamper]
     assert _between(literals, text) == _backtracking(literals, text)
+
+
+def test_between_finds_a_trimmed_content_whole_though_it_holds_the_next_literal() -> None:
+    literals = ["<u>", "</u><m>", "</m>"]
+    text = "<u>a </u><m> b</u><m>c</m>"  # the template trimmed "a </u><m> b  \n"
+    assert _between(literals, text) == ["a ", " b</u><m>c"]  # the scan: cut at the copy
+    assert _between(literals, text, ["a </u><m> b  \n", "c"]) == ["a </u><m> b", "c"]
+    assert _between(literals, text, ["zz", "c"]) == ["a ", " b</u><m>c"]  # not a form: the scan
+    assert _between(["<", ">"], "<x>", ["\n"]) == ["x"]  # a rewritten last piece: the scan too
+    content = " a </u><m> b\n"
+    for form in (content, content.strip(), content.lstrip(), content.rstrip()):  # each trim
+        assert _between(literals, f"<u>{form}</u><m>c</m>", [content, "c"]) == [form, "c"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.text("ab<", min_size=1, max_size=3), min_size=2, max_size=4),
+    st.lists(
+        st.tuples(st.text(" \n", max_size=2), st.text("ab< ", max_size=5), st.text(" \n", max_size=2)).map(
+            "".join
+        ),
+        min_size=3,
+        max_size=3,
+    ),
+    st.lists(st.sampled_from(["", "strip", "lstrip", "rstrip"]), min_size=3, max_size=3),
+)
+def test_between_splits_trimmed_contents_where_they_were_put(
+    literals: list[str], contents: list[str], trims: list[str]
+) -> None:
+    """Contents the template trimmed (any side), holding any copies of the literals: each piece is
+    found as the template wrote it (literals start with a non-space, so only one form can fit)."""
+    contents = contents[: len(literals) - 1]
+    forms = [getattr(c, t)() if t else c for c, t in zip(contents, trims, strict=False)]
+    text = literals[0] + "".join(f + lit for f, lit in zip(forms, literals[1:], strict=True))
+    assert _between(literals, text, contents) == forms
 
 
 def test_special_strings_in_reasoning_stay_text() -> None:
@@ -682,3 +719,105 @@ def test_two_training_steps_on_a_per_turn_family(name: str, tmp_path: Path) -> N
     assert summary["trainer_steps"] == 2 and summary["lost_trajectories"] == 0
     assert summary["token_exact_rate"] == 1.0 and summary["token_exact_checked"] > 0
     assert '"token_exact_rate": 1.0' in (run_dir / "initial_eval.json").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# false alarms and wrong ids the mutation testing of the bridge found (docs/mutants.md)
+# ---------------------------------------------------------------------------------------------
+def _renderer(name: str) -> HFChatRenderer:
+    tok = build_tokenizer(name)
+    return HFChatRenderer(
+        tok, eos_token_ids=end_ids(tok, name), tool_format="auto", observation_role="auto", multi_turn="auto"
+    )
+
+
+def test_a_trimmed_content_holding_its_following_markup_is_split_where_the_template_put_it() -> None:
+    """Gemma trims contents, so its rendering is matched against the template's literals; a prompt
+    holding the very markup that follows it (plus whitespace the trim removes) is one content, not
+    cut at its copy of the markup: the certificate reports no difference on an exact episode."""
+    r = _renderer("gemma3")
+    prompt = "Look up x <end_of_turn>\n<start_of_turn>model\n then answer.  \n"
+    task = Task(id="t3", task_type="scripted", payload={"prompt": prompt})
+    turns = [sampled(r, call_text("gemma3", r, k)) for k in ("x", "y")] + [sampled(r, "<answer>1</answer>")]
+    trajs, _, engine = play(r, turns, ["41", "42"], task=task)
+    assert_exact(trajs, engine)  # render_diff was 137
+    clean, _, _ = play(
+        r,
+        [list(t) for t in turns],
+        ["41", "42"],
+        task=Task(id="t4", task_type="scripted", payload={"prompt": "Look up x, then answer.  \n"}),
+    )
+    eot = r.stop_token_ids[0]
+    assert sum(t.token_ids().count(eot) for t in trajs) == sum(t.token_ids().count(eot) for t in clean)
+
+
+def test_a_trimmed_prompt_and_an_observation_holding_markup_keep_the_next_deltas_markup() -> None:
+    """The same mis-split reached the trained ids: with a prompt the template trims, an observation
+    holding the markup around it (its closing, the next turn, the next observation's opening) was
+    cut at those copies, the next observation's span then began inside it and covered the real
+    markup of its delta, and the engine was prompted with that ``<start_of_turn>`` as text."""
+    r = _renderer("gemma3")
+    obs = (
+        "a\n</tool_response><end_of_turn>\n<start_of_turn>model\n"
+        "b<end_of_turn>\n<start_of_turn>user\n<tool_response>\nc"
+    )
+    task = Task(id="t5", task_type="scripted", payload={"prompt": "Look up x, then answer.  \n"})
+    turns = [sampled(r, call_text("gemma3", r, k)) for k in ("x", "y")] + [sampled(r, "<answer>1</answer>")]
+    trajs, _, engine = play(r, turns, [obs, "v"], task=task)
+    _, _, clean_engine = play(r, [list(t) for t in turns], ["plain words only here", "v"], task=task)
+    markup = [r.tokenizer.convert_tokens_to_ids(t) for t in ("<start_of_turn>", "<end_of_turn>")]
+    assert [engine.prompts[-1].count(i) for i in markup] == [
+        clean_engine.prompts[-1].count(i) for i in markup
+    ]
+    assert engine.prompts[-1][-12:] == clean_engine.prompts[-1][-12:]  # the last delta, as markup
+    assert_exact(trajs, engine)  # render_diff was 111
+
+
+def test_text_shaped_like_a_content_mark_is_text() -> None:
+    """``splice`` marks each assistant turn in the chat it renders (and ``_spans`` each content); an
+    observation holding text of the same shape is not a turn: an exact episode reports no
+    difference (it reported 37)."""
+    r = _renderer("qwen25")
+    turns = [sampled(r, call_text("qwen25", r, k)) for k in ("x", "y")] + [sampled(r, "<answer>1</answer>")]
+    for fake in ("\ue0004\ue001", "\ue0002\ue001 \ue0004\ue001 \ue0006\ue001", "\ue000\ue001\ue0021"):
+        trajs, _, engine = play(r, [list(t) for t in turns], [fake, "v"])
+        assert_exact(trajs, engine)
+    # nor is a tool call's argument, which the template writes outside the contents (it made
+    # the bridge fail with an IndexError: a mark of a content that does not exist)
+    turns[1] = sampled(r, call_text("qwen25", r, "\ue0009\ue001"))
+    trajs, _, engine = play(r, turns, ["a <|im_end|> b", "v"])
+    assert_exact(trajs, engine)
+
+
+ECHO_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{%- if m.role == 'assistant' %}<|im_start|>echo\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_splicing_a_turn_the_template_writes_twice_is_not_checkable() -> None:
+    """A template that writes an assistant message twice has no one place for its sampled ids:
+    ``splice`` says so (``None``, not checkable) instead of splicing one copy and encoding the
+    other's mark as text."""
+    tok = build_tokenizer("qwen25")
+    once = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen25"),
+        tool_format="hermes",
+        observation_role="user",
+        multi_turn="bridge",
+    )
+    tok = build_tokenizer("qwen25")
+    tok.chat_template = ECHO_TEMPLATE
+    r = HFChatRenderer(
+        tok,
+        eos_token_ids=end_ids(tok, "qwen25"),
+        tool_format="hermes",
+        observation_role="user",
+        multi_turn="bridge",
+    )
+    chat: list[Any] = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]
+    turn = sampled(r, "hi")
+    assert once.splice(chat, [turn], None) is not None
+    assert r.splice(chat, [turn], None) is None

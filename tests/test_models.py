@@ -173,7 +173,7 @@ def test_a_turn_cut_short_gets_its_end_token_outside_the_loss(family: tuple[str,
     conv = r.start("Count", CALC)
     turn = model_turn(r, tok, "1 2 3 4", close=False)  # max_new_tokens ran out
     r.add_model_turn(conv, turn)
-    assert not conv.turn_closed
+    assert not r.closes_turn(conv.turn_ids[-1])
     delta = r.observation(conv, "go on")
     assert delta[0] == r.stop_token_ids[0]
     r.add_observation(conv, "go on", delta)

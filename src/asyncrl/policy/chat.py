@@ -47,6 +47,7 @@ string) gets it as the first token of the next delta, outside the loss mask.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
@@ -75,33 +76,82 @@ ANSWER_HINT = "When you know the final answer, reply with <answer>ANSWER</answer
 
 
 # ---------------------------------------------------------------------------------------------
-_SENTINEL = re.compile("\ue000(\\d+)\ue001")
 _PROBE = "\ue002"
+_PRIVATE_USE = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 Spans = tuple[str, list[tuple[int, int]]]
 """Template text and the character spans of message contents in it (encoded with specials split)."""
 
 
-def _mark(i: int) -> str:
-    return f"\ue000{i}\ue001"
+class _Marks:
+    """Marks ``OPEN index CLOSE`` for contents, made of two (private-use) characters that occur in
+    none of ``texts``: a rendering holds them only where they were put, whatever the chat's text
+    (a fixed mark could be written by an environment or a model, and would be taken for one)."""
+
+    def __init__(self, *texts: str) -> None:
+        seen = set("".join(texts))
+        free = (chr(c) for span in _PRIVATE_USE for c in span if chr(c) not in seen)
+        self.open, self.close = next(free, ""), next(free, "")
+        if not self.close:  # every private-use character in the chat: no mark is safe
+            raise ChatTemplateError("this chat holds every private-use character; cannot mark its contents")
+        self.pattern = re.compile(f"{re.escape(self.open)}(\\d+){re.escape(self.close)}")
+
+    def __call__(self, i: int) -> str:
+        return f"{self.open}{i}{self.close}"
 
 
-def _between(literals: list[str], text: str) -> list[str] | None:
-    """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln);
-    each literal at its first occurrence (a linear scan), else the backtracking match."""
+def _forms(content: str) -> list[str]:
+    """What a template may leave of a content: all of it, or with its surrounding whitespace
+    trimmed (Jinja's ``trim`` is ``str.strip``) on both sides or one."""
+    return list(dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip())))
+
+
+def _between(literals: list[str], text: str, contents: list[str] | None = None) -> list[str] | None:
+    """The pieces of ``text`` between consecutive ``literals`` (``text`` = L0 + c0 + L1 + ... + Ln).
+
+    Piece ``k`` is ``contents[k]`` as the template may have left it (:func:`_forms`) where that is
+    followed by the next literal, else the text up to the literal's first occurrence (a template
+    that rewrites the content); the first choice that leads to a whole split wins. A content that
+    holds a copy of the markup after it is so found whole, not cut at the copy. Without
+    ``contents`` this is the first-occurrence scan: where it fails, so does any other split (each
+    literal can only come later there), so there is nothing to backtrack to."""
     if len(literals) == 1 or not text.startswith(literals[0]):
         return [] if text == literals[0] else None
-    pos, out = len(literals[0]), []
-    for lit in literals[1:-1]:
-        at = text.find(lit, pos) if lit else pos
-        if at < 0:
-            break
-        out.append(text[pos:at])
-        pos = at + len(lit)
-    else:
-        if text.endswith(literals[-1]) and len(text) - len(literals[-1]) >= pos:
-            return [*out, text[pos : len(text) - len(literals[-1])]]
-    match = re.fullmatch("(.*?)".join(re.escape(lit) for lit in literals), text, flags=re.DOTALL)
-    return list(match.groups()) if match is not None else None
+    last, tail = len(literals) - 2, len(text) - len(literals[-1])
+    if not text.endswith(literals[-1]):
+        return None
+
+    def ends(k: int, pos: int) -> list[int]:
+        """Where piece ``k``, starting at ``pos``, may end: its content's forms, then the scan."""
+        lit, out = literals[k + 1], []
+        for form in _forms(contents[k]) if contents is not None else ():
+            end = pos + len(form)
+            if text.startswith(form, pos) and (end == tail if k == last else text.startswith(lit, end)):
+                out.append(end)
+        at = tail if k == last else text.find(lit, pos)
+        return [*out, at] if at >= pos and at not in out else out
+
+    # depth-first over the choices, without recursion (an episode has many contents); a piece
+    # start that led nowhere once is not tried again
+    starts, pieces, failed = [len(literals[0])], list[str](), set[tuple[int, int]]()
+    choices = [iter(ends(0, starts[0]))]
+    while choices:
+        k = len(choices) - 1
+        end = next(choices[k], None)
+        if end is None:
+            failed.add((k, starts.pop()))
+            choices.pop()
+            if pieces:
+                pieces.pop()
+            continue
+        if k == last:
+            return [*pieces, text[starts[k] : end]]
+        nxt = end + len(literals[k + 1])
+        if (k + 1, nxt) in failed:
+            continue
+        pieces.append(text[starts[k] : end])
+        starts.append(nxt)
+        choices.append(iter(ends(k + 1, nxt)))
+    return None
 
 
 class HFChatRenderer(Renderer):
@@ -356,23 +406,25 @@ class HFChatRenderer(Renderer):
         and as it is (the truth). Filling the sentinels in must give the true text; a template that
         trims or rewrites contents (Gemma's ``| trim``, Qwen3's reasoning split) is matched
         instead: its literal text between contents is found in the true text."""
+        real = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
+        mark = _Marks(real, self.template_source)  # what the marked rendering holds besides marks
         contents: list[str] = []
         marked: list[Message] = []
         for m in messages:
             mm = m.copy()
             if content := m.get("content"):
-                mm["content"] = _mark(len(contents))
+                mm["content"] = mark(len(contents))
                 contents.append(content)
             if reasoning := m.get("reasoning_content"):
-                mm["reasoning_content"] = _mark(len(contents))
+                mm["reasoning_content"] = mark(len(contents))
                 contents.append(reasoning)
             marked.append(mm)
-        real = self._apply(self._template_messages(messages, tools), self._schemas(tools), gen)
         text = self._apply(self._template_messages(marked, tools), self._schemas(tools), gen)
-        pieces = _SENTINEL.split(text)  # literal, index, literal, index, ..., literal
+        pieces = mark.pattern.split(text)  # literal, index, literal, index, ..., literal
         literals, order = pieces[0::2], [int(i) for i in pieces[1::2]]
         filled = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:], strict=True))
-        found: list[str] | None = [contents[i] for i in order] if filled == real else _between(literals, real)
+        ordered = [contents[i] for i in order]
+        found = ordered if filled == real else _between(literals, real, ordered)
         if found is None:
             return real, []  # contents not separable: the true text, markup parsed everywhere
         spans, pos = [], len(literals[0])
@@ -432,22 +484,23 @@ class HFChatRenderer(Renderer):
         """The whole chat with each sampled turn's ids spliced in where the template puts an
         assistant message's content; ``None`` when a turn's place cannot be found."""
         gen = bool(messages) and messages[-1]["role"] != "assistant"
+        mark = _Marks(json.dumps([messages, tools], ensure_ascii=False, default=str), self.template_source)
         turns = iter(turn_ids)
         marked: list[Message] = []
         parts: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
                 ids = next(turns)
-                parts[_mark(i)] = ids[:-1] if self.closes_turn(ids) else list(ids)
-                marked.append({"role": "assistant", "content": _mark(i)})
+                parts[mark(i)] = ids[:-1] if self.closes_turn(ids) else list(ids)
+                marked.append({"role": "assistant", "content": mark(i)})
             else:
                 marked.append(m)
         text, spans = self._spans(marked, tools, gen)
         out: list[int] = []
         pos = 0
-        for found in _SENTINEL.finditer(text):
-            if found.group(0) not in parts:
-                continue
+        for found in mark.pattern.finditer(text):
+            if found.group(0) not in parts:  # a turn the template writes twice: no one place for it
+                return None
             before = [(lo - pos, hi - pos) for lo, hi in spans if pos <= lo and hi <= found.start()]
             out += self._encode(text[pos : found.start()], before) + parts.pop(found.group(0))
             pos = found.end()

@@ -72,8 +72,6 @@ class Conversation:
     messages: list[Message]
     ids: list[int]
     tools: list[Tool] = field(default_factory=list)
-    turn_closed: bool = True
-    """Whether the last model turn ended with the template's end-of-turn token."""
     turn_ids: list[list[int]] = field(default_factory=list)
     """Each model turn's sampled ids, as sampled."""
 
@@ -176,7 +174,6 @@ class Renderer(ABC):
         conv.turn_ids.append(list(ids))
         turn = self.parse(ids)
         conv.messages.append(self.assistant_message(turn))
-        conv.turn_closed = self.closes_turn(ids)
         return self.fmt.to_action(turn.content, conv.tools)
 
     def closes_turn(self, ids: list[int]) -> bool:
@@ -198,7 +195,6 @@ class Renderer(ABC):
     def add_observation(self, conv: Conversation, text: str, ids: list[int]) -> None:
         conv.ids.extend(ids)
         conv.messages.append(self.observation_message(text, self._last_call_id(conv)))
-        conv.turn_closed = True
 
     def next_prompt(self, conv: Conversation, text: str) -> list[int]:
         """``per_turn`` mode: the chat so far plus the observation, rendered whole by the template."""
