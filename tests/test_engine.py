@@ -355,7 +355,7 @@ def test_first_token_frequencies_match_distribution(temperature: float, top_p: f
 # ---- weights -----------------------------------------------------------------------------------
 def test_draw_follows_the_weights_and_never_draws_a_zero() -> None:
     """Inverse transform sampling (the engine's sampler): frequencies match, weight 0 never drawn."""
-    from asyncrl.engine.hf import draw
+    from asyncrl.engine.decode import draw
 
     weights = torch.tensor([[0.0, 1.0, 3.0, 0.0, 4.0], [2.0, 0.0, 0.0, 0.0, 0.0]]).repeat(2000, 1)
     g = torch.Generator().manual_seed(0)

@@ -3,6 +3,19 @@ causal LM in this process, a KV cache, optional static decoding with CUDA graphs
 
 The interface, the behaviour log-prob definition it implements and the one weight-load method:
 :mod:`asyncrl.engine.base`.
+
+With a prefix cache (``prefix_cache_mb > 0``, growing-cache path only) each row's KV is kept
+after a call (:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept
+sequence prefills only its new tokens. Such a chunk's prefill has two regions: the rows' cached
+columns, left-padded to the longest cached prefix, then a window of the new tokens,
+right-aligned; masks hide the padding of both and position ids count real tokens, so the
+result equals a full prefill up to float rounding.
+
+With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl.policy.lora.MergedCopy`
+instead (:attr:`HFEngine.model`; ``policy.model`` stays the PEFT model that loads are validated against):
+plain weights with the adapter folded in, refolded at every :meth:`HFEngine.load_weights`, so a decode step
+runs no adapter matmuls. :meth:`HFEngine.fingerprint` then reports the adapter the copy was folded from and
+:meth:`HFEngine.probe` runs on the copy: the weight-sync canary checks what is served.
 """
 
 from __future__ import annotations
@@ -18,10 +31,21 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
-from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.cache_utils import DynamicLayer
 
 from asyncrl.config import HFEngineConfig, default_of
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.decode import (
+    StaticDecoder,
+    bucket_for,
+    buffer_cache,
+    decode_buckets,
+    kv_dims,
+    last_logits,
+    layer_kv,
+    pad_rows,
+    sample_tokens,
+)
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
@@ -35,186 +59,6 @@ STATIC_CACHE_SLACK = 128
 ``width + step``, so a chunk fits when ``width + steps <= max_context + STATIC_CACHE_SLACK``; one
 that does not (a long prompt batched with short ones that may still sample many tokens) is decoded
 with the growing cache instead."""
-
-
-def sample_tokens(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_p: torch.Tensor,
-    generator: torch.Generator | None,
-    forced: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; return ``(tokens [B], behaviour log-probs [B])``.
-
-    ``logits`` is ``[B, V]``, ``temperature`` and ``top_p`` are ``[B]``. The log-prob is
-    taken from ``log_softmax`` (not ``log(softmax)``) and the nucleus correction is
-    ``- log(kept mass)``, so both are exact to float32 rounding even for unlikely tokens.
-    ``forced`` ``[B]``: take these tokens instead of drawing (teacher forcing, the canary's probe).
-    """
-    logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
-    probs = logp.exp()
-    log_mass = torch.zeros_like(temperature)
-    nucleus = top_p < 1.0
-    if bool(nucleus.any()):
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_p.cumsum(-1) - sorted_p
-        # Keep a token while the mass of strictly more likely tokens is below top_p; the
-        # most likely token is always kept, so the nucleus is never empty.
-        keep_sorted = mass_before < top_p[:, None]
-        keep_sorted |= ~nucleus[:, None]
-        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-        probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
-        log_mass = torch.where(nucleus, probs.sum(-1).log(), log_mass)
-    tokens = draw(probs, generator) if forced is None else forced
-    lp = logp.gather(-1, tokens[:, None]).squeeze(-1) - log_mass
-    return tokens, lp
-
-
-def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index per row of ``weights`` ``[B, V]`` (non-negative, unnormalised), with probability
-    ``weights / weights.sum()``: inverse transform sampling on a float64 cumulative sum.
-
-    The first index whose cumulative weight exceeds ``u * total`` (``u`` uniform in [0, 1)); an
-    index of weight 0 never is. ``torch.multinomial`` draws one exponential variate per vocabulary
-    entry instead: 44 ms per decode step at batch 16 on SmolLM2's 49k vocabulary (one CPU thread),
-    against 0.5 ms here.
-    """
-    cdf = weights.double().cumsum(-1)
-    u = torch.rand((weights.shape[0], 1), dtype=torch.float64, device=weights.device, generator=generator)
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(weights.shape[-1] - 1)
-    # u * total can round up to total: the last index, which may have weight 0; take the likeliest then
-    ok = weights.gather(-1, idx) > 0
-    return torch.where(ok, idx, weights.argmax(-1, keepdim=True)).squeeze(-1)
-
-
-def last_logits(
-    model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: Any
-) -> torch.Tensor:
-    """Last-position logits ``[B, V]`` of one cached forward pass (prefill or one decode step)."""
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    logits: torch.Tensor = out.logits[:, -1]
-    return logits
-
-
-def decode_buckets(max_batch: int) -> list[int]:
-    """Row counts static decoding runs at: powers of two from 8 below ``max_batch``, then ``max_batch``."""
-    out: list[int] = []
-    n = 8
-    while n < max_batch:
-        out.append(n)
-        n *= 2
-    return [*out, max_batch]
-
-
-def bucket_for(rows: int, buckets: list[int]) -> int:
-    """The smallest bucket holding ``rows`` rows."""
-    return next(b for b in buckets if b >= rows)
-
-
-class StaticDecoder:
-    """Fixed-shape decoding for one bucket of rows, the launch-efficient path for GPUs.
-
-    A generic decode step with a growing cache has new tensor shapes every step and launches
-    hundreds of small kernels; on a GPU a small model then spends its time launching, not
-    computing (about 87 ms per step whatever the batch for a 0.39B model with ``generate`` on an
-    H200). Here the KV cache is a :class:`~transformers.StaticCache` of ``cache_len`` columns
-    allocated once, and the step's inputs (token ids, position ids, attention mask) live in fixed
-    buffers, so every step of every chunk has the same shapes and addresses. With ``graphs`` one
-    decode step is captured as a CUDA graph once per bucket and each step is a single replay.
-
-    Column ``c`` of the cache holds the token at column ``c`` of the left-padded chunk: the
-    prefill writes columns ``0 .. width-1``, decode step ``k`` writes column ``width + k`` (the
-    cache's own in-place counter, which a graph replay advances on the device). The mask buffer
-    hides pad columns and columns not yet written, so results equal the growing-cache path up to
-    float rounding (``tests/test_engine.py`` checks it on the CPU, where the same buffers are run
-    eagerly).
-    """
-
-    def __init__(
-        self, model: PreTrainedModel, rows: int, cache_len: int, *, graphs: bool, graph_pool: Any = None
-    ) -> None:
-        self.model, self.rows, self.cache_len = model, rows, cache_len
-        dev = next(model.parameters()).device
-        self.attn = model.config._attn_implementation
-        self.cache = StaticCache(config=model.config, max_cache_len=cache_len)
-        self.ids = torch.zeros((rows, 1), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((rows, 1), dtype=torch.long, device=dev)
-        self.mask = as_attention_bias(
-            torch.zeros((rows, 1, 1, cache_len), dtype=torch.bool, device=dev), self.attn
-        )
-        self._visible = as_attention_bias(torch.ones((), dtype=torch.bool, device=dev), self.attn)
-        self.graph: Any = None
-        self.logits: torch.Tensor | None = None
-        self.capture_error: str | None = None
-        if graphs:
-            self._capture(graph_pool)
-
-    def _step_forward(self) -> torch.Tensor:
-        return last_logits(self.model, self.ids, self.pos, self.mask, self.cache)
-
-    def _capture(self, pool: Any) -> None:
-        """Capture one decode step as a CUDA graph (warm-up first, on a side stream, as CUDA requires)."""
-        try:
-            self.mask[..., 0] = self._visible  # warm-up rows attend to something: no NaNs
-            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # the first call allocates the cache (lazily, at its first update)
-                    self._step_forward()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits = self._step_forward()
-            self.graph = graph
-        except Exception as exc:  # capture is an optimisation: decode eagerly instead
-            self.graph, self.logits = None, None
-            self.capture_error = f"{type(exc).__name__}: {exc}"
-            log.warning(
-                "CUDA graph capture failed for %d rows (%s); decoding eagerly", self.rows, self.capture_error
-            )
-        finally:
-            self.cache.reset()  # type: ignore[no-untyped-call]  # in place: the graph keeps pointing at the same tensors
-
-    def load(self, kv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Put the chunk's prompt KV (``[layers, 2, b, kv_heads, width, head_dim]``, its real columns
-        ``valid [b, width]``) in the cache; return ``valid`` for all bucket rows (a dummy row sees
-        one zero column, so its attention is never empty)."""
-        b, width = valid.shape
-        self.cache.reset()  # type: ignore[no-untyped-call]
-        for i, layer in enumerate(self.cache.layers):
-            assert isinstance(layer, StaticLayer)
-            if not layer.is_initialized:  # eager (CPU) decoding: no capture allocated it
-                shape = (self.rows, *kv.shape[3:])
-                layer.lazy_initialization(kv[i, 0, :1].expand(shape), kv[i, 1, :1].expand(shape))
-            keys, values = _layer_kv(layer)
-            keys[:b, :, :width].copy_(kv[i, 0])
-            values[:b, :, :width].copy_(kv[i, 1])
-            layer.cumulative_length.fill_(width)
-        rows_valid = torch.zeros((self.rows, width), dtype=torch.bool, device=valid.device)
-        rows_valid[:b] = valid
-        rows_valid[b:, -1] = True
-        allowed = torch.zeros((self.rows, 1, 1, self.cache_len), dtype=torch.bool, device=valid.device)
-        allowed[:, 0, 0, :width] = rows_valid
-        self.mask.copy_(as_attention_bias(allowed, self.attn))
-        return rows_valid
-
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
-        """Decode ``tokens`` ``[rows]`` at ``positions``, written to cache ``column``; next logits."""
-        self.ids.copy_(tokens[:, None])
-        self.pos.copy_(positions[:, None])
-        self.mask[..., column] = self._visible
-        if self.graph is not None:
-            self.graph.replay()
-            assert self.logits is not None
-            return self.logits
-        return self._step_forward()
 
 
 @dataclass
@@ -292,24 +136,13 @@ class HFEngine(GenerationEngine):
     ``model.generate`` so that the recorded log-probs are, by construction, those of
     the distribution each token was drawn from.
 
-    With a prefix cache (``prefix_cache_mb > 0``, growing-cache path only) each row's KV is kept
-    after a call (:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept
-    sequence prefills only its new tokens. Such a chunk's prefill has two regions: the rows' cached
-    columns, left-padded to the longest cached prefix, then a window of the new tokens,
-    right-aligned; masks hide the padding of both and position ids count real tokens, so the
-    result equals a full prefill up to float rounding.
+    The prefix cache and the merged LoRA copy: the module docstring.
 
     The engine samples from ``policy.model`` itself (no copy): :meth:`load_weights`
     overwrites those parameters in place. Give the engine its own :class:`Policy` when
     something else (a trainer) must keep its weights; code that changes the weights other than
     through :meth:`load_weights` must call :meth:`clear_prefix_cache` (and, with a merged copy,
     :meth:`refresh_merged`).
-
-    With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl.policy.lora.MergedCopy`
-    instead (:attr:`model`; ``policy.model`` stays the PEFT model that loads are validated against):
-    plain weights with the adapter folded in, refolded at every :meth:`load_weights`, so a decode step
-    runs no adapter matmuls. :meth:`fingerprint` then reports the adapter the copy was folded from and
-    :meth:`probe` runs on the copy: the weight-sync canary checks what is served.
     """
 
     def __init__(
@@ -488,7 +321,7 @@ class HFEngine(GenerationEngine):
         decoder = self._decoder(rows_run) if static else None
         if decoder is not None:
             assert isinstance(cache, torch.Tensor)
-            valid, logits = decoder.load(cache, valid), _pad_rows(logits, rows_run)
+            valid, logits = decoder.load(cache, valid), pad_rows(logits, rows_run)
             self.static_chunks += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # prefill and decode times apart
@@ -499,7 +332,7 @@ class HFEngine(GenerationEngine):
 
         st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
         if forced is not None:
-            st.forced = _pad_rows(forced[:, :max_steps].to(self.device), rows_run)
+            st.forced = pad_rows(forced[:, :max_steps].to(self.device), rows_run)
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
         steps = self._decode(st, logits, cache, decoder, width, prompts)
@@ -509,7 +342,17 @@ class HFEngine(GenerationEngine):
             kept = decoder.cache if decoder is not None else cache
             assert isinstance(kept, (DynamicCache, StaticCache))
             active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
-            self._store(kept, active, st.rows, st.valid, prompts, st.out_tokens, st.n_out)
+            self.prefix_cache_seconds += _keep_rows(
+                self.prefix_cache,
+                self.version,
+                kept,
+                active,
+                st.rows,
+                st.valid,
+                prompts,
+                st.out_tokens,
+                st.n_out,
+            )
         return _collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
 
     def _decode(
@@ -548,7 +391,17 @@ class HFEngine(GenerationEngine):
                 if n_done >= max(1.0, self.compact_fraction * st.finished.shape[0]):
                     if self.prefix_cache is not None:  # the dropped rows' KV leaves the batch: keep it
                         done = st.finished.nonzero().squeeze(-1)
-                        self._store(cache, done, st.rows, st.valid, prompts, st.out_tokens, st.n_out)
+                        self.prefix_cache_seconds += _keep_rows(
+                            self.prefix_cache,
+                            self.version,
+                            cache,
+                            done,
+                            st.rows,
+                            st.valid,
+                            prompts,
+                            st.out_tokens,
+                            st.n_out,
+                        )
                     keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
@@ -595,7 +448,7 @@ class HFEngine(GenerationEngine):
         logits = torch.stack([span_logits[plan.node_span[n]] for n in plan.row_leaf])
         if room == 0:
             return logits, kv_rows, valid
-        return logits, _buffer_cache(kv_rows, width, self.model.config), valid
+        return logits, buffer_cache(kv_rows, width, self.model.config), valid
 
     def _run_level(
         self, plan: PrefillPlan, level: list[int], sources: dict[tuple[str, int], torch.Tensor], room: int
@@ -638,7 +491,7 @@ class HFEngine(GenerationEngine):
                 n_cached,
                 width + room,
             )
-            cache = _buffer_cache(kv, n_cached, self.model.config)
+            cache = buffer_cache(kv, n_cached, self.model.config)
         else:  # sliding-window layers: the model's own growing cache (nothing shared, no prefix cache)
             cache = DynamicCache(config=self.model.config)
         logits = last_logits(self.model, input_ids, position_ids, mask, cache)
@@ -657,42 +510,6 @@ class HFEngine(GenerationEngine):
         self.prefix_cache_seconds += time.perf_counter() - t0
         return hits
 
-    def _store(
-        self,
-        cache: DynamicCache | StaticCache,
-        active: torch.Tensor,
-        rows: torch.Tensor,
-        valid: torch.Tensor,
-        prompts: list[list[int]],
-        out_tokens: torch.Tensor,
-        n_out: torch.Tensor,
-    ) -> None:
-        """Keep the KV of the ``active`` batch rows: their prompt and every sampled token but the last.
-
-        A row's real cache columns are its ``valid`` ones, in order; a finished row left in the
-        batch has later columns too (tokens sampled after it finished), so only the first
-        ``len(prompt) + n_out - 1`` are its own.
-        """
-        assert self.prefix_cache is not None
-        t0 = time.perf_counter()
-        n_cols = valid.shape[1]
-        kv = torch.stack(
-            [
-                torch.stack([k[active, :, :n_cols], v[active, :, :n_cols]])
-                for k, v in map(_layer_kv, cache.layers)
-            ]
-        )
-        originals = rows[active]
-        counts = n_out[originals].tolist()
-        sampled = out_tokens[originals].tolist()
-        for j, (r, n) in enumerate(zip(originals.tolist(), counts, strict=True)):
-            keep = len(prompts[r]) + n - 1
-            columns = valid[active[j]].nonzero().squeeze(-1)[:keep]
-            self.prefix_cache.store(
-                prompts[r] + sampled[j][: n - 1], kv[:, :, j].index_select(-2, columns), self.version
-            )
-        self.prefix_cache_seconds += time.perf_counter() - t0
-
     def _decoder(self, rows: int) -> StaticDecoder:
         """The static decoder of a bucket, built (and its decode step captured) on first use."""
         dec = self._decoders.get(rows)
@@ -704,6 +521,39 @@ class HFEngine(GenerationEngine):
             )
             self._decoders[rows] = dec
         return dec
+
+
+def _keep_rows(
+    prefix_cache: PrefixCache,
+    version: int,
+    cache: DynamicCache | StaticCache,
+    active: torch.Tensor,
+    rows: torch.Tensor,
+    valid: torch.Tensor,
+    prompts: list[list[int]],
+    out_tokens: torch.Tensor,
+    n_out: torch.Tensor,
+) -> float:
+    """Keep the KV of the ``active`` batch rows in ``prefix_cache``: their prompt and every sampled token
+    but the last. Returns the seconds it took.
+
+    A row's real cache columns are its ``valid`` ones, in order; a finished row left in the
+    batch has later columns too (tokens sampled after it finished), so only the first
+    ``len(prompt) + n_out - 1`` are its own.
+    """
+    t0 = time.perf_counter()
+    n_cols = valid.shape[1]
+    kv = torch.stack(
+        [torch.stack([k[active, :, :n_cols], v[active, :, :n_cols]]) for k, v in map(layer_kv, cache.layers)]
+    )
+    originals = rows[active]
+    counts = n_out[originals].tolist()
+    sampled = out_tokens[originals].tolist()
+    for j, (r, n) in enumerate(zip(originals.tolist(), counts, strict=True)):
+        keep = len(prompts[r]) + n - 1
+        columns = valid[active[j]].nonzero().squeeze(-1)[:keep]
+        prefix_cache.store(prompts[r] + sampled[j][: n - 1], kv[:, :, j].index_select(-2, columns), version)
+    return time.perf_counter() - t0
 
 
 def _merged_copy(policy: Policy) -> MergedCopy | None:
@@ -746,7 +596,7 @@ def _gather(
     Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
     the forward passes to write.
     """
-    layers, heads, dim = _kv_dims(model)
+    layers, heads, dim = kv_dims(model)
     kv = torch.empty((layers, 2, len(paths), heads, cols, dim), dtype=model.dtype, device=device)
     for i, pieces in enumerate(paths):
         col = end - sum(p.length for p in pieces)
@@ -770,71 +620,6 @@ def _collect(
         Sample(t[:n], lp[:n], "stop" if s else "length")
         for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
     ]
-
-
-def _layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values ``[B, kv_heads, T, head_dim]`` of one full-attention cache layer (growing or static)."""
-    assert layer.keys is not None and layer.values is not None
-    return layer.keys, layer.values
-
-
-class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
-    """A full-attention cache layer over preallocated buffers ``[B, kv_heads, capacity, head_dim]``.
-
-    An update writes its columns in place and returns views of the filled columns: no concatenation,
-    allocation or page faults per decode step (the growing cache's ``torch.cat`` copies the whole KV
-    at every step). A write past the capacity reallocates (the engine sizes buffers so it does not).
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.kbuf, self.vbuf, self.filled = keys, values, filled
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self._views()
-
-    def _views(self) -> None:
-        self.keys, self.values = self.kbuf[:, :, : self.filled], self.vbuf[:, :, : self.filled]
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = self.filled + key_states.shape[-2]
-        if n > self.kbuf.shape[-2]:
-            grow = (0, 0, 0, n - self.kbuf.shape[-2])
-            self.kbuf = torch.nn.functional.pad(self.kbuf, grow)
-            self.vbuf = torch.nn.functional.pad(self.vbuf, grow)
-        self.kbuf[:, :, self.filled : n] = key_states
-        self.vbuf[:, :, self.filled : n] = value_states
-        self.filled = n
-        self._views()
-        assert self.keys is not None and self.values is not None
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
-        self._views()
-
-
-def _buffer_cache(kv: torch.Tensor, filled: int, config: Any) -> DynamicCache:
-    """A growing cache whose layers are views of ``kv`` ``[layers, 2, B, kv_heads, capacity, head_dim]``,
-    the first ``filled`` columns already holding KV."""
-    cache = DynamicCache(config=config)
-    cache.layers = [_BufferLayer(kv[i, 0], kv[i, 1], filled) for i in range(kv.shape[0])]
-    return cache
-
-
-def _kv_dims(model: PreTrainedModel) -> tuple[int, int, int]:
-    """``(layers, kv_heads, head_dim)`` of the model's KV cache."""
-    c = model.config
-    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return int(c.num_hidden_layers), int(heads), int(dim)
-
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` with zero rows appended up to ``rows`` rows."""
-    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))]) if rows > x.shape[0] else x
 
 
 def _plain_dynamic_cache(model: PreTrainedModel) -> bool:
