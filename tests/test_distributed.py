@@ -407,12 +407,12 @@ def test_checkpoints_resume_on_another_world_size(tmp_path: Path, parallel: str)
     )
     one = _learner(cfg)
     torch.manual_seed(100)
-    one.step(batch(), version=0)
+    one.step(groups_of(batch()), version=0)
     first = save_checkpoint(
         tmp_path / "one", one.policy, one.optimizer, one.scheduler, TrainerState(1, 0, 0, {})
     )
     torch.manual_seed(101)
-    one.step(batch(), version=1)  # the one-rank continuation, for comparison
+    one.step(groups_of(batch()), version=1)  # the one-rank continuation, for comparison
 
     ctx, port, out = mp.get_context("spawn"), free_port(), tmp_path / "two"
     procs = [

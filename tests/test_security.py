@@ -104,7 +104,7 @@ def test_pickle_bomb_in_the_redis_queue_is_dead_lettered_not_run(tmp_path: Path)
         assert q.get_batch(4, timeout=1.0) == []
         assert not marker.exists()
         dead = q.dead_letters()
-        assert len(dead) == 1 and dead[0].trajectory_id == "evil" and dead[0].payload == bomb
+        assert len(dead) == 1 and dead[0].group_id == "evil" and dead[0].payload == bomb
         assert q.stats().dead_letters == 1.0
         q.close()
     finally:
