@@ -115,7 +115,7 @@ class Lifecycle(msgspec.Struct, kw_only=True):
 
 
 class Trajectory(msgspec.Struct, kw_only=True):
-    """One episode of an agent in an environment: the unit on the trajectory bus."""
+    """One episode of an agent in an environment (or one sample of it): a member of a :class:`Group`."""
 
     id: str
     task: Task
