@@ -193,6 +193,24 @@ def main() -> None:
         for k in out
         if k != "shared"
     }
+
+    def tps(r: dict[str, Any]) -> float:
+        return float(r["sampled_tokens"] / r["wall_s"])
+
+    def spread(xs: list[float]) -> dict[str, float]:
+        return {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2), "max": round(max(xs), 2)}
+
+    # every repeat's own figure and its pair's ratio (the sides alternate within a repeat)
+    per_repeat = {
+        "tokens_per_s": {k: spread([tps(r) for r in v]) for k, v in runs.items()},
+        **{
+            f"shared_over_{k}_tokens_per_s": spread(
+                [tps(s) / tps(r) for s, r in zip(runs["shared"], v, strict=True)]
+            )
+            for k, v in runs.items()
+            if k != "shared"
+        },
+    }
     print(
         json.dumps(
             {
@@ -209,6 +227,7 @@ def main() -> None:
                 "repeats": args.repeats,
                 "sides": out,
                 "ratios": ratio,
+                "per_repeat": per_repeat,
                 "shared_vs_unshared_identical_samples": sum(
                     s.token_ids == t.token_ids for s, t in zip(a, b, strict=True)
                 ),
