@@ -56,7 +56,7 @@ class AllPasses(Learner):
     """The learner before issue #26: every pass, every position, padded rows (``share_prefixes`` off)."""
 
     def _proximal(self, b: Batch, first: torch.Tensor) -> torch.Tensor | None:
-        return self._logprobs(self.model, b)
+        return self._logprobs(self.parallel.scorer, b)
 
     def _positions(self, b: Batch, part: _Part) -> torch.Tensor | None:
         return None
