@@ -69,8 +69,7 @@ class Ticket:
         state, worker = a.state, a.worker
         empty = max(0, a.group_size - group.episodes)  # episodes that produced nothing: back to the budget
         state.release(worker, empty)
-        state.add_inflight(worker, len(group) - (a.group_size - empty))
-        state.delivered(worker, len(group))
+        state.delivered(worker, a.group_size - empty)  # the rest of what was admitted is in the queue
         self._close()
 
     def release(self) -> None:

@@ -214,11 +214,6 @@ class RunState:
             self.store.add("released", n)
             self.store.add(f"inflight:{worker}", -n)
 
-    def add_inflight(self, worker: str, n: int) -> None:
-        """A group produced ``n`` more samples than it had episodes (an agent program's call chains)."""
-        if n:
-            self.store.add(f"inflight:{worker}", n)
-
     def reclaim(self, worker: str) -> int:
         """A dead worker's undelivered admissions go back to the budget, and its load to 0. Returns them."""
         lost = self.store.get(f"inflight:{worker}")
