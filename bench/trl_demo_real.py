@@ -1,7 +1,8 @@
 """asyncrl vs TRL's GRPOTrainer on the demo-real task: steps to a held-out target, and time per step.
 
     PYTHONPATH=src .venv/bin/python bench/trl_compare.py --task demo-real \
-        [--trl-python .venv-bench/bin/python] [--steps 12] [--eval-every 4] [--targets 0.6 0.7 0.75 0.8]
+        [--trl-python .venv-bench/bin/python] [--seeds 0 1 2] [--steps 12] [--eval-every 2] \
+        [--targets 0.6 0.7 0.75 0.8]
 
 The task is ``make demo-real``'s (``configs/smollm2_arithmetic.yaml``): SmolLM2-135M-Instruct + LoRA
 r16, multi-turn calculator episodes (a ``calc`` tool call, its result, the answer), the same cached
@@ -23,13 +24,25 @@ version): the same renderer, tool parser, environment and reward as asyncrl's. T
 advantages, loss, backward, optimiser, the loop — is TRL's.
 
 Held-out success is measured the same way on both sides, off the clock:
-:func:`~asyncrl.rollout.heldout.evaluate_policy` on the first ``--eval-limit`` held-out tasks every
-``--eval-every`` steps (asyncrl: its kept weight snapshots of versions k, 2k, ..., evaluated after
-the run; TRL: the trained policy, between steps, excluded from the step time). Steps to a target do
-not depend on the machine's load; seconds per step do (this machine is shared: contaminated), so
-time to target = steps to target x the median seconds per step of each side's own run. asyncrl runs
-its default async mode (core lending off, the default); TRL runs in one process on every core
+:func:`~asyncrl.rollout.heldout.evaluate_policy` on the first ``--eval-limit`` held-out tasks at step
+0 and every ``--eval-every`` steps (asyncrl: its initial evaluation and its kept weight snapshots of
+versions k, 2k, ..., evaluated after the run; TRL: its own evaluation of the policy before
+``trainer.train()``'s first step and between steps, excluded from its clock). asyncrl runs its
+default async mode (core lending off, the default); TRL runs in one process on every core
 (``--trl-threads``, default 2).
+
+Time to a target is given two ways, per seed, and the ratios (TRL's over asyncrl's) as min / median /
+max over ``--seeds``:
+
+* ``seconds``: steps to the target x the median gap between consecutive steps of that side's run
+  (start-up excluded);
+* ``wall``: the wall time from the start of that side's training until the end of the step that
+  reached the target, start-up included, evaluations excluded (asyncrl: from the orchestrator's
+  start, before any role process is launched, to the trainer's report row of that step; TRL: from
+  the launch of its Python process, before it imports anything, to that step's
+  ``on_step_end``, less the held-out evaluations it ran on the way).
+
+The warm start is built (or read from the cache) before either clock starts; both sides load it.
 """
 
 from __future__ import annotations
@@ -55,6 +68,16 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------- asyncrl
+def step_ends(run_dir: Path) -> dict[int, float]:
+    """Each trainer step's first report row time (the step's end), from the run's merged metrics."""
+    seen: dict[int, float] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("role") == "trainer" and "event" not in r and r.get("trainer/step"):
+            seen.setdefault(int(r["trainer/step"]), float(r["time"]))
+    return seen
+
+
 def run_asyncrl(args: argparse.Namespace) -> dict[str, Any]:
     from async_vs_sync_real import step_gaps
 
@@ -75,8 +98,10 @@ def run_asyncrl(args: argparse.Namespace) -> dict[str, Any]:
         report = evaluate_policy(cfg, policy, limit=args.eval_limit, seed=cfg.seed)
         curve.append((v, round(float(report["success_rate"]), 4)))
     gaps = step_gaps(run_dir)
+    ends = step_ends(run_dir)
     return {
         "seconds_per_step": round(statistics.median(gaps), 2) if gaps else None,
+        "wall_at_step": {k: round(t - s["rl_started_at"], 1) for k, t in ends.items()},
         "rl_seconds": round(s["rl_seconds"], 1),
         "heldout_curve": curve,
         "lost_trajectories": s["lost_trajectories"],
@@ -105,6 +130,7 @@ def _episodes_for_trl(trajs: list[Any]) -> dict[str, list[Any]]:
 
 
 def run_trl(args: argparse.Namespace) -> dict[str, Any]:
+    launched = float(os.environ["ASYNCRL_TRL_LAUNCHED"])  # the parent's clock just before it started us
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -141,20 +167,31 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
 
     marks: list[float] = []
     evals: list[tuple[int, float]] = []
+    wall: dict[int, float] = {}
+    off_clock = [0.0]  # seconds of held-out evaluation since launch, excluded from the wall time
+
+    def evaluate(step: int) -> None:
+        t = time.time()
+        r = evaluate_policy(cfg, policy, limit=args.eval_limit, seed=cfg.seed)
+        evals.append((step, round(float(r["success_rate"]), 4)))
+        off_clock[0] += time.time() - t
+        print(f"trl held-out at {step}: {evals[-1][1]:.3f}", file=sys.stderr, flush=True)
 
     class Clock(TrainerCallback):  # type: ignore[misc]
-        """Step boundaries; held-out evaluation off the clock (the next step starts after it)."""
+        """Step boundaries; held-out evaluation (step 0 included) off the clock."""
+
+        def on_train_begin(self, a: Any, state: Any, control: Any, **k: Any) -> None:
+            evaluate(0)  # TRL's own step-0 point: the policy it is about to train
 
         def on_step_begin(self, a: Any, state: Any, control: Any, **k: Any) -> None:
             marks.append(time.time())
 
         def on_step_end(self, a: Any, state: Any, control: Any, **k: Any) -> None:
             marks.append(time.time())
+            wall[state.global_step] = round(marks[-1] - launched - off_clock[0], 1)
             print(f"trl step {state.global_step}: {marks[-1] - marks[-2]:.1f} s", file=sys.stderr, flush=True)
             if state.global_step % args.eval_every == 0:
-                r = evaluate_policy(cfg, policy, limit=args.eval_limit, seed=cfg.seed)
-                evals.append((state.global_step, round(float(r["success_rate"]), 4)))
-                print(f"trl held-out at {state.global_step}: {evals[-1][1]:.3f}", file=sys.stderr, flush=True)
+                evaluate(state.global_step)
 
     pl = cfg.algo.policy_loss
     conf = GRPOConfig(
@@ -199,6 +236,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "seconds_per_step": round(statistics.median(steps), 2) if steps else None,
         "step_seconds": [round(x, 1) for x in steps],
+        "wall_at_step": wall,
         "heldout_curve": evals,
         "threads": args.trl_threads,
     }
@@ -210,42 +248,51 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--task", choices=["demo-real"], default="demo-real")
     ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--trl-python", default=".venv-bench/bin/python")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # internal: the TRL subprocess
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--eval-limit", type=int, default=64)
     ap.add_argument("--trl-threads", type=int, default=2)
     ap.add_argument("--targets", nargs="+", type=float, default=[0.6, 0.7, 0.75, 0.8])
     ap.add_argument("--side", choices=["both", "asyncrl", "trl"], default="both")
-    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--out", type=Path, help="also write the JSON here (rewritten after every seed)")
     args = ap.parse_args(argv)
     if args.side == "trl" and os.environ.get("ASYNCRL_TRL_CHILD"):  # the TRL subprocess: JSON on stdout
         print(json.dumps(run_trl(args)))
         return 0
-    res: dict[str, Any] = {"config": args.config, "seed": args.seed, "steps": args.steps}
-    if args.side in ("both", "asyncrl"):
-        res["asyncrl"] = run_asyncrl(args)
-    if args.side in ("both", "trl"):
-        env = {**os.environ, "ASYNCRL_TRL_CHILD": "1"}
-        cmd = [args.trl_python, __file__, *argv, "--side", "trl"]
-        out = subprocess.run(
-            cmd, check=True, stdout=subprocess.PIPE, text=True, env=env
-        )  # progress on stderr
-        res["trl"] = json.loads(out.stdout.strip().splitlines()[-1])
-        res["trl"]["heldout_curve"] = [
-            (0, res.get("asyncrl", {}).get("heldout_curve", [(0, None)])[0][1])
-        ] + [tuple(p) for p in res["trl"]["heldout_curve"]]
-    res["to_target"] = to_target(res, args.targets)
-    text = json.dumps(res, indent=2)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
+    out: dict[str, Any] = {"config": args.config, "steps": args.steps, "eval_every": args.eval_every}
+    out["runs"] = runs = []
+    for seed in args.seeds:
+        args.seed = seed
+        res: dict[str, Any] = {"seed": seed}
+        if args.side in ("both", "asyncrl"):
+            res["asyncrl"] = run_asyncrl(args)
+        if args.side in ("both", "trl"):
+            res["trl"] = trl_child(args, argv, seed)
+        res["to_target"] = to_target(res, args.targets)
+        runs.append(res)
+        out["ratios"] = ratios(runs, args.targets)
+        if args.out:
+            args.out.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
     return 0
 
 
+def trl_child(args: argparse.Namespace, argv: list[str], seed: int) -> dict[str, Any]:
+    """One seed of TRL in its own interpreter (``--trl-python``); progress on stderr, JSON on stdout."""
+    env = {**os.environ, "ASYNCRL_TRL_CHILD": "1", "ASYNCRL_TRL_LAUNCHED": repr(time.time())}
+    cmd = [args.trl_python, __file__, *argv, "--side", "trl", "--seed", str(seed)]
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env)
+    res: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    res["wall_at_step"] = {int(k): v for k, v in res["wall_at_step"].items()}
+    return res
+
+
 def to_target(res: dict[str, Any], targets: list[float]) -> dict[str, Any]:
-    """Per target: each side's steps to it (``> N`` if its last evaluation, at N, had not), x its seconds per step, and
-    TRL's time over asyncrl's (the issue's goal: at least 2)."""
+    """Per target: each side's steps to it (``> N`` if its last evaluation, at N, had not), x its median
+    step gap (``seconds``), its wall time to the end of that step from its start (``wall``), and TRL's
+    over asyncrl's for both."""
     out: dict[str, Any] = {}
     for target in targets:
         row: dict[str, Any] = {}
@@ -257,10 +304,34 @@ def to_target(res: dict[str, Any], targets: list[float]) -> dict[str, Any]:
             row[side] = {
                 "steps": n if n is not None else f"> {max((s for s, _ in curve), default=0)}",
                 "seconds": round(n * sps, 1) if n is not None and sps else None,
+                "wall": res[side]["wall_at_step"].get(n) if n else None,
             }
-        a, t = (row.get(s, {}).get("seconds") for s in ("asyncrl", "trl"))
-        if a and t:
-            row["trl_over_asyncrl"] = round(t / a, 2)
+        for kind in ("seconds", "wall"):
+            a, t = (row.get(s, {}).get(kind) for s in ("asyncrl", "trl"))
+            if a and t:
+                row[f"trl_over_asyncrl_{kind}"] = round(t / a, 2)
+        out[str(target)] = row
+    return out
+
+
+def ratios(runs: list[dict[str, Any]], targets: list[float]) -> dict[str, Any]:
+    """Over the seeds: per target and kind, TRL's time over asyncrl's as min / median / max (seeds where
+    a side never reached the target are counted, not averaged in), and the per-step ratio."""
+    spread = lambda xs: {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}  # noqa: E731
+    out: dict[str, Any] = {}
+    per_step = [
+        r["trl"]["seconds_per_step"] / r["asyncrl"]["seconds_per_step"]
+        for r in runs
+        if r.get("trl", {}).get("seconds_per_step") and r.get("asyncrl", {}).get("seconds_per_step")
+    ]
+    if per_step:
+        out["per_step"] = spread([round(x, 2) for x in per_step])
+    for target in targets:
+        row: dict[str, Any] = {}
+        for kind in ("seconds", "wall"):
+            xs = [r["to_target"][str(target)].get(f"trl_over_asyncrl_{kind}") for r in runs]
+            got = [x for x in xs if x is not None]
+            row[kind] = {**(spread(got) if got else {}), "seeds_without": len(xs) - len(got)}
         out[str(target)] = row
     return out
 

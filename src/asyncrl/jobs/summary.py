@@ -153,6 +153,7 @@ def summarize(
         "trainer_busy_fraction": last.trainer.busy_fraction if last else 0.0,
         "wall_seconds": wall,
         "rl_seconds": orch.rl_seconds,
+        "rl_started_at": orch.started,  # epoch seconds: the orchestrator's start, before any role launched
         "versions_published": tallies.versions_published,
         "last_version": tallies.last_published,
         # the trainer's own count in the control state: a resumed run whose trainer had nothing left to
