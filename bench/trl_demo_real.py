@@ -178,10 +178,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         print(f"trl held-out at {step}: {evals[-1][1]:.3f}", file=sys.stderr, flush=True)
 
     class Clock(TrainerCallback):  # type: ignore[misc]
-        """Step boundaries; held-out evaluation (step 0 included) off the clock."""
-
-        def on_train_begin(self, a: Any, state: Any, control: Any, **k: Any) -> None:
-            evaluate(0)  # TRL's own step-0 point: the policy it is about to train
+        """Step boundaries; held-out evaluation off the clock."""
 
         def on_step_begin(self, a: Any, state: Any, control: Any, **k: Any) -> None:
             marks.append(time.time())
@@ -221,6 +218,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         shuffle_dataset=False,
         disable_tqdm=True,
     )
+    evaluate(0)  # TRL's own step-0 point, on the policy it is about to train (before GRPOTrainer wraps it)
     data = Dataset.from_dict({"prompt": [str(i) for i in range(len(tasks))]})
     trainer = GRPOTrainer(
         model=policy.model,
