@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -56,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,18 @@ def _episodes_for_trl(trajs: list[Any]) -> dict[str, list[Any]]:
     return out
 
 
+@contextlib.contextmanager
+def inference(model: Any) -> Iterator[None]:
+    """The model in eval mode while asyncrl's engine samples from it: in train mode with gradient
+    checkpointing on (TRL turns it on), transformers drops the KV cache the engine decodes with."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
 def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     launched = float(os.environ["ASYNCRL_TRL_LAUNCHED"])  # the parent's clock just before it started us
     import torch
@@ -155,9 +169,10 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         calls[0] += 1  # one call per step: each group's prompt repeated group_size times (or once: then
         k = max(1, batch // len(prompts))  # play it group_size times), one episode each
         picked = [tasks[int(p)] for p in prompts for _ in range(k)]
-        trajs = asyncio.run(
-            run_episodes(cfg, policy, picked, seed=args.seed * 1000 + calls[0], env_cfg=cfg.env)
-        )
+        with inference(policy.model):
+            trajs = asyncio.run(
+                run_episodes(cfg, policy, picked, seed=args.seed * 1000 + calls[0], env_cfg=cfg.env)
+            )
         return _episodes_for_trl(trajs)
 
     def reward(
@@ -172,7 +187,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
 
     def evaluate(step: int) -> None:
         t = time.time()
-        r = evaluate_policy(cfg, policy, limit=args.eval_limit, seed=cfg.seed)
+        with inference(policy.model):
+            r = evaluate_policy(cfg, policy, limit=args.eval_limit, seed=cfg.seed)
         evals.append((step, round(float(r["success_rate"]), 4)))
         off_clock[0] += time.time() - t
         print(f"trl held-out at {step}: {evals[-1][1]:.3f}", file=sys.stderr, flush=True)
