@@ -1,7 +1,9 @@
 """Trainer tokens/s of one ``Learner.step`` on the real-model batch: all passes vs only the passes the loss needs.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/trainer_passes.py [--completions 16] [--threads 1]
-        [--variants before,no_prox,loss_positions,after] [--out bench/results/trainer-passes.json]
+        [--variants before,no_prox,loss_positions,after] [--repeats 3] [--out bench/results/trainer-passes.json]
+    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python bench/trainer_passes.py \
+        --config configs/smollm2_arithmetic.yaml [--batch-file PATH] [--rollout-seed 0] ...
 
 Prints one JSON object. The batch is the ``make demo-real`` trainer's (``configs/smollm2_calculator.yaml``:
 SmolLM2-135M-Instruct, float32, LoRA rank 16 on every projection, the memory-lean settings —
@@ -27,6 +29,24 @@ for the frozen base) and the ceiling the GFLOP/s of a 2048² float32 ``torch.mm`
 with the step's CPU seconds and the matmul's CPU-time ceiling (the figures to read on a shared
 machine, where wall time counts the other jobs too). ``after`` can pass 100%: it computes less
 than the padded batch's work.
+
+``executed_share`` (and ``executed_share_cpu``) is the other way round (issue #37 item 2): the FLOPs
+the variant's step actually runs — an estimate from its real micro-batch layout, :func:`executed_flops`
+— per second of the step, as a share of the same ceiling. It cannot pass 100% (the padding, the
+trie's dense attention, the recomputation under checkpointing all count).
+
+``--config`` (issue #35 item 7, #37 item 2): the step on that config's OWN batch instead of the
+synthetic one — real rollouts: ``trainer.batch_size / rollout.group_size`` distinct training tasks,
+each played ``group_size`` times by the config's warm-start policy (:func:`asyncrl.jobs.warm_start.warm_start`,
+built or read from the cache) through :func:`asyncrl.rollout.heldout.run_episodes` on the training
+environment, so the rows carry the real multi-turn layout (system prompt, task, model turn, tool
+result, model turn), the real behaviour log-probs and rewards. The batch is written to
+``--batch-file`` (MessagePack of the project's records, :class:`SavedBatch`) on the first run and read
+back on every later one, so runs and variants train on the identical batch; the variants' config is
+that file's, with its own trainer settings (checkpointing, micro-batch tokens, logit chunks), and
+the policy is the warm start (its adapter restored between variants). Extra variants for the gap to
+the ceiling (``after_no_ckpt``, ``after_mb0``, ``after_chunk0``, ``after_chunk1k``, see
+:data:`VARIANTS`) change one trainer setting of ``after`` each; the defaults stay as they are.
 """
 
 from __future__ import annotations
@@ -35,16 +55,18 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.policy import Policy
 from asyncrl.policy.chat import make_renderer
-from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
+from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, decode, encode, groups_of, members
 from asyncrl.trainer.learner import Batch, Learner, _Part
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +99,24 @@ VARIANTS: dict[str, tuple[type[Learner], list[str]]] = {
     "no_prox": (NoProx, ["trainer.share_prefixes=false"]),
     "loss_positions": (LossPositions, ["trainer.share_prefixes=false"]),
     "after": (Learner, []),
+    # one trainer setting of ``after`` changed each (issue #37 item 2: where the gap to the ceiling is)
+    "after_no_ckpt": (Learner, ["trainer.gradient_checkpointing=false"]),
+    "after_mb0": (Learner, ["trainer.max_tokens_per_microbatch=0"]),  # one pass, whatever its size
+    "after_chunk0": (Learner, ["trainer.logits_chunk_tokens=0"]),  # the plain (unchunked) head
+    "after_chunk1k": (Learner, ["trainer.logits_chunk_tokens=1024"]),
 }
+
+
+class SavedBatch(msgspec.Struct, kw_only=True):
+    """A real batch of ``config`` as the bench saves it (``--batch-file``): the groups and where they
+    came from."""
+
+    config: str
+    rollout_seed: int
+    warm_start_key: str
+    warm_start_heldout: float
+    created: str
+    groups: list[Group]
 
 
 def matmul_gflops(seconds: float = 3.0, n: int = 2048) -> tuple[float, float]:
@@ -140,11 +179,177 @@ def trie_figures(policy: Policy, trajs: list[Trajectory]) -> dict[str, float]:
     return {"trie_nodes": nodes, "trie_flops_share": round(layer.cost(nodes, nodes * nodes) / padded, 3)}
 
 
-def run_variant(name: str, policy: Policy, trajs: list[Trajectory], completions: int) -> dict[str, Any]:
+def batch_figures(trajs: list[Trajectory]) -> dict[str, Any]:
+    """The batch's shape: tokens, prompt tokens (each row's tokens before its first sampled one), the
+    tokens in the loss (the model's), the non-loss share (prompt and tool results), rows' lengths."""
+    masks = [t.loss_mask() for t in trajs]
+    lengths = sorted(len(m) for m in masks)
+    total, loss = sum(lengths), sum(sum(m) for m in masks)
+    prompt = sum(m.index(1) if 1 in m else len(m) for m in masks)
+    groups = groups_of(trajs)
+    return {
+        "rows": len(trajs),
+        "groups": len(groups),
+        "batch_tokens": total,
+        "prompt_tokens": prompt,
+        "prompt_tokens_per_row": round(prompt / len(trajs), 1),
+        "loss_tokens": loss,
+        "prompt_share": round(prompt / total, 3),
+        "non_loss_share": round(1 - loss / total, 3),
+        "row_tokens_min_median_max": [lengths[0], int(statistics.median(lengths)), lengths[-1]],
+        "model_turns_per_row": round(
+            sum(sum(u.role == "model" for u in t.turns) for t in trajs) / len(trajs), 2
+        ),
+        "reward_mean": round(sum(t.final_reward for t in trajs) / len(trajs), 3),
+        "groups_with_reward_spread": sum(len({t.final_reward for t in g.members}) > 1 for g in groups),
+    }
+
+
+def real_batch(cfg: RunConfig, policy: Policy, seed: int) -> list[Group]:
+    """``trainer.batch_size / rollout.group_size`` distinct training tasks of ``cfg``'s environment,
+    each played ``group_size`` times by ``policy`` through the episode runner: the config's real groups."""
+    from asyncrl.envs import make_task_source
+    from asyncrl.rollout.heldout import run_episodes
+
+    size = cfg.rollout.group_size
+    n = max(1, cfg.trainer.batch_size // size)
+    source, rng, tasks = make_task_source(cfg.env), random.Random(seed), dict[str, Task]()
+    for _ in range(1000 * n):  # distinct task ids: a group is the samples of one task
+        task = source.sample(rng)
+        tasks.setdefault(task.id, task)
+        if len(tasks) == n:
+            break
+    picked = [t for t in tasks.values() for _ in range(size)]
+    trajs = asyncio.run(run_episodes(cfg, policy, picked, seed=seed, env_cfg=cfg.env))
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_task.setdefault(t.task.id, []).append(t)
+    return [Group.of(tasks[k], v, id=f"g{i}") for i, (k, v) in enumerate(by_task.items())]
+
+
+def load_saved(path: Path) -> SavedBatch:
+    """A batch written by :func:`real_policy_and_batch` (each group validated)."""
+    saved: SavedBatch = decode(path.read_bytes(), SavedBatch)
+    for g in saved.groups:
+        g.validate()
+    return saved
+
+
+def real_policy_and_batch(config: Path, path: Path, seed: int) -> tuple[Policy, SavedBatch]:
+    """``config``'s warm-start policy (cached) and its real batch: read from ``path``, else played
+    (:func:`real_batch`) and written there."""
+    import sys
+
+    from asyncrl.jobs.warm_start import warm_start, warm_start_key
+
+    cfg = load_config(config)
+    ws = warm_start(cfg)
+    policy = Policy.load(ws.path, cfg=cfg.model).to(cfg.model.device)
+    key = warm_start_key(cfg)
+    if path.is_file():
+        saved = load_saved(path)
+        if saved.warm_start_key != key:  # the step's cost does not depend on it; its loss does
+            print(
+                f"note: {path} was sampled by warm start {saved.warm_start_key}, training {key}",
+                file=sys.stderr,
+            )
+        return policy, saved
+    saved = SavedBatch(
+        config=str(config),
+        rollout_seed=seed,
+        warm_start_key=key,
+        warm_start_heldout=float(ws.heldout_success),
+        created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        groups=real_batch(cfg, policy, seed),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode(saved))
+    return policy, saved
+
+
+def proximal_rows(learner: Learner, n: int) -> torch.Tensor:
+    """The rows the variant's proximal (no-grad) pass scores: every row for ``AllPasses``; else, when
+    read, all but epoch 0's first minibatch (its gradient pass fills them in, ``Learner._proximal``)."""
+    rows = torch.arange(n)
+    if type(learner)._proximal is AllPasses._proximal:
+        return rows
+    if not learner.needs_prox:
+        return rows[:0]
+    return rows[len(torch.chunk(rows, min(learner.cfg.trainer.minibatches, n))[0]) :]
+
+
+def _pass_flops(learner: Learner, b: Batch, part: _Part) -> tuple[float, float, float, bool]:
+    """One forward of micro-batch ``part`` as it runs: FLOPs of the decoder's linear layers, of its
+    attention (dense: ``rows × width²`` query-key pairs padded, ``N²`` for a trie of ``N`` nodes), of the
+    LM head (``2·hidden·vocab`` at each scored position), and whether the head runs chunked (then it
+    is recomputed in the backward) — see :func:`asyncrl.policy.model.token_logprobs_and_entropy`."""
+    from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape
+    from asyncrl.policy.packing import trie_size
+
+    model, tc = learner.model, learner.cfg.trainer
+    layer, c = decoder_layer_shape(model), model.config
+    rows, width = part.rows, part.width
+    valid = b.attn[rows, :width] > 0
+    if part.shared:
+        nodes = trie_size(b.ids[rows, :width], valid.sum(1))
+        tokens, pairs = nodes, nodes * nodes
+    else:
+        tokens, pairs = len(rows) * width, len(rows) * width * width
+    chunked = (part.shared or tc.logits_chunk_tokens > 0) and can_chunk_logits(model)
+    keep = valid[:, 1:] & valid[:, :-1]
+    positions = learner._positions(b, part)
+    if positions is not None:
+        keep = keep & positions[:, 1:]
+    scored = int(keep.sum()) if chunked else len(rows) * (width - 1)
+    n = int(c.num_hidden_layers)
+    return (
+        2.0 * layer.params * tokens * n,
+        4.0 * layer.width * pairs * n,
+        2.0 * c.hidden_size * c.vocab_size * scored,
+        chunked,
+    )
+
+
+def executed_flops(learner: Learner, trajs: list[Trajectory]) -> float:
+    """Estimated FLOPs one ``step`` of ``learner`` runs on ``trajs``, from the micro-batches it cuts.
+
+    The gradient pass of a micro-batch: its forward (:func:`_pass_flops`), the decoder's forward again
+    under gradient checkpointing, the head's again when chunked, and a backward through the
+    activations (linear layers once more, attention twice, the head once: the frozen base has no
+    weight gradients). The proximal pass, when the variant runs one: a forward of every row. Left
+    out: embeddings, norms, softmax, the optimiser and the LoRA weight gradients (rank 16: small).
+    """
+    from asyncrl.trainer.learner import collate
+
+    b = collate(trajs, learner.policy.tokenizer.pad_token_id)
+    rows = torch.arange(len(trajs))
+    total = 0.0
+    prox = proximal_rows(learner, len(trajs))
+    if prox.numel():
+        total += sum(sum(_pass_flops(learner, b, p)[:3]) for p in learner._parts(b, prox))
+    ckpt = learner.cfg.trainer.gradient_checkpointing
+    for _ in range(learner.cfg.trainer.epochs):
+        for mb in torch.chunk(rows, min(learner.cfg.trainer.minibatches, len(trajs))):
+            for p in learner._parts(b, mb):
+                lin, att, head, chunked = _pass_flops(learner, b, p)
+                total += (lin + att + head) + (lin + att) * ckpt + head * chunked + (lin + 2 * att + head)
+    return total
+
+
+def no_checkpointing(policy: Policy) -> None:
+    """Gradient checkpointing off: ``Learner`` only ever turns it on, and the variants share the model."""
+    hf: Any = policy.model
+    (getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable)()
+
+
+def run_variant(name: str, policy: Policy, trajs: list[Trajectory], config: Path) -> dict[str, Any]:
     """One ``Learner.step`` of variant ``name`` from the start adapter; its times and a few metrics."""
     cls, overrides = VARIANTS[name]
-    cfg = load_config(CONFIG, [f"trainer.batch_size={completions}", *overrides])
+    cfg = load_config(config, [f"trainer.batch_size={len(trajs)}", *overrides])
+    if not cfg.trainer.gradient_checkpointing:
+        no_checkpointing(policy)
     learner = cls(cfg, policy)
+    flops = executed_flops(learner, trajs)
     torch.manual_seed(0)
     t0, c0 = time.perf_counter(), time.process_time()
     m = learner.step(groups_of(trajs), version=0)
@@ -155,61 +360,83 @@ def run_variant(name: str, policy: Policy, trajs: list[Trajectory], completions:
         "cpu_seconds": round(cpu, 2),
         "tokens_per_s": round(tokens / secs, 2),
         "tokens_per_cpu_s": round(tokens / cpu, 2),
+        "executed_gflop": round(flops / 1e9, 1),
         "loss_policy": m["loss/policy"],
         "grad_norm": m["train/grad_norm"],
         "microbatches": m["train/microbatches"],
     }
 
 
+def summarize(
+    runs: dict[str, list[dict[str, Any]]], ceiling: list[tuple[float, float]], n_params: int
+) -> dict[str, Any]:
+    """Per variant: the run with the median CPU seconds (the figure least moved by other jobs) with
+    its shares of the matmul ceiling, and the spread of the step's wall and CPU seconds over the repeats."""
+    results = {k: dict(sorted(v, key=lambda x: x["cpu_seconds"])[(len(v) - 1) // 2]) for k, v in runs.items()}
+    peak, peak_cpu = max(c[0] for c in ceiling), max(c[1] for c in ceiling)
+    for k, r in results.items():
+        r["ceiling_share"] = round(r["tokens_per_s"] * 4 * n_params / (peak * 1e9), 4)
+        r["ceiling_share_cpu"] = round(r["tokens_per_cpu_s"] * 4 * n_params / (peak_cpu * 1e9), 4)
+        r["executed_share"] = round(r["executed_gflop"] / r["seconds"] / peak, 4)
+        r["executed_share_cpu"] = round(r["executed_gflop"] / r["cpu_seconds"] / peak_cpu, 4)
+        for f in ("seconds", "cpu_seconds"):
+            xs = [x[f] for x in runs[k]]
+            r[f"{f}_median_min_max"] = [round(statistics.median(xs), 2), min(xs), max(xs)]
+    base = results.get("before")
+    for r in results.values():
+        if base:
+            r["speedup_vs_before"] = round(base["seconds"] / r["seconds"], 2)
+            r["cpu_speedup_vs_before"] = round(base["cpu_seconds"] / r["cpu_seconds"], 2)
+    return results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--completions", type=int, default=16)
+    ap.add_argument("--completions", type=int, default=16, help="the synthetic batch's rows (no --config)")
+    ap.add_argument("--config", type=Path, default=None, help="the step on this config's real batch")
+    ap.add_argument(
+        "--batch-file", type=Path, default=None, help="--config's saved batch (read, else written)"
+    )
+    ap.add_argument("--rollout-seed", type=int, default=0, help="--config: the seed the batch is played with")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--variants", default="before,after")
     ap.add_argument("--repeats", type=int, default=1, help="rounds, the order reversed every other one")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config(CONFIG, [f"trainer.batch_size={args.completions}"])
-    policy = Policy.from_config(cfg.model)
-    trajs = batch(cfg, policy, args.completions)
-    start = {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
-    n_params = policy.num_parameters()
-    tokens = sum(len(t.token_ids()) for t in trajs)
-    ceiling = [matmul_gflops()]
-    runs: dict[str, list[dict[str, Any]]] = {}
     names = args.variants.split(",")
-    for r in range(args.repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            policy.model.load_state_dict(start, strict=False)
-            runs.setdefault(name, []).append(run_variant(name, policy, trajs, args.completions))
-            print(json.dumps({name: runs[name][-1]}), flush=True)
-            ceiling.append(matmul_gflops())
-    # per variant: the run with the median CPU seconds (the figure least moved by other jobs)
-    results = {k: dict(sorted(v, key=lambda x: x["cpu_seconds"])[(len(v) - 1) // 2]) for k, v in runs.items()}
-    peak, peak_cpu = max(c[0] for c in ceiling), max(c[1] for c in ceiling)
-    for r in results.values():
-        r["ceiling_share"] = round(r["tokens_per_s"] * 4 * n_params / (peak * 1e9), 4)
-        r["ceiling_share_cpu"] = round(r["tokens_per_cpu_s"] * 4 * n_params / (peak_cpu * 1e9), 4)
-    base = results.get("before")
-    for r in results.values():
-        if base:
-            r["speedup_vs_before"] = round(base["seconds"] / r["seconds"], 2)
-            r["cpu_speedup_vs_before"] = round(base["cpu_seconds"] / r["cpu_seconds"], 2)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    source: dict[str, Any] = {"batch": "synthetic", "config": str(CONFIG.relative_to(REPO))}
+    if args.config is not None:
+        path = (
+            args.batch_file or REPO / "bench" / "results" / f"trainer-passes-batch-{args.config.stem}.msgpack"
+        )
+        policy, saved = real_policy_and_batch(args.config, path, args.rollout_seed)
+        trajs, config = members(saved.groups), args.config
+        source = {"batch": "real", "config": str(args.config), "batch_file": str(path)}
+        source |= {
+            k: getattr(saved, k) for k in ("rollout_seed", "warm_start_key", "warm_start_heldout", "created")
+        }
+    else:
+        config = CONFIG
+        policy = Policy.from_config(load_config(config, [f"trainer.batch_size={args.completions}"]).model)
+        trajs = batch(load_config(config), policy, args.completions)
+    runs, ceiling = measure(policy, trajs, config, names, args.repeats)
     report = {
         "bench": "trainer_passes",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "threads": args.threads,
-        "completions": args.completions,
-        "batch_tokens": tokens,
-        "prompt_tokens_per_row": len(trajs[0].turns[0].token_ids),
-        "loss_tokens": sum(len(t.turns[1].token_ids) for t in trajs),
+        **source,
+        "completions": len(trajs),
+        **batch_figures(trajs),
         **trie_figures(policy, trajs),
-        "params": n_params,
+        "params": policy.num_parameters(),
         "repeats": args.repeats,
         "matmul_gflops_wall": [round(c[0], 1) for c in ceiling],
         "matmul_gflops_cpu": [round(c[1], 1) for c in ceiling],
-        "variants": results,
+        "variants": summarize(runs, ceiling, policy.num_parameters()),
         "runs": runs,
     }
     text = json.dumps(report, indent=2)
@@ -217,6 +444,23 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0
+
+
+def measure(
+    policy: Policy, trajs: list[Trajectory], config: Path, names: list[str], repeats: int
+) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[float, float]]]:
+    """``repeats`` rounds of the variants (the order reversed every other round), each from the start
+    adapter, the matmul ceiling measured before and after every variant."""
+    start = {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
+    ceiling = [matmul_gflops()]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            policy.model.load_state_dict(start, strict=False)
+            runs.setdefault(name, []).append(run_variant(name, policy, trajs, config))
+            print(json.dumps({name: runs[name][-1]}), flush=True)
+            ceiling.append(matmul_gflops())
+    return runs, ceiling
 
 
 if __name__ == "__main__":
