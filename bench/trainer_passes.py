@@ -33,7 +33,13 @@ than the padded batch's work.
 ``executed_share`` (and ``executed_share_cpu``) is the other way round (issue #37 item 2): the FLOPs
 the variant's step actually runs — an estimate from its real micro-batch layout, :func:`executed_flops`
 — per second of the step, as a share of the same ceiling. It cannot pass 100% (the padding, the
-trie's dense attention, the recomputation under checkpointing all count).
+trie's dense attention, the recomputation under checkpointing all count). ``--estimate-only`` prints
+the variants' micro-batches and estimates (linear layers, attention, head) without running a step.
+``decoder_shape_gflops_wall_cpu``: the same gauge at the decoder's own linear shapes (as many rows as
+the batch's trie has nodes, :func:`shape_gflops`), the rate these layers can reach at all.
+``peak_rss_mb``: the process's resident high-water mark during the step (reset before it; the
+model's weights included), ``rss_before_mb`` the resident memory just before it (what earlier
+variants left to the allocator counts in both: for one variant's own peak run it alone, first).
 
 ``--config`` (issue #35 item 7, #37 item 2): the step on that config's OWN batch instead of the
 synthetic one — real rollouts: ``trainer.batch_size / rollout.group_size`` distinct training tasks,
@@ -45,15 +51,17 @@ result, model turn), the real behaviour log-probs and rewards. The batch is writ
 back on every later one, so runs and variants train on the identical batch; the variants' config is
 that file's, with its own trainer settings (checkpointing, micro-batch tokens, logit chunks), and
 the policy is the warm start (its adapter restored between variants). Extra variants for the gap to
-the ceiling (``after_no_ckpt``, ``after_mb0``, ``after_chunk0``, ``after_chunk1k``, see
-:data:`VARIANTS`) change one trainer setting of ``after`` each; the defaults stay as they are.
+the ceiling (``after_no_ckpt``, ``after_mb0``, ``after_mb640``, ``after_chunk0``, ``after_chunk1k``,
+see :data:`VARIANTS`) change one trainer setting of ``after`` each; the defaults stay as they are.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import random
 import statistics
 import time
@@ -104,6 +112,10 @@ VARIANTS: dict[str, tuple[type[Learner], list[str]]] = {
     "after_mb0": (Learner, ["trainer.max_tokens_per_microbatch=0"]),  # one pass, whatever its size
     "after_chunk0": (Learner, ["trainer.logits_chunk_tokens=0"]),  # the plain (unchunked) head
     "after_chunk1k": (Learner, ["trainer.logits_chunk_tokens=1024"]),
+    "after_mb640": (
+        Learner,
+        ["trainer.max_tokens_per_microbatch=640"],
+    ),  # smaller tries: less dense attention
 }
 
 
@@ -133,6 +145,31 @@ def matmul_gflops(seconds: float = 3.0, n: int = 2048) -> tuple[float, float]:
         wall = max(wall, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
         cpu = max(cpu, 2 * n**3 / max(time.process_time() - c0, 1e-6) / 1e9)
     return wall, cpu
+
+
+def shape_gflops(policy: Policy, tokens: int, seconds: float = 0.5) -> tuple[float, float]:
+    """GFLOP/s of ``torch.mm`` at the decoder's own linear shapes (``tokens`` rows: q, k, v, o, gate, up,
+    down) — by wall and by CPU time, each shape's best call, FLOP-weighted (total FLOPs / total time):
+    the matmul rate this model's layers can reach at all, against the 2048² gauge."""
+    c = policy.model.config
+    h, inter = int(c.hidden_size), int(c.intermediate_size)
+    kv = int(c.num_key_value_heads) * (getattr(c, "head_dim", None) or h // int(c.num_attention_heads))
+    shapes = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]
+    flops = wall = cpu = 0.0
+    for k, n in shapes:
+        a, b = torch.randn(tokens, k), torch.randn(k, n)
+        torch.mm(a, b)
+        best_w = best_c = math.inf
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0, c0 = time.perf_counter(), time.process_time()
+            torch.mm(a, b)
+            best_w, best_c = (
+                min(best_w, time.perf_counter() - t0),
+                min(best_c, max(time.process_time() - c0, 1e-6)),
+            )
+        flops, wall, cpu = flops + 2.0 * tokens * k * n, wall + best_w, cpu + best_c
+    return flops / wall / 1e9, flops / cpu / 1e9
 
 
 def batch(cfg: RunConfig, policy: Policy, completions: int) -> list[Trajectory]:
@@ -310,8 +347,9 @@ def _pass_flops(learner: Learner, b: Batch, part: _Part) -> tuple[float, float, 
     )
 
 
-def executed_flops(learner: Learner, trajs: list[Trajectory]) -> float:
-    """Estimated FLOPs one ``step`` of ``learner`` runs on ``trajs``, from the micro-batches it cuts.
+def executed_flops(learner: Learner, trajs: list[Trajectory]) -> dict[str, float]:
+    """Estimated FLOPs one ``step`` of ``learner`` runs on ``trajs``, from the micro-batches it cuts:
+    ``linear`` (the decoder's linear layers), ``attention``, ``head`` (the LM head) and their ``total``.
 
     The gradient pass of a micro-batch: its forward (:func:`_pass_flops`), the decoder's forward again
     under gradient checkpointing, the head's again when chunked, and a backward through the
@@ -323,23 +361,61 @@ def executed_flops(learner: Learner, trajs: list[Trajectory]) -> float:
 
     b = collate(trajs, learner.policy.tokenizer.pad_token_id)
     rows = torch.arange(len(trajs))
-    total = 0.0
+    lin = att = head = 0.0
     prox = proximal_rows(learner, len(trajs))
-    if prox.numel():
-        total += sum(sum(_pass_flops(learner, b, p)[:3]) for p in learner._parts(b, prox))
+    for p in learner._parts(b, prox) if prox.numel() else []:
+        f = _pass_flops(learner, b, p)
+        lin, att, head = lin + f[0], att + f[1], head + f[2]
     ckpt = learner.cfg.trainer.gradient_checkpointing
     for _ in range(learner.cfg.trainer.epochs):
         for mb in torch.chunk(rows, min(learner.cfg.trainer.minibatches, len(trajs))):
             for p in learner._parts(b, mb):
-                lin, att, head, chunked = _pass_flops(learner, b, p)
-                total += (lin + att + head) + (lin + att) * ckpt + head * chunked + (lin + 2 * att + head)
-    return total
+                pl, pa, ph, chunked = _pass_flops(learner, b, p)
+                lin += pl * (2 + ckpt)  # forward, backward (input gradients), recomputed forward
+                att += pa * (3 + ckpt)  # the backward's attention is two forwards'
+                head += ph * (2 + chunked)
+    return {"linear": lin, "attention": att, "head": head, "total": lin + att + head}
+
+
+def estimates(policy: Policy, trajs: list[Trajectory], config: Path, names: list[str]) -> dict[str, Any]:
+    """Per variant, without running it: its micro-batches and the executed-FLOPs estimate (GFLOP)."""
+    from asyncrl.trainer.learner import collate
+
+    out: dict[str, Any] = {}
+    for name in names:
+        cls, overrides = VARIANTS[name]
+        learner = cls(load_config(config, [f"trainer.batch_size={len(trajs)}", *overrides]), policy)
+        parts = learner._parts(collate(trajs, policy.tokenizer.pad_token_id), torch.arange(len(trajs)))
+        f = executed_flops(learner, trajs)
+        out[name] = {
+            "microbatches": [[len(p.rows), p.width, p.shared] for p in parts],
+            **{f"{k}_gflop": round(v / 1e9, 1) for k, v in f.items()},
+        }
+    return out
 
 
 def no_checkpointing(policy: Policy) -> None:
     """Gradient checkpointing off: ``Learner`` only ever turns it on, and the variants share the model."""
     hf: Any = policy.model
     (getattr(hf, "activation_checkpointing_disable", None) or hf.gradient_checkpointing_disable)()
+
+
+def reset_peak_rss() -> None:
+    """Start a new resident-memory high-water mark (Linux: ``clear_refs`` 5 resets ``VmHWM``)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb(field: str = "VmHWM") -> float | None:
+    """The process's resident-memory high-water mark (MB) since :func:`reset_peak_rss` (``VmRSS``: the
+    resident memory now); ``None`` off Linux."""
+    try:
+        line = next(
+            x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":")
+        )
+    except (OSError, StopIteration):
+        return None
+    return round(int(line.split()[1]) / 1024, 1)
 
 
 def run_variant(name: str, policy: Policy, trajs: list[Trajectory], config: Path) -> dict[str, Any]:
@@ -349,11 +425,14 @@ def run_variant(name: str, policy: Policy, trajs: list[Trajectory], config: Path
     if not cfg.trainer.gradient_checkpointing:
         no_checkpointing(policy)
     learner = cls(cfg, policy)
-    flops = executed_flops(learner, trajs)
+    flops = executed_flops(learner, trajs)["total"]
     torch.manual_seed(0)
+    reset_peak_rss()
+    rss = peak_rss_mb("VmRSS")
     t0, c0 = time.perf_counter(), time.process_time()
     m = learner.step(groups_of(trajs), version=0)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = peak_rss_mb()
     tokens = sum(len(t.token_ids()) for t in trajs)
     return {
         "seconds": round(secs, 2),
@@ -361,6 +440,8 @@ def run_variant(name: str, policy: Policy, trajs: list[Trajectory], config: Path
         "tokens_per_s": round(tokens / secs, 2),
         "tokens_per_cpu_s": round(tokens / cpu, 2),
         "executed_gflop": round(flops / 1e9, 1),
+        "rss_before_mb": rss,
+        "peak_rss_mb": peak,
         "loss_policy": m["loss/policy"],
         "grad_norm": m["train/grad_norm"],
         "microbatches": m["train/microbatches"],
@@ -402,6 +483,7 @@ def main() -> int:
     ap.add_argument("--variants", default="before,after")
     ap.add_argument("--repeats", type=int, default=1, help="rounds, the order reversed every other one")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--estimate-only", action="store_true", help="the variants' FLOPs estimates, no step")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     names = args.variants.split(",")
@@ -423,7 +505,15 @@ def main() -> int:
         config = CONFIG
         policy = Policy.from_config(load_config(config, [f"trainer.batch_size={args.completions}"]).model)
         trajs = batch(load_config(config), policy, args.completions)
+    if args.estimate_only:
+        print(
+            json.dumps(
+                {**source, **batch_figures(trajs), "variants": estimates(policy, trajs, config, names)}
+            )
+        )
+        return 0
     runs, ceiling = measure(policy, trajs, config, names, args.repeats)
+    trie = trie_figures(policy, trajs)
     report = {
         "bench": "trainer_passes",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -431,11 +521,12 @@ def main() -> int:
         **source,
         "completions": len(trajs),
         **batch_figures(trajs),
-        **trie_figures(policy, trajs),
+        **trie,
         "params": policy.num_parameters(),
         "repeats": args.repeats,
         "matmul_gflops_wall": [round(c[0], 1) for c in ceiling],
         "matmul_gflops_cpu": [round(c[1], 1) for c in ceiling],
+        "decoder_shape_gflops_wall_cpu": [round(x, 1) for x in shape_gflops(policy, int(trie["trie_nodes"]))],
         "variants": summarize(runs, ceiling, policy.num_parameters()),
         "runs": runs,
     }

@@ -57,7 +57,7 @@ def _flops(tp: Any, name: str, extra: list[str]) -> float:
     cls, overrides = tp.VARIANTS[name]
     cfg = load_config(None, _learner_args(["trainer.logits_chunk_tokens=7", *extra, *overrides]))
     learner = cls(cfg, Policy.build(cfg.model))
-    return float(tp.executed_flops(learner, _group_trajectories(2, seed=1)))
+    return float(tp.executed_flops(learner, _group_trajectories(2, seed=1))["total"])
 
 
 def test_executed_flops_follow_the_ladder() -> None:
