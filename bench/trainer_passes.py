@@ -34,7 +34,8 @@ than the padded batch's work.
 the variant's step actually runs — an estimate from its real micro-batch layout, :func:`executed_flops`
 — per second of the step, as a share of the same ceiling. It cannot pass 100% (the padding, the
 trie's dense attention, the recomputation under checkpointing all count). ``--estimate-only`` prints
-the variants' micro-batches and estimates (linear layers, attention, head) without running a step.
+the variants' micro-batches and estimates (linear layers, attention, head) without running a step;
+``--profile`` one step of each under ``torch.profiler`` (self CPU time by kind of op, the top ops).
 ``decoder_shape_gflops_wall_cpu``: the same gauge at the decoder's own linear shapes (as many rows as
 the batch's trie has nodes, :func:`shape_gflops`), the rate these layers can reach at all.
 ``peak_rss_mb``: the process's resident high-water mark during the step (reset before it; the
@@ -471,6 +472,24 @@ def summarize(
     return results
 
 
+def prepare(args: argparse.Namespace) -> tuple[Policy, list[Trajectory], Path, dict[str, Any]]:
+    """The policy, the batch, the config the variants load and where the batch came from."""
+    if args.config is None:
+        cfg = load_config(CONFIG, [f"trainer.batch_size={args.completions}"])
+        policy = Policy.from_config(cfg.model)
+        source = {"batch": "synthetic", "config": str(CONFIG.relative_to(REPO))}
+        return policy, batch(cfg, policy, args.completions), CONFIG, source
+    name = f"trainer-passes-batch-{args.config.stem}.msgpack"
+    path = args.batch_file or REPO / "bench" / "results" / name
+    policy, saved = real_policy_and_batch(args.config, path, args.rollout_seed)
+    shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
+    source = {"batch": "real", "config": str(args.config), "batch_file": str(shown)}
+    source |= {
+        k: getattr(saved, k) for k in ("rollout_seed", "warm_start_key", "warm_start_heldout", "created")
+    }
+    return policy, members(saved.groups), args.config, source
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--completions", type=int, default=16, help="the synthetic batch's rows (no --config)")
@@ -484,33 +503,24 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="rounds, the order reversed every other one")
     ap.add_argument("--out", default=None)
     ap.add_argument("--estimate-only", action="store_true", help="the variants' FLOPs estimates, no step")
+    ap.add_argument("--profile", action="store_true", help="one profiled step of each variant, no timing")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    source: dict[str, Any] = {"batch": "synthetic", "config": str(CONFIG.relative_to(REPO))}
-    if args.config is not None:
-        path = (
-            args.batch_file or REPO / "bench" / "results" / f"trainer-passes-batch-{args.config.stem}.msgpack"
-        )
-        policy, saved = real_policy_and_batch(args.config, path, args.rollout_seed)
-        trajs, config = members(saved.groups), args.config
-        source = {"batch": "real", "config": str(args.config), "batch_file": str(path)}
-        source |= {
-            k: getattr(saved, k) for k in ("rollout_seed", "warm_start_key", "warm_start_heldout", "created")
-        }
-    else:
-        config = CONFIG
-        policy = Policy.from_config(load_config(config, [f"trainer.batch_size={args.completions}"]).model)
-        trajs = batch(load_config(config), policy, args.completions)
+    policy, trajs, config, source = prepare(args)
     if args.estimate_only:
         print(
             json.dumps(
                 {**source, **batch_figures(trajs), "variants": estimates(policy, trajs, config, names)}
             )
         )
+        return 0
+    if args.profile:
+        for name in names:
+            print(json.dumps(profile_variant(name, policy, trajs, config), indent=1), flush=True)
         return 0
     runs, ceiling = measure(policy, trajs, config, names, args.repeats)
     trie = trie_figures(policy, trajs)
@@ -552,6 +562,44 @@ def measure(
             print(json.dumps({name: runs[name][-1]}), flush=True)
             ceiling.append(matmul_gflops())
     return runs, ceiling
+
+
+OP_KINDS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention"),
+    "softmax": ("aten::_softmax", "aten::_log_softmax", "aten::logsumexp", "aten::_softmax_backward_data"),
+    "copies": ("aten::copy_", "aten::index", "aten::index_put_", "aten::gather", "aten::cat", "aten::clone"),
+}
+
+
+def profile_variant(
+    name: str, policy: Policy, trajs: list[Trajectory], config: Path, top: int = 25
+) -> dict[str, Any]:
+    """One step of ``name`` under ``torch.profiler``: the top ops by self CPU time and the step's time
+    by kind of op (``OP_KINDS``; the rest is "other": elementwise, norms, autograd bookkeeping)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cls, overrides = VARIANTS[name]
+    cfg = load_config(config, [f"trainer.batch_size={len(trajs)}", *overrides])
+    if not cfg.trainer.gradient_checkpointing:
+        no_checkpointing(policy)
+    learner = cls(cfg, policy)
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        learner.step(groups_of(trajs), version=0)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    kinds = dict.fromkeys([*OP_KINDS, "other"], 0.0)
+    for e in events:
+        kind = next((k for k, names in OP_KINDS.items() if e.key.startswith(names)), "other")
+        kinds[kind] += e.self_cpu_time_total
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return {
+        "variant": name,
+        "self_cpu_s": round(total / 1e6, 2),
+        "share_by_kind": {k: round(v / total, 3) for k, v in kinds.items()},
+        "top_ops": [[e.key, round(e.self_cpu_time_total / 1e6, 3), e.count] for e in events[:top]],
+    }
 
 
 if __name__ == "__main__":
