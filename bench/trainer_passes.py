@@ -585,7 +585,7 @@ def profile_variant(
         no_checkpointing(policy)
     learner = cls(cfg, policy)
     torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         learner.step(groups_of(trajs), version=0)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
@@ -599,7 +599,29 @@ def profile_variant(
         "self_cpu_s": round(total / 1e6, 2),
         "share_by_kind": {k: round(v / total, 3) for k, v in kinds.items()},
         "top_ops": [[e.key, round(e.self_cpu_time_total / 1e6, 3), e.count] for e in events[:top]],
+        "mm_by_shape": mm_shapes(prof, top),
     }
+
+
+def mm_shapes(prof: Any, top: int) -> list[list[Any]]:
+    """``aten::mm`` grouped by its operands' shapes: ``[shapes, self CPU s, calls, GFLOP/s]``, most time
+    first (the LoRA adapters' rank-16 products against the base layers' and the head's)."""
+    out = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        shapes = e.input_shapes
+        if e.key != "aten::mm" or len(shapes) < 2 or len(shapes[0]) != 2 or len(shapes[1]) != 2:
+            continue
+        (m, k), (_, n) = shapes[0], shapes[1]
+        secs = e.self_cpu_time_total / 1e6
+        out.append(
+            [
+                f"{m}x{k}@{k}x{n}",
+                round(secs, 3),
+                e.count,
+                round(2 * m * k * n * e.count / max(secs, 1e-9) / 1e9, 1),
+            ]
+        )
+    return sorted(out, key=lambda r: -r[1])[:top]
 
 
 if __name__ == "__main__":
