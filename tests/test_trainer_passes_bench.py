@@ -1,0 +1,76 @@
+"""``bench/trainer_passes.py``'s own parts, tiny: the saved real batch reads back as written, and the
+executed-FLOPs estimate follows the ladder (each variant runs less than the one before it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.records import encode, groups_of, members
+from test_learner_passes import _group_trajectories
+from test_memory import _learner_args
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("trainer_passes", ROOT / "bench" / "trainer_passes.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("trainer_passes", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_saved_batch_reads_back_as_written(tmp_path: Path) -> None:
+    tp = _bench()
+    groups = groups_of(_group_trajectories(2, seed=1))
+    saved = tp.SavedBatch(
+        config="c.yaml",
+        rollout_seed=0,
+        warm_start_key="k",
+        warm_start_heldout=0.25,
+        created="now",
+        groups=groups,
+    )
+    path = tmp_path / "batch.msgpack"
+    path.write_bytes(encode(saved))
+    back = tp.load_saved(path)
+    assert [t.token_ids() for t in members(back.groups)] == [t.token_ids() for t in members(groups)]
+    assert [t.loss_mask() for t in members(back.groups)] == [t.loss_mask() for t in members(groups)]
+    assert [g.id for g in back.groups] == [g.id for g in groups]
+    fig = tp.batch_figures(members(back.groups))
+    assert fig["rows"] == 8 and fig["groups"] == 2 and fig["prompt_tokens"] == 8 * 20
+    assert fig["batch_tokens"] == sum(len(t.token_ids()) for t in members(groups))
+
+
+def _flops(tp: Any, name: str, extra: list[str]) -> float:
+    from asyncrl.config import load_config
+    from asyncrl.policy import Policy
+
+    cls, overrides = tp.VARIANTS[name]
+    cfg = load_config(None, _learner_args(["trainer.logits_chunk_tokens=7", *extra, *overrides]))
+    learner = cls(cfg, Policy.build(cfg.model))
+    return float(tp.executed_flops(learner, _group_trajectories(2, seed=1))["total"])
+
+
+def test_executed_flops_follow_the_ladder() -> None:
+    tp = _bench()
+    f = {
+        n: _flops(tp, n, ["trainer.max_tokens_per_microbatch=64"])
+        for n in ("before", "no_prox", "loss_positions", "after")
+    }
+    assert f["before"] > f["no_prox"] > f["loss_positions"] > f["after"] > 0
+    # the proximal pass is one forward: a third to a half of the gradient pass (forward + backward)
+    # without checkpointing or chunked logits
+    plain = ["trainer.logits_chunk_tokens=0", "trainer.max_tokens_per_microbatch=0"]
+    before, no_prox = _flops(tp, "before", plain), _flops(tp, "no_prox", plain)
+    assert no_prox / 3 < before - no_prox < no_prox / 2
+    ckpt = _flops(tp, "no_prox", [*plain, "trainer.gradient_checkpointing=true"])
+    assert no_prox < ckpt < before  # the recomputed forward has no head
