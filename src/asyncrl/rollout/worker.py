@@ -216,7 +216,12 @@ class RolloutWorker:
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
-        self.lender = _lender(cfg, run_dir, self.name, self.policy.model)
+        from asyncrl.bootstrap import torch_threads
+
+        # core lending (asyncrl.lending), polled before each decoder layer of the engine's model
+        self.lender = ThreadLender.join(
+            run_dir, self.name, torch_threads(cfg, "rollout"), model=self.policy.model
+        )
         self.agent: Any = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.admission = Admission(self.state, self.name, cfg.rollout.group_size, cfg.env.max_turns)
@@ -431,17 +436,6 @@ class RolloutWorker:
         gw = self.agent.gateway
         counts = {**gw.counts, **self.agent.counts, "open_sessions": len(gw.sessions)}
         return msgspec.convert(counts, GatewayFigures)
-
-
-def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:
-    """The worker's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
-    layer of the engine's model (every decode step)."""
-    from asyncrl.bootstrap import torch_threads
-
-    lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
-    if lender is not None:
-        lender.attach(model)
-    return lender
 
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:
