@@ -276,7 +276,7 @@ class MalformedAction:
 Action = ToolCallAction | AnswerAction | MalformedAction
 
 
-def parse_action(text: str) -> ToolCallAction | AnswerAction | MalformedAction:
+def parse_action(text: str) -> Action:
     """Parse one model turn into an action.
 
     Rules (the shared protocol):
