@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.config import CostConfig, default_of
@@ -40,7 +40,7 @@ class EnvOptionsError(UserError, ValueError):
     """Unknown or invalid ``env.options`` for a built-in environment (a user mistake)."""
 
 
-def refuse_unknown_options(kind: str, options: dict[str, Any], allowed: tuple[str, ...]) -> None:
+def refuse_unknown_options(kind: str, options: Mapping[str, object], allowed: tuple[str, ...]) -> None:
     """Raise :class:`EnvOptionsError` naming any key of ``options`` not in ``allowed``, and those."""
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -221,7 +221,7 @@ class ToolEnv(ABC):
         else:
             reward, parts = self.rewards.tool_error()
             observation = f"error: {text}"
-        info: dict[str, Any] = {"action": "tool", "reward_parts": parts}
+        info = {"action": "tool", "reward_parts": parts}
         return StepResult(observation=observation, process_reward=reward, info=info, tool_call=call)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract

@@ -49,6 +49,7 @@ from asyncrl.transport import make_queue
 if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
+    from asyncrl.gateway.agent import AgentRunner
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.rollout.runners import GroupRunner
     from asyncrl.weights.base import LoadedWeights, WeightStore
@@ -222,7 +223,7 @@ class RolloutWorker:
         self.lender = ThreadLender.join(
             run_dir, self.name, torch_threads(cfg, "rollout"), model=self.policy.model
         )
-        self.agent: Any = None
+        self.agent: AgentRunner | None = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.admission = Admission(self.state, self.name, cfg.rollout.group_size, cfg.env.max_turns)
         """Rule 1 and the in-flight load (model turns the running episodes may still take), one ticket a group."""
@@ -401,7 +402,7 @@ class RolloutWorker:
                     reward_seconds=self.verifier.seconds,
                 ),
                 weights=self.weights.canary.figures() if self.weights.canary else None,
-                gateway=self._gateway_figures() if self.agent is not None else None,
+                gateway=self._gateway_figures(self.agent) if self.agent is not None else None,
                 cores=self.lender.figures() if self.lender is not None else None,
             )
         )
@@ -432,9 +433,10 @@ class RolloutWorker:
             load_steps=float(self.admission.load),
         )
 
-    def _gateway_figures(self) -> GatewayFigures:
-        gw = self.agent.gateway
-        counts = {**gw.counts, **self.agent.counts, "open_sessions": len(gw.sessions)}
+    @staticmethod
+    def _gateway_figures(agent: AgentRunner) -> GatewayFigures:
+        gw = agent.gateway
+        counts = {**gw.counts, **agent.counts, "open_sessions": len(gw.sessions)}
         return msgspec.convert(counts, GatewayFigures)
 
 
