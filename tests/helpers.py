@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrl.envs.base import AnyEnvironment, StepResult, call_env
 from asyncrl.records import Task
 
 TINY_RUN = [  # the core of a small, quick training run; each file adds its sizes (held-out, batch, steps)
@@ -102,3 +104,19 @@ def fault_row(fault: str, s: dict[str, Any], **extra: Any) -> dict[str, Any]:
         with open(report, "a") as f:
             f.write(json.dumps(row) + "\n")
     return row
+
+
+def run_texts_sync(env: AnyEnvironment, task: Task, texts: Sequence[str]) -> list[StepResult]:
+    """Reset ``env`` on ``task`` and feed it ``texts`` (until done)."""
+
+    async def go() -> list[StepResult]:
+        await call_env(env.reset, task)
+        results = []
+        for text in texts:
+            res = await call_env(env.step, text)
+            results.append(res)
+            if res.done:
+                break
+        return results
+
+    return asyncio.run(go())

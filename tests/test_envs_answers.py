@@ -28,11 +28,11 @@ from asyncrl.envs import (
     read_rows,
 )
 from asyncrl.envs import reasoning_gym_env as rge
-from asyncrl.envs.base import run_texts_sync
 from asyncrl.envs.scoring import exact_score, math_score, numeric_score
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.errors import UserError
 from asyncrl.records import Task
+from helpers import run_texts_sync
 
 
 def rg_env(*sets: str, extra: tuple[str, ...] = ()) -> EnvConfig:

@@ -79,7 +79,7 @@ def test_process_rewards_are_not_farmable() -> None:
     assert uses == pytest.approx(0.2) and parts["uses_result"] == pytest.approx(0.1)
     reuse, _ = r.tool_ok("calc", "12+1", "13", mentions_number)  # 12 already used once
     assert reuse == pytest.approx(0.1)
-    assert r.malformed()[0] < 0 and r.tool_error()[0] < 0
+    assert r.malformed("bad").process_reward < 0 and r.tool_error()[0] < 0
     ans, _ = r.answer("24", mentions_number)
     assert ans == pytest.approx(0.1)
 

@@ -15,12 +15,13 @@ import pytest
 
 from asyncrl.cli import main as cli_main
 from asyncrl.config import ConfigError, EnvConfig, load_config
-from asyncrl.envs.base import Tool, run_texts_sync
+from asyncrl.envs.base import Tool
 from asyncrl.envs.check import check_environment
 from asyncrl.envs.class_tools import ToolArgsError, class_tools
 from asyncrl.envs.imports import EnvPluginError
 from asyncrl.envs.registry import make_env, make_raw_env, make_task_source
 from asyncrl.policy.toolcalls import HermesFormat, args_text
+from helpers import run_texts_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "trl_env"

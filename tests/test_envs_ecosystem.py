@@ -17,10 +17,10 @@ import pytest
 
 from asyncrl.config import EnvConfig, load_config
 from asyncrl.envs import check_environment, make_raw_env, make_task_source
-from asyncrl.envs.base import run_texts_sync
 from asyncrl.envs.gem_env import latest_feedback
 from asyncrl.envs.openenv_env import call_arguments
 from asyncrl.errors import UserError
+from helpers import run_texts_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_gem = pytest.mark.skipif(importlib.util.find_spec("gem") is None, reason="gem-llm not installed")

@@ -17,7 +17,7 @@ from asyncrl.control.buckets import bucket_of, bucket_prior, buckets_of_source, 
 from asyncrl.control.directives import Directives, group_report
 from asyncrl.control.worker import WorkerControl
 from asyncrl.envs import check_heldout, make_env, make_task_source
-from asyncrl.envs.base import StepResult, run_texts_sync
+from asyncrl.envs.base import StepResult
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.envs.check import check_environment
 from asyncrl.envs.mix import MixTaskSource
@@ -26,6 +26,7 @@ from asyncrl.orchestrator.mix import curriculum_shares, env_metrics
 from asyncrl.records import Group, Lifecycle, Task, Trajectory, Turn
 from asyncrl.rollout.heldout import eval_env_config, heldout_tasks, summarise
 from asyncrl.telemetry.report_envs import EnvTally, env_blocks, per_env
+from helpers import run_texts_sync
 
 
 def mix(*members: dict[str, Any]) -> EnvConfig:

@@ -401,7 +401,7 @@ def test_make_env_stacks_the_wrappers() -> None:
     )
     env = make_env(cfg, rng_seed=0)
     assert isinstance(env, GuardedEnv) and isinstance(env.env, FaultWrapper)
-    assert isinstance(env.env.env, LatencyWrapper) and isinstance(env.unwrapped, CalculatorEnv)
+    assert isinstance(env.env.env, LatencyWrapper) and isinstance(env.env.env.env, CalculatorEnv)
     assert [t.name for t in env.tools] == ["calc"]
     task = make_task_source(cfg).sample(random.Random(0))
 

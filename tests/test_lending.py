@@ -128,6 +128,22 @@ def test_the_hooks_poll_before_each_decoder_layer(tmp_path: Path, restore_thread
     assert len(polls) == 2
 
 
+def test_joining_with_a_model_attaches_the_hooks(tmp_path: Path, restore_threads: None) -> None:
+    """How the trainer and the rollout workers join: ``model=`` attaches (none without a plan)."""
+    from asyncrl.config import ModelConfig
+    from asyncrl.policy import Policy
+
+    policy = Policy.build(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1))
+    assert ThreadLender.join(tmp_path, "trainer", own=1, model=policy.model) is None  # lending off
+    open_board(tmp_path, TWO)
+    lender = ThreadLender.join(tmp_path, "trainer", own=1, model=policy.model)
+    assert lender is not None
+    polls: list[float] = []
+    lender.poll = lambda: polls.append(1.0)  # type: ignore[method-assign]
+    policy.model(torch.tensor([[1, 2, 3]]))
+    assert len(polls) == 2
+
+
 def test_the_plan_applies_to_local_cpu_runs_with_cores_to_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     plan = lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=true"]))

@@ -315,7 +315,7 @@ def test_an_episode_in_a_chat_template_trains_on_exactly_the_sampled_ids(family:
         model_turn(r, tok, "<answer>17</answer>"),
     ]
     traj = run_scripted(r, [list(t) for t in turns])
-    assert traj.outcome == "success" and traj.token_exact is True and traj.retokenization_exact is True
+    assert traj.outcome == "success" and traj.render_diff == 0 and traj.retokenization_diff == 0
     model_turns = [t for t in traj.turns if t.role == "model"]
     assert [t.token_ids for t in model_turns] == turns
     assert [t.tool_call.ok for t in model_turns[:2] if t.tool_call] == [True, True]

@@ -18,7 +18,7 @@ from asyncrl.config import dump_yaml, load_config
 from asyncrl.errors import UserError
 from asyncrl.jobs.report import write_report
 from asyncrl.jobs.runs import compare_runs, list_runs
-from asyncrl.records import Lifecycle, Task, ToolCall, Trajectory, Turn, groups_of
+from asyncrl.records import Lifecycle, Task, ToolCall, Trajectory, Turn, groups_of, members
 from asyncrl.telemetry import tensorboard as tb
 from asyncrl.telemetry.archive import ArchiveWriter, read_batches
 from asyncrl.telemetry.flow import FlowMeter
@@ -151,11 +151,11 @@ def test_archive_round_trip_keeps_batches_in_step_order(tmp_path: Path) -> None:
     raw = w.path.read_bytes()
     assert raw[:2] == b"\x1f\x8b"  # gzip; frames inside are msgpack, never pickle
     batches = read_batches(tmp_path)
-    assert [(b.step, b.version, [t.id for t in b.trajectories]) for b in batches] == [
+    assert [(b.step, b.version, [t.id for t in members(b.groups)]) for b in batches] == [
         (0, 0, ["t0", "t1"]),
         (1, 1, ["t2"]),
     ]
-    assert batches[0].trajectories[0] == traj(0)
+    assert members(batches[0].groups)[0] == traj(0)
 
 
 def test_archive_survives_a_truncated_tail_and_later_writes_win(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_archive_survives_a_truncated_tail_and_later_writes_win(tmp_path: Path) 
     time.sleep(0.01)
     resumed = ArchiveWriter(tmp_path / "archive", pid=2)  # the restarted trainer retrains step 0
     resumed.append(0, 0, groups_of([traj(9)]))
-    assert [t.id for t in read_batches(tmp_path)[0].trajectories] == ["t9"]
+    assert [t.id for t in members(read_batches(tmp_path)[0].groups)] == ["t9"]
 
 
 def test_archive_rejects_garbage_frames(tmp_path: Path) -> None:

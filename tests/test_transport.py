@@ -674,14 +674,14 @@ def test_embedded_dead_letter_reason_names_an_unexpected_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A decoder failure that is not a RecordDecodeError is dead-lettered with its type in the reason."""
-    from asyncrl.transport import embedded
+    from asyncrl.transport import base
 
     def boom(data: bytes) -> Group:
         raise ValueError("boom")
 
     q = Backend(kind="embedded", run_dir=tmp_path / "run", opened=[]).make()
     q.put(make_traj("t0"))
-    monkeypatch.setattr(embedded, "decode_group", boom)
+    monkeypatch.setattr(base, "decode_group", boom)  # the decoder every backend leases through
     assert q.get_batch(10, timeout=0.1) == []
     assert [d.reason for d in q.dead_letters()] == ["ValueError: boom"]
     q.close()

@@ -26,13 +26,18 @@ transaction alike), so the policy is applied exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from asyncrl.errors import UserError
+
+if TYPE_CHECKING:
+    from redis.retry import Retry
 
 T = TypeVar("T")
 
@@ -94,7 +99,7 @@ def check_url_syntax(url: str, field: str) -> None:
         raise UserError(f"{field} = {mask_url(url)!r} names no host, e.g. redis://127.0.0.1:6379/0")
 
 
-def redis_retry() -> Any:
+def redis_retry() -> Retry:
     """The retry policy of every Redis operation (see the module docstring)."""
     import redis
     from redis.backoff import EqualJitterBackoff
@@ -117,13 +122,25 @@ def with_retries(fn: Callable[[], T]) -> T:
     return result
 
 
-def _no_client_retry() -> Any:
+def _no_client_retry() -> Retry:
     """Clients retry nothing themselves: redis-py's default (3 retries, up to 10 s apart) would multiply the
     one policy, which :func:`with_retries` applies around every operation."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     return Retry(NoBackoff(), 0)
+
+
+def key_prefix(run_dir: str | Path) -> str:
+    """A run's Redis key prefix: ``asyncrl:{<sha1 of the absolute run_dir, 12 hex digits>}`` (a Cluster
+    hash tag: every key of the run in one slot)."""
+    digest = hashlib.sha1(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
+    return f"asyncrl:{{{digest}}}"
+
+
+def redis_text(value: object) -> str:
+    """A Redis reply (bytes, decoded leniently) or any other value, as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def open_redis(url: str, field: str, *, socket_timeout_s: float) -> Any:

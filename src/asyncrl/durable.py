@@ -28,7 +28,7 @@ import shutil
 import uuid
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -70,13 +70,13 @@ def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def hash_tree(directory: Path) -> dict[str, dict[str, Any]]:
+def hash_tree(directory: Path) -> dict[str, dict[str, str | int]]:
     """``{relative path: {"sha256", "bytes"}}`` of every file under ``directory``, in sorted walk order.
 
     Every file and every sub-directory is fsynced on the way (files written by other libraries, e.g.
     ``save_pretrained``, become durable here).
     """
-    files: dict[str, dict[str, Any]] = {}
+    files: dict[str, dict[str, str | int]] = {}
     for dirpath, dirnames, filenames in os.walk(directory):
         dirnames.sort()
         for name in sorted(filenames):

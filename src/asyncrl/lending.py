@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.telemetry.reports import CoreFigures
 
@@ -138,19 +138,21 @@ class ThreadLender:
         self._lock = threading.Lock()  # the worker announces from its event loop, polls from a thread
 
     @classmethod
-    def join(cls, run_dir: Path, name: str, own: int, borrow: bool = True) -> ThreadLender | None:
-        """This role's lender, or None where the orchestrator published no plan (lending off)."""
+    def join(
+        cls, run_dir: Path, name: str, own: int, borrow: bool = True, model: torch.nn.Module | None = None
+    ) -> ThreadLender | None:
+        """This role's lender, or None where the orchestrator published no plan (lending off); with
+        ``model``, :meth:`attach`-ed to it (polled before each decoder layer: every decode step of a
+        worker's engine, every layer of the trainer's policy)."""
         path = run_dir / BOARD / "plan.json"
         if not path.is_file():
             return None
         doc = json.loads(path.read_text())
-        return cls(
-            run_dir,
-            name,
-            Plan(int(doc["cores"]), float(doc["lend_after_s"]), float(doc["poll_s"])),
-            own,
-            borrow,
-        )
+        plan = Plan(int(doc["cores"]), float(doc["lend_after_s"]), float(doc["poll_s"]))
+        lender = cls(run_dir, name, plan, own, borrow)
+        if model is not None:
+            lender.attach(model)
+        return lender
 
     def _announce(self, computing: bool) -> None:
         if self._computing == computing:
@@ -211,7 +213,7 @@ class ThreadLender:
         for module in list(layers) if layers is not None else [model]:
             module.register_forward_pre_hook(self._hook)
 
-    def _hook(self, module: Any, args: Any) -> None:
+    def _hook(self, module: torch.nn.Module, args: object) -> None:
         self.poll()
 
     def figures(self) -> CoreFigures:

@@ -183,16 +183,6 @@ class Trajectory(msgspec.Struct, kw_only=True):
             out.extend([v] * len(turn.token_ids))
         return out
 
-    @property
-    def token_exact(self) -> bool | None:
-        """Whether the trained ids are exactly the template's rendering of the sampled chat."""
-        return None if self.render_diff is None else self.render_diff == 0
-
-    @property
-    def retokenization_exact(self) -> bool | None:
-        """Whether re-tokenising the rendered text would give exactly these ids (``None``: not checked)."""
-        return None if self.retokenization_diff is None else self.retokenization_diff == 0
-
     def model_versions(self) -> list[int]:
         """Versions of the model turns sampled for this trajectory (replayed turns excluded)."""
         return [t.version for t in self.turns if self._trained(t) and t.version is not None]

@@ -10,9 +10,12 @@ samples a bucket by weight and then a task of that bucket (:func:`sample_in_buck
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncrl.records import Task
+
+if TYPE_CHECKING:
+    from asyncrl.envs.base import TaskSource
 
 
 def bucket_of(task: Task) -> str:
@@ -26,7 +29,7 @@ def split_bucket(bucket: str) -> tuple[str, int]:
     return task_type, int(difficulty)
 
 
-def buckets_of_source(source: Any, probes: int = 64) -> list[str]:
+def buckets_of_source(source: TaskSource, probes: int = 64) -> list[str]:
     """The buckets a task source produces: its task types x its active difficulties.
 
     With several task types not every pair need exist (a template may have one difficulty), so
@@ -45,7 +48,7 @@ def buckets_of_source(source: Any, probes: int = 64) -> list[str]:
     return sorted(found)
 
 
-def sample_in_bucket(source: Any, rng: random.Random, bucket: str, attempts: int = 200) -> Task:
+def sample_in_bucket(source: TaskSource, rng: random.Random, bucket: str, attempts: int = 200) -> Task:
     """A training task of ``bucket``: draws at the bucket's difficulty until the type matches.
 
     Sources draw a task type at random, so this is rejection sampling over types; after
@@ -64,7 +67,7 @@ def sample_in_bucket(source: Any, rng: random.Random, bucket: str, attempts: int
         if task.task_type == task_type:
             break
         task = source.sample(rng, difficulty=difficulty)
-    return task  # type: ignore[no-any-return]
+    return task
 
 
 def weighted_choice(weights: dict[str, float], rng: random.Random) -> str | None:
@@ -81,7 +84,7 @@ def weighted_choice(weights: dict[str, float], rng: random.Random) -> str | None
     return max(weights, key=lambda b: weights[b])
 
 
-def bucket_prior(source: Any) -> dict[str, float]:
+def bucket_prior(source: TaskSource) -> dict[str, float]:
     """``env.kind: mix``: each bucket's share of the draws when every curriculum weight is equal — its
     environment's weight (normalised) spread evenly over the environment's buckets; ``{}`` otherwise."""
     from asyncrl.envs.mix import MixTaskSource

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
 from asyncrl.control.buckets import (
@@ -19,11 +19,14 @@ from asyncrl.control.directives import Directives, Exploration
 from asyncrl.control.run_state import RunState
 from asyncrl.records import Task
 
+if TYPE_CHECKING:
+    from asyncrl.envs.base import TaskSource
+
 
 class WorkerControl:
     """A rollout worker's view of the orchestrator's directives (module docstring)."""
 
-    def __init__(self, cfg: RunConfig, state: RunState, name: str, source: Any) -> None:
+    def __init__(self, cfg: RunConfig, state: RunState, name: str, source: TaskSource) -> None:
         self.cfg, self.state, self.name, self.source = cfg, state, name, source
         self.refresh_s = cfg.control.refresh_s
         self.doc = Directives()

@@ -25,9 +25,10 @@ value model (when the strategy needs one) is trained by :meth:`train_value` afte
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -69,7 +70,7 @@ def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
     return out[::-1]
 
 
-def _whole_groups(groups: list[list[CreditSample]], n: int, rng: Any) -> list[CreditSample]:
+def _whole_groups(groups: list[list[CreditSample]], n: int, rng: random.Random) -> list[CreditSample]:
     """Random groups, whole, until at least ``n`` samples (at least one group)."""
     order = list(range(len(groups)))
     rng.shuffle(order)
@@ -308,7 +309,7 @@ class CreditAssigner:
         return self.value.train(ids, attn, vmask, targets, old)
 
     # -- files -----------------------------------------------------------------------------------
-    def write_samples(self, run_dir: Path, step: int, rng: Any) -> Path | None:
+    def write_samples(self, run_dir: Path, step: int, rng: random.Random) -> Path | None:
         c = self.cfg
         if not c.sample_every or not self.last_groups:
             return None

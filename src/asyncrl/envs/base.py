@@ -25,7 +25,7 @@ import random
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
@@ -276,7 +276,7 @@ class MalformedAction:
 Action = ToolCallAction | AnswerAction | MalformedAction
 
 
-def parse_action(text: str) -> ToolCallAction | AnswerAction | MalformedAction:
+def parse_action(text: str) -> Action:
     """Parse one model turn into an action.
 
     Rules (the shared protocol):
@@ -376,8 +376,10 @@ class EpisodeRewards:
     def tool_error(self) -> tuple[float, dict[str, float]]:
         return REWARD_TOOL_ERROR, {"tool_error": REWARD_TOOL_ERROR}
 
-    def malformed(self) -> tuple[float, dict[str, float]]:
-        return REWARD_MALFORMED, {"malformed": REWARD_MALFORMED}
+    def malformed(self, reason: str) -> StepResult:
+        """The step that answers a malformed action (or a call of an unknown tool): ``error: REASON``."""
+        info = {"action": "malformed", "reward_parts": {"malformed": REWARD_MALFORMED}}
+        return StepResult(f"error: {reason}", process_reward=REWARD_MALFORMED, malformed=True, info=info)
 
     def answer(self, answer: str, matches: Callable[[str, str], bool]) -> tuple[float, dict[str, float]]:
         bonus, _ = self._uses(answer, matches)
@@ -545,19 +547,3 @@ class HashSplitTaskSource(ABC):
 def task_id(prefix: str, key: str) -> str:
     """Deterministic task id from the content key (same problem -> same id)."""
     return f"{prefix}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
-
-
-def run_texts_sync(env: AnyEnvironment, task: Task, texts: Sequence[str]) -> list[StepResult]:
-    """Helper for tests and tooling: reset ``env`` on ``task`` and feed it ``texts``."""
-
-    async def go() -> list[StepResult]:
-        await call_env(env.reset, task)
-        results = []
-        for text in texts:
-            res = await call_env(env.step, text)
-            results.append(res)
-            if res.done:
-                break
-        return results
-
-    return asyncio.run(go())

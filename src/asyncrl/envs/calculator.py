@@ -356,9 +356,6 @@ class CalculatorEnv(ToolEnv):
     solve = staticmethod(calc_solve)
     demonstrate = staticmethod(calc_demonstrate)
 
-    def prompt(self, task: Task) -> str:
-        return str(task.payload["prompt"])
-
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
         try:
             return True, str(evaluate(args))

@@ -18,6 +18,7 @@ of a rollout worker). Every check that passes prints an ``ok`` line.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import numbers
 import random
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from asyncrl.config import EnvConfig
 from asyncrl.envs.base import AnyEnvironment, StepResult, TaskSource, call_env, close_env, is_async_method
+from asyncrl.envs.mix import MixTaskSource, mix_members
 from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
 from asyncrl.records import OUTCOMES, Task
 
@@ -178,6 +180,37 @@ class _Probe:
         return value
 
 
+async def _check_mix(cfg: EnvConfig, check: Callable[[EnvConfig], Awaitable[CheckReport]]) -> CheckReport:
+    """A mix: ``check`` (:func:`acheck_environment` with the caller's settings) on every member's own
+    config, each finding prefixed with the member's name, then the mix's task source (every member
+    drawn from, every member's held-out split)."""
+    report = CheckReport(cfg.kind)
+    for name, weight, member in mix_members(cfg):
+        sub = await check(member)
+        report.add("ok", f"{name}", f"member {name!r} ({sub.target}, weight {weight:g})")
+        for f in sub.findings:
+            report.add(f.level, f"{name}: {f.check}", f.message)
+    try:
+        source = MixTaskSource.of(cfg, make_task_source)
+        held = source.heldout()
+    except (EnvPluginError, ValueError) as exc:
+        report.add("error", "mix", str(exc))
+        return report
+    rng = random.Random(cfg.seed)
+    drawn = {source.sample(rng).env for _ in range(50 * len(source.members))}
+    missing = [n for n in source.members if n not in drawn]
+    if missing:
+        report.add(
+            "error", "mix", f"no training task drawn from {missing} in {50 * len(source.members)} draws"
+        )
+    else:
+        counts = {n: sum(t.env == n for t in held) for n in source.members}
+        report.add(
+            "ok", "mix", f"{len(source.members)} environments; held-out tasks per environment {counts}"
+        )
+    return report
+
+
 def _target(path_or_cfg: str | EnvConfig) -> EnvConfig | CheckReport:
     """The config to check: a plugin path on every difficulty it declares, or the config itself; a
     report with the error when the path does not make a config."""
@@ -217,15 +250,10 @@ async def acheck_environment(
     if isinstance(cfg, CheckReport):
         return cfg
     if cfg.kind == "mix":  # every member, then the mix's own task source
-        from asyncrl.envs.mix import acheck_mix
-
         kw: dict[str, Any] = {"episodes": episodes, "max_steps": max_steps, "timeout_s": timeout_s}
         kw["slow_s"] = slow_s
         kw |= {"stall_s": stall_s, "overlap_samples": overlap_samples, "warm_start": warm_start}
-        mixed: CheckReport = await acheck_mix(
-            cfg, acheck_environment, make_task_source, CheckReport(cfg.kind), **kw
-        )
-        return mixed
+        return await _check_mix(cfg, functools.partial(acheck_environment, **kw))
     report = CheckReport(cfg.path if cfg.kind == "plugin" and cfg.path else cfg.kind)
 
     # -- load and construct ---------------------------------------------------------------------

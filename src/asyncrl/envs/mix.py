@@ -18,8 +18,8 @@ broken member's faults are its own.
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -151,8 +151,8 @@ class MixEnv:
         for env in envs:
             await close_env(env)
 
-    def _helper(self, task: Task, what: str) -> Any:
-        fn = getattr(self.member(task.env), what, None)
+    def _helper(self, task: Task, what: str) -> Callable[..., list[str]]:
+        fn: Callable[..., list[str]] | None = getattr(self.member(task.env), what, None)
         if fn is None:
             kind = self.configs[task.env].kind
             raise UserError(
@@ -163,46 +163,8 @@ class MixEnv:
 
     def solve(self, task: Task) -> list[str]:
         """The member's reference solution of ``task``."""
-        out: list[str] = self._helper(task, "solve")(task)
-        return out
+        return self._helper(task, "solve")(task)
 
     def demonstrate(self, task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
         """The member's demonstration of ``task``."""
-        out: list[str] = self._helper(task, "demonstrate")(task, rng, corruption_rate)
-        return out
-
-
-async def acheck_mix(
-    cfg: EnvConfig,
-    check: Callable[..., Awaitable[Any]],
-    make_source: Callable[[EnvConfig], TaskSource],
-    report: Any,
-    **kwargs: Any,
-) -> Any:
-    """``asyncrl env check`` of a mix: ``check`` (:func:`~asyncrl.envs.check.acheck_environment`) on every
-    member's own config, each finding prefixed with the member's name, then the mix's task source
-    (every member drawn from, every member's held-out split). ``report`` collects it all."""
-    for name, weight, member in mix_members(cfg):
-        sub = await check(member, **kwargs)
-        report.add("ok", f"{name}", f"member {name!r} ({sub.target}, weight {weight:g})")
-        for f in sub.findings:
-            report.add(f.level, f"{name}: {f.check}", f.message)
-    try:
-        source = MixTaskSource.of(cfg, make_source)
-        held = source.heldout()
-    except (EnvPluginError, ValueError) as exc:
-        report.add("error", "mix", str(exc))
-        return report
-    rng = random.Random(cfg.seed)
-    drawn = {source.sample(rng).env for _ in range(50 * len(source.members))}
-    missing = [n for n in source.members if n not in drawn]
-    if missing:
-        report.add(
-            "error", "mix", f"no training task drawn from {missing} in {50 * len(source.members)} draws"
-        )
-    else:
-        counts = {n: sum(t.env == n for t in held) for n in source.members}
-        report.add(
-            "ok", "mix", f"{len(source.members)} environments; held-out tasks per environment {counts}"
-        )
-    return report
+        return self._helper(task, "demonstrate")(task, rng, corruption_rate)

@@ -149,7 +149,7 @@ class OpenEnvEnv:
             return repeat_final(self._final)
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
-            return self._malformed(action.reason)
+            return self.rewards.malformed(action.reason)
         if isinstance(action, AnswerAction):
             if self.oc.answer_tool is None:  # the model gave up: the episode ends, a failure
                 self._final = StepResult(
@@ -169,17 +169,8 @@ class OpenEnvEnv:
         else:
             name, args = action.name, action.args
         if name not in self.schemas:
-            return self._malformed(f"unknown tool {name!r}; tools: {', '.join(self.schemas)}")
+            return self.rewards.malformed(f"unknown tool {name!r}; tools: {', '.join(self.schemas)}")
         return self._call(name, args)
-
-    def _malformed(self, reason: str) -> StepResult:
-        reward, parts = self.rewards.malformed()
-        return StepResult(
-            f"error: {reason}",
-            process_reward=reward,
-            malformed=True,
-            info={"action": "malformed", "reward_parts": parts},
-        )
 
     def _call(self, name: str, args: str) -> StepResult:
         started = time.monotonic()

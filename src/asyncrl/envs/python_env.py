@@ -226,9 +226,6 @@ class PythonEnv(ToolEnv):
     solve = staticmethod(py_solve)
     demonstrate = staticmethod(py_demonstrate)
 
-    def prompt(self, task: Task) -> str:
-        return str(task.payload["prompt"])
-
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
         result = await run_python(args, self.limits)
         return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")

@@ -27,7 +27,7 @@ Example (difficulty 3, by value)::
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import HashSplitTaskSource, task_id
@@ -64,7 +64,7 @@ def run_pipeline(word: str, ops: list[str]) -> list[str]:
     return out
 
 
-def _reference_option(options: dict[str, Any]) -> bool:
+def _reference_option(options: Mapping[str, object]) -> bool:
     refuse_unknown_options("strings", options, ("reference",))
     value = options.get("reference", False)
     if not isinstance(value, bool):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.config import CostConfig, default_of
@@ -39,7 +40,7 @@ class EnvOptionsError(UserError, ValueError):
     """Unknown or invalid ``env.options`` for a built-in environment (a user mistake)."""
 
 
-def refuse_unknown_options(kind: str, options: dict[str, Any], allowed: tuple[str, ...]) -> None:
+def refuse_unknown_options(kind: str, options: Mapping[str, object], allowed: tuple[str, ...]) -> None:
     """Raise :class:`EnvOptionsError` naming any key of ``options`` not in ``allowed``, and those."""
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -64,11 +65,11 @@ class VerifierCache:
         self.hits = self.misses = 0
         self.seconds = 0.0
 
-    def verdict(self, key: tuple[str, str, str], grade: Any) -> bool:
+    def verdict(self, key: tuple[str, str, str], grade: Callable[[], object]) -> bool:
         """Whether ``grade()`` (a yes/no verifier) accepts the answer; cached."""
         return self.score(key, lambda: 1.0 if grade() else 0.0) >= 1.0
 
-    def score(self, key: tuple[str, str, str], grade: Any) -> float:
+    def score(self, key: tuple[str, str, str], grade: Callable[[], float]) -> float:
         """``grade()``'s score of the answer; cached."""
         if self.enabled and key in self._verdicts:
             self.hits += 1
@@ -132,9 +133,9 @@ class ToolEnv(ABC):
         """A demonstration that, with probability ``corruption_rate``, contains one mistake."""
 
     # -- to implement ---------------------------------------------------------------------------
-    @abstractmethod
     def prompt(self, task: Task) -> str:
-        """The first observation."""
+        """The first observation: the task's ``prompt``, unless an environment says more."""
+        return str(task.payload["prompt"])
 
     @abstractmethod
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
@@ -178,13 +179,7 @@ class ToolEnv(ABC):
         self.turns += 1
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
-            reward, parts = self.rewards.malformed()
-            return StepResult(
-                observation=f"error: {action.reason}",
-                process_reward=reward,
-                info={"action": "malformed", "reward_parts": parts},
-                malformed=True,
-            )
+            return self.rewards.malformed(action.reason)
         if isinstance(action, AnswerAction):
             answer = self.resolve(action.answer, answer=True)
             score = VERIFIER_CACHE.score(
@@ -203,13 +198,7 @@ class ToolEnv(ABC):
             return self._final
         names = [t.name for t in self.tools]
         if action.name not in names:
-            reward, parts = self.rewards.malformed()
-            return StepResult(
-                observation=f"error: unknown tool {action.name!r}; tools: {', '.join(names)}",
-                process_reward=reward,
-                info={"action": "malformed", "reward_parts": parts},
-                malformed=True,
-            )
+            return self.rewards.malformed(f"unknown tool {action.name!r}; tools: {', '.join(names)}")
         started = time.monotonic()
         args = action.args
         if len(args) > MAX_ARGS_CHARS:
@@ -232,7 +221,7 @@ class ToolEnv(ABC):
         else:
             reward, parts = self.rewards.tool_error()
             observation = f"error: {text}"
-        info: dict[str, Any] = {"action": "tool", "reward_parts": parts}
+        info = {"action": "tool", "reward_parts": parts}
         return StepResult(observation=observation, process_reward=reward, info=info, tool_call=call)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
@@ -269,9 +258,6 @@ class ChainToolEnv(ToolEnv):
                 },
             )
         ]
-
-    def prompt(self, task: Task) -> str:
-        return str(task.payload["prompt"])
 
     def split(self, args: str) -> tuple[str, str]:
         """The two arguments, whitespace-trimmed (the caller checked there is a comma)."""

@@ -134,13 +134,6 @@ class EnvWrapper:
         tools = getattr(self.env, "tools", [])
         return list(tools) if isinstance(tools, (list, tuple)) else []
 
-    @property
-    def unwrapped(self) -> Any:
-        env = self.env
-        while isinstance(env, EnvWrapper):
-            env = env.env
-        return env
-
     async def reset(self, task: Task) -> str:
         return await call_env(self.env.reset, task)  # type: ignore[no-any-return]
 

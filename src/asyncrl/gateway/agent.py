@@ -34,6 +34,8 @@ from asyncrl.gateway.sessions import Session, build_trajectories
 from asyncrl.records import SamplingParams, Task, Trajectory
 
 if TYPE_CHECKING:
+    from openai import DefaultAsyncHttpxClient
+
     from asyncrl.config import RunConfig
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.policy.chat import Renderer
@@ -75,7 +77,7 @@ class AgentRunner:
             temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
         )
         self.counts: dict[str, float] = {"episodes": 0, "stale_sessions": 0, "agent_errors": 0, "per_call": 0}
-        self.http: Any = None
+        self.http: DefaultAsyncHttpxClient | None = None
         """One connection pool for every episode's client: building an ``openai.AsyncOpenAI`` with
         its own pool costs ~60 ms of event-loop time (an SSL context), with a shared one ~0.1 ms."""
         self.verifier = make_raw_env(cfg.env)

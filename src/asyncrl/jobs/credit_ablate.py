@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
 
 
-def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Any, str]:
+def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Policy, str]:
     """The run's policy at ``checkpoint``: a weight version number, a policy directory, or the latest."""
     from asyncrl.config import load_config
     from asyncrl.policy import Policy

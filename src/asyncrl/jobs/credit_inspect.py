@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.credit.samples import SAMPLES_DIR, CreditSample, CreditSampleFile, read_samples
 from asyncrl.records import group_key
 from asyncrl.telemetry.markup import templates
+
+if TYPE_CHECKING:
+    from rich.tree import Tree
 
 
 def _tokenizer(run_dir: Path) -> Any:
@@ -60,7 +63,7 @@ def _fmt(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}"
 
 
-def group_tree(samples: list[CreditSample], tok: Any) -> Any:
+def group_tree(samples: list[CreditSample], tok: Any) -> Tree:
     """A ``rich`` tree of one group's episodes: a node per distinct state (as tree credit finds
     them: the token prefix at a segment boundary), labelled with the segment's text, the measured
     success probability after it (``V``), the leaves below it and its credit."""
@@ -89,7 +92,7 @@ def group_tree(samples: list[CreditSample], tok: Any) -> Any:
                 )
     v_root = first.segments[0].v_before if first.segments else None
     root = Tree(f"[bold]task {first.trajectory.task.id}[/] · V {_fmt(v_root)} · {len(samples)} episodes")
-    nodes: dict[int, Any] = {0: root}
+    nodes: dict[int, Tree] = {0: root}
     for node, parent in enumerate(index.parent):
         if parent >= 0:
             nodes[node] = nodes[parent].add(f"{labels.get(node, '')} · {leaves.get(node, 0)} below")

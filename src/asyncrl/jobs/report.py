@@ -48,7 +48,7 @@ from asyncrl.telemetry.report_envs import env_blocks
 from asyncrl.telemetry.report_metrics import RunData, freshness, learning, queue, step_wall, utilisation
 from asyncrl.telemetry.reports import decode_rows
 from asyncrl.telemetry.signal import signal_blocks, signal_series
-from asyncrl.telemetry.svg import Chart, Series
+from asyncrl.telemetry.svg import Series
 
 CreditView = Callable[[Path, int], str]
 """Markup of ``n`` credit samples of a run (``asyncrl.jobs.credit_inspect.credit_fragment``)."""
@@ -215,25 +215,10 @@ class Report:
             for _, v, _, e in pts
             if v is not None and "success_rate" in e
         ]
-        chart = svg.line_chart(
-            "heldout",
-            Chart(
-                series=[
-                    Series(
-                        "held-out success",
-                        [p[0] for p in curve],
-                        [p[1] for p in curve],
-                        color="#dc2626",
-                        points=True,
-                    )
-                ],
-                x_label="weight version",
-                y_label="success rate",
-                y_min=0.0,
-                y_max=1.0,
-                percent=True,
-            ),
+        heldout = Series(
+            "held-out success", [p[0] for p in curve], [p[1] for p in curve], color="#dc2626", points=True
         )
+        chart = svg.share_chart("heldout", [heldout], "weight version", "success rate")
         self.add(
             "evaluation",
             "Held-out evaluation",
@@ -335,25 +320,15 @@ class Report:
         c = self.d.cost
         if not c:
             return
-        comp = c.get("components_usd") or {}
-        waste = c.get("waste_usd") or {}
-        a = svg.bar_chart(
-            "cost-components",
-            list(comp),
-            [float(v) for v in comp.values()],
-            y_label="USD",
-            x_label="component",
-            fmt="${:.6f}",
-        )
-        w = svg.bar_chart(
-            "cost-waste",
-            list(waste),
-            [float(v) for v in waste.values()],
-            y_label="USD",
-            x_label="cause",
-            fmt="${:.6f}",
-            color="#dc2626",
-        )
+
+        def usd_bars(chart_id: str, usd: dict[str, float], x_label: str, color: str = svg.PALETTE[0]) -> str:
+            values = [float(v) for v in usd.values()]
+            return svg.bar_chart(
+                chart_id, list(usd), values, y_label="USD", x_label=x_label, fmt="${:.6f}", color=color
+            )
+
+        a = usd_bars("cost-components", c.get("components_usd") or {}, "component")
+        w = usd_bars("cost-waste", c.get("waste_usd") or {}, "cause", "#dc2626")
         charts = Row(
             [
                 self.chart(

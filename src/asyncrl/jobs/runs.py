@@ -96,7 +96,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
     return {"a": ia, "b": ib, "metrics": metrics, "config_diff": diff, "record_diff": record}
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -31,6 +31,8 @@ from asyncrl.records import Task, Trajectory
 from asyncrl.signal import advice, fmt_share, share_or_none, signal_share, verdict
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from asyncrl.policy.model import Policy
 
 
@@ -166,14 +168,14 @@ def _bucket(cfg: RunConfig, name: str, groups: list[list[Trajectory]]) -> Bucket
 
 
 def measure(
-    cfg: RunConfig, policy: Policy, name: str, tasks: dict[str, list[Task]], bar: Any = None
+    cfg: RunConfig, policy: Policy, name: str, tasks: dict[str, list[Task]], bar: Progress | None = None
 ) -> PolicySignal:
     """Signal of every bucket of ``tasks`` under ``policy`` (one bar step per bucket)."""
     t0, out = time.perf_counter(), []
     job = bar.add_task(f"{name}: playing groups", total=len(tasks)) if bar is not None else None
     for bucket, ts in tasks.items():
         out.append(_bucket(cfg, bucket, play_groups(cfg, policy, ts, seed=cfg.seed) if ts else []))
-        if bar is not None:
+        if bar is not None and job is not None:
             bar.update(job, advance=1, description=f"{name}: {bucket}")
     return PolicySignal(name, out, time.perf_counter() - t0)
 
@@ -218,7 +220,7 @@ def check_signal(cfg: RunConfig, *, tasks: int, progress: bool = False, name: st
     return report
 
 
-def _bar(enabled: bool) -> Any:
+def _bar(enabled: bool) -> Progress | contextlib.nullcontext[None]:
     """A rich progress bar (one step per bucket), or nothing."""
     if not enabled:
         return contextlib.nullcontext()

@@ -34,7 +34,7 @@ def _peak_memory(run_dir: Path) -> dict[str, float]:
     return dict(sorted(peaks.items()))
 
 
-def _token_exactness(orch: Orchestrator) -> dict[str, Any]:
+def _token_exactness(orch: Orchestrator) -> dict[str, float | None]:
     """Token-exactness of the run's samples (see :func:`asyncrl.rollout.heldout.retokenization_stats`):
     the rate counts only checked samples; the unchecked ones are reported beside it."""
     w = orch.live.rollout()
@@ -84,7 +84,7 @@ def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dic
     return cost
 
 
-def _lending(orch: Orchestrator) -> dict[str, Any]:
+def _lending(orch: Orchestrator) -> dict[str, float | dict[str, float]]:
     """Core lending over the run (:mod:`asyncrl.lending`): thread-seconds each role borrowed
     from a waiting one (the ``cores`` section of the roles' latest reports)."""
     reports: dict[str, WorkerReport | TrainerReport] = {**orch.live.workers}

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
 
 
 class Launcher(ABC):
     @abstractmethod
-    def start(self, name: str, target: Callable[..., None], *args: Any) -> None: ...
+    def start(self, name: str, target: Callable[..., None], *args: object) -> None: ...
 
     @abstractmethod
     def exitcode(self, name: str) -> int | None:
@@ -33,7 +32,7 @@ class Launcher(ABC):
     def names(self) -> list[str]: ...
 
     def start_group(
-        self, names: list[str], target: Callable[..., None], args: tuple[Any, ...], port: int
+        self, names: list[str], target: Callable[..., None], args: tuple[object, ...], port: int
     ) -> None:
         """Start the ranks of one torch.distributed group: ``names[r]`` runs ``target(*args, r, host,
         port)``, where rank 0 listens on ``host:port`` for the rendezvous (``port`` 0: a free one).

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from asyncrl.config import ExternalLauncherConfig
 from asyncrl.launch.base import Launcher
@@ -39,7 +38,7 @@ class ExternalLauncher(Launcher):
         self._started: dict[str, float] = {}
         self._silent: set[str] = set()
 
-    def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
+    def start(self, name: str, target: Callable[..., None], *args: object) -> None:
         """Record the role and tell the services the run directory is ready (nothing is launched)."""
         self._started.setdefault(name, time.time())
         ready = self.run_dir / READY_FILE
@@ -47,7 +46,7 @@ class ExternalLauncher(Launcher):
             ready.write_text(f"{time.time()}\n")
 
     def start_group(
-        self, names: list[str], target: Callable[..., None], args: tuple[Any, ...], port: int
+        self, names: list[str], target: Callable[..., None], args: tuple[object, ...], port: int
     ) -> None:
         """The trainer's ranks are services too (``asyncrl role trainer`` with RANK/MASTER_ADDR/MASTER_PORT,
         e.g. under torchrun); only rank 0 reports metrics, so only it is watched."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from collections.abc import Callable
-from typing import Any
+from multiprocessing.context import SpawnProcess
 
 from asyncrl.launch.base import Launcher
 
@@ -20,9 +20,9 @@ from asyncrl.launch.base import Launcher
 class LocalLauncher(Launcher):
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
-        self._procs: dict[str, Any] = {}
+        self._procs: dict[str, SpawnProcess] = {}
 
-    def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
+    def start(self, name: str, target: Callable[..., None], *args: object) -> None:
         proc = self._ctx.Process(target=_own_session, args=(target, *args), name=name, daemon=False)
         proc.start()
         self._procs[name] = proc
@@ -51,7 +51,7 @@ class LocalLauncher(Launcher):
         return list(self._procs)
 
 
-def _own_session(target: Callable[..., None], *args: Any) -> None:
+def _own_session(target: Callable[..., None], *args: object) -> None:
     """A role process's entry: leave the launcher's session and process group, then run the role."""
     os.setsid()
     target(*args)

@@ -78,7 +78,7 @@ class _RoleActor:
         host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         return host, port or free_port(host)
 
-    def run(self, target: str, args: tuple[Any, ...]) -> int:
+    def run(self, target: str, args: tuple[object, ...]) -> int:
         module, _, name = target.partition(":")
         fn = getattr(importlib.import_module(module), name)
         fn(*args)
@@ -169,7 +169,7 @@ class RayLauncher(Launcher):
         self._actor_cls = ray.remote(_RoleActor)
 
     # ---- the Launcher interface -----------------------------------------------------------------
-    def start(self, name: str, target: Callable[..., None], *args: Any) -> None:
+    def start(self, name: str, target: Callable[..., None], *args: object) -> None:
         actor, pid = self._place(name, {})
         self._roles[name] = _Role(
             actor=actor, ref=actor.run.remote(_target_path(target), tuple(args)), pid=pid
@@ -201,7 +201,7 @@ class RayLauncher(Launcher):
             ) from None
 
     def start_group(
-        self, names: list[str], target: Callable[..., None], args: tuple[Any, ...], port: int
+        self, names: list[str], target: Callable[..., None], args: tuple[object, ...], port: int
     ) -> None:
         """The trainer ranks as actors in one placement group (one bundle per rank, strategy
         ``launcher.trainer_placement``); rank 0's node address and port are asked of rank 0's actor."""

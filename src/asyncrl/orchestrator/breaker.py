@@ -32,7 +32,7 @@ from typing import Any, Literal
 import msgspec
 
 from asyncrl.config import BreakerConfig, RunConfig
-from asyncrl.orchestrator.alerts import Alert
+from asyncrl.orchestrator.alerts import Alert, AlertKind
 from asyncrl.telemetry.reports import GuardFigures
 
 State = Literal["closed", "open", "half_open"]
@@ -112,7 +112,9 @@ class Breakers:
         b.streak = 0
         return self._alert("breaker_open", bucket, b, evidence, "bucket not sampled")
 
-    def _alert(self, kind: Any, bucket: str, b: _Breaker, evidence: dict[str, Any], action: str) -> Alert:
+    def _alert(
+        self, kind: AlertKind, bucket: str, b: _Breaker, evidence: dict[str, Any], action: str
+    ) -> Alert:
         return Alert(kind=kind, bucket=bucket, evidence={"env": self.env, **evidence}, action=action)
 
     def metrics(self) -> dict[str, float]:
@@ -148,7 +150,7 @@ class FaultRateMonitor:
         self.rate = 0.0
 
     @classmethod
-    def of(cls, cfg: Any) -> FaultRateMonitor:
+    def of(cls, cfg: RunConfig) -> FaultRateMonitor:
         c = cfg.orchestrator.breaker
         return cls(c.fault_rate_alert, c.fault_rate_window, env=cfg.env.path or cfg.env.kind)
 

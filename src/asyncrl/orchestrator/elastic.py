@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from asyncrl.config import ElasticConfig, RunConfig
-from asyncrl.orchestrator.alerts import Alert
+from asyncrl.orchestrator.alerts import Alert, AlertKind
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class ElasticController:
         mean = {k: sum(float(x[k]) for x in s) / len(s) for k in s[0]}
         self.last_decision, self.decisions = now, self.decisions + 1
         self.samples.clear()
-        kind: Any = "scale_up" if delta > 0 else "scale_down"
+        kind: AlertKind = "scale_up" if delta > 0 else "scale_down"
         evidence = {"reason": reason, "workers_before": workers, "window": len(s), **mean}
         return delta, [
             Alert(kind=kind, bucket="", evidence=evidence, action=f"workers {workers} -> {workers + delta}")

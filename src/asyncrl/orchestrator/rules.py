@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from asyncrl.config import RunConfig
 from asyncrl.control.buckets import bucket_prior, buckets_of_source
 from asyncrl.control.directives import Directives, compose
 from asyncrl.orchestrator.alerts import Alert, AlertLog
@@ -39,7 +40,7 @@ from asyncrl.telemetry.reports import (
 
 
 class Rules:
-    def __init__(self, cfg: Any, run_dir: Path | None, buckets: list[str] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path | None, buckets: list[str] | None = None) -> None:
         self.env_prior: dict[str, float] = {}
         """``env.kind: mix``: each bucket's share from its environment's weight (:mod:`asyncrl.orchestrator.mix`)."""
         if buckets is None:

@@ -52,7 +52,6 @@ from asyncrl.policy.messages import ToolSchema
 if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
 
-TOOL_FORMATS = ("hermes", "qwen25", "llama3_json", "mistral", "text")
 FoundCall = tuple[str, Any, str | None]
 """A call read from a turn: ``(name, arguments, the call id the model wrote or None)``."""
 

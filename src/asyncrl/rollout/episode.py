@@ -32,7 +32,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -42,6 +41,7 @@ from asyncrl.envs import EnvResetError, StepResult
 from asyncrl.envs.base import Environment
 from asyncrl.policy.chat import ChatTemplateError, Conversation, Renderer
 from asyncrl.policy.exactness import count_differences, engine_diff, ids_diff
+from asyncrl.policy.messages import Message
 from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -303,7 +303,9 @@ def _per_turn_samples(
     return out
 
 
-def _prompt_diff(renderer: Renderer, prompt: list[int], history: list[Any], conv: Conversation) -> int | None:
+def _prompt_diff(
+    renderer: Renderer, prompt: list[int], history: list[Message], conv: Conversation
+) -> int | None:
     """Tokens where the engine's ``prompt`` differs from the template's rendering of ``history``."""
     try:
         return ids_diff(prompt, renderer.render(history, conv.schemas or None))
@@ -311,7 +313,7 @@ def _prompt_diff(renderer: Renderer, prompt: list[int], history: list[Any], conv
         return None
 
 
-def _assistant_index(messages: list[Any], k: int) -> int:
+def _assistant_index(messages: list[Message], k: int) -> int:
     return [i for i, m in enumerate(messages) if m["role"] == "assistant"][k]
 
 

@@ -12,7 +12,7 @@ import asyncio
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.config import HFEngineConfig, NoLatencyConfig, RunConfig
+from asyncrl.config import EnvConfig, HFEngineConfig, NoLatencyConfig, RunConfig
 from asyncrl.errors import UserError
 from asyncrl.records import SamplingParams, Task, Trajectory
 
@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
 
 
-def eval_env_config(cfg: RunConfig) -> Any:
+def eval_env_config(cfg: RunConfig) -> EnvConfig:
     """The env config used for evaluation: same tasks, no simulated latency or faults (in every member
     of an ``env.kind: mix``)."""
     return _quiet(cfg.env)
 
 
-def _quiet(env: Any) -> Any:
+def _quiet(env: EnvConfig) -> EnvConfig:
     faults = env.faults.model_copy(update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0})
     update: dict[str, Any] = {"latency": NoLatencyConfig(), "faults": faults}
     if env.mix:
@@ -40,7 +40,7 @@ async def run_episodes(
     tasks: list[Task],
     *,
     seed: int,
-    env_cfg: Any = None,
+    env_cfg: EnvConfig | None = None,
     sampling: SamplingParams | None = None,
     prefixes: list[list[list[int]]] | None = None,
 ) -> list[Trajectory]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.config import RunConfig
 from asyncrl.control.admission import Ticket
@@ -25,6 +25,7 @@ from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_i
 
 if TYPE_CHECKING:
     from asyncrl.engine.batcher import TurnBatcher
+    from asyncrl.gateway.agent import AgentRunner
     from asyncrl.policy.renderer import Renderer
 
 
@@ -92,7 +93,7 @@ class EpisodePlayer:
 class AgentPlayer:
     """The user's program through the gateway (``env.kind: agent``, :class:`~asyncrl.gateway.agent.AgentRunner`)."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: AgentRunner) -> None:
         self.agent = agent
 
     async def __call__(

@@ -49,6 +49,7 @@ from asyncrl.transport import make_queue
 if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
+    from asyncrl.gateway.agent import AgentRunner
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.rollout.runners import GroupRunner
     from asyncrl.weights.base import LoadedWeights, WeightStore
@@ -216,8 +217,13 @@ class RolloutWorker:
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
-        self.lender = _lender(cfg, run_dir, self.name, self.policy.model)
-        self.agent: Any = None
+        from asyncrl.bootstrap import torch_threads
+
+        # core lending (asyncrl.lending), polled before each decoder layer of the engine's model
+        self.lender = ThreadLender.join(
+            run_dir, self.name, torch_threads(cfg, "rollout"), model=self.policy.model
+        )
+        self.agent: AgentRunner | None = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""
         self.admission = Admission(self.state, self.name, cfg.rollout.group_size, cfg.env.max_turns)
         """Rule 1 and the in-flight load (model turns the running episodes may still take), one ticket a group."""
@@ -396,7 +402,7 @@ class RolloutWorker:
                     reward_seconds=self.verifier.seconds,
                 ),
                 weights=self.weights.canary.figures() if self.weights.canary else None,
-                gateway=self._gateway_figures() if self.agent is not None else None,
+                gateway=self._gateway_figures(self.agent) if self.agent is not None else None,
                 cores=self.lender.figures() if self.lender is not None else None,
             )
         )
@@ -427,21 +433,11 @@ class RolloutWorker:
             load_steps=float(self.admission.load),
         )
 
-    def _gateway_figures(self) -> GatewayFigures:
-        gw = self.agent.gateway
-        counts = {**gw.counts, **self.agent.counts, "open_sessions": len(gw.sessions)}
+    @staticmethod
+    def _gateway_figures(agent: AgentRunner) -> GatewayFigures:
+        gw = agent.gateway
+        counts = {**gw.counts, **agent.counts, "open_sessions": len(gw.sessions)}
         return msgspec.convert(counts, GatewayFigures)
-
-
-def _lender(cfg: RunConfig, run_dir: Path, name: str, model: Any) -> ThreadLender | None:
-    """The worker's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
-    layer of the engine's model (every decode step)."""
-    from asyncrl.bootstrap import torch_threads
-
-    lender = ThreadLender.join(run_dir, name, torch_threads(cfg, "rollout"))
-    if lender is not None:
-        lender.attach(model)
-    return lender
 
 
 def worker_main(cfg_json: str, run_dir: str, index: int) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from asyncrl.records import Group, RecordDecodeError, Trajectory, encode, members
+from asyncrl.records import Group, RecordDecodeError, encode
 
 
 class ArchivedBatch(msgspec.Struct, kw_only=True):
@@ -32,11 +32,6 @@ class ArchivedBatch(msgspec.Struct, kw_only=True):
     """Weight version the batch was trained at (what the staleness ages were measured against)."""
     written: float
     groups: list[Group]
-
-    @property
-    def trajectories(self) -> list[Trajectory]:
-        """The batch's samples, group by group (the learner's rows)."""
-        return members(self.groups)
 
 
 _decoder = msgspec.msgpack.Decoder(ArchivedBatch)

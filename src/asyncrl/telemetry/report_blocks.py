@@ -103,11 +103,11 @@ def render_page(page: Page) -> str:
 
 
 # ---- formatters ---------------------------------------------------------------------------------
-def pct(v: Any) -> str:
+def pct(v: object) -> str:
     return f"{float(v):.1%}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
-def num(v: Any) -> str:
+def num(v: object) -> str:
     if isinstance(v, bool) or v is None:
         return "-" if v is None else str(v)
     if isinstance(v, int):
@@ -117,7 +117,7 @@ def num(v: Any) -> str:
     return str(v)
 
 
-def text_of(v: Any) -> str:
+def text_of(v: object) -> str:
     if v is None:
         return ""
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
@@ -130,7 +130,7 @@ def git(rec: dict[str, Any]) -> str:
     return str(g.get("commit", ""))[:10] + (" (dirty)" if g.get("dirty") else "")
 
 
-def when(t: Any, t0: float) -> float | None:
+def when(t: object, t0: float) -> float | None:
     if isinstance(t, (int, float)):
         return float(t) - t0
     if isinstance(t, str):

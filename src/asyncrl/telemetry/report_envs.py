@@ -50,7 +50,7 @@ class EnvTally:
         c.tokens += g.tokens
 
     @classmethod
-    def of(cls, reports: Iterable[Any]) -> EnvTally:
+    def of(cls, reports: Iterable[object]) -> EnvTally:
         tally = cls()
         for r in reports:
             if isinstance(r, GroupReport):

@@ -79,20 +79,15 @@ def learning(d: RunData, figure: Chart_) -> Section:
     xs, ys = d.series(d.trainer, "reward/success_rate")
     mx, my = d.series(d.trainer, "reward/success_rate_ma")
     ex, ey = _eval_points(d, "success_rate")
-    success = svg.line_chart(
+    success = svg.share_chart(
         "success",
-        Chart(
-            series=[
-                Series("train batch", xs, ys, color="#93c5fd"),
-                Series("moving average", mx, my, color="#2563eb"),
-                Series("held-out eval", ex, ey, color="#dc2626", points=True),
-            ],
-            x_label="trainer step",
-            y_label="success rate",
-            y_min=0.0,
-            y_max=1.0,
-            percent=True,
-        ),
+        [
+            Series("train batch", xs, ys, color="#93c5fd"),
+            Series("moving average", mx, my, color="#2563eb"),
+            Series("held-out eval", ex, ey, color="#dc2626", points=True),
+        ],
+        "trainer step",
+        "success rate",
     )
     rx, ry = d.series(d.trainer, "reward/mean")
     erx, ery = _eval_points(d, "mean_reward")
@@ -266,17 +261,7 @@ def utilisation(d: RunData, figure: Chart_) -> Section:
         elif ident not in prev:
             prev[ident] = (t, b)
     series = [Series(role, [p[0] for p in pts], [p[1] for p in pts]) for role, pts in sorted(per.items())]
-    chart = svg.line_chart(
-        "utilisation",
-        Chart(
-            series=series,
-            x_label="seconds since start",
-            y_label="busy fraction",
-            y_min=0.0,
-            y_max=1.0,
-            percent=True,
-        ),
-    )
+    chart = svg.share_chart("utilisation", series, "seconds since start", "busy fraction")
     return Section(
         "utilisation",
         "Role utilisation",

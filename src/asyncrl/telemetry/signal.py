@@ -21,7 +21,7 @@ from asyncrl.signal import advice, share_or_none
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, pct, table
 from asyncrl.telemetry.reports import Decoded, GroupReport
-from asyncrl.telemetry.svg import Chart, HLine, Series
+from asyncrl.telemetry.svg import HLine, Series
 
 RUN = "all"
 """The whole run's key among the buckets."""
@@ -126,17 +126,12 @@ def signal_blocks(
             for key, s in series.items()
         ]
 
-    def percent_chart(cid: str, ss: list[Series], y: str, hlines: list[HLine]) -> str:
-        c = Chart(
-            ss, x_label="seconds since start", y_label=y, y_min=0.0, y_max=1.0, percent=True, hlines=hlines
-        )
-        return svg.line_chart(cid, c)
-
+    since = "seconds since start"
     alert_line = [HLine(1.0 - threshold, "no_signal alert below")]
-    differ = percent_chart(
-        "signal-share", lines(lambda w: w.signal_share), "groups with a difference", alert_line
+    differ = svg.share_chart(
+        "signal-share", lines(lambda w: w.signal_share), since, "groups with a difference", alert_line
     )
-    success = percent_chart("signal-success", lines(lambda w: w.success), "success", [])
+    success = svg.share_chart("signal-success", lines(lambda w: w.success), since, "success")
     row = Row(
         [
             chart("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),

@@ -130,6 +130,14 @@ def _axes(
     return sx, sy
 
 
+def share_chart(
+    chart_id: str, series: list[Series], x_label: str, y_label: str, hlines: Sequence[HLine] = ()
+) -> str:
+    """A line chart of shares (rates, fractions): the y axis from 0 to 100 %."""
+    c = Chart(series, x_label, y_label, y_min=0.0, y_max=1.0, hlines=list(hlines), percent=True)
+    return line_chart(chart_id, c)
+
+
 def line_chart(chart_id: str, c: Chart) -> str:
     """A line chart; ``None`` / non-finite values are gaps. Empty string if there is nothing to draw."""
     data = [(s, _downsample(s.xs, s.ys)) for s in c.series]

@@ -130,7 +130,14 @@ class TrainerRole:
         self.learn = 0.0  # of busy: inside the learner's step (the rest of busy is framework overhead)
         self.publish_s = 0.0  # of busy: writing weight versions
         self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
-        self.lender = _lender(cfg, run_dir, self.policy.model) if self.parallel.world == 1 else None
+        from asyncrl.bootstrap import torch_threads
+
+        # core lending (asyncrl.lending), polled before each decoder layer of the policy
+        self.lender = (
+            ThreadLender.join(run_dir, "trainer", torch_threads(cfg, "trainer"), model=self.policy.model)
+            if self.parallel.world == 1
+            else None
+        )
         self.state.announce_version(self.version)
         self.state.record_start(resumed=ckpt is not None)
 
@@ -334,17 +341,6 @@ class TrainerRole:
             metrics, trainer=own, lifecycle=wait, queue=self.queue.stats(), **lent
         )
         self.metrics.report(report, step=self.step)
-
-
-def _lender(cfg: RunConfig, run_dir: Path, model: torch.nn.Module) -> ThreadLender | None:
-    """The trainer's side of core lending (:mod:`asyncrl.lending`), polled before each decoder
-    layer of the policy."""
-    from asyncrl.bootstrap import torch_threads
-
-    lender = ThreadLender.join(run_dir, "trainer", torch_threads(cfg, "trainer"))
-    if lender is not None:
-        lender.attach(model)
-    return lender
 
 
 def trainer_main(cfg_json: str, run_dir: str, resume: bool) -> None:

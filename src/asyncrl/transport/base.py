@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from asyncrl.errors import UserError
-from asyncrl.records import Group, encode
+from asyncrl.records import Group, RecordDecodeError, decode_group, encode
 from asyncrl.telemetry.reports import QueueStats
 
 STAT_KEYS: tuple[str, ...] = tuple(QueueStats.names())
@@ -105,6 +105,21 @@ def check_batch_args(max_items: int, timeout: float) -> None:
         raise ValueError(f"max_items must be >= 1, got {max_items}")
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
+
+
+def leased_group(payload: bytes, group_id: str, now: float) -> Group | str:
+    """A leased entry's group, its members stamped dequeued at ``now``; or, for a poison entry (a payload
+    that does not decode, or whose id is not the entry's), why, for its dead letter. Never raises: poison
+    must never crash the consumer."""
+    try:
+        group = decode_group(payload)
+    except Exception as exc:
+        return str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
+    if group.id != group_id:
+        return f"payload id {group.id!r} differs from the entry's id {group_id!r}"
+    for member in group.members:
+        member.lifecycle.dequeued = now
+    return group
 
 
 def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capacity: int) -> QueueStats:

@@ -41,7 +41,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from asyncrl.records import RecordDecodeError, decode_group
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
@@ -50,6 +49,7 @@ from asyncrl.transport.base import (
     TrajectoryQueue,
     backoff_sleep,
     check_batch_args,
+    leased_group,
     stats_of,
 )
 
@@ -273,27 +273,17 @@ class EmbeddedQueue(TrajectoryQueue):
             redelivered = 0
             for seq, group_id, payload, attempts, members in rows:
                 payload = b"" if payload is None else bytes(payload)
-                try:
-                    group = decode_group(payload)
-                    if group.id != group_id:
-                        raise RecordDecodeError(
-                            f"payload id {group.id!r} differs from the entry's id {group_id!r}"
-                        )
-                except Exception as exc:  # poison must never crash the consumer
-                    reason = (
-                        str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
-                    )
+                group = leased_group(payload, group_id, now)
+                if isinstance(group, str):
                     conn.execute(
                         "INSERT INTO dead_letters (entry_id, group_id, reason, payload, attempts, dead_at, members) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (str(seq), group_id, reason, payload, attempts + 1, now, members),
+                        (str(seq), group_id, group, payload, attempts + 1, now, members),
                     )
                     self._bump(conn, "samples_dead", members)
                     conn.execute("DELETE FROM entries WHERE seq = ?", (seq,))
                     conn.execute("DELETE FROM payloads WHERE seq = ?", (seq,))
                     continue
-                for member in group.members:
-                    member.lifecycle.dequeued = now
                 redelivered += attempts > 0
                 leased.append((now + self.lease_seconds, consumer, seq))
                 out.append(Delivery(entry_id=str(seq), group=group, attempts=attempts + 1))

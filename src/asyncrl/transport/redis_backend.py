@@ -45,7 +45,6 @@ How the guarantees are met
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import threading
 import time
@@ -55,8 +54,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from asyncrl.credentials import mask_url, open_redis, with_retries
-from asyncrl.records import RecordDecodeError, decode_group
+from asyncrl.credentials import key_prefix, mask_url, open_redis, redis_text, with_retries
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
@@ -64,6 +62,7 @@ from asyncrl.transport.base import (
     QueueClosedError,
     TrajectoryQueue,
     check_batch_args,
+    leased_group,
     stats_of,
 )
 
@@ -145,16 +144,6 @@ if pending > 0 then
 end
 return {len, pending, expired, redis.call('XLEN', KEYS[3]), redis.call('HGETALL', KEYS[2])}
 """
-
-
-def key_prefix(run_dir: str | Path) -> str:
-    """The run's key prefix: ``asyncrl:{<sha1 of the absolute run_dir, 12 hex digits>}``."""
-    digest = hashlib.sha1(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
-    return f"asyncrl:{{{digest}}}"
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class RedisQueue(TrajectoryQueue):
@@ -264,7 +253,7 @@ class RedisQueue(TrajectoryQueue):
             )
             cursor = reply[0]
             claimed.extend((eid, fields) for eid, fields in reply[1] if fields is not None)
-            if _s(cursor) == "0-0":
+            if redis_text(cursor) == "0-0":
                 break
         if not claimed:
             return []
@@ -302,24 +291,16 @@ class RedisQueue(TrajectoryQueue):
         now = time.time()
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key, self.dead_key]
         for (raw_id, fields), tries in zip(entries, attempts, strict=True):
-            entry_id = _s(raw_id)
-            group_id = _s(fields.get(b"id", b""))
+            entry_id = redis_text(raw_id)
+            group_id = redis_text(fields.get(b"id", b""))
             payload = bytes(fields.get(b"data", b""))
-            try:
-                group = decode_group(payload)
-                if group.id != group_id:
-                    raise RecordDecodeError(
-                        f"payload id {group.id!r} differs from the entry's id {group_id!r}"
-                    )
-            except Exception as exc:  # poison must never crash the consumer
-                reason = str(exc) if isinstance(exc, RecordDecodeError) else f"{type(exc).__name__}: {exc}"
-                members = _s(fields.get(b"n", b"0"))
-                args: list[bytes | str | int] = [GROUP, entry_id, group_id, reason, payload, tries, repr(now)]
+            group = leased_group(payload, group_id, now)
+            if isinstance(group, str):  # poison: a dead letter, with why
+                members = redis_text(fields.get(b"n", b"0"))
+                args: list[bytes | str | int] = [GROUP, entry_id, group_id, group, payload, tries, repr(now)]
                 args.append(int(members) if members.isdigit() else 0)
                 self._call(functools.partial(self._dead_script, keys, args))
                 continue
-            for member in group.members:
-                member.lifecycle.dequeued = now
             out.append(Delivery(entry_id=entry_id, group=group, attempts=tries))
         return out
 
@@ -344,7 +325,7 @@ class RedisQueue(TrajectoryQueue):
         length, pending, expired, dead, flat = self._call(
             lambda r: self._stats_script(keys=keys, args=[GROUP, self._lease_ms, _STATS_SCAN_MAX])
         )
-        counters = {_s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        counters = {redis_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         leased = int(pending) - int(expired)
         return stats_of(int(length), int(length) - leased, int(dead), counters, self.capacity)
 
@@ -352,9 +333,9 @@ class RedisQueue(TrajectoryQueue):
         rows = self._call(lambda r: r.xrange(self.dead_key, "-", "+"))
         return [
             DeadLetter(
-                entry_id=_s(f[b"entry_id"]),
-                group_id=_s(f[b"group_id"]),
-                reason=_s(f[b"reason"]),
+                entry_id=redis_text(f[b"entry_id"]),
+                group_id=redis_text(f[b"group_id"]),
+                reason=redis_text(f[b"reason"]),
                 payload=bytes(f[b"payload"]),
                 attempts=int(f[b"attempts"]),
                 dead_at=float(f[b"dead_at"]),

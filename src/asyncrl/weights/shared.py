@@ -25,13 +25,12 @@ Mount the shared filesystem at the same path on every machine: the key is derive
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import SharedWeightsConfig, default_of
-from asyncrl.credentials import mask_url, open_redis, with_retries
+from asyncrl.credentials import key_prefix, mask_url, open_redis, with_retries
 from asyncrl.weights.base import check_version
 from asyncrl.weights.local import LocalWeightStore
 
@@ -51,8 +50,7 @@ return 1
 
 def pointer_key(root: str | Path) -> str:
     """Redis key of the store's pointer (a Cluster hash tag keeps a run's keys in one slot)."""
-    digest = hashlib.sha1(str(Path(root).absolute()).encode()).hexdigest()[:12]
-    return f"asyncrl:{{{digest}}}:weights:latest"
+    return f"{key_prefix(root)}:weights:latest"
 
 
 class SharedWeightStore(LocalWeightStore):

@@ -45,8 +45,7 @@ import redis
 
 from asyncrl.config import RedisStateConfig, default_of
 from asyncrl.control.store.base import StateStore
-from asyncrl.credentials import open_redis, with_retries
-from asyncrl.transport.redis_backend import key_prefix
+from asyncrl.credentials import key_prefix, open_redis, redis_text, with_retries
 
 _OP_TTL_S = 3600
 """Seconds a counter update's receipt is kept (far longer than any retry)."""
@@ -78,10 +77,6 @@ local v = redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
 redis.call('SET', KEYS[2], v, 'EX', ARGV[3])
 return v
 """
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class RedisStateStore(StateStore):
@@ -138,7 +133,7 @@ class RedisStateStore(StateStore):
                         pipe.watch(self._counters, receipt)  # type: ignore[no-untyped-call]
                         if pipe.exists(receipt):  # a retry after a lost EXEC reply: it was applied
                             return True
-                        counters = {_s(k): int(v) for k, v in pipe.hgetall(self._counters).items()}
+                        counters = {redis_text(k): int(v) for k, v in pipe.hgetall(self._counters).items()}
                         if counters.get(name, 0) + int(delta) > int(limit_fn(counters)):
                             return False
                         pipe.multi()
@@ -153,7 +148,7 @@ class RedisStateStore(StateStore):
 
     def counters(self) -> dict[str, int]:
         raw = with_retries(lambda: self._r.hgetall(self._counters))
-        return {_s(k): int(v) for k, v in raw.items()}
+        return {redis_text(k): int(v) for k, v in raw.items()}
 
     # -- flags ------------------------------------------------------------------------------
     def flag(self, name: str) -> bool:
@@ -175,11 +170,11 @@ class RedisStateStore(StateStore):
         return int(with_retries(lambda: self._record_script(keys=keys, args=args)))
 
     def ledger_ids(self) -> set[str]:
-        return {_s(k) for k in with_retries(lambda: self._r.hkeys(self._ledger))}
+        return {redis_text(k) for k in with_retries(lambda: self._r.hkeys(self._ledger))}
 
     def ledger_counts(self) -> dict[str, int]:
         raw = with_retries(lambda: self._r.hgetall(self._fates))
-        return {_s(k): int(v) for k, v in raw.items() if int(v)}
+        return {redis_text(k): int(v) for k, v in raw.items() if int(v)}
 
     def ages(self) -> list[int]:
         """Age (in versions) of every trained sample (for the staleness histogram)."""
@@ -194,7 +189,7 @@ class RedisStateStore(StateStore):
         body = with_retries(lambda: self._r.hget(self._docs, name))
         if body is None:
             return None
-        doc = json.loads(_s(body))
+        doc = json.loads(redis_text(body))
         return doc if isinstance(doc, dict) else None
 
     def close(self) -> None:
