@@ -46,6 +46,7 @@ from asyncrl.engine.decode import (
     pad_rows,
     sample_tokens,
 )
+from asyncrl.engine.packed import PackedLinear, pack_linears, packing_available, repack
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
@@ -158,6 +159,8 @@ class HFEngine(GenerationEngine):
         prefix_cache_mb: float = 0.0,
         prefix_sharing: bool = False,
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
+        packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
+        compile_decode: bool = default_of(HFEngineConfig, "compile_decode"),
     ) -> None:
         """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
         passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -169,14 +172,24 @@ class HFEngine(GenerationEngine):
         whose cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each
         distinct prefix of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``:
         sample a LoRA policy from a merged copy (``rollout.engine.merge_lora``; ignored without LoRA,
-        and with a warning for adapters :class:`~asyncrl.policy.lora.MergedCopy` cannot fold)."""
+        and with a warning for adapters :class:`~asyncrl.policy.lora.MergedCopy` cannot fold); ``packed_linear``:
+        the merged copy's linear layers compute through oneDNN-packed weights on a CPU
+        (``rollout.engine.packed_linear``; :mod:`asyncrl.engine.packed`); ``compile_decode``: the
+        growing-cache decode step's forward pass through ``torch.compile`` (``rollout.engine.compile_decode``)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
         self.merged = _merged_copy(policy) if merge_lora else None
         self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
+        self.packed: list[PackedLinear] = []
+        """The merged copy's packed linear layers (``packed_linear``), repacked at every refold."""
+        if packed_linear and self.merged is not None and packing_available(policy.device):
+            self.packed = pack_linears(self.model)
+        self.step_model: Any = torch.compile(self.model, dynamic=True) if compile_decode else self.model
+        """What a growing-cache decode step runs: :attr:`model`, or it compiled (``compile_decode``; compiled
+        at the first decode step, again for shapes it has not seen)."""
         self.merge_seconds = 0.0
-        """Time folding adapters into the merged copy (at construction and every load)."""
+        """Time folding adapters into the merged copy (at construction and every load), repacking included."""
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -237,6 +250,7 @@ class HFEngine(GenerationEngine):
         if self.merged is not None:
             t0 = time.perf_counter()
             self.merged.refresh()
+            repack(self.packed)
             self.merge_seconds += time.perf_counter() - t0
 
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
@@ -406,7 +420,7 @@ class HFEngine(GenerationEngine):
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
                 mask = as_attention_bias(st.valid[:, None, None, :], attn)
-                logits = last_logits(self.model, tok[:, None], st.next_pos[:, None], mask, cache)
+                logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps
