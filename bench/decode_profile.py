@@ -1,6 +1,8 @@
 """The built-in engine's decode step against its physical limit, and where each millisecond of it goes.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py            # ~4 min quiet
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py            # ~3 min quiet
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
+        --variants default,packed_linear,compile_decode,packed_linear+compile_decode          # ~10 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --tiny     # seconds (tests)
 
 SmolLM2-135M-Instruct (float32, CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads``
@@ -11,9 +13,11 @@ prompts of ``--prompt-tokens`` tokens, prefix sharing on, prefix cache off, no s
 time is the engine's decode time / decode steps of that call (the loop's first sampling, from the
 prefill's logits, included).
 
-(a) ``step_ms``: per variant (``--variants``: engine switches, each alone, so that each gain is
-measured separately), median / min / max over ``--repeats`` calls, the variants interleaved (the
-order flips every repeat) after one warm-up call each.
+(a) ``step_ms``: per variant (``--variants``: engine switches, each alone so that each gain is
+measured separately, or joined by ``+``), median / min / max over ``--repeats`` calls, the variants
+interleaved (the order flips every repeat) after one warm-up call each (``warmup_call_s``: where
+``compile_decode`` compiles); ``speedup_vs_first``: the first variant's step / each variant's, repeat
+by repeat; ``prefill_ms``: the same calls' prefills (``packed_linear`` runs there too).
 
 (b) ``limit``: the step's FLOPs (every linear layer and the LM head at ``batch`` rows, plus attention
 over the KV columns a step reads, averaged over the call's steps) and bytes (the weights a step reads
@@ -56,7 +60,7 @@ from asyncrl.records import SamplingParams
 MODEL = Path(".cache/models/smollm2-135m-instruct")
 TINY = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},
+    "default": {},  # the engine as configured by default (merged LoRA copy, growing preallocated cache)
     "packed_linear": {"packed_linear": True},
     "compile_decode": {"compile_decode": True},
 }
@@ -65,6 +69,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def spread(xs: list[float], nd: int = 2) -> dict[str, float]:
     return {"min": round(min(xs), nd), "median": round(statistics.median(xs), nd), "max": round(max(xs), nd)}
+
+
+def switches(name: str) -> dict[str, Any]:
+    """The engine keyword arguments of a variant, or of several joined by ``+``."""
+    return {k: v for part in name.split("+") for k, v in VARIANTS[part].items()}
 
 
 def build_policy(args: argparse.Namespace) -> Policy:
@@ -93,23 +102,33 @@ def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], Sam
     return prompts, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
 
 
-def call_ms(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> float:
-    """Milliseconds per decode step of one generation call."""
-    s0, n0 = engine.decode_seconds, engine.decode_steps
+def call_ms(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> tuple[float, float]:
+    """Milliseconds per decode step of one generation call, and of its prefill."""
+    s0, n0, p0 = engine.decode_seconds, engine.decode_steps, engine.prefill_seconds
     engine.generate(prompts, sp)
-    return 1000 * (engine.decode_seconds - s0) / (engine.decode_steps - n0)
+    return 1000 * (engine.decode_seconds - s0) / (engine.decode_steps - n0), 1000 * (
+        engine.prefill_seconds - p0
+    )
 
 
 def step_times(
     engines: dict[str, HFEngine], prompts: list[list[int]], sp: SamplingParams, repeats: int
-) -> dict[str, list[float]]:
-    for e in engines.values():  # warm-up
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """Per variant: decode ms per step and prefill ms of each repeat, and the warm-up call's seconds
+    (``compile_decode`` compiles in it)."""
+    warmup = {}
+    for name, e in engines.items():
+        t0 = time.perf_counter()
         call_ms(e, prompts, sp)
+        warmup[name] = round(time.perf_counter() - t0, 2)
     ms: dict[str, list[float]] = {n: [] for n in engines}
+    prefill: dict[str, list[float]] = {n: [] for n in engines}
     for r in range(repeats):
         for name in list(engines)[:: 1 if r % 2 == 0 else -1]:
-            ms[name].append(call_ms(engines[name], prompts, sp))
-    return ms
+            step, pre = call_ms(engines[name], prompts, sp)
+            ms[name].append(step)
+            prefill[name].append(pre)
+    return ms, prefill, warmup
 
 
 # ---- (b) the physical limit ----------------------------------------------------------------------
@@ -321,7 +340,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--b-std", type=float, default=0.01)
-    ap.add_argument("--variants", default="default", help=f"comma-separated, of {sorted(VARIANTS)}")
+    ap.add_argument(
+        "--variants",
+        default="default,packed_linear",
+        help=f"comma-separated, each one of {sorted(VARIANTS)} or several joined by + (the first is the base)",
+    )
     ap.add_argument("--budget-s", type=float, default=1.0, help="seconds per rate measurement")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model: a dry run in seconds")
     ap.add_argument("--ops", action="store_true", help="also torch.profiler's top operators")
@@ -331,16 +354,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     names = args.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [p for n in names for p in n.split("+") if p not in VARIANTS]
     if unknown:
-        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)} (join with + to combine)")
     policy = build_policy(args)
     engines = {
-        n: HFEngine(policy, [], seed=0, max_batch=64, cuda_graphs=False, prefix_sharing=True, **VARIANTS[n])
+        n: HFEngine(policy, [], seed=0, max_batch=64, cuda_graphs=False, prefix_sharing=True, **switches(n))
         for n in names
     }
     prompts, sp = workload(args, engines[names[0]].vocab_size)
-    ms = step_times(engines, prompts, sp, args.repeats)
+    ms, prefill, warmup = step_times(engines, prompts, sp, args.repeats)
     kv_cols = args.prompt_tokens + args.new_tokens / 2  # the mean of width + step over the call's steps
     with torch.inference_mode():
         limit = physical_limit(engines[names[0]].model, args.batch, kv_cols, args.budget_s)
@@ -356,6 +379,11 @@ def main() -> None:
         "step_ms_raw": {n: [round(x, 2) for x in v] for n, v in ms.items()},
         "limit": limit,
         "ratio": {n: spread([x / limit["limit_ms"] for x in v]) for n, v in ms.items()},
+        "speedup_vs_first": {
+            n: spread([a / b for a, b in zip(ms[names[0]], v, strict=True)]) for n, v in ms.items()
+        },
+        "prefill_ms": {n: spread(v) for n, v in prefill.items()},
+        "warmup_call_s": warmup,
         "profile_ms": {n: profile_call(e, prompts, sp) for n, e in engines.items()},
     }
     if args.ops:
