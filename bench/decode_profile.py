@@ -32,6 +32,10 @@ write, the attention kernel), MLP matmuls and activation, RMS norms, LM head, th
 (residual adds, rotary tables, masks), sampling, and the rest of the loop (stop checks, host syncs,
 the step's mask and bookkeeping) as the remainder: they sum to the profiled step, which the hooks
 make slightly slower than ``step_ms``. ``--ops``: also torch.profiler's top operators.
+
+``logprob_vs_trainer``: per variant, max / mean ``|engine − trainer|`` behaviour log-prob of one more
+call, the trainer being ``token_logprobs`` on the PEFT model (``bench/decode_merged.py`` measured the
+merged default at 3.0e-5 / 5.3e-6 on SmolLM2: a switch should not move these).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import asyncrl.engine.hf as hf_module
 from asyncrl.config import LoraConfig, ModelConfig
 from asyncrl.engine import HFEngine
 from asyncrl.engine.packed import PackedLinear, packing_available
-from asyncrl.policy import Policy
+from asyncrl.policy import Policy, token_logprobs
 from asyncrl.policy.lora import apply_lora
 from asyncrl.records import SamplingParams
 
@@ -321,6 +325,20 @@ def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams)
     return {"step": round(1000 * step, 3), **{k: round(v, 3) for k, v in parts.items()}}
 
 
+def agreement(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> dict[str, float]:
+    """``|engine − trainer|`` behaviour log-probs of one call (the trainer: ``token_logprobs`` on the
+    policy's own PEFT model, unmerged, unpacked, uncompiled)."""
+    samples = engine.generate(prompts, sp)
+    deltas = []
+    for p, s in zip(prompts, samples, strict=True):
+        ids = torch.tensor([p + s.token_ids])
+        with torch.no_grad():
+            lp = token_logprobs(engine.policy.model, ids, torch.ones_like(ids))[0, len(p) :]
+        deltas.append((lp - torch.tensor(s.logprobs)).abs())
+    d = torch.cat(deltas)
+    return {"tokens": d.numel(), "max_abs": float(d.max()), "mean_abs": float(d.mean())}
+
+
 def top_ops(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams, n: int = 15) -> list[Any]:
     """torch.profiler's operators of one call (prefill included) by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
@@ -385,6 +403,7 @@ def main() -> None:
         "prefill_ms": {n: spread(v) for n, v in prefill.items()},
         "warmup_call_s": warmup,
         "profile_ms": {n: profile_call(e, prompts, sp) for n, e in engines.items()},
+        "logprob_vs_trainer": {n: agreement(e, prompts, sp) for n, e in engines.items()},
     }
     if args.ops:
         result["top_ops_ms"] = {n: top_ops(e, prompts, sp) for n, e in engines.items()}

@@ -46,6 +46,8 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
     assert limit["bandwidth_gbs"] > 0 and limit["matmul_gflops"] > 0
     assert sum(s["count"] for s in limit["matmul_shapes"]) == 2 * 7 + 1  # 2 layers' linears, the LM head
     assert math.isclose(out["ratio"]["default"]["median"], step["median"] / limit["limit_ms"], rel_tol=0.02)
+    for v in out["logprob_vs_trainer"].values():  # the tiny model: the float32 noise floor
+        assert v["tokens"] == 4 * 5 and v["max_abs"] < 1e-5 and v["mean_abs"] < 1e-6
     prof = out["profile_ms"]["packed_linear"]
     parts = {k: v for k, v in prof.items() if k != "step"}
     assert {
