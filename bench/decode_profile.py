@@ -31,7 +31,8 @@ and on the engine's sampling: embedding, q/k/v and o projections, attention core
 write, the attention kernel), MLP matmuls and activation, RMS norms, LM head, the model's own glue
 (residual adds, rotary tables, masks), sampling, and the rest of the loop (stop checks, host syncs,
 the step's mask and bookkeeping) as the remainder: they sum to the profiled step, which the hooks
-make slightly slower than ``step_ms``. ``--ops``: also torch.profiler's top operators.
+make slightly slower than ``step_ms``. A compiled step (``compile_decode``) is timed whole
+(``forward_compiled``). ``--ops``: also torch.profiler's top operators.
 
 ``logprob_vs_trainer``: per variant, max / mean ``|engine − trainer|`` behaviour log-prob of one more
 call, the trainer being ``token_logprobs`` on the PEFT model (``bench/decode_merged.py`` measured the
@@ -159,7 +160,7 @@ def linear_shapes(model: torch.nn.Module) -> dict[tuple[int, int], int]:
 
 def matmul_ms(batch: int, fan_in: int, fan_out: int, budget_s: float) -> tuple[float, float]:
     """Milliseconds of ``linear([batch, in], [out, in])`` timed alone, hot in cache, with the faster of
-    torch's ``linear`` (MKL) and a oneDNN-packed weight (``packed_linear``) where torch has it; its GFLOP/s."""
+    torch's ``linear`` (MKL) and a oneDNN-packed weight (``packed_linear``) where torch has it; GFLOP/s."""
     rows = min(fan_out, max(1, (8 << 20) // (4 * fan_in)))  # a weight over 8 MiB: a slice of it
     x, w = torch.randn(batch, fan_in), torch.randn(rows, fan_in)
     s = best_seconds(lambda: torch.nn.functional.linear(x, w), budget_s)
@@ -272,42 +273,26 @@ def module_timers(model: torch.nn.Module, acc: dict[str, float]) -> Iterator[Non
 
 
 @contextlib.contextmanager
-def sampling_timer(acc: dict[str, float]) -> Iterator[None]:
-    """Seconds in the engine's ``sample_tokens`` (patched in :mod:`asyncrl.engine.hf` for the block)."""
-    original = hf_module.sample_tokens
+def function_timer(name: str, key: str, acc: dict[str, float]) -> Iterator[None]:
+    """Seconds in :mod:`asyncrl.engine.hf`'s ``name`` (patched for the block), added to ``acc[key]``."""
+    original = getattr(hf_module, name)
 
     def timed(*a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return original(*a, **kw)
         finally:
-            acc["sampling"] += time.perf_counter() - t0
+            acc[key] += time.perf_counter() - t0
 
-    hf_module.sample_tokens = timed
+    setattr(hf_module, name, timed)
     try:
         yield
     finally:
-        hf_module.sample_tokens = original
+        setattr(hf_module, name, original)
 
 
-def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> dict[str, float]:
-    """Milliseconds per decode step by category, from one timed call; they sum to ``step``."""
-    acc: dict[str, float] = defaultdict(float)
-    in_decode = engine._decode
-    s0, n0 = engine.decode_seconds, engine.decode_steps
-
-    def decode(*a: Any, **kw: Any) -> int:
-        with module_timers(engine.model, acc), sampling_timer(acc):
-            return in_decode(*a, **kw)
-
-    engine._decode = decode  # type: ignore[method-assign]
-    try:
-        engine.generate(prompts, sp)
-    finally:
-        del engine._decode
-    steps = engine.decode_steps - n0
-    step = (engine.decode_seconds - s0) / steps
-    ms = {k: 1000 * v / steps for k, v in acc.items()}
+def module_parts(ms: dict[str, float]) -> dict[str, float]:
+    """Exclusive milliseconds per part of an eager forward pass from the hooks' inclusive ones."""
     attn_mm, mlp_mm = ms.get("qkv_proj", 0.0) + ms.get("o_proj", 0.0), ms.get("mlp_matmuls", 0.0)
     parts = {
         "embedding": ms.get("embedding", 0.0),
@@ -320,6 +305,33 @@ def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams)
         "lm_head": ms.get("lm_head", 0.0),
     }
     parts["model_glue"] = ms.get("forward", 0.0) - sum(parts.values())
+    return parts
+
+
+def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> dict[str, float]:
+    """Milliseconds per decode step by category, from one timed call; they sum to ``step``. A compiled
+    step (``compile_decode``) is timed whole (``forward_compiled``): hooks would recompile and break it."""
+    acc: dict[str, float] = defaultdict(float)
+    in_decode = engine._decode
+    s0, n0 = engine.decode_seconds, engine.decode_steps
+    compiled = engine.step_model is not engine.model
+
+    def decode(*a: Any, **kw: Any) -> int:
+        timers = (
+            function_timer("last_logits", "forward", acc) if compiled else module_timers(engine.model, acc)
+        )
+        with timers, function_timer("sample_tokens", "sampling", acc):
+            return in_decode(*a, **kw)
+
+    engine._decode = decode  # type: ignore[method-assign]
+    try:
+        engine.generate(prompts, sp)
+    finally:
+        del engine._decode
+    steps = engine.decode_steps - n0
+    step = (engine.decode_seconds - s0) / steps
+    ms = {k: 1000 * v / steps for k, v in acc.items()}
+    parts = {"forward_compiled": ms.get("forward", 0.0)} if compiled else module_parts(ms)
     parts["sampling"] = ms.get("sampling", 0.0)
     parts["loop_rest"] = 1000 * step - sum(parts.values())
     return {"step": round(1000 * step, 3), **{k: round(v, 3) for k, v in parts.items()}}
@@ -361,7 +373,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="default,packed_linear",
-        help=f"comma-separated, each one of {sorted(VARIANTS)} or several joined by + (the first is the base)",
+        help=f"comma-separated, each of {sorted(VARIANTS)} or several joined by + (the first: the base)",
     )
     ap.add_argument("--budget-s", type=float, default=1.0, help="seconds per rate measurement")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model: a dry run in seconds")

@@ -59,7 +59,7 @@ class PackedLinear(torch.nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed for {self.batch_hint} rows"
+        return f"in_features={self.in_features}, out_features={self.out_features}, rows={self.batch_hint}"
 
 
 def pack_linears(model: torch.nn.Module, batch_hint: int = PACK_BATCH_HINT) -> list[PackedLinear]:
