@@ -557,3 +557,61 @@ def test_throughput_default_model(capsys: pytest.CaptureFixture[str]) -> None:
         print(
             f"\n[throughput] HFEngine, default ModelConfig, 64 prompts x 48 new tokens: {tokens / dt:,.0f} tokens/s"
         )
+
+
+# ---- CPU: prepacked linear layers (rollout.engine.packed_linear) -----------------------------------
+@pytest.mark.parametrize(("family", "static"), [("qwen2", False), ("llama", True)])
+def test_packed_linear_logprobs_agree_with_the_trainer_and_follow_each_load(
+    family: str, static: bool
+) -> None:
+    """The merged copy's linear layers packed by oneDNN: behaviour log-probs at the trainer's noise floor,
+    the unpacked engine's tokens with the same seed, and a new adapter version served after a load (the
+    packed weights are refolded with the copy); the policy's own layers are not touched."""
+    from asyncrl.engine.packed import PackedLinear, packing_available
+
+    if not packing_available(torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN linear packing")
+    prompts = random_prompts(17, 2, 40, seed=3)
+    sp = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=20)
+    out = {}
+    for packed in (False, True):  # the packed engine last: it takes the load below
+        policy = tiny_lora(family)
+        engine = uncached_engine(policy, seed=0, max_batch=32, static_cache=static, packed_linear=packed)
+        assert bool(engine.packed) == packed
+        assert any(isinstance(m, PackedLinear) for m in engine.model.modules()) == packed
+        assert not any(isinstance(m, PackedLinear) for m in policy.model.modules())
+        out[packed] = engine.generate(prompts, sp)
+        assert_at_noise_floor(logprob_error(policy, prompts, out[packed], [0.7] * 17), f"packed={packed}")
+    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+    engine.load_weights(1, adapter(policy, 7, 0.1))  # into the engine's policy, which then scores
+    samples = engine.generate(prompts, sp)
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [0.7] * 17), "packed, after a load")
+
+
+def test_packed_linear_is_ignored_without_a_merged_copy() -> None:
+    assert not HFEngine(tiny(), [2], max_batch=4, cuda_graphs=False, packed_linear=True).packed
+    engine = make_engine(HFEngineConfig(packed_linear=True), tiny_lora(), stop_token_ids=[2], seed=0)
+    assert isinstance(engine, HFEngine) and (bool(engine.packed) or engine.device.type != "cpu")
+
+
+# ---- torch.compile of the decode step (rollout.engine.compile_decode) ------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a cold inductor compile took 3.5 min on a loaded 2-core machine
+def test_compiled_decode_step_agrees_with_the_trainer_and_the_eager_engine() -> None:
+    """The growing-cache decode step through ``torch.compile`` (dynamic shapes: the KV grows every step,
+    rows finish at stop tokens and are compacted away): log-probs at the trainer's noise floor and the
+    eager engine's tokens with the same seed. The first call compiles (30-50 s with a warm inductor cache,
+    minutes cold)."""
+    prompts = random_prompts(13, 2, 30, seed=4)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
+    out = {}
+    for compiled in (False, True):
+        policy = tiny_lora("llama")
+        engine = uncached_engine(policy, seed=0, max_batch=32, compact_fraction=0.0, compile_decode=compiled)
+        assert (engine.step_model is engine.model) != compiled
+        out[compiled] = engine.generate(prompts, sp)
+        assert_at_noise_floor(
+            logprob_error(policy, prompts, out[compiled], [1.0] * 13), f"compiled={compiled}"
+        )
+    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+    assert any(s.finish_reason == "stop" for s in out[True])  # rows were compacted away mid-call

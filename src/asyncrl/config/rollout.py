@@ -66,6 +66,18 @@ class HFEngineConfig(_EngineBase):
     adapter layers, so a decode step runs no adapter matmuls. Costs the adapted weights once more in
     memory (at most one extra copy of the model) and one fold per load; log-probs equal the unmerged
     adapter's to float32 rounding. The weight-sync canary checks the merged copy. See docs/engines.md."""
+    packed_linear: bool = False
+    """With ``merge_lora`` on a CPU: the merged copy's linear layers (the LM head included) compute
+    through weights packed once by oneDNN for the decode batch (repacked at every load) instead of
+    MKL's ``sgemm`` on the weights as stored. Costs those weights once more in memory; log-probs equal
+    the unpacked ones to float32 rounding. Off by default until measured on a quiet machine
+    (``bench/decode_profile.py --variants default,packed_linear``). See docs/engines.md."""
+    compile_decode: bool = False
+    """Run the growing-cache decode step's forward pass (the CPU path) through ``torch.compile``
+    (inductor, dynamic shapes): fused norms, rotary embeddings and activations, less Python per step.
+    The first call compiles (tens of seconds on two cores, again for each new shape class); off by
+    default until measured on a quiet machine (``bench/decode_profile.py --variants
+    default,compile_decode``). See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

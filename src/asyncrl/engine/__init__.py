@@ -45,6 +45,8 @@ def make_engine(
             prefix_sharing=cfg.prefix_sharing,
             compact_fraction=cfg.compact_fraction,
             merge_lora=cfg.merge_lora,
+            packed_linear=cfg.packed_linear,
+            compile_decode=cfg.compile_decode,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine

@@ -46,6 +46,7 @@ from asyncrl.engine.decode import (
     pad_rows,
     sample_tokens,
 )
+from asyncrl.engine.packed import PackedLinear, pack_linears, packing_available, repack
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
@@ -158,25 +159,27 @@ class HFEngine(GenerationEngine):
         prefix_cache_mb: float = 0.0,
         prefix_sharing: bool = False,
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
+        packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
+        compile_decode: bool = default_of(HFEngineConfig, "compile_decode"),
     ) -> None:
-        """``max_batch`` and ``cuda_graphs`` are ``rollout.engine``'s (:func:`asyncrl.engine.make_engine`
-        passes them); ``seed`` makes sampling reproducible (the generator persists across calls);
+        """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
+        them); ``seed`` makes sampling reproducible (the generator persists across calls);
         ``compact_fraction``: drop finished rows once they are this share of the batch
-        (``rollout.engine.compact_fraction``);
-        ``static_cache``: decode with :class:`StaticDecoder` (``None``: where the model is on a
-        CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
-        ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models
-        whose cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each
-        distinct prefix of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``:
-        sample a LoRA policy from a merged copy (``rollout.engine.merge_lora``; ignored without LoRA,
-        and with a warning for adapters :class:`~asyncrl.policy.lora.MergedCopy` cannot fold)."""
+        (``rollout.engine.compact_fraction``); ``static_cache``: decode with :class:`StaticDecoder`
+        (``None``: on a CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
+        ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models whose
+        cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
+        of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
+        policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
+        for an adapter it cannot fold); ``packed_linear``, ``compile_decode``: :func:`_decode_paths`."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
         self.merged = _merged_copy(policy) if merge_lora else None
         self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
+        self.packed, self.step_model = _decode_paths(self.model, self.merged, packed_linear, compile_decode)
         self.merge_seconds = 0.0
-        """Time folding adapters into the merged copy (at construction and every load)."""
+        """Time folding adapters into the merged copy (at construction and every load; repacks included)."""
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -237,6 +240,7 @@ class HFEngine(GenerationEngine):
         if self.merged is not None:
             t0 = time.perf_counter()
             self.merged.refresh()
+            repack(self.packed)
             self.merge_seconds += time.perf_counter() - t0
 
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
@@ -406,7 +410,7 @@ class HFEngine(GenerationEngine):
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
                 mask = as_attention_bias(st.valid[:, None, None, :], attn)
-                logits = last_logits(self.model, tok[:, None], st.next_pos[:, None], mask, cache)
+                logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps
@@ -554,6 +558,23 @@ def _keep_rows(
         columns = valid[active[j]].nonzero().squeeze(-1)[:keep]
         prefix_cache.store(prompts[r] + sampled[j][: n - 1], kv[:, :, j].index_select(-2, columns), version)
     return time.perf_counter() - t0
+
+
+def _decode_paths(
+    model: PreTrainedModel, merged: MergedCopy | None, packed_linear: bool, compile_decode: bool
+) -> tuple[list[PackedLinear], Any]:
+    """The engine's CPU decode switches: ``(packed, step_model)``.
+
+    ``packed``: with ``packed_linear`` (``rollout.engine.packed_linear``), a merged copy and oneDNN on a
+    CPU, the copy's linear layers swapped for :class:`~asyncrl.engine.packed.PackedLinear` s (repacked at
+    every refold, :meth:`HFEngine.refresh_merged`); else none. ``step_model``: what a growing-cache decode
+    step runs: ``model``, or with ``compile_decode`` (``rollout.engine.compile_decode``) it through
+    ``torch.compile`` with dynamic shapes (compiled at the first decode step, again for a shape class not
+    seen)."""
+    packed: list[PackedLinear] = []
+    if packed_linear and merged is not None and packing_available(next(model.parameters()).device):
+        packed = pack_linears(model)
+    return packed, torch.compile(model, dynamic=True) if compile_decode else model
 
 
 def _merged_copy(policy: Policy) -> MergedCopy | None:

@@ -1,0 +1,79 @@
+"""Prepacked linear layers for CPU decoding (``rollout.engine.packed_linear``).
+
+A decode step multiplies ``batch`` rows (16, say) by every weight of the model: a skinny matmul whose
+speed depends on how the weight is laid out for the kernel. ``torch.nn.functional.linear`` on a CPU
+calls MKL's ``sgemm`` with the weight as stored; oneDNN can instead reorder the weight once into its
+own blocked layout and reuse that layout at every step (what inductor does with ``freezing``).
+:func:`pack_linears` swaps the ``nn.Linear`` layers of a model the engine owns for
+:class:`PackedLinear` s that compute through such a copy; the weights themselves stay where they were
+(same parameters, names and state dict), so loads, the merged copy's refolds and the weight-sync
+canary see what they saw before. The packed copies are derived data: :func:`repack` after every
+change of the weights (the engine does, after each refold of its merged copy).
+
+Float32 throughout; the result equals ``linear`` up to float rounding (the summation order differs).
+Under autograd (a forward with gradients enabled) and inside ``torch.compile`` (``compile_decode``:
+inductor cannot take oneDNN's opaque tensor) a :class:`PackedLinear` computes as ``linear`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def packing_available(device: torch.device) -> bool:
+    """Whether this torch can pack linear weights for ``device`` (CPU with oneDNN)."""
+    return (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class PackedLinear(torch.nn.Module):
+    """``nn.Linear`` computing through a oneDNN-packed copy of its weight (float32, CPU inference)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same parameter: names, ties and in-place loads unchanged
+        self.bias = linear.bias
+        self.packed = torch.empty(0)
+        self.repack()
+
+    @torch.no_grad()
+    def repack(self) -> None:
+        """Pack the weight as it is now."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if grad or torch.compiler.is_compiling():  # inductor cannot take the packed tensor: its own kernels
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def pack_linears(model: torch.nn.Module) -> list[PackedLinear]:
+    """Swap every float32 ``nn.Linear`` of ``model`` for a :class:`PackedLinear` (in place); return them."""
+    swaps = [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+    ]
+    packed = []
+    for name, m in swaps:
+        parent, _, child = name.rpartition(".")
+        p = PackedLinear(m)
+        setattr(model.get_submodule(parent) if parent else model, child, p)
+        packed.append(p)
+    return packed
+
+
+def repack(layers: list[PackedLinear]) -> None:
+    """Pack each layer's weight again (after the weights changed)."""
+    for layer in layers:
+        layer.repack()
