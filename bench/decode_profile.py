@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py            # ~3 min quiet
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
-        --variants default,packed_linear,compile_decode,packed_linear+compile_decode          # ~10 min
+        --variants unpacked,packed_linear,compile_decode,packed_linear+compile_decode         # ~10 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --tiny     # seconds (tests)
 
 SmolLM2-135M-Instruct (float32, CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads``
@@ -65,7 +65,8 @@ from asyncrl.records import SamplingParams
 MODEL = Path(".cache/models/smollm2-135m-instruct")
 TINY = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},  # the engine as configured by default (merged LoRA copy, growing preallocated cache)
+    "default": {},  # the engine as configured by default (merged LoRA copy, packed linears, growing cache)
+    "unpacked": {"packed_linear": False},  # MKL sgemm on the weights as stored (default until 2026-12-04)
     "packed_linear": {"packed_linear": True},
     "compile_decode": {"compile_decode": True},
 }
@@ -372,7 +373,7 @@ def main() -> None:
     ap.add_argument("--b-std", type=float, default=0.01)
     ap.add_argument(
         "--variants",
-        default="default,packed_linear",
+        default="unpacked,packed_linear",
         help=f"comma-separated, each of {sorted(VARIANTS)} or several joined by + (the first: the base)",
     )
     ap.add_argument("--budget-s", type=float, default=1.0, help="seconds per rate measurement")

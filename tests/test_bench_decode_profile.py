@@ -29,23 +29,23 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
         "--budget-s",
         "0.02",
         "--variants",
-        "default,packed_linear",
+        "unpacked,packed_linear",
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert out["repeats"] == 3 and len(out["step_ms_raw"]["default"]) == 3
-    assert set(out["step_ms"]) == set(out["profile_ms"]) == {"default", "packed_linear"}
+    assert out["repeats"] == 3 and len(out["step_ms_raw"]["unpacked"]) == 3
+    assert set(out["step_ms"]) == set(out["profile_ms"]) == {"unpacked", "packed_linear"}
     assert (
-        out["speedup_vs_first"]["default"]["median"] == 1.0 and out["prefill_ms"]["packed_linear"]["min"] > 0
+        out["speedup_vs_first"]["unpacked"]["median"] == 1.0 and out["prefill_ms"]["packed_linear"]["min"] > 0
     )
-    step = out["step_ms"]["default"]
+    step = out["step_ms"]["unpacked"]
     assert 0 < step["min"] <= step["median"] <= step["max"]
     limit = out["limit"]
     assert limit["limit_ms"] == max(limit["compute_ms"], limit["memory_ms"]) > 0
     assert limit["bandwidth_gbs"] > 0 and limit["matmul_gflops"] > 0
     assert sum(s["count"] for s in limit["matmul_shapes"]) == 2 * 7 + 1  # 2 layers' linears, the LM head
-    assert math.isclose(out["ratio"]["default"]["median"], step["median"] / limit["limit_ms"], rel_tol=0.02)
+    assert math.isclose(out["ratio"]["unpacked"]["median"], step["median"] / limit["limit_ms"], rel_tol=0.02)
     for v in out["logprob_vs_trainer"].values():  # the tiny model: the float32 noise floor
         assert v["tokens"] == 4 * 5 and v["max_abs"] < 1e-5 and v["mean_abs"] < 1e-6
     prof = out["profile_ms"]["packed_linear"]
