@@ -3,6 +3,8 @@
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py            # ~3 min quiet
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
         --variants unpacked,packed_linear,compile_decode,packed_linear+compile_decode         # ~10 min
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
+        --variants packed_linear,packed_linear+shared_prefix_attention                           # ~4 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --tiny     # seconds (tests)
 
 SmolLM2-135M-Instruct (float32, CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads``
@@ -69,6 +71,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "unpacked": {"packed_linear": False},  # MKL sgemm on the weights as stored (default until 2026-12-04)
     "packed_linear": {"packed_linear": True},
     "compile_decode": {"compile_decode": True},
+    "shared_prefix_attention": {"shared_prefix_attention": True},  # each group's prompt KV read once a step
 }
 """Engine switches measured one at a time: name -> extra :class:`HFEngine` keyword arguments."""
 
@@ -151,10 +154,11 @@ def best_seconds(fn: Callable[[], Any], budget_s: float, min_runs: int = 3) -> f
 
 
 def linear_shapes(model: torch.nn.Module) -> dict[tuple[int, int], int]:
-    """``(in, out)`` of every linear layer one decode step runs (the LM head included) -> how many."""
+    """``(in, out)`` of every linear layer one decode step runs (the LM head included) -> how many
+    (packed ones too: the first variant's model may be packed)."""
     counts: dict[tuple[int, int], int] = defaultdict(int)
     for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
+        if isinstance(m, (torch.nn.Linear, PackedLinear)):
             counts[(m.in_features, m.out_features)] += 1
     return dict(counts)
 

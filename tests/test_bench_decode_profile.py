@@ -29,15 +29,24 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
         "--budget-s",
         "0.02",
         "--variants",
-        "unpacked,packed_linear",
+        "packed_linear,unpacked,packed_linear+shared_prefix_attention",  # packed first: the limit counts packed linears
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["repeats"] == 3 and len(out["step_ms_raw"]["unpacked"]) == 3
-    assert set(out["step_ms"]) == set(out["profile_ms"]) == {"unpacked", "packed_linear"}
     assert (
-        out["speedup_vs_first"]["unpacked"]["median"] == 1.0 and out["prefill_ms"]["packed_linear"]["min"] > 0
+        set(out["step_ms"])
+        == set(out["profile_ms"])
+        == {
+            "unpacked",
+            "packed_linear",
+            "packed_linear+shared_prefix_attention",
+        }
+    )
+    assert (
+        out["speedup_vs_first"]["packed_linear"]["median"] == 1.0
+        and out["prefill_ms"]["packed_linear"]["min"] > 0
     )
     step = out["step_ms"]["unpacked"]
     assert 0 < step["min"] <= step["median"] <= step["max"]
@@ -61,3 +70,8 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
     } <= set(parts)
     assert math.isclose(sum(parts.values()), prof["step"], rel_tol=1e-3, abs_tol=0.01)
     assert all(parts[k] > 0 for k in ("qkv_proj", "mlp_matmuls", "lm_head", "sampling"))
+    shared = out["profile_ms"]["packed_linear+shared_prefix_attention"]  # the grouped attention profiles too
+    assert shared["attention_core"] > 0
+    assert math.isclose(
+        sum(v for k, v in shared.items() if k != "step"), shared["step"], rel_tol=1e-3, abs_tol=0.01
+    )

@@ -79,6 +79,15 @@ class HFEngineConfig(_EngineBase):
     The first call compiles (tens of seconds on two cores, again for each new shape class); off by
     default until measured on a quiet machine (``bench/decode_profile.py --variants
     default,compile_decode``). See docs/engines.md."""
+    shared_prefix_attention: bool = False
+    """Growing-cache decode steps (the CPU path) attend over a prompt prefix that several rows of a chunk
+    share (a GRPO group's prompt) once per group instead of once per row: the prefix KV is copied once per
+    group, the group's queries are stacked against it, each row attends over the rest of its KV (its own
+    prompt suffix and sampled tokens) in its own cache, and the two partial softmaxes are merged exactly
+    (log-sum-exp, as FlashInfer's cascade attention). Log-probs equal the plain path's to float32
+    rounding. Not with ``compile_decode`` nor on the static (GPU) path, where it does nothing. Off by
+    default until measured on a quiet machine (``bench/decode_profile.py --variants
+    packed_linear,packed_linear+shared_prefix_attention``). See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

@@ -35,6 +35,7 @@ from transformers.cache_utils import DynamicLayer
 
 from asyncrl.config import HFEngineConfig, default_of
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.cascade import SharedPrefix
 from asyncrl.engine.decode import (
     StaticDecoder,
     bucket_for,
@@ -82,6 +83,7 @@ class _DecodeState:
     top_p: torch.Tensor
     valid: torch.Tensor  # [active rows, columns]: the KV columns each row sees
     forced: torch.Tensor | None = None  # [rows_run, max_steps]: tokens to feed instead of sampling
+    shared: SharedPrefix | None = None  # shared-prefix decode attention (growing cache only)
 
     @classmethod
     def start(
@@ -161,6 +163,7 @@ class HFEngine(GenerationEngine):
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
         compile_decode: bool = default_of(HFEngineConfig, "compile_decode"),
+        shared_prefix_attention: bool = default_of(HFEngineConfig, "shared_prefix_attention"),
     ) -> None:
         """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
         them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -171,7 +174,10 @@ class HFEngine(GenerationEngine):
         cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
         of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
         policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
-        for an adapter it cannot fold); ``packed_linear``, ``compile_decode``: :func:`_decode_paths`."""
+        for an adapter it cannot fold); ``packed_linear``, ``compile_decode``: :func:`_decode_paths`;
+        ``shared_prefix_attention``: growing-cache decode steps attend over each group's shared prompt
+        prefix once (:mod:`asyncrl.engine.cascade`; ``rollout.engine.shared_prefix_attention``; not with
+        ``compile_decode``, nor for models whose cache layers are not plain full-attention layers)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
@@ -208,6 +214,7 @@ class HFEngine(GenerationEngine):
         self.static_chunks = 0
         """Chunks decoded on the static path (the rest on the growing cache)."""
         self._plain = _plain_dynamic_cache(self.model)
+        self.shared_prefix_attention = shared_prefix_attention and self._plain and not compile_decode
         self.prefix_sharing = prefix_sharing
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_mb > 0 and self._plain:
@@ -337,6 +344,9 @@ class HFEngine(GenerationEngine):
         st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
         if forced is not None:
             st.forced = pad_rows(forced[:, :max_steps].to(self.device), rows_run)
+        if self.shared_prefix_attention and decoder is None:
+            assert isinstance(cache, DynamicCache)
+            st.shared = SharedPrefix(cache, prompts, valid)
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
         steps = self._decode(st, logits, cache, decoder, width, prompts)
@@ -409,8 +419,13 @@ class HFEngine(GenerationEngine):
                     keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
-                mask = as_attention_bias(st.valid[:, None, None, :], attn)
-                logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
+                    if st.shared is not None:
+                        st.shared.select(keep)
+                if st.shared is not None:
+                    logits = st.shared.step(self.model, tok, st.next_pos, st.valid, cache)
+                else:
+                    mask = as_attention_bias(st.valid[:, None, None, :], attn)
+                    logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps
