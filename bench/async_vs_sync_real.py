@@ -63,7 +63,7 @@ def step_gaps(run_dir: Path) -> list[float]:
     return [b - a for a, b in itertools.pairwise(seen[k] for k in sorted(seen))]
 
 
-def measure(run_dir: Path, summary: dict[str, Any], steps: int) -> dict[str, Any]:
+def measure(run_dir: Path, summary: dict[str, Any], steps: int, batch: int = 16) -> dict[str, Any]:
     rows = last_rows(run_dir)
     tr, ro = rows.get("trainer", {}), rows.get("rollout-0", {})
     gaps = step_gaps(run_dir)
@@ -82,9 +82,28 @@ def measure(run_dir: Path, summary: dict[str, Any], steps: int) -> dict[str, Any
         "rollout_decode_s": f(ro, "rollout/decode_seconds"),
         "threads_borrowed_by": summary.get("threads_borrowed_by", {}),
         "trainer_steps": summary["trainer_steps"],
+        "samples_accepted": summary.get("samples_accepted"),
+        **per_step_roles(tr, ro, summary, steps, batch),
         "lost_trajectories": summary["lost_trajectories"],
         "token_exact_rate": summary.get("token_exact_rate"),
         "run_dir": str(run_dir),
+    }
+
+
+def per_step_roles(
+    tr: dict[str, Any], ro: dict[str, Any], summary: dict[str, Any], steps: int, batch: int
+) -> dict[str, Any]:
+    """Each role's busy seconds per optimiser step (issue #37 item 3): ``t_train`` = the trainer's learning
+    seconds / steps; ``t_rollout`` = the worker's generation seconds per sample it delivered x the samples a
+    step trains (the worker runs ahead of the trainer, so its total covers more than ``steps`` batches);
+    ``ideal_async_step`` = the larger of the two, what a perfect overlap of the two stages would take."""
+    delivered = summary.get("samples_accepted") or 0
+    t_train = float(tr.get("trainer/learn_seconds") or 0.0) / steps
+    t_roll = float(ro.get("rollout/gen_busy_seconds") or 0.0) / delivered * batch if delivered else None
+    return {
+        "t_train": round(t_train, 2),
+        "t_rollout": round(t_roll, 2) if t_roll is not None else None,
+        "ideal_async_step": round(max(t_train, t_roll), 2) if t_roll is not None else None,
     }
 
 
@@ -112,7 +131,13 @@ def main() -> int:
             cfg = load_config(args.config, [*base, *VARIANTS[v], f"name=bench-{v}"])
             started = time.time()
             run_dir, s = train(cfg, display=False, eval_limit=4)
-            runs[v].append({"round": r, "started": round(started), **measure(run_dir, s, args.steps)})
+            runs[v].append(
+                {
+                    "round": r,
+                    "started": round(started),
+                    **measure(run_dir, s, args.steps, cfg.trainer.batch_size),
+                }
+            )
             out["runs"], out["summary"] = runs, summarise(runs)
             if args.out:
                 args.out.write_text(json.dumps(out, indent=2))
