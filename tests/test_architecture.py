@@ -421,8 +421,6 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
     **dict.fromkeys(
         [
             ("algo/advantages.py", "group_advantages", "eps"),
-            ("algo/advantages.py", "normalize_rewards", "eps"),
-            ("algo/advantages.py", "whiten_advantages", "eps"),
             ("algo/tree.py", "tree_advantages", "eps"),
             ("algo/kl.py", "<module>", "LOG_RATIO_CLAMP"),
         ],

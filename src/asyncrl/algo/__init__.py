@@ -13,20 +13,13 @@ from .advantages import (
     batch_mean_baseline,
     group_advantages,
     masked_mean,
-    masked_var,
-    normalize_rewards,
-    whiten_advantages,
 )
 from .config import AGG_MODES, POLICY_LOSS_KINDS, AggMode, PolicyLossConfig, PolicyLossKind
 from .kl import (
     KL_KINDS,
     LOG_RATIO_CLAMP,
-    AdaptiveKLController,
-    FixedKLController,
     KLKind,
     approx_kl,
-    clip_fraction,
-    entropy_from_logits,
     kl_estimate,
     kl_mean,
 )
@@ -40,7 +33,7 @@ from .losses import (
     staleness_weight,
     value_loss,
 )
-from .returns import broadcast_turn_values, discounted_returns, gae, turn_level_gae
+from .returns import gae, turn_level_gae
 from .segments import brier_score, roc_auc, spearman, turn_group_advantages, value_delta_credit
 from .tree import ancestor_matrix, spread_chains, tree_advantages, tree_values
 
@@ -50,9 +43,7 @@ __all__ = [
     "KL_KINDS",
     "LOG_RATIO_CLAMP",
     "POLICY_LOSS_KINDS",
-    "AdaptiveKLController",
     "AggMode",
-    "FixedKLController",
     "GroupMode",
     "KLKind",
     "PolicyLossConfig",
@@ -62,10 +53,6 @@ __all__ = [
     "approx_kl",
     "batch_mean_baseline",
     "brier_score",
-    "broadcast_turn_values",
-    "clip_fraction",
-    "discounted_returns",
-    "entropy_from_logits",
     "entropy_loss",
     "gae",
     "group_advantages",
@@ -73,9 +60,7 @@ __all__ = [
     "kl_mean",
     "kl_penalty_loss",
     "masked_mean",
-    "masked_var",
     "microbatch_weights",
-    "normalize_rewards",
     "policy_loss",
     "policy_loss_mask",
     "roc_auc",
@@ -88,5 +73,4 @@ __all__ = [
     "turn_level_gae",
     "value_delta_credit",
     "value_loss",
-    "whiten_advantages",
 ]

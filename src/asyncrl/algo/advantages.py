@@ -18,9 +18,6 @@ __all__ = [
     "batch_mean_baseline",
     "group_advantages",
     "masked_mean",
-    "masked_var",
-    "normalize_rewards",
-    "whiten_advantages",
 ]
 
 GroupMode = Literal["grpo", "dr_grpo", "rloo"]
@@ -77,37 +74,6 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     if dim is None:
         return xs.sum() / m.sum().clamp_min(1).to(xf.dtype)
     return xs.sum(dim) / m.sum(dim).clamp_min(1).to(xf.dtype)
-
-
-def masked_var(
-    x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, dim: int | None = None
-) -> torch.Tensor:
-    """Variance of ``x`` over the positions where ``mask`` is non-zero.
-
-    Formula: ``var = Σ_i m_i (x_i − μ)² / (n − 1)`` with ``μ = masked_mean(x, mask)`` and
-    ``n = Σ m`` (Bessel's correction, as ``torch.var`` and TRL/verl ``masked_var``); with
-    ``unbiased=False`` the divisor is ``n``.
-
-    Conventions: when fewer than two (``unbiased``) or zero (biased) entries are selected the
-    variance is defined as ``0`` rather than ``nan``. Masked entries never contribute.
-
-    Shapes: ``x``, ``mask``: any identical shape. Returns a 0-d tensor or ``x`` reduced along ``dim``.
-    Reference: TRL / verl ``masked_var(unbiased=True)`` (which raise on ``n <= 1`` instead).
-    """
-    m = _as_mask(mask, x.shape)
-    xf = _float(x)
-    zero = torch.zeros((), dtype=xf.dtype, device=xf.device)
-    if dim is None:
-        mu = masked_mean(xf, m)
-        sq = torch.where(m, (xf - mu) ** 2, zero).sum()
-        n = m.sum()
-    else:
-        mu = masked_mean(xf, m, dim=dim).unsqueeze(dim)
-        sq = torch.where(m, (xf - mu) ** 2, zero).sum(dim)
-        n = m.sum(dim)
-    denom = (n - 1) if unbiased else n
-    # With n <= 1 (unbiased) the numerator is exactly 0, so clamping the divisor yields var = 0.
-    return sq / denom.clamp_min(1).to(xf.dtype)
 
 
 # --------------------------------------------------------------------------- outcome-level baselines
@@ -253,61 +219,3 @@ def batch_mean_baseline(rewards: torch.Tensor) -> torch.Tensor:
     if r.numel() == 0:
         return r.clone()
     return r - r.mean()
-
-
-def normalize_rewards(
-    rewards: torch.Tensor, clip: bool = True, eps: float = 1e-6, clip_value: float = 1.0
-) -> torch.Tensor:
-    """Batch z-score of rewards, optionally clipped.
-
-    Formula: ``z_i = (r_i − mean) / (std + eps)`` with the *unbiased* std (divisor ``N − 1``) and
-    ``eps`` added to the std; if ``clip``: ``z_i ← clamp(z_i, −clip_value, clip_value)``
-    (default ``[−1, 1]``, applied *after* standardisation).
-
-    Conventions: for ``N <= 1`` the std is taken to be 0, so the output is all zeros; a constant
-    batch also maps to zeros. Output is detached.
-
-    Shapes: ``rewards`` any shape (statistics over all elements); output has the same shape.
-    Reference: reward scaling/normalisation as used in PPO implementations (e.g. Engstrom et al.
-    2020, "Implementation Matters in Deep Policy Gradients").
-    """
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    if clip_value <= 0:
-        raise ValueError(f"clip_value must be > 0, got {clip_value}")
-    r = _float(rewards.detach())
-    n = r.numel()
-    if n == 0:
-        return r.clone()
-    mean = r.mean()
-    var = ((r - mean) ** 2).sum() / max(n - 1, 1)
-    z = (r - mean) / (var.sqrt() + eps)
-    if clip:
-        z = z.clamp(-clip_value, clip_value)
-    return z
-
-
-def whiten_advantages(
-    adv: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
-) -> torch.Tensor:
-    """Masked whitening of token-level advantages (PPO advantage normalisation).
-
-    Formula: ``Â = (A − μ) / sqrt(σ² + eps)`` and, if ``shift_mean=False``, ``Â ← Â + μ`` (the
-    scale is normalised but the mean is kept), where ``μ = masked_mean(A, mask)`` and
-    ``σ² = masked_var(A, mask, unbiased=True)`` over *all* valid tokens of the batch.
-
-    Conventions: ``eps`` is added to the variance inside the square root (TRL/verl
-    ``masked_whiten``); Bessel-corrected variance (``0`` when fewer than two valid tokens);
-    masked positions of the output are set to ``0``. Autograd-transparent (no detach).
-
-    Shapes: ``adv``, ``mask``: ``[B, T]`` (any identical shape works). Returns the same shape.
-    Reference: advantage normalisation of PPO (Schulman et al. 2017; OpenAI baselines).
-    """
-    m = _as_mask(mask, adv.shape)
-    a = _float(adv)
-    mu = masked_mean(a, m)
-    var = masked_var(a, m, unbiased=True)
-    w = (a - mu) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        w = w + mu
-    return torch.where(m, w, torch.zeros((), dtype=w.dtype, device=w.device))

@@ -1,4 +1,4 @@
-"""KL estimators, KL-coefficient controllers, entropy and trust-region diagnostics.
+"""KL estimators and trust-region diagnostics.
 
 Conventions shared by this module:
 
@@ -12,7 +12,6 @@ Conventions shared by this module:
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -22,12 +21,8 @@ from .advantages import _as_mask, _check_same_shape, _float, masked_mean
 __all__ = [
     "KL_KINDS",
     "LOG_RATIO_CLAMP",
-    "AdaptiveKLController",
-    "FixedKLController",
     "KLKind",
     "approx_kl",
-    "clip_fraction",
-    "entropy_from_logits",
     "kl_estimate",
     "kl_mean",
 ]
@@ -112,104 +107,3 @@ def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) ->
     """
     with torch.no_grad():
         return kl_mean(old_logp.detach(), logp.detach(), "k3", mask)
-
-
-def clip_fraction(ratio: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
-    """Fraction of valid tokens whose ratio lies outside the trust region ``[1 − eps_low, 1 + eps_high]``.
-
-    Formula: ``masked_mean( 1[ρ < 1 − eps_low] + 1[ρ > 1 + eps_high] )``. This is the
-    sign-agnostic PPO ``clipfrac`` diagnostic of OpenAI baselines / SB3 (Schulman et al. 2017),
-    with asymmetric bounds for DAPO clip-higher. Boundary values count as inside.
-
-    Shapes: ``ratio``, ``mask``: ``[B, T]``. Returns a detached 0-d tensor in ``ratio``'s float dtype
-    (``0`` for an empty mask).
-    """
-    _check_same_shape("ratio", ratio, mask=mask)
-    with torch.no_grad():
-        r = _float(ratio.detach())
-        outside = (r < 1.0 - eps_low) | (r > 1.0 + eps_high)
-        return masked_mean(outside.to(r.dtype), mask)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution ``softmax(logits)`` along the last axis.
-
-    Formula: ``H = −Σ_v p_v log p_v`` with ``log p = logits − logsumexp(logits)`` (computed via
-    ``log_softmax``, numerically stable for any finite scale of logits).
-
-    Conventions: vocabulary entries with logit ``−inf`` (masked vocabulary) have ``p = 0`` and
-    contribute exactly ``0`` to the value and the gradient (no ``0·(−inf) = nan``). Each row needs
-    at least one finite logit. Autograd-transparent; the result has the logits' float dtype (at
-    least float32). Memory is ``O(B·T·V)``: chunk over ``T`` for very large vocabularies.
-    Reference: the policy entropy monitored / used as a bonus in A3C (Mnih et al. 2016) and PPO
-    (Schulman et al. 2017).
-
-    Shapes: ``logits`` ``[B, T, V]`` (any ``[..., V]``). Returns ``[B, T]`` (``[...]``).
-    """
-    if logits.dim() < 1:
-        raise ValueError("logits must have at least one dimension (the vocabulary axis)")
-    z = _float(logits)
-    logp = torch.log_softmax(z, dim=-1)
-    p = logp.exp()
-    safe_logp = torch.where(p > 0, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
-    return -(p * safe_logp).sum(dim=-1)
-
-
-class AdaptiveKLController:
-    """Adaptive KL-penalty coefficient of Ziegler et al. 2019 ("Fine-Tuning Language Models from
-    Human Preferences").
-
-    Update rule (``update(current_kl, n_steps)``)::
-
-        e     = clip(current_kl / target − 1, −0.2, 0.2)
-        mult  = 1 + e · n_steps / horizon
-        value ← value · mult
-
-    so the coefficient grows when the measured KL exceeds ``target`` and shrinks otherwise, at a
-    rate of at most 20 % per ``horizon`` steps. As in the paper, ``mult`` is not floored: keep
-    ``n_steps < 5 · horizon`` per call so that it stays positive.
-
-    Args:
-        init_coef: initial coefficient (``>= 0``).
-        target: target KL per sample/token, in the same unit as ``current_kl`` (``> 0``).
-        horizon: number of steps over which the proportional correction acts (``> 0``).
-    """
-
-    def __init__(self, init_coef: float, target: float, horizon: float) -> None:
-        if not (math.isfinite(init_coef) and init_coef >= 0):
-            raise ValueError(f"init_coef must be finite and >= 0, got {init_coef}")
-        if not (math.isfinite(target) and target > 0):
-            raise ValueError(f"target must be finite and > 0, got {target}")
-        if not (math.isfinite(horizon) and horizon > 0):
-            raise ValueError(f"horizon must be finite and > 0, got {horizon}")
-        self.value: float = float(init_coef)
-        self.target: float = float(target)
-        self.horizon: float = float(horizon)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """Apply one Ziegler et al. 2019 update with the measured ``current_kl`` over ``n_steps``."""
-        if n_steps < 0:
-            raise ValueError(f"n_steps must be >= 0, got {n_steps}")
-        kl = float(current_kl)
-        if not math.isfinite(kl):
-            raise ValueError(f"current_kl must be finite, got {kl}")
-        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
-        mult = 1.0 + proportional_error * n_steps / self.horizon
-        self.value *= mult
-
-
-class FixedKLController:
-    """Constant KL-penalty coefficient (Ziegler et al. 2019's non-adaptive baseline).
-
-    ``value`` never changes; ``update`` exists for interface parity with
-    :class:`AdaptiveKLController` and ignores its arguments.
-    """
-
-    def __init__(self, coef: float) -> None:
-        if not (math.isfinite(coef) and coef >= 0):
-            raise ValueError(f"coef must be finite and >= 0, got {coef}")
-        self.value: float = float(coef)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """No-op (the coefficient is fixed)."""
-        del current_kl, n_steps

@@ -519,8 +519,7 @@ def kl_penalty_loss(
 
     Formula: ``L = coef · agg_t( k(logp_t, ref_logp_t) )`` with ``k`` one of the Schulman 2020
     estimators of :func:`asyncrl.algo.kl_estimate` (tokens sampled from π_θ, ``ref_logp`` detached)
-    and ``agg`` as in :func:`aggregate_loss`. Use ``coef = controller.value`` with an
-    :class:`~asyncrl.algo.AdaptiveKLController` for Ziegler et al. 2019 adaptive control.
+    and ``agg`` as in :func:`aggregate_loss`.
 
     Shapes: ``[B, T]`` inputs. Returns ``(loss, metrics)`` with ``loss/kl`` (= ``L``),
     ``kl/ref_<kind>`` (the unscaled aggregated estimate) and ``kl/coef``.
@@ -552,7 +551,7 @@ def entropy_loss(
     """Entropy bonus expressed as a loss (Mnih et al. 2016 / PPO, Schulman et al. 2017).
 
     Formula: ``L = −coef · agg_t(H_t)`` with per-token entropies ``H`` (e.g. from
-    :func:`asyncrl.algo.entropy_from_logits`), so minimising ``L`` maximises entropy for ``coef > 0``.
+    :func:`asyncrl.policy.model.token_logprobs_and_entropy`), so minimising ``L`` maximises entropy for ``coef > 0``.
 
     Shapes: ``entropy``, ``mask``: ``[B, T]``. Returns ``(loss, metrics)`` with ``loss/entropy``
     and ``entropy/mean`` (masked token mean of ``H``, independent of ``agg``).

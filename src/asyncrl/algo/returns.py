@@ -1,4 +1,4 @@
-"""Generalised advantage estimation and discounted returns with multi-turn masking.
+"""Generalised advantage estimation (per token and per turn) with multi-turn masking.
 
 Multi-turn agent trajectories interleave model tokens (trainable, ``mask = 1``) with tool /
 environment tokens (``mask = 0``). Following verl's multi-turn GAE convention, masked positions
@@ -15,7 +15,7 @@ import torch
 
 from .advantages import _as_mask, _check_ndim, _check_same_shape, _float
 
-__all__ = ["broadcast_turn_values", "discounted_returns", "gae", "turn_level_gae"]
+__all__ = ["gae", "turn_level_gae"]
 
 
 def _check_unit_interval(name: str, v: float) -> None:
@@ -91,30 +91,6 @@ def gae(
     return adv, ret
 
 
-def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Masked reward-to-go (Monte-Carlo return).
-
-    Formula (over the valid positions of each row, same skipping rule as :func:`gae`)::
-
-        G_t = r_t + γ · G_{next(t)},     G after the last valid position = 0
-
-    This equals :func:`gae` with ``V ≡ 0`` and ``λ = 1``. It is the return used by REINFORCE
-    (Williams 1992) with per-token / per-turn rewards.
-
-    Conventions: rewards at masked positions are ignored and the recursion carries ``G`` over
-    them; the output is ``0`` at masked positions; detached; dtype at least float32.
-
-    Shapes: ``rewards``, ``mask``: ``[B, T]``. Returns ``[B, T]``. ``gamma`` in ``[0, 1]``.
-    """
-    _check_ndim("rewards", rewards, 2)
-    _check_same_shape("rewards", rewards, mask=mask)
-    _check_unit_interval("gamma", gamma)
-    m = _as_mask(mask, rewards.shape)
-    with torch.no_grad():
-        r = _float(rewards.detach())
-        return _masked_gae_scan(r, torch.zeros_like(r), m, gamma, 1.0)
-
-
 def turn_level_gae(
     turn_rewards: torch.Tensor,
     turn_values: torch.Tensor,
@@ -132,8 +108,7 @@ def turn_level_gae(
         δ_k = r_k + γ V_{next(k)} − V_k,   A_k = δ_k + γλ A_{next(k)},   R_k = A_k + V_k
 
     ``turn_mask = 0`` marks padding turns (trajectories with fewer than ``K`` turns) or turns
-    excluded from training; they are skipped, and their outputs are ``0``. Use
-    :func:`broadcast_turn_values` to spread the per-turn advantages onto tokens. This is the
+    excluded from training; they are skipped, and their outputs are ``0``. This is the
     high-level (utterance) critic of hierarchical agent RL such as ArCHer (Zhou et al. 2024) and
     the turn-level GAE of RAGEN-style multi-turn trainers.
 
@@ -143,41 +118,3 @@ def turn_level_gae(
     _check_ndim("turn_rewards", turn_rewards, 2)
     _check_same_shape("turn_rewards", turn_rewards, turn_values=turn_values, turn_mask=turn_mask)
     return gae(turn_rewards, turn_values, turn_mask, gamma, lam)
-
-
-def broadcast_turn_values(turn_values: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
-    """Spread per-turn quantities onto tokens: ``out[b, t] = turn_values[b, turn_index[b, t]]``.
-
-    Conventions: ``turn_index[b, t] = -1`` marks tokens that belong to no model turn (prompt,
-    tool/env output, padding); their output is ``0``. Any other index must lie in ``[0, K)``.
-    Autograd-transparent (gradients flow to the selected ``turn_values`` entries). This is the
-    turn-to-token broadcast of turn-level credit assignment (e.g. ArCHer, Zhou et al. 2024), where
-    every token of a turn receives that turn's advantage.
-
-    Shapes: ``turn_values`` ``[B, K]`` floating, ``turn_index`` ``[B, T]`` integer. Returns ``[B, T]``.
-
-    Raises:
-        ValueError: non-2-D inputs, batch mismatch, non-integer ``turn_index`` or indices
-            outside ``[-1, K)``.
-    """
-    _check_ndim("turn_values", turn_values, 2)
-    _check_ndim("turn_index", turn_index, 2)
-    if turn_values.shape[0] != turn_index.shape[0]:
-        raise ValueError(
-            f"batch mismatch: turn_values has shape {tuple(turn_values.shape)}, "
-            f"turn_index has shape {tuple(turn_index.shape)}"
-        )
-    if turn_index.dtype.is_floating_point or turn_index.dtype.is_complex or turn_index.dtype == torch.bool:
-        raise ValueError(f"turn_index must be an integer tensor, got dtype {turn_index.dtype}")
-    n_turns = turn_values.shape[1]
-    if turn_index.numel() > 0:
-        lo, hi = int(turn_index.min()), int(turn_index.max())
-        if lo < -1 or hi >= n_turns:
-            raise ValueError(f"turn_index values must lie in [-1, {n_turns}); got range [{lo}, {hi}]")
-    idx = turn_index.long()
-    valid = idx >= 0
-    if n_turns == 0:
-        return torch.zeros(idx.shape, dtype=_float(turn_values).dtype, device=turn_values.device)
-    vals = _float(turn_values)
-    gathered = torch.gather(vals, 1, idx.clamp_min(0))
-    return torch.where(valid, gathered, torch.zeros((), dtype=vals.dtype, device=vals.device))

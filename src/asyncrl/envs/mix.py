@@ -32,18 +32,12 @@ if TYPE_CHECKING:
     from asyncrl.envs.base import AnyEnvironment, TaskSource
     from asyncrl.records import Task
 
-__all__ = ["MixEnv", "MixTaskSource", "env_of_bucket", "mix_members"]
+__all__ = ["MixEnv", "MixTaskSource", "mix_members"]
 
 
 def mix_members(cfg: EnvConfig) -> list[tuple[str, float, EnvConfig]]:
     """(name, weight, env config) of every member of a ``kind: mix`` config."""
     return [(m.name, m.weight, m.env) for m in cfg.mix or []]
-
-
-def env_of_bucket(bucket: str) -> str:
-    """The member name a bucket carries (``name/type:difficulty``), or ``""``."""
-    head, sep, _ = bucket.partition("/")
-    return head if sep else ""
 
 
 class MixTaskSource:
