@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Annotated, Any, TypeAlias, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -108,3 +109,7 @@ def check_redis_url(url: str) -> str:
     except UserError as exc:
         raise ValueError(str(exc)) from None
     return url
+
+
+RedisUrl: TypeAlias = Annotated[str, AfterValidator(check_redis_url)]
+"""A Redis URL field: checked at load time (:func:`check_redis_url`)."""

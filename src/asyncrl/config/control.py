@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
-from asyncrl.config.base import Section, check_redis_url, kind_of
+from asyncrl.config.base import RedisUrl, Section, kind_of
 
 
 class _StateBase(Section):
@@ -33,7 +33,7 @@ class RedisStateConfig(_StateBase):
     """The run's state in Redis."""
 
     kind: Literal["redis"] = "redis"
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     """The Redis server (same URL rules as transport.redis_url; masked in the run directory, a masked or
     absent password is read from $ASYNCRL_REDIS_PASSWORD). Required."""
     prefix: str | None = None
@@ -41,11 +41,6 @@ class RedisStateConfig(_StateBase):
     the roles see the run directory under different absolute paths)."""
     socket_timeout_s: float = Field(30.0, gt=0, le=3600)
     """A state call without an answer for this long fails and is retried under the one retry policy."""
-
-    @field_validator("redis_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        return None if v is None else check_redis_url(v)
 
     @model_validator(mode="after")
     def _check(self) -> RedisStateConfig:

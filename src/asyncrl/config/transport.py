@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag
 
-from asyncrl.config.base import Section, check_redis_url, kind_of
+from asyncrl.config.base import RedisUrl, Section, kind_of
 
 
 class _TransportBase(Section):
@@ -33,17 +33,12 @@ class RedisTransportConfig(_TransportBase):
     """Redis Streams."""
 
     kind: Literal["redis"] = "redis"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: RedisUrl = "redis://127.0.0.1:6379/0"
     """Redis server: ``redis://[:PASSWORD@]host:port/db``, ``rediss://`` for TLS. Written to the
     run directory masked; a masked or absent password is read from $ASYNCRL_REDIS_PASSWORD."""
     socket_timeout_s: float = Field(30.0, gt=0, le=3600)
     """A Redis call without an answer for this long fails and is retried under the one retry policy
     (never below the blocking read's slice + 5 s)."""
-
-    @field_validator("redis_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        return check_redis_url(v)
 
 
 TransportConfig: TypeAlias = Annotated[

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag
 
-from asyncrl.config.base import Section, check_redis_url, kind_of
+from asyncrl.config.base import RedisUrl, Section, kind_of
 
 
 class CanaryConfig(Section):
@@ -70,16 +70,11 @@ class SharedWeightsConfig(_WeightsBase):
     path: str | None = None
     """Directory on a filesystem every machine mounts (at the same path); the run's snapshots
     go to ``{path}/{run directory name}/``. Unset: ``{run_dir}/weights`` (the run directory is shared)."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: RedisUrl = "redis://127.0.0.1:6379/0"
     """Redis holding the latest-version pointer (same URL rules as transport.redis_url)."""
     socket_timeout_s: float = Field(10.0, gt=0, le=3600)
     """A pointer read or write without an answer for this long fails and is retried under the one retry
     policy."""
-
-    @field_validator("redis_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        return check_redis_url(v)
 
 
 WeightsConfig: TypeAlias = Annotated[
