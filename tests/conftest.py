@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Role processes fork from one server that imported torch and transformers once, instead of each
+# spawned role importing them again (~5 s of CPU a role, a third of the suite's time): the suite's
+# in-process runs share one server, each ``asyncrl train`` subprocess (which inherits this) has its own.
+# Real runs spawn; tests/test_runtime_e2e.py runs one end to end with spawn (asyncrl.launch.local).
+os.environ.setdefault("ASYNCRL_ROLE_START", "forkserver")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from asyncrl.config import RunConfig, load_config
+from asyncrl.launch.local import role_context  # the ranks start as the launcher starts roles
 from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode, groups_of
 from asyncrl.trainer.distributed import assign
 from helpers import free_port
@@ -113,7 +113,7 @@ def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, 
 
 
 def run_ranks(cfg: RunConfig, world: int, out: Path, model_dir: str | None, steps: int) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = role_context()
     port = free_port()
     procs = [
         ctx.Process(target=_rank, args=(r, port, cfg.model_dump_json(), model_dir, str(out), steps))
@@ -264,7 +264,7 @@ def test_rank_1_contributes_its_share_of_the_replicated_gradient(tmp_path: Path)
     same check sees an idle rank: with every micro-batch on rank 0, rank 1's bucket is all zeros (and
     the replicas still agree)."""
     cfg = load_config(None, [*TINY, "trainer.world_size=2", "trainer.parallel=ddp"])
-    ctx, port = mp.get_context("spawn"), free_port()
+    ctx, port = role_context(), free_port()
     procs = [
         ctx.Process(target=_contribution_rank, args=(r, port, cfg.model_dump_json(), str(tmp_path)))
         for r in (0, 1)
@@ -414,7 +414,7 @@ def test_checkpoints_resume_on_another_world_size(tmp_path: Path, parallel: str)
     torch.manual_seed(101)
     one.step(groups_of(batch()), version=1)  # the one-rank continuation, for comparison
 
-    ctx, port, out = mp.get_context("spawn"), free_port(), tmp_path / "two"
+    ctx, port, out = role_context(), free_port(), tmp_path / "two"
     procs = [
         ctx.Process(target=_resume_rank, args=(r, port, cfg.model_dump_json(), str(first), str(out)))
         for r in (0, 1)

@@ -424,3 +424,29 @@ def test_config_cross_checks() -> None:
 
 def test_unused_model_config_is_valid() -> None:
     assert ModelConfig().hidden_size == 64
+
+
+def _role_env(out: str) -> None:
+    import os
+
+    Path(out).write_text(os.environ.get("ASYNCRL_TEST_PROBE", "unset"))
+
+
+def test_multiprocess_roles_are_spawned_unless_the_suite_asks_for_the_forkserver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real runs spawn every role; the suite's roles fork from a server (tests/conftest.py) and still
+    get the launcher's environment of the moment they start, not the server's."""
+    from asyncrl.launch.local import START_ENV, LocalLauncher
+
+    monkeypatch.delenv(START_ENV)
+    assert LocalLauncher()._ctx.get_start_method() == "spawn"
+    monkeypatch.setenv(START_ENV, "forkserver")
+    launcher = LocalLauncher()
+    assert launcher._ctx.get_start_method() == "forkserver"
+    for value in ("first", "second"):  # the server, started by the first role, never saw "second"
+        monkeypatch.setenv("ASYNCRL_TEST_PROBE", value)
+        launcher.start(f"role-{value}", _role_env, str(tmp_path / value))
+        launcher.stop(f"role-{value}", timeout=120)
+        assert launcher.exitcode(f"role-{value}") == 0
+        assert (tmp_path / value).read_text() == value
