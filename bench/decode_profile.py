@@ -2,6 +2,10 @@
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py            # ~3 min quiet
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
+        --variants packed_linear,fused_decode                                                   # ~4 min
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 6 \
+        --variants unmerged,default --loads 3                          # what bench/decode_merged.py measured
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
         --variants unpacked,packed_linear,compile_decode,packed_linear+compile_decode         # ~10 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
         --variants packed_linear,packed_linear+shared_prefix_attention                           # ~4 min
@@ -20,13 +24,20 @@ measured separately, or joined by ``+``), median / min / max over ``--repeats`` 
 interleaved (the order flips every repeat) after one warm-up call each (``warmup_call_s``: where
 ``compile_decode`` compiles); ``speedup_vs_first``: the first variant's step / each variant's, repeat
 by repeat; ``prefill_ms``: the same calls' prefills (``packed_linear`` runs there too).
+``load_weights_ms``: then ``--loads`` new adapter versions loaded into every engine, interleaved, each
+``load_weights`` timed (the merged copy's fold, the packed and stacked copies' repacks). Variants:
+:data:`VARIANTS` (``default``: the engine as configured by default, now ``fused_decode``;
+``packed_linear``: packed weights through the model's own forward; ``unmerged``: through PEFT's
+adapter layers).
 
 (b) ``limit``: the step's FLOPs (every linear layer and the LM head at ``batch`` rows, plus attention
 over the KV columns a step reads, averaged over the call's steps) and bytes (the weights a step reads
 and that KV), against this machine's matmul rate (each of the step's matmul shapes and its
 attention, timed alone, hot in cache; a weight over 8 MiB is timed on a slice of its output rows)
 and its memory bandwidth (a read of a buffer the size of those weights). ``limit_ms = max(compute
-ms, bytes / bandwidth)``; ``ratio = step / limit`` (issue #37: within 2x).
+ms, bytes / bandwidth)``; ``ratio = step / limit`` (issue #37: within 2x). ``compute_ms_stacked``,
+``limit_ms_stacked``, ``ratio_stacked``: the same with q/k/v and gate/up timed as the stacked shapes
+``fused_decode`` runs (a larger matmul may run at a higher rate: a stricter limit for that variant).
 
 (c) ``profile``: one more call of each variant with timers on the model's modules (forward hooks)
 and on the engine's sampling: embedding, q/k/v and o projections, attention core (rope, the cache
@@ -37,8 +48,8 @@ make slightly slower than ``step_ms``. A compiled step (``compile_decode``) is t
 (``forward_compiled``). ``--ops``: also torch.profiler's top operators.
 
 ``logprob_vs_trainer``: per variant, max / mean ``|engine − trainer|`` behaviour log-prob of one more
-call, the trainer being ``token_logprobs`` on the PEFT model (``bench/decode_merged.py`` measured the
-merged default at 3.0e-5 / 5.3e-6 on SmolLM2: a switch should not move these).
+call, the trainer being ``token_logprobs`` on the PEFT model (the merged copy measured 3.0e-5 / 5.3e-6
+on SmolLM2, the unmerged adapter 3.0e-5 / 4.2e-6: a switch should not move these).
 """
 
 from __future__ import annotations
@@ -69,7 +80,9 @@ TINY = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},  # the engine as configured by default (merged LoRA copy, packed linears, growing cache)
     "unpacked": {"packed_linear": False},  # MKL sgemm on the weights as stored (default until 2026-12-04)
-    "packed_linear": {"packed_linear": True},
+    "packed_linear": {"packed_linear": True, "fused_decode": False},  # packed, the model's own forward
+    "fused_decode": {"packed_linear": True, "fused_decode": True},  # packed, the written-out step
+    "unmerged": {"merge_lora": False},  # through PEFT's adapter layers (no copy, nothing packed)
     "compile_decode": {"compile_decode": True},
     "shared_prefix_attention": {"shared_prefix_attention": True},  # each group's prompt KV read once a step
 }
@@ -93,14 +106,17 @@ def build_policy(args: argparse.Namespace) -> Policy:
         policy.model = apply_lora(policy.model, lora)
     else:
         policy = Policy.load(MODEL, cfg=ModelConfig(path=str(MODEL), lora=lora.model_dump()))
-    g = torch.Generator().manual_seed(0)
-    policy.load_tensors(
-        {
-            n: (torch.randn(t.shape, generator=g) * args.b_std if ".lora_B." in n else t)
-            for n, t in policy.state_dict_tensors().items()
-        }
-    )
+    policy.load_tensors(adapter_version(policy, args.b_std, seed=0))
     return policy
+
+
+def adapter_version(policy: Policy, b_std: float, seed: int) -> dict[str, torch.Tensor]:
+    """peft's ``A`` (as initialised), ``B ~ N(0, b_std²)``: a non-zero adapter version."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        n: (torch.randn(t.shape, generator=g) * b_std if ".lora_B." in n else t)
+        for n, t in policy.state_dict_tensors().items()
+    }
 
 
 def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], SamplingParams]:
@@ -138,6 +154,22 @@ def step_times(
             ms[name].append(step)
             prefill[name].append(pre)
     return ms, prefill, warmup
+
+
+def load_times(
+    engines: dict[str, HFEngine], policy: Policy, loads: int, b_std: float
+) -> dict[str, list[float]]:
+    """Per variant: milliseconds of ``load_weights`` of each of ``loads`` new adapter versions (the fold
+    and every repack included), the variants interleaved (the order flips every version). Every engine
+    loads every version, so all end on the last one."""
+    out: dict[str, list[float]] = {n: [] for n in engines}
+    for i in range(1, loads + 1):
+        version = adapter_version(policy, b_std, seed=i)
+        for name in list(engines)[:: 1 if i % 2 else -1]:
+            t0 = time.perf_counter()
+            engines[name].load_weights(i, version)
+            out[name].append(1000 * (time.perf_counter() - t0))
+    return out
 
 
 # ---- (b) the physical limit ----------------------------------------------------------------------
@@ -199,8 +231,10 @@ def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> d
     dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     shapes = linear_shapes(model)
     per_shape, mm_ms, mm_flops = [], 0.0, 0
+    raw: dict[tuple[int, int], float] = {}
     for (fi, fo), n in sorted(shapes.items()):
         ms, gflops = matmul_ms(batch, fi, fo, budget_s)
+        raw[(fi, fo)] = ms
         per_shape.append(
             {"in": fi, "out": fo, "count": n, "ms_each": round(ms, 3), "gflops": round(gflops, 1)}
         )
@@ -211,6 +245,14 @@ def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> d
     weight_bytes = sum(4 * fi * fo * n for (fi, fo), n in shapes.items())
     weight_bytes += 4 * sum(p.numel() for n, p in model.named_parameters() if p.dim() == 1)  # norms
     kv_bytes = 4 * layers * 2 * batch * kv_heads * dim * kv_cols
+    stacked_ms = mm_ms + attn_ms
+    fi, qo, kvo, inter = c.hidden_size, heads * dim, kv_heads * dim, getattr(c, "intermediate_size", 0)
+    if shapes.get((fi, qo), 0) >= layers and shapes.get((fi, kvo), 0) >= 2 * layers and (fi, inter) in raw:
+        apart = raw[(fi, qo)] + 2 * raw[(fi, kvo)] + 2 * raw.get((fi, inter), 0.0)
+        joined = (
+            matmul_ms(batch, fi, qo + 2 * kvo, budget_s)[0] + matmul_ms(batch, fi, 2 * inter, budget_s)[0]
+        )
+        stacked_ms += layers * (joined - apart)
     gbs = bandwidth_gbs(weight_bytes, budget_s)
     compute_ms = mm_ms + attn_ms
     memory_ms = 1000 * (weight_bytes + kv_bytes) / (gbs * 1e9)
@@ -226,6 +268,8 @@ def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> d
         "bandwidth_gbs": round(gbs, 2),
         "memory_ms": round(memory_ms, 2),
         "limit_ms": round(max(compute_ms, memory_ms), 2),
+        "compute_ms_stacked": round(stacked_ms, 2),
+        "limit_ms_stacked": round(max(stacked_ms, memory_ms), 2),
         "bound": "compute" if compute_ms >= memory_ms else "memory",
     }
 
@@ -233,11 +277,11 @@ def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> d
 # ---- (c) the profile -----------------------------------------------------------------------------
 def _category(name: str, module: torch.nn.Module) -> str | None:
     leaf = name.rsplit(".", 1)[-1]
-    if leaf in ("q_proj", "k_proj", "v_proj"):
+    if leaf in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
         return "qkv_proj"
     if leaf in ("o_proj",):
         return "o_proj"
-    if leaf in ("gate_proj", "up_proj", "down_proj"):
+    if leaf in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
         return "mlp_matmuls"
     if leaf == "self_attn":
         return "attention_total"
@@ -323,7 +367,9 @@ def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams)
 
     def decode(*a: Any, **kw: Any) -> int:
         timers = (
-            function_timer("last_logits", "forward", acc) if compiled else module_timers(engine.model, acc)
+            function_timer("last_logits", "forward", acc)
+            if compiled
+            else module_timers(engine.fused if engine.fused is not None else engine.model, acc)
         )
         with timers, function_timer("sample_tokens", "sampling", acc):
             return in_decode(*a, **kw)
@@ -377,9 +423,10 @@ def main() -> None:
     ap.add_argument("--b-std", type=float, default=0.01)
     ap.add_argument(
         "--variants",
-        default="unpacked,packed_linear",
+        default="packed_linear,fused_decode",
         help=f"comma-separated, each of {sorted(VARIANTS)} or several joined by + (the first: the base)",
     )
+    ap.add_argument("--loads", type=int, default=2, help="adapter versions loaded into each engine, timed")
     ap.add_argument("--budget-s", type=float, default=1.0, help="seconds per rate measurement")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model: a dry run in seconds")
     ap.add_argument("--ops", action="store_true", help="also torch.profiler's top operators")
@@ -399,6 +446,7 @@ def main() -> None:
     }
     prompts, sp = workload(args, engines[names[0]].vocab_size)
     ms, prefill, warmup = step_times(engines, prompts, sp, args.repeats)
+    loads = load_times(engines, policy, args.loads, args.b_std)
     kv_cols = args.prompt_tokens + args.new_tokens / 2  # the mean of width + step over the call's steps
     with torch.inference_mode():
         limit = physical_limit(engines[names[0]].model, args.batch, kv_cols, args.budget_s)
@@ -414,11 +462,13 @@ def main() -> None:
         "step_ms_raw": {n: [round(x, 2) for x in v] for n, v in ms.items()},
         "limit": limit,
         "ratio": {n: spread([x / limit["limit_ms"] for x in v]) for n, v in ms.items()},
+        "ratio_stacked": {n: spread([x / limit["limit_ms_stacked"] for x in v]) for n, v in ms.items()},
         "speedup_vs_first": {
             n: spread([a / b for a, b in zip(ms[names[0]], v, strict=True)]) for n, v in ms.items()
         },
         "prefill_ms": {n: spread(v) for n, v in prefill.items()},
         "warmup_call_s": warmup,
+        "load_weights_ms": {n: spread(v) for n, v in loads.items() if v},
         "profile_ms": {n: profile_call(e, prompts, sp) for n, e in engines.items()},
         "logprob_vs_trainer": {n: agreement(e, prompts, sp) for n, e in engines.items()},
     }

@@ -29,7 +29,7 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
         "--budget-s",
         "0.02",
         "--variants",
-        "packed_linear,unpacked,packed_linear+shared_prefix_attention",  # packed first: the limit counts packed linears
+        "packed_linear,unpacked,packed_linear+shared_prefix_attention,fused_decode",  # packed first: the limit counts packed linears
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,8 +42,11 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
             "unpacked",
             "packed_linear",
             "packed_linear+shared_prefix_attention",
+            "fused_decode",
         }
+        == set(out["load_weights_ms"])
     )
+    assert all(v["min"] > 0 for v in out["load_weights_ms"].values())
     assert (
         out["speedup_vs_first"]["packed_linear"]["median"] == 1.0
         and out["prefill_ms"]["packed_linear"]["min"] > 0
@@ -53,6 +56,7 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
     limit = out["limit"]
     assert limit["limit_ms"] == max(limit["compute_ms"], limit["memory_ms"]) > 0
     assert limit["bandwidth_gbs"] > 0 and limit["matmul_gflops"] > 0
+    assert limit["limit_ms_stacked"] == max(limit["compute_ms_stacked"], limit["memory_ms"]) > 0
     assert sum(s["count"] for s in limit["matmul_shapes"]) == 2 * 7 + 1  # 2 layers' linears, the LM head
     assert math.isclose(out["ratio"]["unpacked"]["median"], step["median"] / limit["limit_ms"], rel_tol=0.02)
     for v in out["logprob_vs_trainer"].values():  # the tiny model: the float32 noise floor
@@ -70,6 +74,13 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
     } <= set(parts)
     assert math.isclose(sum(parts.values()), prof["step"], rel_tol=1e-3, abs_tol=0.01)
     assert all(parts[k] > 0 for k in ("qkv_proj", "mlp_matmuls", "lm_head", "sampling"))
+    fused = out["profile_ms"]["fused_decode"]  # the written-out step profiles by the same parts
+    assert all(
+        fused[k] > 0 for k in ("qkv_proj", "attention_core", "o_proj", "mlp_matmuls", "norms", "lm_head")
+    )
+    assert math.isclose(
+        sum(v for k, v in fused.items() if k != "step"), fused["step"], rel_tol=1e-3, abs_tol=0.01
+    )
     shared = out["profile_ms"]["packed_linear+shared_prefix_attention"]  # the grouped attention profiles too
     assert shared["attention_core"] > 0
     assert math.isclose(

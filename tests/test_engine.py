@@ -94,10 +94,17 @@ def assert_at_noise_floor(delta: torch.Tensor, what: str = "") -> None:
     assert float(delta.mean()) < LOGPROB_TOL_MEAN, (what, float(delta.mean()))
 
 
+def hf_engine(policy: Policy, stops: list[int], **kw: Any) -> HFEngine:
+    """The built-in engine as these tests build it: seed 0, ``max_batch`` 64, no CUDA graphs, the prefix
+    cache off (the engine's own default), each overridable by keyword."""
+    return HFEngine(policy, stops, **({"seed": 0, "max_batch": 64, "cuda_graphs": False} | kw))
+
+
 def uncached_engine(policy: Policy, **kw: Any) -> HFEngine:
-    """The built-in engine with the prefix cache OFF (``prefix_cache_mb=0``), so that every prefill and
-    decode step is computed in this call: a position or cache bug cannot hide behind a cache hit."""
-    return HFEngine(policy, kw.pop("stops", [2, 50, 60]), cuda_graphs=False, prefix_cache_mb=0, **kw)
+    """:func:`hf_engine` with the prefix cache OFF (``prefix_cache_mb=0``) and stop tokens 2, 50, 60, so
+    that every prefill and decode step is computed in this call: a position or cache bug cannot hide
+    behind a cache hit."""
+    return hf_engine(policy, kw.pop("stops", [2, 50, 60]), prefix_cache_mb=0, **kw)
 
 
 def greedy_reference(policy: Policy, prompt: list[int], n: int) -> list[int]:
@@ -162,8 +169,8 @@ def test_static_cache_greedy_equals_growing_cache_and_reuses_buffers() -> None:
     prompts = random_prompts(13, 1, 30, seed=6)
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=12)
     params = [SamplingParams(temperature=1e-4, max_new_tokens=n) for n in range(1, 14)]
-    growing = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=False, cuda_graphs=False)
-    static = HFEngine(policy, [40, 41], seed=0, max_batch=16, static_cache=True, cuda_graphs=False)
+    growing = hf_engine(policy, [40, 41], max_batch=16, static_cache=False)
+    static = hf_engine(policy, [40, 41], max_batch=16, static_cache=True)
 
     def same(a: list[Sample], b: list[Sample]) -> bool:
         return all(
@@ -186,7 +193,7 @@ def test_static_cache_greedy_equals_growing_cache_and_reuses_buffers() -> None:
 def test_static_cache_falls_back_when_a_chunk_would_overflow_it() -> None:
     """A long prompt batched with short ones that may sample far: the growing cache takes the chunk."""
     policy = tiny(max_context=64)
-    engine = HFEngine(policy, [], seed=0, max_batch=8, static_cache=True, cuda_graphs=False)
+    engine = hf_engine(policy, [], max_batch=8, static_cache=True)
     engine.cache_len = 70  # what max_context + slack would be for a smaller slack
     out = engine.generate([[11] * 60, [12] * 4], SamplingParams(max_new_tokens=40))
     assert [len(s.token_ids) for s in out] == [4, 40]
@@ -219,7 +226,7 @@ def test_top_p_logprobs_are_of_the_renormalised_nucleus() -> None:
     """With top_p < 1 the recorded log-prob exceeds the tempered one by -log(nucleus mass) >= 0."""
     policy = tiny(peaky=8.0)
     prompts = random_prompts(16, 3, 20, seed=4)
-    samples = HFEngine(policy, [], seed=5, max_batch=64, cuda_graphs=False).generate(
+    samples = hf_engine(policy, [], seed=5).generate(
         prompts, SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=8)
     )
     ref = recomputed(policy, prompts, samples, [1.0] * len(prompts))
@@ -233,7 +240,7 @@ def test_top_p_logprobs_are_of_the_renormalised_nucleus() -> None:
 def test_small_temperature_is_greedy_and_matches_unbatched_decoding() -> None:
     policy = tiny(peaky=4.0)
     prompts = random_prompts(8, 1, 25, seed=6)
-    engine = HFEngine(policy, [], seed=0, max_batch=8, cuda_graphs=False)
+    engine = hf_engine(policy, [], max_batch=8)
     samples = engine.generate(prompts, SamplingParams(temperature=1e-4, max_new_tokens=12))
     for p, s in zip(prompts, samples, strict=True):
         assert s.token_ids == greedy_reference(policy, p, 12)
@@ -248,12 +255,12 @@ def test_seeded_sampling_is_reproducible() -> None:
     policy = tiny()
     prompts = random_prompts(12, 2, 20, seed=7)
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-    a = HFEngine(policy, [2], seed=11, max_batch=64, cuda_graphs=False).generate(prompts, sp)
-    b = HFEngine(policy, [2], seed=11, max_batch=64, cuda_graphs=False).generate(prompts, sp)
+    a = hf_engine(policy, [2], seed=11).generate(prompts, sp)
+    b = hf_engine(policy, [2], seed=11).generate(prompts, sp)
     assert a == b
-    c = HFEngine(policy, [2], seed=12, max_batch=64, cuda_graphs=False).generate(prompts, sp)
+    c = hf_engine(policy, [2], seed=12).generate(prompts, sp)
     assert [s.token_ids for s in a] != [s.token_ids for s in c]
-    engine = HFEngine(policy, [2], seed=11, max_batch=64, cuda_graphs=False)
+    engine = hf_engine(policy, [2], seed=11)
     first, second = engine.generate(prompts, sp), engine.generate(prompts, sp)
     assert first == a and second != first  # the generator advances across calls
 
@@ -261,7 +268,7 @@ def test_seeded_sampling_is_reproducible() -> None:
 def test_stop_tokens_end_samples() -> None:
     policy = tiny()
     stops = list(range(40, 56))
-    samples = HFEngine(policy, stops, seed=1, max_batch=64, cuda_graphs=False).generate(
+    samples = hf_engine(policy, stops, seed=1).generate(
         random_prompts(32, 1, 20, seed=8), SamplingParams(max_new_tokens=30)
     )
     reasons = [s.finish_reason for s in samples]
@@ -279,14 +286,14 @@ def test_max_new_tokens_per_prompt() -> None:
     policy = tiny()
     prompts = random_prompts(8, 1, 12, seed=9)
     params = [SamplingParams(max_new_tokens=n) for n in range(1, 9)]
-    samples = HFEngine(policy, [], seed=2, max_batch=64, cuda_graphs=False).generate(prompts, params)
+    samples = hf_engine(policy, [], seed=2).generate(prompts, params)
     assert [len(s.token_ids) for s in samples] == list(range(1, 9))
     assert all(s.finish_reason == "length" for s in samples)
 
 
 def test_context_limit() -> None:
     policy = tiny(max_context=16)
-    engine = HFEngine(policy, [], seed=0, max_batch=64, cuda_graphs=False)
+    engine = hf_engine(policy, [])
     with pytest.raises(ValueError, match=r"prompt 1 has 17 tokens, longer than the model's context of 16"):
         engine.generate([[11, 12], [11] * 17], SamplingParams())
     full, near = engine.generate([[11] * 16, [12] * 13], SamplingParams(max_new_tokens=10))
@@ -295,7 +302,7 @@ def test_context_limit() -> None:
 
 
 def test_invalid_requests() -> None:
-    engine = HFEngine(tiny(), [2], seed=0, max_batch=64, cuda_graphs=False)
+    engine = hf_engine(tiny(), [2])
     with pytest.raises(ValueError, match="empty"):
         engine.generate([[]], SamplingParams())
     with pytest.raises(ValueError, match="vocabulary"):
@@ -307,7 +314,7 @@ def test_invalid_requests() -> None:
     with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
         engine.generate([[10]], [SamplingParams(), SamplingParams()])
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        HFEngine(tiny(), [9999], max_batch=64, cuda_graphs=False)
+        hf_engine(tiny(), [9999])
     assert engine.generate([], SamplingParams()) == []
 
 
@@ -328,7 +335,7 @@ def test_first_token_frequencies_match_distribution(temperature: float, top_p: f
     policy = tiny(peaky=4.0)
     prompt = [1, 20, 30, 40]
     n = 6000
-    engine = HFEngine(policy, [], seed=13, max_batch=n, cuda_graphs=False)
+    engine = hf_engine(policy, [], seed=13, max_batch=n)
     samples = engine.generate(
         [prompt] * n, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1)
     )
@@ -373,7 +380,7 @@ def test_draw_follows_the_weights_and_never_draws_a_zero() -> None:
 def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     prompts = random_prompts(6, 2, 12, seed=14)
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)
-    engine: GenerationEngine = HFEngine(tiny(seed=0), [], seed=0, max_batch=64, cuda_graphs=False)
+    engine: GenerationEngine = hf_engine(tiny(seed=0), [])
     assert engine.version == 0
     before = [s.token_ids for s in engine.generate(prompts, greedy)]
     other = tiny(seed=1)
@@ -382,10 +389,7 @@ def test_load_weights_changes_outputs_and_version(tmp_path: Path) -> None:
     assert engine.version == 3
     after = [s.token_ids for s in engine.generate(prompts, greedy)]
     assert after != before
-    assert after == [
-        s.token_ids
-        for s in HFEngine(other, [], seed=0, max_batch=64, cuda_graphs=False).generate(prompts, greedy)
-    ]
+    assert after == [s.token_ids for s in hf_engine(other, []).generate(prompts, greedy)]
     engine.load_weights(4, tiny(seed=0).state_dict_tensors())
     assert engine.version == 4
     assert [s.token_ids for s in engine.generate(prompts, greedy)] == before
@@ -400,12 +404,10 @@ def test_the_canary_probe_runs_the_generation_path(static: bool) -> None:
     from asyncrl.policy.canary import probe_logprobs
 
     policy = tiny("llama", peaky=PEAKY)
-    engine = HFEngine(
+    engine = hf_engine(
         policy,
         [2],
-        seed=0,
         max_batch=8,
-        cuda_graphs=False,
         static_cache=static,
         prefix_cache_mb=8,
         prefix_sharing=True,
@@ -425,9 +427,7 @@ def test_the_canary_probe_runs_the_generation_path(static: bool) -> None:
 def test_generate_leaves_train_mode_and_grads_alone() -> None:
     policy = tiny()
     policy.model.train()
-    HFEngine(policy, [2], seed=0, max_batch=64, cuda_graphs=False).generate(
-        [[10, 11]], SamplingParams(max_new_tokens=4)
-    )
+    hf_engine(policy, [2]).generate([[10, 11]], SamplingParams(max_new_tokens=4))
     assert policy.model.training
     assert all(p.grad is None for p in policy.model.parameters())
 
@@ -469,7 +469,7 @@ def test_merged_lora_logprobs_agree_with_the_trainer_and_the_unmerged_engine(
     out = {}
     for merge in (True, False):
         policy = tiny_lora(family)
-        engine = uncached_engine(policy, seed=0, max_batch=32, static_cache=static, merge_lora=merge)
+        engine = uncached_engine(policy, max_batch=32, static_cache=static, merge_lora=merge)
         assert (engine.merged is not None) == merge and (engine.model is policy.model) != merge
         samples = engine.generate(prompts, sp)
         delta = logprob_error(policy, prompts, samples, [0.7] * len(prompts))
@@ -509,7 +509,7 @@ def test_a_new_adapter_version_is_served_after_load_not_the_old_merged_copy() ->
     from asyncrl.policy.lora import AdapterError
 
     engine_policy, trainer = tiny_lora(adapter_seed=0), tiny_lora(adapter_seed=0)
-    engine = uncached_engine(engine_policy, seed=0, max_batch=16)
+    engine = uncached_engine(engine_policy, max_batch=16)
     assert engine.merged is not None
     prompts = random_prompts(12, 2, 30, seed=5)
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
@@ -534,7 +534,7 @@ def test_a_new_adapter_version_is_served_after_load_not_the_old_merged_copy() ->
 
 def test_merge_lora_is_ignored_without_lora_and_off_samples_through_the_adapter() -> None:
     plain = tiny()
-    assert HFEngine(plain, [2], max_batch=4, cuda_graphs=False).merged is None
+    assert hf_engine(plain, [2], max_batch=4).merged is None
     lora = tiny_lora()
     engine = make_engine(HFEngineConfig(merge_lora=False), lora, stop_token_ids=[2], seed=0)
     assert isinstance(engine, HFEngine) and engine.merged is None and engine.model is lora.model
@@ -576,7 +576,7 @@ def test_packed_linear_logprobs_agree_with_the_trainer_and_follow_each_load(
     out = {}
     for packed in (False, True):  # the packed engine last: it takes the load below
         policy = tiny_lora(family)
-        engine = uncached_engine(policy, seed=0, max_batch=32, static_cache=static, packed_linear=packed)
+        engine = uncached_engine(policy, max_batch=32, static_cache=static, packed_linear=packed)
         assert bool(engine.packed) == packed
         assert any(isinstance(m, PackedLinear) for m in engine.model.modules()) == packed
         assert not any(isinstance(m, PackedLinear) for m in policy.model.modules())
@@ -589,7 +589,7 @@ def test_packed_linear_logprobs_agree_with_the_trainer_and_follow_each_load(
 
 
 def test_packed_linear_is_ignored_without_a_merged_copy() -> None:
-    assert not HFEngine(tiny(), [2], max_batch=4, cuda_graphs=False, packed_linear=True).packed
+    assert not hf_engine(tiny(), [2], max_batch=4, packed_linear=True).packed
     engine = make_engine(HFEngineConfig(packed_linear=True), tiny_lora(), stop_token_ids=[2], seed=0)
     assert isinstance(engine, HFEngine) and (bool(engine.packed) or engine.device.type != "cpu")
 
@@ -607,7 +607,7 @@ def test_compiled_decode_step_agrees_with_the_trainer_and_the_eager_engine() -> 
     out = {}
     for compiled in (False, True):
         policy = tiny_lora("llama")
-        engine = uncached_engine(policy, seed=0, max_batch=32, compact_fraction=0.0, compile_decode=compiled)
+        engine = uncached_engine(policy, max_batch=32, compact_fraction=0.0, compile_decode=compiled)
         assert (engine.step_model is engine.model) != compiled
         out[compiled] = engine.generate(prompts, sp)
         assert_at_noise_floor(
@@ -675,12 +675,10 @@ def test_shared_prefix_attention_gives_the_plain_samples_at_the_noise_floor(
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
     out = {}
     for on in (False, True):
-        engine = HFEngine(
+        engine = hf_engine(
             policy,
             [2, 50, 60],
-            seed=0,
             max_batch=max_batch,
-            cuda_graphs=False,
             compact_fraction=compact,
             prefix_sharing=share,
             prefix_cache_mb=cache_mb,
@@ -718,12 +716,10 @@ def test_shared_prefix_attention_runs_the_probe_and_not_the_static_path(
     policy = tiny("llama", peaky=PEAKY)
     ids = random_prompts(1, 32, 32, seed=3)[0] + [2]
     for static in (False, True):
-        engine = HFEngine(
+        engine = hf_engine(
             policy,
             [2],
-            seed=0,
             max_batch=8,
-            cuda_graphs=False,
             static_cache=static,
             shared_prefix_attention=True,
         )
@@ -731,6 +727,133 @@ def test_shared_prefix_attention_runs_the_probe_and_not_the_static_path(
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOL_MAX
         assert steps == ([] if static else [2] * 16)  # one group of two rows, 16 decode steps
         steps.clear()
-    kw: dict[str, Any] = {"max_batch": 4, "cuda_graphs": False, "shared_prefix_attention": True}
-    assert not HFEngine(policy, [2], compile_decode=True, **kw).shared_prefix_attention
+    kw: dict[str, Any] = {"max_batch": 4, "shared_prefix_attention": True}
+    assert not hf_engine(policy, [2], compile_decode=True, **kw).shared_prefix_attention
     assert make_engine(HFEngineConfig(shared_prefix_attention=True), policy, [2]).shared_prefix_attention  # type: ignore[attr-defined]
+
+
+# ---- CPU: the written-out decode step (rollout.engine.fused_decode) ---------------------------------
+def count_fused_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the rows of every :class:`FusedDecoder` step run from now on (skips without oneDNN packing)."""
+    from asyncrl.engine import fused
+    from asyncrl.engine.packed import packing_available
+
+    if not packing_available(torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN linear packing")
+    steps: list[int] = []
+    real = fused.FusedDecoder.forward
+
+    def forward(self: fused.FusedDecoder, tokens: torch.Tensor, *a: Any) -> torch.Tensor:
+        steps.append(int(tokens.shape[0]))
+        return real(self, tokens, *a)
+
+    monkeypatch.setattr(fused.FusedDecoder, "forward", forward)
+    return steps
+
+
+@pytest.mark.parametrize(("family", "compact", "attn"), [("llama", 0.25, "sdpa"), ("qwen2", 0.0, "eager")])
+def test_fused_decode_step_agrees_with_the_trainer_and_follows_each_load(
+    family: str, compact: float, attn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The written-out decode step (q/k/v and gate/up stacked into one packed matmul each, the rotary
+    tables and the mask once per step, the KV written straight into the cache's buffers, grouped-query
+    attention on stacked query heads): log-probs at the trainer's noise floor and the model's own
+    forward's tokens with the same seed, over rows that stop at different steps and are compacted away;
+    after a load, the new adapter's log-probs (the stacked weights are repacked with the rest). qwen2:
+    random q/k/v biases (stacked too). Mutants this test kills: q and k stacked in the wrong order, gate and up swapped, the
+    q/k/v biases stacked out of order, the query heads grouped across kv heads in the wrong order, the
+    rotary embedding left off k, the mask dropped, the stacked weights not repacked at a load."""
+    steps = count_fused_steps(monkeypatch)
+    prompts = random_prompts(17, 2, 40, seed=3)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=20)
+    out = {}
+    for fused in (False, True):  # the fused engine last: it takes the load below
+        policy = tiny_lora(family, attn=attn)
+        with torch.no_grad():  # qwen2's q/k/v biases: non-zero, and not alike (built as zeros)
+            g = torch.Generator().manual_seed(9)
+            for name, p in policy.model.named_parameters():
+                if name.endswith(".bias"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        engine = uncached_engine(policy, max_batch=32, compact_fraction=compact, fused_decode=fused)
+        assert engine.packed and (engine.fused is not None) == fused
+        out[fused] = engine.generate(prompts, sp)
+        assert_at_noise_floor(logprob_error(policy, prompts, out[fused], [1.0] * 17), f"fused={fused}")
+        assert bool(steps) == fused
+    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+    assert {s.finish_reason for s in out[True]} == {"stop", "length"}
+    assert len(set(steps)) > 1  # rows were compacted away mid-call
+    engine.load_weights(1, adapter(policy, 7, 0.1))  # into the engine's policy, which then scores
+    samples = engine.generate(prompts, sp)
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 17), "fused, after a load")
+
+
+def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's teacher-forced decode steps run the fused step (what is served), at the trainer's
+    log-probs; a stacked copy left stale by a load is seen by the probe."""
+    from asyncrl.policy.canary import probe_logprobs
+
+    steps = count_fused_steps(monkeypatch)
+    policy = tiny_lora("llama")
+    engine = uncached_engine(policy, stops=[2], max_batch=8)
+    assert engine.fused is not None
+    ids = random_prompts(1, 32, 32, seed=3)[0] + [2]
+    got = engine.probe(ids)
+    assert (
+        max(abs(a - b) for a, b in zip(got, probe_logprobs(policy.model, ids), strict=True)) < LOGPROB_TOL_MAX
+    )
+    assert steps == [2] * 16  # two rows, 16 decode steps
+    engine.fused.repack = lambda: None  # type: ignore[method-assign]  # a load that leaves it stale
+    engine.load_weights(1, adapter(policy, 7, 0.1))
+    stale = engine.probe(ids)
+    assert max(abs(a - b) for a, b in zip(stale, probe_logprobs(policy.model, ids), strict=True)) > 1e-3
+
+
+def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not without packed linears (no merged copy, or ``packed_linear`` off); the static path, shared-prefix steps and prefills never run it."""
+    steps = count_fused_steps(monkeypatch)
+    assert hf_engine(tiny("llama"), [2]).fused is None  # no LoRA: no merged copy, nothing packed
+    assert hf_engine(tiny_lora("llama"), [2], packed_linear=False).fused is None
+    assert make_engine(HFEngineConfig(fused_decode=False), tiny_lora(), [2]).fused is None  # type: ignore[attr-defined]
+    assert make_engine(HFEngineConfig(), tiny_lora(), [2]).fused is not None  # type: ignore[attr-defined]
+    prompts = random_prompts(4, 2, 12, seed=2)
+    sp = SamplingParams(max_new_tokens=6)
+    for kw in ({"static_cache": True}, {"shared_prefix_attention": True}):
+        engine = hf_engine(tiny_lora("llama"), [], **kw)
+        assert engine.fused is not None
+        engine.generate(prompts, sp)
+        assert engine.decode_steps > 0 and steps == []
+
+
+# ---- the caller's train mode (issue #36 E) ----------------------------------------------------------
+@pytest.mark.parametrize(("merge", "static"), [(True, False), (False, False), (False, True)])
+def test_a_model_in_train_mode_with_gradient_checkpointing_samples_as_in_eval_mode(
+    merge: bool, static: bool
+) -> None:
+    """A trainer (TRL) leaves the policy in train mode with gradient checkpointing on, under which
+    transformers runs without the KV cache: the engine runs its forward passes in eval mode itself, so
+    it draws the eval-mode engine's tokens with the same seed, at the trainer's log-probs, and the
+    probe agrees; the caller's mode and the model's gradients are left as they were."""
+    from asyncrl.policy.canary import probe_logprobs
+
+    prompts = random_prompts(9, 2, 30, seed=6)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=12)
+    ids = random_prompts(1, 20, 20, seed=7)[0]
+    kw: dict[str, Any] = {"merge_lora": merge, "static_cache": static, "max_batch": 16}
+    want = uncached_engine(tiny_lora("llama"), **kw).generate(prompts, sp)
+    policy = tiny_lora("llama")
+    policy.model.gradient_checkpointing_enable()
+    policy.model.enable_input_require_grads()
+    policy.model.train()
+    engine = uncached_engine(policy, **kw)
+    got = engine.generate(prompts, sp)
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    assert_at_noise_floor(logprob_error(policy, prompts, got, [1.0] * 9), f"train mode, merge={merge}")
+    probe = engine.probe(ids)
+    policy.model.eval()
+    assert (
+        max(abs(a - b) for a, b in zip(probe, probe_logprobs(policy.model, ids), strict=True))
+        < LOGPROB_TOL_MAX
+    )
+    policy.model.train()
+    assert policy.model.training and all(m.training for m in policy.model.modules())
+    assert all(p.grad is None for p in policy.model.parameters())

@@ -88,6 +88,16 @@ class HFEngineConfig(_EngineBase):
     rounding. Not with ``compile_decode`` nor on the static (GPU) path, where it does nothing. Off by
     default until measured on a quiet machine (``bench/decode_profile.py --variants
     packed_linear,packed_linear+shared_prefix_attention``). See docs/engines.md."""
+    fused_decode: bool = True
+    """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
+    mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
+    pass over the packed weights (:mod:`asyncrl.engine.fused`): q/k/v as one packed matmul and gate/up as
+    one, the rotary tables and the mask once per step instead of per layer, the step's KV written
+    straight into the cache's buffers, grouped-query attention without repeating the keys. Costs the
+    q/k/v and gate/up weights once more in memory (stacked, packed); log-probs equal the model's forward
+    to float32 rounding. Prefills, the static (GPU) path, ``compile_decode`` and
+    ``shared_prefix_attention`` steps do not use it. Compare with ``bench/decode_profile.py --variants
+    packed_linear,fused_decode``. See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

@@ -47,6 +47,7 @@ def make_engine(
             merge_lora=cfg.merge_lora,
             packed_linear=cfg.packed_linear,
             compile_decode=cfg.compile_decode,
+            fused_decode=cfg.fused_decode,
             shared_prefix_attention=cfg.shared_prefix_attention,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen

@@ -203,7 +203,7 @@ def layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return layer.keys, layer.values
 
 
-class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+class BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A full-attention cache layer over preallocated buffers ``[B, kv_heads, capacity, head_dim]``.
 
     An update writes its columns in place and returns views of the filled columns: no concatenation,
@@ -245,7 +245,7 @@ def buffer_cache(kv: torch.Tensor, filled: int, config: Any) -> DynamicCache:
     """A growing cache whose layers are views of ``kv`` ``[layers, 2, B, kv_heads, capacity, head_dim]``,
     the first ``filled`` columns already holding KV."""
     cache = DynamicCache(config=config)
-    cache.layers = [_BufferLayer(kv[i, 0], kv[i, 1], filled) for i in range(kv.shape[0])]
+    cache.layers = [BufferLayer(kv[i, 0], kv[i, 1], filled) for i in range(kv.shape[0])]
     return cache
 
 

@@ -20,7 +20,6 @@ runs no adapter matmuls. :meth:`HFEngine.fingerprint` then reports the adapter t
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -39,23 +38,20 @@ from asyncrl.engine.cascade import SharedPrefix
 from asyncrl.engine.decode import (
     StaticDecoder,
     bucket_for,
-    buffer_cache,
     decode_buckets,
-    kv_dims,
     last_logits,
     layer_kv,
     pad_rows,
     sample_tokens,
 )
-from asyncrl.engine.packed import PackedLinear, pack_linears, packing_available, repack
+from asyncrl.engine.prefill import Prefill
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
-from asyncrl.engine.prefix_tree import Piece, PrefillPlan, plan_prefill
+from asyncrl.engine.prefix_tree import plan_prefill
+from asyncrl.engine.served import ServedModel
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
-from asyncrl.policy.lora import MergedCopy, MergeUnsupported, is_lora
 from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
 
-log = logging.getLogger(__name__)
 STATIC_CACHE_SLACK = 128
 """Static-cache columns beyond ``max_context``: left padding puts a chunk's newest token at column
 ``width + step``, so a chunk fits when ``width + steps <= max_context + STATIC_CACHE_SLACK``; one
@@ -148,6 +144,25 @@ class HFEngine(GenerationEngine):
     :meth:`refresh_merged`).
     """
 
+    # counters, per engine (each instance sets its own on first update)
+    merge_seconds: float = 0.0
+    """Time folding adapters into the merged copy (at construction and every load; repacks included)."""
+    decode_steps: int = 0
+    """Decode steps run (all paths); with :attr:`decode_seconds`, the per-step latency."""
+    decode_seconds: float = 0.0
+    static_chunks: int = 0
+    """Chunks decoded on the static path (the rest on the growing cache)."""
+    prefill_tokens_computed: int = 0
+    """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
+    prefill_tokens_reused: int = 0
+    """Prompt tokens whose KV came from the prefix cache instead."""
+    prefill_tokens_shared: int = 0
+    """Prompt tokens whose KV another prompt of the same chunk computed (prefix sharing)."""
+    prefill_seconds: float = 0.0
+    """Time in prefills (cached-KV assembly included)."""
+    prefix_cache_seconds: float = 0.0
+    """Time looking up and storing prefix-cache entries."""
+
     def __init__(
         self,
         policy: Policy,
@@ -164,6 +179,7 @@ class HFEngine(GenerationEngine):
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
         compile_decode: bool = default_of(HFEngineConfig, "compile_decode"),
         shared_prefix_attention: bool = default_of(HFEngineConfig, "shared_prefix_attention"),
+        fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
     ) -> None:
         """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
         them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -174,18 +190,21 @@ class HFEngine(GenerationEngine):
         cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
         of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
         policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
-        for an adapter it cannot fold); ``packed_linear``, ``compile_decode``: :func:`_decode_paths`;
+        for an adapter it cannot fold); ``packed_linear``, ``compile_decode``, ``fused_decode``: :class:`ServedModel`;
         ``shared_prefix_attention``: growing-cache decode steps attend over each group's shared prompt
         prefix once (:mod:`asyncrl.engine.cascade`; ``rollout.engine.shared_prefix_attention``; not with
         ``compile_decode``, nor for models whose cache layers are not plain full-attention layers)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
-        self.merged = _merged_copy(policy) if merge_lora else None
-        self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
-        self.packed, self.step_model = _decode_paths(self.model, self.merged, packed_linear, compile_decode)
-        self.merge_seconds = 0.0
-        """Time folding adapters into the merged copy (at construction and every load; repacks included)."""
+        s = self.served = ServedModel(policy, merge_lora, packed_linear, compile_decode, fused_decode)
+        self.merged, self.model, self.packed, self.fused, self.step_model = (
+            s.merged,
+            s.model,
+            s.packed,
+            s.fused,
+            s.step_model,
+        )
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -208,27 +227,13 @@ class HFEngine(GenerationEngine):
         self.buckets = decode_buckets(max_batch)
         self._decoders: dict[int, StaticDecoder] = {}
         self._graph_pool: Any = None
-        self.decode_steps = 0
-        """Decode steps run (all paths); with :attr:`decode_seconds`, the per-step latency."""
-        self.decode_seconds = 0.0
-        self.static_chunks = 0
-        """Chunks decoded on the static path (the rest on the growing cache)."""
         self._plain = _plain_dynamic_cache(self.model)
+        self.prefill = Prefill(self.model, self.device, self.pad_token_id, self._plain)
         self.shared_prefix_attention = shared_prefix_attention and self._plain and not compile_decode
         self.prefix_sharing = prefix_sharing
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_mb > 0 and self._plain:
             self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
-        self.prefill_tokens_computed = 0
-        """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
-        self.prefill_tokens_reused = 0
-        """Prompt tokens whose KV came from the prefix cache instead."""
-        self.prefill_tokens_shared = 0
-        """Prompt tokens whose KV another prompt of the same chunk computed (prefix sharing)."""
-        self.prefill_seconds = 0.0
-        """Time in prefills (cached-KV assembly included)."""
-        self.prefix_cache_seconds = 0.0
-        """Time looking up and storing prefix-cache entries."""
 
     # ---- weights ---------------------------------------------------------------------------
     def load_weights(
@@ -246,8 +251,7 @@ class HFEngine(GenerationEngine):
         """Fold the policy's adapter into the merged copy again (nothing without one)."""
         if self.merged is not None:
             t0 = time.perf_counter()
-            self.merged.refresh()
-            repack(self.packed)
+            self.served.refresh()
             self.merge_seconds += time.perf_counter() - t0
 
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
@@ -327,7 +331,7 @@ class HFEngine(GenerationEngine):
         rows_run = bucket_for(b, self.buckets) if static else b
 
         t_prefill = time.perf_counter()
-        logits, cache, valid = self._prefill(plan, hits, prompts, 0 if static else max_steps)
+        logits, cache, valid = self.prefill.run(plan, hits, prompts, 0 if static else max_steps)
         width = valid.shape[1]
         decoder = self._decoder(rows_run) if static else None
         if decoder is not None:
@@ -423,98 +427,14 @@ class HFEngine(GenerationEngine):
                         st.shared.select(keep)
                 if st.shared is not None:
                     logits = st.shared.step(self.model, tok, st.next_pos, st.valid, cache)
+                elif self.fused is not None and self._plain:
+                    logits = self.fused(tok, st.next_pos, st.valid, cache)
                 else:
                     mask = as_attention_bias(st.valid[:, None, None, :], attn)
                     logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps
-
-    # ---- shared-prefix prefill -----------------------------------------------------------------
-    def _prefill(
-        self, plan: PrefillPlan, hits: list[Hit | None], prompts: list[list[int]], room: int
-    ) -> tuple[torch.Tensor, torch.Tensor | DynamicCache, torch.Tensor]:
-        """Run ``plan``'s levels; return the rows' next-token logits ``[B, V]``, their KV and ``valid``.
-
-        The KV holds each row's prompt left-padded to ``valid.shape[1]`` columns (``valid [B, width]``
-        marks the real ones): a :class:`DynamicCache` with ``room`` more columns preallocated for
-        decoding, or, with ``room == 0`` (the static path), the tensor ``[layers, 2, B, kv_heads,
-        width, head_dim]`` with ``width`` the longest prompt. When the plan is one level whose spans are the rows in order (nothing
-        shared), that level's own layout is the rows' layout and nothing is gathered.
-        """
-        sources: dict[tuple[str, int], torch.Tensor] = {
-            ("entry", i): h.entry.kv for i, h in enumerate(hits) if h is not None
-        }
-        span_logits: dict[int, torch.Tensor] = {}
-        own = len(plan.levels) == 1 and [plan.node_span[n] for n in plan.row_leaf] == plan.levels[0]
-        # cached pasts make a level wider than its longest prompt, which is what the static path fits
-        own = own and (room > 0 or not any(plan.spans[s].start for s in plan.levels[0]))
-        for level in plan.levels:
-            logits, cache, valid, kv = self._run_level(plan, level, sources, room if own else 0)
-            if own:
-                return logits, cache if room or kv is None else kv, valid
-            assert kv is not None
-            for j, s in enumerate(level):
-                first = valid.shape[1] - len(plan.spans[s].tokens)
-                sources[("span", s)] = kv[:, :, j, :, first : valid.shape[1]]
-                span_logits[s] = logits[j]
-        width = max(map(len, prompts))
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        valid = torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]
-        kv_rows = _gather(
-            self.model, self.device, [plan.pieces(n) for n in plan.row_leaf], sources, width, width + room
-        )
-        logits = torch.stack([span_logits[plan.node_span[n]] for n in plan.row_leaf])
-        if room == 0:
-            return logits, kv_rows, valid
-        return logits, buffer_cache(kv_rows, width, self.model.config), valid
-
-    def _run_level(
-        self, plan: PrefillPlan, level: list[int], sources: dict[tuple[str, int], torch.Tensor], room: int
-    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor | None]:
-        """One batched forward over a level's spans: last logits ``[S, V]``, the cache, ``valid [S, width]``
-        and the cache's storage ``[layers, 2, S, kv_heads, width + room, head_dim]`` (``None`` for a
-        model whose cache layers are not plain full-attention layers).
-
-        Layout: each span's past (its ancestors' KV) left-padded to the longest past, then a window of
-        the spans' tokens, right-aligned; masks hide the padding of both and position ids count real
-        tokens, so each span's tokens see exactly their ancestors.
-        """
-        dev = self.device
-        spans = [plan.spans[s] for s in level]
-        reused = torch.tensor([sp.start for sp in spans], dtype=torch.long, device=dev)
-        lengths = reused + torch.tensor([len(sp.tokens) for sp in spans], dtype=torch.long, device=dev)
-        n_cached = int(reused.max())
-        n_delta = int((lengths - reused).max())
-        width = n_cached + n_delta
-        ids = [[self.pad_token_id] * (n_delta - len(sp.tokens)) + sp.tokens for sp in spans]
-        input_ids = torch.tensor(ids, dtype=torch.long).to(dev)  # one host-to-device copy
-        cols = torch.arange(width, device=dev)
-        delta_start = width - (lengths - reused)  # column of each span's first token
-        cached_cols = (cols[None, :] >= (n_cached - reused)[:, None]) & (cols[None, :] < n_cached)
-        valid = cached_cols | (cols[None, :] >= delta_start[:, None])
-        q = cols[n_cached:width]
-        position_ids = (q[None, :] - delta_start[:, None] + reused[:, None]).clamp_min(0)
-        # Prefill mask: causal, real keys only, plus the diagonal so pad rows are never empty.
-        causal = cols[None, :] <= q[:, None]
-        diagonal = cols[None, :] == q[:, None]
-        allowed = causal[None] & (valid[:, None, :] | diagonal[None])
-        mask = as_attention_bias(allowed[:, None], self.model.config._attn_implementation)
-        kv: torch.Tensor | None = None
-        if self._plain:
-            kv = _gather(
-                self.model,
-                self.device,
-                [plan.pieces(sp.parent) for sp in spans],
-                sources,
-                n_cached,
-                width + room,
-            )
-            cache = buffer_cache(kv, n_cached, self.model.config)
-        else:  # sliding-window layers: the model's own growing cache (nothing shared, no prefix cache)
-            cache = DynamicCache(config=self.model.config)
-        logits = last_logits(self.model, input_ids, position_ids, mask, cache)
-        return logits, cache, valid, kv
 
     # ---- prefix cache ------------------------------------------------------------------------
     def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
@@ -575,38 +495,6 @@ def _keep_rows(
     return time.perf_counter() - t0
 
 
-def _decode_paths(
-    model: PreTrainedModel, merged: MergedCopy | None, packed_linear: bool, compile_decode: bool
-) -> tuple[list[PackedLinear], Any]:
-    """The engine's CPU decode switches: ``(packed, step_model)``.
-
-    ``packed``: with ``packed_linear`` (``rollout.engine.packed_linear``), a merged copy and oneDNN on a
-    CPU, the copy's linear layers swapped for :class:`~asyncrl.engine.packed.PackedLinear` s (repacked at
-    every refold, :meth:`HFEngine.refresh_merged`); else none. ``step_model``: what a growing-cache decode
-    step runs: ``model``, or with ``compile_decode`` (``rollout.engine.compile_decode``) it through
-    ``torch.compile`` with dynamic shapes (compiled at the first decode step, again for a shape class not
-    seen)."""
-    packed: list[PackedLinear] = []
-    if packed_linear and merged is not None and packing_available(next(model.parameters()).device):
-        packed = pack_linears(model)
-    return packed, torch.compile(model, dynamic=True) if compile_decode else model
-
-
-def _merged_copy(policy: Policy) -> MergedCopy | None:
-    """A merged copy of a LoRA policy to sample from; ``None`` without LoRA, or (with a warning) for an
-    adapter that cannot be folded."""
-    if not is_lora(policy.model):
-        return None
-    t0 = time.perf_counter()
-    try:
-        merged = MergedCopy(policy.model)
-    except MergeUnsupported as exc:
-        log.warning("rollout.engine.merge_lora: sampling through the unmerged adapter (%s)", exc)
-        return None
-    log.debug("merged LoRA copy built in %.2f s", time.perf_counter() - t0)
-    return merged
-
-
 @contextmanager
 def _inference(model: PreTrainedModel) -> Iterator[None]:
     """``model`` in eval mode, no autograd; its training flag restored after."""
@@ -617,31 +505,6 @@ def _inference(model: PreTrainedModel) -> Iterator[None]:
             yield
     finally:
         model.train(was_training)
-
-
-def _gather(
-    model: PreTrainedModel,
-    device: torch.device,
-    paths: list[list[Piece]],
-    sources: dict[tuple[str, int], torch.Tensor],
-    end: int,
-    cols: int,
-) -> torch.Tensor:
-    """``[layers, 2, len(paths), kv_heads, cols, head_dim]``: each path's KV right-aligned at column ``end``.
-
-    Columns before a path are zero (hidden by the masks); columns from ``end`` on are left for
-    the forward passes to write.
-    """
-    layers, heads, dim = kv_dims(model)
-    kv = torch.empty((layers, 2, len(paths), heads, cols, dim), dtype=model.dtype, device=device)
-    for i, pieces in enumerate(paths):
-        col = end - sum(p.length for p in pieces)
-        kv[:, :, i, :, :col].zero_()  # only the padding: the rest is written here or by the forward
-        for p in pieces:
-            src = sources[p.source]
-            kv[:, :, i, :, col : col + p.length] = src[:, :, :, p.column : p.column + p.length]
-            col += p.length
-    return kv
 
 
 def _collect(

@@ -1,0 +1,207 @@
+"""A written-out one-token decode step for the merged copy's packed weights (``rollout.engine.fused_decode``).
+
+The growing-cache decode step through the Hugging Face forward pass runs, per layer, three q/k/v matmuls
+and two gate/up matmuls on the same input, layout transposes and copies around the attention kernel, the
+rotary embedding and the cache update through several layers of generic code, with the model's mask and
+output machinery around them. :class:`FusedDecoder` runs the same arithmetic for one new token per row
+of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding window), written out:
+
+* q, k and v as **one** packed matmul (their weights stacked, :class:`FusedLinear`), gate and up as one;
+* the rotary embedding's ``cos``/``sin`` computed once per step (the model's own rotary module, so every
+  rope type it supports), applied to q and k together;
+* the step's k and v written straight into the cache's buffers (:class:`~asyncrl.engine.decode.BufferLayer`);
+* attention through ``scaled_dot_product_attention`` with each kv head's query heads stacked as its
+  query rows (``[rows, kv_heads, heads_per_kv, dim]`` against ``[rows, kv_heads, columns, dim]``: no
+  repeat of the keys, no transposes) and the boolean mask of the step built once, not per layer;
+* o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
+
+The norms, the activation, the embedding and the rotary tables are the model's own modules. The result
+equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs against the
+trainer's). The stacked weights are derived data, repacked with the rest at every refold of the merged
+copy (:meth:`FusedDecoder.repack`), so the weight-sync canary's probe, which decodes through this step,
+sees the weights served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from asyncrl.engine.decode import BufferLayer
+from asyncrl.engine.packed import PackedLinear
+
+FUSABLE = {
+    "llama": ("LlamaAttention", "LlamaMLP"),
+    "qwen2": ("Qwen2Attention", "Qwen2MLP"),
+    "mistral": ("MistralAttention", "MistralMLP"),
+}
+"""Model types the fused step knows, with the attention and MLP classes whose arithmetic it writes out."""
+
+
+class FusedLinear(torch.nn.Module):
+    """Several linear layers on the same input as one packed matmul: their weights (and biases) stacked
+    along the output dimension, packed by oneDNN. The parts' parameters stay theirs (nothing is
+    registered here); :meth:`repack` after every change of them."""
+
+    def __init__(self, parts: list[PackedLinear]) -> None:
+        super().__init__()
+        self.parts = parts  # a plain list: not submodules, so no second path to their parameters
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.packed = torch.empty(0)
+        self.bias: torch.Tensor | None = None
+        self.repack()
+
+    @torch.no_grad()
+    def repack(self) -> None:
+        """Stack and pack the parts' weights as they are now."""
+        weight = torch.cat([p.weight.detach() for p in self.parts])
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        biases = [p.bias for p in self.parts]
+        if all(b is None for b in biases):
+            self.bias = None
+        else:
+            self.bias = torch.cat(
+                [
+                    b.detach() if b is not None else p.weight.new_zeros(p.out_features)
+                    for b, p in zip(biases, self.parts, strict=True)
+                ]
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, parts={len(self.parts)}, packed"
+
+
+class FusedAttention(torch.nn.Module):
+    """One layer's attention for one new token per row (see the module docstring)."""
+
+    def __init__(self, attn: Any) -> None:
+        super().__init__()
+        self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj: PackedLinear = attn.o_proj
+        self.layer_idx = int(attn.layer_idx)
+        self.scaling = float(attn.scaling)
+        self.head_dim = int(attn.head_dim)
+        self.kv_heads = attn.k_proj.out_features // self.head_dim
+        self.heads = attn.q_proj.out_features // self.head_dim
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, layer: BufferLayer
+    ) -> torch.Tensor:
+        rows, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        qkv = self.qkv_proj(x).view(rows, h + 2 * kv, d)
+        qk = qkv[:, : h + kv]
+        qk = qk * cos + _rotate_half(qk) * sin  # cos, sin [rows, 1, dim]: q and k rotated together
+        q = qk[:, :h].view(rows, kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
+        keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=self.scaling
+        )
+        projected: torch.Tensor = self.o_proj(out.reshape(rows, h * d))
+        return projected
+
+
+class FusedMLP(torch.nn.Module):
+    """One layer's MLP, ``down(act(gate(x)) * up(x))``, gate and up as one matmul."""
+
+    def __init__(self, mlp: Any) -> None:
+        super().__init__()
+        self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj])
+        self.down_proj: PackedLinear = mlp.down_proj
+        self.act_fn = mlp.act_fn
+        self.split = mlp.gate_proj.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        down: torch.Tensor = self.down_proj(self.act_fn(gate_up[:, : self.split]) * gate_up[:, self.split :])
+        return down
+
+
+class FusedLayer(torch.nn.Module):
+    def __init__(self, layer: Any) -> None:
+        super().__init__()
+        self.input_layernorm = layer.input_layernorm
+        self.self_attn = FusedAttention(layer.self_attn)
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.mlp = FusedMLP(layer.mlp)
+
+
+class FusedDecoder(torch.nn.Module):
+    """The decode step of :func:`fusable` model whose linear layers are :class:`PackedLinear` s (the
+    module docstring). Built from, and sharing every tensor with, the model (the stacked q/k/v and
+    gate/up weights are its own packed copies)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        inner: Any = model.model
+        self.embed_tokens = inner.embed_tokens
+        self.rotary_emb = inner.rotary_emb
+        self.layers = torch.nn.ModuleList([FusedLayer(layer) for layer in inner.layers])
+        self.norm = inner.norm
+        self.lm_head: PackedLinear = model.lm_head  # type: ignore[assignment]
+
+    def repack(self) -> None:
+        """Stack and pack the q/k/v and gate/up weights again (after the weights changed)."""
+        for layer in self.layers:
+            assert isinstance(layer, FusedLayer)
+            layer.self_attn.qkv_proj.repack()
+            layer.mlp.gate_up_proj.repack()
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """Next-token logits ``[rows, V]`` of ``tokens [rows]`` at ``positions [rows]``; ``valid [rows,
+        columns]`` the cache columns each row sees, this step's (the next one written) included. Writes
+        the step's KV into ``cache`` (every layer a :class:`BufferLayer`)."""
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rotary_emb(x, positions[:, None])  # [rows, 1, dim]: once for every layer
+        mask = valid[:, None, None, :]
+        for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
+            assert isinstance(layer, FusedLayer) and isinstance(cache_layer, BufferLayer)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, mask, cache_layer)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``rotate_half``: ``cat(-x2, x1)`` over the last dimension's halves."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def fusable(model: PreTrainedModel) -> bool:
+    """Whether :class:`FusedDecoder` computes ``model``'s decode step: a known Llama-layout model (no
+    sliding window, no logit scaling) whose linear layers are all :class:`PackedLinear` s."""
+    names = FUSABLE.get(str(getattr(model.config, "model_type", "")))
+    inner = getattr(model, "model", None)
+    if names is None or inner is None or not hasattr(inner, "rotary_emb"):
+        return False
+    if getattr(model.config, "sliding_window", None) is not None and getattr(
+        model.config, "use_sliding_window", True
+    ):
+        return False
+    if not isinstance(getattr(model, "lm_head", None), PackedLinear):
+        return False
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if (type(attn).__name__, type(mlp).__name__) != names or getattr(attn, "sliding_window", None):
+            return False
+        linears = [
+            attn.q_proj,
+            attn.k_proj,
+            attn.v_proj,
+            attn.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        ]
+        if not all(isinstance(m, PackedLinear) for m in linears):
+            return False
+    return True
