@@ -179,19 +179,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def fusable(model: PreTrainedModel) -> bool:
     """Whether :class:`FusedDecoder` computes ``model``'s decode step: a known Llama-layout model (no
     sliding window, no logit scaling) whose linear layers are all :class:`PackedLinear` s."""
-    names = FUSABLE.get(str(getattr(model.config, "model_type", "")))
-    inner = getattr(model, "model", None)
-    if names is None or inner is None or not hasattr(inner, "rotary_emb"):
+    cfg = model.config.to_dict()
+    names = FUSABLE.get(str(cfg.get("model_type", "")))
+    children = dict(model.named_children())
+    inner: Any = children.get("model")  # a transformers model body: layers of its own classes
+    if names is None or inner is None or "rotary_emb" not in dict(inner.named_children()):
         return False
-    if getattr(model.config, "sliding_window", None) is not None and getattr(
-        model.config, "use_sliding_window", True
-    ):
+    if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
         return False
-    if not isinstance(getattr(model, "lm_head", None), PackedLinear):
+    if not isinstance(children.get("lm_head"), PackedLinear):
         return False
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if (type(attn).__name__, type(mlp).__name__) != names or getattr(attn, "sliding_window", None):
+        if (type(attn).__name__, type(mlp).__name__) != names or vars(attn).get("sliding_window"):
             return False
         linears = [
             attn.q_proj,
