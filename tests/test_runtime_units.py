@@ -3,6 +3,7 @@ learner, and the weight follower's fallback on a corrupt snapshot."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -450,3 +451,7 @@ def test_multiprocess_roles_are_spawned_unless_the_suite_asks_for_the_forkserver
         launcher.stop(f"role-{value}", timeout=120)
         assert launcher.exitcode(f"role-{value}") == 0
         assert (tmp_path / value).read_text() == value
+    from asyncrl.launch.local import _PRELOAD
+
+    for name in _PRELOAD:  # the server skips a module that does not import, silently: each role would pay it
+        importlib.import_module(name)

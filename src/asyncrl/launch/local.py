@@ -26,6 +26,9 @@ START_ENV = "ASYNCRL_ROLE_START"
 """``forkserver``: the test suite's faster role start (module docstring); anything else: spawn."""
 _PRELOAD = ["asyncrl.trainer.process", "asyncrl.trainer.ranks", "asyncrl.rollout.worker"]
 _PRELOAD += ["asyncrl.rollout.evaluator", "asyncrl.policy.model"]
+# the transformers classes asyncrl.policy.model imports where it builds or loads a model
+_PRELOAD += [f"transformers.models.{m}" for m in ("auto.modeling_auto", "auto.tokenization_auto")]
+_PRELOAD += [f"transformers.models.{m}" for m in ("qwen2.modeling_qwen2", "llama.modeling_llama")]
 
 
 def role_context() -> SpawnContext | ForkServerContext:

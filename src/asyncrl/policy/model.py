@@ -24,25 +24,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from safetensors.torch import load_file
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
-from transformers.utils import logging as hf_logging
 
 from asyncrl.errors import UserError
 from asyncrl.policy.memory import check_fits, parameter_count
 from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # transformers' model classes are imported where a model is built or loaded: ~2 s of
+    # CPU (torch.distributed.tensor, torch._dynamo) that `asyncrl train`'s start and its commands that
+    # load no model need not pay (role processes preload them: asyncrl.launch.local)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from asyncrl.config import ModelConfig
     from asyncrl.policy.packing import LayerShape
 
@@ -117,6 +109,8 @@ def build_model(
     }
     if cfg.family not in ("qwen2", "llama"):  # pragma: no cover - ModelConfig validates the literal
         raise ValueError(f"unknown model family {cfg.family!r}; allowed: 'qwen2', 'llama'")
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     model: PreTrainedModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
@@ -160,6 +154,8 @@ def _quiet_hf() -> Iterator[None]:
     Weights are saved every training step, and asyncrl turns load problems into its own
     one-line :class:`PolicyLoadError`, so HF's tables would only be noise.
     """
+    from transformers.utils import logging as hf_logging
+
     bars = hf_logging.is_progress_bar_enabled()
     verbosity = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -694,6 +690,8 @@ def _check_model_dir(p: Path, where: str, dtype: torch.dtype, remote: bool) -> N
 
 
 def _load_tokenizer(p: Path, where: str, remote: bool) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     try:
         # tokenizer.json is loaded as-is: AutoTokenizer would pick a class from the
         # model type (e.g. Qwen2Tokenizer), which may change pre-processing.
@@ -712,6 +710,8 @@ def _load_weights(
     p: Path, where: str, dtype: torch.dtype, remote: bool, attn_implementation: AttnImpl
 ) -> PreTrainedModel:
     """The model, refused when any weight is missing or mis-shaped (HF would re-initialise it)."""
+    from transformers import AutoModelForCausalLM
+
     try:
         with _quiet_hf():
             loaded: Any = AutoModelForCausalLM.from_pretrained(
