@@ -67,6 +67,15 @@ def heavy_modules(root: Path) -> set[str]:
                     parts = name.split(".")  # importing a.b.c runs a/__init__ and a/b/__init__ too
                     targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         edges[module] = targets
+        if path.name == "__init__.py" and _lazy(
+            tree
+        ):  # PEP 562: ``from pkg import name`` loads name's module
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node not in tree.body:
+                    for alias in node.names:
+                        edges[f"{module}.{alias.asname or alias.name}"] = set(
+                            _resolve(module, node, True)[:1]
+                        )
     changed = True
     while changed:
         changed = False
@@ -75,6 +84,11 @@ def heavy_modules(root: Path) -> set[str]:
                 heavy.add(module)
                 changed = True
     return heavy
+
+
+def _lazy(tree: ast.Module) -> bool:
+    """Whether a package's ``__init__`` loads names on first use (a module-level ``__getattr__``)."""
+    return any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
 
 
 def _own_import(node: ast.Import | ast.ImportFrom) -> bool:
