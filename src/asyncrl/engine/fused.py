@@ -10,9 +10,11 @@ of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding win
 * the rotary embedding's ``cos``/``sin`` computed once per step (the model's own rotary module, so every
   rope type it supports), applied to q and k together;
 * the step's k and v written straight into the cache's buffers (:class:`~asyncrl.engine.decode.BufferLayer`);
-* attention through ``scaled_dot_product_attention`` with each kv head's query heads stacked as its
-  query rows (``[rows, kv_heads, heads_per_kv, dim]`` against ``[rows, kv_heads, columns, dim]``: no
-  repeat of the keys, no transposes) and the boolean mask of the step built once, not per layer;
+* attention written out as ``baddbmm`` + softmax + ``bmm`` with each kv head's query heads stacked as its
+  query rows (``[rows * kv_heads, heads_per_kv, dim]`` against the cache's ``[rows * kv_heads, columns,
+  dim]`` views: no repeat or copy of the keys) and the step's additive float mask built once, not per
+  layer (``scaled_dot_product_attention`` converted a boolean mask per layer and ran slower on the
+  views);
 * o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
 
 The norms, the activation, the embedding and the rotary tables are the model's own modules. The result
@@ -98,12 +100,12 @@ class FusedAttention(torch.nn.Module):
         qkv = self.qkv_proj(x).view(rows, h + 2 * kv, d)
         qk = qkv[:, : h + kv]
         qk = qk * cos + _rotate_half(qk) * sin  # cos, sin [rows, 1, dim]: q and k rotated together
-        q = qk[:, :h].view(rows, kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
+        q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=self.scaling
-        )
-        projected: torch.Tensor = self.o_proj(out.reshape(rows, h * d))
+        keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
+        scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
+        out = torch.bmm(torch.softmax(scores, dim=-1), values)
+        projected: torch.Tensor = self.o_proj(out.view(rows, h * d))
         return projected
 
 
@@ -144,6 +146,9 @@ class FusedDecoder(torch.nn.Module):
         self.rotary_emb = inner.rotary_emb
         self.layers = torch.nn.ModuleList([FusedLayer(layer) for layer in inner.layers])
         self.norm = inner.norm
+        first = self.layers[0]
+        assert isinstance(first, FusedLayer)
+        self.kv_heads = first.self_attn.kv_heads
         self.lm_head: PackedLinear = model.lm_head  # type: ignore[assignment]
 
     def repack(self) -> None:
@@ -161,7 +166,8 @@ class FusedDecoder(torch.nn.Module):
         the step's KV into ``cache`` (every layer a :class:`BufferLayer`)."""
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary_emb(x, positions[:, None])  # [rows, 1, dim]: once for every layer
-        mask = valid[:, None, None, :]
+        bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(~valid, float("-inf"))
+        mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             assert isinstance(layer, FusedLayer) and isinstance(cache_layer, BufferLayer)
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, mask, cache_layer)
