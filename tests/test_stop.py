@@ -195,7 +195,10 @@ def check_resumed(job: TrainProcess) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_sigterm_mid_training_stops_cleanly_and_resumes_to_the_end(tmp_path: Path, cache_dir: Path) -> None:
-    job = TrainProcess(tmp_path, cache_dir)
+    # rollouts paced (16 episodes at a time, 0.15 s a tool call: about 1 s a step) so that steps 4-10
+    # outlast the signal's way in; unpaced, forked roles train the ten tiny steps in ~1.5 s and the
+    # SIGTERM can land after training, in the final evaluation
+    job = TrainProcess(tmp_path, cache_dir, "rollout.concurrent_episodes=16", "env.latency.seconds=0.15")
     try:
         state = job.state()
         helpers.wait_for(lambda: state.trainer_step() >= 3, 900, "trainer step 3")
