@@ -39,6 +39,10 @@ TINY = [
     "telemetry.eval_every=4",
     "launcher.orphan_timeout_s=4",
 ]
+# rollouts paced (16 episodes at a time, 0.15 s a tool call: about 1 s a step) for a signal that must land
+# in training: unpaced, forked roles (tests/conftest.py) train the ten tiny steps in ~1.5 s and the signal
+# can land after training, in the final evaluation
+PACED = ["rollout.concurrent_episodes=16", "env.latency.seconds=0.15"]
 
 
 # ---- units ------------------------------------------------------------------------------------
@@ -195,10 +199,7 @@ def check_resumed(job: TrainProcess) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_sigterm_mid_training_stops_cleanly_and_resumes_to_the_end(tmp_path: Path, cache_dir: Path) -> None:
-    # rollouts paced (16 episodes at a time, 0.15 s a tool call: about 1 s a step) so that steps 4-10
-    # outlast the signal's way in; unpaced, forked roles train the ten tiny steps in ~1.5 s and the
-    # SIGTERM can land after training, in the final evaluation
-    job = TrainProcess(tmp_path, cache_dir, "rollout.concurrent_episodes=16", "env.latency.seconds=0.15")
+    job = TrainProcess(tmp_path, cache_dir, *PACED)
     try:
         state = job.state()
         helpers.wait_for(lambda: state.trainer_step() >= 3, 900, "trainer step 3")
@@ -331,7 +332,11 @@ def test_stop_signal_matrix(
     if "launcher.kind=ray" in extra:
         pytest.importorskip("ray")
     server = RedisServer(tmp_path / "redis") if "transport.kind=redis" in extra else None
-    sets = [*extra, *([f"transport.redis_url={server.url}"] if server else [])]
+    sets = [
+        *extra,
+        *([f"transport.redis_url={server.url}"] if server else []),
+        *(PACED if phase == "training" else []),
+    ]
     job = TrainProcess(tmp_path, cache_dir, *sets)
     try:
         _at_moment(job, moment)
