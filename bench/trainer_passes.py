@@ -11,7 +11,8 @@ gradient checkpointing, 2,048-token micro-batches, 256-token logit chunks — an
 ``completions / 4`` calculator tasks rendered with the model's chat template and tools (~213 tokens
 each), each followed by 4 completions of 48 tokens (random ids from the prompts' tokens, behaviour
 log-probs −1, rewards 1, 0, 1, 0 in each group so every token has an advantage). The variants, each a
-fresh ``Learner`` on the same adapter weights (restored between variants), all in this process:
+fresh ``Learner`` on the same adapter weights, each step in a process forked from the loaded policy
+(with the variant's ``launcher.malloc_mmap_threshold_kb``, as a role process sets it):
 
 * ``before``: what the learner did before issue #26 — a proximal pass every step, the LM head and
   log-softmax at every position, the padded ``[B, T]`` layout (``AllPasses`` below);
@@ -53,7 +54,8 @@ back on every later one, so runs and variants train on the identical batch; the 
 that file's, with its own trainer settings (checkpointing, micro-batch tokens, logit chunks), and
 the policy is the warm start (its adapter restored between variants). Extra variants for the gap to
 the ceiling (``after_no_ckpt``, ``after_mb0``, ``after_mb640``, ``after_chunk0``, ``after_chunk1k``,
-see :data:`VARIANTS`) change one trainer setting of ``after`` each; the defaults stay as they are.
+``after_no_mmap``, see :data:`VARIANTS`) change one setting of ``after`` each; ``after_speed`` turns
+both memory-lean settings off (checkpointing and the allocator's mmap threshold).
 """
 
 from __future__ import annotations
@@ -63,11 +65,12 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import torch
@@ -117,6 +120,13 @@ VARIANTS: dict[str, tuple[type[Learner], list[str]]] = {
         Learner,
         ["trainer.max_tokens_per_microbatch=640"],
     ),  # smaller tries: less dense attention
+    # the allocator (issue #37 item 4): the config's ``launcher.malloc_mmap_threshold_kb`` and its
+    # price in page faults; ``after_speed`` both memory-lean settings off
+    "after_no_mmap": (Learner, ["launcher.malloc_mmap_threshold_kb=0"]),
+    "after_speed": (
+        Learner,
+        ["trainer.gradient_checkpointing=false", "launcher.malloc_mmap_threshold_kb=0"],
+    ),
 }
 
 
@@ -547,6 +557,37 @@ def main() -> int:
     return 0
 
 
+def run_forked(name: str, policy: Policy, trajs: list[Trajectory], config: Path) -> dict[str, Any]:
+    """:func:`run_variant` in a forked child with the variant's ``launcher.malloc_mmap_threshold_kb``
+    (as every role process sets it, ``asyncrl.bootstrap``): the allocator's setting is process-wide
+    and cannot be undone, so each step gets a process of its own, forked from the loaded policy; what
+    the step changes (adapter, allocator state, checkpointing) dies with the child."""
+    from asyncrl.policy.memory import set_mmap_threshold
+
+    cfg = load_config(config, [f"trainer.batch_size={len(trajs)}", *VARIANTS[name][1]])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one step, its figures down the pipe
+        os.close(read)
+        code = 1
+        try:
+            set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)
+            out = run_variant(name, policy, trajs, config)
+            out["malloc_mmap_threshold_kb"] = cfg.launcher.malloc_mmap_threshold_kb
+            with os.fdopen(write, "w") as f:
+                f.write(json.dumps(out))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not text:
+        raise RuntimeError(f"variant {name}: the child failed (wait status {status})")
+    return cast(dict[str, Any], json.loads(text))
+
+
 def measure(
     policy: Policy, trajs: list[Trajectory], config: Path, names: list[str], repeats: int
 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[float, float]]]:
@@ -558,7 +599,7 @@ def measure(
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
             policy.model.load_state_dict(start, strict=False)
-            runs.setdefault(name, []).append(run_variant(name, policy, trajs, config))
+            runs.setdefault(name, []).append(run_forked(name, policy, trajs, config))
             print(json.dumps({name: runs[name][-1]}), flush=True)
             ceiling.append(matmul_gflops())
     return runs, ceiling

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from asyncrl.records import encode, groups_of, members
 from test_learner_passes import _group_trajectories
@@ -74,3 +75,37 @@ def test_executed_flops_follow_the_ladder() -> None:
     assert no_prox / 3 < before - no_prox < no_prox / 2
     ckpt = _flops(tp, "no_prox", [*plain, "trainer.gradient_checkpointing=true"])
     assert no_prox < ckpt < before  # the recomputed forward has no head
+
+
+def test_a_forked_variant_runs_with_its_allocator_setting(tmp_path: Path) -> None:
+    """Each timed step runs in a child with the variant's mmap threshold; what it trains dies with it."""
+    import yaml
+
+    from asyncrl.config import load_config
+    from asyncrl.policy import Policy
+
+    tp = _bench()
+    config = tmp_path / "tiny.yaml"
+    nested: dict[str, Any] = {}
+    for arg in _learner_args(
+        ["trainer.max_tokens_per_microbatch=64", "launcher.malloc_mmap_threshold_kb=1024"]
+    ):
+        key, value = arg.split("=", 1)
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    config.write_text(yaml.safe_dump(nested))
+    policy = Policy.build(load_config(config, []).model)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    trajs = _group_trajectories(2, seed=1)
+    lean, fast = (
+        tp.run_forked("after", policy, trajs, config),
+        tp.run_forked("after_no_mmap", policy, trajs, config),
+    )
+    assert lean["malloc_mmap_threshold_kb"] == 1024 and fast["malloc_mmap_threshold_kb"] == 0
+    assert lean["loss_policy"] == pytest.approx(fast["loss_policy"], rel=1e-5)  # the same step
+    assert all(
+        torch.equal(v, policy.model.state_dict()[k]) for k, v in before.items()
+    )  # the parent untouched
