@@ -39,8 +39,8 @@ venv: $(STAMP)
 
 # A real pretrained LLM that learns (SmolLM2-135M-Instruct + LoRA, imported once from PyPI) on
 # calculator word problems: warm start, held-out evaluation of 64 tasks, 24 asynchronous RL steps
-# of 16 trajectories, evaluation; ~12 min on 2 cores (docs/benchmarks.md: 45 % -> 94 % at seed 0;
-# a warm start rebuilt on later code scores 25 %, then 89-94 % after the 24 steps).
+# of 16 trajectories, evaluation; ~8-9 min on 2 cores, the RL phase ~5 min (docs/benchmarks.md:
+# 23-34 % -> 86-98 % over seeds 0-2 on the canonical split).
 demo-real: $(STAMP)
 	$(VENV)/bin/asyncrl model import
 	$(VENV)/bin/asyncrl demo configs/smollm2_arithmetic.yaml --no-display
