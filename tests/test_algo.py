@@ -1173,7 +1173,16 @@ def test_batch_mean_baseline_of_one_reward_is_zero() -> None:
 # =============================================================================================
 
 ALGO_DIR = Path(algo.__file__).parent
-ALLOWED_IMPORT_ROOTS = {"torch", "typing", "math", "dataclasses", "collections", "pydantic", "__future__"}
+ALLOWED_IMPORT_ROOTS = {
+    "torch",
+    "typing",
+    "math",
+    "dataclasses",
+    "collections",
+    "pydantic",
+    "__future__",
+    "importlib",  # the package's lazy names (PEP 562 ``__getattr__``)
+}
 
 
 def test_algo_imports_only_allowed_modules() -> None:
@@ -1248,3 +1257,49 @@ def test_algo_importable_with_other_asyncrl_modules_blocked() -> None:
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "PURE-OK" in proc.stdout
+
+
+def _type_checking_names() -> dict[str, str]:
+    """name -> module of the ``if TYPE_CHECKING:`` imports of ``algo/__init__.py`` (what mypy reads)."""
+    tree = ast.parse((ALGO_DIR / "__init__.py").read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    return {
+        alias.asname or alias.name: str(node.module)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+ALGO_ALL: list[str] = vars(algo)["__all__"]  # built at run time: mypy does not see it (algo/__init__.py)
+
+
+def test_the_lazy_table_type_checking_names_and_all_agree() -> None:
+    """``LAZY`` drives ``__all__`` and ``__getattr__``; mypy reads the ``TYPE_CHECKING`` imports instead,
+    so those must name the same names from the same modules."""
+    assert _type_checking_names() == algo.LAZY
+    eager = {"AGG_MODES", "POLICY_LOSS_KINDS", "AggMode", "PolicyLossConfig", "PolicyLossKind"}
+    assert sorted(ALGO_ALL) == sorted(eager | set(algo.LAZY))
+    assert len(ALGO_ALL) == len(set(ALGO_ALL))
+
+
+def test_every_exported_name_resolves_to_its_module() -> None:
+    for name in ALGO_ALL:
+        value = getattr(algo, name)
+        if name in algo.LAZY:
+            assert value is vars(sys.modules[f"asyncrl.algo.{algo.LAZY[name]}"])[name], name
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        algo.nonexistent  # noqa: B018
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    src_root = ALGO_DIR.parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src_root), os.environ.get("PYTHONPATH", "")])}
+    script = (
+        "import asyncrl.algo, sys; assert 'torch' not in sys.modules, 'torch imported'\n"
+        "for name in asyncrl.algo.__all__: getattr(asyncrl.algo, name)  # resolves in a fresh process too"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout

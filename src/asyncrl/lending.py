@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asyncrl.config import LocalLauncherConfig
 from asyncrl.telemetry.reports import CoreFigures
 
 if TYPE_CHECKING:
@@ -90,7 +91,6 @@ def granted_threads(me: str, board: dict[str, Slot], now: float, plan: Plan, own
 def lending_plan(cfg: RunConfig) -> Plan | None:
     """The plan the orchestrator publishes, or None where lending does not apply (module docstring)."""
     from asyncrl.bootstrap import usable_cores
-    from asyncrl.config import LocalLauncherConfig
     from asyncrl.policy import resolve_device
 
     lc = cfg.launcher

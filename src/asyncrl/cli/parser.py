@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import TypeAlias
 
+from asyncrl.config import CostAssumptionsConfig
 from asyncrl.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -198,8 +199,6 @@ def _add_run_commands(sub: Sub) -> None:
 
 
 def _add_cost_commands(sub: Sub) -> None:
-    from asyncrl.config import CostAssumptionsConfig
-
     cost = sub.add_parser("cost", help="cost estimates and reports")
     cost_sub = cost.add_subparsers(dest="cost_command", metavar="SUBCOMMAND")
     est = cost_sub.add_parser(

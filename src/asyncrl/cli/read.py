@@ -72,7 +72,6 @@ def _env_target(args: argparse.Namespace) -> tuple[Any, bool]:
     an import path of an environment class runs under the default config with ``env.kind: plugin``."""
     from pathlib import Path
 
-    from asyncrl.config import load_config
     from asyncrl.envs.check import ENV_OWN_DIFFICULTIES
 
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():

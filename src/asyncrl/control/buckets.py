@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from asyncrl.envs.mix import MixTaskSource
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ def buckets_of_source(source: TaskSource, probes: int = 64) -> list[str]:
     With several task types not every pair need exist (a template may have one difficulty), so
     the source is probed: ``probes`` draws per difficulty, with a fixed seed. A mix: every member's
     buckets, prefixed with its name."""
-    from asyncrl.envs.mix import MixTaskSource
-
     if isinstance(source, MixTaskSource):
         return [f"{n}/{b}" for n, s in source.members.items() for b in buckets_of_source(s, probes)]
     types = tuple(getattr(source, "task_types", ()) or ())
@@ -54,8 +53,6 @@ def sample_in_bucket(source: TaskSource, rng: random.Random, bucket: str, attemp
     Sources draw a task type at random, so this is rejection sampling over types; after
     ``attempts`` misses it returns the last draw (of the right difficulty, another type). A mix draws
     from the bucket's own environment."""
-    from asyncrl.envs.mix import MixTaskSource
-
     if isinstance(source, MixTaskSource):
         name, _, rest = bucket.partition("/")
         if name not in source.members:
@@ -87,8 +84,6 @@ def weighted_choice(weights: dict[str, float], rng: random.Random) -> str | None
 def bucket_prior(source: TaskSource) -> dict[str, float]:
     """``env.kind: mix``: each bucket's share of the draws when every curriculum weight is equal — its
     environment's weight (normalised) spread evenly over the environment's buckets; ``{}`` otherwise."""
-    from asyncrl.envs.mix import MixTaskSource
-
     if not isinstance(source, MixTaskSource):
         return {}
     total = sum(source.weights.values())

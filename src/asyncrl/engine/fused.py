@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.models.llama.modeling_llama import rotate_half
 
 from asyncrl.engine.decode import BufferLayer
 from asyncrl.engine.packed import PackedLinear
@@ -99,7 +100,8 @@ class FusedAttention(torch.nn.Module):
         rows, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv_proj(x).view(rows, h + 2 * kv, d)
         qk = qkv[:, : h + kv]
-        qk = qk * cos + _rotate_half(qk) * sin  # cos, sin [rows, 1, dim]: q and k rotated together
+        # cos, sin [rows, 1, dim]: q and k rotated together (transformers' untyped rotate_half)
+        qk = qk * cos + rotate_half(qk) * sin  # type: ignore[no-untyped-call]
         q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
@@ -174,12 +176,6 @@ class FusedDecoder(torch.nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """transformers' ``rotate_half``: ``cat(-x2, x1)`` over the last dimension's halves."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def fusable(model: PreTrainedModel) -> bool:

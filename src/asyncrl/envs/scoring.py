@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrl.envs.answer_env import corrupt_answer
 from asyncrl.envs.base import normalize
 from asyncrl.envs.imports import import_object
 from asyncrl.envs.wrappers import GUARD_STATS
@@ -165,8 +166,6 @@ def refuse_lenient_scorer(where: str, score: Callable[[str, int], float], golds:
     the reference answer with one mistake (:func:`~asyncrl.envs.answer_env.corrupt_answer`, as a
     corrupted demonstration makes it). Another task's answer is not tried: puzzles with many
     solutions (``n_queens``) legitimately accept it."""
-    from asyncrl.envs.answer_env import corrupt_answer
-
     rng = random.Random(0)
     for i, gold in enumerate(golds):
         if _try_score(score, gold, i)[0] < 1.0:

@@ -52,6 +52,7 @@ from asyncrl.envs.base import (
     close_env,
     parse_action,
 )
+from asyncrl.envs.toolenv import VERIFIER_CACHE
 from asyncrl.records import OUTCOMES, Fault, ToolCall
 
 if TYPE_CHECKING:
@@ -287,8 +288,7 @@ class AnswerCostWrapper(EnvWrapper):
     """
 
     async def step(self, model_text: str) -> StepResult:
-        from asyncrl.envs.toolenv import VERIFIER_CACHE as cache
-
+        cache = VERIFIER_CACHE
         seen, started = cache.hits + cache.misses, time.perf_counter()
         result: StepResult = await call_env(self.env.step, model_text)
         if isinstance(result, StepResult) and result.done is True and cache.hits + cache.misses == seen:

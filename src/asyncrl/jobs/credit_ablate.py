@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.algo import spearman
+from asyncrl.config import load_config
 from asyncrl.credit.samples import CreditSample, read_samples
 from asyncrl.errors import UserError
 from asyncrl.records import group_key
+from asyncrl.rollout.heldout import run_episodes
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -48,7 +50,6 @@ if TYPE_CHECKING:
 
 def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Policy, str]:
     """The run's policy at ``checkpoint``: a weight version number, a policy directory, or the latest."""
-    from asyncrl.config import load_config
     from asyncrl.policy import Policy
     from asyncrl.weights import make_weight_store
 
@@ -163,8 +164,6 @@ def ablate(
     """Monte Carlo segment contributions vs assigned credit; returns a JSON-able report. The replays are
     sampled with ``seed`` (None: the run's own ``seed``); ``siblings``: no replays, each branching
     segment of the sampled tree groups is compared with its siblings instead (module docstring)."""
-    from asyncrl.config import load_config
-
     run = Path(run_dir)
     if not (run / "config.yaml").is_file():
         raise UserError(f"{str(run)!r} is not a run directory (no config.yaml)")
@@ -204,8 +203,6 @@ def _replay_rows(
     cfg: RunConfig, policy: Policy, samples: list[CreditSample], k: int, seed: int
 ) -> tuple[list[dict[str, Any]], int]:
     """Replay every sample to each segment boundary and let the policy play on ``k`` times."""
-    from asyncrl.rollout.heldout import run_episodes
-
     tasks, prefixes, owners = [], [], []
     for i, s in enumerate(samples):
         turns = [t.token_ids for t in s.trajectory.turns if t.role == "model"]

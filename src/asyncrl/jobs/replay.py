@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import load_config
 from asyncrl.errors import UserError
 from asyncrl.telemetry.archive import read_batches
 from asyncrl.telemetry.jsonl import MetricWriter, read_jsonl
@@ -31,7 +32,6 @@ def recorded_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
 def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> dict[str, Any]:
     import torch
 
-    from asyncrl.config import load_config
     from asyncrl.policy import Policy
     from asyncrl.trainer.learner import Learner
 

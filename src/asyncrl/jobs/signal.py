@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
 from asyncrl.control.buckets import bucket_of, buckets_of_source
+from asyncrl.envs import make_task_source
 from asyncrl.records import Task, Trajectory
+from asyncrl.rollout.heldout import run_episodes
 from asyncrl.signal import advice, fmt_share, share_or_none, signal_share, verdict
 
 if TYPE_CHECKING:
@@ -127,8 +129,6 @@ class SignalReport:
 def play_groups(cfg: RunConfig, policy: Policy, tasks: list[Task], *, seed: int) -> list[list[Trajectory]]:
     """Each task played ``rollout.group_size`` times, concurrently (as ``asyncrl eval`` plays):
     the samples of each task's group, in task order."""
-    from asyncrl.rollout.heldout import run_episodes
-
     g = cfg.rollout.group_size
     trajs = asyncio.run(run_episodes(cfg, policy, [t for t in tasks for _ in range(g)], seed=seed))
     by_task: dict[int, list[Trajectory]] = defaultdict(list)
@@ -182,8 +182,6 @@ def measure(
 
 def tasks_by_bucket(cfg: RunConfig, per_bucket: int) -> dict[str, list[Task]]:
     """The first ``per_bucket`` held-out tasks of each of the task source's buckets."""
-    from asyncrl.envs import make_task_source
-
     source = make_task_source(cfg.env)
     out: dict[str, list[Task]] = {b: [] for b in buckets_of_source(source)}
     for t in source.heldout():

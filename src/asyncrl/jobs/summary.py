@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
-from asyncrl.cost.ledger import read_reports
+from asyncrl.cost.ledger import collect_usage, price, read_reports, stored_bytes
 from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
@@ -65,8 +65,6 @@ def _canary(orch: Orchestrator) -> dict[str, int]:
 
 def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dict[str, Any]:
     """The run's cost ledger from every role's reports (``cost.json``), reconciled with the wall time."""
-    from asyncrl.cost.ledger import collect_usage, price, stored_bytes
-
     lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
     usage = collect_usage(
         read_reports(run_dir),

@@ -24,12 +24,15 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
+from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
 from asyncrl.errors import UserError
 from asyncrl.jobs.summary import summarize
 from asyncrl.orchestrator.run import Orchestrator, new_run_dir
 from asyncrl.orchestrator.runctl import record_orchestrator
 from asyncrl.orchestrator.stopping import Stopped, StopSignals, stop_signals
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
+from asyncrl.rollout.heldout import evaluate_policy
+from asyncrl.telemetry.experiment import finish_run_record, update_run_record, write_run_record
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
@@ -73,8 +76,6 @@ def _train(
     eval_limit: int | None,
     run_dir: str | Path | None,
 ) -> tuple[Path, dict[str, Any]]:
-    from asyncrl.telemetry.experiment import finish_run_record
-
     t0, phase, where = time.time(), "preparation", run_dir
     try:
         if resume is not None:
@@ -126,8 +127,6 @@ def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def _record_stop(run_dir: Path, stop: Stopped) -> None:
     """``run.json``: stopped, by which signal, in which phase, at which step and version."""
-    from asyncrl.telemetry.experiment import update_run_record
-
     step = version = None
     if (run_dir / "config.yaml").is_file():
         state = RunState.open(load_config(run_dir / "config.yaml"), run_dir)  # the run's own (on resume)
@@ -147,16 +146,12 @@ def _record_stop(run_dir: Path, stop: Stopped) -> None:
 
 
 def _record_failure(run_dir: Path, phase: str, exc: BaseException) -> None:
-    from asyncrl.telemetry.experiment import update_run_record
-
     update_run_record(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}", failed_phase=phase)
 
 
 def _resumed(run_dir: Path, display: bool, eval_limit: int | None) -> tuple[RunConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config, and its initial evaluation (a run stopped while it was being
     prepared is prepared again, in its own directory)."""
-    from asyncrl.telemetry.experiment import write_run_record
-
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"--resume {str(run_dir)!r}: not a run directory (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml")
@@ -178,8 +173,6 @@ def _fresh(
     A stop signal meanwhile leaves the directory (``config.yaml``, ``run.json`` stopped) for ``--resume``,
     which prepares it again here (the warm start restarts, or comes from its cache if it had finished);
     any other failure of a new directory removes it."""
-    from asyncrl.telemetry.experiment import write_run_record
-
     plan = _preflight(cfg)
     existing = run_dir is not None and Path(run_dir, "run.json").is_file()  # a stopped preparation
     fresh = run_dir is None or not Path(run_dir).exists()
@@ -222,7 +215,6 @@ def _prepare(cfg: RunConfig, run_dir: Path, display: bool, eval_limit: int | Non
     """Warm start, ``initial_policy``, version 0 published, the initial evaluation (``initial_eval.json``)."""
     from asyncrl.jobs.warm_start import warm_start
     from asyncrl.policy import Policy
-    from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.weights import make_weight_store, publish_policy
 
     set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start
@@ -245,7 +237,6 @@ def _prepare(cfg: RunConfig, run_dir: Path, display: bool, eval_limit: int | Non
 def _final_eval(cfg: RunConfig, run_dir: Path, eval_limit: int | None) -> dict[str, Any]:
     """Held-out evaluation of the newest valid weights, written to ``final_eval.json``."""
     from asyncrl.policy import Policy
-    from asyncrl.rollout.heldout import evaluate_policy
     from asyncrl.weights import make_weight_store
 
     store = make_weight_store(cfg.weights, run_dir)
@@ -266,8 +257,6 @@ def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
     model turn (``rollout.sampling.max_new_tokens``)."""
     import asyncio
     import random
-
-    from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
 
     source = make_task_source(cfg.env)
     check_heldout(source, cfg.env)

@@ -1,6 +1,6 @@
 """Launchers place role processes: :class:`Launcher` (:mod:`asyncrl.launch.base`) is the interface,
 :func:`make_launcher` picks a backend by ``launcher.kind``: :mod:`asyncrl.launch.local`,
-:mod:`asyncrl.launch.ray_launcher` (optional dependency, imported only when chosen) or
+:mod:`asyncrl.launch.ray_launcher` (ray, an optional dependency, is imported only when chosen) or
 :mod:`asyncrl.launch.external`. Role start-up is :mod:`asyncrl.bootstrap`; one role as a
 service, :mod:`asyncrl.service`.
 """
@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncrl.launch.base import Launcher
+from asyncrl.launch.external import ExternalLauncher
 from asyncrl.launch.local import LocalLauncher
+from asyncrl.launch.ray_launcher import RayLauncher
 
-if TYPE_CHECKING:  # importing the config pulls in torch; keep launcher imports light
+if TYPE_CHECKING:
     from asyncrl.config import LauncherConfig
 
 __all__ = ["Launcher", "LocalLauncher", "make_launcher"]
@@ -22,12 +24,8 @@ __all__ = ["Launcher", "LocalLauncher", "make_launcher"]
 def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
     """``local``: processes here; ``ray``: Ray actors; ``external``: roles started as services elsewhere."""
     if cfg.kind == "ray":
-        from asyncrl.launch.ray_launcher import RayLauncher  # lazy: ray is an optional dependency
-
         return RayLauncher(cfg)
     if cfg.kind == "external":
-        from asyncrl.launch.external import ExternalLauncher
-
         if run_dir is None:
             raise ValueError("launcher.kind 'external' needs the run directory")
         return ExternalLauncher(cfg, run_dir)

@@ -19,6 +19,7 @@ import msgspec
 from asyncrl.config import RunConfig
 from asyncrl.control.buckets import bucket_prior, buckets_of_source
 from asyncrl.control.directives import Directives, compose
+from asyncrl.envs import make_task_source
 from asyncrl.orchestrator.alerts import Alert, AlertLog
 from asyncrl.orchestrator.breaker import Breakers, FaultRateMonitor
 from asyncrl.orchestrator.curriculum import Curriculum
@@ -44,8 +45,6 @@ class Rules:
         self.env_prior: dict[str, float] = {}
         """``env.kind: mix``: each bucket's share from its environment's weight (:mod:`asyncrl.orchestrator.mix`)."""
         if buckets is None:
-            from asyncrl.envs import make_task_source
-
             source = make_task_source(cfg.env)
             buckets, self.env_prior = buckets_of_source(source), bucket_prior(source)
         self.envs = EnvTally()

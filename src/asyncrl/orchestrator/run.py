@@ -44,6 +44,8 @@ from asyncrl.orchestrator.rules import Rules
 from asyncrl.orchestrator.runctl import reap_orphans, start_ticks
 from asyncrl.orchestrator.stopping import Stopped, StopSignals
 from asyncrl.orchestrator.telemetry import EVALUATOR, TRAINER, Live, OrchestratorTelemetry
+from asyncrl.rollout.evaluator import evaluator_main
+from asyncrl.rollout.worker import worker_main
 from asyncrl.telemetry.jsonl import MetricTail
 from asyncrl.telemetry.reports import Decoded, TrainerReport, decode_rows
 from asyncrl.transport import make_queue
@@ -117,12 +119,8 @@ class Orchestrator:
 
     # -- roles ---------------------------------------------------------------------------------------
     def _start(self, name: str, resume_trainer: bool = True) -> None:
-        from asyncrl.rollout.worker import worker_main
-
         cfg_json = self.cfg.model_dump_json()
         if name == EVALUATOR:  # not a training device: no lifetime in the cost ledger
-            from asyncrl.rollout.evaluator import evaluator_main
-
             self.launcher.start(name, evaluator_main, cfg_json, str(self.run_dir))
             self._write_pids()  # an orphaned evaluator is reaped by a resumed orchestrator like any role
             return

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
+from asyncrl.cost.ledger import collect_usage, price
 from asyncrl.telemetry.flow import FlowMeter, count_lines
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
@@ -61,8 +62,6 @@ class Live:
                 self.evaluation = r
 
     def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
-        from asyncrl.cost.ledger import collect_usage, price
-
         return price(collect_usage(list(self.per_process.values()), wall_seconds=wall_seconds), cfg.cost)
 
     def rollout(self) -> RolloutFigures:

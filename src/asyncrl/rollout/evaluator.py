@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 from asyncrl.config import RunConfig
+from asyncrl.control import RunState
 from asyncrl.lending import ThreadLender
+from asyncrl.rollout.heldout import evaluate_policy
 from asyncrl.telemetry.jsonl import MetricWriter, read_jsonl
 from asyncrl.telemetry.reports import EvalFigures, EvaluatorReport
 
@@ -34,7 +36,6 @@ def evaluated_versions(run_dir: Path) -> list[int]:
 
 class Evaluator:
     def __init__(self, cfg: RunConfig, run_dir: Path, started: float | None = None) -> None:
-        from asyncrl.control import RunState
         from asyncrl.policy import Policy
         from asyncrl.weights import make_weight_store
 
@@ -54,8 +55,6 @@ class Evaluator:
         return v is not None and v >= self.last + self.cfg.telemetry.eval_every
 
     def evaluate_newest(self) -> EvalFigures | None:
-        from asyncrl.rollout.heldout import evaluate_policy
-
         loaded = self.store.load_latest()
         if loaded is None or loaded.version <= self.last:
             return None

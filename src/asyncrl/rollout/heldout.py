@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import EnvConfig, HFEngineConfig, NoLatencyConfig, RunConfig
+from asyncrl.envs import make_env, make_task_source
 from asyncrl.errors import UserError
 from asyncrl.records import SamplingParams, Task, Trajectory
 
@@ -51,7 +52,6 @@ async def run_episodes(
     """
     from asyncrl.engine import make_engine
     from asyncrl.engine.batcher import TurnBatcher
-    from asyncrl.envs import make_env
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
     from asyncrl.rollout.episode import EpisodeSettings, run_episode
@@ -160,8 +160,6 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
 
 
 def heldout_tasks(cfg: RunConfig, limit: int | None = None) -> list[Task]:
-    from asyncrl.envs import make_task_source
-
     tasks = make_task_source(cfg.env).heldout()
     return tasks[:limit] if limit else tasks
 

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.config import RunConfig
 from asyncrl.control.admission import Ticket
+from asyncrl.envs import make_env
 from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.rollout.tree import grow_tree
 
 if TYPE_CHECKING:
     from asyncrl.engine.batcher import TurnBatcher
@@ -61,7 +63,6 @@ class EpisodePlayer:
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
     ) -> list[Trajectory]:
-        from asyncrl.envs import make_env
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
         rc = self.cfg.rollout
@@ -127,8 +128,6 @@ class TreeRunner:
         self.flat = FlatRunner(play, cfg.rollout.group_size)
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
-        from asyncrl.rollout.tree import grow_tree
-
         if heldout:
             return await self.flat.run(ticket, task, heldout)
         rc, gid = self.cfg.rollout, new_id()

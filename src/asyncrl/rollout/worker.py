@@ -33,9 +33,12 @@ from asyncrl.config import RunConfig
 from asyncrl.control import RunState, WorkerControl
 from asyncrl.control.admission import Admission, Ticket
 from asyncrl.control.directives import group_report
+from asyncrl.envs import make_task_source
+from asyncrl.envs.toolenv import VERIFIER_CACHE
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.lending import ThreadLender
 from asyncrl.records import Group, Task, Trajectory, TreeStats
+from asyncrl.rollout.runners import AgentPlayer, EpisodePlayer, Player, make_runner
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
     GatewayFigures,
@@ -183,7 +186,6 @@ class WeightFollower:
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, run_dir: Path, index: int, started: float | None = None) -> None:
         from asyncrl.engine import make_engine
-        from asyncrl.envs import make_task_source
         from asyncrl.policy import Policy
         from asyncrl.policy.chat import make_renderer
         from asyncrl.policy.model import context_limit
@@ -208,7 +210,6 @@ class RolloutWorker:
         self.metrics = MetricWriter(
             run_dir / "metrics" / f"{self.name}.jsonl", role=self.name, started=started
         )
-        from asyncrl.envs.toolenv import VERIFIER_CACHE
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
@@ -306,8 +307,6 @@ class RolloutWorker:
 
     async def _runner(self, batcher: TurnBatcher) -> GroupRunner:
         """The group runner: environment episodes, or the user's program through the gateway."""
-        from asyncrl.rollout.runners import AgentPlayer, EpisodePlayer, Player, make_runner
-
         play: Player
         if self.cfg.env.kind == "agent":
             from asyncrl.gateway.agent import AgentRunner

@@ -13,6 +13,7 @@ from dataclasses import asdict, astuple
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import load_config
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
@@ -35,7 +36,6 @@ class RunData:
     def __init__(self, run_dir: Path) -> None:
         if not (run_dir / "config.yaml").is_file():
             raise UserError(f"{str(run_dir)!r}: not a run directory (no config.yaml)")
-        from asyncrl.config import load_config
 
         self.dir = run_dir
         self.cfg = load_config(run_dir / "config.yaml")
