@@ -35,17 +35,8 @@ def role_context() -> SpawnContext | ForkServerContext:
     if os.environ.get(START_ENV) != "forkserver":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts (the first process of ours)
-    # wait for the server here, not in the first role's start: its preload (seconds) would count in
-    # the run's wall time while no role lives yet (the cost ledger's reconciliation sees it)
-    ready = ctx.Process(target=_ready)
-    ready.start()
-    ready.join()
+    ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts (the first role of the process)
     return ctx
-
-
-def _ready() -> None:
-    """A process that does nothing: forking it waits until the server has preloaded."""
 
 
 class LocalLauncher(Launcher):
