@@ -429,10 +429,9 @@ def peak_rss_mb(field: str = "VmHWM") -> float | None:
     return round(int(line.split()[1]) / 1024, 1)
 
 
-def run_variant(name: str, policy: Policy, trajs: list[Trajectory], config: Path) -> dict[str, Any]:
-    """One ``Learner.step`` of variant ``name`` from the start adapter; its times and a few metrics."""
-    cls, overrides = VARIANTS[name]
-    cfg = load_config(config, [f"trainer.batch_size={len(trajs)}", *overrides])
+def run_variant(name: str, policy: Policy, trajs: list[Trajectory], cfg: RunConfig) -> dict[str, Any]:
+    """One ``Learner.step`` of variant ``name`` (its config ``cfg``); its times and a few metrics."""
+    cls = VARIANTS[name][0]
     if not cfg.trainer.gradient_checkpointing:
         no_checkpointing(policy)
     learner = cls(cfg, policy)
@@ -572,7 +571,7 @@ def run_forked(name: str, policy: Policy, trajs: list[Trajectory], config: Path)
         code = 1
         try:
             set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)
-            out = run_variant(name, policy, trajs, config)
+            out = run_variant(name, policy, trajs, cfg)
             out["malloc_mmap_threshold_kb"] = cfg.launcher.malloc_mmap_threshold_kb
             with os.fdopen(write, "w") as f:
                 f.write(json.dumps(out))
@@ -592,13 +591,12 @@ def measure(
     policy: Policy, trajs: list[Trajectory], config: Path, names: list[str], repeats: int
 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[float, float]]]:
     """``repeats`` rounds of the variants (the order reversed every other round), each from the start
-    adapter, the matmul ceiling measured before and after every variant."""
-    start = {k: v.detach().clone() for k, v in policy.model.state_dict().items() if "lora_" in k}
+    adapter (a forked child's step leaves the parent's untouched), the matmul ceiling measured before
+    and after every variant."""
     ceiling = [matmul_gflops()]
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            policy.model.load_state_dict(start, strict=False)
             runs.setdefault(name, []).append(run_forked(name, policy, trajs, config))
             print(json.dumps({name: runs[name][-1]}), flush=True)
             ceiling.append(matmul_gflops())
