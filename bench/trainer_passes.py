@@ -55,7 +55,12 @@ that file's, with its own trainer settings (checkpointing, micro-batch tokens, l
 the policy is the warm start (its adapter restored between variants). Extra variants for the gap to
 the ceiling (``after_no_ckpt``, ``after_mb0``, ``after_mb640``, ``after_chunk0``, ``after_chunk1k``,
 ``after_no_mmap``, see :data:`VARIANTS`) change one setting of ``after`` each; ``after_speed`` turns
-both memory-lean settings off (checkpointing and the allocator's mmap threshold).
+both memory-lean settings off (checkpointing and the allocator's mmap threshold);
+``after_speed_dense``, ``after_speed_unfused`` and ``after_speed_dense_unfused`` take issue #37's two
+trainer kernels out of ``after_speed`` (:data:`PATCHES`): the trie's attention over the dense tree mask
+instead of :mod:`asyncrl.policy.trie_attention`, the LM head's log-softmax through autograd instead of
+the fused ``asyncrl.policy.scoring._HeadScores``. ``--warmup N`` runs N untimed steps before the timed
+one in each child (a run's steps are warm; the first step of a process pays first-call costs).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -78,6 +84,7 @@ import torch
 from asyncrl.config import RunConfig, load_config
 from asyncrl.policy import Policy
 from asyncrl.policy.chat import make_renderer
+from asyncrl.policy.trie_attention import TriePlan, trie_plan
 from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, decode, encode, groups_of, members
 from asyncrl.trainer.learner import Batch, Learner, _Part
 
@@ -127,7 +134,93 @@ VARIANTS: dict[str, tuple[type[Learner], list[str]]] = {
         Learner,
         ["trainer.gradient_checkpointing=false", "launcher.malloc_mmap_threshold_kb=0"],
     ),
+    # issue #37's two trainer kernels taken out of ``after_speed`` (:data:`PATCHES`): the trie's attention
+    # over the dense N x N tree mask, and the LM head's log-softmax unfused (autograd through each op)
+    "after_speed_dense": (
+        Learner,
+        ["trainer.gradient_checkpointing=false", "launcher.malloc_mmap_threshold_kb=0"],
+    ),
+    "after_speed_unfused": (
+        Learner,
+        ["trainer.gradient_checkpointing=false", "launcher.malloc_mmap_threshold_kb=0"],
+    ),
+    "after_speed_dense_unfused": (
+        Learner,
+        ["trainer.gradient_checkpointing=false", "launcher.malloc_mmap_threshold_kb=0"],
+    ),
 }
+
+
+def _dense(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: TriePlan, scale: float
+) -> torch.Tensor:
+    """The trie's attention as transformers' sdpa ran it over the dense ``N × N`` tree mask (the
+    key/value heads repeated, a boolean mask): the same numbers, every pair computed."""
+    n = query.shape[2]
+    allowed = _DENSE_MASKS.get(id(plan))
+    if allowed is None:
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        for (first, owned, at, length), mask in zip(plan.spans, plan.masks, strict=True):
+            rows = plan.keys[at : at + length]
+            causal = (
+                torch.ones(owned, length, dtype=torch.bool).tril(length - owned) if mask is None else mask
+            )
+            allowed[first : first + owned, rows] = causal
+        _DENSE_MASKS.clear()  # one plan per forward: its 30 layers share the mask
+        _DENSE_MASKS[id(plan)] = allowed
+    rep = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, k, v, attn_mask=allowed[None, None], scale=scale
+    )
+
+
+_DENSE_MASKS: dict[int, torch.Tensor] = {}
+
+
+@contextlib.contextmanager
+def dense_trie_attention() -> Iterator[None]:
+    """Inside the block, trie forwards attend over the dense tree mask (:func:`_dense`)."""
+    import asyncrl.policy.trie_attention as ta
+
+    kept = ta.trie_attention
+    ta.trie_attention = _dense
+    try:
+        yield
+    finally:
+        ta.trie_attention = kept
+        _DENSE_MASKS.clear()
+
+
+@contextlib.contextmanager
+def unfused_head() -> Iterator[None]:
+    """Inside the block, the LM head's chunks run unfused: autograd through each elementwise op, each
+    chunk under activation checkpointing (``asyncrl.policy.scoring._head_scores`` for any other head)."""
+    from asyncrl.policy import scoring
+
+    kept = scoring._fusable
+    scoring._fusable = lambda head: False
+    try:
+        yield
+    finally:
+        scoring._fusable = kept
+
+
+PATCHES: dict[str, tuple[Any, ...]] = {
+    "after_speed_dense": (dense_trie_attention,),
+    "after_speed_unfused": (unfused_head,),
+    "after_speed_dense_unfused": (dense_trie_attention, unfused_head),
+}
+"""Variants that run a kernel as it was before issue #37's trainer work (a context manager each)."""
+
+
+@contextlib.contextmanager
+def patched(name: str) -> Iterator[None]:
+    """Variant ``name``'s :data:`PATCHES` applied inside the block."""
+    with contextlib.ExitStack() as stack:
+        for patch in PATCHES.get(name, ()):
+            stack.enter_context(patch())
+        yield
 
 
 class SavedBatch(msgspec.Struct, kw_only=True):
@@ -215,8 +308,8 @@ def batch(cfg: RunConfig, policy: Policy, completions: int) -> list[Trajectory]:
 
 def trie_figures(policy: Policy, trajs: list[Trajectory]) -> dict[str, float]:
     """Nodes of the batch's token trie and its estimated decoder FLOPs against the padded rows'."""
-    from asyncrl.policy.model import decoder_layer_shape
     from asyncrl.policy.packing import trie_size
+    from asyncrl.policy.scoring import decoder_layer_shape
     from asyncrl.trainer.learner import collate
 
     b = collate(trajs, policy.tokenizer.pad_token_id)
@@ -328,19 +421,23 @@ def proximal_rows(learner: Learner, n: int) -> torch.Tensor:
 
 def _pass_flops(learner: Learner, b: Batch, part: _Part) -> tuple[float, float, float, bool]:
     """One forward of micro-batch ``part`` as it runs: FLOPs of the decoder's linear layers, of its
-    attention (dense: ``rows × width²`` query-key pairs padded, ``N²`` for a trie of ``N`` nodes), of the
+    attention (``rows × width²`` query-key pairs padded; for a trie of ``N`` nodes the pairs its plan
+    computes, ``N²`` over the dense tree mask), of the
     LM head (``2·hidden·vocab`` at each scored position), and whether the head runs chunked (then it
-    is recomputed in the backward) — see :func:`asyncrl.policy.model.token_logprobs_and_entropy`."""
-    from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape
-    from asyncrl.policy.packing import trie_size
+    is recomputed in the backward) — see :func:`asyncrl.policy.scoring.token_logprobs_and_entropy`."""
+    from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape
 
     model, tc = learner.model, learner.cfg.trainer
     layer, c = decoder_layer_shape(model), model.config
     rows, width = part.rows, part.width
     valid = b.attn[rows, :width] > 0
     if part.shared:
-        nodes = trie_size(b.ids[rows, :width], valid.sum(1))
-        tokens, pairs = nodes, nodes * nodes
+        import asyncrl.policy.trie_attention as ta
+        from asyncrl.policy.packing import build_prefix_tree
+
+        tree = build_prefix_tree(b.ids[rows, :width], valid)
+        dense = ta.trie_attention is _dense  # under dense_trie_attention
+        tokens, pairs = tree.size, (tree.size**2 if dense else trie_plan(tree.paths).pairs)
     else:
         tokens, pairs = len(rows) * width, len(rows) * width * width
     chunked = (part.shared or tc.logits_chunk_tokens > 0) and can_chunk_logits(model)
@@ -429,19 +526,25 @@ def peak_rss_mb(field: str = "VmHWM") -> float | None:
     return round(int(line.split()[1]) / 1024, 1)
 
 
-def run_variant(name: str, policy: Policy, trajs: list[Trajectory], cfg: RunConfig) -> dict[str, Any]:
-    """One ``Learner.step`` of variant ``name`` (its config ``cfg``); its times and a few metrics."""
+def run_variant(
+    name: str, policy: Policy, trajs: list[Trajectory], cfg: RunConfig, warmup: int = 0
+) -> dict[str, Any]:
+    """One ``Learner.step`` of variant ``name`` (its config ``cfg``) after ``warmup`` untimed ones; its
+    times and a few metrics (``loss/policy`` and ``train/grad_norm`` of the timed step)."""
     cls = VARIANTS[name][0]
     if not cfg.trainer.gradient_checkpointing:
         no_checkpointing(policy)
     learner = cls(cfg, policy)
-    flops = executed_flops(learner, trajs)["total"]
-    torch.manual_seed(0)
-    reset_peak_rss()
-    rss = peak_rss_mb("VmRSS")
-    t0, c0 = time.perf_counter(), time.process_time()
-    m = learner.step(groups_of(trajs), version=0)
-    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    with patched(name):
+        flops = executed_flops(learner, trajs)["total"]
+        torch.manual_seed(0)
+        for v in range(warmup):  # a run's steps are warm: allocator, kernels' first calls
+            learner.step(groups_of(trajs), version=v)
+        reset_peak_rss()
+        rss = peak_rss_mb("VmRSS")
+        t0, c0 = time.perf_counter(), time.process_time()
+        m = learner.step(groups_of(trajs), version=warmup)
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = peak_rss_mb()
     tokens = sum(len(t.token_ids()) for t in trajs)
     return {
@@ -510,6 +613,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--variants", default="before,after")
     ap.add_argument("--repeats", type=int, default=1, help="rounds, the order reversed every other one")
+    ap.add_argument("--warmup", type=int, default=0, help="untimed steps before each timed one")
     ap.add_argument("--out", default=None)
     ap.add_argument("--estimate-only", action="store_true", help="the variants' FLOPs estimates, no step")
     ap.add_argument("--profile", action="store_true", help="one profiled step of each variant, no timing")
@@ -531,7 +635,7 @@ def main() -> int:
         for name in names:
             print(json.dumps(profile_variant(name, policy, trajs, config), indent=1), flush=True)
         return 0
-    runs, ceiling = measure(policy, trajs, config, names, args.repeats)
+    runs, ceiling = measure(policy, trajs, config, names, args.repeats, args.warmup)
     trie = trie_figures(policy, trajs)
     report = {
         "bench": "trainer_passes",
@@ -543,6 +647,7 @@ def main() -> int:
         **trie,
         "params": policy.num_parameters(),
         "repeats": args.repeats,
+        "warmup_steps": args.warmup,
         "matmul_gflops_wall": [round(c[0], 1) for c in ceiling],
         "matmul_gflops_cpu": [round(c[1], 1) for c in ceiling],
         "decoder_shape_gflops_wall_cpu": [round(x, 1) for x in shape_gflops(policy, int(trie["trie_nodes"]))],
@@ -556,7 +661,9 @@ def main() -> int:
     return 0
 
 
-def run_forked(name: str, policy: Policy, trajs: list[Trajectory], config: Path) -> dict[str, Any]:
+def run_forked(
+    name: str, policy: Policy, trajs: list[Trajectory], config: Path, warmup: int = 0
+) -> dict[str, Any]:
     """:func:`run_variant` in a forked child with the variant's ``launcher.malloc_mmap_threshold_kb``
     (as every role process sets it, ``asyncrl.bootstrap``): the allocator's setting is process-wide
     and cannot be undone, so each step gets a process of its own, forked from the loaded policy; what
@@ -571,7 +678,7 @@ def run_forked(name: str, policy: Policy, trajs: list[Trajectory], config: Path)
         code = 1
         try:
             set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)
-            out = run_variant(name, policy, trajs, cfg)
+            out = run_variant(name, policy, trajs, cfg, warmup)
             out["malloc_mmap_threshold_kb"] = cfg.launcher.malloc_mmap_threshold_kb
             with os.fdopen(write, "w") as f:
                 f.write(json.dumps(out))
@@ -588,7 +695,7 @@ def run_forked(name: str, policy: Policy, trajs: list[Trajectory], config: Path)
 
 
 def measure(
-    policy: Policy, trajs: list[Trajectory], config: Path, names: list[str], repeats: int
+    policy: Policy, trajs: list[Trajectory], config: Path, names: list[str], repeats: int, warmup: int = 0
 ) -> tuple[dict[str, list[dict[str, Any]]], list[tuple[float, float]]]:
     """``repeats`` rounds of the variants (the order reversed every other round), each from the start
     adapter (a forked child's step leaves the parent's untouched), the matmul ceiling measured before
@@ -597,7 +704,7 @@ def measure(
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in range(repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            runs.setdefault(name, []).append(run_forked(name, policy, trajs, config))
+            runs.setdefault(name, []).append(run_forked(name, policy, trajs, config, warmup))
             print(json.dumps({name: runs[name][-1]}), flush=True)
             ceiling.append(matmul_gflops())
     return runs, ceiling
@@ -624,7 +731,10 @@ def profile_variant(
         no_checkpointing(policy)
     learner = cls(cfg, policy)
     torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with (
+        patched(name),
+        profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof,
+    ):
         learner.step(groups_of(trajs), version=0)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)

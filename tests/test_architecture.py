@@ -230,8 +230,8 @@ def test_the_rule_5_scan_can_fail(tmp_path: Path) -> None:
 # -- defaults live only in the config package ---------------------------------------------------------------
 ALLOWED_REPEATS = {
     # log-probs at temperature 1 are the untempered distribution: the neutral element, not the sampling setting
-    ("policy/model.py", "token_logprobs", "temperature"),
-    ("policy/model.py", "token_logprobs_and_entropy", "temperature"),
+    ("policy/scoring.py", "token_logprobs", "temperature"),
+    ("policy/scoring.py", "token_logprobs_and_entropy", "temperature"),
     # the wire record's schema: a record without these fields decodes as untempered, un-truncated sampling
     ("records.py", "SamplingParams", "temperature"),
     ("records.py", "SamplingParams", "top_p"),

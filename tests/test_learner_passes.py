@@ -3,13 +3,14 @@ the prefix-shared (token-trie) forward — each checked against the full computa
 
 from __future__ import annotations
 
+import unittest.mock
 from typing import Any
 
 import pytest
 import torch
 
-from asyncrl.policy.model import token_logprobs_and_entropy
-from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_size
+from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_counts, trie_size
+from asyncrl.policy.scoring import token_logprobs_and_entropy
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
 from test_engine import right_padded
 from test_memory import tiny_model
@@ -79,10 +80,72 @@ def test_tries_are_used_only_where_they_cost_less() -> None:
     wide = LayerShape(params=3_500_000, width=576)  # SmolLM2's layer: the linear layers dominate
     parts = shared_microbatches(ids, lengths, 0, wide)
     assert parts is not None and nodes < 0.5 * int(lengths.sum())
-    # a layer whose attention dominates, and rows that share less: the dense N x N tree mask costs more
+    # the trie's attention computes each row's new nodes against its path: fewer pairs than the padded
+    # rows, so even a layer whose attention dominates gains where rows share
     ids, attn = right_padded(_rows())
-    assert shared_microbatches(ids, attn.sum(1), 0, LayerShape(params=10, width=4096)) is None
+    nodes, pairs = trie_counts(ids, attn.sum(1))
+    assert pairs < int((attn.sum(1) ** 2).sum())
+    assert shared_microbatches(ids, attn.sum(1), 0, LayerShape(params=10, width=4096)) is not None
     assert shared_microbatches(ids, attn.sum(1), 0, wide) is not None
+    # rows that share nothing: the trie is the padded rows, and no gain pays for building it
+    ids, attn = right_padded([[i + 1, *r[1:]] for i, r in enumerate(_rows())])
+    assert trie_counts(ids, attn.sum(1)) == (int(attn.sum()), int((attn.sum(1) ** 2).sum()))
+    assert shared_microbatches(ids, attn.sum(1), 0, wide) is None
+
+
+# ---- trie attention: each row's new nodes against its own path ----------------------------------------
+def _dense_tree_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor
+) -> torch.Tensor:
+    """Loop reference: node i's output from the scores of its ancestors and itself alone."""
+    heads, rep = q.shape[1], q.shape[1] // k.shape[1]
+    out = torch.zeros_like(q)
+    for h in range(heads):
+        for i in range(q.shape[2]):
+            cols = torch.nonzero(allowed[i]).flatten()
+            s = (q[0, h, i] @ k[0, h // rep, cols].T) * q.shape[-1] ** -0.5
+            out[0, h, i] = torch.softmax(s, -1) @ v[0, h // rep, cols]
+    return out
+
+
+def test_trie_attention_equals_the_dense_tree_mask_with_its_gradients() -> None:
+    from asyncrl.policy.trie_attention import trie_attention, trie_plan
+
+    rows = _rows()  # duplicate rows (own no node), a prefix of a row, a row sharing nothing
+    ids, attn = right_padded(rows)
+    tree = build_prefix_tree(ids, attn.bool())
+    plan = trie_plan(tree.paths)
+    n = tree.size
+    assert sum(s[1] for s in plan.spans) == n and plan.pairs < n * n
+    ordered, lengths = _sorted(ids, attn)  # the cost model counts what runs, in its row order
+    assert (
+        trie_plan(build_prefix_tree(ordered, lengths[:, None] > torch.arange(ids.shape[1])).paths).pairs
+        == (trie_counts(ordered, lengths)[1])
+    )
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 8, generator=gen, requires_grad=True) for h in (4, 2, 2))  # grouped
+    out = trie_attention(q, k, v, plan, 8**-0.5)
+    ref = _dense_tree_attention(q, k, v, tree.allowed)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    w = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_trie_plan_refuses_nodes_out_of_creation_order() -> None:
+    from asyncrl.policy.trie_attention import trie_plan
+
+    assert trie_plan([[0, 1, 2], [0, 3], [0, 1, 4]]).spans == ((0, 3, 0, 3), (3, 1, 3, 2), (4, 1, 5, 3))
+    with pytest.raises(ValueError, match="numbered next"):
+        trie_plan([[0, 1, 2], [0, 4]])
+
+
+def _sorted(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows in lexicographic order (the order :func:`trie_counts` walks)."""
+    order = sorted(range(len(ids)), key=lambda b: ids[b][attn[b].bool()].tolist())
+    return ids[order], attn.sum(1)[order]
 
 
 # ---- scores and gradients: trie vs padded vs a loop over unpadded rows -------------------------------
@@ -141,8 +204,14 @@ def test_lm_head_runs_at_loss_positions_only() -> None:
     positions = torch.zeros_like(ids, dtype=torch.bool)
     positions[:, 15:] = True
     seen: list[int] = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(int(i[0].shape[0])))
-    try:
+    linear = torch.nn.functional.linear
+
+    def head_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if w is model.lm_head.weight:  # the module's forward and the fused head both come here
+            seen.append(int(x.shape[0]))
+        return linear(x, w, b)
+
+    with unittest.mock.patch("torch.nn.functional.linear", head_rows):
         for share in (False, True):
             seen.clear()
             with torch.no_grad():
@@ -150,8 +219,39 @@ def test_lm_head_runs_at_loss_positions_only() -> None:
                     model, ids, attn, 1.0, chunk_tokens=4, positions=positions, share_prefixes=share
                 )
             assert sum(seen) == int((positions & attn.bool())[:, 1:].sum())
-    finally:
-        hook.remove()
+
+
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_fused_head_scores_and_gradients_equal_autograd_through_full_logits(with_entropy: bool) -> None:
+    """The fused head (its own backward, chunks of 5) against autograd through the plain path's full
+    logits: log-probs, entropies and every gradient, the tied head/embedding weight included."""
+    from asyncrl.policy import scoring
+
+    model = tiny_model("qwen2", tied=True)
+    assert scoring._fusable(model.lm_head)
+    rows = _rows()
+    ids, attn = right_padded(rows)
+    temps = torch.linspace(0.6, 1.4, len(rows))
+    gen = torch.Generator().manual_seed(1)
+    w_lp, w_ent = torch.randn(ids.shape, generator=gen), torch.randn(ids.shape, generator=gen)
+    out = []
+    for chunk in (5, 0):
+        model.zero_grad(set_to_none=True)
+        lp, ent = token_logprobs_and_entropy(
+            model, ids, attn, temps, with_entropy=with_entropy, chunk_tokens=chunk
+        )
+        loss = (lp * w_lp).sum() + ((ent * w_ent).sum() if ent is not None else 0.0)
+        loss.backward()  # type: ignore[no-untyped-call]
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        out.append((lp.detach(), ent, grads))
+    (lp_f, ent_f, g_f), (lp_p, ent_p, g_p) = out
+    torch.testing.assert_close(lp_f, lp_p, atol=1e-6, rtol=0)
+    if with_entropy:
+        assert ent_f is not None and ent_p is not None
+        torch.testing.assert_close(ent_f.detach(), ent_p.detach(), atol=1e-5, rtol=0)
+    assert g_f.keys() == g_p.keys() and "model.embed_tokens.weight" in g_p  # the tied head weight
+    for n in g_p:
+        torch.testing.assert_close(g_f[n], g_p[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_trie_gradients_equal_padded_on_smollm2_lora() -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.policy.model import can_chunk_logits, token_logprobs_and_entropy
+from asyncrl.policy.scoring import can_chunk_logits, token_logprobs_and_entropy
 from asyncrl.records import Trajectory, groups_of
 
 VOCAB = 97

@@ -285,7 +285,7 @@ def _tiny_cfg() -> RunConfig:
 
 def test_learner_step_moves_probability_towards_positive_advantage() -> None:
     from asyncrl.policy import Policy
-    from asyncrl.policy.model import token_logprobs
+    from asyncrl.policy.scoring import token_logprobs
     from asyncrl.trainer.learner import Learner, collate
 
     torch.manual_seed(0)

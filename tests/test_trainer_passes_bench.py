@@ -109,3 +109,33 @@ def test_a_forked_variant_runs_with_its_allocator_setting(tmp_path: Path) -> Non
     assert all(
         torch.equal(v, policy.model.state_dict()[k]) for k, v in before.items()
     )  # the parent untouched
+
+
+def test_the_kernel_patches_take_out_the_trie_attention_and_the_fused_head_and_agree() -> None:
+    """``after_speed_dense_unfused`` runs the dense tree mask and the unfused head (restored after the
+    block), the same step up to float rounding, and its estimate counts the dense mask's pairs."""
+    import asyncrl.policy.trie_attention as ta
+    from asyncrl.config import load_config
+    from asyncrl.policy import Policy, scoring
+
+    tp = _bench()
+    head = torch.nn.Linear(2, 2, bias=False)
+    with tp.patched("after_speed_dense_unfused"):
+        assert ta.trie_attention is tp._dense and not scoring._fusable(head)
+    assert ta.trie_attention is not tp._dense and scoring._fusable(head)
+    trajs = _group_trajectories(2, seed=1)
+    out = {}
+    for name in ("after_speed", "after_speed_dense", "after_speed_unfused", "after_speed_dense_unfused"):
+        cfg = load_config(None, _learner_args(["trainer.logits_chunk_tokens=7", *tp.VARIANTS[name][1]]))
+        torch.manual_seed(0)
+        policy = Policy.build(cfg.model)
+        out[name] = tp.run_variant(name, policy, trajs, cfg, warmup=1)
+        assert out[name]["microbatches"] >= 1
+    ref = out["after_speed"]
+    for name, r in out.items():
+        assert r["loss_policy"] == pytest.approx(ref["loss_policy"], rel=1e-4, abs=1e-7), name
+        assert r["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4), name
+    learner = tp.Learner(cfg, Policy.build(cfg.model))
+    with tp.patched("after_speed_dense"):
+        dense = tp.executed_flops(learner, trajs)["attention"]
+    assert dense > tp.executed_flops(learner, trajs)["attention"] > 0  # the trie's plan counts fewer pairs

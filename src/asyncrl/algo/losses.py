@@ -551,7 +551,7 @@ def entropy_loss(
     """Entropy bonus expressed as a loss (Mnih et al. 2016 / PPO, Schulman et al. 2017).
 
     Formula: ``L = −coef · agg_t(H_t)`` with per-token entropies ``H`` (e.g. from
-    :func:`asyncrl.policy.model.token_logprobs_and_entropy`), so minimising ``L`` maximises entropy for ``coef > 0``.
+    :func:`asyncrl.policy.scoring.token_logprobs_and_entropy`), so minimising ``L`` maximises entropy for ``coef > 0``.
 
     Shapes: ``entropy``, ``mask``: ``[B, T]``. Returns ``(loss, metrics)`` with ``loss/entropy``
     and ``entropy/mean`` (masked token mean of ``H``, independent of ``agg``).

@@ -24,7 +24,7 @@ written by :meth:`~asyncrl.policy.model.Policy.save` or the weight store, read i
    reaches ``top_p``) and renormalised over it.
 
 With ``top_p = 1`` step 2 is the identity, so the recorded value equals
-:func:`asyncrl.policy.model.token_logprobs` with the same temperature, which is what the
+:func:`asyncrl.policy.scoring.token_logprobs` with the same temperature, which is what the
 trainer recomputes (to float32 rounding; the test suite pins max ``|Δ| < 1e-5``, mean ``< 1e-6``,
 about 8x and 5x the measured floor: docs/engines.md#log-prob-tolerances-and-the-mutants-they-catch). With
 ``top_p < 1`` the recorded value is larger by ``-log(nucleus mass)``: the trainer's

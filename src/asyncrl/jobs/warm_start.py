@@ -175,13 +175,13 @@ def sft_loss(
     """Mean next-token cross-entropy over the model's tokens (loss mask 1) of a right-padded batch.
 
     ``loss = −Σ_{b,t} m[b,t] · log p(x[b,t] | x[b,<t]) / Σ m``. The log-probs come from
-    :func:`~asyncrl.policy.model.token_logprobs` with ``chunk_tokens``
+    :func:`~asyncrl.policy.scoring.token_logprobs` with ``chunk_tokens``
     (``trainer.logits_chunk_tokens``): no ``[B, T, V]`` logits for a pretrained vocabulary, and the
     LM head only at the loss positions. ``share_prefixes`` (``trainer.share_prefixes``): demonstrations
     that share a prefix (the system prompt) forward it once when that saves compute
     (:func:`~asyncrl.policy.packing.shared_microbatches`)."""
-    from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs
     from asyncrl.policy.packing import shared_microbatches
+    from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape, token_logprobs
 
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)

@@ -11,9 +11,8 @@ from asyncrl.policy.model import (
     build_model,
     num_parameters,
     resolve_device,
-    token_logprobs,
-    token_logprobs_and_entropy,
 )
+from asyncrl.policy.scoring import token_logprobs, token_logprobs_and_entropy
 from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer, special_id
 

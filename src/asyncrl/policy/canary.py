@@ -184,7 +184,7 @@ def probe_ids(tokenizer: PreTrainedTokenizerBase, n: int, max_context: int) -> l
 
 def probe_logprobs(model: Any, ids: Sequence[int]) -> list[float]:
     """``log p(ids[t] | ids[:t])`` for ``t = 1..len(ids)-1`` at temperature 1, in eval mode, no gradient."""
-    from asyncrl.policy.model import token_logprobs
+    from asyncrl.policy.scoring import token_logprobs
 
     device = next(model.parameters()).device
     x = torch.tensor([list(ids)], dtype=torch.long, device=device)

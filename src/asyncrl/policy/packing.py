@@ -12,11 +12,10 @@ node's gradient is the sum of the contributions of every row that reads it: the 
 those of the padded forward (up to float rounding) for full fine-tuning and LoRA alike, with or
 without gradient checkpointing.
 
-Cost: the linear layers run on ``N`` nodes instead of ``B·T`` padded tokens; attention runs on the
-dense ``N × N`` mask (masked entries included), which is why micro-batches of sharing rows are
-formed first (:func:`prefix_microbatches`) and the layout is used only when its estimated FLOPs are
-lower (:func:`shared_microbatches`: wide layers and short contexts gain, a tiny model with long
-rows does not). AReaL's tree training (Fu et al. 2025) packs the same way.
+Cost: the linear layers run on ``N`` nodes instead of ``B·T`` padded tokens; attention computes each
+row's new nodes against its own path (:mod:`asyncrl.policy.trie_attention`), never more pairs than
+the padded rows. Micro-batches of sharing rows are formed first (:func:`prefix_microbatches`) and the
+layout is used only when its estimated FLOPs are lower (:func:`shared_microbatches`). AReaL's tree training (Fu et al. 2025) packs the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ __all__ = [
     "build_prefix_tree",
     "prefix_microbatches",
     "shared_microbatches",
+    "trie_counts",
     "trie_size",
 ]
 
@@ -45,18 +45,31 @@ class PrefixTree:
     """The token trie of a batch's rows.
 
     ``ids``/``positions``: ``[N]`` token and depth (position in every row through it) of each node;
-    ``node``: ``[B, T]`` the node of row ``b``'s token ``t`` (-1 where ``t`` is padding);
-    ``allowed``: ``[N, N]`` bool, node ``i`` may attend to node ``j`` (``j`` is ``i`` or an ancestor).
+    ``node``: ``[B, T]`` the node of row ``b``'s token ``t`` (-1 where ``t`` is padding); ``paths``:
+    each row's nodes in order (nodes are numbered in the order the rows create them).
     """
 
     ids: torch.Tensor
     positions: torch.Tensor
     node: torch.Tensor
-    allowed: torch.Tensor
+    paths: list[list[int]]
 
     @property
     def size(self) -> int:
         return int(self.ids.shape[0])
+
+    @property
+    def allowed(self) -> torch.Tensor:
+        """``[N, N]`` bool, node ``i`` may attend to node ``j`` (``j`` is ``i`` or an ancestor): the
+        dense tree mask (:mod:`asyncrl.policy.trie_attention` computes the same without it)."""
+        allowed = torch.zeros((self.size, self.size), dtype=torch.bool)
+        for path in self.paths:
+            if path:
+                # along one row, node t attends to nodes 0..t (its ancestors and itself); rows through
+                # the same node write the same entries, and nodes on different branches stay False
+                p = torch.tensor(path)
+                allowed[p.unsqueeze(1), p.unsqueeze(0)] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
+        return allowed.to(self.ids.device)
 
 
 def build_prefix_tree(input_ids: torch.Tensor, valid: torch.Tensor) -> PrefixTree:
@@ -84,19 +97,14 @@ def build_prefix_tree(input_ids: torch.Tensor, valid: torch.Tensor) -> PrefixTre
         paths.append(path)
     dev = input_ids.device
     node = torch.full(input_ids.shape, -1, dtype=torch.long)
-    allowed = torch.zeros((len(ids), len(ids)), dtype=torch.bool)
     for b, path in enumerate(paths):
         if path:
-            p = torch.tensor(path)
-            node[b, valid[b].cpu().to(torch.bool)] = p
-            # along one row, node t attends to nodes 0..t (its ancestors and itself); rows through
-            # the same node write the same entries, and nodes on different branches stay False
-            allowed[p.unsqueeze(1), p.unsqueeze(0)] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
+            node[b, valid[b].cpu().to(torch.bool)] = torch.tensor(path)
     return PrefixTree(
         torch.tensor(ids, dtype=torch.long, device=dev),
         torch.tensor(depth, dtype=torch.long, device=dev),
         node.to(dev),
-        allowed.to(dev),
+        paths,
     )
 
 
@@ -118,12 +126,20 @@ def _sorted_rows(input_ids: torch.Tensor, lengths: torch.Tensor) -> list[tuple[l
 
 
 def trie_size(input_ids: torch.Tensor, lengths: torch.Tensor) -> int:
-    """Nodes of the trie of the right-padded rows (``lengths``: ``[B]`` real tokens per row).
+    """Nodes of the trie of the right-padded rows (``lengths``: ``[B]`` real tokens per row)."""
+    return trie_counts(input_ids, lengths)[0]
 
-    In lexicographic order each row adds its length minus its common prefix with the row before it.
-    """
+
+def trie_counts(input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[int, int]:
+    """``(nodes, attended pairs)`` of the trie of the right-padded rows: in lexicographic order each
+    row adds its length ``L`` minus its common prefix with the row before it, ``n`` new nodes, whose
+    attention computes ``n·L`` pairs (:mod:`asyncrl.policy.trie_attention`)."""
     rows = _sorted_rows(input_ids, lengths)
-    return sum(len(r) - (_common_prefix(r, rows[i - 1][0]) if i else 0) for i, (r, _) in enumerate(rows))
+    nodes = pairs = 0
+    for i, (r, _) in enumerate(rows):
+        added = len(r) - (_common_prefix(r, rows[i - 1][0]) if i else 0)
+        nodes, pairs = nodes + added, pairs + added * len(r)
+    return nodes, pairs
 
 
 def prefix_microbatches(
@@ -173,10 +189,10 @@ def shared_microbatches(
     the padded rows, else ``None`` (keep the padded layout).
 
     Per layer, a padded row of ``L`` tokens costs ``layer.cost(L, L²)`` and a trie of ``N`` nodes
-    ``layer.cost(N, N²)`` (its attention is dense over the tree mask); the LM head is the same in both.
+    ``layer.cost(N, P)``, ``P`` the pairs its attention computes (:func:`trie_counts`); the LM head is
+    the same in both.
     """
     padded = sum(layer.cost(int(n), int(n) ** 2) for n in lengths)
     parts = prefix_microbatches(input_ids, lengths, max_tokens)
-    sizes = [trie_size(input_ids[p], lengths[p]) for p in parts]
-    shared = sum(layer.cost(n, n * n) for n in sizes)
+    shared = sum(layer.cost(*trie_counts(input_ids[p], lengths[p])) for p in parts)
     return parts if shared <= TREE_MAX_COST * padded else None

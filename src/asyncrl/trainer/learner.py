@@ -49,8 +49,8 @@ from asyncrl.algo import (
 )
 from asyncrl.config import RunConfig
 from asyncrl.credit.assign import CreditAssigner
-from asyncrl.policy.model import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.policy.packing import shared_microbatches
+from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.records import Group, Trajectory, members
 from asyncrl.trainer.parallel import Parallel, Single
 

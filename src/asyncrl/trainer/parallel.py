@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import RunConfig
-from asyncrl.policy.model import token_logprobs_and_entropy
+from asyncrl.policy.scoring import token_logprobs_and_entropy
 
 if TYPE_CHECKING:
     from asyncrl.policy import Policy
@@ -43,7 +43,7 @@ Parts = list[tuple[dict[str, float], float, float]]
 
 
 class Scorer(torch.nn.Module):
-    """:func:`~asyncrl.policy.model.token_logprobs_and_entropy` of ``model`` as a module: the unit DDP and
+    """:func:`~asyncrl.policy.scoring.token_logprobs_and_entropy` of ``model`` as a module: the unit DDP and
     FSDP2 wrap (their forward hooks run around the learner's separate decoder and head calls)."""
 
     def __init__(self, model: Any) -> None:

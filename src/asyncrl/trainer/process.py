@@ -144,7 +144,7 @@ class TrainerRole:
     def _behaviour_kl(self, group: list[Trajectory]) -> float:
         """Mean k3 KL between the behaviour policy and the current one on a group's model tokens."""
         from asyncrl.algo import kl_mean
-        from asyncrl.policy.model import token_logprobs
+        from asyncrl.policy.scoring import token_logprobs
         from asyncrl.trainer.learner import collate
 
         b = collate(group, self.policy.tokenizer.pad_token_id)
