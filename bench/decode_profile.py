@@ -78,10 +78,14 @@ from asyncrl.records import SamplingParams
 MODEL = Path(".cache/models/smollm2-135m-instruct")
 TINY = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},  # the engine as configured by default (merged LoRA copy, packed linears, growing cache)
-    "unpacked": {"packed_linear": False},  # MKL sgemm on the weights as stored (default until 2026-12-04)
-    "packed_linear": {"packed_linear": True, "fused_decode": False},  # packed, the model's own forward
-    "fused_decode": {"packed_linear": True, "fused_decode": True},  # packed, the written-out step
+    "default": {},  # the engine as configured by default (merged copy, packed, fused step, shared prefixes)
+    # each switch alone, the shared-prefix attention (on by default since 2026-12-05) off unless named
+    "unpacked": {
+        "packed_linear": False,
+        "shared_prefix_attention": False,
+    },  # MKL sgemm on the weights as stored
+    "packed_linear": {"packed_linear": True, "fused_decode": False, "shared_prefix_attention": False},
+    "fused_decode": {"packed_linear": True, "fused_decode": True, "shared_prefix_attention": False},
     "unmerged": {"merge_lora": False},  # through PEFT's adapter layers (no copy, nothing packed)
     "compile_decode": {"compile_decode": True},
     "shared_prefix_attention": {"shared_prefix_attention": True},  # each group's prompt KV read once a step

@@ -29,6 +29,19 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def role_server_started() -> None:
+    """The suite's role server up before the test (its one-off preload, ~2–4 s of imports, is then not
+    inside the test's run): what every test after the suite's first run sees, for a test run alone. A
+    test that reconciles a run's wall time with its roles' lifetimes asks for it."""
+    from multiprocessing import forkserver
+
+    from asyncrl.launch.local import role_context
+
+    if role_context().get_start_method() == "forkserver":  # sets the preload list the server reads
+        forkserver.ensure_running()
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``cache_dir`` of the suite's runs: a warm start is built once per configuration (its directory

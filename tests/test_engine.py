@@ -644,16 +644,22 @@ def grouped_prompts(seed: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("family", "share", "compact", "max_batch", "cache_mb"),
+    ("family", "share", "compact", "max_batch", "cache_mb", "fused"),
     [
-        ("llama", True, 0.25, 16, 0),
-        ("qwen2", False, 0.0, 16, 0),  # no prefix sharing in the prefill: the groups all the same
-        ("llama", True, 1.0, 8, 0),  # chunks of 8 (groups split across chunks), no compaction
-        ("qwen2", True, 0.25, 16, 64),  # the prefix cache: turn 2 reads each row's turn 1 from it
+        ("llama", True, 0.25, 16, 0, True),  # in the written-out step (the default engine)
+        ("qwen2", False, 0.0, 16, 0, True),  # no prefix sharing in the prefill: the groups all the same
+        ("llama", True, 1.0, 8, 0, False),  # chunks of 8 (groups split), no compaction; the model's forward
+        ("qwen2", True, 0.25, 16, 64, False),  # the prefix cache: turn 2 reads each row's turn 1 from it
     ],
 )
 def test_shared_prefix_attention_gives_the_plain_samples_at_the_noise_floor(
-    family: str, share: bool, compact: float, max_batch: int, cache_mb: float, monkeypatch: pytest.MonkeyPatch
+    family: str,
+    share: bool,
+    compact: float,
+    max_batch: int,
+    cache_mb: float,
+    fused: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Attention over each group's shared prefix once, merged with each row's own suffix: the plain
     path's tokens with the same seed and log-probs at the trainer's noise floor, over two turns (turn 2:
@@ -663,14 +669,15 @@ def test_shared_prefix_attention_gives_the_plain_samples_at_the_noise_floor(
     from asyncrl.engine import cascade
 
     groups: list[int] = []
-    real_step = cascade.SharedPrefix.step
+    real_step = cascade.SharedPrefix.begin_step  # both decode paths begin a step with it
 
-    def step(self: cascade.SharedPrefix, *a: Any) -> torch.Tensor:
+    def step(self: cascade.SharedPrefix, *a: Any) -> None:
         groups.append(int(self.gather.shape[0]))
-        return real_step(self, *a)
+        real_step(self, *a)
 
-    monkeypatch.setattr(cascade.SharedPrefix, "step", step)
-    policy = tiny(family, peaky=PEAKY)
+    monkeypatch.setattr(cascade.SharedPrefix, "begin_step", step)
+    fused_steps = count_fused_steps(monkeypatch) if fused else []
+    policy = tiny_lora(family) if fused else tiny(family, peaky=PEAKY)  # the fused step: a merged copy
     prompts = grouped_prompts(seed=5)
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
     out = {}
@@ -683,6 +690,7 @@ def test_shared_prefix_attention_gives_the_plain_samples_at_the_noise_floor(
             prefix_sharing=share,
             prefix_cache_mb=cache_mb,
             shared_prefix_attention=on,
+            fused_decode=fused,
         )
         turns = [engine.generate(prompts, sp)]
         nxt = [p + s.token_ids + [21, 22] for p, s in zip(prompts, turns[0], strict=True)]
@@ -694,6 +702,7 @@ def test_shared_prefix_attention_gives_the_plain_samples_at_the_noise_floor(
         assert (engine.prefill_tokens_reused > 0) == (cache_mb > 0)
         assert {s.finish_reason for t in turns for s in t} == {"stop", "length"}
         assert bool(groups) == on and (not on or max(groups) > 1)
+        assert bool(fused_steps) == fused  # the path the case names ran
     assert out[True] == out[False]
 
 
@@ -706,13 +715,13 @@ def test_shared_prefix_attention_runs_the_probe_and_not_the_static_path(
     from asyncrl.policy.canary import probe_logprobs
 
     steps: list[int] = []
-    real_step = cascade.SharedPrefix.step
+    real_step = cascade.SharedPrefix.begin_step
 
-    def step(self: cascade.SharedPrefix, *a: Any) -> torch.Tensor:
+    def step(self: cascade.SharedPrefix, *a: Any) -> None:
         steps.append(int(self.gather.numel()))
-        return real_step(self, *a)
+        real_step(self, *a)
 
-    monkeypatch.setattr(cascade.SharedPrefix, "step", step)
+    monkeypatch.setattr(cascade.SharedPrefix, "begin_step", step)
     policy = tiny("llama", peaky=PEAKY)
     ids = random_prompts(1, 32, 32, seed=3)[0] + [2]
     for static in (False, True):
@@ -809,7 +818,8 @@ def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.Mon
 
 
 def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not without packed linears (no merged copy, or ``packed_linear`` off); the static path, shared-prefix steps and prefills never run it."""
+    """Not without packed linears (no merged copy, or ``packed_linear`` off); the static path and prefills
+    never run it; shared-prefix steps run in it (their attention through the group state)."""
     steps = count_fused_steps(monkeypatch)
     assert hf_engine(tiny("llama"), [2]).fused is None  # no LoRA: no merged copy, nothing packed
     assert hf_engine(tiny_lora("llama"), [2], packed_linear=False).fused is None
@@ -817,11 +827,12 @@ def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> 
     assert make_engine(HFEngineConfig(), tiny_lora(), [2]).fused is not None  # type: ignore[attr-defined]
     prompts = random_prompts(4, 2, 12, seed=2)
     sp = SamplingParams(max_new_tokens=6)
-    for kw in ({"static_cache": True}, {"shared_prefix_attention": True}):
+    for kw, runs in (({"static_cache": True}, False), ({"shared_prefix_attention": True}, True)):
         engine = hf_engine(tiny_lora("llama"), [], **kw)
         assert engine.fused is not None
         engine.generate(prompts, sp)
-        assert engine.decode_steps > 0 and steps == []
+        assert engine.decode_steps > 0 and bool(steps) == runs
+        steps.clear()
 
 
 # ---- the caller's train mode (issue #36 E) ----------------------------------------------------------

@@ -73,7 +73,9 @@ def the_run_dir(root: Path) -> Path:
     return next(root.glob("*/pids.json")).parent
 
 
-def test_async_run_learns_and_respects_staleness(tmp_path: Path, cache_dir: Path) -> None:
+def test_async_run_learns_and_respects_staleness(
+    tmp_path: Path, cache_dir: Path, role_server_started: None
+) -> None:
     cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=40", "control.max_staleness=2")
     run_dir, s = train(cfg, display=False)
     assert s["final_success"] >= s["initial_success"] + 0.10, s

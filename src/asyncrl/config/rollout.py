@@ -79,15 +79,16 @@ class HFEngineConfig(_EngineBase):
     The first call compiles (tens of seconds on two cores, again for each new shape class); off by
     default until measured on a quiet machine (``bench/decode_profile.py --variants
     default,compile_decode``). See docs/engines.md."""
-    shared_prefix_attention: bool = False
+    shared_prefix_attention: bool = True
     """Growing-cache decode steps (the CPU path) attend over a prompt prefix that several rows of a chunk
     share (a GRPO group's prompt) once per group instead of once per row: the prefix KV is copied once per
     group, the group's queries are stacked against it, each row attends over the rest of its KV (its own
     prompt suffix and sampled tokens) in its own cache, and the two partial softmaxes are merged exactly
     (log-sum-exp, as FlashInfer's cascade attention). Log-probs equal the plain path's to float32
-    rounding. Not with ``compile_decode`` nor on the static (GPU) path, where it does nothing. Off by
-    default until measured on a quiet machine (``bench/decode_profile.py --variants
-    packed_linear,packed_linear+shared_prefix_attention``). See docs/engines.md."""
+    rounding. Runs inside the ``fused_decode`` step where that applies. Not with ``compile_decode`` nor on
+    the static (GPU) path, where it does nothing. On by default since a quiet measurement in the fused step
+    (1.07x, 1.05-1.08 per repeat: ``bench/decode_profile.py --variants
+    fused_decode,fused_decode+shared_prefix_attention``). See docs/engines.md."""
     fused_decode: bool = True
     """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
     mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
@@ -95,8 +96,8 @@ class HFEngineConfig(_EngineBase):
     one, the rotary tables and the mask once per step instead of per layer, the step's KV written
     straight into the cache's buffers, grouped-query attention without repeating the keys. Costs the
     q/k/v and gate/up weights once more in memory (stacked, packed); log-probs equal the model's forward
-    to float32 rounding. Prefills, the static (GPU) path, ``compile_decode`` and
-    ``shared_prefix_attention`` steps do not use it. Compare with ``bench/decode_profile.py --variants
+    to float32 rounding. Prefills, the static (GPU) path and ``compile_decode`` do not use it;
+    ``shared_prefix_attention`` runs inside it. Compare with ``bench/decode_profile.py --variants
     packed_linear,fused_decode``. See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it

@@ -141,6 +141,11 @@ class SharedPrefix:
         self.prefix_bias = self.prefix_bias[used]
         self._index()
 
+    def begin_step(self, valid: torch.Tensor) -> None:
+        """Before a decode step's forward (here or :class:`~asyncrl.engine.fused.FusedDecoder`'s): the
+        suffix mask of ``valid [rows, width + steps]``, the columns each row sees (this step's included)."""
+        self.suffix_bias = _bias(torch.cat([self.tail_valid, valid[:, self.width :]], dim=1))[:, None, None]
+
     def step(
         self,
         model: PreTrainedModel,
@@ -151,7 +156,7 @@ class SharedPrefix:
     ) -> torch.Tensor:
         """One decode step of ``tokens [rows]`` at ``positions``; ``valid [rows, width + steps]`` the
         columns each row sees (this step's included). Returns the next logits ``[rows, V]``."""
-        self.suffix_bias = _bias(torch.cat([self.tail_valid, valid[:, self.width :]], dim=1))[:, None, None]
+        self.begin_step(valid)
         with _attention(model, ATTENTION):
             out = model(
                 input_ids=tokens[:, None],

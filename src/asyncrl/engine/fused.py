@@ -15,7 +15,9 @@ of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding win
   dim]`` views: no repeat or copy of the keys) and the step's additive float mask built once, not per
   layer (``scaled_dot_product_attention`` converted a boolean mask per layer and ran slower on the
   views);
-* o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
+* o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s;
+* with ``rollout.engine.shared_prefix_attention``, attention through the chunk's
+  :class:`~asyncrl.engine.cascade.SharedPrefix` instead: each group's prompt prefix KV read once a step.
 
 The norms, the activation, the embedding and the rotary tables are the model's own modules. The result
 equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs against the
@@ -32,6 +34,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
+from asyncrl.engine.cascade import SharedPrefix
 from asyncrl.engine.decode import BufferLayer
 from asyncrl.engine.packed import PackedLinear
 
@@ -95,19 +98,30 @@ class FusedAttention(torch.nn.Module):
         self.heads = attn.q_proj.out_features // self.head_dim
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, layer: BufferLayer
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        layer: BufferLayer,
+        shared: SharedPrefix | None = None,
     ) -> torch.Tensor:
         rows, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv_proj(x).view(rows, h + 2 * kv, d)
         qk = qkv[:, : h + kv]
         # cos, sin [rows, 1, dim]: q and k rotated together (transformers' untyped rotate_half)
         qk = qk * cos + rotate_half(qk) * sin  # type: ignore[no-untyped-call]
-        q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
+        if shared is not None:  # each group's prompt prefix once, each row's suffix in its cache
+            out = shared.attend(self.layer_idx, qk[:, :h, None], keys, values, self.scaling)
+            return self._project(out, rows)
+        q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
         scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
-        out = torch.bmm(torch.softmax(scores, dim=-1), values)
-        projected: torch.Tensor = self.o_proj(out.view(rows, h * d))
+        return self._project(torch.bmm(torch.softmax(scores, dim=-1), values), rows)
+
+    def _project(self, out: torch.Tensor, rows: int) -> torch.Tensor:
+        projected: torch.Tensor = self.o_proj(out.reshape(rows, self.heads * self.head_dim))
         return projected
 
 
@@ -161,18 +175,30 @@ class FusedDecoder(torch.nn.Module):
             layer.mlp.gate_up_proj.repack()
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        cache: DynamicCache,
+        shared: SharedPrefix | None = None,
     ) -> torch.Tensor:
         """Next-token logits ``[rows, V]`` of ``tokens [rows]`` at ``positions [rows]``; ``valid [rows,
         columns]`` the cache columns each row sees, this step's (the next one written) included. Writes
-        the step's KV into ``cache`` (every layer a :class:`BufferLayer`)."""
+        the step's KV into ``cache`` (every layer a :class:`BufferLayer`). ``shared``: attend through the
+        chunk's shared-prefix state (:mod:`asyncrl.engine.cascade`) instead of over each row's cache."""
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary_emb(x, positions[:, None])  # [rows, 1, dim]: once for every layer
-        bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(~valid, float("-inf"))
-        mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
+        if shared is not None:
+            shared.begin_step(valid)
+            mask = valid.new_empty(0, dtype=x.dtype)
+        else:
+            bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(
+                ~valid, float("-inf")
+            )
+            mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             assert isinstance(layer, FusedLayer) and isinstance(cache_layer, BufferLayer)
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, mask, cache_layer)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, mask, cache_layer, shared)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits

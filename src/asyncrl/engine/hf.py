@@ -425,10 +425,10 @@ class HFEngine(GenerationEngine):
                     tok = st.compact(keep, tok)
                     if st.shared is not None:
                         st.shared.select(keep)
-                if st.shared is not None:
+                if self.fused is not None and self._plain:
+                    logits = self.fused(tok, st.next_pos, st.valid, cache, st.shared)
+                elif st.shared is not None:
                     logits = st.shared.step(self.model, tok, st.next_pos, st.valid, cache)
-                elif self.fused is not None and self._plain:
-                    logits = self.fused(tok, st.next_pos, st.valid, cache)
                 else:
                     mask = as_attention_bias(st.valid[:, None, None, :], attn)
                     logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
