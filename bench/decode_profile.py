@@ -78,8 +78,8 @@ from asyncrl.records import SamplingParams
 MODEL = Path(".cache/models/smollm2-135m-instruct")
 TINY = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},  # the engine as configured by default (merged copy, packed, fused step, shared prefixes)
-    # each switch alone, the shared-prefix attention (on by default since 2026-12-05) off unless named
+    "default": {},  # the engine as configured by default (merged LoRA copy, packed linears, fused step)
+    # each switch alone, the shared-prefix attention off unless named
     "unpacked": {
         "packed_linear": False,
         "shared_prefix_attention": False,

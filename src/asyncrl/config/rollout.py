@@ -79,16 +79,17 @@ class HFEngineConfig(_EngineBase):
     The first call compiles (tens of seconds on two cores, again for each new shape class); off by
     default until measured on a quiet machine (``bench/decode_profile.py --variants
     default,compile_decode``). See docs/engines.md."""
-    shared_prefix_attention: bool = True
+    shared_prefix_attention: bool = False
     """Growing-cache decode steps (the CPU path) attend over a prompt prefix that several rows of a chunk
     share (a GRPO group's prompt) once per group instead of once per row: the prefix KV is copied once per
     group, the group's queries are stacked against it, each row attends over the rest of its KV (its own
     prompt suffix and sampled tokens) in its own cache, and the two partial softmaxes are merged exactly
     (log-sum-exp, as FlashInfer's cascade attention). Log-probs equal the plain path's to float32
     rounding. Runs inside the ``fused_decode`` step where that applies. Not with ``compile_decode`` nor on
-    the static (GPU) path, where it does nothing. On by default since a quiet measurement in the fused step
-    (1.07x, 1.05-1.08 per repeat: ``bench/decode_profile.py --variants
-    fused_decode,fused_decode+shared_prefix_attention``). See docs/engines.md."""
+    the static (GPU) path, where it does nothing. Off by default: the decode step is 1.07x (1.05-1.08 per
+    repeat) faster with it (``bench/decode_profile.py --variants
+    fused_decode,fused_decode+shared_prefix_attention``), but the demo-real runs with it on have not yet
+    shown the same held-out result (one seed of two at 45 %). See docs/engines.md."""
     fused_decode: bool = True
     """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
     mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
