@@ -451,6 +451,35 @@ def test_reopen_after_close_keeps_unacked_entries(backend: Backend) -> None:
     assert [(d.group.id, d.attempts) for d in again] == [("t1", 2)]
 
 
+def test_unacked_members_lists_ready_and_leased_entries(backend: Backend) -> None:
+    """The end-of-run accounting reads the un-acked entries' members; reading leases nothing."""
+    q = backend.make(lease_seconds=30)
+    for i in range(4):
+        q.put(make_traj(f"t{i}"))
+    batch = q.get_batch(2)
+    q.ack([batch[0].entry_id])  # t0 done, t1 leased, t2 and t3 ready
+    assert sorted(q.unacked_members()) == ["t1", "t2", "t3"]
+    assert [d.group.id for d in q.get_batch(10)] == ["t2", "t3"]  # the read took no lease
+
+
+def test_run_accounting_counts_a_partly_fated_group_once(backend: Backend) -> None:
+    """A group held un-acked at the end of a run with one member's fate recorded (dropped stale):
+    that member is consumed, the other left over, nothing lost and nothing counted twice."""
+    from asyncrl.jobs.summary import sample_accounting
+
+    q = backend.make(lease_seconds=30)
+    task = Task(id="task-g", task_type="unit")
+    members = [make_traj(f"g-{k}").members[0] for k in range(2)]
+    q.put(Group.of(task, members, id="g"))
+    q.put(make_traj("done"))
+    done = [d for d in q.get_batch(2) if d.group.id == "done"]
+    q.ack([done[0].entry_id])
+    qs, unacked = q.stats(), q.unacked_members()
+    assert sample_accounting(qs, unacked, {"done", "g-0"}, consumed=2) == (3, 1, 0)
+    assert sample_accounting(qs, unacked, {"done"}, consumed=1) == (3, 2, 0)
+    assert sample_accounting(qs, unacked, {"done"}, consumed=2)[2] == -1  # a fate nothing accounts for
+
+
 def test_threads_share_one_handle(backend: Backend) -> None:
     q = backend.make(capacity=16)
     n_threads, per_thread = 4, 50

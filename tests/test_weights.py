@@ -277,10 +277,36 @@ def test_crash_before_pointer_update(store: LocalWeightStore, monkeypatch: pytes
         store.publish(2, tensors_for(2), step=2)
     monkeypatch.undo()
     assert store.latest_version() == 1 and store.versions() == [1, 2]
+    assert store.newest_version() == 2  # what a resumed publisher must exceed
     loaded = store.load_latest()
     assert loaded is not None and loaded.version == 1
+    with pytest.raises(ValueError, match="increase strictly"):
+        store.publish(2, tensors_for(2), step=2)
     store.publish(3, tensors_for(3), step=3)
-    assert store.latest_version() == 3
+    assert store.latest_version() == 3 == store.newest_version()
+
+
+def test_resumed_trainer_skips_a_version_renamed_before_the_pointer(
+    store: LocalWeightStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer checkpointed at step 4 (version 4), killed while publishing version 6 after the rename
+    and before the pointer moved: the resumed trainer's next version is 7, not the existing 6."""
+    from asyncrl.trainer.process import resume_versions
+
+    for v in (4, 5):
+        store.publish(v, tensors_for(v), step=v)
+
+    def killed(version: int) -> None:
+        raise OSError("killed")
+
+    monkeypatch.setattr(store, "_write_pointer", killed)
+    with pytest.raises(OSError, match="killed"):
+        store.publish(6, tensors_for(6), step=6)
+    monkeypatch.undo()
+    offset, published = resume_versions(store, step=4, last_published=4)
+    assert (offset, published) == (2, 6)
+    store.publish(4 + 1 + offset, tensors_for(7), step=5)  # the first step after the resume
+    assert resume_versions(store, step=0, last_published=0) == (7, 7)  # a fresh start behind a store
 
 
 # ---- retention -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
 from asyncrl.telemetry.report_envs import EnvTally, per_env
-from asyncrl.telemetry.reports import Report, TrainerReport, WorkerReport
+from asyncrl.telemetry.reports import QueueStats, Report, TrainerReport, WorkerReport
 from asyncrl.telemetry.signal import signal_summary
 
 if TYPE_CHECKING:
@@ -104,6 +104,20 @@ def _per_env(
     return per_env(weights, tally, prior, final, cost.get("total_usd"), orch.rules.env_shares())
 
 
+def sample_accounting(
+    qs: QueueStats, unacked: list[str], fated: set[str], consumed: int
+) -> tuple[int, int, int]:
+    """(accepted, left over, lost), in samples, once the roles have stopped. Every sample the queue
+    accepted is consumed (its fate is in the ledger: ``consumed`` of them, ids ``fated``), left over
+    (a member of an un-acked entry, ids ``unacked``, without a fate) or dead-lettered; ``lost`` is what
+    is none of these and must be 0. An un-acked entry can hold members that have a fate — a tree group some of whose leaves were dropped
+    stale, held for the rest when the run ended — and those count as consumed, not left over."""
+    accepted, dead = int(qs.samples_in), int(qs.samples_dead)
+    unacked_samples = accepted - int(qs.samples_acked) - dead  # an entry is a group: counted in samples
+    leftover = unacked_samples - sum(i in fated for i in unacked)
+    return accepted, leftover, accepted - consumed - leftover - dead
+
+
 def summarize(
     cfg: RunConfig,
     run_dir: Path,
@@ -123,11 +137,9 @@ def summarize(
     hist: dict[str, int] = {}
     for a in ages:
         hist[str(a)] = hist.get(str(a), 0) + 1
-    qs = queue.stats()  # an entry is a group: the accounting below counts its samples
-    accepted = int(qs.samples_in)
-    dead = int(qs.samples_dead)
-    leftover = accepted - int(qs.samples_acked) - dead
     consumed = sum(fates.values())
+    qs = queue.stats()
+    accepted, leftover, lost = sample_accounting(qs, queue.unacked_members(), state.ids_with_fate(), consumed)
     queue.close()
     gain = (final["success_rate"] - prior["success_rate"]) * 100
     cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
@@ -143,7 +155,7 @@ def summarize(
         "samples_admitted": tallies.admitted,
         # accepted by put = consumed (a fate in the ledger) + still queued + dead-lettered, counted in samples
         # by the queue (dead letters of bytes written into the queue from outside hold none)
-        "lost_trajectories": accepted - consumed - leftover - dead,
+        "lost_trajectories": lost,
         "duplicates_recorded": tallies.duplicates,
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from asyncrl.trainer.checkpoint import TrainerState
     from asyncrl.trainer.distributed import RankGroup
     from asyncrl.trainer.learner import Learner
+    from asyncrl.weights import WeightStore
 
 log = logging.getLogger("asyncrl.trainer")
 
@@ -78,6 +79,14 @@ def load_learner(
     return learner, ts
 
 
+def resume_versions(store: WeightStore, step: int, last_published: int) -> tuple[int, int]:
+    """(offset, newest published) of a trainer resumed at ``step``: the next version, ``step + 1 +
+    offset``, exceeds every version in ``store`` — including one a crashed trainer renamed into place
+    without moving the pointer — and every version the checkpoint knows it published."""
+    published = max(store.newest_version() or 0, last_published)
+    return max(0, published - step), published
+
+
 class TrainerRole:
     def __init__(
         self,
@@ -104,9 +113,7 @@ class TrainerRole:
         self.parallel = self.learner.parallel
         self.policy: Policy = self.learner.policy
         self.step = ts.step
-        published = max(self.store.latest_version() or 0, ts.last_published)
-        self.offset = max(0, published - ts.step)
-        self.last_published = published
+        self.offset, self.last_published = resume_versions(self.store, ts.step, ts.last_published)
         self.staleness = self.state.staleness
         self.buffer = ReplayBuffer.of(cfg, self.staleness, scorer=self._behaviour_kl)
         self.intake = Intake(self.queue, self.state, pull_size=2 * cfg.trainer.batch_size)  # entries: groups

@@ -212,6 +212,21 @@ class TrajectoryQueue(ABC):
         """Entries set aside as undeliverable, oldest first."""
 
     @abstractmethod
+    def unacked_payloads(self) -> list[bytes]:
+        """The payloads of the un-acked entries (ready or leased), oldest first; leases untouched."""
+
+    def unacked_members(self) -> list[str]:
+        """Member ids of the un-acked entries that decode (read-only: for the end-of-run accounting, where
+        a group redelivered after a crash can be held with some members' fates already recorded)."""
+        out: list[str] = []
+        for payload in self.unacked_payloads():
+            try:
+                out += [t.id for t in decode_group(payload).members]
+            except Exception:  # poison: counted by its entry's member count alone
+                continue
+        return out
+
+    @abstractmethod
     def close(self) -> None:
         """Release this handle's resources. Idempotent; the queue's contents persist."""
 

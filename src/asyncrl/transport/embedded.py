@@ -343,6 +343,11 @@ class EmbeddedQueue(TrajectoryQueue):
                 conn.execute("COMMIT")
         return stats_of(int(depth), int(ready), int(dead), counters, self.capacity)
 
+    def unacked_payloads(self) -> list[bytes]:
+        with self._lock:
+            rows = self._conn().execute("SELECT data FROM payloads ORDER BY seq").fetchall()
+        return [bytes(data) for (data,) in rows]
+
     def dead_letters(self) -> list[DeadLetter]:
         with self._lock:
             rows = (

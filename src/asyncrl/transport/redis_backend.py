@@ -329,6 +329,10 @@ class RedisQueue(TrajectoryQueue):
         leased = int(pending) - int(expired)
         return stats_of(int(length), int(length) - leased, int(dead), counters, self.capacity)
 
+    def unacked_payloads(self) -> list[bytes]:
+        rows = self._call(lambda r: r.xrange(self.stream_key, "-", "+"))
+        return [bytes(f.get(b"data", b"")) for _, f in rows]
+
     def dead_letters(self) -> list[DeadLetter]:
         rows = self._call(lambda r: r.xrange(self.dead_key, "-", "+"))
         return [

@@ -88,6 +88,14 @@ class WeightStore(ABC):
     def versions(self) -> list[int]:
         """Versions that have a snapshot directory, ascending (not verified)."""
 
+    def newest_version(self) -> int | None:
+        """The newest version of the pointer and the snapshot directories: the one a publish must exceed.
+        A publisher killed between renaming its snapshot into place and moving the pointer leaves a
+        directory newer than the pointer; a resumed publisher that counted the pointer alone would try
+        to publish that version again."""
+        found = [*self.versions(), self.latest_version()]
+        return max((v for v in found if v is not None), default=None)
+
 
 def version_dirname(version: int) -> str:
     """Directory name of a version's snapshot (``v000007``)."""
