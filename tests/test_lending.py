@@ -129,19 +129,45 @@ def test_the_hooks_poll_before_each_decoder_layer(tmp_path: Path, restore_thread
 
 
 def test_joining_with_a_model_attaches_the_hooks(tmp_path: Path, restore_threads: None) -> None:
-    """How the trainer and the rollout workers join: ``model=`` attaches (none without a plan)."""
+    """How the trainer and the rollout workers join: ``models=`` attaches (none without a plan)."""
     from asyncrl.config import ModelConfig
     from asyncrl.policy import Policy
 
     policy = Policy.build(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1))
-    assert ThreadLender.join(tmp_path, "trainer", own=1, model=policy.model) is None  # lending off
+    assert ThreadLender.join(tmp_path, "trainer", own=1, models=[policy.model]) is None  # lending off
     open_board(tmp_path, TWO)
-    lender = ThreadLender.join(tmp_path, "trainer", own=1, model=policy.model)
+    lender = ThreadLender.join(tmp_path, "trainer", own=1, models=[policy.model])
     assert lender is not None
     polls: list[float] = []
     lender.poll = lambda: polls.append(1.0)  # type: ignore[method-assign]
     policy.model(torch.tensor([[1, 2, 3]]))
     assert len(polls) == 2
+
+
+def test_a_worker_polls_at_every_decode_step_of_a_merged_fused_engine(
+    tmp_path: Path, restore_threads: None
+) -> None:
+    """A LoRA policy is sampled from a merged copy through the fused decode step, neither of which is
+    the policy's model: the worker joins with what the engine runs, so it polls (announces computing,
+    takes its grant) in the prefill and at every decode step. Joined with the policy's model, as before,
+    it polled never, and a waiting trainer borrowed the busy worker's core."""
+    from asyncrl.records import SamplingParams
+    from test_engine import hf_engine, tiny_lora
+
+    engine = hf_engine(tiny_lora(), [], merge_lora=True, packed_linear=True, fused_decode=True)
+    modules = engine.compute_modules()
+    assert engine.fused is not None and engine.fused in modules and engine.policy.model not in modules
+    open_board(tmp_path, TWO)
+    lender = ThreadLender.join(tmp_path, "rollout-0", own=1, models=modules)
+    assert lender is not None
+    polls: list[float] = []
+    lender.poll = lambda: polls.append(1.0)  # type: ignore[method-assign]
+    new_tokens = 6
+    engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=new_tokens, temperature=1.0))
+    layers = engine.policy.model.config.num_hidden_layers
+    # the prefill through the merged copy, then new_tokens - 1 fused decode steps: a poll per layer each
+    # (the fused step's hooks missing: the prefill's alone; the policy's model: none)
+    assert len(polls) >= layers * new_tokens, len(polls)
 
 
 def test_the_plan_applies_to_local_cpu_runs_with_cores_to_share(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,6 +45,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -139,18 +140,24 @@ class ThreadLender:
 
     @classmethod
     def join(
-        cls, run_dir: Path, name: str, own: int, borrow: bool = True, model: torch.nn.Module | None = None
+        cls,
+        run_dir: Path,
+        name: str,
+        own: int,
+        borrow: bool = True,
+        models: Sequence[torch.nn.Module] = (),
     ) -> ThreadLender | None:
-        """This role's lender, or None where the orchestrator published no plan (lending off); with
-        ``model``, :meth:`attach`-ed to it (polled before each decoder layer: every decode step of a
-        worker's engine, every layer of the trainer's policy)."""
+        """This role's lender, or None where the orchestrator published no plan (lending off),
+        :meth:`attach`-ed to each of ``models`` (polled before each of their decoder layers: the
+        trainer's policy; what a worker's engine runs, its merged copy and fused decode step included,
+        :meth:`~asyncrl.engine.base.GenerationEngine.compute_modules`)."""
         path = run_dir / BOARD / "plan.json"
         if not path.is_file():
             return None
         doc = json.loads(path.read_text())
         plan = Plan(int(doc["cores"]), float(doc["lend_after_s"]), float(doc["poll_s"]))
         lender = cls(run_dir, name, plan, own, borrow)
-        if model is not None:
+        for model in models:
             lender.attach(model)
         return lender
 

@@ -110,6 +110,12 @@ class GenerationEngine(ABC):
         supported by this backend."""
         return None
 
+    def compute_modules(self) -> list[torch.nn.Module]:
+        """The torch modules whose forward passes this engine runs in this process, each generation
+        step through one of them (core lending polls before their decoder layers); none for a backend
+        that computes elsewhere."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release processes or files the engine holds (nothing for the built-in engine)."""
 

@@ -149,6 +149,19 @@ class FusedLayer(torch.nn.Module):
         self.post_attention_layernorm = layer.post_attention_layernorm
         self.mlp = FusedMLP(layer.mlp)
 
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        cache_layer: BufferLayer,
+        shared: SharedPrefix | None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_layer, shared)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
 
 class FusedDecoder(torch.nn.Module):
     """The decode step of :func:`fusable` model whose linear layers are :class:`PackedLinear` s (the
@@ -197,9 +210,8 @@ class FusedDecoder(torch.nn.Module):
             )
             mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
-            assert isinstance(layer, FusedLayer) and isinstance(cache_layer, BufferLayer)
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, mask, cache_layer, shared)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            assert isinstance(cache_layer, BufferLayer)
+            x = layer(x, cos, sin, mask, cache_layer, shared)  # a call: core lending's hook polls here
         logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits
 

@@ -254,6 +254,11 @@ class HFEngine(GenerationEngine):
             self.served.refresh()
             self.merge_seconds += time.perf_counter() - t0
 
+    def compute_modules(self) -> list[torch.nn.Module]:
+        """The served model (the policy's, or its merged copy: prefills, unfused decode steps) and the
+        fused decode step where on; see the interface."""
+        return [m for m in (self.model, self.fused) if m is not None]
+
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
         """Read from the live parameters and buffers (no copy); see the interface. With a merged copy,
         the adapter tensors are those the copy was folded from (:attr:`MergedCopy.adapter`)."""

@@ -220,9 +220,9 @@ class RolloutWorker:
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
         from asyncrl.bootstrap import torch_threads
 
-        # core lending (asyncrl.lending), polled before each decoder layer of the engine's model
+        # core lending (asyncrl.lending), polled before each decoder layer of what the engine runs
         self.lender = ThreadLender.join(
-            run_dir, self.name, torch_threads(cfg, "rollout"), model=self.policy.model
+            run_dir, self.name, torch_threads(cfg, "rollout"), models=self.engine.compute_modules()
         )
         self.agent: AgentRunner | None = None
         """env.kind: agent — the :class:`~asyncrl.gateway.agent.AgentRunner` (started in :meth:`run`)."""

@@ -141,7 +141,7 @@ class TrainerRole:
 
         # core lending (asyncrl.lending), polled before each decoder layer of the policy
         self.lender = (
-            ThreadLender.join(run_dir, "trainer", torch_threads(cfg, "trainer"), model=self.policy.model)
+            ThreadLender.join(run_dir, "trainer", torch_threads(cfg, "trainer"), models=[self.policy.model])
             if self.parallel.world == 1
             else None
         )
