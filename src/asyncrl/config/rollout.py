@@ -76,9 +76,9 @@ class HFEngineConfig(_EngineBase):
     compile_decode: bool = False
     """Run the growing-cache decode step's forward pass (the CPU path) through ``torch.compile``
     (inductor, dynamic shapes): fused norms, rotary embeddings and activations, less Python per step.
-    The first call compiles (tens of seconds on two cores, again for each new shape class); off by
-    default until measured on a quiet machine (``bench/decode_profile.py --variants
-    default,compile_decode``). See docs/engines.md."""
+    The first call compiles (229 s for SmolLM2 on a quiet machine); off by default: the compiled step
+    measured 0.66x as fast as the default fused step (``bench/decode_profile.py --variants
+    fused_decode,packed_linear+compile_decode``, 3 quiet repeats). See docs/engines.md."""
     shared_prefix_attention: bool = False
     """Growing-cache decode steps (the CPU path) attend over a prompt prefix that several rows of a chunk
     share (a GRPO group's prompt) once per group instead of once per row: the prefix KV is copied once per
