@@ -55,8 +55,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy src/asyncrl
 
+# The tests that start no roles run on two xdist workers (one per core), then the `serial` ones
+# (tests/conftest.py: role runs, kills, timings) alone; the same tests as one `pytest` run.
+MARKS := not faults and not vllm and not realmodel and not long
 unit: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 -m "$(MARKS) and not serial"
+	$(PY) -m pytest -m "$(MARKS) and serial"
 
 test: lint typecheck unit
 

@@ -15,6 +15,47 @@ import pytest
 os.environ.setdefault("ASYNCRL_ROLE_START", "forkserver")
 
 
+SERIAL = {
+    # runs of roles (trainers, rollout workers, evaluators, launchers, Ray, torch.distributed ranks),
+    # processes killed or timed, and figures of wall time or memory: run alone, after the rest
+    "test_control_e2e.py",
+    "test_credit_e2e.py",
+    "test_distributed.py",
+    "test_envs_answers_e2e.py",
+    "test_envs_class_e2e.py",
+    "test_envs_ecosystem_e2e.py",
+    "test_envs_mix_e2e.py",
+    "test_faults.py",
+    "test_gateway_e2e.py",
+    "test_gpu_suite.py",
+    "test_lending.py",
+    "test_memory.py",
+    "test_models_e2e.py",
+    "test_observe_e2e.py",
+    "test_ray_cluster.py",
+    "test_ray_launcher.py",
+    "test_recover.py",
+    "test_roles_as_services.py",
+    "test_runtime_e2e.py",
+    "test_sandbox.py",
+    "test_security.py",
+    "test_signal.py",
+    "test_state_store.py",
+    "test_stop.py",
+    "test_trainer_passes_bench.py",
+    "test_transport.py",
+    "test_weights.py",
+}
+"""Test files marked ``serial``: ``make unit`` runs the others on two xdist workers first, then these
+alone (``tests/test_architecture.py`` checks every ``*_e2e.py`` file is here)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """torch on one thread for the test (exact, repeatable numerics; no fight over the 2 CPU cores).

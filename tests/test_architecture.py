@@ -625,3 +625,14 @@ def test_groups_are_never_rebuilt_from_their_members() -> None:
     assert _regroupings(files) == []
     # the rule can fail
     assert _regroupings({"trainer/buffer.py": "key = traj.group_id or traj.id"}) == ["trainer/buffer.py"]
+
+
+def test_every_end_to_end_file_runs_serially() -> None:
+    """``make unit`` runs the test files outside ``conftest.SERIAL`` on two workers at once: a file that
+    starts roles (every ``*_e2e.py``) must be in it, and every name in it must be a test file."""
+    from conftest import SERIAL
+
+    tests = SRC.parent.parent / "tests"
+    names = {p.name for p in tests.glob("test_*.py")}
+    assert {n for n in names if n.endswith("_e2e.py")} <= SERIAL
+    assert names >= SERIAL, SERIAL - names
