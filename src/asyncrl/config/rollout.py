@@ -86,10 +86,10 @@ class HFEngineConfig(_EngineBase):
     prompt suffix and sampled tokens) in its own cache, and the two partial softmaxes are merged exactly
     (log-sum-exp, as FlashInfer's cascade attention). Log-probs equal the plain path's to float32
     rounding. Runs inside the ``fused_decode`` step where that applies. Not with ``compile_decode`` nor on
-    the static (GPU) path, where it does nothing. Off by default: the decode step is 1.07x (1.05-1.08 per
-    repeat) faster with it (``bench/decode_profile.py --variants
-    fused_decode,fused_decode+shared_prefix_attention``), but the demo-real runs with it on have not yet
-    shown the same held-out result (one seed of two at 45 %). See docs/engines.md."""
+    the static (GPU) path, where it does nothing. Off by default: the decode bench's step is 1.07-1.11x
+    faster with it (``bench/decode_profile.py --variants fused_decode,fused_decode+shared_prefix_attention``),
+    but the demo-real RL phase is not (297 and 298 s against 260-290 s without it, held-out 100 % and
+    94 %: the demo's chunks of short turns pay the per-chunk prefix copy). See docs/engines.md."""
     fused_decode: bool = True
     """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
     mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
