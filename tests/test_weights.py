@@ -266,16 +266,23 @@ def test_pointer_rules(store: LocalWeightStore) -> None:
     assert loaded is not None and loaded.version == 2 and "pointer" in loaded.problems[0]
 
 
-def test_crash_before_pointer_update(store: LocalWeightStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    store.publish(1, tensors_for(1), step=1)
+def publish_killed_before_the_pointer(
+    store: LocalWeightStore, version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publish ``version`` as a publisher killed after renaming its snapshot into place, before the pointer."""
 
     def crash(version: int) -> None:
         raise OSError("simulated crash before the pointer was replaced")
 
     monkeypatch.setattr(store, "_write_pointer", crash)
     with pytest.raises(OSError, match="simulated"):
-        store.publish(2, tensors_for(2), step=2)
+        store.publish(version, tensors_for(version), step=version)
     monkeypatch.undo()
+
+
+def test_crash_before_pointer_update(store: LocalWeightStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.publish(1, tensors_for(1), step=1)
+    publish_killed_before_the_pointer(store, 2, monkeypatch)
     assert store.latest_version() == 1 and store.versions() == [1, 2]
     assert store.newest_version() == 2  # what a resumed publisher must exceed
     loaded = store.load_latest()
@@ -295,14 +302,7 @@ def test_resumed_trainer_skips_a_version_renamed_before_the_pointer(
 
     for v in (4, 5):
         store.publish(v, tensors_for(v), step=v)
-
-    def killed(version: int) -> None:
-        raise OSError("killed")
-
-    monkeypatch.setattr(store, "_write_pointer", killed)
-    with pytest.raises(OSError, match="killed"):
-        store.publish(6, tensors_for(6), step=6)
-    monkeypatch.undo()
+    publish_killed_before_the_pointer(store, 6, monkeypatch)
     offset, published = resume_versions(store, step=4, last_published=4)
     assert (offset, published) == (2, 6)
     store.publish(4 + 1 + offset, tensors_for(7), step=5)  # the first step after the resume

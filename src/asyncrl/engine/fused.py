@@ -28,7 +28,7 @@ sees the weights served.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -84,6 +84,16 @@ class FusedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={len(self.parts)}, packed"
 
 
+class StepInputs(NamedTuple):
+    """What every layer of one decode step shares: the rotary tables ``[rows, 1, dim]``, the additive
+    mask ``[rows * kv_heads, 1, columns]`` and, with the shared-prefix attention, the chunk's state."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor
+    shared: SharedPrefix | None
+
+
 class FusedAttention(torch.nn.Module):
     """One layer's attention for one new token per row (see the module docstring)."""
 
@@ -97,27 +107,19 @@ class FusedAttention(torch.nn.Module):
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        layer: BufferLayer,
-        shared: SharedPrefix | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: StepInputs, layer: BufferLayer) -> torch.Tensor:
         rows, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv_proj(x).view(rows, h + 2 * kv, d)
         qk = qkv[:, : h + kv]
         # cos, sin [rows, 1, dim]: q and k rotated together (transformers' untyped rotate_half)
-        qk = qk * cos + rotate_half(qk) * sin  # type: ignore[no-untyped-call]
+        qk = qk * step.cos + rotate_half(qk) * step.sin  # type: ignore[no-untyped-call]
         keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
-        if shared is not None:  # each group's prompt prefix once, each row's suffix in its cache
-            out = shared.attend(self.layer_idx, qk[:, :h, None], keys, values, self.scaling)
+        if step.shared is not None:  # each group's prompt prefix once, each row's suffix in its cache
+            out = step.shared.attend(self.layer_idx, qk[:, :h, None], keys, values, self.scaling)
             return self._project(out, rows)
         q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
-        scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scaling)
+        scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
         return self._project(torch.bmm(torch.softmax(scores, dim=-1), values), rows)
 
     def _project(self, out: torch.Tensor, rows: int) -> torch.Tensor:
@@ -149,16 +151,8 @@ class FusedLayer(torch.nn.Module):
         self.post_attention_layernorm = layer.post_attention_layernorm
         self.mlp = FusedMLP(layer.mlp)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        cache_layer: BufferLayer,
-        shared: SharedPrefix | None,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_layer, shared)
+    def forward(self, x: torch.Tensor, step: StepInputs, cache_layer: BufferLayer) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), step, cache_layer)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
@@ -209,9 +203,10 @@ class FusedDecoder(torch.nn.Module):
                 ~valid, float("-inf")
             )
             mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
+        step = StepInputs(cos, sin, mask, shared)
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             assert isinstance(cache_layer, BufferLayer)
-            x = layer(x, cos, sin, mask, cache_layer, shared)  # a call: core lending's hook polls here
+            x = layer(x, step, cache_layer)  # a call: core lending's hook polls here
         logits: torch.Tensor = self.lm_head(self.norm(x))
         return logits
 
