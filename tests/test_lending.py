@@ -3,6 +3,7 @@ orchestrator publishes, and a real run in which the waiting role's cores went to
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -222,3 +223,52 @@ def test_in_sync_mode_the_rollout_worker_borrows_the_waiting_trainers_core(
     assert s["threads_borrowed_by"]["rollout-0"] >= 0.2, s["threads_borrowed_by"]
     assert s["threads_borrowed_by"]["trainer"] == 0.0
     assert s["threads_lent_seconds"] == pytest.approx(sum(s["threads_borrowed_by"].values()), abs=0.11)
+
+
+def _spin_share(idle: bool) -> tuple[float, float, int]:
+    """Two forked children pinned to one core spin for the same second; the first lowers its
+    priority as the evaluator does (:func:`yield_cpu`). Returns both children's CPU seconds and the
+    first one's scheduling policy."""
+    import os
+
+    from asyncrl.rollout.evaluator import yield_cpu
+
+    core = min(os.sched_getaffinity(0))
+    start = time.time() + 0.3  # both forked and pinned by then
+    reads: list[int] = []
+    pids = []
+    for lowered in (True, False):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: pin, lower or not, spin until the common deadline, report
+            os.close(r)
+            os.sched_setaffinity(0, {core})
+            if lowered:
+                yield_cpu(5, idle=idle)
+            while time.time() < start:
+                pass
+            cpu0 = time.process_time()
+            while time.time() < start + 1.0:
+                pass
+            os.write(w, f"{time.process_time() - cpu0} {os.sched_getscheduler(0)}".encode())
+            os._exit(0)
+        os.close(w)
+        reads.append(r)
+        pids.append(pid)
+    out = []
+    for r, pid in zip(reads, pids, strict=True):
+        os.waitpid(pid, 0)
+        out.append(os.read(r, 100).decode().split())
+        os.close(r)
+    return float(out[0][0]), float(out[1][0]), int(out[0][1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_the_idle_evaluator_computes_only_on_a_core_nobody_else_wants() -> None:
+    import os
+
+    lowered, normal, policy = _spin_share(idle=True)
+    assert policy == os.SCHED_IDLE
+    assert lowered < 0.05 * normal, (lowered, normal)  # measured: ~0.3 % of the core
+    lowered, normal, policy = _spin_share(idle=False)  # nice 5 alone still takes a quarter of it
+    assert policy == os.SCHED_OTHER and lowered > 0.15 * normal, (lowered, normal)

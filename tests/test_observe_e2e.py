@@ -43,6 +43,7 @@ OVERRIDES = [
     "telemetry.eval_every=2",
     "telemetry.eval_tasks=8",
     "telemetry.eval_nice=0",
+    "telemetry.eval_idle=false",  # the periodic points below need the evaluator to compute beside training
 ]
 
 

@@ -267,6 +267,13 @@ def test_roles_of_a_killed_orchestrator_stop_by_themselves(tmp_path: Path, cache
         helpers.wait_for(lambda: state.trainer_step() >= 2, 300, "trainer step 2")
         roles = job.roles_left()
         assert {"trainer", "rollout-0"} <= set(roles)
+        pids = {n: pid for n, (pid, _) in json.loads((job.run_dir / "roles.json").read_text()).items()}
+        helpers.wait_for(  # telemetry.eval_idle, the default
+            lambda: os.sched_getscheduler(pids["evaluator"]) == os.SCHED_IDLE,
+            60,
+            "the evaluator at SCHED_IDLE",
+        )
+        assert os.sched_getscheduler(pids["trainer"]) == os.SCHED_OTHER  # training keeps its priority
         job.proc.send_signal(signal.SIGKILL)  # the orchestrator alone: its roles are in their own sessions
         job.wait(30)
         assert job.roles_left()  # they outlive it ...

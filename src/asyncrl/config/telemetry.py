@@ -24,6 +24,11 @@ class TelemetryConfig(Section):
     """Held-out tasks per periodic evaluation (0: the whole held-out split)."""
     eval_nice: int = Field(5, ge=0, le=19)
     """OS priority decrement (``nice``) of the evaluator process, so evaluation yields the CPU to training."""
+    eval_idle: bool = True
+    """Run the evaluator under Linux's ``SCHED_IDLE`` policy: it computes only on a core that the trainer
+    and the rollout workers leave, so a periodic evaluation never slows training (on a machine whose
+    cores training fills, the curve gets fewer points). ``false``: ``eval_nice`` alone, which still
+    takes about a quarter of a shared core at 5 (``tests/test_lending.py``)."""
     archive: bool = True
     """Archive every trained batch (compressed msgpack) in ``archive/`` for ``asyncrl replay``."""
     traces: bool = True

@@ -1,7 +1,8 @@
 """The evaluator role: held-out evaluation of the newest weights every ``telemetry.eval_every`` versions.
 
-A separate, low-priority process (``nice`` +``telemetry.eval_nice``) so that evaluation never blocks the orchestrator's tick
-and yields the CPU to the trainer and the rollout workers. It watches the weight store; whenever the
+A separate process at the lowest CPU priority (Linux's ``SCHED_IDLE`` with ``telemetry.eval_idle``, and
+``nice`` +``telemetry.eval_nice``), so that evaluation never blocks the orchestrator's tick and computes
+only on a core the trainer and the rollout workers leave. It watches the weight store; whenever the
 newest valid version is at least ``eval_every`` past the last one it evaluated (version 0 is the
 run's initial evaluation), it loads that version and runs :func:`~asyncrl.rollout.heldout.evaluate_policy`
 on the environment's held-out split — independent of the training reward, with simulated latency and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -96,11 +98,20 @@ class Evaluator:
                 time.sleep(0.5)
 
 
+def yield_cpu(nice: int, *, idle: bool) -> None:
+    """Lower this process's CPU priority so that evaluation yields the cores to training: ``nice``
+    always, and Linux's ``SCHED_IDLE`` policy when ``idle`` (where the OS has it)."""
+    os.nice(nice)
+    if idle and sys.platform.startswith("linux"):
+        for thread in os.listdir("/proc/self/task"):  # the policy is per thread: every thread started so far
+            os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+
+
 def evaluator_main(cfg_json: str, run_dir: str) -> None:
     """Process entry point (spawned by the launcher)."""
     started = time.time()
     from asyncrl.bootstrap import init_role_process
 
     cfg = init_role_process(cfg_json, "evaluator")
-    os.nice(cfg.telemetry.eval_nice)  # evaluation yields the CPU to the trainer and the rollout workers
+    yield_cpu(cfg.telemetry.eval_nice, idle=cfg.telemetry.eval_idle)
     Evaluator(cfg, Path(run_dir), started=started).run()

@@ -271,9 +271,8 @@ class LocalWeightStore(WeightStore):
             raise ValueError(f"extra must be JSON-serialisable (finite numbers): {exc}") from None
         prepared = _prepare_tensors(tensors)
         with self._publish_lock:
-            pointer, _ = self._read_pointer()
-            newest = max([*self.versions(), -1 if pointer is None else pointer])
-            if version <= newest:
+            newest = self.newest_version()
+            if newest is not None and version <= newest:
                 raise ValueError(
                     f"weight versions must increase strictly: cannot publish {version}, "
                     f"version {newest} already exists in {self.root}"
