@@ -273,7 +273,9 @@ def test_roles_of_a_killed_orchestrator_stop_by_themselves(tmp_path: Path, cache
             60,
             "the evaluator at SCHED_IDLE",
         )
-        assert os.sched_getscheduler(pids["trainer"]) == os.SCHED_OTHER  # training keeps its priority
+        assert os.sched_getscheduler(pids["trainer"]) == os.sched_getscheduler(
+            0
+        )  # training keeps its priority
         job.proc.send_signal(signal.SIGKILL)  # the orchestrator alone: its roles are in their own sessions
         job.wait(30)
         assert job.roles_left()  # they outlive it ...

@@ -31,7 +31,8 @@ another role computing, its pinned share. Each role applies the rule to itself (
 in its compute thread, at most every ``launcher.lend_poll_ms`` (torch's thread count is per OS thread, and
 ``torch.set_num_threads`` costs well under a microsecond): at decode-step and decoder-layer
 granularity, so a role that starts computing again has its cores back within about ``lend_poll_ms``.
-The evaluator never borrows (it runs niced, to yield), but it holds its core while it evaluates.
+The evaluator never borrows; niced (``telemetry.eval_idle: false``) it holds its core while it
+evaluates, at ``SCHED_IDLE`` (the default) it does not join.
 
 Each lender counts its **borrowed thread-seconds** (threads above its own, times the seconds it held
 them: ``cores/borrowed_thread_seconds``); the run's summary adds them up as ``threads_lent_seconds``.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import struct
 import threading
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 
     from asyncrl.config import RunConfig
 
+log = logging.getLogger(__name__)
 BOARD = "cores"
 _SLOT = struct.Struct("<dd")  # computing (0 / 1), since (time.time())
 
@@ -100,7 +103,12 @@ def lending_plan(cfg: RunConfig) -> Plan | None:
     if resolve_device(cfg.model.device).type != "cpu":  # GPU roles: docs/orchestrator.md#core-lending
         return None
     cores = usable_cores()
-    return Plan(cores, lc.lend_after_ms / 1000, lc.lend_poll_ms / 1000) if cores > 1 else None
+    if cores <= 1:
+        log.warning(
+            "launcher.lend_threads: one usable core (OMP_NUM_THREADS or the affinity mask): no lending"
+        )
+        return None
+    return Plan(cores, lc.lend_after_ms / 1000, lc.lend_poll_ms / 1000)
 
 
 def open_board(run_dir: Path, plan: Plan | None) -> None:

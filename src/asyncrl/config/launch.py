@@ -52,8 +52,7 @@ class LocalLauncherConfig(_LauncherBase):
     by the staleness budget, the trainer with no batch to take — lends its cores to the roles still
     computing, which raise their torch threads until it computes again (docs/orchestrator.md#core-lending,
     ``asyncrl.lending``). Off by default: on the demo-real task it measured 0.95x and 1.01x the RL
-    phase (docs/benchmarks.md; the periodic evaluator filled the core a waiting trainer leaves), and 1.14x
-    with the evaluator at ``SCHED_IDLE`` (the worker generated slower on two threads):
+    phase (docs/benchmarks.md; the periodic evaluator already fills the core a waiting trainer leaves):
     every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
     lend_after_ms: int = Field(250, ge=0, le=60_000)
     """A role's cores are lent only once it has waited this long: the short gaps between two model

@@ -23,12 +23,15 @@ class TelemetryConfig(Section):
     eval_tasks: int = Field(0, ge=0)
     """Held-out tasks per periodic evaluation (0: the whole held-out split)."""
     eval_nice: int = Field(5, ge=0, le=19)
-    """OS priority decrement (``nice``) of the evaluator process, so evaluation yields the CPU to training."""
+    """OS priority decrement (``nice``) of the evaluator process; what yields the CPU to training where
+    ``eval_idle`` is off or the OS has no ``SCHED_IDLE`` (at 5 it still takes about a quarter of a shared
+    core, ``tests/test_lending.py``)."""
     eval_idle: bool = True
     """Run the evaluator under Linux's ``SCHED_IDLE`` policy: it computes only on a core that the trainer
-    and the rollout workers leave, so a periodic evaluation never slows training (on a machine whose
-    cores training fills, the curve gets fewer points). ``false``: ``eval_nice`` alone, which still
-    takes about a quarter of a shared core at 5 (``tests/test_lending.py``)."""
+    and the rollout workers leave (0.4-0.5 % of a core they keep busy), so a periodic evaluation barely
+    slows training; on a machine whose cores training fills, the curve gets fewer points, and a
+    tool's wall-clock limit (``env.guard.step_timeout_s``, a sandbox's) also counts the time the
+    evaluator waits for a core. ``false``: ``eval_nice`` alone, and the evaluator joins core lending."""
     archive: bool = True
     """Archive every trained batch (compressed msgpack) in ``archive/`` for ``asyncrl replay``."""
     traces: bool = True

@@ -14,6 +14,7 @@ training: the cost ledger does not bill this process as a rollout or trainer dev
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from asyncrl.telemetry.jsonl import MetricWriter, read_jsonl
 from asyncrl.telemetry.reports import EvalFigures, EvaluatorReport
 
 ROLE = "evaluator"
+log = logging.getLogger(__name__)
 
 
 def evaluated_versions(run_dir: Path) -> list[int]:
@@ -49,8 +51,13 @@ class Evaluator:
         self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
         from asyncrl.bootstrap import torch_threads
 
-        # core lending: the evaluator holds its core while it evaluates and never borrows (it yields)
-        self.lender = ThreadLender.join(run_dir, ROLE, torch_threads(cfg, "evaluator"), borrow=False)
+        # core lending: a niced evaluator holds its core while it evaluates and never borrows; one at
+        # SCHED_IDLE holds none (it computes only on a core nobody else wants), so it does not join
+        self.lender = (
+            None
+            if cfg.telemetry.eval_idle
+            else ThreadLender.join(run_dir, ROLE, torch_threads(cfg, "evaluator"), borrow=False)
+        )
 
     def due(self) -> bool:
         v = self.store.latest_version()
@@ -99,12 +106,17 @@ class Evaluator:
 
 
 def yield_cpu(nice: int, *, idle: bool) -> None:
-    """Lower this process's CPU priority so that evaluation yields the cores to training: ``nice``
-    always, and Linux's ``SCHED_IDLE`` policy when ``idle`` (where the OS has it)."""
+    """Lower the calling thread's CPU priority so that evaluation yields the cores to training:
+    ``nice`` always, and Linux's ``SCHED_IDLE`` policy when ``idle`` (where the OS has it). Both are
+    per thread on Linux and every thread this one starts inherits them (the engine's worker thread,
+    torch's pool); threads started before (a launcher's, Ray's) keep their priority. A refused policy
+    (a sandbox that allows only the default one) is a warning, not a failed role."""
     os.nice(nice)
     if idle and sys.platform.startswith("linux"):
-        for thread in os.listdir("/proc/self/task"):  # the policy is per thread: every thread started so far
-            os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError as exc:
+            log.warning("evaluator: SCHED_IDLE refused (%s); running at nice %d", exc, nice)
 
 
 def evaluator_main(cfg_json: str, run_dir: str) -> None:
