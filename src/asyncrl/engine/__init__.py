@@ -49,6 +49,7 @@ def make_engine(
             compile_decode=cfg.compile_decode,
             fused_decode=cfg.fused_decode,
             shared_prefix_attention=cfg.shared_prefix_attention,
+            continuous_batching=cfg.continuous_batching,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine

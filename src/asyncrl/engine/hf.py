@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from asyncrl.engine.decode import (
     bucket_for,
     decode_buckets,
     last_logits,
-    layer_kv,
     pad_rows,
     sample_tokens,
 )
@@ -180,6 +179,7 @@ class HFEngine(GenerationEngine):
         compile_decode: bool = default_of(HFEngineConfig, "compile_decode"),
         shared_prefix_attention: bool = default_of(HFEngineConfig, "shared_prefix_attention"),
         fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
+        continuous_batching: bool = default_of(HFEngineConfig, "continuous_batching"),
     ) -> None:
         """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
         them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -193,7 +193,9 @@ class HFEngine(GenerationEngine):
         for an adapter it cannot fold); ``packed_linear``, ``compile_decode``, ``fused_decode``: :class:`ServedModel`;
         ``shared_prefix_attention``: growing-cache decode steps attend over each group's shared prompt
         prefix once (:mod:`asyncrl.engine.cascade`; ``rollout.engine.shared_prefix_attention``; not with
-        ``compile_decode``, nor for models whose cache layers are not plain full-attention layers)."""
+        ``compile_decode``, nor for models whose cache layers are not plain full-attention layers);
+        ``continuous_batching``: decode in a :class:`~asyncrl.engine.stream.DecodeStream` where
+        :attr:`streams` (``rollout.engine.continuous_batching``)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
@@ -231,6 +233,7 @@ class HFEngine(GenerationEngine):
         self.prefill = Prefill(self.model, self.device, self.pad_token_id, self._plain)
         self.shared_prefix_attention = shared_prefix_attention and self._plain and not compile_decode
         self.prefix_sharing = prefix_sharing
+        self.continuous_batching = continuous_batching
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_mb > 0 and self._plain:
             self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -286,6 +289,21 @@ class HFEngine(GenerationEngine):
         path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in samples), strict=True)]
         return full[: split - 1] + path
 
+    @property
+    def streams(self) -> bool:
+        """Whether :func:`~asyncrl.engine.stream.open_stream` gives a decode stream (continuous batching)
+        over this engine: on, and not the static cache, the shared-prefix attention, or a model whose cache
+        layers are not plain full-attention layers."""
+        return (
+            self.continuous_batching
+            and not (self.static_cache or self.shared_prefix_attention)
+            and self._plain
+        )
+
+    def inference(self) -> AbstractContextManager[None]:
+        """The served model in eval mode, no autograd, for as long as the context lasts."""
+        return _inference(self.model)
+
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""
         if self.prefix_cache is not None:
@@ -322,21 +340,18 @@ class HFEngine(GenerationEngine):
         """Prefill the rows' prompts (shared prefixes once), then decode them together to the end
         (``forced`` ``[rows, max_new_tokens]``: feed these tokens instead of sampling; stops ignored)."""
         b = len(prompts)
-        hits = self._lookup(prompts)
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
         budget = torch.minimum(
             torch.tensor([sp.max_new_tokens for sp in params], dtype=torch.long, device=self.device),
             self.max_context - lengths,
         )
         max_steps = int(budget.max())
-        share = self.prefix_sharing and self._plain
-        plan = plan_prefill(prompts, [h.length if h else 0 for h in hits], share=share)
         static = self.static_cache and self._plain and max(map(len, prompts)) + max_steps <= self.cache_len
         # Static decoding runs a fixed bucket of rows; the extra rows are one-token dummies.
         rows_run = bucket_for(b, self.buckets) if static else b
 
-        t_prefill = time.perf_counter()
-        logits, cache, valid = self.prefill.run(plan, hits, prompts, 0 if static else max_steps)
+        logits, cache, valid = self.prefill_rows(prompts, 0 if static else max_steps)
+        t_load = time.perf_counter()
         width = valid.shape[1]
         decoder = self._decoder(rows_run) if static else None
         if decoder is not None:
@@ -345,10 +360,7 @@ class HFEngine(GenerationEngine):
             self.static_chunks += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # prefill and decode times apart
-        self.prefill_seconds += time.perf_counter() - t_prefill
-        self.prefill_tokens_computed += plan.computed_tokens
-        self.prefill_tokens_reused += plan.reused_tokens
-        self.prefill_tokens_shared += int(lengths.sum()) - plan.computed_tokens - plan.reused_tokens
+        self.prefill_seconds += time.perf_counter() - t_load
 
         st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
         if forced is not None:
@@ -378,6 +390,41 @@ class HFEngine(GenerationEngine):
             )
         return _collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
 
+    def prefill_rows(
+        self, prompts: list[list[int]], room: int
+    ) -> tuple[torch.Tensor, torch.Tensor | DynamicCache, torch.Tensor]:
+        """:meth:`Prefill.run` for ``prompts``, cached prefixes looked up and shared ones computed once
+        (``room``: its meaning there), counted in the engine's prefill figures."""
+        hits = self._lookup(prompts)
+        plan = plan_prefill(
+            prompts, [h.length if h else 0 for h in hits], share=self.prefix_sharing and self._plain
+        )
+        t0 = time.perf_counter()
+        out = self.prefill.run(plan, hits, prompts, room)
+        self.prefill_seconds += time.perf_counter() - t0
+        self.prefill_tokens_computed += plan.computed_tokens
+        self.prefill_tokens_reused += plan.reused_tokens
+        self.prefill_tokens_shared += sum(map(len, prompts)) - plan.computed_tokens - plan.reused_tokens
+        return out
+
+    def step(
+        self,
+        tok: torch.Tensor,
+        pos: torch.Tensor,
+        valid: torch.Tensor,
+        cache: DynamicCache,
+        shared: SharedPrefix | None = None,
+    ) -> torch.Tensor:
+        """One growing-cache decode step: the next logits ``[rows, V]`` of ``tok`` at ``pos``, ``valid``
+        the columns each row sees (this step's included): the fused step where on, else the model's."""
+        if self.fused is not None and self._plain:
+            logits: torch.Tensor = self.fused(tok, pos, valid, cache, shared)
+            return logits
+        if shared is not None:
+            return shared.step(self.model, tok, pos, valid, cache)
+        mask = as_attention_bias(valid[:, None, None, :], self.model.config._attn_implementation)
+        return last_logits(self.step_model, tok[:, None], pos[:, None], mask, cache)
+
     def _decode(
         self,
         st: _DecodeState,
@@ -388,7 +435,6 @@ class HFEngine(GenerationEngine):
         prompts: list[list[int]],
     ) -> int:
         """Sample token after token until every row stopped or spent its budget; the steps taken."""
-        attn = self.model.config._attn_implementation
         steps = 0
         for step in range(st.out_tokens.shape[1]):
             forced = None if st.forced is None else st.forced[st.rows, step]
@@ -430,13 +476,7 @@ class HFEngine(GenerationEngine):
                     tok = st.compact(keep, tok)
                     if st.shared is not None:
                         st.shared.select(keep)
-                if self.fused is not None and self._plain:
-                    logits = self.fused(tok, st.next_pos, st.valid, cache, st.shared)
-                elif st.shared is not None:
-                    logits = st.shared.step(self.model, tok, st.next_pos, st.valid, cache)
-                else:
-                    mask = as_attention_bias(st.valid[:, None, None, :], attn)
-                    logits = last_logits(self.step_model, tok[:, None], st.next_pos[:, None], mask, cache)
+                logits = self.step(tok, st.next_pos, st.valid, cache, st.shared)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps
@@ -479,25 +519,13 @@ def _keep_rows(
     n_out: torch.Tensor,
 ) -> float:
     """Keep the KV of the ``active`` batch rows in ``prefix_cache``: their prompt and every sampled token
-    but the last. Returns the seconds it took.
-
-    A row's real cache columns are its ``valid`` ones, in order; a finished row left in the
-    batch has later columns too (tokens sampled after it finished), so only the first
-    ``len(prompt) + n_out - 1`` are its own.
-    """
-    t0 = time.perf_counter()
-    n_cols = valid.shape[1]
-    kv = torch.stack(
-        [torch.stack([k[active, :, :n_cols], v[active, :, :n_cols]]) for k, v in map(layer_kv, cache.layers)]
-    )
+    but the last (a finished row left in the batch has later columns too, tokens sampled after it
+    finished, so only the first ``len(prompt) + n_out - 1`` of its ``valid`` ones are its own). Returns
+    the seconds it took."""
     originals = rows[active]
-    counts = n_out[originals].tolist()
-    sampled = out_tokens[originals].tolist()
-    for j, (r, n) in enumerate(zip(originals.tolist(), counts, strict=True)):
-        keep = len(prompts[r]) + n - 1
-        columns = valid[active[j]].nonzero().squeeze(-1)[:keep]
-        prefix_cache.store(prompts[r] + sampled[j][: n - 1], kv[:, :, j].index_select(-2, columns), version)
-    return time.perf_counter() - t0
+    counts, sampled = n_out[originals].tolist(), out_tokens[originals].tolist()
+    seqs = [prompts[r] + s[: n - 1] for r, s, n in zip(originals.tolist(), sampled, counts, strict=True)]
+    return prefix_cache.store_rows(cache, active, valid, seqs, version)
 
 
 @contextmanager

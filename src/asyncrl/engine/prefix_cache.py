@@ -26,11 +26,15 @@ starts with the same ids.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from asyncrl.engine.decode import layer_kv
 
 
 @dataclass
@@ -102,6 +106,22 @@ class PrefixCache:
             _, old = self.entries.popitem(last=False)
             self.bytes -= old.nbytes
             self.evictions += 1
+
+    def store_rows(
+        self, cache: Any, rows: torch.Tensor, valid: torch.Tensor, seqs: list[list[int]], version: int
+    ) -> float:
+        """Keep the KV of batch rows ``rows`` of ``cache`` (a growing or static cache of full-attention
+        layers): row ``rows[j]``'s first ``len(seqs[j])`` columns marked in ``valid [B, columns]``, as the
+        KV of ``seqs[j]``. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        n_cols = valid.shape[1]
+        kv = torch.stack(
+            [torch.stack([k[rows, :, :n_cols], v[rows, :, :n_cols]]) for k, v in map(layer_kv, cache.layers)]
+        )
+        for j, seq in enumerate(seqs):
+            columns = valid[rows[j]].nonzero().squeeze(-1)[: len(seq)]
+            self.store(seq, kv[:, :, j].index_select(-2, columns), version)
+        return time.perf_counter() - t0
 
     def discard(self, key: tuple[int, ...]) -> None:
         """Drop the entry of ``key`` if there is one."""

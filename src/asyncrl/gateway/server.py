@@ -126,7 +126,7 @@ class Gateway:
         if self._fresh():
             return
         if self.refresh is not None:
-            async with self.batcher.lock:  # never while a batch is being generated
+            async with self.batcher.exclusive():  # never while a batch is generated (a stream drains first)
                 self.refresh()
             if self._fresh():
                 return
