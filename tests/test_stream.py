@@ -28,6 +28,12 @@ from test_engine import (
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+
+def streaming(policy: Any, **kw: Any) -> HFEngine:
+    """:func:`uncached_engine` with ``continuous_batching`` on (off by default)."""
+    return uncached_engine(policy, **({"continuous_batching": True} | kw))
+
+
 SP = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=20)
 
 
@@ -72,7 +78,7 @@ def test_rows_joining_a_running_stream_get_the_trainers_logprobs(
     the noise floor (a joiner's position or columns off by one moves it 100x past the tolerance: the
     tolerance's docstring in test_engine.py). ``lora``: the merged, packed copy decoded by the fused step."""
     policy = tiny_lora(family, attn=attn) if lora else tiny(family, peaky=4.0, attn=attn)
-    engine = uncached_engine(policy, compact_fraction=compact)
+    engine = streaming(policy, compact_fraction=compact)
     assert (engine.fused is not None) == lora
     stream = open_stream(engine)
     assert stream is not None
@@ -89,7 +95,7 @@ def test_a_stream_decodes_the_unbatched_greedy_tokens() -> None:
     """Near-greedy sampling: each row's tokens are those of uncached, unbatched argmax decoding of its
     prompt alone, whoever joined beside it and when."""
     policy = tiny("llama", peaky=4.0)
-    engine = uncached_engine(policy, stops=[])
+    engine = streaming(policy, stops=[])
     stream = open_stream(engine)
     assert stream is not None
     out = drive(stream, ARRIVALS, SamplingParams(temperature=1e-4, top_p=1.0, max_new_tokens=12))
@@ -101,7 +107,7 @@ def test_a_stopped_row_is_kept_in_the_prefix_cache_for_its_next_turn() -> None:
     """A row's KV is stored the step it stops, so the episode's next turn (its prompt extends the row)
     prefills only its new tokens — at the trainer's log-probs."""
     policy = tiny("qwen2", peaky=4.0)
-    engine = hf_engine(policy, [2, 50, 60], prefix_cache_mb=64)
+    engine = hf_engine(policy, [2, 50, 60], prefix_cache_mb=64, continuous_batching=True)
     stream = open_stream(engine)
     assert stream is not None
     first = drive(stream, {0: random_prompts(4, 10, 20, seed=6)}, SP)
@@ -117,7 +123,7 @@ def test_a_stream_serves_one_weight_version() -> None:
     """Loading weights under a stream that holds rows is refused; once it drained, the stream serves the
     new version. A prompt with no room for a token gets its empty sample at once."""
     policy = tiny_lora("qwen2")
-    engine = uncached_engine(policy)
+    engine = streaming(policy)
     stream = open_stream(engine)
     assert stream is not None
     stream.join(random_prompts(2, 4, 8, seed=7), [SP] * 2)
@@ -139,10 +145,10 @@ def test_a_stream_serves_one_weight_version() -> None:
 
 def test_where_continuous_batching_does_not_apply_the_engine_opens_no_stream() -> None:
     policy = tiny("qwen2")
-    assert open_stream(uncached_engine(policy, continuous_batching=False)) is None
-    assert open_stream(uncached_engine(policy, static_cache=True)) is None
-    assert open_stream(uncached_engine(policy, shared_prefix_attention=True)) is None
-    assert open_stream(uncached_engine(policy)) is not None
+    assert open_stream(uncached_engine(policy)) is None  # off by default
+    assert open_stream(streaming(policy, static_cache=True)) is None
+    assert open_stream(streaming(policy, shared_prefix_attention=True)) is None
+    assert open_stream(streaming(policy)) is not None
 
 
 # ---- the batcher drives it -----------------------------------------------------------------------
@@ -194,7 +200,7 @@ def test_the_batcher_keeps_the_decode_batch_full_with_a_stream() -> None:
     policy = tiny("qwen2", peaky=4.0)
     steps, tokens = {}, {}
     for stream in (False, True):
-        engine = uncached_engine(policy, continuous_batching=stream)
+        engine = streaming(policy, continuous_batching=stream)
         rows = count_rows(engine)
         batcher = TurnBatcher(engine, max_batch=64, max_wait_s=0.02)
         got = asyncio.run(episodes(batcher, 32, 2, seed=9))
@@ -212,7 +218,7 @@ def test_a_weight_load_drains_the_stream_first() -> None:
     they started with, nothing joins meanwhile, the load runs with no row decoding, and later turns use
     the new version."""
     policy = tiny_lora("qwen2")
-    engine = uncached_engine(policy)
+    engine = streaming(policy)
     batcher = TurnBatcher(engine, max_batch=64, max_wait_s=0.0)
     seen: list[tuple[int, int]] = []
 

@@ -129,7 +129,9 @@ class DecodeStream:
             with e.inference():
                 logits, kv, valid = e.prefill_rows([r.prompt for _, r, _ in new], 0)
                 assert isinstance(kv, torch.Tensor)
+                t0 = time.perf_counter()
                 self._place(new, kv, valid, logits)
+                e.prefill_seconds += time.perf_counter() - t0  # the joiners' KV into the batch: prefill's
         return out
 
     def _place(
