@@ -5,10 +5,6 @@
         --variants packed_linear,fused_decode                                                   # ~4 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 6 \
         --variants unmerged,default --loads 3                          # what bench/decode_merged.py measured
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
-        --variants unpacked,packed_linear,compile_decode,packed_linear+compile_decode         # ~10 min
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
-        --variants packed_linear,packed_linear+shared_prefix_attention                           # ~4 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --tiny     # seconds (tests)
 
 SmolLM2-135M-Instruct (float32, CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads``
@@ -21,8 +17,8 @@ prefill's logits, included).
 
 (a) ``step_ms``: per variant (``--variants``: engine switches, each alone so that each gain is
 measured separately, or joined by ``+``), median / min / max over ``--repeats`` calls, the variants
-interleaved (the order flips every repeat) after one warm-up call each (``warmup_call_s``: where
-``compile_decode`` compiles); ``speedup_vs_first``: the first variant's step / each variant's, repeat
+interleaved (the order flips every repeat) after one warm-up call each (``warmup_call_s``);
+``speedup_vs_first``: the first variant's step / each variant's, repeat
 by repeat; ``prefill_ms``: the same calls' prefills (``packed_linear`` runs there too).
 ``load_weights_ms``: then ``--loads`` new adapter versions loaded into every engine, interleaved, each
 ``load_weights`` timed (the merged copy's fold, the packed and stacked copies' repacks). Variants:
@@ -44,8 +40,7 @@ and on the engine's sampling: embedding, q/k/v and o projections, attention core
 write, the attention kernel), MLP matmuls and activation, RMS norms, LM head, the model's own glue
 (residual adds, rotary tables, masks), sampling, and the rest of the loop (stop checks, host syncs,
 the step's mask and bookkeeping) as the remainder: they sum to the profiled step, which the hooks
-make slightly slower than ``step_ms``. A compiled step (``compile_decode``) is timed whole
-(``forward_compiled``). ``--ops``: also torch.profiler's top operators.
+make slightly slower than ``step_ms``. ``--ops``: also torch.profiler's top operators.
 
 ``logprob_vs_trainer``: per variant, max / mean ``|engine − trainer|`` behaviour log-prob of one more
 call, the trainer being ``token_logprobs`` on the PEFT model (the merged copy measured 3.0e-5 / 5.3e-6
@@ -79,16 +74,11 @@ MODEL = Path(".cache/models/smollm2-135m-instruct")
 TINY = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},  # the engine as configured by default (merged LoRA copy, packed linears, fused step)
-    # each switch alone, the shared-prefix attention off unless named
-    "unpacked": {
-        "packed_linear": False,
-        "shared_prefix_attention": False,
-    },  # MKL sgemm on the weights as stored
-    "packed_linear": {"packed_linear": True, "fused_decode": False, "shared_prefix_attention": False},
-    "fused_decode": {"packed_linear": True, "fused_decode": True, "shared_prefix_attention": False},
+    # each switch alone
+    "unpacked": {"packed_linear": False},  # MKL sgemm on the weights as stored
+    "packed_linear": {"packed_linear": True, "fused_decode": False},
+    "fused_decode": {"packed_linear": True, "fused_decode": True},
     "unmerged": {"merge_lora": False},  # through PEFT's adapter layers (no copy, nothing packed)
-    "compile_decode": {"compile_decode": True},
-    "shared_prefix_attention": {"shared_prefix_attention": True},  # each group's prompt KV read once a step
 }
 """Engine switches measured one at a time: name -> extra :class:`HFEngine` keyword arguments."""
 
@@ -143,8 +133,7 @@ def call_ms(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> t
 def step_times(
     engines: dict[str, HFEngine], prompts: list[list[int]], sp: SamplingParams, repeats: int
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
-    """Per variant: decode ms per step and prefill ms of each repeat, and the warm-up call's seconds
-    (``compile_decode`` compiles in it)."""
+    """Per variant: decode ms per step and prefill ms of each repeat, and the warm-up call's seconds."""
     warmup = {}
     for name, e in engines.items():
         t0 = time.perf_counter()
@@ -362,19 +351,13 @@ def module_parts(ms: dict[str, float]) -> dict[str, float]:
 
 
 def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> dict[str, float]:
-    """Milliseconds per decode step by category, from one timed call; they sum to ``step``. A compiled
-    step (``compile_decode``) is timed whole (``forward_compiled``): hooks would recompile and break it."""
+    """Milliseconds per decode step by category, from one timed call; they sum to ``step``."""
     acc: dict[str, float] = defaultdict(float)
     in_decode = engine._decode
     s0, n0 = engine.decode_seconds, engine.decode_steps
-    compiled = engine.step_model is not engine.model
 
     def decode(*a: Any, **kw: Any) -> int:
-        timers = (
-            function_timer("last_logits", "forward", acc)
-            if compiled
-            else module_timers(engine.fused if engine.fused is not None else engine.model, acc)
-        )
+        timers = module_timers(engine.fused if engine.fused is not None else engine.model, acc)
         with timers, function_timer("sample_tokens", "sampling", acc):
             return in_decode(*a, **kw)
 
@@ -386,7 +369,7 @@ def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams)
     steps = engine.decode_steps - n0
     step = (engine.decode_seconds - s0) / steps
     ms = {k: 1000 * v / steps for k, v in acc.items()}
-    parts = {"forward_compiled": ms.get("forward", 0.0)} if compiled else module_parts(ms)
+    parts = module_parts(ms)
     parts["sampling"] = ms.get("sampling", 0.0)
     parts["loop_rest"] = 1000 * step - sum(parts.values())
     return {"step": round(1000 * step, 3), **{k: round(v, 3) for k, v in parts.items()}}
@@ -394,7 +377,7 @@ def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams)
 
 def agreement(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams) -> dict[str, float]:
     """``|engine − trainer|`` behaviour log-probs of one call (the trainer: ``token_logprobs`` on the
-    policy's own PEFT model, unmerged, unpacked, uncompiled)."""
+    policy's own PEFT model, unmerged, unpacked)."""
     samples = engine.generate(prompts, sp)
     deltas = []
     for p, s in zip(prompts, samples, strict=True):

@@ -29,7 +29,7 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
         "--budget-s",
         "0.02",
         "--variants",
-        "packed_linear,unpacked,packed_linear+shared_prefix_attention,fused_decode",  # packed first: the limit counts packed linears
+        "packed_linear,unpacked,default+packed_linear,fused_decode",  # packed first: the limit counts packed linears
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -41,7 +41,7 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
         == {
             "unpacked",
             "packed_linear",
-            "packed_linear+shared_prefix_attention",
+            "default+packed_linear",
             "fused_decode",
         }
         == set(out["load_weights_ms"])
@@ -81,8 +81,8 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
     assert math.isclose(
         sum(v for k, v in fused.items() if k != "step"), fused["step"], rel_tol=1e-3, abs_tol=0.01
     )
-    shared = out["profile_ms"]["packed_linear+shared_prefix_attention"]  # the grouped attention profiles too
-    assert shared["attention_core"] > 0
+    joined = out["profile_ms"]["default+packed_linear"]  # variants joined by + profile too
+    assert joined["attention_core"] > 0
     assert math.isclose(
-        sum(v for k, v in shared.items() if k != "step"), shared["step"], rel_tol=1e-3, abs_tol=0.01
+        sum(v for k, v in joined.items() if k != "step"), joined["step"], rel_tol=1e-3, abs_tol=0.01
     )

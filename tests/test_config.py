@@ -402,6 +402,25 @@ def test_setting_a_kind_switches_the_section_and_drops_the_old_kinds_fields() ->
         )  # given after the switch: refused
 
 
+@pytest.mark.parametrize("path", ["rollout.engine.compile_decode", "rollout.engine.shared_prefix_attention"])
+def test_a_retired_field_at_its_old_default_is_dropped_and_set_otherwise_refused(
+    tmp_path: Path, path: str
+) -> None:
+    """A resolved config.yaml of an older run holds a retired field at its old default: it loads (and
+    resumes); the field set to anything else is refused, naming it and why it went."""
+    from asyncrl.config.aliases import RETIRED
+
+    assert path in RETIRED
+    cfg = RunConfig.model_validate(_nested(path, False))
+    assert path.rsplit(".", 1)[1] not in type(cfg.rollout.engine).model_fields
+    file = tmp_path / "old.yaml"
+    file.write_text(yaml.safe_dump(_nested(path, True)))
+    with pytest.raises(ConfigError, match=rf"{re.escape(path)} was retired: .*remove it"):
+        load_config(file)
+    with pytest.raises(ConfigError, match="was retired"):
+        load_config(None, [f"{path}=true"])
+
+
 # -- renamed paths (docs/configuration.md#renamed-fields): old names work for one release, with a warning
 RENAME_CASES = [  # (old path, new path, a value other than the default)
     ("orchestrator.mode", "control.mode", "one_step_off"),

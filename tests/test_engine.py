@@ -594,153 +594,6 @@ def test_packed_linear_is_ignored_without_a_merged_copy() -> None:
     assert isinstance(engine, HFEngine) and (bool(engine.packed) or engine.device.type != "cpu")
 
 
-# ---- torch.compile of the decode step (rollout.engine.compile_decode) ------------------------------
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # a cold inductor compile took 3.5 min on a loaded 2-core machine
-def test_compiled_decode_step_agrees_with_the_trainer_and_the_eager_engine() -> None:
-    """The growing-cache decode step through ``torch.compile`` (dynamic shapes: the KV grows every step,
-    rows finish at stop tokens and are compacted away): log-probs at the trainer's noise floor and the
-    eager engine's tokens with the same seed. The first call compiles (30-50 s with a warm inductor cache,
-    minutes cold)."""
-    prompts = random_prompts(13, 2, 30, seed=4)
-    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
-    out = {}
-    for compiled in (False, True):
-        policy = tiny_lora("llama")
-        engine = uncached_engine(policy, max_batch=32, compact_fraction=0.0, compile_decode=compiled)
-        assert (engine.step_model is engine.model) != compiled
-        out[compiled] = engine.generate(prompts, sp)
-        assert_at_noise_floor(
-            logprob_error(policy, prompts, out[compiled], [1.0] * 13), f"compiled={compiled}"
-        )
-    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
-    assert any(s.finish_reason == "stop" for s in out[True])  # rows were compacted away mid-call
-
-
-# ---- CPU: shared-prefix decode attention (rollout.engine.shared_prefix_attention) ------------------
-def test_prefix_groups_are_the_longest_prefixes_rows_share() -> None:
-    from asyncrl.engine.cascade import prefix_groups
-
-    s = [5, 6, 7]
-    prompts = [[*s, 1], [*s, 1], [*s, 2], [*s, 3, 4], [9], [*s, 1, 8], [5, 6]]
-    # [*s, 1] x 2 and its extension; [*s, 2] and [*s, 3, 4] share s; [9] and [5, 6]: groups of one
-    assert prefix_groups(prompts) == ([0, 0, 1, 1, 2, 0, 3], [4, 3, 1, 2])
-
-
-def grouped_prompts(seed: int) -> list[list[int]]:
-    """GRPO-like rows: a group of 4 identical prompts, one of 3, a group of one, 4 tasks sharing a
-    system prompt (distinct suffixes, of different lengths), 2 extensions of the first group's prompt
-    and a row sharing only its first 5 tokens with that group."""
-    base = random_prompts(6, 13, 30, seed)
-    system = base[0][:12]
-    return (
-        [base[0]] * 4
-        + [base[1]] * 3
-        + [base[2]]
-        + [system + b[:k] for b, k in zip(base[2:], (3, 9, 1, 6), strict=True)]
-        + [base[0] + base[3]] * 2
-        + [base[0][:5] + base[4]]
-    )
-
-
-@pytest.mark.parametrize(
-    ("family", "share", "compact", "max_batch", "cache_mb", "fused"),
-    [
-        ("llama", True, 0.25, 16, 0, True),  # in the written-out step (the default engine)
-        ("qwen2", False, 0.0, 16, 0, True),  # no prefix sharing in the prefill: the groups all the same
-        ("llama", True, 1.0, 8, 0, False),  # chunks of 8 (groups split), no compaction; the model's forward
-        ("qwen2", True, 0.25, 16, 64, False),  # the prefix cache: turn 2 reads each row's turn 1 from it
-    ],
-)
-def test_shared_prefix_attention_gives_the_plain_samples_at_the_noise_floor(
-    family: str,
-    share: bool,
-    compact: float,
-    max_batch: int,
-    cache_mb: float,
-    fused: bool,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Attention over each group's shared prefix once, merged with each row's own suffix: the plain
-    path's tokens with the same seed and log-probs at the trainer's noise floor, over two turns (turn 2:
-    a group's rows share their turn-1 prompt, then differ), rows finishing at different steps (stop
-    tokens, compaction), groups of one and several groups in a chunk. Dropping the merge's max terms
-    moves the log-probs 8e-4, a key of the prefix one column off 6e-3, a suffix mask one column off 2e-2."""
-    from asyncrl.engine import cascade
-
-    groups: list[int] = []
-    real_step = cascade.SharedPrefix.begin_step  # both decode paths begin a step with it
-
-    def step(self: cascade.SharedPrefix, *a: Any) -> None:
-        groups.append(int(self.gather.shape[0]))
-        real_step(self, *a)
-
-    monkeypatch.setattr(cascade.SharedPrefix, "begin_step", step)
-    fused_steps = count_fused_steps(monkeypatch) if fused else []
-    policy = tiny_lora(family) if fused else tiny(family, peaky=PEAKY)  # the fused step: a merged copy
-    prompts = grouped_prompts(seed=5)
-    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
-    out = {}
-    for on in (False, True):
-        engine = hf_engine(
-            policy,
-            [2, 50, 60],
-            max_batch=max_batch,
-            compact_fraction=compact,
-            prefix_sharing=share,
-            prefix_cache_mb=cache_mb,
-            shared_prefix_attention=on,
-            fused_decode=fused,
-        )
-        turns = [engine.generate(prompts, sp)]
-        nxt = [p + s.token_ids + [21, 22] for p, s in zip(prompts, turns[0], strict=True)]
-        turns.append(engine.generate(nxt, sp))
-        out[on] = [[s.token_ids for s in t] for t in turns]
-        for turn, (ps, samples) in enumerate(zip((prompts, nxt), turns, strict=True)):
-            delta = logprob_error(policy, ps, samples, [1.0] * len(ps))
-            assert_at_noise_floor(delta, f"{family} shared_prefix={on} share={share} turn {turn + 1}")
-        assert (engine.prefill_tokens_reused > 0) == (cache_mb > 0)
-        assert {s.finish_reason for t in turns for s in t} == {"stop", "length"}
-        assert bool(groups) == on and (not on or max(groups) > 1)
-        assert bool(fused_steps) == fused  # the path the case names ran
-    assert out[True] == out[False]
-
-
-def test_shared_prefix_attention_runs_the_probe_and_not_the_static_path(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The canary's probe through shared-prefix decode steps (two rows, one group) equals the trainer's
-    log-probs; the static path and a compiled decode step ignore the switch."""
-    from asyncrl.engine import cascade
-    from asyncrl.policy.canary import probe_logprobs
-
-    steps: list[int] = []
-    real_step = cascade.SharedPrefix.begin_step
-
-    def step(self: cascade.SharedPrefix, *a: Any) -> None:
-        steps.append(int(self.gather.numel()))
-        real_step(self, *a)
-
-    monkeypatch.setattr(cascade.SharedPrefix, "begin_step", step)
-    policy = tiny("llama", peaky=PEAKY)
-    ids = random_prompts(1, 32, 32, seed=3)[0] + [2]
-    for static in (False, True):
-        engine = hf_engine(
-            policy,
-            [2],
-            max_batch=8,
-            static_cache=static,
-            shared_prefix_attention=True,
-        )
-        got, want = engine.probe(ids), probe_logprobs(policy.model, ids)
-        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOL_MAX
-        assert steps == ([] if static else [2] * 16)  # one group of two rows, 16 decode steps
-        steps.clear()
-    kw: dict[str, Any] = {"max_batch": 4, "shared_prefix_attention": True}
-    assert not hf_engine(policy, [2], compile_decode=True, **kw).shared_prefix_attention
-    assert make_engine(HFEngineConfig(shared_prefix_attention=True), policy, [2]).shared_prefix_attention  # type: ignore[attr-defined]
-
-
 # ---- CPU: the written-out decode step (rollout.engine.fused_decode) ---------------------------------
 def count_fused_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records the rows of every :class:`FusedDecoder` step run from now on (skips without oneDNN packing)."""
@@ -819,7 +672,7 @@ def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.Mon
 
 def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not without packed linears (no merged copy, or ``packed_linear`` off); the static path and prefills
-    never run it; shared-prefix steps run in it (their attention through the group state)."""
+    never run it, growing-cache decode steps do."""
     steps = count_fused_steps(monkeypatch)
     assert hf_engine(tiny("llama"), [2]).fused is None  # no LoRA: no merged copy, nothing packed
     assert hf_engine(tiny_lora("llama"), [2], packed_linear=False).fused is None
@@ -827,7 +680,7 @@ def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> 
     assert make_engine(HFEngineConfig(), tiny_lora(), [2]).fused is not None  # type: ignore[attr-defined]
     prompts = random_prompts(4, 2, 12, seed=2)
     sp = SamplingParams(max_new_tokens=6)
-    for kw, runs in (({"static_cache": True}, False), ({"shared_prefix_attention": True}, True)):
+    for kw, runs in (({"static_cache": True}, False), ({}, True)):
         engine = hf_engine(tiny_lora("llama"), [], **kw)
         assert engine.fused is not None
         engine.generate(prompts, sp)

@@ -103,20 +103,26 @@ def test_a_stream_decodes_the_unbatched_greedy_tokens() -> None:
         assert sample.token_ids == greedy_reference(policy, prompt, 12)
 
 
-def test_a_stopped_row_is_kept_in_the_prefix_cache_for_its_next_turn() -> None:
-    """A row's KV is stored the step it stops, so the episode's next turn (its prompt extends the row)
-    prefills only its new tokens — at the trainer's log-probs."""
+@pytest.mark.parametrize("compact", [0.25, 1.0])
+def test_a_stopped_row_is_kept_in_the_prefix_cache_for_its_next_turn(compact: float) -> None:
+    """A row's KV is stored the step it stops — rows that joined late, into freed rows, laid out again
+    (``compact``) — so the episode's next turn (its prompt extends the row) prefills only its new tokens,
+    at the trainer's log-probs."""
     policy = tiny("qwen2", peaky=4.0)
-    engine = hf_engine(policy, [2, 50, 60], prefix_cache_mb=64, continuous_batching=True)
+    engine = hf_engine(
+        policy, [2, 50, 60], prefix_cache_mb=64, continuous_batching=True, compact_fraction=compact
+    )
     stream = open_stream(engine)
     assert stream is not None
-    first = drive(stream, {0: random_prompts(4, 10, 20, seed=6)}, SP)
+    first = drive(stream, ARRIVALS, SP)
     turns = [p + s.token_ids + [7, 8, 9] for p, s in first.values()]
-    assert engine.prefill_tokens_reused == 0
+    assert stream.layouts >= 2
+    before = engine.prefill_tokens_reused
     second = drive(stream, {0: turns}, SP)
-    assert engine.prefill_tokens_reused == sum(len(t) - 4 for t in turns)  # the last drawn token: no KV yet
+    reused = engine.prefill_tokens_reused - before
+    assert reused == sum(len(t) - 4 for t in turns)  # the last drawn token has no KV yet
     prompts, samples = [p for p, _ in second.values()], [s for _, s in second.values()]
-    assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 4), "second turn, cached")
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * len(turns)), "second turn, cached")
 
 
 def test_a_stream_serves_one_weight_version() -> None:
@@ -147,7 +153,6 @@ def test_where_continuous_batching_does_not_apply_the_engine_opens_no_stream() -
     policy = tiny("qwen2")
     assert open_stream(uncached_engine(policy)) is None  # off by default
     assert open_stream(streaming(policy, static_cache=True)) is None
-    assert open_stream(streaming(policy, shared_prefix_attention=True)) is None
     assert open_stream(streaming(policy)) is not None
 
 
@@ -207,33 +212,87 @@ def test_the_batcher_keeps_the_decode_batch_full_with_a_stream() -> None:
         prompts, samples = [p for p, _, _ in got], [s for _, s, _ in got]
         assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * len(got)), f"stream={stream}")
         steps[stream], tokens[stream] = len(rows), sum(len(s.token_ids) for s in samples)
-        assert (batcher.stream is not None) == stream
+        assert engine.streams == stream
     print(f"decode steps {steps}, sampled tokens {tokens}")
     assert steps[True] < 0.8 * steps[False]
     assert abs(tokens[True] - tokens[False]) < 0.05 * tokens[False]  # the same work (each draws its own)
 
 
-def test_a_weight_load_drains_the_stream_first() -> None:
-    """:meth:`TurnBatcher.exclusive` (the worker's weight load): the running rows finish on the version
-    they started with, nothing joins meanwhile, the load runs with no row decoding, and later turns use
-    the new version."""
+@pytest.mark.parametrize("how", ["exclusive", "stale"])
+def test_a_weight_load_drains_the_stream_first(how: str) -> None:
+    """A weight load asked for while a stream runs — :meth:`TurnBatcher.exclusive` (the worker's loads),
+    or the ``stale`` hook with ``before_batch`` loading — waits until the running rows finished on their
+    version: every turn asked for after that moment gets the new version, and its log-probs are the new
+    weights'."""
     policy = tiny_lora("qwen2")
     engine = streaming(policy)
-    batcher = TurnBatcher(engine, max_batch=64, max_wait_s=0.0)
-    seen: list[tuple[int, int]] = []
+    newer = {"asked": False}
+
+    def load() -> None:
+        if engine.version == 0:
+            engine.load_weights(1, adapter(policy, 3, 0.1))
+
+    def stale() -> bool:
+        return newer["asked"] and engine.version == 0
+
+    def before_batch() -> None:
+        if newer["asked"]:
+            load()
+
+    hooks = (before_batch, None, stale) if how == "stale" else (None, None, None)
+    batcher = TurnBatcher(engine, *hooks, max_batch=64, max_wait_s=0.0)
+    after: list[int] = []
+    real = batcher.generate
+
+    async def generate(prompt: list[int], sp: SamplingParams) -> tuple[Sample, int]:
+        asked = newer["asked"]
+        sample, version = await real(prompt, sp)
+        if asked:
+            after.append(version)
+        return sample, version
+
+    batcher.generate = generate  # type: ignore[method-assign]
 
     async def main() -> list[tuple[list[int], Sample, int]]:
-        run = asyncio.create_task(episodes(batcher, 6, 3, seed=10))
-        await asyncio.sleep(0.05)
-        async with batcher.exclusive():
-            stream = batcher.stream
-            seen.append((stream.live if stream is not None else 0, engine.version))
-            engine.load_weights(1, adapter(policy, 3, 0.1))
+        run = asyncio.create_task(episodes(batcher, 12, 3, seed=10, concurrent=6))
+        while batcher.sequences < 3:  # the stream runs
+            await asyncio.sleep(0.001)
+        newer["asked"] = True
+        if how == "exclusive":
+            async with batcher.exclusive():
+                assert batcher.stream is not None and batcher.stream.live == 0
+                load()
         return await run
 
     got = asyncio.run(main())
-    assert seen == [(0, 0)]
     versions = [v for _, _, v in got]
-    assert versions.count(0) >= 6 and versions.count(1) >= 6  # both sides of the load
+    assert versions.count(0) >= 3 and len(after) >= 6 and set(after) == {1}
     prompts, samples = [p for p, _, v in got if v == 1], [s for _, s, v in got if v == 1]
     assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * len(prompts)), "after the load")
+
+
+def test_a_bad_request_joining_a_running_stream_fails_alone() -> None:
+    """A request the engine refuses (a token outside the vocabulary) gets its error; the rows decoding
+    beside it and the requests joining with it are served."""
+    policy = tiny("qwen2", peaky=4.0)
+    engine = streaming(policy)
+    batcher = TurnBatcher(engine, max_batch=64, max_wait_s=0.0)
+
+    async def main() -> tuple[list[Any], BaseException | None]:
+        good = [asyncio.create_task(batcher.generate(p, SP)) for p in random_prompts(3, 4, 9, seed=11)]
+        while batcher.sequences == 0 and not engine.decode_steps:
+            await asyncio.sleep(0.001)
+        bad = asyncio.create_task(batcher.generate([5, 10**6], SP))
+        more = asyncio.create_task(batcher.generate([5, 6, 7], SP))
+        err = None
+        try:
+            await bad
+        except ValueError as exc:
+            err = exc
+        served = [await t for t in [*good, more]]
+        assert batcher.stream is not None  # the stream went on (not discarded as after an engine failure)
+        return served, err
+
+    served, err = asyncio.run(main())
+    assert err is not None and "outside the vocabulary" in str(err)
+    assert len(served) == 4 and all(len(s.token_ids) > 0 for s, _ in served)

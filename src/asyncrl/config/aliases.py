@@ -1,4 +1,5 @@
-"""Renamed config paths: each old dotted path still works for one release, with a one-line warning.
+"""Renamed config paths: each old dotted path still works for one release, with a one-line warning;
+retired fields (:data:`RETIRED`) are dropped where they hold their old default.
 
 The sections are named after the package that enforces them (docs/configuration.md#renamed-fields):
 the staleness bound is ``control``'s (:mod:`asyncrl.control`), the rules the orchestrator runs are
@@ -30,6 +31,48 @@ RENAMED: dict[str, str] = {
     "control.elastic": "orchestrator.elastic",
 }
 """Old dotted path -> new dotted path (a section's rename covers every field under it)."""
+
+
+RETIRED: dict[str, tuple[Any, str]] = {
+    "rollout.engine.compile_decode": (
+        False,
+        "the torch.compile'd decode step measured 0.66x as fast as the default fused step "
+        "(docs/engines.md#cpu-decoding-packed-weights-a-fused-step)",
+    ),
+    "rollout.engine.shared_prefix_attention": (
+        False,
+        "the shared-prefix decode attention did not shorten the demo-real RL phase in two rounds of runs "
+        "(docs/engines.md#cpu-decoding-packed-weights-a-fused-step)",
+    ),
+}
+"""Retired dotted path -> (its old default, why it went). A resolved ``config.yaml`` of an older run holds
+every field at its value: a retired one at its old default is dropped (it said nothing), one set otherwise
+is refused with the reason."""
+
+
+def drop_retired(data: Any) -> Any:
+    """``data`` (a run config mapping) without the :data:`RETIRED` fields that hold their old default.
+
+    Raises ``ValueError`` naming the field and why it went when one is set to anything else."""
+    if not isinstance(data, dict):
+        return data
+    out = data
+    for path, (default, why) in RETIRED.items():
+        *sections, key = path.split(".")
+        node: Any = out
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or key not in node:
+            continue
+        if node[key] != default:
+            raise ValueError(f"{path} was retired: {why}; remove it from the config")
+        if out is data:
+            out = copy.deepcopy(data)  # the caller's mapping is left as it was
+            node = out
+            for part in sections:
+                node = node[part]
+        del node[key]
+    return out
 
 
 def _warn(old: str, new: str) -> None:

@@ -73,23 +73,6 @@ class HFEngineConfig(_EngineBase):
     the unpacked ones to float32 rounding. On by default: SmolLM2's decode step at batch 16 measured
     1.41x faster (1.29-1.55 over 5 quiet repeats, ``bench/decode_profile.py --variants
     default,packed_linear``). See docs/engines.md."""
-    compile_decode: bool = False
-    """Run the growing-cache decode step's forward pass (the CPU path) through ``torch.compile``
-    (inductor, dynamic shapes): fused norms, rotary embeddings and activations, less Python per step.
-    The first call compiles (229 s for SmolLM2 on a quiet machine); off by default: the compiled step
-    measured 0.66x as fast as the default fused step (``bench/decode_profile.py --variants
-    fused_decode,packed_linear+compile_decode``, 3 quiet repeats). See docs/engines.md."""
-    shared_prefix_attention: bool = False
-    """Growing-cache decode steps (the CPU path) attend over a prompt prefix that several rows of a chunk
-    share (a GRPO group's prompt) once per group instead of once per row: the prefix KV is copied once per
-    group, the group's queries are stacked against it, each row attends over the rest of its KV (its own
-    prompt suffix and sampled tokens) in its own cache, and the two partial softmaxes are merged exactly
-    (log-sum-exp, as FlashInfer's cascade attention). Log-probs equal the plain path's to float32
-    rounding. Runs inside the ``fused_decode`` step where that applies. Not with ``compile_decode`` nor on
-    the static (GPU) path, where it does nothing. Off by default: the decode bench's step is 1.07-1.11x
-    faster with it (``bench/decode_profile.py --variants fused_decode,fused_decode+shared_prefix_attention``),
-    but the demo-real RL phase is not (297 and 298 s against 260-290 s without it, held-out 100 % and
-    94 %: the demo's chunks of short turns pay the per-chunk prefix copy). See docs/engines.md."""
     fused_decode: bool = True
     """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
     mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
@@ -97,15 +80,15 @@ class HFEngineConfig(_EngineBase):
     one, the rotary tables and the mask once per step instead of per layer, the step's KV written
     straight into the cache's buffers, grouped-query attention without repeating the keys. Costs the
     q/k/v and gate/up weights once more in memory (stacked, packed); log-probs equal the model's forward
-    to float32 rounding. Prefills, the static (GPU) path and ``compile_decode`` do not use it;
-    ``shared_prefix_attention`` runs inside it. Compare with ``bench/decode_profile.py --variants
+    to float32 rounding. Prefills and the static (GPU) path do not use it. Compare with
+    ``bench/decode_profile.py --variants
     packed_linear,fused_decode``. See docs/engines.md."""
     continuous_batching: bool = False
     """Growing cache (the CPU path): one decoding batch stays open; a model turn joins it at the next
     decode step and leaves it, its sample returned, the step it stops (:mod:`asyncrl.engine.stream`)
     instead of waiting for the longest row of its call, and a turn that arrives meanwhile waiting for
     the next call. A weight load drains the batch first (no new rows, the running ones finish). Not on
-    the static (GPU) path nor with ``shared_prefix_attention``, which batch call by call. Off by default:
+    the static (GPU) path, which batches call by call. Off by default:
     on the demo-real task it decodes 1.24-1.43x the tokens a step and 0.93-0.94x the decode seconds,
     but each step costs 1.15-1.28x as long and the RL phase measured 1.02x and 1.05x (seeds 0, 1; one
     run each, docs/benchmarks.md). See docs/engines.md."""

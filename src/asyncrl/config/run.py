@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.aliases import move_renamed
+from asyncrl.config.aliases import drop_retired, move_renamed
 from asyncrl.config.base import Section, drop_stale_defaults
 from asyncrl.config.control import ControlConfig
 from asyncrl.config.cost import CostConfig
@@ -52,7 +52,7 @@ class RunConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _older_dumps(cls, data: Any) -> Any:
-        return drop_stale_defaults(cls, move_renamed(data))
+        return drop_stale_defaults(cls, drop_retired(move_renamed(data)))
 
     def staleness_policy(self) -> StalenessPolicy:
         """The staleness rules in force for this run (:mod:`asyncrl.staleness`; rule 5 sets the lag)."""

@@ -46,9 +46,7 @@ def make_engine(
             compact_fraction=cfg.compact_fraction,
             merge_lora=cfg.merge_lora,
             packed_linear=cfg.packed_linear,
-            compile_decode=cfg.compile_decode,
             fused_decode=cfg.fused_decode,
-            shared_prefix_attention=cfg.shared_prefix_attention,
             continuous_batching=cfg.continuous_batching,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen

@@ -11,6 +11,7 @@ environment steps of other episodes progress meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,6 +24,8 @@ from asyncrl.records import SamplingParams
 
 if TYPE_CHECKING:
     from asyncrl.config import EngineConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class TurnBatcher:
     """Held while weights may change or a batch is generated: weight loads never race generation.
     Take it through :meth:`exclusive`, which also drains a running stream."""
     _exclusive_waiting: int = 0
+    _next_id: int = 0
     stream: DecodeStream | None = None
     """The engine's decode stream, opened at the first batch (``None``: call by call)."""
     max_batch: int = field(kw_only=True)
@@ -143,32 +147,60 @@ class TurnBatcher:
             self._resolve(r, s, version)
 
     async def _run_stream(self, stream: DecodeStream) -> None:
-        """Decode until no row is left: requests join at every step boundary until a weight load waits
-        (:meth:`exclusive`, ``stale``); each row's result is set the step it stops."""
+        """Decode until no row is left: waiting requests join at every step boundary until a weight load
+        waits (:meth:`exclusive`, ``stale``: from then on nothing joins and the stream drains); each row's
+        result is set the step it stops (from the engine's thread, while the step's feed runs). One
+        thread call a step."""
+        loop = asyncio.get_running_loop()
         rows: dict[int, _Request] = {}
-        joiners: list[_Request] = []
+
+        def settle(done: list[tuple[int, Sample]]) -> None:  # in the event loop
+            for rid, sample in done:
+                self._resolve(rows.pop(rid), sample, stream.version)
+
+        def finished(done: list[tuple[int, Sample]]) -> None:  # in the engine's thread
+            loop.call_soon_threadsafe(settle, done)
+
+        draining, first = False, True
         try:
             while True:
-                draining = self._exclusive_waiting > 0 or (self.stale is not None and self.stale())
-                joiners = [] if draining else self._take(self.max_batch - stream.live)
-                if joiners:
-                    joined = await asyncio.to_thread(
-                        stream.join, [r.prompt for r in joiners], [r.sampling for r in joiners]
-                    )
-                    self.batches += 1
-                    for r, rid in zip(joiners, joined, strict=True):
-                        if isinstance(rid, int):
-                            rows[rid] = r
-                        else:
-                            self._resolve(r, rid, stream.version)
-                if not stream.live:
+                # not at the first step: before_batch just loaded what it could (no spinning on a
+                # version it cannot load)
+                draining = draining or (not first and self._load_waits())
+                first = False
+                if draining and not stream.live:
                     return
-                for rid, sample in await asyncio.to_thread(stream.sample):
-                    self._resolve(rows.pop(rid), sample, stream.version)
-                await asyncio.to_thread(stream.forward)
-        except Exception as exc:  # an engine failure fails the rows it held, not the loop
-            _fail([*rows.values(), *joiners], exc)
+                joiners = [] if draining else self._take(self.max_batch - stream.live)
+                if not joiners and not stream.live:
+                    return
+                batch = []
+                for r in joiners:
+                    self._next_id += 1
+                    rows[self._next_id] = r
+                    batch.append((self._next_id, r.prompt, r.sampling))
+                self.batches += bool(batch)
+                errors = await asyncio.to_thread(stream.advance, batch, finished)
+                for rid, exc in errors:  # a request the engine refuses fails alone
+                    _fail([rows.pop(rid)], exc)
+        except BaseException as exc:  # an engine failure (or cancellation) fails the rows it held
+            _fail(
+                list(rows.values()),
+                exc if isinstance(exc, Exception) else RuntimeError("generation cancelled"),
+            )
             self.stream = None  # a fresh stream for the next batch: this one's state is unknown
+            if not isinstance(exc, Exception):
+                raise
+
+    def _load_waits(self) -> bool:
+        """A weight load waits: :meth:`exclusive` was entered, or ``stale`` says a newer version waits (a
+        ``stale`` that raises counts as no: the stream goes on, the next check asks again)."""
+        if self._exclusive_waiting > 0:
+            return True
+        try:
+            return self.stale is not None and self.stale()
+        except Exception:
+            log.warning("the batcher's staleness check failed; decoding on", exc_info=True)
+            return False
 
     def _resolve(self, r: _Request, s: Sample, version: int) -> None:
         self.sequences += 1

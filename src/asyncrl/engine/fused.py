@@ -15,9 +15,7 @@ of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding win
   dim]`` views: no repeat or copy of the keys) and the step's additive float mask built once, not per
   layer (``scaled_dot_product_attention`` converted a boolean mask per layer and ran slower on the
   views);
-* o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s;
-* with ``rollout.engine.shared_prefix_attention``, attention through the chunk's
-  :class:`~asyncrl.engine.cascade.SharedPrefix` instead: each group's prompt prefix KV read once a step.
+* o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
 
 The norms, the activation, the embedding and the rotary tables are the model's own modules. The result
 equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs against the
@@ -34,7 +32,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
-from asyncrl.engine.cascade import SharedPrefix
 from asyncrl.engine.decode import BufferLayer
 from asyncrl.engine.packed import PackedLinear
 
@@ -85,13 +82,12 @@ class FusedLinear(torch.nn.Module):
 
 
 class StepInputs(NamedTuple):
-    """What every layer of one decode step shares: the rotary tables ``[rows, 1, dim]``, the additive
-    mask ``[rows * kv_heads, 1, columns]`` and, with the shared-prefix attention, the chunk's state."""
+    """What every layer of one decode step shares: the rotary tables ``[rows, 1, dim]`` and the additive
+    mask ``[rows * kv_heads, 1, columns]``."""
 
     cos: torch.Tensor
     sin: torch.Tensor
     mask: torch.Tensor
-    shared: SharedPrefix | None
 
 
 class FusedAttention(torch.nn.Module):
@@ -101,7 +97,6 @@ class FusedAttention(torch.nn.Module):
         super().__init__()
         self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_proj: PackedLinear = attn.o_proj
-        self.layer_idx = int(attn.layer_idx)
         self.scaling = float(attn.scaling)
         self.head_dim = int(attn.head_dim)
         self.kv_heads = attn.k_proj.out_features // self.head_dim
@@ -114,9 +109,6 @@ class FusedAttention(torch.nn.Module):
         # cos, sin [rows, 1, dim]: q and k rotated together (transformers' untyped rotate_half)
         qk = qk * step.cos + rotate_half(qk) * step.sin  # type: ignore[no-untyped-call]
         keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
-        if step.shared is not None:  # each group's prompt prefix once, each row's suffix in its cache
-            out = step.shared.attend(self.layer_idx, qk[:, :h, None], keys, values, self.scaling)
-            return self._project(out, rows)
         q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
         scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
@@ -182,28 +174,16 @@ class FusedDecoder(torch.nn.Module):
             layer.mlp.gate_up_proj.repack()
 
     def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        valid: torch.Tensor,
-        cache: DynamicCache,
-        shared: SharedPrefix | None = None,
+        self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
         """Next-token logits ``[rows, V]`` of ``tokens [rows]`` at ``positions [rows]``; ``valid [rows,
         columns]`` the cache columns each row sees, this step's (the next one written) included. Writes
-        the step's KV into ``cache`` (every layer a :class:`BufferLayer`). ``shared``: attend through the
-        chunk's shared-prefix state (:mod:`asyncrl.engine.cascade`) instead of over each row's cache."""
+        the step's KV into ``cache`` (every layer a :class:`BufferLayer`)."""
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary_emb(x, positions[:, None])  # [rows, 1, dim]: once for every layer
-        if shared is not None:
-            shared.begin_step(valid)
-            mask = valid.new_empty(0, dtype=x.dtype)
-        else:
-            bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(
-                ~valid, float("-inf")
-            )
-            mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
-        step = StepInputs(cos, sin, mask, shared)
+        bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(~valid, float("-inf"))
+        mask = bias.repeat_interleave(self.kv_heads, dim=0)[:, None, :]  # [rows * kv_heads, 1, columns]
+        step = StepInputs(cos, sin, mask)
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             assert isinstance(cache_layer, BufferLayer)
             x = layer(x, step, cache_layer)  # a call: core lending's hook polls here

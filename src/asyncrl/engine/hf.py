@@ -34,7 +34,6 @@ from transformers.cache_utils import DynamicLayer
 
 from asyncrl.config import HFEngineConfig, default_of
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests
-from asyncrl.engine.cascade import SharedPrefix
 from asyncrl.engine.decode import (
     StaticDecoder,
     bucket_for,
@@ -78,7 +77,6 @@ class _DecodeState:
     top_p: torch.Tensor
     valid: torch.Tensor  # [active rows, columns]: the KV columns each row sees
     forced: torch.Tensor | None = None  # [rows_run, max_steps]: tokens to feed instead of sampling
-    shared: SharedPrefix | None = None  # shared-prefix decode attention (growing cache only)
 
     @classmethod
     def start(
@@ -176,8 +174,6 @@ class HFEngine(GenerationEngine):
         prefix_sharing: bool = False,
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
-        compile_decode: bool = default_of(HFEngineConfig, "compile_decode"),
-        shared_prefix_attention: bool = default_of(HFEngineConfig, "shared_prefix_attention"),
         fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
         continuous_batching: bool = default_of(HFEngineConfig, "continuous_batching"),
     ) -> None:
@@ -190,23 +186,14 @@ class HFEngine(GenerationEngine):
         cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
         of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
         policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
-        for an adapter it cannot fold); ``packed_linear``, ``compile_decode``, ``fused_decode``: :class:`ServedModel`;
-        ``shared_prefix_attention``: growing-cache decode steps attend over each group's shared prompt
-        prefix once (:mod:`asyncrl.engine.cascade`; ``rollout.engine.shared_prefix_attention``; not with
-        ``compile_decode``, nor for models whose cache layers are not plain full-attention layers);
+        for an adapter it cannot fold); ``packed_linear``, ``fused_decode``: :class:`ServedModel`;
         ``continuous_batching``: decode in a :class:`~asyncrl.engine.stream.DecodeStream` where
         :attr:`streams` (``rollout.engine.continuous_batching``)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
-        s = self.served = ServedModel(policy, merge_lora, packed_linear, compile_decode, fused_decode)
-        self.merged, self.model, self.packed, self.fused, self.step_model = (
-            s.merged,
-            s.model,
-            s.packed,
-            s.fused,
-            s.step_model,
-        )
+        s = self.served = ServedModel(policy, merge_lora, packed_linear, fused_decode)
+        self.merged, self.model, self.packed, self.fused = s.merged, s.model, s.packed, s.fused
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -231,7 +218,6 @@ class HFEngine(GenerationEngine):
         self._graph_pool: Any = None
         self._plain = _plain_dynamic_cache(self.model)
         self.prefill = Prefill(self.model, self.device, self.pad_token_id, self._plain)
-        self.shared_prefix_attention = shared_prefix_attention and self._plain and not compile_decode
         self.prefix_sharing = prefix_sharing
         self.continuous_batching = continuous_batching
         self.prefix_cache: PrefixCache | None = None
@@ -292,13 +278,9 @@ class HFEngine(GenerationEngine):
     @property
     def streams(self) -> bool:
         """Whether :func:`~asyncrl.engine.stream.open_stream` gives a decode stream (continuous batching)
-        over this engine: on, and not the static cache, the shared-prefix attention, or a model whose cache
-        layers are not plain full-attention layers."""
-        return (
-            self.continuous_batching
-            and not (self.static_cache or self.shared_prefix_attention)
-            and self._plain
-        )
+        over this engine: on, not the static cache, and a model whose cache layers are plain full-attention
+        layers."""
+        return self.continuous_batching and not self.static_cache and self._plain
 
     def inference(self) -> AbstractContextManager[None]:
         """The served model in eval mode, no autograd, for as long as the context lasts."""
@@ -365,9 +347,6 @@ class HFEngine(GenerationEngine):
         st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
         if forced is not None:
             st.forced = pad_rows(forced[:, :max_steps].to(self.device), rows_run)
-        if self.shared_prefix_attention and decoder is None:
-            assert isinstance(cache, DynamicCache)
-            st.shared = SharedPrefix(cache, prompts, valid)
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
         steps = self._decode(st, logits, cache, decoder, width, prompts)
@@ -408,22 +387,15 @@ class HFEngine(GenerationEngine):
         return out
 
     def step(
-        self,
-        tok: torch.Tensor,
-        pos: torch.Tensor,
-        valid: torch.Tensor,
-        cache: DynamicCache,
-        shared: SharedPrefix | None = None,
+        self, tok: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
         """One growing-cache decode step: the next logits ``[rows, V]`` of ``tok`` at ``pos``, ``valid``
         the columns each row sees (this step's included): the fused step where on, else the model's."""
         if self.fused is not None and self._plain:
-            logits: torch.Tensor = self.fused(tok, pos, valid, cache, shared)
+            logits: torch.Tensor = self.fused(tok, pos, valid, cache)
             return logits
-        if shared is not None:
-            return shared.step(self.model, tok, pos, valid, cache)
         mask = as_attention_bias(valid[:, None, None, :], self.model.config._attn_implementation)
-        return last_logits(self.step_model, tok[:, None], pos[:, None], mask, cache)
+        return last_logits(self.model, tok[:, None], pos[:, None], mask, cache)
 
     def _decode(
         self,
@@ -474,9 +446,7 @@ class HFEngine(GenerationEngine):
                     keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
-                    if st.shared is not None:
-                        st.shared.select(keep)
-                logits = self.step(tok, st.next_pos, st.valid, cache, st.shared)
+                logits = self.step(tok, st.next_pos, st.valid, cache)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps

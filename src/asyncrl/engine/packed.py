@@ -11,8 +11,8 @@ canary see what they saw before. The packed copies are derived data: :func:`repa
 change of the weights (the engine does, after each refold of its merged copy).
 
 Float32 throughout; the result equals ``linear`` up to float rounding (the summation order differs).
-Under autograd (a forward with gradients enabled) and inside ``torch.compile`` (``compile_decode``:
-inductor cannot take oneDNN's opaque tensor) a :class:`PackedLinear` computes as ``linear`` does.
+Under autograd (a forward with gradients enabled) and inside ``torch.compile`` (inductor cannot take
+oneDNN's opaque tensor) a :class:`PackedLinear` computes as ``linear`` does.
 """
 
 from __future__ import annotations

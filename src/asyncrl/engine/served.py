@@ -1,6 +1,6 @@
 """What the built-in engine samples from (:class:`ServedModel`): the policy's model, or a merged copy of
-its LoRA adapter, with the CPU decode switches applied to it — packed linear layers, the fused decode
-step, a compiled decode forward. Everything derived from the weights (the fold, the packed and stacked
+its LoRA adapter, with the CPU decode switches applied to it — packed linear layers and the fused decode
+step. Everything derived from the weights (the fold, the packed and stacked
 copies) is rebuilt by :meth:`ServedModel.refresh`, which the engine runs at every weight load.
 """
 
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
 from asyncrl.engine.fused import FusedDecoder, fusable
@@ -28,11 +26,8 @@ class ServedModel:
     warning for an adapter it cannot fold); ``model``: its model, or ``policy.model``. ``packed``: with
     ``packed_linear`` (``rollout.engine.packed_linear``), a merged copy and oneDNN on a CPU, the copy's
     linear layers swapped for :class:`PackedLinear` s; else none. ``fused``: with ``fused_decode``
-    (``rollout.engine.fused_decode``), packed layers, no ``compile_decode`` and a model
-    :func:`~asyncrl.engine.fused.fusable`, the :class:`FusedDecoder` growing-cache decode steps run;
-    else ``None``. ``step_model``: what a growing-cache decode step runs otherwise: ``model``, or with
-    ``compile_decode`` (``rollout.engine.compile_decode``) it through ``torch.compile`` with dynamic
-    shapes (compiled at the first decode step, again for a shape class not seen).
+    (``rollout.engine.fused_decode``), packed layers and a model :func:`~asyncrl.engine.fused.fusable`,
+    the :class:`FusedDecoder` growing-cache decode steps run; else ``None`` (they run ``model``).
     """
 
     def __init__(
@@ -40,7 +35,6 @@ class ServedModel:
         policy: Policy,
         merge_lora: bool,
         packed_linear: bool,
-        compile_decode: bool,
         fused_decode: bool,
     ) -> None:
         self.merged = _merged_copy(policy) if merge_lora else None
@@ -53,9 +47,8 @@ class ServedModel:
         ):
             self.packed = pack_linears(self.model)
         self.fused: FusedDecoder | None = None
-        if fused_decode and self.packed and not compile_decode and fusable(self.model):
+        if fused_decode and self.packed and fusable(self.model):
             self.fused = FusedDecoder(self.model)
-        self.step_model: Any = torch.compile(self.model, dynamic=True) if compile_decode else self.model
 
     def refresh(self) -> None:
         """Fold the policy's adapter into the merged copy again and repack (nothing without a copy)."""

@@ -5,8 +5,8 @@ one, and a request that arrives meanwhile waits for the next call, so a call's d
 fewer rows (5.7–7.2 a step on the demo-real task, docs/benchmarks.md). A stream keeps one decoding batch
 open instead: requests **join** at a step boundary (their prompts prefilled, their KV copied into free
 rows of the batch's buffers) and a row **leaves** the moment it stops, its sample returned at once. The
-rollout worker's :class:`~asyncrl.engine.batcher.TurnBatcher` drives it: :meth:`DecodeStream.join`,
-:meth:`DecodeStream.sample`, :meth:`DecodeStream.forward`, again and again.
+rollout worker's :class:`~asyncrl.engine.batcher.TurnBatcher` drives it, one
+:meth:`DecodeStream.advance` (join, draw, feed) a step in the engine's thread.
 
 Layout. The batch's KV lives in per-layer buffers ``[row capacity, kv_heads, column capacity, head_dim]``,
 :class:`~asyncrl.engine.decode.BufferLayer` views of the first ``rows`` rows and ``filled`` columns. A
@@ -20,7 +20,7 @@ sized for what the rows may still decode.
 
 What a row gets equals a ``generate`` call's: each token's behaviour log-prob is that of the distribution
 it was drawn from, and a row's continuation does not depend on its batch-mates up to float rounding
-(``tests/test_engine.py`` checks log-probs against the trainer's at the noise floor with rows joining
+(``tests/test_stream.py`` checks log-probs against the trainer's at the noise floor with rows joining
 mid-stream); stop tokens, budgets and the prefix cache as there (a row's KV is kept the moment it
 stops). A stream serves one weight version: a weight load while it holds rows is an error (the batcher
 drains it first). Growing cache of plain full-attention layers only: the static (CUDA-graph) path, the
@@ -30,6 +30,7 @@ shared-prefix attention and other cache layouts decode call by call.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -110,21 +111,26 @@ class DecodeStream:
             )
 
     # ---- joining ----------------------------------------------------------------------------------
-    def join(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[int | Sample]:
-        """Add requests at this step boundary: each gets an id that :meth:`sample` returns its
-        sample under, or its :class:`Sample` at once when its prompt leaves no room for a token."""
+    def join(
+        self, prompts: list[list[int]], sampling: list[SamplingParams], ids: list[int] | None = None
+    ) -> list[int | Sample]:
+        """Add requests at this step boundary: each gets an id (``ids``, or the stream's own counter) that
+        :meth:`sample` returns its sample under, or its :class:`Sample` at once when its prompt leaves no
+        room for a token. Invalid requests raise ``ValueError`` before anything joins."""
         e = self.engine
         self._check_version()
         params = check_requests(prompts, sampling, e.max_context, e.vocab_size)
+        if ids is None:
+            ids = list(range(self._next_id, self._next_id + len(prompts)))
+            self._next_id += len(prompts)
         out: list[int | Sample] = []
         new: list[tuple[int, _Row, SamplingParams]] = []
-        for prompt, sp in zip(prompts, params, strict=True):
+        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
             if len(prompt) >= e.max_context:
                 out.append(Sample([], [], "length"))
                 continue
-            out.append(self._next_id)
-            new.append((self._next_id, _Row(prompt, min(sp.max_new_tokens, e.max_context - len(prompt))), sp))
-            self._next_id += 1
+            out.append(rid)
+            new.append((rid, _Row(prompt, min(sp.max_new_tokens, e.max_context - len(prompt))), sp))
         if new:
             with e.inference():
                 logits, kv, valid = e.prefill_rows([r.prompt for _, r, _ in new], 0)
@@ -133,6 +139,33 @@ class DecodeStream:
                 self._place(new, kv, valid, logits)
                 e.prefill_seconds += time.perf_counter() - t0  # the joiners' KV into the batch: prefill's
         return out
+
+    def advance(
+        self,
+        joiners: list[tuple[int, list[int], SamplingParams]],
+        finished: Callable[[list[tuple[int, Sample]]], None],
+    ) -> list[tuple[int, Exception]]:
+        """One step boundary and one step, in one call: the ``joiners`` ``(id, prompt, sampling)`` join
+        (:meth:`join`; one that is invalid is returned with its error and the others join), each live row
+        draws its token (:meth:`sample`), and the rows still live are fed (:meth:`forward`). ``finished``
+        gets the rows that stopped — those with no room at once — before the feed runs."""
+        errors: list[tuple[int, Exception]] = []
+        ok: list[tuple[int, list[int], SamplingParams]] = []
+        for rid, prompt, sp in joiners:
+            try:
+                check_requests([prompt], [sp], self.engine.max_context, self.engine.vocab_size)
+                ok.append((rid, prompt, sp))
+            except ValueError as exc:
+                errors.append((rid, exc))
+        done: list[tuple[int, Sample]] = []
+        if ok:
+            joined = self.join([p for _, p, _ in ok], [sp for *_, sp in ok], [rid for rid, *_ in ok])
+            done += [(rid, j) for (rid, *_), j in zip(ok, joined, strict=True) if isinstance(j, Sample)]
+        done += self.sample()
+        if done:
+            finished(done)
+        self.forward()
+        return errors
 
     def _place(
         self,
@@ -207,8 +240,11 @@ class DecodeStream:
             index[j, : width - cols.shape[0]] = cols[0]  # masked: any column of the row's own is finite
         layers, heads, dim = kv_dims(e.model)
         cap_rows = min(max(e.max_batch, len(keep) + extra_rows), len(keep) + extra_rows + SPARE_ROWS)
-        kv = torch.empty((layers, 2, cap_rows, heads, width + room + SPARE_COLUMNS, dim), dtype=e.model.dtype)
-        kv = kv.to(e.device)
+        kv = torch.empty(
+            (layers, 2, cap_rows, heads, width + room + SPARE_COLUMNS, dim),
+            dtype=e.model.dtype,
+            device=e.device,
+        )
         if self.cache is not None and keep:
             for i, layer in enumerate(self.cache.layers):
                 assert isinstance(layer, BufferLayer)
@@ -274,7 +310,8 @@ class DecodeStream:
             assert self.cache is not None
             self.valid = torch.cat([self.valid, torch.ones_like(self.valid[:, :1])], dim=1)
             self.logits = e.step(self.tok, self.pos, self.valid, self.cache)
-            self.pos = self.pos + 1
+            live_rows = torch.tensor([r is not None for r in self.slots], device=self.pos.device)
+            self.pos = self.pos + live_rows  # a free row's position stays: never past the context
         e.decode_steps += 1
         e.decode_seconds += time.perf_counter() - t0
 
@@ -291,7 +328,9 @@ def _floats(values: list[float], dev: torch.device) -> torch.Tensor:
 
 def _put(x: torch.Tensor, at: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
     """``x`` grown to ``total`` rows (zeros) with rows ``at`` set to ``values``."""
-    if total > x.shape[0]:
+    if x.shape[0] == 0:  # shaped by the values (the logits: the model's output width)
+        x = values.new_zeros((total, *values.shape[1:])).to(x.dtype)
+    elif total > x.shape[0]:
         x = torch.cat([x, x.new_zeros((total - x.shape[0], *x.shape[1:]))])
     x[at] = values.to(x.dtype)
     return x
