@@ -52,8 +52,9 @@ class LocalLauncherConfig(_LauncherBase):
     by the staleness budget, the trainer with no batch to take — lends its cores to the roles still
     computing, which raise their torch threads until it computes again (docs/orchestrator.md#core-lending,
     ``asyncrl.lending``). Off by default: on the demo-real task it measured 0.95x and 1.01x the RL
-    phase (docs/benchmarks.md; the periodic evaluator already fills the core a waiting trainer leaves):
-    every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
+    phase while the evaluator ran at nice 5 and filled the core a waiting trainer leaves, and 0.88x in
+    one run (seed 0) with the evaluator at ``SCHED_IDLE`` (docs/benchmarks.md): not yet enough runs to
+    turn it on. Every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
     lend_after_ms: int = Field(250, ge=0, le=60_000)
     """A role's cores are lent only once it has waited this long: the short gaps between two model
     turns or two training steps are not worth a switch (each switch costs the borrower a moment of
