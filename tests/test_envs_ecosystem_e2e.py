@@ -34,6 +34,9 @@ TINY = [
     "telemetry.eval_every=0",
     "telemetry.log_every_s=0.5",
     "telemetry.tensorboard=false",
+    # the configs' memory-lean allocator (1 MiB mmap threshold) would stay fixed in this test process
+    # (glibc cannot give it back to its dynamic rule) and slow every later in-process warm start ~1.6x
+    "launcher.malloc_mmap_threshold_kb=0",
 ]
 
 

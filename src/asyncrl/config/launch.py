@@ -40,7 +40,9 @@ class _LauncherBase(Section):
     dynamic threshold, which rises to 32 MiB: a training step's many 1–30 MiB activation tensors
     then live in the heap, whose fragments are kept, so a role's RSS can be twice its live tensors
     (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades some speed (page
-    faults on every large allocation) for a peak close to the live memory."""
+    faults on every large allocation) for a peak close to the live memory. A process that calls
+    ``asyncrl.jobs.train.train`` itself (a notebook, a test) keeps the threshold for its life: glibc
+    cannot hand it back to the dynamic rule (a tiny model's warm start then ran 1.6x slower)."""
 
 
 class LocalLauncherConfig(_LauncherBase):
