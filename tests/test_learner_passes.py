@@ -442,6 +442,10 @@ def test_a_role_that_computes_alone_gets_the_solo_threads(monkeypatch: pytest.Mo
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert torch_threads(cfg("control.mode=sync"), "trainer") == usable_cores() >= 1
     assert torch_threads(cfg("launcher.solo_threads=2"), "warm_start") == 2
+    # the job's own held-out evaluations (before the roles start, after they stop) compute alone; the
+    # periodic evaluator role shares the cores
+    assert torch_threads(cfg("launcher.solo_threads=2"), "evaluation") == 2
+    assert torch_threads(cfg("launcher.solo_threads=2"), "evaluator") == 1
     before = torch.get_num_threads()
     with pinned_threads(before + 1):
         assert torch.get_num_threads() == before + 1

@@ -185,7 +185,7 @@ def test_the_plan_applies_to_local_cpu_runs_with_cores_to_share(
         is None
     )
     assert lending_plan(load_config(None, ["model.device=cpu", "launcher.kind=ray"])) is None
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # nothing to lend (a shared machine says one core): said, not silent
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a shared machine says one core: said, not silent
     assert lending_plan(load_config(None, ["model.device=cpu", "launcher.lend_threads=true"])) is None
     assert "one usable core" in caplog.text
 

@@ -13,7 +13,7 @@ from typing import Literal
 from asyncrl.config import RunConfig
 from asyncrl.policy.memory import set_mmap_threshold
 
-ComputeRole = Literal["trainer", "rollout", "evaluator", "warm_start"]
+ComputeRole = Literal["trainer", "rollout", "evaluator", "warm_start", "evaluation"]
 
 
 def usable_cores() -> int:
@@ -31,7 +31,8 @@ def torch_threads(cfg: RunConfig, role: ComputeRole) -> int:
     """Torch threads of ``role``'s process: ``launcher.solo_threads`` where its compute runs alone,
     ``launcher.torch_threads`` where it shares the machine with the other roles.
 
-    Alone: the warm start (``asyncrl sft``, and the launcher's before any role starts), and the
+    Alone: the warm start (``asyncrl sft``, and the launcher's before any role starts), the job's
+    held-out ``evaluation`` before the roles start and after they stop, and the
     trainer in ``control.mode: sync`` (rollout waits for the step, so the trainer may take every
     core while it trains; it waits, idle, while the batch is generated). In ``async`` and
     ``one_step_off`` modes the trainer and the rollout workers compute at the same time and keep
@@ -40,7 +41,7 @@ def torch_threads(cfg: RunConfig, role: ComputeRole) -> int:
     """
     lc = cfg.launcher
     # rule 5's barrier (sync): generating and training take turns, so the trainer computes alone
-    alone = role == "warm_start" or (role == "trainer" and cfg.staleness_policy().barrier)
+    alone = role in ("warm_start", "evaluation") or (role == "trainer" and cfg.staleness_policy().barrier)
     if not alone:
         return lc.torch_threads
     return lc.solo_threads or usable_cores()

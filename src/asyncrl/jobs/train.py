@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.bootstrap import pinned_threads, torch_threads
 from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
@@ -227,7 +228,11 @@ def _prepare(cfg: RunConfig, run_dir: Path, display: bool, eval_limit: int | Non
         publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
     # a warm start trained just now was evaluated with this very call (same limit, same
     # seed) on the weights it saved: reuse it rather than play the held-out set twice
-    prior = ws.report if not ws.cached else evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+    if ws.cached:
+        with pinned_threads(torch_threads(cfg, "evaluation")):  # no role runs yet: every core
+            prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+    else:
+        prior = ws.report
     (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
     del policy, ws
     release_memory()  # the warm start's peak is not this supervisor's to keep for the run
@@ -244,7 +249,8 @@ def _final_eval(cfg: RunConfig, run_dir: Path, eval_limit: int | None) -> dict[s
     policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
     if loaded is not None:
         policy.load_tensors(loaded.tensors)
-    final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+    with pinned_threads(torch_threads(cfg, "evaluation")):  # the roles have stopped: every core
+        final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
     return final
 
