@@ -20,8 +20,8 @@ class _LauncherBase(Section):
     oversubscription on small machines)."""
     solo_threads: int = Field(0, ge=0, le=1024)
     """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
-    launcher's before the roles start) and the trainer in ``control.mode: sync`` (rollout waits
-    for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
+    launcher's before the roles start), the job's held-out evaluations before the roles start and
+    after they stop, and the trainer in ``control.mode: sync`` (rollout waits for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
     sets it. See ``asyncrl.bootstrap.torch_threads``."""
     stop_grace_s: float = Field(30.0, ge=0, le=3600)
     """A stop (SIGINT, SIGTERM, SIGHUP to the orchestrator, or ``asyncrl stop RUN``) asks every role to
