@@ -42,11 +42,13 @@ def drive(stream: DecodeStream, arrivals: dict[int, list[list[int]]], sp: Sampli
     ``{id: (prompt, sample, rows decoding when it joined)}``."""
     prompts: dict[int, list[int]] = {}
     out: dict[int, Any] = {}
-    step = 0
+    step = joined = 0
     while step <= max(arrivals, default=0) or stream.live:
         batch = arrivals.get(step, [])
         if batch:
-            for p, rid in zip(batch, stream.join(batch, [sp] * len(batch)), strict=True):
+            ids = list(range(joined, joined + len(batch)))
+            joined += len(batch)
+            for p, rid in zip(batch, stream.join(batch, [sp] * len(batch), ids), strict=True):
                 assert isinstance(rid, int)
                 prompts[rid] = p
         for rid, sample in stream.sample():
@@ -132,7 +134,7 @@ def test_a_stream_serves_one_weight_version() -> None:
     engine = streaming(policy)
     stream = open_stream(engine)
     assert stream is not None
-    stream.join(random_prompts(2, 4, 8, seed=7), [SP] * 2)
+    stream.join(random_prompts(2, 4, 8, seed=7), [SP] * 2, [100, 101])
     engine.load_weights(1, adapter(policy, 3, 0.1))
     with pytest.raises(RuntimeError, match="drain it before a load"):
         stream.sample()
@@ -141,7 +143,7 @@ def test_a_stream_serves_one_weight_version() -> None:
         stream.sample()
         stream.forward()
     engine.load_weights(1, adapter(policy, 3, 0.1))
-    [full] = stream.join([[5] * engine.max_context], [SP])
+    [full] = stream.join([[5] * engine.max_context], [SP], [102])
     assert full == Sample([], [], "length")
     out = drive(stream, {0: random_prompts(3, 4, 8, seed=8)}, SP)
     assert stream.version == 1

@@ -70,7 +70,6 @@ class DecodeStream:
 
     def __init__(self, engine: HFEngine) -> None:
         self.engine = engine
-        self._next_id = 0
         self._stops = frozenset(engine.stop_token_ids)
         self.layouts = 0
         """Times the batch was laid out again (new buffers, live rows gathered)."""
@@ -112,17 +111,14 @@ class DecodeStream:
 
     # ---- joining ----------------------------------------------------------------------------------
     def join(
-        self, prompts: list[list[int]], sampling: list[SamplingParams], ids: list[int] | None = None
+        self, prompts: list[list[int]], sampling: list[SamplingParams], ids: list[int]
     ) -> list[int | Sample]:
-        """Add requests at this step boundary: each gets an id (``ids``, or the stream's own counter) that
-        :meth:`sample` returns its sample under, or its :class:`Sample` at once when its prompt leaves no
-        room for a token. Invalid requests raise ``ValueError`` before anything joins."""
+        """Add requests at this step boundary: each gets its id from ``ids`` (the caller's, unique among
+        the live rows), which :meth:`sample` returns its sample under, or its :class:`Sample` at once when
+        its prompt leaves no room for a token. Invalid requests raise ``ValueError`` before anything joins."""
         e = self.engine
         self._check_version()
         params = check_requests(prompts, sampling, e.max_context, e.vocab_size)
-        if ids is None:
-            ids = list(range(self._next_id, self._next_id + len(prompts)))
-            self._next_id += len(prompts)
         out: list[int | Sample] = []
         new: list[tuple[int, _Row, SamplingParams]] = []
         for rid, prompt, sp in zip(ids, prompts, params, strict=True):
