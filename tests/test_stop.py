@@ -165,14 +165,17 @@ class TrainProcess:
                     os.kill(pid, signal.SIGKILL)
 
 
-def check_stopped(job: TrainProcess, sig: int, phase: str, sent_at: float) -> dict[str, Any]:
+def check_stopped(
+    job: TrainProcess, sig: int, phase: str | tuple[str, ...], sent_at: float
+) -> dict[str, Any]:
     code = job.wait(job.cfg.launcher.stop_grace_s + 60)
     took = time.monotonic() - sent_at
     assert code == 128 + sig, job.log.read_text()[-3000:]
     assert took < job.cfg.launcher.stop_grace_s + 30, took
     rec = job.record()
     assert rec["status"] == "stopped", rec
-    assert rec["stopped"]["signal"] == signal.Signals(sig).name and rec["stopped"]["phase"] == phase, rec
+    phases = (phase,) if isinstance(phase, str) else phase
+    assert rec["stopped"]["signal"] == signal.Signals(sig).name and rec["stopped"]["phase"] in phases, rec
     if (job.run_dir / "roles.json").is_file():
         assert job.roles_left() == []  # no orphan
     log = job.log.read_text()
@@ -349,10 +352,13 @@ def test_stop_signal_matrix(
     job = TrainProcess(tmp_path, cache_dir, *sets)
     try:
         _at_moment(job, moment)
+        phases = (phase,)
         if moment == "initial evaluation" and (job.run_dir / "initial_eval.json").is_file():
-            phase = "training"  # the evaluation was over before the signal: recorded as what it hit
+            # the evaluation was over before the signal, which lands in the preparation's last step
+            # (freeing the warm start's memory) or in training: a switch this poll cannot see
+            phases = ("preparation", "training")
         sent = job.signal(sig)
-        check_stopped(job, sig, phase, sent)
+        check_stopped(job, sig, phases, sent)
         took = time.monotonic() - sent
         s = check_resumed(job)
         fault = f"{sig.name} at {moment} ({', '.join(extra) or 'embedded queue'}), then --resume"
