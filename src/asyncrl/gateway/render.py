@@ -90,21 +90,6 @@ class MessageRenderer:
         """The whole chat with the assistant header (a first call, or one that does not extend)."""
         return self.renderer.render(self.messages(messages), self.schemas(tools))
 
-    def bridge(
-        self,
-        prompt_ids: list[int],
-        completion_ids: list[int],
-        before: list[Message],
-        new: list[Message],
-        tools: list[ToolDef],
-    ) -> list[int] | None:
-        """The previous call's prompt + its sampled completion + the delta of ``new`` (the
-        messages after the assistant turn that ends ``before``); ``None`` if not prefix-stable."""
-        r = self.renderer
-        return r.bridge(
-            prompt_ids, completion_ids, self.messages(before), self.messages(new), self.schemas(tools)
-        )
-
     # -- completions -----------------------------------------------------------------------------
     def parse(self, ids: list[int], tools: list[ToolDef], first_id: int) -> Reply:
         """A completion as content, reasoning and ``(name, arguments JSON, id)`` of its first call;
