@@ -88,13 +88,7 @@ def _meta_model(path: Path, trust_remote_code: bool) -> Any:
 def parameter_count(path: str | Path, *, trust_remote_code: bool) -> int:
     """Exact parameter count of the model in ``path`` (tied weights counted once), loading nothing."""
     model = _meta_model(Path(path), trust_remote_code)
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
 
 
 def config_numbers(path: str | Path) -> dict[str, Any]:

@@ -322,10 +322,8 @@ class TextRenderer(Renderer):
                 out += [self.obs_open, *self.encode_content(text), self.obs_close]
                 continue
             out += self.encode_content(text)
-            for tc in m.get("tool_calls") or []:
-                fn = tc["function"]
-                args = fn["arguments"] if isinstance(fn["arguments"], dict) else {"input": fn["arguments"]}
-                out += self.encode_content(self.fmt.write_call(fn["name"], args))
+            for call in self.fmt.write_calls(m.get("tool_calls") or []):
+                out += self.encode_content(call)
         return out
 
     def render(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:

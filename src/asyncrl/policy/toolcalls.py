@@ -47,7 +47,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.envs.base import ANSWER_CLOSE, ANSWER_OPEN, AnswerAction, ToolCallAction, parse_action
-from asyncrl.policy.messages import ToolSchema
+from asyncrl.policy.messages import ToolCall, ToolSchema
 
 if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
@@ -117,6 +117,15 @@ class ToolCallFormat(ABC):
     @abstractmethod
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
         """Native text of one call."""
+
+    def write_calls(self, calls: list[ToolCall]) -> list[str]:
+        """Native text of each call of an assistant message (arguments that are not a JSON object
+        as ``{"input": ...}``)."""
+        return [
+            self.write_call(c["function"]["name"], a if isinstance(a, dict) else {"input": a})
+            for c in calls
+            for a in [c["function"]["arguments"]]
+        ]
 
     @abstractmethod
     def instructions(self) -> str:
