@@ -99,12 +99,12 @@ class MessageRenderer:
             return Reply(turn.content, turn.reasoning, [])
         calls = []
         for k, c in enumerate(turn.tool_calls):
-            args = c.arguments
+            name, args = c["function"]["name"], c["function"]["arguments"]
             if self.text:
-                args = {_single_param(tools, c.name): args}
-            fresh = c.id == self.renderer.fmt.call_id(0)  # the model wrote no usable id of its own
-            cid = self.renderer.fmt.call_id(first_id + k) if fresh else c.id
-            calls.append((c.name, args if isinstance(args, str) else json.dumps(args), cid))
+                args = {_single_param(tools, name): args}
+            fresh = c["id"] == self.renderer.fmt.call_id(0)  # the model wrote no usable id of its own
+            cid = self.renderer.fmt.call_id(first_id + k) if fresh else c["id"]
+            calls.append((name, args if isinstance(args, str) else json.dumps(args), cid))
         return Reply(turn.prefix if turn.prefix.strip() else None, turn.reasoning, calls)
 
     def token_strings(self, ids: list[int]) -> list[str]:

@@ -335,10 +335,7 @@ class HFChatRenderer(Renderer):
         m: Message = {
             "role": "assistant",
             "content": turn.prefix.strip(),
-            "tool_calls": [
-                {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
-                for c in turn.tool_calls
-            ],
+            "tool_calls": list(turn.tool_calls),
         }
         if turn.reasoning is not None:
             m["reasoning_content"] = turn.reasoning
