@@ -432,7 +432,6 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("cost/ledger.py", "<module>", "GB"),
             ("cost/ledger.py", "<module>", "MONTH_S"),
             ("policy/memory.py", "<module>", "GIB"),
-            ("policy/memory.py", "training_estimate", "dtype_bytes"),
             ("records.py", "<module>", "SCHEMA_VERSION"),
             ("transport/embedded.py", "<module>", "SCHEMA_VERSION"),
             ("jobs/warm_start.py", "<module>", "TEMPLATE_VERSION"),

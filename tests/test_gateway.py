@@ -589,7 +589,6 @@ def test_the_session_id_reveals_nothing_of_the_key() -> None:
     sessions = [gw.sessions.open(TASK) for _ in range(50)]
     assert all(s.id not in s.key and s.key[-8:] not in s.id for s in sessions)
     assert len({s.id for s in sessions}) == 50
-    assert all(gw.sessions.by_id(s.id) is s for s in sessions[:3])
     ok = asyncio.run(_post_reward(gw, sessions[0], b'{"reward": 0.5}'))
     assert ok.status_code == 200 and sessions[0].reward == 0.5
 

@@ -72,10 +72,6 @@ class AgentRunner:
         assert cfg.env.path is not None
         self.cfg, self.gateway, self.worker_id = cfg, gateway, worker_id
         self.agent = load_agent(cfg.env.path)
-        s = cfg.rollout.sampling
-        self.sampling = SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
-        )
         self.counts: dict[str, float] = {"episodes": 0, "stale_sessions": 0, "agent_errors": 0, "per_call": 0}
         self.http: DefaultAsyncHttpxClient | None = None
         """One connection pool for every episode's client: building an ``openai.AsyncOpenAI`` with
@@ -155,7 +151,7 @@ class AgentRunner:
             self.counts["stale_sessions"] += 1
             return []
         trajs = build_trajectories(
-            session, reward, outcome, worker_id=self.worker_id, sampling=self.sampling, renderer=gw.renderer
+            session, reward, outcome, worker_id=self.worker_id, sampling=gw.sampling, renderer=gw.renderer
         )
         self.counts["per_call"] += len(trajs) if len(trajs) > 1 else 0
         return trajs

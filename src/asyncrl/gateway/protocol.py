@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -166,12 +167,8 @@ def parse_request(raw: bytes) -> ChatRequest:
         raise GatewayError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
-def _fields() -> frozenset[str]:
-    models = (FunctionCall, ToolCallIn, ContentPart, Message, FunctionDef, ToolDef, ChatRequest)
-    return frozenset(name for m in models for name in m.model_fields)
-
-
-_FIELDS = _fields()
+_MODELS = (FunctionCall, ToolCallIn, ContentPart, Message, FunctionDef, ToolDef, ChatRequest)
+_FIELDS = frozenset(name for m in _MODELS for name in m.model_fields)
 
 
 def _first_error(errors: list[ErrorDetails]) -> tuple[str | None, str]:
@@ -241,19 +238,6 @@ def parse_reward(raw: bytes) -> float:
     return value
 
 
-def completion_id() -> str:
-    import uuid
-
-    return "chatcmpl-" + uuid.uuid4().hex
-
-
-def choice_message(content: str | None, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        msg["tool_calls"] = tool_calls
-    return msg
-
-
 def logprobs_block(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
     return {
         "content": [
@@ -265,10 +249,10 @@ def logprobs_block(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
 
 
 def response_body(
-    cid: str, model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+    model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
     return {
-        "id": cid,
+        "id": "chatcmpl-" + uuid.uuid4().hex,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -291,36 +275,14 @@ def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     }
     chunks: list[dict[str, Any]] = []
     for ch in body["choices"]:
-        delta: dict[str, Any] = {"role": "assistant", "content": ch["message"]["content"]}
-        if ch["message"].get("reasoning_content"):  # as the non-streamed message carries it
-            delta["reasoning_content"] = ch["message"]["reasoning_content"]
-        if ch["message"].get("tool_calls"):
-            delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(ch["message"]["tool_calls"])]
-        chunks.append(
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": ch["index"],
-                        "delta": delta,
-                        "logprobs": ch.get("logprobs"),
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        )
-        chunks.append(
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": ch["index"],
-                        "delta": {},
-                        "logprobs": None,
-                        "finish_reason": ch["finish_reason"],
-                    }
-                ],
-            }
-        )
+        msg = ch["message"]
+        delta = {"role": "assistant", "content": msg["content"]}
+        if msg.get("reasoning_content"):  # as the non-streamed message carries it
+            delta["reasoning_content"] = msg["reasoning_content"]
+        if msg.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]
+        end = {"index": ch["index"], "delta": {}, "logprobs": None, "finish_reason": ch["finish_reason"]}
+        first = {**end, "delta": delta, "logprobs": ch.get("logprobs"), "finish_reason": None}
+        chunks += [{**base, "choices": [first]}, {**base, "choices": [end]}]
     chunks.append({**base, "choices": [], "usage": body["usage"]})
     return chunks

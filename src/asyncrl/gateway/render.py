@@ -90,21 +90,6 @@ class MessageRenderer:
         """The whole chat with the assistant header (a first call, or one that does not extend)."""
         return self.renderer.render(self.messages(messages), self.schemas(tools))
 
-    def bridge(
-        self,
-        prompt_ids: list[int],
-        completion_ids: list[int],
-        before: list[Message],
-        new: list[Message],
-        tools: list[ToolDef],
-    ) -> list[int] | None:
-        """The previous call's prompt + its sampled completion + the delta of ``new`` (the
-        messages after the assistant turn that ends ``before``); ``None`` if not prefix-stable."""
-        r = self.renderer
-        return r.bridge(
-            prompt_ids, completion_ids, self.messages(before), self.messages(new), self.schemas(tools)
-        )
-
     # -- completions -----------------------------------------------------------------------------
     def parse(self, ids: list[int], tools: list[ToolDef], first_id: int) -> Reply:
         """A completion as content, reasoning and ``(name, arguments JSON, id)`` of its first call;
@@ -114,12 +99,12 @@ class MessageRenderer:
             return Reply(turn.content, turn.reasoning, [])
         calls = []
         for k, c in enumerate(turn.tool_calls):
-            args = c.arguments
+            name, args = c["function"]["name"], c["function"]["arguments"]
             if self.text:
-                args = {_single_param(tools, c.name): args}
-            fresh = c.id == self.renderer.fmt.call_id(0)  # the model wrote no usable id of its own
-            cid = self.renderer.fmt.call_id(first_id + k) if fresh else c.id
-            calls.append((c.name, args if isinstance(args, str) else json.dumps(args), cid))
+                args = {_single_param(tools, name): args}
+            fresh = c["id"] == self.renderer.fmt.call_id(0)  # the model wrote no usable id of its own
+            cid = self.renderer.fmt.call_id(first_id + k) if fresh else c["id"]
+            calls.append((name, args if isinstance(args, str) else json.dumps(args), cid))
         return Reply(turn.prefix if turn.prefix.strip() else None, turn.reasoning, calls)
 
     def token_strings(self, ids: list[int]) -> list[str]:

@@ -35,8 +35,6 @@ from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway.protocol import (
     ChatRequest,
     GatewayError,
-    choice_message,
-    completion_id,
     logprobs_block,
     parse_request,
     parse_reward,
@@ -112,12 +110,10 @@ class Gateway:
             return
         if self.policy.session_expired(first, newest, self.max_staleness()):
             self.sessions.close(s, stale=True)
-            raise GatewayError(
-                401,
+            raise _unauthorized(
                 f"session finished: it began on weight version {first}, more than max_staleness="
                 f"{self._bound()} versions before the newest ({newest}); its samples are dropped",
-                code="session_stale",
-                type_="authentication_error",
+                "session_stale",
             )
 
     async def _admit_call(self) -> None:
@@ -154,33 +150,27 @@ class Gateway:
         key = (authorization or "").removeprefix("Bearer ").strip()
         s = self.sessions.get(key) if key else None
         if s is None:
-            raise GatewayError(
-                401,
+            raise _unauthorized(
                 "unknown or finished session key: each episode's client is given its own key by asyncrl",
-                code="invalid_api_key",
-                type_="authentication_error",
+                "invalid_api_key",
             )
         return s
 
     def _prompt(self, s: Session, req: ChatRequest) -> list[int]:
         """Append-only when the request continues the session's last call, else a full render."""
-        tools = req.tools or []
-        msgs = req.messages
-        last = s.last
-        if last is not None:
-            n = len(last.messages)
-            if (
-                len(msgs) > n + 1
-                and [t.model_dump() for t in tools] == last.tools
-                and [m.model_dump() for m in msgs[:n]] == last.messages
-                and _reply_key(msgs[n]) in last.replies
-            ):
-                c = last.record
-                before, new = list(msgs[: n + 1]), list(msgs[n + 1 :])
-                ids = self.messages.bridge(c.prompt_ids, c.completion_ids, before, new, tools)
-                if ids is not None:  # else a template that is not prefix-stable here: render in full
-                    self.counts["appended_prompts"] += 1
-                    return ids
+        tools, msgs, last, conv = req.tools or [], req.messages, s.last, self.messages
+        n = len(last.messages) if last is not None else 0
+        if (
+            last is not None
+            and len(msgs) > n + 1
+            and (tools, msgs[:n]) == (last.tools, last.messages)
+            and _reply_key(msgs[n]) in last.replies
+        ):
+            c, before, new = last.record, conv.messages(msgs[: n + 1]), conv.messages(msgs[n + 1 :])
+            ids = self.renderer.bridge(c.prompt_ids, c.completion_ids, before, new, conv.schemas(tools))
+            if ids is not None:  # else a template that is not prefix-stable here: render in full
+                self.counts["appended_prompts"] += 1
+                return ids
         self.counts["rendered_prompts"] += 1
         return self.messages.render(list(msgs), tools)
 
@@ -234,15 +224,15 @@ class Gateway:
             replies.add(reply_key)
         if req.n == 1 and not auxiliary:
             s.last = LastCall(
-                [m.model_dump() for m in req.messages],
-                [t.model_dump() for t in req.tools or []],
+                list(req.messages),
+                list(req.tools or []),
                 replies,
                 records[0],
                 self.messages.messages(list(req.messages)),
                 self.messages.schemas(req.tools or []),
             )
         completion_tokens = sum(len(r.completion_ids) for r in records)
-        return response_body(completion_id(), self.cfg.model_name, choices, len(prompt), completion_tokens)
+        return response_body(self.cfg.model_name, choices, len(prompt), completion_tokens)
 
     def _prompt_in_context(self, s: Session, req: ChatRequest) -> list[int]:
         """The request's prompt ids, or the 400 saying why it cannot be prompted."""
@@ -271,9 +261,7 @@ class Gateway:
             self.pending -= req.n
             s.in_flight -= 1
         if s.finished:  # closed meanwhile (the agent was cancelled): record nothing
-            raise GatewayError(
-                401, "session finished during the call", code="session_finished", type_="authentication_error"
-            )
+            raise _unauthorized("session finished during the call", "session_finished")
         return list(results)
 
     def _choice(
@@ -298,17 +286,13 @@ class Gateway:
         ]
         stopped = rec.finish_reason == "stop" or cut
         finish = "tool_calls" if tool_calls else ("stop" if stopped else "length")
-        message = choice_message(content, tool_calls)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
         if reply.reasoning is not None:  # text before the answer or call is not dropped
             message["reasoning_content"] = reply.reasoning
-        choice: dict[str, Any] = {
-            "index": index,
-            "message": message,
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-        if req.logprobs:
-            choice["logprobs"] = logprobs_block(self.messages.token_strings(ids), rec.logprobs)
+        logprobs = logprobs_block(self.messages.token_strings(ids), rec.logprobs) if req.logprobs else None
+        choice = {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
         return choice, _key(content, calls)
 
     # -- HTTP --------------------------------------------------------------------------------------
@@ -382,12 +366,7 @@ class Gateway:
         try:
             s = self.session_of(request.headers.get("authorization"))
             if s.id != request.path_params["sid"]:
-                raise GatewayError(
-                    401,
-                    "this key belongs to another session",
-                    code="invalid_api_key",
-                    type_="authentication_error",
-                )
+                raise _unauthorized("this key belongs to another session", "invalid_api_key")
             s.reward = parse_reward(await self._body(request))
         except GatewayError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
@@ -429,6 +408,10 @@ class Gateway:
         if ":" in host and not host.startswith("["):  # an IPv6 address: bracketed in a URL (RFC 3986)
             host = f"[{host}]"
         return f"http://{host}:{self.port}/v1"
+
+
+def _unauthorized(message: str, code: str) -> GatewayError:
+    return GatewayError(401, message, code=code, type_="authentication_error")
 
 
 def _key(content: str | None, calls: list[tuple[str, str]]) -> ReplyKey:

@@ -33,8 +33,9 @@ import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from asyncrl.gateway.protocol import Message as RequestMessage
+from asyncrl.gateway.protocol import ToolDef
 from asyncrl.policy.chat import Message, Renderer
 from asyncrl.policy.exactness import count_differences
 from asyncrl.policy.messages import ToolSchema
@@ -61,8 +62,8 @@ ReplyKey = tuple[str, tuple[tuple[str, str], ...]]
 class LastCall:
     """What the next request must repeat to be continued append-only (see the gateway's ``_prompt``)."""
 
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
+    messages: list[RequestMessage]
+    tools: list[ToolDef]
     replies: set[ReplyKey]
     record: CallRecord
     chat: list[Message] = field(default_factory=list)
@@ -98,23 +99,18 @@ class SessionTable:
 
     def __init__(self) -> None:
         self._live: dict[str, Session] = {}
-        self.opened = self.finished = self.stale = 0
+        self.stale = 0
 
     def open(self, task: Task, group_id: str = "") -> Session:
         s = Session(key="sk-asyncrl-" + secrets.token_hex(24), task=task, group_id=group_id)
         self._live[s.key] = s
-        self.opened += 1
         return s
 
     def get(self, key: str) -> Session | None:
         return self._live.get(key)
 
-    def by_id(self, sid: str) -> Session | None:
-        return next((s for s in self._live.values() if s.id == sid), None)
-
     def close(self, session: Session, stale: bool = False) -> None:
         if self._live.pop(session.key, None) is not None:
-            self.finished += 1
             self.stale += stale
         session.finished = True
         session.stale = session.stale or stale

@@ -1,52 +1,37 @@
 """The weight-sync canary: proof, after every load, that an engine serves the version the trainer published.
 
-The field's most reported silent failure is a weight version — often a LoRA adapter — that never
-reaches the inference engine, so that rollouts keep sampling an older policy while every log line
-says the new version is loaded (verl#7495). A checksum of the weight *file* does not see it: the
-file is fine, the engine's model is not. So the check runs on the engine's model itself.
+A weight version (often a LoRA adapter) that never reaches the engine leaves every log line saying
+it is loaded (verl#7495); a checksum of the *file* cannot see that, so the check runs on the
+engine's model itself. Why and how it is wired, its tests and its tolerances:
+``docs/reliability.md#weight-sync-canary``.
 
 **At publish time** the trainer writes a :class:`CanaryRecord` into the version's manifest
 (``extra.canary``):
 
 * the **fingerprint** of the version's tensors (:func:`fingerprint`): per tensor
-  ``[Σx, Σx², Σ_j w_j x_(s·j), Σ_j x_(s·j)²]`` — the sum and sum of squares of every element
-  (float32 partial sums over rows of ``ROW`` elements, added in float64: one pass over memory), then a weighted sum over ``SAMPLE`` evenly strided
-  elements with fixed weights ``w_j`` in ``[-1, 1]`` and their sum of squares (float64: a
-  permutation or a transposition keeps ``Σx`` and ``Σx²`` but changes this one);
+  ``[Σx, Σx², Σ_j w_j x_(s·j), Σ_j x_(s·j)²]`` — sum and sum of squares of every element (float32
+  partial sums over rows of ``ROW`` elements, added in float64), then a sum over ``SAMPLE`` evenly
+  strided elements with fixed weights ``w_j`` in ``[-1, 1]`` and their sum of squares (a permutation
+  or transposition keeps ``Σx`` and ``Σx²`` but changes this one);
 * the **probe**: the ids of a fixed prompt (``weights.canary.probe_tokens`` tokens of
-  :data:`PROBE_TEXT`) and the trainer's log-probs ``log p(id_t | id_<t)``, ``t = 1..n-1``, at
-  temperature 1 (:func:`probe_logprobs`, the model in eval mode).
+  :data:`PROBE_TEXT`) and the trainer's ``log p(id_t | id_<t)``, ``t = 1..n-1``, at temperature 1
+  (:func:`probe_logprobs`, eval mode).
 
-**After every load** the engine recomputes both from the weights it now serves
-(:meth:`~asyncrl.engine.base.GenerationEngine.fingerprint` over the record's tensor names,
-:meth:`~asyncrl.engine.base.GenerationEngine.probe` on the record's ids) and :func:`check` compares:
+**After every load** the engine recomputes both (``GenerationEngine.fingerprint`` over the record's
+tensor names, ``GenerationEngine.probe`` on its ids) and :func:`check` compares:
 
-* **fingerprint**, per tensor and statistic, ``|Δ| <= rtol · scale`` with ``scale`` the statistic's
-  natural size (``sqrt(Σx²)`` for the sums, ``Σx²`` for the sums of squares) and ``rtol`` =
-  ``weights.canary.fingerprint_rtol``. The engine holds a bitwise copy of the published tensors
-  (the built-in engine sampling a LoRA policy from a merged copy reports the adapter that copy was
-  folded from, :attr:`~asyncrl.policy.lora.MergedCopy.adapter`),
-  so the only legitimate difference is float32 reduction order (thread counts, CPU vs GPU kernels):
-  a few ulps of ``sqrt(n)·rms``. A version one optimiser step away moves ``Σx`` by about
-  ``lr·sqrt(n)`` — far above that for any learning rate in use (the fingerprint of a no-op load,
-  of another version's tensors, or of an adapter written into the wrong modules differs).
-  An engine holding another dtype than the version (:attr:`Fingerprint.dtype`) is compared with
-  the fingerprint of the published tensors rounded to its dtype (:func:`expected_fingerprint`).
-* **probe**: ``mean_t |Δ log p| <= tolerance`` (:func:`probe_tolerance`). This is what catches
-  weights that are in place but not *used*: an adapter loaded but disabled, a merged copy that was
-  never refreshed. What else it sees depends on what the engine's ``probe`` runs. The built-in engine
-  (:meth:`~asyncrl.engine.hf.HFEngine.probe`) computes the first half of the positions with one
-  uncached forward pass and the second half through its generation path — a prefill of the first
-  half (two rows sharing it: the shared-prefill gather; the prefix cache looked up and stored) and
-  teacher-forced decode steps (static decoder and CUDA graphs where on) — so it also catches a KV cache
-  computed with the old weights (the previous probe's entry), a position off by one in prefill or
-  decode and a KV entry in the wrong slot (``tests/test_canary.py``: a prefix cache one Adam step at
-  lr 2e-4 stale is refused). vLLM's probe is its prompt log-probs: a prefill, no decode step. A
-  failure that moves the probed log-probs by less than the tolerance changes them by less than the
-  float32 rounding allowance; one outside what the probe runs is not seen.
+* **fingerprint**, per tensor and statistic, ``|Δ| <= rtol · scale`` with ``scale`` ``sqrt(Σx²)`` for
+  the sums and ``Σx²`` for the sums of squares (``rtol`` = ``weights.canary.fingerprint_rtol``). The
+  engine holds a bitwise copy of the published tensors (a LoRA merged copy reports the adapter it was
+  folded from, :attr:`~asyncrl.policy.lora.MergedCopy.adapter`), so only float32 reduction order may
+  differ; an engine in another dtype is compared with the published tensors rounded to it
+  (:func:`expected_fingerprint`).
+* **probe**: ``mean_t |Δ log p| <= tolerance`` (:func:`probe_tolerance`): catches weights in place but
+  not *used* (an adapter disabled, a merged copy never refreshed) and, through the built-in engine's
+  prefill and decode path (:meth:`~asyncrl.engine.hf.HFEngine.probe`), a stale or misplaced KV entry.
 
-Any mismatch refuses the version (:class:`~asyncrl.rollout.worker.WeightFollower`): the engine
-goes back to the previous good version and the run is told (``docs/reliability.md#weight-sync-canary``).
+Any mismatch refuses the version (:class:`~asyncrl.rollout.worker.WeightFollower`): the engine goes
+back to the previous good version and the run is told.
 """
 
 from __future__ import annotations

@@ -335,10 +335,7 @@ class HFChatRenderer(Renderer):
         m: Message = {
             "role": "assistant",
             "content": turn.prefix.strip(),
-            "tool_calls": [
-                {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
-                for c in turn.tool_calls
-            ],
+            "tool_calls": list(turn.tool_calls),
         }
         if turn.reasoning is not None:
             m["reasoning_content"] = turn.reasoning
@@ -360,7 +357,8 @@ class HFChatRenderer(Renderer):
                     "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>",
                 }
             if m.get("tool_calls") and self.observation_role != "tool":  # results come as user turns:
-                m = {"role": "assistant", "content": self._calls_as_text(m)}  # so do the calls
+                calls = self.fmt.write_calls(m.get("tool_calls") or [])  # so do the calls
+                m = {"role": "assistant", "content": "\n".join([str(m.get("content") or ""), *calls]).strip()}
             out.append(m)
         if tools and not self.native_tools:
             prompt = self.tool_prompt(tools)
@@ -383,17 +381,6 @@ class HFChatRenderer(Renderer):
                     merged.append(m)
             out = merged
         return out
-
-    def _calls_as_text(self, m: Message) -> str:
-        calls = []
-        for tc in m.get("tool_calls") or []:
-            args = tc["function"]["arguments"]
-            calls.append(
-                self.fmt.write_call(
-                    tc["function"]["name"], args if isinstance(args, dict) else {"input": args}
-                )
-            )
-        return "\n".join([str(m.get("content") or ""), *calls]).strip()
 
     def _schemas(self, tools: list[ToolSchema] | None) -> list[ToolSchema] | None:
         return tools if tools and self.native_tools else None

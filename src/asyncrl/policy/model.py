@@ -101,8 +101,6 @@ def build_model(
         "bos_token_id": SPECIAL_TOKENS.index("<bos>"),
         "eos_token_id": SPECIAL_TOKENS.index("<eos>"),
     }
-    if cfg.family not in ("qwen2", "llama"):  # pragma: no cover - ModelConfig validates the literal
-        raise ValueError(f"unknown model family {cfg.family!r}; allowed: 'qwen2', 'llama'")
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     model: PreTrainedModel
@@ -180,8 +178,7 @@ class Policy:
     def build(cls, cfg: ModelConfig, attn_implementation: AttnImpl = DEFAULT_ATTN) -> Policy:
         """A fresh policy from ``cfg``'s architecture fields and a locally built tokenizer."""
         kind = cfg.tokenizer_kind
-        if kind == "hf":  # pragma: no cover - ModelConfig rejects 'hf' without a path
-            raise PolicyLoadError("model.tokenizer 'hf' needs model.path")
+        assert kind != "hf"  # ModelConfig rejects 'hf' without a path
         tok = build_tokenizer(kind)
         return cls(build_model(cfg, len(tok), attn_implementation), tok)
 
@@ -309,7 +306,8 @@ class Policy:
             from asyncrl.policy.lora import AdapterError
 
             raise AdapterError(f"cannot load weights into the LoRA policy: unknown names, e.g. {unknown[:2]}")
-        load_tensors(inner, {current[k]: v for k, v in tensors.items()} | _untouched(inner, current, tensors))
+        given = {current[k]: v for k, v in tensors.items()}  # the adapter layers stay as they are
+        load_tensors(inner, inner.state_dict() | given)
 
     def num_parameters(self) -> int:
         return num_parameters(self.model)
@@ -337,22 +335,13 @@ class Policy:
         return int(self.model.config.max_position_embeddings)
 
 
-def _untouched(
-    model: torch.nn.Module, names: dict[str, str], given: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The tensors of ``model`` that ``given`` does not replace (adapter layers), as they are."""
-    state = model.state_dict()
-    replaced = {names[k] for k in given}
-    return {k: v for k, v in state.items() if k not in replaced}
-
-
 def context_limit(cfg: ModelConfig, policy: Policy) -> int:
     """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
     return context_cap(cfg.max_context, policy.max_context)
 
 
 def context_cap(configured: int | None, own: int) -> int:
-    """Tokens an episode may use: ``model.max_context`` when set, capped by the model's own context."""
+    """:func:`context_limit` from the two numbers."""
     return own if configured is None else min(configured, own)
 
 

@@ -10,11 +10,11 @@ import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.errors import UserError
 from asyncrl.policy.exactness import count_differences
-from asyncrl.policy.messages import Message, ToolSchema
+from asyncrl.policy.messages import Message, ToolCall, ToolSchema
 from asyncrl.policy.toolcalls import ToolCallFormat, make_format, tool_schema
 
 if TYPE_CHECKING:
@@ -43,13 +43,6 @@ class ChatTemplateError(UserError, ValueError):
 
 
 @dataclass
-class ToolCallOut:
-    name: str
-    arguments: Any
-    id: str
-
-
-@dataclass
 class AssistantTurn:
     """A sampled turn read back: what the environment and the gateway's client get."""
 
@@ -58,7 +51,7 @@ class AssistantTurn:
     content: str
     """The text without the reasoning block (the action the environment parses)."""
     reasoning: str | None = None
-    tool_calls: list[ToolCallOut] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     malformed: str | None = None
     """Why a started tool call could not be read (cut off, bad JSON); ``None`` when fine."""
     prefix: str = ""
@@ -121,7 +114,9 @@ class Renderer(ABC):
         elif found is not None:
             name, arguments, cid = found
             cid = cid if cid is not None and _CALL_ID.fullmatch(cid) else self.fmt.call_id(0)
-            turn.tool_calls.append(ToolCallOut(name, arguments, cid))
+            turn.tool_calls.append(
+                {"type": "function", "id": cid, "function": {"name": name, "arguments": arguments}}
+            )
         at = self.fmt.call_start(content)
         turn.prefix = content if at < 0 else content[:at]
         return turn
@@ -322,10 +317,8 @@ class TextRenderer(Renderer):
                 out += [self.obs_open, *self.encode_content(text), self.obs_close]
                 continue
             out += self.encode_content(text)
-            for tc in m.get("tool_calls") or []:
-                fn = tc["function"]
-                args = fn["arguments"] if isinstance(fn["arguments"], dict) else {"input": fn["arguments"]}
-                out += self.encode_content(self.fmt.write_call(fn["name"], args))
+            for call in self.fmt.write_calls(m.get("tool_calls") or []):
+                out += self.encode_content(call)
         return out
 
     def render(self, messages: list[Message], tools: list[ToolSchema] | None) -> list[int]:

@@ -30,29 +30,6 @@ so :func:`token_logprobs_and_entropy` may apply the head itself, chunk by chunk.
 (or one without a plain output embedding) is scored the plain way, with full logits."""
 
 
-def _check_temperature(temperature: float | torch.Tensor, batch: int) -> None:
-    if isinstance(temperature, torch.Tensor) and temperature.numel() != batch:
-        raise ValueError(f"temperature has {temperature.numel()} entries for a batch of {batch}")
-
-
-def _tempered_logits(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float | torch.Tensor,
-) -> torch.Tensor:
-    """Logits predicting tokens 1..T-1 (shape [B, T-1, V]), divided by the temperature."""
-    mask4d, position_ids = padded_attention_inputs(attention_mask, model.config._attn_implementation)
-    out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
-    logits: torch.Tensor = out.logits[:, :-1].float()
-    if isinstance(temperature, torch.Tensor):
-        temp = temperature.to(device=logits.device, dtype=logits.dtype).reshape(-1, 1, 1)
-        return logits / temp
-    if temperature != 1.0:
-        return logits / temperature
-    return logits
-
-
 def _scores(
     logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -74,8 +51,14 @@ def _plain_scores(
     keep: torch.Tensor,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores ``[B, T-1]`` from the model's full logits ``[B, T-1, V]`` (the reference path)."""
-    logits = _tempered_logits(model, input_ids, attention_mask, temperature)
+    """Scores ``[B, T-1]`` from the model's full logits ``[B, T-1, V]`` over the temperature (the reference path)."""
+    mask4d, position_ids = padded_attention_inputs(attention_mask, model.config._attn_implementation)
+    out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids, use_cache=False)
+    logits: torch.Tensor = out.logits[:, :-1].float()
+    if isinstance(temperature, torch.Tensor):
+        logits = logits / temperature.to(device=logits.device, dtype=logits.dtype).reshape(-1, 1, 1)
+    elif temperature != 1.0:
+        logits = logits / temperature
     zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
     lp, ent = _scores(logits, input_ids[:, 1:], with_entropy)
     return torch.where(keep, lp, zero), (None if ent is None else torch.where(keep, ent, zero))
@@ -310,7 +293,8 @@ def token_logprobs_and_entropy(
             f"positions {tuple(positions.shape)} must be [B, T] like input_ids {tuple(input_ids.shape)}"
         )
     b, t = input_ids.shape
-    _check_temperature(temperature, b)
+    if isinstance(temperature, torch.Tensor) and temperature.numel() != b:
+        raise ValueError(f"temperature has {temperature.numel()} entries for a batch of {b}")
     valid = attention_mask.to(torch.bool)
     input_ids = input_ids.masked_fill(~valid, 0)  # padding may hold any id (e.g. -100)
     zeros = torch.zeros(b, 1, dtype=torch.float32, device=input_ids.device)

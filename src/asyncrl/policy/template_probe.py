@@ -79,7 +79,6 @@ class TemplateProfile:
     end_ids: tuple[int, ...]
     turn_end_id: int | None
     turn_end_text: str | None
-    after_turn: str | None
     renders_tools: bool
     tool_markers: tuple[str, ...]
     tool_call_id_length: int | None
@@ -165,16 +164,16 @@ def _trims(render: TemplateRenderer, head: list[Message]) -> bool:
 
 def _turn_end(
     render: TemplateRenderer, tokenizer: PreTrainedTokenizerBase, head: list[Message], end_ids: Sequence[int]
-) -> tuple[int | None, str | None, str | None]:
+) -> tuple[int | None, str | None]:
     text, _ = render([*head, {"role": "assistant", "content": _TURN}])
     if text is None or _TURN not in text:
-        return None, None, None
+        return None, None
     tail = text[text.rfind(_TURN) + len(_TURN) :]
     for i in end_ids:
         eot = str(tokenizer.decode([int(i)], skip_special_tokens=False))
         if eot and tail.startswith(eot):
-            return int(i), eot, tail[len(eot) :]
-    return None, None, None
+            return int(i), eot
+    return None, None
 
 
 PROBE_TOOLS: list[ToolSchema] = [
@@ -201,7 +200,7 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -
     head.append({"role": "user", "content": _USER})
     tool_role = _tool_role(render, head, source)
     role = "tool" if tool_role else "user"
-    turn_id, turn_text, after = _turn_end(render, tokenizer, head, end_ids)
+    turn_id, turn_text = _turn_end(render, tokenizer, head, end_ids)
     unstable = _stability(render, head, role)
     id_len = _ID_LENGTH.search(source)
     return TemplateProfile(
@@ -216,7 +215,6 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -
         end_ids=tuple(int(i) for i in end_ids),
         turn_end_id=turn_id,
         turn_end_text=turn_text,
-        after_turn=after,
         renders_tools=_renders_tools(render),
         tool_markers=tuple(m for m in TOOL_MARKERS if m in source),
         tool_call_id_length=int(id_len.group(1)) if id_len else None,

@@ -25,6 +25,7 @@ from typing import Literal
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 TokenizerKind = Literal["char", "byte"]
 
@@ -48,27 +49,6 @@ CHAR_ALPHABET: tuple[str, ...] = (*(chr(c) for c in range(32, 127)), "\n")
 """The ``char`` vocabulary after the special tokens: printable ASCII, then newline."""
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map of bytes to printable unicode characters.
-
-    The ``tokenizers`` ByteLevel pre-tokenizer and decoder use exactly this map, so a
-    vocabulary keyed by these characters gets one token per byte.
-    """
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
-
-
 def _char_tokenizer() -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHAR_ALPHABET:
@@ -83,7 +63,7 @@ def _char_tokenizer() -> Tokenizer:
 
 def _byte_tokenizer() -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    byte_chars = _bytes_to_unicode()
+    byte_chars = bytes_to_unicode()  # type: ignore[no-untyped-call]  # GPT-2's map, as ByteLevel uses it
     for b in range(256):
         vocab[byte_chars[b]] = len(vocab)
     # BPE without merges over the byte alphabet = exactly one token per byte.

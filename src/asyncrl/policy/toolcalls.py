@@ -2,41 +2,17 @@
 
 Environments speak one canonical protocol (``<tool>NAME(ARGS)</tool>`` / ``<answer>TEXT</answer>``,
 parsed by :func:`asyncrl.envs.parse_action`), so environment code never changes with the model.
-A *tool-call format* sits between the model's native writing and that protocol:
+A *tool-call format* (``model.tool_format``: ``text``, ``hermes``/``qwen25``, ``llama3_json``,
+``mistral``; the writings and the ``auto`` rule, :func:`detect_format`, are tabled in
+``docs/models.md#episodes-are-chats``) sits between the model's native writing and that protocol:
+:meth:`ToolCallFormat.to_action` turns a model turn into the canonical action text the environment
+receives, :meth:`ToolCallFormat.from_action` a canonical action (a demonstration) into native
+writing, and :meth:`ToolCallFormat.instructions` teaches the format in a generated system prompt.
 
-* :meth:`ToolCallFormat.to_action` turns a model turn written natively into the canonical action
-  text the environment receives;
-* :meth:`ToolCallFormat.from_action` turns a canonical action (a reference-solver demonstration)
-  into the model's native writing, for the warm start;
-* :meth:`ToolCallFormat.instructions` is the part of the generated system prompt that teaches
-  the format, for chat templates that cannot list tools themselves.
-
-Formats (``model.tool_format``):
-
-``text``
-    asyncrl's own protocol, for the char/byte models: passed through unchanged.
-``hermes`` (alias ``qwen25``)
-    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` — Hermes, ChatML-style and
-    Qwen2.5 models.
-``llama3_json``
-    a bare JSON object ``{"name": ..., "parameters": {...}}`` (optionally after
-    ``<|python_tag|>``) — Llama 3.1+ JSON tool calling.
-``mistral``
-    ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": "<9 alphanumerics>"}]`` — Mistral
-    v0.3 (its template refuses call ids of another length).
-
-``auto`` reads the template's own markers (:func:`detect_format`): a template that writes
-``[TOOL_CALLS]`` is Mistral, one with Llama-3 headers or ``<|python_tag|>`` is Llama-3 JSON, one
-that writes ``<tool_call>`` (Qwen2.5/Qwen3, Hermes) is Hermes; a template with no tool-call
-markup at all (SmolLM2) is taught Hermes by the generated tools prompt.
-
-Reasoning (``<think>...</think>``) is split off by the renderer before a format reads the turn,
-so it never reaches the environment.
-
-A turn with no tool call is the final answer: ``<answer>TEXT</answer>`` inside it is kept as it
-is, otherwise the whole turn text becomes the answer. Only the first tool call of a turn is run
-(the environment takes one action per turn). A call whose JSON does not parse is handed to the
-environment as the raw text, which it reports as malformed.
+The renderer splits reasoning (``<think>...</think>``) off before a format reads the turn. A turn
+with no tool call is the final answer (``<answer>TEXT</answer>`` inside it kept as it is, else the
+whole text); only the first call of a turn is run; a call whose JSON does not parse reaches the
+environment as raw text, which it reports as malformed.
 """
 
 from __future__ import annotations
@@ -47,7 +23,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asyncrl.envs.base import ANSWER_CLOSE, ANSWER_OPEN, AnswerAction, ToolCallAction, parse_action
-from asyncrl.policy.messages import ToolSchema
+from asyncrl.policy.messages import ToolCall, ToolSchema
 
 if TYPE_CHECKING:
     from asyncrl.envs.base import Tool
@@ -117,6 +93,15 @@ class ToolCallFormat(ABC):
     @abstractmethod
     def write_call(self, name: str, arguments: dict[str, Any]) -> str:
         """Native text of one call."""
+
+    def write_calls(self, calls: list[ToolCall]) -> list[str]:
+        """Native text of each call of an assistant message (arguments that are not a JSON object
+        as ``{"input": ...}``)."""
+        return [
+            self.write_call(c["function"]["name"], a if isinstance(a, dict) else {"input": a})
+            for c in calls
+            for a in [c["function"]["arguments"]]
+        ]
 
     @abstractmethod
     def instructions(self) -> str:
