@@ -47,7 +47,6 @@ def make_engine(
             merge_lora=cfg.merge_lora,
             packed_linear=cfg.packed_linear,
             fused_decode=cfg.fused_decode,
-            continuous_batching=cfg.continuous_batching,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine

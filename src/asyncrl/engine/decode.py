@@ -211,21 +211,16 @@ class BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     at every step). A write past the capacity reallocates (the engine sizes buffers so it does not).
     """
 
-    def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, filled: int, rows: int | None = None
-    ) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.kbuf, self.vbuf, self.filled = keys, values, filled
-        self.rows = keys.shape[0] if rows is None else rows
-        """The batch's rows: the first ``rows`` of the buffers (a decode stream keeps spare ones)."""
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self.views()
+        self._views()
 
-    def views(self) -> None:
-        """Point ``keys`` and ``values`` at the first ``rows`` rows and ``filled`` columns (after either changed)."""
-        r, c = self.rows, self.filled
-        self.keys, self.values = self.kbuf[:r, :, :c], self.vbuf[:r, :, :c]
+    def _views(self) -> None:
+        """Point ``keys`` and ``values`` at the ``filled`` columns (after the buffers or the count changed)."""
+        self.keys, self.values = self.kbuf[:, :, : self.filled], self.vbuf[:, :, : self.filled]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -235,24 +230,23 @@ class BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             grow = (0, 0, 0, n - self.kbuf.shape[-2])
             self.kbuf = torch.nn.functional.pad(self.kbuf, grow)
             self.vbuf = torch.nn.functional.pad(self.vbuf, grow)
-        self.kbuf[: self.rows, :, self.filled : n] = key_states
-        self.vbuf[: self.rows, :, self.filled : n] = value_states
+        self.kbuf[:, :, self.filled : n] = key_states
+        self.vbuf[:, :, self.filled : n] = value_states
         self.filled = n
-        self.views()
+        self._views()
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
-        self.rows = int(indices.shape[0])
-        self.views()
+        self._views()
 
 
-def buffer_cache(kv: torch.Tensor, filled: int, config: Any, rows: int | None = None) -> DynamicCache:
+def buffer_cache(kv: torch.Tensor, filled: int, config: Any) -> DynamicCache:
     """A growing cache whose layers are views of ``kv`` ``[layers, 2, B, kv_heads, capacity, head_dim]``,
-    the first ``filled`` columns already holding KV; ``rows``: the batch is the first ``rows`` of ``B``."""
+    the first ``filled`` columns already holding KV."""
     cache = DynamicCache(config=config)
-    cache.layers = [BufferLayer(kv[i, 0], kv[i, 1], filled, rows) for i in range(kv.shape[0])]
+    cache.layers = [BufferLayer(kv[i, 0], kv[i, 1], filled) for i in range(kv.shape[0])]
     return cache
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,7 +175,6 @@ class HFEngine(GenerationEngine):
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
         fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
-        continuous_batching: bool = default_of(HFEngineConfig, "continuous_batching"),
     ) -> None:
         """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
         them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -186,9 +185,7 @@ class HFEngine(GenerationEngine):
         cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
         of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
         policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
-        for an adapter it cannot fold); ``packed_linear``, ``fused_decode``: :class:`ServedModel`;
-        ``continuous_batching``: decode in a :class:`~asyncrl.engine.stream.DecodeStream` where
-        :attr:`streams` (``rollout.engine.continuous_batching``)."""
+        for an adapter it cannot fold); ``packed_linear``, ``fused_decode``: :class:`ServedModel`."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
@@ -219,7 +216,6 @@ class HFEngine(GenerationEngine):
         self._plain = _plain_dynamic_cache(self.model)
         self.prefill = Prefill(self.model, self.device, self.pad_token_id, self._plain)
         self.prefix_sharing = prefix_sharing
-        self.continuous_batching = continuous_batching
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_mb > 0 and self._plain:
             self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -274,17 +270,6 @@ class HFEngine(GenerationEngine):
             samples = self._generate_chunk([head] * rows, [sp] * rows, forced)
         path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in samples), strict=True)]
         return full[: split - 1] + path
-
-    @property
-    def streams(self) -> bool:
-        """Whether :func:`~asyncrl.engine.stream.open_stream` gives a decode stream (continuous batching)
-        over this engine: on, not the static cache, and a model whose cache layers are plain full-attention
-        layers."""
-        return self.continuous_batching and not self.static_cache and self._plain
-
-    def inference(self) -> AbstractContextManager[None]:
-        """The served model in eval mode, no autograd, for as long as the context lasts."""
-        return _inference(self.model)
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""

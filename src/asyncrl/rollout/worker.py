@@ -239,10 +239,6 @@ class RolloutWorker:
     def _newest_valid(self) -> int:
         return self.weights.newest_valid()
 
-    def _stale(self) -> bool:
-        """A newer valid weight version waits: the batcher's stream drains so that it loads."""
-        return self._newest_valid() > self.engine.version
-
     # -- groups ----------------------------------------------------------------------------------
     async def _run_group(self, runner: GroupRunner, ticket: Ticket, task: Task, heldout: bool) -> None:
         """Run one group, report it, deliver it whole (held-out probes: measured, never trained)."""
@@ -343,7 +339,7 @@ class RolloutWorker:
         bound = self.state.effective_max_staleness()
         newest = self._newest_valid()
         if newest > self.engine.version and (self.staleness.inflight_updates or not busy):
-            async with batcher.exclusive():  # never while a batch is generated (a stream drains first)
+            async with batcher.lock:  # never while a batch is generated
                 self._refresh()
             newest = self._newest_valid()  # the load may have set a corrupt version aside
         if self.staleness.must_refresh(self.engine.version, newest, bound):
@@ -359,7 +355,6 @@ class RolloutWorker:
             self.cfg.rollout.engine,
             self._refresh if self.staleness.inflight_updates else None,
             self.lender.waiting if self.lender is not None else None,
-            self._stale if self.staleness.inflight_updates else None,
         )
         runner = await self._runner(batcher)
         running: set[asyncio.Task[None]] = set()
