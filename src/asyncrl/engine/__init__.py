@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asyncrl.engine.base import FinishReason, GenerationEngine, Sample, check_requests, read_weights
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, read_weights
 from asyncrl.engine.hf import HFEngine
 
 if TYPE_CHECKING:
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
 
 __all__ = [
-    "FinishReason",
     "GenerationEngine",
     "HFEngine",
     "Sample",

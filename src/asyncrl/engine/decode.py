@@ -5,6 +5,7 @@ Used by :class:`~asyncrl.engine.hf.HFEngine`."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -85,12 +86,7 @@ def last_logits(
 
 def decode_buckets(max_batch: int) -> list[int]:
     """Row counts static decoding runs at: powers of two from 8 below ``max_batch``, then ``max_batch``."""
-    out: list[int] = []
-    n = 8
-    while n < max_batch:
-        out.append(n)
-        n *= 2
-    return [*out, max_batch]
+    return [*itertools.takewhile(lambda n: n < max_batch, (8 << i for i in itertools.count())), max_batch]
 
 
 def bucket_for(rows: int, buckets: list[int]) -> int:

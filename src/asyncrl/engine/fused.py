@@ -112,10 +112,8 @@ class FusedAttention(torch.nn.Module):
         q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
         scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
-        return self._project(torch.bmm(torch.softmax(scores, dim=-1), values), rows)
-
-    def _project(self, out: torch.Tensor, rows: int) -> torch.Tensor:
-        projected: torch.Tensor = self.o_proj(out.reshape(rows, self.heads * self.head_dim))
+        out = torch.bmm(torch.softmax(scores, dim=-1), values).reshape(rows, h * d)
+        projected: torch.Tensor = self.o_proj(out)
         return projected
 
 

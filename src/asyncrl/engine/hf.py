@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
 from asyncrl.config import HFEngineConfig, default_of
-from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, with_room
 from asyncrl.engine.decode import (
     StaticDecoder,
     bucket_for,
@@ -107,6 +107,15 @@ class _DecodeState:
             valid=valid,
         )
 
+    def samples(self, b: int) -> list[Sample]:
+        """The first ``b`` rows as :class:`Sample` s (their first ``n_out`` tokens and log-probs)."""
+        cols = (self.out_tokens[:b], self.out_logprobs[:b], self.n_out[:b], self.stopped[:b])
+        tokens, logprobs, counts, stops = (x.cpu().tolist() for x in cols)
+        return [
+            Sample(t[:n], lp[:n], "stop" if s else "length")
+            for t, lp, n, s in zip(tokens, logprobs, counts, stops, strict=True)
+        ]
+
     def compact(self, keep: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """Drop the active rows not in ``keep``; ``tok`` (the step's tokens) compacted alike."""
         self.rows, self.valid, self.finished = self.rows[keep], self.valid[keep], self.finished[keep]
@@ -144,19 +153,8 @@ class HFEngine(GenerationEngine):
     # counters, per engine (each instance sets its own on first update)
     merge_seconds: float = 0.0
     """Time folding adapters into the merged copy (at construction and every load; repacks included)."""
-    decode_steps: int = 0
-    """Decode steps run (all paths); with :attr:`decode_seconds`, the per-step latency."""
-    decode_seconds: float = 0.0
     static_chunks: int = 0
     """Chunks decoded on the static path (the rest on the growing cache)."""
-    prefill_tokens_computed: int = 0
-    """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
-    prefill_tokens_reused: int = 0
-    """Prompt tokens whose KV came from the prefix cache instead."""
-    prefill_tokens_shared: int = 0
-    """Prompt tokens whose KV another prompt of the same chunk computed (prefix sharing)."""
-    prefill_seconds: float = 0.0
-    """Time in prefills (cached-KV assembly included)."""
     prefix_cache_seconds: float = 0.0
     """Time looking up and storing prefix-cache entries."""
 
@@ -281,25 +279,17 @@ class HFEngine(GenerationEngine):
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
     ) -> list[Sample]:
         params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
-        results: list[Sample | None] = [None] * len(prompts)
-        # Similar lengths share a chunk: less padding to attend over.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        todo = []
-        for i in order:
-            if len(prompts[i]) >= self.max_context:  # no room for even one token
-                results[i] = Sample([], [], "length")
-            else:
-                todo.append(i)
-        with _inference(self.model):
-            for start in range(0, len(todo), self.max_batch):
-                idx = todo[start : start + self.max_batch]
-                for i, s in zip(
-                    idx,
-                    self._generate_chunk([prompts[i] for i in idx], [params[i] for i in idx]),
-                    strict=True,
-                ):
-                    results[i] = s
-        return [r for r in results if r is not None]
+
+        def run(rows: list[int]) -> list[tuple[int, Sample]]:
+            rows = sorted(rows, key=lambda i: len(prompts[i]))  # similar lengths share a chunk: less padding
+            out: list[Sample] = []
+            with _inference(self.model):
+                for start in range(0, len(rows), self.max_batch):
+                    c = rows[start : start + self.max_batch]
+                    out += self._generate_chunk([prompts[i] for i in c], [params[i] for i in c])
+            return list(zip(rows, out, strict=True))
+
+        return with_room(prompts, self.max_context, run)
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: list[SamplingParams], forced: torch.Tensor | None = None
@@ -337,22 +327,11 @@ class HFEngine(GenerationEngine):
         steps = self._decode(st, logits, cache, decoder, width, prompts)
         self.decode_steps += steps
         self.decode_seconds += time.perf_counter() - t0 - (self.prefix_cache_seconds - store_seconds)
-        if self.prefix_cache is not None:
-            kept = decoder.cache if decoder is not None else cache
-            assert isinstance(kept, (DynamicCache, StaticCache))
-            active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
-            self.prefix_cache_seconds += _keep_rows(
-                self.prefix_cache,
-                self.version,
-                kept,
-                active,
-                st.rows,
-                st.valid,
-                prompts,
-                st.out_tokens,
-                st.n_out,
-            )
-        return _collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
+        kept = decoder.cache if decoder is not None else cache
+        assert isinstance(kept, (DynamicCache, StaticCache))
+        active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
+        self._keep(kept, active, st, prompts)
+        return st.samples(b)
 
     def prefill_rows(
         self, prompts: list[list[int]], room: int
@@ -415,19 +394,7 @@ class HFEngine(GenerationEngine):
             else:
                 assert isinstance(cache, DynamicCache)
                 if n_done >= max(1.0, self.compact_fraction * st.finished.shape[0]):
-                    if self.prefix_cache is not None:  # the dropped rows' KV leaves the batch: keep it
-                        done = st.finished.nonzero().squeeze(-1)
-                        self.prefix_cache_seconds += _keep_rows(
-                            self.prefix_cache,
-                            self.version,
-                            cache,
-                            done,
-                            st.rows,
-                            st.valid,
-                            prompts,
-                            st.out_tokens,
-                            st.n_out,
-                        )
+                    self._keep(cache, st.finished.nonzero().squeeze(-1), st, prompts)  # leaving the batch
                     keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
@@ -437,6 +404,23 @@ class HFEngine(GenerationEngine):
         return steps
 
     # ---- prefix cache ------------------------------------------------------------------------
+    def _keep(
+        self,
+        cache: DynamicCache | StaticCache,
+        active: torch.Tensor,
+        st: _DecodeState,
+        prompts: list[list[int]],
+    ) -> None:
+        """Keep the KV of the ``active`` batch rows in the prefix cache (if any): their prompt and every
+        sampled token but the last (a finished row left in the batch has later columns too, tokens sampled
+        after it finished, so only the first ``len(prompt) + n_out - 1`` of its ``valid`` ones are its own)."""
+        if self.prefix_cache is None:
+            return
+        originals = st.rows[active]
+        counts, sampled = st.n_out[originals].tolist(), st.out_tokens[originals].tolist()
+        seqs = [prompts[r] + s[: n - 1] for r, s, n in zip(originals.tolist(), sampled, counts, strict=True)]
+        self.prefix_cache_seconds += self.prefix_cache.store_rows(cache, active, st.valid, seqs, self.version)
+
     def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
         """Each prompt's longest cached prefix; an entry wholly used is dropped (its row stores an extension)."""
         if self.prefix_cache is None:
@@ -462,27 +446,6 @@ class HFEngine(GenerationEngine):
         return dec
 
 
-def _keep_rows(
-    prefix_cache: PrefixCache,
-    version: int,
-    cache: DynamicCache | StaticCache,
-    active: torch.Tensor,
-    rows: torch.Tensor,
-    valid: torch.Tensor,
-    prompts: list[list[int]],
-    out_tokens: torch.Tensor,
-    n_out: torch.Tensor,
-) -> float:
-    """Keep the KV of the ``active`` batch rows in ``prefix_cache``: their prompt and every sampled token
-    but the last (a finished row left in the batch has later columns too, tokens sampled after it
-    finished, so only the first ``len(prompt) + n_out - 1`` of its ``valid`` ones are its own). Returns
-    the seconds it took."""
-    originals = rows[active]
-    counts, sampled = n_out[originals].tolist(), out_tokens[originals].tolist()
-    seqs = [prompts[r] + s[: n - 1] for r, s, n in zip(originals.tolist(), sampled, counts, strict=True)]
-    return prefix_cache.store_rows(cache, active, valid, seqs, version)
-
-
 @contextmanager
 def _inference(model: PreTrainedModel) -> Iterator[None]:
     """``model`` in eval mode, no autograd; its training flag restored after."""
@@ -493,20 +456,6 @@ def _inference(model: PreTrainedModel) -> Iterator[None]:
             yield
     finally:
         model.train(was_training)
-
-
-def _collect(
-    out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
-) -> list[Sample]:
-    """The chunk's rows as :class:`Sample` s (their first ``n_out`` tokens and log-probs)."""
-    tokens = out_tokens.cpu().tolist()
-    logprobs = out_logprobs.cpu().tolist()
-    counts = n_out.cpu().tolist()
-    stop_flags = stopped.cpu().tolist()
-    return [
-        Sample(t[:n], lp[:n], "stop" if s else "length")
-        for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
-    ]
 
 
 def _plain_dynamic_cache(model: PreTrainedModel) -> bool:
