@@ -99,8 +99,7 @@ class StaticDecoder:
 
     A generic decode step with a growing cache has new tensor shapes every step and launches
     hundreds of small kernels; on a GPU a small model then spends its time launching, not
-    computing (about 87 ms per step whatever the batch for a 0.39B model with ``generate`` on an
-    H200). Here the KV cache is a :class:`~transformers.StaticCache` of ``cache_len`` columns
+    computing (docs/engines.md#the-built-in-engine-on-a-gpu). Here the KV cache is a :class:`~transformers.StaticCache` of ``cache_len`` columns
     allocated once, and the step's inputs (token ids, position ids, attention mask) live in fixed
     buffers, so every step of every chunk has the same shapes and addresses. With ``graphs`` one
     decode step is captured as a CUDA graph once per bucket and each step is a single replay.

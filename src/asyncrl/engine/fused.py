@@ -13,8 +13,7 @@ of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding win
 * attention written out as ``baddbmm`` + softmax + ``bmm`` with each kv head's query heads stacked as its
   query rows (``[rows * kv_heads, heads_per_kv, dim]`` against the cache's ``[rows * kv_heads, columns,
   dim]`` views: no repeat or copy of the keys) and the step's additive float mask built once, not per
-  layer (``scaled_dot_product_attention`` converted a boolean mask per layer and ran slower on the
-  views);
+  layer (docs/engines.md says why not ``scaled_dot_product_attention``);
 * o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
 
 The norms, the activation, the embedding and the rotary tables are the model's own modules. The result

@@ -37,7 +37,7 @@ from asyncrl.envs import make_task_source
 from asyncrl.envs.toolenv import VERIFIER_CACHE
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.lending import ThreadLender
-from asyncrl.records import Group, Task, Trajectory, TreeStats
+from asyncrl.records import Task, Trajectory, TreeStats
 from asyncrl.rollout.runners import AgentPlayer, EpisodePlayer, Player, make_runner
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
@@ -229,7 +229,8 @@ class RolloutWorker:
             if not group.members:
                 ticket.release()
                 return
-            self._report_group(group)
+            bc = self.cfg.orchestrator.breaker  # the rollout/group event the orchestrator's rules consume
+            self.metrics.group(group_report(group, bc.reward_min, bc.reward_max))
             if heldout:
                 ticket.release()
                 self.counts.heldout_episodes += len(group)
@@ -275,11 +276,6 @@ class RolloutWorker:
             c.token_inexact += traj.render_diff > 0
             c.retokenization_inexact += bool(traj.retokenization_diff)
             c.retokenization_diff_tokens += traj.retokenization_diff or 0
-
-    def _report_group(self, group: Group) -> None:
-        """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
-        bc = self.cfg.orchestrator.breaker
-        self.metrics.group(group_report(group, bc.reward_min, bc.reward_max))
 
     async def _runner(self, batcher: TurnBatcher) -> GroupRunner:
         """The group runner: environment episodes, or the user's program through the gateway."""
