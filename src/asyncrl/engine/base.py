@@ -73,8 +73,9 @@ class GenerationEngine(ABC):
 
     # the built-in engine's counters (per engine; they stay 0 where a backend computes elsewhere)
     decode_steps: int = 0
-    """Decode steps run (all paths); with :attr:`decode_seconds`, the per-step latency."""
+    """Decode steps run (all paths)."""
     decode_seconds: float = 0.0
+    """Time in decode steps; over :attr:`decode_steps`, the per-step latency."""
     prefill_tokens_computed: int = 0
     """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
     prefill_tokens_reused: int = 0

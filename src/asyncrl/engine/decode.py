@@ -89,11 +89,6 @@ def decode_buckets(max_batch: int) -> list[int]:
     return [*itertools.takewhile(lambda n: n < max_batch, (8 << i for i in itertools.count())), max_batch]
 
 
-def bucket_for(rows: int, buckets: list[int]) -> int:
-    """The smallest bucket holding ``rows`` rows."""
-    return next(b for b in buckets if b >= rows)
-
-
 class StaticDecoder:
     """Fixed-shape decoding for one bucket of rows, the launch-efficient path for GPUs.
 

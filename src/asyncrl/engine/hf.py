@@ -36,7 +36,6 @@ from asyncrl.config import HFEngineConfig, default_of
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests, with_room
 from asyncrl.engine.decode import (
     StaticDecoder,
-    bucket_for,
     decode_buckets,
     last_logits,
     pad_rows,
@@ -304,8 +303,8 @@ class HFEngine(GenerationEngine):
         )
         max_steps = int(budget.max())
         static = self.static_cache and self._plain and max(map(len, prompts)) + max_steps <= self.cache_len
-        # Static decoding runs a fixed bucket of rows; the extra rows are one-token dummies.
-        rows_run = bucket_for(b, self.buckets) if static else b
+        # Static decoding runs the smallest bucket of rows that holds them; the extra rows are one-token dummies.
+        rows_run = next(n for n in self.buckets if n >= b) if static else b
 
         logits, cache, valid = self.prefill_rows(prompts, 0 if static else max_steps)
         t_load = time.perf_counter()

@@ -200,7 +200,6 @@ class RolloutWorker:
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
-        self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
@@ -368,9 +367,9 @@ class RolloutWorker:
                 rollout=self._figures(batcher),
                 guard=msgspec.convert(asdict(GUARD_STATS), GuardFigures),  # what the env guards absorbed
                 cost=RewardCostFigures(
-                    reward_cache_hits=float(self.verifier.hits),
-                    reward_cache_misses=float(self.verifier.misses),
-                    reward_seconds=self.verifier.seconds,
+                    reward_cache_hits=float(VERIFIER_CACHE.hits),
+                    reward_cache_misses=float(VERIFIER_CACHE.misses),
+                    reward_seconds=VERIFIER_CACHE.seconds,
                 ),
                 weights=self.weights.canary.figures() if self.weights.canary else None,
                 gateway=self._gateway_figures(self.agent) if self.agent is not None else None,
