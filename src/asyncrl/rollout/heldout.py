@@ -139,8 +139,8 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
             "outcomes": dict(Counter(t.outcome for t in episodes)),
         }
 
-    def by(key: Callable[[Task], Any]) -> list[tuple[Any, list[Trajectory]]]:
-        groups: dict[Any, list[Trajectory]] = defaultdict(list)
+    def by(key: Callable[[Task], str | int]) -> list[tuple[str | int, list[Trajectory]]]:
+        groups: dict[str | int, list[Trajectory]] = defaultdict(list)
         for t in trajs:
             groups[key(t.task)].append(t)
         return sorted(groups.items())
