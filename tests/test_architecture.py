@@ -493,8 +493,6 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("credentials.py", "<module>", "REDIS_BACKOFF_CAP_S"),
             ("durable.py", "<module>", "_CHUNK"),
             ("engine/hf.py", "<module>", "STATIC_CACHE_SLACK"),
-            ("engine/stream.py", "<module>", "SPARE_COLUMNS"),
-            ("engine/stream.py", "<module>", "SPARE_ROWS"),
             ("envs/sandbox.py", "call:run", "timeout"),
             ("envs/sandbox.py", "call:wait_for", "timeout"),
             ("launch/ray_launcher.py", "call:wait", "timeout"),

@@ -185,7 +185,7 @@ def test_a_correct_load_passes_and_the_engine_serves_the_trainers_version(tiny: 
     assert last is not None and last.tensors_checked == len(rig.trainer.state_dict_tensors())
     assert last.probe_mean_abs_diff is not None and last.probe_mean_abs_diff < 1e-5
     assert rig.served_probe(0) > 100 * CANARY.probe_tolerance_float32  # the probe tells the versions apart
-    metrics = rig.canary.metrics()
+    metrics = rig.canary.figures().flat()
     assert metrics["weights/canary_checked"] == 2 and metrics["weights/canary_seconds"] > 0
 
 

@@ -402,7 +402,14 @@ def test_setting_a_kind_switches_the_section_and_drops_the_old_kinds_fields() ->
         )  # given after the switch: refused
 
 
-@pytest.mark.parametrize("path", ["rollout.engine.compile_decode", "rollout.engine.shared_prefix_attention"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "rollout.engine.compile_decode",
+        "rollout.engine.shared_prefix_attention",
+        "rollout.engine.continuous_batching",
+    ],
+)
 def test_a_retired_field_at_its_old_default_is_dropped_and_set_otherwise_refused(
     tmp_path: Path, path: str
 ) -> None:

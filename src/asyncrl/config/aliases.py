@@ -44,6 +44,11 @@ RETIRED: dict[str, tuple[Any, str]] = {
         "the shared-prefix decode attention did not shorten the demo-real RL phase in two rounds of runs "
         "(docs/engines.md#cpu-decoding-packed-weights-a-fused-step)",
     ),
+    "rollout.engine.continuous_batching": (
+        False,
+        "continuous batching did not shorten the demo-real RL phase (1.02x and 1.05x the call-by-call "
+        "time, each decode step 1.15-1.28x as long) (docs/engines.md#continuous-batching)",
+    ),
 }
 """Retired dotted path -> (its old default, why it went). A resolved ``config.yaml`` of an older run holds
 every field at its value: a retired one at its old default is dropped (it said nothing), one set otherwise

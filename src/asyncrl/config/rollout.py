@@ -83,15 +83,6 @@ class HFEngineConfig(_EngineBase):
     to float32 rounding. Prefills and the static (GPU) path do not use it. Compare with
     ``bench/decode_profile.py --variants
     packed_linear,fused_decode``. See docs/engines.md."""
-    continuous_batching: bool = False
-    """Growing cache (the CPU path): one decoding batch stays open; a model turn joins it at the next
-    decode step and leaves it, its sample returned, the step it stops (:mod:`asyncrl.engine.stream`)
-    instead of waiting for the longest row of its call, and a turn that arrives meanwhile waiting for
-    the next call. A weight load drains the batch first (no new rows, the running ones finish). Not on
-    the static (GPU) path, which batches call by call. Off by default:
-    on the demo-real task it decodes 1.24-1.43x the tokens a step and 0.93-0.94x the decode seconds,
-    but each step costs 1.15-1.28x as long and the RL phase measured 1.02x and 1.05x (seeds 0, 1; one
-    run each, docs/benchmarks.md). See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

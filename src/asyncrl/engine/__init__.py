@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asyncrl.engine.base import FinishReason, GenerationEngine, Sample, check_requests, read_weights
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, read_weights
 from asyncrl.engine.hf import HFEngine
 
 if TYPE_CHECKING:
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
 
 __all__ = [
-    "FinishReason",
     "GenerationEngine",
     "HFEngine",
     "Sample",
@@ -47,7 +46,6 @@ def make_engine(
             merge_lora=cfg.merge_lora,
             packed_linear=cfg.packed_linear,
             fused_decode=cfg.fused_decode,
-            continuous_batching=cfg.continuous_batching,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine

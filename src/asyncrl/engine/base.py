@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -70,6 +70,20 @@ class GenerationEngine(ABC):
     """Version of the weights currently loaded (0 for the initial weights)."""
     max_context: int
     """Longest prompt + continuation the engine accepts, in tokens."""
+
+    # the built-in engine's counters (per engine; they stay 0 where a backend computes elsewhere)
+    decode_steps: int = 0
+    """Decode steps run (all paths)."""
+    decode_seconds: float = 0.0
+    """Time in decode steps; over :attr:`decode_steps`, the per-step latency."""
+    prefill_tokens_computed: int = 0
+    """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
+    prefill_tokens_reused: int = 0
+    """Prompt tokens whose KV came from the prefix cache instead."""
+    prefill_tokens_shared: int = 0
+    """Prompt tokens whose KV another prompt of the same chunk computed (prefix sharing)."""
+    prefill_seconds: float = 0.0
+    """Time in prefills (cached-KV assembly included)."""
 
     @abstractmethod
     def generate(
@@ -132,6 +146,15 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise FileNotFoundError(f"no weights at {str(file)!r} (expected a directory holding {WEIGHTS_NAME})")
     return load_file(str(file))
+
+
+def with_room(
+    prompts: list[list[int]], max_context: int, run: Callable[[list[int]], list[tuple[int, Sample]]]
+) -> list[Sample]:
+    """One sample per prompt: those ``run(rows)`` gives, as ``(index, sample)``, for the ``rows`` whose prompt
+    leaves room for a token; an empty ``length`` sample for each other prompt."""
+    done = dict(run([i for i, p in enumerate(prompts) if len(p) < max_context]))
+    return [done.get(i) or Sample([], [], "length") for i in range(len(prompts))]
 
 
 def _check_sampling(sp: SamplingParams, index: int) -> None:

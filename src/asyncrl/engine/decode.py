@@ -5,6 +5,7 @@ Used by :class:`~asyncrl.engine.hf.HFEngine`."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -85,17 +86,7 @@ def last_logits(
 
 def decode_buckets(max_batch: int) -> list[int]:
     """Row counts static decoding runs at: powers of two from 8 below ``max_batch``, then ``max_batch``."""
-    out: list[int] = []
-    n = 8
-    while n < max_batch:
-        out.append(n)
-        n *= 2
-    return [*out, max_batch]
-
-
-def bucket_for(rows: int, buckets: list[int]) -> int:
-    """The smallest bucket holding ``rows`` rows."""
-    return next(b for b in buckets if b >= rows)
+    return [*itertools.takewhile(lambda n: n < max_batch, (8 << i for i in itertools.count())), max_batch]
 
 
 class StaticDecoder:
@@ -103,8 +94,7 @@ class StaticDecoder:
 
     A generic decode step with a growing cache has new tensor shapes every step and launches
     hundreds of small kernels; on a GPU a small model then spends its time launching, not
-    computing (about 87 ms per step whatever the batch for a 0.39B model with ``generate`` on an
-    H200). Here the KV cache is a :class:`~transformers.StaticCache` of ``cache_len`` columns
+    computing (docs/engines.md#the-built-in-engine-on-a-gpu). Here the KV cache is a :class:`~transformers.StaticCache` of ``cache_len`` columns
     allocated once, and the step's inputs (token ids, position ids, attention mask) live in fixed
     buffers, so every step of every chunk has the same shapes and addresses. With ``graphs`` one
     decode step is captured as a CUDA graph once per bucket and each step is a single replay.
@@ -211,21 +201,16 @@ class BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     at every step). A write past the capacity reallocates (the engine sizes buffers so it does not).
     """
 
-    def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, filled: int, rows: int | None = None
-    ) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.kbuf, self.vbuf, self.filled = keys, values, filled
-        self.rows = keys.shape[0] if rows is None else rows
-        """The batch's rows: the first ``rows`` of the buffers (a decode stream keeps spare ones)."""
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self.views()
+        self._views()
 
-    def views(self) -> None:
-        """Point ``keys`` and ``values`` at the first ``rows`` rows and ``filled`` columns (after either changed)."""
-        r, c = self.rows, self.filled
-        self.keys, self.values = self.kbuf[:r, :, :c], self.vbuf[:r, :, :c]
+    def _views(self) -> None:
+        """Point ``keys`` and ``values`` at the ``filled`` columns (after the buffers or the count changed)."""
+        self.keys, self.values = self.kbuf[:, :, : self.filled], self.vbuf[:, :, : self.filled]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -235,24 +220,23 @@ class BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             grow = (0, 0, 0, n - self.kbuf.shape[-2])
             self.kbuf = torch.nn.functional.pad(self.kbuf, grow)
             self.vbuf = torch.nn.functional.pad(self.vbuf, grow)
-        self.kbuf[: self.rows, :, self.filled : n] = key_states
-        self.vbuf[: self.rows, :, self.filled : n] = value_states
+        self.kbuf[:, :, self.filled : n] = key_states
+        self.vbuf[:, :, self.filled : n] = value_states
         self.filled = n
-        self.views()
+        self._views()
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
-        self.rows = int(indices.shape[0])
-        self.views()
+        self._views()
 
 
-def buffer_cache(kv: torch.Tensor, filled: int, config: Any, rows: int | None = None) -> DynamicCache:
+def buffer_cache(kv: torch.Tensor, filled: int, config: Any) -> DynamicCache:
     """A growing cache whose layers are views of ``kv`` ``[layers, 2, B, kv_heads, capacity, head_dim]``,
-    the first ``filled`` columns already holding KV; ``rows``: the batch is the first ``rows`` of ``B``."""
+    the first ``filled`` columns already holding KV."""
     cache = DynamicCache(config=config)
-    cache.layers = [BufferLayer(kv[i, 0], kv[i, 1], filled, rows) for i in range(kv.shape[0])]
+    cache.layers = [BufferLayer(kv[i, 0], kv[i, 1], filled) for i in range(kv.shape[0])]
     return cache
 
 

@@ -13,8 +13,7 @@ of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding win
 * attention written out as ``baddbmm`` + softmax + ``bmm`` with each kv head's query heads stacked as its
   query rows (``[rows * kv_heads, heads_per_kv, dim]`` against the cache's ``[rows * kv_heads, columns,
   dim]`` views: no repeat or copy of the keys) and the step's additive float mask built once, not per
-  layer (``scaled_dot_product_attention`` converted a boolean mask per layer and ran slower on the
-  views);
+  layer (docs/engines.md says why not ``scaled_dot_product_attention``);
 * o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
 
 The norms, the activation, the embedding and the rotary tables are the model's own modules. The result
@@ -112,10 +111,8 @@ class FusedAttention(torch.nn.Module):
         q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
         scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
-        return self._project(torch.bmm(torch.softmax(scores, dim=-1), values), rows)
-
-    def _project(self, out: torch.Tensor, rows: int) -> torch.Tensor:
-        projected: torch.Tensor = self.o_proj(out.reshape(rows, self.heads * self.head_dim))
+        out = torch.bmm(torch.softmax(scores, dim=-1), values).reshape(rows, h * d)
+        projected: torch.Tensor = self.o_proj(out)
         return projected
 
 

@@ -37,6 +37,7 @@ cache grow by ``D'/D``; MLP and embeddings are unchanged.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -45,7 +46,7 @@ import torch
 from asyncrl.errors import UserError
 
 PADDABLE_MODEL_TYPES = ("qwen2", "llama")
-_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+_PROJ_NAME = re.compile(r"(?:^|\.)self_attn\.([qkvo]_proj)\.(weight|bias)$")
 
 
 class HeadPaddingError(UserError, ValueError):
@@ -160,15 +161,8 @@ def qwen2_as_llama(
 
 def _layer_projection(name: str) -> tuple[str, str] | None:
     """``("q_proj", "weight")`` for ``model.layers.3.self_attn.q_proj.weight``, else ``None``."""
-    parts = name.split(".")
-    if (
-        len(parts) >= 3
-        and parts[-3] == "self_attn"
-        and parts[-2] in _PROJ
-        and parts[-1] in ("weight", "bias")
-    ):
-        return parts[-2], parts[-1]
-    return None
+    m = _PROJ_NAME.search(name)
+    return (m[1], m[2]) if m else None
 
 
 def pad_attention_heads(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,9 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
 from asyncrl.config import HFEngineConfig, default_of
-from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, with_room
 from asyncrl.engine.decode import (
     StaticDecoder,
-    bucket_for,
     decode_buckets,
     last_logits,
     pad_rows,
@@ -107,6 +106,15 @@ class _DecodeState:
             valid=valid,
         )
 
+    def samples(self, b: int) -> list[Sample]:
+        """The first ``b`` rows as :class:`Sample` s (their first ``n_out`` tokens and log-probs)."""
+        cols = (self.out_tokens[:b], self.out_logprobs[:b], self.n_out[:b], self.stopped[:b])
+        tokens, logprobs, counts, stops = (x.cpu().tolist() for x in cols)
+        return [
+            Sample(t[:n], lp[:n], "stop" if s else "length")
+            for t, lp, n, s in zip(tokens, logprobs, counts, stops, strict=True)
+        ]
+
     def compact(self, keep: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """Drop the active rows not in ``keep``; ``tok`` (the step's tokens) compacted alike."""
         self.rows, self.valid, self.finished = self.rows[keep], self.valid[keep], self.finished[keep]
@@ -144,19 +152,8 @@ class HFEngine(GenerationEngine):
     # counters, per engine (each instance sets its own on first update)
     merge_seconds: float = 0.0
     """Time folding adapters into the merged copy (at construction and every load; repacks included)."""
-    decode_steps: int = 0
-    """Decode steps run (all paths); with :attr:`decode_seconds`, the per-step latency."""
-    decode_seconds: float = 0.0
     static_chunks: int = 0
     """Chunks decoded on the static path (the rest on the growing cache)."""
-    prefill_tokens_computed: int = 0
-    """Prompt tokens run through the model in prefills (with sharing: each distinct prefix once)."""
-    prefill_tokens_reused: int = 0
-    """Prompt tokens whose KV came from the prefix cache instead."""
-    prefill_tokens_shared: int = 0
-    """Prompt tokens whose KV another prompt of the same chunk computed (prefix sharing)."""
-    prefill_seconds: float = 0.0
-    """Time in prefills (cached-KV assembly included)."""
     prefix_cache_seconds: float = 0.0
     """Time looking up and storing prefix-cache entries."""
 
@@ -175,7 +172,6 @@ class HFEngine(GenerationEngine):
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
         fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
-        continuous_batching: bool = default_of(HFEngineConfig, "continuous_batching"),
     ) -> None:
         """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
         them); ``seed`` makes sampling reproducible (the generator persists across calls);
@@ -186,9 +182,7 @@ class HFEngine(GenerationEngine):
         cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
         of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
         policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
-        for an adapter it cannot fold); ``packed_linear``, ``fused_decode``: :class:`ServedModel`;
-        ``continuous_batching``: decode in a :class:`~asyncrl.engine.stream.DecodeStream` where
-        :attr:`streams` (``rollout.engine.continuous_batching``)."""
+        for an adapter it cannot fold); ``packed_linear``, ``fused_decode``: :class:`ServedModel`."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.policy = policy
@@ -219,7 +213,6 @@ class HFEngine(GenerationEngine):
         self._plain = _plain_dynamic_cache(self.model)
         self.prefill = Prefill(self.model, self.device, self.pad_token_id, self._plain)
         self.prefix_sharing = prefix_sharing
-        self.continuous_batching = continuous_batching
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_mb > 0 and self._plain:
             self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -275,17 +268,6 @@ class HFEngine(GenerationEngine):
         path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in samples), strict=True)]
         return full[: split - 1] + path
 
-    @property
-    def streams(self) -> bool:
-        """Whether :func:`~asyncrl.engine.stream.open_stream` gives a decode stream (continuous batching)
-        over this engine: on, not the static cache, and a model whose cache layers are plain full-attention
-        layers."""
-        return self.continuous_batching and not self.static_cache and self._plain
-
-    def inference(self) -> AbstractContextManager[None]:
-        """The served model in eval mode, no autograd, for as long as the context lasts."""
-        return _inference(self.model)
-
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""
         if self.prefix_cache is not None:
@@ -296,25 +278,17 @@ class HFEngine(GenerationEngine):
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
     ) -> list[Sample]:
         params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
-        results: list[Sample | None] = [None] * len(prompts)
-        # Similar lengths share a chunk: less padding to attend over.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        todo = []
-        for i in order:
-            if len(prompts[i]) >= self.max_context:  # no room for even one token
-                results[i] = Sample([], [], "length")
-            else:
-                todo.append(i)
-        with _inference(self.model):
-            for start in range(0, len(todo), self.max_batch):
-                idx = todo[start : start + self.max_batch]
-                for i, s in zip(
-                    idx,
-                    self._generate_chunk([prompts[i] for i in idx], [params[i] for i in idx]),
-                    strict=True,
-                ):
-                    results[i] = s
-        return [r for r in results if r is not None]
+
+        def run(rows: list[int]) -> list[tuple[int, Sample]]:
+            rows = sorted(rows, key=lambda i: len(prompts[i]))  # similar lengths share a chunk: less padding
+            out: list[Sample] = []
+            with _inference(self.model):
+                for start in range(0, len(rows), self.max_batch):
+                    c = rows[start : start + self.max_batch]
+                    out += self._generate_chunk([prompts[i] for i in c], [params[i] for i in c])
+            return list(zip(rows, out, strict=True))
+
+        return with_room(prompts, self.max_context, run)
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: list[SamplingParams], forced: torch.Tensor | None = None
@@ -329,8 +303,8 @@ class HFEngine(GenerationEngine):
         )
         max_steps = int(budget.max())
         static = self.static_cache and self._plain and max(map(len, prompts)) + max_steps <= self.cache_len
-        # Static decoding runs a fixed bucket of rows; the extra rows are one-token dummies.
-        rows_run = bucket_for(b, self.buckets) if static else b
+        # Static decoding runs the smallest bucket of rows that holds them; the extra rows are one-token dummies.
+        rows_run = next(n for n in self.buckets if n >= b) if static else b
 
         logits, cache, valid = self.prefill_rows(prompts, 0 if static else max_steps)
         t_load = time.perf_counter()
@@ -352,22 +326,11 @@ class HFEngine(GenerationEngine):
         steps = self._decode(st, logits, cache, decoder, width, prompts)
         self.decode_steps += steps
         self.decode_seconds += time.perf_counter() - t0 - (self.prefix_cache_seconds - store_seconds)
-        if self.prefix_cache is not None:
-            kept = decoder.cache if decoder is not None else cache
-            assert isinstance(kept, (DynamicCache, StaticCache))
-            active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
-            self.prefix_cache_seconds += _keep_rows(
-                self.prefix_cache,
-                self.version,
-                kept,
-                active,
-                st.rows,
-                st.valid,
-                prompts,
-                st.out_tokens,
-                st.n_out,
-            )
-        return _collect(st.out_tokens[:b], st.out_logprobs[:b], st.n_out[:b], st.stopped[:b])
+        kept = decoder.cache if decoder is not None else cache
+        assert isinstance(kept, (DynamicCache, StaticCache))
+        active = torch.arange(st.rows.shape[0], device=self.device)[: b if decoder is not None else None]
+        self._keep(kept, active, st, prompts)
+        return st.samples(b)
 
     def prefill_rows(
         self, prompts: list[list[int]], room: int
@@ -430,19 +393,7 @@ class HFEngine(GenerationEngine):
             else:
                 assert isinstance(cache, DynamicCache)
                 if n_done >= max(1.0, self.compact_fraction * st.finished.shape[0]):
-                    if self.prefix_cache is not None:  # the dropped rows' KV leaves the batch: keep it
-                        done = st.finished.nonzero().squeeze(-1)
-                        self.prefix_cache_seconds += _keep_rows(
-                            self.prefix_cache,
-                            self.version,
-                            cache,
-                            done,
-                            st.rows,
-                            st.valid,
-                            prompts,
-                            st.out_tokens,
-                            st.n_out,
-                        )
+                    self._keep(cache, st.finished.nonzero().squeeze(-1), st, prompts)  # leaving the batch
                     keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
@@ -452,6 +403,23 @@ class HFEngine(GenerationEngine):
         return steps
 
     # ---- prefix cache ------------------------------------------------------------------------
+    def _keep(
+        self,
+        cache: DynamicCache | StaticCache,
+        active: torch.Tensor,
+        st: _DecodeState,
+        prompts: list[list[int]],
+    ) -> None:
+        """Keep the KV of the ``active`` batch rows in the prefix cache (if any): their prompt and every
+        sampled token but the last (a finished row left in the batch has later columns too, tokens sampled
+        after it finished, so only the first ``len(prompt) + n_out - 1`` of its ``valid`` ones are its own)."""
+        if self.prefix_cache is None:
+            return
+        originals = st.rows[active]
+        counts, sampled = st.n_out[originals].tolist(), st.out_tokens[originals].tolist()
+        seqs = [prompts[r] + s[: n - 1] for r, s, n in zip(originals.tolist(), sampled, counts, strict=True)]
+        self.prefix_cache_seconds += self.prefix_cache.store_rows(cache, active, st.valid, seqs, self.version)
+
     def _lookup(self, prompts: list[list[int]]) -> list[Hit | None]:
         """Each prompt's longest cached prefix; an entry wholly used is dropped (its row stores an extension)."""
         if self.prefix_cache is None:
@@ -477,27 +445,6 @@ class HFEngine(GenerationEngine):
         return dec
 
 
-def _keep_rows(
-    prefix_cache: PrefixCache,
-    version: int,
-    cache: DynamicCache | StaticCache,
-    active: torch.Tensor,
-    rows: torch.Tensor,
-    valid: torch.Tensor,
-    prompts: list[list[int]],
-    out_tokens: torch.Tensor,
-    n_out: torch.Tensor,
-) -> float:
-    """Keep the KV of the ``active`` batch rows in ``prefix_cache``: their prompt and every sampled token
-    but the last (a finished row left in the batch has later columns too, tokens sampled after it
-    finished, so only the first ``len(prompt) + n_out - 1`` of its ``valid`` ones are its own). Returns
-    the seconds it took."""
-    originals = rows[active]
-    counts, sampled = n_out[originals].tolist(), out_tokens[originals].tolist()
-    seqs = [prompts[r] + s[: n - 1] for r, s, n in zip(originals.tolist(), sampled, counts, strict=True)]
-    return prefix_cache.store_rows(cache, active, valid, seqs, version)
-
-
 @contextmanager
 def _inference(model: PreTrainedModel) -> Iterator[None]:
     """``model`` in eval mode, no autograd; its training flag restored after."""
@@ -508,20 +455,6 @@ def _inference(model: PreTrainedModel) -> Iterator[None]:
             yield
     finally:
         model.train(was_training)
-
-
-def _collect(
-    out_tokens: torch.Tensor, out_logprobs: torch.Tensor, n_out: torch.Tensor, stopped: torch.Tensor
-) -> list[Sample]:
-    """The chunk's rows as :class:`Sample` s (their first ``n_out`` tokens and log-probs)."""
-    tokens = out_tokens.cpu().tolist()
-    logprobs = out_logprobs.cpu().tolist()
-    counts = n_out.cpu().tolist()
-    stop_flags = stopped.cpu().tolist()
-    return [
-        Sample(t[:n], lp[:n], "stop" if s else "length")
-        for t, lp, n, s in zip(tokens, logprobs, counts, stop_flags, strict=True)
-    ]
 
 
 def _plain_dynamic_cache(model: PreTrainedModel) -> bool:

@@ -7,8 +7,8 @@ own blocked layout and reuse that layout at every step (what inductor does with 
 :func:`pack_linears` swaps the ``nn.Linear`` layers of a model the engine owns for
 :class:`PackedLinear` s that compute through such a copy; the weights themselves stay where they were
 (same parameters, names and state dict), so loads, the merged copy's refolds and the weight-sync
-canary see what they saw before. The packed copies are derived data: :func:`repack` after every
-change of the weights (the engine does, after each refold of its merged copy).
+canary see what they saw before. The packed copies are derived data: :meth:`PackedLinear.repack` after
+every change of the weights (the engine does, after each refold of its merged copy).
 
 Float32 throughout; the result equals ``linear`` up to float rounding (the summation order differs).
 Under autograd (a forward with gradients enabled) and inside ``torch.compile`` (inductor cannot take
@@ -71,9 +71,3 @@ def pack_linears(model: torch.nn.Module) -> list[PackedLinear]:
         setattr(model.get_submodule(parent) if parent else model, child, p)
         packed.append(p)
     return packed
-
-
-def repack(layers: list[PackedLinear]) -> None:
-    """Pack each layer's weight again (after the weights changed)."""
-    for layer in layers:
-        layer.repack()

@@ -12,7 +12,7 @@ import time
 from transformers import PreTrainedModel
 
 from asyncrl.engine.fused import FusedDecoder, fusable
-from asyncrl.engine.packed import PackedLinear, pack_linears, packing_available, repack
+from asyncrl.engine.packed import PackedLinear, pack_linears, packing_available
 from asyncrl.policy.lora import MergedCopy, MergeUnsupported, is_lora
 from asyncrl.policy.model import Policy
 
@@ -55,7 +55,8 @@ class ServedModel:
         if self.merged is None:
             return
         self.merged.refresh()
-        repack(self.packed)
+        for layer in self.packed:
+            layer.repack()
         if self.fused is not None:
             self.fused.repack()
 

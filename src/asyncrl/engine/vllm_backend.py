@@ -44,6 +44,8 @@ turn is stamped with the version that produced it, exactly as with the built-in 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import random
@@ -55,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.engine.base import GenerationEngine, Sample, check_requests
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, with_room
 from asyncrl.engine.head_padding import (
     HeadPaddingError,
     check_paddable,
@@ -92,16 +94,9 @@ class VLLMModelError(UserError, ValueError):
     """The policy's architecture cannot run on vLLM here (the message says what to change)."""
 
 
-def vllm_available() -> bool:
-    """True when ``import vllm`` would find a package (does not import it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 def require_vllm() -> None:
-    """Raise :class:`VLLMNotInstalledError` unless vLLM is importable."""
-    if not vllm_available():
+    """Raise :class:`VLLMNotInstalledError` unless vLLM is importable (without importing it)."""
+    if importlib.util.find_spec("vllm") is None:
         raise VLLMNotInstalledError(
             f"rollout.engine.kind is 'vllm' but vLLM is not installed in this Python ({sys.executable}); "
             f"{INSTALL_HINT}; or use rollout.engine.kind=hf"
@@ -174,20 +169,15 @@ def preflight(cfg: RunConfig) -> None:
         )
 
 
-_padding_logged = False
-
-
+@functools.cache
 def _log_padding(head_dim: int, padded: int) -> None:
     """One stderr line per process: padding is exact but not free."""
-    global _padding_logged
-    if not _padding_logged:
-        _padding_logged = True
-        print(
-            f"asyncrl: vLLM: attention heads padded {head_dim} -> {padded} for vLLM's CPU attention "
-            f"(exact; attention FLOPs and KV cache x{padded / head_dim:g})",
-            file=sys.stderr,
-            flush=True,
-        )
+    print(
+        f"asyncrl: vLLM: attention heads padded {head_dim} -> {padded} for vLLM's CPU attention "
+        f"(exact; attention FLOPs and KV cache x{padded / head_dim:g})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class VLLMEngine(GenerationEngine):
@@ -234,7 +224,6 @@ class VLLMEngine(GenerationEngine):
         self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         self.reload_seconds: list[float] = []
         """Wall time of each weight reload (collective_rpc + prefix-cache reset), in seconds."""
-        t0 = time.perf_counter()
         self.llm: Any = LLM(
             model=str(served),
             skip_tokenizer_init=True,  # prompts are token ids; asyncrl's tokenizer stays ours
@@ -246,7 +235,6 @@ class VLLMEngine(GenerationEngine):
             enforce_eager=True,  # no torch.compile / graph capture: a shorter start-up
             enable_prefix_caching=True,  # multi-turn prompts share their prefix
         )
-        self.startup_seconds = time.perf_counter() - t0
 
     @classmethod
     def from_policy(
@@ -405,22 +393,13 @@ class VLLMEngine(GenerationEngine):
         from vllm.inputs import TokensPrompt
 
         params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
-        results: list[Sample | None] = [None] * len(prompts)
-        todo: list[int] = []
-        requests: list[Any] = []
-        vparams: list[Any] = []
-        for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
-            room = self.max_context - len(prompt)
-            if room <= 0:  # no room for even one token
-                results[i] = Sample([], [], "length")
-                continue
-            todo.append(i)
-            requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
-            vparams.append(
+
+        def run(rows: list[int]) -> list[tuple[int, Sample]]:
+            vparams = [
                 VSamplingParams(
-                    temperature=sp.temperature,
-                    top_p=sp.top_p,
-                    max_tokens=min(sp.max_new_tokens, room),
+                    temperature=params[i].temperature,
+                    top_p=params[i].top_p,
+                    max_tokens=min(params[i].max_new_tokens, self.max_context - len(prompts[i])),
                     stop_token_ids=self.stop_token_ids,
                     ignore_eos=True,
                     logprobs=0,  # the sampled token's log-prob only
@@ -429,12 +408,13 @@ class VLLMEngine(GenerationEngine):
                     # not use offset") when a seeded request's prefill is split into chunks. The
                     # engine-wide seed (LLM(seed=...)) still seeds sampling.
                 )
-            )
-        if requests:
-            outputs = self.llm.generate(requests, vparams, use_tqdm=False)
-            for i, out in zip(todo, outputs, strict=True):
-                results[i] = self._to_sample(out.outputs[0])
-        return [r for r in results if r is not None]
+                for i in rows
+            ]
+            requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in rows]
+            outputs = self.llm.generate(requests, vparams, use_tqdm=False) if rows else []
+            return [(i, self._to_sample(out.outputs[0])) for i, out in zip(rows, outputs, strict=True)]
+
+        return with_room(prompts, self.max_context, run)
 
     def _to_sample(self, completion: Any) -> Sample:
         tokens = [int(t) for t in completion.token_ids]

@@ -122,7 +122,7 @@ class Gateway:
         if self._fresh():
             return
         if self.refresh is not None:
-            async with self.batcher.exclusive():  # never while a batch is generated (a stream drains first)
+            async with self.batcher.lock:  # never while a batch is generated
                 self.refresh()
             if self._fresh():
                 return

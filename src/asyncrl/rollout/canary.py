@@ -80,6 +80,3 @@ class WeightCanary:
             canary_seconds=self.seconds,
             canary_probe_diff=float(last) if last is not None else 0.0,
         )
-
-    def metrics(self) -> dict[str, float]:
-        return self.figures().flat()

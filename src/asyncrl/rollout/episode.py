@@ -42,7 +42,7 @@ from asyncrl.envs.base import Environment
 from asyncrl.policy.chat import ChatTemplateError, Conversation, Renderer
 from asyncrl.policy.exactness import count_differences, engine_diff, ids_diff
 from asyncrl.policy.messages import Message
-from asyncrl.records import Fault, Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
 @dataclass
@@ -111,10 +111,7 @@ def _reset_failed(traj: Trajectory, exc: EnvResetError) -> Trajectory:
     """The episode's one record when the environment could not start it (the guard's fault kept)."""
     traj.outcome = "env_error"
     traj.reward_components["env_error"] = 1.0
-    fault = exc.fault if isinstance(getattr(exc, "fault", None), Fault) else None
-    traj.turns.append(
-        Turn(role="env", token_ids=[], fault=fault or Fault(kind="exception", message=str(exc)))
-    )
+    traj.turns.append(Turn(role="env", token_ids=[], fault=exc.fault))
     traj.render_diff = traj.retokenization_diff = None  # nothing sampled: nothing to check (unchecked)
     traj.lifecycle.rollout_end = time.time()
     return traj
@@ -206,10 +203,8 @@ async def _model_turn(
     prefix: list[list[int]],
     turn_no: int,
 ) -> Turn:
-    sp = SamplingParams(
-        temperature=settings.sampling.temperature,
-        top_p=settings.sampling.top_p,
-        max_new_tokens=min(settings.sampling.max_new_tokens, room),
+    sp = msgspec.structs.replace(
+        settings.sampling, max_new_tokens=min(settings.sampling.max_new_tokens, room)
     )
     started = time.time()
     if turn_no < len(prefix):  # a replayed turn
@@ -329,6 +324,4 @@ def jittered(sampling: SamplingParams, jitter: float, rng: random.Random) -> Sam
     if jitter <= 0:
         return sampling
     t = sampling.temperature * (1 + rng.uniform(-jitter, jitter))
-    return SamplingParams(
-        temperature=max(t, 1e-3), top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens
-    )
+    return msgspec.structs.replace(sampling, temperature=max(t, 1e-3))

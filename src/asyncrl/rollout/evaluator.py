@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 
 def evaluated_versions(run_dir: Path) -> list[int]:
-
     return [
         int(r["version"]) for r in read_jsonl(run_dir / "evals.jsonl") if isinstance(r.get("version"), int)
     ]
@@ -80,16 +79,12 @@ class Evaluator:
         seconds = time.time() - t0
         self.last = loaded.version
         step = int(loaded.manifest.get("step", -1))
+        held_out = ("success_rate", "mean_reward", "tool_success_rate", "avg_steps", "distinct_2", "episodes")
         figures = EvalFigures(
             version=float(loaded.version),
             trainer_step=float(step),
-            success_rate=float(report["success_rate"]),
-            mean_reward=float(report["mean_reward"]),
-            tool_success_rate=float(report["tool_success_rate"]),
-            avg_steps=float(report["avg_steps"]),
-            distinct_2=float(report["distinct_2"]),
-            episodes=float(report["episodes"]),
             seconds=seconds,
+            **{k: float(report[k]) for k in held_out},
         )
         line = {"version": loaded.version, "step": step, "time": time.time(), "seconds": seconds, **report}
         with (self.run_dir / "evals.jsonl").open("a") as f:

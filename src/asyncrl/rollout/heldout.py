@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import EnvConfig, HFEngineConfig, NoLatencyConfig, RunConfig
@@ -65,12 +66,10 @@ async def run_episodes(
         engine_cfg = HFEngineConfig(max_batch=engine_cfg.max_batch, batch_wait_ms=engine_cfg.batch_wait_ms)
     engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=seed)
     batcher = TurnBatcher.of(engine, engine_cfg)
-    s = cfg.rollout.sampling
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,
         max_context=context_limit(cfg.model, policy),
-        sampling=sampling
-        or SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
+        sampling=sampling or SamplingParams(**cfg.rollout.sampling.model_dump()),
         worker_id="eval",
         early_stop_invalid=0,  # evaluation plays every episode to its end: it measures, it does not save
     )
@@ -140,22 +139,17 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
             "outcomes": dict(Counter(t.outcome for t in episodes)),
         }
 
-    report = stats(trajs)
-    report.update(retokenization_stats(trajs))
-    by_type: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_type[t.task.task_type].append(t)
-    report["per_task_type"] = {k: stats(v) for k, v in sorted(by_type.items())}
-    by_diff: dict[int, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_diff[t.task.difficulty].append(t)
-    report["per_difficulty"] = {str(k): stats(v)["success_rate"] for k, v in sorted(by_diff.items())}
-    by_env: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        if t.task.env:
-            by_env[t.task.env].append(t)
-    if by_env:  # env.kind: mix — every environment's own held-out figures
-        report["per_env"] = {k: {**stats(v), **retokenization_stats(v)} for k, v in sorted(by_env.items())}
+    def by(key: Callable[[Task], str | int]) -> list[tuple[str | int, list[Trajectory]]]:
+        groups: dict[str | int, list[Trajectory]] = defaultdict(list)
+        for t in trajs:
+            groups[key(t.task)].append(t)
+        return sorted(groups.items())
+
+    report = {**stats(trajs), **retokenization_stats(trajs)}
+    report["per_task_type"] = {k: stats(v) for k, v in by(lambda t: t.task_type)}
+    report["per_difficulty"] = {str(k): stats(v)["success_rate"] for k, v in by(lambda t: t.difficulty)}
+    if any(t.task.env for t in trajs):  # env.kind: mix — every environment's own held-out figures
+        report["per_env"] = {k: {**stats(v), **retokenization_stats(v)} for k, v in by(lambda t: t.env) if k}
     return report
 
 

@@ -65,12 +65,7 @@ class EpisodePlayer:
     ) -> list[Trajectory]:
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
-        rc = self.cfg.rollout
-        base = SamplingParams(
-            temperature=rc.sampling.temperature,
-            top_p=rc.sampling.top_p,
-            max_new_tokens=rc.sampling.max_new_tokens,
-        )
+        base = SamplingParams(**self.cfg.rollout.sampling.model_dump())
         env = make_env(self.cfg.env, self.rng.randrange(2**31))
         settings = EpisodeSettings(
             self.cfg.env.max_turns,
@@ -86,9 +81,7 @@ class EpisodePlayer:
             return samples
         finally:
             ticket.episode_done(sum(1 for tr in samples for t in tr.turns if t.role == "model"))
-            close = getattr(env, "close", None)
-            if close is not None:
-                await close()
+            await env.close()
 
 
 class AgentPlayer:

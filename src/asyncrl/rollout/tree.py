@@ -115,31 +115,24 @@ def _prefix_len(traj: Trajectory, k: int) -> int:
     return pos
 
 
-class _Budget:
-    def __init__(self, cfg: TreeConfig, group_size: int, max_leaves: int, roots: list[Trajectory]) -> None:
-        self.cfg, self.group_size, self.max_leaves = cfg, group_size, max_leaves
-        mean = sum(t.num_model_tokens() for t in roots) / max(1, len(roots))
-        self.target_tokens = group_size * mean
-
-    def remaining(self, leaves: list[Trajectory]) -> int:
-        """Episodes still to start."""
-        if self.cfg.budget == "leaves":
-            return self.group_size - len(leaves)
-        made = sum(t.num_model_tokens() for t in leaves)
-        per = max(1.0, made / max(1, len(leaves)))  # over-estimates a branch: the next round tops up
-        want = math.ceil(max(0.0, self.target_tokens - made) / per)
-        return max(0, min(want, self.max_leaves - len(leaves)))
-
-
 async def grow_tree(
     run_leaf: LeafRunner, cfg: TreeConfig, group_size: int, max_leaves: int
 ) -> tuple[list[Trajectory], TreeStats]:
     """Play one tree group; returns its finished episodes (the leaves) and what it took."""
     stats = TreeStats(roots=min(cfg.roots, group_size))
     leaves = list(await asyncio.gather(*(run_leaf([]) for _ in range(stats.roots))))
-    budget = _Budget(cfg, group_size, max_leaves, leaves)
+    target_tokens = group_size * (sum(t.num_model_tokens() for t in leaves) / max(1, len(leaves)))
+
+    def remaining() -> int:
+        """Episodes still to start."""
+        if cfg.budget == "leaves":
+            return group_size - len(leaves)
+        made = sum(t.num_model_tokens() for t in leaves)
+        per = max(1.0, made / max(1, len(leaves)))  # over-estimates a branch: the next round tops up
+        return max(0, min(math.ceil(max(0.0, target_tokens - made) / per), max_leaves - len(leaves)))
+
     tried: set[str] = set()
-    while (want := budget.remaining(leaves)) > 0:
+    while (want := remaining()) > 0:
         stats.rounds += 1
         points = choose_points(leaves, cfg, tried, math.ceil(want / (cfg.branch - 1)))
         # branches first (their children bring new points next round); nothing to branch: fresh roots

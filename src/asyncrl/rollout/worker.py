@@ -37,7 +37,7 @@ from asyncrl.envs import make_task_source
 from asyncrl.envs.toolenv import VERIFIER_CACHE
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.lending import ThreadLender
-from asyncrl.records import Group, Task, Trajectory, TreeStats
+from asyncrl.records import Task, Trajectory, TreeStats
 from asyncrl.rollout.runners import AgentPlayer, EpisodePlayer, Player, make_runner
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
@@ -95,14 +95,17 @@ class WeightFollower:
             return int(self.engine.version)
         return int(latest)
 
-    def _corrupt(self, version: int, why: str) -> None:
+    def _corrupt(self, version: int, why: str, used: int, problems: list[str] | None = None) -> None:
         """Remember ``version`` as unusable and report it once (the trainer then publishes a good one)."""
         self.bad_versions.add(version)
         self.fallbacks += 1
-        if why:
-            log.warning("%s: weight version %s is corrupt (%s)", self.name, version, why)
-            if self.metrics is not None:
-                self.metrics.event("weights/fallback", {"bad_version": version, "used": self.engine.version})
+        keep = max(used, self.engine.version)
+        log.warning(
+            "%s: weight version %s is corrupt (%s); keeping version %s", self.name, version, why, keep
+        )
+        if self.metrics is not None:
+            more = {} if problems is None else {"problems": problems}
+            self.metrics.event("weights/fallback", {"bad_version": version, "used": used, **more})
         if self.on_corrupt is not None:
             self.on_corrupt(version)
 
@@ -112,26 +115,10 @@ class WeightFollower:
             return
         loaded = self.store.load_latest()
         if loaded is None:  # every retained version is corrupt: keep what the engine has, and say so
-            self._corrupt(latest, f"no retained version is valid; keeping version {self.engine.version}")
+            self._corrupt(latest, "no retained version is valid", self.engine.version)
             return
         if loaded.fell_back_from is not None:
-            self._corrupt(loaded.fell_back_from, "")
-            log.warning(
-                "%s: weight version %s is corrupt (%s); keeping version %s",
-                self.name,
-                loaded.fell_back_from,
-                "; ".join(loaded.problems),
-                max(loaded.version, self.engine.version),
-            )
-            if self.metrics is not None:
-                self.metrics.event(
-                    "weights/fallback",
-                    {
-                        "bad_version": loaded.fell_back_from,
-                        "used": loaded.version,
-                        "problems": loaded.problems,
-                    },
-                )
+            self._corrupt(loaded.fell_back_from, "; ".join(loaded.problems), loaded.version, loaded.problems)
         if loaded.version > self.engine.version:
             self._load(loaded)
 
@@ -213,7 +200,6 @@ class RolloutWorker:
 
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
-        self.verifier = VERIFIER_CACHE
         self.weights = WeightFollower(
             self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
         )
@@ -230,18 +216,7 @@ class RolloutWorker:
         """Rule 1 and the in-flight load (model turns the running episodes may still take), one ticket a group."""
         self.counts = RolloutFigures()
         """The worker's counters (cumulative for this process), reported every ``telemetry.log_every_s``."""
-        self._refresh(force=True)
-
-    # -- weights ---------------------------------------------------------------------------------
-    def _refresh(self, force: bool = False) -> None:
-        self.weights.refresh(force)
-
-    def _newest_valid(self) -> int:
-        return self.weights.newest_valid()
-
-    def _stale(self) -> bool:
-        """A newer valid weight version waits: the batcher's stream drains so that it loads."""
-        return self._newest_valid() > self.engine.version
+        self.weights.refresh(force=True)
 
     # -- groups ----------------------------------------------------------------------------------
     async def _run_group(self, runner: GroupRunner, ticket: Ticket, task: Task, heldout: bool) -> None:
@@ -253,7 +228,8 @@ class RolloutWorker:
             if not group.members:
                 ticket.release()
                 return
-            self._report_group(group)
+            bc = self.cfg.orchestrator.breaker  # the rollout/group event the orchestrator's rules consume
+            self.metrics.group(group_report(group, bc.reward_min, bc.reward_max))
             if heldout:
                 ticket.release()
                 self.counts.heldout_episodes += len(group)
@@ -300,22 +276,13 @@ class RolloutWorker:
             c.retokenization_inexact += bool(traj.retokenization_diff)
             c.retokenization_diff_tokens += traj.retokenization_diff or 0
 
-    def _report_group(self, group: Group) -> None:
-        """One ``rollout/group`` event per finished group: what the orchestrator's rules consume."""
-        bc = self.cfg.orchestrator.breaker
-        self.metrics.group(group_report(group, bc.reward_min, bc.reward_max))
-
-    def _next_task(self) -> tuple[Task, bool]:
-        """(task, is a held-out probe): the orchestrator's curriculum, breakers and exploration."""
-        return self.control.next_task(self.rng)
-
     async def _runner(self, batcher: TurnBatcher) -> GroupRunner:
         """The group runner: environment episodes, or the user's program through the gateway."""
         play: Player
         if self.cfg.env.kind == "agent":
             from asyncrl.gateway.agent import AgentRunner
 
-            refresh = self._refresh if self.staleness.inflight_updates else None
+            refresh = self.weights.refresh if self.staleness.inflight_updates else None
             self.agent = await AgentRunner.start(
                 self.cfg,
                 batcher,
@@ -324,7 +291,7 @@ class RolloutWorker:
                 index=self.index,
                 worker_id=self.name,
                 policy=self.staleness,
-                newest_version=self._newest_valid,
+                newest_version=self.weights.newest_valid,
                 max_staleness=self.state.effective_max_staleness,
                 refresh=refresh,
             )
@@ -341,11 +308,11 @@ class RolloutWorker:
         no group running, ``busy``), so that the budget counts the next group against the version it will
         use; a ticket when the worker is not too stale and the budget admits a group."""
         bound = self.state.effective_max_staleness()
-        newest = self._newest_valid()
+        newest = self.weights.newest_valid()
         if newest > self.engine.version and (self.staleness.inflight_updates or not busy):
-            async with batcher.exclusive():  # never while a batch is generated (a stream drains first)
-                self._refresh()
-            newest = self._newest_valid()  # the load may have set a corrupt version aside
+            async with batcher.lock:  # never while a batch is generated
+                self.weights.refresh()
+            newest = self.weights.newest_valid()  # the load may have set a corrupt version aside
         if self.staleness.must_refresh(self.engine.version, newest, bound):
             return None
         return self.admission.admit(int(self.engine.version))
@@ -357,9 +324,8 @@ class RolloutWorker:
         batcher = TurnBatcher.of(
             self.engine,
             self.cfg.rollout.engine,
-            self._refresh if self.staleness.inflight_updates else None,
+            self.weights.refresh if self.staleness.inflight_updates else None,
             self.lender.waiting if self.lender is not None else None,
-            self._stale if self.staleness.inflight_updates else None,
         )
         runner = await self._runner(batcher)
         running: set[asyncio.Task[None]] = set()
@@ -376,7 +342,7 @@ class RolloutWorker:
                 ticket = await self._admit(batcher, bool(running))
                 if ticket is not None:
                     self.control.publish_load(self.admission.load, force=True)
-                    task, heldout = self._next_task()
+                    task, heldout = self.control.next_task(self.rng)  # curriculum, breakers, exploration
                     running.add(asyncio.create_task(self._run_group(runner, ticket, task, heldout)))
                     started = True
             for t in [t for t in running if t.done()]:
@@ -401,9 +367,9 @@ class RolloutWorker:
                 rollout=self._figures(batcher),
                 guard=msgspec.convert(asdict(GUARD_STATS), GuardFigures),  # what the env guards absorbed
                 cost=RewardCostFigures(
-                    reward_cache_hits=float(self.verifier.hits),
-                    reward_cache_misses=float(self.verifier.misses),
-                    reward_seconds=self.verifier.seconds,
+                    reward_cache_hits=float(VERIFIER_CACHE.hits),
+                    reward_cache_misses=float(VERIFIER_CACHE.misses),
+                    reward_seconds=VERIFIER_CACHE.seconds,
                 ),
                 weights=self.weights.canary.figures() if self.weights.canary else None,
                 gateway=self._gateway_figures(self.agent) if self.agent is not None else None,
@@ -425,15 +391,12 @@ class RolloutWorker:
             gen_batches=float(batcher.batches),
             gen_sequences=float(batcher.sequences),
             gen_tokens=float(batcher.tokens),
-            # the built-in engine's decode loop (absent for other engines): per-step latency
-            decode_steps=float(getattr(e, "decode_steps", 0)),
-            decode_seconds=float(getattr(e, "decode_seconds", 0.0)),
-            # prefill work computed vs taken from the prefix cache (multi-turn KV reuse) or shared
-            # with another prompt of the same call (prefix sharing)
-            prefill_tokens_computed=float(getattr(e, "prefill_tokens_computed", 0)),
-            prefill_tokens_reused=float(getattr(e, "prefill_tokens_reused", 0)),
-            prefill_tokens_shared=float(getattr(e, "prefill_tokens_shared", 0)),
-            prefill_seconds=float(getattr(e, "prefill_seconds", 0.0)),
+            decode_steps=float(e.decode_steps),
+            decode_seconds=e.decode_seconds,
+            prefill_tokens_computed=float(e.prefill_tokens_computed),
+            prefill_tokens_reused=float(e.prefill_tokens_reused),
+            prefill_tokens_shared=float(e.prefill_tokens_shared),
+            prefill_seconds=e.prefill_seconds,
             load_steps=float(self.admission.load),
         )
 
