@@ -49,7 +49,7 @@ import logging
 import random
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -218,10 +218,10 @@ def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     where = f"the {type(optimizer).__name__} optimizer state"
-    state: dict[str, Any] = {}
+    state: dict[str, object] = {}
     non_tensor: dict[str, dict[str, str]] = {}
     for idx, entries in sd["state"].items():
-        enc: dict[str, Any] = {}
+        enc: dict[str, object] = {}
         for name, value in entries.items():
             enc[name] = _encode(value, f"state.{idx}.{name}", tensors, drop_callables=False, where=where)
             if not isinstance(value, torch.Tensor):
@@ -246,7 +246,7 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
-def _py_rng_json(rng: random.Random) -> dict[str, Any]:
+def _py_rng_json(rng: random.Random) -> dict[str, object]:
     version, internal, gauss_next = rng.getstate()
     return {"version": version, "state": list(internal), "gauss_next": gauss_next}
 
@@ -280,7 +280,7 @@ def save_checkpoint(
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"cannot store TrainerState.extra as JSON ({_short(exc)})") from None
     opt_tensors, opt_meta = _optimizer_payload(optimizer)
-    sched_meta: dict[str, Any] | None = None
+    sched_meta: dict[str, object] | None = None
     sched_tensors: dict[str, torch.Tensor] = {}
     if scheduler is not None:
         sched_meta = {
@@ -335,7 +335,7 @@ def read_optimizer_shards(path: Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import load
 
     meta = HuggingFaceStorageReader(str(path)).read_metadata().state_dict_metadata
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for k, m in meta.items():
         if not isinstance(m, TensorStorageMetadata):
             raise ValueError(f"{k} is not a tensor")
@@ -450,7 +450,7 @@ def _unrestorable(path: Path, rel: str, what: str, exc: BaseException) -> Checkp
     return CheckpointError(f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})")
 
 
-def _check_class(meta: Any, obj: object, what: str) -> None:
+def _check_class(meta: Mapping[str, object], obj: object, what: str) -> None:
     """``meta`` (a saved state's JSON) was written by an ``obj`` of the same class (``what``: its kind)."""
     if meta.get("class") != type(obj).__name__:
         raise ValueError(f"it was written by a {meta.get('class')} {what}, got {type(obj).__name__}")
