@@ -162,9 +162,7 @@ class ThreadLender:
         path = run_dir / BOARD / "plan.json"
         if not path.is_file():
             return None
-        doc = json.loads(path.read_text())
-        plan = Plan(int(doc["cores"]), float(doc["lend_after_s"]), float(doc["poll_s"]))
-        lender = cls(run_dir, name, plan, own, borrow)
+        lender = cls(run_dir, name, Plan(**json.loads(path.read_text())), own, borrow)
         for model in models:
             lender.attach(model)
         return lender

@@ -19,7 +19,6 @@ Only model tokens carry behaviour log-probs and a policy version, and only they 
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from array import array
 from collections.abc import Sequence
@@ -356,10 +355,6 @@ def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
 
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-def now() -> float:
-    return time.time()
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from asyncrl.bootstrap import ComputeRole, init_role_process
+from asyncrl.bootstrap import init_role_process
 from asyncrl.config import ExternalLauncherConfig, RunConfig
 from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
@@ -116,7 +116,7 @@ def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, sig
     if role == "trainer":
         from asyncrl.trainer.process import TrainerRole
 
-        _init(cfg, "trainer")
+        init_role_process(cfg.model_dump_json(), "trainer")
         if cfg.trainer.world_size > 1:  # one rank of the group, torchrun-style (RANK, MASTER_ADDR/PORT)
             from asyncrl.trainer.ranks import ENV_RENDEZVOUS, trainer_rank_main
 
@@ -133,7 +133,7 @@ def _run_compute_role(role: Role, cfg: RunConfig, run_dir: Path, index: int, sig
     state = RunState.open(cfg, run_dir)
     state.reclaim(f"rollout-{index}")  # a previous incarnation died with admissions it never delivered
     state.close()
-    _init(cfg, "rollout")
+    init_role_process(cfg.model_dump_json(), "rollout")
     worker = RolloutWorker(cfg, run_dir, index, started=started)
     signals.on_signal = worker.state.stop_here
     with signals.mode(raising=False):
@@ -177,11 +177,6 @@ def _rank_from_env(world_size: int) -> int:
     if not rank.isdigit() or int(rank) >= world_size or world != str(world_size):
         raise UserError(f"RANK={rank} WORLD_SIZE={world}: need 0 <= RANK < trainer.world_size = {world_size}")
     return int(rank)
-
-
-def _init(cfg: RunConfig, role: ComputeRole) -> None:
-
-    init_role_process(cfg.model_dump_json(), role)
 
 
 def summary_line(summary: dict[str, Any]) -> str:

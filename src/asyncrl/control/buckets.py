@@ -38,8 +38,8 @@ def buckets_of_source(source: TaskSource, probes: int = 64) -> list[str]:
     buckets, prefixed with its name."""
     if isinstance(source, MixTaskSource):
         return [f"{n}/{b}" for n, s in source.members.items() for b in buckets_of_source(s, probes)]
-    types = tuple(getattr(source, "task_types", ()) or ())
-    diffs = tuple(getattr(source, "active_difficulties", None) or getattr(source, "difficulties", ()) or ())
+    types = tuple(source.task_types)
+    diffs = tuple(getattr(source, "active_difficulties", None) or source.difficulties)
     if len(types) <= 1:
         return [f"{t}:{d}" for t in types for d in diffs]
     rng = random.Random(0)

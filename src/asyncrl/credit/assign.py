@@ -34,7 +34,7 @@ import torch
 
 from asyncrl.algo import brier_score, gae, roc_auc, turn_group_advantages, turn_level_gae, value_delta_credit
 from asyncrl.config import RunConfig, TrainerConfig, default_of
-from asyncrl.credit.outcome import sequence_advantages, token_advantages
+from asyncrl.credit.outcome import process_to_go, reward_to_go, sequence_advantages, token_advantages
 from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
 from asyncrl.credit.tree import tree_segment_advantages
 from asyncrl.records import Group, Trajectory, members
@@ -59,15 +59,6 @@ def segment_spans(traj: Trajectory) -> list[tuple[int, int, int, float]]:
             out[-1] = (s, me, pos + n, p)
         pos += n
     return [s for s in out if s[1] > s[0]]
-
-
-def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
-    """``G_k = Σ_{j≥k} γ^{j−k} r_j``."""
-    acc, out = 0.0, []
-    for r in reversed(rewards):
-        acc = r + gamma * acc
-        out.append(acc)
-    return out[::-1]
 
 
 def _whole_groups(groups: list[list[CreditSample]], n: int, rng: random.Random) -> list[CreditSample]:
@@ -140,14 +131,6 @@ class CreditAssigner:
         self.last_groups = [[next(records) for _ in g.members] for g in groups]
         return adv, metrics
 
-    def _process_to_go(self, spans: list[list[tuple[int, int, int, float]]]) -> list[list[float]]:
-        """``α (G_k − Ḡ)``: process reward-to-go, centred by its batch mean over segments."""
-        c = self.cfg
-        to_go = [reward_to_go([p for *_, p in sp], c.gamma) for sp in spans]
-        flat = [x for seq in to_go for x in seq]
-        centre = sum(flat) / len(flat) if flat else 0.0
-        return [[c.process_weight * (g - centre) for g in seq] for seq in to_go]
-
     def _segment_advantages(
         self,
         groups: Sequence[Group],
@@ -176,7 +159,7 @@ class CreditAssigner:
             )
             n = seg_mask.sum(1, keepdim=True).float()
             base = (credits * n).tolist()
-            extra = self._process_to_go(spans)
+            extra, _ = process_to_go([[p for *_, p in sp] for sp in spans], c)
             return [[base[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)], metrics
         if c.strategy == "gae":
             rewards = c.process_weight * proc
@@ -192,7 +175,7 @@ class CreditAssigner:
                 groups, spans, "dr_grpo" if c.baseline == "batch_mean" else c.baseline
             )
             self._tree_values = tree.values
-            extra = self._process_to_go(spans)
+            extra, _ = process_to_go([[p for *_, p in sp] for sp in spans], c)
             return [
                 [tree.advantages[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)
             ], tree.metrics

@@ -60,18 +60,27 @@ def token_advantages(
             pos += n
         process.append(spans)
     if cfg.strategy == "process" and cfg.process_weight > 0:
-        to_go: list[list[float]] = []
-        for spans in process:
-            rtg: list[float] = []
-            acc = 0.0
-            for _, _, p in reversed(spans):
-                acc = p + cfg.gamma * acc
-                rtg.append(acc)
-            to_go.append(rtg[::-1])
-        flat = [x for seq in to_go for x in seq]
-        centre = sum(flat) / len(flat) if flat else 0.0
-        for i, spans in enumerate(process):
-            for (a, b, _), g in zip(spans, to_go[i], strict=True):
-                out[i, a:b] += cfg.process_weight * (g - centre)
+        extra, centre = process_to_go([[p for *_, p in spans] for spans in process], cfg)
+        for spans, row_extra, row in zip(process, extra, out, strict=True):
+            for (a, b, _), g in zip(spans, row_extra, strict=True):
+                row[a:b] += g
         metrics["adv/process_mean_to_go"] = centre
     return out, metrics
+
+
+def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
+    """``G_k = Σ_{j≥k} γ^{j−k} r_j``."""
+    acc, out = 0.0, []
+    for r in reversed(rewards):
+        acc = r + gamma * acc
+        out.append(acc)
+    return out[::-1]
+
+
+def process_to_go(rewards: list[list[float]], cfg: CreditConfig) -> tuple[list[list[float]], float]:
+    """``α (G_k − Ḡ)`` of every segment (``rewards``: the process rewards ``p_k`` per trajectory): the
+    process reward-to-go centred by its batch mean ``Ḡ`` over segments; and ``Ḡ``."""
+    to_go = [reward_to_go(seq, cfg.gamma) for seq in rewards]
+    flat = [x for seq in to_go for x in seq]
+    centre = sum(flat) / len(flat) if flat else 0.0
+    return [[cfg.process_weight * (g - centre) for g in seq] for seq in to_go], centre

@@ -1,8 +1,5 @@
-"""Launchers place role processes: :class:`Launcher` (:mod:`asyncrl.launch.base`) is the interface,
-:func:`make_launcher` picks a backend by ``launcher.kind``: :mod:`asyncrl.launch.local`,
-:mod:`asyncrl.launch.ray_launcher` (ray, an optional dependency, is imported only when chosen) or
-:mod:`asyncrl.launch.external`. Role start-up is :mod:`asyncrl.bootstrap`; one role as a
-service, :mod:`asyncrl.service`.
+"""Launchers place role processes: the interface is :mod:`asyncrl.launch.base`, and
+:func:`make_launcher` picks a backend by ``launcher.kind``.
 """
 
 from __future__ import annotations

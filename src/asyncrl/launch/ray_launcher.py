@@ -175,7 +175,7 @@ class RayLauncher(Launcher):
             actor=actor, ref=actor.run.remote(_target_path(target), tuple(args)), pid=pid
         )
 
-    def _place(self, name: str, options: dict[str, Any]) -> tuple[Any, int]:
+    def _place(self, name: str, options: dict[str, object]) -> tuple[Any, int]:
         """A new actor for role ``name`` (replacing a previous one), placed, with its pid."""
         ray = self._ray
         old = self._roles.pop(name, None)

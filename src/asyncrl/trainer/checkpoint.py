@@ -49,8 +49,8 @@ import logging
 import random
 import re
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,13 +103,7 @@ class TrainerState:
     """JSON-serialisable extras (metrics accumulators, etc.)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format_version": FORMAT_VERSION,
-            "step": self.step,
-            "last_published": self.last_published,
-            "consumed": self.consumed,
-            "extra": self.extra,
-        }
+        return {"format_version": FORMAT_VERSION, **asdict(self)}
 
     @classmethod
     def from_json(cls, data: Any) -> TrainerState:
@@ -224,10 +218,10 @@ def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     where = f"the {type(optimizer).__name__} optimizer state"
-    state: dict[str, Any] = {}
+    state: dict[str, object] = {}
     non_tensor: dict[str, dict[str, str]] = {}
     for idx, entries in sd["state"].items():
-        enc: dict[str, Any] = {}
+        enc: dict[str, object] = {}
         for name, value in entries.items():
             enc[name] = _encode(value, f"state.{idx}.{name}", tensors, drop_callables=False, where=where)
             if not isinstance(value, torch.Tensor):
@@ -252,7 +246,7 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
-def _py_rng_json(rng: random.Random) -> dict[str, Any]:
+def _py_rng_json(rng: random.Random) -> dict[str, object]:
     version, internal, gauss_next = rng.getstate()
     return {"version": version, "state": list(internal), "gauss_next": gauss_next}
 
@@ -286,7 +280,7 @@ def save_checkpoint(
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"cannot store TrainerState.extra as JSON ({_short(exc)})") from None
     opt_tensors, opt_meta = _optimizer_payload(optimizer)
-    sched_meta: dict[str, Any] | None = None
+    sched_meta: dict[str, object] | None = None
     sched_tensors: dict[str, torch.Tensor] = {}
     if scheduler is not None:
         sched_meta = {
@@ -341,7 +335,7 @@ def read_optimizer_shards(path: Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import load
 
     meta = HuggingFaceStorageReader(str(path)).read_metadata().state_dict_metadata
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for k, m in meta.items():
         if not isinstance(m, TensorStorageMetadata):
             raise ValueError(f"{k} is not a tensor")
@@ -425,35 +419,41 @@ def latest_checkpoint(root: Path, verify: bool = False) -> Path | None:
 
 # ---------------------------------------------------------------------------------------------
 # Load
-def _load_tensors(path: Path, rel: str) -> dict[str, torch.Tensor]:
-    f = path / rel
-    if not f.is_file():
+def _existing(path: Path, rel: str) -> Path:
+    if not (path / rel).is_file():
         raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is missing")
+    return path / rel
+
+
+def _corrupt(path: Path, rel: str, exc: BaseException) -> CheckpointError:
+    return CheckpointError(f"checkpoint {str(path)!r}: {rel} is corrupt ({_short(exc)})")
+
+
+def _load_tensors(path: Path, rel: str) -> dict[str, torch.Tensor]:
+    f = _existing(path, rel)
     try:
-        out: dict[str, torch.Tensor] = {}
         with safe_open(str(f), framework="pt", device="cpu") as st:
-            for k in st.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                out[k] = st.get_tensor(k)
-        return out
+            return {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118 - safe_open is not a Mapping
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is corrupt ({_short(exc)})") from None
+        raise _corrupt(path, rel, exc) from None
 
 
 def _load_json(path: Path, rel: str) -> Any:
-    f = path / rel
-    if not f.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is missing")
+    f = _existing(path, rel)
     try:
         return json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r}: {rel} is corrupt ({_short(exc)})") from None
+        raise _corrupt(path, rel, exc) from None
 
 
-def _guard(path: Path, rel: str, what: str) -> Callable[[BaseException], CheckpointError]:
-    def wrap(exc: BaseException) -> CheckpointError:
-        return CheckpointError(f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})")
+def _unrestorable(path: Path, rel: str, what: str, exc: BaseException) -> CheckpointError:
+    return CheckpointError(f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})")
 
-    return wrap
+
+def _check_class(meta: Mapping[str, object], obj: object, what: str) -> None:
+    """``meta`` (a saved state's JSON) was written by an ``obj`` of the same class (``what``: its kind)."""
+    if meta.get("class") != type(obj).__name__:
+        raise ValueError(f"it was written by a {meta.get('class')} {what}, got {type(obj).__name__}")
 
 
 def load_checkpoint(
@@ -478,11 +478,10 @@ def load_checkpoint(
     else:
         _read_manifest(path)
 
-    err = _guard(path, TRAINER_STATE, "the trainer state")
     try:
         state = TrainerState.from_json(_load_json(path, TRAINER_STATE))
     except ValueError as exc:
-        raise err(exc) from None
+        raise _unrestorable(path, TRAINER_STATE, "the trainer state", exc) from None
 
     # Parse everything before mutating anything, so a bad file leaves the objects untouched.
     weights = _load_tensors(path, POLICY_WEIGHTS)
@@ -493,16 +492,16 @@ def load_checkpoint(
     try:
         policy.load_tensors(weights)
     except ValueError as exc:
-        raise _guard(path, POLICY_WEIGHTS, "the policy weights")(exc) from None
+        raise _unrestorable(path, POLICY_WEIGHTS, "the policy weights", exc) from None
     try:
         optimizer.load_state_dict(opt_sd)
     except (KeyError, TypeError, ValueError) as exc:
-        raise _guard(path, OPTIMIZER_JSON, "the optimizer")(exc) from None
+        raise _unrestorable(path, OPTIMIZER_JSON, "the optimizer", exc) from None
     if scheduler is not None and sched_sd is not None:
         try:
             scheduler.load_state_dict(sched_sd)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise _guard(path, SCHEDULER_JSON, "the LR scheduler")(exc) from None
+            raise _unrestorable(path, SCHEDULER_JSON, "the LR scheduler", exc) from None
     _restore_rng(path, rng, py_rng, py_state)
     return state
 
@@ -513,41 +512,31 @@ def _read_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, A
         try:
             opt_tensors = read_optimizer_shards(path / OPTIMIZER_SHARDS)
         except Exception as exc:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r}: {OPTIMIZER_SHARDS} is corrupt ({_short(exc)})"
-            ) from None
+            raise _corrupt(path, OPTIMIZER_SHARDS, exc) from None
     else:
         opt_tensors = _load_tensors(path, OPTIMIZER_TENSORS)
     opt_meta = _load_json(path, OPTIMIZER_JSON)
-    err = _guard(path, OPTIMIZER_JSON, "the optimizer")
     try:
-        if opt_meta.get("class") != type(optimizer).__name__:
-            raise ValueError(
-                f"it was written by a {opt_meta.get('class')} optimizer, got {type(optimizer).__name__}"
-            )
+        _check_class(opt_meta, optimizer, "optimizer")
         return {
             "state": {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()},
             "param_groups": _decode(opt_meta["param_groups"], opt_tensors),
         }
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise err(exc) from None
+        raise _unrestorable(path, OPTIMIZER_JSON, "the optimizer", exc) from None
 
 
 def _read_scheduler(path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
     meta = _load_json(path, SCHEDULER_JSON)
-    err = _guard(path, SCHEDULER_JSON, "the LR scheduler")
     sched_tensors = _load_tensors(path, SCHEDULER_TENSORS) if (path / SCHEDULER_TENSORS).exists() else {}
     try:
-        if meta.get("class") != type(scheduler).__name__:
-            raise ValueError(
-                f"it was written by a {meta.get('class')} scheduler, got {type(scheduler).__name__}"
-            )
+        _check_class(meta, scheduler, "scheduler")
         sched_sd = _decode(meta["state"], sched_tensors)
         if not isinstance(sched_sd, dict):
             raise TypeError("state is not an object")
         return sched_sd
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise err(exc) from None
+        raise _unrestorable(path, SCHEDULER_JSON, "the LR scheduler", exc) from None
 
 
 def _read_rng(
@@ -563,7 +552,7 @@ def _read_rng(
     try:
         return rng, (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
+        raise _unrestorable(path, RNG_JSON, "the Python RNG", exc) from None
 
 
 def _restore_rng(
@@ -582,12 +571,12 @@ def _restore_rng(
                     torch.cuda.device_count(),
                 )
     except (RuntimeError, ValueError) as exc:
-        raise _guard(path, RNG_TENSORS, "the torch RNG")(exc) from None
+        raise _unrestorable(path, RNG_TENSORS, "the torch RNG", exc) from None
     if py_rng is not None and py_state is not None:
         try:
             py_rng.setstate(py_state)
         except (TypeError, ValueError) as exc:
-            raise _guard(path, RNG_JSON, "the Python RNG")(exc) from None
+            raise _unrestorable(path, RNG_JSON, "the Python RNG", exc) from None
 
 
 __all__ = [

@@ -73,11 +73,7 @@ class Batch:
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device`` (one copy per tensor; ``Tensor.to`` copies nothing on the same device)."""
-        ids, attn, mask, behaviour, versions, temperature = (
-            t.to(device, non_blocking=True)
-            for t in (self.ids, self.attn, self.mask, self.behaviour, self.versions, self.temperature)
-        )
-        return Batch(ids, attn, mask, behaviour, versions, temperature)
+        return Batch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
 
 
 def collate(batch: list[Trajectory], pad_id: int) -> Batch:
@@ -192,12 +188,8 @@ class Learner:
         self.build_optimizer()
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
         if tc.gradient_checkpointing:
-            hf: Any = self.model  # transformers >= 5.x names it activation_checkpointing_enable
-            enable = getattr(hf, "activation_checkpointing_enable", None)
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:  # pragma: no cover - older transformers
-                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf: Any = self.model  # a transformers model (or peft's wrapper of one)
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.parallelize(Single())
 

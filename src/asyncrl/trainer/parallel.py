@@ -1,16 +1,6 @@
 """Which parallelism a trainer rank runs: one object the learner asks, so its inner loop has no branches
-(in the spirit of torchtitan's ``ParallelDims``).
-
-:class:`Parallel` is the interface (its answers are one rank's: :class:`Single`); the learner asks it
-
-``wrap``         put the policy under the parallelism: the :attr:`~Parallel.scorer` the learner runs it through
-``own``          which micro-batches of a list this rank runs (``-1``: a padding pass of weight 0)
-``accumulate``   the context of one micro-batch's forward and backward (``last``: the one that synchronises)
-``sum_``         a tensor summed over the ranks (log-probs each computed by one rank, zero elsewhere)
-``reduce``       the minibatch's loss and micro-batch metrics from every rank, and each rank's count
-``clip``         clip the gradients; their norm as a plain tensor
-``full_policy``  the whole weights, to publish and checkpoint (rank 0)
-``tell``         rank 0 to the followers (:mod:`asyncrl.trainer.distributed`'s commands; nothing on one rank)
+(in the spirit of torchtitan's ``ParallelDims``). :class:`Parallel` is the interface (its answers are
+one rank's: :class:`Single`).
 
 :class:`Replicated` (``trainer.parallel: ddp``) runs the :class:`Scorer` under torch's
 ``DistributedDataParallel``: gradient accumulation under ``no_sync()`` for all but a rank's last

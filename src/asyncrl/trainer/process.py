@@ -118,24 +118,9 @@ class TrainerRole:
         self.buffer = ReplayBuffer.of(cfg, self.staleness, scorer=self._behaviour_kl)
         self.intake = Intake(self.queue, self.state, pull_size=2 * cfg.trainer.batch_size)  # entries: groups
         self.metrics = MetricWriter(run_dir / "metrics" / "trainer.jsonl", role="trainer", started=started)
-        self.tally: dict[str, float] = dict.fromkeys(
-            (
-                "samples_trained",
-                "tokens_trained",
-                "tokens_processed",
-                "truncated_tokens",
-                "zero_adv_samples",
-                "zero_adv_tokens",
-                "zero_adv_model_tokens",
-                "dropped_stale_tokens",
-                "dropped_other_tokens",
-                "bytes_published",
-            ),
-            0.0,
-        )
-        self.busy = self.idle = 0.0
-        self.learn = 0.0  # of busy: inside the learner's step (the rest of busy is framework overhead)
-        self.publish_s = 0.0  # of busy: writing weight versions
+        # cumulative figures: token accounting for the cost ledger, and the time split (learn and
+        # publish seconds are parts of busy; the rest of busy is framework overhead)
+        self.own = TrainerFigures()
         self.observe = TrainerTelemetry(cfg, run_dir)  # archive, lifecycle traces, batch statistics
         from asyncrl.bootstrap import torch_threads
 
@@ -173,8 +158,10 @@ class TrainerRole:
     def _record_drops(self, dropped: list[Dropped]) -> None:
         """Dropped samples: fate recorded and entries acknowledged now (no checkpoint needs to cover them)."""
         for d in dropped:
-            key = "dropped_stale_tokens" if d.reason == "dropped_stale" else "dropped_other_tokens"
-            self.tally[key] += d.traj.num_model_tokens()
+            if d.reason == "dropped_stale":
+                self.own.dropped_stale_tokens += d.traj.num_model_tokens()
+            else:
+                self.own.dropped_other_tokens += d.traj.num_model_tokens()
         if dropped:
             self.intake.settle((d.traj.id, d.reason, self.step, d.age) for d in dropped)
             self.state.record_dropped(len(dropped))  # returns the slots to the admission budget
@@ -205,10 +192,10 @@ class TrainerRole:
             step=self.step,
             canary=self.cfg.weights.canary,
         )
-        self.tally["bytes_published"] += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
+        self.own.bytes_published += sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
         self.last_published = self.version
         self.state.record_publish(self.version, republished=republished)
-        self.publish_s += time.perf_counter() - t0
+        self.own.publish_seconds += time.perf_counter() - t0
 
     def _checkpoint(self) -> None:
         from asyncrl.trainer.checkpoint import TrainerState, save_checkpoint
@@ -259,13 +246,13 @@ class TrainerRole:
                 self.parallel.beat()
                 if self.lender is not None:  # nothing to train: our cores go to the rollout workers
                     self.lender.waiting()
-                self.idle += time.perf_counter() - t0
+                self.own.idle_seconds += time.perf_counter() - t0
                 continue
             # 3. learn; a non-finite step is skipped and never published
             t_learn = time.perf_counter()
             self.parallel.tell(partial(Step.of, batch, self.version))  # the other ranks take the same step
             metrics = self.learner.step(batch, self.version)
-            self.learn += time.perf_counter() - t_learn
+            self.own.learn_seconds += time.perf_counter() - t_learn
             skipped = metrics["train/skipped"] > 0
             samples = members(batch)
             ages = [self.staleness.age(self.version, t.oldest_version() or 0) for t in samples]
@@ -297,7 +284,7 @@ class TrainerRole:
                 # 5. checkpoint every checkpoint_every steps
                 if self.step % tc.checkpoint_every == 0 or self.step == tc.total_steps:
                     self._checkpoint()
-            self.busy += time.perf_counter() - t0
+            self.own.busy_seconds += time.perf_counter() - t0
             self._report(metrics, samples)  # one row per trained batch: the data-freshness curve
             last = (metrics, samples)
         if self.intake.trained:
@@ -311,17 +298,17 @@ class TrainerRole:
     def _tally_batch(self, batch: list[Group]) -> None:
         """Token accounting for the cost ledger: trained, processed, and zero-signal groups."""
         for t in members(batch):
-            self.tally["samples_trained"] += 1
-            self.tally["tokens_trained"] += t.num_model_tokens()
-            self.tally["tokens_processed"] += len(t.token_ids())
+            self.own.samples_trained += 1
+            self.own.tokens_trained += t.num_model_tokens()
+            self.own.tokens_processed += len(t.token_ids())
         for group in batch:
             rows = group.members
             if len(rows) > 1 and len({m.final_reward for m in rows}) == 1:  # advantage 0 everywhere
-                self.tally["zero_adv_samples"] += len(rows)
-                self.tally["zero_adv_tokens"] += sum(len(m.token_ids()) for m in rows)
-                self.tally["zero_adv_model_tokens"] += sum(m.num_model_tokens() for m in rows)
+                self.own.zero_adv_samples += len(rows)
+                self.own.zero_adv_tokens += sum(len(m.token_ids()) for m in rows)
+                self.own.zero_adv_model_tokens += sum(m.num_model_tokens() for m in rows)
             else:  # disjoint from zero-advantage waste: early-terminated samples that did carry signal
-                self.tally["truncated_tokens"] += sum(
+                self.own.truncated_tokens += sum(
                     m.num_model_tokens()
                     for m in rows
                     if m.outcome in ("truncated", "timeout", "early_stopped")
@@ -329,19 +316,12 @@ class TrainerRole:
 
     def _report(self, metrics: dict[str, float], batch: list[Trajectory]) -> None:
         """One :class:`TrainerReport`: the learner's and the batch's figures, the trainer's own, the queue's."""
-        total = self.busy + self.idle
+        own = self.own
+        total = own.busy_seconds + own.idle_seconds
+        own.step, own.version = float(self.step), float(self.version)
+        own.buffer_size = float(len(self.buffer))
+        own.busy_fraction = own.busy_seconds / total if total else 0.0
         waits = [t.lifecycle.dequeued - t.lifecycle.enqueued for t in batch if t.lifecycle.enqueued]
-        own = TrainerFigures(
-            step=float(self.step),
-            version=float(self.version),
-            busy_fraction=self.busy / total if total else 0.0,
-            busy_seconds=self.busy,
-            idle_seconds=self.idle,
-            learn_seconds=self.learn,
-            publish_seconds=self.publish_s,
-            buffer_size=float(len(self.buffer)),
-            **self.tally,
-        )
         wait = LifecycleFigures(queue_wait_mean_s=sum(waits) / len(waits) if waits else 0.0)
         lent = {"cores": self.lender.figures()} if self.lender is not None else {}
         report = TrainerReport.of_figures(

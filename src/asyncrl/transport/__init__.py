@@ -1,12 +1,6 @@
-"""The trajectory bus: a durable, at-least-once queue from rollout workers to the trainer.
-
-Rollout workers :meth:`~TrajectoryQueue.put` whole groups (one entry per group); the trainer leases
-batches with :meth:`~TrajectoryQueue.get_batch` and :meth:`~TrajectoryQueue.ack`\\ s each entry once its fate is
-durable (acknowledgement by fate, :mod:`asyncrl.trainer.intake`). Entries
-not acked within ``transport.lease_seconds`` are redelivered, so delivery is at-least-once and
-**the consumer de-duplicates by trajectory id**. Semantics: :mod:`asyncrl.transport.base`;
-backend details: :mod:`asyncrl.transport.embedded` and :mod:`asyncrl.transport.redis_backend`
-(imported only when ``transport.kind: redis`` is used); all: ``docs/transport.md``.
+"""The trajectory bus from rollout workers to the trainer: semantics in :mod:`asyncrl.transport.base`,
+backends :mod:`asyncrl.transport.embedded` and :mod:`asyncrl.transport.redis_backend`, all in
+``docs/transport.md``; :func:`make_queue` picks one by ``transport.kind``.
 """
 
 from __future__ import annotations

@@ -149,8 +149,13 @@ class TrajectoryQueue(ABC):
     may open the same queue at once (each opens its own handle with :func:`make_queue`).
     """
 
-    capacity: int
-    lease_seconds: float
+    def __init__(self, capacity: int, lease_seconds: float) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        self.capacity = capacity
+        self.lease_seconds = float(lease_seconds)
 
     def put(self, group: Group, timeout: float | None = None) -> bool:
         """Enqueue ``group`` durably, whole; stamps each member's ``lifecycle.enqueued`` (on the caller's objects).
@@ -195,9 +200,18 @@ class TrajectoryQueue(ABC):
         Undecodable entries are dead-lettered on the way and never raise.
         """
 
-    @abstractmethod
     def ack(self, entry_ids: Sequence[str]) -> None:
-        """Acknowledge (and delete) delivered entries. Unknown or already-acked ids are ignored."""
+        """Acknowledge (and delete) delivered entries. Unknown or already-acked ids are ignored; a string
+        that is no entry id of this backend is a ``ValueError``."""
+        if isinstance(entry_ids, str):
+            raise TypeError("ack() takes a sequence of entry ids, not a single string")
+        ids = list(entry_ids)
+        if ids:
+            self._ack(ids)
+
+    @abstractmethod
+    def _ack(self, entry_ids: list[str]) -> None:
+        """:meth:`ack` of a non-empty list."""
 
     @abstractmethod
     def depth(self) -> int:

@@ -1,10 +1,7 @@
 """Embedded, durable trajectory queue: one SQLite database in WAL mode, no server.
 
-Several processes open ``run_dir/queue.sqlite`` at once, each with its own connection.
-Delivery semantics are those of :mod:`asyncrl.transport.base`: **at-least-once**, leases
-expire after ``lease_seconds`` and the entry is redelivered with ``attempts + 1``, and **the
-consumer de-duplicates by trajectory id** (an entry is one :class:`~asyncrl.records.Group`, keyed by
-the group's id).
+Several processes open ``run_dir/queue.sqlite`` at once, each with its own connection. Delivery
+semantics: :mod:`asyncrl.transport.base` (an entry is one group, keyed by the group's id).
 
 How the guarantees are met
 --------------------------
@@ -134,15 +131,10 @@ class EmbeddedQueue(TrajectoryQueue):
         busy_timeout_s: float,
         synchronous: Synchronous = "NORMAL",
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if lease_seconds <= 0:
-            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        super().__init__(capacity, lease_seconds)
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         self.path = Path(path)
-        self.capacity = capacity
-        self.lease_seconds = float(lease_seconds)
         self.synchronous: Synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.RLock()
@@ -295,17 +287,13 @@ class EmbeddedQueue(TrajectoryQueue):
             self._bump(conn, "redelivered_total", redelivered)
         return out
 
-    def ack(self, entry_ids: Sequence[str]) -> None:
-        if isinstance(entry_ids, str):
-            raise TypeError("ack() takes a sequence of entry ids, not a single string")
+    def _ack(self, entry_ids: list[str]) -> None:
         seqs: list[int] = []
         for entry_id in entry_ids:
             try:
                 seqs.append(int(entry_id))
             except (TypeError, ValueError):
                 raise ValueError(f"{entry_id!r} is not an entry id of this queue") from None
-        if not seqs:
-            return
         with self._write() as conn:
             acked = samples = 0
             for i in range(0, len(seqs), _ACK_CHUNK):

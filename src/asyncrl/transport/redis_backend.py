@@ -1,8 +1,6 @@
 """Redis Streams trajectory queue (``transport.kind: redis``).
 
-Delivery semantics are those of :mod:`asyncrl.transport.base`: **at-least-once**, leases
-expire after ``lease_seconds`` and the entry is redelivered with ``attempts + 1``, and **the
-consumer de-duplicates by trajectory id** (an entry is one :class:`~asyncrl.records.Group`).
+Delivery semantics: :mod:`asyncrl.transport.base`.
 
 Keys (one set per run; ``P = asyncrl:{<sha1(abs run_dir)[:12]>}``, the braces are a Redis
 Cluster hash tag so every key of a run lives in one slot and Lua scripts may touch them all):
@@ -48,7 +46,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -159,13 +157,8 @@ class RedisQueue(TrajectoryQueue):
         socket_timeout_s: float,
         prefix: str | None = None,
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if lease_seconds <= 0:
-            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        super().__init__(capacity, lease_seconds)
         self.url = url
-        self.capacity = capacity
-        self.lease_seconds = float(lease_seconds)
         self.prefix = prefix if prefix is not None else key_prefix(run_dir)
         self.stream_key = f"{self.prefix}:stream"
         self.ids_key = f"{self.prefix}:ids"
@@ -304,10 +297,7 @@ class RedisQueue(TrajectoryQueue):
             out.append(Delivery(entry_id=entry_id, group=group, attempts=tries))
         return out
 
-    def ack(self, entry_ids: Sequence[str]) -> None:
-        if isinstance(entry_ids, str):
-            raise TypeError("ack() takes a sequence of entry ids, not a single string")
-        ids = list(entry_ids)
+    def _ack(self, ids: list[str]) -> None:
         for entry_id in ids:
             if not isinstance(entry_id, str) or not _ENTRY_ID.match(entry_id):
                 raise ValueError(f"{entry_id!r} is not an entry id of this queue")

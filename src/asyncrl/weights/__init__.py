@@ -1,12 +1,6 @@
-"""Versioned weight snapshots published by the trainer and loaded by rollout workers.
-
-Snapshots are published atomically (temp dir + fsync + rename, then the ``latest`` pointer
-via ``os.replace``), verified by sha256 on load, and :meth:`WeightStore.load_latest` falls
-back to the newest older valid version when the newest is corrupt or partial. Tensors are
-stored with safetensors; manifests and the pointer are JSON (no pickle). The interface and its
-reader semantics: :mod:`asyncrl.weights.base`; backends: :mod:`asyncrl.weights.local` and
-:mod:`asyncrl.weights.shared` (imported only when ``weights.kind: shared`` is used); all:
-``docs/transport.md``.
+"""Versioned weight snapshots published by the trainer and loaded by rollout workers: the interface and
+its reader semantics in :mod:`asyncrl.weights.base`, backends :mod:`asyncrl.weights.local` and
+:mod:`asyncrl.weights.shared`, all in ``docs/transport.md``.
 """
 
 from __future__ import annotations

@@ -88,6 +88,14 @@ def _prepare_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+def parse_pointer(raw: bytes) -> tuple[int | None, str | None]:
+    """(version, None) of a stored pointer ``{"version": N}``, or (None, why it is corrupt)."""
+    try:
+        return check_version(json.loads(raw)["version"]), None
+    except (ValueError, TypeError, KeyError) as exc:
+        return None, f"latest pointer is corrupt ({exc}): {bytes(raw)[:80]!r}"
+
+
 class LocalWeightStore(WeightStore):
     """Snapshots under one directory on a local (POSIX) filesystem (``weights.kind: local``).
 
@@ -115,12 +123,7 @@ class LocalWeightStore(WeightStore):
             return None, None
         except OSError as exc:
             return None, f"latest pointer unreadable: {exc}"
-        try:
-            data = json.loads(raw)
-            version = data["version"]
-            return check_version(version), None
-        except (ValueError, TypeError, KeyError) as exc:
-            return None, f"latest pointer is corrupt ({exc}): {raw[:80]!r}"
+        return parse_pointer(raw)
 
     def _write_pointer(self, version: int) -> None:
         tmp = self.root / f".latest.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"

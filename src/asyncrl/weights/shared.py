@@ -31,8 +31,7 @@ from typing import Any
 
 from asyncrl.config import SharedWeightsConfig, default_of
 from asyncrl.credentials import key_prefix, mask_url, open_redis, with_retries
-from asyncrl.weights.base import check_version
-from asyncrl.weights.local import LocalWeightStore
+from asyncrl.weights.local import LocalWeightStore, parse_pointer
 
 # KEYS: pointer; ARGV: version, value. Returns 1 if set, 0 if the pointer already names >= version.
 _SET_POINTER_LUA = """
@@ -82,12 +81,7 @@ class SharedWeightStore(LocalWeightStore):
             raw = with_retries(lambda: self._r.get(self.key))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             return None, f"latest pointer unreadable (Redis at {mask_url(self.redis_url)}: {exc})"
-        if raw is None:
-            return None, None
-        try:
-            return check_version(json.loads(raw)["version"]), None
-        except (ValueError, TypeError, KeyError) as exc:
-            return None, f"latest pointer is corrupt ({exc}): {bytes(raw)[:80]!r}"
+        return (None, None) if raw is None else parse_pointer(raw)
 
     def _write_pointer(self, version: int) -> None:
         value = json.dumps({"version": version})

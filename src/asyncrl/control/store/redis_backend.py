@@ -114,16 +114,10 @@ class RedisStateStore(StateStore):
         with_retries(lambda: self._r.hset(self._counters, name, int(value)))
 
     def add(self, name: str, delta: int) -> int:
-        """Atomically add ``delta`` to counter ``name``; returns the new value (applied once)."""
         keys = [self._counters, self._receipt()]
         return int(with_retries(lambda: self._add_script(keys=keys, args=[name, int(delta), _OP_TTL_S])))
 
     def try_add_within(self, name: str, delta: int, limit_fn: Callable[[dict[str, int]], int]) -> bool:
-        """Atomically add ``delta`` to ``name`` if the result is at most ``limit_fn(all counters)``.
-
-        ``WATCH`` / ``MULTI`` / ``EXEC`` on the counters hash: the check is redone whenever another
-        process changed a counter between the read and the write.
-        """
         receipt = self._receipt()
 
         def attempt() -> bool:
@@ -160,7 +154,6 @@ class RedisStateStore(StateStore):
 
     # -- ledger -----------------------------------------------------------------------------
     def record(self, rows: Iterable[tuple[str, str, int, int]]) -> int:
-        """Record ``(traj_id, fate, step, age)`` rows; returns how many ids were already recorded."""
         args: list[Any] = [uuid.uuid4().hex, time.time()]
         for traj_id, fate, step, age in rows:
             args += [str(traj_id), str(fate), int(step), int(age)]
@@ -177,7 +170,6 @@ class RedisStateStore(StateStore):
         return {redis_text(k): int(v) for k, v in raw.items() if int(v)}
 
     def ages(self) -> list[int]:
-        """Age (in versions) of every trained sample (for the staleness histogram)."""
         return [int(v) for v in with_retries(lambda: self._r.lrange(self._ages, 0, -1))]
 
     # -- documents --------------------------------------------------------------------------

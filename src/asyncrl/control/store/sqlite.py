@@ -6,11 +6,12 @@ method is one transaction; the semantics are :class:`~asyncrl.control.store.base
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,39 +59,38 @@ class SQLiteStateStore(StateStore):
             self._db.execute(self._UPSERT, (name, int(value)))
 
     def add(self, name: str, delta: int) -> int:
-        """Atomically add ``delta`` to counter ``name``; returns the new value."""
-        value = 0
-
-        def bump(counters: dict[str, int]) -> bool:
-            nonlocal value
-            value = counters.get(name, 0) + int(delta)
-            return True
-
-        self._transact(name, delta, bump)
+        value = self._transact(name, delta, lambda _: True)
+        assert value is not None
         return value
 
     def try_add_within(self, name: str, delta: int, limit_fn: Callable[[dict[str, int]], int]) -> bool:
-        """Atomically add ``delta`` to counter ``name`` if ``limit_fn(counters)`` allows it.
+        """``limit_fn`` reads the counters inside the same write transaction: two workers can never both
+        take the last admission slot."""
+        return (
+            self._transact(name, delta, lambda c: c.get(name, 0) + int(delta) <= int(limit_fn(c))) is not None
+        )
 
-        ``limit_fn`` receives a dict of all counters (read inside the same write transaction) and
-        returns the largest value ``name`` may take. Used by the staleness budget so that two
-        workers can never both take the last admission slot.
-        """
-        return self._transact(name, delta, lambda c: c.get(name, 0) + int(delta) <= int(limit_fn(c)))
+    def _transact(self, name: str, delta: int, allowed: Callable[[dict[str, int]], bool]) -> int | None:
+        """Add ``delta`` to ``name`` if ``allowed(counters)``, in one write transaction; the new value or None."""
+        with self._write():
+            counters = {str(k): int(v) for k, v in self._db.execute("SELECT name, value FROM counters")}
+            if not allowed(counters):
+                return None
+            value = counters.get(name, 0) + int(delta)
+            self._db.execute(self._UPSERT, (name, value))
+            return value
 
-    def _transact(self, name: str, delta: int, allowed: Callable[[dict[str, int]], bool]) -> bool:
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """A ``BEGIN IMMEDIATE`` transaction under the lock, committed on success, rolled back on error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                counters = {str(k): int(v) for k, v in self._db.execute("SELECT name, value FROM counters")}
-                ok = allowed(counters)
-                if ok:
-                    self._db.execute(self._UPSERT, (name, counters.get(name, 0) + int(delta)))
-                self._db.execute("COMMIT")
+                yield
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return ok
+            self._db.execute("COMMIT")
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -111,29 +111,21 @@ class SQLiteStateStore(StateStore):
 
     # -- ledger -----------------------------------------------------------------------------
     def record(self, rows: Iterable[tuple[str, str, int, int]]) -> int:
-        """Record ``(traj_id, fate, step, age)`` rows; returns how many ids were already recorded."""
         dup = 0
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for traj_id, fate, step, age in rows:
-                    cur = self._db.execute(
-                        "INSERT OR IGNORE INTO ledger(traj_id, fate, step, age, at) VALUES(?, ?, ?, ?, ?)",
-                        (traj_id, fate, step, age, now),
-                    )
-                    if cur.rowcount == 0:
-                        dup += 1
-                if dup:
-                    self._db.execute(
-                        "INSERT INTO counters(name, value) VALUES('duplicates', ?) "
-                        "ON CONFLICT(name) DO UPDATE SET value=value+excluded.value",
-                        (dup,),
-                    )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._write():
+            for traj_id, fate, step, age in rows:
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO ledger(traj_id, fate, step, age, at) VALUES(?, ?, ?, ?, ?)",
+                    (traj_id, fate, step, age, now),
+                )
+                dup += cur.rowcount == 0
+            if dup:
+                self._db.execute(
+                    "INSERT INTO counters(name, value) VALUES('duplicates', ?) "
+                    "ON CONFLICT(name) DO UPDATE SET value=value+excluded.value",
+                    (dup,),
+                )
         return dup
 
     def ledger_ids(self) -> set[str]:
@@ -147,7 +139,6 @@ class SQLiteStateStore(StateStore):
             }
 
     def ages(self) -> list[int]:
-        """Age (in versions) of every trained sample (for the staleness histogram)."""
         with self._lock:
             return [int(r[0]) for r in self._db.execute("SELECT age FROM ledger WHERE fate='trained'")]
 
