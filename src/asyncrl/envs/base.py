@@ -24,6 +24,7 @@ import inspect
 import random
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -353,10 +354,10 @@ class EpisodeRewards:
         self.results: list[str] = []
         self.used: set[int] = set()
 
-    def _uses(self, text: str, matches: Callable[[str, str], bool]) -> tuple[float, list[int]]:
+    def _uses(self, text: str, matches: Callable[[str, str], bool]) -> float:
         hits = [i for i, r in enumerate(self.results) if i not in self.used and matches(text, r)]
         self.used.update(hits)
-        return (REWARD_USES_RESULT if hits else 0.0), hits
+        return REWARD_USES_RESULT if hits else 0.0
 
     def tool_ok(
         self, name: str, args: str, result: str, matches: Callable[[str, str], bool]
@@ -367,7 +368,7 @@ class EpisodeRewards:
         if key not in self.calls:
             parts["well_formed"] = REWARD_WELL_FORMED
             self.calls.add(key)
-        bonus, _ = self._uses(args, matches)
+        bonus = self._uses(args, matches)
         if bonus:
             parts["uses_result"] = bonus
         self.results.append(result)
@@ -376,14 +377,32 @@ class EpisodeRewards:
     def tool_error(self) -> tuple[float, dict[str, float]]:
         return REWARD_TOOL_ERROR, {"tool_error": REWARD_TOOL_ERROR}
 
+    def tool_step(
+        self, name: str, args: str, ok: bool, text: str, started: float, matches: Callable[[str, str], bool]
+    ) -> StepResult:
+        """The step that answers a tool call: its result ``text`` (``error: TEXT`` when not ``ok``), its
+        process reward and its :class:`ToolCall` (``started``: ``time.monotonic()`` before the call)."""
+        call = tool_call(name, args, ok, text, started)
+        reward, parts = self.tool_ok(name, args, text, matches) if ok else self.tool_error()
+        info = {"action": "tool", "reward_parts": parts}
+        return StepResult(text if ok else f"error: {text}", reward, info=info, tool_call=call)
+
     def malformed(self, reason: str) -> StepResult:
         """The step that answers a malformed action (or a call of an unknown tool): ``error: REASON``."""
         info = {"action": "malformed", "reward_parts": {"malformed": REWARD_MALFORMED}}
         return StepResult(f"error: {reason}", process_reward=REWARD_MALFORMED, malformed=True, info=info)
 
     def answer(self, answer: str, matches: Callable[[str, str], bool]) -> tuple[float, dict[str, float]]:
-        bonus, _ = self._uses(answer, matches)
+        bonus = self._uses(answer, matches)
         return (bonus, {"uses_result": bonus}) if bonus else (0.0, {})
+
+
+def tool_call(name: str, args: str, ok: bool, text: str, started: float) -> ToolCall:
+    """The record of a call that returned ``text`` (its result, or its error when not ``ok``)."""
+    result, error = (text, "") if ok else ("", text)
+    return ToolCall(
+        name=name, arguments=args, ok=ok, result=result, error=error, latency_s=time.monotonic() - started
+    )
 
 
 def _clamp(x: float) -> float:

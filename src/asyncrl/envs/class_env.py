@@ -47,12 +47,13 @@ from asyncrl.envs.base import (
     parse_action,
     repeat_final,
     task_id,
+    tool_call,
 )
 from asyncrl.envs.class_tools import call_tool, class_tools, load_object
 from asyncrl.envs.dataset_env import RowTasks
 from asyncrl.envs.imports import EnvPluginError
 from asyncrl.errors import UserError
-from asyncrl.records import Task, ToolCall
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import ClassEnvConfig, EnvConfig
@@ -76,17 +77,9 @@ class ClassTasks(RowTasks):
     salt = "class"
     path_field = f"{FIELD}.rows"
 
-    def __init__(self, cc: ClassEnvConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+    def __init__(self, cc: ClassEnvConfig, **kwargs: int) -> None:
         self.cc = cc
-        super().__init__(
-            cc.rows,
-            split_field=cc.split_field,
-            heldout_value=cc.heldout_value,
-            seed=seed,
-            heldout_size=heldout_size,
-            lo=lo,
-            hi=hi,
-        )
+        super().__init__(cc.rows, cc, **kwargs)
 
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
         cc = self.cc
@@ -198,9 +191,6 @@ class ClassEnv:
         if self._final is not None:  # a retried final step: the same result again
             return repeat_final(self._final)
         action = parse_action(model_text)
-        if isinstance(action, MalformedAction):
-            self._completion.append({"role": "assistant", "content": model_text})
-            return StepResult(f"error: {action.reason}", info={"action": "malformed"}, malformed=True)
         if isinstance(action, AnswerAction):
             self._completion.append({"role": "assistant", "content": action.answer})
             reward = await self._reward()
@@ -210,25 +200,18 @@ class ClassEnv:
                 f"reward {reward:g}", done=True, reward=reward, outcome=outcome, info=info
             )
             return self._final
-        tool = self._tools.get(action.name)
-        if tool is None:
+        if isinstance(action, MalformedAction) or action.name not in self._tools:
             self._completion.append({"role": "assistant", "content": model_text})
             names = ", ".join(self._tools) or "none"
-            return StepResult(
-                f"error: unknown tool {action.name!r}; tools: {names}",
-                info={"action": "malformed"},
-                malformed=True,
+            reason = (
+                action.reason
+                if isinstance(action, MalformedAction)
+                else f"unknown tool {action.name!r}; tools: {names}"
             )
+            return StepResult(f"error: {reason}", info={"action": "malformed"}, malformed=True)
         started = time.monotonic()
-        ok, text = await call_tool(self.instance, tool, action.args)
-        call = ToolCall(
-            name=action.name,
-            arguments=action.args,
-            ok=ok,
-            result=text if ok else "",
-            error="" if ok else text,
-            latency_s=time.monotonic() - started,
-        )
+        ok, text = await call_tool(self.instance, self._tools[action.name], action.args)
+        call = tool_call(action.name, action.args, ok, text, started)
         observation = text if ok else f"error: {text}"
         function = {"name": action.name, "arguments": action.args}
         self._completion.append(

@@ -20,14 +20,15 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from asyncrl.envs.answer_env import AnswerEnv, answer_section
+from asyncrl.envs.answer_env import AnswerEnv
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
 from asyncrl.envs.scoring import Scorer, load_scorer, refuse_lenient_scorer, safe_score
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
-    from asyncrl.config import DatasetConfig, EnvConfig
+    from asyncrl.config import ClassEnvConfig, DatasetConfig, EnvConfig
 
 __all__ = ["DatasetEnv", "DatasetTasks", "RowTasks", "read_rows"]
 
@@ -98,19 +99,20 @@ class RowTasks(HashSplitTaskSource):
     def __init__(
         self,
         path: str,
+        section: DatasetConfig | ClassEnvConfig,
         *,
-        split_field: str | None,
-        heldout_value: str,
         seed: int,
         heldout_size: int,
         lo: int,
         hi: int,
     ) -> None:
+        """The rows of ``path``; ``section`` names the split column and its held-out value."""
         tasks = [(self.row_task(i, row), row) for i, row in enumerate(read_rows(path, self.path_field))]
         if not tasks:
             raise UserError(f"{self.path_field} {path!r} has no rows")
-        self.split = split_field
-        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == heldout_value}
+        self.split = section.split_field
+        held_value = section.heldout_value
+        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == held_value}
         self.difficulties = tuple(sorted({t.difficulty for t, _ in tasks}))
         super().__init__(seed=seed, heldout_size=heldout_size, min_difficulty=lo, max_difficulty=hi)
         held = [t for t, _ in tasks if self.is_heldout(t) and t.difficulty in self.active_difficulties]
@@ -148,17 +150,9 @@ class DatasetTasks(RowTasks):
     task_types = ("dataset",)
     salt = "dataset"
 
-    def __init__(self, dc: DatasetConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+    def __init__(self, dc: DatasetConfig, **kwargs: int) -> None:
         self.dc = dc
-        super().__init__(
-            dc.path,
-            split_field=dc.split_field,
-            heldout_value=dc.heldout_value,
-            seed=seed,
-            heldout_size=heldout_size,
-            lo=lo,
-            hi=hi,
-        )
+        super().__init__(dc.path, dc, **kwargs)
         self.scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
         sample = self.train[: dc.hygiene_tasks]
         refuse_lenient_scorer(
@@ -206,7 +200,7 @@ class DatasetEnv(AnswerEnv):
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> DatasetEnv:
-        return cls(answer_section(cfg, cls.kind), cfg)
+        return cls(env_section(cfg, cfg.dataset), cfg)
 
     @staticmethod
     def gold(task: Task) -> str:

@@ -28,10 +28,11 @@ from asyncrl.envs.base import (
     parse_action,
     repeat_final,
 )
-from asyncrl.envs.gem_env import SeedTasks, ecosystem_section
+from asyncrl.envs.gem_env import SeedTasks
 from asyncrl.envs.imports import import_object
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
-from asyncrl.records import Task, ToolCall
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
@@ -132,11 +133,11 @@ class OpenEnvEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> OpenEnvEnv:
-        return cls(ecosystem_section(cfg, cfg.openenv))
+        return cls(env_section(cfg, cfg.openenv))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> SeedTasks:
-        oc = ecosystem_section(cfg, cfg.openenv)
+        oc = env_section(cfg, cfg.openenv)
         return SeedTasks(oc.path, oc.seeds, seed=cfg.seed, heldout_size=cfg.heldout_size, prefix="openenv")
 
     def reset(self, task: Task) -> str:
@@ -156,16 +157,9 @@ class OpenEnvEnv:
                     "episode over: this environment takes tool calls", done=True, outcome="failure"
                 )
                 return self._final
-            name, args = (
-                self.oc.answer_tool,
-                json.dumps(
-                    {
-                        next(
-                            iter(self.schemas[self.oc.answer_tool].get("properties") or {"answer": 0})
-                        ): action.answer
-                    }
-                ),
-            )
+            name = self.oc.answer_tool
+            arg = next(iter(self.schemas[name].get("properties") or {"answer": 0}))
+            args = json.dumps({arg: action.answer})
         else:
             name, args = action.name, action.args
         if name not in self.schemas:
@@ -183,24 +177,7 @@ class OpenEnvEnv:
             err = getattr(obs, "error", None)
             error = str(getattr(err, "message", err)) if err is not None else ""
         text = error or observation_text(obs)
-        call = ToolCall(
-            name=name,
-            arguments=args,
-            ok=not error,
-            result="" if error else text,
-            error=error,
-            latency_s=time.monotonic() - started,
-        )
-        if error:
-            reward, parts = self.rewards.tool_error()
-        else:
-            reward, parts = self.rewards.tool_ok(name, args, text, lambda a, b: False)
-        result = StepResult(
-            text if not error else f"error: {error}",
-            process_reward=reward,
-            tool_call=call,
-            info={"action": "tool", "reward_parts": parts},
-        )
+        result = self.rewards.tool_step(name, args, not error, text, started, lambda a, b: False)
         if obs is not None and getattr(obs, "done", False):
             final = float(obs.reward or 0.0)
             result.done, result.reward = True, final

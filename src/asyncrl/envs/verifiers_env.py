@@ -21,8 +21,8 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import StepResult, task_id
-from asyncrl.envs.gem_env import ecosystem_section
 from asyncrl.envs.imports import import_object
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
@@ -118,11 +118,11 @@ class VerifiersEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> VerifiersEnv:
-        return cls(ecosystem_section(cfg, cfg.verifiers))
+        return cls(env_section(cfg, cfg.verifiers))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> VerifiersTasks:
-        return VerifiersTasks(ecosystem_section(cfg, cfg.verifiers), cfg.heldout_size)
+        return VerifiersTasks(env_section(cfg, cfg.verifiers), cfg.heldout_size)
 
     async def reset(self, task: Task) -> str:
         data = self.env.get_eval_dataset() if task.payload["split"] == "eval" else self.env.get_dataset()
