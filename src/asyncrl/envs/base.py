@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
@@ -42,6 +42,7 @@ __all__ = [
     "REWARD_USES_RESULT",
     "REWARD_WELL_FORMED",
     "AnswerAction",
+    "CallTimeout",
     "Environment",
     "EpisodeRewards",
     "HashSplitTaskSource",
@@ -52,6 +53,7 @@ __all__ = [
     "Tool",
     "ToolCallAction",
     "call_env",
+    "call_with_timeout",
     "close_env",
     "is_async_method",
     "parse_action",
@@ -215,6 +217,50 @@ def _as_exception(exc: BaseException) -> Exception:
     wrapped = RuntimeError(f"{type(exc).__name__}: {exc}")
     wrapped.__cause__ = exc
     return wrapped
+
+
+class CallTimeout(Exception):
+    """A call gave no result within its time limit; it was cancelled and abandoned."""
+
+
+async def call_with_timeout(fn: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+    """``await fn()`` for at most ``timeout`` seconds, else :class:`CallTimeout`.
+
+    A call that times out is cancelled but not awaited, so an environment that swallows the
+    cancellation cannot stall the caller. Whatever ``fn`` raises (``SystemExit``, its own
+    ``CancelledError``) arrives as an ``Exception``; cancelling the caller cancels the call.
+    """
+
+    async def run() -> tuple[bool, Any]:
+        try:
+            return True, await fn()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit etc. must not reach the loop
+            return False, exc
+
+    task = asyncio.ensure_future(run())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_consume)
+        raise CallTimeout(f"no result within {timeout:g}s")
+    if task.cancelled():  # not by us: the call raised CancelledError itself
+        raise _as_exception(asyncio.CancelledError("raised by the environment"))
+    ok, value = task.result()
+    if not ok:
+        raise _as_exception(value)
+    return value
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def call_env(fn: Callable[..., Any], *args: Any) -> Any:

@@ -45,10 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import (
     AnyEnvironment,
+    CallTimeout,
     StepResult,
     Tool,
     ToolCallAction,
     call_env,
+    call_with_timeout,
     close_env,
     parse_action,
 )
@@ -264,15 +266,14 @@ def _finite(value: object, name: str) -> float:
     return x
 
 
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    if (
-        isinstance(exc, RuntimeError)
-        and isinstance(exc.__cause__, BaseException)
-        and str(exc).startswith(type(exc.__cause__).__name__)
-    ):
-        text = str(exc)
-    return text[:500]
+def _describe(exc: Exception) -> str:
+    """``Type: message``; a ``SystemExit`` or ``CancelledError`` wrapped by :func:`call_with_timeout` by
+    its own message, which names it."""
+    cause = exc.__cause__
+    wrapped = (
+        isinstance(exc, RuntimeError) and cause is not None and str(exc).startswith(type(cause).__name__)
+    )
+    return (str(exc) if wrapped else f"{type(exc).__name__}: {exc}")[:500]
 
 
 class AnswerCostWrapper(EnvWrapper):
@@ -306,31 +307,12 @@ class GuardedEnv(EnvWrapper):
 
     async def _attempt(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """One attempt with the timeout; converts every failure into :class:`_AttemptFailed`."""
-
-        async def run() -> tuple[bool, Any]:
-            try:
-                return True, await call()
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # SystemExit etc. must not reach the loop
-                return False, exc
-
-        task = asyncio.ensure_future(run())
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.cfg.step_timeout_s)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            task.cancel()  # not awaited: an environment that ignores cancellation cannot stall us
-            task.add_done_callback(_consume)
-            raise _AttemptFailed("timeout", f"no result within {self.cfg.step_timeout_s:g}s")
-        if task.cancelled():  # we did not cancel it: the environment raised CancelledError itself
-            raise _AttemptFailed("exception", "CancelledError raised by the environment")
-        ok, value = task.result()
-        if not ok:
-            raise _AttemptFailed("exception", _describe(value))
-        return value
+            return await call_with_timeout(call, self.cfg.step_timeout_s)
+        except CallTimeout as exc:
+            raise _AttemptFailed("timeout", str(exc)) from None
+        except Exception as exc:
+            raise _AttemptFailed("exception", _describe(exc)) from None
 
     async def _guarded(
         self, call: Callable[[], Awaitable[Any]], validate: Callable[[Any], Any]
@@ -457,9 +439,3 @@ def _count_failed_attempt(kind: str, seconds: float, *, retried: bool) -> None:
         GUARD_STATS.exceptions += 1
     else:
         GUARD_STATS.malformed += 1
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    """Retrieve an abandoned attempt's outcome so asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()
