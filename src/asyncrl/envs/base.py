@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
+import math
+import numbers
 import random
 import re
 import threading
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from asyncrl.records import Fault, ToolCall
+from asyncrl.records import OUTCOMES, Fault, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
@@ -156,6 +158,43 @@ class SyncEnvironment(Protocol):
 
 AnyEnvironment: TypeAlias = Environment | SyncEnvironment
 """What every caller of an environment accepts: either flavour (each call goes through :func:`call_env`)."""
+
+
+def finite(x: object) -> bool:
+    """Whether ``x`` is a real number (not a bool) whose float is finite."""
+    try:
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def step_problems(res: object) -> list[tuple[str, str]]:
+    """What breaks the step contract in ``res``, in words, each with its :class:`~asyncrl.records.Fault`
+    kind: ``bad_reward`` for a reward that is not a finite number, else ``malformed``."""
+    if not isinstance(res, StepResult):
+        return [("malformed", f"step() returned {type(res).__name__}, expected asyncrl.envs.StepResult")]
+    out = []
+    if not isinstance(res.observation, str):
+        out.append(("malformed", f"observation is {type(res.observation).__name__}, expected str"))
+    for name, x in (("process_reward", res.process_reward), ("reward", res.reward)):
+        if not finite(x):
+            number = isinstance(x, numbers.Real) and not isinstance(x, bool)
+            out.append(
+                ("bad_reward", f"{name} is {x if number else type(x).__name__}, expected a finite number")
+            )
+    if not isinstance(res.done, bool):
+        out.append(("malformed", f"done is {type(res.done).__name__}, expected bool"))
+    if res.outcome is not None and res.outcome not in OUTCOMES:
+        out.append(("malformed", f"outcome {res.outcome!r} is not one of {', '.join(OUTCOMES)}"))
+    if res.done and res.outcome is None:
+        out.append(("malformed", "done=True needs an outcome (e.g. 'success' or 'failure')"))
+    if not isinstance(res.info, dict):
+        out.append(("malformed", f"info is {type(res.info).__name__}, expected dict"))
+    if res.tool_call is not None and not isinstance(res.tool_call, ToolCall):
+        out.append(("malformed", f"tool_call is {type(res.tool_call).__name__}, expected ToolCall"))
+    if not isinstance(res.malformed, bool):
+        out.append(("malformed", f"malformed is {type(res.malformed).__name__}, expected bool"))
+    return out
 
 
 def repeat_final(final: StepResult) -> StepResult:

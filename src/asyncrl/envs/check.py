@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
-import numbers
 import random
 import threading
 import time
@@ -37,11 +35,13 @@ from asyncrl.envs.base import (
     call_env,
     call_with_timeout,
     close_env,
+    finite,
     is_async_method,
+    step_problems,
 )
 from asyncrl.envs.mix import MixTaskSource, mix_members
 from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
-from asyncrl.records import OUTCOMES, Task
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig, SFTConfig
@@ -97,29 +97,11 @@ def _exc(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _is_finite(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
 def _step_problems(res: object) -> list[str]:
-    """Contract violations of one step result, in words."""
-    if not isinstance(res, StepResult):
-        return [f"step() returned {type(res).__name__}, expected asyncrl.envs.StepResult"]
-    out = []
-    if not isinstance(res.observation, str):
-        out.append(f"observation is {type(res.observation).__name__}, expected str")
-    if not _is_finite(res.process_reward):
-        out.append(f"process_reward is {res.process_reward!r}, expected a finite number")
-    elif not -1.0 <= float(res.process_reward) <= 1.0:
+    """Contract violations of one step result, in words (the guard's, and a process reward outside [-1, 1])."""
+    out = [message for _, message in step_problems(res)]
+    if isinstance(res, StepResult) and finite(res.process_reward) and not -1.0 <= res.process_reward <= 1.0:
         out.append(f"process_reward {res.process_reward} is outside [-1, 1]")
-    if not _is_finite(res.reward):
-        out.append(f"reward is {res.reward!r}, expected a finite number")
-    if not isinstance(res.done, bool):
-        out.append(f"done is {type(res.done).__name__}, expected bool")
-    if res.done and res.outcome not in OUTCOMES:
-        out.append(f"done=True with outcome {res.outcome!r}; use one of {', '.join(OUTCOMES)}")
-    if not isinstance(res.info, dict):
-        out.append(f"info is {type(res.info).__name__}, expected dict")
     return out
 
 
@@ -205,7 +187,7 @@ class _Checker:
                 )
         res = await self.step("malformed action", where, "this is not an action")
         ok &= res is not None
-        if res is not None and _is_finite(res.process_reward) and res.process_reward > 0:
+        if res is not None and finite(res.process_reward) and res.process_reward > 0:
             add(
                 "warning",
                 "malformed action",

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import numbers
 import os
 import random
 import time
@@ -53,9 +52,10 @@ from asyncrl.envs.base import (
     call_with_timeout,
     close_env,
     parse_action,
+    step_problems,
 )
 from asyncrl.envs.toolenv import VERIFIER_CACHE
-from asyncrl.records import OUTCOMES, Fault, ToolCall
+from asyncrl.records import Fault, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import FaultConfig, GuardConfig, LatencyConfig
@@ -254,18 +254,6 @@ class _AttemptFailed(Exception):
         self.message = message
 
 
-def _finite(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _AttemptFailed("bad_reward", f"{name} is {type(value).__name__}, expected a number")
-    try:
-        x = float(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise _AttemptFailed("bad_reward", f"{name} is not convertible to float: {exc}") from None
-    if not math.isfinite(x):
-        raise _AttemptFailed("bad_reward", f"{name} is {x}, expected a finite number")
-    return x
-
-
 def _describe(exc: Exception) -> str:
     """``Type: message``; a ``SystemExit`` or ``CancelledError`` wrapped by :func:`call_with_timeout` by
     its own message, which names it."""
@@ -344,32 +332,14 @@ class GuardedEnv(EnvWrapper):
         return self._check_text(value, "reset() result")
 
     def _validate_step(self, value: object) -> StepResult:
-        if not isinstance(value, StepResult):
-            raise _AttemptFailed("malformed", f"step() returned {type(value).__name__}, expected StepResult")
-        observation = self._check_text(value.observation, "observation")
-        process_reward = _finite(value.process_reward, "process_reward")
-        reward = _finite(value.reward, "reward")
-        if not isinstance(value.done, bool):
-            raise _AttemptFailed("malformed", f"done is {type(value.done).__name__}, expected bool")
-        if value.outcome is not None and value.outcome not in OUTCOMES:
-            raise _AttemptFailed(
-                "malformed", f"outcome {value.outcome!r} is not one of {', '.join(OUTCOMES)}"
-            )
-        if value.done and value.outcome is None:
-            raise _AttemptFailed("malformed", "done=True needs an outcome (e.g. 'success' or 'failure')")
-        if not isinstance(value.info, dict):
-            raise _AttemptFailed("malformed", f"info is {type(value.info).__name__}, expected dict")
-        if value.tool_call is not None and not isinstance(value.tool_call, ToolCall):
-            raise _AttemptFailed(
-                "malformed", f"tool_call is {type(value.tool_call).__name__}, expected ToolCall"
-            )
-        if not isinstance(value.malformed, bool):
-            raise _AttemptFailed("malformed", f"malformed is {type(value.malformed).__name__}, expected bool")
+        if problems := step_problems(value):
+            raise _AttemptFailed(*problems[0])
+        assert isinstance(value, StepResult)
         return StepResult(  # fault / retried_faults are the guard's to set, never the environment's
-            observation=observation,
-            process_reward=process_reward,
+            observation=self._check_text(value.observation, "observation"),
+            process_reward=float(value.process_reward),
             done=value.done,
-            reward=reward,
+            reward=float(value.reward),
             outcome=value.outcome,
             info=dict(value.info),
             tool_call=value.tool_call,
