@@ -101,19 +101,15 @@ class SandboxResult:
         """Short plain-ASCII text for an observation: stdout when ok, else ``error: ...``."""
         if self.ok:
             text = self.stdout.strip() or "(no output; use print)"
-        elif self.error == "timeout":
-            text = f"error: timeout (wall limit {self.detail})"
-        elif self.error == "cpu_limit":
-            text = "error: CPU time limit exceeded"
-        elif self.error == "output_limit":
-            text = "error: output too long"
-        elif self.error == "sandbox_error":
-            text = f"error: sandbox unavailable: {self.detail}"
-        elif self.error == "bad_code":
-            text = f"error: {self.detail}"
         else:
             lines = [ln.strip() for ln in self.stderr.strip().splitlines() if ln.strip()]
-            text = "error: " + (lines[-1] if lines else self.detail or f"exit status {self.returncode}")
+            text = "error: " + {
+                "timeout": f"timeout (wall limit {self.detail})",
+                "cpu_limit": "CPU time limit exceeded",
+                "output_limit": "output too long",
+                "sandbox_error": f"sandbox unavailable: {self.detail}",
+                "bad_code": self.detail,
+            }.get(self.error or "", lines[-1] if lines else self.detail or f"exit status {self.returncode}")
         text = text.encode("ascii", "replace").decode("ascii")
         return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
@@ -164,16 +160,10 @@ try:
     ns_net = ns_fs = True
 except OSError as e:
     state["notes"].append("namespaces: " + str(e))
-    if not root:
-        try:
-            unshare(NEWUSER | NEWNET); ns_net = True
-        except OSError as e2:
-            state["notes"].append("net namespace: " + str(e2))
-    else:
-        try:
-            unshare(NEWNET); ns_net = True
-        except OSError as e2:
-            state["notes"].append("net namespace: " + str(e2))
+    try:
+        unshare(NEWNET if root else NEWUSER | NEWNET); ns_net = True
+    except OSError as e2:
+        state["notes"].append("net namespace: " + str(e2))
 if ns_net:
     state["isolation"].append("net")
 python = cfg["python"]
@@ -452,15 +442,8 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
         }
         return await _spawn(code, cfg, limits, uid if is_root else None, started)
     except Exception as exc:  # host-side problem: report, never raise into the environment
-        return SandboxResult(
-            False,
-            "",
-            "",
-            None,
-            "sandbox_error",
-            wall_s=time.monotonic() - started,
-            detail=f"{type(exc).__name__}: {exc}",
-        )
+        wall, detail = time.monotonic() - started, f"{type(exc).__name__}: {exc}"
+        return SandboxResult(False, "", "", None, "sandbox_error", wall_s=wall, detail=detail)
     finally:
         if top:
             shutil.rmtree(top, ignore_errors=True)
@@ -473,14 +456,9 @@ async def _spawn(
     status_r, status_w = os.pipe()
     cfg["status_fd"] = status_w
     try:
+        argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(cfg), code]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            LAUNCHER,
-            json.dumps(cfg),
-            code,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
