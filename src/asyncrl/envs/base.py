@@ -567,7 +567,7 @@ class HashSplitTaskSource(ABC):
         if not allowed:
             raise ValueError(
                 f"{type(self).__name__} supports difficulties {list(self.difficulties)}; "
-                f"the configured range [{lo}, {hi}] contains none of them"
+                f"env.min_difficulty..max_difficulty = {lo}..{hi} contains none of them"
             )
         self.seed = seed
         self.active_difficulties: tuple[int, ...] = tuple(allowed)
@@ -577,13 +577,7 @@ class HashSplitTaskSource(ABC):
     @classmethod
     def from_config(cls, cfg: EnvConfig, **kwargs: Any) -> HashSplitTaskSource:
         """Build from an :class:`~asyncrl.config.EnvConfig` (seed, difficulty range, held-out size)."""
-        lo = max(cfg.min_difficulty, cls.difficulties[0])
-        hi = min(cfg.max_difficulty, cls.difficulties[-1])
-        if lo > hi:
-            raise ValueError(
-                f"env.kind {cfg.kind!r} supports difficulties {list(cls.difficulties)}; "
-                f"env.min_difficulty..max_difficulty = {cfg.min_difficulty}..{cfg.max_difficulty} contains none"
-            )
+        lo, hi = cfg.min_difficulty, cfg.max_difficulty
         return cls(
             seed=cfg.seed, min_difficulty=lo, max_difficulty=hi, heldout_size=cfg.heldout_size, **kwargs
         )
@@ -599,8 +593,7 @@ class HashSplitTaskSource(ABC):
 
     # -- provided -----------------------------------------------------------------------------
     def is_heldout(self, task: Task) -> bool:
-        digest = hashlib.sha256(f"{self.salt}|{self.content_key(task)}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") % 1000 < self.heldout_permille
+        return in_heldout_bucket(self.salt, self.content_key(task), self.heldout_permille)
 
     def _check_difficulty(self, difficulty: int) -> None:
         if difficulty not in self.difficulties:
@@ -646,6 +639,11 @@ class HashSplitTaskSource(ABC):
                 tasks.append(task)
             self._heldout = tasks
         return list(self._heldout)
+
+
+def in_heldout_bucket(salt: str, key: str, permille: int) -> bool:
+    """Whether content ``key`` hashes (with ``salt``) into the first ``permille`` of 1000 buckets."""
+    return int.from_bytes(hashlib.sha256(f"{salt}|{key}".encode()).digest()[:8], "big") % 1000 < permille
 
 
 def task_id(prefix: str, key: str) -> str:

@@ -21,6 +21,7 @@ Example (difficulty 2 = two hops = two lookups; names vary with the seed)::
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -140,21 +141,8 @@ class KnowledgeBase:
         return out
 
 
-_KB_CACHE: dict[tuple[int, int, int, int, int], KnowledgeBase] = {}
-
-
-def get_kb(seed: int, **sizes: int) -> KnowledgeBase:
-    """Cached :meth:`KnowledgeBase.generate` (environments and task sources share one KB)."""
-    key = (
-        seed,
-        sizes.get("num_people", 200),
-        sizes.get("num_cities", 24),
-        sizes.get("num_countries", 8),
-        sizes.get("num_companies", 16),
-    )
-    if key not in _KB_CACHE:
-        _KB_CACHE[key] = KnowledgeBase.generate(*key)
-    return _KB_CACHE[key]
+get_kb = functools.cache(KnowledgeBase.generate)
+"""Cached :meth:`KnowledgeBase.generate` (environments and task sources share one KB)."""
 
 
 _SIZE_OPTIONS = ("num_people", "num_cities", "num_countries", "num_companies")

@@ -165,14 +165,12 @@ class LatencyWrapper(EnvWrapper):
         c = self.cfg
         if c.kind == "none" or c.seconds <= 0:
             return 0.0
-        if c.kind == "constant":
-            delay = c.seconds
-        elif c.kind == "lognormal":
+        if c.kind == "lognormal":
             delay = self.rng.lognormvariate(math.log(c.seconds), c.sigma)
         elif c.kind == "pareto":
             delay = c.seconds * self.rng.paretovariate(c.alpha)
         else:
-            raise ValueError(f"unknown latency kind {c.kind!r}")
+            delay = c.seconds
         return min(delay, c.max_seconds)
 
     async def step(self, model_text: str) -> StepResult:
