@@ -83,11 +83,8 @@ class ClassTasks(RowTasks):
 
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
         cc = self.cc
-        for name in (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field):
-            if name is not None and row.get(name) is None:
-                raise UserError(
-                    f"{self.path_field} {cc.rows!r}: row {i} has no field {name!r} (it has {sorted(row)})"
-                )
+        fields = (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field)
+        difficulty = self.checked_difficulty(i, row, fields, cc.difficulty_field)
         try:
             key = msgspec.json.encode(row, order="sorted").decode()
         except (TypeError, msgspec.EncodeError) as exc:
@@ -101,12 +98,6 @@ class ClassTasks(RowTasks):
         if cc.demo_field:
             demo = row[cc.demo_field]
             payload["demo"] = [str(t) for t in demo] if isinstance(demo, list) else str(demo).strip()
-        try:
-            difficulty = int(row[cc.difficulty_field]) if cc.difficulty_field else 0
-        except (TypeError, ValueError):
-            raise UserError(
-                f"{self.path_field} {cc.rows!r}: row {i}: {cc.difficulty_field!r} is not an integer"
-            ) from None
         return Task(id=task_id("cls", key), task_type="class", difficulty=difficulty, payload=payload)
 
     def content_key(self, task: Task) -> str:

@@ -107,6 +107,7 @@ class RowTasks(HashSplitTaskSource):
         hi: int,
     ) -> None:
         """The rows of ``path``; ``section`` names the split column and its held-out value."""
+        self.path = path
         tasks = [(self.row_task(i, row), row) for i, row in enumerate(read_rows(path, self.path_field))]
         if not tasks:
             raise UserError(f"{self.path_field} {path!r} has no rows")
@@ -124,6 +125,20 @@ class RowTasks(HashSplitTaskSource):
     @abstractmethod
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
         """The task of row ``i`` (numbered from 0); a :class:`UserError` naming a missing field."""
+
+    def checked_difficulty(
+        self, i: int, row: dict[str, Any], fields: tuple[str | None, ...], field: str | None
+    ) -> int:
+        """Row ``i``'s difficulty, its column ``field`` read as an integer (0 without one), once the row has
+        every one of ``fields``; a :class:`UserError` naming a missing field or a difficulty that is not an integer."""
+        where = f"{self.path_field} {self.path!r}: row {i}"
+        for name in fields:
+            if name is not None and row.get(name) is None:
+                raise UserError(f"{where} has no field {name!r} (it has {sorted(row)})")
+        try:
+            return int(row[field]) if field else 0
+        except (TypeError, ValueError):
+            raise UserError(f"{where}: {field!r} is not an integer") from None
 
     def is_heldout(self, task: Task) -> bool:
         return task.id in self.held if self.split else super().is_heldout(task)
@@ -162,30 +177,17 @@ class DatasetTasks(RowTasks):
         )
 
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
-        return _row_task(self.dc, i, row)
+        dc = self.dc
+        fields = (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field)
+        difficulty = self.checked_difficulty(i, row, fields, dc.difficulty_field)
+        payload = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": str(row[dc.answer_field]).strip()}
+        if dc.system_field:
+            payload["system"] = str(row[dc.system_field])
+        key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
+        return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload)
 
     def content_key(self, task: Task) -> str:
         return normalize(str(task.payload["prompt"]))
-
-
-def _row_task(dc: DatasetConfig, i: int, row: dict[str, Any]) -> Task:
-    """The task of row ``i`` (numbered from 0) and the row; a :class:`UserError` naming a missing field."""
-    for name in (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field):
-        if name is not None and row.get(name) is None:
-            raise UserError(
-                f"env.dataset.path {dc.path!r}: row {i} has no field {name!r} (it has {sorted(row)})"
-            )
-    payload = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": str(row[dc.answer_field]).strip()}
-    if dc.system_field:
-        payload["system"] = str(row[dc.system_field])
-    try:
-        difficulty = int(row[dc.difficulty_field]) if dc.difficulty_field else 0
-    except (TypeError, ValueError):
-        raise UserError(
-            f"env.dataset.path {dc.path!r}: row {i}: {dc.difficulty_field!r} is not an integer"
-        ) from None
-    key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
-    return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload)
 
 
 class DatasetEnv(AnswerEnv):
