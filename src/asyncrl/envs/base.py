@@ -482,12 +482,12 @@ class EpisodeRewards:
         return (bonus, {"uses_result": bonus}) if bonus else (0.0, {})
 
 
-def tool_call(name: str, args: str, ok: bool, text: str, started: float) -> ToolCall:
-    """The record of a call that returned ``text`` (its result, or its error when not ``ok``)."""
+def tool_call(name: str, args: str, ok: bool, text: str, started: float | None = None) -> ToolCall:
+    """The record of a call that returned ``text`` (its result, or its error when not ``ok``), started
+    at ``time.monotonic()`` value ``started`` (latency 0 when unknown)."""
     result, error = (text, "") if ok else ("", text)
-    return ToolCall(
-        name=name, arguments=args, ok=ok, result=result, error=error, latency_s=time.monotonic() - started
-    )
+    latency = 0.0 if started is None else time.monotonic() - started
+    return ToolCall(name=name, arguments=args, ok=ok, result=result, error=error, latency_s=latency)
 
 
 def _clamp(x: float) -> float:

@@ -116,7 +116,6 @@ class ToolEnv(ABC):
     def __init__(self) -> None:
         self.task: Task | None = None
         self.rewards = EpisodeRewards()
-        self.turns = 0
         self._final: StepResult | None = None
 
     # -- construction conventions (also used by plugins, see registry.py) ----------------------
@@ -180,7 +179,6 @@ class ToolEnv(ABC):
     async def reset(self, task: Task) -> str:
         self.task = task
         self.rewards = EpisodeRewards()
-        self.turns = 0
         self._final = None
         return self.prompt(task)
 
@@ -189,7 +187,6 @@ class ToolEnv(ABC):
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self._final is not None:
             return repeat_final(self._final)
-        self.turns += 1
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
             return self.rewards.malformed(action.reason)

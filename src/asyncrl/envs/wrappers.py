@@ -53,6 +53,7 @@ from asyncrl.envs.base import (
     close_env,
     parse_action,
     step_problems,
+    tool_call,
 )
 from asyncrl.envs.toolenv import VERIFIER_CACHE
 from asyncrl.records import Fault, ToolCall
@@ -312,7 +313,14 @@ class GuardedEnv(EnvWrapper):
                 return validate(await self._attempt(call)), failures
             except _AttemptFailed as failed:
                 failures.append(Fault(kind=failed.kind, message=failed.message, attempts=attempt))  # type: ignore[arg-type]
-                _count_failed_attempt(failed.kind, time.monotonic() - started, retried=attempt < attempts)
+                GUARD_STATS.retries += attempt < attempts
+                GUARD_STATS.fault_seconds += time.monotonic() - started
+                if failed.kind == "timeout":
+                    GUARD_STATS.timeouts += 1
+                elif failed.kind == "exception":
+                    GUARD_STATS.exceptions += 1
+                else:
+                    GUARD_STATS.malformed += 1
         GUARD_STATS.faults += 1
         return None, failures
 
@@ -348,8 +356,7 @@ class GuardedEnv(EnvWrapper):
     async def reset(self, task: Task) -> str:
         obs, failures = await self._guarded(lambda: call_env(self.env.reset, task), self._validate_reset)
         if obs is None:
-            last = failures[-1]
-            raise EnvResetError(Fault(kind=last.kind, message=last.message, attempts=len(failures)))
+            raise EnvResetError(failures[-1])  # its attempts: all of them
         return obs  # type: ignore[no-any-return]
 
     async def step(self, model_text: str) -> StepResult:
@@ -357,18 +364,13 @@ class GuardedEnv(EnvWrapper):
             lambda: call_env(self.env.step, model_text), self._validate_step
         )
         if result is None:
-            last = failures[-1]
+            last = failures[-1]  # its attempts: all of them
             action = parse_action(model_text)
-            tool_call = None
+            call = None
             if isinstance(action, ToolCallAction):  # a failed tool call: the tool metrics must see it
                 GUARD_STATS.tool_faults += 1
-                tool_call = ToolCall(name=action.name, arguments=action.args, ok=False, error=last.message)
-            return StepResult(
-                observation=self.cfg.fault_observation,
-                process_reward=self.cfg.fault_reward,
-                tool_call=tool_call,
-                fault=Fault(kind=last.kind, message=last.message, attempts=len(failures)),
-            )
+                call = tool_call(action.name, action.args, False, last.message)
+            return StepResult(self.cfg.fault_observation, self.cfg.fault_reward, tool_call=call, fault=last)
         if failures:
             result.retried_faults = list(failures)
         if result.tool_call is None and not result.malformed:
@@ -384,26 +386,9 @@ class GuardedEnv(EnvWrapper):
             return None
         GUARD_STATS.tool_calls_recorded += 1
         failed = result.observation.lstrip().lower().startswith("error")
-        return ToolCall(
-            name=action.name,
-            arguments=action.args,
-            ok=not failed,
-            result="" if failed else result.observation,
-            error=result.observation if failed else "",
-        )
+        return tool_call(action.name, action.args, not failed, result.observation)
 
     async def close(self) -> None:
         """Close the inner environment; errors and hangs are swallowed (nothing escapes)."""
         with contextlib.suppress(_AttemptFailed):
             await self._attempt(lambda: close_env(self.env))
-
-
-def _count_failed_attempt(kind: str, seconds: float, *, retried: bool) -> None:
-    GUARD_STATS.retries += retried
-    GUARD_STATS.fault_seconds += seconds
-    if kind == "timeout":
-        GUARD_STATS.timeouts += 1
-    elif kind == "exception":
-        GUARD_STATS.exceptions += 1
-    else:
-        GUARD_STATS.malformed += 1
