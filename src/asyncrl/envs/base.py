@@ -619,25 +619,21 @@ class HashSplitTaskSource(ABC):
         """
         if self._heldout is None:
             rng = random.Random(f"{self.salt}-heldout-{self.seed}")
-            tasks: list[Task] = []
-            keys: set[str] = set()
-            attempts = 0
-            budget = self.max_attempts * max(1, self.heldout_size)
-            while len(tasks) < self.heldout_size:
-                attempts += 1
-                if attempts > budget:
-                    raise ValueError(
-                        f"{type(self).__name__}: could only find {len(tasks)} distinct held-out tasks; "
-                        f"lower env.heldout_size (now {self.heldout_size}) or {self.widen_hint}"
-                    )
-                difficulty = self.active_difficulties[len(tasks) % len(self.active_difficulties)]
-                task = self.generate(rng, difficulty)
-                key = self.content_key(task)
-                if key in keys or not self.is_heldout(task):
-                    continue
-                keys.add(key)
-                tasks.append(task)
-            self._heldout = tasks
+            found: dict[str, Task] = {}  # content key -> the first task with it
+            for _ in range(self.max_attempts * max(1, self.heldout_size)):
+                if len(found) == self.heldout_size:
+                    break
+                task = self.generate(
+                    rng, self.active_difficulties[len(found) % len(self.active_difficulties)]
+                )
+                if self.is_heldout(task):
+                    found.setdefault(self.content_key(task), task)
+            if len(found) < self.heldout_size:
+                raise ValueError(
+                    f"{type(self).__name__}: could only find {len(found)} distinct held-out tasks; "
+                    f"lower env.heldout_size (now {self.heldout_size}) or {self.widen_hint}"
+                )
+            self._heldout = list(found.values())
         return list(self._heldout)
 
 
