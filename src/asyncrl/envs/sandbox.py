@@ -474,10 +474,8 @@ async def _spawn(
         os.close(status_w)
     assert proc.stdout is not None and proc.stderr is not None
     flood = asyncio.Event()
-    readers = [
-        asyncio.ensure_future(_read_capped(proc.stdout, limits.max_output_bytes, flood)),
-        asyncio.ensure_future(_read_capped(proc.stderr, limits.max_output_bytes, flood)),
-    ]
+    cap = limits.max_output_bytes
+    readers = [asyncio.ensure_future(_read_capped(out, cap, flood)) for out in (proc.stdout, proc.stderr)]
     waiter = asyncio.ensure_future(_exited(proc))
     flood_wait = asyncio.ensure_future(flood.wait())
     error: str | None = None
@@ -509,16 +507,10 @@ async def _spawn(
         return SandboxResult(
             False, "", "", returncode, "sandbox_error", wall, isolation, status["error"], leftovers
         )
-    if error is None and returncode != 0:
-        if returncode == -signal.SIGXCPU:  # only RLIMIT_CPU sends SIGXCPU
-            error = "cpu_limit"
-        elif returncode < 0:
-            error = "killed"
-        else:
-            error = "exit"
-    detail = f"{limits.wall_seconds:g}s" if error == "timeout" else ""
-    if error == "killed":
-        detail = f"killed by signal {-returncode}"
+    if error is None and returncode != 0:  # only RLIMIT_CPU sends SIGXCPU
+        error = "cpu_limit" if returncode == -signal.SIGXCPU else "killed" if returncode < 0 else "exit"
+    details = {"timeout": f"{limits.wall_seconds:g}s", "killed": f"killed by signal {-returncode}"}
+    detail = details.get(error or "", "")
     return SandboxResult(error is None, stdout, stderr, returncode, error, wall, isolation, detail, leftovers)
 
 
@@ -553,9 +545,7 @@ async def _cleanup(proc: asyncio.subprocess.Process, uid: int | None) -> list[in
     if proc.returncode is None or uid is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-    if uid is None:
-        return []
-    if not _uid_pids(uid):
+    if uid is None or not _uid_pids(uid):
         return []
     return await asyncio.to_thread(_kill_uid_sync, uid)
 
