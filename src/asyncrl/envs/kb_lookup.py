@@ -111,15 +111,12 @@ class KnowledgeBase:
             for _ in range(num_companies)
         ]
         people = [fresh(lambda: _word(rng, 2) + " " + _word(rng, 2)) for _ in range(num_people)]
-        facts: dict[tuple[str, str], str] = {}
-        for country, currency in zip(countries, currencies, strict=True):
-            facts[(country, "currency")] = currency
-        for i, city in enumerate(cities):
-            facts[(city, "country")] = (
-                countries[i % num_countries] if i < num_countries else rng.choice(countries)
-            )
-        for company in companies:
-            facts[(company, "based_in")] = rng.choice(cities)
+        facts = {(country, "currency"): cur for country, cur in zip(countries, currencies, strict=True)}
+        facts |= {
+            (c, "country"): countries[i] if i < num_countries else rng.choice(countries)
+            for i, c in enumerate(cities)
+        }
+        facts |= {(company, "based_in"): rng.choice(cities) for company in companies}
         for i, person in enumerate(people):
             facts[(person, "lives_in")] = rng.choice(cities)
             facts[(person, "works_for")] = rng.choice(companies)
