@@ -142,15 +142,22 @@ class _Checker:
                 seen[check] = (x, where)
         return value
 
+    async def attempt(
+        self, check: str, where: str, what: str, fn: Callable[[], Awaitable[Any]]
+    ) -> tuple[bool, Any]:
+        """``(True, fn())`` by :meth:`call`, or ``(False, None)`` with the error reported when it hung or raised."""
+        try:
+            return True, await self.call(check, where, fn)
+        except CallTimeout as exc:
+            self.report.add("error", check, f"{where}: {what} hung ({exc})")
+        except Exception as exc:
+            self.report.add("error", check, f"{where}: {what} raised {_exc(exc)}")
+        return False, None
+
     async def step(self, check: str, where: str, text: str) -> StepResult | None:
         """One step; ``None``, with the error reported, when it hung, raised or broke the contract."""
-        try:
-            res = await self.call(check, where, lambda: call_env(self.env.step, text))
-        except CallTimeout as exc:
-            self.report.add("error", check, f"{where}: step hung ({exc})")
-            return None
-        except Exception as exc:
-            self.report.add("error", check, f"{where}: step({text!r}) raised {_exc(exc)}")
+        ok, res = await self.attempt(check, where, f"step({text!r})", lambda: call_env(self.env.step, text))
+        if not ok:
             return None
         problems = _step_problems(res)
         if problems:
@@ -161,17 +168,9 @@ class _Checker:
     async def episode(self, tools: list[Any], task: Task, max_steps: int, *, first: bool) -> None:
         """reset, one well-formed tool call, one malformed action, then answers until done."""
         where, add = f"task {task.id}", self.report.add
-        try:
-            prompt = await self.call("reset", where, lambda: call_env(self.env.reset, task))
-        except CallTimeout as exc:
-            add("error", "reset", f"{where}: hung ({exc})")
+        ok, prompt = await self.attempt("reset", where, "reset()", lambda: call_env(self.env.reset, task))
+        if not ok or not self.prompt(prompt, where, first=first):
             return
-        except Exception as exc:
-            add("error", "reset", f"{where}: raised {_exc(exc)}")
-            return
-        if not self.prompt(prompt, where, first=first):
-            return
-        ok = True
         if tools:
             schema = getattr(tools[0], "args_schema", {}) or {}
             example = schema.get("example", "") if isinstance(schema, dict) else ""
@@ -423,11 +422,8 @@ async def acheck_environment(
             await checker.episode(tools, task, max_steps, first=i == 0)
         solved = [t for t in tasks if t.payload]
         await checker.reference(type(env), solved, warm_start)  # the built class
-        try:
-            await checker.call("close", "close()", lambda: close_env(env))
+        if (await checker.attempt("close", "close()", "the call", lambda: close_env(env)))[0]:
             report.add("ok", "close", "closed")
-        except Exception as exc:
-            report.add("error", "close", f"close() failed: {_exc(exc)}")
     finally:
         heartbeat.cancel()
     checker.timing(slow_s, stall_s, cfg.guard.step_timeout_s, sync)
