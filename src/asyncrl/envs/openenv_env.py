@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["OpenEnvEnv", "call_arguments", "observation_text"]
 
 INSTALL = "pip install --no-deps 'openenv-core==0.3.0' (docs/environments.md#openenv)"
-_QUIET = ("done", "reward", "metadata")
+_QUIET = {"done", "reward", "metadata", "tool_name", "error"}
 
 
 def _mcp_types() -> Any:
@@ -54,7 +54,7 @@ def _mcp_types() -> Any:
 
 def observation_text(obs: Any) -> str:
     """An observation as the model reads it: a tool's text content, else the observation's own
-    fields (``done``, ``reward``, ``metadata`` left out) -- one string field as itself, several as JSON."""
+    fields (``done``, ``reward``, ``metadata``, ``tool_name``, ``error`` left out) -- one string field as itself, several as JSON."""
     result = getattr(obs, "result", None)
     if result is not None:
         content = getattr(result, "content", None)
@@ -64,9 +64,7 @@ def observation_text(obs: Any) -> str:
                 return "\n".join(texts)
         data = getattr(result, "data", result)
         return data if isinstance(data, str) else json.dumps(data, default=str)
-    fields = obs.model_dump(exclude=set(_QUIET)) if hasattr(obs, "model_dump") else {"observation": obs}
-    fields.pop("tool_name", None)
-    fields.pop("error", None)
+    fields = obs.model_dump(exclude=_QUIET) if hasattr(obs, "model_dump") else {"observation": obs}
     if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
         return str(next(iter(fields.values())))
     return json.dumps(fields, default=str)
