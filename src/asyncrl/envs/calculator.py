@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
@@ -233,7 +233,7 @@ class CalculatorTasks(HashSplitTaskSource):
             r = _apply(r, op, n)
         sentences.append(f"How many {obj}?")
         key = f"{a}" + "".join(f"{o}{n}" for o, n in steps)
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": " ".join(sentences),
             "start": a,
             "steps": [[o, n] for o, n in steps],

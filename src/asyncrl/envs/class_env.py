@@ -92,7 +92,7 @@ class ClassTasks(RowTasks):
         system, prompt = _prompt_of(row[cc.prompt_field]) if cc.prompt_field else (None, "")
         if cc.system_field:
             system = str(row[cc.system_field])
-        payload: dict[str, Any] = {"row": msgspec.json.decode(key), "prompt": prompt}
+        payload = {"row": msgspec.json.decode(key), "prompt": prompt}
         if system:
             payload["system"] = system
         if cc.demo_field:

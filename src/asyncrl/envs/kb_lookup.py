@@ -170,7 +170,7 @@ class KBTasks(HashSplitTaskSource):
         person = rng.choice(self.kb.people)
         path = self.kb.follow(person, chain)
         key = f"{self.seed}|{person}|{'.'.join(chain)}"
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": template.format(x=person),
             "start": person,
             "chain": list(chain),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import (
@@ -70,7 +71,7 @@ def observation_text(obs: Any) -> str:
     return json.dumps(fields, default=str)
 
 
-_CASTS: dict[str, Any] = {
+_CASTS: dict[str, Callable[[str], Any]] = {
     "integer": int,
     "number": float,
     "boolean": lambda s: s.strip().lower() in ("true", "1"),

@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.config import SandboxConfig
 from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
@@ -133,7 +133,7 @@ class PythonTasks(HashSplitTaskSource):
         tpl = rng.choice([t for t in TEMPLATES if t.tier == difficulty])
         params = tpl.params(rng)
         key = tpl.name + "|" + ",".join(f"{k}={v}" for k, v in sorted(params.items()))
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": tpl.question.format(**params) + SUFFIX,
             "template": tpl.name,
             "params": params,
