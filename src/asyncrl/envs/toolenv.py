@@ -120,14 +120,6 @@ class ToolEnv(ABC):
 
     # -- construction conventions (also used by plugins, see registry.py) ----------------------
     @classmethod
-    def from_config(cls, cfg: EnvConfig) -> ToolEnv:
-        """Build the environment from ``env`` config; unknown options are a clear error."""
-        try:
-            return cls(**cfg.options)
-        except TypeError as exc:
-            raise EnvOptionsError(f"env.options for {cls.kind!r} are invalid: {exc}") from None
-
-    @classmethod
     @abstractmethod
     def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
         """The task source matching this environment and config."""
