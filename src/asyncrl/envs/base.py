@@ -595,17 +595,14 @@ class HashSplitTaskSource(ABC):
     def is_heldout(self, task: Task) -> bool:
         return in_heldout_bucket(self.salt, self.content_key(task), self.heldout_permille)
 
-    def _check_difficulty(self, difficulty: int) -> None:
-        if difficulty not in self.difficulties:
-            raise ValueError(
-                f"{type(self).__name__} has no difficulty {difficulty}; supported: {list(self.difficulties)}"
-            )
-
     def sample(self, rng: random.Random, difficulty: int | None = None) -> Task:
         """A training task: uniform over the active difficulties unless one is given."""
         if difficulty is None:
             difficulty = rng.choice(self.active_difficulties)
-        self._check_difficulty(difficulty)
+        if difficulty not in self.difficulties:
+            raise ValueError(
+                f"{type(self).__name__} has no difficulty {difficulty}; supported: {list(self.difficulties)}"
+            )
         for _ in range(self.max_attempts):
             task = self.generate(rng, difficulty)
             if not self.is_heldout(task):
