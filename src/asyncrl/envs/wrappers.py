@@ -334,9 +334,6 @@ class GuardedEnv(EnvWrapper):
             )
         return str.__str__(obs)
 
-    def _validate_reset(self, value: object) -> str:
-        return self._check_text(value, "reset() result")
-
     def _validate_step(self, value: object) -> StepResult:
         if problems := step_problems(value):
             raise _AttemptFailed(*problems[0])
@@ -354,7 +351,9 @@ class GuardedEnv(EnvWrapper):
 
     # -- the protocol --------------------------------------------------------------------------
     async def reset(self, task: Task) -> str:
-        obs, failures = await self._guarded(lambda: call_env(self.env.reset, task), self._validate_reset)
+        obs, failures = await self._guarded(
+            lambda: call_env(self.env.reset, task), lambda v: self._check_text(v, "reset() result")
+        )
         if obs is None:
             raise EnvResetError(failures[-1])  # its attempts: all of them
         return obs  # type: ignore[no-any-return]
