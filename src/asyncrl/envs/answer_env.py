@@ -17,11 +17,9 @@ from abc import abstractmethod
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from asyncrl.envs.base import mentions_number
-from asyncrl.envs.calculator import CalcError, CalculatorEnv, evaluate
-from asyncrl.envs.python_env import OBSERVATION_CHARS, PythonEnv
-from asyncrl.envs.sandbox import run_python
-from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
+from asyncrl.envs.calculator import CALC_TOOL, run_calc
+from asyncrl.envs.python_env import PYTHON_TOOL, run_sandboxed
+from asyncrl.envs.toolenv import ToolEnv, env_section
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig, SandboxConfig
@@ -31,10 +29,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AnswerEnv",
     "answer_demonstrate",
-    "answer_section",
     "cached_source",
     "corrupt_answer",
-    "source_of",
 ]
 
 _INT_RE = re.compile(r"-?\d+")
@@ -46,8 +42,7 @@ class AnswerEnv(ToolEnv):
     def __init__(self, tools: Sequence[str], reward: str, sandbox: SandboxConfig) -> None:
         super().__init__()
         self.sandbox = sandbox
-        known = {"calc": lambda: CalculatorEnv().tools[0], "python": lambda: PythonEnv(sandbox).tools[0]}
-        self.tools = [known[name]() for name in tools]
+        self.tools = [{"calc": CALC_TOOL, "python": PYTHON_TOOL}[name] for name in tools]
         self.partial_credit = reward == "score"
 
     source_class: ClassVar[type[HashSplitTaskSource]]
@@ -55,7 +50,8 @@ class AnswerEnv(ToolEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
-        return cast("HashSplitTaskSource", source_of(cfg, cls.kind, cls.source_class))
+        section = env_section(cfg, cfg.reasoning_gym if cls.kind == "reasoning_gym" else cfg.dataset)
+        return cast("HashSplitTaskSource", cached_source(cls.source_class, section, cfg))
 
     @staticmethod
     @abstractmethod
@@ -71,16 +67,7 @@ class AnswerEnv(ToolEnv):
         return answer_demonstrate(cls.gold(task), rng, corruption_rate)
 
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
-        if name == "calc":
-            try:
-                return True, str(evaluate(args))
-            except CalcError as exc:
-                return False, str(exc)
-        result = await run_python(args, self.sandbox)
-        return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
-
-    def result_used(self, text: str, result: str) -> bool:
-        return mentions_number(text, result)
+        return run_calc(args) if name == "calc" else await run_sandboxed(args, self.sandbox)
 
     def is_correct(self, answer: str) -> bool:
         return self.score(answer) >= 1.0
@@ -112,23 +99,9 @@ def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) ->
     return [f"<answer>{answer}</answer>"]
 
 
-def answer_section(cfg: EnvConfig, kind: str) -> Any:
-    """The ``env.<kind>`` section of an answer environment (``env.options`` must be empty)."""
-    if cfg.options:
-        raise EnvOptionsError(f"env.options for {kind!r} must be empty: use the env.{kind} section")
-    section = cfg.reasoning_gym if kind == "reasoning_gym" else cfg.dataset
-    assert section is not None  # EnvConfig's validator requires it for this kind
-    return section
-
-
-def source_of(cfg: EnvConfig, kind: str, source: type[Any]) -> Any:
-    """``source(section, seed=, heldout_size=, lo=, hi=)`` for ``cfg``: built once per process and
-    configuration (one generation or read of the rows, one hygiene check of the scorer)."""
-    return cached_source(source, answer_section(cfg, kind), cfg)
-
-
 def cached_source(source: type[Any], section: Any, cfg: EnvConfig) -> Any:
-    """``source(section, seed=, heldout_size=, lo=, hi=)``, built once per process and configuration."""
+    """``source(section, seed=, heldout_size=, lo=, hi=)``, built once per process and configuration
+    (one generation or read of the rows, one hygiene check of the scorer)."""
     return (
         _cached(  # classes are hashable; typeshed's lru_cache says Hashable, which type[Any] is not to mypy
             cast("Hashable", source),

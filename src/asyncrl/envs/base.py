@@ -21,15 +21,18 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
+import math
+import numbers
 import random
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from asyncrl.records import Fault, ToolCall
+from asyncrl.records import OUTCOMES, Fault, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
@@ -41,6 +44,7 @@ __all__ = [
     "REWARD_USES_RESULT",
     "REWARD_WELL_FORMED",
     "AnswerAction",
+    "CallTimeout",
     "Environment",
     "EpisodeRewards",
     "HashSplitTaskSource",
@@ -51,6 +55,7 @@ __all__ = [
     "Tool",
     "ToolCallAction",
     "call_env",
+    "call_with_timeout",
     "close_env",
     "is_async_method",
     "parse_action",
@@ -155,6 +160,43 @@ AnyEnvironment: TypeAlias = Environment | SyncEnvironment
 """What every caller of an environment accepts: either flavour (each call goes through :func:`call_env`)."""
 
 
+def finite(x: object) -> bool:
+    """Whether ``x`` is a real number (not a bool) whose float is finite."""
+    try:
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def step_problems(res: object) -> list[tuple[str, str]]:
+    """What breaks the step contract in ``res``, in words, each with its :class:`~asyncrl.records.Fault`
+    kind: ``bad_reward`` for a reward that is not a finite number, else ``malformed``."""
+    if not isinstance(res, StepResult):
+        return [("malformed", f"step() returned {type(res).__name__}, expected asyncrl.envs.StepResult")]
+    out = []
+    if not isinstance(res.observation, str):
+        out.append(("malformed", f"observation is {type(res.observation).__name__}, expected str"))
+    for name, x in (("process_reward", res.process_reward), ("reward", res.reward)):
+        if not finite(x):
+            number = isinstance(x, numbers.Real) and not isinstance(x, bool)
+            out.append(
+                ("bad_reward", f"{name} is {x if number else type(x).__name__}, expected a finite number")
+            )
+    if not isinstance(res.done, bool):
+        out.append(("malformed", f"done is {type(res.done).__name__}, expected bool"))
+    if res.outcome is not None and res.outcome not in OUTCOMES:
+        out.append(("malformed", f"outcome {res.outcome!r} is not one of {', '.join(OUTCOMES)}"))
+    if res.done and res.outcome is None:
+        out.append(("malformed", "done=True needs an outcome (e.g. 'success' or 'failure')"))
+    if not isinstance(res.info, dict):
+        out.append(("malformed", f"info is {type(res.info).__name__}, expected dict"))
+    if res.tool_call is not None and not isinstance(res.tool_call, ToolCall):
+        out.append(("malformed", f"tool_call is {type(res.tool_call).__name__}, expected ToolCall"))
+    if not isinstance(res.malformed, bool):
+        out.append(("malformed", f"malformed is {type(res.malformed).__name__}, expected bool"))
+    return out
+
+
 def repeat_final(final: StepResult) -> StepResult:
     """The result of a step after the episode ended (a retried final step): the same ending again."""
     return StepResult(
@@ -214,6 +256,50 @@ def _as_exception(exc: BaseException) -> Exception:
     wrapped = RuntimeError(f"{type(exc).__name__}: {exc}")
     wrapped.__cause__ = exc
     return wrapped
+
+
+class CallTimeout(Exception):
+    """A call gave no result within its time limit; it was cancelled and abandoned."""
+
+
+async def call_with_timeout(fn: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+    """``await fn()`` for at most ``timeout`` seconds, else :class:`CallTimeout`.
+
+    A call that times out is cancelled but not awaited, so an environment that swallows the
+    cancellation cannot stall the caller. Whatever ``fn`` raises (``SystemExit``, its own
+    ``CancelledError``) arrives as an ``Exception``; cancelling the caller cancels the call.
+    """
+
+    async def run() -> tuple[bool, Any]:
+        try:
+            return True, await fn()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit etc. must not reach the loop
+            return False, exc
+
+    task = asyncio.ensure_future(run())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_consume)
+        raise CallTimeout(f"no result within {timeout:g}s")
+    if task.cancelled():  # not by us: the call raised CancelledError itself
+        raise _as_exception(asyncio.CancelledError("raised by the environment"))
+    ok, value = task.result()
+    if not ok:
+        raise _as_exception(value)
+    return value
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def call_env(fn: Callable[..., Any], *args: Any) -> Any:
@@ -353,10 +439,10 @@ class EpisodeRewards:
         self.results: list[str] = []
         self.used: set[int] = set()
 
-    def _uses(self, text: str, matches: Callable[[str, str], bool]) -> tuple[float, list[int]]:
+    def _uses(self, text: str, matches: Callable[[str, str], bool]) -> float:
         hits = [i for i, r in enumerate(self.results) if i not in self.used and matches(text, r)]
         self.used.update(hits)
-        return (REWARD_USES_RESULT if hits else 0.0), hits
+        return REWARD_USES_RESULT if hits else 0.0
 
     def tool_ok(
         self, name: str, args: str, result: str, matches: Callable[[str, str], bool]
@@ -367,7 +453,7 @@ class EpisodeRewards:
         if key not in self.calls:
             parts["well_formed"] = REWARD_WELL_FORMED
             self.calls.add(key)
-        bonus, _ = self._uses(args, matches)
+        bonus = self._uses(args, matches)
         if bonus:
             parts["uses_result"] = bonus
         self.results.append(result)
@@ -376,14 +462,32 @@ class EpisodeRewards:
     def tool_error(self) -> tuple[float, dict[str, float]]:
         return REWARD_TOOL_ERROR, {"tool_error": REWARD_TOOL_ERROR}
 
+    def tool_step(
+        self, name: str, args: str, ok: bool, text: str, started: float, matches: Callable[[str, str], bool]
+    ) -> StepResult:
+        """The step that answers a tool call: its result ``text`` (``error: TEXT`` when not ``ok``), its
+        process reward and its :class:`ToolCall` (``started``: ``time.monotonic()`` before the call)."""
+        call = tool_call(name, args, ok, text, started)
+        reward, parts = self.tool_ok(name, args, text, matches) if ok else self.tool_error()
+        info = {"action": "tool", "reward_parts": parts}
+        return StepResult(text if ok else f"error: {text}", reward, info=info, tool_call=call)
+
     def malformed(self, reason: str) -> StepResult:
         """The step that answers a malformed action (or a call of an unknown tool): ``error: REASON``."""
         info = {"action": "malformed", "reward_parts": {"malformed": REWARD_MALFORMED}}
         return StepResult(f"error: {reason}", process_reward=REWARD_MALFORMED, malformed=True, info=info)
 
     def answer(self, answer: str, matches: Callable[[str, str], bool]) -> tuple[float, dict[str, float]]:
-        bonus, _ = self._uses(answer, matches)
+        bonus = self._uses(answer, matches)
         return (bonus, {"uses_result": bonus}) if bonus else (0.0, {})
+
+
+def tool_call(name: str, args: str, ok: bool, text: str, started: float | None = None) -> ToolCall:
+    """The record of a call that returned ``text`` (its result, or its error when not ``ok``), started
+    at ``time.monotonic()`` value ``started`` (latency 0 when unknown)."""
+    result, error = (text, "") if ok else ("", text)
+    latency = 0.0 if started is None else time.monotonic() - started
+    return ToolCall(name=name, arguments=args, ok=ok, result=result, error=error, latency_s=latency)
 
 
 def _clamp(x: float) -> float:
@@ -463,7 +567,7 @@ class HashSplitTaskSource(ABC):
         if not allowed:
             raise ValueError(
                 f"{type(self).__name__} supports difficulties {list(self.difficulties)}; "
-                f"the configured range [{lo}, {hi}] contains none of them"
+                f"env.min_difficulty..max_difficulty = {lo}..{hi} contains none of them"
             )
         self.seed = seed
         self.active_difficulties: tuple[int, ...] = tuple(allowed)
@@ -473,13 +577,7 @@ class HashSplitTaskSource(ABC):
     @classmethod
     def from_config(cls, cfg: EnvConfig, **kwargs: Any) -> HashSplitTaskSource:
         """Build from an :class:`~asyncrl.config.EnvConfig` (seed, difficulty range, held-out size)."""
-        lo = max(cfg.min_difficulty, cls.difficulties[0])
-        hi = min(cfg.max_difficulty, cls.difficulties[-1])
-        if lo > hi:
-            raise ValueError(
-                f"env.kind {cfg.kind!r} supports difficulties {list(cls.difficulties)}; "
-                f"env.min_difficulty..max_difficulty = {cfg.min_difficulty}..{cfg.max_difficulty} contains none"
-            )
+        lo, hi = cfg.min_difficulty, cfg.max_difficulty
         return cls(
             seed=cfg.seed, min_difficulty=lo, max_difficulty=hi, heldout_size=cfg.heldout_size, **kwargs
         )
@@ -495,20 +593,16 @@ class HashSplitTaskSource(ABC):
 
     # -- provided -----------------------------------------------------------------------------
     def is_heldout(self, task: Task) -> bool:
-        digest = hashlib.sha256(f"{self.salt}|{self.content_key(task)}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") % 1000 < self.heldout_permille
-
-    def _check_difficulty(self, difficulty: int) -> None:
-        if difficulty not in self.difficulties:
-            raise ValueError(
-                f"{type(self).__name__} has no difficulty {difficulty}; supported: {list(self.difficulties)}"
-            )
+        return in_heldout_bucket(self.salt, self.content_key(task), self.heldout_permille)
 
     def sample(self, rng: random.Random, difficulty: int | None = None) -> Task:
         """A training task: uniform over the active difficulties unless one is given."""
         if difficulty is None:
             difficulty = rng.choice(self.active_difficulties)
-        self._check_difficulty(difficulty)
+        if difficulty not in self.difficulties:
+            raise ValueError(
+                f"{type(self).__name__} has no difficulty {difficulty}; supported: {list(self.difficulties)}"
+            )
         for _ in range(self.max_attempts):
             task = self.generate(rng, difficulty)
             if not self.is_heldout(task):
@@ -522,26 +616,27 @@ class HashSplitTaskSource(ABC):
         """
         if self._heldout is None:
             rng = random.Random(f"{self.salt}-heldout-{self.seed}")
-            tasks: list[Task] = []
-            keys: set[str] = set()
-            attempts = 0
-            budget = self.max_attempts * max(1, self.heldout_size)
-            while len(tasks) < self.heldout_size:
-                attempts += 1
-                if attempts > budget:
-                    raise ValueError(
-                        f"{type(self).__name__}: could only find {len(tasks)} distinct held-out tasks; "
-                        f"lower env.heldout_size (now {self.heldout_size}) or {self.widen_hint}"
-                    )
-                difficulty = self.active_difficulties[len(tasks) % len(self.active_difficulties)]
-                task = self.generate(rng, difficulty)
-                key = self.content_key(task)
-                if key in keys or not self.is_heldout(task):
-                    continue
-                keys.add(key)
-                tasks.append(task)
-            self._heldout = tasks
+            found: dict[str, Task] = {}  # content key -> the first task with it
+            for _ in range(self.max_attempts * max(1, self.heldout_size)):
+                if len(found) == self.heldout_size:
+                    break
+                task = self.generate(
+                    rng, self.active_difficulties[len(found) % len(self.active_difficulties)]
+                )
+                if self.is_heldout(task):
+                    found.setdefault(self.content_key(task), task)
+            if len(found) < self.heldout_size:
+                raise ValueError(
+                    f"{type(self).__name__}: could only find {len(found)} distinct held-out tasks; "
+                    f"lower env.heldout_size (now {self.heldout_size}) or {self.widen_hint}"
+                )
+            self._heldout = list(found.values())
         return list(self._heldout)
+
+
+def in_heldout_bucket(salt: str, key: str, permille: int) -> bool:
+    """Whether content ``key`` hashes (with ``salt``) into the first ``permille`` of 1000 buckets."""
+    return int.from_bytes(hashlib.sha256(f"{salt}|{key}".encode()).digest()[:8], "big") % 1000 < permille
 
 
 def task_id(prefix: str, key: str) -> str:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import random
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
+from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.records import Task
 
@@ -233,7 +233,7 @@ class CalculatorTasks(HashSplitTaskSource):
             r = _apply(r, op, n)
         sentences.append(f"How many {obj}?")
         key = f"{a}" + "".join(f"{o}{n}" for o, n in steps)
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": " ".join(sentences),
             "start": a,
             "steps": [[o, n] for o, n in steps],
@@ -327,6 +327,26 @@ def calc_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> 
 # ---------------------------------------------------------------------------------------------
 # The environment
 # ---------------------------------------------------------------------------------------------
+CALC_TOOL = Tool(
+    name="calc",
+    description="Evaluate integer arithmetic: digits, + - * / and parentheses. Returns the integer.",
+    args_schema={
+        "type": "string",
+        "name": "expression",
+        "description": "arithmetic expression",
+        "example": "3*4",
+    },
+)
+
+
+def run_calc(args: str) -> tuple[bool, str]:
+    """The ``calc`` tool: ``(True, the value)`` or ``(False, what is wrong with the expression)``."""
+    try:
+        return True, str(evaluate(args))
+    except CalcError as exc:
+        return False, str(exc)
+
+
 class CalculatorEnv(ToolEnv):
     """Arithmetic word problems with a ``calc(EXPR)`` tool; see the module docstring."""
 
@@ -334,18 +354,7 @@ class CalculatorEnv(ToolEnv):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tools = [
-            Tool(
-                name="calc",
-                description="Evaluate integer arithmetic: digits, + - * / and parentheses. Returns the integer.",
-                args_schema={
-                    "type": "string",
-                    "name": "expression",
-                    "description": "arithmetic expression",
-                    "example": "3*4",
-                },
-            )
-        ]
+        self.tools = [CALC_TOOL]
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> CalculatorTasks:
@@ -357,14 +366,4 @@ class CalculatorEnv(ToolEnv):
     demonstrate = staticmethod(calc_demonstrate)
 
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
-        try:
-            return True, str(evaluate(args))
-        except CalcError as exc:
-            return False, str(exc)
-
-    def is_correct(self, answer: str) -> bool:
-        assert self.task is not None
-        return answer.strip() == str(self.task.payload["answer"])
-
-    def result_used(self, text: str, result: str) -> bool:
-        return mentions_number(text, result)
+        return run_calc(args)

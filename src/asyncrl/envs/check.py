@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
-import numbers
 import random
 import threading
 import time
@@ -29,10 +27,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from asyncrl.config import EnvConfig
-from asyncrl.envs.base import AnyEnvironment, StepResult, TaskSource, call_env, close_env, is_async_method
+from asyncrl.envs.base import (
+    AnyEnvironment,
+    CallTimeout,
+    StepResult,
+    TaskSource,
+    call_env,
+    call_with_timeout,
+    close_env,
+    finite,
+    is_async_method,
+    step_problems,
+)
 from asyncrl.envs.mix import MixTaskSource, mix_members
 from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
-from asyncrl.records import OUTCOMES, Task
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig, SFTConfig
@@ -84,72 +93,24 @@ class CheckReport:
         return "\n".join(lines).encode("ascii", "backslashreplace").decode("ascii")
 
 
-class _Timeout(Exception):
-    pass
-
-
-async def _timed(fn: Callable[[], Awaitable[Any]], timeout: float) -> tuple[Any, float]:
-    """Run with a timeout; exceptions (any BaseException) are re-raised as ``Exception``."""
-
-    async def run() -> tuple[bool, Any]:
-        try:
-            return True, await fn()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            return False, exc
-
-    started = time.monotonic()
-    task = asyncio.ensure_future(run())
-    done, _ = await asyncio.wait({task}, timeout=timeout)
-    elapsed = time.monotonic() - started
-    if not done:
-        task.cancel()
-        raise _Timeout(f"no result within {timeout:g}s")
-    if task.cancelled():
-        raise RuntimeError("raised CancelledError")
-    ok, value = task.result()
-    if not ok:
-        raise value if isinstance(value, Exception) else RuntimeError(f"{type(value).__name__}: {value}")
-    return value, elapsed
-
-
 def _exc(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _is_finite(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
 def _step_problems(res: object) -> list[str]:
-    """Contract violations of one step result, in words."""
-    if not isinstance(res, StepResult):
-        return [f"step() returned {type(res).__name__}, expected asyncrl.envs.StepResult"]
-    out = []
-    if not isinstance(res.observation, str):
-        out.append(f"observation is {type(res.observation).__name__}, expected str")
-    if not _is_finite(res.process_reward):
-        out.append(f"process_reward is {res.process_reward!r}, expected a finite number")
-    elif not -1.0 <= float(res.process_reward) <= 1.0:
+    """Contract violations of one step result, in words (the guard's, and a process reward outside [-1, 1])."""
+    out = [message for _, message in step_problems(res)]
+    if isinstance(res, StepResult) and finite(res.process_reward) and not -1.0 <= res.process_reward <= 1.0:
         out.append(f"process_reward {res.process_reward} is outside [-1, 1]")
-    if not _is_finite(res.reward):
-        out.append(f"reward is {res.reward!r}, expected a finite number")
-    if not isinstance(res.done, bool):
-        out.append(f"done is {type(res.done).__name__}, expected bool")
-    if res.done and res.outcome not in OUTCOMES:
-        out.append(f"done=True with outcome {res.outcome!r}; use one of {', '.join(OUTCOMES)}")
-    if not isinstance(res.info, dict):
-        out.append(f"info is {type(res.info).__name__}, expected dict")
     return out
 
 
 _TICK = 0.01  # heartbeat period of the event-loop stall probe, seconds
 
 
-class _Probe:
-    """Runs every environment call with a timeout and records, per check, the slowest call and the
-    longest event-loop stall during a call.
+class _Checker:
+    """One check of one raw environment: its report, and every call run with a timeout while
+    recording, per check, the slowest call and the longest event-loop stall during a call.
 
     The stall is measured by a heartbeat task that wakes every ``_TICK`` seconds: an ``async def``
     method that blocks (``time.sleep``, blocking I/O, long CPU work) keeps the heartbeat from
@@ -157,8 +118,8 @@ class _Probe:
     it every other episode of a rollout worker.
     """
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, report: CheckReport, env: AnyEnvironment, timeout_s: float) -> None:
+        self.report, self.env, self.timeout_s = report, env, timeout_s
         self.slowest: dict[str, tuple[float, str]] = {}  # check -> (seconds, where)
         self.stalls: dict[str, tuple[float, str]] = {}
         self._beat = time.monotonic()
@@ -172,12 +133,187 @@ class _Probe:
 
     async def call(self, check: str, where: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         self._gap, self._beat = 0.0, time.monotonic()
-        value, elapsed = await _timed(fn, self.timeout_s)
+        started = self._beat
+        value = await call_with_timeout(fn, self.timeout_s)
+        elapsed = time.monotonic() - started
         stall = max(self._gap, time.monotonic() - self._beat)  # ≈ _TICK when nothing blocked
         for seen, x in ((self.slowest, elapsed), (self.stalls, stall)):
             if x > seen.get(check, (0.0, ""))[0]:
                 seen[check] = (x, where)
         return value
+
+    async def attempt(
+        self, check: str, where: str, what: str, fn: Callable[[], Awaitable[Any]]
+    ) -> tuple[bool, Any]:
+        """``(True, fn())`` by :meth:`call`, or ``(False, None)`` with the error reported when it hung or raised."""
+        try:
+            return True, await self.call(check, where, fn)
+        except CallTimeout as exc:
+            self.report.add("error", check, f"{where}: {what} hung ({exc})")
+        except Exception as exc:
+            self.report.add("error", check, f"{where}: {what} raised {_exc(exc)}")
+        return False, None
+
+    async def step(self, check: str, where: str, text: str) -> StepResult | None:
+        """One step; ``None``, with the error reported, when it hung, raised or broke the contract."""
+        ok, res = await self.attempt(check, where, f"step({text!r})", lambda: call_env(self.env.step, text))
+        if not ok:
+            return None
+        problems = _step_problems(res)
+        if problems:
+            self.report.add("error", check, f"{where}: " + "; ".join(problems))
+            return None
+        return res  # type: ignore[no-any-return]
+
+    async def episode(self, tools: list[Any], task: Task, max_steps: int, *, first: bool) -> None:
+        """reset, one well-formed tool call, one malformed action, then answers until done."""
+        where, add = f"task {task.id}", self.report.add
+        ok, prompt = await self.attempt("reset", where, "reset()", lambda: call_env(self.env.reset, task))
+        if not ok or not self.prompt(prompt, where, first=first):
+            return
+        if tools:
+            schema = getattr(tools[0], "args_schema", {}) or {}
+            example = schema.get("example", "") if isinstance(schema, dict) else ""
+            res = await self.step("tool call", where, f"<tool>{tools[0].name}({example})</tool>")
+            ok = res is not None
+            if res is not None and res.tool_call is None and not res.malformed:
+                add(
+                    "warning",
+                    "tool call",
+                    f"{where}: a well-formed call returned no StepResult.tool_call: asyncrl records it from the "
+                    "parsed action (ok unless the observation starts with 'error'); set tool_call to report it "
+                    "exactly",
+                )
+        res = await self.step("malformed action", where, "this is not an action")
+        ok &= res is not None
+        if res is not None and finite(res.process_reward) and res.process_reward > 0:
+            add(
+                "warning",
+                "malformed action",
+                f"{where}: a malformed action earned process_reward {res.process_reward} > 0",
+            )
+        if res is not None and res.done:
+            add("warning", "malformed action", f"{where}: a malformed action ended the episode")
+        for _ in range(max_steps):
+            end = await self.step("answer", where, "<answer>42</answer>")
+            if end is None or end.done:
+                break
+        else:
+            add("error", "done", f"{where}: done never reached within {max_steps} steps of answering")
+            return
+        if end is not None and ok and first:
+            add("ok", "episode", "tool call, malformed action and answer handled; episode ends")
+
+    def prompt(self, prompt: object, where: str, *, first: bool) -> bool:
+        if not isinstance(prompt, str):
+            kind = type(prompt).__name__
+            self.report.add("error", "reset", f"{where}: returned {kind}, expected the prompt text (str)")
+            return False
+        warnings = [
+            text
+            for text, bad in (
+                ("the prompt is empty", not prompt.strip()),
+                (
+                    "the prompt is not plain ASCII (the default char tokenizer cannot encode it)",
+                    not prompt.isascii(),
+                ),
+                (f"the prompt has {len(prompt)} characters; the default context is 512", len(prompt) > 400),
+            )
+            if bad
+        ]
+        for text in warnings:
+            self.report.add("warning", "reset", f"{where}: {text}")
+        if first and not warnings:
+            self.report.add("ok", "reset", f"prompt {prompt[:60]!r}")
+        return True
+
+    async def reference(self, cls: type, tasks: list[Task], warm_start: SFTConfig | None) -> None:
+        """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)."""
+        add = self.report.add
+        solve = getattr(cls, "solve", None)
+        if not callable(solve):
+            add("ok", "solver", "no reference solver (solve) declared; skipped")
+        elif tasks and await self.play("solver", tasks, solve):
+            add("ok", "solver", f"reference solution succeeded on {len(tasks)} task(s)")
+        demonstrate = getattr(cls, "demonstrate", None)
+        if not callable(demonstrate):
+            if warm_start is not None:
+                add(
+                    "error",
+                    "demonstrate",
+                    "the run warm-starts but the environment has no reference demonstrator "
+                    "demonstrate(task, rng, corruption_rate) -> list[str]; add one (see docs/environments.md)",
+                )
+            else:
+                add("warning", "demonstrate", "no demonstrate(): `asyncrl train` cannot warm-start on it")
+            return
+        if not tasks:
+            return
+        rng = random.Random(warm_start.seed if warm_start else 0)
+        clean = await self.play("demonstrate", tasks, lambda t: demonstrate(t, rng, 0.0))
+        rate = warm_start.corruption_rate if warm_start else 0.5
+        try:
+            for t in tasks:
+                texts = demonstrate(t, rng, rate)
+                if not (isinstance(texts, list) and all(isinstance(x, str) for x in texts)):
+                    raise TypeError(f"returned {type(texts).__name__}, expected list[str]")
+        except Exception as exc:
+            add("error", "demonstrate", f"demonstrate(task, rng, {rate:g}) failed: {_exc(exc)}")
+            return
+        if clean:
+            done = f"clean demonstrations succeeded on {len(tasks)} task(s); corruption {rate:g} ok"
+            add("ok", "demonstrate", done)
+
+    async def play(self, name: str, tasks: list[Task], texts_for: Callable[[Task], Any]) -> bool:
+        """Play the reference texts of every task; True when every episode succeeds."""
+        for task in tasks:
+            where = f"task {task.id}"
+            res: Any = None
+            try:
+                await self.call(name, where, lambda t=task: call_env(self.env.reset, t))  # type: ignore[misc]
+                for text in texts_for(task):
+                    res = await self.call(name, where, lambda t=text: call_env(self.env.step, t))  # type: ignore[misc]
+                    if not isinstance(res, StepResult) or res.done:
+                        break
+            except Exception as exc:
+                self.report.add("error", name, f"{where}: reference episode failed: {_exc(exc)}")
+                return False
+            if not (isinstance(res, StepResult) and res.done and res.outcome == "success"):
+                outcome = getattr(res, "outcome", None)
+                self.report.add(
+                    "error", name, f"{where}: reference episode did not succeed (outcome {outcome!r})"
+                )
+                return False
+        return True
+
+    def timing(self, slow_s: float, stall_s: float, guard_timeout_s: float, sync: bool) -> None:
+        """Warn on slow calls per check (a slow tool stretches every episode) and on a blocked loop."""
+        slow = {k: v for k, v in self.slowest.items() if v[0] > slow_s}
+        for check, (secs, where) in slow.items():
+            self.report.add(
+                "warning",
+                "timing",
+                f"{check} took {secs:.2f}s ({where}; > {slow_s:g}s): every episode waits for it; "
+                f"the guard times a call out after env.guard.step_timeout_s = {guard_timeout_s:g}s",
+            )
+        if self.slowest and not slow:
+            check, (secs, _) = max(self.slowest.items(), key=lambda kv: kv[1][0])
+            self.report.add("ok", "timing", f"slowest call {secs:.2f}s ({check})")
+        if sync:
+            return  # synchronous methods run in worker threads: they cannot block the event loop
+        stalls = {k: v for k, v in self.stalls.items() if v[0] > stall_s}
+        for check, (secs, where) in stalls.items():
+            self.report.add(
+                "warning",
+                "event loop",
+                f"{check} blocked the event loop for {secs:.2f}s ({where}): an async method must not block "
+                "(time.sleep, blocking I/O, long CPU work) -- it stalls every episode of the rollout worker; "
+                "use `await asyncio.sleep`, an async client, or `await asyncio.to_thread(...)`",
+            )
+        if not stalls:
+            worst = max((v[0] for v in self.stalls.values()), default=0.0)
+            gap = f"longest gap between heartbeats {worst:.2f}s"
+            self.report.add("ok", "event loop", f"async methods never blocked it ({gap})")
 
 
 async def _check_mix(cfg: EnvConfig, check: Callable[[EnvConfig], Awaitable[CheckReport]]) -> CheckReport:
@@ -197,12 +333,11 @@ async def _check_mix(cfg: EnvConfig, check: Callable[[EnvConfig], Awaitable[Chec
         report.add("error", "mix", str(exc))
         return report
     rng = random.Random(cfg.seed)
-    drawn = {source.sample(rng).env for _ in range(50 * len(source.members))}
+    draws = 50 * len(source.members)
+    drawn = {source.sample(rng).env for _ in range(draws)}
     missing = [n for n in source.members if n not in drawn]
     if missing:
-        report.add(
-            "error", "mix", f"no training task drawn from {missing} in {50 * len(source.members)} draws"
-        )
+        report.add("error", "mix", f"no training task drawn from {missing} in {draws} draws")
     else:
         counts = {n: sum(t.env == n for t in held) for n in source.members}
         report.add(
@@ -272,32 +407,26 @@ async def acheck_environment(
     # -- task source ----------------------------------------------------------------------------
     tasks: list[Task] = []
     try:
-        source = make_task_source(cfg)
+        tasks = _check_source(report, make_task_source(cfg), episodes, overlap_samples)
     except EnvPluginError as exc:
         report.add("error", "task source", str(exc))
-        source = None
-    if source is not None:
-        tasks = _check_source(report, source, episodes, overlap_samples)
     if not tasks:
         tasks = [Task(id="check-0", task_type="check", difficulty=0, payload={})]
         report.add("warning", "tasks", "no tasks available; checking with an empty placeholder task")
 
     # -- episodes, the reference solver and demonstrator, under the timing probes ---------------
-    probe = _Probe(timeout_s)
-    heartbeat = asyncio.ensure_future(probe.heartbeat())
+    checker = _Checker(report, env, timeout_s)
+    heartbeat = asyncio.ensure_future(checker.heartbeat())
     try:
         for i, task in enumerate(tasks):
-            await _check_episode(report, probe, env, tools, task, max_steps, first=i == 0)
+            await checker.episode(tools, task, max_steps, first=i == 0)
         solved = [t for t in tasks if t.payload]
-        await _check_reference(report, probe, env, type(env), solved, warm_start)  # the built class
-        try:
-            await probe.call("close", "close()", lambda: close_env(env))
+        await checker.reference(type(env), solved, warm_start)  # the built class
+        if (await checker.attempt("close", "close()", "the call", lambda: close_env(env)))[0]:
             report.add("ok", "close", "closed")
-        except Exception as exc:
-            report.add("error", "close", f"close() failed: {_exc(exc)}")
     finally:
         heartbeat.cancel()
-    _report_timing(report, probe, slow_s, stall_s, cfg.guard.step_timeout_s, sync)
+    checker.timing(slow_s, stall_s, cfg.guard.step_timeout_s, sync)
     return report
 
 
@@ -316,240 +445,11 @@ def _check_tools(report: CheckReport, env: AnyEnvironment) -> list[Any]:
     return tools
 
 
-async def _check_episode(
-    report: CheckReport,
-    probe: _Probe,
-    env: AnyEnvironment,
-    tools: list[Any],
-    task: Task,
-    max_steps: int,
-    *,
-    first: bool,
-) -> None:
-    """reset, one well-formed tool call, one malformed action, then answers until done."""
-    where = f"task {task.id}"
-    try:
-        prompt = await probe.call("reset", where, lambda: call_env(env.reset, task))
-    except _Timeout as exc:
-        report.add("error", "reset", f"{where}: hung ({exc})")
-        return
-    except Exception as exc:
-        report.add("error", "reset", f"{where}: raised {_exc(exc)}")
-        return
-    if not _check_prompt(report, prompt, where, first=first):
-        return
-    ok_episode = True
-    if tools:
-        t0 = tools[0]
-        schema = getattr(t0, "args_schema", {}) or {}
-        example = schema.get("example", "") if isinstance(schema, dict) else ""
-        ok_episode &= await _check_step(
-            report, probe, env, f"<tool>{t0.name}({example})</tool>", "tool call", where
-        )
-    ok_episode &= await _check_step(
-        report, probe, env, "this is not an action", "malformed action", where, malformed=True
-    )
-    reached = False
-    for _ in range(max_steps):
-        try:
-            res = await probe.call("answer", where, lambda: call_env(env.step, "<answer>42</answer>"))
-        except _Timeout as exc:
-            report.add("error", "answer", f"{where}: step hung ({exc})")
-            break
-        except Exception as exc:
-            report.add("error", "answer", f"{where}: step raised {_exc(exc)}")
-            break
-        problems = _step_problems(res)
-        if problems:
-            report.add("error", "answer", f"{where}: " + "; ".join(problems))
-            break
-        if res.done:
-            reached = True
-            break
-    else:
-        report.add("error", "done", f"{where}: done never reached within {max_steps} steps of answering")
-    if reached and ok_episode and first:
-        report.add("ok", "episode", "tool call, malformed action and answer handled; episode ends")
-
-
-def _check_prompt(report: CheckReport, prompt: object, where: str, *, first: bool) -> bool:
-    if not isinstance(prompt, str):
-        report.add(
-            "error", "reset", f"{where}: returned {type(prompt).__name__}, expected the prompt text (str)"
-        )
-        return False
-    n_findings = len(report.findings)
-    if not prompt.strip():
-        report.add("warning", "reset", f"{where}: the prompt is empty")
-    if not prompt.isascii():
-        report.add(
-            "warning",
-            "reset",
-            f"{where}: the prompt is not plain ASCII (the default char tokenizer cannot encode it)",
-        )
-    if len(prompt) > 400:
-        report.add(
-            "warning",
-            "reset",
-            f"{where}: the prompt has {len(prompt)} characters; the default context is 512",
-        )
-    if first and len(report.findings) == n_findings:
-        report.add("ok", "reset", f"prompt {prompt[:60]!r}")
-    return True
-
-
-async def _check_step(
-    report: CheckReport,
-    probe: _Probe,
-    env: AnyEnvironment,
-    text: str,
-    name: str,
-    where: str,
-    *,
-    malformed: bool = False,
-) -> bool:
-    try:
-        res = await probe.call(name, where, lambda: call_env(env.step, text))
-    except _Timeout as exc:
-        report.add("error", name, f"{where}: step hung ({exc})")
-        return False
-    except Exception as exc:
-        report.add("error", name, f"{where}: step({text!r}) raised {_exc(exc)}")
-        return False
-    problems = _step_problems(res)
-    if problems:
-        report.add("error", name, f"{where}: " + "; ".join(problems))
-        return False
-    if malformed and _is_finite(res.process_reward) and res.process_reward > 0:
-        report.add(
-            "warning", name, f"{where}: a malformed action earned process_reward {res.process_reward} > 0"
-        )
-    if malformed and res.done:
-        report.add("warning", name, f"{where}: a malformed action ended the episode")
-    if name == "tool call" and res.tool_call is None and not res.malformed:
-        report.add(
-            "warning",
-            name,
-            f"{where}: a well-formed call returned no StepResult.tool_call: asyncrl records it from the parsed "
-            "action (ok unless the observation starts with 'error'); set tool_call to report it exactly",
-        )
-    return True
-
-
-async def _check_reference(
-    report: CheckReport,
-    probe: _Probe,
-    env: AnyEnvironment,
-    cls: type,
-    tasks: list[Task],
-    warm_start: SFTConfig | None,
-) -> None:
-    """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)."""
-    solve = getattr(cls, "solve", None)
-    if callable(solve) and tasks:
-        if await _play_reference(report, probe, env, "solver", tasks, solve):
-            report.add("ok", "solver", f"reference solution succeeded on {len(tasks)} task(s)")
-    elif not callable(solve):
-        report.add("ok", "solver", "no reference solver (solve) declared; skipped")
-    demonstrate = getattr(cls, "demonstrate", None)
-    if not callable(demonstrate):
-        if warm_start is not None:
-            report.add(
-                "error",
-                "demonstrate",
-                "the run warm-starts but the environment has no reference demonstrator "
-                "demonstrate(task, rng, corruption_rate) -> list[str]; add one (see docs/environments.md)",
-            )
-        else:
-            report.add("warning", "demonstrate", "no demonstrate(): `asyncrl train` cannot warm-start on it")
-        return
-    if not tasks:
-        return
-    rng = random.Random(warm_start.seed if warm_start else 0)
-    clean = await _play_reference(
-        report, probe, env, "demonstrate", tasks, lambda t: demonstrate(t, rng, 0.0)
-    )
-    rate = warm_start.corruption_rate if warm_start else 0.5
-    try:
-        for t in tasks:
-            texts = demonstrate(t, rng, rate)
-            if not (isinstance(texts, list) and all(isinstance(x, str) for x in texts)):
-                raise TypeError(f"returned {type(texts).__name__}, expected list[str]")
-    except Exception as exc:
-        report.add("error", "demonstrate", f"demonstrate(task, rng, {rate:g}) failed: {_exc(exc)}")
-        return
-    if clean:
-        report.add(
-            "ok",
-            "demonstrate",
-            f"clean demonstrations succeeded on {len(tasks)} task(s); corruption {rate:g} ok",
-        )
-
-
-async def _play_reference(
-    report: CheckReport,
-    probe: _Probe,
-    env: AnyEnvironment,
-    name: str,
-    tasks: list[Task],
-    texts_for: Callable[[Task], Any],
-) -> bool:
-    """Play the reference texts of every task; True when every episode succeeds."""
-    for task in tasks:
-        where = f"task {task.id}"
-        res: Any = None
-        try:
-            await probe.call(name, where, lambda t=task: call_env(env.reset, t))  # type: ignore[misc]
-            for text in texts_for(task):
-                res = await probe.call(name, where, lambda t=text: call_env(env.step, t))  # type: ignore[misc]
-                if not isinstance(res, StepResult) or res.done:
-                    break
-        except Exception as exc:
-            report.add("error", name, f"{where}: reference episode failed: {_exc(exc)}")
-            return False
-        if not (isinstance(res, StepResult) and res.done and res.outcome == "success"):
-            outcome = getattr(res, "outcome", None)
-            report.add("error", name, f"{where}: reference episode did not succeed (outcome {outcome!r})")
-            return False
-    return True
-
-
-def _report_timing(
-    report: CheckReport, probe: _Probe, slow_s: float, stall_s: float, guard_timeout_s: float, sync: bool
-) -> None:
-    """Warn on slow calls per check (a slow tool stretches every episode) and on a blocked loop."""
-    slow = {k: v for k, v in probe.slowest.items() if v[0] > slow_s}
-    for check, (secs, where) in slow.items():
-        report.add(
-            "warning",
-            "timing",
-            f"{check} took {secs:.2f}s ({where}; > {slow_s:g}s): every episode waits for it; "
-            f"the guard times a call out after env.guard.step_timeout_s = {guard_timeout_s:g}s",
-        )
-    if probe.slowest and not slow:
-        check, (secs, _) = max(probe.slowest.items(), key=lambda kv: kv[1][0])
-        report.add("ok", "timing", f"slowest call {secs:.2f}s ({check})")
-    if sync:
-        return  # synchronous methods run in worker threads: they cannot block the event loop
-    stalls = {k: v for k, v in probe.stalls.items() if v[0] > stall_s}
-    for check, (secs, where) in stalls.items():
-        report.add(
-            "warning",
-            "event loop",
-            f"{check} blocked the event loop for {secs:.2f}s ({where}): an async method must not block "
-            "(time.sleep, blocking I/O, long CPU work) -- it stalls every episode of the rollout worker; "
-            "use `await asyncio.sleep`, an async client, or `await asyncio.to_thread(...)`",
-        )
-    if not stalls:
-        worst = max((v[0] for v in probe.stalls.values()), default=0.0)
-        report.add(
-            "ok",
-            "event loop",
-            f"async methods never blocked it (longest gap between heartbeats {worst:.2f}s)",
-        )
-
-
 def _check_source(report: CheckReport, source: TaskSource, episodes: int, overlap_samples: int) -> list[Task]:
+    def error(check: str, message: str) -> list[Task]:
+        report.add("error", check, message)
+        return tasks
+
     rng = random.Random(0)
     tasks: list[Task] = []
     difficulties = list(getattr(source, "difficulties", ()) or [])
@@ -569,52 +469,39 @@ def _check_source(report: CheckReport, source: TaskSource, episodes: int, overla
         for d in difficulties:
             t = source.sample(rng, d)
             if isinstance(t, Task) and t.difficulty != d:
-                report.add(
-                    "error",
-                    "task source",
-                    f"sample(rng, difficulty={d}) returned a task of difficulty {t.difficulty}",
-                )
+                message = f"sample(rng, difficulty={d}) returned a task of difficulty {t.difficulty}"
+                report.add("error", "task source", message)
     except Exception as exc:
-        report.add("error", "task source", f"sample() raised {_exc(exc)}")
-        return tasks
+        return error("task source", f"sample() raised {_exc(exc)}")
     seen = sorted({t.difficulty for t in tasks})
     report.add("ok", "task source", f"{len(tasks)} task(s) sampled, difficulties {seen}")
     try:
-        held = source.heldout()
-        held2 = source.heldout()
+        held, again = source.heldout(), source.heldout()
     except Exception as exc:
-        report.add("error", "held-out", f"heldout() raised {_exc(exc)}")
-        return tasks
+        return error("held-out", f"heldout() raised {_exc(exc)}")
     if not isinstance(held, list) or not all(isinstance(t, Task) for t in held):
-        report.add("error", "held-out", "heldout() must return a list of Task")
-        return tasks
+        return error("held-out", "heldout() must return a list of Task")
     if not held:
-        report.add("error", "held-out", "heldout() returned no tasks")
-        return tasks
-    if [t.id for t in held] != [t.id for t in held2]:
+        return error("held-out", "heldout() returned no tasks")
+    if [t.id for t in held] != [t.id for t in again]:
         report.add("error", "held-out", "heldout() is not deterministic (two calls returned different tasks)")
     held_ids = {t.id for t in held}
     held_payloads = {repr(sorted(t.payload.items())) for t in held if t.payload}
-    overlap = 0
     try:
-        for _ in range(overlap_samples):
-            t = source.sample(rng)
-            if t.id in held_ids or (t.payload and repr(sorted(t.payload.items())) in held_payloads):
-                overlap += 1
+        drawn = [source.sample(rng) for _ in range(overlap_samples)]
     except Exception as exc:
-        report.add("error", "task source", f"sample() raised {_exc(exc)}")
-        return tasks
+        return error("task source", f"sample() raised {_exc(exc)}")
+    overlap = sum(
+        t.id in held_ids or bool(t.payload and repr(sorted(t.payload.items())) in held_payloads)
+        for t in drawn
+    )
     if overlap:
-        report.add(
-            "error",
+        return error(
             "held-out",
             f"{overlap} of {overlap_samples} sampled training tasks are in the held-out split; "
             "sample() must never return a held-out task (see HashSplitTaskSource)",
         )
-    else:
-        report.add(
-            "ok", "held-out", f"{len(held)} tasks, disjoint from {overlap_samples} sampled training tasks"
-        )
+    report.add("ok", "held-out", f"{len(held)} tasks, disjoint from {overlap_samples} sampled training tasks")
     return tasks
 
 

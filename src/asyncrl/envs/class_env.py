@@ -47,12 +47,13 @@ from asyncrl.envs.base import (
     parse_action,
     repeat_final,
     task_id,
+    tool_call,
 )
 from asyncrl.envs.class_tools import call_tool, class_tools, load_object
 from asyncrl.envs.dataset_env import RowTasks
 from asyncrl.envs.imports import EnvPluginError
 from asyncrl.errors import UserError
-from asyncrl.records import Task, ToolCall
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import ClassEnvConfig, EnvConfig
@@ -76,25 +77,14 @@ class ClassTasks(RowTasks):
     salt = "class"
     path_field = f"{FIELD}.rows"
 
-    def __init__(self, cc: ClassEnvConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+    def __init__(self, cc: ClassEnvConfig, **kwargs: int) -> None:
         self.cc = cc
-        super().__init__(
-            cc.rows,
-            split_field=cc.split_field,
-            heldout_value=cc.heldout_value,
-            seed=seed,
-            heldout_size=heldout_size,
-            lo=lo,
-            hi=hi,
-        )
+        super().__init__(cc.rows, cc, **kwargs)
 
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
         cc = self.cc
-        for name in (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field):
-            if name is not None and row.get(name) is None:
-                raise UserError(
-                    f"{self.path_field} {cc.rows!r}: row {i} has no field {name!r} (it has {sorted(row)})"
-                )
+        fields = (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field)
+        difficulty = self.checked_difficulty(i, row, fields, cc.difficulty_field)
         try:
             key = msgspec.json.encode(row, order="sorted").decode()
         except (TypeError, msgspec.EncodeError) as exc:
@@ -102,18 +92,12 @@ class ClassTasks(RowTasks):
         system, prompt = _prompt_of(row[cc.prompt_field]) if cc.prompt_field else (None, "")
         if cc.system_field:
             system = str(row[cc.system_field])
-        payload: dict[str, Any] = {"row": msgspec.json.decode(key), "prompt": prompt}
+        payload = {"row": msgspec.json.decode(key), "prompt": prompt}
         if system:
             payload["system"] = system
         if cc.demo_field:
             demo = row[cc.demo_field]
             payload["demo"] = [str(t) for t in demo] if isinstance(demo, list) else str(demo).strip()
-        try:
-            difficulty = int(row[cc.difficulty_field]) if cc.difficulty_field else 0
-        except (TypeError, ValueError):
-            raise UserError(
-                f"{self.path_field} {cc.rows!r}: row {i}: {cc.difficulty_field!r} is not an integer"
-            ) from None
         return Task(id=task_id("cls", key), task_type="class", difficulty=difficulty, payload=payload)
 
     def content_key(self, task: Task) -> str:
@@ -198,9 +182,6 @@ class ClassEnv:
         if self._final is not None:  # a retried final step: the same result again
             return repeat_final(self._final)
         action = parse_action(model_text)
-        if isinstance(action, MalformedAction):
-            self._completion.append({"role": "assistant", "content": model_text})
-            return StepResult(f"error: {action.reason}", info={"action": "malformed"}, malformed=True)
         if isinstance(action, AnswerAction):
             self._completion.append({"role": "assistant", "content": action.answer})
             reward = await self._reward()
@@ -210,25 +191,18 @@ class ClassEnv:
                 f"reward {reward:g}", done=True, reward=reward, outcome=outcome, info=info
             )
             return self._final
-        tool = self._tools.get(action.name)
-        if tool is None:
+        if isinstance(action, MalformedAction) or action.name not in self._tools:
             self._completion.append({"role": "assistant", "content": model_text})
             names = ", ".join(self._tools) or "none"
-            return StepResult(
-                f"error: unknown tool {action.name!r}; tools: {names}",
-                info={"action": "malformed"},
-                malformed=True,
+            reason = (
+                action.reason
+                if isinstance(action, MalformedAction)
+                else f"unknown tool {action.name!r}; tools: {names}"
             )
+            return StepResult(f"error: {reason}", info={"action": "malformed"}, malformed=True)
         started = time.monotonic()
-        ok, text = await call_tool(self.instance, tool, action.args)
-        call = ToolCall(
-            name=action.name,
-            arguments=action.args,
-            ok=ok,
-            result=text if ok else "",
-            error="" if ok else text,
-            latency_s=time.monotonic() - started,
-        )
+        ok, text = await call_tool(self.instance, self._tools[action.name], action.args)
+        call = tool_call(action.name, action.args, ok, text, started)
         observation = text if ok else f"error: {text}"
         function = {"name": action.name, "arguments": action.args}
         self._completion.append(

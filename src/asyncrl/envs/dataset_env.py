@@ -20,14 +20,15 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from asyncrl.envs.answer_env import AnswerEnv, answer_section
+from asyncrl.envs.answer_env import AnswerEnv
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
 from asyncrl.envs.scoring import Scorer, load_scorer, refuse_lenient_scorer, safe_score
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
-    from asyncrl.config import DatasetConfig, EnvConfig
+    from asyncrl.config import ClassEnvConfig, DatasetConfig, EnvConfig
 
 __all__ = ["DatasetEnv", "DatasetTasks", "RowTasks", "read_rows"]
 
@@ -98,19 +99,21 @@ class RowTasks(HashSplitTaskSource):
     def __init__(
         self,
         path: str,
+        section: DatasetConfig | ClassEnvConfig,
         *,
-        split_field: str | None,
-        heldout_value: str,
         seed: int,
         heldout_size: int,
         lo: int,
         hi: int,
     ) -> None:
+        """The rows of ``path``; ``section`` names the split column and its held-out value."""
+        self.path = path
         tasks = [(self.row_task(i, row), row) for i, row in enumerate(read_rows(path, self.path_field))]
         if not tasks:
             raise UserError(f"{self.path_field} {path!r} has no rows")
-        self.split = split_field
-        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == heldout_value}
+        self.split = section.split_field
+        held_value = section.heldout_value
+        self.held = {t.id for t, row in tasks if self.split and str(row.get(self.split)) == held_value}
         self.difficulties = tuple(sorted({t.difficulty for t, _ in tasks}))
         super().__init__(seed=seed, heldout_size=heldout_size, min_difficulty=lo, max_difficulty=hi)
         held = [t for t, _ in tasks if self.is_heldout(t) and t.difficulty in self.active_difficulties]
@@ -122,6 +125,20 @@ class RowTasks(HashSplitTaskSource):
     @abstractmethod
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
         """The task of row ``i`` (numbered from 0); a :class:`UserError` naming a missing field."""
+
+    def checked_difficulty(
+        self, i: int, row: dict[str, Any], fields: tuple[str | None, ...], field: str | None
+    ) -> int:
+        """Row ``i``'s difficulty, its column ``field`` read as an integer (0 without one), once the row has
+        every one of ``fields``; a :class:`UserError` naming a missing field or a difficulty that is not an integer."""
+        where = f"{self.path_field} {self.path!r}: row {i}"
+        for name in fields:
+            if name is not None and row.get(name) is None:
+                raise UserError(f"{where} has no field {name!r} (it has {sorted(row)})")
+        try:
+            return int(row[field]) if field else 0
+        except (TypeError, ValueError):
+            raise UserError(f"{where}: {field!r} is not an integer") from None
 
     def is_heldout(self, task: Task) -> bool:
         return task.id in self.held if self.split else super().is_heldout(task)
@@ -148,17 +165,9 @@ class DatasetTasks(RowTasks):
     task_types = ("dataset",)
     salt = "dataset"
 
-    def __init__(self, dc: DatasetConfig, *, seed: int, heldout_size: int, lo: int, hi: int) -> None:
+    def __init__(self, dc: DatasetConfig, **kwargs: int) -> None:
         self.dc = dc
-        super().__init__(
-            dc.path,
-            split_field=dc.split_field,
-            heldout_value=dc.heldout_value,
-            seed=seed,
-            heldout_size=heldout_size,
-            lo=lo,
-            hi=hi,
-        )
+        super().__init__(dc.path, dc, **kwargs)
         self.scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
         sample = self.train[: dc.hygiene_tasks]
         refuse_lenient_scorer(
@@ -168,30 +177,17 @@ class DatasetTasks(RowTasks):
         )
 
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
-        return _row_task(self.dc, i, row)
+        dc = self.dc
+        fields = (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field)
+        difficulty = self.checked_difficulty(i, row, fields, dc.difficulty_field)
+        payload = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": str(row[dc.answer_field]).strip()}
+        if dc.system_field:
+            payload["system"] = str(row[dc.system_field])
+        key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
+        return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload)
 
     def content_key(self, task: Task) -> str:
         return normalize(str(task.payload["prompt"]))
-
-
-def _row_task(dc: DatasetConfig, i: int, row: dict[str, Any]) -> Task:
-    """The task of row ``i`` (numbered from 0) and the row; a :class:`UserError` naming a missing field."""
-    for name in (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field):
-        if name is not None and row.get(name) is None:
-            raise UserError(
-                f"env.dataset.path {dc.path!r}: row {i} has no field {name!r} (it has {sorted(row)})"
-            )
-    payload = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": str(row[dc.answer_field]).strip()}
-    if dc.system_field:
-        payload["system"] = str(row[dc.system_field])
-    try:
-        difficulty = int(row[dc.difficulty_field]) if dc.difficulty_field else 0
-    except (TypeError, ValueError):
-        raise UserError(
-            f"env.dataset.path {dc.path!r}: row {i}: {dc.difficulty_field!r} is not an integer"
-        ) from None
-    key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
-    return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload)
 
 
 class DatasetEnv(AnswerEnv):
@@ -206,7 +202,7 @@ class DatasetEnv(AnswerEnv):
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> DatasetEnv:
-        return cls(answer_section(cfg, cls.kind), cfg)
+        return cls(env_section(cfg, cfg.dataset), cfg)
 
     @staticmethod
     def gold(task: Task) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -34,34 +34,22 @@ from asyncrl.envs.base import (
     repeat_final,
 )
 from asyncrl.envs.base import task_id as make_task_id
-from asyncrl.envs.python_env import OBSERVATION_CHARS, PythonEnv
-from asyncrl.envs.sandbox import run_python
-from asyncrl.envs.toolenv import EnvOptionsError
+from asyncrl.envs.python_env import PYTHON_TOOL, run_sandboxed
+from asyncrl.envs.toolenv import EnvOptionsError, env_section
 from asyncrl.errors import UserError
-from asyncrl.records import Task, ToolCall
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig, SandboxConfig
     from asyncrl.config.ecosystem import GemConfig
     from asyncrl.envs.base import Tool
 
-__all__ = ["GemEnv", "SeedTasks", "ecosystem_section", "latest_feedback"]
+__all__ = ["GemEnv", "SeedTasks", "latest_feedback"]
 
 TEXTARENA = "textarena:"
 UNSANDBOXED = ("code:",)
 """GEM id prefixes whose environments run model code without isolation."""
 INSTALL = "pip install --no-deps 'gem-llm==0.1.0' 'textarena==0.7.4' (docs/environments.md#gem)"
-
-
-S = TypeVar("S")
-
-
-def ecosystem_section(cfg: EnvConfig, section: S | None) -> S:
-    """``section``, the ``env.<kind>`` section of an ecosystem kind (``env.options`` must be empty)."""
-    if cfg.options:
-        raise EnvOptionsError(f"env.options for {cfg.kind!r} must be empty: use the env.{cfg.kind} section")
-    assert section is not None  # EnvConfig's validator requires it for this kind
-    return section
 
 
 class SeedTasks(HashSplitTaskSource):
@@ -134,18 +122,18 @@ class GemEnv:
         self.gc, self.sandbox = gc, sandbox
         self.textarena = gc.game.startswith(TEXTARENA)
         self.game = _make_game(gc.game, gc.kwargs)
-        self.tools: list[Tool] = [PythonEnv(sandbox).tools[0]] if gc.tools else []
+        self.tools: list[Tool] = [PYTHON_TOOL] if gc.tools else []
         self.rewards = EpisodeRewards()
         self._seen = ""
         self._final: StepResult | None = None
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> GemEnv:
-        return cls(ecosystem_section(cfg, cfg.gem), cfg.sandbox)
+        return cls(env_section(cfg, cfg.gem), cfg.sandbox)
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> SeedTasks:
-        gc = ecosystem_section(cfg, cfg.gem)
+        gc = env_section(cfg, cfg.gem)
         return SeedTasks(gc.game, gc.seeds, seed=cfg.seed, heldout_size=cfg.heldout_size, prefix="gem")
 
     async def reset(self, task: Task) -> str:
@@ -200,27 +188,8 @@ class GemEnv:
 
     async def _python(self, code: str) -> StepResult:
         started = time.monotonic()
-        result = await run_python(code, self.sandbox)
-        text = result.summary(OBSERVATION_CHARS).removeprefix("error: ")
-        call = ToolCall(
-            name="python",
-            arguments=code,
-            ok=result.ok,
-            result=text if result.ok else "",
-            error="" if result.ok else text,
-            latency_s=time.monotonic() - started,
-        )
-        if result.ok:
-            reward, parts = self.rewards.tool_ok("python", code, text, lambda a, b: False)
-        else:
-            reward, parts = self.rewards.tool_error()
-            text = f"error: {text}"
-        return StepResult(
-            observation=text,
-            process_reward=reward,
-            info={"action": "tool", "reward_parts": parts},
-            tool_call=call,
-        )
+        ok, text = await run_sandboxed(code, self.sandbox)
+        return self.rewards.tool_step("python", code, ok, text, started, lambda a, b: False)
 
     async def close(self) -> None:
         """Nothing held between episodes."""

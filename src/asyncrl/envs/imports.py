@@ -23,9 +23,8 @@ def import_object(path: str, *, what: str = "ClassName") -> Any:
     """Import ``package.module:NAME`` (the current directory is searched too, after installed
     packages); :class:`EnvPluginError` for a malformed path, a missing module, an import that fails
     inside the module or a missing attribute. ``what`` names NAME in the messages."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:{what}'")
-    module_name, attr = (s.strip() for s in path.split(":"))
+    parts = [s.strip() for s in path.split(":")] if isinstance(path, str) else []
+    module_name, attr = parts if len(parts) == 2 else ("", "")
     if not module_name or not attr:
         raise EnvPluginError(f"plugin path {path!r} must look like 'package.module:{what}'")
     cwd = os.getcwd()

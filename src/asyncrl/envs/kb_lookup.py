@@ -21,6 +21,7 @@ Example (difficulty 2 = two hops = two lookups; names vary with the seed)::
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -110,15 +111,12 @@ class KnowledgeBase:
             for _ in range(num_companies)
         ]
         people = [fresh(lambda: _word(rng, 2) + " " + _word(rng, 2)) for _ in range(num_people)]
-        facts: dict[tuple[str, str], str] = {}
-        for country, currency in zip(countries, currencies, strict=True):
-            facts[(country, "currency")] = currency
-        for i, city in enumerate(cities):
-            facts[(city, "country")] = (
-                countries[i % num_countries] if i < num_countries else rng.choice(countries)
-            )
-        for company in companies:
-            facts[(company, "based_in")] = rng.choice(cities)
+        facts = {(country, "currency"): cur for country, cur in zip(countries, currencies, strict=True)}
+        facts |= {
+            (c, "country"): countries[i] if i < num_countries else rng.choice(countries)
+            for i, c in enumerate(cities)
+        }
+        facts |= {(company, "based_in"): rng.choice(cities) for company in companies}
         for i, person in enumerate(people):
             facts[(person, "lives_in")] = rng.choice(cities)
             facts[(person, "works_for")] = rng.choice(companies)
@@ -140,21 +138,8 @@ class KnowledgeBase:
         return out
 
 
-_KB_CACHE: dict[tuple[int, int, int, int, int], KnowledgeBase] = {}
-
-
-def get_kb(seed: int, **sizes: int) -> KnowledgeBase:
-    """Cached :meth:`KnowledgeBase.generate` (environments and task sources share one KB)."""
-    key = (
-        seed,
-        sizes.get("num_people", 200),
-        sizes.get("num_cities", 24),
-        sizes.get("num_countries", 8),
-        sizes.get("num_companies", 16),
-    )
-    if key not in _KB_CACHE:
-        _KB_CACHE[key] = KnowledgeBase.generate(*key)
-    return _KB_CACHE[key]
+get_kb = functools.cache(KnowledgeBase.generate)
+"""Cached :meth:`KnowledgeBase.generate` (environments and task sources share one KB)."""
 
 
 _SIZE_OPTIONS = ("num_people", "num_cities", "num_countries", "num_companies")
@@ -185,7 +170,7 @@ class KBTasks(HashSplitTaskSource):
         person = rng.choice(self.kb.people)
         path = self.kb.follow(person, chain)
         key = f"{self.seed}|{person}|{'.'.join(chain)}"
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": template.format(x=person),
             "start": person,
             "chain": list(chain),

@@ -69,22 +69,13 @@ class MixTaskSource:
     def pick(self, rng: random.Random, names: list[str] | None = None) -> str:
         """A member by weight (among ``names``, default all)."""
         names = names or list(self.members)
-        x = rng.random() * sum(self.weights[n] for n in names)
-        for n in names:
-            x -= self.weights[n]
-            if x <= 0:
-                return n
-        return names[-1]
+        return rng.choices(names, weights=[self.weights[n] for n in names])[0]
 
     def sample(self, rng: random.Random, difficulty: int | None = None) -> Task:
         """A training task of a member drawn by weight (among those with ``difficulty``, if any has it)."""
-        if difficulty is not None:
-            having = [n for n, s in self.members.items() if difficulty in s.difficulties]
-            if not having:
-                difficulty = None
-            name = self.pick(rng, having or None)
-        else:
-            name = self.pick(rng)
+        having = [n for n, s in self.members.items() if difficulty in s.difficulties]
+        name = self.pick(rng, having)
+        difficulty = difficulty if having else None
         return self.tag(name, self.members[name].sample(rng, difficulty=difficulty))
 
     def heldout(self) -> list[Task]:

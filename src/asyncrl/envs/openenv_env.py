@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import (
@@ -28,10 +29,11 @@ from asyncrl.envs.base import (
     parse_action,
     repeat_final,
 )
-from asyncrl.envs.gem_env import SeedTasks, ecosystem_section
+from asyncrl.envs.gem_env import SeedTasks
 from asyncrl.envs.imports import import_object
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
-from asyncrl.records import Task, ToolCall
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["OpenEnvEnv", "call_arguments", "observation_text"]
 
 INSTALL = "pip install --no-deps 'openenv-core==0.3.0' (docs/environments.md#openenv)"
-_QUIET = ("done", "reward", "metadata")
+_QUIET = {"done", "reward", "metadata", "tool_name", "error"}
 
 
 def _mcp_types() -> Any:
@@ -53,7 +55,7 @@ def _mcp_types() -> Any:
 
 def observation_text(obs: Any) -> str:
     """An observation as the model reads it: a tool's text content, else the observation's own
-    fields (``done``, ``reward``, ``metadata`` left out) -- one string field as itself, several as JSON."""
+    fields (``done``, ``reward``, ``metadata``, ``tool_name``, ``error`` left out) -- one string field as itself, several as JSON."""
     result = getattr(obs, "result", None)
     if result is not None:
         content = getattr(result, "content", None)
@@ -63,15 +65,13 @@ def observation_text(obs: Any) -> str:
                 return "\n".join(texts)
         data = getattr(result, "data", result)
         return data if isinstance(data, str) else json.dumps(data, default=str)
-    fields = obs.model_dump(exclude=set(_QUIET)) if hasattr(obs, "model_dump") else {"observation": obs}
-    fields.pop("tool_name", None)
-    fields.pop("error", None)
+    fields = obs.model_dump(exclude=_QUIET) if hasattr(obs, "model_dump") else {"observation": obs}
     if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
         return str(next(iter(fields.values())))
     return json.dumps(fields, default=str)
 
 
-_CASTS: dict[str, Any] = {
+_CASTS: dict[str, Callable[[str], Any]] = {
     "integer": int,
     "number": float,
     "boolean": lambda s: s.strip().lower() in ("true", "1"),
@@ -132,11 +132,11 @@ class OpenEnvEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> OpenEnvEnv:
-        return cls(ecosystem_section(cfg, cfg.openenv))
+        return cls(env_section(cfg, cfg.openenv))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> SeedTasks:
-        oc = ecosystem_section(cfg, cfg.openenv)
+        oc = env_section(cfg, cfg.openenv)
         return SeedTasks(oc.path, oc.seeds, seed=cfg.seed, heldout_size=cfg.heldout_size, prefix="openenv")
 
     def reset(self, task: Task) -> str:
@@ -156,16 +156,9 @@ class OpenEnvEnv:
                     "episode over: this environment takes tool calls", done=True, outcome="failure"
                 )
                 return self._final
-            name, args = (
-                self.oc.answer_tool,
-                json.dumps(
-                    {
-                        next(
-                            iter(self.schemas[self.oc.answer_tool].get("properties") or {"answer": 0})
-                        ): action.answer
-                    }
-                ),
-            )
+            name = self.oc.answer_tool
+            arg = next(iter(self.schemas[name].get("properties") or {"answer": 0}))
+            args = json.dumps({arg: action.answer})
         else:
             name, args = action.name, action.args
         if name not in self.schemas:
@@ -183,24 +176,7 @@ class OpenEnvEnv:
             err = getattr(obs, "error", None)
             error = str(getattr(err, "message", err)) if err is not None else ""
         text = error or observation_text(obs)
-        call = ToolCall(
-            name=name,
-            arguments=args,
-            ok=not error,
-            result="" if error else text,
-            error=error,
-            latency_s=time.monotonic() - started,
-        )
-        if error:
-            reward, parts = self.rewards.tool_error()
-        else:
-            reward, parts = self.rewards.tool_ok(name, args, text, lambda a, b: False)
-        result = StepResult(
-            text if not error else f"error: {error}",
-            process_reward=reward,
-            tool_call=call,
-            info={"action": "tool", "reward_parts": parts},
-        )
+        result = self.rewards.tool_step(name, args, not error, text, started, lambda a, b: False)
         if obs is not None and getattr(obs, "done", False):
             final = float(obs.reward or 0.0)
             result.done, result.reward = True, final

@@ -23,10 +23,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.config import SandboxConfig
-from asyncrl.envs.base import HashSplitTaskSource, Tool, mentions_number, task_id
+from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
 from asyncrl.envs.sandbox import run_python
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
 from asyncrl.records import Task
@@ -133,7 +133,7 @@ class PythonTasks(HashSplitTaskSource):
         tpl = rng.choice([t for t in TEMPLATES if t.tier == difficulty])
         params = tpl.params(rng)
         key = tpl.name + "|" + ",".join(f"{k}={v}" for k, v in sorted(params.items()))
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": tpl.question.format(**params) + SUFFIX,
             "template": tpl.name,
             "params": params,
@@ -190,6 +190,20 @@ def py_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> li
     return [f"<tool>python({_code(task)})</tool>", f"<answer>{answer + rng.choice((-1, 1))}</answer>"]
 
 
+PYTHON_TOOL = Tool(
+    name="python",
+    description="Run Python 3 code in a sandbox (no network, no files outside its temp dir); returns what it prints.",
+    args_schema={"type": "string", "description": "Python source code", "example": "print(6*7)"},
+)
+
+
+async def run_sandboxed(code: str, limits: SandboxConfig) -> tuple[bool, str]:
+    """The ``python`` tool: ``(ok, stdout or the error)`` of :func:`run_python`, in at most
+    ``OBSERVATION_CHARS`` characters."""
+    result = await run_python(code, limits)
+    return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
+
+
 class PythonEnv(ToolEnv):
     """Computation questions with a sandboxed ``python(CODE)`` tool; see the module docstring.
 
@@ -202,14 +216,7 @@ class PythonEnv(ToolEnv):
     def __init__(self, limits: SandboxConfig | None = None) -> None:
         super().__init__()
         self.limits = limits if limits is not None else SandboxConfig()
-        self.tools = [
-            Tool(
-                name="python",
-                description="Run Python 3 code in a sandbox (no network, no files outside its temp dir); "
-                "returns what it prints.",
-                args_schema={"type": "string", "description": "Python source code", "example": "print(6*7)"},
-            )
-        ]
+        self.tools = [PYTHON_TOOL]
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> PythonEnv:
@@ -227,12 +234,4 @@ class PythonEnv(ToolEnv):
     demonstrate = staticmethod(py_demonstrate)
 
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
-        result = await run_python(args, self.limits)
-        return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
-
-    def is_correct(self, answer: str) -> bool:
-        assert self.task is not None
-        return answer.strip() == str(self.task.payload["answer"])
-
-    def result_used(self, text: str, result: str) -> bool:
-        return mentions_number(text, result)
+        return await run_sandboxed(args, self.limits)

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.answer_env import AnswerEnv, answer_section
+from asyncrl.envs.answer_env import AnswerEnv
 from asyncrl.envs.base import HashSplitTaskSource, task_id
 from asyncrl.envs.scoring import refuse_lenient_scorer, safe_score
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
@@ -190,7 +191,7 @@ class ReasoningGymEnv(AnswerEnv):
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ReasoningGymEnv:
-        rc: ReasoningGymConfig = answer_section(cfg, cls.kind)
+        rc = env_section(cfg, cfg.reasoning_gym)
         return cls(rc.tools, rc.reward, cfg.sandbox)
 
     gold = staticmethod(_gold)

@@ -101,19 +101,15 @@ class SandboxResult:
         """Short plain-ASCII text for an observation: stdout when ok, else ``error: ...``."""
         if self.ok:
             text = self.stdout.strip() or "(no output; use print)"
-        elif self.error == "timeout":
-            text = f"error: timeout (wall limit {self.detail})"
-        elif self.error == "cpu_limit":
-            text = "error: CPU time limit exceeded"
-        elif self.error == "output_limit":
-            text = "error: output too long"
-        elif self.error == "sandbox_error":
-            text = f"error: sandbox unavailable: {self.detail}"
-        elif self.error == "bad_code":
-            text = f"error: {self.detail}"
         else:
             lines = [ln.strip() for ln in self.stderr.strip().splitlines() if ln.strip()]
-            text = "error: " + (lines[-1] if lines else self.detail or f"exit status {self.returncode}")
+            text = "error: " + {
+                "timeout": f"timeout (wall limit {self.detail})",
+                "cpu_limit": "CPU time limit exceeded",
+                "output_limit": "output too long",
+                "sandbox_error": f"sandbox unavailable: {self.detail}",
+                "bad_code": self.detail,
+            }.get(self.error or "", lines[-1] if lines else self.detail or f"exit status {self.returncode}")
         text = text.encode("ascii", "replace").decode("ascii")
         return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
@@ -164,16 +160,10 @@ try:
     ns_net = ns_fs = True
 except OSError as e:
     state["notes"].append("namespaces: " + str(e))
-    if not root:
-        try:
-            unshare(NEWUSER | NEWNET); ns_net = True
-        except OSError as e2:
-            state["notes"].append("net namespace: " + str(e2))
-    else:
-        try:
-            unshare(NEWNET); ns_net = True
-        except OSError as e2:
-            state["notes"].append("net namespace: " + str(e2))
+    try:
+        unshare(NEWNET if root else NEWUSER | NEWNET); ns_net = True
+    except OSError as e2:
+        state["notes"].append("net namespace: " + str(e2))
 if ns_net:
     state["isolation"].append("net")
 python = cfg["python"]
@@ -452,15 +442,8 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
         }
         return await _spawn(code, cfg, limits, uid if is_root else None, started)
     except Exception as exc:  # host-side problem: report, never raise into the environment
-        return SandboxResult(
-            False,
-            "",
-            "",
-            None,
-            "sandbox_error",
-            wall_s=time.monotonic() - started,
-            detail=f"{type(exc).__name__}: {exc}",
-        )
+        wall, detail = time.monotonic() - started, f"{type(exc).__name__}: {exc}"
+        return SandboxResult(False, "", "", None, "sandbox_error", wall_s=wall, detail=detail)
     finally:
         if top:
             shutil.rmtree(top, ignore_errors=True)
@@ -473,14 +456,9 @@ async def _spawn(
     status_r, status_w = os.pipe()
     cfg["status_fd"] = status_w
     try:
+        argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(cfg), code]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            LAUNCHER,
-            json.dumps(cfg),
-            code,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -496,10 +474,8 @@ async def _spawn(
         os.close(status_w)
     assert proc.stdout is not None and proc.stderr is not None
     flood = asyncio.Event()
-    readers = [
-        asyncio.ensure_future(_read_capped(proc.stdout, limits.max_output_bytes, flood)),
-        asyncio.ensure_future(_read_capped(proc.stderr, limits.max_output_bytes, flood)),
-    ]
+    cap = limits.max_output_bytes
+    readers = [asyncio.ensure_future(_read_capped(out, cap, flood)) for out in (proc.stdout, proc.stderr)]
     waiter = asyncio.ensure_future(_exited(proc))
     flood_wait = asyncio.ensure_future(flood.wait())
     error: str | None = None
@@ -531,16 +507,10 @@ async def _spawn(
         return SandboxResult(
             False, "", "", returncode, "sandbox_error", wall, isolation, status["error"], leftovers
         )
-    if error is None and returncode != 0:
-        if returncode == -signal.SIGXCPU:  # only RLIMIT_CPU sends SIGXCPU
-            error = "cpu_limit"
-        elif returncode < 0:
-            error = "killed"
-        else:
-            error = "exit"
-    detail = f"{limits.wall_seconds:g}s" if error == "timeout" else ""
-    if error == "killed":
-        detail = f"killed by signal {-returncode}"
+    if error is None and returncode != 0:  # only RLIMIT_CPU sends SIGXCPU
+        error = "cpu_limit" if returncode == -signal.SIGXCPU else "killed" if returncode < 0 else "exit"
+    details = {"timeout": f"{limits.wall_seconds:g}s", "killed": f"killed by signal {-returncode}"}
+    detail = details.get(error or "", "")
     return SandboxResult(error is None, stdout, stderr, returncode, error, wall, isolation, detail, leftovers)
 
 
@@ -575,9 +545,7 @@ async def _cleanup(proc: asyncio.subprocess.Process, uid: int | None) -> list[in
     if proc.returncode is None or uid is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-    if uid is None:
-        return []
-    if not _uid_pids(uid):
+    if uid is None or not _uid_pids(uid):
         return []
     return await asyncio.to_thread(_kill_uid_sync, uid)
 

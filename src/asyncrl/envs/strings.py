@@ -91,7 +91,7 @@ class StringTasks(HashSplitTaskSource):
         if len(set(path)) < len(path) or path[-1] == word:  # a no-op step: draw again
             return self.generate(rng, difficulty)
         prompt = f'Apply {", then ".join(ops)} to "{word}".'
-        payload: dict[str, Any] = {
+        payload = {
             "prompt": prompt,
             "word": word,
             "ops": ops,

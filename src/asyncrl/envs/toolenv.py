@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from asyncrl.config import CostConfig, default_of
 from asyncrl.envs.base import (
@@ -20,11 +20,12 @@ from asyncrl.envs.base import (
     MalformedAction,
     StepResult,
     Tool,
+    mentions_number,
     parse_action,
     repeat_final,
 )
 from asyncrl.errors import UserError
-from asyncrl.records import Task, ToolCall
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     import random
@@ -32,12 +33,22 @@ if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
     from asyncrl.envs.base import HashSplitTaskSource
 
+S = TypeVar("S")
+
 MAX_ARGS_CHARS = 4000
 """Longest ARGS text accepted by a built-in tool (longer calls are tool errors)."""
 
 
 class EnvOptionsError(UserError, ValueError):
     """Unknown or invalid ``env.options`` for a built-in environment (a user mistake)."""
+
+
+def env_section(cfg: EnvConfig, section: S | None) -> S:
+    """``section``, the ``env.<kind>`` section of a kind configured there (``env.options`` must be empty)."""
+    if cfg.options:
+        raise EnvOptionsError(f"env.options for {cfg.kind!r} must be empty: use the env.{cfg.kind} section")
+    assert section is not None  # EnvConfig's validator requires it for this kind
+    return section
 
 
 def refuse_unknown_options(kind: str, options: Mapping[str, object], allowed: tuple[str, ...]) -> None:
@@ -93,8 +104,8 @@ VERIFIER_CACHE = VerifierCache()
 class ToolEnv(ABC):
     """Base of the built-in environments (async).
 
-    Subclasses set :attr:`tools`, and implement :meth:`prompt`, :meth:`run_tool`,
-    :meth:`is_correct` and :meth:`result_used`. One instance runs one episode at a time.
+    Subclasses set :attr:`tools`, and implement :meth:`run_tool` (and, where the defaults do not
+    fit, :meth:`prompt`, :meth:`is_correct` and :meth:`result_used`). One instance runs one episode at a time.
     Stepping after the episode ended returns the same final result again (reward and outcome
     unchanged, no process reward), so a retried final step is harmless.
     """
@@ -105,18 +116,9 @@ class ToolEnv(ABC):
     def __init__(self) -> None:
         self.task: Task | None = None
         self.rewards = EpisodeRewards()
-        self.turns = 0
         self._final: StepResult | None = None
 
     # -- construction conventions (also used by plugins, see registry.py) ----------------------
-    @classmethod
-    def from_config(cls, cfg: EnvConfig) -> ToolEnv:
-        """Build the environment from ``env`` config; unknown options are a clear error."""
-        try:
-            return cls(**cfg.options)
-        except TypeError as exc:
-            raise EnvOptionsError(f"env.options for {cls.kind!r} are invalid: {exc}") from None
-
     @classmethod
     @abstractmethod
     def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
@@ -141,9 +143,10 @@ class ToolEnv(ABC):
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
         """Run a tool; ``(True, result)`` or ``(False, error message)``."""
 
-    @abstractmethod
     def is_correct(self, answer: str) -> bool:
-        """Grade the final answer against ``self.task``."""
+        """Grade the final answer against ``self.task``: by default, equal to its ``answer``."""
+        assert self.task is not None
+        return answer.strip() == str(self.task.payload["answer"])
 
     partial_credit: bool = False
     """The outcome reward is :meth:`score` itself, not 1 for a full score and 0 otherwise."""
@@ -152,9 +155,10 @@ class ToolEnv(ABC):
         """The answer's score in [0, 1]; a full score is a success. ``is_correct`` as 1 or 0 by default."""
         return 1.0 if self.is_correct(answer) else 0.0
 
-    @abstractmethod
     def result_used(self, text: str, result: str) -> bool:
-        """Whether ``text`` (later args or the answer) uses an earlier tool ``result``."""
+        """Whether ``text`` (later args or the answer) uses an earlier tool ``result``: by default,
+        whether the integer ``result`` appears in it as a whole number."""
+        return mentions_number(text, result)
 
     def resolve(self, text: str, *, answer: bool) -> str:
         """The tool arguments (or, with ``answer``, the answer) with any reference the
@@ -167,7 +171,6 @@ class ToolEnv(ABC):
     async def reset(self, task: Task) -> str:
         self.task = task
         self.rewards = EpisodeRewards()
-        self.turns = 0
         self._final = None
         return self.prompt(task)
 
@@ -176,7 +179,6 @@ class ToolEnv(ABC):
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self._final is not None:
             return repeat_final(self._final)
-        self.turns += 1
         action = parse_action(model_text)
         if isinstance(action, MalformedAction):
             return self.rewards.malformed(action.reason)
@@ -206,23 +208,7 @@ class ToolEnv(ABC):
         else:
             args = self.resolve(args, answer=False)
             ok, text = await self.run_tool(action.name, args)
-        latency = time.monotonic() - started
-        call = ToolCall(
-            name=action.name,
-            arguments=args,
-            ok=ok,
-            result=text if ok else "",
-            error="" if ok else text,
-            latency_s=latency,
-        )
-        if ok:
-            reward, parts = self.rewards.tool_ok(action.name, args, text, self.result_used)
-            observation = text
-        else:
-            reward, parts = self.rewards.tool_error()
-            observation = f"error: {text}"
-        info = {"action": "tool", "reward_parts": parts}
-        return StepResult(observation=observation, process_reward=reward, info=info, tool_call=call)
+        return self.rewards.tool_step(action.name, args, ok, text, started, self.result_used)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Nothing to release by default."""

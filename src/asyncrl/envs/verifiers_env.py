@@ -15,14 +15,13 @@ verifiers v1 environments run their own harness (installed with ``uv`` per episo
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import random
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import StepResult, task_id
-from asyncrl.envs.gem_env import ecosystem_section
+from asyncrl.envs.base import StepResult, in_heldout_bucket, task_id
 from asyncrl.envs.imports import import_object
+from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
@@ -66,10 +65,6 @@ def _prompt(row: dict[str, Any]) -> str:
     return "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") in ("system", "user"))
 
 
-def _heldout_hash(key: str) -> bool:
-    return int.from_bytes(hashlib.sha256(f"verifiers|{key}".encode()).digest()[:8], "big") % 1000 < 100
-
-
 class VerifiersTasks:
     """Rows of the environment's datasets; the held-out split is disjoint from training by prompt."""
 
@@ -82,7 +77,7 @@ class VerifiersTasks:
         if env.eval_dataset is not None:
             held = [("eval", i, _prompt(r)) for i, r in enumerate(env.get_eval_dataset())]
         else:
-            held = [t for t in train if _heldout_hash(t[2])]
+            held = [t for t in train if in_heldout_bucket("verifiers", t[2], 100)]
         keys = {t[2] for t in held}
         self.train = [t for t in train if t[2] not in keys]
         self._held = [self._task(vc.path, t) for t in held[:heldout_size]]
@@ -118,11 +113,11 @@ class VerifiersEnv:
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> VerifiersEnv:
-        return cls(ecosystem_section(cfg, cfg.verifiers))
+        return cls(env_section(cfg, cfg.verifiers))
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> VerifiersTasks:
-        return VerifiersTasks(ecosystem_section(cfg, cfg.verifiers), cfg.heldout_size)
+        return VerifiersTasks(env_section(cfg, cfg.verifiers), cfg.heldout_size)
 
     async def reset(self, task: Task) -> str:
         data = self.env.get_eval_dataset() if task.payload["split"] == "eval" else self.env.get_dataset()

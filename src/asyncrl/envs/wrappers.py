@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import numbers
 import os
 import random
 import time
@@ -45,15 +44,19 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import (
     AnyEnvironment,
+    CallTimeout,
     StepResult,
     Tool,
     ToolCallAction,
     call_env,
+    call_with_timeout,
     close_env,
     parse_action,
+    step_problems,
+    tool_call,
 )
 from asyncrl.envs.toolenv import VERIFIER_CACHE
-from asyncrl.records import OUTCOMES, Fault, ToolCall
+from asyncrl.records import Fault, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import FaultConfig, GuardConfig, LatencyConfig
@@ -163,14 +166,12 @@ class LatencyWrapper(EnvWrapper):
         c = self.cfg
         if c.kind == "none" or c.seconds <= 0:
             return 0.0
-        if c.kind == "constant":
-            delay = c.seconds
-        elif c.kind == "lognormal":
+        if c.kind == "lognormal":
             delay = self.rng.lognormvariate(math.log(c.seconds), c.sigma)
         elif c.kind == "pareto":
             delay = c.seconds * self.rng.paretovariate(c.alpha)
         else:
-            raise ValueError(f"unknown latency kind {c.kind!r}")
+            delay = c.seconds
         return min(delay, c.max_seconds)
 
     async def step(self, model_text: str) -> StepResult:
@@ -252,27 +253,14 @@ class _AttemptFailed(Exception):
         self.message = message
 
 
-def _finite(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _AttemptFailed("bad_reward", f"{name} is {type(value).__name__}, expected a number")
-    try:
-        x = float(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise _AttemptFailed("bad_reward", f"{name} is not convertible to float: {exc}") from None
-    if not math.isfinite(x):
-        raise _AttemptFailed("bad_reward", f"{name} is {x}, expected a finite number")
-    return x
-
-
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    if (
-        isinstance(exc, RuntimeError)
-        and isinstance(exc.__cause__, BaseException)
-        and str(exc).startswith(type(exc.__cause__).__name__)
-    ):
-        text = str(exc)
-    return text[:500]
+def _describe(exc: Exception) -> str:
+    """``Type: message``; a ``SystemExit`` or ``CancelledError`` wrapped by :func:`call_with_timeout` by
+    its own message, which names it."""
+    cause = exc.__cause__
+    wrapped = (
+        isinstance(exc, RuntimeError) and cause is not None and str(exc).startswith(type(cause).__name__)
+    )
+    return (str(exc) if wrapped else f"{type(exc).__name__}: {exc}")[:500]
 
 
 class AnswerCostWrapper(EnvWrapper):
@@ -306,31 +294,12 @@ class GuardedEnv(EnvWrapper):
 
     async def _attempt(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """One attempt with the timeout; converts every failure into :class:`_AttemptFailed`."""
-
-        async def run() -> tuple[bool, Any]:
-            try:
-                return True, await call()
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # SystemExit etc. must not reach the loop
-                return False, exc
-
-        task = asyncio.ensure_future(run())
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.cfg.step_timeout_s)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            task.cancel()  # not awaited: an environment that ignores cancellation cannot stall us
-            task.add_done_callback(_consume)
-            raise _AttemptFailed("timeout", f"no result within {self.cfg.step_timeout_s:g}s")
-        if task.cancelled():  # we did not cancel it: the environment raised CancelledError itself
-            raise _AttemptFailed("exception", "CancelledError raised by the environment")
-        ok, value = task.result()
-        if not ok:
-            raise _AttemptFailed("exception", _describe(value))
-        return value
+            return await call_with_timeout(call, self.cfg.step_timeout_s)
+        except CallTimeout as exc:
+            raise _AttemptFailed("timeout", str(exc)) from None
+        except Exception as exc:
+            raise _AttemptFailed("exception", _describe(exc)) from None
 
     async def _guarded(
         self, call: Callable[[], Awaitable[Any]], validate: Callable[[Any], Any]
@@ -344,7 +313,14 @@ class GuardedEnv(EnvWrapper):
                 return validate(await self._attempt(call)), failures
             except _AttemptFailed as failed:
                 failures.append(Fault(kind=failed.kind, message=failed.message, attempts=attempt))  # type: ignore[arg-type]
-                _count_failed_attempt(failed.kind, time.monotonic() - started, retried=attempt < attempts)
+                GUARD_STATS.retries += attempt < attempts
+                GUARD_STATS.fault_seconds += time.monotonic() - started
+                if failed.kind == "timeout":
+                    GUARD_STATS.timeouts += 1
+                elif failed.kind == "exception":
+                    GUARD_STATS.exceptions += 1
+                else:
+                    GUARD_STATS.malformed += 1
         GUARD_STATS.faults += 1
         return None, failures
 
@@ -358,36 +334,15 @@ class GuardedEnv(EnvWrapper):
             )
         return str.__str__(obs)
 
-    def _validate_reset(self, value: object) -> str:
-        return self._check_text(value, "reset() result")
-
     def _validate_step(self, value: object) -> StepResult:
-        if not isinstance(value, StepResult):
-            raise _AttemptFailed("malformed", f"step() returned {type(value).__name__}, expected StepResult")
-        observation = self._check_text(value.observation, "observation")
-        process_reward = _finite(value.process_reward, "process_reward")
-        reward = _finite(value.reward, "reward")
-        if not isinstance(value.done, bool):
-            raise _AttemptFailed("malformed", f"done is {type(value.done).__name__}, expected bool")
-        if value.outcome is not None and value.outcome not in OUTCOMES:
-            raise _AttemptFailed(
-                "malformed", f"outcome {value.outcome!r} is not one of {', '.join(OUTCOMES)}"
-            )
-        if value.done and value.outcome is None:
-            raise _AttemptFailed("malformed", "done=True needs an outcome (e.g. 'success' or 'failure')")
-        if not isinstance(value.info, dict):
-            raise _AttemptFailed("malformed", f"info is {type(value.info).__name__}, expected dict")
-        if value.tool_call is not None and not isinstance(value.tool_call, ToolCall):
-            raise _AttemptFailed(
-                "malformed", f"tool_call is {type(value.tool_call).__name__}, expected ToolCall"
-            )
-        if not isinstance(value.malformed, bool):
-            raise _AttemptFailed("malformed", f"malformed is {type(value.malformed).__name__}, expected bool")
+        if problems := step_problems(value):
+            raise _AttemptFailed(*problems[0])
+        assert isinstance(value, StepResult)
         return StepResult(  # fault / retried_faults are the guard's to set, never the environment's
-            observation=observation,
-            process_reward=process_reward,
+            observation=self._check_text(value.observation, "observation"),
+            process_reward=float(value.process_reward),
             done=value.done,
-            reward=reward,
+            reward=float(value.reward),
             outcome=value.outcome,
             info=dict(value.info),
             tool_call=value.tool_call,
@@ -396,10 +351,11 @@ class GuardedEnv(EnvWrapper):
 
     # -- the protocol --------------------------------------------------------------------------
     async def reset(self, task: Task) -> str:
-        obs, failures = await self._guarded(lambda: call_env(self.env.reset, task), self._validate_reset)
+        obs, failures = await self._guarded(
+            lambda: call_env(self.env.reset, task), lambda v: self._check_text(v, "reset() result")
+        )
         if obs is None:
-            last = failures[-1]
-            raise EnvResetError(Fault(kind=last.kind, message=last.message, attempts=len(failures)))
+            raise EnvResetError(failures[-1])  # its attempts: all of them
         return obs  # type: ignore[no-any-return]
 
     async def step(self, model_text: str) -> StepResult:
@@ -407,18 +363,13 @@ class GuardedEnv(EnvWrapper):
             lambda: call_env(self.env.step, model_text), self._validate_step
         )
         if result is None:
-            last = failures[-1]
+            last = failures[-1]  # its attempts: all of them
             action = parse_action(model_text)
-            tool_call = None
+            call = None
             if isinstance(action, ToolCallAction):  # a failed tool call: the tool metrics must see it
                 GUARD_STATS.tool_faults += 1
-                tool_call = ToolCall(name=action.name, arguments=action.args, ok=False, error=last.message)
-            return StepResult(
-                observation=self.cfg.fault_observation,
-                process_reward=self.cfg.fault_reward,
-                tool_call=tool_call,
-                fault=Fault(kind=last.kind, message=last.message, attempts=len(failures)),
-            )
+                call = tool_call(action.name, action.args, False, last.message)
+            return StepResult(self.cfg.fault_observation, self.cfg.fault_reward, tool_call=call, fault=last)
         if failures:
             result.retried_faults = list(failures)
         if result.tool_call is None and not result.malformed:
@@ -434,32 +385,9 @@ class GuardedEnv(EnvWrapper):
             return None
         GUARD_STATS.tool_calls_recorded += 1
         failed = result.observation.lstrip().lower().startswith("error")
-        return ToolCall(
-            name=action.name,
-            arguments=action.args,
-            ok=not failed,
-            result="" if failed else result.observation,
-            error=result.observation if failed else "",
-        )
+        return tool_call(action.name, action.args, not failed, result.observation)
 
     async def close(self) -> None:
         """Close the inner environment; errors and hangs are swallowed (nothing escapes)."""
         with contextlib.suppress(_AttemptFailed):
             await self._attempt(lambda: close_env(self.env))
-
-
-def _count_failed_attempt(kind: str, seconds: float, *, retried: bool) -> None:
-    GUARD_STATS.retries += retried
-    GUARD_STATS.fault_seconds += seconds
-    if kind == "timeout":
-        GUARD_STATS.timeouts += 1
-    elif kind == "exception":
-        GUARD_STATS.exceptions += 1
-    else:
-        GUARD_STATS.malformed += 1
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    """Retrieve an abandoned attempt's outcome so asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()
