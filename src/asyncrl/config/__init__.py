@@ -19,7 +19,7 @@ the last release to the new ones. Every public name is re-exported here, so call
 from __future__ import annotations
 
 from asyncrl.config.aliases import RENAMED
-from asyncrl.config.base import Section, default_of, drop_stale_defaults, variants
+from asyncrl.config.base import Section, default_of, variants
 from asyncrl.config.control import ControlConfig, RedisStateConfig, SQLiteStateConfig, StateStoreConfig
 from asyncrl.config.cost import CostAssumptionsConfig, CostConfig, PriceConfig
 from asyncrl.config.credit import (
@@ -50,16 +50,7 @@ from asyncrl.config.launch import (
     LocalLauncherConfig,
     RayLauncherConfig,
 )
-from asyncrl.config.loader import (
-    ConfigError,
-    apply_overrides,
-    config_hash,
-    dump_yaml,
-    format_validation_error,
-    load_config,
-    load_yaml,
-    parse_override,
-)
+from asyncrl.config.loader import ConfigError, apply_overrides, config_hash, dump_yaml, load_config
 from asyncrl.config.model import LoraConfig, ModelConfig
 from asyncrl.config.orchestrator import (
     BreakerConfig,
@@ -72,7 +63,6 @@ from asyncrl.config.orchestrator import (
     SignalConfig,
 )
 from asyncrl.config.rollout import (
-    TREE_TOKEN_BUDGET_FACTOR,
     EngineConfig,
     GatewayConfig,
     HFEngineConfig,
@@ -83,15 +73,13 @@ from asyncrl.config.rollout import (
 )
 from asyncrl.config.run import SECTIONS, RunConfig, max_trainer_held, min_queue_capacity
 from asyncrl.config.telemetry import TelemetryConfig
-from asyncrl.config.trainer import SFT_DEFAULTS, AlgoConfig, ResolvedSFT, SFTConfig, TrainerConfig
+from asyncrl.config.trainer import AlgoConfig, ResolvedSFT, SFTConfig, TrainerConfig
 from asyncrl.config.transport import EmbeddedTransportConfig, RedisTransportConfig, TransportConfig
 from asyncrl.config.weights import CanaryConfig, LocalWeightsConfig, SharedWeightsConfig, WeightsConfig
 
 __all__ = [
     "RENAMED",
     "SECTIONS",
-    "SFT_DEFAULTS",
-    "TREE_TOKEN_BUDGET_FACTOR",
     "AlgoConfig",
     "BreakerConfig",
     "CanaryConfig",
@@ -155,14 +143,10 @@ __all__ = [
     "apply_overrides",
     "config_hash",
     "default_of",
-    "drop_stale_defaults",
     "dump_yaml",
     "explain",
-    "format_validation_error",
     "load_config",
-    "load_yaml",
     "max_trainer_held",
     "min_queue_capacity",
-    "parse_override",
     "variants",
 ]

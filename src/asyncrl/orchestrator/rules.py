@@ -52,16 +52,19 @@ class Rules:
         self.alerts = AlertLog(
             run_dir / "alerts.jsonl" if run_dir is not None else None, cfg.telemetry.recent_alerts
         )
-        self.curriculum = Curriculum.of(cfg, buckets)
-        self.breakers = Breakers.of(cfg)
-        self.faults = FaultRateMonitor.of(cfg)
+        c, env = cfg.orchestrator, cfg.env
+        self.curriculum = Curriculum(buckets, c.curriculum)
+        self.breakers = Breakers(c.breaker, env=env.kind)
+        b = c.breaker
+        self.faults = FaultRateMonitor(b.fault_rate_alert, b.fault_rate_window, env=env.path or env.kind)
         self.env_counts: dict[str, GuardFigures] = {}
         """Latest guard counts of every rollout process, keyed ``role:pid``."""
-        self.drift = DriftMonitor.of(cfg)
-        self.hacking = HackingMonitor.of(cfg)
-        self.exploration = ExplorationController.of(cfg)
-        self.elastic = ElasticController.of(cfg)
-        self.signal = SignalMonitor.of(cfg)
+        self.drift = DriftMonitor(c.drift)
+        self.hacking = HackingMonitor(c.drift)
+        r = cfg.rollout
+        self.exploration = ExplorationController(c.exploration, r.temperature_jitter, r.exploration_rate)
+        self.elastic = ElasticController(c.elastic)
+        self.signal = SignalMonitor(c.signal, cfg.signal_window(), r.group_size)
         self.train_reward: float | None = None
         self.groups = 0
 
