@@ -189,19 +189,11 @@ def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: floa
     attempts, failed = _attempts(totals)
     lost = totals.fault_seconds
     share = lost / env_seconds if env_seconds > 0 else 0.0
-    out: dict[str, Any] = {
-        "calls": int(totals.calls),
-        "faults": int(totals.faults),
-        "retries": int(totals.retries),
-        "timeouts": int(totals.timeouts),
-        "exceptions": int(totals.exceptions),
-        "malformed": int(totals.malformed),
-        "tool_faults": int(totals.tool_faults),
-        "fault_rate": failed / attempts if attempts else 0.0,
-        "fault_seconds": lost,
-        "hang_share": share,
-        "note": "",
-    }
+    figures = msgspec.structs.asdict(totals)
+    counts = ("calls", "faults", "retries", "timeouts", "exceptions", "malformed", "tool_faults")
+    out: dict[str, Any] = {k: int(figures[k]) for k in counts}
+    out |= {"fault_rate": failed / attempts if attempts else 0.0, "fault_seconds": lost, "hang_share": share}
+    out["note"] = ""
     if share > 0.1:
         out["note"] = (
             f"{share:.0%} of environment time ({lost:.0f}s) went to failed calls "
