@@ -197,21 +197,13 @@ def _cost_estimate(args: argparse.Namespace) -> int:
     if bad:
         raise UserError(f"--{bad[0].replace('_', '-')} must be >= 0")
     a = a.model_copy(update=given)
-    components = estimate(a, cfg.cost)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "assumptions": to_dict(a),
-                    "components_usd": components,
-                    "total_usd": sum(components.values()),
-                    "device": cfg.cost.device,
-                },
-                sort_keys=True,
-            )
-        )
-    else:
-        render_estimate(components, to_dict(a), cfg.cost.device)
+    components, figures, device = estimate(a, cfg.cost), to_dict(a), cfg.cost.device
+    if not args.json:
+        render_estimate(components, figures, device)
+        return 0
+    total = sum(components.values())
+    out = {"assumptions": figures, "components_usd": components, "total_usd": total, "device": device}
+    print(json.dumps(out, sort_keys=True))
     return 0
 
 

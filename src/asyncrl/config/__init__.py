@@ -1,19 +1,11 @@
 """The run configuration: one pydantic model tree, the only place defaults live.
 
-A run is described by a YAML file whose top level is :class:`RunConfig`, plus dotted overrides from
-the command line (``--set trainer.lr=1e-5``). Every model forbids unknown keys, constrains every
-number, and documents every field (``asyncrl config explain`` prints those docs). :func:`load_config`
-turns any user mistake into one :class:`ConfigError` whose message names the field path, the bad
-value and what is allowed.
-
-One module per role's section, named after the package that reads it — :mod:`.model`, :mod:`.env`,
-:mod:`.rollout`, :mod:`.trainer` (with ``algo``), :mod:`.credit`, :mod:`.control`,
-:mod:`.orchestrator`, :mod:`.transport`, :mod:`.weights`, :mod:`.cost`, :mod:`.telemetry`,
-:mod:`.launch` — on :mod:`.base` (the section base class and the variant-section helpers);
-:mod:`.run` assembles :class:`RunConfig` from them; :mod:`.loader` reads YAML and ``--set``
-overrides; :mod:`.explain` lists the fields; :mod:`.aliases` maps the renamed paths of
-the last release to the new ones. Every public name is re-exported here, so callers write
-``from asyncrl.config import X``.
+A run is a YAML file whose top level is :class:`RunConfig`, plus dotted ``--set trainer.lr=1e-5``
+overrides. Every model forbids unknown keys, constrains every number and documents every field
+(``asyncrl config explain``); :func:`load_config` turns any user mistake into one :class:`ConfigError`
+naming the field path, the bad value and what is allowed. One module per role's section, named after
+the package that reads it, on :mod:`.base`; :mod:`.run` assembles them (docs/configuration.md). Every
+public name is re-exported here: ``from asyncrl.config import X``.
 """
 
 from __future__ import annotations

@@ -239,11 +239,11 @@ class EnvConfig(Section):
         "agent",
         "mix",
     ] = "calculator"
-    """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
-    name), ``class`` for a TRL-style environment class (section ``class_env``), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
-    agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
-    calls go through the worker's gateway (docs/agents.md), or ``mix`` for several environments in one
-    run (the ``mix`` list)."""
+    """Built-in environment (``reasoning_gym``, ``dataset``, ``gem``, ``openenv``, ``verifiers`` are set up
+    in the section of that name), ``class`` for a TRL-style environment class (section ``class_env``),
+    ``plugin`` for a user class named by ``path``, ``agent`` for a user agent program ``async def
+    run(task, client) -> reward | None`` named by ``path``, whose OpenAI calls go through the worker's
+    gateway (docs/agents.md), or ``mix`` for several environments in one run (the ``mix`` list)."""
     path: str | None = None
     """kind: plugin, agent — import path ``package.module:ClassName`` of a user environment (plugin),
     or ``package.module:function`` of an agent program (agent)."""

@@ -13,9 +13,9 @@ so buckets with low-but-non-zero success (the learning frontier) rise towards ``
 hopeless (p = 0) and converged (p = 1) buckets fall to ``floor`` -- never to zero, so a bucket
 that becomes learnable is noticed again. The orchestrator multiplies a bucket's weight by the
 drift rule's down-weight while that is in force and sets it to zero while its breaker is open
-(see :mod:`asyncrl.control.directives`; the bucket helpers are in :mod:`asyncrl.control.buckets`). Workers sample a bucket with probability
-proportional to its weight, then a task of that bucket; the replay buffer can be steered to the
-same proportions (``curriculum.steer_buffer``).
+(:mod:`asyncrl.control.directives`; bucket helpers: :mod:`asyncrl.control.buckets`). Workers sample a
+bucket with probability proportional to its weight, then a task of that bucket; the replay buffer can
+be steered to the same proportions (``curriculum.steer_buffer``).
 """
 
 from __future__ import annotations

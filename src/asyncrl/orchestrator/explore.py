@@ -10,7 +10,7 @@ advantage: nothing to learn from). With ``orchestrator.exploration.adaptive`` on
 * share ``<= zero_signal_low`` -> lower both by ``step`` back towards the configured
   ``rollout.temperature_jitter`` / ``rollout.exploration_rate``.
 
-Workers read the current values through :class:`~asyncrl.control.WorkerControl` (``RunState.directives()``). Early termination
+Workers read the current values through :class:`~asyncrl.control.WorkerControl`. Early termination
 (``early_stop_invalid``) is applied by the episode runner, not here; its trajectories end with
 outcome ``early_stopped`` and their tokens count as ``early_terminated`` waste in the cost ledger.
 """

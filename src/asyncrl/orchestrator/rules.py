@@ -1,11 +1,11 @@
 """All of the orchestrator's rules behind one object: fed the roles' reports, returns alerts and directives.
 
-:class:`Rules` owns one instance of each rule (curriculum, breakers, drift, reward hacking,
-exploration, learning signal, staleness runaway, elastic capacity) and the alert log; it also turns a worker's refusal of
-a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The orchestrator tick calls
-:meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded once per tick),
-:meth:`directives` to get the document the workers follow, and :meth:`snapshot` / :meth:`restore` to
-persist every rule's state in the state store.
+:class:`Rules` owns one instance of each rule (curriculum, breakers, environment fault rate, drift,
+reward hacking, exploration, learning signal, elastic capacity) and the alert log; it also turns a
+worker's refusal of a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The
+orchestrator tick calls :meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded
+once per tick), :meth:`directives` to get the document the workers follow, and :meth:`snapshot` /
+:meth:`restore` to persist every rule's state in the state store.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The orchestrator's telemetry: :class:`Live` (the latest report of every role, decoded, and the queue
-as the orchestrator read it, for the rules, the display and the summary) and, on each tick, feeding the sinks and every ``telemetry.log_every_s`` writing its own row
-(``metrics/orchestrator.jsonl``) with flow-control state, rates and cost so far."""
+as the orchestrator read it, for the rules, the display and the summary) and, on each tick, feeding
+the sinks and every ``telemetry.log_every_s`` writing its own row (``metrics/orchestrator.jsonl``)
+with flow-control state, rates and cost so far."""
 
 from __future__ import annotations
 
