@@ -104,7 +104,8 @@ class Orchestrator:
         """Active rollout workers (elastic capacity changes this list)."""
         self.retiring: list[str] = []
         self.next_index = cfg.rollout.num_workers
-        self._flow: dict[str, float] = {}
+        self._flow = (0.0, 0.0, 0.0, 0.0, 0.0)
+        """(time, episodes, samples trained, trainer busy s, trainer idle s) at the last flow sample."""
         self._snapshot_at = self._metrics_at = 0.0
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
@@ -270,30 +271,20 @@ class Orchestrator:
 
     def _scale(self) -> None:
         """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
-        now, t = time.time(), self.live.latest_trainer().trainer
-        if (
-            not self.cfg.orchestrator.elastic.enabled
-            or now - self._flow.get("at", 0.0) < self.cfg.telemetry.log_every_s
-        ):
+        now, r = time.time(), self.live.latest_trainer()
+        if not self.cfg.orchestrator.elastic.enabled or now - self._flow[0] < self.cfg.telemetry.log_every_s:
             return
-        cur = {
-            "at": now,
-            "episodes": self.live.rollout().episodes,
-            "trained": t.samples_trained,
-            "busy": t.busy_seconds,
-            "idle": t.idle_seconds,
-        }
-        prev, self._flow = self._flow, cur
-        if not prev:
+        t, prev = r.trainer, self._flow
+        self._flow = (now, self.live.rollout().episodes, t.samples_trained, t.busy_seconds, t.idle_seconds)
+        if not prev[0]:
             return
-        dt = max(cur["at"] - prev["at"], 1e-6)
-        spent = (cur["busy"] - prev["busy"]) + (cur["idle"] - prev["idle"])
+        dt, episodes, trained, busy, idle = (c - p for c, p in zip(self._flow, prev, strict=True))
         sample = FlowSample(
-            production=(cur["episodes"] - prev["episodes"]) / dt,
-            consumption=(cur["trained"] - prev["trained"]) / dt,
+            production=episodes / max(dt, 1e-6),
+            consumption=trained / max(dt, 1e-6),
             fill=self.live.fill(self.cfg.transport.capacity),
-            busy=(cur["busy"] - prev["busy"]) / spent if spent > 0 else 1.0,
-            staleness=self.live.latest_trainer().staleness.mean or 0.0,
+            busy=busy / (busy + idle) if busy + idle > 0 else 1.0,
+            staleness=r.staleness.mean or 0.0,
             staleness_limit=float(self.staleness.max_staleness),
         )
         delta, alerts = self.rules.elastic.observe(sample, len(self.workers), now)
