@@ -13,7 +13,9 @@ from typing import Any
 from asyncrl import config as C
 from asyncrl.cli.parser import EXIT_USER_ERROR
 from asyncrl.config import CostAssumptionsConfig, load_config
+from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
 from asyncrl.errors import UserError
+from asyncrl.jobs.cost_report import cost_report, render_estimate, render_report
 from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
 from asyncrl.jobs.replay import replay
 from asyncrl.jobs.report import write_report
@@ -169,8 +171,6 @@ def _runs_compare(args: argparse.Namespace) -> int:
 
 
 def _cost_report(args: argparse.Namespace) -> int:
-    from asyncrl.jobs.cost_report import cost_report, render_report
-
     report = cost_report(Path(args.run))
     if args.json:
         print(json.dumps(report, sort_keys=True))
@@ -180,9 +180,6 @@ def _cost_report(args: argparse.Namespace) -> int:
 
 
 def _cost_estimate(args: argparse.Namespace) -> int:
-    from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
-    from asyncrl.jobs.cost_report import render_estimate
-
     cfg = load_config(args.config, args.overrides)
     if args.from_run:
         run = Path(args.from_run)
