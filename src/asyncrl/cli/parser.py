@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import TypeAlias, TypeVar
 
 from asyncrl.config import CostAssumptionsConfig
 from asyncrl.errors import UserError
@@ -22,6 +23,18 @@ orchestrator was gone longer than `launcher.orphan_timeout_s`, so the role stopp
 (docs/reliability.md#stopping-a-run)."""
 
 INTRO = "asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents."
+
+
+R = TypeVar("R")
+
+
+def print_report(as_json: bool, report: R, render: Callable[[R], object]) -> int:
+    """``--json``: ``report`` as one JSON object on stdout; else ``render(report)``. Returns 0 (exit code)."""
+    if as_json:
+        print(json.dumps(report, sort_keys=True, default=str))
+    else:
+        render(report)
+    return 0
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl import config as C
-from asyncrl.cli.parser import EXIT_USER_ERROR
+from asyncrl.cli.parser import EXIT_USER_ERROR, print_report
 from asyncrl.config import CostAssumptionsConfig, load_config
 from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
 from asyncrl.errors import UserError
@@ -162,21 +162,11 @@ def _runs_list(args: argparse.Namespace) -> int:
 
 
 def _runs_compare(args: argparse.Namespace) -> int:
-    c = compare_runs(Path(args.run_a), Path(args.run_b))
-    if args.json:
-        print(json.dumps(c, sort_keys=True, default=str))
-    else:
-        render_compare(c)
-    return 0
+    return print_report(args.json, compare_runs(Path(args.run_a), Path(args.run_b)), render_compare)
 
 
 def _cost_report(args: argparse.Namespace) -> int:
-    report = cost_report(Path(args.run))
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        render_report(report, Path(args.run))
-    return 0
+    return print_report(args.json, cost_report(Path(args.run)), lambda r: render_report(r, Path(args.run)))
 
 
 def _cost_estimate(args: argparse.Namespace) -> int:
@@ -224,11 +214,7 @@ def _credit_ablate(args: argparse.Namespace) -> int:
         k=args.k,
         siblings=args.siblings,
     )
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        render_ablation(report)
-    return 0
+    return print_report(args.json, report, render_ablation)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
