@@ -469,12 +469,12 @@ def test_buffer_follows_curriculum_bucket_weights() -> None:
 def test_live_display_shows_alerts_breakers_and_curriculum(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from asyncrl.orchestrator.run import Orchestrator, _Display
+    from asyncrl.orchestrator.run import Orchestrator, _render
 
     orch = Orchestrator(load_config(None, []), tmp_path, display=False)
     orch.rules.feed([_group("arithmetic:3", [0.0] * 8, ["timeout"] * 8)], now=1.0)
     console = Console(record=True, width=160)
-    console.print(_Display(orch).render())
+    console.print(_render(orch))
     text = console.export_text()
     assert "breaker_open arithmetic:3" in text and "breakers open" in text and "curriculum" in text
     orch._merged.close()
@@ -511,7 +511,7 @@ def test_fault_summary_says_when_hangs_stretched_the_run(tmp_path: Path) -> None
     from rich.console import Console
 
     from asyncrl.orchestrator.breaker import fault_summary
-    from asyncrl.orchestrator.run import Orchestrator, _Display
+    from asyncrl.orchestrator.run import Orchestrator, _render
 
     totals = GuardFigures(calls=100.0, faults=10.0, retries=10.0, timeouts=12.0, fault_seconds=120.0)
     s = fault_summary(totals, env_seconds=150.0, step_timeout_s=10.0)
@@ -521,7 +521,7 @@ def test_fault_summary_says_when_hangs_stretched_the_run(tmp_path: Path) -> None
     orch = Orchestrator(load_config(None, []), tmp_path, display=False)
     orch.rules.feed([_guard_row(1, 100, 30, retries=5, timeouts=4)], now=1.0)
     console = Console(record=True, width=160)
-    console.print(_Display(orch).render())
+    console.print(_render(orch))
     text = console.export_text()
     assert "env faults (calculator)" in text and "30 faults, 5 retries, 4 timeouts" in text, text
     orch._merged.close()

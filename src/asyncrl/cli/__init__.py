@@ -22,13 +22,13 @@ __all__ = ["EXIT_USER_ERROR", "_commands", "build_parser", "cli_reference", "mai
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {**read.HANDLERS, **run.HANDLERS, "help": cmd_help}
-    if args.command not in handlers:
+    if args.command is None:
         parser.print_help()
         return EXIT_USER_ERROR if argv else 0
-
+    words = args.command if "subcommand" not in args else f"{args.command} {args.subcommand}"
+    handler = {**read.HANDLERS, **run.HANDLERS, "help": cmd_help}[words]
     try:
-        return handlers[args.command](args)
+        return handler(args)
     except UserError as exc:
         print(f"asyncrl: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

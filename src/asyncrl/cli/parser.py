@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import TypeAlias, TypeVar
 
 from asyncrl.config import CostAssumptionsConfig
 from asyncrl.errors import UserError
@@ -22,6 +23,18 @@ orchestrator was gone longer than `launcher.orphan_timeout_s`, so the role stopp
 (docs/reliability.md#stopping-a-run)."""
 
 INTRO = "asyncrl: fully asynchronous RL for multi-turn, tool-using LLM agents."
+
+
+R = TypeVar("R")
+
+
+def print_report(as_json: bool, report: R, render: Callable[[R], object]) -> int:
+    """``--json``: ``report`` as one JSON object on stdout; else ``render(report)``. Returns 0 (exit code)."""
+    if as_json:
+        print(json.dumps(report, sort_keys=True, default=str))
+    else:
+        render(report)
+    return 0
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -61,9 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+def _group(sub: Sub, name: str, help: str) -> Sub:
+    """A command whose subcommand is required (``asyncrl NAME SUBCOMMAND``; ``args.subcommand``)."""
+    return sub.add_parser(name, help=help).add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True
+    )
+
+
 def _add_config_commands(sub: Sub) -> None:
-    cfg = sub.add_parser("config", help="show or explain run configurations")
-    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    cfg_sub = _group(sub, "config", "show or explain run configurations")
     show = cfg_sub.add_parser("show", help="print the resolved configuration (file + overrides + defaults)")
     _add_config_args(show, required=False)
     explain = cfg_sub.add_parser(
@@ -73,8 +92,7 @@ def _add_config_commands(sub: Sub) -> None:
 
 
 def _add_model_commands(sub: Sub) -> None:
-    mdl = sub.add_parser("model", help="import and describe local pretrained models")
-    mdl_sub = mdl.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
+    mdl_sub = _group(sub, "model", "import and describe local pretrained models")
     imp = mdl_sub.add_parser(
         "import",
         help="convert a GGUF file into a Hugging Face directory under .cache/models/ (once; checksummed)",
@@ -108,8 +126,7 @@ def _add_model_commands(sub: Sub) -> None:
 
 
 def _add_env_commands(sub: Sub) -> None:
-    env = sub.add_parser("env", help="environment tools")
-    env_sub = env.add_subparsers(dest="env_command", metavar="SUBCOMMAND")
+    env_sub = _group(sub, "env", "environment tools")
     check = env_sub.add_parser("check", help="exercise a user environment and report contract violations")
     check.add_argument(
         "target",
@@ -199,8 +216,7 @@ def _add_run_commands(sub: Sub) -> None:
 
 
 def _add_cost_commands(sub: Sub) -> None:
-    cost = sub.add_parser("cost", help="cost estimates and reports")
-    cost_sub = cost.add_subparsers(dest="cost_command", metavar="SUBCOMMAND")
+    cost_sub = _group(sub, "cost", "cost estimates and reports")
     est = cost_sub.add_parser(
         "estimate",
         help="budget a run before starting it: N·L/P_rollout + N·L/P_train device time, env calls, reward, "
@@ -235,8 +251,7 @@ def _add_inspect_commands(sub: Sub) -> None:
     replay.add_argument("--steps", type=int, default=None, help="replay only the first N archived steps")
     replay.add_argument("--save", action="store_true", help="save the replayed policy to RUN/replay/policy")
     _json_flag(replay)
-    runs = sub.add_parser("runs", help="list and compare experiment records")
-    runs_sub = runs.add_subparsers(dest="runs_command", metavar="SUBCOMMAND")
+    runs_sub = _group(sub, "runs", "list and compare experiment records")
     rl = runs_sub.add_parser(
         "list", help="every run directory under --root with its status and headline figures"
     )
@@ -247,8 +262,7 @@ def _add_inspect_commands(sub: Sub) -> None:
     rc.add_argument("run_a", help="run directory")
     rc.add_argument("run_b", help="run directory")
     _json_flag(rc)
-    credit = sub.add_parser("credit", help="inspect and verify credit assignment of a run")
-    credit_sub = credit.add_subparsers(dest="credit_command", metavar="SUBCOMMAND")
+    credit_sub = _group(sub, "credit", "inspect and verify credit assignment of a run")
     cshow = credit_sub.add_parser(
         "show", help="sampled trained trajectories segment by segment with their credit"
     )

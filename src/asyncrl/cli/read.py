@@ -11,32 +11,28 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl import config as C
-from asyncrl.cli.parser import EXIT_USER_ERROR
+from asyncrl.cli.parser import EXIT_USER_ERROR, print_report
 from asyncrl.config import CostAssumptionsConfig, load_config
+from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
 from asyncrl.errors import UserError
+from asyncrl.jobs.cost_report import cost_report, render_estimate, render_report
 from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
 from asyncrl.jobs.replay import replay
 from asyncrl.jobs.report import write_report
 from asyncrl.jobs.runs import compare_runs, list_runs, render_compare, render_list
 
 
-def _cmd_config(args: argparse.Namespace) -> int:
-    if args.config_command == "show":
-        cfg = C.load_config(args.config, args.overrides)
-        sys.stdout.write(C.dump_yaml(cfg))
-        return 0
-    if args.config_command == "explain":
-        return _explain(args.section)
-    print("usage: asyncrl config {show,explain} ... (see asyncrl config --help)", file=sys.stderr)
-    return EXIT_USER_ERROR
+def _config_show(args: argparse.Namespace) -> int:
+    sys.stdout.write(C.dump_yaml(C.load_config(args.config, args.overrides)))
+    return 0
 
 
-def _explain(section: str | None) -> int:
+def _config_explain(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    rows = C.explain(C.RunConfig)
+    section, rows = args.section, C.explain(C.RunConfig)
     if section:
         rows = [r for r in rows if r[0] == section or r[0].startswith(section + ".")]
         if not rows:
@@ -51,12 +47,7 @@ def _explain(section: str | None) -> int:
     return 0
 
 
-def _cmd_env(args: argparse.Namespace) -> int:
-    if args.env_command == "signal":
-        return _env_signal(args)
-    if args.env_command != "check":
-        print("usage: asyncrl env {check,signal} PATH_OR_CONFIG [--set k=v ...]", file=sys.stderr)
-        return EXIT_USER_ERROR
+def _env_check(args: argparse.Namespace) -> int:
     from asyncrl.envs.check import check_environment
 
     cfg, run_config = _env_target(args)
@@ -67,11 +58,9 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _env_target(args: argparse.Namespace) -> tuple[Any, bool]:
+def _env_target(args: argparse.Namespace) -> tuple[C.RunConfig, bool]:
     """The run config ``env check`` / ``env signal`` use: (config, whether TARGET was a run config file);
     an import path of an environment class runs under the default config with ``env.kind: plugin``."""
-    from pathlib import Path
-
     from asyncrl.envs.check import ENV_OWN_DIFFICULTIES
 
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
@@ -82,8 +71,6 @@ def _env_target(args: argparse.Namespace) -> tuple[Any, bool]:
 
 def _env_signal(args: argparse.Namespace) -> int:
     """``asyncrl env signal``: exit 0 when the starting policy has groups with a reward difference, else 1."""
-    import json
-
     from asyncrl.jobs.signal import check_signal
 
     if args.tasks < 1:
@@ -96,21 +83,14 @@ def _env_signal(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _cmd_model(args: argparse.Namespace) -> int:
-    if args.model_command == "import":
-        from asyncrl.policy.hub import import_model
+def _model_import(args: argparse.Namespace) -> int:
+    from asyncrl.policy.hub import import_model
 
-        result = import_model(args.source, name=args.name, force=args.force)
-        state = (
-            "already imported (manifest verified)" if result.cached else f"imported in {result.seconds:.0f}s"
-        )
-        print(f"{result.path}  {state}; source {result.source}")
-        print(f"use it with: --set model.path={result.path}")
-        return 0
-    if args.model_command == "info":
-        return _model_info(args)
-    print("usage: asyncrl model {import,info} ... (see asyncrl model --help)", file=sys.stderr)
-    return EXIT_USER_ERROR
+    result = import_model(args.source, name=args.name, force=args.force)
+    state = "already imported (manifest verified)" if result.cached else f"imported in {result.seconds:.0f}s"
+    print(f"{result.path}  {state}; source {result.source}")
+    print(f"use it with: --set model.path={result.path}")
+    return 0
 
 
 def _model_info(args: argparse.Namespace) -> int:
@@ -176,36 +156,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_runs(args: argparse.Namespace) -> int:
-    if args.runs_command == "list":
-        render_list(list_runs(Path(args.root)))
-        return 0
-    if args.runs_command == "compare":
-        c = compare_runs(Path(args.run_a), Path(args.run_b))
-        if args.json:
-            print(json.dumps(c, sort_keys=True, default=str))
-        else:
-            render_compare(c)
-        return 0
-    print("usage: asyncrl runs {list,compare} ...", file=sys.stderr)
-    return EXIT_USER_ERROR
+def _runs_list(args: argparse.Namespace) -> int:
+    render_list(list_runs(Path(args.root)))
+    return 0
 
 
-def _cmd_cost(args: argparse.Namespace) -> int:
-    from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
-    from asyncrl.jobs.cost_report import cost_report, render_estimate, render_report
+def _runs_compare(args: argparse.Namespace) -> int:
+    return print_report(args.json, compare_runs(Path(args.run_a), Path(args.run_b)), render_compare)
 
-    if args.cost_command == "report":
-        run = Path(args.run)
-        report = cost_report(run)
-        if args.json:
-            print(json.dumps(report, sort_keys=True))
-        else:
-            render_report(report, run)
-        return 0
-    if args.cost_command != "estimate":
-        print("usage: asyncrl cost {estimate,report} ...", file=sys.stderr)
-        return EXIT_USER_ERROR
+
+def _cost_report(args: argparse.Namespace) -> int:
+    return print_report(args.json, cost_report(Path(args.run)), lambda r: render_report(r, Path(args.run)))
+
+
+def _cost_estimate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.from_run:
         run = Path(args.from_run)
@@ -220,59 +184,53 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     if bad:
         raise UserError(f"--{bad[0].replace('_', '-')} must be >= 0")
     a = a.model_copy(update=given)
-    components = estimate(a, cfg.cost)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "assumptions": to_dict(a),
-                    "components_usd": components,
-                    "total_usd": sum(components.values()),
-                    "device": cfg.cost.device,
-                },
-                sort_keys=True,
-            )
-        )
-    else:
-        render_estimate(components, to_dict(a), cfg.cost.device)
+    components, figures, device = estimate(a, cfg.cost), to_dict(a), cfg.cost.device
+    if not args.json:
+        render_estimate(components, figures, device)
+        return 0
+    total = sum(components.values())
+    out = {"assumptions": figures, "components_usd": components, "total_usd": total, "device": device}
+    print(json.dumps(out, sort_keys=True))
     return 0
 
 
-def _cmd_credit(args: argparse.Namespace) -> int:
-    if args.credit_command == "show":
-        if args.n < 1:
-            raise UserError("--n must be >= 1")
-        render_terminal(Path(args.run), n=args.n)
-        if args.html:
-            Path(args.html).write_text(credit_fragment(Path(args.run), n=args.n))
-            print(f"HTML fragment written to {args.html}")
-        return 0
-    if args.credit_command == "ablate":
-        from asyncrl.jobs.credit_ablate import ablate, render_ablation
+def _credit_show(args: argparse.Namespace) -> int:
+    if args.n < 1:
+        raise UserError("--n must be >= 1")
+    render_terminal(Path(args.run), n=args.n)
+    if args.html:
+        Path(args.html).write_text(credit_fragment(Path(args.run), n=args.n))
+        print(f"HTML fragment written to {args.html}")
+    return 0
 
-        report = ablate(
-            Path(args.run),
-            checkpoint=args.checkpoint,
-            trajectories=args.trajectories,
-            k=args.k,
-            siblings=args.siblings,
-        )
-        if args.json:
-            print(json.dumps(report, sort_keys=True))
-        else:
-            render_ablation(report)
-        return 0
-    print("usage: asyncrl credit {show,ablate} RUN ...", file=sys.stderr)
-    return EXIT_USER_ERROR
+
+def _credit_ablate(args: argparse.Namespace) -> int:
+    from asyncrl.jobs.credit_ablate import ablate, render_ablation
+
+    report = ablate(
+        Path(args.run),
+        checkpoint=args.checkpoint,
+        trajectories=args.trajectories,
+        k=args.k,
+        siblings=args.siblings,
+    )
+    return print_report(args.json, report, render_ablation)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "config": _cmd_config,
-    "env": _cmd_env,
-    "model": _cmd_model,
-    "cost": _cmd_cost,
+    "config show": _config_show,
+    "config explain": _config_explain,
+    "env check": _env_check,
+    "env signal": _env_signal,
+    "model import": _model_import,
+    "model info": _model_info,
+    "cost estimate": _cost_estimate,
+    "cost report": _cost_report,
     "report": _cmd_report,
     "replay": _cmd_replay,
-    "runs": _cmd_runs,
-    "credit": _cmd_credit,
+    "runs list": _runs_list,
+    "runs compare": _runs_compare,
+    "credit show": _credit_show,
+    "credit ablate": _credit_ablate,
 }
+"""Command words (``asyncrl config show``: ``"config show"``) -> handler."""

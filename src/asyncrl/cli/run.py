@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.cli.parser import EXIT_USER_ERROR
+from asyncrl.cli.parser import EXIT_USER_ERROR, print_report
 from asyncrl.config import load_config
 from asyncrl.jobs.credit_inspect import credit_fragment
 from asyncrl.jobs.report import write_report
@@ -32,12 +32,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from asyncrl.rollout.heldout import evaluate_checkpoint, render_eval
 
     cfg = load_config(args.config, args.overrides)
-    report = evaluate_checkpoint(cfg, args.checkpoint, limit=args.limit)
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        render_eval(report)
-    return 0
+    return print_report(args.json, evaluate_checkpoint(cfg, args.checkpoint, limit=args.limit), render_eval)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

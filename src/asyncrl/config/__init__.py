@@ -1,25 +1,17 @@
 """The run configuration: one pydantic model tree, the only place defaults live.
 
-A run is described by a YAML file whose top level is :class:`RunConfig`, plus dotted overrides from
-the command line (``--set trainer.lr=1e-5``). Every model forbids unknown keys, constrains every
-number, and documents every field (``asyncrl config explain`` prints those docs). :func:`load_config`
-turns any user mistake into one :class:`ConfigError` whose message names the field path, the bad
-value and what is allowed.
-
-One module per role's section, named after the package that reads it — :mod:`.model`, :mod:`.env`,
-:mod:`.rollout`, :mod:`.trainer` (with ``algo``), :mod:`.credit`, :mod:`.control`,
-:mod:`.orchestrator`, :mod:`.transport`, :mod:`.weights`, :mod:`.cost`, :mod:`.telemetry`,
-:mod:`.launch` — on :mod:`.base` (the section base class and the variant-section helpers);
-:mod:`.run` assembles :class:`RunConfig` from them; :mod:`.loader` reads YAML and ``--set``
-overrides; :mod:`.explain` lists the fields; :mod:`.aliases` maps the renamed paths of
-the last release to the new ones. Every public name is re-exported here, so callers write
-``from asyncrl.config import X``.
+A run is a YAML file whose top level is :class:`RunConfig`, plus dotted ``--set trainer.lr=1e-5``
+overrides. Every model forbids unknown keys, constrains every number and documents every field
+(``asyncrl config explain``); :func:`load_config` turns any user mistake into one :class:`ConfigError`
+naming the field path, the bad value and what is allowed. One module per role's section, named after
+the package that reads it, on :mod:`.base`; :mod:`.run` assembles them (docs/configuration.md). Every
+public name is re-exported here: ``from asyncrl.config import X``.
 """
 
 from __future__ import annotations
 
 from asyncrl.config.aliases import RENAMED
-from asyncrl.config.base import Section, default_of, drop_stale_defaults, variants
+from asyncrl.config.base import Section, default_of, variants
 from asyncrl.config.control import ControlConfig, RedisStateConfig, SQLiteStateConfig, StateStoreConfig
 from asyncrl.config.cost import CostAssumptionsConfig, CostConfig, PriceConfig
 from asyncrl.config.credit import (
@@ -50,16 +42,7 @@ from asyncrl.config.launch import (
     LocalLauncherConfig,
     RayLauncherConfig,
 )
-from asyncrl.config.loader import (
-    ConfigError,
-    apply_overrides,
-    config_hash,
-    dump_yaml,
-    format_validation_error,
-    load_config,
-    load_yaml,
-    parse_override,
-)
+from asyncrl.config.loader import ConfigError, apply_overrides, config_hash, dump_yaml, load_config
 from asyncrl.config.model import LoraConfig, ModelConfig
 from asyncrl.config.orchestrator import (
     BreakerConfig,
@@ -72,7 +55,6 @@ from asyncrl.config.orchestrator import (
     SignalConfig,
 )
 from asyncrl.config.rollout import (
-    TREE_TOKEN_BUDGET_FACTOR,
     EngineConfig,
     GatewayConfig,
     HFEngineConfig,
@@ -83,15 +65,13 @@ from asyncrl.config.rollout import (
 )
 from asyncrl.config.run import SECTIONS, RunConfig, max_trainer_held, min_queue_capacity
 from asyncrl.config.telemetry import TelemetryConfig
-from asyncrl.config.trainer import SFT_DEFAULTS, AlgoConfig, ResolvedSFT, SFTConfig, TrainerConfig
+from asyncrl.config.trainer import AlgoConfig, ResolvedSFT, SFTConfig, TrainerConfig
 from asyncrl.config.transport import EmbeddedTransportConfig, RedisTransportConfig, TransportConfig
 from asyncrl.config.weights import CanaryConfig, LocalWeightsConfig, SharedWeightsConfig, WeightsConfig
 
 __all__ = [
     "RENAMED",
     "SECTIONS",
-    "SFT_DEFAULTS",
-    "TREE_TOKEN_BUDGET_FACTOR",
     "AlgoConfig",
     "BreakerConfig",
     "CanaryConfig",
@@ -155,14 +135,10 @@ __all__ = [
     "apply_overrides",
     "config_hash",
     "default_of",
-    "drop_stale_defaults",
     "dump_yaml",
     "explain",
-    "format_validation_error",
     "load_config",
-    "load_yaml",
     "max_trainer_held",
     "min_queue_capacity",
-    "parse_override",
     "variants",
 ]

@@ -27,9 +27,9 @@ class Section(BaseModel):
 def kind_of(default: str) -> Callable[[Any], Any]:
     """Discriminator of a variant section: its ``kind``, or ``default`` where a mapping has none.
 
-    Variant sections (``transport``, ``weights``, ``rollout.engine``, ``env.latency``,
-    ``credit.value``, ``launcher``, ``control.state``) are unions of one model per ``kind``, each with only the fields that mean
-    something for that kind; a field of another kind is an error (see :func:`format_validation_error`).
+    Variant sections (``transport``, ``weights``, ``rollout.engine``, ``env.latency``, ``credit.value``,
+    ``launcher``, ``control.state``) are unions of one model per ``kind``, each with only the fields that
+    mean something for that kind; a field of another kind is an error (see :func:`format_validation_error`).
     """
 
     def kind(value: Any) -> Any:

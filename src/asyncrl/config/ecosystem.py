@@ -12,8 +12,6 @@ from pydantic import Field
 
 from asyncrl.config.base import Section
 
-__all__ = ["ECOSYSTEM_KINDS", "GemConfig", "OpenEnvConfig", "VerifiersConfig"]
-
 
 class GemConfig(Section):
     """``env.kind: gem``: a GEM game or a TextArena single-player game (docs/environments.md#gem)."""

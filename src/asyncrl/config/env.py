@@ -200,6 +200,14 @@ class DatasetConfig(_AnswerEnvBase):
 ANSWER_KINDS = ("reasoning_gym", "dataset")
 """Kinds whose difficulty range defaults to every level the environment has (and ``class``)."""
 
+_SECTION_HINTS = {
+    "reasoning_gym": ", e.g. env.reasoning_gym: {datasets: [{name: basic_arithmetic}]}",
+    "dataset": ", e.g. env.dataset: {path: rows.jsonl}",
+    **{kind: f" (docs/environments.md#{kind})" for kind in ECOSYSTEM_KINDS},
+    "class": ", e.g. env.class_env: {factory: 'my_envs:CounterEnv', rows: rows.jsonl}",
+}
+"""What the error of an ``env.kind`` without its section adds: an example or the page."""
+
 
 class MixMemberConfig(Section):
     """One environment of an ``env.kind: mix`` run (docs/environments.md#mix)."""
@@ -231,11 +239,11 @@ class EnvConfig(Section):
         "agent",
         "mix",
     ] = "calculator"
-    """Built-in environment (``reasoning_gym`` and ``dataset`` are set up in the section of that
-    name), ``class`` for a TRL-style environment class (section ``class_env``), ``plugin`` for a user class named by ``path``, or ``agent`` for a user
-    agent program ``async def run(task, client) -> reward | None`` named by ``path``, whose OpenAI
-    calls go through the worker's gateway (docs/agents.md), or ``mix`` for several environments in one
-    run (the ``mix`` list)."""
+    """Built-in environment (``reasoning_gym``, ``dataset``, ``gem``, ``openenv``, ``verifiers`` are set up
+    in the section of that name), ``class`` for a TRL-style environment class (section ``class_env``),
+    ``plugin`` for a user class named by ``path``, ``agent`` for a user agent program ``async def
+    run(task, client) -> reward | None`` named by ``path``, whose OpenAI calls go through the worker's
+    gateway (docs/agents.md), or ``mix`` for several environments in one run (the ``mix`` list)."""
     path: str | None = None
     """kind: plugin, agent — import path ``package.module:ClassName`` of a user environment (plugin),
     or ``package.module:function`` of an agent program (agent)."""
@@ -285,32 +293,21 @@ class EnvConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> EnvConfig:
-        for kind in ANSWER_KINDS:
-            given = self.reasoning_gym if kind == "reasoning_gym" else self.dataset
-            if self.kind == kind and given is None:
-                example = (
-                    "datasets: [{name: basic_arithmetic}]" if kind == "reasoning_gym" else "path: rows.jsonl"
-                )
-                raise ValueError(
-                    f"env.kind {kind!r} needs the env.{kind} section, e.g. env.{kind}: {{{example}}}"
-                )
-            if self.kind != kind and given is not None:
-                raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
-        for kind, section in zip(ECOSYSTEM_KINDS, (self.gem, self.openenv, self.verifiers), strict=True):
+        sections = {
+            "reasoning_gym": self.reasoning_gym,
+            "dataset": self.dataset,
+            "gem": self.gem,
+            "openenv": self.openenv,
+            "verifiers": self.verifiers,
+            "class": self.class_env,
+        }
+        for kind, section in sections.items():
+            name = "class_env" if kind == "class" else kind
             if self.kind == kind and section is None:
-                raise ValueError(
-                    f"env.kind {kind!r} needs the env.{kind} section (docs/environments.md#{kind})"
-                )
+                raise ValueError(f"env.kind {kind!r} needs the env.{name} section{_SECTION_HINTS[kind]}")
             if self.kind != kind and section is not None:
-                raise ValueError(f"env.{kind} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
+                raise ValueError(f"env.{name} is set but env.kind is {self.kind!r}: set env.kind: {kind}")
         _check_mix(self.kind, self.mix)
-        if (self.kind == "class") != (self.class_env is not None):
-            raise ValueError(
-                "env.kind 'class' needs the env.class_env section, e.g. env.class_env: "
-                "{factory: 'my_envs:CounterEnv', rows: rows.jsonl}"
-                if self.kind == "class"
-                else f"env.class_env is set but env.kind is {self.kind!r}: set env.kind: class"
-            )
         if self.kind == "plugin" and not self.path:
             raise ValueError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
         if self.kind == "agent" and not self.path:

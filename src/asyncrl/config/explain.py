@@ -23,11 +23,8 @@ def _bound(m: object) -> str | None:
 
 
 def _field_row(path: str, field: FieldInfo, note: str = "") -> tuple[str, str, str, str]:
-    ann = field.annotation
-    type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
-    default = "" if field.default_factory is not None else repr(field.default)
-    if field.default_factory is not None:
-        default = repr(field.default_factory())  # type: ignore[call-arg]
+    type_name = str(field.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    default = repr(field.get_default(call_default_factory=True))
     bounds = [b for m in field.metadata if (b := _bound(m))]
     doc = (field.description or "").strip().replace("\n", " ")
     if bounds:

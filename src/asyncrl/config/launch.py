@@ -21,8 +21,9 @@ class _LauncherBase(Section):
     solo_threads: int = Field(0, ge=0, le=1024)
     """torch threads where one compute role runs alone: the warm start (``asyncrl sft``, and the
     launcher's before the roles start), the job's held-out evaluations before the roles start and
-    after they stop, and the trainer in ``control.mode: sync`` (rollout waits for its step). 0: every core the process may use, or ``OMP_NUM_THREADS`` where the environment
-    sets it. See ``asyncrl.bootstrap.torch_threads``."""
+    after they stop, and the trainer in ``control.mode: sync`` (rollout waits for its step). 0: every
+    core the process may use, or ``OMP_NUM_THREADS`` where the environment sets it. See
+    ``asyncrl.bootstrap.torch_threads``."""
     stop_grace_s: float = Field(30.0, ge=0, le=3600)
     """A stop (SIGINT, SIGTERM, SIGHUP to the orchestrator, or ``asyncrl stop RUN``) asks every role to
     stop at its next safe point (the trainer writes a checkpoint) and waits this long for them; what is
@@ -36,13 +37,11 @@ class _LauncherBase(Section):
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
     M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which
-    trains the warm start). 0 keeps glibc's
-    dynamic threshold, which rises to 32 MiB: a training step's many 1–30 MiB activation tensors
-    then live in the heap, whose fragments are kept, so a role's RSS can be twice its live tensors
-    (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades some speed (page
-    faults on every large allocation) for a peak close to the live memory. A process that calls
-    ``asyncrl.jobs.train.train`` itself (a notebook, a test) keeps the threshold for its life: glibc
-    cannot hand it back to the dynamic rule (a tiny model's warm start then ran 1.6x slower)."""
+    trains the warm start). 0 keeps glibc's dynamic threshold, which rises to 32 MiB: a training step's
+    1–30 MiB activation tensors then live in the heap, whose fragments are kept, so a role's RSS can be
+    twice its live tensors (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades
+    some speed (page faults on every large allocation) for a peak close to the live memory. A process
+    that calls ``asyncrl.jobs.train.train`` itself (a notebook, a test) keeps the threshold for its life."""
 
 
 class LocalLauncherConfig(_LauncherBase):
@@ -53,10 +52,8 @@ class LocalLauncherConfig(_LauncherBase):
     """Core lending (CPU models, one trainer rank): a compute role that waits — a rollout worker held
     by the staleness budget, the trainer with no batch to take — lends its cores to the roles still
     computing, which raise their torch threads until it computes again (docs/orchestrator.md#core-lending,
-    ``asyncrl.lending``). Off by default: on the demo-real task it measured 0.95x and 1.01x the RL
-    phase while the evaluator ran at nice 5 and filled the core a waiting trainer leaves, and 0.88x in
-    one run (seed 0) with the evaluator at ``SCHED_IDLE`` (docs/benchmarks.md): not yet enough runs to
-    turn it on. Every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
+    ``asyncrl.lending``). Off by default: the demo-real runs so far show no clear gain (0.88x-1.01x the RL
+    phase, docs/benchmarks.md). Every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
     lend_after_ms: int = Field(250, ge=0, le=60_000)
     """A role's cores are lent only once it has waited this long: the short gaps between two model
     turns or two training steps are not worth a switch (each switch costs the borrower a moment of

@@ -70,9 +70,8 @@ class HFEngineConfig(_EngineBase):
     """With ``merge_lora`` on a CPU: the merged copy's linear layers (the LM head included) compute
     through weights packed once by oneDNN for the decode batch (repacked at every load) instead of
     MKL's ``sgemm`` on the weights as stored. Costs those weights once more in memory; log-probs equal
-    the unpacked ones to float32 rounding. On by default: SmolLM2's decode step at batch 16 measured
-    1.41x faster (1.29-1.55 over 5 quiet repeats, ``bench/decode_profile.py --variants
-    default,packed_linear``). See docs/engines.md."""
+    the unpacked ones to float32 rounding. On by default: SmolLM2 decode steps 1.41x faster
+    (docs/benchmarks.md, decode profile). See docs/engines.md."""
     fused_decode: bool = True
     """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
     mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
@@ -80,9 +79,7 @@ class HFEngineConfig(_EngineBase):
     one, the rotary tables and the mask once per step instead of per layer, the step's KV written
     straight into the cache's buffers, grouped-query attention without repeating the keys. Costs the
     q/k/v and gate/up weights once more in memory (stacked, packed); log-probs equal the model's forward
-    to float32 rounding. Prefills and the static (GPU) path do not use it. Compare with
-    ``bench/decode_profile.py --variants
-    packed_linear,fused_decode``. See docs/engines.md."""
+    to float32 rounding. Prefills and the static (GPU) path do not use it. See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

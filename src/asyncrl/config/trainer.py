@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,17 +35,10 @@ class SFTConfig(Section):
     def resolved(self, pretrained: bool, lora: bool = False) -> ResolvedSFT:
         """Every field concrete: unset ones from :data:`SFT_DEFAULTS` for the model kind."""
         base = SFT_DEFAULTS["lora" if lora else "pretrained" if pretrained else "built"]
-        return ResolvedSFT(
-            steps=base["steps"] if self.steps is None else self.steps,
-            batch_size=base["batch_size"] if self.batch_size is None else self.batch_size,
-            lr=base["lr"] if self.lr is None else self.lr,
-            num_demos=base["num_demos"] if self.num_demos is None else self.num_demos,
-            corruption_rate=self.corruption_rate,
-            seed=self.seed,
-        )
+        return ResolvedSFT(**{**base, **self.model_dump(exclude_none=True)})
 
 
-SFT_DEFAULTS: dict[str, dict[str, Any]] = {
+SFT_DEFAULTS: dict[str, dict[str, float]] = {
     "built": {"steps": 800, "batch_size": 32, "lr": 3e-3, "num_demos": 2000},
     "pretrained": {"steps": 20, "batch_size": 8, "lr": 1e-5, "num_demos": 200},
     "lora": {"steps": 20, "batch_size": 8, "lr": 2e-4, "num_demos": 200},

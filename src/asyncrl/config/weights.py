@@ -29,20 +29,18 @@ class CanaryConfig(Section):
     dtype, ``probe_tolerance_float32`` when the trainer and the engine both compute in float32, else
     ``probe_tolerance_half``."""
     probe_tolerance_float32: float = Field(1e-4, gt=0)
-    """Default tolerance in float32. Engine and trainer then differ by rounding only: at most 6.3e-6 on
-    SmolLM2 with the built-in engine on CPU (its cached prefill and decode steps), 1.5e-7-4.2e-7 for
-    vLLM vs the trainer on CPU (docs/engines.md) — 16x margin or more — while one LoRA step of ±1e-4 per element moves the SmolLM2
-    probe by 8.5e-4 to 1.3e-3 (bench/canary_cost.py), so even a one-version-stale engine shows."""
+    """Default tolerance in float32, where engine and trainer differ by rounding only (at most 6.3e-6 on
+    SmolLM2) while one LoRA step moves the probe by 8.5e-4 or more: even a one-version-stale engine
+    shows (docs/reliability.md#weight-sync-canary)."""
     probe_tolerance_half: float = Field(0.2, gt=0)
-    """Default tolerance when either side computes in bfloat16 or float16: the same SmolLM2 weights in
-    float32 and bfloat16 give probe log-probs 0.040 apart on average (max 0.14; bench/canary_cost.py), and
-    the gap grows with the model, so this leaves 5x margin and catches only gross failures (an adapter
-    whose effect is not served, other weights); version identity then rests on the fingerprint."""
+    """Default tolerance when either side computes in bfloat16 or float16 (SmolLM2's float32 and bfloat16
+    probe log-probs are 0.040 apart on average): it catches only gross failures (an adapter whose effect
+    is not served, other weights); version identity then rests on the fingerprint."""
     fingerprint_rtol: float = Field(1e-6, gt=0, le=1)
     """Tolerance of each fingerprint statistic relative to its scale (``sqrt(Σx²)`` for sums, ``Σx²`` for
-    sums of squares). The engine holds a bitwise copy, so only reduction order differs: at most 4e-8 on
-    SmolLM2's 272 tensors (1 vs 2 threads, against float64). One optimiser step moves a tensor's sum by
-    about ``lr·sqrt(n)``, which this sees for any ``lr`` above ``1e-6 × rms(weights)``."""
+    sums of squares). The engine holds a bitwise copy, so only reduction order differs (at most 4e-8 on
+    SmolLM2); one optimiser step moves a tensor's sum by about ``lr·sqrt(n)``, seen for any ``lr`` above
+    ``1e-6 × rms(weights)``."""
 
 
 class _WeightsBase(Section):

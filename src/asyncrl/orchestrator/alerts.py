@@ -58,13 +58,12 @@ class AlertLog:
         self.recent: deque[Alert] = deque(maxlen=keep)
         self.counts: dict[str, int] = {}
 
-    def emit(self, alert: Alert) -> Alert:
+    def emit(self, alert: Alert) -> None:
         self.recent.append(alert)
         self.counts[alert.kind] = self.counts.get(alert.kind, 0) + 1
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps(alert.to_dict(), sort_keys=True) + "\n")
-        return alert
 
     def extend(self, alerts: list[Alert]) -> None:
         for a in alerts:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from asyncrl.config import BreakerConfig, RunConfig
+from asyncrl.config import BreakerConfig
 from asyncrl.orchestrator.alerts import Alert, AlertKind
 from asyncrl.telemetry.reports import GuardFigures
 
@@ -52,13 +52,8 @@ class _Breaker:
 
 class Breakers:
     def __init__(self, c: BreakerConfig, env: str = "") -> None:
-        self.consecutive, self.backoff_s, self.factor = c.consecutive, c.backoff_s, c.backoff_factor
-        self.max_backoff_s, self.probes, self.env = c.max_backoff_s, c.probes, env
+        self.c, self.env = c, env
         self.b: dict[str, _Breaker] = {}
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> Breakers:
-        return cls(cfg.orchestrator.breaker, env=cfg.env.kind)
 
     def state(self, bucket: str) -> State:
         b = self.b.get(bucket)
@@ -69,28 +64,28 @@ class Breakers:
 
     def observe(self, bucket: str, anomaly: str | None, now: float) -> list[Alert]:
         """Feed one finished episode of ``bucket`` (``anomaly`` None = healthy)."""
-        b = self.b.setdefault(bucket, _Breaker(wait=self.backoff_s))
+        b = self.b.setdefault(bucket, _Breaker(wait=self.c.backoff_s))
         if b.state == "open":
             return []
         if b.state == "half_open":
             if anomaly is None:
                 b.healthy += 1
-                if b.healthy >= self.probes:
-                    b.state, b.streak, b.kind, b.wait = "closed", 0, "", self.backoff_s
+                if b.healthy >= self.c.probes:
+                    b.state, b.streak, b.kind, b.wait = "closed", 0, "", self.c.backoff_s
                     return [
                         self._alert(
                             "breaker_closed", bucket, b, {"healthy_probes": b.healthy}, "sampling resumed"
                         )
                     ]
                 return []
-            b.wait = min(b.wait * self.factor, self.max_backoff_s)
+            b.wait = min(b.wait * self.c.backoff_factor, self.c.max_backoff_s)
             return [self._open(bucket, b, anomaly, now, probe=True)]
         if anomaly is None:
             b.streak, b.kind = 0, ""
             return []
         b.streak = b.streak + 1 if anomaly == b.kind else 1
         b.kind = anomaly
-        if b.streak >= self.consecutive:
+        if b.streak >= self.c.consecutive:
             return [self._open(bucket, b, anomaly, now, probe=False)]
         return []
 
@@ -149,11 +144,6 @@ class FaultRateMonitor:
         self.alerts = 0
         self.rate = 0.0
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> FaultRateMonitor:
-        c = cfg.orchestrator.breaker
-        return cls(c.fault_rate_alert, c.fault_rate_window, env=cfg.env.path or cfg.env.kind)
-
     def observe(self, totals: GuardFigures, now: float) -> list[Alert]:
         attempts, failed = _attempts(totals)
         n, bad = attempts - self.start[0], failed - self.start[1]
@@ -199,19 +189,11 @@ def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: floa
     attempts, failed = _attempts(totals)
     lost = totals.fault_seconds
     share = lost / env_seconds if env_seconds > 0 else 0.0
-    out: dict[str, Any] = {
-        "calls": int(totals.calls),
-        "faults": int(totals.faults),
-        "retries": int(totals.retries),
-        "timeouts": int(totals.timeouts),
-        "exceptions": int(totals.exceptions),
-        "malformed": int(totals.malformed),
-        "tool_faults": int(totals.tool_faults),
-        "fault_rate": failed / attempts if attempts else 0.0,
-        "fault_seconds": lost,
-        "hang_share": share,
-        "note": "",
-    }
+    figures = msgspec.structs.asdict(totals)
+    counts = ("calls", "faults", "retries", "timeouts", "exceptions", "malformed", "tool_faults")
+    out: dict[str, Any] = {k: int(figures[k]) for k in counts}
+    out |= {"fault_rate": failed / attempts if attempts else 0.0, "fault_seconds": lost, "hang_share": share}
+    out["note"] = ""
     if share > 0.1:
         out["note"] = (
             f"{share:.0%} of environment time ({lost:.0f}s) went to failed calls "

@@ -13,9 +13,9 @@ so buckets with low-but-non-zero success (the learning frontier) rise towards ``
 hopeless (p = 0) and converged (p = 1) buckets fall to ``floor`` -- never to zero, so a bucket
 that becomes learnable is noticed again. The orchestrator multiplies a bucket's weight by the
 drift rule's down-weight while that is in force and sets it to zero while its breaker is open
-(see :mod:`asyncrl.control.directives`; the bucket helpers are in :mod:`asyncrl.control.buckets`). Workers sample a bucket with probability
-proportional to its weight, then a task of that bucket; the replay buffer can be steered to the
-same proportions (``curriculum.steer_buffer``).
+(:mod:`asyncrl.control.directives`; bucket helpers: :mod:`asyncrl.control.buckets`). Workers sample a
+bucket with probability proportional to its weight, then a task of that bucket; the replay buffer can
+be steered to the same proportions (``curriculum.steer_buffer``).
 """
 
 from __future__ import annotations
@@ -23,27 +23,18 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from asyncrl.config import CurriculumConfig, RunConfig
+from asyncrl.config import CurriculumConfig
 
 
 class Curriculum:
     """Per-bucket success windows and the weight rule of the module docstring."""
 
     def __init__(self, buckets: list[str], c: CurriculumConfig) -> None:
-        self.window, self.min_episodes, self.floor, self.ceiling = (
-            c.window,
-            c.min_episodes,
-            c.floor,
-            c.ceiling,
-        )
+        self.c = c
         self.outcomes: dict[str, deque[int]] = {b: deque(maxlen=c.window) for b in buckets}
 
-    @classmethod
-    def of(cls, cfg: RunConfig, buckets: list[str]) -> Curriculum:
-        return cls(buckets, cfg.orchestrator.curriculum)
-
     def observe(self, bucket: str, success: bool) -> None:
-        self.outcomes.setdefault(bucket, deque(maxlen=self.window)).append(int(success))
+        self.outcomes.setdefault(bucket, deque(maxlen=self.c.window)).append(int(success))
 
     def success(self, bucket: str) -> float | None:
         q = self.outcomes.get(bucket)
@@ -51,10 +42,11 @@ class Curriculum:
 
     def weight(self, bucket: str) -> float:
         q = self.outcomes.get(bucket)
-        if q is None or len(q) < self.min_episodes:
-            return self.ceiling
+        c = self.c
+        if q is None or len(q) < c.min_episodes:
+            return c.ceiling
         p = sum(q) / len(q)
-        return self.floor + (self.ceiling - self.floor) * 4.0 * p * (1.0 - p)
+        return c.floor + (c.ceiling - c.floor) * 4.0 * p * (1.0 - p)
 
     def weights(self) -> dict[str, float]:
         return {b: self.weight(b) for b in sorted(self.outcomes)}
@@ -74,4 +66,4 @@ class Curriculum:
 
     def restore(self, doc: dict[str, Any]) -> None:
         for b, xs in doc.get("outcomes", {}).items():
-            self.outcomes[str(b)] = deque((int(x) for x in xs), maxlen=self.window)
+            self.outcomes[str(b)] = deque((int(x) for x in xs), maxlen=self.c.window)

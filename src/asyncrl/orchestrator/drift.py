@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from asyncrl.config import DriftConfig, RunConfig
+from asyncrl.config import DriftConfig
 from asyncrl.orchestrator.alerts import Alert
 
 
@@ -81,29 +81,25 @@ class DriftMonitor:
     """One :class:`Cusum` per bucket, plus the down-weighting hold after an alarm."""
 
     def __init__(self, d: DriftConfig) -> None:
-        self.params = {"warmup": d.warmup, "k": d.k, "h": d.h, "min_std": d.min_std}
-        self.downweight, self.hold_s = d.downweight, d.hold_s
+        self.d = d
         self.streams: dict[str, Cusum] = {}
         self.held_until: dict[str, float] = {}
         self.alarms = 0
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> DriftMonitor:
-        return cls(cfg.orchestrator.drift)
-
     def observe(self, bucket: str, group_mean_reward: float, now: float) -> list[Alert]:
-        stream = self.streams.setdefault(bucket, Cusum(**self.params))  # type: ignore[arg-type]
+        d = self.d
+        stream = self.streams.setdefault(bucket, Cusum(d.warmup, d.k, d.h, d.min_std))
         evidence = stream.update(group_mean_reward)
         if evidence is None:
             return []
         self.alarms += 1
-        self.held_until[bucket] = now + self.hold_s
-        action = f"weight x{self.downweight:g} for {self.hold_s:g}s; reference re-learned"
+        self.held_until[bucket] = now + d.hold_s
+        action = f"weight x{d.downweight:g} for {d.hold_s:g}s; reference re-learned"
         return [Alert(kind="reward_drift", bucket=bucket, evidence=evidence, action=action)]
 
     def factors(self, now: float) -> dict[str, float]:
         """Curriculum weight multipliers in force at ``now``."""
-        return {b: self.downweight for b, until in self.held_until.items() if now < until}
+        return {b: self.d.downweight for b, until in self.held_until.items() if now < until}
 
     def metrics(self, now: float) -> dict[str, float]:
         return {"drift/alarms": float(self.alarms), "drift/downweighted": float(len(self.factors(now)))}
@@ -128,10 +124,6 @@ class HackingMonitor:
         self.window, self.rise = d.hacking_window, d.hacking_rise
         self.pairs: deque[tuple[float, float]] = deque(maxlen=d.hacking_window)
         self.flags = 0
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> HackingMonitor:
-        return cls(cfg.orchestrator.drift)
 
     def observe(self, train_reward: float, heldout_success: float) -> list[Alert]:
         self.pairs.append((train_reward, heldout_success))

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from asyncrl.config import ElasticConfig, RunConfig
+from asyncrl.config import ElasticConfig
 from asyncrl.orchestrator.alerts import Alert, AlertKind
 
 
@@ -41,34 +41,29 @@ class FlowSample:
 
 class ElasticController:
     def __init__(self, e: ElasticConfig) -> None:
-        self.min_workers, self.max_workers, self.cooldown_s = e.min_workers, e.max_workers, e.cooldown_s
-        self.starve_busy, self.starve_fill, self.overflow_fill = e.starve_busy, e.starve_fill, e.overflow_fill
+        self.e = e
         self.samples: deque[FlowSample] = deque(maxlen=e.window)
         self.last_decision = float("-inf")
         self.decisions = 0
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> ElasticController:
-        return cls(cfg.orchestrator.elastic)
-
     def observe(self, sample: FlowSample, workers: int, now: float) -> tuple[int, list[Alert]]:
         """Add one sample; returns (change in worker count: -1, 0 or +1, alerts)."""
         self.samples.append(sample)
-        if len(self.samples) < (self.samples.maxlen or 1) or now - self.last_decision < self.cooldown_s:
+        e, s = self.e, list(self.samples)
+        if len(s) < e.window or now - self.last_decision < e.cooldown_s:
             return 0, []
-        s = list(self.samples)
         starving = all(
-            x.fill <= self.starve_fill
-            and x.busy < self.starve_busy
+            x.fill <= e.starve_fill
+            and x.busy < e.starve_busy
             and x.production <= 1.1 * x.consumption + 1e-9
             and x.staleness <= x.staleness_limit
             for x in s
         )
-        overflowing = all(x.fill >= self.overflow_fill and x.production > x.consumption for x in s)
-        too_stale = all(x.staleness > x.staleness_limit and x.fill > self.starve_fill for x in s)
-        if starving and workers < self.max_workers:
+        overflowing = all(x.fill >= e.overflow_fill and x.production > x.consumption for x in s)
+        too_stale = all(x.staleness > x.staleness_limit and x.fill > e.starve_fill for x in s)
+        if starving and workers < e.max_workers:
             return self._decide(+1, workers, now, "trainer starving: queue empty, trainer idle")
-        if (overflowing or too_stale) and workers > self.min_workers:
+        if (overflowing or too_stale) and workers > e.min_workers:
             why = (
                 "queue overflowing: production exceeds consumption"
                 if overflowing

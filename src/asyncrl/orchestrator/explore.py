@@ -10,7 +10,7 @@ advantage: nothing to learn from). With ``orchestrator.exploration.adaptive`` on
 * share ``<= zero_signal_low`` -> lower both by ``step`` back towards the configured
   ``rollout.temperature_jitter`` / ``rollout.exploration_rate``.
 
-Workers read the current values through :class:`~asyncrl.control.WorkerControl` (``RunState.directives()``). Early termination
+Workers read the current values through :class:`~asyncrl.control.WorkerControl`. Early termination
 (``early_stop_invalid``) is applied by the episode runner, not here; its trajectories end with
 outcome ``early_stopped`` and their tokens count as ``early_terminated`` waste in the cost ledger.
 """
@@ -19,40 +19,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl.config import ExplorationConfig, RunConfig
+from asyncrl.config import ExplorationConfig
 from asyncrl.control import Exploration
 from asyncrl.orchestrator.alerts import Alert
 
 
 class ExplorationController:
     def __init__(self, x: ExplorationConfig, base_jitter: float, base_rate: float) -> None:
-        self.base_jitter, self.base_rate, self.adaptive = base_jitter, base_rate, x.adaptive
+        self.x, self.base_jitter, self.base_rate = x, base_jitter, base_rate
         self.max_jitter = max(x.max_temperature_jitter, base_jitter)
         self.max_rate = max(x.max_exploration_rate, base_rate)
-        self.step, self.high, self.low, self.window = x.step, x.zero_signal_high, x.zero_signal_low, x.window
         self.jitter, self.rate = base_jitter, base_rate
         self.groups = self.zero = 0
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> ExplorationController:
-        return cls(cfg.orchestrator.exploration, cfg.rollout.temperature_jitter, cfg.rollout.exploration_rate)
-
     def observe(self, group_rewards: list[float]) -> list[Alert]:
-        if not self.adaptive or len(group_rewards) < 2:
+        x = self.x
+        if not x.adaptive or len(group_rewards) < 2:
             return []
         self.groups += 1
         self.zero += len(set(group_rewards)) == 1
-        if self.groups < self.window:
+        if self.groups < x.window:
             return []
         share = self.zero / self.groups
         self.groups = self.zero = 0
         old = (self.jitter, self.rate)
-        if share >= self.high:
-            self.jitter = min(self.max_jitter, self.jitter + self.step)
-            self.rate = min(self.max_rate, self.rate + self.step)
-        elif share <= self.low:
-            self.jitter = max(self.base_jitter, self.jitter - self.step)
-            self.rate = max(self.base_rate, self.rate - self.step)
+        if share >= x.zero_signal_high:
+            self.jitter = min(self.max_jitter, self.jitter + x.step)
+            self.rate = min(self.max_rate, self.rate + x.step)
+        elif share <= x.zero_signal_low:
+            self.jitter = max(self.base_jitter, self.jitter - x.step)
+            self.rate = max(self.base_rate, self.rate - x.step)
         if (self.jitter, self.rate) == old:
             return []
         action = f"temperature_jitter {old[0]:.2f} -> {self.jitter:.2f}, exploration_rate {old[1]:.2f} -> {self.rate:.2f}"

@@ -49,13 +49,10 @@ class StalenessGovernor:
                 alerts.append(
                     Alert("staleness_recovered", "", {"mean_ages": list(ages)}, f"max_staleness -> {current}")
                 )
-        if len(self.fills) == self.fills.maxlen and max(self.fills) < self.low_fill:
+        fills = self.fills
+        if len(fills) == fills.maxlen and max(fills) < self.low_fill:
             sync = max(1, sync - 1)
-            self.fills.clear()
-        elif (
-            len(self.fills) == self.fills.maxlen
-            and min(self.fills) >= self.low_fill
-            and sync < self.configured_sync
-        ):
+            fills.clear()
+        elif len(fills) == fills.maxlen and min(fills) >= self.low_fill and sync < self.configured_sync:
             sync += 1
         return current, min(sync, current + 1), alerts

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from asyncrl.telemetry.report_envs import EnvCounts, EnvTally
 
-__all__ = ["curriculum_shares", "env_metrics"]
-
 
 def curriculum_shares(weights: dict[str, float], prior: dict[str, float]) -> dict[str, float]:
     """Each environment's share (sums to 1) of training draws under the curriculum ``weights``

@@ -1,11 +1,11 @@
 """All of the orchestrator's rules behind one object: fed the roles' reports, returns alerts and directives.
 
-:class:`Rules` owns one instance of each rule (curriculum, breakers, drift, reward hacking,
-exploration, learning signal, staleness runaway, elastic capacity) and the alert log; it also turns a worker's refusal of
-a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The orchestrator tick calls
-:meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded once per tick),
-:meth:`directives` to get the document the workers follow, and :meth:`snapshot` / :meth:`restore` to
-persist every rule's state in the state store.
+:class:`Rules` owns one instance of each rule (curriculum, breakers, environment fault rate, drift,
+reward hacking, exploration, learning signal, elastic capacity) and the alert log; it also turns a
+worker's refusal of a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The
+orchestrator tick calls :meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded
+once per tick), :meth:`directives` to get the document the workers follow, and :meth:`snapshot` /
+:meth:`restore` to persist every rule's state in the state store.
 """
 
 from __future__ import annotations
@@ -52,16 +52,19 @@ class Rules:
         self.alerts = AlertLog(
             run_dir / "alerts.jsonl" if run_dir is not None else None, cfg.telemetry.recent_alerts
         )
-        self.curriculum = Curriculum.of(cfg, buckets)
-        self.breakers = Breakers.of(cfg)
-        self.faults = FaultRateMonitor.of(cfg)
+        c, env = cfg.orchestrator, cfg.env
+        self.curriculum = Curriculum(buckets, c.curriculum)
+        self.breakers = Breakers(c.breaker, env=env.kind)
+        b = c.breaker
+        self.faults = FaultRateMonitor(b.fault_rate_alert, b.fault_rate_window, env=env.path or env.kind)
         self.env_counts: dict[str, GuardFigures] = {}
         """Latest guard counts of every rollout process, keyed ``role:pid``."""
-        self.drift = DriftMonitor.of(cfg)
-        self.hacking = HackingMonitor.of(cfg)
-        self.exploration = ExplorationController.of(cfg)
-        self.elastic = ElasticController.of(cfg)
-        self.signal = SignalMonitor.of(cfg)
+        self.drift = DriftMonitor(c.drift)
+        self.hacking = HackingMonitor(c.drift)
+        r = cfg.rollout
+        self.exploration = ExplorationController(c.exploration, r.temperature_jitter, r.exploration_rate)
+        self.elastic = ElasticController(c.elastic)
+        self.signal = SignalMonitor(c.signal, cfg.signal_window(), r.group_size)
         self.train_reward: float | None = None
         self.groups = 0
 

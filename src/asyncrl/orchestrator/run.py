@@ -53,6 +53,9 @@ from asyncrl.transport import make_queue
 log = logging.getLogger("asyncrl.orchestrator")
 
 if TYPE_CHECKING:
+    from rich.live import Live as RichLive
+    from rich.table import Table
+
     from asyncrl.transport import TrajectoryQueue
 
 ORCHESTRATOR = "orchestrator"
@@ -101,9 +104,9 @@ class Orchestrator:
         """Active rollout workers (elastic capacity changes this list)."""
         self.retiring: list[str] = []
         self.next_index = cfg.rollout.num_workers
-        self._flow: dict[str, float] = {}
+        self._flow = (0.0, 0.0, 0.0, 0.0, 0.0)
+        """(time, episodes, samples trained, trainer busy s, trainer idle s) at the last flow sample."""
         self._snapshot_at = self._metrics_at = 0.0
-        self._progress_at = time.time()
         self.tail = MetricTail(run_dir / "metrics")
         self.live = Live()
         self.restarts: dict[str, int] = {}
@@ -115,7 +118,7 @@ class Orchestrator:
         self.telemetry = OrchestratorTelemetry(cfg, run_dir)
         self._queue: TrajectoryQueue | None = None  # opened on the first tick (_read_queue)
         self._progress: tuple[int, int] | None = None
-        self._progress_at = self._stall_alerted = time.time()
+        self._progress_at = self._stall_alerted = self._printed_at = time.time()
 
     # -- roles ---------------------------------------------------------------------------------------
     def _start(self, name: str, resume_trainer: bool = True) -> None:
@@ -268,30 +271,20 @@ class Orchestrator:
 
     def _scale(self) -> None:
         """Elastic capacity: one flow sample per metrics interval, at most one decision per cooldown."""
-        now, t = time.time(), self.live.latest_trainer().trainer
-        if (
-            not self.cfg.orchestrator.elastic.enabled
-            or now - self._flow.get("at", 0.0) < self.cfg.telemetry.log_every_s
-        ):
+        now, r = time.time(), self.live.latest_trainer()
+        if not self.cfg.orchestrator.elastic.enabled or now - self._flow[0] < self.cfg.telemetry.log_every_s:
             return
-        cur = {
-            "at": now,
-            "episodes": self.live.rollout().episodes,
-            "trained": t.samples_trained,
-            "busy": t.busy_seconds,
-            "idle": t.idle_seconds,
-        }
-        prev, self._flow = self._flow, cur
-        if not prev:
+        t, prev = r.trainer, self._flow
+        self._flow = (now, self.live.rollout().episodes, t.samples_trained, t.busy_seconds, t.idle_seconds)
+        if not prev[0]:
             return
-        dt = max(cur["at"] - prev["at"], 1e-6)
-        spent = (cur["busy"] - prev["busy"]) + (cur["idle"] - prev["idle"])
+        dt, episodes, trained, busy, idle = (c - p for c, p in zip(self._flow, prev, strict=True))
         sample = FlowSample(
-            production=(cur["episodes"] - prev["episodes"]) / dt,
-            consumption=(cur["trained"] - prev["trained"]) / dt,
+            production=episodes / max(dt, 1e-6),
+            consumption=trained / max(dt, 1e-6),
             fill=self.live.fill(self.cfg.transport.capacity),
-            busy=(cur["busy"] - prev["busy"]) / spent if spent > 0 else 1.0,
-            staleness=self.live.latest_trainer().staleness.mean or 0.0,
+            busy=busy / (busy + idle) if busy + idle > 0 else 1.0,
+            staleness=r.staleness.mean or 0.0,
             staleness_limit=float(self.staleness.max_staleness),
         )
         delta, alerts = self.rules.elastic.observe(sample, len(self.workers), now)
@@ -364,15 +357,13 @@ class Orchestrator:
                 self._start(name)
             if self.cfg.telemetry.eval_every > 0:
                 self._start(EVALUATOR)
-        view = _Display(self) if self.display else None
+        view = _live_view(self) if self.display else None
         try:
-            with view.live() if view else contextlib.nullcontext():
+            with view or contextlib.nullcontext():
                 while not self.state.trainer_finished() and not self._stop_asked():
                     self.state.beat()
                     time.sleep(0.5)
-                    rows = self.tail.poll()
-                    for r in rows:
-                        self._merged.write(json.dumps(r) + "\n")
+                    rows = self._merge_rows()
                     reports = decode_rows(rows)  # once per tick: everything below reads attributes
                     self.live.absorb(reports)
                     self._read_queue()
@@ -386,7 +377,7 @@ class Orchestrator:
                     self._watchdog()
                     self._snapshot()
                     if view:
-                        view.refresh()
+                        view.update(_render(self))
                     else:
                         self._plain_progress()
         finally:
@@ -395,9 +386,7 @@ class Orchestrator:
                 self._queue.close()
             self.shutdown()
             self.rl_seconds = time.time() - self.started
-        rows = self.tail.poll()  # the roles' last rows, written as they stopped
-        for r in rows:
-            self._merged.write(json.dumps(r) + "\n")
+        rows = self._merge_rows()  # the roles' last rows, written as they stopped
         self._merged.close()
         reports = decode_rows(rows)
         self.live.absorb(reports)
@@ -405,12 +394,19 @@ class Orchestrator:
         self.telemetry.close(rows)
         return self.live.trainer
 
+    def _merge_rows(self) -> list[dict[str, Any]]:
+        """The roles' new metric rows, appended to ``metrics.jsonl``."""
+        rows = self.tail.poll()
+        for r in rows:
+            self._merged.write(json.dumps(r) + "\n")
+        return rows
+
     def _plain_progress(self) -> None:
         """``--no-display``: one plain progress line every ``telemetry.progress_every_s``."""
         now = time.time()
-        if now - self._progress_at < self.cfg.telemetry.progress_every_s:
+        if now - self._printed_at < self.cfg.telemetry.progress_every_s:
             return
-        self._progress_at, r = now, self.live.latest_trainer()
+        self._printed_at, r = now, self.live.latest_trainer()
         print(
             f"[{now - self.started:5.0f}s] step {int(r.trainer.step)}/{self.cfg.trainer.total_steps}"
             f" version {int(r.trainer.version)} reward {r.reward.mean or 0:.3f}"
@@ -454,73 +450,62 @@ class Orchestrator:
         self.launcher.close()
 
 
-class _Display:
-    def __init__(self, orch: Orchestrator) -> None:
-        from rich.console import Console
+def _live_view(orch: Orchestrator) -> RichLive:
+    """The live display (``--no-display`` turns it off), refreshed every tick with :func:`_render`."""
+    from rich.live import Live as RichLive
 
-        self.orch = orch
-        self.console = Console()
-        self._live: Any = None
+    return RichLive(_render(orch), refresh_per_second=2, transient=False)
 
-    def live(self) -> Any:
-        from rich.live import Live as RichLive
 
-        self._live = RichLive(self.render(), console=self.console, refresh_per_second=2, transient=False)
-        return self._live
+def _render(o: Orchestrator) -> Table:
+    from rich.table import Table
 
-    def refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self.render())
-
-    def render(self) -> Any:
-        from rich.table import Table
-
-        o, t = self.orch, self.orch.live.latest_trainer()
-        total = o.cfg.trainer.total_steps
-        step = int(t.trainer.step)
-        elapsed = time.time() - o.started
-        eta = (elapsed / step * (total - step)) if step else float("nan")
-        rollout, ev = o.live.rollout(), o.live.evaluation
-        table = Table(title=f"asyncrl {o.cfg.control.mode} — {o.run_dir}", show_header=False, expand=False)
-        table.add_column(style="bold")
-        table.add_column(justify="right")
-        rows = [
-            ("version / step", f"{int(t.trainer.version)} / {step} of {total}"),
-            ("samples/s (rollout)", f"{rollout.episodes / elapsed:.1f}" if elapsed else "-"),
-            ("tokens/s (rollout)", f"{rollout.tokens / elapsed:.0f}" if elapsed else "-"),
-            ("queue depth", f"{int(o.live.queue.depth)}" + (" (paused)" if o.state.paused() else "")),
-            ("staleness mean / max", f"{t.staleness.mean or 0:.2f} / {int(t.staleness.max or 0)}"),
-            ("reward (train batch)", f"{t.reward.mean or 0:.3f}"),
-            ("success (train batch)", f"{t.reward.success_rate or 0:.1%}"),
-            ("trainer busy", f"{t.trainer.busy_fraction:.0%}"),
-            (
-                "held-out success (periodic)",
-                f"{ev.eval.success_rate:.1%} at v{int(ev.eval.version)}" if ev else "-",
-            ),
-            ("elapsed / ETA", f"{elapsed:.0f}s / {eta:.0f}s" if step else f"{elapsed:.0f}s / -"),
-            ("restarts", ", ".join(f"{k}×{v}" for k, v in o.restarts.items()) or "none"),
+    t = o.live.latest_trainer()
+    total = o.cfg.trainer.total_steps
+    step = int(t.trainer.step)
+    elapsed = time.time() - o.started
+    eta = (elapsed / step * (total - step)) if step else float("nan")
+    rollout, ev = o.live.rollout(), o.live.evaluation
+    table = Table(title=f"asyncrl {o.cfg.control.mode} — {o.run_dir}", show_header=False, expand=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    cost: list[tuple[str, str]] = []
+    if o.cfg.cost.enabled:
+        c = o.live.cost(o.cfg, elapsed)
+        cost = [
+            ("cost: rate / so far", f"${c.efficiency['cost_rate_usd_per_hour']:.3f}/h / ${c.total:.4f}"),
+            ("cost: wasted", f"{c.waste_total / c.total:.0%}" if c.total else "-"),
         ]
-        if o.cfg.cost.enabled:
-            c = o.live.cost(o.cfg, elapsed)
-            rows.append(
-                ("cost: rate / so far", f"${c.efficiency['cost_rate_usd_per_hour']:.3f}/h / ${c.total:.4f}")
+    r = o.rules
+    top = sorted(r.curriculum.weights().items(), key=lambda kv: -kv[1])[:4]
+    rows = [
+        ("version / step", f"{int(t.trainer.version)} / {step} of {total}"),
+        ("samples/s (rollout)", f"{rollout.episodes / elapsed:.1f}" if elapsed else "-"),
+        ("tokens/s (rollout)", f"{rollout.tokens / elapsed:.0f}" if elapsed else "-"),
+        ("queue depth", f"{int(o.live.queue.depth)}" + (" (paused)" if o.state.paused() else "")),
+        ("staleness mean / max", f"{t.staleness.mean or 0:.2f} / {int(t.staleness.max or 0)}"),
+        ("reward (train batch)", f"{t.reward.mean or 0:.3f}"),
+        ("success (train batch)", f"{t.reward.success_rate or 0:.1%}"),
+        ("trainer busy", f"{t.trainer.busy_fraction:.0%}"),
+        (
+            "held-out success (periodic)",
+            f"{ev.eval.success_rate:.1%} at v{int(ev.eval.version)}" if ev else "-",
+        ),
+        ("elapsed / ETA", f"{elapsed:.0f}s / {eta:.0f}s" if step else f"{elapsed:.0f}s / -"),
+        ("restarts", ", ".join(f"{k}×{v}" for k, v in o.restarts.items()) or "none"),
+        *cost,
+        ("workers", f"{len(o.workers)}" + (f" (retiring {', '.join(o.retiring)})" if o.retiring else "")),
+        ("breakers open", ", ".join(r.breakers.buckets_in("open")) or "none"),
+        (f"env faults ({o.cfg.env.path or o.cfg.env.kind})", fault_line(o.env_faults())),
+        ("curriculum (top)", ", ".join(f"{b}={w:.2f}" for b, w in top) or "-"),
+        *(
+            (
+                f"alert {time.strftime('%H:%M:%S', time.localtime(a.time))}",
+                f"{a.kind} {a.bucket} → {a.action}",
             )
-            rows.append(("cost: wasted", f"{c.waste_total / c.total:.0%}" if c.total else "-"))
-        r = o.rules
-        rows.append(
-            ("workers", f"{len(o.workers)}" + (f" (retiring {', '.join(o.retiring)})" if o.retiring else ""))
-        )
-        rows.append(("breakers open", ", ".join(r.breakers.buckets_in("open")) or "none"))
-        rows.append((f"env faults ({o.cfg.env.path or o.cfg.env.kind})", fault_line(o.env_faults())))
-        top = sorted(r.curriculum.weights().items(), key=lambda kv: -kv[1])[:4]
-        rows.append(("curriculum (top)", ", ".join(f"{b}={w:.2f}" for b, w in top) or "-"))
-        for a in list(r.alerts.recent)[-3:]:
-            rows.append(
-                (
-                    f"alert {time.strftime('%H:%M:%S', time.localtime(a.time))}",
-                    f"{a.kind} {a.bucket} → {a.action}",
-                )
-            )
-        for k, v in rows:
-            table.add_row(k, v)
-        return table
+            for a in list(r.alerts.recent)[-3:]
+        ),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    return table

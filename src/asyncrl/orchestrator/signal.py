@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.config import RunConfig, SignalConfig
+from asyncrl.config import SignalConfig
 from asyncrl.orchestrator.alerts import Alert
 from asyncrl.signal import advice, signal_share
 
@@ -46,13 +46,6 @@ class SignalMonitor:
         self.windows: dict[str, deque[GroupSignal]] = {}
         self.alerted: set[str] = set()
         """Windows in an excursion above the threshold (alerted once; re-armed below it)."""
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> SignalMonitor:
-        per_step = max(1, cfg.trainer.batch_size // cfg.rollout.group_size)
-        return cls(
-            cfg.orchestrator.signal, cfg.orchestrator.signal.window_steps * per_step, cfg.rollout.group_size
-        )
 
     def observe(self, bucket: str, rewards: list[float], outcomes: list[str]) -> list[Alert]:
         """One finished training group of ``bucket``; returns the alerts it raises (none, one or two)."""

@@ -1,6 +1,7 @@
 """The orchestrator's telemetry: :class:`Live` (the latest report of every role, decoded, and the queue
-as the orchestrator read it, for the rules, the display and the summary) and, on each tick, feeding the sinks and every ``telemetry.log_every_s`` writing its own row
-(``metrics/orchestrator.jsonl``) with flow-control state, rates and cost so far."""
+as the orchestrator read it, for the rules, the display and the summary) and, on each tick, feeding
+the sinks and every ``telemetry.log_every_s`` writing its own row (``metrics/orchestrator.jsonl``)
+with flow-control state, rates and cost so far."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
-from asyncrl.cost.ledger import collect_usage, price
+from asyncrl.cost.ledger import CostBreakdown, collect_usage, price
 from asyncrl.telemetry.flow import FlowMeter, count_lines
 from asyncrl.telemetry.jsonl import MetricWriter
 from asyncrl.telemetry.reports import (
@@ -61,7 +62,7 @@ class Live:
             elif isinstance(r, EvaluatorReport):
                 self.evaluation = r
 
-    def cost(self, cfg: RunConfig, wall_seconds: float) -> Any:
+    def cost(self, cfg: RunConfig, wall_seconds: float) -> CostBreakdown:
         return price(collect_usage(list(self.per_process.values()), wall_seconds=wall_seconds), cfg.cost)
 
     def rollout(self) -> RolloutFigures:
