@@ -525,3 +525,24 @@ def test_fault_summary_says_when_hangs_stretched_the_run(tmp_path: Path) -> None
     text = console.export_text()
     assert "env faults (calculator)" in text and "30 faults, 5 retries, 4 timeouts" in text, text
     orch._merged.close()
+
+
+def test_the_stall_watchdog_fires_under_no_display_despite_the_progress_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-display`` prints a progress line every ``progress_every_s``; printing it is not progress, so a
+    run whose version and accepted count stand still for ``watchdog_s`` still gets its ``stall`` alert."""
+    from asyncrl.orchestrator.run import Orchestrator
+
+    cfg = load_config(None, ["orchestrator.watchdog_s=30", "telemetry.progress_every_s=1"])
+    orch = Orchestrator(cfg, tmp_path, display=False)
+    orch._watchdog()  # the first tick records where the run stands
+    assert orch.rules.alerts.counts.get("stall", 0) == 0
+    orch._progress_at -= 60  # nothing moved for a minute (and no stall alerted) ...
+    orch._stall_alerted -= 60
+    orch._printed_at -= 60
+    orch._plain_progress()  # ... while the progress line was printed
+    orch._watchdog()
+    assert orch.rules.alerts.counts.get("stall", 0) == 1
+    assert "has not moved for 60 s" in capsys.readouterr().err
+    orch._merged.close()
