@@ -61,7 +61,14 @@ from asyncrl.policy.renderer import (
     call_id_of,
     opening,
 )
-from asyncrl.policy.template_probe import PROBE_TOOLS, TemplateRenderer, end_ids_of
+from asyncrl.policy.template_probe import (
+    NAMES_TOOL_ROLE,
+    PROBE_TOOLS,
+    TemplateRenderer,
+    closing_id,
+    end_ids_of,
+    renders_tools,
+)
 from asyncrl.policy.toolcalls import detect_format, make_format
 
 if TYPE_CHECKING:
@@ -190,7 +197,7 @@ class HFChatRenderer(Renderer):
         self.system_prompt = system_prompt
         self.thinks = "</think>" in self.template_source
         if observation_role == "auto":
-            observation_role = "tool" if re.search(r"['\"]tool['\"]", self.template_source) else "user"
+            observation_role = "tool" if NAMES_TOOL_ROLE.search(self.template_source) else "user"
         self.observation_role = observation_role
         added = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self._added_ids = added
@@ -205,7 +212,7 @@ class HFChatRenderer(Renderer):
         self.alternates = not self._accepts(
             [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
         )
-        self.native_tools = self._renders_tools()
+        self.native_tools = renders_tools(self._render)
         self.native_calls = self._renders_calls()
         if self.native_calls:
             self._check_call_format(tool_format)
@@ -227,25 +234,13 @@ class HFChatRenderer(Renderer):
     def _accepts(self, messages: list[Message]) -> bool:
         return self._render(messages, gen=True)[0] is not None
 
-    def _renders_tools(self) -> bool:
-        text, _ = self._render([{"role": "user", "content": "x"}], gen=True, tools=PROBE_TOOLS)
-        return text is not None and "zq_probe_tool" in text
-
-    def _probe_call(self) -> Message:
-        call: CallFunction = {"name": "zq_probe_call", "arguments": {"a": 1}}
-        return {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"type": "function", "id": self.fmt.call_id(0), "function": call}],
-        }
-
     def _renders_calls(self) -> bool:
-        text, _ = self._render([{"role": "user", "content": "x"}, self._probe_call()])
+        text, _ = self._render([{"role": "user", "content": "x"}, self._probe_assistant(0)])
         return text is not None and "zq_probe_call" in text
 
     def _check_call_format(self, tool_format: str) -> None:
         """A template that writes tool calls must write them in the format asyncrl reads."""
-        text = self._apply([{"role": "user", "content": _PROBE}, self._probe_call()], None, False)
+        text = self._apply([{"role": "user", "content": _PROBE}, self._probe_assistant(0)], None, False)
         found = self.fmt.find_call(text[text.rfind(_PROBE) + 1 :])
         if not (isinstance(found, tuple) and found[0] == "zq_probe_call"):
             how = "read from the template" if tool_format == "auto" else "set"
@@ -263,10 +258,8 @@ class HFChatRenderer(Renderer):
         if at < 0:
             raise ChatTemplateError("the chat template drops assistant messages; cannot render episodes")
         tail = text[at + len(_PROBE) :]
-        for i in stops:
-            eot = str(self.tokenizer.decode([i], skip_special_tokens=False))
-            if eot and tail.startswith(eot):
-                return [i, *(s for s in stops if s != i)]
+        if found := closing_id(self.tokenizer, tail, stops):
+            return [found[0], *(s for s in stops if s != found[0])]
         names = [str(self.tokenizer.decode([i], skip_special_tokens=False)) for i in stops]
         raise ChatTemplateError(
             f"the chat template closes an assistant turn with {tail[:20]!r}, none of the end-of-turn "
@@ -290,18 +283,14 @@ class HFChatRenderer(Renderer):
                     return False
         return True
 
-    def _probe_assistant(self, k: int, reasoning: bool, calls: bool) -> Message:
-        m: Message = {"role": "assistant", "content": f"a{k}"}
-        if reasoning:
-            m["content"] = f"<think>\nr{k}\n</think>\n\na{k}"
+    def _probe_assistant(self, k: int, reasoning: bool = False, calls: bool = True) -> Message:
+        m: Message = {
+            "role": "assistant",
+            "content": f"<think>\nr{k}\n</think>\n\na{k}" if reasoning else f"a{k}",
+        }
         if calls:
-            m["tool_calls"] = [
-                {
-                    "type": "function",
-                    "id": self.fmt.call_id(k),
-                    "function": {"name": "f", "arguments": {"x": k}},
-                }
-            ]
+            call: CallFunction = {"name": "zq_probe_call", "arguments": {"x": k}}
+            m["tool_calls"] = [{"type": "function", "id": self.fmt.call_id(k), "function": call}]
         return m
 
     # -- messages as the template takes them ------------------------------------------------------

@@ -60,7 +60,7 @@ TOOL_MARKERS = (
     '"parameters"',
     "<function=",
 )
-_NAMES_TOOL_ROLE = re.compile(r"['\"]tool['\"]")
+NAMES_TOOL_ROLE = re.compile(r"['\"]tool['\"]")
 _ID_LENGTH = re.compile(r"(?:tool_call\.id|tool_call_id)\s*\|\s*length\s*!=\s*(\d+)")
 
 
@@ -119,7 +119,7 @@ def _system(render: TemplateRenderer) -> tuple[bool, str | None]:
 
 
 def _tool_role(render: TemplateRenderer, head: list[Message], source: str) -> bool:
-    if not _NAMES_TOOL_ROLE.search(source):  # ChatML renders any role name: that is not a tool role
+    if not NAMES_TOOL_ROLE.search(source):  # ChatML renders any role name: that is not a tool role
         return False
     chat: list[Message] = [*head, {"role": "assistant", "content": _TURN}, _observation("tool", _OBS)]
     text, _ = render(chat, gen=True)
@@ -162,18 +162,25 @@ def _trims(render: TemplateRenderer, head: list[Message]) -> bool:
     return text is not None and (f" {_USER} \n" not in text or f" {_TURN} \n" not in text)
 
 
+def closing_id(
+    tokenizer: PreTrainedTokenizerBase, tail: str, end_ids: Sequence[int]
+) -> tuple[int, str] | None:
+    """The first of ``end_ids`` whose text starts ``tail`` (what a template writes after an assistant
+    message's content), with that text."""
+    for i in end_ids:
+        eot = str(tokenizer.decode([int(i)], skip_special_tokens=False))
+        if eot and tail.startswith(eot):
+            return int(i), eot
+    return None
+
+
 def _turn_end(
     render: TemplateRenderer, tokenizer: PreTrainedTokenizerBase, head: list[Message], end_ids: Sequence[int]
 ) -> tuple[int | None, str | None]:
     text, _ = render([*head, {"role": "assistant", "content": _TURN}])
     if text is None or _TURN not in text:
         return None, None
-    tail = text[text.rfind(_TURN) + len(_TURN) :]
-    for i in end_ids:
-        eot = str(tokenizer.decode([int(i)], skip_special_tokens=False))
-        if eot and tail.startswith(eot):
-            return int(i), eot
-    return None, None
+    return closing_id(tokenizer, text[text.rfind(_TURN) + len(_TURN) :], end_ids) or (None, None)
 
 
 PROBE_TOOLS: list[ToolSchema] = [
@@ -185,7 +192,8 @@ PROBE_TOOLS: list[ToolSchema] = [
 """A tool list whose schema a template that renders tools shows by name."""
 
 
-def _renders_tools(render: TemplateRenderer) -> bool:
+def renders_tools(render: TemplateRenderer) -> bool:
+    """Whether the template shows a tool list passed as ``tools=``."""
     text, _ = render([{"role": "user", "content": _USER}], gen=True, tools=PROBE_TOOLS)
     return text is not None and _PROBE_TOOL in text
 
@@ -215,7 +223,7 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -
         end_ids=tuple(int(i) for i in end_ids),
         turn_end_id=turn_id,
         turn_end_text=turn_text,
-        renders_tools=_renders_tools(render),
+        renders_tools=renders_tools(render),
         tool_markers=tuple(m for m in TOOL_MARKERS if m in source),
         tool_call_id_length=int(id_len.group(1)) if id_len else None,
     )
