@@ -4,9 +4,8 @@ A :class:`Renderer` is the only place that knows a model's chat layout. Every ca
 environment episode runner, held-out evaluation, the OpenAI-compatible gateway — goes through its
 public protocol (after PrimeIntellect's renderers and verifiers):
 
-* :meth:`Renderer.render` ``(messages, tools) -> ids``: a chat (OpenAI-style message dicts:
-  ``system``/``user``/``assistant`` with ``tool_calls`` and ``reasoning_content``/``tool`` with
-  ``tool_call_id``) rendered with the assistant header, ready to sample;
+* :meth:`Renderer.render` ``(messages, tools) -> ids``: a chat (:class:`~asyncrl.policy.messages.Message`
+  dicts) rendered with the assistant header, ready to sample;
 * :meth:`Renderer.bridge` ``(prompt_ids, completion_ids, history, new, tools) -> ids | None``: the
   next prompt as the previous prompt + the *sampled* completion ids + the rendered delta of the
   ``new`` messages; ``None`` when the template renders the longer chat differently (not
@@ -16,33 +15,13 @@ public protocol (after PrimeIntellect's renderers and verifiers):
 * :meth:`Renderer.tool_prompt` (the one tools system prompt, for templates that cannot list
   tools) and :meth:`Renderer.observation_message` (the one observation wrapping).
 
-Multi-turn (``model.multi_turn``): in ``bridge`` mode a whole episode is one sample, its ids the
-sampled turns plus rendered deltas (the history is never re-rendered); in ``per_turn`` mode
-each model turn is prompted with the template's own rendering of the history (what the model sees
-at inference, e.g. Qwen3 with earlier reasoning stripped) and is its own sample. ``auto`` probes
-the template: ``bridge`` when it is prefix-stable, else ``per_turn``. Sampled ids are never
-changed in either mode.
-
-Two renderers:
-
-:class:`TextRenderer`
-    the char/byte models built from config: ``<bos> PROMPT`` then ``<obs> TEXT </obs>`` deltas,
-    tool calls in asyncrl's ``<tool>NAME(ARGS)</tool>`` protocol.
-:class:`HFChatRenderer`
-    any Hugging Face tokenizer with a chat template. Tools go to the template as JSON schemas
-    when it renders them, else into the system message (:meth:`tool_prompt`). Observations use
-    the ``tool`` role when the template knows one, else ``user`` wrapped in ``<tool_response>``.
-    A template without a system role gets the system text folded into the first user turn.
-    Message contents are tokenised with special tokens split (an observation holding
-    ``<|im_end|>`` stays text); the template's own markup keeps its special tokens. Contents the
-    template trims or rewrites are taken from the template's real rendering, so the ids are
-    always what the template renders.
-
-End-of-turn ids come from the model's ``generation_config`` (every id of ``eos_token_id``, then
-the tokenizer's eos token); the one the template writes after an assistant message closes a turn;
-``model.stop_strings`` may add multi-token stop strings, found by incremental decoding in
-:meth:`Renderer.cut_at_stop`. A turn that ended without its end-of-turn token (length, stop
-string) gets it as the first token of the next delta, outside the loss mask.
+Sampled ids are never changed. :class:`TextRenderer` is asyncrl's own layout for the char/byte
+models (tool calls in the ``<tool>NAME(ARGS)</tool>`` protocol); :class:`HFChatRenderer` renders with a
+Hugging Face tokenizer's chat template, adapting the messages to what the template takes (tools, the
+observation role, a missing system role) and taking contents the template trims or rewrites from its
+real rendering, so the ids are always what the template renders. The ``bridge`` and ``per_turn``
+modes, those adaptations and the end-of-turn ids: ``docs/models.md#episodes-are-chats`` and
+``docs/models.md#token-exact-multi-turn-by-construction``.
 """
 
 from __future__ import annotations
@@ -162,7 +141,7 @@ def _between(literals: list[str], text: str, contents: list[str] | None = None) 
 
 
 class HFChatRenderer(Renderer):
-    """Chats in a pretrained model's own chat template; see the module docstring."""
+    """Chats in a pretrained model's own chat template; see the module docstring and docs/models.md."""
 
     def __init__(
         self,

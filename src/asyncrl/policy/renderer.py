@@ -74,7 +74,7 @@ class Conversation:
 
 
 class Renderer(ABC):
-    """Turns chats into token ids and sampled turns back into messages; see the module docstring."""
+    """Turns chats into token ids and sampled turns back into messages; see :mod:`asyncrl.policy.chat`."""
 
     tokenizer: PreTrainedTokenizerBase
     fmt: ToolCallFormat
