@@ -217,14 +217,7 @@ class Gateway:
             choices.append(choice)
             replies.add(reply_key)
         if req.n == 1 and not auxiliary:
-            s.last = LastCall(
-                list(req.messages),
-                list(req.tools or []),
-                replies,
-                records[0],
-                self.messages.messages(list(req.messages)),
-                self.messages.schemas(req.tools or []),
-            )
+            s.last = LastCall(list(req.messages), list(req.tools or []), replies, records[0])
         completion_tokens = sum(len(r.completion_ids) for r in records)
         return response_body(self.cfg.model_name, choices, len(prompt), completion_tokens)
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from asyncrl.gateway.protocol import Message as RequestMessage
 from asyncrl.gateway.protocol import ToolDef
+from asyncrl.gateway.render import MessageRenderer
 from asyncrl.policy.chat import Message, Renderer
 from asyncrl.policy.exactness import count_differences
-from asyncrl.policy.messages import ToolSchema
 from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -48,10 +48,6 @@ class LastCall:
     tools: list[ToolDef]
     replies: set[ReplyKey]
     record: CallRecord
-    chat: list[Message] = field(default_factory=list)
-    """The request's messages as the renderer takes them (the merged sample's exactness check)."""
-    schemas: list[ToolSchema] | None = None
-    """The request's tools as the renderer takes them."""
 
 
 @dataclass
@@ -175,8 +171,9 @@ def _merged_diff(session: Session, calls: list[CallRecord], renderer: Renderer |
     if renderer is None or last is None or last.record is not calls[-1]:
         return None
     ids = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
-    chat: list[Message] = [*last.chat, {"role": "assistant", "content": ""}]  # the last completion's place
-    return renderer.spliced_diff(ids, chat, [c.completion_ids for c in calls], last.schemas)
+    conv = MessageRenderer(renderer)
+    chat = [*conv.messages(last.messages), Message(role="assistant", content="")]  # the last completion
+    return renderer.spliced_diff(ids, chat, [c.completion_ids for c in calls], conv.schemas(last.tools))
 
 
 def _retokenized(renderer: Renderer | None, ids: list[int]) -> int:

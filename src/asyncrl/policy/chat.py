@@ -178,13 +178,9 @@ class HFChatRenderer(Renderer):
         if observation_role == "auto":
             observation_role = "tool" if NAMES_TOOL_ROLE.search(self.template_source) else "user"
         self.observation_role = observation_role
-        added = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-        self._added_ids = added
-        self._added_re = (
-            re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
-            if added
-            else None
-        )
+        self._added_ids = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        longest_first = sorted(self._added_ids, key=len, reverse=True)
+        self._added_re = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
         self.systemless = not self._accepts(
             [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         )
@@ -197,11 +193,9 @@ class HFChatRenderer(Renderer):
             self._check_call_format(tool_format)
         self.stop_token_ids = self._probe_turn_end(stops)
         self.eot_text = str(tokenizer.decode([self.stop_token_ids[0]], skip_special_tokens=False))
-        stable = self._prefix_stable()
-        if multi_turn == "auto":
-            multi_turn = "bridge" if stable else "per_turn"
-        self.multi_turn = multi_turn
-        self.prefix_stable = stable
+        self.prefix_stable = self._prefix_stable()
+        auto = "bridge" if self.prefix_stable else "per_turn"
+        self.multi_turn = auto if multi_turn == "auto" else multi_turn
 
     # -- probing the template --------------------------------------------------------------------
     def _apply(self, messages: list[Message], tools: list[ToolSchema] | None, gen: bool) -> str:
@@ -289,13 +283,11 @@ class HFChatRenderer(Renderer):
         if not self.thinks:
             return None, text
         end = text.find("</think>")
+        if end < 0 and text.lstrip().startswith("<think>"):  # cut off while reasoning: no action yet
+            return text.lstrip().removeprefix("<think>").strip(), ""
         if end < 0:
-            if text.lstrip().startswith("<think>"):  # cut off while reasoning: no action yet
-                return text.lstrip()[len("<think>") :].strip(), ""
             return None, text
-        reasoning = text[:end].strip()
-        reasoning = reasoning[len("<think>") :].strip() if reasoning.startswith("<think>") else reasoning
-        return reasoning, text[end + len("</think>") :].lstrip("\n")
+        return text[:end].strip().removeprefix("<think>").strip(), text[end + len("</think>") :].lstrip("\n")
 
     def assistant_message(self, turn: AssistantTurn) -> Message:
         if not (self.native_calls and turn.tool_calls):
