@@ -197,11 +197,9 @@ class Policy:
         ``cfg`` supplies ``dtype``, ``trust_remote_code`` and ``lora`` (float32, off and none
         without it). With ``cfg.lora`` (and ``lora=True``) the model is wrapped with the adapter
         layout, and the directory's ``adapter.safetensors`` (a saved LoRA policy) is loaded into it;
-        ``lora=False`` loads the base model alone (e.g. the KL reference). Never
-        touches the network. Every failure (missing directory, missing or corrupt config,
-        weights or tokenizer, an architecture transformers does not know, a model larger than the
-        memory this machine has free) becomes one :class:`PolicyLoadError` that names the path,
-        what is wrong and what to do.
+        ``lora=False`` loads the base model alone (e.g. the KL reference). Never touches the network.
+        Every failure (docs/policy.md#model) is one :class:`~asyncrl.errors.UserError` line that names
+        the path, what is wrong and what to do.
         """
         dtype = getattr(torch, cfg.dtype) if cfg is not None else torch.float32
         remote = bool(cfg.trust_remote_code) if cfg is not None else False

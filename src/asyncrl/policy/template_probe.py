@@ -5,30 +5,13 @@ the template text alone does not say so reliably (Gemma 2 raises on a system mes
 folds it into the first user turn, Mistral v0.3 moves it into the *last* user turn, Qwen3 strips
 ``<think>`` reasoning from assistant turns before the latest user query, Gemma and Mistral trim
 message content). :func:`probe_template` renders a handful of chats whose contents are private-use
-sentinels and reads the answers off the output:
-
-``system_supported``
-    a system message renders (no exception) and its text appears.
-``tool_role``
-    the template names a ``tool`` role and a ``tool`` message renders with its text (else
-    observations go in the ``user`` role; ChatML renders any role name, which is not a tool role).
-``prefix_stable``
-    the rendering only grows as a chat grows: the opening (system + user + generation prompt)
-    followed by an assistant turn is a prefix of the chat holding that turn, and that chat is a
-    prefix of the chat with an observation appended (in ``observation_role``) — an ``eos_token``
-    the template writes only at the end of a closed chat (Phi) does not count. ``unstable_at``
-    names the first step where it is not.
-``strips_reasoning``
-    ``<think>...</think>`` in an assistant turn before a later user message is not rendered.
-``trims_content``
-    surrounding whitespace of a user or assistant message is not rendered as given.
-``turn_end_id``
-    the first of the end ids (``generation_config.eos_token_id`` in its order, then the
-    tokenizer's eos) whose text the template writes right after an assistant message — the token
-    that really closes a turn. ``None`` when the template writes none of them.
-``renders_tools`` / ``tool_markers`` / ``tool_call_id_length``
-    tool schemas passed as ``tools=`` appear in the rendering; which tool-call markers the
-    template text holds; the exact tool-call id length it demands (Mistral: 9), if any.
+sentinels and reads the answers off the output (all of them: docs/models.md, "The preflight"). The
+subtle ones: ``prefix_stable`` — the opening followed by an assistant turn is a prefix of the chat
+holding that turn, and that chat of the chat with an observation appended (in ``observation_role``),
+an ``eos_token`` the template writes only at the end of a closed chat (Phi) not counted;
+``unstable_at`` names the first step where it is not. ``tool_role`` — the template names a ``tool``
+role and a ``tool`` message renders (ChatML renders any role name). ``turn_end_id`` — the first of
+the end ids whose text the template writes right after an assistant message (``None``: none).
 
 Nothing here decides a mode or a format: callers (the preflight, the renderer's ``auto``
 choices) read the profile.
