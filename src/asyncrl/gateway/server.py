@@ -29,6 +29,7 @@ from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway.protocol import (
     ChatRequest,
     GatewayError,
+    Message,
     logprobs_block,
     parse_request,
     parse_reward,
@@ -412,7 +413,7 @@ def _canon(arguments: str) -> str:
         return arguments
 
 
-def _reply_key(m: Any) -> ReplyKey | None:
+def _reply_key(m: Message) -> ReplyKey | None:
     if m.role != "assistant":
         return None
     return _key(m.text(), [(tc.function.name, tc.function.arguments) for tc in m.tool_calls or []])

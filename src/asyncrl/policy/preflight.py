@@ -1,13 +1,10 @@
 """The model preflight: one check of a pretrained model directory, run by ``asyncrl train`` before a
-run directory exists and printed by ``asyncrl model info``.
+run directory exists and printed by ``asyncrl model info`` (docs/models.md, "The preflight").
 
-:func:`preflight_model` checks the files, the parameter count against memory, the tokenizer and
-the chat template — without reading the weights, so a bad directory fails in a second — and
-returns the :class:`ModelPlan` a run will use: the multi-turn mode, the tool-call format, the
-observation role, the end-of-turn ids (every id of ``generation_config.eos_token_id``) and the
-context length, with the :class:`~asyncrl.policy.template_probe.TemplateProfile` it was decided
-from. A directory asyncrl cannot run episodes with raises one :class:`ChatTemplateError` or
-:class:`PolicyLoadError` line that says what the template does and what to change.
+:func:`preflight_model` checks the directory without reading the weights, so a bad one fails in a
+second, and returns the :class:`ModelPlan` a run will use with the
+:class:`~asyncrl.policy.template_probe.TemplateProfile` it was decided from — or raises one
+:class:`ChatTemplateError` or :class:`PolicyLoadError` line that says what is wrong and what to change.
 """
 
 from __future__ import annotations
