@@ -69,7 +69,8 @@ def _load_tokenizer(cfg: ModelConfig, p: Path) -> PreTrainedTokenizerBase:
 
     from asyncrl.policy.model import PolicyLoadError, check_model_dir
 
-    check_model_dir(p, f"model.path {cfg.path!r}", getattr(torch, cfg.dtype), cfg.trust_remote_code)
+    dtype = torch.float32 if cfg.dtype == "float32" else torch.bfloat16  # model.dtype's two choices
+    check_model_dir(p, f"model.path {cfg.path!r}", dtype, cfg.trust_remote_code)
     try:
         return AutoTokenizer.from_pretrained(
             str(p), local_files_only=True, trust_remote_code=cfg.trust_remote_code
