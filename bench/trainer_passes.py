@@ -308,13 +308,13 @@ def batch(cfg: RunConfig, policy: Policy, completions: int) -> list[Trajectory]:
 
 def trie_figures(policy: Policy, trajs: list[Trajectory]) -> dict[str, float]:
     """Nodes of the batch's token trie and its estimated decoder FLOPs against the padded rows'."""
-    from asyncrl.policy.packing import trie_size
+    from asyncrl.policy.packing import trie_counts
     from asyncrl.policy.scoring import decoder_layer_shape
     from asyncrl.trainer.learner import collate
 
     b = collate(trajs, policy.tokenizer.pad_token_id)
     lengths = b.attn.sum(1)
-    nodes = trie_size(b.ids, lengths)
+    nodes = trie_counts(b.ids, lengths)[0]
     layer = decoder_layer_shape(policy.model)
     padded = sum(layer.cost(int(n), int(n) ** 2) for n in lengths)
     return {"trie_nodes": nodes, "trie_flops_share": round(layer.cost(nodes, nodes * nodes) / padded, 3)}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_counts, trie_size
+from asyncrl.policy.packing import build_prefix_tree, prefix_microbatches, trie_counts
 from asyncrl.policy.scoring import token_logprobs_and_entropy
 from asyncrl.records import SamplingParams, Task, Trajectory, Turn, groups_of
 from test_engine import right_padded
@@ -44,7 +44,7 @@ def test_trie_nodes_are_the_distinct_prefixes() -> None:
     ids, attn = right_padded(rows)
     tree = build_prefix_tree(ids, attn.bool())
     prefixes = {tuple(r[: t + 1]) for r in rows for t in range(len(r))}
-    assert tree.size == len(prefixes) == trie_size(ids, attn.sum(1))
+    assert tree.size == len(prefixes) == trie_counts(ids, attn.sum(1))[0]
     for b, r in enumerate(rows):  # loop reference: node(b, t) stands for r[: t + 1]
         for t in range(len(r)):
             n = int(tree.node[b, t])
@@ -64,7 +64,7 @@ def test_prefix_microbatches_keep_sharing_rows_together_within_the_budget() -> N
         parts = prefix_microbatches(ids, lengths, budget)
         assert sorted(torch.cat(parts).tolist()) == list(range(len(rows)))
         for p in parts:
-            size = trie_size(ids[p], lengths[p])
+            size = trie_counts(ids[p], lengths[p])[0]
             assert budget == 0 or size <= budget or len(p) == 1
     # with room for the group, the group's five rows share one micro-batch
     group = {0, 1, 2, 3, 4}
@@ -76,7 +76,7 @@ def test_tries_are_used_only_where_they_cost_less() -> None:
 
     ids, attn = right_padded(_rows()[:5])  # one group: 14 shared tokens, short continuations
     lengths = attn.sum(1)
-    nodes = trie_size(ids, lengths)
+    nodes = trie_counts(ids, lengths)[0]
     wide = LayerShape(params=3_500_000, width=576)  # SmolLM2's layer: the linear layers dominate
     parts = shared_microbatches(ids, lengths, 0, wide)
     assert parts is not None and nodes < 0.5 * int(lengths.sum())

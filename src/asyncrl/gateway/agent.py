@@ -1,19 +1,11 @@
 """``env.kind: agent``: a user's agent program, run per episode against the worker's gateway.
 
 The user writes ``async def run(task, client) -> float | None`` in their own module (``env.path =
-"my_agents.calc:run"``); ``client`` is an ``openai.AsyncOpenAI`` bound to the episode's session
-(its own key, the gateway's base URL, the session id in ``client.default_headers["X-Asyncrl-Session"]``).
-The return value is the episode's reward; ``None`` takes the reward posted to
-``/v1/sessions/{id}/reward`` (0.0 when none was); ``{"reward": r, "success": b}`` gives both.
-
-**Success** is not "reward > 0" (a shaped reward would read as 100 % success): it is the ``success``
-the agent returned, else the verdict of the task's own verifier — the ``env.agent_tasks`` environment,
-reset on the task and stepped with the content of the agent's last answer (the reply to its last
-call, when that reply made no tool call), exactly as an environment episode's final turn is graded.
-
-The program runs under the guard's rules: past ``rollout.gateway.agent_timeout_s`` it is cancelled
-(outcome ``timeout``); an exception or a non-finite reward ends the episode as ``env_error`` with
-reward 0 — neither reaches the worker. A session finished as stale yields no samples (counted).
+"my_agents.calc:run"``); ``client`` is an ``openai.AsyncOpenAI`` bound to the episode's session. What
+``run`` may return and what counts as a success (the ``success`` it returned, else the
+``env.agent_tasks`` verifier on its last answer): docs/agents.md. Past
+``rollout.gateway.agent_timeout_s`` the program is cancelled (outcome ``timeout``); an exception or a
+non-finite reward ends the episode as ``env_error`` with reward 0 — neither reaches the worker.
 """
 
 from __future__ import annotations

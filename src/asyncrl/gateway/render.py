@@ -3,15 +3,7 @@
 The gateway keeps only the OpenAI-message conversion; every rendering decision (the chat layout,
 the tools prompt, observation wrapping, template quirks, stop strings) is the episode renderer's
 (:class:`asyncrl.policy.chat.Renderer`), so a gateway call sees the very layout an environment
-episode would:
-
-* ``developer`` messages are system messages; a ``tool`` message becomes the renderer's
-  observation message (with its ``tool_call_id``); an assistant message's ``tool_calls`` keep
-  their ids and JSON arguments, its ``reasoning_content`` (when a client sends it back) is kept.
-* A completion is parsed by the renderer: the text before a tool call (and no reasoning) is the
-  reply's ``content``, the reasoning block its ``reasoning_content``, the first call its
-  ``tool_calls``. For the char models' ``<tool>NAME(ARGS)</tool>`` the arguments are
-  ``{"<the tool's single parameter>": ARGS}`` (``input`` when unknown).
+episode would. How messages and tool calls map: docs/agents.md ("Tool calls").
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The gateway: an OpenAI-compatible HTTP endpoint answered by a rollout worker's batched engine.
 
-It lives *inside* the rollout worker (one per worker process, on ``gateway.port + index``): calls
-join the worker's :class:`~asyncrl.engine.batcher.TurnBatcher`, so they are batched with every
-other episode's model turns, stamped with the worker's weight version, and admitted by the same
-staleness rule as environment episodes (a session is only opened for an episode the worker's
-group admission let start). A separate gateway role would add a network hop per call and a second
-copy of the admission state, for no gain: the agent program runs in the worker's event loop.
-
-Built on Starlette (ASGI) served by uvicorn on the worker's own event loop.
+It lives *inside* the rollout worker (Starlette, served by uvicorn on the worker's own event loop, on
+``gateway.port + index``): calls join the worker's :class:`~asyncrl.engine.batcher.TurnBatcher` and
+its staleness admission with no extra hop (why: docs/agents.md, "Where the gateway lives, and why").
 
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/sessions/{id}/reward``.
-Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` bodies: 401 for an
-unknown or finished session key, 400 naming the field for bad input, 413 past the body limit,
-429 with ``Retry-After`` under back-pressure. No request can raise past the handler.
+Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` bodies (statuses:
+docs/agents.md, "Errors and security"). No request can raise past the handler.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.gateway.protocol import (
     ChatRequest,
     GatewayError,
+    Message,
     logprobs_block,
     parse_request,
     parse_reward,
@@ -223,14 +218,7 @@ class Gateway:
             choices.append(choice)
             replies.add(reply_key)
         if req.n == 1 and not auxiliary:
-            s.last = LastCall(
-                list(req.messages),
-                list(req.tools or []),
-                replies,
-                records[0],
-                self.messages.messages(list(req.messages)),
-                self.messages.schemas(req.tools or []),
-            )
+            s.last = LastCall(list(req.messages), list(req.tools or []), replies, records[0])
         completion_tokens = sum(len(r.completion_ids) for r in records)
         return response_body(self.cfg.model_name, choices, len(prompt), completion_tokens)
 
@@ -425,7 +413,7 @@ def _canon(arguments: str) -> str:
         return arguments
 
 
-def _reply_key(m: Any) -> ReplyKey | None:
+def _reply_key(m: Message) -> ReplyKey | None:
     if m.role != "assistant":
         return None
     return _key(m.text(), [(tc.function.name, tc.function.arguments) for tc in m.tool_calls or []])

@@ -1,30 +1,12 @@
 """Gateway sessions: one per agent episode, every call recorded, calls turned into training samples.
 
-A session is issued a random API key and, independently, a random id (safe to log and to put in a URL); every chat-completion call made with it is recorded as a
-:class:`CallRecord` (prompt ids, sampled completion ids, behaviour log-probs, weight version).
-When the agent finishes, :func:`build_trajectories` turns the calls into trajectories:
-
-* **merged** — if every call's prompt starts with the previous call's prompt + completion,
-  token for token, the calls form ONE multi-turn trajectory: the first prompt as the ``env``
-  turn, each completion as a ``model`` turn, and the tokens between one completion and the next
-  call's completion (tool results, the next header) as a ``tool`` turn (loss mask 0);
-* **per call** — otherwise one trajectory per call (prompt + completion), all sharing the episode's
-  reward, group and ``episode_id`` (credit baselines count the episode once), flagged
-  ``reward_components["gateway/per_call"] = 1``. Text is never re-tokenised to force a merge.
-
-Token-exactness (``render_diff``): a per-call sample is one call's prompt + completion, exact by
-construction — there is nothing independent to compare it with, so it is *unchecked* (``None``),
-not counted exact. A merged sample extends call by call by definition (that is the merge rule), so
-it is checked against the template instead: the last request's chat rendered whole, with every
-call's sampled completion spliced in where its assistant message goes (``Renderer.spliced_diff``) —
-a prompt the engine was given that the template would not render (a wrong first prompt, a wrong
-delta) shows up there. ``None`` without a renderer, when the last call's chat was not kept (its
-``n`` > 1), or when the template cannot check the chat (not prefix-stable, assistant messages that
-were not sampled here).
-
-Calls marked auxiliary (header ``X-Asyncrl-Auxiliary: 1``, e.g. a summariser) are recorded but not
-trained on. A session whose first call is more than ``max_staleness`` versions older than the
-newest weights is finished as *stale*: its samples are dropped and counted.
+A session has a random API key and, drawn apart, a random id (safe to log and to put in a URL); each
+call made with it is a :class:`CallRecord` (prompt ids, sampled completion ids, behaviour log-probs,
+weight version). When the agent finishes, :func:`build_trajectories` makes the calls ONE multi-turn
+trajectory when every call's prompt starts with the previous call's prompt + completion, token for
+token, else one trajectory per call; text is never re-tokenised to force a merge. The trajectories,
+their exactness (``render_diff``), auxiliary calls and stale sessions: docs/agents.md ("From calls to
+training samples", "Back-pressure and the staleness bound").
 """
 
 from __future__ import annotations
@@ -36,9 +18,9 @@ from dataclasses import dataclass, field
 
 from asyncrl.gateway.protocol import Message as RequestMessage
 from asyncrl.gateway.protocol import ToolDef
+from asyncrl.gateway.render import MessageRenderer
 from asyncrl.policy.chat import Message, Renderer
 from asyncrl.policy.exactness import count_differences
-from asyncrl.policy.messages import ToolSchema
 from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
 
 
@@ -66,10 +48,6 @@ class LastCall:
     tools: list[ToolDef]
     replies: set[ReplyKey]
     record: CallRecord
-    chat: list[Message] = field(default_factory=list)
-    """The request's messages as the renderer takes them (the merged sample's exactness check)."""
-    schemas: list[ToolSchema] | None = None
-    """The request's tools as the renderer takes them."""
 
 
 @dataclass
@@ -134,7 +112,7 @@ def build_trajectories(
     sampling: SamplingParams | None = None,
     renderer: Renderer | None = None,
 ) -> list[Trajectory]:
-    """The session's (non-auxiliary) calls as trajectories; see the module docstring for their
+    """The session's (non-auxiliary) calls as trajectories; see docs/agents.md for their
     exactness (``render_diff``); ``retokenization_diff`` counts where decoding the trained ids to
     text and tokenising it anew would differ (with a renderer)."""
     calls = [c for c in session.calls if not c.auxiliary]
@@ -193,8 +171,9 @@ def _merged_diff(session: Session, calls: list[CallRecord], renderer: Renderer |
     if renderer is None or last is None or last.record is not calls[-1]:
         return None
     ids = [*calls[-1].prompt_ids, *calls[-1].completion_ids]
-    chat: list[Message] = [*last.chat, {"role": "assistant", "content": ""}]  # the last completion's place
-    return renderer.spliced_diff(ids, chat, [c.completion_ids for c in calls], last.schemas)
+    conv = MessageRenderer(renderer)
+    chat = [*conv.messages(last.messages), Message(role="assistant", content="")]  # the last completion
+    return renderer.spliced_diff(ids, chat, [c.completion_ids for c in calls], conv.schemas(last.tools))
 
 
 def _retokenized(renderer: Renderer | None, ids: list[int]) -> int:

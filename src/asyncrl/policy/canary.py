@@ -109,10 +109,6 @@ def _sample_weights() -> torch.Tensor:
     return torch.rand(SAMPLE, generator=g, dtype=torch.float64) * 2 - 1
 
 
-def _weights(n: int, device: torch.device) -> torch.Tensor:
-    return _sample_weights()[:n].to(device)
-
-
 def tensor_fingerprint(t: torch.Tensor) -> torch.Tensor:
     """``[Σx, Σx², Σ_j w_j x_(s·j), Σ_j x_(s·j)²]`` of one tensor, as float64 on its device.
 
@@ -131,7 +127,7 @@ def tensor_fingerprint(t: torch.Tensor) -> torch.Tensor:
         [
             rows.sum(1).double().sum() + tail.sum(),
             torch.linalg.vecdot(rows, rows).double().sum() + tail.dot(tail),
-            sample.dot(_weights(sample.numel(), x.device)),
+            sample.dot(_sample_weights()[: sample.numel()].to(x.device)),
             sample.dot(sample),
         ]
     )

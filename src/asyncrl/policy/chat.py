@@ -4,9 +4,8 @@ A :class:`Renderer` is the only place that knows a model's chat layout. Every ca
 environment episode runner, held-out evaluation, the OpenAI-compatible gateway — goes through its
 public protocol (after PrimeIntellect's renderers and verifiers):
 
-* :meth:`Renderer.render` ``(messages, tools) -> ids``: a chat (OpenAI-style message dicts:
-  ``system``/``user``/``assistant`` with ``tool_calls`` and ``reasoning_content``/``tool`` with
-  ``tool_call_id``) rendered with the assistant header, ready to sample;
+* :meth:`Renderer.render` ``(messages, tools) -> ids``: a chat (:class:`~asyncrl.policy.messages.Message`
+  dicts) rendered with the assistant header, ready to sample;
 * :meth:`Renderer.bridge` ``(prompt_ids, completion_ids, history, new, tools) -> ids | None``: the
   next prompt as the previous prompt + the *sampled* completion ids + the rendered delta of the
   ``new`` messages; ``None`` when the template renders the longer chat differently (not
@@ -16,33 +15,13 @@ public protocol (after PrimeIntellect's renderers and verifiers):
 * :meth:`Renderer.tool_prompt` (the one tools system prompt, for templates that cannot list
   tools) and :meth:`Renderer.observation_message` (the one observation wrapping).
 
-Multi-turn (``model.multi_turn``): in ``bridge`` mode a whole episode is one sample, its ids the
-sampled turns plus rendered deltas (the history is never re-rendered); in ``per_turn`` mode
-each model turn is prompted with the template's own rendering of the history (what the model sees
-at inference, e.g. Qwen3 with earlier reasoning stripped) and is its own sample. ``auto`` probes
-the template: ``bridge`` when it is prefix-stable, else ``per_turn``. Sampled ids are never
-changed in either mode.
-
-Two renderers:
-
-:class:`TextRenderer`
-    the char/byte models built from config: ``<bos> PROMPT`` then ``<obs> TEXT </obs>`` deltas,
-    tool calls in asyncrl's ``<tool>NAME(ARGS)</tool>`` protocol.
-:class:`HFChatRenderer`
-    any Hugging Face tokenizer with a chat template. Tools go to the template as JSON schemas
-    when it renders them, else into the system message (:meth:`tool_prompt`). Observations use
-    the ``tool`` role when the template knows one, else ``user`` wrapped in ``<tool_response>``.
-    A template without a system role gets the system text folded into the first user turn.
-    Message contents are tokenised with special tokens split (an observation holding
-    ``<|im_end|>`` stays text); the template's own markup keeps its special tokens. Contents the
-    template trims or rewrites are taken from the template's real rendering, so the ids are
-    always what the template renders.
-
-End-of-turn ids come from the model's ``generation_config`` (every id of ``eos_token_id``, then
-the tokenizer's eos token); the one the template writes after an assistant message closes a turn;
-``model.stop_strings`` may add multi-token stop strings, found by incremental decoding in
-:meth:`Renderer.cut_at_stop`. A turn that ended without its end-of-turn token (length, stop
-string) gets it as the first token of the next delta, outside the loss mask.
+Sampled ids are never changed. :class:`TextRenderer` is asyncrl's own layout for the char/byte
+models (tool calls in the ``<tool>NAME(ARGS)</tool>`` protocol); :class:`HFChatRenderer` renders with a
+Hugging Face tokenizer's chat template, adapting the messages to what the template takes (tools, the
+observation role, a missing system role) and taking contents the template trims or rewrites from its
+real rendering, so the ids are always what the template renders. The ``bridge`` and ``per_turn``
+modes, those adaptations and the end-of-turn ids: ``docs/models.md#episodes-are-chats`` and
+``docs/models.md#token-exact-multi-turn-by-construction``.
 """
 
 from __future__ import annotations
@@ -61,7 +40,14 @@ from asyncrl.policy.renderer import (
     call_id_of,
     opening,
 )
-from asyncrl.policy.template_probe import PROBE_TOOLS, TemplateRenderer, end_ids_of
+from asyncrl.policy.template_probe import (
+    NAMES_TOOL_ROLE,
+    PROBE_TOOLS,
+    TemplateRenderer,
+    closing_id,
+    end_ids_of,
+    renders_tools,
+)
 from asyncrl.policy.toolcalls import detect_format, make_format
 
 if TYPE_CHECKING:
@@ -155,7 +141,7 @@ def _between(literals: list[str], text: str, contents: list[str] | None = None) 
 
 
 class HFChatRenderer(Renderer):
-    """Chats in a pretrained model's own chat template; see the module docstring."""
+    """Chats in a pretrained model's own chat template; see the module docstring and docs/models.md."""
 
     def __init__(
         self,
@@ -190,32 +176,26 @@ class HFChatRenderer(Renderer):
         self.system_prompt = system_prompt
         self.thinks = "</think>" in self.template_source
         if observation_role == "auto":
-            observation_role = "tool" if re.search(r"['\"]tool['\"]", self.template_source) else "user"
+            observation_role = "tool" if NAMES_TOOL_ROLE.search(self.template_source) else "user"
         self.observation_role = observation_role
-        added = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-        self._added_ids = added
-        self._added_re = (
-            re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
-            if added
-            else None
-        )
+        self._added_ids = {str(t): int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        longest_first = sorted(self._added_ids, key=len, reverse=True)
+        self._added_re = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
         self.systemless = not self._accepts(
             [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         )
         self.alternates = not self._accepts(
             [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
         )
-        self.native_tools = self._renders_tools()
+        self.native_tools = renders_tools(self._render)
         self.native_calls = self._renders_calls()
         if self.native_calls:
             self._check_call_format(tool_format)
         self.stop_token_ids = self._probe_turn_end(stops)
         self.eot_text = str(tokenizer.decode([self.stop_token_ids[0]], skip_special_tokens=False))
-        stable = self._prefix_stable()
-        if multi_turn == "auto":
-            multi_turn = "bridge" if stable else "per_turn"
-        self.multi_turn = multi_turn
-        self.prefix_stable = stable
+        self.prefix_stable = self._prefix_stable()
+        auto = "bridge" if self.prefix_stable else "per_turn"
+        self.multi_turn = auto if multi_turn == "auto" else multi_turn
 
     # -- probing the template --------------------------------------------------------------------
     def _apply(self, messages: list[Message], tools: list[ToolSchema] | None, gen: bool) -> str:
@@ -227,25 +207,13 @@ class HFChatRenderer(Renderer):
     def _accepts(self, messages: list[Message]) -> bool:
         return self._render(messages, gen=True)[0] is not None
 
-    def _renders_tools(self) -> bool:
-        text, _ = self._render([{"role": "user", "content": "x"}], gen=True, tools=PROBE_TOOLS)
-        return text is not None and "zq_probe_tool" in text
-
-    def _probe_call(self) -> Message:
-        call: CallFunction = {"name": "zq_probe_call", "arguments": {"a": 1}}
-        return {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"type": "function", "id": self.fmt.call_id(0), "function": call}],
-        }
-
     def _renders_calls(self) -> bool:
-        text, _ = self._render([{"role": "user", "content": "x"}, self._probe_call()])
+        text, _ = self._render([{"role": "user", "content": "x"}, self._probe_assistant(0)])
         return text is not None and "zq_probe_call" in text
 
     def _check_call_format(self, tool_format: str) -> None:
         """A template that writes tool calls must write them in the format asyncrl reads."""
-        text = self._apply([{"role": "user", "content": _PROBE}, self._probe_call()], None, False)
+        text = self._apply([{"role": "user", "content": _PROBE}, self._probe_assistant(0)], None, False)
         found = self.fmt.find_call(text[text.rfind(_PROBE) + 1 :])
         if not (isinstance(found, tuple) and found[0] == "zq_probe_call"):
             how = "read from the template" if tool_format == "auto" else "set"
@@ -263,10 +231,8 @@ class HFChatRenderer(Renderer):
         if at < 0:
             raise ChatTemplateError("the chat template drops assistant messages; cannot render episodes")
         tail = text[at + len(_PROBE) :]
-        for i in stops:
-            eot = str(self.tokenizer.decode([i], skip_special_tokens=False))
-            if eot and tail.startswith(eot):
-                return [i, *(s for s in stops if s != i)]
+        if found := closing_id(self.tokenizer, tail, stops):
+            return [found[0], *(s for s in stops if s != found[0])]
         names = [str(self.tokenizer.decode([i], skip_special_tokens=False)) for i in stops]
         raise ChatTemplateError(
             f"the chat template closes an assistant turn with {tail[:20]!r}, none of the end-of-turn "
@@ -290,18 +256,14 @@ class HFChatRenderer(Renderer):
                     return False
         return True
 
-    def _probe_assistant(self, k: int, reasoning: bool, calls: bool) -> Message:
-        m: Message = {"role": "assistant", "content": f"a{k}"}
-        if reasoning:
-            m["content"] = f"<think>\nr{k}\n</think>\n\na{k}"
+    def _probe_assistant(self, k: int, reasoning: bool = False, calls: bool = True) -> Message:
+        m: Message = {
+            "role": "assistant",
+            "content": f"<think>\nr{k}\n</think>\n\na{k}" if reasoning else f"a{k}",
+        }
         if calls:
-            m["tool_calls"] = [
-                {
-                    "type": "function",
-                    "id": self.fmt.call_id(k),
-                    "function": {"name": "f", "arguments": {"x": k}},
-                }
-            ]
+            call: CallFunction = {"name": "zq_probe_call", "arguments": {"x": k}}
+            m["tool_calls"] = [{"type": "function", "id": self.fmt.call_id(k), "function": call}]
         return m
 
     # -- messages as the template takes them ------------------------------------------------------
@@ -321,13 +283,11 @@ class HFChatRenderer(Renderer):
         if not self.thinks:
             return None, text
         end = text.find("</think>")
+        if end < 0 and text.lstrip().startswith("<think>"):  # cut off while reasoning: no action yet
+            return text.lstrip().removeprefix("<think>").strip(), ""
         if end < 0:
-            if text.lstrip().startswith("<think>"):  # cut off while reasoning: no action yet
-                return text.lstrip()[len("<think>") :].strip(), ""
             return None, text
-        reasoning = text[:end].strip()
-        reasoning = reasoning[len("<think>") :].strip() if reasoning.startswith("<think>") else reasoning
-        return reasoning, text[end + len("</think>") :].lstrip("\n")
+        return text[:end].strip().removeprefix("<think>").strip(), text[end + len("</think>") :].lstrip("\n")
 
     def assistant_message(self, turn: AssistantTurn) -> Message:
         if not (self.native_calls and turn.tool_calls):

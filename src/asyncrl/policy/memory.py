@@ -115,18 +115,14 @@ def training_estimate(
     tokens: int,
 ) -> dict[str, int]:
     """Bytes of one float32 training step's peak, every weight trained (see the module docstring)."""
-    weights = grads = params * 4
-    adam = params * 8
-    logits = tokens * vocab * 4 * 3
-    activations = tokens * hidden * layers * 34 * 4
-    return {
-        "weights": weights,
-        "gradients": grads,
-        "optimizer": adam,
-        "logits": logits,
-        "activations": activations,
-        "total": weights + grads + adam + logits + activations,
+    parts = {
+        "weights": params * 4,
+        "gradients": params * 4,
+        "optimizer": params * 8,
+        "logits": tokens * vocab * 4 * 3,
+        "activations": tokens * hidden * layers * 34 * 4,
     }
+    return parts | {"total": sum(parts.values())}
 
 
 def check_fits(need: int, what: str) -> None:

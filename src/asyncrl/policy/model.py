@@ -128,14 +128,8 @@ def input_vocab_size(model: PreTrainedModel) -> int:
 
 
 def num_parameters(model: torch.nn.Module) -> int:
-    """Number of distinct parameter elements (tied weights counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel()
-    return total
+    """Number of distinct parameter elements (``parameters()`` yields a tied weight once)."""
+    return sum(p.numel() for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,17 +197,15 @@ class Policy:
         ``cfg`` supplies ``dtype``, ``trust_remote_code`` and ``lora`` (float32, off and none
         without it). With ``cfg.lora`` (and ``lora=True``) the model is wrapped with the adapter
         layout, and the directory's ``adapter.safetensors`` (a saved LoRA policy) is loaded into it;
-        ``lora=False`` loads the base model alone (e.g. the KL reference). Never
-        touches the network. Every failure (missing directory, missing or corrupt config,
-        weights or tokenizer, an architecture transformers does not know, a model larger than the
-        memory this machine has free) becomes one :class:`PolicyLoadError` that names the path,
-        what is wrong and what to do.
+        ``lora=False`` loads the base model alone (e.g. the KL reference). Never touches the network.
+        Every failure (docs/policy.md#model) is one :class:`~asyncrl.errors.UserError` line that names
+        the path, what is wrong and what to do.
         """
         dtype = getattr(torch, cfg.dtype) if cfg is not None else torch.float32
         remote = bool(cfg.trust_remote_code) if cfg is not None else False
         p = Path(path)
         where = f"policy directory {str(p)!r}"
-        _check_model_dir(p, where, dtype, remote)
+        check_model_dir(p, where, dtype, remote)
         tok = _load_tokenizer(p, where, remote)
         model = _load_weights(p, where, dtype, remote, attn_implementation)
         vocab = input_vocab_size(model)
@@ -388,7 +380,7 @@ def as_attention_bias(
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
-def _check_model_dir(p: Path, where: str, dtype: torch.dtype, remote: bool) -> None:
+def check_model_dir(p: Path, where: str, dtype: torch.dtype, remote: bool) -> None:
     """The directory holds a readable config, weights and tokenizer files, and fits in memory."""
     if not p.is_dir():
         raise PolicyLoadError(f"{where} does not exist or is not a directory")

@@ -32,7 +32,6 @@ __all__ = [
     "prefix_microbatches",
     "shared_microbatches",
     "trie_counts",
-    "trie_size",
 ]
 
 TREE_MAX_COST = 0.8
@@ -125,13 +124,9 @@ def _sorted_rows(input_ids: torch.Tensor, lengths: torch.Tensor) -> list[tuple[l
     return sorted(rows, key=lambda x: x[0])
 
 
-def trie_size(input_ids: torch.Tensor, lengths: torch.Tensor) -> int:
-    """Nodes of the trie of the right-padded rows (``lengths``: ``[B]`` real tokens per row)."""
-    return trie_counts(input_ids, lengths)[0]
-
-
 def trie_counts(input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[int, int]:
-    """``(nodes, attended pairs)`` of the trie of the right-padded rows: in lexicographic order each
+    """``(nodes, attended pairs)`` of the trie of the right-padded rows (``lengths``: ``[B]`` real tokens
+    per row): in lexicographic order each
     row adds its length ``L`` minus its common prefix with the row before it, ``n`` new nodes, whose
     attention computes ``n·L`` pairs (:mod:`asyncrl.policy.trie_attention`)."""
     rows = _sorted_rows(input_ids, lengths)

@@ -1,13 +1,10 @@
 """The model preflight: one check of a pretrained model directory, run by ``asyncrl train`` before a
-run directory exists and printed by ``asyncrl model info``.
+run directory exists and printed by ``asyncrl model info`` (docs/models.md, "The preflight").
 
-:func:`preflight_model` checks the files, the parameter count against memory, the tokenizer and
-the chat template — without reading the weights, so a bad directory fails in a second — and
-returns the :class:`ModelPlan` a run will use: the multi-turn mode, the tool-call format, the
-observation role, the end-of-turn ids (every id of ``generation_config.eos_token_id``) and the
-context length, with the :class:`~asyncrl.policy.template_probe.TemplateProfile` it was decided
-from. A directory asyncrl cannot run episodes with raises one :class:`ChatTemplateError` or
-:class:`PolicyLoadError` line that says what the template does and what to change.
+:func:`preflight_model` checks the directory without reading the weights, so a bad one fails in a
+second, and returns the :class:`ModelPlan` a run will use with the
+:class:`~asyncrl.policy.template_probe.TemplateProfile` it was decided from — or raises one
+:class:`ChatTemplateError` or :class:`PolicyLoadError` line that says what is wrong and what to change.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.policy.chat import ChatTemplateError, HFChatRenderer, chat_renderer
-from asyncrl.policy.memory import check_fits, config_numbers, parameter_count
+from asyncrl.policy.memory import config_numbers
 from asyncrl.policy.template_probe import TemplateProfile, end_ids_of, probe_template
 
 if TYPE_CHECKING:
@@ -65,16 +62,15 @@ class ModelPlan:
 
 
 def _load_tokenizer(cfg: ModelConfig, p: Path) -> PreTrainedTokenizerBase:
-    from asyncrl.policy.model import PolicyLoadError
-
-    if not (p / "config.json").is_file():
-        raise PolicyLoadError(f"model.path {cfg.path!r} is not a model directory (no config.json)")
-    n = parameter_count(p, trust_remote_code=cfg.trust_remote_code)
-    check_fits(n * (4 if cfg.dtype == "float32" else 2), f"model {cfg.path!r} ({n / 1e6:.1f}M parameters)")
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise PolicyLoadError(f"model.path {cfg.path!r} has no tokenizer files (expected tokenizer.json)")
+    """The tokenizer as the template probe reads it, once :func:`~asyncrl.policy.model.check_model_dir`
+    (the checks :meth:`Policy.load <asyncrl.policy.model.Policy.load>` makes) passes."""
+    import torch
     from transformers import AutoTokenizer
 
+    from asyncrl.policy.model import PolicyLoadError, check_model_dir
+
+    dtype = torch.float32 if cfg.dtype == "float32" else torch.bfloat16  # model.dtype's two choices
+    check_model_dir(p, f"model.path {cfg.path!r}", dtype, cfg.trust_remote_code)
     try:
         return AutoTokenizer.from_pretrained(
             str(p), local_files_only=True, trust_remote_code=cfg.trust_remote_code

@@ -74,7 +74,7 @@ class Conversation:
 
 
 class Renderer(ABC):
-    """Turns chats into token ids and sampled turns back into messages; see the module docstring."""
+    """Turns chats into token ids and sampled turns back into messages; see :mod:`asyncrl.policy.chat`."""
 
     tokenizer: PreTrainedTokenizerBase
     fmt: ToolCallFormat
@@ -247,13 +247,11 @@ class Renderer(ABC):
 
     def cut_at_stop(self, ids: list[int], extra: list[str] | None = None) -> int:
         """Tokens to keep of a sampled turn: up to the token that completes a stop string
-        (``model.stop_strings`` and a request's ``extra`` ones).
+        (``model.stop_strings`` and a request's ``extra`` ones); ``len(ids)`` when none occurs.
 
-        The text of ``ids[:k]`` holds a stop string from the first ``k`` where one is complete on
-        (the text only grows with ``k``), so that ``k`` is found by bisection: a stop string spread
-        over several tokens (or sharing a token with other text) is found where it completes, in
-        ``O(log n)`` decodes — a long reply whose stop string comes late does not hold the
-        gateway's event loop for seconds. ``len(ids)`` when no stop string occurs.
+        The text of ``ids[:k]`` only grows with ``k``, so the first ``k`` whose text holds a stop string
+        (spread over several tokens or not) is found by bisection, in ``O(log n)`` decodes: a long reply
+        whose stop string comes late does not hold the gateway's event loop for seconds.
         """
         stops = [*self.stop_strings, *(extra or [])]
         if not stops:

@@ -5,30 +5,13 @@ the template text alone does not say so reliably (Gemma 2 raises on a system mes
 folds it into the first user turn, Mistral v0.3 moves it into the *last* user turn, Qwen3 strips
 ``<think>`` reasoning from assistant turns before the latest user query, Gemma and Mistral trim
 message content). :func:`probe_template` renders a handful of chats whose contents are private-use
-sentinels and reads the answers off the output:
-
-``system_supported``
-    a system message renders (no exception) and its text appears.
-``tool_role``
-    the template names a ``tool`` role and a ``tool`` message renders with its text (else
-    observations go in the ``user`` role; ChatML renders any role name, which is not a tool role).
-``prefix_stable``
-    the rendering only grows as a chat grows: the opening (system + user + generation prompt)
-    followed by an assistant turn is a prefix of the chat holding that turn, and that chat is a
-    prefix of the chat with an observation appended (in ``observation_role``) — an ``eos_token``
-    the template writes only at the end of a closed chat (Phi) does not count. ``unstable_at``
-    names the first step where it is not.
-``strips_reasoning``
-    ``<think>...</think>`` in an assistant turn before a later user message is not rendered.
-``trims_content``
-    surrounding whitespace of a user or assistant message is not rendered as given.
-``turn_end_id``
-    the first of the end ids (``generation_config.eos_token_id`` in its order, then the
-    tokenizer's eos) whose text the template writes right after an assistant message — the token
-    that really closes a turn. ``None`` when the template writes none of them.
-``renders_tools`` / ``tool_markers`` / ``tool_call_id_length``
-    tool schemas passed as ``tools=`` appear in the rendering; which tool-call markers the
-    template text holds; the exact tool-call id length it demands (Mistral: 9), if any.
+sentinels and reads the answers off the output (all of them: docs/models.md, "The preflight"). The
+subtle ones: ``prefix_stable`` — the opening followed by an assistant turn is a prefix of the chat
+holding that turn, and that chat of the chat with an observation appended (in ``observation_role``),
+an ``eos_token`` the template writes only at the end of a closed chat (Phi) not counted;
+``unstable_at`` names the first step where it is not. ``tool_role`` — the template names a ``tool``
+role and a ``tool`` message renders (ChatML renders any role name). ``turn_end_id`` — the first of
+the end ids whose text the template writes right after an assistant message (``None``: none).
 
 Nothing here decides a mode or a format: callers (the preflight, the renderer's ``auto``
 choices) read the profile.
@@ -60,7 +43,7 @@ TOOL_MARKERS = (
     '"parameters"',
     "<function=",
 )
-_NAMES_TOOL_ROLE = re.compile(r"['\"]tool['\"]")
+NAMES_TOOL_ROLE = re.compile(r"['\"]tool['\"]")
 _ID_LENGTH = re.compile(r"(?:tool_call\.id|tool_call_id)\s*\|\s*length\s*!=\s*(\d+)")
 
 
@@ -119,7 +102,7 @@ def _system(render: TemplateRenderer) -> tuple[bool, str | None]:
 
 
 def _tool_role(render: TemplateRenderer, head: list[Message], source: str) -> bool:
-    if not _NAMES_TOOL_ROLE.search(source):  # ChatML renders any role name: that is not a tool role
+    if not NAMES_TOOL_ROLE.search(source):  # ChatML renders any role name: that is not a tool role
         return False
     chat: list[Message] = [*head, {"role": "assistant", "content": _TURN}, _observation("tool", _OBS)]
     text, _ = render(chat, gen=True)
@@ -162,18 +145,25 @@ def _trims(render: TemplateRenderer, head: list[Message]) -> bool:
     return text is not None and (f" {_USER} \n" not in text or f" {_TURN} \n" not in text)
 
 
+def closing_id(
+    tokenizer: PreTrainedTokenizerBase, tail: str, end_ids: Sequence[int]
+) -> tuple[int, str] | None:
+    """The first of ``end_ids`` whose text starts ``tail`` (what a template writes after an assistant
+    message's content), with that text."""
+    for i in end_ids:
+        eot = str(tokenizer.decode([int(i)], skip_special_tokens=False))
+        if eot and tail.startswith(eot):
+            return int(i), eot
+    return None
+
+
 def _turn_end(
     render: TemplateRenderer, tokenizer: PreTrainedTokenizerBase, head: list[Message], end_ids: Sequence[int]
 ) -> tuple[int | None, str | None]:
     text, _ = render([*head, {"role": "assistant", "content": _TURN}])
     if text is None or _TURN not in text:
         return None, None
-    tail = text[text.rfind(_TURN) + len(_TURN) :]
-    for i in end_ids:
-        eot = str(tokenizer.decode([int(i)], skip_special_tokens=False))
-        if eot and tail.startswith(eot):
-            return int(i), eot
-    return None, None
+    return closing_id(tokenizer, text[text.rfind(_TURN) + len(_TURN) :], end_ids) or (None, None)
 
 
 PROBE_TOOLS: list[ToolSchema] = [
@@ -185,7 +175,8 @@ PROBE_TOOLS: list[ToolSchema] = [
 """A tool list whose schema a template that renders tools shows by name."""
 
 
-def _renders_tools(render: TemplateRenderer) -> bool:
+def renders_tools(render: TemplateRenderer) -> bool:
+    """Whether the template shows a tool list passed as ``tools=``."""
     text, _ = render([{"role": "user", "content": _USER}], gen=True, tools=PROBE_TOOLS)
     return text is not None and _PROBE_TOOL in text
 
@@ -215,7 +206,7 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -
         end_ids=tuple(int(i) for i in end_ids),
         turn_end_id=turn_id,
         turn_end_text=turn_text,
-        renders_tools=_renders_tools(render),
+        renders_tools=renders_tools(render),
         tool_markers=tuple(m for m in TOOL_MARKERS if m in source),
         tool_call_id_length=int(id_len.group(1)) if id_len else None,
     )

@@ -1,22 +1,9 @@
 """Locally built tokenizers: no hub, no downloads, fixed special-token ids.
 
-Two vocabularies are offered. ``char`` has one token per printable ASCII character
-(32..126) plus ``"\\n"``; anything else becomes ``<unk>``. It keeps the vocabulary tiny
-(105 ids), which makes small CPU policies learn arithmetic tool use quickly. ``byte`` has
-one token per byte (0..255, GPT-2 style byte-to-unicode mapping) so every string
-round-trips, at the cost of a larger vocabulary and longer sequences for non-ASCII text.
-
-Both share the same ten special tokens at ids 0..9 (:data:`SPECIAL_TOKENS`). Those ids
-are part of the wire contract: environments and the trainer may hard-code
-``special_id(tok, "<tool>")`` and expect it stable across runs and checkpoints.
-Special-token strings inside text are always matched first, so
-``"<tool>calc(3*4)</tool>"`` encodes to ``[<tool>, c, a, l, c, (, 3, *, 4, ), </tool>]``.
-
-Nothing is inserted automatically on encode (no BOS/EOS): multi-turn rollouts
-concatenate token spans, and silent insertions would break the alignment between the
-tokens the engine sampled and the ones the trainer scores. Decoding concatenates token
-strings with no added spaces, so ``decode(encode(s)) == s`` for every string the
-vocabulary covers.
+``char`` (printable ASCII and ``"\\n"``, else ``<unk>``) and ``byte`` (one token per byte), with the
+same ten special tokens at ids 0..9 (:data:`SPECIAL_TOKENS`): those ids are part of the wire contract.
+Nothing is inserted on encode (no BOS/EOS) and decoding adds no spaces, so multi-turn token spans
+concatenate without misalignment. The vocabularies and guarantees: docs/policy.md#tokenizer.
 """
 
 from __future__ import annotations

@@ -168,17 +168,6 @@ def _json_object_at(text: str, start: int) -> tuple[dict[str, Any], int] | None:
     return (obj, end) if isinstance(obj, dict) else None
 
 
-def _after_tag(text: str, tag: str) -> int | None:
-    """Where the JSON after the first ``tag`` starts (whitespace skipped); ``None`` without the tag."""
-    at = text.find(tag)
-    if at < 0:
-        return None
-    start = at + len(tag)
-    while start < len(text) and text[start].isspace():
-        start += 1
-    return start
-
-
 def _call_of(obj: dict[str, Any], *arg_keys: str) -> FoundCall | str:
     name = obj.get("name")
     if not isinstance(name, str) or not name:
@@ -199,8 +188,11 @@ class _TaggedFormat(ToolCallFormat):
         return text.find(self.OPEN)
 
     def find_call(self, text: str) -> FoundCall | str | None:
-        start = _after_tag(text, self.OPEN)
-        return None if start is None else self._call_at(text, start)
+        at = text.find(self.OPEN)
+        if at < 0:
+            return None
+        rest = text[at + len(self.OPEN) :].lstrip()  # the JSON after the tag
+        return self._call_at(text, len(text) - len(rest))
 
     @abstractmethod
     def _call_at(self, text: str, start: int) -> FoundCall | str:
