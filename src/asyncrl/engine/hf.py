@@ -183,16 +183,13 @@ class HFEngine(GenerationEngine):
         (the generator persists across calls); ``static_cache`` ``None``: on a CUDA device;
         ``prefix_cache_mb`` 0: no cache. The prefix cache and prefix sharing need a model whose cache
         layers are plain full-attention layers (else they are off)."""
-        self.policy = policy
+        self.policy, self.device = policy, policy.device
         self.merged = _merged_copy(policy) if merge_lora else None
         self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
-        packable = packing_available(next(self.model.parameters()).device)
-        self.packed = (
-            pack_linears(self.model) if packed_linear and self.merged is not None and packable else []
-        )
-        self.fused = (
-            FusedDecoder(self.model) if fused_decode and self.packed and fusable(self.model) else None
-        )
+        packable = packed_linear and self.merged is not None and packing_available(self.device)
+        self.packed = pack_linears(self.model) if packable else []
+        fuse = fused_decode and self.packed and fusable(self.model)
+        self.fused = FusedDecoder(self.model) if fuse else None
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -201,7 +198,6 @@ class HFEngine(GenerationEngine):
         self.stop_token_ids = stop_ids(stop_token_ids, self.vocab_size, max_batch)
         pad = policy.tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.device = policy.device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         self._stop = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)

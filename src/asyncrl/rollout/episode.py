@@ -8,13 +8,10 @@ own chat template with its tool-call format:
   decoded only to hand it to the environment (translated from the model's tool-call format to
   the canonical ``<tool>NAME(ARGS)</tool>`` action), never re-encoded.
 * Observations are appended as rendered deltas; the history is never re-rendered. At the end the
-  chat is rendered again for comparison only. ``Trajectory.render_diff`` (token-exactness) compares
-  the sample with a rendering made apart from the one that built it: bridged, the template's
-  rendering of the whole chat with the sampled ids spliced in; per turn, the template's rendering
-  of the history before each turn against the prompt the engine was given. ``None`` where the
-  template cannot make that rendering (not prefix-stable, a chat it cannot render) or nothing was
-  sampled — unchecked, never counted exact. ``Trajectory.retokenization_diff`` counts the tokens a
-  re-tokenising framework would have got wrong (0 = exact).
+  chat is rendered again for comparison only: ``Trajectory.render_diff`` (token-exactness against a
+  rendering made apart from the one that built the sample, :func:`_bridged` and
+  :func:`_per_turn_samples` say which; ``None``: unchecked, never counted exact) and
+  ``Trajectory.retokenization_diff`` (tokens a re-tokenising framework would have got wrong).
 * The loss mask is 1 only on model-sampled tokens (see :meth:`Trajectory.loss_mask`).
 * The context limit (``model.max_context``) is enforced: an episode that would not fit ends
   with outcome ``truncated``; so does one that uses up ``env.max_turns`` model turns.

@@ -1,11 +1,6 @@
-"""Group runners: one protocol, ``run(ticket, task) -> Group``, for every shape a group takes.
-
-* :class:`FlatRunner` — ``group_size`` independent episodes of the task (one sample each, or one per
-  model turn with ``model.multi_turn: per_turn``); an :class:`EpisodePlayer` plays environment episodes,
-  :class:`AgentPlayer` the user's program through the gateway (``env.kind: agent``: one sample per
-  session, or one per call).
-* :class:`TreeRunner` — a tree group (``rollout.tree``, :mod:`asyncrl.rollout.tree`); held-out probes
-  measure the policy, so they run flat.
+"""Group runners: one protocol, ``run(ticket, task) -> Group``, for every shape a group takes
+(:class:`FlatRunner`, :class:`TreeRunner`), its episodes played by a :class:`Player`
+(:class:`EpisodePlayer`: environment episodes; :class:`AgentPlayer`: the user's program).
 
 A runner reports each model turn and each episode's end to the group's
 :class:`~asyncrl.control.admission.Ticket` (the worker's in-flight load) and returns the whole group;
