@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.config import RunConfig
@@ -38,22 +39,18 @@ class GroupRunner(Protocol):
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group: ...
 
 
+@dataclass
 class EpisodePlayer:
     """Environment episodes (:func:`asyncrl.rollout.episode.run_episode`), replaying ``prefix``'s model
     turns first (tree branches)."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        batcher: TurnBatcher,
-        renderer: Renderer,
-        max_context: int,
-        worker: str,
-        rng: random.Random,
-        jitter: Callable[[], float],
-    ) -> None:
-        self.cfg, self.batcher, self.renderer = cfg, batcher, renderer
-        self.max_context, self.worker, self.rng, self.jitter = max_context, worker, rng, jitter
+    cfg: RunConfig
+    batcher: TurnBatcher
+    renderer: Renderer
+    max_context: int
+    worker: str
+    rng: random.Random
+    jitter: Callable[[], float]
 
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
@@ -79,11 +76,11 @@ class EpisodePlayer:
             await env.close()
 
 
+@dataclass
 class AgentPlayer:
     """The user's program through the gateway (``env.kind: agent``, :class:`~asyncrl.gateway.agent.AgentRunner`)."""
 
-    def __init__(self, agent: AgentRunner) -> None:
-        self.agent = agent
+    agent: AgentRunner
 
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
@@ -95,11 +92,12 @@ class AgentPlayer:
             ticket.episode_done(0)  # the gateway does not report turns: the episode's turns leave at its end
 
 
+@dataclass
 class FlatRunner:
     """``group_size`` independent episodes, played concurrently."""
 
-    def __init__(self, play: Player, group_size: int) -> None:
-        self.play, self.group_size = play, group_size
+    play: Player
+    group_size: int
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
         gid = new_id()
