@@ -157,16 +157,14 @@ def with_room(
     return [done.get(i) or Sample([], [], "length") for i in range(len(prompts))]
 
 
-def _check_sampling(sp: SamplingParams, index: int) -> None:
-    if not (math.isfinite(sp.temperature) and sp.temperature > 0):
-        raise ValueError(
-            f"sampling[{index}].temperature = {sp.temperature!r}: must be > 0 "
-            "(use a small value such as 1e-4 for near-greedy decoding)"
-        )
-    if not (0 < sp.top_p <= 1):
-        raise ValueError(f"sampling[{index}].top_p = {sp.top_p!r}: must be in (0, 1]")
-    if sp.max_new_tokens < 1:
-        raise ValueError(f"sampling[{index}].max_new_tokens = {sp.max_new_tokens!r}: must be >= 1")
+def stop_ids(stop_token_ids: Sequence[int], vocab_size: int, max_batch: int) -> list[int]:
+    """An engine's stop token ids, sorted and unique, after checking them and its ``max_batch``."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab_size - 1})")
+    return sorted(set(stop_token_ids))
 
 
 def check_requests(
@@ -180,7 +178,15 @@ def check_requests(
     if len(params) != len(prompts):
         raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
     for i, sp in enumerate(params):
-        _check_sampling(sp, i)
+        if not (math.isfinite(sp.temperature) and sp.temperature > 0):
+            raise ValueError(
+                f"sampling[{i}].temperature = {sp.temperature!r}: must be > 0 "
+                "(use a small value such as 1e-4 for near-greedy decoding)"
+            )
+        if not (0 < sp.top_p <= 1):
+            raise ValueError(f"sampling[{i}].top_p = {sp.top_p!r}: must be in (0, 1]")
+        if sp.max_new_tokens < 1:
+            raise ValueError(f"sampling[{i}].max_new_tokens = {sp.max_new_tokens!r}: must be >= 1")
     for i, prompt in enumerate(prompts):
         if not prompt:
             raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")

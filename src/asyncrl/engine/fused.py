@@ -1,26 +1,19 @@
 """A written-out one-token decode step for the merged copy's packed weights (``rollout.engine.fused_decode``).
 
-The growing-cache decode step through the Hugging Face forward pass runs, per layer, three q/k/v matmuls
-and two gate/up matmuls on the same input, layout transposes and copies around the attention kernel, the
-rotary embedding and the cache update through several layers of generic code, with the model's mask and
-output machinery around them. :class:`FusedDecoder` runs the same arithmetic for one new token per row
-of a Llama-layout model (``llama``, ``qwen2``, ``mistral`` without a sliding window), written out:
+The Hugging Face forward pass runs, per layer, three q/k/v and two gate/up matmuls on the same input, layout
+copies around the attention kernel and the cache update through generic code. :class:`FusedDecoder` runs the
+same arithmetic for one new token per row of a Llama-layout model (:data:`FUSABLE`, no sliding window): q/k/v
+as **one** packed matmul (:class:`FusedLinear`) and gate/up as one; the rotary tables (the model's own rotary
+module, so every rope type it supports) and the additive mask once per step, not per layer; the step's k and
+v written straight into the cache's buffers (:class:`~asyncrl.engine.decode.BufferLayer`); attention as
+``baddbmm`` + softmax + ``bmm`` with each kv head's query heads stacked as its query rows (no repeat or copy
+of the keys; docs/engines.md says why not ``scaled_dot_product_attention``). The norms, the activation, the
+embedding, o, down and the LM head are the merged copy's own modules.
 
-* q, k and v as **one** packed matmul (their weights stacked, :class:`FusedLinear`), gate and up as one;
-* the rotary embedding's ``cos``/``sin`` computed once per step (the model's own rotary module, so every
-  rope type it supports), applied to q and k together;
-* the step's k and v written straight into the cache's buffers (:class:`~asyncrl.engine.decode.BufferLayer`);
-* attention written out as ``baddbmm`` + softmax + ``bmm`` with each kv head's query heads stacked as its
-  query rows (``[rows * kv_heads, heads_per_kv, dim]`` against the cache's ``[rows * kv_heads, columns,
-  dim]`` views: no repeat or copy of the keys) and the step's additive float mask built once, not per
-  layer (docs/engines.md says why not ``scaled_dot_product_attention``);
-* o, down and the LM head through the merged copy's own :class:`~asyncrl.engine.packed.PackedLinear` s.
-
-The norms, the activation, the embedding and the rotary tables are the model's own modules. The result
-equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs against the
-trainer's). The stacked weights are derived data, repacked with the rest at every refold of the merged
-copy (:meth:`FusedDecoder.repack`), so the weight-sync canary's probe, which decodes through this step,
-sees the weights served.
+The result equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs
+against the trainer's). The stacked weights are derived data, repacked at every refold of the merged copy
+(:meth:`FusedDecoder.repack`), so the weight-sync canary's probe, which decodes through this step, sees the
+weights served.
 """
 
 from __future__ import annotations
@@ -156,11 +149,10 @@ class FusedDecoder(torch.nn.Module):
         inner: Any = model.model
         self.embed_tokens = inner.embed_tokens
         self.rotary_emb = inner.rotary_emb
-        self.layers = torch.nn.ModuleList([FusedLayer(layer) for layer in inner.layers])
+        layers = [FusedLayer(layer) for layer in inner.layers]
+        self.layers = torch.nn.ModuleList(layers)
         self.norm = inner.norm
-        first = self.layers[0]
-        assert isinstance(first, FusedLayer)
-        self.kv_heads = first.self_attn.kv_heads
+        self.kv_heads = layers[0].self_attn.kv_heads
         self.lm_head: PackedLinear = model.lm_head  # type: ignore[assignment]
 
     def repack(self) -> None:

@@ -185,17 +185,14 @@ def pad_attention_heads(
     seen = 0
     for name, t in tensors.items():
         proj = _layer_projection(name)
-        if proj is None:
+        if proj is None or proj == ("o_proj", "bias"):  # o's bias is [hidden]: not per head
             out[name] = t
             continue
         kind, param = proj
-        if kind == "o_proj" and param == "bias":  # [hidden]: not per head
-            out[name] = t
-            continue
         n = heads if kind in ("q_proj", "o_proj") else kv_heads
         seen += kind == "q_proj" and param == "weight"
         if kind == "o_proj":  # columns: [hidden, H·D] -> [hidden, H·D']
-            if param != "weight" or t.dim() != 2 or t.shape[1] != n * d:
+            if t.dim() != 2 or t.shape[1] != n * d:
                 raise HeadPaddingError(f"{name}: expected weight [hidden, {n * d}], got {tuple(t.shape)}")
             cols = t.reshape(t.shape[0], n, d)
             padded = cols.new_zeros(t.shape[0], n, padded_dim)
@@ -211,6 +208,4 @@ def pad_attention_heads(
     layers = int(config.get("num_hidden_layers", seen) or seen)
     if seen != layers:
         raise HeadPaddingError(f"found q_proj weights for {seen} layers, the config has {layers}")
-    new_config = dict(config)
-    new_config["head_dim"] = padded_dim
-    return out, new_config
+    return out, {**config, "head_dim": padded_dim}

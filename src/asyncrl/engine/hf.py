@@ -4,22 +4,23 @@ causal LM in this process, a KV cache, optional static decoding with CUDA graphs
 The interface, the behaviour log-prob definition it implements and the one weight-load method:
 :mod:`asyncrl.engine.base`.
 
-With a prefix cache (``prefix_cache_mb > 0``, growing-cache path only) each row's KV is kept
-after a call (:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept
-sequence prefills only its new tokens. Such a chunk's prefill has two regions: the rows' cached
-columns, left-padded to the longest cached prefix, then a window of the new tokens,
-right-aligned; masks hide the padding of both and position ids count real tokens, so the
-result equals a full prefill up to float rounding.
+With a prefix cache (``prefix_cache_mb > 0``) each row's KV is kept after a call
+(:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept sequence prefills only
+its new tokens (the layout: :meth:`asyncrl.engine.prefill.Prefill._level`).
 
 With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl.policy.lora.MergedCopy`
-instead (:attr:`HFEngine.model`; ``policy.model`` stays the PEFT model that loads are validated against):
-plain weights with the adapter folded in, refolded at every :meth:`HFEngine.load_weights`, so a decode step
-runs no adapter matmuls. :meth:`HFEngine.fingerprint` then reports the adapter the copy was folded from and
-:meth:`HFEngine.probe` runs on the copy: the weight-sync canary checks what is served.
+instead (:attr:`HFEngine.merged`, :attr:`HFEngine.model`; ``policy.model`` stays the PEFT model that loads
+are validated against): plain weights with the adapter folded in, so a decode step runs no adapter matmuls.
+On a CPU the copy's linear layers may be packed (``packed_linear``, :mod:`asyncrl.engine.packed`) and its
+growing-cache decode step fused (``fused_decode``, :mod:`asyncrl.engine.fused`). Everything derived from the
+weights (the fold, the packed and stacked copies) is rebuilt at every :meth:`HFEngine.load_weights`.
+:meth:`HFEngine.fingerprint` then reports the adapter the copy was folded from and :meth:`HFEngine.probe`
+runs on the copy: the weight-sync canary checks what is served.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -33,7 +34,7 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
 from asyncrl.config import HFEngineConfig, default_of
-from asyncrl.engine.base import GenerationEngine, Sample, check_requests, with_room
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, stop_ids, with_room
 from asyncrl.engine.decode import (
     StaticDecoder,
     decode_buckets,
@@ -41,13 +42,17 @@ from asyncrl.engine.decode import (
     pad_rows,
     sample_tokens,
 )
+from asyncrl.engine.fused import FusedDecoder, fusable
+from asyncrl.engine.packed import pack_linears, packing_available
 from asyncrl.engine.prefill import Prefill
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import plan_prefill
-from asyncrl.engine.served import ServedModel
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
+from asyncrl.policy.lora import MergedCopy, MergeUnsupported, is_lora
 from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
 from asyncrl.records import SamplingParams
+
+log = logging.getLogger(__name__)
 
 STATIC_CACHE_SLACK = 128
 """Static-cache columns beyond ``max_context``: left padding puts a chunk's newest token at column
@@ -173,34 +178,26 @@ class HFEngine(GenerationEngine):
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
         fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
     ) -> None:
-        """``max_batch``, ``cuda_graphs``: ``rollout.engine``'s (:func:`asyncrl.engine.make_engine` passes
-        them); ``seed`` makes sampling reproducible (the generator persists across calls);
-        ``compact_fraction``: drop finished rows once they are this share of the batch
-        (``rollout.engine.compact_fraction``); ``static_cache``: decode with :class:`StaticDecoder`
-        (``None``: on a CUDA device); ``cuda_graphs``: replay each decode step as a CUDA graph (CUDA only);
-        ``prefix_cache_mb``: memory bound of the prefix cache in MiB (0: no cache; never for models whose
-        cache layers are not plain full-attention layers); ``prefix_sharing``: prefill each distinct prefix
-        of a chunk once (``rollout.engine.prefix_sharing``; same condition); ``merge_lora``: sample a LoRA
-        policy from a :class:`MergedCopy` (``rollout.engine.merge_lora``; ignored without LoRA, warned of
-        for an adapter it cannot fold); ``packed_linear``, ``fused_decode``: :class:`ServedModel`."""
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.policy = policy
-        s = self.served = ServedModel(policy, merge_lora, packed_linear, fused_decode)
-        self.merged, self.model, self.packed, self.fused = s.merged, s.model, s.packed, s.fused
+        """The keywords are the :class:`~asyncrl.config.HFEngineConfig` fields of the same name
+        (:func:`asyncrl.engine.make_engine` passes them), except: ``seed`` makes sampling reproducible
+        (the generator persists across calls); ``static_cache`` ``None``: on a CUDA device;
+        ``prefix_cache_mb`` 0: no cache. The prefix cache and prefix sharing need a model whose cache
+        layers are plain full-attention layers (else they are off)."""
+        self.policy, self.device = policy, policy.device
+        self.merged = _merged_copy(policy) if merge_lora else None
+        self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
+        packable = packed_linear and self.merged is not None and packing_available(self.device)
+        self.packed = pack_linears(self.model) if packable else []
+        fuse = fused_decode and self.packed and fusable(self.model)
+        self.fused = FusedDecoder(self.model) if fuse else None
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
         self.compact_fraction = compact_fraction
-        vocab = input_vocab_size(self.model)
-        self.vocab_size = vocab
-        bad = [t for t in stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab - 1})")
-        self.stop_token_ids = sorted(set(stop_token_ids))
+        self.vocab_size = input_vocab_size(self.model)
+        self.stop_token_ids = stop_ids(stop_token_ids, self.vocab_size, max_batch)
         pad = policy.tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.device = policy.device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         self._stop = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
@@ -230,10 +227,14 @@ class HFEngine(GenerationEngine):
         self.version = version
 
     def refresh_merged(self) -> None:
-        """Fold the policy's adapter into the merged copy again (nothing without one)."""
+        """Fold the policy's adapter into the merged copy again and repack (nothing without a copy)."""
         if self.merged is not None:
             t0 = time.perf_counter()
-            self.served.refresh()
+            self.merged.refresh()
+            for layer in self.packed:
+                layer.repack()
+            if self.fused is not None:
+                self.fused.repack()
             self.merge_seconds += time.perf_counter() - t0
 
     def compute_modules(self) -> list[torch.nn.Module]:
@@ -460,3 +461,18 @@ def _inference(model: PreTrainedModel) -> Iterator[None]:
 def _plain_dynamic_cache(model: PreTrainedModel) -> bool:
     """Whether the model's growing cache is full-attention layers only (what the prefix cache can rebuild)."""
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+def _merged_copy(policy: Policy) -> MergedCopy | None:
+    """A merged copy of a LoRA policy to sample from; ``None`` without LoRA, or (with a warning) for an
+    adapter that cannot be folded."""
+    if not is_lora(policy.model):
+        return None
+    t0 = time.perf_counter()
+    try:
+        merged = MergedCopy(policy.model)
+    except MergeUnsupported as exc:
+        log.warning("rollout.engine.merge_lora: sampling through the unmerged adapter (%s)", exc)
+        return None
+    log.debug("merged LoRA copy built in %.2f s", time.perf_counter() - t0)
+    return merged

@@ -59,15 +59,11 @@ class PackedLinear(torch.nn.Module):
 
 def pack_linears(model: torch.nn.Module) -> list[PackedLinear]:
     """Swap every float32 ``nn.Linear`` of ``model`` for a :class:`PackedLinear` (in place); return them."""
-    swaps = [
-        (name, m)
+    packed = {
+        name: PackedLinear(m)
         for name, m in model.named_modules()
         if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-    ]
-    packed = []
-    for name, m in swaps:
-        parent, _, child = name.rpartition(".")
-        p = PackedLinear(m)
-        setattr(model.get_submodule(parent) if parent else model, child, p)
-        packed.append(p)
-    return packed
+    }
+    for name, p in packed.items():
+        model.set_submodule(name, p)
+    return list(packed.values())

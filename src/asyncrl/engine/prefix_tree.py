@@ -32,8 +32,6 @@ CACHED = -1
 class Span:
     """A chain of trie nodes computed as one row of a level's batched forward."""
 
-    first: int
-    """Node id of the span's first token."""
     start: int
     """Depth (= position id) of the first token."""
     parent: int
@@ -151,7 +149,7 @@ def _spans(plan: PrefillPlan, children: list[dict[int, int]], ends: list[bool]) 
         else:
             s = len(plan.spans)
             level = above[p] + 1 if p >= 0 else 0
-            plan.spans.append(Span(first=n, start=plan.depth[n], parent=p, level=level))
+            plan.spans.append(Span(start=plan.depth[n], parent=p, level=level))
             if level == len(plan.levels):
                 plan.levels.append([])
             plan.levels[level].append(s)

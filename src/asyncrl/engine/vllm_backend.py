@@ -24,22 +24,14 @@ different kernel stack than the trainer's recomputation, so they agree only appr
 ``docs/engines.md`` reports the measured gap and the truncated-importance-sampling correction
 that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``).
 
-**Head padding.** vLLM's CPU attention supports only some head sizes (:data:`CPU_HEAD_SIZES`).
-For another size ``D`` (the demo's 16) the engine serves vLLM an exactly equivalent model with
-heads zero-padded to the smallest supported multiple ``D'`` of ``D`` (formulas in
-:mod:`asyncrl.engine.head_padding`; a Qwen2 policy is then served as the equivalent Llama, as
-vLLM's Qwen2 ignores ``head_dim``). The padded copy lives in the engine's staging directory, and
-every reload pads the new tensors first, so snapshot directories are never read directly then.
-:func:`plan_head_padding` decides, and raises :class:`VLLMModelError` when no exact padding exists.
+**Head padding.** For a head size vLLM's CPU attention lacks (the demo's 16) the engine serves an
+exactly equivalent model with zero-padded heads (:func:`plan_head_padding`,
+:mod:`asyncrl.engine.head_padding`), kept in its staging directory; every reload pads the new tensors.
 
-**Weights.** :meth:`VLLMEngine.load_weights` (what :class:`~asyncrl.rollout.worker.WeightFollower`
-calls with a verified weight-store snapshot) reloads in place with
-``collective_rpc("reload_weights", kwargs={"weights_path": dir})`` and then resets vLLM's prefix
-cache (cached KV blocks were computed with the old weights). ``dir`` is the snapshot directory
-itself when vLLM can read it as it is; otherwise (no directory given, or it was removed by
-retention meanwhile, or the tensors need padding, a tied head or a LoRA merge) the engine writes
-the already verified tensors to a private staging directory and reloads from there. :attr:`VLLMEngine.version` changes only after a reload succeeded, so every
-turn is stamped with the version that produced it, exactly as with the built-in engine.
+**Weights.** :meth:`VLLMEngine.load_weights` reloads in place (``collective_rpc("reload_weights")``)
+from the snapshot directory or a staging copy, then resets vLLM's prefix cache (its KV blocks belong
+to the old weights). :attr:`VLLMEngine.version` changes only after a reload succeeded, so every turn
+is stamped with the version that produced it, exactly as with the built-in engine.
 """
 
 from __future__ import annotations
@@ -57,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.engine.base import GenerationEngine, Sample, check_requests, with_room
+from asyncrl.engine.base import GenerationEngine, Sample, check_requests, stop_ids, with_room
 from asyncrl.engine.head_padding import (
     HeadPaddingError,
     check_paddable,
@@ -113,13 +105,10 @@ def _set_env_defaults(kv_cache_gb: int) -> None:
 
 
 def plan_head_padding(model_config: dict[str, Any]) -> int | None:
-    """The head size vLLM is served here (``None``: the policy's own), or :class:`VLLMModelError`.
-
-    vLLM's CPU attention supports only :data:`CPU_HEAD_SIZES`. For another head size ``D`` the
-    engine serves an exactly equivalent model padded to the smallest supported multiple of ``D``
-    (:mod:`asyncrl.engine.head_padding`); the error is for sizes with no such multiple and for
-    models that cannot be padded exactly. ``model_config`` is a Hugging Face ``config.json``.
-    """
+    """The head size vLLM is served here for the Hugging Face ``config.json`` ``model_config``: ``None``
+    (the policy's own, in :data:`CPU_HEAD_SIZES`) or the smallest supported multiple of it (a Qwen2
+    policy then served as the equivalent Llama, as vLLM's Qwen2 ignores ``head_dim``);
+    :class:`VLLMModelError` when there is none or the model cannot be padded exactly."""
     head_dim = head_dim_of(model_config)
     from vllm.platforms import current_platform
 
@@ -200,11 +189,7 @@ class VLLMEngine(GenerationEngine):
         given) is removed by :meth:`close`. ``dtype`` is vLLM's compute dtype (float32 keeps the
         behaviour log-probs closest to the float32 trainer)."""
         require_vllm()
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"stop token ids {bad} are outside the vocabulary (0..{vocab_size - 1})")
+        self.stop_token_ids = stop_ids(stop_token_ids, vocab_size, max_batch)
         _set_env_defaults(kv_cache_gb)
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
         self.head_padding = plan_head_padding(model_config)
@@ -216,7 +201,6 @@ class VLLMEngine(GenerationEngine):
         self.version = 0
         self.max_context = max_context
         self.vocab_size = vocab_size
-        self.stop_token_ids = sorted(set(stop_token_ids))
         self.max_batch = max_batch
         self._owned_dir = Path(owned_dir) if owned_dir is not None else None
         self._stage_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-stage-"))
@@ -303,10 +287,7 @@ class VLLMEngine(GenerationEngine):
         return [float(lps[t][int(ids[t])].logprob) for t in range(1, len(ids))]
 
     # fingerprint(): not overridden — vLLM's tensors live in its worker processes, fused (qkv_proj,
-    # gate_up_proj), padded or LoRA-merged, so the canary checks the probe only (see the interface). The
-    # path to a fingerprint: a worker extension (``LLM(worker_extension_cls=...)``) whose method, called
-    # by name through ``collective_rpc``, returns :func:`asyncrl.policy.canary.fingerprint` of the
-    # served tensors, compared with that of :meth:`_served_tensors` of the published version.
+    # gate_up_proj), padded or LoRA-merged, so the canary checks the probe only (see the interface).
 
     adapter_policy: Policy | None = None
     """With ``model.lora``: the policy (on the CPU) whose adapter versions are merged into full

@@ -8,22 +8,17 @@ own chat template with its tool-call format:
   decoded only to hand it to the environment (translated from the model's tool-call format to
   the canonical ``<tool>NAME(ARGS)</tool>`` action), never re-encoded.
 * Observations are appended as rendered deltas; the history is never re-rendered. At the end the
-  chat is rendered again for comparison only. ``Trajectory.render_diff`` (token-exactness) compares
-  the sample with a rendering made apart from the one that built it: bridged, the template's
-  rendering of the whole chat with the sampled ids spliced in; per turn, the template's rendering
-  of the history before each turn against the prompt the engine was given. ``None`` where the
-  template cannot make that rendering (not prefix-stable, a chat it cannot render) or nothing was
-  sampled — unchecked, never counted exact. ``Trajectory.retokenization_diff`` counts the tokens a
-  re-tokenising framework would have got wrong (0 = exact).
+  chat is rendered again for comparison only: ``Trajectory.render_diff`` (token-exactness against a
+  rendering made apart from the one that built the sample, :func:`_bridged` and
+  :func:`_per_turn_samples` say which; ``None``: unchecked, never counted exact) and
+  ``Trajectory.retokenization_diff`` (tokens a re-tokenising framework would have got wrong).
 * The loss mask is 1 only on model-sampled tokens (see :meth:`Trajectory.loss_mask`).
 * The context limit (``model.max_context``) is enforced: an episode that would not fit ends
   with outcome ``truncated``; so does one that uses up ``env.max_turns`` model turns.
 
-Concurrency: every episode awaits :meth:`~asyncrl.engine.batcher.TurnBatcher.generate` for its model turns; the
-batcher serves all episodes that are waiting at that moment with one ``engine.generate``
-call (in a worker thread, so environment steps of other episodes progress meanwhile).
-Environment calls go through the guard (:class:`asyncrl.envs.GuardedEnv`), so nothing an
-environment does can crash this runner.
+Concurrency: every episode awaits :meth:`~asyncrl.engine.batcher.TurnBatcher.generate` for its model
+turns (batched across episodes there). Environment calls go through the guard
+(:class:`asyncrl.envs.GuardedEnv`), so nothing an environment does can crash this runner.
 """
 
 from __future__ import annotations
@@ -141,7 +136,7 @@ async def _run_episode(
         prompt_text = await env.reset(task)
     except EnvResetError as exc:
         return [_reset_failed(traj, exc)]
-    conv = renderer.start(prompt_text, list(getattr(env, "tools", None) or []))
+    conv = renderer.start(prompt_text, list(env.tools))
     prompt = list(conv.ids)  # what the engine is given next
     if len(prompt) >= settings.max_context:
         traj.turns.append(Turn(role="env", token_ids=prompt[: settings.max_context]))
@@ -259,11 +254,7 @@ def _bridged(traj: Trajectory, seen: list[_Seen], renderer: Renderer, conv: Conv
                 Turn(role="tool", token_ids=s.delta, started_at=s.turn.ended_at, ended_at=time.time())
             )
     trained = traj.token_ids()
-    offsets, pos = [], 0
-    for t in traj.turns:
-        if t.role == "model":
-            offsets.append(pos)
-        pos += len(t.token_ids)
+    offsets = [start for start, _ in traj.segments()]  # where each model turn starts
     diff = engine_diff(trained, [(o, s.prompt, s.turn.token_ids) for o, s in zip(offsets, seen, strict=True)])
     template = renderer.render_diff(conv)  # None: the template cannot check this chat
     traj.render_diff = diff + template if template is not None else (diff or None)

@@ -31,12 +31,6 @@ ROLE = "evaluator"
 log = logging.getLogger(__name__)
 
 
-def evaluated_versions(run_dir: Path) -> list[int]:
-    return [
-        int(r["version"]) for r in read_jsonl(run_dir / "evals.jsonl") if isinstance(r.get("version"), int)
-    ]
-
-
 class Evaluator:
     def __init__(self, cfg: RunConfig, run_dir: Path, started: float | None = None) -> None:
         from asyncrl.policy import Policy
@@ -47,7 +41,10 @@ class Evaluator:
         self.store = make_weight_store(cfg.weights, run_dir)
         self.policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
         self.metrics = MetricWriter(run_dir / "metrics" / f"{ROLE}.jsonl", role=ROLE, started=started)
-        self.last = max(evaluated_versions(run_dir), default=0)  # version 0: the initial evaluation
+        done = [
+            r["version"] for r in read_jsonl(run_dir / "evals.jsonl") if isinstance(r.get("version"), int)
+        ]
+        self.last = max(done, default=0)  # version 0: the initial evaluation
         from asyncrl.bootstrap import torch_threads
 
         # core lending: a niced evaluator holds its core while it evaluates and never borrows; one at

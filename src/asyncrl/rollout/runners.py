@@ -1,11 +1,6 @@
-"""Group runners: one protocol, ``run(ticket, task) -> Group``, for every shape a group takes.
-
-* :class:`FlatRunner` — ``group_size`` independent episodes of the task (one sample each, or one per
-  model turn with ``model.multi_turn: per_turn``); an :class:`EpisodePlayer` plays environment episodes,
-  :class:`AgentPlayer` the user's program through the gateway (``env.kind: agent``: one sample per
-  session, or one per call).
-* :class:`TreeRunner` — a tree group (``rollout.tree``, :mod:`asyncrl.rollout.tree`); held-out probes
-  measure the policy, so they run flat.
+"""Group runners: one protocol, ``run(ticket, task) -> Group``, for every shape a group takes
+(:class:`FlatRunner`, :class:`TreeRunner`), its episodes played by a :class:`Player`
+(:class:`EpisodePlayer`: environment episodes; :class:`AgentPlayer`: the user's program).
 
 A runner reports each model turn and each episode's end to the group's
 :class:`~asyncrl.control.admission.Ticket` (the worker's in-flight load) and returns the whole group;
@@ -17,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.config import RunConfig
@@ -43,22 +39,18 @@ class GroupRunner(Protocol):
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group: ...
 
 
+@dataclass
 class EpisodePlayer:
     """Environment episodes (:func:`asyncrl.rollout.episode.run_episode`), replaying ``prefix``'s model
     turns first (tree branches)."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        batcher: TurnBatcher,
-        renderer: Renderer,
-        max_context: int,
-        worker: str,
-        rng: random.Random,
-        jitter: Callable[[], float],
-    ) -> None:
-        self.cfg, self.batcher, self.renderer = cfg, batcher, renderer
-        self.max_context, self.worker, self.rng, self.jitter = max_context, worker, rng, jitter
+    cfg: RunConfig
+    batcher: TurnBatcher
+    renderer: Renderer
+    max_context: int
+    worker: str
+    rng: random.Random
+    jitter: Callable[[], float]
 
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
@@ -84,11 +76,11 @@ class EpisodePlayer:
             await env.close()
 
 
+@dataclass
 class AgentPlayer:
     """The user's program through the gateway (``env.kind: agent``, :class:`~asyncrl.gateway.agent.AgentRunner`)."""
 
-    def __init__(self, agent: AgentRunner) -> None:
-        self.agent = agent
+    agent: AgentRunner
 
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
@@ -100,11 +92,12 @@ class AgentPlayer:
             ticket.episode_done(0)  # the gateway does not report turns: the episode's turns leave at its end
 
 
+@dataclass
 class FlatRunner:
     """``group_size`` independent episodes, played concurrently."""
 
-    def __init__(self, play: Player, group_size: int) -> None:
-        self.play, self.group_size = play, group_size
+    play: Player
+    group_size: int
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
         gid = new_id()

@@ -61,20 +61,14 @@ def model_turns(traj: Trajectory) -> list[Turn]:
 def branch_points(leaf: Trajectory) -> list[BranchPoint]:
     """Every state after a model turn of ``leaf`` from which the episode went on (``1 ≤ k < L``),
     keyed by :meth:`~asyncrl.records.Trajectory.state_keys` of the token prefix up to the next model
-    turn (the key tree credit gives that node)."""
-    starts, scores, pos, seen = [], [], 0, 0
-    for turn in leaf.turns:
-        if turn.role == "model":
-            if seen >= 1:
-                lp = turn.logprobs or []
-                starts.append(pos)
-                scores.append(-sum(lp) / len(lp) if lp else 0.0)
-            seen += 1
-        pos += len(turn.token_ids)
-    keys = leaf.state_keys(starts)
-    return [
-        BranchPoint(leaf, k + 1, key, score) for k, (key, score) in enumerate(zip(keys, scores, strict=True))
-    ]
+    turn (the key tree credit gives that node), scored by that turn's mean surprisal."""
+    turns, starts = model_turns(leaf), [start for start, _ in leaf.segments()]
+    keys = leaf.state_keys(starts[1:])
+    return [BranchPoint(leaf, k, key, _surprisal(turns[k].logprobs or [])) for k, key in enumerate(keys, 1)]
+
+
+def _surprisal(lp: list[float]) -> float:
+    return -sum(lp) / len(lp) if lp else 0.0
 
 
 def choose_points(leaves: list[Trajectory], cfg: TreeConfig, tried: set[str], n: int) -> list[BranchPoint]:
@@ -95,24 +89,12 @@ def mark_replayed(child: Trajectory, prefix: list[Turn], parent: Trajectory) -> 
     """Give the child's replayed turns their original log-probs and version and mark them shared.
 
     Returns whether the replay reproduced the parent's token prefix (deterministic tools)."""
-    mine = model_turns(child)
-    for turn, orig in zip(mine, prefix, strict=False):
+    for turn, orig in zip(model_turns(child), prefix, strict=False):
         turn.logprobs, turn.version, turn.shared = orig.logprobs, orig.version, True
     child.reward_components["tree_replayed_turns"] = float(len(prefix))
-    n = _prefix_len(parent, len(prefix))
+    starts = [start for start, _ in parent.segments()]  # the prefix: tokens before model turn k + 1
+    n = starts[len(prefix)] if len(prefix) < len(starts) else None
     return child.token_ids()[:n] == parent.token_ids()[:n]
-
-
-def _prefix_len(traj: Trajectory, k: int) -> int:
-    """Tokens up to (not including) model turn ``k + 1``."""
-    pos, seen = 0, 0
-    for turn in traj.turns:
-        if turn.role == "model":
-            if seen == k:
-                return pos
-            seen += 1
-        pos += len(turn.token_ids)
-    return pos
 
 
 async def grow_tree(
