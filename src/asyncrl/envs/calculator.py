@@ -292,10 +292,9 @@ def calc_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> 
     r = int(task.payload["start"])
     if kind == "wrong_final_copy":
         chain = _chain(task)
-        texts = [f"<tool>calc({lhs}{op}{rhs})</tool>" for lhs, op, rhs, _ in chain]
         final = chain[-1][3]
         wrong = chain[-2][3] if len(chain) > 1 and chain[-2][3] != final else final + rng.choice((-1, 1))
-        return [*texts, f"<answer>{wrong}</answer>"]
+        return [*calc_solve(task)[:-1], f"<answer>{wrong}</answer>"]
     k = rng.randrange(len(steps))
     if kind == "skipped_call" and len(steps) == 1:
         return [f"<answer>{r}</answer>"]  # answered without calling the tool at all

@@ -12,6 +12,7 @@ is the related entity's name, or an ``error: ...`` line.
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -120,12 +121,7 @@ class KnowledgeBase:
 
     def follow(self, start: str, chain: tuple[str, ...] | list[str]) -> list[str]:
         """Entities visited along ``chain`` from ``start`` (one per hop)."""
-        out, cur = [], start
-        for rel in chain:
-            nxt = self.facts[(cur, rel)]
-            out.append(nxt)
-            cur = nxt
-        return out
+        return list(itertools.accumulate(chain, lambda cur, rel: self.facts[(cur, rel)], initial=start))[1:]
 
 
 get_kb = functools.cache(KnowledgeBase.generate)

@@ -13,6 +13,7 @@ stands for the previous result -- the input word before the first call.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,11 +45,7 @@ _SYLLABLES = ("ka", "lo", "be", "mi", "tu", "ra", "sen", "vo", "di", "pel", "zu"
 
 def run_pipeline(word: str, ops: list[str]) -> list[str]:
     """Every intermediate result of applying ``ops`` to ``word`` in order."""
-    out, cur = [], word
-    for op in ops:
-        cur = OPERATIONS[op](cur)
-        out.append(cur)
-    return out
+    return list(itertools.accumulate(ops, lambda cur, op: OPERATIONS[op](cur), initial=word))[1:]
 
 
 def _reference_option(options: Mapping[str, object]) -> bool:

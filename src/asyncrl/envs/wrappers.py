@@ -170,16 +170,12 @@ class LatencyWrapper(EnvWrapper):
 
 # ---------------------------------------------------------------------------------------------
 class FaultWrapper(EnvWrapper):
-    """Injects faults into steps, for robustness tests.
+    """Injects faults into steps, for robustness tests (``env.faults``, docs/environments.md).
 
-    Per step, one uniform draw decides (rates are stacked in this order): raise
-    :class:`InjectedFault` (``exception_rate``), hang forever (``hang_rate``), or return a
-    malformed result (``malformed_rate``) -- a non-str observation, a huge observation, a
-    non-finite reward, or not a StepResult at all. Faults replace the inner step (the inner
-    environment is not called), so the guard's retry sees an untouched environment. Faults can
-    be confined to some task types or ``type:difficulty`` buckets (``task_types``) and to a wall-clock window
-    (``active_from``/``active_until``) or to while a switch file exists (``switch_file``) -- a
-    tool that breaks for a while, then recovers.
+    Per step, one uniform draw decides (rates stacked in this order): raise :class:`InjectedFault`,
+    hang forever, or return a malformed result. Faults replace the inner step (the inner
+    environment is not called), so the guard's retry sees an untouched environment; :meth:`active`
+    confines them to task types or buckets, a wall-clock window or a switch file's existence.
     """
 
     MALFORMED_KINDS = ("non_str", "huge", "nan_reward", "inf_process_reward", "not_a_result")
