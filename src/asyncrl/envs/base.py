@@ -457,7 +457,7 @@ class EpisodeRewards:
         if bonus:
             parts["uses_result"] = bonus
         self.results.append(result)
-        return _clamp(sum(parts.values())), parts
+        return max(-1.0, min(1.0, sum(parts.values()))), parts
 
     def tool_error(self) -> tuple[float, dict[str, float]]:
         return REWARD_TOOL_ERROR, {"tool_error": REWARD_TOOL_ERROR}
@@ -488,10 +488,6 @@ def tool_call(name: str, args: str, ok: bool, text: str, started: float | None =
     result, error = (text, "") if ok else ("", text)
     latency = 0.0 if started is None else time.monotonic() - started
     return ToolCall(name=name, arguments=args, ok=ok, result=result, error=error, latency_s=latency)
-
-
-def _clamp(x: float) -> float:
-    return max(-1.0, min(1.0, x))
 
 
 _NUM_RE = re.compile(r"-?\d+")

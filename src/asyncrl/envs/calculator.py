@@ -1,23 +1,10 @@
 """``calculator``: multi-step arithmetic word problems solved with a ``calc`` tool.
 
-Example (difficulty 3 = three steps = three tool calls)::
-
-    prompt : Ann has 12 pens. She gets 7 more. She gives away 5. Then she has 2 times as many. How many pens?
-    model  : <tool>calc(12+7)</tool>        -> 19
-    model  : <tool>calc(19-5)</tool>        -> 14
-    model  : <tool>calc(14*2)</tool>        -> 28
-    model  : <answer>28</answer>            -> correct, reward 1.0
-
-Learnability (a documented property the generator guarantees): the problem's numbers appear
-in the text in the order they are used, and the problem is a *chain*: step 1 combines the first
-two numbers (``n0 op1 n1``), every later step k combines the previous result with the next
-number (``r_{k-1} op_k n_k``), and the reference solution writes each call as
-``calc(<previous result><op><next number>)``. Each sentence maps to exactly one operation by
-its verb (``gets/buys/finds ... more`` = ``+``, ``gives away/loses/sells`` = ``-``,
-``bags of`` / ``times as many`` = ``*``). Operands are 1..20 (multipliers after the first step
-2..5); every intermediate result is a non-negative integer below 1000. A ~100k-parameter
-character-level model only has to learn "copy the next number, pick the operator from the verb,
-copy the tool result" -- no arithmetic of its own.
+Examples and the learnability property are in docs/environments.md (``calculator``). The
+generator guarantees it: the numbers appear in the order they are used, step 1 combines the
+first two (``n0 op1 n1``), every later step the previous result with the next (``r_{k-1} op_k
+n_k``), each sentence's verb fixes its operator, operands are 1..20 (later multipliers 2..5) and
+every intermediate result is a non-negative integer below 1000.
 
 The ``calc`` tool uses its own tiny recursive-descent parser (integers, ``+ - * /``,
 parentheses, unary minus); it never calls ``eval``. Division must be exact.
@@ -305,10 +292,9 @@ def calc_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> 
     r = int(task.payload["start"])
     if kind == "wrong_final_copy":
         chain = _chain(task)
-        texts = [f"<tool>calc({lhs}{op}{rhs})</tool>" for lhs, op, rhs, _ in chain]
         final = chain[-1][3]
         wrong = chain[-2][3] if len(chain) > 1 and chain[-2][3] != final else final + rng.choice((-1, 1))
-        return [*texts, f"<answer>{wrong}</answer>"]
+        return [*calc_solve(task)[:-1], f"<answer>{wrong}</answer>"]
     k = rng.randrange(len(steps))
     if kind == "skipped_call" and len(steps) == 1:
         return [f"<answer>{r}</answer>"]  # answered without calling the tool at all

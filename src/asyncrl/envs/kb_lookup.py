@@ -1,27 +1,18 @@
 """``kb_lookup``: multi-hop questions over a fictional knowledge base, answered with ``lookup``.
 
-The knowledge base is generated locally and deterministically from ``env.seed``: people live
-in cities, work for companies and have a friend; companies are based in cities; cities lie in
-countries; countries have a currency. All names are invented, so nothing can be answered from
-memorised world knowledge -- only through the tool.
+The knowledge base is generated locally and deterministically from ``env.seed`` (all names
+invented, so nothing can be answered from memorised world knowledge -- only through the tool).
+Relations: :data:`RELATIONS`; an example is in docs/environments.md (``kb_lookup``).
 
 Tool syntax: ``lookup(ENTITY, RELATION)`` -- the text before the LAST comma is the entity,
-after it the relation (both whitespace-trimmed, entity names case-insensitive). Relations:
-``lives_in``, ``works_for``, ``friend`` (people), ``based_in`` (companies), ``country``
-(cities), ``currency`` (countries). The observation is the related entity's name, or an
-``error: ...`` line.
-
-Example (difficulty 2 = two hops = two lookups; names vary with the seed)::
-
-    prompt : Which country does Mira Tovan live in?
-    model  : <tool>lookup(Mira Tovan, lives_in)</tool>   -> Karsel
-    model  : <tool>lookup(Karsel, country)</tool>        -> Ostrava
-    model  : <answer>Ostrava</answer>                   -> correct, reward 1.0
+after it the relation (both whitespace-trimmed, entity names case-insensitive). The observation
+is the related entity's name, or an ``error: ...`` line.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -130,12 +121,7 @@ class KnowledgeBase:
 
     def follow(self, start: str, chain: tuple[str, ...] | list[str]) -> list[str]:
         """Entities visited along ``chain`` from ``start`` (one per hop)."""
-        out, cur = [], start
-        for rel in chain:
-            nxt = self.facts[(cur, rel)]
-            out.append(nxt)
-            cur = nxt
-        return out
+        return list(itertools.accumulate(chain, lambda cur, rel: self.facts[(cur, rel)], initial=start))[1:]
 
 
 get_kb = functools.cache(KnowledgeBase.generate)

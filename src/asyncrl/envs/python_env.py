@@ -3,18 +3,13 @@
 The model calls ``<tool>python(CODE)</tool>``; CODE (the raw text between the first ``(`` and
 the last ``)``, so nested parentheses and newlines are fine) runs via
 :func:`asyncrl.envs.sandbox.run_python` and the observation is its stripped stdout (or
-``error: <last line of the traceback>``), at most 200 characters.
+``error: <last line of the traceback>``), at most 200 characters. An example is in
+docs/environments.md (``python``).
 
-Example (difficulty 1)::
-
-    prompt : What is the sum of the squares of 1..7? Use python, print the result.
-    model  : <tool>python(print(sum(i*i for i in range(1, 8))))</tool>   -> 140
-    model  : <answer>140</answer>                                      -> correct, reward 1.0
-
-Reference code is always ONE line (statements joined by ``;``), which keeps episodes short
-for the 512-token default context. Difficulty is the tier of the question (1: one expression, 2: a filtered count/sum,
-3: a loop or search). Answers are computed in-process by the task source (never by running
-model code), so grading does not depend on the sandbox.
+Reference code is always ONE line (statements joined by ``;``), which keeps episodes short.
+Difficulty is the tier of the question (1: one expression, 2: a filtered count/sum, 3: a loop
+or search). Answers are computed in-process by the task source (never by running model code),
+so grading does not depend on the sandbox.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """``reasoning_gym``: any reasoning-gym dataset (or several, weighted) as one answer environment.
 
 A task is a RECIPE, never the generated entry: ``payload = {dataset, config, level, curriculum,
-seed, index}`` (``config`` is the user's, as written in the run config; ``level`` the difficulty). The
-entry (question, answer, metadata) is regenerated from it wherever it is needed -- the task
-source, the rollout worker, the warm start -- by the dataset object of that process (one per
-dataset, config, difficulty and seed, :func:`dataset`), so nothing a JSON round trip would change
-(ARC grids, enums and nested dataclasses in configs, numpy values in ``metadata``) is shipped on
-the queue.
-
-Difficulty ``d`` is level ``d`` of every attribute of the dataset's curriculum (capped at the
-attribute's last level; reasoning-gym's ``upper_bound`` range mode), so the environment's
-difficulties are ``0 .. (most levels of any attribute) - 1``; a dataset without a curriculum (or
-``curriculum: false``) has difficulty 0 only. Fields set in the dataset's ``config`` win over the
-curriculum's.
-
-The held-out split is decided by the content: a hash of dataset name and question
-(:class:`~asyncrl.envs.base.HashSplitTaskSource`), so a held-out question is never trained on,
-whatever index or difficulty generated it. Scoring is the dataset's own ``score_answer``, under
-the hygiene rules of :mod:`asyncrl.envs.scoring` (checked once per process when built).
+seed, index}``. The entry is regenerated from it wherever it is needed by the dataset object of
+that process (one per dataset, config, difficulty and seed, :func:`dataset`), so nothing a JSON
+round trip would change is shipped on the queue. Difficulty ``d`` is level ``d`` of every
+attribute of the dataset's curriculum (capped at the attribute's last level); the held-out split
+is a hash of dataset name and question; scoring is the dataset's own ``score_answer`` under the
+hygiene rules of :mod:`asyncrl.envs.scoring`. Details: docs/environments.md#reasoning_gym.
 """
 
 from __future__ import annotations

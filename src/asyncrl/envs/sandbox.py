@@ -1,55 +1,19 @@
 """Run untrusted Python in a sandboxed subprocess.
 
-Model-written code is hostile by default: it may loop forever, fork-bomb, allocate without
-bound, flood its output, write or read host files, or open network connections. Each
-:func:`run_python` call therefore runs the code in a fresh, throw-away process tree:
+Model-written code is hostile by default (endless loops, fork bombs, huge allocations, output
+floods, host file writes, network). Each :func:`run_python` call runs it in a fresh, throw-away
+process tree: the host starts a tiny *launcher* (``python -I -S -c LAUNCHER``) in a new session,
+which sets up isolation while it still has privileges and then ``execve``\\ s the target
+interpreter (``python -I -S -c CODE``) as an unprivileged user. On exit, timeout or output flood
+the host kills every process that could belong to the run, and removes the temp dir.
 
-How it works: the host starts a tiny *launcher* (``python -I -S -c LAUNCHER``) in a new session.
-The launcher sets up isolation while it still has privileges, then ``execve``\\ s the target
-interpreter (``python -I -S -c CODE``) as an unprivileged user. On exit, timeout or output
-flood the host kills every process that could belong to the run, and removes the temp dir.
-
-Guarantees when running as ROOT (the mode this project deploys; ``isolation`` lists all of
-``uid``, ``net``, ``fs``):
-
-* **Privilege drop**: the code runs as a dedicated unprivileged uid/gid taken from a pool
-  (``env.sandbox.uid_base`` and the ``uid_count`` uids after it, locked per run with ``flock`` so concurrent runs, even in other
-  processes, never share one), no supplementary groups, ``PR_SET_NO_NEW_PRIVS`` (setuid
-  binaries cannot regain privileges). Root-private files (e.g. ``0600`` in a ``0700`` dir) are
-  unreadable.
-* **Resource limits**: ``RLIMIT_CPU`` (SIGXCPU, then SIGKILL), ``RLIMIT_AS`` (allocations fail
-  with ``MemoryError``), ``RLIMIT_NPROC`` (enforced because the uid is not root and is used by
-  this run only, so a fork bomb stops at ``max_processes``), ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
-  no core dumps; plus a host-side wall-clock limit.
-* **No network**: a fresh network namespace (``unshare(CLONE_NEWNET)``): no interfaces but a
-  down loopback, so every TCP/UDP connect -- including to 127.0.0.1 -- fails. Proxy variables
-  are not passed (the child environment is built from scratch).
-* **Read-only filesystem**: a private mount namespace in which every mount is remounted
-  read-only, except a fresh ``tmpfs`` (``disk_bytes``) mounted on the run's private temp dir,
-  which is the cwd, ``HOME`` and ``TMPDIR``. Writes anywhere else (``/tmp``, ``/dev/shm``, the
-  repo) fail with ``EROFS``/``EACCES``. The host-side directory is removed after the run.
-* **Isolated interpreter**: ``-I -S`` (no site-packages, no user site, ``PYTHON*`` variables
-  ignored, cwd not on ``sys.path``); stdin is ``/dev/null``; stdout/stderr are capped at
-  ``max_output_bytes`` (more kills the run). When the host interpreter lives under a directory
-  the sandbox uid cannot traverse (e.g. pyenv under ``/root``), its prefix is bind-mounted
-  read-only inside the private mount namespace.
-* **No leftovers**: the first process gets ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with its
-  host process), uids still leased at interpreter exit are swept, and after every run the host sends SIGKILL to *every* process of the run's uid
-  (``kill(-1)`` issued as that uid, which also reaches processes that escaped the process group
-  with ``setsid``), verifies via ``/proc`` that none is left, and only then releases the uid.
-
-Limits (documented, not bugs): world-readable host files remain readable (read-only);
-``/proc`` shows other processes' command lines; filesystem Unix sockets with permissive modes
-remain connectable (network namespaces do not cover them); CPU time of the sandbox is not
-isolated from other workloads (no cgroup); timing side channels exist.
-
-Without root: the launcher uses an unprivileged user namespace for ``net`` and ``fs`` when the
-kernel allows it; there is no separate uid (the code runs as the calling user and can read that
-user's files), ``RLIMIT_NPROC`` is set to the user's current process count plus
-``max_processes``, and cleanup kills the process group (a process that calls ``setsid`` can
-outlive the run). With ``require_isolation=True`` (the default) a run whose ``net`` or ``fs``
-isolation could not be set up is refused with an error result instead of running with weaker
-guarantees.
+The threats, defences and their observations, the limits of the isolation, and the weaker mode
+without root are in docs/environments.md ("The Python sandbox"). Contract: as root the run has
+``isolation`` ``uid``, ``net`` and ``fs`` (a uid leased from the ``uid_base``/``uid_count`` pool
+under ``flock``, a fresh network namespace, a read-only mount namespace with a tmpfs work dir),
+and after every run no process of its uid is left before the uid is released; with
+``require_isolation=True`` (the default) a run whose ``net`` or ``fs`` isolation could not be
+set up is refused with an error result instead of running with weaker guarantees.
 """
 
 from __future__ import annotations

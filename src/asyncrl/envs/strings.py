@@ -2,30 +2,18 @@
 
 A task names a made-up word and a pipeline of ``difficulty`` operations (1-3); the agent applies
 them in order, one tool call each, feeding every result into the next call, then answers with
-the last result. The operations are deterministic and cheap, so a tree group's replays are exact
-and a wrong step is a clean, attributable mistake (what segment credit should find).
+the last result. Examples, and why the ``reference`` option exists, are in docs/environments.md
+(``strings``).
 
 Tool syntax: ``apply(OPERATION, TEXT)`` -- the text before the FIRST comma is the operation,
-after it the text (whitespace-trimmed). Operations: see :data:`OPERATIONS`.
-
-With ``env.options: {reference: true}`` the text ``_`` (as TEXT or as the whole answer) stands
-for the previous result -- the input word before the first call -- and the demonstrations use it:
-``apply(reverse, _)``, ..., ``<answer>_</answer>``. The task then tests choosing the operations
-in order, not copying strings: a model too small to copy a 7-16 character string exactly (the
-tiny models, see docs/credit.md) can still learn the pipeline, and every mistake is a wrong
-decision at one step.
-
-Example (difficulty 3, by value)::
-
-    prompt : Apply reverse, then upper, then drop_vowels to "kolabe".
-    model  : <tool>apply(reverse, kolabe)</tool>       -> ebalok
-    model  : <tool>apply(upper, ebalok)</tool>         -> EBALOK
-    model  : <tool>apply(drop_vowels, EBALOK)</tool>   -> BLK
-    model  : <answer>BLK</answer>                      -> correct, reward 1.0
+after it the text (whitespace-trimmed). Operations: see :data:`OPERATIONS`. With
+``env.options: {reference: true}`` the text :data:`REFERENCE` (as TEXT or as the whole answer)
+stands for the previous result -- the input word before the first call.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -57,11 +45,7 @@ _SYLLABLES = ("ka", "lo", "be", "mi", "tu", "ra", "sen", "vo", "di", "pel", "zu"
 
 def run_pipeline(word: str, ops: list[str]) -> list[str]:
     """Every intermediate result of applying ``ops`` to ``word`` in order."""
-    out, cur = [], word
-    for op in ops:
-        cur = OPERATIONS[op](cur)
-        out.append(cur)
-    return out
+    return list(itertools.accumulate(ops, lambda cur, op: OPERATIONS[op](cur), initial=word))[1:]
 
 
 def _reference_option(options: Mapping[str, object]) -> bool:

@@ -1,7 +1,7 @@
 """Shared episode logic of the built-in environments.
 
 All built-ins follow the same loop -- parse the turn with :func:`parse_action`, dispatch a tool
-call or grade an answer, pay process rewards with :class:`EpisodeRewards` -- so that the three
+call or grade an answer, pay process rewards with :class:`EpisodeRewards` -- so that the
 environments differ only in their tools, prompts and answer checks. Keeping this in one place
 means a policy trained on one built-in sees exactly the same protocol on the others.
 """

@@ -4,30 +4,14 @@
 faults are *inside* the guard, so the guard's timeout covers slow tools and its retries
 absorb injected faults exactly like real ones.
 
-Guard semantics (:class:`GuardedEnv`)
--------------------------------------
-* Every ``reset``/``step`` attempt runs with a wall-clock limit (``step_timeout_s``). An
-  attempt fails if it raises (anything, including ``SystemExit``), exceeds the limit, returns
-  something that is not a :class:`StepResult` (or, for reset, not a str), an observation that is
-  not a str or longer than ``max_observation_chars``, a non-finite/non-numeric
-  ``process_reward``/``reward``, a non-bool ``done``, or ``done`` without a valid outcome.
-* A failed attempt is retried up to ``retries`` times. RETRYING RE-SENDS THE SAME MODEL TEXT:
-  for a non-idempotent environment the failed attempt may already have changed its state (a
-  tool may have run twice). Built-in environments tolerate this (tools are pure; a repeated
-  final answer returns the same result).
-* After the last failed step attempt the guard returns
-  ``StepResult(observation=fault_observation, process_reward=fault_reward, done=False)`` with a
-  :class:`~asyncrl.records.Fault` in ``StepResult.fault``; the episode continues (the runner may end
-  it). A reset that fails every attempt raises :class:`EnvResetError` (runner: ``env_error``).
-* Hung attempts are abandoned, not awaited: an async step that swallows cancellation keeps
-  running detached, and a blocked synchronous step leaks its (daemon) thread. Neither can stall
-  the guard. What no wrapper can preempt is an ``async def`` that blocks the event loop itself
-  (e.g. ``time.sleep`` inside a coroutine) -- write such environments as plain ``def``.
-* Results are rebuilt from validated fields (rewards converted to ``float``), so odd subclasses
-  returned by an environment never leak further.
-* A well-formed call of one of the environment's tools whose ``StepResult`` carries no
-  ``tool_call`` gets one recorded from the parsed action (``ok`` unless the observation starts
-  with ``error``), so the tool metrics of a run never read 0 calls for a tool-using environment.
+The guard's semantics (what fails an attempt, retries, the fault result, hung attempts, recorded
+tool calls) are in docs/environments.md ("Wrappers and the guard"). Contract: nothing an
+environment does escapes :class:`GuardedEnv`; a step that fails every attempt becomes
+``StepResult(fault_observation, fault_reward, done=False)`` carrying a
+:class:`~asyncrl.records.Fault`, and a reset that does raises :class:`EnvResetError`. RETRYING
+RE-SENDS THE SAME MODEL TEXT: a non-idempotent environment may already have changed its state.
+Hung attempts are abandoned, not awaited; an ``async def`` that blocks the event loop itself
+(``time.sleep`` in a coroutine) is the one thing no wrapper can preempt.
 """
 
 from __future__ import annotations
@@ -186,16 +170,12 @@ class LatencyWrapper(EnvWrapper):
 
 # ---------------------------------------------------------------------------------------------
 class FaultWrapper(EnvWrapper):
-    """Injects faults into steps, for robustness tests.
+    """Injects faults into steps, for robustness tests (``env.faults``, docs/environments.md).
 
-    Per step, one uniform draw decides (rates are stacked in this order): raise
-    :class:`InjectedFault` (``exception_rate``), hang forever (``hang_rate``), or return a
-    malformed result (``malformed_rate``) -- a non-str observation, a huge observation, a
-    non-finite reward, or not a StepResult at all. Faults replace the inner step (the inner
-    environment is not called), so the guard's retry sees an untouched environment. Faults can
-    be confined to some task types or ``type:difficulty`` buckets (``task_types``) and to a wall-clock window
-    (``active_from``/``active_until``) or to while a switch file exists (``switch_file``) -- a
-    tool that breaks for a while, then recovers.
+    Per step, one uniform draw decides (rates stacked in this order): raise :class:`InjectedFault`,
+    hang forever, or return a malformed result. Faults replace the inner step (the inner
+    environment is not called), so the guard's retry sees an untouched environment; :meth:`active`
+    confines them to task types or buckets, a wall-clock window or a switch file's existence.
     """
 
     MALFORMED_KINDS = ("non_str", "huge", "nan_reward", "inf_process_reward", "not_a_result")
