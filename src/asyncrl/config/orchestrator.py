@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import Section
+from asyncrl.config.base import Section, ordered
 
 
 class CurriculumConfig(Section):
@@ -25,8 +25,7 @@ class CurriculumConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> CurriculumConfig:
-        if self.floor > self.ceiling:
-            raise ValueError(f"floor ({self.floor}) must be at most ceiling ({self.ceiling})")
+        ordered("floor", self.floor, "ceiling", self.ceiling)
         return self
 
 
@@ -122,8 +121,7 @@ class SignalConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> SignalConfig:
-        if self.band_low > self.band_high:
-            raise ValueError(f"band_low ({self.band_low}) must be at most band_high ({self.band_high})")
+        ordered("band_low", self.band_low, "band_high", self.band_high)
         return self
 
 
@@ -149,10 +147,7 @@ class ElasticConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> ElasticConfig:
-        if self.min_workers > self.max_workers:
-            raise ValueError(
-                f"min_workers ({self.min_workers}) must be at most max_workers ({self.max_workers})"
-            )
+        ordered("min_workers", self.min_workers, "max_workers", self.max_workers)
         return self
 
 
@@ -195,8 +190,5 @@ class OrchestratorConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
-        if self.low_watermark >= self.high_watermark:
-            raise ValueError(
-                f"low_watermark ({self.low_watermark}) must be below high_watermark ({self.high_watermark})"
-            )
+        ordered("low_watermark", self.low_watermark, "high_watermark", self.high_watermark, strict=True)
         return self
