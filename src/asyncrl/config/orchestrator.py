@@ -172,10 +172,8 @@ class OrchestratorConfig(Section):
     exploration, learning signal, elastic capacity."""
 
     watchdog_s: float = Field(600.0, ge=0, le=86400)
-    """Stall watchdog: when neither a new weight version (a trainer step or publish) nor a newly accepted
-    trajectory has been seen for this many seconds, the orchestrator raises a ``stall`` alert and prints
-    what it last saw (versions, queue depth, leases, fates), again every period while it lasts, instead of
-    hanging silently. 0 turns it off. Set it well above the slowest step plus a trainer restart."""
+    """Stall watchdog: a ``stall`` alert (and a printed message) when neither a new weight version nor a
+    newly accepted trajectory was seen for this many seconds (docs/configuration.md); 0: off."""
     high_watermark: float = Field(0.9, gt=0, le=1)
     """Queue fill fraction at which admission of new episodes pauses."""
     low_watermark: float = Field(0.5, ge=0, lt=1)
