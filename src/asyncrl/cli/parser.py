@@ -37,6 +37,14 @@ def print_report(as_json: bool, report: R, render: Callable[[R], object]) -> int
     return 0
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse reports anything else as a usage error, exit 2)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("config", nargs=None if required else "?", help="YAML run configuration")
     _add_set(p, "dotted override, e.g. --set trainer.lr=1e-5 (repeatable; values are read as YAML)")
@@ -117,7 +125,7 @@ def _add_model_commands(sub: Sub) -> None:
     info.add_argument("path", help="a local Hugging Face model directory")
     info.add_argument(
         "--tokens",
-        type=int,
+        type=_count,
         default=4096,
         help="tokens per training step for the memory estimate (default 4096)",
     )
@@ -149,7 +157,10 @@ def _add_env_commands(sub: Sub) -> None:
     )
     _add_set(sig, "dotted override, e.g. --set rollout.group_size=16 (repeatable; values are read as YAML)")
     sig.add_argument(
-        "--tasks", type=int, default=4, help="held-out tasks per bucket, each played as one group (default 4)"
+        "--tasks",
+        type=_count,
+        default=4,
+        help="held-out tasks per bucket, each played as one group (default 4)",
     )
     sig.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(sig)
@@ -248,7 +259,7 @@ def _add_inspect_commands(sub: Sub) -> None:
     report.add_argument("--out", default=None, help="output file (default RUN/report.html)")
     replay = sub.add_parser("replay", help="train the learner on a run's archived batches, without rollouts")
     replay.add_argument("run", help="run directory (with archive/)")
-    replay.add_argument("--steps", type=int, default=None, help="replay only the first N archived steps")
+    replay.add_argument("--steps", type=_count, default=None, help="replay only the first N archived steps")
     replay.add_argument("--save", action="store_true", help="save the replayed policy to RUN/replay/policy")
     _json_flag(replay)
     runs_sub = _group(sub, "runs", "list and compare experiment records")
@@ -267,7 +278,7 @@ def _add_inspect_commands(sub: Sub) -> None:
         "show", help="sampled trained trajectories segment by segment with their credit"
     )
     cshow.add_argument("run", help="run directory")
-    cshow.add_argument("--n", type=int, default=5, help="trajectories to show (default 5)")
+    cshow.add_argument("--n", type=_count, default=5, help="trajectories to show (default 5)")
     cshow.add_argument("--html", metavar="FILE", help="also write the HTML fragment to FILE")
     cabl = credit_sub.add_parser(
         "ablate",

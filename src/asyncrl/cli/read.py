@@ -73,8 +73,6 @@ def _env_signal(args: argparse.Namespace) -> int:
     """``asyncrl env signal``: exit 0 when the starting policy has groups with a reward difference, else 1."""
     from asyncrl.jobs.signal import check_signal
 
-    if args.tasks < 1:
-        raise UserError("--tasks must be >= 1")
     cfg, _ = _env_target(args)
     report = check_signal(
         cfg, tasks=args.tasks, progress=not (args.no_progress or args.json), name=args.target
@@ -98,8 +96,6 @@ def _model_info(args: argparse.Namespace) -> int:
     from asyncrl.policy.hub import model_info
     from asyncrl.policy.preflight import preflight_model
 
-    if args.tokens < 1:
-        raise UserError("--tokens must be >= 1")
     report = model_info(args.path, tokens=args.tokens)
     cfg = load_config(None, [*args.overrides, f"model.path={args.path}"])
     try:
@@ -140,8 +136,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    if args.steps is not None and args.steps < 1:
-        raise UserError("--steps must be at least 1")
     result = replay(Path(args.run), steps=args.steps, save=args.save)
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -195,8 +189,6 @@ def _cost_estimate(args: argparse.Namespace) -> int:
 
 
 def _credit_show(args: argparse.Namespace) -> int:
-    if args.n < 1:
-        raise UserError("--n must be >= 1")
     render_terminal(Path(args.run), n=args.n)
     if args.html:
         Path(args.html).write_text(credit_fragment(Path(args.run), n=args.n))

@@ -5,13 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeAlias, get_args
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Tag,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Tag
 from pydantic.fields import FieldInfo
 
 from asyncrl.credentials import check_url_syntax
@@ -103,7 +97,6 @@ def default_of(model: type[BaseModel], field: str) -> Any:
 
 def check_redis_url(url: str) -> str:
     """Reject a malformed Redis URL at load time (the message shows it masked)."""
-
     try:
         check_url_syntax(url, "the URL")
     except UserError as exc:
@@ -113,3 +106,9 @@ def check_redis_url(url: str) -> str:
 
 RedisUrl: TypeAlias = Annotated[str, AfterValidator(check_redis_url)]
 """A Redis URL field: checked at load time (:func:`check_redis_url`)."""
+
+
+def ordered(low: str, lo: float, high: str, hi: float, strict: bool = False) -> None:
+    """Raise the ``ValueError`` of a section whose field ``low`` must be at most (``strict``: below) ``high``."""
+    if lo > hi or (strict and lo == hi):
+        raise ValueError(f"{low} ({lo}) must be {'below' if strict else 'at most'} {high} ({hi})")

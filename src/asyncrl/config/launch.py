@@ -36,12 +36,9 @@ class _LauncherBase(Section):
     sooner takes the run over (it reaps the old roles and starts its own)."""
     malloc_mmap_threshold_kb: int = Field(0, ge=0, le=1_048_576)
     """glibc only: allocations of at least this many KiB get their own pages (``mallopt
-    M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and in the launcher (which
-    trains the warm start). 0 keeps glibc's dynamic threshold, which rises to 32 MiB: a training step's
-    1–30 MiB activation tensors then live in the heap, whose fragments are kept, so a role's RSS can be
-    twice its live tensors (docs/benchmarks.md#training-memory-bench). A small value (1024–4096) trades
-    some speed (page faults on every large allocation) for a peak close to the live memory. A process
-    that calls ``asyncrl.jobs.train.train`` itself (a notebook, a test) keeps the threshold for its life."""
+    M_MMAP_THRESHOLD``) and go back to the OS when freed, in every role process and the launcher. 0 keeps
+    glibc's dynamic threshold; 1024–4096 trades some speed for a peak close to the live memory
+    (docs/benchmarks.md, "The allocator, not the tensors")."""
 
 
 class LocalLauncherConfig(_LauncherBase):
@@ -49,11 +46,9 @@ class LocalLauncherConfig(_LauncherBase):
 
     kind: Literal["local"] = "local"
     lend_threads: bool = False
-    """Core lending (CPU models, one trainer rank): a compute role that waits — a rollout worker held
-    by the staleness budget, the trainer with no batch to take — lends its cores to the roles still
-    computing, which raise their torch threads until it computes again (docs/orchestrator.md#core-lending,
-    ``asyncrl.lending``). Off by default: the demo-real runs so far show no clear gain (0.88x-1.01x the RL
-    phase, docs/benchmarks.md). Every role keeps its pinned ``torch_threads`` (``solo_threads``)."""
+    """Core lending (CPU models, one trainer rank): a waiting compute role lends its cores to the roles
+    still computing, which raise their torch threads until it computes again. Off by default: no clear
+    gain so far (docs/orchestrator.md, "Core lending")."""
     lend_after_ms: int = Field(250, ge=0, le=60_000)
     """A role's cores are lent only once it has waited this long: the short gaps between two model
     turns or two training steps are not worth a switch (each switch costs the borrower a moment of

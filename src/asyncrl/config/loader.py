@@ -6,10 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ValidationError,
-)
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from asyncrl.config.aliases import renamed_path
@@ -73,7 +70,6 @@ def _walk(loc: tuple[int | str, ...], root: type[BaseModel]) -> tuple[str, str |
 
 def format_validation_error(exc: ValidationError, source: str, root: type[BaseModel] | None = None) -> str:
     """One line per error: the field path, the bad value and what is allowed (no traceback)."""
-
     lines = [f"invalid configuration ({mask_secrets(source)}):"]
     for err in exc.errors():
         path, wrong_kind = _walk(err["loc"], root or RunConfig)
@@ -192,7 +188,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_yaml(cfg: BaseModel) -> str:
     """The config as YAML, with passwords in URLs masked (``***``; see :mod:`asyncrl.credentials`)."""
-
     return mask_secrets(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import Section
+from asyncrl.config.base import Section, ordered
 
 
 class CurriculumConfig(Section):
@@ -25,8 +25,7 @@ class CurriculumConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> CurriculumConfig:
-        if self.floor > self.ceiling:
-            raise ValueError(f"floor ({self.floor}) must be at most ceiling ({self.ceiling})")
+        ordered("floor", self.floor, "ceiling", self.ceiling)
         return self
 
 
@@ -122,8 +121,7 @@ class SignalConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> SignalConfig:
-        if self.band_low > self.band_high:
-            raise ValueError(f"band_low ({self.band_low}) must be at most band_high ({self.band_high})")
+        ordered("band_low", self.band_low, "band_high", self.band_high)
         return self
 
 
@@ -149,10 +147,7 @@ class ElasticConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> ElasticConfig:
-        if self.min_workers > self.max_workers:
-            raise ValueError(
-                f"min_workers ({self.min_workers}) must be at most max_workers ({self.max_workers})"
-            )
+        ordered("min_workers", self.min_workers, "max_workers", self.max_workers)
         return self
 
 
@@ -177,10 +172,8 @@ class OrchestratorConfig(Section):
     exploration, learning signal, elastic capacity."""
 
     watchdog_s: float = Field(600.0, ge=0, le=86400)
-    """Stall watchdog: when neither a new weight version (a trainer step or publish) nor a newly accepted
-    trajectory has been seen for this many seconds, the orchestrator raises a ``stall`` alert and prints
-    what it last saw (versions, queue depth, leases, fates), again every period while it lasts, instead of
-    hanging silently. 0 turns it off. Set it well above the slowest step plus a trainer restart."""
+    """Stall watchdog: a ``stall`` alert (and a printed message) when neither a new weight version nor a
+    newly accepted trajectory was seen for this many seconds (docs/configuration.md); 0: off."""
     high_watermark: float = Field(0.9, gt=0, le=1)
     """Queue fill fraction at which admission of new episodes pauses."""
     low_watermark: float = Field(0.5, ge=0, lt=1)
@@ -195,8 +188,5 @@ class OrchestratorConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
-        if self.low_watermark >= self.high_watermark:
-            raise ValueError(
-                f"low_watermark ({self.low_watermark}) must be below high_watermark ({self.high_watermark})"
-            )
+        ordered("low_watermark", self.low_watermark, "high_watermark", self.high_watermark, strict=True)
         return self

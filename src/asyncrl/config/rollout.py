@@ -49,37 +49,27 @@ class HFEngineConfig(_EngineBase):
     as a CUDA graph and replay it, so a step costs one launch instead of hundreds (falls back to
     eager decoding, with a warning, if capture fails)."""
     prefix_sharing: bool = True
-    """Prefill each distinct prefix of a generation call once: a token trie over the call's prompts
-    (GRPO group members share the whole prompt, tasks share the system prompt) computes every
-    distinct prefix token once and the rows read its KV. Same samples and log-probs as an unshared
-    prefill, up to float rounding. See docs/engines.md."""
+    """Prefill each distinct prefix of a generation call's prompts once (a token trie); same samples and
+    log-probs as an unshared prefill up to float rounding. See docs/engines.md."""
     prefix_cache: bool = True
-    """Keep each sequence's KV after a model turn and, when a later prompt extends it (the next turn
-    of a multi-turn episode), prefill only the new tokens. Entries are dropped at every weight load.
-    Both the growing and the static cache use it. See docs/engines.md."""
+    """Keep each sequence's KV after a model turn and prefill only the new tokens of a later prompt that
+    extends it (the next turn); dropped at every weight load. See docs/engines.md."""
     prefix_cache_mb: float = Field(1024.0, gt=0, le=1_048_576)
     """Memory bound of the prefix cache in MiB (least recently used entries are evicted first).
     SmolLM2-135M in float32 holds 45 KiB of KV per token, so 1 GiB is about 23k tokens."""
     merge_lora: bool = True
-    """With ``model.lora``: sample from a merged copy of the policy (plain weights with the adapter
-    folded in, ``W + (alpha/r) B A``, refolded in place at every weight load) instead of through the
-    adapter layers, so a decode step runs no adapter matmuls. Costs the adapted weights once more in
-    memory (at most one extra copy of the model) and one fold per load; log-probs equal the unmerged
-    adapter's to float32 rounding. The weight-sync canary checks the merged copy. See docs/engines.md."""
+    """With ``model.lora``: sample from a merged copy of the policy (``W + (alpha/r) B A``, refolded at
+    every weight load) instead of through the adapter layers; costs the adapted weights once more in
+    memory, log-probs equal to float32 rounding. See docs/engines.md."""
     packed_linear: bool = True
-    """With ``merge_lora`` on a CPU: the merged copy's linear layers (the LM head included) compute
-    through weights packed once by oneDNN for the decode batch (repacked at every load) instead of
-    MKL's ``sgemm`` on the weights as stored. Costs those weights once more in memory; log-probs equal
-    the unpacked ones to float32 rounding. On by default: SmolLM2 decode steps 1.41x faster
-    (docs/benchmarks.md, decode profile). See docs/engines.md."""
+    """With ``merge_lora`` on a CPU: the merged copy's linear layers compute through weights packed by
+    oneDNN (repacked at every load); costs those weights once more in memory, log-probs equal to float32
+    rounding. See docs/engines.md."""
     fused_decode: bool = True
-    """With ``packed_linear`` (a merged LoRA copy on a CPU) and a Llama-layout model (llama, qwen2,
-    mistral without a sliding window): growing-cache decode steps run a written-out one-token forward
-    pass over the packed weights (:mod:`asyncrl.engine.fused`): q/k/v as one packed matmul and gate/up as
-    one, the rotary tables and the mask once per step instead of per layer, the step's KV written
-    straight into the cache's buffers, grouped-query attention without repeating the keys. Costs the
-    q/k/v and gate/up weights once more in memory (stacked, packed); log-probs equal the model's forward
-    to float32 rounding. Prefills and the static (GPU) path do not use it. See docs/engines.md."""
+    """With ``packed_linear`` and a Llama-layout model (llama, qwen2, mistral without a sliding window):
+    growing-cache decode steps run a written-out one-token forward over the packed weights
+    (:mod:`asyncrl.engine.fused`); costs the q/k/v and gate/up weights once more in memory, log-probs
+    equal to float32 rounding. See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

@@ -84,12 +84,9 @@ class TrainerConfig(Section):
     0: the whole minibatch in one pass. With ``share_prefixes`` in use, the budget counts the
     micro-batch's distinct prefix tokens (its token trie's nodes) instead."""
     share_prefixes: bool = True
-    """Prefix-shared forward (tree training): rows that share a prefix (a group's prompt, the system
-    prompt) are grouped into the same micro-batch and forwarded as one token trie, each shared token
-    computed once, with the same log-probs and gradients as the padded batch up to float rounding. Used
-    for a minibatch when its estimated decoder FLOPs are at most 0.8 of the padded layout's (the
-    tree's attention is dense, so a small model with long rows keeps the padded layout) and the
-    architecture is chunkable (llama, qwen2, qwen3, mistral). See docs/algorithms.md (5d)."""
+    """Prefix-shared forward (tree training): rows sharing a prefix are forwarded as one token trie, each
+    shared token once, with the padded batch's log-probs and gradients up to float rounding; used where
+    it saves decoder FLOPs (docs/policy.md) and the architecture allows. See docs/algorithms.md (5d)."""
     logits_chunk_tokens: int = Field(512, ge=0, le=1_000_000)
     """Token log-probs and entropies are computed from the final hidden states this many tokens at a
     time (each chunk's ``[chunk, vocab]`` logits recomputed in the backward), so the full
@@ -126,16 +123,12 @@ class TrainerConfig(Section):
     buffer_length_split: int = Field(128, ge=1, le=1_000_000)
     """Length in tokens above which a sample counts as long (for buffer_length_mix)."""
     world_size: int = Field(1, ge=1, le=1024)
-    """Trainer ranks (data parallel, one torch.distributed process group: gloo on CPU, nccl on CUDA).
-    Rank 0 owns the queue, the ledger, publishing and checkpoints; every rank holds the whole model and
-    runs its share of each minibatch's micro-batches; gradients are all-reduced before the optimiser
-    step, so N ranks take the same step as one (docs/trainer-group.md). 1: one process, no process group."""
+    """Trainer ranks (data parallel, one torch.distributed process group); N ranks take the same step as
+    one (docs/trainer-group.md). 1: one process, no process group."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
-    """How the ranks of a trainer group (``world_size > 1``) share the model: ``ddp``, every rank holds
-    the whole model and optimiser and gradients are all-reduced; ``fsdp``, FSDP2 ``fully_shard`` per
-    decoder layer (ZeRO-3: each rank holds 1/N of the parameters, gradients and AdamW moments, gathered
-    layer by layer), for a model that does not fit one device. Same update either way
-    (docs/trainer-group.md). No effect with ``world_size: 1``."""
+    """How the ranks of a trainer group (``world_size > 1``) share the model: ``ddp``, each holds all of
+    it; ``fsdp``, FSDP2 sharding per decoder layer (ZeRO-3), for a model that does not fit one device.
+    Same update either way (docs/trainer-group.md)."""
     dist_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Timeout of every collective of the trainer group (and of its rendezvous): a rank that died or
     hangs ends the whole group after at most this long, and the supervisor restarts it from the newest

@@ -10,12 +10,9 @@ from asyncrl.config.base import RedisUrl, Section, kind_of
 
 
 class CanaryConfig(Section):
-    """The weight-sync canary (docs/reliability.md#weight-sync-canary): after every weight load a rollout
-    worker checks that its engine serves the version the trainer published — a fingerprint of the
-    tensors in the engine's model and the log-probs of a fixed probe prompt, against the values the
-    trainer recorded in the version's manifest. A mismatch refuses the version: the worker goes back
-    to its previous good version, the orchestrator raises a ``weight_canary`` alert and the trainer
-    publishes its weights again as a new version."""
+    """The weight-sync canary: after every weight load a rollout worker checks that its engine serves the
+    version the trainer published (a fingerprint of the tensors and the log-probs of a fixed probe prompt,
+    against the version's manifest), and refuses it on a mismatch (docs/reliability.md#weight-sync-canary)."""
 
     enabled: bool = True
     """Record the canary at every publish and check it at every load. Off: versions are loaded unchecked."""
@@ -29,18 +26,14 @@ class CanaryConfig(Section):
     dtype, ``probe_tolerance_float32`` when the trainer and the engine both compute in float32, else
     ``probe_tolerance_half``."""
     probe_tolerance_float32: float = Field(1e-4, gt=0)
-    """Default tolerance in float32, where engine and trainer differ by rounding only (at most 6.3e-6 on
-    SmolLM2) while one LoRA step moves the probe by 8.5e-4 or more: even a one-version-stale engine
-    shows (docs/reliability.md#weight-sync-canary)."""
+    """Default tolerance in float32, where engine and trainer differ by rounding only, while one LoRA step
+    moves the probe further (figures: docs/reliability.md#weight-sync-canary)."""
     probe_tolerance_half: float = Field(0.2, gt=0)
-    """Default tolerance when either side computes in bfloat16 or float16 (SmolLM2's float32 and bfloat16
-    probe log-probs are 0.040 apart on average): it catches only gross failures (an adapter whose effect
-    is not served, other weights); version identity then rests on the fingerprint."""
+    """Default tolerance when either side computes in bfloat16 or float16: it catches only gross failures;
+    version identity then rests on the fingerprint."""
     fingerprint_rtol: float = Field(1e-6, gt=0, le=1)
     """Tolerance of each fingerprint statistic relative to its scale (``sqrt(Σx²)`` for sums, ``Σx²`` for
-    sums of squares). The engine holds a bitwise copy, so only reduction order differs (at most 4e-8 on
-    SmolLM2); one optimiser step moves a tensor's sum by about ``lr·sqrt(n)``, seen for any ``lr`` above
-    ``1e-6 × rms(weights)``."""
+    sums of squares): only reduction order differs in a bitwise copy (docs/reliability.md)."""
 
 
 class _WeightsBase(Section):

@@ -35,25 +35,24 @@ from asyncrl.telemetry.jsonl import read_jsonl
 from asyncrl.transport import make_queue
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat from field 3 (the state) on; empty if the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def start_ticks(pid: int) -> int | None:
     """A process's start time (clock ticks since boot, /proc/PID/stat field 22); None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    stat = _stat(pid)
+    return int(stat[19]) if stat else None
 
 
 def process_alive(pid: int, ticks: int | None) -> bool:
     """The process ``pid`` started at ``ticks`` still runs (a zombie does not)."""
-    return ticks is not None and start_ticks(pid) == ticks and not _zombie(pid)
+    stat = _stat(pid)
+    return ticks is not None and bool(stat) and int(stat[19]) == ticks and stat[0] != "Z"
 
 
 def reap_orphans(run_dir: Path, state: RunState) -> None:
