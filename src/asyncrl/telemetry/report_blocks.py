@@ -9,7 +9,7 @@ import datetime
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from asyncrl.telemetry.markup import templates
@@ -88,18 +88,14 @@ class Section:
     intro: str = ""
 
 
-@dataclass
-class Page:
-    title: str
-    made: str
-    n_charts: int
-    sections: list[Section] = field(default_factory=list)
-
-
-def render_page(page: Page) -> str:
-    """The report's HTML: ``templates/report.html.j2`` filled with ``page``."""
+def render_page(title: str, sections: list[Section]) -> str:
+    """The report's HTML: ``templates/report.html.j2`` filled with ``sections``; ``n_charts`` (the
+    charts the page's check expects to render) counts the figures that hold a chart."""
+    figures = [f for s in sections for b in s.blocks for f in (b.figures if isinstance(b, Row) else [b])]
+    n_charts = sum(isinstance(f, Figure) and bool(f.svg) for f in figures)
+    made = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     template = templates("asyncrl.telemetry").get_template("report.html.j2")
-    return template.render(title=page.title, made=page.made, n_charts=page.n_charts, sections=page.sections)
+    return template.render(title=title, made=made, n_charts=n_charts, sections=sections)
 
 
 # ---- formatters ---------------------------------------------------------------------------------

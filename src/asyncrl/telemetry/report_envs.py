@@ -19,6 +19,19 @@ from asyncrl.telemetry.reports import GroupReport
 
 __all__ = ["EnvCounts", "EnvTally", "env_blocks", "per_env"]
 
+ENV_COLUMNS = {
+    "weight": ("weight", pct),
+    "curriculum share": ("curriculum_share", pct),
+    "held-out before": ("initial_success", pct),
+    "held-out after": ("final_success", pct),
+    "train episodes": ("train_episodes", num),
+    "train success": ("train_success_rate", pct),
+    "faults": ("faults", num),
+    "tokens": ("tokens", num),
+    "cost (USD)": ("cost_usd", num),
+}
+"""The report's per-environment table: column → (``per_env`` field, formatter)."""
+
 
 @dataclass
 class EnvCounts:
@@ -99,36 +112,10 @@ def env_blocks(summary: dict[str, Any]) -> list[Block]:
     rows_in = summary.get("per_env") or {}
     if not rows_in:
         return []
-    cols = [
-        "environment",
-        "weight",
-        "curriculum share",
-        "held-out before",
-        "held-out after",
-        "train episodes",
-        "train success",
-        "faults",
-        "tokens",
-        "cost (USD)",
-    ]
-    rows = [
-        (
-            name,
-            pct(r.get("weight")),
-            pct(r.get("curriculum_share")),
-            pct(r.get("initial_success")),
-            pct(r.get("final_success")),
-            r.get("train_episodes", 0),
-            pct(r.get("train_success_rate")),
-            r.get("faults", 0),
-            r.get("tokens", 0),
-            num(r.get("cost_usd")),
-        )
-        for name, r in rows_in.items()
-    ]
+    cells = [(name, *(f(r.get(k)) for k, f in ENV_COLUMNS.values())) for name, r in rows_in.items()]
     note = Note(
         "Held-out success is over each environment's own held-out split; cost is the run's total "
         "apportioned by the model tokens each environment generated.",
         cls="intro",
     )
-    return [Heading("Per environment"), table(cols, rows), note]
+    return [Heading("Per environment"), table(["environment", *ENV_COLUMNS], cells), note]

@@ -97,17 +97,8 @@ def signal_summary(reports: Iterable[Decoded], cfg: RunConfig) -> dict[str, Any]
     return out
 
 
-Chart_ = Callable[[str, str, str, str], Figure]
-"""The report's chart maker (``Report.chart``: counts the charts the page must render)."""
-
-
 def signal_blocks(
-    series: dict[str, BucketSeries],
-    t0: float,
-    cost: dict[str, Any],
-    alerts: int,
-    chart: Chart_,
-    threshold: float,
+    series: dict[str, BucketSeries], t0: float, cost: dict[str, Any], alerts: int, threshold: float
 ) -> list[Block]:
     """The report section: share of groups with a reward difference and success per bucket over time,
     a table per bucket, and the zero-advantage waste beside them."""
@@ -128,14 +119,15 @@ def signal_blocks(
 
     since = "seconds since start"
     alert_line = [HLine(1.0 - threshold, "no_signal alert below")]
-    differ = svg.share_chart(
-        "signal-share", lines(lambda w: w.signal_share), since, "groups with a difference", alert_line
+    shares = lines(lambda w: w.signal_share)
+    differ = svg.line_chart(
+        "signal-share", shares, since, "groups with a difference", share=True, hlines=alert_line
     )
-    success = svg.share_chart("signal-success", lines(lambda w: w.success), since, "success")
+    success = svg.line_chart("signal-success", lines(lambda w: w.success), since, "success", share=True)
     row = Row(
         [
-            chart("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),
-            chart("chart-signal-success", "Success, per bucket", success, "no groups"),
+            Figure("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),
+            Figure("chart-signal-success", "Success, per bucket", success, "no groups"),
         ]
     )
     rows = [
