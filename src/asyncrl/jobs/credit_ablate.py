@@ -98,29 +98,16 @@ def sibling_rows(samples: list[CreditSample]) -> tuple[list[dict[str, Any]], int
             kids.setdefault(par, []).append(node)
         for m, path in zip(members, paths, strict=True):
             own = [not t.shared for t in m.trajectory.turns if t.role == "model"]
-            for j, (node, seg, mine) in enumerate(zip(path, m.segments, own, strict=False)):
+            for j, (node, mine) in enumerate(zip(path, own, strict=False)):
                 if not mine:
                     continue
                 sibs = [c for c in kids[index.parent[node]] if c != node and leaves[c] > 0]
                 if not sibs or leaves[node] == 0:
                     lonely += 1
                     continue
-                p_sib = sum(wins[c] for c in sibs) / sum(leaves[c] for c in sibs)
-                p_node = wins[node] / leaves[node]
-                rows.append(
-                    {
-                        "trajectory": m.trajectory.id,
-                        "segment": j,
-                        "p_before": p_sib,
-                        "p_after": p_node,
-                        "contribution": p_node - p_sib,
-                        "credit": seg.credit,
-                        "v_before": seg.v_before,
-                        "outcome": m.trajectory.outcome,
-                        "leaves": leaves[node],
-                        "sibling_leaves": sum(leaves[c] for c in sibs),
-                    }
-                )
+                n_sib = sum(leaves[c] for c in sibs)
+                p_sib, p_node = sum(wins[c] for c in sibs) / n_sib, wins[node] / leaves[node]
+                rows.append(_row(m, j, p_sib, p_node, leaves=leaves[node], sibling_leaves=n_sib))
     return rows, lonely
 
 
@@ -221,20 +208,24 @@ def _replay_rows(
         n = len(s.segments)
         p = [sum(wins[(i, j)]) / len(wins[(i, j)]) for j in range(n)]
         p.append(1.0 if s.trajectory.outcome == "success" else 0.0)
-        for j, seg in enumerate(s.segments):
-            rows.append(
-                {
-                    "trajectory": s.trajectory.id,
-                    "segment": j,
-                    "p_before": p[j],
-                    "p_after": p[j + 1],
-                    "contribution": p[j + 1] - p[j],
-                    "credit": seg.credit,
-                    "v_before": seg.v_before,
-                    "outcome": s.trajectory.outcome,
-                }
-            )
+        rows += [_row(s, j, p[j], p[j + 1]) for j in range(n)]
     return rows, len(trajs)
+
+
+def _row(s: CreditSample, j: int, p_before: float, p_after: float, **extra: float) -> dict[str, Any]:
+    """One judged segment (``j`` of ``s``): success before and after it, its contribution and its credit."""
+    seg = s.segments[j]
+    return {
+        "trajectory": s.trajectory.id,
+        "segment": j,
+        "p_before": p_before,
+        "p_after": p_after,
+        "contribution": p_after - p_before,
+        "credit": seg.credit,
+        "v_before": seg.v_before,
+        "outcome": s.trajectory.outcome,
+        **extra,
+    }
 
 
 def render_ablation(report: dict[str, Any]) -> None:

@@ -59,6 +59,14 @@ def _segment_texts(sample: CreditSample, tok: Any) -> tuple[str, list[tuple[str,
     return prompt, out
 
 
+def _heading(step: int, s: CreditSample) -> str:
+    t = s.trajectory
+    return (
+        f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
+        f"outcome advantage {s.outcome_advantage:+.2f}"
+    )
+
+
 def _fmt(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}"
 
@@ -118,14 +126,8 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
         for members in groups.values():
             console.print(group_tree(members, tok))
     for step, s in picked:
-        t = s.trajectory
         prompt, texts = _segment_texts(s, tok)
-        table = Table(
-            title=f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
-            f"outcome advantage {s.outcome_advantage:+.2f}",
-            caption=escape(prompt[:200]),
-            show_lines=True,
-        )
+        table = Table(title=_heading(step, s), caption=escape(prompt[:200]), show_lines=True)
         for col in ("#", "model turn → observation", "process", "V before", "V after", "credit"):
             table.add_column(col, justify="left" if col.startswith("model") else "right", overflow="fold")
         scale = max((abs(g.credit) for g in s.segments), default=1.0) or 1.0
@@ -183,7 +185,6 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     tok = _tokenizer(run)
     views = []
     for step, s in picked:
-        t = s.trajectory
         prompt, texts = _segment_texts(s, tok)
         scale = max((abs(g.credit) for g in s.segments), default=1.0)
         rows = [
@@ -198,9 +199,5 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
             )
             for seg, (act, obs) in zip(s.segments, texts, strict=True)
         ]
-        heading = (
-            f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
-            f"outcome advantage {s.outcome_advantage:+.2f}"
-        )
-        views.append(_SampleView(heading, prompt, rows))
+        views.append(_SampleView(_heading(step, s), prompt, rows))
     return template.render(strategy=files[-1].strategy, samples=views)

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from asyncrl.telemetry.reports import GROUP_EVENT, GroupReport, Memory, Report
 
 
@@ -107,7 +109,7 @@ class MetricWriter:
 
     def group(self, report: GroupReport) -> None:
         """Write a finished group as its ``rollout/group`` event row."""
-        self.event(GROUP_EVENT, report.data())
+        self.event(GROUP_EVENT, msgspec.to_builtins(report))
 
     def event(self, name: str, data: dict[str, Any]) -> None:
         self._f.write(json.dumps({"time": time.time(), "role": self.role, "event": name, **data}) + "\n")

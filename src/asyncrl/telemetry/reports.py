@@ -89,9 +89,15 @@ class Report(msgspec.Struct, kw_only=True):
         return out
 
     @classmethod
+    @functools.cache
     def sections(cls) -> dict[str, type[Figures]]:
         """{field name: section type} of this report."""
-        return _sections_of(cls)
+        out: dict[str, type[Figures]] = {}
+        for f in msgspec.structs.fields(cls):
+            for t in (f.type, *get_args(f.type)):
+                if isinstance(t, type) and issubclass(t, Figures):
+                    out[f.name] = t
+        return out
 
     @classmethod
     def names(cls) -> list[str]:
@@ -102,16 +108,6 @@ class Report(msgspec.Struct, kw_only=True):
     def of_row(cls: type[R], row: Mapping[str, Any]) -> R:
         """The report a metric row holds (figures it lacks keep their defaults)."""
         return msgspec.convert({**_head(row), **_sections(cls, _numbers(row))}, cls, strict=False)
-
-
-@functools.cache
-def _sections_of(cls: type[Report]) -> dict[str, type[Figures]]:
-    out: dict[str, type[Figures]] = {}
-    for f in msgspec.structs.fields(cls):
-        for t in (f.type, *get_args(f.type)):
-            if isinstance(t, type) and issubclass(t, Figures):
-                out[f.name] = t
-    return out
 
 
 def _head(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -444,11 +440,6 @@ class GroupReport(msgspec.Struct, kw_only=True):
     """Model tokens the group's episodes generated (what per-environment cost rows are apportioned by)."""
     faults: int = 0
     """Environment calls of the group's episodes that failed on every attempt (the guard's faults)."""
-
-    def data(self) -> dict[str, Any]:
-        """The event row's fields."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
 
 
 class Event(msgspec.Struct, kw_only=True):
