@@ -1,20 +1,12 @@
 """``asyncrl report RUN``: one self-contained HTML file about a run (no external scripts, styles or fonts).
 
-Sections (each shown when its data exists): run record and headline figures; success and reward
-curves with the periodic evaluations; the data-freshness curve next to the loss; staleness histogram;
-queue depth timeline with the watermarks and paused periods; role utilisation timeline; latency
-breakdown of the trajectory lifecycle; reward and length distributions; evaluation table; alert
-timeline (``alerts.jsonl``); learning signal per bucket (:mod:`asyncrl.telemetry.signal`); cost breakdown
-and waste (``cost.json``); credit view of sample trajectories (a ``credit_view`` passed in: the CLI gives
-``asyncrl.jobs.credit_inspect.credit_fragment``).
-
-This module prepares the data: each section is a list of blocks (:mod:`asyncrl.telemetry.report_blocks`);
-the sections drawn from the roles' metric rows (and the run directory's loading, :class:`RunData`) are
-:mod:`asyncrl.telemetry.report_metrics`, since only telemetry reads metric rows by name. The markup is the
-Jinja2 template ``telemetry/templates/report.html.j2`` (autoescaped), whose inline script checks on
-load that every chart holds at least one visible data mark and records the result on ``<body>``
-(``data-charts-total``, ``data-charts-rendered``, ``data-js-errors``), so a headless browser's DOM dump
-proves the page rendered.
+Each section (docs/observe.md lists them; shown when its data exists) is a function of the loaded run
+(:class:`RunData`) returning blocks of :mod:`asyncrl.telemetry.report_blocks`; the ones drawn from the
+roles' metric rows are :mod:`asyncrl.telemetry.report_metrics`, since only telemetry reads metric rows by
+name. The markup is the Jinja2 template ``telemetry/templates/report.html.j2`` (autoescaped), whose
+inline script checks on load that every chart holds at least one visible data mark and records the
+result on ``<body>`` (``data-charts-total``, ``data-charts-rendered``, ``data-js-errors``), so a
+headless browser's DOM dump proves the page rendered.
 """
 
 from __future__ import annotations

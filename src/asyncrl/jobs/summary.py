@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,9 +135,6 @@ def summarize(
     fates = state.fate_counts()
     ages = state.trained_ages()
     tallies = state.tallies()
-    hist: dict[str, int] = {}
-    for a in ages:
-        hist[str(a)] = hist.get(str(a), 0) + 1
     consumed = sum(fates.values())
     qs = queue.stats()
     accepted, leftover, lost = sample_accounting(qs, queue.unacked_members(), state.ids_with_fate(), consumed)
@@ -159,7 +157,7 @@ def summarize(
         "duplicates_recorded": tallies.duplicates,
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,
-        "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "staleness_hist": {str(a): n for a, n in sorted(Counter(ages).items())},
         "trainer_busy_fraction": last.trainer.busy_fraction if last else 0.0,
         "wall_seconds": wall,
         "rl_seconds": orch.rl_seconds,

@@ -235,7 +235,6 @@ def utilisation(d: RunData) -> Section:
 # ---- wall time per step ----------------------------------------------------------------------
 def step_wall(d: RunData) -> Section:
     """Where each step's wall time went (:func:`asyncrl.telemetry.walltime.step_walls`)."""
-
     walls = step_walls(d.rows)
     if not walls:
         return Section("step-wall", "Wall time per step", [Note("no trainer steps recorded")])

@@ -377,7 +377,6 @@ class TrainerReport(Report):
         """A report from the learner's and the batch's flat ``figures`` and the trainer's own
         ``sections`` (their non-``None`` fields win): figures in a section's namespace fill that
         section, the rest are the learner's."""
-        known = {s.NS: s for s in cls.sections().values()}
         nested = _sections(cls, figures)
         for name, given in sections.items():
             nested[name] = {
@@ -385,11 +384,8 @@ class TrainerReport(Report):
                 **{k: v for k, v in msgspec.structs.asdict(given).items() if v is not None},
             }
         # a figure no section has a field for is kept as the learner's: nothing the learner returns is lost
-        learner = {}
-        for key, value in figures.items():
-            ns, _, name = key.partition("/")
-            if ns not in known or name not in known[ns].__struct_fields__:
-                learner[key] = value
+        known = {n for s in cls.sections().values() for n in s.names()}
+        learner = {k: v for k, v in figures.items() if k not in known}
         return msgspec.convert({**nested, "learner": learner}, cls, strict=False)
 
     @classmethod
