@@ -125,41 +125,42 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
             groups.setdefault(group_key(smp.trajectory), []).append(smp)
         for members in groups.values():
             console.print(group_tree(members, tok))
-    for step, s in picked:
-        prompt, texts = _segment_texts(s, tok)
-        table = Table(title=_heading(step, s), caption=escape(prompt[:200]), show_lines=True)
+    for view in _views(picked, tok):
+        table = Table(title=view.heading, caption=escape(view.prompt[:200]), show_lines=True)
         for col in ("#", "model turn → observation", "process", "V before", "V after", "credit"):
             table.add_column(col, justify="left" if col.startswith("model") else "right", overflow="fold")
-        scale = max((abs(g.credit) for g in s.segments), default=1.0) or 1.0
-        for k, (seg, (act, obs)) in enumerate(zip(s.segments, texts, strict=True)):
-            colour = "green" if seg.credit > 0 else "red" if seg.credit < 0 else "white"
-            bold = " bold" if abs(seg.credit) >= 0.5 * scale else ""
+        for k, g in enumerate(view.segments):
+            colour = "green" if g.credit > 0 else "red" if g.credit < 0 else "white"
+            bold = " bold" if g.strength >= 0.5 else ""
+            act = escape(g.act) + (f" [dim]→ {escape(g.obs)}[/]" if g.obs else "")
             table.add_row(
-                str(k + 1),
-                escape(act) + (f" [dim]→ {escape(obs)}[/]" if obs else ""),
-                f"{seg.process_reward:+.2f}",
-                _fmt(seg.v_before),
-                _fmt(seg.v_after),
-                f"[{colour}{bold}]{seg.credit:+.3f}[/]",
+                str(k + 1), act, g.process, g.v_before, g.v_after, f"[{colour}{bold}]{g.credit_text}[/]"
             )
         console.print(table)
 
 
-def _cell_colour(credit: float, scale: float) -> str:
-    a = min(1.0, abs(credit) / scale) * 0.6 if scale > 0 else 0.0
-    rgb = "46,160,67" if credit > 0 else "215,58,73"
-    return f"background:rgba({rgb},{a:.2f})"
-
-
 @dataclass
 class _SegmentRow:
+    """One segment as both views show it: its texts, its figures formatted, and its credit."""
+
     act: str
     obs: str
     process: str
     v_before: str
     v_after: str
-    credit: str
-    style: str
+    credit: float
+    strength: float
+    """``|credit|`` relative to the largest of its trajectory (what the colours scale with)."""
+
+    @property
+    def credit_text(self) -> str:
+        return f"{self.credit:+.3f}"
+
+    @property
+    def style(self) -> str:
+        """The HTML cell's background: green (positive) or red (negative), as strong as the credit."""
+        rgb = "46,160,67" if self.credit > 0 else "215,58,73"
+        return f"background:rgba({rgb},{min(1.0, self.strength) * 0.6:.2f})"
 
 
 @dataclass
@@ -169,6 +170,27 @@ class _SampleView:
     segments: list[_SegmentRow]
 
 
+def _views(picked: list[tuple[int, CreditSample]], tok: Any) -> list[_SampleView]:
+    views = []
+    for step, s in picked:
+        prompt, texts = _segment_texts(s, tok)
+        scale = max((abs(g.credit) for g in s.segments), default=1.0) or 1.0
+        rows = [
+            _SegmentRow(
+                act,
+                obs,
+                f"{seg.process_reward:+.2f}",
+                _fmt(seg.v_before),
+                _fmt(seg.v_after),
+                seg.credit,
+                abs(seg.credit) / scale,
+            )
+            for seg, (act, obs) in zip(s.segments, texts, strict=True)
+        ]
+        views.append(_SampleView(_heading(step, s), prompt, rows))
+    return views
+
+
 def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
 
@@ -176,28 +198,9 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     (``credit.sample_every: 0``) gets a one-line fragment saying so; unreadable sample files raise
     :class:`asyncrl.errors.UserError`.
     """
-
     run = Path(run_dir)
     template = templates("asyncrl.jobs").get_template("credit_fragment.html.j2")
     if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
         return template.render(samples=None)
     files, picked = _latest(run, n)
-    tok = _tokenizer(run)
-    views = []
-    for step, s in picked:
-        prompt, texts = _segment_texts(s, tok)
-        scale = max((abs(g.credit) for g in s.segments), default=1.0)
-        rows = [
-            _SegmentRow(
-                act=act,
-                obs=obs,
-                process=f"{seg.process_reward:+.2f}",
-                v_before=_fmt(seg.v_before),
-                v_after=_fmt(seg.v_after),
-                credit=f"{seg.credit:+.3f}",
-                style=_cell_colour(seg.credit, scale),
-            )
-            for seg, (act, obs) in zip(s.segments, texts, strict=True)
-        ]
-        views.append(_SampleView(_heading(step, s), prompt, rows))
-    return template.render(strategy=files[-1].strategy, samples=views)
+    return template.render(strategy=files[-1].strategy, samples=_views(picked, _tokenizer(run)))

@@ -100,21 +100,10 @@ def render_list(runs: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     t = Table(title=f"{len(runs)} runs")
-    for col in (
-        "run",
-        "created (UTC)",
-        "status",
-        "mode",
-        "steps",
-        "success before → after",
-        "best eval",
-        "wall s",
-        "cost $",
-        "commit",
-    ):
-        t.add_column(
-            col, justify="left" if col in ("run", "status", "mode", "commit", "created (UTC)") else "right"
-        )
+    left = ("run", "created (UTC)", "status", "mode")
+    for col in (*left, "steps", "success before → after", "best eval", "wall s", "cost $"):
+        t.add_column(col, justify="left" if col in left else "right")
+    t.add_column("commit")
     for r in runs:
         s = r["summary"]
         t.add_row(
