@@ -31,6 +31,7 @@ groups (e.g. outcome credit on tree groups) it is an independent one.
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,17 +174,20 @@ def ablate(
         policy, which = load_policy(run, checkpoint)
         rows, episodes = _replay_rows(cfg, policy, samples, k, cfg.seed if seed is None else seed)
         report.update(policy=which, counterfactual="replay", k=k, episodes=episodes)
-    contrib = torch.tensor([r["contribution"] for r in rows])
-    credit = torch.tensor([r["credit"] for r in rows])
-    rho = spearman(contrib, credit) if rows else float("nan")
-    report.update(segments=len(rows), spearman=None if rho != rho else rho, rows=rows)
+    rho = _rho([r["contribution"] for r in rows], [r["credit"] for r in rows])
+    report.update(segments=len(rows), spearman=rho, rows=rows)
     with_v = [r for r in rows if r["v_before"] is not None]
     if len(with_v) >= 2 and not siblings:
-        v_rho = spearman(
-            torch.tensor([r["v_before"] for r in with_v]), torch.tensor([r["p_before"] for r in with_v])
+        report["value_vs_mc_spearman"] = _rho(
+            [r["v_before"] for r in with_v], [r["p_before"] for r in with_v]
         )
-        report["value_vs_mc_spearman"] = None if v_rho != v_rho else v_rho
     return report
+
+
+def _rho(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation of ``a`` and ``b``; ``None`` where it is undefined (a constant column)."""
+    rho = spearman(torch.tensor(a), torch.tensor(b)) if a else float("nan")
+    return None if math.isnan(rho) else rho
 
 
 def _replay_rows(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, astuple
 from pathlib import Path
-from typing import Any
 
 from asyncrl.config import load_config
 from asyncrl.errors import UserError
@@ -45,21 +44,16 @@ class RunData:
         starts = [float(r["time"]) - float(r.get("alive_s") or 0.0) for r in self.rows if "time" in r]
         self.t0 = min(starts, default=float(self.record.get("created") or 0.0))
 
-    def series(
-        self, rows: list[dict[str, Any]], key: str, x: str = "step"
-    ) -> tuple[list[float], list[float | None]]:
-        xs: list[float] = []
-        ys: list[float | None] = []
-        for r in rows:
-            if key not in r:
-                continue
-            xv = float(r["time"]) - self.t0 if x == "time" else r.get(x)
-            if xv is None:
-                continue
-            v = r[key]
-            xs.append(float(xv))
-            ys.append(float(v) if isinstance(v, (int, float)) else None)
-        return xs, ys
+    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float | None]]:
+        """The trainer's figure ``key`` over its ``step`` (or ``time``: seconds since the start); a value
+        that is not a number is a gap."""
+        raw = [
+            (float(r["time"]) - self.t0 if x == "time" else r.get(x), r[key])
+            for r in self.trainer
+            if key in r
+        ]
+        pts = [(float(a), float(v) if isinstance(v, (int, float)) else None) for a, v in raw if a is not None]
+        return [a for a, _ in pts], [v for _, v in pts]
 
 
 # ---- success and reward -----------------------------------------------------------------------
@@ -67,8 +61,8 @@ def learning(d: RunData) -> Section:
     success = svg.line_chart(
         "success",
         [
-            Series("train batch", *d.series(d.trainer, "reward/success_rate"), color="#93c5fd"),
-            Series("moving average", *d.series(d.trainer, "reward/success_rate_ma"), color="#2563eb"),
+            Series("train batch", *d.series("reward/success_rate"), color="#93c5fd"),
+            Series("moving average", *d.series("reward/success_rate_ma"), color="#2563eb"),
             Series("held-out eval", *_eval_points(d, "success_rate"), color="#dc2626", points=True),
         ],
         "trainer step",
@@ -78,7 +72,7 @@ def learning(d: RunData) -> Section:
     reward = svg.line_chart(
         "reward",
         [
-            Series("batch mean", *d.series(d.trainer, "reward/mean")),
+            Series("batch mean", *d.series("reward/mean")),
             Series("held-out eval", *_eval_points(d, "mean_reward"), points=True, color="#dc2626"),
         ],
         "trainer step",
@@ -114,17 +108,17 @@ def freshness(d: RunData) -> Section:
     fresh = svg.line_chart(
         "freshness",
         [
-            Series("mean version lag", *d.series(d.trainer, "staleness/mean")),
-            Series("max version lag", *d.series(d.trainer, "staleness/max"), dashed=True, color="#ea580c"),
+            Series("mean version lag", *d.series("staleness/mean")),
+            Series("max version lag", *d.series("staleness/max"), dashed=True, color="#ea580c"),
         ],
         "trainer step",
         "versions",
         y_min=0.0,
         hlines=[HLine(float(limit), f"max_staleness {limit}")],
     )
-    loss_line = Series("policy loss", *d.series(d.trainer, "loss/policy"), color="#9333ea")
+    loss_line = Series("policy loss", *d.series("loss/policy"), color="#9333ea")
     loss = svg.line_chart("loss", [loss_line], "trainer step", "loss")
-    kl_line = Series("KL(behaviour ‖ current), k3", *d.series(d.trainer, "kl/behaviour_k3"), color="#0891b2")
+    kl_line = Series("KL(behaviour ‖ current), k3", *d.series("kl/behaviour_k3"), color="#0891b2")
     kl = svg.line_chart("kl", [kl_line], "trainer step", "KL")
     first = Row(
         [
@@ -160,7 +154,7 @@ def freshness(d: RunData) -> Section:
 # ---- queue ------------------------------------------------------------------------------------
 def queue(d: RunData) -> Section:
     cap = d.cfg.transport.capacity
-    leased = d.series(d.trainer, "queue/leased", x="time")
+    leased = d.series("queue/leased", x="time")
     oc = d.cfg.orchestrator
     bands: list[Band] = []
     start: float | None = None
@@ -176,7 +170,7 @@ def queue(d: RunData) -> Section:
     chart = svg.line_chart(
         "queue",
         [
-            Series("ready", *d.series(d.trainer, "queue/ready", x="time")),
+            Series("ready", *d.series("queue/ready", x="time")),
             Series("leased by trainer", *leased, dashed=True, color="#16a34a"),
         ],
         "seconds since start",

@@ -22,17 +22,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
+def _crc_of_byte(c: int) -> int:
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c
 
 
-_TABLE = _crc_table()
+_TABLE = [_crc_of_byte(i) for i in range(256)]
 
 
 def crc32c(data: bytes) -> int:
