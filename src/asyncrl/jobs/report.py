@@ -125,17 +125,13 @@ def latency(d: RunData) -> Section:
     )
     blocks: list[Block] = [
         Row(
-            [
-                Figure("chart-latency", "Mean time per lifecycle stage", bars, "no stage timings"),
-                Figure("chart-e2e", "End-to-end latency (created → trained)", e2e, "no timings"),
-            ]
+            Figure("chart-latency", "Mean time per lifecycle stage", bars, "no stage timings"),
+            Figure("chart-e2e", "End-to-end latency (created → trained)", e2e, "no timings"),
         ),
         table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows),
         Row(
-            [
-                Figure("chart-reward-hist", "Reward distribution (trained samples)", rew, "no rewards"),
-                Figure("chart-length-hist", "Length distribution (trained samples)", lens, "no lengths"),
-            ]
+            Figure("chart-reward-hist", "Reward distribution (trained samples)", rew, "no rewards"),
+            Figure("chart-length-hist", "Length distribution (trained samples)", lens, "no lengths"),
         ),
     ]
     intro = f"{len(tr)} trained trajectories traced."
@@ -245,16 +241,10 @@ def cost(d: RunData) -> Section | None:
     a = usd_bars("cost-components", c.get("components_usd") or {}, "component")
     w = usd_bars("cost-waste", c.get("waste_usd") or {}, "cause", "#dc2626")
     total = f"Cost by component — total ${float(c.get('total_usd', 0)):.6f}"
+    waste = f"Waste — {pct(c.get('waste_total_share'))} of the total"
     charts = Row(
-        [
-            Figure("chart-cost", total, a, "no cost components"),
-            Figure(
-                "chart-waste",
-                f"Waste — {pct(c.get('waste_total_share'))} of the total",
-                w,
-                "no waste recorded",
-            ),
-        ]
+        Figure("chart-cost", total, a, "no cost components"),
+        Figure("chart-waste", waste, w, "no waste recorded"),
     )
     rows = [(k, f"{float(v):.6g}") for k, v in (c.get("efficiency") or {}).items()]
     intro = f"Device {d.cfg.cost.device}; see docs/cost.md for the accounting model."

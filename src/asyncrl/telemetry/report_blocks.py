@@ -28,12 +28,13 @@ class Figure:
     empty: str
 
 
-@dataclass
 class Row:
     """Figures side by side."""
 
     kind: ClassVar[str] = "row"
-    figures: list[Figure]
+
+    def __init__(self, *figures: Figure) -> None:
+        self.figures = list(figures)
 
 
 @dataclass

@@ -79,10 +79,8 @@ def learning(d: RunData) -> Section:
         "reward",
     )
     row = Row(
-        [
-            Figure("chart-success", "Success rate", success, "no trained batches yet"),
-            Figure("chart-reward", "Reward", reward, "no trained batches yet"),
-        ]
+        Figure("chart-success", "Success rate", success, "no trained batches yet"),
+        Figure("chart-reward", "Reward", reward, "no trained batches yet"),
     )
     return Section(
         "learning",
@@ -121,27 +119,21 @@ def freshness(d: RunData) -> Section:
     kl_line = Series("KL(behaviour ‖ current), k3", *d.series("kl/behaviour_k3"), color="#0891b2")
     kl = svg.line_chart("kl", [kl_line], "trainer step", "KL")
     first = Row(
-        [
-            Figure(
-                "chart-freshness",
-                "Data freshness: version lag of each trained batch",
-                fresh,
-                "no trained batches yet",
-            ),
-            Figure("chart-loss", "Policy loss", loss, "no loss recorded"),
-        ]
+        Figure(
+            "chart-freshness",
+            "Data freshness: version lag of each trained batch",
+            fresh,
+            "no trained batches yet",
+        ),
+        Figure("chart-loss", "Policy loss", loss, "no loss recorded"),
     )
     ages = [float(t["age"]) for t in d.traces] or [
         float(k) for k, n in (d.summary.get("staleness_hist") or {}).items() for _ in range(int(n))
     ]
     hist = svg.histogram("staleness-hist", ages, x_label="age in versions at training", integer=True)
     second = Row(
-        [
-            Figure("chart-kl", "Policy drift: KL between behaviour and current policy", kl, "no KL recorded"),
-            Figure(
-                "chart-staleness-hist", "Staleness histogram (trained samples)", hist, "no trained samples"
-            ),
-        ]
+        Figure("chart-kl", "Policy drift: KL between behaviour and current policy", kl, "no KL recorded"),
+        Figure("chart-staleness-hist", "Staleness histogram (trained samples)", hist, "no trained samples"),
     )
     return Section(
         "freshness",

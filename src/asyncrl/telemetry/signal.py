@@ -125,10 +125,8 @@ def signal_blocks(
     )
     success = svg.line_chart("signal-success", lines(lambda w: w.success), since, "success", share=True)
     row = Row(
-        [
-            Figure("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),
-            Figure("chart-signal-success", "Success, per bucket", success, "no groups"),
-        ]
+        Figure("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),
+        Figure("chart-signal-success", "Success, per bucket", success, "no groups"),
     )
     rows = [
         (
