@@ -16,8 +16,9 @@ from typing import Any
 
 from asyncrl.telemetry.report_blocks import Block, Heading, Note, num, pct, table
 from asyncrl.telemetry.reports import GroupReport
+from asyncrl.telemetry.signal import GroupCounts
 
-__all__ = ["EnvCounts", "EnvTally", "env_blocks", "per_env"]
+__all__ = ["EnvTally", "env_blocks", "per_env"]
 
 ENV_COLUMNS = {
     "weight": ("weight", pct),
@@ -34,33 +35,14 @@ ENV_COLUMNS = {
 
 
 @dataclass
-class EnvCounts:
-    """One environment's training groups, summed."""
-
-    groups: int = 0
-    episodes: int = 0
-    successes: int = 0
-    reward: float = 0.0
-    faults: int = 0
-    tokens: int = 0
-
-
-@dataclass
 class EnvTally:
     """Training groups counted per environment (held-out probes and untagged groups are not)."""
 
-    envs: dict[str, EnvCounts] = field(default_factory=dict)
+    envs: dict[str, GroupCounts] = field(default_factory=dict)
 
     def observe(self, g: GroupReport) -> None:
-        if not g.env or g.heldout:
-            return
-        c = self.envs.setdefault(g.env, EnvCounts())
-        c.groups += 1
-        c.episodes += len(g.outcomes)
-        c.successes += sum(o == "success" for o in g.outcomes)
-        c.reward += sum(g.rewards)
-        c.faults += g.faults
-        c.tokens += g.tokens
+        if g.env and not g.heldout:
+            self.envs.setdefault(g.env, GroupCounts()).add(g)
 
     @classmethod
     def of(cls, reports: Iterable[object]) -> EnvTally:
@@ -85,7 +67,7 @@ def per_env(
     total_tokens = sum(c.tokens for c in tally.envs.values())
     out: dict[str, dict[str, Any]] = {}
     for name, w in weights.items():
-        c = tally.envs.get(name, EnvCounts())
+        c = tally.envs.get(name, GroupCounts())
         before = (prior.get("per_env") or {}).get(name) or {}
         after = (final.get("per_env") or {}).get(name) or {}
         token_share = c.tokens / total_tokens if total_tokens else 0.0
@@ -97,7 +79,7 @@ def per_env(
             "heldout_episodes": after.get("episodes", before.get("episodes", 0)),
             "final_mean_reward": after.get("mean_reward"),
             "train_episodes": c.episodes,
-            "train_success_rate": c.successes / c.episodes if c.episodes else None,
+            "train_success_rate": c.success,
             "train_mean_reward": c.reward / c.episodes if c.episodes else None,
             "faults": c.faults,
             "tokens": c.tokens,

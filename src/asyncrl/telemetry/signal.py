@@ -28,15 +28,19 @@ RUN = "all"
 
 
 @dataclass
-class SignalWindow:
-    """Consecutive training groups of one bucket (or of the run)."""
+class GroupCounts:
+    """Training groups summed: a window of a bucket's (or of the run's), or an environment's."""
 
     end: float = 0.0
     """Start time of its last group (seconds since the epoch)."""
     groups: int = 0
     differ: int = 0
+    """Groups whose rewards differed."""
     successes: int = 0
     episodes: int = 0
+    reward: float = 0.0
+    faults: int = 0
+    tokens: int = 0
 
     def add(self, g: GroupReport) -> None:
         self.end = max(self.end, g.started)
@@ -44,6 +48,9 @@ class SignalWindow:
         self.differ += len(set(g.rewards)) > 1
         self.successes += sum(o == "success" for o in g.outcomes)
         self.episodes += len(g.rewards)
+        self.reward += sum(g.rewards)
+        self.faults += g.faults
+        self.tokens += g.tokens
 
     @property
     def signal_share(self) -> float | None:
@@ -56,8 +63,8 @@ class SignalWindow:
 
 @dataclass
 class BucketSeries:
-    windows: list[SignalWindow] = field(default_factory=list)
-    total: SignalWindow = field(default_factory=SignalWindow)
+    windows: list[GroupCounts] = field(default_factory=list)
+    total: GroupCounts = field(default_factory=GroupCounts)
 
 
 def signal_series(reports: Iterable[Decoded], window: int) -> dict[str, BucketSeries]:
@@ -71,7 +78,7 @@ def signal_series(reports: Iterable[Decoded], window: int) -> dict[str, BucketSe
         for key in (g.bucket, RUN):
             s = out.setdefault(key, BucketSeries())
             if not s.windows or s.windows[-1].groups >= window:
-                s.windows.append(SignalWindow())
+                s.windows.append(GroupCounts())
             s.windows[-1].add(g)
             s.total.add(g)
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == RUN, kv[0])))
@@ -105,7 +112,7 @@ def signal_blocks(
     if not series:
         return [Note("no training groups recorded (no rollout/group events)")]
 
-    def lines(value: Callable[[SignalWindow], float | None]) -> list[Series]:
+    def lines(value: Callable[[GroupCounts], float | None]) -> list[Series]:
         return [
             Series(
                 key,
