@@ -81,23 +81,15 @@ class Report(msgspec.Struct, kw_only=True):
 
     def flat(self) -> dict[str, float]:
         """Every figure under its metric name: what TensorBoard, ``metrics.jsonl`` and the docs show."""
-        out: dict[str, float] = {}
-        for name in self.__struct_fields__:
-            value = getattr(self, name)
-            if isinstance(value, Figures):
-                out.update(value.flat())
-        return out
+        sections = msgspec.structs.asdict(self).values()
+        return {k: v for s in sections if isinstance(s, Figures) for k, v in s.flat().items()}
 
     @classmethod
     @functools.cache
     def sections(cls) -> dict[str, type[Figures]]:
         """{field name: section type} of this report."""
-        out: dict[str, type[Figures]] = {}
-        for f in msgspec.structs.fields(cls):
-            for t in (f.type, *get_args(f.type)):
-                if isinstance(t, type) and issubclass(t, Figures):
-                    out[f.name] = t
-        return out
+        types = ((f.name, t) for f in msgspec.structs.fields(cls) for t in (f.type, *get_args(f.type)))
+        return {name: t for name, t in types if isinstance(t, type) and issubclass(t, Figures)}
 
     @classmethod
     def names(cls) -> list[str]:
