@@ -54,11 +54,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def memory_figures() -> dict[str, float]:
-    """:func:`memory` under its metric names (``mem/rss_mb``, ``mem/peak_rss_mb``)."""
-    return memory().flat()
-
-
 def memory() -> Memory:
     """This process's resident memory now and its peak so far, in MB: every metric row carries them, so each role's memory is on TensorBoard
     and its peak in ``summary.json``.
@@ -100,7 +95,7 @@ class MetricWriter:
         }
         now = time.time()
         head = {"time": now, "role": self.role, "pid": self.pid, "alive_s": now - self.started}
-        self._f.write(json.dumps({**head, **fields, **clean, **memory_figures()}) + "\n")
+        self._f.write(json.dumps({**head, **fields, **clean, **memory().flat()}) + "\n")
 
     def report(self, report: Report, step: int | None = None) -> None:
         """Write a role's typed report (:mod:`asyncrl.telemetry.reports`) as one flat metric row

@@ -109,14 +109,14 @@ def _axes(
     body.append(f'<rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" class="plot"/>')
     for t in nice_ticks(y0, y1):
         y = sy(t)
-        body.append(f'<line x1="{ML}" x2="{ML + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         body.append(
+            f'<line x1="{ML}" x2="{ML + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
             f'<text x="{ML - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(t, percent)}</text>'
         )
     for t in x_ticks if x_ticks is not None else nice_ticks(x0, x1, 6):
         x = sx(t)
-        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{MT + ph}" y2="{MT + ph + 4}" class="axis"/>')
         body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{MT + ph}" y2="{MT + ph + 4}" class="axis"/>'
             f'<text x="{x:.1f}" y="{MT + ph + 16}" class="tick" text-anchor="middle">{_fmt(t)}</text>'
         )
     body.append(

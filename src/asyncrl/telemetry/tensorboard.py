@@ -47,14 +47,10 @@ def masked_crc(data: bytes) -> int:
 def _varint(n: int) -> bytes:
     n &= (1 << 64) - 1  # int64 two's complement, as protobuf encodes negative int64
     out = bytearray()
-    while True:
-        byte = n & 0x7F
+    while n > 0x7F:  # seven bits a byte, low first; the high bit says another byte follows
+        out.append(n & 0x7F | 0x80)
         n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return bytes(out + bytes([n]))
 
 
 def _field_bytes(num: int, payload: bytes) -> bytes:
