@@ -176,16 +176,10 @@ def sft_loss(
     from asyncrl.policy.packing import shared_microbatches
     from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape, token_logprobs
 
-    T = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), T), dtype=torch.float32)
-    attn = torch.zeros((len(batch), T), dtype=torch.long)
-    for i, (x, xm) in enumerate(batch):
-        ids[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(xm)] = torch.tensor(xm, dtype=torch.float32)
-        attn[i, : len(x)] = 1
-    dev = next(model.parameters()).device
-    ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
+    pad, dev = torch.nn.utils.rnn.pad_sequence, next(model.parameters()).device
+    ids = pad([torch.tensor(x) for x, _ in batch], batch_first=True, padding_value=pad_id).to(dev)
+    mask = pad([torch.tensor(m, dtype=torch.float32) for _, m in batch], batch_first=True).to(dev)
+    attn = pad([torch.ones(len(x), dtype=torch.long) for x, _ in batch], batch_first=True).to(dev)
     share = (
         share_prefixes
         and can_chunk_logits(model)
@@ -239,14 +233,11 @@ def train_sft(
     return losses
 
 
-class _PlainProgress:
+class _PlainProgress(contextlib.AbstractContextManager["_PlainProgress"]):
     """``--no-display``: one plain line every ``every_s`` seconds (and at the end), for logs and CI."""
 
     def __init__(self, every_s: float) -> None:
         self.every_s, self.last, self.done, self.total = every_s, time.monotonic(), 0, 0
-
-    def __enter__(self) -> _PlainProgress:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         print(f"warm start (SFT): step {self.done}/{self.total} done", flush=True)
