@@ -26,11 +26,11 @@ from asyncrl.telemetry.report_blocks import (
     Note,
     Row,
     Section,
+    Table,
     git,
     num,
     pct,
     render_page,
-    table,
     text_of,
     when,
 )
@@ -99,7 +99,7 @@ def headline(d: RunData) -> Section:
         )
     if s.get("cost_usd") is not None:
         head.append(("cost / wasted", f"${s['cost_usd']:.4f} / {pct(s.get('cost_waste_share'))}"))
-    return Section("overview", "Overview", [Cards(head), table(["", ""], facts, cls="facts")])
+    return Section("overview", "Overview", [Cards(head), Table(["", ""], facts, cls="facts")])
 
 
 def latency(d: RunData) -> Section:
@@ -128,7 +128,7 @@ def latency(d: RunData) -> Section:
             Figure("chart-latency", "Mean time per lifecycle stage", bars, "no stage timings"),
             Figure("chart-e2e", "End-to-end latency (created → trained)", e2e, "no timings"),
         ),
-        table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows),
+        Table(["stage", "mean s", "p50 s", "p90 s", "max s"], rows),
         Row(
             Figure("chart-reward-hist", "Reward distribution (trained samples)", rew, "no rewards"),
             Figure("chart-length-hist", "Length distribution (trained samples)", lens, "no lengths"),
@@ -150,7 +150,7 @@ def evaluation(d: RunData) -> Section:
         for name, ver, step, e in pts
     ]
     body = (
-        table(["evaluation", "version", "step", *EVAL_COLUMNS], rows)
+        Table(["evaluation", "version", "step", *EVAL_COLUMNS], rows)
         if rows
         else Note("no evaluations recorded")
     )
@@ -193,7 +193,7 @@ def alerts(d: RunData) -> Section:
         Figure("chart-alerts", "Alerts and role events", chart, "no alerts or events recorded")
     ]
     if rows:
-        body.append(table(["t (s)", "kind", "bucket", "evidence", "action"], rows))
+        body.append(Table(["t (s)", "kind", "bucket", "evidence", "action"], rows))
     elif not (d.dir / "alerts.jsonl").is_file():
         body.append(Note("no alerts.jsonl in this run"))
     return Section("alerts", "Alerts", body + _env_faults(d.summary))
@@ -210,7 +210,7 @@ def _env_faults(summary: dict[str, Any]) -> list[Block]:
     ]
     notes: list[Block] = [Note(str(n), cls="intro") for n in summary.get("notes") or []]
     cols = ["environment", *(k.replace("_", " ") for k in FAULT_KEYS)]
-    return [Heading("Environment faults"), table(cols, rows), *notes, *env_blocks(summary)]
+    return [Heading("Environment faults"), Table(cols, rows), *notes, *env_blocks(summary)]
 
 
 def signal(d: RunData) -> Section:
@@ -248,7 +248,7 @@ def cost(d: RunData) -> Section | None:
     )
     rows = [(k, f"{float(v):.6g}") for k, v in (c.get("efficiency") or {}).items()]
     intro = f"Device {d.cfg.cost.device}; see docs/cost.md for the accounting model."
-    return Section("cost", "Cost and waste", [charts, table(["efficiency", "value"], rows)], intro)
+    return Section("cost", "Cost and waste", [charts, Table(["efficiency", "value"], rows)], intro)
 
 
 def credit(d: RunData, credit_view: CreditView) -> Section:

@@ -39,10 +39,15 @@ class Row:
 
 @dataclass
 class Table:
+    """Columns and rows of text (cells are written with ``str``)."""
+
     kind: ClassVar[str] = "table"
     cols: list[str]
-    rows: list[list[str]]
+    rows: Sequence[Sequence[object]]
     cls: str = ""
+
+    def __post_init__(self) -> None:
+        self.rows = [[str(v) for v in r] for r in self.rows]
 
 
 @dataclass
@@ -136,7 +141,3 @@ def when(t: object, t0: float) -> float | None:
         except ValueError:
             return None
     return None
-
-
-def table(cols: list[str], rows: Sequence[Sequence[object]], cls: str = "") -> Table:
-    return Table(cols, [[str(v) for v in r] for r in rows], cls)

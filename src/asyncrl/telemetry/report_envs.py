@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.telemetry.report_blocks import Block, Heading, Note, num, pct, table
+from asyncrl.telemetry.report_blocks import Block, Heading, Note, Table, num, pct
 from asyncrl.telemetry.reports import GroupReport
 from asyncrl.telemetry.signal import GroupCounts
 
@@ -100,4 +100,4 @@ def env_blocks(summary: dict[str, Any]) -> list[Block]:
         "apportioned by the model tokens each environment generated.",
         cls="intro",
     )
-    return [Heading("Per environment"), table(["environment", *ENV_COLUMNS], cells), note]
+    return [Heading("Per environment"), Table(["environment", *ENV_COLUMNS], cells), note]

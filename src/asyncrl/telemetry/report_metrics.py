@@ -15,7 +15,7 @@ from asyncrl.config import load_config
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.jsonl import read_json, read_jsonl, read_jsonl_dir
-from asyncrl.telemetry.report_blocks import Figure, Note, Row, Section, table
+from asyncrl.telemetry.report_blocks import Figure, Note, Row, Section, Table
 from asyncrl.telemetry.svg import Band, HLine, Series
 from asyncrl.telemetry.walltime import step_walls
 
@@ -257,7 +257,7 @@ def step_wall(d: RunData) -> Section:
         "Wall time per step",
         [
             Figure("chart-step-wall", "Seconds per training step, by role and phase", chart, "no steps"),
-            table(cols, rows),
+            Table(cols, rows),
         ],
         "Each step's interval (trainer row to trainer row): the trainer's learning, publishing, other work "
         "and idle time; the rollout workers' generation (prefill + decode, summed over workers), which "

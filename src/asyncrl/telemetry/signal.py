@@ -19,7 +19,7 @@ from typing import Any
 from asyncrl.config import RunConfig
 from asyncrl.signal import advice, share_or_none
 from asyncrl.telemetry import svg
-from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, pct, table
+from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, Table, pct
 from asyncrl.telemetry.reports import Decoded, GroupReport
 from asyncrl.telemetry.svg import HLine, Series
 
@@ -154,4 +154,4 @@ def signal_blocks(
         if z is not None
         else f"No cost ledger in this run; no_signal alerts: {alerts}."
     )
-    return [row, table(cols, rows), Note(note, cls="intro")]
+    return [row, Table(cols, rows), Note(note, cls="intro")]
