@@ -20,7 +20,6 @@ from asyncrl.telemetry.svg import Band, HLine, Series
 from asyncrl.telemetry.walltime import step_walls
 
 
-# ---- loading -----------------------------------------------------------------------------------
 class RunData:
     def __init__(self, run_dir: Path) -> None:
         if not (run_dir / "config.yaml").is_file():
@@ -56,7 +55,6 @@ class RunData:
         return [a for a, _ in pts], [v for _, v in pts]
 
 
-# ---- success and reward -----------------------------------------------------------------------
 def learning(d: RunData) -> Section:
     success = svg.line_chart(
         "success",
@@ -100,7 +98,6 @@ def _eval_points(d: RunData, key: str) -> tuple[list[float], list[float | None]]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-# ---- freshness next to the loss ---------------------------------------------------------------
 def freshness(d: RunData) -> Section:
     limit = d.cfg.staleness_policy().max_staleness  # rule 5: the mode fixes it
     fresh = svg.line_chart(
@@ -143,7 +140,6 @@ def freshness(d: RunData) -> Section:
     )
 
 
-# ---- queue ------------------------------------------------------------------------------------
 def queue(d: RunData) -> Section:
     cap = d.cfg.transport.capacity
     leased = d.series("queue/leased", x="time")
@@ -183,7 +179,6 @@ def queue(d: RunData) -> Section:
     )
 
 
-# ---- utilisation ------------------------------------------------------------------------------
 def utilisation(d: RunData) -> Section:
     per: dict[str, list[tuple[float, float]]] = {}
     prev: dict[tuple[str, int], tuple[float, float]] = {}
@@ -196,29 +191,17 @@ def utilisation(d: RunData) -> Section:
             continue
         ident = (role, int(r.get("pid") or 0))
         t, b = float(r["time"]), float(r[key])
-        if ident in prev and t - prev[ident][0] >= window:
-            pt, pb = prev[ident]
+        pt, pb = prev.setdefault(ident, (t, b))
+        if t - pt >= window:  # a rate over at least one window since the process's previous point
             per.setdefault(role, []).append((t - d.t0, max(0.0, min(1.0, (b - pb) / (t - pt)))))
-            prev[ident] = (t, b)
-        elif ident not in prev:
             prev[ident] = (t, b)
     series = [Series(role, [p[0] for p in pts], [p[1] for p in pts]) for role, pts in sorted(per.items())]
     chart = svg.line_chart("utilisation", series, "seconds since start", "busy fraction", share=True)
-    return Section(
-        "utilisation",
-        "Role utilisation",
-        [
-            Figure(
-                "chart-utilisation",
-                "Busy fraction per role (trainer: training steps; rollout: generation)",
-                chart,
-                "not enough rows for rates",
-            )
-        ],
-    )
+    title = "Busy fraction per role (trainer: training steps; rollout: generation)"
+    figure = Figure("chart-utilisation", title, chart, "not enough rows for rates")
+    return Section("utilisation", "Role utilisation", [figure])
 
 
-# ---- wall time per step ----------------------------------------------------------------------
 def step_wall(d: RunData) -> Section:
     """Where each step's wall time went (:func:`asyncrl.telemetry.walltime.step_walls`)."""
     walls = step_walls(d.rows)
