@@ -29,12 +29,7 @@ def _tokenizer(run_dir: Path) -> Any:
 
 def _latest(run_dir: Path, n: int) -> tuple[list[CreditSampleFile], list[tuple[int, CreditSample]]]:
     files = read_samples(run_dir)
-    picked: list[tuple[int, CreditSample]] = []
-    for f in reversed(files):
-        for s in f.samples:
-            if len(picked) < n:
-                picked.append((f.step, s))
-    return files, picked
+    return files, [(f.step, s) for f in reversed(files) for s in f.samples][:n]
 
 
 def _segment_texts(sample: CreditSample, tok: Any) -> tuple[str, list[tuple[str, str]]]:

@@ -110,19 +110,15 @@ def pct(v: object) -> str:
 
 
 def num(v: object) -> str:
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else str(v)
-    if isinstance(v, int):
-        return str(v)
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     return str(v)
 
 
 def text_of(v: object) -> str:
-    if v is None:
-        return ""
-    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return "" if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
 
 def git(rec: dict[str, Any]) -> str:
