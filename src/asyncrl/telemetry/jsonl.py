@@ -122,8 +122,6 @@ class MetricTail:
 
     def poll(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if not self.folder.is_dir():
-            return out
         for path in sorted(self.folder.glob("*.jsonl")):
             pos = self._offsets.get(path, 0)
             with path.open("rb") as f:
