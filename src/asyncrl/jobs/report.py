@@ -149,21 +149,14 @@ def evaluation(d: RunData) -> Section:
         (name, num(ver), num(step), *(f(e.get(k)) for k, f in EVAL_COLUMNS.values()))
         for name, ver, step, e in pts
     ]
-    body = (
-        Table(["evaluation", "version", "step", *EVAL_COLUMNS], rows)
-        if rows
-        else Note("no evaluations recorded")
-    )
-    curve = [
-        (float(v), float(e["success_rate"])) for _, v, _, e in pts if v is not None and "success_rate" in e
-    ]
-    heldout = Series(
-        "held-out success", [p[0] for p in curve], [p[1] for p in curve], color="#dc2626", points=True
-    )
+    cols = ["evaluation", "version", "step", *EVAL_COLUMNS]
+    body = Table(cols, rows) if rows else Note("no evaluations recorded")
+    done = [(float(v), e) for _, v, _, e in pts if v is not None and "success_rate" in e]
+    xs, ys = [v for v, _ in done], [float(e["success_rate"]) for _, e in done]
+    heldout = Series("held-out success", xs, ys, color="#dc2626", points=True)
     chart = svg.line_chart("heldout", [heldout], "weight version", "success rate", share=True)
-    figure = Figure(
-        "chart-heldout", "Held-out success over weight versions", chart, "no evaluations recorded"
-    )
+    title = "Held-out success over weight versions"
+    figure = Figure("chart-heldout", title, chart, "no evaluations recorded")
     return Section(
         "evaluation",
         "Held-out evaluation",
@@ -177,10 +170,9 @@ def alerts(d: RunData) -> Section:
     for a in d.alerts:
         t = when(a.get("time"), d.t0)
         kind = str(a.get("kind", "alert"))
+        tip = f"{kind} [{a.get('bucket', '')}] {a.get('evidence', '')} → {a.get('action', '')}"
         if t is not None:
-            events.append(
-                (t, kind, f"{kind} [{a.get('bucket', '')}] {a.get('evidence', '')} → {a.get('action', '')}")
-            )
+            events.append((t, kind, tip))
         cells = (text_of(a.get(k)) for k in ("bucket", "evidence", "action"))
         rows.append((num(t) if t is not None else str(a.get("time")), kind, *cells))
     for e in d.events:  # role restarts, weight fallbacks, ... belong on the same timeline
@@ -189,9 +181,8 @@ def alerts(d: RunData) -> Section:
             events.append((t, f"event: {e['event']}", f"{e['event']} ({e.get('role', '')})"))
     end = max((float(r["time"]) - d.t0 for r in d.rows), default=None)
     chart = svg.timeline("alerts", events, x_label="seconds since start", x_max=end)
-    body: list[Block] = [
-        Figure("chart-alerts", "Alerts and role events", chart, "no alerts or events recorded")
-    ]
+    figure = Figure("chart-alerts", "Alerts and role events", chart, "no alerts or events recorded")
+    body: list[Block] = [figure]
     if rows:
         body.append(Table(["t (s)", "kind", "bucket", "evidence", "action"], rows))
     elif not (d.dir / "alerts.jsonl").is_file():
