@@ -347,12 +347,12 @@ def test_sft_loss_chunked_equals_the_cross_entropy_reference() -> None:
 _RETENTION = """
 import sys, torch
 from asyncrl.policy.memory import set_mmap_threshold
-from asyncrl.telemetry.jsonl import memory_figures
+from asyncrl.telemetry.jsonl import memory
 if sys.argv[1] != "0":
     assert set_mmap_threshold(int(sys.argv[1]))
 big = torch.empty(8 << 20, dtype=torch.uint8).fill_(1)
 del big  # glibc now raises its mmap threshold to 8 MiB
-base = memory_figures()["mem/rss_mb"]
+base = memory().rss_mb
 held, pin = [], []
 for i in range(60):  # 240 MiB of 4 MiB tensors, every other one kept a little longer (fragments)
     held.append(torch.empty(4 << 20, dtype=torch.uint8).fill_(1))
@@ -360,7 +360,7 @@ for i in range(60):  # 240 MiB of 4 MiB tensors, every other one kept a little l
         held.pop(0)
     pin.append(torch.empty(1000, dtype=torch.uint8))  # small live objects between them
 held.clear()
-print(memory_figures()["mem/rss_mb"] - base)
+print(memory().rss_mb - base)
 """
 
 
@@ -388,11 +388,11 @@ def test_mmap_threshold_returns_freed_activations_to_the_os() -> None:
 
 _PEAK_OF_SPAWNED = """
 import multiprocessing as mp
-from asyncrl.telemetry.jsonl import memory_figures
+from asyncrl.telemetry.jsonl import memory
 
 
 def child(q):
-    q.put(memory_figures()["mem/peak_rss_mb"])
+    q.put(memory().peak_rss_mb)
 
 
 if __name__ == "__main__":
@@ -404,7 +404,7 @@ if __name__ == "__main__":
     q = ctx.Queue()
     p = ctx.Process(target=child, args=(q,))
     p.start()
-    print(memory_figures()["mem/peak_rss_mb"], q.get(timeout=60))
+    print(memory().peak_rss_mb, q.get(timeout=60))
     p.join()
 """
 

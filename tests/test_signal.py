@@ -17,6 +17,7 @@ import random
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 from asyncrl.config import EnvConfig, RunConfig, load_config
@@ -166,9 +167,9 @@ def test_signal_series_and_summary_count_the_group_events(tmp_path: Path) -> Non
             anomalies=[None] * 8,
         )
         mixed = _group("easy:1", [1.0, 0.0] * 4 if i < 8 else [1.0] * 8)
-        groups += [hard, GroupReport(**{**mixed.data(), "started": float(i)})]
+        groups += [hard, msgspec.structs.replace(mixed, started=float(i))]
     probe = _group("easy:1", [1.0, 0.0] * 4)
-    groups.append(GroupReport(**{**probe.data(), "heldout": True}))  # a held-out probe is not counted
+    groups.append(msgspec.structs.replace(probe, heldout=True))  # a held-out probe is not counted
     series = signal_series(groups, cfg.signal_window())
     assert list(series) == ["easy:1", "hard:9", "all"]
     assert [w.signal_share for w in series["easy:1"].windows] == [1.0, 0.0]

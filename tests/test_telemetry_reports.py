@@ -138,7 +138,7 @@ def test_rows_decode_by_role_and_event() -> None:
     group = GroupReport(
         bucket="calc:1", started=1.0, heldout=False, outcomes=["success"], rewards=[1.0], anomalies=[None]
     )
-    row = {"time": 2.0, "role": "rollout-0", "event": "rollout/group", **group.data()}
+    row = {"time": 2.0, "role": "rollout-0", "event": "rollout/group", **msgspec.to_builtins(group)}
     assert decode_row(json.loads(json.dumps(row))) == group
     other = decode_row({"time": 2.0, "role": "trainer", "event": "train/non_finite_step", "step": 3})
     assert isinstance(other, Event) and other.name == "train/non_finite_step" and other.data["step"] == 3

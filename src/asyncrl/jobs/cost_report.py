@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.cost.estimate import estimate, measured_assumptions
 from asyncrl.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 EARLY_FRACTION = 0.1
 
@@ -59,35 +63,40 @@ def _early_estimate(run_dir: Path, cfg: RunConfig, actual: dict[str, Any]) -> di
     }
 
 
-def render_report(report: dict[str, Any], run_dir: Path) -> None:
-    from rich.console import Console
+def _table(title: str, cols: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> Table:
+    """A rich table whose first column names each row and whose other columns (figures) align right."""
     from rich.table import Table
 
+    t = Table(title=title)
+    for i, col in enumerate(cols):
+        t.add_column(col, justify="right" if i else "left")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def render_report(report: dict[str, Any], run_dir: Path) -> None:
+    from rich.console import Console
+
     console = Console()
-    total = report["total_usd"]
-    t = Table(title=f"cost of {run_dir} — total ${total:.6f}")
-    for col in ("component", "USD", "share", "estimate (first 10%)"):
-        t.add_column(col, justify="right" if col != "component" else "left")
-    early = report["estimate_from_first_10pct"]
+    total, early = report["total_usd"], report["estimate_from_first_10pct"]
     est = early["components_usd"]
-    for k, v in report["components_usd"].items():
-        t.add_row(k, f"{v:.6f}", f"{report['components_share'][k]:.1%}", f"{est[k]:.6f}" if k in est else "-")
+    share = report["components_share"]
+    rows = [
+        (k, f"{v:.6f}", f"{share[k]:.1%}", f"{est[k]:.6f}" if k in est else "-")
+        for k, v in report["components_usd"].items()
+    ]
     if "startup_device" in est:
-        t.add_row("(start-up, in devices)", "", "", f"{est['startup_device']:.6f}")
+        rows.append(("(start-up, in devices)", "", "", f"{est['startup_device']:.6f}"))
+    cols = ("component", "USD", "share", "estimate (first 10%)")
+    t = _table(f"cost of {run_dir} — total ${total:.6f}", cols, rows)
     est_total = early["total_usd"]
     t.add_row("total", f"{total:.6f}", "100%", "-" if est_total is None else f"{est_total:.6f}", style="bold")
     console.print(t)
-    w = Table(title=f"waste — {report['waste_total_share']:.1%} of the total")
-    for col in ("cause", "USD", "share of total"):
-        w.add_column(col, justify="right" if col != "cause" else "left")
-    for k, v in report["waste_usd"].items():
-        w.add_row(k, f"{v:.6f}", f"{report['waste_share'][k]:.1%}")
-    console.print(w)
-    e = Table(title="efficiency")
-    e.add_column("figure")
-    e.add_column("value", justify="right")
-    for k, v in report["efficiency"].items():
-        e.add_row(k, f"{v:.6g}")
+    waste = [(k, f"{v:.6f}", f"{report['waste_share'][k]:.1%}") for k, v in report["waste_usd"].items()]
+    title = f"waste — {report['waste_total_share']:.1%} of the total"
+    console.print(_table(title, ("cause", "USD", "share of total"), waste))
+    e = _table("efficiency", ("figure", "value"), [(k, f"{v:.6g}") for k, v in report["efficiency"].items()])
     rec = report.get("reconciliation", {})
     if rec:
         e.add_row("device-seconds / (wall × devices)", f"{rec['ratio']:.3f}")
@@ -101,21 +110,10 @@ def render_report(report: dict[str, Any], run_dir: Path) -> None:
 
 def render_estimate(components: dict[str, float], assumptions: dict[str, float], device: str) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    a = Table(title="assumptions")
-    a.add_column("assumption")
-    a.add_column("value", justify="right")
-    for k, v in assumptions.items():
-        a.add_row(k, f"{v:,.6g}")
-    a.add_row("device", device)
-    console.print(a)
+    rows = [(k, f"{v:,.6g}") for k, v in assumptions.items()] + [("device", device)]
+    console.print(_table("assumptions", ("assumption", "value"), rows))
     total = sum(components.values())
-    t = Table(title=f"estimated cost — total ${total:,.4f}")
-    t.add_column("component")
-    t.add_column("USD", justify="right")
-    t.add_column("share", justify="right")
-    for k, v in components.items():
-        t.add_row(k, f"{v:,.6f}", f"{(v / total if total else 0):.1%}")
-    console.print(t)
+    shares = [(k, f"{v:,.6f}", f"{(v / total if total else 0):.1%}") for k, v in components.items()]
+    console.print(_table(f"estimated cost — total ${total:,.4f}", ("component", "USD", "share"), shares))

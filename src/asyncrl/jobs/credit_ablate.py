@@ -31,6 +31,7 @@ groups (e.g. outcome credit on tree groups) it is an independent one.
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,29 +99,16 @@ def sibling_rows(samples: list[CreditSample]) -> tuple[list[dict[str, Any]], int
             kids.setdefault(par, []).append(node)
         for m, path in zip(members, paths, strict=True):
             own = [not t.shared for t in m.trajectory.turns if t.role == "model"]
-            for j, (node, seg, mine) in enumerate(zip(path, m.segments, own, strict=False)):
+            for j, (node, mine) in enumerate(zip(path, own, strict=False)):
                 if not mine:
                     continue
                 sibs = [c for c in kids[index.parent[node]] if c != node and leaves[c] > 0]
                 if not sibs or leaves[node] == 0:
                     lonely += 1
                     continue
-                p_sib = sum(wins[c] for c in sibs) / sum(leaves[c] for c in sibs)
-                p_node = wins[node] / leaves[node]
-                rows.append(
-                    {
-                        "trajectory": m.trajectory.id,
-                        "segment": j,
-                        "p_before": p_sib,
-                        "p_after": p_node,
-                        "contribution": p_node - p_sib,
-                        "credit": seg.credit,
-                        "v_before": seg.v_before,
-                        "outcome": m.trajectory.outcome,
-                        "leaves": leaves[node],
-                        "sibling_leaves": sum(leaves[c] for c in sibs),
-                    }
-                )
+                n_sib = sum(leaves[c] for c in sibs)
+                p_sib, p_node = sum(wins[c] for c in sibs) / n_sib, wins[node] / leaves[node]
+                rows.append(_row(m, j, p_sib, p_node, leaves=leaves[node], sibling_leaves=n_sib))
     return rows, lonely
 
 
@@ -186,17 +174,20 @@ def ablate(
         policy, which = load_policy(run, checkpoint)
         rows, episodes = _replay_rows(cfg, policy, samples, k, cfg.seed if seed is None else seed)
         report.update(policy=which, counterfactual="replay", k=k, episodes=episodes)
-    contrib = torch.tensor([r["contribution"] for r in rows])
-    credit = torch.tensor([r["credit"] for r in rows])
-    rho = spearman(contrib, credit) if rows else float("nan")
-    report.update(segments=len(rows), spearman=None if rho != rho else rho, rows=rows)
+    rho = _rho([r["contribution"] for r in rows], [r["credit"] for r in rows])
+    report.update(segments=len(rows), spearman=rho, rows=rows)
     with_v = [r for r in rows if r["v_before"] is not None]
     if len(with_v) >= 2 and not siblings:
-        v_rho = spearman(
-            torch.tensor([r["v_before"] for r in with_v]), torch.tensor([r["p_before"] for r in with_v])
+        report["value_vs_mc_spearman"] = _rho(
+            [r["v_before"] for r in with_v], [r["p_before"] for r in with_v]
         )
-        report["value_vs_mc_spearman"] = None if v_rho != v_rho else v_rho
     return report
+
+
+def _rho(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation of ``a`` and ``b``; ``None`` where it is undefined (a constant column)."""
+    rho = spearman(torch.tensor(a), torch.tensor(b)) if a else float("nan")
+    return None if math.isnan(rho) else rho
 
 
 def _replay_rows(
@@ -221,20 +212,24 @@ def _replay_rows(
         n = len(s.segments)
         p = [sum(wins[(i, j)]) / len(wins[(i, j)]) for j in range(n)]
         p.append(1.0 if s.trajectory.outcome == "success" else 0.0)
-        for j, seg in enumerate(s.segments):
-            rows.append(
-                {
-                    "trajectory": s.trajectory.id,
-                    "segment": j,
-                    "p_before": p[j],
-                    "p_after": p[j + 1],
-                    "contribution": p[j + 1] - p[j],
-                    "credit": seg.credit,
-                    "v_before": seg.v_before,
-                    "outcome": s.trajectory.outcome,
-                }
-            )
+        rows += [_row(s, j, p[j], p[j + 1]) for j in range(n)]
     return rows, len(trajs)
+
+
+def _row(s: CreditSample, j: int, p_before: float, p_after: float, **extra: float) -> dict[str, Any]:
+    """One judged segment (``j`` of ``s``): success before and after it, its contribution and its credit."""
+    seg = s.segments[j]
+    return {
+        "trajectory": s.trajectory.id,
+        "segment": j,
+        "p_before": p_before,
+        "p_after": p_after,
+        "contribution": p_after - p_before,
+        "credit": seg.credit,
+        "v_before": seg.v_before,
+        "outcome": s.trajectory.outcome,
+        **extra,
+    }
 
 
 def render_ablation(report: dict[str, Any]) -> None:

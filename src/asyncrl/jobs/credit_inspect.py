@@ -29,12 +29,7 @@ def _tokenizer(run_dir: Path) -> Any:
 
 def _latest(run_dir: Path, n: int) -> tuple[list[CreditSampleFile], list[tuple[int, CreditSample]]]:
     files = read_samples(run_dir)
-    picked: list[tuple[int, CreditSample]] = []
-    for f in reversed(files):
-        for s in f.samples:
-            if len(picked) < n:
-                picked.append((f.step, s))
-    return files, picked
+    return files, [(f.step, s) for f in reversed(files) for s in f.samples][:n]
 
 
 def _segment_texts(sample: CreditSample, tok: Any) -> tuple[str, list[tuple[str, str]]]:
@@ -57,6 +52,14 @@ def _segment_texts(sample: CreditSample, tok: Any) -> tuple[str, list[tuple[str,
             )
         )
     return prompt, out
+
+
+def _heading(step: int, s: CreditSample) -> str:
+    t = s.trajectory
+    return (
+        f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
+        f"outcome advantage {s.outcome_advantage:+.2f}"
+    )
 
 
 def _fmt(v: float | None) -> str:
@@ -117,47 +120,42 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
             groups.setdefault(group_key(smp.trajectory), []).append(smp)
         for members in groups.values():
             console.print(group_tree(members, tok))
-    for step, s in picked:
-        t = s.trajectory
-        prompt, texts = _segment_texts(s, tok)
-        table = Table(
-            title=f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
-            f"outcome advantage {s.outcome_advantage:+.2f}",
-            caption=escape(prompt[:200]),
-            show_lines=True,
-        )
+    for view in _views(picked, tok):
+        table = Table(title=view.heading, caption=escape(view.prompt[:200]), show_lines=True)
         for col in ("#", "model turn → observation", "process", "V before", "V after", "credit"):
             table.add_column(col, justify="left" if col.startswith("model") else "right", overflow="fold")
-        scale = max((abs(g.credit) for g in s.segments), default=1.0) or 1.0
-        for k, (seg, (act, obs)) in enumerate(zip(s.segments, texts, strict=True)):
-            colour = "green" if seg.credit > 0 else "red" if seg.credit < 0 else "white"
-            bold = " bold" if abs(seg.credit) >= 0.5 * scale else ""
+        for k, g in enumerate(view.segments):
+            colour = "green" if g.credit > 0 else "red" if g.credit < 0 else "white"
+            bold = " bold" if g.strength >= 0.5 else ""
+            act = escape(g.act) + (f" [dim]→ {escape(g.obs)}[/]" if g.obs else "")
             table.add_row(
-                str(k + 1),
-                escape(act) + (f" [dim]→ {escape(obs)}[/]" if obs else ""),
-                f"{seg.process_reward:+.2f}",
-                _fmt(seg.v_before),
-                _fmt(seg.v_after),
-                f"[{colour}{bold}]{seg.credit:+.3f}[/]",
+                str(k + 1), act, g.process, g.v_before, g.v_after, f"[{colour}{bold}]{g.credit_text}[/]"
             )
         console.print(table)
 
 
-def _cell_colour(credit: float, scale: float) -> str:
-    a = min(1.0, abs(credit) / scale) * 0.6 if scale > 0 else 0.0
-    rgb = "46,160,67" if credit > 0 else "215,58,73"
-    return f"background:rgba({rgb},{a:.2f})"
-
-
 @dataclass
 class _SegmentRow:
+    """One segment as both views show it: its texts, its figures formatted, and its credit."""
+
     act: str
     obs: str
     process: str
     v_before: str
     v_after: str
-    credit: str
-    style: str
+    credit: float
+    strength: float
+    """``|credit|`` relative to the largest of its trajectory (what the colours scale with)."""
+
+    @property
+    def credit_text(self) -> str:
+        return f"{self.credit:+.3f}"
+
+    @property
+    def style(self) -> str:
+        """The HTML cell's background: green (positive) or red (negative), as strong as the credit."""
+        rgb = "46,160,67" if self.credit > 0 else "215,58,73"
+        return f"background:rgba({rgb},{min(1.0, self.strength) * 0.6:.2f})"
 
 
 @dataclass
@@ -167,6 +165,27 @@ class _SampleView:
     segments: list[_SegmentRow]
 
 
+def _views(picked: list[tuple[int, CreditSample]], tok: Any) -> list[_SampleView]:
+    views = []
+    for step, s in picked:
+        prompt, texts = _segment_texts(s, tok)
+        scale = max((abs(g.credit) for g in s.segments), default=1.0) or 1.0
+        rows = [
+            _SegmentRow(
+                act,
+                obs,
+                f"{seg.process_reward:+.2f}",
+                _fmt(seg.v_before),
+                _fmt(seg.v_after),
+                seg.credit,
+                abs(seg.credit) / scale,
+            )
+            for seg, (act, obs) in zip(s.segments, texts, strict=True)
+        ]
+        views.append(_SampleView(_heading(step, s), prompt, rows))
+    return views
+
+
 def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     """A self-contained HTML fragment (inline CSS, no scripts) showing ``n`` credit samples of the run.
 
@@ -174,33 +193,9 @@ def credit_fragment(run_dir: str | Path, n: int = 5) -> str:
     (``credit.sample_every: 0``) gets a one-line fragment saying so; unreadable sample files raise
     :class:`asyncrl.errors.UserError`.
     """
-
     run = Path(run_dir)
     template = templates("asyncrl.jobs").get_template("credit_fragment.html.j2")
     if not any((run / SAMPLES_DIR).glob("samples-*.msgpack")):
         return template.render(samples=None)
     files, picked = _latest(run, n)
-    tok = _tokenizer(run)
-    views = []
-    for step, s in picked:
-        t = s.trajectory
-        prompt, texts = _segment_texts(s, tok)
-        scale = max((abs(g.credit) for g in s.segments), default=1.0)
-        rows = [
-            _SegmentRow(
-                act=act,
-                obs=obs,
-                process=f"{seg.process_reward:+.2f}",
-                v_before=_fmt(seg.v_before),
-                v_after=_fmt(seg.v_after),
-                credit=f"{seg.credit:+.3f}",
-                style=_cell_colour(seg.credit, scale),
-            )
-            for seg, (act, obs) in zip(s.segments, texts, strict=True)
-        ]
-        heading = (
-            f"step {step} · task {t.task.id} · {t.outcome} · reward {t.final_reward:.2f} · "
-            f"outcome advantage {s.outcome_advantage:+.2f}"
-        )
-        views.append(_SampleView(heading, prompt, rows))
-    return template.render(strategy=files[-1].strategy, samples=views)
+    return template.render(strategy=files[-1].strategy, samples=_views(picked, _tokenizer(run)))

@@ -24,7 +24,6 @@ COMPARED = ("loss/policy", "train/grad_norm", "staleness/mean", "reward/mean")
 
 def recorded_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
     """The trainer's own metric rows by step (the last row written for each step)."""
-
     rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
     return {r["step"]: r for r in rows if "event" not in r and isinstance(r.get("step"), int)}
 
@@ -44,13 +43,12 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
         )
     cfg = load_config(run_dir / "config.yaml")
     torch.manual_seed(cfg.seed)  # as the trainer did, so minibatch shuffles repeat
-    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-    ref = (
-        Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
-        if cfg.algo.kl_coef > 0
-        else None
-    )
-    learner = Learner(cfg, policy, ref)
+
+    def initial() -> Policy:
+        return Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+
+    policy = initial()
+    learner = Learner(cfg, policy, initial() if cfg.algo.kl_coef > 0 else None)
     recorded = recorded_steps(run_dir)
     out_dir = run_dir / "replay"
     out_dir.mkdir(exist_ok=True)
@@ -59,10 +57,9 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
     diffs: dict[str, float] = dict.fromkeys(COMPARED, 0.0)
     compared = 0
     t0 = time.time()
-    done = 0
-    for b in batches[: steps if steps is not None else len(batches)]:
+    todo = batches[:steps] if steps is not None else batches
+    for b in todo:
         metrics = learner.step(b.groups, b.version)
-        done += 1
         writer.write(metrics, step=b.step + 1)
         rec = recorded.get(b.step + 1)
         if rec is not None:
@@ -76,7 +73,7 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
     return {
         "run_dir": str(run_dir),
         "archived_steps": len(batches),
-        "replayed_steps": done,
+        "replayed_steps": len(todo),
         "seconds": time.time() - t0,
         "steps_compared": compared,
         "max_abs_diff": diffs,

@@ -6,25 +6,16 @@ Reads what a run left in its directory (``run.json``, written by :mod:`asyncrl.t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from asyncrl.errors import UserError
-from asyncrl.telemetry.jsonl import read_jsonl
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
+from asyncrl.telemetry.jsonl import read_json, read_jsonl
 
 
 def run_info(run_dir: Path) -> dict[str, Any]:
     """What ``runs list`` / ``runs compare`` show of one run directory."""
-    rec, summary = _load(run_dir / "run.json"), _load(run_dir / "summary.json")
+    rec, summary = read_json(run_dir / "run.json"), read_json(run_dir / "summary.json")
     evals = read_jsonl(run_dir / "evals.jsonl")
     status = rec.get("status") or ("finished" if summary else "incomplete")
     return {
@@ -89,7 +80,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
     ca = _flatten(yaml.safe_load((a / "config.yaml").read_text()) or {})
     cb = _flatten(yaml.safe_load((b / "config.yaml").read_text()) or {})
     diff = [(k, ca.get(k), cb.get(k)) for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
-    ra, rb = _load(a / "run.json"), _load(b / "run.json")
+    ra, rb = read_json(a / "run.json"), read_json(b / "run.json")
     record = [
         (k, ra.get(k), rb.get(k)) for k in ("config_hash", "asyncrl_version", "git") if ra.get(k) != rb.get(k)
     ]
@@ -109,21 +100,10 @@ def render_list(runs: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     t = Table(title=f"{len(runs)} runs")
-    for col in (
-        "run",
-        "created (UTC)",
-        "status",
-        "mode",
-        "steps",
-        "success before → after",
-        "best eval",
-        "wall s",
-        "cost $",
-        "commit",
-    ):
-        t.add_column(
-            col, justify="left" if col in ("run", "status", "mode", "commit", "created (UTC)") else "right"
-        )
+    left = ("run", "created (UTC)", "status", "mode")
+    for col in (*left, "steps", "success before → after", "best eval", "wall s", "cost $"):
+        t.add_column(col, justify="left" if col in left else "right")
+    t.add_column("commit")
     for r in runs:
         s = r["summary"]
         t.add_row(

@@ -19,7 +19,6 @@ from has groups with a reward difference; the command exits 1 when none has.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -195,7 +194,7 @@ def tasks_by_bucket(cfg: RunConfig, per_bucket: int) -> dict[str, list[Task]]:
 def check_signal(cfg: RunConfig, *, tasks: int, progress: bool = False, name: str = "") -> SignalReport:
     """The report of the module docstring for ``cfg`` (``tasks`` held-out tasks per bucket)."""
     from asyncrl.bootstrap import pinned_threads, torch_threads
-    from asyncrl.jobs.warm_start import warm_start
+    from asyncrl.jobs.warm_start import progress_bar, warm_start
     from asyncrl.policy import Policy
 
     c = cfg.orchestrator.signal
@@ -203,7 +202,7 @@ def check_signal(cfg: RunConfig, *, tasks: int, progress: bool = False, name: st
     buckets = tasks_by_bucket(cfg, tasks)
     steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
     with pinned_threads(torch_threads(cfg, "warm_start")):  # nothing else computes: every core
-        with _bar(progress) as bar:
+        with progress_bar(progress) as bar:
             base = Policy.from_config(cfg.model).to(cfg.model.device)
             report.policies.append(measure(cfg, base, "base", buckets, bar))
             del base
@@ -212,16 +211,7 @@ def check_signal(cfg: RunConfig, *, tasks: int, progress: bool = False, name: st
             return report
         ws = warm_start(cfg, progress=progress, eval_limit=len(buckets) * tasks)  # its own bar
         report.warm_start = f"{ws.path.name} ({'cached' if ws.cached else f'trained in {ws.seconds:.0f}s'})"
-        with _bar(progress) as bar:
+        with progress_bar(progress) as bar:
             warm = Policy.load(ws.path, cfg=cfg.model).to(cfg.model.device)
             report.policies.append(measure(cfg, warm, "warm start", buckets, bar))
     return report
-
-
-def _bar(enabled: bool) -> Progress | contextlib.nullcontext[None]:
-    """A rich progress bar (one step per bucket), or nothing."""
-    if not enabled:
-        return contextlib.nullcontext()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

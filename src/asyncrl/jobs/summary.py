@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,18 +17,18 @@ from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
 from asyncrl.telemetry.report_envs import EnvTally, per_env
-from asyncrl.telemetry.reports import QueueStats, Report, TrainerReport, WorkerReport
+from asyncrl.telemetry.reports import Decoded, QueueStats, Report, TrainerReport, WorkerReport
 from asyncrl.telemetry.signal import signal_summary
 
 if TYPE_CHECKING:
     from asyncrl.transport import TrajectoryQueue
 
 
-def _peak_memory(run_dir: Path) -> dict[str, float]:
+def _peak_memory(reports: list[Decoded]) -> dict[str, float]:
     """Peak resident memory (MB) per role, from the ``mem/peak_rss_mb`` of its metric rows (the
     highest over restarts), and of this launcher process (warm start and evaluations)."""
     peaks: dict[str, float] = {}
-    for r in read_reports(run_dir):
+    for r in reports:
         if isinstance(r, Report) and r.mem is not None:
             peaks[r.role] = max(peaks.get(r.role, 0.0), r.mem.peak_rss_mb)
     peaks["launcher"] = memory().peak_rss_mb
@@ -63,14 +64,13 @@ def _canary(orch: Orchestrator) -> dict[str, int]:
     }
 
 
-def _cost(cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float) -> dict[str, Any]:
+def _cost(
+    cfg: RunConfig, run_dir: Path, orch: Orchestrator, gain: float, reports: list[Decoded]
+) -> dict[str, Any]:
     """The run's cost ledger from every role's reports (``cost.json``), reconciled with the wall time."""
     lifetimes = {k: (end or time.time()) - start for k, (start, end) in orch.lifetimes.items()}
     usage = collect_usage(
-        read_reports(run_dir),
-        wall_seconds=orch.rl_seconds,
-        stored_bytes=stored_bytes(run_dir),
-        lifetimes=lifetimes,
+        reports, wall_seconds=orch.rl_seconds, stored_bytes=stored_bytes(run_dir), lifetimes=lifetimes
     )
     cost = price(usage, cfg.cost, success_gain_points=gain).to_dict()
     cost["reconciliation"] = {
@@ -90,18 +90,6 @@ def _lending(orch: Orchestrator) -> dict[str, float | dict[str, float]]:
         reports[TRAINER] = orch.live.trainer
     by_role = {name: round(r.cores.borrowed_thread_seconds, 1) for name, r in reports.items() if r.cores}
     return {"threads_lent_seconds": round(sum(by_role.values()), 1), "threads_borrowed_by": by_role}
-
-
-def _per_env(
-    cfg: RunConfig, run_dir: Path, orch: Orchestrator, prior: dict[str, Any], final: dict[str, Any], cost: Any
-) -> dict[str, Any]:
-    """``env.kind: mix``: one row per environment (its own held-out split, training groups, faults,
-    tokens, cost share and curriculum share); ``{}`` otherwise."""
-    if not cfg.env.mix:
-        return {}
-    weights = {m.name: m.weight for m in cfg.env.mix}
-    tally = EnvTally.of(read_reports(run_dir))
-    return per_env(weights, tally, prior, final, cost.get("total_usd"), orch.rules.env_shares())
 
 
 def sample_accounting(
@@ -134,15 +122,16 @@ def summarize(
     fates = state.fate_counts()
     ages = state.trained_ages()
     tallies = state.tallies()
-    hist: dict[str, int] = {}
-    for a in ages:
-        hist[str(a)] = hist.get(str(a), 0) + 1
     consumed = sum(fates.values())
     qs = queue.stats()
     accepted, leftover, lost = sample_accounting(qs, queue.unacked_members(), state.ids_with_fate(), consumed)
     queue.close()
     gain = (final["success_rate"] - prior["success_rate"]) * 100
-    cost = _cost(cfg, run_dir, orch, gain) if cfg.cost.enabled else {}
+    reports = read_reports(run_dir)  # every role's metric rows, read once
+    cost = _cost(cfg, run_dir, orch, gain, reports) if cfg.cost.enabled else {}
+    if cfg.env.mix:  # one row per environment: its own held-out split, groups, faults, tokens, cost share
+        weights, tally = {m.name: m.weight for m in cfg.env.mix}, EnvTally.of(reports)
+        envs = per_env(weights, tally, prior, final, cost.get("total_usd"), orch.rules.env_shares())
     return {
         "mode": cfg.control.mode,
         "initial_success": prior["success_rate"],
@@ -159,7 +148,7 @@ def summarize(
         "duplicates_recorded": tallies.duplicates,
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": max(ages) if ages else 0,
-        "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "staleness_hist": {str(a): n for a, n in sorted(Counter(ages).items())},
         "trainer_busy_fraction": last.trainer.busy_fraction if last else 0.0,
         "wall_seconds": wall,
         "rl_seconds": orch.rl_seconds,
@@ -179,9 +168,9 @@ def summarize(
         **_token_exactness(orch),
         "weights_canary": _canary(orch),
         **_lending(orch),
-        "peak_rss_mb": _peak_memory(run_dir),
+        "peak_rss_mb": _peak_memory(reports),
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
-        **({"per_env": envs} if (envs := _per_env(cfg, run_dir, orch, prior, final, cost)) else {}),
-        "signal": signal_summary(read_reports(run_dir), cfg),
+        **({"per_env": envs} if cfg.env.mix else {}),
+        "signal": signal_summary(reports, cfg),
         "notes": [faults["note"]] if faults["note"] else [],
     }

@@ -37,6 +37,7 @@ from asyncrl.telemetry.experiment import finish_run_record, update_run_record, w
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
+    from asyncrl.policy.model import Policy
     from asyncrl.policy.preflight import ModelPlan
 
 log = logging.getLogger("asyncrl.orchestrator")
@@ -104,7 +105,9 @@ def _train(
         raise
     except Exception as exc:
         if where is not None and Path(where, "run.json").is_file():
-            _record_failure(Path(where), phase, exc)
+            update_run_record(
+                Path(where), status="failed", error=f"{type(exc).__name__}: {exc}", failed_phase=phase
+            )
         raise
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     finish_run_record(run_dir, summary)
@@ -146,10 +149,6 @@ def _record_stop(run_dir: Path, stop: Stopped) -> None:
     log.warning("stopped by %s during %s at step %s", info["signal"], stop.phase, step)
 
 
-def _record_failure(run_dir: Path, phase: str, exc: BaseException) -> None:
-    update_run_record(run_dir, status="failed", error=f"{type(exc).__name__}: {exc}", failed_phase=phase)
-
-
 def _resumed(run_dir: Path, display: bool, eval_limit: int | None) -> tuple[RunConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config, and its initial evaluation (a run stopped while it was being
     prepared is prepared again, in its own directory)."""
@@ -174,7 +173,7 @@ def _fresh(
     A stop signal meanwhile leaves the directory (``config.yaml``, ``run.json`` stopped) for ``--resume``,
     which prepares it again here (the warm start restarts, or comes from its cache if it had finished);
     any other failure of a new directory removes it."""
-    plan = _preflight(cfg)
+    _preflight(cfg)
     existing = run_dir is not None and Path(run_dir, "run.json").is_file()  # a stopped preparation
     fresh = run_dir is None or not Path(run_dir).exists()
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
@@ -191,7 +190,6 @@ def _fresh(
         if fresh:  # nothing ran yet: leave no half-made run directory behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    del plan
     return run_dir, prior
 
 
@@ -215,24 +213,19 @@ def _preflight(cfg: RunConfig) -> ModelPlan | None:
 def _prepare(cfg: RunConfig, run_dir: Path, display: bool, eval_limit: int | None) -> dict[str, Any]:
     """Warm start, ``initial_policy``, version 0 published, the initial evaluation (``initial_eval.json``)."""
     from asyncrl.jobs.warm_start import warm_start
-    from asyncrl.policy import Policy
     from asyncrl.weights import make_weight_store, publish_policy
 
     set_mmap_threshold(cfg.launcher.malloc_mmap_threshold_kb)  # this process trains the warm start
     ws = warm_start(cfg, progress=display or cfg.telemetry.progress_every_s, eval_limit=eval_limit)
     shutil.rmtree(run_dir / "initial_policy", ignore_errors=True)  # a stopped preparation's copy
     shutil.copytree(ws.path, run_dir / "initial_policy")
-    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+    policy = _initial_policy(cfg, run_dir)
     store = make_weight_store(cfg.weights, run_dir)
     if store.latest_version() is None:  # a stopped preparation may have published it already
         publish_policy(store, 0, policy, step=0, canary=cfg.weights.canary)
     # a warm start trained just now was evaluated with this very call (same limit, same
     # seed) on the weights it saved: reuse it rather than play the held-out set twice
-    if ws.cached:
-        with pinned_threads(torch_threads(cfg, "evaluation")):  # no role runs yet: every core
-            prior = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
-    else:
-        prior = ws.report
+    prior = _evaluate_alone(cfg, policy, eval_limit) if ws.cached else ws.report
     (run_dir / "initial_eval.json").write_text(json.dumps(prior, indent=2))
     del policy, ws
     release_memory()  # the warm start's peak is not this supervisor's to keep for the run
@@ -241,18 +234,29 @@ def _prepare(cfg: RunConfig, run_dir: Path, display: bool, eval_limit: int | Non
 
 def _final_eval(cfg: RunConfig, run_dir: Path, eval_limit: int | None) -> dict[str, Any]:
     """Held-out evaluation of the newest valid weights, written to ``final_eval.json``."""
-    from asyncrl.policy import Policy
     from asyncrl.weights import make_weight_store
 
-    store = make_weight_store(cfg.weights, run_dir)
-    loaded = store.load_latest()
-    policy = Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+    loaded = make_weight_store(cfg.weights, run_dir).load_latest()
+    policy = _initial_policy(cfg, run_dir)
     if loaded is not None:
         policy.load_tensors(loaded.tensors)
-    with pinned_threads(torch_threads(cfg, "evaluation")):  # the roles have stopped: every core
-        final = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
+    final = _evaluate_alone(cfg, policy, eval_limit)
     (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
     return final
+
+
+def _initial_policy(cfg: RunConfig, run_dir: Path) -> Policy:
+    """The run's ``initial_policy`` (the warm start's copy), on the model's device."""
+    from asyncrl.policy import Policy
+
+    return Policy.load(run_dir / "initial_policy", cfg=cfg.model).to(cfg.model.device)
+
+
+def _evaluate_alone(cfg: RunConfig, policy: Policy, eval_limit: int | None) -> dict[str, Any]:
+    """The held-out evaluation of ``policy`` while no role runs (before the roles start, or after they
+    stopped): on every core."""
+    with pinned_threads(torch_threads(cfg, "evaluation")):
+        return evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
 
 
 def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:

@@ -53,6 +53,10 @@ TEMPLATE_VERSION = 3
 """Bump when the token template changes: it invalidates cached warm starts."""
 
 
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json", "tokenizer.json", "generation_config.json")
+"""The model directory's files that decide how demonstrations are tokenised (part of the cache key)."""
+
+
 @dataclass
 class WarmStartResult:
     path: Path
@@ -76,7 +80,7 @@ def env_code_version(cfg: RunConfig) -> str:
             sources.append(inspect.getsource(sys.modules[cls.__module__]))
         except (OSError, TypeError, KeyError):  # no source available (e.g. a compiled module)
             sources.append(f"{cls.__module__}.{cls.__qualname__}")
-    return _digest("\0".join(sources).encode() if len(sources) > 1 else sources[0].encode())
+    return _digest("\0".join(sources).encode())
 
 
 def chat_template_version(cfg: RunConfig) -> str:
@@ -84,17 +88,7 @@ def chat_template_version(cfg: RunConfig) -> str:
     if cfg.model.path is None:
         return "built"
     p = Path(cfg.model.path)
-    parts = [
-        (p / name).read_bytes()
-        for name in (
-            "chat_template.jinja",
-            "tokenizer_config.json",
-            "tokenizer.json",
-            "generation_config.json",
-        )
-        if (p / name).is_file()
-    ]
-    return _digest(b"\0".join(parts))
+    return _digest(b"\0".join((p / name).read_bytes() for name in TEMPLATE_FILES if (p / name).is_file()))
 
 
 def warm_start_key(cfg: RunConfig) -> str:
@@ -140,7 +134,6 @@ async def _play(
 def build_demonstrations(
     cfg: RunConfig, renderer: Renderer, max_context: int
 ) -> list[tuple[list[int], list[int]]]:
-
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
     source = make_task_source(cfg.env)
@@ -183,16 +176,10 @@ def sft_loss(
     from asyncrl.policy.packing import shared_microbatches
     from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape, token_logprobs
 
-    T = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), T), dtype=torch.float32)
-    attn = torch.zeros((len(batch), T), dtype=torch.long)
-    for i, (x, xm) in enumerate(batch):
-        ids[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(xm)] = torch.tensor(xm, dtype=torch.float32)
-        attn[i, : len(x)] = 1
-    dev = next(model.parameters()).device
-    ids, mask, attn = ids.to(dev), mask.to(dev), attn.to(dev)
+    pad, dev = torch.nn.utils.rnn.pad_sequence, next(model.parameters()).device
+    ids = pad([torch.tensor(x) for x, _ in batch], batch_first=True, padding_value=pad_id).to(dev)
+    mask = pad([torch.tensor(m, dtype=torch.float32) for _, m in batch], batch_first=True).to(dev)
+    attn = pad([torch.ones(len(x), dtype=torch.long) for x, _ in batch], batch_first=True).to(dev)
     share = (
         share_prefixes
         and can_chunk_logits(model)
@@ -225,8 +212,7 @@ def train_sft(
         return sft.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     losses: list[float] = []
-    ctx = _progress(progress, sft.steps)
-    with ctx as bar:
+    with progress_bar(progress) as bar:
         task_id = bar.add_task("warm start (SFT)", total=sft.steps) if bar else None
         for step in range(sft.steps):
             for group in opt.param_groups:
@@ -241,20 +227,17 @@ def train_sft(
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             losses.append(float(loss.detach()))
-            if bar is not None and task_id is not None:
+            if bar:
                 bar.update(task_id, advance=1, description=f"warm start (SFT) loss {loss.item():.3f}")
     model.train(False)  # eval mode (PreTrainedModel.eval is untyped)
     return losses
 
 
-class _PlainProgress:
+class _PlainProgress(contextlib.AbstractContextManager["_PlainProgress"]):
     """``--no-display``: one plain line every ``every_s`` seconds (and at the end), for logs and CI."""
 
     def __init__(self, every_s: float) -> None:
         self.every_s, self.last, self.done, self.total = every_s, time.monotonic(), 0, 0
-
-    def __enter__(self) -> _PlainProgress:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         print(f"warm start (SFT): step {self.done}/{self.total} done", flush=True)
@@ -270,7 +253,7 @@ class _PlainProgress:
             print(f"{description}: step {self.done}/{self.total}", flush=True)
 
 
-def _progress(enabled: bool | float, total: int) -> Any:
+def progress_bar(enabled: bool | float) -> Any:
     """``True``: a rich progress bar; a number: plain lines every that many seconds; ``False``: none."""
     if enabled is not True and enabled:
         return _PlainProgress(float(enabled))

@@ -9,7 +9,8 @@ metrics of the training groups counted so far (:class:`~asyncrl.telemetry.report
 
 from __future__ import annotations
 
-from asyncrl.telemetry.report_envs import EnvCounts, EnvTally
+from asyncrl.telemetry.report_envs import EnvTally
+from asyncrl.telemetry.signal import GroupCounts
 
 
 def curriculum_shares(weights: dict[str, float], prior: dict[str, float]) -> dict[str, float]:
@@ -31,7 +32,7 @@ def env_metrics(tally: EnvTally, shares: dict[str, float]) -> dict[str, float]:
     since the orchestrator started, and the curriculum share."""
     out: dict[str, float] = {}
     for name in sorted(set(tally.envs) | set(shares)):
-        c = tally.envs.get(name, EnvCounts())
+        c = tally.envs.get(name, GroupCounts())
         n = max(c.episodes, 1)
         out |= {
             f"env/{name}/episodes": float(c.episodes),

@@ -33,18 +33,15 @@ def config_hash(cfg: RunConfig) -> str:
 
 def git_commit(where: Path) -> dict[str, Any] | None:
     """The commit (and whether the tree has local changes) of the git checkout holding ``where``."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10)
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(
-            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
@@ -58,7 +55,6 @@ def _version(dist: str) -> str | None:
 
 
 def environment_info(cfg: RunConfig) -> dict[str, Any]:
-
     info: dict[str, Any] = {"kind": cfg.env.kind}
     try:
         env = make_env(cfg.env, 0)
@@ -78,7 +74,6 @@ def environment_info(cfg: RunConfig) -> dict[str, Any]:
 
 
 def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
-
     path = run_dir / "run.json"
     if resumed and path.is_file():
         rec: dict[str, Any] = json.loads(path.read_text())

@@ -38,27 +38,20 @@ class FlowMeter:
         now = time.time()
         dt = max(now - self._t, 1e-9)
         self._t = now
-        sums: dict[str, list[float]] = {"rollout": [0.0, 0.0], "trainer": [0.0, 0.0]}  # samples, tokens
+        sums = {f"{kind}_{what}": 0.0 for kind in ("rollout", "trainer") for what in ("samples", "tokens")}
         busy: dict[str, float] = {}
         for (role, pid), report in per_process.items():
             kind, *cur = _counters(report)
             prev = self._prev.get((role, pid), (0.0, 0.0, 0.0))
-            delta = [max(0.0, c - p) for c, p in zip(cur, prev, strict=True)]
+            samples, tokens, busy_s = (max(0.0, c - p) for c, p in zip(cur, prev, strict=True))
             self._prev[(role, pid)] = (cur[0], cur[1], cur[2])
-            sums[kind][0] += delta[0]
-            sums[kind][1] += delta[1]
-            busy[role] = busy.get(role, 0.0) + delta[2]
-        rollouts = [r for r in busy if r.startswith("rollout")]
-        out = {
-            "throughput/rollout_samples_per_s": sums["rollout"][0] / dt,
-            "throughput/rollout_tokens_per_s": sums["rollout"][1] / dt,
-            "throughput/trainer_samples_per_s": sums["trainer"][0] / dt,
-            "throughput/trainer_tokens_per_s": sums["trainer"][1] / dt,
-        }
-        for role, b in busy.items():
-            out[f"utilisation/{role}"] = min(1.0, b / dt)
+            sums[f"{kind}_samples"] += samples
+            sums[f"{kind}_tokens"] += tokens
+            busy[role] = busy.get(role, 0.0) + busy_s
+        out = {f"throughput/{k}_per_s": v / dt for k, v in sums.items()}
+        out |= {f"utilisation/{role}": min(1.0, b / dt) for role, b in busy.items()}
         if "trainer" in busy:
             out["idle/trainer"] = 1.0 - out["utilisation/trainer"]
-        if rollouts:
+        if rollouts := [r for r in busy if r.startswith("rollout")]:
             out["idle/rollout"] = 1.0 - sum(out[f"utilisation/{r}"] for r in rollouts) / len(rollouts)
         return out

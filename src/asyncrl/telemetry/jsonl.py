@@ -1,4 +1,4 @@
-"""JSON-lines files: the one reader, and the per-role metric files.
+"""JSON-lines files: the one reader (and the one reader of a run's JSON records), and the per-role metric files.
 
 Each role appends JSON lines to ``run_dir/metrics/{role}.jsonl``. One file per process means no
 cross-process locking; the orchestrator tails them all, merges them into the run's
@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from asyncrl.telemetry.reports import GROUP_EVENT, GroupReport, Memory, Report
 
@@ -43,9 +45,13 @@ def read_jsonl_dir(folder: Path) -> list[dict[str, Any]]:
     return [row for path in sorted(folder.glob("*.jsonl")) for row in read_jsonl(path)]
 
 
-def memory_figures() -> dict[str, float]:
-    """:func:`memory` under its metric names (``mem/rss_mb``, ``mem/peak_rss_mb``)."""
-    return memory().flat()
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object of one file (``run.json``, ``summary.json``, ...); ``{}`` if it is missing or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def memory() -> Memory:
@@ -56,22 +62,18 @@ def memory() -> Memory:
     ``getrusage``'s ``ru_maxrss`` is not used where ``/proc`` exists: Linux keeps it across ``execve``,
     so a role process spawned (fork + exec) by a launcher that had just run the warm start would
     report the launcher's peak as its own."""
-    rss = peak = -1.0
+    mb: dict[bytes, float] = {}
     try:
         with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith((b"VmRSS:", b"VmHWM:")):
-                    kb = int(line.split()[1]) / 1024
-                    if line.startswith(b"VmRSS:"):
-                        rss = kb
-                    else:
-                        peak = kb
+            mb = {
+                k: int(v.split()[0]) / 1024
+                for k, _, v in (ln.partition(b":") for ln in f)
+                if k in (b"VmRSS", b"VmHWM")
+            }
     except (OSError, ValueError, IndexError):  # not Linux
         pass
-    if peak < 0:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    if rss < 0:
-        rss = peak
+    peak = mb.get(b"VmHWM", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # kB on Linux
+    rss = mb.get(b"VmRSS", peak)
     return Memory(rss_mb=round(rss, 1), peak_rss_mb=round(max(peak, rss), 1))
 
 
@@ -93,7 +95,7 @@ class MetricWriter:
         }
         now = time.time()
         head = {"time": now, "role": self.role, "pid": self.pid, "alive_s": now - self.started}
-        self._f.write(json.dumps({**head, **fields, **clean, **memory_figures()}) + "\n")
+        self._f.write(json.dumps({**head, **fields, **clean, **memory().flat()}) + "\n")
 
     def report(self, report: Report, step: int | None = None) -> None:
         """Write a role's typed report (:mod:`asyncrl.telemetry.reports`) as one flat metric row
@@ -102,7 +104,7 @@ class MetricWriter:
 
     def group(self, report: GroupReport) -> None:
         """Write a finished group as its ``rollout/group`` event row."""
-        self.event(GROUP_EVENT, report.data())
+        self.event(GROUP_EVENT, msgspec.to_builtins(report))
 
     def event(self, name: str, data: dict[str, Any]) -> None:
         self._f.write(json.dumps({"time": time.time(), "role": self.role, "event": name, **data}) + "\n")
@@ -120,8 +122,6 @@ class MetricTail:
 
     def poll(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if not self.folder.is_dir():
-            return out
         for path in sorted(self.folder.glob("*.jsonl")):
             pos = self._offsets.get(path, 0)
             with path.open("rb") as f:

@@ -55,7 +55,7 @@ def trace(t: Trajectory, age: int, step: int) -> dict[str, Any]:
     }
 
 
-def _quantile(xs: Sequence[float], q: float) -> float:
+def quantile(xs: Sequence[float], q: float) -> float:
     if not xs:
         return 0.0
     s = sorted(xs)
@@ -76,10 +76,10 @@ def batch_stats(traces: list[dict[str, Any]], batch: list[Trajectory]) -> dict[s
     outputs = [u.token_ids for t in batch for u in t.turns if u.role == "model"]
     out = {
         "reward/min": min(rewards, default=0.0),
-        "reward/p50": _quantile(rewards, 0.5),
+        "reward/p50": quantile(rewards, 0.5),
         "reward/max": max(rewards, default=0.0),
-        "length/p50_tokens": _quantile(lengths, 0.5),
-        "length/p90_tokens": _quantile(lengths, 0.9),
+        "length/p50_tokens": quantile(lengths, 0.5),
+        "length/p90_tokens": quantile(lengths, 0.9),
         "length/max_tokens": max(lengths, default=0.0),
         "length/model_tokens_mean": sum(t.num_model_tokens() for t in batch) / n,
         "tools/calls_per_episode": len(calls) / n,
@@ -89,5 +89,5 @@ def batch_stats(traces: list[dict[str, Any]], batch: list[Trajectory]) -> dict[s
     for key in (*STAGES, "end_to_end_s"):
         vals = [float(tr[key]) for tr in traces]
         out[f"lifecycle/{key.removesuffix('_s')}_mean_s"] = sum(vals) / len(vals) if vals else 0.0
-    out["lifecycle/end_to_end_p90_s"] = _quantile([float(tr["end_to_end_s"]) for tr in traces], 0.9)
+    out["lifecycle/end_to_end_p90_s"] = quantile([float(tr["end_to_end_s"]) for tr in traces], 0.9)
     return out

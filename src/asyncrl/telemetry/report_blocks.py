@@ -9,7 +9,7 @@ import datetime
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from asyncrl.telemetry.markup import templates
@@ -28,20 +28,26 @@ class Figure:
     empty: str
 
 
-@dataclass
 class Row:
     """Figures side by side."""
 
     kind: ClassVar[str] = "row"
-    figures: list[Figure]
+
+    def __init__(self, *figures: Figure) -> None:
+        self.figures = list(figures)
 
 
 @dataclass
 class Table:
+    """Columns and rows of text (cells are written with ``str``)."""
+
     kind: ClassVar[str] = "table"
     cols: list[str]
-    rows: list[list[str]]
+    rows: Sequence[Sequence[object]]
     cls: str = ""
+
+    def __post_init__(self) -> None:
+        self.rows = [[str(v) for v in r] for r in self.rows]
 
 
 @dataclass
@@ -88,18 +94,14 @@ class Section:
     intro: str = ""
 
 
-@dataclass
-class Page:
-    title: str
-    made: str
-    n_charts: int
-    sections: list[Section] = field(default_factory=list)
-
-
-def render_page(page: Page) -> str:
-    """The report's HTML: ``templates/report.html.j2`` filled with ``page``."""
+def render_page(title: str, sections: list[Section]) -> str:
+    """The report's HTML: ``templates/report.html.j2`` filled with ``sections``; ``n_charts`` (the
+    charts the page's check expects to render) counts the figures that hold a chart."""
+    figures = [f for s in sections for b in s.blocks for f in (b.figures if isinstance(b, Row) else [b])]
+    n_charts = sum(isinstance(f, Figure) and bool(f.svg) for f in figures)
+    made = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     template = templates("asyncrl.telemetry").get_template("report.html.j2")
-    return template.render(title=page.title, made=page.made, n_charts=page.n_charts, sections=page.sections)
+    return template.render(title=title, made=made, n_charts=n_charts, sections=sections)
 
 
 # ---- formatters ---------------------------------------------------------------------------------
@@ -108,19 +110,15 @@ def pct(v: object) -> str:
 
 
 def num(v: object) -> str:
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else str(v)
-    if isinstance(v, int):
-        return str(v)
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     return str(v)
 
 
 def text_of(v: object) -> str:
-    if v is None:
-        return ""
-    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return "" if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
 
 def git(rec: dict[str, Any]) -> str:
@@ -139,7 +137,3 @@ def when(t: object, t0: float) -> float | None:
         except ValueError:
             return None
     return None
-
-
-def table(cols: list[str], rows: Sequence[Sequence[object]], cls: str = "") -> Table:
-    return Table(cols, [[str(v) for v in r] for r in rows], cls)

@@ -14,40 +14,35 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.telemetry.report_blocks import Block, Heading, Note, num, pct, table
+from asyncrl.telemetry.report_blocks import Block, Heading, Note, Table, num, pct
 from asyncrl.telemetry.reports import GroupReport
+from asyncrl.telemetry.signal import GroupCounts
 
-__all__ = ["EnvCounts", "EnvTally", "env_blocks", "per_env"]
+__all__ = ["EnvTally", "env_blocks", "per_env"]
 
-
-@dataclass
-class EnvCounts:
-    """One environment's training groups, summed."""
-
-    groups: int = 0
-    episodes: int = 0
-    successes: int = 0
-    reward: float = 0.0
-    faults: int = 0
-    tokens: int = 0
+ENV_COLUMNS = {
+    "weight": ("weight", pct),
+    "curriculum share": ("curriculum_share", pct),
+    "held-out before": ("initial_success", pct),
+    "held-out after": ("final_success", pct),
+    "train episodes": ("train_episodes", num),
+    "train success": ("train_success_rate", pct),
+    "faults": ("faults", num),
+    "tokens": ("tokens", num),
+    "cost (USD)": ("cost_usd", num),
+}
+"""The report's per-environment table: column → (``per_env`` field, formatter)."""
 
 
 @dataclass
 class EnvTally:
     """Training groups counted per environment (held-out probes and untagged groups are not)."""
 
-    envs: dict[str, EnvCounts] = field(default_factory=dict)
+    envs: dict[str, GroupCounts] = field(default_factory=dict)
 
     def observe(self, g: GroupReport) -> None:
-        if not g.env or g.heldout:
-            return
-        c = self.envs.setdefault(g.env, EnvCounts())
-        c.groups += 1
-        c.episodes += len(g.outcomes)
-        c.successes += sum(o == "success" for o in g.outcomes)
-        c.reward += sum(g.rewards)
-        c.faults += g.faults
-        c.tokens += g.tokens
+        if g.env and not g.heldout:
+            self.envs.setdefault(g.env, GroupCounts()).add(g)
 
     @classmethod
     def of(cls, reports: Iterable[object]) -> EnvTally:
@@ -72,7 +67,7 @@ def per_env(
     total_tokens = sum(c.tokens for c in tally.envs.values())
     out: dict[str, dict[str, Any]] = {}
     for name, w in weights.items():
-        c = tally.envs.get(name, EnvCounts())
+        c = tally.envs.get(name, GroupCounts())
         before = (prior.get("per_env") or {}).get(name) or {}
         after = (final.get("per_env") or {}).get(name) or {}
         token_share = c.tokens / total_tokens if total_tokens else 0.0
@@ -84,7 +79,7 @@ def per_env(
             "heldout_episodes": after.get("episodes", before.get("episodes", 0)),
             "final_mean_reward": after.get("mean_reward"),
             "train_episodes": c.episodes,
-            "train_success_rate": c.successes / c.episodes if c.episodes else None,
+            "train_success_rate": c.success,
             "train_mean_reward": c.reward / c.episodes if c.episodes else None,
             "faults": c.faults,
             "tokens": c.tokens,
@@ -99,36 +94,10 @@ def env_blocks(summary: dict[str, Any]) -> list[Block]:
     rows_in = summary.get("per_env") or {}
     if not rows_in:
         return []
-    cols = [
-        "environment",
-        "weight",
-        "curriculum share",
-        "held-out before",
-        "held-out after",
-        "train episodes",
-        "train success",
-        "faults",
-        "tokens",
-        "cost (USD)",
-    ]
-    rows = [
-        (
-            name,
-            pct(r.get("weight")),
-            pct(r.get("curriculum_share")),
-            pct(r.get("initial_success")),
-            pct(r.get("final_success")),
-            r.get("train_episodes", 0),
-            pct(r.get("train_success_rate")),
-            r.get("faults", 0),
-            r.get("tokens", 0),
-            num(r.get("cost_usd")),
-        )
-        for name, r in rows_in.items()
-    ]
+    cells = [(name, *(f(r.get(k)) for k, f in ENV_COLUMNS.values())) for name, r in rows_in.items()]
     note = Note(
         "Held-out success is over each environment's own held-out split; cost is the run's total "
         "apportioned by the model tokens each environment generated.",
         cls="intro",
     )
-    return [Heading("Per environment"), table(cols, rows), note]
+    return [Heading("Per environment"), Table(["environment", *ENV_COLUMNS], cells), note]

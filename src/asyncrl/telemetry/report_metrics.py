@@ -8,28 +8,16 @@ Each function returns one :class:`Section`; ``figure`` makes a chart's block and
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, astuple
 from pathlib import Path
-from typing import Any
 
 from asyncrl.config import load_config
 from asyncrl.errors import UserError
 from asyncrl.telemetry import svg
-from asyncrl.telemetry.jsonl import read_jsonl, read_jsonl_dir
-from asyncrl.telemetry.report_blocks import Note, Row, Section, table
-from asyncrl.telemetry.signal import Chart_
-from asyncrl.telemetry.svg import Band, Chart, HLine, Series
+from asyncrl.telemetry.jsonl import read_json, read_jsonl, read_jsonl_dir
+from asyncrl.telemetry.report_blocks import Figure, Note, Row, Section, Table
+from asyncrl.telemetry.svg import Band, HLine, Series
 from asyncrl.telemetry.walltime import step_walls
-
-
-# ---- loading -----------------------------------------------------------------------------------
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 class RunData:
@@ -39,74 +27,58 @@ class RunData:
 
         self.dir = run_dir
         self.cfg = load_config(run_dir / "config.yaml")
-        rows: list[dict[str, Any]] = []
-        rows.extend(read_jsonl_dir(run_dir / "metrics"))
-        rows.sort(key=lambda r: float(r.get("time") or 0.0))
+        rows = sorted(read_jsonl_dir(run_dir / "metrics"), key=lambda r: float(r.get("time") or 0.0))
         self.events = [r for r in rows if "event" in r]
         self.rows = [r for r in rows if "event" not in r]
         self.trainer = [r for r in self.rows if r.get("role") == "trainer"]
         self.orch = [r for r in self.rows if r.get("role") == "orchestrator"]
-        self.record = _json(run_dir / "run.json")
-        self.summary = _json(run_dir / "summary.json")
-        self.initial = _json(run_dir / "initial_eval.json")
-        self.final = _json(run_dir / "final_eval.json")
+        self.record = read_json(run_dir / "run.json")
+        self.summary = read_json(run_dir / "summary.json")
+        self.initial = read_json(run_dir / "initial_eval.json")
+        self.final = read_json(run_dir / "final_eval.json")
         self.evals = read_jsonl(run_dir / "evals.jsonl")
         self.traces = read_jsonl(run_dir / "traces" / "trained.jsonl")
         self.alerts = read_jsonl(run_dir / "alerts.jsonl")
-        self.cost = _json(run_dir / "cost.json")
+        self.cost = read_json(run_dir / "cost.json")
         starts = [float(r["time"]) - float(r.get("alive_s") or 0.0) for r in self.rows if "time" in r]
         self.t0 = min(starts, default=float(self.record.get("created") or 0.0))
 
-    def series(
-        self, rows: list[dict[str, Any]], key: str, x: str = "step"
-    ) -> tuple[list[float], list[float | None]]:
-        xs: list[float] = []
-        ys: list[float | None] = []
-        for r in rows:
-            if key not in r:
-                continue
-            xv = float(r["time"]) - self.t0 if x == "time" else r.get(x)
-            if xv is None:
-                continue
-            v = r[key]
-            xs.append(float(xv))
-            ys.append(float(v) if isinstance(v, (int, float)) else None)
-        return xs, ys
+    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float | None]]:
+        """The trainer's figure ``key`` over its ``step`` (or ``time``: seconds since the start); a value
+        that is not a number is a gap."""
+        raw = [
+            (float(r["time"]) - self.t0 if x == "time" else r.get(x), r[key])
+            for r in self.trainer
+            if key in r
+        ]
+        pts = [(float(a), float(v) if isinstance(v, (int, float)) else None) for a, v in raw if a is not None]
+        return [a for a, _ in pts], [v for _, v in pts]
 
 
-# ---- success and reward -----------------------------------------------------------------------
-def learning(d: RunData, figure: Chart_) -> Section:
-    xs, ys = d.series(d.trainer, "reward/success_rate")
-    mx, my = d.series(d.trainer, "reward/success_rate_ma")
-    ex, ey = _eval_points(d, "success_rate")
-    success = svg.share_chart(
+def learning(d: RunData) -> Section:
+    success = svg.line_chart(
         "success",
         [
-            Series("train batch", xs, ys, color="#93c5fd"),
-            Series("moving average", mx, my, color="#2563eb"),
-            Series("held-out eval", ex, ey, color="#dc2626", points=True),
+            Series("train batch", *d.series("reward/success_rate"), color="#93c5fd"),
+            Series("moving average", *d.series("reward/success_rate_ma"), color="#2563eb"),
+            Series("held-out eval", *_eval_points(d, "success_rate"), color="#dc2626", points=True),
         ],
         "trainer step",
         "success rate",
+        share=True,
     )
-    rx, ry = d.series(d.trainer, "reward/mean")
-    erx, ery = _eval_points(d, "mean_reward")
     reward = svg.line_chart(
         "reward",
-        Chart(
-            series=[
-                Series("batch mean", rx, ry),
-                Series("held-out eval", erx, ery, points=True, color="#dc2626"),
-            ],
-            x_label="trainer step",
-            y_label="reward",
-        ),
+        [
+            Series("batch mean", *d.series("reward/mean")),
+            Series("held-out eval", *_eval_points(d, "mean_reward"), points=True, color="#dc2626"),
+        ],
+        "trainer step",
+        "reward",
     )
     row = Row(
-        [
-            figure("chart-success", "Success rate", success, "no trained batches yet"),
-            figure("chart-reward", "Reward", reward, "no trained batches yet"),
-        ]
+        Figure("chart-success", "Success rate", success, "no trained batches yet"),
+        Figure("chart-reward", "Reward", reward, "no trained batches yet"),
     )
     return Section(
         "learning",
@@ -126,68 +98,39 @@ def _eval_points(d: RunData, key: str) -> tuple[list[float], list[float | None]]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-# ---- freshness next to the loss ---------------------------------------------------------------
-def freshness(d: RunData, figure: Chart_) -> Section:
-    sx, sy = d.series(d.trainer, "staleness/mean")
-    mx, my = d.series(d.trainer, "staleness/max")
+def freshness(d: RunData) -> Section:
     limit = d.cfg.staleness_policy().max_staleness  # rule 5: the mode fixes it
     fresh = svg.line_chart(
         "freshness",
-        Chart(
-            series=[
-                Series("mean version lag", sx, sy),
-                Series("max version lag", mx, my, dashed=True, color="#ea580c"),
-            ],
-            x_label="trainer step",
-            y_label="versions",
-            y_min=0.0,
-            hlines=[HLine(float(limit), f"max_staleness {limit}")],
-        ),
-    )
-    lx, ly = d.series(d.trainer, "loss/policy")
-    kx, ky = d.series(d.trainer, "kl/behaviour_k3")
-    loss = svg.line_chart(
-        "loss",
-        Chart(
-            series=[Series("policy loss", lx, ly, color="#9333ea")],
-            x_label="trainer step",
-            y_label="loss",
-        ),
-    )
-    kl = svg.line_chart(
-        "kl",
-        Chart(
-            series=[Series("KL(behaviour ‖ current), k3", kx, ky, color="#0891b2")],
-            x_label="trainer step",
-            y_label="KL",
-        ),
-    )
-    first = Row(
         [
-            figure(
-                "chart-freshness",
-                "Data freshness: version lag of each trained batch",
-                fresh,
-                "no trained batches yet",
-            ),
-            figure("chart-loss", "Policy loss", loss, "no loss recorded"),
-        ]
+            Series("mean version lag", *d.series("staleness/mean")),
+            Series("max version lag", *d.series("staleness/max"), dashed=True, color="#ea580c"),
+        ],
+        "trainer step",
+        "versions",
+        y_min=0.0,
+        hlines=[HLine(float(limit), f"max_staleness {limit}")],
     )
-    drift = figure("chart-kl", "Policy drift: KL between behaviour and current policy", kl, "no KL recorded")
+    loss_line = Series("policy loss", *d.series("loss/policy"), color="#9333ea")
+    loss = svg.line_chart("loss", [loss_line], "trainer step", "loss")
+    kl_line = Series("KL(behaviour ‖ current), k3", *d.series("kl/behaviour_k3"), color="#0891b2")
+    kl = svg.line_chart("kl", [kl_line], "trainer step", "KL")
+    first = Row(
+        Figure(
+            "chart-freshness",
+            "Data freshness: version lag of each trained batch",
+            fresh,
+            "no trained batches yet",
+        ),
+        Figure("chart-loss", "Policy loss", loss, "no loss recorded"),
+    )
     ages = [float(t["age"]) for t in d.traces] or [
         float(k) for k, n in (d.summary.get("staleness_hist") or {}).items() for _ in range(int(n))
     ]
     hist = svg.histogram("staleness-hist", ages, x_label="age in versions at training", integer=True)
     second = Row(
-        [
-            drift,
-            figure(
-                "chart-staleness-hist",
-                "Staleness histogram (trained samples)",
-                hist,
-                "no trained samples",
-            ),
-        ]
+        Figure("chart-kl", "Policy drift: KL between behaviour and current policy", kl, "no KL recorded"),
+        Figure("chart-staleness-hist", "Staleness histogram (trained samples)", hist, "no trained samples"),
     )
     return Section(
         "freshness",
@@ -197,11 +140,9 @@ def freshness(d: RunData, figure: Chart_) -> Section:
     )
 
 
-# ---- queue ------------------------------------------------------------------------------------
-def queue(d: RunData, figure: Chart_) -> Section:
-    rx, ry = d.series(d.trainer, "queue/ready", x="time")
-    lx, ly = d.series(d.trainer, "queue/leased", x="time")
+def queue(d: RunData) -> Section:
     cap = d.cfg.transport.capacity
+    leased = d.series("queue/leased", x="time")
     oc = d.cfg.orchestrator
     bands: list[Band] = []
     start: float | None = None
@@ -216,70 +157,53 @@ def queue(d: RunData, figure: Chart_) -> Section:
         bands.append(Band(start, float(d.orch[-1]["time"]) - d.t0, "admission paused (high watermark)"))
     chart = svg.line_chart(
         "queue",
-        Chart(
-            series=[
-                Series("ready", rx, ry),
-                Series("leased by trainer", lx, ly, dashed=True, color="#16a34a"),
-            ],
-            x_label="seconds since start",
-            y_label="entries",
-            y_min=0.0,
-            bands=bands,
-            hlines=[
-                HLine(oc.high_watermark * cap, "high watermark"),
-                HLine(oc.low_watermark * cap, "low watermark"),
-            ],
-        ),
+        [
+            Series("ready", *d.series("queue/ready", x="time")),
+            Series("leased by trainer", *leased, dashed=True, color="#16a34a"),
+        ],
+        "seconds since start",
+        "entries",
+        y_min=0.0,
+        bands=bands,
+        hlines=[
+            HLine(oc.high_watermark * cap, "high watermark"),
+            HLine(oc.low_watermark * cap, "low watermark"),
+        ],
     )
     paused = sum(b.x1 - b.x0 for b in bands)
     return Section(
         "queue",
         "Queue depth",
-        [figure("chart-queue", "Queue depth and watermark state", chart, "no queue figures recorded")],
+        [Figure("chart-queue", "Queue depth and watermark state", chart, "no queue figures recorded")],
         f"Capacity {cap}; shaded: admission paused ({paused:.0f} s in all).",
     )
 
 
-# ---- utilisation ------------------------------------------------------------------------------
-def utilisation(d: RunData, figure: Chart_) -> Section:
-    busy_key = {"trainer": "trainer/busy_seconds"}
+def utilisation(d: RunData) -> Section:
     per: dict[str, list[tuple[float, float]]] = {}
     prev: dict[tuple[str, int], tuple[float, float]] = {}
     times = [float(r["time"]) for r in d.rows]
     window = max(2.0, (max(times) - min(times)) / 120) if times else 2.0  # ~120 points per role
     for r in d.rows:
         role = str(r.get("role", ""))
-        key = busy_key.get(role, "rollout/gen_busy_seconds" if role.startswith("rollout") else "")
-        if not key or key not in r or r.get(key) is None:
+        key = "trainer/busy_seconds" if role == "trainer" else "rollout/gen_busy_seconds"
+        if not role.startswith(("trainer", "rollout")) or r.get(key) is None:
             continue
         ident = (role, int(r.get("pid") or 0))
         t, b = float(r["time"]), float(r[key])
-        if ident in prev and t - prev[ident][0] >= window:
-            pt, pb = prev[ident]
+        pt, pb = prev.setdefault(ident, (t, b))
+        if t - pt >= window:  # a rate over at least one window since the process's previous point
             per.setdefault(role, []).append((t - d.t0, max(0.0, min(1.0, (b - pb) / (t - pt)))))
             prev[ident] = (t, b)
-        elif ident not in prev:
-            prev[ident] = (t, b)
     series = [Series(role, [p[0] for p in pts], [p[1] for p in pts]) for role, pts in sorted(per.items())]
-    chart = svg.share_chart("utilisation", series, "seconds since start", "busy fraction")
-    return Section(
-        "utilisation",
-        "Role utilisation",
-        [
-            figure(
-                "chart-utilisation",
-                "Busy fraction per role (trainer: training steps; rollout: generation)",
-                chart,
-                "not enough rows for rates",
-            )
-        ],
-    )
+    chart = svg.line_chart("utilisation", series, "seconds since start", "busy fraction", share=True)
+    title = "Busy fraction per role (trainer: training steps; rollout: generation)"
+    figure = Figure("chart-utilisation", title, chart, "not enough rows for rates")
+    return Section("utilisation", "Role utilisation", [figure])
 
 
-# ---- wall time per step ----------------------------------------------------------------------
-def step_wall(d: RunData, figure: Chart_) -> Section:
+def step_wall(d: RunData) -> Section:
     """Where each step's wall time went (:func:`asyncrl.telemetry.walltime.step_walls`)."""
-
     walls = step_walls(d.rows)
     if not walls:
         return Section("step-wall", "Wall time per step", [Note("no trainer steps recorded")])
@@ -294,18 +218,8 @@ def step_wall(d: RunData, figure: Chart_) -> Section:
         ("prefill", "prefill", "#f59e0b"),
         ("decode", "decode", "#dc2626"),
     ]
-    chart = svg.line_chart(
-        "step-wall",
-        Chart(
-            series=[
-                Series(label, xs, [float(v[f]) for v in values], color=c, points=True)
-                for label, f, c in parts
-            ],
-            x_label="trainer step",
-            y_label="seconds",
-            y_min=0.0,
-        ),
-    )
+    series = [Series(label, xs, [float(v[f]) for v in values], color=c, points=True) for label, f, c in parts]
+    chart = svg.line_chart("step-wall", series, "trainer step", "seconds", y_min=0.0)
     cols = [
         "step",
         "wall s",
@@ -325,8 +239,8 @@ def step_wall(d: RunData, figure: Chart_) -> Section:
         "step-wall",
         "Wall time per step",
         [
-            figure("chart-step-wall", "Seconds per training step, by role and phase", chart, "no steps"),
-            table(cols, rows),
+            Figure("chart-step-wall", "Seconds per training step, by role and phase", chart, "no steps"),
+            Table(cols, rows),
         ],
         "Each step's interval (trainer row to trainer row): the trainer's learning, publishing, other work "
         "and idle time; the rollout workers' generation (prefill + decode, summed over workers), which "

@@ -81,17 +81,15 @@ class Report(msgspec.Struct, kw_only=True):
 
     def flat(self) -> dict[str, float]:
         """Every figure under its metric name: what TensorBoard, ``metrics.jsonl`` and the docs show."""
-        out: dict[str, float] = {}
-        for name in self.__struct_fields__:
-            value = getattr(self, name)
-            if isinstance(value, Figures):
-                out.update(value.flat())
-        return out
+        sections = msgspec.structs.asdict(self).values()
+        return {k: v for s in sections if isinstance(s, Figures) for k, v in s.flat().items()}
 
     @classmethod
+    @functools.cache
     def sections(cls) -> dict[str, type[Figures]]:
         """{field name: section type} of this report."""
-        return _sections_of(cls)
+        types = ((f.name, t) for f in msgspec.structs.fields(cls) for t in (f.type, *get_args(f.type)))
+        return {name: t for name, t in types if isinstance(t, type) and issubclass(t, Figures)}
 
     @classmethod
     def names(cls) -> list[str]:
@@ -102,16 +100,6 @@ class Report(msgspec.Struct, kw_only=True):
     def of_row(cls: type[R], row: Mapping[str, Any]) -> R:
         """The report a metric row holds (figures it lacks keep their defaults)."""
         return msgspec.convert({**_head(row), **_sections(cls, _numbers(row))}, cls, strict=False)
-
-
-@functools.cache
-def _sections_of(cls: type[Report]) -> dict[str, type[Figures]]:
-    out: dict[str, type[Figures]] = {}
-    for f in msgspec.structs.fields(cls):
-        for t in (f.type, *get_args(f.type)):
-            if isinstance(t, type) and issubclass(t, Figures):
-                out[f.name] = t
-    return out
 
 
 def _head(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -381,7 +369,6 @@ class TrainerReport(Report):
         """A report from the learner's and the batch's flat ``figures`` and the trainer's own
         ``sections`` (their non-``None`` fields win): figures in a section's namespace fill that
         section, the rest are the learner's."""
-        known = {s.NS: s for s in cls.sections().values()}
         nested = _sections(cls, figures)
         for name, given in sections.items():
             nested[name] = {
@@ -389,11 +376,8 @@ class TrainerReport(Report):
                 **{k: v for k, v in msgspec.structs.asdict(given).items() if v is not None},
             }
         # a figure no section has a field for is kept as the learner's: nothing the learner returns is lost
-        learner = {}
-        for key, value in figures.items():
-            ns, _, name = key.partition("/")
-            if ns not in known or name not in known[ns].__struct_fields__:
-                learner[key] = value
+        known = {n for s in cls.sections().values() for n in s.names()}
+        learner = {k: v for k, v in figures.items() if k not in known}
         return msgspec.convert({**nested, "learner": learner}, cls, strict=False)
 
     @classmethod
@@ -444,11 +428,6 @@ class GroupReport(msgspec.Struct, kw_only=True):
     """Model tokens the group's episodes generated (what per-environment cost rows are apportioned by)."""
     faults: int = 0
     """Environment calls of the group's episodes that failed on every attempt (the guard's faults)."""
-
-    def data(self) -> dict[str, Any]:
-        """The event row's fields."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
 
 
 class Event(msgspec.Struct, kw_only=True):

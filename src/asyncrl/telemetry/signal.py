@@ -19,7 +19,7 @@ from typing import Any
 from asyncrl.config import RunConfig
 from asyncrl.signal import advice, share_or_none
 from asyncrl.telemetry import svg
-from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, pct, table
+from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, Table, pct
 from asyncrl.telemetry.reports import Decoded, GroupReport
 from asyncrl.telemetry.svg import HLine, Series
 
@@ -28,15 +28,19 @@ RUN = "all"
 
 
 @dataclass
-class SignalWindow:
-    """Consecutive training groups of one bucket (or of the run)."""
+class GroupCounts:
+    """Training groups summed: a window of a bucket's (or of the run's), or an environment's."""
 
     end: float = 0.0
     """Start time of its last group (seconds since the epoch)."""
     groups: int = 0
     differ: int = 0
+    """Groups whose rewards differed."""
     successes: int = 0
     episodes: int = 0
+    reward: float = 0.0
+    faults: int = 0
+    tokens: int = 0
 
     def add(self, g: GroupReport) -> None:
         self.end = max(self.end, g.started)
@@ -44,6 +48,9 @@ class SignalWindow:
         self.differ += len(set(g.rewards)) > 1
         self.successes += sum(o == "success" for o in g.outcomes)
         self.episodes += len(g.rewards)
+        self.reward += sum(g.rewards)
+        self.faults += g.faults
+        self.tokens += g.tokens
 
     @property
     def signal_share(self) -> float | None:
@@ -56,8 +63,8 @@ class SignalWindow:
 
 @dataclass
 class BucketSeries:
-    windows: list[SignalWindow] = field(default_factory=list)
-    total: SignalWindow = field(default_factory=SignalWindow)
+    windows: list[GroupCounts] = field(default_factory=list)
+    total: GroupCounts = field(default_factory=GroupCounts)
 
 
 def signal_series(reports: Iterable[Decoded], window: int) -> dict[str, BucketSeries]:
@@ -71,7 +78,7 @@ def signal_series(reports: Iterable[Decoded], window: int) -> dict[str, BucketSe
         for key in (g.bucket, RUN):
             s = out.setdefault(key, BucketSeries())
             if not s.windows or s.windows[-1].groups >= window:
-                s.windows.append(SignalWindow())
+                s.windows.append(GroupCounts())
             s.windows[-1].add(g)
             s.total.add(g)
     return dict(sorted(out.items(), key=lambda kv: (kv[0] == RUN, kv[0])))
@@ -97,24 +104,15 @@ def signal_summary(reports: Iterable[Decoded], cfg: RunConfig) -> dict[str, Any]
     return out
 
 
-Chart_ = Callable[[str, str, str, str], Figure]
-"""The report's chart maker (``Report.chart``: counts the charts the page must render)."""
-
-
 def signal_blocks(
-    series: dict[str, BucketSeries],
-    t0: float,
-    cost: dict[str, Any],
-    alerts: int,
-    chart: Chart_,
-    threshold: float,
+    series: dict[str, BucketSeries], t0: float, cost: dict[str, Any], alerts: int, threshold: float
 ) -> list[Block]:
     """The report section: share of groups with a reward difference and success per bucket over time,
     a table per bucket, and the zero-advantage waste beside them."""
     if not series:
         return [Note("no training groups recorded (no rollout/group events)")]
 
-    def lines(value: Callable[[SignalWindow], float | None]) -> list[Series]:
+    def lines(value: Callable[[GroupCounts], float | None]) -> list[Series]:
         return [
             Series(
                 key,
@@ -128,15 +126,14 @@ def signal_blocks(
 
     since = "seconds since start"
     alert_line = [HLine(1.0 - threshold, "no_signal alert below")]
-    differ = svg.share_chart(
-        "signal-share", lines(lambda w: w.signal_share), since, "groups with a difference", alert_line
+    shares = lines(lambda w: w.signal_share)
+    differ = svg.line_chart(
+        "signal-share", shares, since, "groups with a difference", share=True, hlines=alert_line
     )
-    success = svg.share_chart("signal-success", lines(lambda w: w.success), since, "success")
+    success = svg.line_chart("signal-success", lines(lambda w: w.success), since, "success", share=True)
     row = Row(
-        [
-            chart("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),
-            chart("chart-signal-success", "Success, per bucket", success, "no groups"),
-        ]
+        Figure("chart-signal-share", "Groups with a reward difference, per bucket", differ, "no groups"),
+        Figure("chart-signal-success", "Success, per bucket", success, "no groups"),
     )
     rows = [
         (
@@ -157,4 +154,4 @@ def signal_blocks(
         if z is not None
         else f"No cost ledger in this run; no_signal alerts: {alerts}."
     )
-    return [row, table(cols, rows), Note(note, cls="intro")]
+    return [row, Table(cols, rows), Note(note, cls="intro")]

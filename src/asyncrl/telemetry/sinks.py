@@ -46,30 +46,23 @@ class Sinks:
         tc = cfg.telemetry
         self.step = 0
         self.notes: list[str] = []
-        self.tb: Any = None
-        self.wandb: Any = None
-        self.mlflow: Any = None
-        if tc.tensorboard:
-            self.tb = EventFileWriter(run_dir / "tensorboard")
-        if tc.wandb:
-            if not installed("wandb"):
-                self.notes.append("telemetry.wandb is on but wandb is not installed: nothing sent")
-            else:
-                self.wandb = importlib.import_module("wandb")
-                self.wandb.init(
-                    project=tc.project,
-                    name=run_dir.name,
-                    dir=str(run_dir),
-                    config=cfg.model_dump(mode="json"),
-                )
-        if tc.mlflow:
-            if not installed("mlflow"):
-                self.notes.append("telemetry.mlflow is on but mlflow is not installed: nothing sent")
-            else:
-                self.mlflow = importlib.import_module("mlflow")
-                self.mlflow.set_experiment(tc.project)
-                self.mlflow.start_run(run_name=run_dir.name)
-                self.mlflow.log_params({"name": cfg.name, "mode": cfg.control.mode, "seed": cfg.seed})
+        self.tb = EventFileWriter(run_dir / "tensorboard") if tc.tensorboard else None
+        self.wandb: Any = self._optional("wandb", tc.wandb)
+        if self.wandb is not None:
+            self.wandb.init(
+                project=tc.project, name=run_dir.name, dir=str(run_dir), config=cfg.model_dump(mode="json")
+            )
+        self.mlflow: Any = self._optional("mlflow", tc.mlflow)
+        if self.mlflow is not None:
+            self.mlflow.set_experiment(tc.project)
+            self.mlflow.start_run(run_name=run_dir.name)
+            self.mlflow.log_params({"name": cfg.name, "mode": cfg.control.mode, "seed": cfg.seed})
+
+    def _optional(self, module: str, enabled: bool) -> Any:
+        """``module`` when ``telemetry.<module>`` is on and it is importable; a note when it is not."""
+        if enabled and not installed(module):
+            self.notes.append(f"telemetry.{module} is on but {module} is not installed: nothing sent")
+        return importlib.import_module(module) if enabled and installed(module) else None
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html import escape
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777")
@@ -39,18 +39,6 @@ class Band:
 class HLine:
     y: float
     label: str
-
-
-@dataclass
-class Chart:
-    series: list[Series]
-    x_label: str = ""
-    y_label: str = ""
-    y_min: float | None = None
-    y_max: float | None = None
-    bands: list[Band] = field(default_factory=list)
-    hlines: list[HLine] = field(default_factory=list)
-    percent: bool = False
 
 
 def _fmt(v: float, percent: bool = False) -> str:
@@ -89,16 +77,27 @@ def _downsample(xs: Sequence[float], ys: Sequence[float | None]) -> list[tuple[f
     return pts[::k] + ([pts[-1]] if (len(pts) - 1) % k else [])
 
 
-def _frame(title_id: str, body: list[str]) -> str:
+def _frame(chart_id: str, title: str, body: list[str]) -> str:
+    """The chart's ``<svg>`` with its accessible ``title`` first, then ``body``."""
     return (
-        f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-labelledby="{title_id}" '
-        f'xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>"
+        f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-labelledby="{chart_id}-t" '
+        f'xmlns="http://www.w3.org/2000/svg"><title id="{chart_id}-t">{escape(title)}</title>'
+        + "".join(body)
+        + "</svg>"
     )
 
 
 def _axes(
-    body: list[str], x0: float, x1: float, y0: float, y1: float, c: Chart, x_ticks: list[float] | None = None
+    body: list[str],
+    x0: float,
+    x1: float,
+    y0: float,
+    y1: float,
+    labels: tuple[str, str],
+    percent: bool = False,
+    x_ticks: list[float] | None = None,
 ) -> tuple[Callable[[float], float], Callable[[float], float]]:
+    """Draw the plot area, grid, ticks and the (x, y) ``labels``; return the data → pixel maps."""
     pw, ph = W - ML - MR, H - MT - MB
 
     def sx(x: float) -> float:
@@ -110,67 +109,68 @@ def _axes(
     body.append(f'<rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" class="plot"/>')
     for t in nice_ticks(y0, y1):
         y = sy(t)
-        body.append(f'<line x1="{ML}" x2="{ML + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         body.append(
-            f'<text x="{ML - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(t, c.percent)}</text>'
+            f'<line x1="{ML}" x2="{ML + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{ML - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_fmt(t, percent)}</text>'
         )
     for t in x_ticks if x_ticks is not None else nice_ticks(x0, x1, 6):
         x = sx(t)
-        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{MT + ph}" y2="{MT + ph + 4}" class="axis"/>')
         body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{MT + ph}" y2="{MT + ph + 4}" class="axis"/>'
             f'<text x="{x:.1f}" y="{MT + ph + 16}" class="tick" text-anchor="middle">{_fmt(t)}</text>'
         )
     body.append(
-        f'<text x="{ML + pw / 2}" y="{H - 6}" class="label" text-anchor="middle">{escape(c.x_label)}</text>'
-    )
-    body.append(
+        f'<text x="{ML + pw / 2}" y="{H - 6}" class="label" text-anchor="middle">{escape(labels[0])}</text>'
         f'<text x="14" y="{MT + ph / 2}" class="label" text-anchor="middle" '
-        f'transform="rotate(-90 14 {MT + ph / 2})">{escape(c.y_label)}</text>'
+        f'transform="rotate(-90 14 {MT + ph / 2})">{escape(labels[1])}</text>'
     )
     return sx, sy
 
 
-def share_chart(
-    chart_id: str, series: list[Series], x_label: str, y_label: str, hlines: Sequence[HLine] = ()
+def line_chart(
+    chart_id: str,
+    series: list[Series],
+    x_label: str,
+    y_label: str,
+    *,
+    share: bool = False,
+    y_min: float | None = None,
+    bands: Sequence[Band] = (),
+    hlines: Sequence[HLine] = (),
 ) -> str:
-    """A line chart of shares (rates, fractions): the y axis from 0 to 100 %."""
-    c = Chart(series, x_label, y_label, y_min=0.0, y_max=1.0, hlines=list(hlines), percent=True)
-    return line_chart(chart_id, c)
-
-
-def line_chart(chart_id: str, c: Chart) -> str:
-    """A line chart; ``None`` / non-finite values are gaps. Empty string if there is nothing to draw."""
-    data = [(s, _downsample(s.xs, s.ys)) for s in c.series]
-    data = [(s, p) for s, p in data if p]
+    """A line chart; ``None`` / non-finite values are gaps. Empty string if there is nothing to draw.
+    ``share``: the values are shares (rates, fractions), the y axis from 0 to 100 %."""
+    y_max = 1.0 if share else None
+    y_min = 0.0 if share else y_min
+    data = [(s, p) for s in series if (p := _downsample(s.xs, s.ys))]
     if not data:
         return ""
     xs = [x for _, p in data for x, _ in p]
-    ys = [y for _, p in data for _, y in p] + [h.y for h in c.hlines]
+    ys = [y for _, p in data for _, y in p] + [h.y for h in hlines]
     x0, x1 = min(xs), max(xs)
     if x1 == x0:
         x0, x1 = x0 - 0.5, x1 + 0.5
-    y0 = c.y_min if c.y_min is not None else min(ys)
-    y1 = c.y_max if c.y_max is not None else max(ys)
-    if c.y_min is None and y0 > 0 and y0 < 0.5 * y1:
+    y0 = y_min if y_min is not None else min(ys)
+    y1 = y_max if y_max is not None else max(ys)
+    if y_min is None and y0 > 0 and y0 < 0.5 * y1:
         y0 = 0.0
     if y1 <= y0:
         y1 = y0 + (abs(y0) or 1.0)
     else:
         pad = 0.05 * (y1 - y0)
-        y0, y1 = (y0 - pad if c.y_min is None else y0), (y1 + pad if c.y_max is None else y1)
-    body = [f'<title id="{chart_id}-t">{escape(c.y_label)} over {escape(c.x_label)}</title>']
-    sx, sy = _axes(body, x0, x1, y0, y1, c)
-    fx, fy = sx, sy
-    for b in c.bands:
+        y0, y1 = (y0 - pad if y_min is None else y0), (y1 + pad if y_max is None else y1)
+    body: list[str] = []
+    fx, fy = _axes(body, x0, x1, y0, y1, (x_label, y_label), share)
+    for b in bands:
         a, z = fx(max(b.x0, x0)), fx(min(b.x1, x1))
         body.append(
             f'<rect x="{a:.1f}" y="{MT}" width="{max(z - a, 1.5):.1f}" height="{H - MT - MB}" class="band">'
             f"<title>{escape(b.label)}</title></rect>"
         )
-    for h in c.hlines:
+    for h in hlines:
         y = fy(h.y)
-        body.append(f'<line x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}" class="hline"/>')
         body.append(
+            f'<line x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}" class="hline"/>'
             f'<text x="{W - MR - 4}" y="{y - 4:.1f}" class="hlabel" text-anchor="end">{escape(h.label)}</text>'
         )
     legend_x = ML + 6
@@ -178,22 +178,24 @@ def line_chart(chart_id: str, c: Chart) -> str:
         color = s.color or PALETTE[i % len(PALETTE)]
         name = escape(s.name)
         if s.points or len(pts) == 1:
-            for x, y in pts:
-                body.append(
-                    f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="4" fill="{color}" class="data">'
-                    f"<title>{name}: {_fmt(y, c.percent)} at {_fmt(x)}</title></circle>"
-                )
+            body += [
+                f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="4" fill="{color}" class="data">'
+                f"<title>{name}: {_fmt(y, share)} at {_fmt(x)}</title></circle>"
+                for x, y in pts
+            ]
         else:
             coords = " ".join(f"{fx(x):.1f},{fy(y):.1f}" for x, y in pts)
             dash = ' stroke-dasharray="5 3"' if s.dashed else ""
             body.append(
                 f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8"{dash} class="data">'
-                f"<title>{name} (last {_fmt(pts[-1][1], c.percent)})</title></polyline>"
+                f"<title>{name} (last {_fmt(pts[-1][1], share)})</title></polyline>"
             )
-        body.append(f'<rect x="{legend_x}" y="8" width="10" height="10" fill="{color}"/>')
-        body.append(f'<text x="{legend_x + 14}" y="17" class="legend">{name}</text>')
+        body.append(
+            f'<rect x="{legend_x}" y="8" width="10" height="10" fill="{color}"/>'
+            f'<text x="{legend_x + 14}" y="17" class="legend">{name}</text>'
+        )
         legend_x += 24 + 7 * len(s.name)
-    return _frame(f"{chart_id}-t", body)
+    return _frame(chart_id, f"{y_label} over {x_label}", body)
 
 
 def bar_chart(
@@ -208,16 +210,13 @@ def bar_chart(
     label_bars: bool = True,
 ) -> str:
     """Vertical bars, one per label. Empty string if every value is zero or there are none."""
-    if not values or not any(v for v in values):
+    if not any(values):
         return ""
-    c = Chart(series=[], x_label=x_label, y_label=y_label)
-    y1 = max(max(values), 0.0)
-    y0 = min(min(values), 0.0)
+    y0, y1 = min(min(values), 0.0), max(max(values), 0.0)
     y1 = y1 + 0.08 * ((y1 - y0) or 1.0)
-    body = [f'<title id="{chart_id}-t">{escape(y_label)} by {escape(x_label)}</title>']
+    body: list[str] = []
     n = len(values)
-    sx, sy = _axes(body, 0, n, y0, y1, c, x_ticks=[])
-    fx, fy = sx, sy
+    fx, fy = _axes(body, 0, n, y0, y1, (x_label, y_label), x_ticks=[])
     slot = (W - ML - MR) / n
     for i, (lab, v) in enumerate(zip(labels, values, strict=True)):
         x = fx(i) + slot * 0.12
@@ -231,7 +230,7 @@ def bar_chart(
                 f'<text x="{x + slot * 0.38:.1f}" y="{H - MB + 14}" class="tick" text-anchor="middle">'
                 f"{escape(lab[:14])}</text>"
             )
-    return _frame(f"{chart_id}-t", body)
+    return _frame(chart_id, f"{y_label} by {x_label}", body)
 
 
 def histogram(
@@ -243,22 +242,16 @@ def histogram(
     lo, hi = min(vals), max(vals)
     if integer:
         edges = list(range(int(lo), int(hi) + 1))
-        counts = [sum(1 for v in vals if int(v) == e) for e in edges]
+        counts = [float(sum(int(v) == e for v in vals)) for e in edges]
         labels = [str(e) for e in edges]
     else:
         width = (hi - lo) / bins or 1.0
-        counts = [0] * bins
+        counts = [0.0] * bins
         for v in vals:
             counts[min(bins - 1, int((v - lo) / width))] += 1
         labels = [f"{_fmt(lo + i * width)}–{_fmt(lo + (i + 1) * width)}" for i in range(bins)]
     svg = bar_chart(
-        chart_id,
-        labels,
-        [float(c) for c in counts],
-        y_label="count",
-        x_label=x_label,
-        fmt="{:.0f}",
-        label_bars=integer,
+        chart_id, labels, counts, y_label="count", x_label=x_label, fmt="{:.0f}", label_bars=integer
     )
     if not integer and svg:  # bins are too many to label each: label both ends
         svg = svg.replace(
@@ -280,20 +273,19 @@ def timeline(
     x0, x1 = min(0.0, *xs), max(x_max or 0.0, *xs)
     if x1 <= x0:
         x1 = x0 + 1.0
-    c = Chart(series=[], x_label=x_label, y_label="")
-    body = [f'<title id="{chart_id}-t">events over {escape(x_label)}</title>']
-    sx, _ = _axes(body, x0, x1, 0, len(lanes), c)
-    ph = H - MT - MB
-    lane_h = ph / len(lanes)
+    body: list[str] = []
+    sx, _ = _axes(body, x0, x1, 0, len(lanes), (x_label, ""))
+    lane_h = (H - MT - MB) / len(lanes)
     for i, lane in enumerate(lanes):
         y = MT + lane_h * (i + 0.5)
-        body.append(f'<text x="{ML + 4}" y="{y - 8:.1f}" class="legend">{escape(lane)}</text>')
-        body.append(f'<line x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-    for x, lane, tip in events:
-        y = MT + lane_h * (lanes.index(lane) + 0.5)
-        color = PALETTE[lanes.index(lane) % len(PALETTE)]
         body.append(
-            f'<circle cx="{sx(x):.1f}" cy="{y:.1f}" r="5" fill="{color}" class="data">'
-            f"<title>{escape(tip)}</title></circle>"
+            f'<text x="{ML + 4}" y="{y - 8:.1f}" class="legend">{escape(lane)}</text>'
+            f'<line x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
         )
-    return _frame(f"{chart_id}-t", body)
+    for x, lane, tip in events:
+        i = lanes.index(lane)
+        body.append(
+            f'<circle cx="{sx(x):.1f}" cy="{MT + lane_h * (i + 0.5):.1f}" r="5" '
+            f'fill="{PALETTE[i % len(PALETTE)]}" class="data"><title>{escape(tip)}</title></circle>'
+        )
+    return _frame(chart_id, f"events over {x_label}", body)

@@ -22,17 +22,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
+def _crc_of_byte(c: int) -> int:
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c
 
 
-_TABLE = _crc_table()
+_TABLE = [_crc_of_byte(i) for i in range(256)]
 
 
 def crc32c(data: bytes) -> int:
@@ -51,14 +47,10 @@ def masked_crc(data: bytes) -> int:
 def _varint(n: int) -> bytes:
     n &= (1 << 64) - 1  # int64 two's complement, as protobuf encodes negative int64
     out = bytearray()
-    while True:
-        byte = n & 0x7F
+    while n > 0x7F:  # seven bits a byte, low first; the high bit says another byte follows
+        out.append(n & 0x7F | 0x80)
         n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return bytes(out + bytes([n]))
 
 
 def _field_bytes(num: int, payload: bytes) -> bytes:

@@ -101,30 +101,18 @@ def step_walls(rows: list[dict[str, Any]]) -> list[StepWall]:
         step = int(r["trainer/step"])
         if prev is not None and step <= int(prev["trainer/step"]):
             continue
-        same = prev is not None and prev.get("pid") == r.get("pid")
         a = float(prev["time"]) if prev is not None else float(r["time"]) - float(r.get("alive_s") or 0.0)
         b = float(r["time"])
-
-        def tdelta(
-            name: str, cur: dict[str, Any] = r, before: dict[str, Any] | None = prev if same else None
-        ) -> float:
-            key = TRAINER_KEYS[name]
-            return max(0.0, float(cur.get(key) or 0.0) - float((before or {}).get(key) or 0.0))
-
-        train, publish, busy = tdelta("train"), tdelta("publish"), tdelta("busy")
+        # the trainer's own counters, differenced within one process (a restarted one counts from 0)
+        before = prev if prev is not None and prev.get("pid") == r.get("pid") else {}
+        own = {
+            n: max(0.0, float(r.get(k) or 0.0) - float(before.get(k) or 0.0)) for n, k in TRAINER_KEYS.items()
+        }
+        gen = {n: _rollout_delta(workers, k, a, b) for n, k in ROLLOUT_KEYS.items()}
+        other = max(0.0, own["busy"] - own["train"] - own["publish"])
+        borrowed = _rollout_delta(everyone, BORROWED, a, b)
         out.append(
-            StepWall(
-                step=step,
-                wall=b - a,
-                train=train,
-                publish=publish,
-                other=max(0.0, busy - train - publish),
-                idle=tdelta("idle"),
-                generate=_rollout_delta(workers, ROLLOUT_KEYS["generate"], a, b),
-                prefill=_rollout_delta(workers, ROLLOUT_KEYS["prefill"], a, b),
-                decode=_rollout_delta(workers, ROLLOUT_KEYS["decode"], a, b),
-                borrowed=_rollout_delta(everyone, BORROWED, a, b),
-            )
+            StepWall(step, b - a, own["train"], own["publish"], other, own["idle"], **gen, borrowed=borrowed)
         )
         prev = r
     return out
