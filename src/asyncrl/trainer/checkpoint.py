@@ -51,6 +51,7 @@ import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,30 +134,22 @@ def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor], *, drop_callab
     if isinstance(obj, torch.Tensor):
         tensors[key] = obj.detach().to("cpu", copy=True).contiguous()
         return {"__tensor__": key}
+    sub = partial(_encode, tensors=tensors, drop_callables=drop_callables, where=where)
+
+    def dropped(v: object) -> bool:
+        return drop_callables and callable(v) and not isinstance(v, torch.Tensor)
+
     if isinstance(obj, (list, tuple)):
-        items: list[Any] = []
-        for i, v in enumerate(obj):
-            if drop_callables and callable(v) and not isinstance(v, torch.Tensor):
-                items.append(None)
-            else:
-                items.append(_encode(v, f"{key}.{i}", tensors, drop_callables=drop_callables, where=where))
+        items = [None if dropped(v) else sub(v, f"{key}.{i}") for i, v in enumerate(obj)]
         return {"__tuple__": items} if isinstance(obj, tuple) else items
     if isinstance(obj, dict):
-        pairs = [
-            (k, v)
-            for k, v in obj.items()
-            if not (drop_callables and callable(v) and not isinstance(v, torch.Tensor))
-        ]
-        plain = all(isinstance(k, str) for k, _ in pairs) and not any(k in _TAGS for k, _ in pairs)
-        enc = {
-            k: _encode(v, f"{key}.{k}", tensors, drop_callables=drop_callables, where=where) for k, v in pairs
-        }
-        if plain:
+        enc = {k: sub(v, f"{key}.{k}") for k, v in obj.items() if not dropped(v)}
+        if all(isinstance(k, str) and k not in _TAGS for k in enc):
             return enc
-        for k, _ in pairs:
+        for k in enc:
             if not (k is None or isinstance(k, (bool, int, float, str))):
                 raise CheckpointError(f"cannot store {where}: dict key {k!r} at {key!r} is not a scalar")
-        return {"__items__": [[k, enc[k]] for k, _ in pairs]}
+        return {"__items__": [[k, v] for k, v in enc.items()]}
     raise CheckpointError(
         f"cannot store {where}: value of type {type(obj).__name__} at {key!r} is neither a tensor "
         "nor JSON data (bool/int/float/str/None/list/tuple/dict)"
@@ -218,22 +211,21 @@ def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     where = f"the {type(optimizer).__name__} optimizer state"
-    state: dict[str, object] = {}
-    non_tensor: dict[str, dict[str, str]] = {}
-    for idx, entries in sd["state"].items():
-        enc: dict[str, object] = {}
-        for name, value in entries.items():
-            enc[name] = _encode(value, f"state.{idx}.{name}", tensors, drop_callables=False, where=where)
-            if not isinstance(value, torch.Tensor):
-                non_tensor.setdefault(str(idx), {})[name] = type(value).__name__
-        state[str(idx)] = enc
+    state = {
+        str(idx): _encode(entries, f"state.{idx}", tensors, drop_callables=False, where=where)
+        for idx, entries in sd["state"].items()
+    }
+    non_tensor = {
+        str(idx): {name: type(v).__name__ for name, v in entries.items() if not isinstance(v, torch.Tensor)}
+        for idx, entries in sd["state"].items()
+    }
     groups = _encode(sd["param_groups"], "param_groups", tensors, drop_callables=False, where=where)
     meta = {
         "format_version": FORMAT_VERSION,
         "class": type(optimizer).__name__,
         "param_groups": groups,
         "state": state,
-        "non_tensor_state": non_tensor,  # informational: names and Python types
+        "non_tensor_state": {k: v for k, v in non_tensor.items() if v},  # informational: names, types
     }
     return tensors, meta
 

@@ -346,15 +346,8 @@ class EmbeddedQueue(TrajectoryQueue):
                 .fetchall()
             )
         return [
-            DeadLetter(
-                entry_id=str(entry_id),
-                group_id=str(group_id),
-                reason=str(reason),
-                payload=bytes(payload),
-                attempts=int(attempts),
-                dead_at=float(dead_at),
-            )
-            for entry_id, group_id, reason, payload, attempts, dead_at in rows
+            DeadLetter(str(entry), str(group), str(reason), bytes(payload), int(attempts), float(dead_at))
+            for entry, group, reason, payload, attempts, dead_at in rows
         ]
 
     def close(self) -> None:
