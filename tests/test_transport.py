@@ -541,7 +541,7 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
     import redis
     import redis.retry
 
-    from asyncrl.credentials import mask_url, with_retries
+    from asyncrl.credentials import mask_secrets, with_retries
 
     sleeps: list[float] = []
     monkeypatch.setattr(redis.retry, "sleep", sleeps.append)  # the one policy is redis-py's own Retry
@@ -566,9 +566,9 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
     with pytest.raises(redis.ResponseError):  # other errors are not retried
         with_retries(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")))
     assert len(sleeps) == 9
-    assert mask_url("rediss://:s3cret@host:6380/1") == "rediss://:***@host:6380/1"
-    assert mask_url("redis://u:pw@h/0") == "redis://u:***@h/0"
-    assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
+    assert mask_secrets("rediss://:s3cret@host:6380/1") == "rediss://:***@host:6380/1"
+    assert mask_secrets("redis://u:pw@h/0") == "redis://u:***@h/0"
+    assert mask_secrets("redis://h:6379/0") == "redis://h:6379/0"
 
 
 @pytest.mark.redis

@@ -225,17 +225,10 @@ class RayLauncher(Launcher):
                 f"{cfg.trainer_placement}) within {cfg.place_timeout_s:.0f}s; lower trainer.world_size or "
                 "launcher.trainer_cpus / trainer_gpus / trainer_resources, or add nodes"
             )
-        placed = [
-            self._place(
-                name,
-                {
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        self._group, placement_group_bundle_index=r
-                    )
-                },
-            )
-            for r, name in enumerate(names)
-        ]
+        placed = []
+        for rank, name in enumerate(names):
+            strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank)
+            placed.append(self._place(name, {"scheduling_strategy": strategy}))
         host, port = ray.get(placed[0][0].rendezvous.remote(port), timeout=cfg.place_timeout_s)
         for rank, (name, (actor, pid)) in enumerate(zip(names, placed, strict=True)):
             ref = actor.run.remote(_target_path(target), (*args, rank, host, port))

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from asyncrl.credentials import key_prefix, mask_url, open_redis, redis_text, with_retries
+from asyncrl.credentials import key_prefix, mask_secrets, open_redis, redis_text, with_retries
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
@@ -182,7 +182,7 @@ class RedisQueue(TrajectoryQueue):
     # ---- plumbing ----------------------------------------------------------------------
     def _client(self) -> redis.Redis:
         if self._closed or self._r is None:
-            raise QueueClosedError(f"queue {self.prefix} on {mask_url(self.url)} is closed")
+            raise QueueClosedError(f"queue {self.prefix} on {mask_secrets(self.url)} is closed")
         return self._r
 
     def _ensure_group(self) -> None:
@@ -350,6 +350,6 @@ class RedisQueue(TrajectoryQueue):
 
     def __repr__(self) -> str:
         return (
-            f"RedisQueue({mask_url(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
+            f"RedisQueue({mask_secrets(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
             f"lease_seconds={self.lease_seconds})"
         )
