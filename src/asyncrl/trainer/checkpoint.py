@@ -197,12 +197,8 @@ def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step_*`` directory with a manifest, oldest first."""
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        step = _step_of(child)
-        if step is not None and child.is_dir() and (child / MANIFEST).is_file():
-            found.append((step, child))
-    return sorted(found)
+    found = [(_step_of(child), child) for child in root.iterdir()]
+    return sorted((s, c) for s, c in found if s is not None and c.is_dir() and (c / MANIFEST).is_file())
 
 
 # ---------------------------------------------------------------------------------------------

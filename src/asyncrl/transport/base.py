@@ -168,7 +168,6 @@ class TrajectoryQueue(ABC):
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
-        self._before_put()
         group.validate()  # fail at the producer, not as a dead letter at the trainer
         deadline = None if timeout is None else time.monotonic() + timeout
         stamp = time.time()
@@ -182,9 +181,6 @@ class TrajectoryQueue(ABC):
             backoff_sleep(attempt, deadline)
             attempt += 1
         return True
-
-    def _before_put(self) -> None:  # noqa: B027 - an optional hook, empty by default
-        """Hook run once per put before validation (e.g. to fail fast on a closed handle)."""
 
     @abstractmethod
     def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:

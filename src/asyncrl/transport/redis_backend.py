@@ -213,9 +213,6 @@ class RedisQueue(TrajectoryQueue):
         return with_retries(run)
 
     # ---- producer ----------------------------------------------------------------------
-    def _before_put(self) -> None:
-        self._client()  # a closed handle fails before any work
-
     def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
         args = [group_id, payload, self.capacity, members]

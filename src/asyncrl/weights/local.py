@@ -138,16 +138,12 @@ class LocalWeightStore(WeightStore):
 
     # ---- reading ---------------------------------------------------------------------------
     def versions(self) -> list[int]:
-        out: list[int] = []
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
             return []
-        for entry in entries:
-            m = _VERSION_DIR.match(entry.name)
-            if m and entry.is_dir(follow_symlinks=False):
-                out.append(int(m.group(1)))
-        return sorted(out)
+        matches = [(e, _VERSION_DIR.match(e.name)) for e in entries]
+        return sorted(int(m.group(1)) for e, m in matches if m and e.is_dir(follow_symlinks=False))
 
     def latest_version(self) -> int | None:
         version, problem = self._read_pointer()
