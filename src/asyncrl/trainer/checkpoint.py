@@ -44,12 +44,13 @@ One writer per ``root`` is assumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -434,8 +435,18 @@ def _load_json(path: Path, rel: str) -> Any:
         raise _corrupt(path, rel, exc) from None
 
 
-def _unrestorable(path: Path, rel: str, what: str, exc: BaseException) -> CheckpointError:
-    return CheckpointError(f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})")
+_STATE_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
+
+
+@contextlib.contextmanager
+def _restoring(path: Path, rel: str, what: str, errors: tuple[type[Exception], ...]) -> Iterator[None]:
+    """``errors`` raised in the block become one :class:`CheckpointError`: ``what`` cannot be restored."""
+    try:
+        yield
+    except errors as exc:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})"
+        ) from None
 
 
 def _check_class(meta: Mapping[str, object], obj: object, what: str) -> None:
@@ -466,10 +477,8 @@ def load_checkpoint(
     else:
         _read_manifest(path)
 
-    try:
+    with _restoring(path, TRAINER_STATE, "the trainer state", (ValueError,)):
         state = TrainerState.from_json(_load_json(path, TRAINER_STATE))
-    except ValueError as exc:
-        raise _unrestorable(path, TRAINER_STATE, "the trainer state", exc) from None
 
     # Parse everything before mutating anything, so a bad file leaves the objects untouched.
     weights = _load_tensors(path, POLICY_WEIGHTS)
@@ -477,19 +486,13 @@ def load_checkpoint(
     sched_sd = _read_scheduler(path, scheduler) if scheduler is not None else None
     rng, py_state = _read_rng(path, py_rng)
 
-    try:
+    with _restoring(path, POLICY_WEIGHTS, "the policy weights", (ValueError,)):
         policy.load_tensors(weights)
-    except ValueError as exc:
-        raise _unrestorable(path, POLICY_WEIGHTS, "the policy weights", exc) from None
-    try:
+    with _restoring(path, OPTIMIZER_JSON, "the optimizer", (KeyError, TypeError, ValueError)):
         optimizer.load_state_dict(opt_sd)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, OPTIMIZER_JSON, "the optimizer", exc) from None
     if scheduler is not None and sched_sd is not None:
-        try:
+        with _restoring(path, SCHEDULER_JSON, "the LR scheduler", _STATE_ERRORS):
             scheduler.load_state_dict(sched_sd)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise _unrestorable(path, SCHEDULER_JSON, "the LR scheduler", exc) from None
     _restore_rng(path, rng, py_rng, py_state)
     return state
 
@@ -504,27 +507,22 @@ def _read_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, A
     else:
         opt_tensors = _load_tensors(path, OPTIMIZER_TENSORS)
     opt_meta = _load_json(path, OPTIMIZER_JSON)
-    try:
+    with _restoring(path, OPTIMIZER_JSON, "the optimizer", _STATE_ERRORS):
         _check_class(opt_meta, optimizer, "optimizer")
-        return {
-            "state": {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()},
-            "param_groups": _decode(opt_meta["param_groups"], opt_tensors),
-        }
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, OPTIMIZER_JSON, "the optimizer", exc) from None
+        state = {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()}
+        groups = _decode(opt_meta["param_groups"], opt_tensors)
+    return {"state": state, "param_groups": groups}
 
 
 def _read_scheduler(path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
     meta = _load_json(path, SCHEDULER_JSON)
     sched_tensors = _load_tensors(path, SCHEDULER_TENSORS) if (path / SCHEDULER_TENSORS).exists() else {}
-    try:
+    with _restoring(path, SCHEDULER_JSON, "the LR scheduler", _STATE_ERRORS):
         _check_class(meta, scheduler, "scheduler")
         sched_sd = _decode(meta["state"], sched_tensors)
         if not isinstance(sched_sd, dict):
             raise TypeError("state is not an object")
-        return sched_sd
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, SCHEDULER_JSON, "the LR scheduler", exc) from None
+    return sched_sd
 
 
 def _read_rng(
@@ -537,16 +535,15 @@ def _read_rng(
     if py_rng is None:
         return rng, None
     data = _load_json(path, RNG_JSON)
-    try:
-        return rng, (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, RNG_JSON, "the Python RNG", exc) from None
+    with _restoring(path, RNG_JSON, "the Python RNG", (KeyError, TypeError, ValueError)):
+        py_state = (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
+    return rng, py_state
 
 
 def _restore_rng(
     path: Path, rng: dict[str, torch.Tensor], py_rng: random.Random | None, py_state: tuple[Any, ...] | None
 ) -> None:
-    try:
+    with _restoring(path, RNG_TENSORS, "the torch RNG", (RuntimeError, ValueError)):
         torch.set_rng_state(rng["torch"])
         cuda = [rng[f"cuda.{i}"] for i in range(len(rng)) if f"cuda.{i}" in rng]
         if cuda and torch.cuda.is_available():
@@ -558,13 +555,9 @@ def _restore_rng(
                     len(cuda),
                     torch.cuda.device_count(),
                 )
-    except (RuntimeError, ValueError) as exc:
-        raise _unrestorable(path, RNG_TENSORS, "the torch RNG", exc) from None
     if py_rng is not None and py_state is not None:
-        try:
+        with _restoring(path, RNG_JSON, "the Python RNG", (TypeError, ValueError)):
             py_rng.setstate(py_state)
-        except (TypeError, ValueError) as exc:
-            raise _unrestorable(path, RNG_JSON, "the Python RNG", exc) from None
 
 
 __all__ = [
