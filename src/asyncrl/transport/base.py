@@ -122,6 +122,18 @@ def leased_group(payload: bytes, group_id: str, now: float) -> Group | str:
     return group
 
 
+COUNTERS = (
+    "put_total",
+    "acked_total",
+    "redelivered_total",
+    "bytes_in",
+    "samples_in",
+    "samples_acked",
+    "samples_dead",
+)
+"""The queue-wide totals every backend keeps (besides the dead letters never put: ``dead_foreign_total``)."""
+
+
 def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capacity: int) -> QueueStats:
     """The :class:`QueueStats` every backend's :meth:`TrajectoryQueue.stats` returns."""
     return QueueStats(
@@ -131,14 +143,8 @@ def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capaci
         dead_letters=float(dead),
         # dead letters never accepted by put (written into the store from outside): not the run's to account
         dead_letters_foreign=float(counters.get("dead_foreign_total", 0)),
-        put_total=float(counters.get("put_total", 0)),
-        acked_total=float(counters.get("acked_total", 0)),
-        redelivered_total=float(counters.get("redelivered_total", 0)),
-        bytes_in=float(counters.get("bytes_in", 0)),
-        samples_in=float(counters.get("samples_in", 0)),
-        samples_acked=float(counters.get("samples_acked", 0)),
-        samples_dead=float(counters.get("samples_dead", 0)),
         capacity=float(capacity),
+        **{name: float(counters.get(name, 0)) for name in COUNTERS},
     )
 
 

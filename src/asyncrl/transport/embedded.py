@@ -40,6 +40,7 @@ from typing import Literal
 
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
+    COUNTERS,
     DeadLetter,
     Delivery,
     QueueClosedError,
@@ -56,16 +57,6 @@ SCHEMA_VERSION = 2
 Synchronous = Literal["NORMAL", "FULL"]
 
 _ACK_CHUNK = 500
-_COUNTERS = (
-    "put_total",
-    "acked_total",
-    "redelivered_total",
-    "bytes_in",
-    "samples_in",
-    "samples_acked",
-    "samples_dead",
-)  # dead letters: their own table
-
 _SCHEMA: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS entries (
@@ -164,7 +155,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.executemany(
-                    "INSERT OR IGNORE INTO counters (name, value) VALUES (?, 0)", [(c,) for c in _COUNTERS]
+                    "INSERT OR IGNORE INTO counters (name, value) VALUES (?, 0)", [(c,) for c in COUNTERS]
                 )
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
@@ -319,17 +310,13 @@ class EmbeddedQueue(TrajectoryQueue):
             conn = self._conn()
             conn.execute("BEGIN")  # one consistent snapshot for all numbers
             try:
-                depth = _int(conn.execute("SELECT count(*) FROM entries").fetchall())
-                ready = _int(
-                    conn.execute(
-                        "SELECT count(*) FROM entries WHERE visible_at <= ?", (time.time(),)
-                    ).fetchall()
-                )
-                dead = _int(conn.execute("SELECT count(*) FROM dead_letters").fetchall())
+                depth = self._scalar("SELECT count(*) FROM entries")  # (the lock is re-entrant)
+                ready = self._scalar("SELECT count(*) FROM entries WHERE visible_at <= ?", (time.time(),))
+                dead = self._scalar("SELECT count(*) FROM dead_letters")
                 counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
             finally:
                 conn.execute("COMMIT")
-        return stats_of(int(depth), int(ready), int(dead), counters, self.capacity)
+        return stats_of(depth, ready, dead, counters, self.capacity)
 
     def unacked_payloads(self) -> list[bytes]:
         with self._lock:
