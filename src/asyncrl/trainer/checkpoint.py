@@ -189,17 +189,12 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _step_of(path: Path) -> int | None:
-    m = _STEP_RE.match(path.name)
-    return int(m.group(1)) if m else None
-
-
 def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step_*`` directory with a manifest, oldest first."""
     if not root.is_dir():
         return []
-    found = [(_step_of(child), child) for child in root.iterdir()]
-    return sorted((s, c) for s, c in found if s is not None and c.is_dir() and (c / MANIFEST).is_file())
+    found = [(int(m.group(1)), c) for c in root.iterdir() if (m := _STEP_RE.match(c.name))]
+    return sorted((s, c) for s, c in found if c.is_dir() and (c / MANIFEST).is_file())
 
 
 # ---------------------------------------------------------------------------------------------

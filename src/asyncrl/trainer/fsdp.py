@@ -57,11 +57,6 @@ def _meta(p: torch.Tensor) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
 
 
-def _skeleton(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model``'s modules with every parameter on the meta device, buffers real."""
-    return copy.deepcopy(model, {id(p): _meta(p) for p in model.parameters()})
-
-
 class ShardedPolicy:
     """A rank's FSDP2-sharded policy: the scorer to run (the root unit), and the gathered full state."""
 
@@ -69,7 +64,8 @@ class ShardedPolicy:
         from asyncrl.policy import Policy
 
         model = policy.model
-        twin = _skeleton(model) if group.leader else None
+        # rank 0's twin: a copy of the modules with every parameter on the meta device, buffers real
+        twin = copy.deepcopy(model, {id(p): _meta(p) for p in model.parameters()}) if group.leader else None
         self._slots = [  # (live module, twin module, parameter name), tied parameters included
             (live, mirror, name)
             for live, mirror in zip(model.modules(), (twin or model).modules(), strict=True)

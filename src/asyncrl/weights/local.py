@@ -276,7 +276,7 @@ class LocalWeightStore(WeightStore):
                     f"weight versions must increase strictly: cannot publish {version}, "
                     f"version {newest} already exists in {self.root}"
                 )
-            self._remove_leftovers()
+            remove_stale(self.root, (".tmp-", ".trash-", ".latest.tmp-"))  # crashed publishes' leftovers
             final = self.root / version_dirname(version)
             with staged_dir(final, tmp_prefix=f".tmp-{version_dirname(version)}-", mode=0o755) as tmp:
                 model_path = tmp / MODEL_FILE
@@ -305,7 +305,3 @@ class LocalWeightStore(WeightStore):
         for version in to_prune(self.versions(), self.keep, {pointer}):
             name = version_dirname(version)
             discard(self.root / name, trash_prefix=f".trash-{name}-")
-
-    def _remove_leftovers(self) -> None:
-        """Remove temp and trash entries of crashed publishes (one publisher per store)."""
-        remove_stale(self.root, (".tmp-", ".trash-", ".latest.tmp-"))
