@@ -116,15 +116,6 @@ def with_retries(fn: Callable[[], T]) -> T:
     return result
 
 
-def _no_client_retry() -> Retry:
-    """Clients retry nothing themselves: redis-py's default (3 retries, up to 10 s apart) would multiply the
-    one policy, which :func:`with_retries` applies around every operation."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return Retry(NoBackoff(), 0)
-
-
 def key_prefix(run_dir: str | Path) -> str:
     """A run's Redis key prefix: ``asyncrl:{<sha1 of the absolute run_dir, 12 hex digits>}`` (a Cluster
     hash tag: every key of the run in one slot)."""
@@ -152,10 +143,14 @@ def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> A
     reached, refused the credentials, or the settings are malformed.
     """
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     check_url_syntax(url, field)
     shown = mask_secrets(url)
-    kwargs = {"socket_timeout": timeout_s, "retry": _no_client_retry(), **kwargs}
+    # the client retries nothing itself: redis-py's default (3 retries, up to 10 s apart) would multiply
+    # the one policy, which with_retries applies around every operation
+    kwargs = {"socket_timeout": timeout_s, "retry": Retry(NoBackoff(), 0), **kwargs}
     try:
         client = redis.Redis.from_url(resolve_url(url), socket_connect_timeout=timeout_s, **kwargs)
         with_retries(client.ping)

@@ -35,9 +35,8 @@ How the guarantees are met
 * **Durability** is the server's: ``put`` returns ``True`` once Redis executed the write. Run
   Redis with ``appendonly yes`` (``appendfsync everysec`` loses at most ~1 s on a server
   crash; ``always`` loses nothing) to survive a Redis restart.
-* **Connection.** ``redis_url`` carries everything: ``redis://host:6379/0``,
-  ``redis://:password@host:6379/0``, ``redis://user:password@host/0`` (ACL) and
-  ``rediss://...`` for TLS (``?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem``).
+* **Connection.** ``redis_url`` carries everything (password, ACL user, database, TLS):
+  :mod:`asyncrl.credentials`, ``docs/transport.md``.
 """
 
 from __future__ import annotations
