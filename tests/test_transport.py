@@ -9,6 +9,7 @@ torch), so spawned children start fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -514,14 +515,16 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue, key_prefix
 
     cfg = RedisTransportConfig(redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
-    with make_queue(cfg, redis_run_dir) as q:
+    with contextlib.closing(make_queue(cfg, redis_run_dir)) as q:
         assert isinstance(q, RedisQueue)
         assert (q.capacity, q.lease_seconds, q.prefix) == (7, 3.0, key_prefix(redis_run_dir))
         assert q.put(make_traj("a"))
     # Another run directory is another stream: nothing collides.
     other = redis_run_dir.parent / "other-run"
     assert key_prefix(other) != key_prefix(redis_run_dir)
-    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0) as q2:
+    with contextlib.closing(
+        RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0)
+    ) as q2:
         try:
             assert q2.depth() == 0 and q2.get_batch(5) == []
         finally:

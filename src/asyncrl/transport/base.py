@@ -41,7 +41,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 from asyncrl.errors import UserError
 from asyncrl.records import Group, RecordDecodeError, decode_group, encode
@@ -245,14 +244,3 @@ class TrajectoryQueue(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release this handle's resources. Idempotent; the queue's contents persist."""
-
-    def __enter__(self) -> TrajectoryQueue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
