@@ -146,7 +146,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 raise RuntimeError(f"{self.path}: could not switch the queue database to WAL (got {mode!r})")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")
-            try:
+            with conn:  # COMMIT, or ROLLBACK on an error
                 version = conn.execute("PRAGMA user_version").fetchall()[0][0]
                 if version not in (0, SCHEMA_VERSION):
                     raise RuntimeError(
@@ -158,10 +158,6 @@ class EmbeddedQueue(TrajectoryQueue):
                     "INSERT OR IGNORE INTO counters (name, value) VALUES (?, 0)", [(c,) for c in COUNTERS]
                 )
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
         except BaseException:
             conn.close()
             raise
@@ -184,13 +180,8 @@ class EmbeddedQueue(TrajectoryQueue):
         with self._lock:
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
-            try:
+            with conn:  # COMMIT, or ROLLBACK on an error
                 yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
 
     def _scalar(self, sql: str, params: Sequence[object] = ()) -> int:
         """A lock-free integer read (count, exists)."""

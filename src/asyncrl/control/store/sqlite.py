@@ -83,12 +83,8 @@ class SQLiteStateStore(StateStore):
         """A ``BEGIN IMMEDIATE`` transaction under the lock, committed on success, rolled back on error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._db:  # COMMIT, or ROLLBACK on an error
                 yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
 
     def counters(self) -> dict[str, int]:
         with self._lock:
