@@ -139,11 +139,7 @@ class RayLauncher(Launcher):
             self._actor_cls: Any = ray.remote(_RoleActor)
             return
         address = cfg.address
-        kwargs: dict[str, Any] = {
-            "include_dashboard": False,
-            "log_to_driver": True,
-            "configure_logging": False,
-        }
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
         if address is None:
             _refresh_ray_auth()
             # Ray starts its worker processes at nice 15 (`worker_niceness`): beside any other work
