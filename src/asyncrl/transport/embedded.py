@@ -104,12 +104,6 @@ _SCHEMA: tuple[str, ...] = (
 )
 
 
-def _int(rows: list[tuple[object, ...]]) -> int:
-    value = rows[0][0]
-    assert isinstance(value, int), value
-    return value
-
-
 class EmbeddedQueue(TrajectoryQueue):
     """The SQLite-backed :class:`TrajectoryQueue` (``transport.kind: embedded``)."""
 
@@ -184,9 +178,11 @@ class EmbeddedQueue(TrajectoryQueue):
                 yield conn
 
     def _scalar(self, sql: str, params: Sequence[object] = ()) -> int:
-        """A lock-free integer read (count, exists)."""
+        """An integer read (count, exists): lock-free in WAL, or in the caller's transaction (re-entrant lock)."""
         with self._lock:
-            return _int(self._conn().execute(sql, params).fetchall())
+            value = self._conn().execute(sql, params).fetchall()[0][0]
+        assert isinstance(value, int), value
+        return value
 
     @staticmethod
     def _bump(conn: sqlite3.Connection, name: str, by: int) -> None:
@@ -202,7 +198,7 @@ class EmbeddedQueue(TrajectoryQueue):
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM entries WHERE group_id = ?", (group_id,)).fetchall():
                 return True
-            if _int(conn.execute("SELECT count(*) FROM entries").fetchall()) >= self.capacity:
+            if conn.execute("SELECT count(*) FROM entries").fetchone()[0] >= self.capacity:  # under the lock
                 return False
             now = time.time()
             cur = conn.execute(
@@ -301,7 +297,7 @@ class EmbeddedQueue(TrajectoryQueue):
             conn = self._conn()
             conn.execute("BEGIN")  # one consistent snapshot for all numbers
             try:
-                depth = self._scalar("SELECT count(*) FROM entries")  # (the lock is re-entrant)
+                depth = self._scalar("SELECT count(*) FROM entries")
                 ready = self._scalar("SELECT count(*) FROM entries WHERE visible_at <= ?", (time.time(),))
                 dead = self._scalar("SELECT count(*) FROM dead_letters")
                 counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
