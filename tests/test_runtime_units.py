@@ -122,7 +122,7 @@ def test_buffer_takes_whole_groups_until_a_batch() -> None:
     b.add(flat("g2", 1, 0, 1))  # 5 samples: the batch takes both groups whole (overshoots 4)
     batch, dropped = b.take(version=0)
     assert batch is not None and [g.id for g in batch] == ["g1", "g2"] and len(members(batch)) == 5
-    assert len(b) == 0 and b.groups() == 0
+    assert len(b) == 0 and len(b._groups) == 0
 
 
 def test_buffer_sets_a_non_finite_member_aside_alone() -> None:
@@ -136,7 +136,7 @@ def test_buffer_sets_a_non_finite_member_aside_alone() -> None:
     assert batch[0].members[0].reward_components["group_dropped"] == 2
     assert [d.reason for d in dropped] == ["dropped_non_finite"]
     b.add(flat("all-bad", float("nan")))  # nothing of it is held; its member is reported
-    assert b.groups() == 0 and [d.reason for d in b.take(version=0)[1]] == ["dropped_non_finite"]
+    assert len(b._groups) == 0 and [d.reason for d in b.take(version=0)[1]] == ["dropped_non_finite"]
 
 
 def test_buffer_drops_too_stale_and_invalid() -> None:
@@ -152,7 +152,7 @@ def test_buffer_drops_too_stale_and_invalid() -> None:
     reasons = sorted(d.reason for d in dropped)
     assert reasons == ["dropped_invalid", "dropped_stale"]
     assert [d.age for d in dropped if d.reason == "dropped_stale"] == [2]
-    assert b.groups() == 1 and b._groups["g1"].members[0].reward_components["group_dropped"] == 1
+    assert len(b._groups) == 1 and b._groups["g1"].members[0].reward_components["group_dropped"] == 1
 
 
 def test_buffer_never_returns_stale_samples() -> None:

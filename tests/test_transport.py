@@ -9,6 +9,7 @@ torch), so spawned children start fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -514,14 +515,16 @@ def test_make_queue_redis_opens_a_per_run_stream(redis_run_dir: Path) -> None:
     from asyncrl.transport.redis_backend import RedisQueue, key_prefix
 
     cfg = RedisTransportConfig(redis_url=REDIS_URL, capacity=7, lease_seconds=3.0)
-    with make_queue(cfg, redis_run_dir) as q:
+    with contextlib.closing(make_queue(cfg, redis_run_dir)) as q:
         assert isinstance(q, RedisQueue)
         assert (q.capacity, q.lease_seconds, q.prefix) == (7, 3.0, key_prefix(redis_run_dir))
         assert q.put(make_traj("a"))
     # Another run directory is another stream: nothing collides.
     other = redis_run_dir.parent / "other-run"
     assert key_prefix(other) != key_prefix(redis_run_dir)
-    with RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0) as q2:
+    with contextlib.closing(
+        RedisQueue(REDIS_URL, other, capacity=64, lease_seconds=60.0, socket_timeout_s=30.0)
+    ) as q2:
         try:
             assert q2.depth() == 0 and q2.get_batch(5) == []
         finally:
@@ -541,7 +544,7 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
     import redis
     import redis.retry
 
-    from asyncrl.credentials import mask_url, with_retries
+    from asyncrl.credentials import mask_secrets, with_retries
 
     sleeps: list[float] = []
     monkeypatch.setattr(redis.retry, "sleep", sleeps.append)  # the one policy is redis-py's own Retry
@@ -566,9 +569,9 @@ def test_redis_retry_wrapper_backs_off_then_gives_up(monkeypatch: pytest.MonkeyP
     with pytest.raises(redis.ResponseError):  # other errors are not retried
         with_retries(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")))
     assert len(sleeps) == 9
-    assert mask_url("rediss://:s3cret@host:6380/1") == "rediss://:***@host:6380/1"
-    assert mask_url("redis://u:pw@h/0") == "redis://u:***@h/0"
-    assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
+    assert mask_secrets("rediss://:s3cret@host:6380/1") == "rediss://:***@host:6380/1"
+    assert mask_secrets("redis://u:pw@h/0") == "redis://u:***@h/0"
+    assert mask_secrets("redis://h:6379/0") == "redis://h:6379/0"
 
 
 @pytest.mark.redis

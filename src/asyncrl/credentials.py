@@ -4,8 +4,7 @@ A Redis URL may carry a password (``redis://:secret@host:6379/0``, ``redis://use
 ``rediss://...`` for TLS). The rules:
 
 * Whatever asyncrl writes or prints shows the URL **masked**: ``redis://:***@host:6379/0``
-  (:func:`mask_url` for one URL, :func:`mask_secrets` for any text: config dumps, validation
-  errors, exception messages).
+  (:func:`mask_secrets`, for a URL or any text: config dumps, validation errors, exception messages).
 * A masked URL is still usable: the password ``***`` (or no password at all) is taken from the
   environment variable ``ASYNCRL_REDIS_PASSWORD`` when that is set (:func:`resolve_url`). So the
   run directory's ``config.yaml`` never holds the secret, and ``asyncrl train --resume`` works
@@ -53,11 +52,6 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 _CRED_IN_URL = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/@\s'\"]*):(?P<pw>[^@/\s'\"]+)@", re.IGNORECASE)
 
 
-def mask_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``."""
-    return mask_secrets(url)
-
-
 def mask_secrets(text: str) -> str:
     """Replace the password of every ``scheme://user:password@`` in ``text`` with ``***``."""
     return _CRED_IN_URL.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
@@ -89,14 +83,14 @@ def check_url_syntax(url: str, field: str) -> None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a non-numeric port
     except ValueError as exc:
-        raise UserError(f"{field} = {mask_url(url)!r} is not a valid URL: {exc}") from None
+        raise UserError(f"{field} = {mask_secrets(url)!r} is not a valid URL: {exc}") from None
     if parts.scheme not in REDIS_SCHEMES:
         raise UserError(
-            f"{field} = {mask_url(url)!r}: the scheme must be redis://, rediss:// (TLS) or unix://, "
+            f"{field} = {mask_secrets(url)!r}: the scheme must be redis://, rediss:// (TLS) or unix://, "
             "e.g. redis://127.0.0.1:6379/0 or redis://:PASSWORD@host:6379/0"
         )
     if parts.scheme != "unix" and not parts.hostname:
-        raise UserError(f"{field} = {mask_url(url)!r} names no host, e.g. redis://127.0.0.1:6379/0")
+        raise UserError(f"{field} = {mask_secrets(url)!r} names no host, e.g. redis://127.0.0.1:6379/0")
 
 
 def redis_retry() -> Retry:
@@ -120,15 +114,6 @@ def with_retries(fn: Callable[[], T]) -> T:
         fn, lambda _error: None, is_retryable=lambda e: not isinstance(e, redis.AuthenticationError)
     )
     return result
-
-
-def _no_client_retry() -> Retry:
-    """Clients retry nothing themselves: redis-py's default (3 retries, up to 10 s apart) would multiply the
-    one policy, which :func:`with_retries` applies around every operation."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return Retry(NoBackoff(), 0)
 
 
 def key_prefix(run_dir: str | Path) -> str:
@@ -158,29 +143,29 @@ def connect(url: str, field: str, *, timeout_s: float = 5.0, **kwargs: Any) -> A
     reached, refused the credentials, or the settings are malformed.
     """
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     check_url_syntax(url, field)
-    shown = mask_url(url)
-    kwargs = {"socket_timeout": timeout_s, "retry": _no_client_retry(), **kwargs}
+    shown = mask_secrets(url)
+    # the client retries nothing itself: redis-py's default (3 retries, up to 10 s apart) would multiply
+    # the one policy, which with_retries applies around every operation
+    kwargs = {"socket_timeout": timeout_s, "retry": Retry(NoBackoff(), 0), **kwargs}
     try:
         client = redis.Redis.from_url(resolve_url(url), socket_connect_timeout=timeout_s, **kwargs)
         with_retries(client.ping)
-    except redis.AuthenticationError as exc:
-        if urlsplit(resolve_url(url)).password is None or "NOAUTH" in str(exc):
-            raise UserError(
-                f"{field}: Redis at {shown} needs a password; put it in the URL (redis://:<password>@host) "
-                f"or in ${PASSWORD_ENV}"
-            ) from None
-        raise UserError(
-            f"{field}: Redis at {shown} refused the credentials; check the password in the URL "
-            f"or ${PASSWORD_ENV}"
-        ) from None
-    except redis.ResponseError as exc:
-        msg = mask_secrets(str(exc))
-        if "NOAUTH" in msg or "WRONGPASS" in msg:
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        msg, refused = mask_secrets(str(exc)), isinstance(exc, redis.AuthenticationError)
+        needs = urlsplit(resolve_url(url)).password is None if refused else "WRONGPASS" in msg
+        if needs or "NOAUTH" in msg:
             raise UserError(
                 f"{field}: Redis at {shown} needs a password; put it in the URL (redis://:PASSWORD@host) "
                 f"or in ${PASSWORD_ENV}"
+            ) from None
+        if refused:
+            raise UserError(
+                f"{field}: Redis at {shown} refused the credentials; check the password in the URL "
+                f"or ${PASSWORD_ENV}"
             ) from None
         raise UserError(f"{field}: Redis at {shown} answered with an error: {msg}") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:

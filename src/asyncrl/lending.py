@@ -224,10 +224,7 @@ class ThreadLender:
             None,
         )
         for module in list(layers) if layers is not None else [model]:
-            module.register_forward_pre_hook(self._hook)
-
-    def _hook(self, module: torch.nn.Module, args: object) -> None:
-        self.poll()
+            module.register_forward_pre_hook(lambda _module, _args: self.poll())
 
     def figures(self) -> CoreFigures:
         """The role report's ``cores`` section (borrowed thread-seconds so far, threads now)."""

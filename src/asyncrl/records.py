@@ -343,14 +343,7 @@ def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
     by_id: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_id.setdefault(group_key(t), []).append(t)
-    out = []
-    for gid, members in by_id.items():
-        for t in members:
-            t.group_id = gid
-        out.append(
-            Group(id=gid, task=members[0].task, members=members, episodes=len({t.episode for t in members}))
-        )
-    return out
+    return [Group.of(ms[0].task, ms, id=gid) for gid, ms in by_id.items()]
 
 
 def new_id() -> str:

@@ -73,9 +73,7 @@ def run_role(
     check_connections(cfg)  # bad Redis settings fail here, before any work
     if role == "orchestrator":
         lc = cfg.launcher  # the roles run as services: the orchestrator only watches them
-        shared = set(ExternalLauncherConfig.model_fields) - {
-            "kind"
-        }  # what every kind has, and external's own
+        shared = set(ExternalLauncherConfig.model_fields) - {"kind"}  # every kind's fields, external's own
         external = ExternalLauncherConfig(**lc.model_dump(include=shared))
         cfg = cfg.model_copy(update={"launcher": external})
         resume = run_dir if (run_dir / "initial_eval.json").is_file() else None

@@ -24,14 +24,10 @@ from .config import PolicyLossConfig as PolicyLossConfig
 from .config import PolicyLossKind as PolicyLossKind
 
 LAZY: dict[str, str] = {  # name -> the module of this package that defines it
-    "GROUP_MODES": "advantages",
     "GroupMode": "advantages",
     "batch_mean_baseline": "advantages",
     "group_advantages": "advantages",
     "masked_mean": "advantages",
-    "KL_KINDS": "kl",
-    "LOG_RATIO_CLAMP": "kl",
-    "KLKind": "kl",
     "approx_kl": "kl",
     "kl_estimate": "kl",
     "kl_mean": "kl",
@@ -50,21 +46,16 @@ LAZY: dict[str, str] = {  # name -> the module of this package that defines it
     "spearman": "segments",
     "turn_group_advantages": "segments",
     "value_delta_credit": "segments",
-    "ancestor_matrix": "tree",
     "spread_chains": "tree",
     "tree_advantages": "tree",
     "tree_values": "tree",
 }
 
 if TYPE_CHECKING:  # for mypy only (``X as X`` re-exports); at run time :data:`LAZY` serves these
-    from .advantages import GROUP_MODES as GROUP_MODES
     from .advantages import GroupMode as GroupMode
     from .advantages import batch_mean_baseline as batch_mean_baseline
     from .advantages import group_advantages as group_advantages
     from .advantages import masked_mean as masked_mean
-    from .kl import KL_KINDS as KL_KINDS
-    from .kl import LOG_RATIO_CLAMP as LOG_RATIO_CLAMP
-    from .kl import KLKind as KLKind
     from .kl import approx_kl as approx_kl
     from .kl import kl_estimate as kl_estimate
     from .kl import kl_mean as kl_mean
@@ -83,7 +74,6 @@ if TYPE_CHECKING:  # for mypy only (``X as X`` re-exports); at run time :data:`L
     from .segments import spearman as spearman
     from .segments import turn_group_advantages as turn_group_advantages
     from .segments import value_delta_credit as value_delta_credit
-    from .tree import ancestor_matrix as ancestor_matrix
     from .tree import spread_chains as spread_chains
     from .tree import tree_advantages as tree_advantages
     from .tree import tree_values as tree_values

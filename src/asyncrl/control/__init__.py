@@ -17,18 +17,15 @@ the bucket helpers — never a state-store key.
 
 from __future__ import annotations
 
-from asyncrl.control.directives import Directives, Exploration
-from asyncrl.control.run_state import Fate, RunState, Tallies
+from asyncrl.control.directives import Exploration
+from asyncrl.control.run_state import Fate, RunState
 from asyncrl.control.worker import WorkerControl
-from asyncrl.staleness import Mode, StalenessPolicy
+from asyncrl.staleness import StalenessPolicy
 
 __all__ = [
-    "Directives",
     "Exploration",
     "Fate",
-    "Mode",
     "RunState",
     "StalenessPolicy",
-    "Tallies",
     "WorkerControl",
 ]

@@ -33,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
+
 from asyncrl.control.buckets import bucket_of
 from asyncrl.records import Group, Trajectory
 from asyncrl.telemetry.reports import GroupReport
@@ -65,21 +67,8 @@ class Directives:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> Directives:
-        if not doc:
-            return cls()
-        x = doc.get("exploration") or None
-        return cls(
-            weights={str(b): float(w) for b, w in (doc.get("weights") or {}).items()},
-            open=[str(b) for b in doc.get("open", [])],
-            half_open=[str(b) for b in doc.get("half_open", [])],
-            exploration=Exploration(float(x["temperature_jitter"]), float(x["exploration_rate"]))
-            if x
-            else None,
-            heldout_rate=float(doc.get("heldout_rate", 0.0)),
-            workers=[str(w) for w in doc.get("workers", [])],
-            retire=[str(w) for w in doc.get("retire", [])],
-            at=float(doc.get("at", 0.0)),
-        )
+        """The directives of a stored :meth:`to_doc` (none stored: the defaults)."""
+        return msgspec.convert(doc, cls) if doc else cls()
 
 
 def compose(

@@ -152,13 +152,16 @@ class CreditAssigner:
                     v_before[i, k] = values[i, max(s - 1, 0)]
                     last = k == len(sp) - 1
                     v_after[i, k] = trajs[i].final_reward if last else values[i, e - 1]
-        metrics: dict[str, float] = {}
-        if c.strategy == "value_delta":
-            credits, metrics = value_delta_credit(
-                v_before, v_after, seq_adv, seg_mask, c.value_delta_eps, c.value_delta_min_ratio
-            )
-            n = seg_mask.sum(1, keepdim=True).float()
-            base = (credits * n).tolist()
+        mode = "dr_grpo" if c.baseline == "batch_mean" else c.baseline
+        if c.strategy in ("value_delta", "tree"):  # + the process rewards to go
+            if c.strategy == "value_delta":
+                credits, metrics = value_delta_credit(
+                    v_before, v_after, seq_adv, seg_mask, c.value_delta_eps, c.value_delta_min_ratio
+                )
+                base = (credits * seg_mask.sum(1, keepdim=True).float()).tolist()
+            else:
+                tree = tree_segment_advantages(groups, spans, mode)
+                self._tree_values, base, metrics = tree.values, tree.advantages, tree.metrics
             extra, _ = process_to_go([[p for *_, p in sp] for sp in spans], c)
             return [[base[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)], metrics
         if c.strategy == "gae":
@@ -170,15 +173,6 @@ class CreditAssigner:
             return [a[i, : len(sp)].tolist() for i, sp in enumerate(spans)], {
                 "credit/gae_adv_mean": float(a[seg_mask].mean()) if seg_mask.any() else 0.0
             }
-        if c.strategy == "tree":
-            tree = tree_segment_advantages(
-                groups, spans, "dr_grpo" if c.baseline == "batch_mean" else c.baseline
-            )
-            self._tree_values = tree.values
-            extra, _ = process_to_go([[p for *_, p in sp] for sp in spans], c)
-            return [
-                [tree.advantages[i][k] + extra[i][k] for k in range(len(sp))] for i, sp in enumerate(spans)
-            ], tree.metrics
         # turn_group
         keys: dict[str, int] = {}
         owner, returns, states = [], [], []
@@ -189,7 +183,6 @@ class CreditAssigner:
                 states.append(keys.setdefault(digest, len(keys)))
                 owner.append(i)
                 returns.append(c.gamma ** (n_seg - 1 - k) * t.final_reward + c.process_weight * proc_rtg[k])
-        mode = "dr_grpo" if c.baseline == "batch_mean" else c.baseline
         if not owner:
             return [[] for _ in spans], {}
         adv, metrics = turn_group_advantages(

@@ -59,14 +59,11 @@ class ValueModel:
                 torch.nn.Tanh(),
                 torch.nn.Linear(vcfg.hidden_size, 1),
             )
-        params = list(self.head.parameters()) + (
-            list(self.backbone.parameters()) if self.backbone is not None else []
-        )
         self.device = policy.device
-        self.head.to(self.device)
-        if self.backbone is not None:
-            self.backbone.to(self.device)
-        self.optimizer = torch.optim.AdamW(params, lr=vcfg.lr)
+        nets = [self.head] if self.backbone is None else [self.head, self.backbone]
+        self.optimizer = torch.optim.AdamW(
+            [p for n in nets for p in n.to(self.device).parameters()], lr=vcfg.lr
+        )
 
     def _features(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         from asyncrl.policy.model import padded_attention_inputs

@@ -53,10 +53,8 @@ class ExternalLauncher(Launcher):
         self.start(names[0], target, *args)
 
     def exitcode(self, name: str) -> int | None:
-        self._watch(name)
-        return None  # liveness of remote processes is their service manager's business
-
-    def _watch(self, name: str) -> None:
+        """Always None (liveness of remote processes is their service manager's business); warns once when
+        the role's metrics go silent past ``launcher.heartbeat_timeout_s``, and when they resume."""
         metrics = self.run_dir / "metrics" / f"{name}.jsonl"
         try:
             last = metrics.stat().st_mtime
@@ -73,6 +71,7 @@ class ExternalLauncher(Launcher):
         elif not silent and name in self._silent:
             log.warning("role %s is reporting again", name)
             self._silent.discard(name)
+        return None
 
     def silent(self) -> list[str]:
         """Roles currently past their heartbeat timeout."""

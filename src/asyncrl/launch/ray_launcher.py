@@ -139,11 +139,7 @@ class RayLauncher(Launcher):
             self._actor_cls: Any = ray.remote(_RoleActor)
             return
         address = cfg.address
-        kwargs: dict[str, Any] = {
-            "include_dashboard": False,
-            "log_to_driver": True,
-            "configure_logging": False,
-        }
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
         if address is None:
             _refresh_ray_auth()
             # Ray starts its worker processes at nice 15 (`worker_niceness`): beside any other work
@@ -225,17 +221,10 @@ class RayLauncher(Launcher):
                 f"{cfg.trainer_placement}) within {cfg.place_timeout_s:.0f}s; lower trainer.world_size or "
                 "launcher.trainer_cpus / trainer_gpus / trainer_resources, or add nodes"
             )
-        placed = [
-            self._place(
-                name,
-                {
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        self._group, placement_group_bundle_index=r
-                    )
-                },
-            )
-            for r, name in enumerate(names)
-        ]
+        placed = []
+        for rank, name in enumerate(names):
+            strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank)
+            placed.append(self._place(name, {"scheduling_strategy": strategy}))
         host, port = ray.get(placed[0][0].rendezvous.remote(port), timeout=cfg.place_timeout_s)
         for rank, (name, (actor, pid)) in enumerate(zip(names, placed, strict=True)):
             ref = actor.run.remote(_target_path(target), (*args, rank, host, port))

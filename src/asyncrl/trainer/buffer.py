@@ -97,10 +97,6 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return sum(len(g.members) for g in self._groups.values())
 
-    def groups(self) -> int:
-        """Groups held."""
-        return len(self._groups)
-
     def add(self, group: Group, missing: int = 0) -> None:
         """Hold ``group`` (``missing``: members it had that are not in it — their fate is already
         recorded). A member with a non-finite reward or log-prob is set aside alone, reported by the

@@ -44,13 +44,15 @@ One writer per ``root`` is assumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,30 +135,22 @@ def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor], *, drop_callab
     if isinstance(obj, torch.Tensor):
         tensors[key] = obj.detach().to("cpu", copy=True).contiguous()
         return {"__tensor__": key}
+    sub = partial(_encode, tensors=tensors, drop_callables=drop_callables, where=where)
+
+    def dropped(v: object) -> bool:
+        return drop_callables and callable(v) and not isinstance(v, torch.Tensor)
+
     if isinstance(obj, (list, tuple)):
-        items: list[Any] = []
-        for i, v in enumerate(obj):
-            if drop_callables and callable(v) and not isinstance(v, torch.Tensor):
-                items.append(None)
-            else:
-                items.append(_encode(v, f"{key}.{i}", tensors, drop_callables=drop_callables, where=where))
+        items = [None if dropped(v) else sub(v, f"{key}.{i}") for i, v in enumerate(obj)]
         return {"__tuple__": items} if isinstance(obj, tuple) else items
     if isinstance(obj, dict):
-        pairs = [
-            (k, v)
-            for k, v in obj.items()
-            if not (drop_callables and callable(v) and not isinstance(v, torch.Tensor))
-        ]
-        plain = all(isinstance(k, str) for k, _ in pairs) and not any(k in _TAGS for k, _ in pairs)
-        enc = {
-            k: _encode(v, f"{key}.{k}", tensors, drop_callables=drop_callables, where=where) for k, v in pairs
-        }
-        if plain:
+        enc = {k: sub(v, f"{key}.{k}") for k, v in obj.items() if not dropped(v)}
+        if all(isinstance(k, str) and k not in _TAGS for k in enc):
             return enc
-        for k, _ in pairs:
+        for k in enc:
             if not (k is None or isinstance(k, (bool, int, float, str))):
                 raise CheckpointError(f"cannot store {where}: dict key {k!r} at {key!r} is not a scalar")
-        return {"__items__": [[k, enc[k]] for k, _ in pairs]}
+        return {"__items__": [[k, v] for k, v in enc.items()]}
     raise CheckpointError(
         f"cannot store {where}: value of type {type(obj).__name__} at {key!r} is neither a tensor "
         "nor JSON data (bool/int/float/str/None/list/tuple/dict)"
@@ -195,21 +189,12 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _step_of(path: Path) -> int | None:
-    m = _STEP_RE.match(path.name)
-    return int(m.group(1)) if m else None
-
-
 def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step_*`` directory with a manifest, oldest first."""
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        step = _step_of(child)
-        if step is not None and child.is_dir() and (child / MANIFEST).is_file():
-            found.append((step, child))
-    return sorted(found)
+    found = [(int(m.group(1)), c) for c in root.iterdir() if (m := _STEP_RE.match(c.name))]
+    return sorted((s, c) for s, c in found if c.is_dir() and (c / MANIFEST).is_file())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,22 +203,21 @@ def _optimizer_payload(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     where = f"the {type(optimizer).__name__} optimizer state"
-    state: dict[str, object] = {}
-    non_tensor: dict[str, dict[str, str]] = {}
-    for idx, entries in sd["state"].items():
-        enc: dict[str, object] = {}
-        for name, value in entries.items():
-            enc[name] = _encode(value, f"state.{idx}.{name}", tensors, drop_callables=False, where=where)
-            if not isinstance(value, torch.Tensor):
-                non_tensor.setdefault(str(idx), {})[name] = type(value).__name__
-        state[str(idx)] = enc
+    state = {
+        str(idx): _encode(entries, f"state.{idx}", tensors, drop_callables=False, where=where)
+        for idx, entries in sd["state"].items()
+    }
+    non_tensor = {
+        str(idx): {name: type(v).__name__ for name, v in entries.items() if not isinstance(v, torch.Tensor)}
+        for idx, entries in sd["state"].items()
+    }
     groups = _encode(sd["param_groups"], "param_groups", tensors, drop_callables=False, where=where)
     meta = {
         "format_version": FORMAT_VERSION,
         "class": type(optimizer).__name__,
         "param_groups": groups,
         "state": state,
-        "non_tensor_state": non_tensor,  # informational: names and Python types
+        "non_tensor_state": {k: v for k, v in non_tensor.items() if v},  # informational: names, types
     }
     return tensors, meta
 
@@ -446,8 +430,18 @@ def _load_json(path: Path, rel: str) -> Any:
         raise _corrupt(path, rel, exc) from None
 
 
-def _unrestorable(path: Path, rel: str, what: str, exc: BaseException) -> CheckpointError:
-    return CheckpointError(f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})")
+_STATE_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
+
+
+@contextlib.contextmanager
+def _restoring(path: Path, rel: str, what: str, errors: tuple[type[Exception], ...]) -> Iterator[None]:
+    """``errors`` raised in the block become one :class:`CheckpointError`: ``what`` cannot be restored."""
+    try:
+        yield
+    except errors as exc:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: cannot restore {what} from {rel} ({_short(exc)})"
+        ) from None
 
 
 def _check_class(meta: Mapping[str, object], obj: object, what: str) -> None:
@@ -478,10 +472,8 @@ def load_checkpoint(
     else:
         _read_manifest(path)
 
-    try:
+    with _restoring(path, TRAINER_STATE, "the trainer state", (ValueError,)):
         state = TrainerState.from_json(_load_json(path, TRAINER_STATE))
-    except ValueError as exc:
-        raise _unrestorable(path, TRAINER_STATE, "the trainer state", exc) from None
 
     # Parse everything before mutating anything, so a bad file leaves the objects untouched.
     weights = _load_tensors(path, POLICY_WEIGHTS)
@@ -489,19 +481,13 @@ def load_checkpoint(
     sched_sd = _read_scheduler(path, scheduler) if scheduler is not None else None
     rng, py_state = _read_rng(path, py_rng)
 
-    try:
+    with _restoring(path, POLICY_WEIGHTS, "the policy weights", (ValueError,)):
         policy.load_tensors(weights)
-    except ValueError as exc:
-        raise _unrestorable(path, POLICY_WEIGHTS, "the policy weights", exc) from None
-    try:
+    with _restoring(path, OPTIMIZER_JSON, "the optimizer", (KeyError, TypeError, ValueError)):
         optimizer.load_state_dict(opt_sd)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, OPTIMIZER_JSON, "the optimizer", exc) from None
     if scheduler is not None and sched_sd is not None:
-        try:
+        with _restoring(path, SCHEDULER_JSON, "the LR scheduler", _STATE_ERRORS):
             scheduler.load_state_dict(sched_sd)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise _unrestorable(path, SCHEDULER_JSON, "the LR scheduler", exc) from None
     _restore_rng(path, rng, py_rng, py_state)
     return state
 
@@ -516,27 +502,22 @@ def _read_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, A
     else:
         opt_tensors = _load_tensors(path, OPTIMIZER_TENSORS)
     opt_meta = _load_json(path, OPTIMIZER_JSON)
-    try:
+    with _restoring(path, OPTIMIZER_JSON, "the optimizer", _STATE_ERRORS):
         _check_class(opt_meta, optimizer, "optimizer")
-        return {
-            "state": {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()},
-            "param_groups": _decode(opt_meta["param_groups"], opt_tensors),
-        }
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, OPTIMIZER_JSON, "the optimizer", exc) from None
+        state = {int(k): _decode(v, opt_tensors) for k, v in opt_meta["state"].items()}
+        groups = _decode(opt_meta["param_groups"], opt_tensors)
+    return {"state": state, "param_groups": groups}
 
 
 def _read_scheduler(path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
     meta = _load_json(path, SCHEDULER_JSON)
     sched_tensors = _load_tensors(path, SCHEDULER_TENSORS) if (path / SCHEDULER_TENSORS).exists() else {}
-    try:
+    with _restoring(path, SCHEDULER_JSON, "the LR scheduler", _STATE_ERRORS):
         _check_class(meta, scheduler, "scheduler")
         sched_sd = _decode(meta["state"], sched_tensors)
         if not isinstance(sched_sd, dict):
             raise TypeError("state is not an object")
-        return sched_sd
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, SCHEDULER_JSON, "the LR scheduler", exc) from None
+    return sched_sd
 
 
 def _read_rng(
@@ -549,16 +530,15 @@ def _read_rng(
     if py_rng is None:
         return rng, None
     data = _load_json(path, RNG_JSON)
-    try:
-        return rng, (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _unrestorable(path, RNG_JSON, "the Python RNG", exc) from None
+    with _restoring(path, RNG_JSON, "the Python RNG", (KeyError, TypeError, ValueError)):
+        py_state = (int(data["version"]), tuple(int(x) for x in data["state"]), data["gauss_next"])
+    return rng, py_state
 
 
 def _restore_rng(
     path: Path, rng: dict[str, torch.Tensor], py_rng: random.Random | None, py_state: tuple[Any, ...] | None
 ) -> None:
-    try:
+    with _restoring(path, RNG_TENSORS, "the torch RNG", (RuntimeError, ValueError)):
         torch.set_rng_state(rng["torch"])
         cuda = [rng[f"cuda.{i}"] for i in range(len(rng)) if f"cuda.{i}" in rng]
         if cuda and torch.cuda.is_available():
@@ -570,13 +550,9 @@ def _restore_rng(
                     len(cuda),
                     torch.cuda.device_count(),
                 )
-    except (RuntimeError, ValueError) as exc:
-        raise _unrestorable(path, RNG_TENSORS, "the torch RNG", exc) from None
     if py_rng is not None and py_state is not None:
-        try:
+        with _restoring(path, RNG_JSON, "the Python RNG", (TypeError, ValueError)):
             py_rng.setstate(py_state)
-        except (TypeError, ValueError) as exc:
-            raise _unrestorable(path, RNG_JSON, "the Python RNG", exc) from None
 
 
 __all__ = [

@@ -52,18 +52,9 @@ if TYPE_CHECKING:
     from asyncrl.trainer.distributed import RankGroup
 
 
-def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    hf: Any = model  # get_decoder is untyped in transformers (and reached through peft's wrapper)
-    return list(hf.get_decoder().layers)
-
-
-def _skeleton(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model``'s modules with every parameter on the meta device (no memory), buffers real."""
-    memo: dict[int, Any] = {
-        id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-        for p in model.parameters()
-    }
-    return copy.deepcopy(model, memo)
+def _meta(p: torch.Tensor) -> torch.nn.Parameter:
+    """A parameter shaped like ``p`` on the meta device (no memory)."""
+    return torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
 
 
 class ShardedPolicy:
@@ -73,7 +64,8 @@ class ShardedPolicy:
         from asyncrl.policy import Policy
 
         model = policy.model
-        twin = _skeleton(model) if group.leader else None
+        # rank 0's twin: a copy of the modules with every parameter on the meta device, buffers real
+        twin = copy.deepcopy(model, {id(p): _meta(p) for p in model.parameters()}) if group.leader else None
         self._slots = [  # (live module, twin module, parameter name), tied parameters included
             (live, mirror, name)
             for live, mirror in zip(model.modules(), (twin or model).modules(), strict=True)
@@ -82,7 +74,8 @@ class ShardedPolicy:
         ]
         self.twin = None if twin is None else Policy(twin, policy.tokenizer)  # type: ignore[arg-type]
         mesh = init_device_mesh(group.device.type, (group.world,))
-        units: list[FSDPModule] = [fully_shard(layer, mesh=mesh) for layer in _layers(model)]
+        hf: Any = model  # get_decoder is untyped in transformers (and reached through peft's wrapper)
+        units: list[FSDPModule] = [fully_shard(layer, mesh=mesh) for layer in hf.get_decoder().layers]
         self.scorer = fully_shard(scorer, mesh=mesh)
         for unit in [*units, self.scorer]:
             unit.set_gradient_divide_factor(1.0)  # a sum: the learner's weights normalise
@@ -115,9 +108,7 @@ class ShardedPolicy:
             for _, mirror, name in self._slots:
                 p = mirror._parameters[name]
                 assert p is not None
-                mirror._parameters[name] = torch.nn.Parameter(
-                    torch.empty_like(p, device="meta"), requires_grad=p.requires_grad
-                )
+                mirror._parameters[name] = _meta(p)
         self.gathered = False
 
 

@@ -67,10 +67,6 @@ class Batch:
     versions: torch.Tensor  # [B, T] policy version per token (-1 elsewhere)
     temperature: torch.Tensor  # [B]
 
-    @property
-    def tokens(self) -> int:
-        return int(self.mask.sum())
-
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device`` (one copy per tensor; ``Tensor.to`` copies nothing on the same device)."""
         return Batch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
@@ -262,7 +258,7 @@ class Learner:
                 "train/skipped": float(skipped),
                 "train/early_stopped": float(stopped),
                 "train/lr": float(self.scheduler.get_last_lr()[0]),
-                "train/tokens": float(host.tokens),
+                "train/tokens": float(host.mask.sum()),
                 "train/samples": float(len(trajs)),
                 "staleness/mean": float(ages.mean()) if ages.numel() else 0.0,
                 "staleness/max": float(ages.max()) if ages.numel() else 0.0,

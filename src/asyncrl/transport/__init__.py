@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 from asyncrl.transport.base import (
     STAT_KEYS,
     BackendUnavailableError,
-    DeadLetter,
-    Delivery,
     QueueClosedError,
     TrajectoryQueue,
 )
@@ -28,8 +26,6 @@ __all__ = [
     "QUEUE_FILENAME",
     "STAT_KEYS",
     "BackendUnavailableError",
-    "DeadLetter",
-    "Delivery",
     "EmbeddedQueue",
     "QueueClosedError",
     "TrajectoryQueue",

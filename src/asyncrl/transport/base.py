@@ -41,7 +41,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 from asyncrl.errors import UserError
 from asyncrl.records import Group, RecordDecodeError, decode_group, encode
@@ -122,6 +121,18 @@ def leased_group(payload: bytes, group_id: str, now: float) -> Group | str:
     return group
 
 
+COUNTERS = (
+    "put_total",
+    "acked_total",
+    "redelivered_total",
+    "bytes_in",
+    "samples_in",
+    "samples_acked",
+    "samples_dead",
+)
+"""The queue-wide totals every backend keeps (besides the dead letters never put: ``dead_foreign_total``)."""
+
+
 def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capacity: int) -> QueueStats:
     """The :class:`QueueStats` every backend's :meth:`TrajectoryQueue.stats` returns."""
     return QueueStats(
@@ -131,14 +142,8 @@ def stats_of(depth: int, ready: int, dead: int, counters: dict[str, int], capaci
         dead_letters=float(dead),
         # dead letters never accepted by put (written into the store from outside): not the run's to account
         dead_letters_foreign=float(counters.get("dead_foreign_total", 0)),
-        put_total=float(counters.get("put_total", 0)),
-        acked_total=float(counters.get("acked_total", 0)),
-        redelivered_total=float(counters.get("redelivered_total", 0)),
-        bytes_in=float(counters.get("bytes_in", 0)),
-        samples_in=float(counters.get("samples_in", 0)),
-        samples_acked=float(counters.get("samples_acked", 0)),
-        samples_dead=float(counters.get("samples_dead", 0)),
         capacity=float(capacity),
+        **{name: float(counters.get(name, 0)) for name in COUNTERS},
     )
 
 
@@ -168,7 +173,6 @@ class TrajectoryQueue(ABC):
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
-        self._before_put()
         group.validate()  # fail at the producer, not as a dead letter at the trainer
         deadline = None if timeout is None else time.monotonic() + timeout
         stamp = time.time()
@@ -182,9 +186,6 @@ class TrajectoryQueue(ABC):
             backoff_sleep(attempt, deadline)
             attempt += 1
         return True
-
-    def _before_put(self) -> None:  # noqa: B027 - an optional hook, empty by default
-        """Hook run once per put before validation (e.g. to fail fast on a closed handle)."""
 
     @abstractmethod
     def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:
@@ -243,14 +244,3 @@ class TrajectoryQueue(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release this handle's resources. Idempotent; the queue's contents persist."""
-
-    def __enter__(self) -> TrajectoryQueue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

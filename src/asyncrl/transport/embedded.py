@@ -40,6 +40,7 @@ from typing import Literal
 
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
+    COUNTERS,
     DeadLetter,
     Delivery,
     QueueClosedError,
@@ -56,16 +57,6 @@ SCHEMA_VERSION = 2
 Synchronous = Literal["NORMAL", "FULL"]
 
 _ACK_CHUNK = 500
-_COUNTERS = (
-    "put_total",
-    "acked_total",
-    "redelivered_total",
-    "bytes_in",
-    "samples_in",
-    "samples_acked",
-    "samples_dead",
-)  # dead letters: their own table
-
 _SCHEMA: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS entries (
@@ -113,12 +104,6 @@ _SCHEMA: tuple[str, ...] = (
 )
 
 
-def _int(rows: list[tuple[object, ...]]) -> int:
-    value = rows[0][0]
-    assert isinstance(value, int), value
-    return value
-
-
 class EmbeddedQueue(TrajectoryQueue):
     """The SQLite-backed :class:`TrajectoryQueue` (``transport.kind: embedded``)."""
 
@@ -155,7 +140,7 @@ class EmbeddedQueue(TrajectoryQueue):
                 raise RuntimeError(f"{self.path}: could not switch the queue database to WAL (got {mode!r})")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("BEGIN IMMEDIATE")
-            try:
+            with conn:  # COMMIT, or ROLLBACK on an error
                 version = conn.execute("PRAGMA user_version").fetchall()[0][0]
                 if version not in (0, SCHEMA_VERSION):
                     raise RuntimeError(
@@ -164,13 +149,9 @@ class EmbeddedQueue(TrajectoryQueue):
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.executemany(
-                    "INSERT OR IGNORE INTO counters (name, value) VALUES (?, 0)", [(c,) for c in _COUNTERS]
+                    "INSERT OR IGNORE INTO counters (name, value) VALUES (?, 0)", [(c,) for c in COUNTERS]
                 )
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
         except BaseException:
             conn.close()
             raise
@@ -193,18 +174,15 @@ class EmbeddedQueue(TrajectoryQueue):
         with self._lock:
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
-            try:
+            with conn:  # COMMIT, or ROLLBACK on an error
                 yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
 
     def _scalar(self, sql: str, params: Sequence[object] = ()) -> int:
-        """A lock-free integer read (count, exists)."""
+        """An integer read (count, exists): lock-free in WAL, or in the caller's transaction (re-entrant lock)."""
         with self._lock:
-            return _int(self._conn().execute(sql, params).fetchall())
+            value = self._conn().execute(sql, params).fetchall()[0][0]
+        assert isinstance(value, int), value
+        return value
 
     @staticmethod
     def _bump(conn: sqlite3.Connection, name: str, by: int) -> None:
@@ -220,7 +198,7 @@ class EmbeddedQueue(TrajectoryQueue):
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM entries WHERE group_id = ?", (group_id,)).fetchall():
                 return True
-            if _int(conn.execute("SELECT count(*) FROM entries").fetchall()) >= self.capacity:
+            if conn.execute("SELECT count(*) FROM entries").fetchone()[0] >= self.capacity:  # under the lock
                 return False
             now = time.time()
             cur = conn.execute(
@@ -319,17 +297,13 @@ class EmbeddedQueue(TrajectoryQueue):
             conn = self._conn()
             conn.execute("BEGIN")  # one consistent snapshot for all numbers
             try:
-                depth = _int(conn.execute("SELECT count(*) FROM entries").fetchall())
-                ready = _int(
-                    conn.execute(
-                        "SELECT count(*) FROM entries WHERE visible_at <= ?", (time.time(),)
-                    ).fetchall()
-                )
-                dead = _int(conn.execute("SELECT count(*) FROM dead_letters").fetchall())
+                depth = self._scalar("SELECT count(*) FROM entries")
+                ready = self._scalar("SELECT count(*) FROM entries WHERE visible_at <= ?", (time.time(),))
+                dead = self._scalar("SELECT count(*) FROM dead_letters")
                 counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
             finally:
                 conn.execute("COMMIT")
-        return stats_of(int(depth), int(ready), int(dead), counters, self.capacity)
+        return stats_of(depth, ready, dead, counters, self.capacity)
 
     def unacked_payloads(self) -> list[bytes]:
         with self._lock:
@@ -346,15 +320,8 @@ class EmbeddedQueue(TrajectoryQueue):
                 .fetchall()
             )
         return [
-            DeadLetter(
-                entry_id=str(entry_id),
-                group_id=str(group_id),
-                reason=str(reason),
-                payload=bytes(payload),
-                attempts=int(attempts),
-                dead_at=float(dead_at),
-            )
-            for entry_id, group_id, reason, payload, attempts, dead_at in rows
+            DeadLetter(str(entry), str(group), str(reason), bytes(payload), int(attempts), float(dead_at))
+            for entry, group, reason, payload, attempts, dead_at in rows
         ]
 
     def close(self) -> None:

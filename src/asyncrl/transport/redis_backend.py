@@ -35,9 +35,8 @@ How the guarantees are met
 * **Durability** is the server's: ``put`` returns ``True`` once Redis executed the write. Run
   Redis with ``appendonly yes`` (``appendfsync everysec`` loses at most ~1 s on a server
   crash; ``always`` loses nothing) to survive a Redis restart.
-* **Connection.** ``redis_url`` carries everything: ``redis://host:6379/0``,
-  ``redis://:password@host:6379/0``, ``redis://user:password@host/0`` (ACL) and
-  ``rediss://...`` for TLS (``?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem``).
+* **Connection.** ``redis_url`` carries everything (password, ACL user, database, TLS):
+  :mod:`asyncrl.credentials`, ``docs/transport.md``.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from asyncrl.credentials import key_prefix, mask_url, open_redis, redis_text, with_retries
+from asyncrl.credentials import key_prefix, mask_secrets, open_redis, redis_text, with_retries
 from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport.base import (
     DeadLetter,
@@ -182,7 +181,7 @@ class RedisQueue(TrajectoryQueue):
     # ---- plumbing ----------------------------------------------------------------------
     def _client(self) -> redis.Redis:
         if self._closed or self._r is None:
-            raise QueueClosedError(f"queue {self.prefix} on {mask_url(self.url)} is closed")
+            raise QueueClosedError(f"queue {self.prefix} on {mask_secrets(self.url)} is closed")
         return self._r
 
     def _ensure_group(self) -> None:
@@ -213,9 +212,6 @@ class RedisQueue(TrajectoryQueue):
         return with_retries(run)
 
     # ---- producer ----------------------------------------------------------------------
-    def _before_put(self) -> None:
-        self._client()  # a closed handle fails before any work
-
     def _try_put(self, group_id: str, payload: bytes, members: int) -> bool:
         keys = [self.stream_key, self.ids_key, self.entries_key, self.counters_key]
         args = [group_id, payload, self.capacity, members]
@@ -350,6 +346,6 @@ class RedisQueue(TrajectoryQueue):
 
     def __repr__(self) -> str:
         return (
-            f"RedisQueue({mask_url(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
+            f"RedisQueue({mask_secrets(self.url)!r}, prefix={self.prefix!r}, capacity={self.capacity}, "
             f"lease_seconds={self.lease_seconds})"
         )

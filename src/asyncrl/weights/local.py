@@ -138,16 +138,12 @@ class LocalWeightStore(WeightStore):
 
     # ---- reading ---------------------------------------------------------------------------
     def versions(self) -> list[int]:
-        out: list[int] = []
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
             return []
-        for entry in entries:
-            m = _VERSION_DIR.match(entry.name)
-            if m and entry.is_dir(follow_symlinks=False):
-                out.append(int(m.group(1)))
-        return sorted(out)
+        matches = [(e, _VERSION_DIR.match(e.name)) for e in entries]
+        return sorted(int(m.group(1)) for e, m in matches if m and e.is_dir(follow_symlinks=False))
 
     def latest_version(self) -> int | None:
         version, problem = self._read_pointer()
@@ -280,7 +276,7 @@ class LocalWeightStore(WeightStore):
                     f"weight versions must increase strictly: cannot publish {version}, "
                     f"version {newest} already exists in {self.root}"
                 )
-            self._remove_leftovers()
+            remove_stale(self.root, (".tmp-", ".trash-", ".latest.tmp-"))  # crashed publishes' leftovers
             final = self.root / version_dirname(version)
             with staged_dir(final, tmp_prefix=f".tmp-{version_dirname(version)}-", mode=0o755) as tmp:
                 model_path = tmp / MODEL_FILE
@@ -309,7 +305,3 @@ class LocalWeightStore(WeightStore):
         for version in to_prune(self.versions(), self.keep, {pointer}):
             name = version_dirname(version)
             discard(self.root / name, trash_prefix=f".trash-{name}-")
-
-    def _remove_leftovers(self) -> None:
-        """Remove temp and trash entries of crashed publishes (one publisher per store)."""
-        remove_stale(self.root, (".tmp-", ".trash-", ".latest.tmp-"))

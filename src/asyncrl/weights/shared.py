@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import SharedWeightsConfig, default_of
-from asyncrl.credentials import key_prefix, mask_url, open_redis, with_retries
+from asyncrl.credentials import key_prefix, mask_secrets, open_redis, with_retries
 from asyncrl.weights.local import LocalWeightStore, parse_pointer
 
 # KEYS: pointer; ARGV: version, value. Returns 1 if set, 0 if the pointer already names >= version.
@@ -72,7 +72,7 @@ class SharedWeightStore(LocalWeightStore):
         super().__init__(root, keep=keep)
 
     def __repr__(self) -> str:
-        return f"SharedWeightStore({str(self.root)!r}, {mask_url(self.redis_url)!r}, keep={self.keep})"
+        return f"SharedWeightStore({str(self.root)!r}, {mask_secrets(self.redis_url)!r}, keep={self.keep})"
 
     def _read_pointer(self) -> tuple[int | None, str | None]:
         import redis
@@ -80,7 +80,7 @@ class SharedWeightStore(LocalWeightStore):
         try:
             raw = with_retries(lambda: self._r.get(self.key))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            return None, f"latest pointer unreadable (Redis at {mask_url(self.redis_url)}: {exc})"
+            return None, f"latest pointer unreadable (Redis at {mask_secrets(self.redis_url)}: {exc})"
         return (None, None) if raw is None else parse_pointer(raw)
 
     def _write_pointer(self, version: int) -> None:

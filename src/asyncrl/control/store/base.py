@@ -1,18 +1,11 @@
-"""Shared control-plane state of a run: counters, flags, the trained/dropped ledger and documents.
+"""The control-plane state boundary (backends and the factory: :mod:`asyncrl.control.store`).
 
-:class:`StateStore` is the boundary (a short abstract class);
-:func:`asyncrl.control.store.make_state_store` picks the backend by ``control.state.kind``.
-The embedded default, :class:`~asyncrl.control.store.sqlite.SQLiteStateStore`, keeps everything in ``run_dir/control.sqlite`` (SQLite in WAL mode, safe across
-processes): every role process opens its own.
-:class:`~asyncrl.control.store.redis_backend.RedisStateStore` (``kind: redis``) implements the
-same methods in Redis, for roles on several machines. It holds only small rows: named integer
-``counters``, boolean ``flags``, the ``ledger`` (one fate per trajectory id: the primary key makes
-"trained twice" impossible to record silently, a second insert is counted in ``duplicates``) and
-named JSON ``docs``.
-
-Which names exist and what they mean is :mod:`asyncrl.control.run_state`'s business: roles never use
-the store directly, they go through :class:`asyncrl.control.RunState`. The staleness *rules* live in
-:mod:`asyncrl.staleness`; the store only stores.
+A store holds only small rows: named integer ``counters``, boolean ``flags``, the ``ledger`` (one fate
+per trajectory id: the primary key makes "trained twice" impossible to record silently, a second
+insert is counted in ``duplicates``) and named JSON ``docs``. Which names exist and what they mean is
+:mod:`asyncrl.control.run_state`'s business: roles never use the store directly, they go through
+:class:`asyncrl.control.RunState`. The staleness *rules* live in :mod:`asyncrl.staleness`; the store
+only stores.
 """
 
 from __future__ import annotations

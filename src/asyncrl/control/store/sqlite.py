@@ -50,13 +50,11 @@ class SQLiteStateStore(StateStore):
             row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
         return int(row[0]) if row else default
 
-    _UPSERT = (
-        "INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value"
-    )
+    _UPSERT = "INSERT INTO {}(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value"
 
     def set_value(self, name: str, value: int) -> None:
         with self._lock:
-            self._db.execute(self._UPSERT, (name, int(value)))
+            self._db.execute(self._UPSERT.format("counters"), (name, int(value)))
 
     def add(self, name: str, delta: int) -> int:
         value = self._transact(name, delta, lambda _: True)
@@ -77,7 +75,7 @@ class SQLiteStateStore(StateStore):
             if not allowed(counters):
                 return None
             value = counters.get(name, 0) + int(delta)
-            self._db.execute(self._UPSERT, (name, value))
+            self._db.execute(self._UPSERT.format("counters"), (name, value))
             return value
 
     @contextlib.contextmanager
@@ -85,12 +83,8 @@ class SQLiteStateStore(StateStore):
         """A ``BEGIN IMMEDIATE`` transaction under the lock, committed on success, rolled back on error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._db:  # COMMIT, or ROLLBACK on an error
                 yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -104,10 +98,7 @@ class SQLiteStateStore(StateStore):
 
     def set_flag(self, name: str, value: bool) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO flags(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value=excluded.value",
-                (name, int(value)),
-            )
+            self._db.execute(self._UPSERT.format("flags"), (name, int(value)))
 
     # -- ledger -----------------------------------------------------------------------------
     def record(self, rows: Iterable[tuple[str, str, int, int]]) -> int:
