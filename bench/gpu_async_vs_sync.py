@@ -131,10 +131,10 @@ def engine_part(
 
 
 def _role_rows(run_dir: Path, role: str) -> list[dict[str, Any]]:
-    """A role's metric rows (events left out), read with the cost ledger's reader."""
-    from asyncrl.cost.ledger import read_rows
+    """A role's metric rows (events left out), read with the one JSONL reader."""
+    from asyncrl.telemetry.jsonl import read_jsonl_dir
 
-    return [r for r in read_rows(run_dir) if r.get("role") == role and "event" not in r]
+    return [r for r in read_jsonl_dir(run_dir / "metrics") if r.get("role") == role and "event" not in r]
 
 
 def run_part(args: argparse.Namespace, model: dict[str, int], device_spec: str, root: Path) -> dict[str, Any]:

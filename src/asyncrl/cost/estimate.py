@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from asyncrl.config import CostAssumptionsConfig, CostConfig
-from asyncrl.cost.ledger import GB, MONTH_S, Usage, collect_usage, read_rows
+from asyncrl.cost.ledger import GB, MONTH_S, Usage, collect_usage
+from asyncrl.telemetry.jsonl import read_jsonl_dir
 from asyncrl.telemetry.reports import decode_rows
 
 Assumptions = CostAssumptionsConfig
@@ -65,16 +65,6 @@ def assumptions_from_usage(u: Usage) -> Assumptions:
     )
 
 
-def _first_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    first: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:
-        if "pid" in r and "event" not in r:
-            key = (str(r["role"]), int(r["pid"]))
-            if key not in first or r["time"] < first[key]["time"]:
-                first[key] = r
-    return list(first.values())
-
-
 def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
     """Assumptions measured on a run's metric rows, using only its first ``fraction`` (by time).
 
@@ -83,7 +73,7 @@ def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
     """
     rows = [
         r
-        for r in read_rows(run_dir)
+        for r in read_jsonl_dir(run_dir / "metrics")
         if "pid" in r
         and "event" not in r
         and (r["role"] == "trainer" or str(r["role"]).startswith("rollout"))
@@ -94,7 +84,9 @@ def measured_assumptions(run_dir: Path, fraction: float = 1.0) -> Assumptions:
     t_end = max(float(r["time"]) for r in rows)
     cut = t_start + fraction * (t_end - t_start)
     part = [r for r in rows if float(r["time"]) <= cut]
-    first = _first_rows(part)
+    # each process's first row (the earliest; of equal times, the first written)
+    by_time = sorted(part[::-1], key=lambda r: float(r["time"]), reverse=True)
+    first = list({(str(r["role"]), int(r["pid"])): r for r in by_time}.values())
     at_cut = collect_usage(decode_rows(part), wall_seconds=cut - t_start)
     at_first = collect_usage(decode_rows(first), wall_seconds=0.0)
     cut_d, first_d = asdict(at_cut), asdict(at_first)

@@ -238,14 +238,9 @@ def price(u: Usage, cfg: CostConfig, *, success_gain_points: float | None = None
     return CostBreakdown(comp, waste, eff, usage)
 
 
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """Every role's metric rows (``run_dir/metrics/*.jsonl``)."""
-    return read_jsonl_dir(run_dir / "metrics")
-
-
 def read_reports(run_dir: Path) -> list[Decoded]:
     """Every role's metric rows (``run_dir/metrics/*.jsonl``), decoded."""
-    return decode_rows(read_rows(run_dir))
+    return decode_rows(read_jsonl_dir(run_dir / "metrics"))
 
 
 def stored_bytes(run_dir: Path) -> float:

@@ -33,7 +33,7 @@ from asyncrl.orchestrator.runctl import record_orchestrator
 from asyncrl.orchestrator.stopping import Stopped, StopSignals, stop_signals
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
 from asyncrl.rollout.heldout import evaluate_policy
-from asyncrl.telemetry.experiment import finish_run_record, update_run_record, write_run_record
+from asyncrl.telemetry.experiment import update_run_record, write_run_record
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
@@ -110,7 +110,13 @@ def _train(
             )
         raise
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    finish_run_record(run_dir, summary)
+    update_run_record(
+        run_dir,
+        status="finished",
+        finished=time.time(),
+        wall_seconds=summary.get("wall_seconds"),
+        trainer_steps=summary.get("trainer_steps"),
+    )
     return run_dir, summary
 
 

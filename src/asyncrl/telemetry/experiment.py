@@ -73,7 +73,7 @@ def environment_info(cfg: RunConfig) -> dict[str, Any]:
     return info
 
 
-def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
+def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) -> None:
     path = run_dir / "run.json"
     if resumed and path.is_file():
         rec: dict[str, Any] = json.loads(path.read_text())
@@ -104,10 +104,9 @@ def write_run_record(cfg: RunConfig, run_dir: Path, *, resumed: bool = False) ->
             "command": sys.argv,
         }
     path.write_text(json.dumps(rec, indent=2))
-    return rec
 
 
-def update_run_record(run_dir: Path, **fields: Any) -> dict[str, Any]:
+def update_run_record(run_dir: Path, **fields: Any) -> None:
     """Merge ``fields`` into ``run.json`` (replaced whole: a reader never sees half of it)."""
     path = run_dir / "run.json"
     rec: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
@@ -115,14 +114,3 @@ def update_run_record(run_dir: Path, **fields: Any) -> dict[str, Any]:
     tmp = path.with_name(".run.json.tmp")
     tmp.write_text(json.dumps(rec, indent=2))
     tmp.replace(path)
-    return rec
-
-
-def finish_run_record(run_dir: Path, summary: dict[str, Any]) -> None:
-    update_run_record(
-        run_dir,
-        status="finished",
-        finished=time.time(),
-        wall_seconds=summary.get("wall_seconds"),
-        trainer_steps=summary.get("trainer_steps"),
-    )
