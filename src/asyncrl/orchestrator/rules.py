@@ -155,7 +155,7 @@ class Rules:
         }
 
     # -- snapshot --------------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {
             "alerts": self.alerts.state(),
             "curriculum": self.curriculum.state(),
