@@ -188,7 +188,7 @@ class Rules:
         self.groups = int(doc.get("groups", 0))
 
 
-def canary_alert(event: dict[str, Any]) -> Alert:
+def canary_alert(event: dict[str, object]) -> Alert:
     """A worker refused a weight version: its engine did not serve it as published (weight-sync canary)."""
     evidence = {k: v for k, v in event.items() if k not in ("time", "event")}
     kept = event.get("kept")
