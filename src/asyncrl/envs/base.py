@@ -118,7 +118,7 @@ class Tool:
         if self.parameters_schema is not None:
             return self.parameters_schema
         arg = str(self.args_schema.get("name") or "input")
-        prop: dict[str, Any] = {"type": "string"}
+        prop: dict[str, str] = {"type": "string"}
         if self.args_schema.get("description"):
             prop["description"] = str(self.args_schema["description"])
         return {"type": "object", "properties": {arg: prop}, "required": [arg]}

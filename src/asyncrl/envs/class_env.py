@@ -125,7 +125,7 @@ class ClassEnv:
 
     kind = "class"
 
-    def __init__(self, cc: ClassEnvConfig, options: dict[str, Any]) -> None:
+    def __init__(self, cc: ClassEnvConfig, options: dict[str, object]) -> None:
         self.cc = cc
         factory = load_object(cc.factory, f"{FIELD}.factory")
         if not callable(factory):
@@ -151,8 +151,8 @@ class ClassEnv:
         self.tools: list[Tool] = [t.tool for t in self._tools.values()]
         self.task: Task | None = None
         self._final: StepResult | None = None
-        self._prompt: list[dict[str, Any]] = []
-        self._completion: list[dict[str, Any]] = []
+        self._prompt: list[dict[str, object]] = []
+        self._completion: list[dict[str, object]] = []
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ClassEnv:
@@ -217,7 +217,7 @@ class ClassEnv:
         values: list[Any] = []
         if self.reward_fn is not None:
             row = self.task.payload["row"]
-            kwargs: dict[str, Any] = {
+            kwargs: dict[str, object] = {
                 k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")
             }
             kwargs |= {

@@ -383,7 +383,7 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
         nproc = limits.max_processes
         if not is_root:  # RLIMIT_NPROC counts all of the user's processes
             nproc += len(_uid_pids(uid))
-        cfg: dict[str, Any] = {
+        cfg: dict[str, object] = {
             "root": is_root,
             "uid": uid,
             "gid": gid,
@@ -415,7 +415,7 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
 
 
 async def _spawn(
-    code: str, cfg: dict[str, Any], limits: SandboxLimits, uid: int | None, started: float
+    code: str, cfg: dict[str, object], limits: SandboxLimits, uid: int | None, started: float
 ) -> SandboxResult:
     status_r, status_w = os.pipe()
     cfg["status_fd"] = status_w

@@ -39,7 +39,7 @@ class GatewayError(Exception):
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
         self.headers = headers or {}
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
@@ -238,7 +238,7 @@ def parse_reward(raw: bytes) -> float:
     return value
 
 
-def logprobs_block(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+def logprobs_block(tokens: list[str], logprobs: list[float]) -> dict[str, object]:
     return {
         "content": [
             {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
@@ -249,7 +249,7 @@ def logprobs_block(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
 
 
 def response_body(
-    model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+    model: str, choices: list[dict[str, object]], prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex,
@@ -265,7 +265,7 @@ def response_body(
     }
 
 
-def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
+def stream_chunks(body: dict[str, Any]) -> list[dict[str, object]]:
     """A finished completion as ``chat.completion.chunk`` events (one delta per choice, then the end)."""
     base = {
         "id": body["id"],
@@ -273,7 +273,7 @@ def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
         "created": body["created"],
         "model": body["model"],
     }
-    chunks: list[dict[str, Any]] = []
+    chunks: list[dict[str, object]] = []
     for ch in body["choices"]:
         msg = ch["message"]
         delta = {"role": "assistant", "content": msg["content"]}

@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -203,7 +203,7 @@ class Gateway:
         started = time.time()
         results = await self._generate(s, req, prompt)
         self.counts["calls"] += 1
-        choices: list[dict[str, Any]] = []
+        choices: list[dict[str, object]] = []
         replies: set[ReplyKey] = set()
         records: list[CallRecord] = []
         for i, (sample, version) in enumerate(results):
@@ -254,7 +254,7 @@ class Gateway:
 
     def _choice(
         self, index: int, req: ChatRequest, rec: CallRecord, *, cut: bool, n_calls: int
-    ) -> tuple[dict[str, Any], ReplyKey]:
+    ) -> tuple[dict[str, object], ReplyKey]:
         """One OpenAI choice for a recorded completion, and the key the next call's prompt matches."""
         choice_mode, choice_fn = req.tool_choice_mode()
         ids = rec.completion_ids
@@ -274,7 +274,7 @@ class Gateway:
         ]
         stopped = rec.finish_reason == "stop" or cut
         finish = "tool_calls" if tool_calls else ("stop" if stopped else "length")
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, object] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
         if reply.reasoning is not None:  # text before the answer or call is not dropped
@@ -334,7 +334,7 @@ class Gateway:
         if req.stream:
             chunks = stream_chunks(body)
 
-            async def events() -> Any:
+            async def events() -> AsyncIterator[str]:
                 for c in chunks:
                     yield f"data: {json.dumps(c)}\n\n"
                 yield "data: [DONE]\n\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,12 +42,9 @@ class Alert:
 
     kind: AlertKind
     bucket: str
-    evidence: dict[str, Any]
+    evidence: Mapping[str, object]
     action: str
     time: float = field(default_factory=time.time)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class AlertLog:
@@ -63,7 +61,7 @@ class AlertLog:
         self.counts[alert.kind] = self.counts.get(alert.kind, 0) + 1
         if self.path is not None:
             with self.path.open("a") as f:
-                f.write(json.dumps(alert.to_dict(), sort_keys=True) + "\n")
+                f.write(json.dumps(asdict(alert), sort_keys=True) + "\n")
 
     def extend(self, alerts: list[Alert]) -> None:
         for a in alerts:
@@ -75,8 +73,8 @@ class AlertLog:
         return out
 
     # -- snapshot --------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts), "recent": [a.to_dict() for a in self.recent]}
+    def state(self) -> dict[str, object]:
+        return {"counts": dict(self.counts), "recent": [asdict(a) for a in self.recent]}
 
     def restore(self, doc: dict[str, Any]) -> None:
         self.counts = {str(k): int(v) for k, v in doc.get("counts", {}).items()}

@@ -26,6 +26,7 @@ episodes in a row.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -108,7 +109,7 @@ class Breakers:
         return self._alert("breaker_open", bucket, b, evidence, "bucket not sampled")
 
     def _alert(
-        self, kind: AlertKind, bucket: str, b: _Breaker, evidence: dict[str, Any], action: str
+        self, kind: AlertKind, bucket: str, b: _Breaker, evidence: Mapping[str, object], action: str
     ) -> Alert:
         return Alert(kind=kind, bucket=bucket, evidence={"env": self.env, **evidence}, action=action)
 
@@ -122,7 +123,7 @@ class Breakers:
         return out
 
     # -- snapshot --------------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {k: asdict(b) for k, b in self.b.items()}
 
     def restore(self, doc: dict[str, Any]) -> None:
@@ -165,7 +166,7 @@ class FaultRateMonitor:
             Alert("env_faults", "", evidence, f"environment {self.env}: {self.rate:.0%} of calls failed", now)
         ]
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {"start": list(self.start), "above": self.above, "alerts": self.alerts, "rate": self.rate}
 
     def restore(self, doc: dict[str, Any]) -> None:
@@ -178,7 +179,7 @@ def _attempts(totals: GuardFigures) -> tuple[float, float]:
     return totals.calls + totals.retries, totals.timeouts + totals.exceptions + totals.malformed
 
 
-def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: float) -> dict[str, Any]:
+def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: float) -> dict[str, float | str]:
     """The run's environment faults in one dict (``summary.json``'s ``env_faults`` entry).
 
     ``totals``: the guard counts summed over the workers (:meth:`Rules.env_totals`);
@@ -191,7 +192,7 @@ def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: floa
     share = lost / env_seconds if env_seconds > 0 else 0.0
     figures = msgspec.structs.asdict(totals)
     counts = ("calls", "faults", "retries", "timeouts", "exceptions", "malformed", "tool_faults")
-    out: dict[str, Any] = {k: int(figures[k]) for k in counts}
+    out: dict[str, float | str] = {k: int(figures[k]) for k in counts}
     out |= {"fault_rate": failed / attempts if attempts else 0.0, "fault_seconds": lost, "hang_share": share}
     out["note"] = ""
     if share > 0.1:
@@ -203,7 +204,7 @@ def fault_summary(totals: GuardFigures, env_seconds: float, step_timeout_s: floa
     return out
 
 
-def fault_line(f: dict[str, Any]) -> str:
+def fault_line(f: dict[str, float | str]) -> str:
     """One line for the live display and the plain progress line."""
     return (
         f"{f['fault_rate']:.1%} of {f['calls']} calls failed; {f['faults']} faults, "

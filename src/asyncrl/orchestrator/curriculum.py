@@ -61,7 +61,7 @@ class Curriculum:
         return out
 
     # -- snapshot --------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         return {"outcomes": {b: list(q) for b, q in self.outcomes.items()}}
 
     def restore(self, doc: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ class Cusum:
     n: int = 0
     recent: list[float] = field(default_factory=list)
 
-    def update(self, x: float) -> dict[str, Any] | None:
+    def update(self, x: float) -> dict[str, float | str] | None:
         """Add one point; returns the alarm evidence when the CUSUM fires, else None."""
         self.n += 1
         self.recent = [*self.recent, x][-10:]
@@ -104,7 +104,7 @@ class DriftMonitor:
     def metrics(self, now: float) -> dict[str, float]:
         return {"drift/alarms": float(self.alarms), "drift/downweighted": float(len(self.factors(now)))}
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {
             "streams": {b: asdict(s) for b, s in self.streams.items()},
             "held_until": self.held_until,
@@ -149,7 +149,7 @@ class HackingMonitor:
             return [Alert(kind="reward_hacking", bucket="", evidence=evidence, action="flagged for review")]
         return []
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {"pairs": [list(p) for p in self.pairs], "flags": self.flags}
 
     def restore(self, doc: dict[str, Any]) -> None:

@@ -83,7 +83,7 @@ class ElasticController:
             Alert(kind=kind, bucket="", evidence=evidence, action=f"workers {workers} -> {workers + delta}")
         ]
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {"last_decision": self.last_decision if self.decisions else None, "decisions": self.decisions}
 
     def restore(self, doc: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ class ExplorationController:
     def settings(self) -> Exploration:
         return Exploration(temperature_jitter=self.jitter, exploration_rate=self.rate)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {"jitter": self.jitter, "rate": self.rate, "groups": self.groups, "zero": self.zero}
 
     def restore(self, doc: dict[str, Any]) -> None:

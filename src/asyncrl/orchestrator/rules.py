@@ -155,7 +155,7 @@ class Rules:
         }
 
     # -- snapshot --------------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {
             "alerts": self.alerts.state(),
             "curriculum": self.curriculum.state(),
@@ -188,7 +188,7 @@ class Rules:
         self.groups = int(doc.get("groups", 0))
 
 
-def canary_alert(event: dict[str, Any]) -> Alert:
+def canary_alert(event: dict[str, object]) -> Alert:
     """A worker refused a weight version: its engine did not serve it as published (weight-sync canary)."""
     evidence = {k: v for k, v in event.items() if k not in ("time", "event")}
     kept = event.get("kept")

@@ -197,7 +197,7 @@ class Orchestrator:
             self.live.events.append({"event": "role/restart", "role": name, "exitcode": code})
             self._start(name, resume_trainer=True)
 
-    def env_faults(self) -> dict[str, Any]:
+    def env_faults(self) -> dict[str, float | str]:
         """The environment's fault, retry and timeout counts so far (display, summary, report)."""
         return fault_summary(
             self.rules.env_totals(), self.live.rollout().env_seconds, self.cfg.env.guard.step_timeout_s
@@ -298,7 +298,7 @@ class Orchestrator:
             name = self.workers.pop()  # the newest worker retires once its groups are delivered
             self.retiring.append(name)
 
-    def state_doc(self) -> dict[str, Any]:
+    def state_doc(self) -> dict[str, object]:
         """Everything the orchestrator needs to continue after a crash (saved every snapshot_every_s)."""
         return {
             "rules": self.rules.snapshot(),

@@ -94,10 +94,10 @@ class RunStatus:
     heldout_success: float | None = None
     heldout_version: int | None = None
     queue_depth: int | None = None
-    stopped: dict[str, Any] | None = None
+    stopped: dict[str, object] | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def render(self) -> str:

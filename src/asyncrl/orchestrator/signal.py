@@ -116,7 +116,7 @@ class SignalMonitor:
         return out
 
     # -- snapshot --------------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {
             "windows": {k: [[g.differs, g.successes, g.size] for g in q] for k, q in self.windows.items()},
             "alerted": sorted(self.alerted),

@@ -80,7 +80,7 @@ class CanaryRecord:
     probe_ids: list[int]
     probe_logprobs: list[float]
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self) -> dict[str, object]:
         return {
             "format": RECORD_FORMAT,
             "dtype": self.fingerprint.dtype,
@@ -208,7 +208,7 @@ class Verdict:
     def ok(self) -> bool:
         return not self.problems
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> dict[str, object]:
         return {
             "problems": self.problems[:5],
             "tensors_checked": self.tensors_checked,

@@ -39,7 +39,7 @@ class ModelPlan:
     profile: TemplateProfile
     renderer: HFChatRenderer = field(repr=False, compare=False)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """The plan as plain values (``model info --json``)."""
         pr = self.profile
         return {

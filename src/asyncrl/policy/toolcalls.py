@@ -91,7 +91,7 @@ class ToolCallFormat(ABC):
         return f"call{n:05d}"
 
     @abstractmethod
-    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+    def write_call(self, name: str, arguments: dict[str, object]) -> str:
         """Native text of one call."""
 
     def write_calls(self, calls: list[ToolCall]) -> list[str]:
@@ -144,7 +144,7 @@ class TextFormat(ToolCallFormat):
     def call_start(self, text: str) -> int:
         return text.find("<tool>") if isinstance(parse_action(text), ToolCallAction) else -1
 
-    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+    def write_call(self, name: str, arguments: dict[str, object]) -> str:
         return f"<tool>{name}({args_text(None, arguments)})</tool>"
 
     def instructions(self) -> str:
@@ -211,7 +211,7 @@ class HermesFormat(_TaggedFormat):
             return f"the JSON after {self.OPEN} does not parse"
         return _call_of(found[0], "arguments", "parameters")
 
-    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+    def write_call(self, name: str, arguments: dict[str, object]) -> str:
         return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{self.CLOSE}"
 
     def instructions(self) -> str:
@@ -249,7 +249,7 @@ class Llama3JsonFormat(ToolCallFormat):
             return "the tool-call JSON does not parse"
         return _call_of(found[0], "parameters", "arguments")
 
-    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+    def write_call(self, name: str, arguments: dict[str, object]) -> str:
         return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
 
     def instructions(self) -> str:
@@ -275,7 +275,7 @@ class MistralFormat(_TaggedFormat):
             return f"{self.OPEN} needs a list of call objects"
         return _call_of(first, "arguments", "parameters")
 
-    def write_call(self, name: str, arguments: dict[str, Any]) -> str:
+    def write_call(self, name: str, arguments: dict[str, object]) -> str:
         call = {"name": name, "arguments": arguments, "id": self.call_id(0)}
         return f"{self.OPEN} {json.dumps([call], ensure_ascii=False)}"
 

@@ -30,7 +30,7 @@ def eval_env_config(cfg: RunConfig) -> EnvConfig:
 
 def _quiet(env: EnvConfig) -> EnvConfig:
     faults = env.faults.model_copy(update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0})
-    update: dict[str, Any] = {"latency": NoLatencyConfig(), "faults": faults}
+    update: dict[str, object] = {"latency": NoLatencyConfig(), "faults": faults}
     if env.mix:
         update["mix"] = [m.model_copy(update={"env": _quiet(m.env)}) for m in env.mix]
     return env.model_copy(update=update)
@@ -102,7 +102,7 @@ def _distinct(seqs: list[list[int]], n: int) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-def retokenization_stats(trajs: list[Trajectory]) -> dict[str, Any]:
+def retokenization_stats(trajs: list[Trajectory]) -> dict[str, float | None]:
     """Token-exactness: ``token_exact_rate`` over the checked samples (trained ids = the template's
     rendering of the sampled chat, compared apart from the rendering that built them), the samples
     that could not be checked beside it (``token_exact_unchecked``: ``render_diff`` is ``None``),

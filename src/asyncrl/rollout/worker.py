@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.gateway.agent import AgentRunner
+    from asyncrl.policy.canary import Verdict
     from asyncrl.rollout.canary import WeightCanary
     from asyncrl.rollout.runners import GroupRunner
     from asyncrl.weights.base import LoadedWeights, WeightStore
@@ -129,13 +130,13 @@ class WeightFollower:
         if self.canary is not None:
             verdict = self.canary.verify(self.engine, loaded)
             if verdict is not None and not verdict.ok:
-                self._refuse(loaded, verdict.evidence())
+                self._refuse(loaded, verdict)
                 return
             self.good = loaded
         self.loads += 1
         self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
 
-    def _refuse(self, loaded: LoadedWeights, evidence: dict[str, Any]) -> None:
+    def _refuse(self, loaded: LoadedWeights, verdict: Verdict) -> None:
         """The engine does not serve ``loaded`` as published: go back to the last good version, record
         the evidence (``weights/canary_failed``; the orchestrator raises an alert) and report it."""
         from asyncrl.rollout.canary import WeightCanaryError
@@ -146,7 +147,7 @@ class WeightFollower:
             "worker": self.name,
             "version": loaded.version,
             "kept": good.version if good else None,
-            **evidence,
+            **verdict.evidence(),
         }
         log.error(
             "%s: weight version %d fails the weight-sync canary: %s", self.name, loaded.version, evidence
@@ -159,7 +160,7 @@ class WeightFollower:
         if good is None:
             raise WeightCanaryError(
                 f"{self.name}: weight version {loaded.version} fails the weight-sync canary and no earlier "
-                f"version passed it: {'; '.join(evidence['problems'])}"
+                f"version passed it: {'; '.join(verdict.problems[:5])}"
             )
         self.engine.load_weights(good.version, good.tensors, path=good.path)
         again = self.canary.verify(self.engine, good, count=False)
