@@ -4,24 +4,13 @@ a merge splits by its branch commits, a mixed commit by path, and a commit no ro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("issue_diff", ROOT / "bench" / "issue_diff.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("issue_diff", mod)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_util import ROOT, load_bench
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -69,7 +58,7 @@ def test_each_issue_gets_its_commits_lines_and_splits_add_up(tmp_path: Path) -> 
             shas["mixed"]: {"default": "1", "paths": {"src/d/": "2"}},
         },
     }
-    out = _bench().attribute(tmp_path, table)
+    out = load_bench("issue_diff").attribute(tmp_path, table)
     assert out["unattributed"] == []
     assert out["range_net"] == 7 - 6 + 5 + 2 + 3 == out["attributed_net"]
     assert out["issues"] == {

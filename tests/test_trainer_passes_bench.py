@@ -3,8 +3,6 @@ executed-FLOPs estimate follows the ladder (each variant runs less than the one 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,25 +10,15 @@ import pytest
 import torch
 
 from asyncrl.records import encode, groups_of, members
+from bench_util import load_bench
 from test_learner_passes import _group_trajectories
 from test_memory import _learner_args
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("trainer_passes", ROOT / "bench" / "trainer_passes.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("trainer_passes", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_saved_batch_reads_back_as_written(tmp_path: Path) -> None:
-    tp = _bench()
+    tp = load_bench("trainer_passes")
     groups = groups_of(_group_trajectories(2, seed=1))
     saved = tp.SavedBatch(
         config="c.yaml",
@@ -62,7 +50,7 @@ def _flops(tp: Any, name: str, extra: list[str]) -> float:
 
 
 def test_executed_flops_follow_the_ladder() -> None:
-    tp = _bench()
+    tp = load_bench("trainer_passes")
     f = {
         n: _flops(tp, n, ["trainer.max_tokens_per_microbatch=64"])
         for n in ("before", "no_prox", "loss_positions", "after")
@@ -84,7 +72,7 @@ def test_a_forked_variant_runs_with_its_allocator_setting(tmp_path: Path) -> Non
     from asyncrl.config import load_config
     from asyncrl.policy import Policy
 
-    tp = _bench()
+    tp = load_bench("trainer_passes")
     config = tmp_path / "tiny.yaml"
     nested: dict[str, Any] = {}
     for arg in _learner_args(
@@ -118,7 +106,7 @@ def test_the_kernel_patches_take_out_the_trie_attention_and_the_fused_head_and_a
     from asyncrl.config import load_config
     from asyncrl.policy import Policy, scoring
 
-    tp = _bench()
+    tp = load_bench("trainer_passes")
     head = torch.nn.Linear(2, 2, bias=False)
     with tp.patched("after_speed_dense_unfused"):
         assert ta.trie_attention is tp._dense and not scoring._fusable(head)
