@@ -10,11 +10,17 @@ issues is split, by file path or, for a merge, by the branch commits that belong
      "split": {"<merge sha>": {"default": "36", "branch_commits": {"<sha>": "37"}},
                "<sha>": {"default": "38", "paths": {"src/asyncrl/jobs/": "36"}}}}
 
-Each row is the commit's numstat against its first parent; a branch commit's against its own
-first parent, and the merge's remainder is the merge's numstat less those. Nets are exact (they sum
-to the range's change, which the output checks); added/deleted of a remainder are approximate when
-a branch touched a line twice. A commit touching the paths that the table does not name is an error
-(exit 1), so nothing is left out quietly.
+Each row is the commit's numstat against its first parent (renames off: a moved file is its lines
+deleted and added, whatever git's configuration); a branch commit's against its own parent, and a
+split's remainder is the commit's numstat less its parts. A path ending in ``/`` names a folder,
+any other one file.
+
+The run fails (exit 1, the reason on stderr) when the figures could be wrong: a commit touching the
+paths that no row names; a table row that names no such commit of the range, or a commit twice; a
+file two path rules match; a branch commit that is not a plain (non-merge) commit of that merge's
+branch; a split whose parts exceed the commit. The rows' nets then sum to the range's change (the
+first-parent diffs add up); that is checked too, which catches a ``from`` off ``to``'s first-parent
+line.
 
 Usage: ``python bench/issue_diff.py TABLE.json [--repo .] [--list]``.
 """
@@ -30,17 +36,26 @@ from pathlib import Path
 from typing import Any
 
 
+class TableError(ValueError):
+    """The table cannot give trustworthy figures (the message says why)."""
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 
 
 def numstat(repo: Path, old: str, new: str, paths: list[str]) -> dict[str, tuple[int, int]]:
-    """Lines added and deleted per file between two commits (binary files count 0)."""
+    """Lines added and deleted per file between two commits (renames off; binary files count 0)."""
     out: dict[str, tuple[int, int]] = {}
-    for line in _git(repo, "diff", "--numstat", old, new, "--", *paths).splitlines():
-        added, deleted, path = line.split("\t", 2)
-        out[path] = (int(added) if added != "-" else 0, int(deleted) if deleted != "-" else 0)
+    for record in _git(repo, "diff", "--no-renames", "--numstat", "-z", old, new, "--", *paths).split("\0"):
+        if record:
+            added, deleted, path = record.split("\t", 2)
+            out[path] = (int(added) if added != "-" else 0, int(deleted) if deleted != "-" else 0)
     return out
+
+
+def _matches(path: str, rule: str) -> bool:
+    return path.startswith(rule) if rule.endswith("/") else path == rule
 
 
 def _sum(stat: dict[str, tuple[int, int]]) -> tuple[int, int]:
@@ -56,8 +71,11 @@ def attribute(repo: Path, table: dict[str, Any]) -> dict[str, Any]:
     paths = list(table.get("paths", ["src"]))
     names = {_resolve(repo, k): v for k, v in table.get("commits", {}).items()}
     splits = {_resolve(repo, k): v for k, v in table.get("split", {}).items()}
+    if twice := names.keys() & splits.keys():
+        raise TableError(f"in both 'commits' and 'split': {sorted(s[:9] for s in twice)}")
     rows: list[dict[str, Any]] = []
     missing: list[str] = []
+    used: set[str] = set()
     first_parent = _git(
         repo, "rev-list", "--first-parent", "--reverse", f"{table['from']}..{table['to']}"
     ).split()
@@ -73,6 +91,9 @@ def attribute(repo: Path, table: dict[str, Any]) -> dict[str, Any]:
             rows.append(_row(sha, names[sha], added, deleted, subject))
         else:
             missing.append(f"{sha[:9]} {subject}")
+        used.add(sha)
+    if unused := (names.keys() | splits.keys()) - used:
+        raise TableError(f"rows for no commit of the range touching {paths}: {sorted(s[:9] for s in unused)}")
     totals: dict[str, dict[str, int]] = defaultdict(lambda: {"added": 0, "deleted": 0, "net": 0})
     for row in rows:
         t = totals[row["issue"]]
@@ -112,17 +133,33 @@ def _split_rows(
 ) -> list[dict[str, Any]]:
     """One row per issue of a mixed commit; what no rule names goes to ``rule['default']``."""
     rows = []
+    rules = rule.get("paths", {})
+    for path in stat:
+        if sum(_matches(path, r) for r in rules) > 1:
+            raise TableError(f"{sha[:9]}: {path} matches more than one path rule")
     rest_added, rest_deleted = _sum(stat)
-    for prefix, issue in rule.get("paths", {}).items():
-        part = {p: s for p, s in stat.items() if p.startswith(prefix)}
-        added, deleted = _sum(part)
+    for prefix, issue in rules.items():
+        added, deleted = _sum({p: s for p, s in stat.items() if _matches(p, prefix)})
         rows.append(_row(sha, issue, added, deleted, f"{subject} [{prefix}]"))
         rest_added, rest_deleted = rest_added - added, rest_deleted - deleted
+    branch = (
+        set(_git(repo, "rev-list", "--no-merges", f"{sha}^1..{sha}^2").split())
+        if "branch_commits" in rule
+        else set()
+    )
     for branch_sha, issue in rule.get("branch_commits", {}).items():
         full = _resolve(repo, branch_sha)
+        if full not in branch:
+            raise TableError(
+                f"{sha[:9]}: {branch_sha} is not a plain commit of the branch this merge brought in"
+            )
         added, deleted = _sum(numstat(repo, f"{full}^1", full, paths))
         rows.append(_row(sha, issue, added, deleted, f"{subject} [branch commit {full[:9]}]"))
         rest_added, rest_deleted = rest_added - added, rest_deleted - deleted
+    if rest_added < 0 or rest_deleted < 0:
+        raise TableError(
+            f"{sha[:9]}: the split's parts exceed the commit ({rest_added} added, {rest_deleted} deleted left)"
+        )
     rows.append(_row(sha, rule["default"], rest_added, rest_deleted, f"{subject} [the rest]"))
     return rows
 
@@ -133,7 +170,14 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, default=Path(__file__).parents[1])
     parser.add_argument("--list", action="store_true", help="print every row, not only totals")
     args = parser.parse_args()
-    out = attribute(args.repo, json.loads(args.table.read_text()))
+    try:
+        out = attribute(args.repo, json.loads(args.table.read_text()))
+    except TableError as exc:
+        print(f"the table cannot be used: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:
+        print(f"git {' '.join(exc.cmd[3:])}: {exc.stderr.strip()}", file=sys.stderr)
+        return 1
     if not args.list:
         out.pop("rows")
     print(json.dumps(out, indent=2))

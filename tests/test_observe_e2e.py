@@ -108,11 +108,15 @@ def test_every_recorded_metric_is_documented(run: tuple[Path, dict[str, Any]]) -
     assert not missing, f"metrics missing from docs/metrics.md: {missing}"
 
 
-def test_replay_trains_from_the_archive_and_reproduces_the_losses(run: tuple[Path, dict[str, Any]]) -> None:
+def test_replay_trains_from_the_archive_and_reproduces_the_losses(
+    run: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
+    from asyncrl.bootstrap import pinned_threads
     from asyncrl.jobs.replay import replay
     from asyncrl.policy import Policy
+    from asyncrl.trainer.learner import Learner
 
     run_dir, summary = run
     out = replay(run_dir, save=True)
@@ -127,8 +131,14 @@ def test_replay_trains_from_the_archive_and_reproduces_the_losses(run: tuple[Pat
     assert want.keys() == got.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-5)
-    short = replay(run_dir, steps=2)
-    assert short["replayed_steps"] == 2
+    threads: list[int] = []  # the learner steps on the trainer's one thread, not the caller's two
+    step = Learner.step
+    monkeypatch.setattr(
+        Learner, "step", lambda self, *a: threads.append(torch.get_num_threads()) or step(self, *a)
+    )
+    with pinned_threads(2):
+        short = replay(run_dir, steps=2)
+    assert short["replayed_steps"] == 2 and threads == [1, 1]
 
 
 def test_run_record_identifies_the_run(run: tuple[Path, dict[str, Any]]) -> None:

@@ -5,7 +5,9 @@ the run's seed and config, and takes the archived batches in step order, each at
 was originally trained at (so staleness ages and corrections are the same). No queue, no rollout
 worker, no weight publication. Each step's metrics go to ``RUN/replay/metrics.jsonl``; where the
 original trainer recorded the same step, the replayed ``loss/policy`` is compared with it — on the same
-machine and torch build a faithful replay reproduces it to rounding.
+machine and torch build a faithful replay reproduces it to rounding. The learner computes with the
+trainer's torch threads (``launcher.torch_threads``, or ``solo_threads`` for a sync run), so its
+matmuls reduce in the trainer's order.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bootstrap import pinned_threads, torch_threads
 from asyncrl.config import load_config
 from asyncrl.errors import UserError
 from asyncrl.telemetry.archive import read_batches
@@ -58,15 +61,16 @@ def replay(run_dir: Path, *, steps: int | None = None, save: bool = False) -> di
     compared = 0
     t0 = time.time()
     todo = batches[:steps] if steps is not None else batches
-    for b in todo:
-        metrics = learner.step(b.groups, b.version)
-        writer.write(metrics, step=b.step + 1)
-        rec = recorded.get(b.step + 1)
-        if rec is not None:
-            compared += 1
-            for k in COMPARED:
-                if rec.get(k) is not None and k in metrics:
-                    diffs[k] = max(diffs[k], abs(float(rec[k]) - float(metrics[k])))
+    with pinned_threads(torch_threads(cfg, "trainer")):
+        for b in todo:
+            metrics = learner.step(b.groups, b.version)
+            writer.write(metrics, step=b.step + 1)
+            rec = recorded.get(b.step + 1)
+            if rec is not None:
+                compared += 1
+                for k in COMPARED:
+                    if rec.get(k) is not None and k in metrics:
+                        diffs[k] = max(diffs[k], abs(float(rec[k]) - float(metrics[k])))
     writer.close()
     if save:
         policy.save(out_dir / "policy")
