@@ -1,13 +1,15 @@
-"""What one weight load and one weight-sync canary check cost the built-in engine, as JSON.
+"""The weight-sync canary's cost and margins on the real 135M model, full weights and a LoRA adapter.
 
-SmolLM2-135M-Instruct + a random non-zero LoRA adapter (rank 16, ``bench/decode_profile.py``'s
-``build_policy``), the default engine (merged copy, packed linears, fused step), one torch thread.
-Each repeat loads a new adapter version (the merged copy's refold and repack) and times the canary's
-parts on it: the fingerprint of the adapter tensors, the uncached forward over the probe, and the whole
-probe (that forward, then the generation path: a prefill of the probe's first half for two rows and a
-decode step per token of the second half). Medians of ``--repeats`` after one warm-up.
+For each mode, on SmolLM2-135M-Instruct (``asyncrl model import``), per version: the trainer's
+record at publish (fingerprint of the version's tensors + one probe forward pass), the engine's
+load, and the canary check after it (the fingerprint read from the engine's model + the engine's
+probe), medians over ``--versions`` versions, each one "optimiser step" (``±lr`` on every trainable
+element) after the last. Margins: the probe's ``mean |Δ log p|`` engine vs trainer on a correct load
+(against the float32 tolerance) and between consecutive versions (what a stale version would show),
+and the float32 vs bfloat16 probe gap of the same weights (against the half-precision tolerance).
+Prints one JSON object.
 
-Usage: ``OMP_NUM_THREADS=1 PYTHONPATH=src python bench/canary_cost.py [--repeats 5] [--probe-tokens 32]``.
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/canary_cost.py [--versions 5] [--rank 16] [--lr 1e-4]
 """
 
 from __future__ import annotations
@@ -16,57 +18,134 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from decode_profile import adapter_version, build_policy
 
-from asyncrl.engine.hf import HFEngine
-from asyncrl.policy.canary import probe_ids, probe_logprobs
+def _mean_abs(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+class Clock:
+    """Wall and CPU time of timed sections, by name (CPU time is what a loaded machine distorts least)."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+
+    def time(self, name: str, fn: Any) -> Any:
+        w, c = time.perf_counter(), time.process_time()
+        out = fn()
+        self.wall.setdefault(name, []).append(time.perf_counter() - w)
+        self.cpu.setdefault(name, []).append(time.process_time() - c)
+        return out
+
+    def report(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name in self.wall:
+            out[f"{name}_ms"] = round(1000 * statistics.median(self.wall[name]), 1)
+            out[f"{name}_cpu_ms"] = round(1000 * statistics.median(self.cpu[name]), 1)
+        return out
+
+
+def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: float) -> dict[str, Any]:
+    from asyncrl.config import CanaryConfig, LocalWeightsConfig, ModelConfig
+    from asyncrl.engine import HFEngine
+    from asyncrl.policy import Policy
+    from asyncrl.policy.canary import CanaryRecord, publish_record
+    from asyncrl.rollout.canary import WeightCanary
+    from asyncrl.weights import make_weight_store
+
+    canary_cfg = CanaryConfig()
+    cfg = ModelConfig(path=str(model_dir), lora=lora)
+    trainer, sampler = Policy.load(model_dir, cfg=cfg), Policy.load(model_dir, cfg=cfg)
+    engine = HFEngine(sampler, [2], seed=0, max_batch=64, cuda_graphs=False)
+    canary = WeightCanary(canary_cfg, ("float32", "float32"))
+    clock, diffs, shifts = Clock(), [], []
+    previous: CanaryRecord | None = None
+    g = torch.Generator().manual_seed(0)
+    with tempfile.TemporaryDirectory() as run_dir:
+        store = make_weight_store(LocalWeightsConfig(keep=2), Path(run_dir))
+        for v in range(1, versions + 1):
+            with torch.no_grad():  # one Adam-like step: every trainable element moves by ±lr
+                for p in trainer.model.parameters():
+                    if p.requires_grad:
+                        p.add_(lr * torch.randn(p.shape, generator=g).sign())
+            tensors = trainer.state_dict_tensors()
+            record_doc = clock.time(
+                "record_at_publish", partial(publish_record, trainer, tensors, canary_cfg)
+            )
+            store.publish(v, tensors, step=v, extra={"canary": record_doc})
+            loaded = store.load_latest()
+            assert loaded is not None and loaded.version == v
+            clock.time("load", partial(engine.load_weights, loaded.version, loaded.tensors, path=loaded.path))
+            verdict = clock.time("canary_check", partial(canary.verify, engine, loaded))
+            assert verdict is not None and verdict.ok, verdict
+            diffs.append(verdict.probe_mean_abs_diff or 0.0)
+            record = CanaryRecord.from_manifest(loaded.manifest)
+            assert record is not None
+            clock.time("fingerprint", partial(engine.fingerprint, sorted(record.fingerprint.tensors)))
+            clock.time("probe", partial(engine.probe, record.probe_ids))
+            if previous is not None:
+                shifts.append(_mean_abs(record.probe_logprobs, previous.probe_logprobs))
+            previous = record
+    times = clock.report()
+    return {
+        "tensors": len(tensors),
+        "version_mb": round(sum(t.numel() * t.element_size() for t in tensors.values()) / 1e6, 2),
+        "probe_tokens": canary_cfg.probe_tokens,
+        **times,
+        "check_cpu_over_load_cpu": round(times["canary_check_cpu_ms"] / max(times["load_cpu_ms"], 1e-9), 2),
+        "probe_diff_correct_load_max": max(diffs),
+        "probe_shift_between_versions_min": min(shifts) if shifts else None,
+        "tolerance_float32": canary_cfg.probe_tolerance_float32,
+    }
+
+
+def half_gap(model_dir: Path, tokens: int) -> dict[str, float]:
+    """The probe's ``mean |Δ log p|`` between float32 and bfloat16 copies of the same weights."""
+    from asyncrl.config import CanaryConfig, ModelConfig
+    from asyncrl.policy import Policy
+    from asyncrl.policy.canary import probe_ids, probe_logprobs
+
+    f32 = Policy.load(model_dir, cfg=ModelConfig(path=str(model_dir)))
+    ids = probe_ids(f32.tokenizer, tokens, f32.max_context)
+    a = probe_logprobs(f32.model, ids)
+    del f32
+    b = probe_logprobs(
+        Policy.load(model_dir, cfg=ModelConfig(path=str(model_dir), dtype="bfloat16")).model, ids
+    )
+    return {
+        "probe_gap_float32_vs_bfloat16_mean": _mean_abs(a, b),
+        "probe_gap_float32_vs_bfloat16_max": max(abs(x - y) for x, y in zip(a, b, strict=True)),
+        "tolerance_half": CanaryConfig().probe_tolerance_half,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--probe-tokens", type=int, default=32)
-    ap.add_argument("--tiny", action="store_true", help="the tiny test model (a dry run)")
+    ap.add_argument("--versions", type=int, default=5)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-4, help="per-element change of one version")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    policy = build_policy(argparse.Namespace(tiny=args.tiny, b_std=0.02))
-    engine = HFEngine(policy, [], seed=0, max_batch=16, cuda_graphs=False, prefix_sharing=True)
-    ids = probe_ids(policy.tokenizer, args.probe_tokens, policy.max_context)
-    names = sorted(policy.state_dict_tensors())
-    ms: dict[str, list[float]] = {"load": [], "fingerprint": [], "uncached_forward": [], "probe": []}
-    for v in range(args.repeats + 1):
-        tensors = adapter_version(policy, 0.02, seed=v + 1)
-        parts = {
-            "load": lambda v=v, tensors=tensors: engine.load_weights(v + 1, tensors),
-            "fingerprint": lambda: engine.fingerprint(names),
-            "uncached_forward": lambda: probe_logprobs(engine.model, ids),
-            "probe": lambda: engine.probe(ids),
-        }
-        for name, fn in parts.items():
-            t0 = time.perf_counter()
-            fn()
-            if v:  # the first round warms up
-                ms[name].append((time.perf_counter() - t0) * 1000)
-    med = {k: round(statistics.median(v), 1) for k, v in ms.items()}
-    print(
-        json.dumps(
-            {
-                "threads": torch.get_num_threads(),
-                "probe_tokens": len(ids),
-                "repeats": args.repeats,
-                "median_ms": med,
-                "check_ms": round(med["fingerprint"] + med["probe"], 1),
-                "raw_ms": {k: [round(x, 1) for x in v] for k, v in ms.items()},
-            },
-            indent=1,
-        )
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from models_util import smollm2_dir
+
+    model_dir = smollm2_dir()
+    out = {
+        "model": "SmolLM2-135M-Instruct",
+        "threads": torch.get_num_threads(),
+        "lora": measure(model_dir, {"rank": args.rank, "alpha": 2 * args.rank}, args.versions, args.lr),
+        "full": measure(model_dir, None, args.versions, args.lr / 10),
+        **half_gap(model_dir, 32),
+    }
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
