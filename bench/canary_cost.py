@@ -7,7 +7,8 @@ probe), medians over ``--versions`` versions, each one "optimiser step" (``±lr`
 element) after the last. Margins: the probe's ``mean |Δ log p|`` engine vs trainer on a correct load
 (against the float32 tolerance) and between consecutive versions (what a stale version would show),
 and the float32 vs bfloat16 probe gap of the same weights (against the half-precision tolerance).
-Prints one JSON object.
+With LoRA, per version, what the probe adds to a demo-like generation call run after it, and riding
+along it (``weights.canary.ride_along``): ``*_extra_ms`` over the call alone. Prints one JSON object.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/canary_cost.py [--versions 5] [--rank 16] [--lr 1e-4]
 """
@@ -54,8 +55,8 @@ class Clock:
 
 
 def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: float) -> dict[str, Any]:
-    from asyncrl.config import CanaryConfig, LocalWeightsConfig, ModelConfig
-    from asyncrl.engine import HFEngine
+    from asyncrl.config import CanaryConfig, HFEngineConfig, LocalWeightsConfig, ModelConfig
+    from asyncrl.engine import HFEngine, make_engine
     from asyncrl.policy import Policy
     from asyncrl.policy.canary import CanaryRecord, publish_record
     from asyncrl.rollout.canary import WeightCanary
@@ -64,7 +65,8 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: flo
     canary_cfg = CanaryConfig()
     cfg = ModelConfig(path=str(model_dir), lora=lora)
     trainer, sampler = Policy.load(model_dir, cfg=cfg), Policy.load(model_dir, cfg=cfg)
-    engine = HFEngine(sampler, [2], seed=0, max_batch=64, cuda_graphs=False)
+    engine = make_engine(HFEngineConfig(), sampler, [2], seed=0)  # what a rollout worker runs
+    assert isinstance(engine, HFEngine)
     canary = WeightCanary(canary_cfg, ("float32", "float32"))
     clock, diffs, shifts = Clock(), [], []
     previous: CanaryRecord | None = None
@@ -91,20 +93,57 @@ def measure(model_dir: Path, lora: dict[str, int] | None, versions: int, lr: flo
             assert record is not None
             clock.time("fingerprint", partial(engine.fingerprint, sorted(record.fingerprint.tensors)))
             clock.time("probe", partial(engine.probe, record.probe_ids))
+            if lora is not None:
+                ride_along(clock, engine, record.probe_ids, v)
             if previous is not None:
                 shifts.append(_mean_abs(record.probe_logprobs, previous.probe_logprobs))
             previous = record
     times = clock.report()
+    ride = {}
+    if "call_alone_ms" in times:
+        for name in ("call_then_probe", "call_with_probe_riding"):
+            extra = [a - b for a, b in zip(clock.wall[name], clock.wall["call_alone"], strict=True)]
+            ride[f"{name}_extra_ms"] = {
+                "median": round(1000 * statistics.median(extra), 1),
+                "min": round(1000 * min(extra), 1),
+                "max": round(1000 * max(extra), 1),
+            }
     return {
         "tensors": len(tensors),
         "version_mb": round(sum(t.numel() * t.element_size() for t in tensors.values()) / 1e6, 2),
         "probe_tokens": canary_cfg.probe_tokens,
         **times,
         "check_cpu_over_load_cpu": round(times["canary_check_cpu_ms"] / max(times["load_cpu_ms"], 1e-9), 2),
+        **ride,
         "probe_diff_correct_load_max": max(diffs),
         "probe_shift_between_versions_min": min(shifts) if shifts else None,
         "tolerance_float32": canary_cfg.probe_tolerance_float32,
     }
+
+
+def ride_along(clock: Clock, engine: Any, ids: list[int], seed: int) -> None:
+    """A demo-like second turn (10 rows: a shared 228-token prefix, 40 tokens of their own, the first turn's
+    24 sampled tokens and 12 of a tool result; up to 24 new tokens at temperature 1, the first turn's KV in
+    the prefix cache) alone, then with the probe after it, then with the probe riding along it
+    (``generate_probed``); in the order of ``seed``'s parity, the same first turn before each."""
+    from asyncrl.records import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(100, 10_000, (228,), generator=g).tolist()
+    turn1 = [prefix + torch.randint(100, 10_000, (40,), generator=g).tolist() for _ in range(10)]
+    tool = torch.randint(100, 10_000, (12,), generator=g).tolist()
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=24)
+    runs = {
+        "call_alone": lambda p: engine.generate(p, sp),
+        "call_then_probe": lambda p: (engine.generate(p, sp), engine.probe(ids)),
+        "call_with_probe_riding": lambda p: engine.generate_probed(p, sp, ids),
+    }
+    for name in sorted(runs, reverse=bool(seed % 2)):
+        engine.clear_prefix_cache()
+        engine.generator.manual_seed(seed)
+        first = engine.generate(turn1, sp)  # the turn before: its KV in the prefix cache
+        turn2 = [p + s.token_ids + tool for p, s in zip(turn1, first, strict=True)]
+        clock.time(name, partial(runs[name], turn2))
 
 
 def half_gap(model_dir: Path, tokens: int) -> dict[str, float]:

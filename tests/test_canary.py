@@ -10,6 +10,7 @@ anything is generated, the refusal is reported (the trainer republishes) and bec
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ import torch
 
 from asyncrl.config import CanaryConfig, LocalWeightsConfig, ModelConfig, load_config
 from asyncrl.engine import HFEngine
+from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.policy import Policy
 from asyncrl.policy.canary import CanaryRecord, expected_fingerprint, fingerprint
+from asyncrl.records import SamplingParams
 from asyncrl.rollout.canary import WeightCanary, WeightCanaryError
 from asyncrl.rollout.worker import WeightFollower
 from asyncrl.telemetry.jsonl import MetricWriter
@@ -131,7 +134,9 @@ def _rename(name: str, swap: dict[str, str]) -> str:
 class Rig:
     """A trainer policy publishing to a store, and a worker's engine following it with the canary."""
 
-    def __init__(self, tiny: Path, tmp: Path, canary: CanaryConfig = CANARY, **engine: Any) -> None:
+    def __init__(
+        self, tiny: Path, tmp: Path, canary: CanaryConfig = CANARY, *, ride: bool = False, **engine: Any
+    ) -> None:
         cfg = lora(tiny)
         torch.manual_seed(0)
         self.trainer = Policy.load(tiny, cfg=cfg)
@@ -145,9 +150,45 @@ class Rig:
         self.reported: list[int] = []
         self.canary = WeightCanary(canary, ("float32", "float32"))
         self.follower = WeightFollower(
-            self.store, self.engine, self.metrics, "rollout-0", self.reported.append, self.canary
+            self.store, self.engine, self.metrics, "rollout-0", self.reported.append, self.canary, ride=ride
         )
         self.version = 0
+        self.calls: list[int] = []
+        """The rows of every engine call the batcher made (:meth:`load`)."""
+
+    def load(self) -> int | None:
+        """The worker's way: load the newest version; with ``ride``, one model turn through its batcher
+        then, the probe riding along it; the version that turn is stamped with (``None`` without ``ride``).
+        :attr:`calls` records the batcher's engine calls (not the probes run on their own: no rows)."""
+        self.follower.refresh()
+        if not self.follower.ride:
+            return None
+        engine, calls = self.engine, self.calls
+
+        class Counting(TurnBatcher):
+            async def _call(self) -> None:
+                generate, probed = engine.generate, engine.generate_probed
+
+                def counted(prompts: list[list[int]], *args: Any) -> Any:
+                    if prompts:  # a probe run on its own has none
+                        calls.append(len(prompts))
+                    return (probed if args[1:] else generate)(prompts, *args)
+
+                engine.generate = engine.generate_probed = counted  # type: ignore[method-assign]
+                try:
+                    await super()._call()
+                finally:
+                    del engine.generate, engine.generate_probed
+
+        async def turn() -> int:
+            batcher = Counting(engine, check=self.follower, max_batch=8, max_wait_s=0.0)
+            try:
+                _, version = await batcher.generate([5, 6, 7, 8, 9], SamplingParams(max_new_tokens=4))
+            finally:
+                batcher.close()
+            return version
+
+        return asyncio.run(turn())
 
     def publish(self, canary: CanaryConfig = CANARY) -> int:
         publish_policy(self.store, self.version, self.trainer, step=self.version, canary=canary)
@@ -172,13 +213,18 @@ class Rig:
         return [r for r in rows if r.get("event") == "weights/canary_failed"]
 
 
-def test_a_correct_load_passes_and_the_engine_serves_the_trainers_version(tiny: Path, tmp_path: Path) -> None:
-    rig = Rig(tiny, tmp_path)
+@pytest.mark.parametrize("ride", [False, True])
+def test_a_correct_load_passes_and_the_engine_serves_the_trainers_version(
+    tiny: Path, tmp_path: Path, ride: bool
+) -> None:
+    """Riding along: each probe runs inside the turn after its load (one engine call, no second)."""
+    rig = Rig(tiny, tmp_path, ride=ride)
     rig.publish()
-    rig.follower.refresh()
+    assert rig.load() == (0 if ride else None)
     perturb(rig.trainer)
     rig.publish()
-    rig.follower.refresh()
+    assert rig.load() == (1 if ride else None) and rig.calls == ([1, 1] if ride else [])
+    assert rig.follower.pending is None
     assert rig.engine.version == 1 and rig.canary.checked == 2 and rig.canary.failed == 0
     assert rig.reported == [] and rig.failures() == []
     last = rig.canary.last
@@ -201,23 +247,29 @@ def test_a_correct_load_passes_and_the_engine_serves_the_trainers_version(tiny: 
         ("unfolded", "probe", True),
     ],
 )
+@pytest.mark.parametrize("ride", [False, True])
 def test_a_broken_load_is_refused_and_the_previous_version_kept(
-    tiny: Path, tmp_path: Path, fault: str, caught_by: str, merge: bool
+    tiny: Path, tmp_path: Path, fault: str, caught_by: str, merge: bool, ride: bool
 ) -> None:
-    """With the merged copy (the default) and, for ``inactive``, without it (sampling through the adapter)."""
+    """With the merged copy (the default) and, for ``inactive``, without it (sampling through the adapter).
+    Riding along, a fault the fingerprint sees is refused at the load, before any call; one only the probe
+    sees is refused by the turn the probe rides along, which is then generated again under version 1."""
     from asyncrl.orchestrator.rules import Rules
 
-    rig = Rig(tiny, tmp_path, merge_lora=merge)
+    rig = Rig(tiny, tmp_path, ride=ride, merge_lora=merge)
     assert (rig.engine.merged is not None) == merge
     for _ in range(2):  # versions 0 and 1 load correctly
         rig.publish()
-        rig.follower.refresh()
+        rig.load()
         perturb(rig.trainer)
     assert rig.engine.version == 1
     bad = rig.publish()
     rig.engine.fault = fault
-    rig.follower.refresh()
-    # refused: the engine is back on version 1, exactly, before anything was generated
+    rig.calls.clear()
+    stamped = rig.load()
+    # refused: the engine is back on version 1, exactly; nothing generated under the bad one came out
+    if ride:
+        assert stamped == 1 and rig.calls == ([1] if caught_by == "fingerprint" else [1, 1])
     assert rig.engine.version == 1 and rig.follower.good is not None and rig.follower.good.version == 1
     assert rig.served_probe(1) < 1e-5 and rig.served_probe(bad) > CANARY.probe_tolerance_float32
     assert rig.canary.failed == 1 and rig.reported == [bad] and rig.follower.newest_valid() == 1
@@ -251,20 +303,24 @@ def test_a_broken_load_is_refused_and_the_previous_version_kept(
         ("unfolded", True),
     ],
 )
-def test_a_fault_one_adam_step_small_is_refused(tiny: Path, tmp_path: Path, fault: str, static: bool) -> None:
+@pytest.mark.parametrize("ride", [False, True])
+def test_a_fault_one_adam_step_small_is_refused(
+    tiny: Path, tmp_path: Path, fault: str, static: bool, ride: bool
+) -> None:
     """Served weights one Adam step (lr 2e-4) off the published ones are refused by both parts; a prefix
     cache still holding the KV of the version one step before (correct weights, stale cache) is seen by
     the probe alone, through the engine's generation path (cached prefill + decode steps); so is a
-    merged copy still folded from the version one step before while it reports the new adapter."""
-    rig = Rig(tiny, tmp_path, prefix_cache_mb=64, prefix_sharing=True, static_cache=static)
+    merged copy still folded from the version one step before while it reports the new adapter. Riding
+    along, the probe's rows are in a call beside a row that samples."""
+    rig = Rig(tiny, tmp_path, ride=ride, prefix_cache_mb=64, prefix_sharing=True, static_cache=static)
     perturb(rig.trainer)
     rig.publish()
-    rig.follower.refresh()  # version 0 loads; its probe leaves its KV in the prefix cache
+    rig.load()  # version 0 loads; its probe leaves its KV in the prefix cache
     assert rig.canary.failed == 0 and rig.engine.version == 0
     adam_step(rig.trainer)  # version 1: one optimiser step on
     bad = rig.publish()
     rig.engine.fault = fault
-    rig.follower.refresh()
+    assert rig.load() == (0 if ride else None)
     assert rig.canary.failed == 1 and rig.reported == [bad] and rig.engine.version == 0
     assert rig.served_probe(0) < 1e-5  # back on version 0, exactly (the probe's own noise floor)
     (event,) = rig.failures()

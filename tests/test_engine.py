@@ -588,6 +588,43 @@ def test_packed_linear_logprobs_agree_with_the_trainer_and_follow_each_load(
     assert_at_noise_floor(logprob_error(policy, prompts, samples, [0.7] * 17), "packed, after a load")
 
 
+def test_a_load_repacks_what_it_changed() -> None:
+    """The fused step's stacks decode, so their parts keep no packed copy (prefills compute them as plain
+    ``linear``). An adapter version rebuilds only the folded layers' packed copies, not the LM head's (an
+    adapter load cannot change it); base weights under their plain names (a checkpoint) rebuild every
+    packed copy. After either, log-probs at the trainer's noise floor. Mutants this test kills: every load
+    treated as adapter-only (the stale LM head after the base load), the stacks not repacked, the stacks'
+    parts left packed, the LM head repacked at an adapter load."""
+    from asyncrl.policy.lora import base_model
+
+    policy = tiny_lora("llama")
+    engine = uncached_engine(policy, max_batch=32)
+    assert engine.fused is not None
+    parts = [p for stack in engine.fused.stacks() for p in stack.parts]
+    assert len(parts) == 5 * len(engine.fused.layers) and all(p.packed is None for p in parts)
+    assert not {id(p) for p in parts} & {id(p) for p in engine.packed}
+    head, o_proj = engine.model.lm_head, engine.model.model.layers[0].self_attn.o_proj
+    before = head.packed, o_proj.packed, engine.fused.stacks()[0].packed
+    prompts = random_prompts(9, 2, 40, seed=5)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=12)
+    engine.load_weights(1, adapter(policy, 7, 0.1))
+    assert head.packed is before[0] and o_proj.packed is not before[1]
+    assert engine.fused.stacks()[0].packed is not before[2]
+    samples = engine.generate(prompts, sp)
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 9), "after an adapter load")
+    g = torch.Generator().manual_seed(11)
+    inner = base_model(policy.model)
+    base = {  # every base weight moved: the LM head (tied to the embeddings) too
+        k.replace(".base_layer.", "."): v + 0.05 * torch.randn(v.shape, generator=g)
+        for k, v in inner.state_dict().items()
+        if ".lora_" not in k and v.is_floating_point()
+    }
+    engine.load_weights(2, base)
+    assert head.packed is not before[0]
+    samples = engine.generate(prompts, sp)
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 9), "after a base-weights load")
+
+
 def test_packed_linear_is_ignored_without_a_merged_copy() -> None:
     assert not hf_engine(tiny(), [2], max_batch=4, packed_linear=True).packed
     engine = make_engine(HFEngineConfig(packed_linear=True), tiny_lora(), stop_token_ids=[2], seed=0)
@@ -664,10 +701,41 @@ def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.Mon
         max(abs(a - b) for a, b in zip(got, probe_logprobs(policy.model, ids), strict=True)) < LOGPROB_TOL_MAX
     )
     assert steps == [2] * 16  # two rows, 16 decode steps
-    engine.fused.repack = lambda: None  # type: ignore[method-assign]  # a load that leaves it stale
+    engine.fused.repack = lambda changed=None: None  # type: ignore[method-assign]  # a load that leaves it stale
     engine.load_weights(1, adapter(policy, 7, 0.1))
     stale = engine.probe(ids)
     assert max(abs(a - b) for a, b in zip(stale, probe_logprobs(policy.model, ids), strict=True)) > 1e-3
+
+
+def test_the_probe_rides_along_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate_probed``: the probe's two rows join the call's chunk, teacher-forced beside rows that
+    sample, so its decode steps are the call's (none of its own); its log-probs are the probe's alone, to
+    the noise floor; the call's samples are at the trainer's noise floor and stop as they do. With no room
+    in the chunk (``max_batch``) the probe runs as a chunk of its own. Mutants this test kills: the riders
+    run apart, a rider row sampled, a forced row stopping at a stop token (the tail holds one), a free
+    row's stop ignored."""
+    steps = count_fused_steps(monkeypatch)
+    policy = tiny_lora("llama")
+    engine = uncached_engine(policy, stops=[2], max_batch=7)
+    ids = random_prompts(1, 32, 32, seed=3)[0]
+    ids[24] = 2  # a stop token in the forced tail
+    alone = engine.probe(ids)
+    assert steps == [2] * 15
+    prompts = random_prompts(5, 2, 30, seed=4)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=24)
+    for rows in (5, 6):  # 5 + 2 rows fit max_batch 7: one chunk; 6 + 2 do not
+        steps.clear()
+        samples, got = engine.generate_probed(prompts[:rows] + prompts[:1] * (rows - 5), sp, ids)
+        assert max(abs(a - b) for a, b in zip(got, alone, strict=True)) < LOGPROB_TOL_MAX
+        if rows == 5:  # the riders' rows are in the call's first step, and it takes no more steps than 23
+            assert steps[0] == 7 and len(steps) <= 23
+        else:  # the call's chunk, then the probe's own: 15 steps of two rows
+            assert steps[0] == 6 and steps[-15:] == [2] * 15
+        assert len(samples) == rows and {s.finish_reason for s in samples} <= {"stop", "length"}
+        assert_at_noise_floor(
+            logprob_error(policy, prompts[:rows] + prompts[:1] * (rows - 5), samples, [1.0] * rows)
+        )
+    assert any(s.finish_reason == "stop" for s in samples)
 
 
 def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:

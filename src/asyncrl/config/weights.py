@@ -31,6 +31,12 @@ class CanaryConfig(Section):
     probe_tolerance_half: float = Field(0.2, gt=0)
     """Default tolerance when either side computes in bfloat16 or float16: it catches only gross failures;
     version identity then rests on the fingerprint."""
+    ride_along: bool = True
+    """In a rollout worker, run the probe inside the first generation call after a load: the built-in
+    engine teacher-forces its rows beside the call's own, so its decode steps cost a few rows of the call's
+    steps rather than steps of their own (~1 s a load on SmolLM2-135M, docs/benchmarks.md). The call's
+    samples are held until the verdict; a refused version's are generated again under the version kept.
+    The fingerprint is still checked at the load. Off: the whole check runs at the load."""
     fingerprint_rtol: float = Field(1e-6, gt=0, le=1)
     """Tolerance of each fingerprint statistic relative to its scale (``sqrt(Σx²)`` for sums, ``Σx²`` for
     sums of squares): only reduction order differs in a bitwise copy (docs/reliability.md)."""

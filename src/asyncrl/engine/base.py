@@ -124,6 +124,15 @@ class GenerationEngine(ABC):
         supported by this backend."""
         return None
 
+    def generate_probed(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams], ids: Sequence[int]
+    ) -> tuple[list[Sample], list[float] | None]:
+        """:meth:`generate` and :meth:`probe` of ``ids`` under the same weights, in one call: the weight-sync
+        canary's probe riding along the first call after a load. A backend that can run the probe's rows
+        in the call's own batch does (their decode steps are then the call's); this default runs them
+        after the call."""
+        return self.generate(prompts, sampling), self.probe(ids)
+
     def compute_modules(self) -> list[torch.nn.Module]:
         """The torch modules whose forward passes this engine runs in this process, each generation
         step through one of them (core lending polls before their decoder layers); none for a backend

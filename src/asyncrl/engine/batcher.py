@@ -12,13 +12,24 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.engine.base import GenerationEngine, Sample
 from asyncrl.records import SamplingParams
 
 if TYPE_CHECKING:
     from asyncrl.config import EngineConfig
+
+
+class CallCheck(Protocol):
+    """A check that rides along the next generation call: the weight-sync canary's probe after a load
+    (:class:`~asyncrl.rollout.worker.WeightFollower`)."""
+
+    def due(self) -> list[int] | None:
+        """The probe ids to run with the next call, or ``None``."""
+
+    def settle(self, probe: list[float] | None) -> bool:
+        """The verdict on the probe's log-probs: False when the weights were refused (and replaced)."""
 
 
 @dataclass
@@ -46,6 +57,9 @@ class TurnBatcher:
     idle: Callable[[], None] | None = None
     """Runs (in the event loop thread) when a generation call returns and no request waits: the
     rollout worker announces there that its cores may be lent (:mod:`asyncrl.lending`)."""
+    check: CallCheck | None = None
+    """Rides along the next call when due (:meth:`GenerationEngine.generate_probed`); its samples are
+    released only when it settles, and generated again when it refuses the weights."""
     _pending: list[_Request] = field(default_factory=list)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
@@ -94,11 +108,18 @@ class TurnBatcher:
     async def _call(self) -> None:
         """One ``engine.generate`` call for up to ``max_batch`` waiting requests."""
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+        prompts, sampling = [r.prompt for r in batch], [r.sampling for r in batch]
         version = self.engine.version
+        ids = self.check.due() if self.check is not None else None
         try:
-            samples = await asyncio.to_thread(
-                self.engine.generate, [r.prompt for r in batch], [r.sampling for r in batch]
-            )
+            if ids is None:
+                samples = await asyncio.to_thread(self.engine.generate, prompts, sampling)
+            else:
+                assert self.check is not None
+                samples, probe = await asyncio.to_thread(self.engine.generate_probed, prompts, sampling, ids)
+                if not self.check.settle(probe):  # refused: the engine is back on the version it kept
+                    version = self.engine.version
+                    samples = await asyncio.to_thread(self.engine.generate, prompts, sampling)
         except Exception as exc:  # an engine failure fails the waiting episodes, not the loop
             for r in batch:
                 if not r.future.done():
@@ -135,6 +156,10 @@ class TurnBatcher:
         ec: EngineConfig,
         before_batch: Callable[[], None] | None = None,
         idle: Callable[[], None] | None = None,
+        *,
+        check: CallCheck | None = None,
     ) -> TurnBatcher:
         """The batcher ``rollout.engine`` describes."""
-        return cls(engine, before_batch, idle, max_batch=ec.max_batch, max_wait_s=ec.batch_wait_ms / 1000)
+        return cls(
+            engine, before_batch, idle, check, max_batch=ec.max_batch, max_wait_s=ec.batch_wait_ms / 1000
+        )

@@ -24,13 +24,16 @@ def sample_tokens(
     top_p: torch.Tensor,
     generator: torch.Generator | None,
     forced: torch.Tensor | None = None,
+    *,
+    mixed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return ``(tokens [B], behaviour log-probs [B])``.
 
     ``logits`` is ``[B, V]``, ``temperature`` and ``top_p`` are ``[B]``. The log-prob is
     taken from ``log_softmax`` (not ``log(softmax)``) and the nucleus correction is
     ``- log(kept mass)``, so both are exact to float32 rounding even for unlikely tokens.
-    ``forced`` ``[B]``: take these tokens instead of drawing (teacher forcing, the canary's probe).
+    ``forced`` ``[B]``: take these tokens instead of drawing (teacher forcing, the canary's probe);
+    ``mixed``: a negative entry draws that row's token (a call the probe rides along).
     """
     logp = torch.log_softmax(logits.float() / temperature[:, None], dim=-1)
     probs = logp.exp()
@@ -46,7 +49,10 @@ def sample_tokens(
         keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
         probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
         log_mass = torch.where(nucleus, probs.sum(-1).log(), log_mass)
-    tokens = draw(probs, generator) if forced is None else forced
+    if forced is None:
+        tokens = draw(probs, generator)
+    else:
+        tokens = torch.where(forced < 0, draw(probs, generator), forced) if mixed else forced
     lp = logp.gather(-1, tokens[:, None]).squeeze(-1) - log_mass
     return tokens, lp
 

@@ -155,12 +155,20 @@ class FusedDecoder(torch.nn.Module):
         self.kv_heads = layers[0].self_attn.kv_heads
         self.lm_head: PackedLinear = model.lm_head  # type: ignore[assignment]
 
-    def repack(self) -> None:
-        """Stack and pack the q/k/v and gate/up weights again (after the weights changed)."""
+    def stacks(self) -> list[FusedLinear]:
+        """Every layer's stacked q/k/v and gate/up matmuls."""
+        out: list[FusedLinear] = []
         for layer in self.layers:
             assert isinstance(layer, FusedLayer)
-            layer.self_attn.qkv_proj.repack()
-            layer.mlp.gate_up_proj.repack()
+            out += [layer.self_attn.qkv_proj, layer.mlp.gate_up_proj]
+        return out
+
+    def repack(self, changed: set[int] | None = None) -> None:
+        """Stack and pack the q/k/v and gate/up weights again (after the weights changed): those with a
+        part whose weight's ``id`` is in ``changed``, or all."""
+        for stack in self.stacks():
+            if changed is None or any(id(p.weight) in changed for p in stack.parts):
+                stack.repack()
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache

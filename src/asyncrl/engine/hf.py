@@ -81,6 +81,7 @@ class _DecodeState:
     top_p: torch.Tensor
     valid: torch.Tensor  # [active rows, columns]: the KV columns each row sees
     forced: torch.Tensor | None = None  # [rows_run, max_steps]: tokens to feed instead of sampling
+    mixed: bool = False  # forced holds -1 for rows that sample
 
     @classmethod
     def start(
@@ -190,6 +191,12 @@ class HFEngine(GenerationEngine):
         self.packed = pack_linears(self.model) if packable else []
         fuse = fused_decode and self.packed and fusable(self.model)
         self.fused = FusedDecoder(self.model) if fuse else None
+        if self.fused is not None:  # the stacks decode; their parts only prefill, as plain ``linear``
+            stacked = {id(p) for stack in self.fused.stacks() for p in stack.parts}
+            for layer in self.packed:
+                if id(layer) in stacked:
+                    layer.unpack()
+            self.packed = [layer for layer in self.packed if id(layer) not in stacked]
         self.version = 0
         self.max_context = policy.max_context
         self.max_batch = max_batch
@@ -220,21 +227,26 @@ class HFEngine(GenerationEngine):
     ) -> None:
         """Copy ``tensors`` into the policy's parameters in place (``path`` is not needed here)."""
         self.clear_prefix_cache()  # before the load: a failed load leaves no stale entry either
+        adapter = self.merged is not None and set(tensors) <= set(self.merged.adapter)
         try:
             self.policy.load_tensors(tensors)  # full weights, or a LoRA adapter version (strict either way)
         finally:  # even a load that failed half-way: serve what the policy now holds
-            self.refresh_merged()
+            self.refresh_merged(adapter_only=adapter)
         self.version = version
 
-    def refresh_merged(self) -> None:
-        """Fold the policy's adapter into the merged copy again and repack (nothing without a copy)."""
+    def refresh_merged(self, *, adapter_only: bool = False) -> None:
+        """Fold the policy's adapter into the merged copy again and repack (nothing without a copy).
+        ``adapter_only``: only the adapter changed since the last refresh, so only the folded layers'
+        packed copies are rebuilt (not the LM head's, the embeddings', ...)."""
         if self.merged is not None:
             t0 = time.perf_counter()
             self.merged.refresh()
+            changed = {id(w) for w in self.merged.folded} if adapter_only else None
             for layer in self.packed:
-                layer.repack()
+                if changed is None or id(layer.weight) in changed:
+                    layer.repack()
             if self.fused is not None:
-                self.fused.repack()
+                self.fused.repack(changed)
             self.merge_seconds += time.perf_counter() - t0
 
     def compute_modules(self) -> list[torch.nn.Module]:
@@ -257,17 +269,31 @@ class HFEngine(GenerationEngine):
         sharing their prefill is shared and gathered; the prefix cache is looked up and stored as for any
         call), then ``ids[n/2:]`` fed token by token through the decode loop (static decoder and CUDA
         graphs where those are on), the two rows' log-probs averaged. Counts in the engine's prefill and
-        decode figures like any call."""
+        decode figures like any call. :meth:`generate_probed` runs the same two rows inside a call."""
+        return self.generate_probed([], [], ids)[1]
+
+    def generate_probed(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams], ids: Sequence[int]
+    ) -> tuple[list[Sample], list[float]]:
+        """:meth:`generate` and :meth:`probe` in one call (see the interface): the probe's two rows join the
+        call's last chunk (the one with the fewest rows) where ``max_batch`` leaves room, teacher-forced
+        beside rows that sample, so its decode steps are the call's own; else they run as a chunk of
+        their own."""
+        params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
         full = probe_logprobs(self.model, ids)
         split = max(1, len(ids) // 2)
         head, tail = list(ids[:split]), list(ids[split:])
         rows = min(2, self.max_batch)
         sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=len(tail))
-        forced = torch.tensor([tail] * rows, dtype=torch.long)
-        with _inference(self.model):
-            samples = self._generate_chunk([head] * rows, [sp] * rows, forced)
-        path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in samples), strict=True)]
-        return full[: split - 1] + path
+        riders = _Riders([head] * rows, [sp] * rows, tail)
+        samples = self._generate(prompts, params, riders)
+        if riders.samples is None:  # no chunk had room for them
+            with _inference(self.model):
+                riders.samples = self._generate_chunk(
+                    riders.prompts, riders.params, riders.forced(0, len(tail))
+                )
+        path = [sum(lps) / rows for lps in zip(*(s.logprobs for s in riders.samples), strict=True)]
+        return samples, full[: split - 1] + path
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached KV state (they belong to the weights they were computed with)."""
@@ -278,15 +304,30 @@ class HFEngine(GenerationEngine):
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
     ) -> list[Sample]:
-        params = check_requests(prompts, sampling, self.max_context, self.vocab_size)
+        return self._generate(prompts, check_requests(prompts, sampling, self.max_context, self.vocab_size))
+
+    def _generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], riders: _Riders | None = None
+    ) -> list[Sample]:
+        """The samples of checked requests, in chunks of ``max_batch`` rows; ``riders`` join the last chunk
+        where it has room (their samples then in ``riders.samples``)."""
 
         def run(rows: list[int]) -> list[tuple[int, Sample]]:
             rows = sorted(rows, key=lambda i: len(prompts[i]))  # similar lengths share a chunk: less padding
+            chunks = [rows[start : start + self.max_batch] for start in range(0, len(rows), self.max_batch)]
             out: list[Sample] = []
             with _inference(self.model):
-                for start in range(0, len(rows), self.max_batch):
-                    c = rows[start : start + self.max_batch]
-                    out += self._generate_chunk([prompts[i] for i in c], [params[i] for i in c])
+                for k, c in enumerate(chunks):
+                    ps, sps = [prompts[i] for i in c], [params[i] for i in c]
+                    last = k == len(chunks) - 1
+                    if riders is None or not last or len(c) + riders.rows > self.max_batch:
+                        out += self._generate_chunk(ps, sps)
+                        continue
+                    steps = max(sp.max_new_tokens for sp in sps + riders.params)
+                    got = self._generate_chunk(
+                        ps + riders.prompts, sps + riders.params, riders.forced(len(c), steps)
+                    )
+                    out, riders.samples = out + got[: len(c)], got[len(c) :]
             return list(zip(rows, out, strict=True))
 
         return with_room(prompts, self.max_context, run)
@@ -322,6 +363,7 @@ class HFEngine(GenerationEngine):
         st = _DecodeState.start(rows_run, max_steps, lengths, budget, params, valid, self.pad_token_id)
         if forced is not None:
             st.forced = pad_rows(forced[:, :max_steps].to(self.device), rows_run)
+            st.mixed = bool((forced < 0).any())
         t0 = time.perf_counter()
         store_seconds = self.prefix_cache_seconds
         steps = self._decode(st, logits, cache, decoder, width, prompts)
@@ -374,13 +416,15 @@ class HFEngine(GenerationEngine):
         steps = 0
         for step in range(st.out_tokens.shape[1]):
             forced = None if st.forced is None else st.forced[st.rows, step]
-            tok, lp = sample_tokens(logits, st.temperature, st.top_p, self.generator, forced)
+            tok, lp = sample_tokens(logits, st.temperature, st.top_p, self.generator, forced, mixed=st.mixed)
             # Finished rows still in the batch write past their n_out; those are ignored.
             live = ~st.finished
             st.out_tokens[st.rows, step] = tok
             st.out_logprobs[st.rows, step] = lp
             st.n_out[st.rows] = torch.where(live, step + 1, st.n_out[st.rows])
-            hit_stop = live & torch.isin(tok, self._stop) & (forced is None)  # a forced row runs its budget
+            hit_stop = live & torch.isin(tok, self._stop)
+            if forced is not None:
+                hit_stop &= forced < 0  # a forced row runs its budget
             st.stopped[st.rows] |= hit_stop
             st.finished = st.finished | hit_stop | (step + 1 >= st.budget)
             n_done = int(st.finished.sum())  # the step's one host sync: is the chunk done?
@@ -444,6 +488,29 @@ class HFEngine(GenerationEngine):
             )
             self._decoders[rows] = dec
         return dec
+
+
+@dataclass
+class _Riders:
+    """The canary probe's rows riding along a call (:meth:`HFEngine.generate_probed`): their prompts and
+    sampling, the tokens they are fed, and, once run, their samples."""
+
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    tail: list[int]
+    samples: list[Sample] | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts)
+
+    def forced(self, free: int, steps: int) -> torch.Tensor:
+        """``[free + rows, steps]``: -1 (draw) for the ``free`` rows before the riders, then the riders'
+        tokens (padded past their budget, where they are finished)."""
+        forced = torch.full((free + self.rows, max(steps, len(self.tail))), -1, dtype=torch.long)
+        forced[free:] = 0
+        forced[free:, : len(self.tail)] = torch.tensor(self.tail, dtype=torch.long)
+        return forced
 
 
 @contextmanager

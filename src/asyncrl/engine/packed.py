@@ -38,7 +38,7 @@ class PackedLinear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same parameter: names, ties and in-place loads unchanged
         self.bias = linear.bias
-        self.packed = torch.empty(0)
+        self.packed: torch.Tensor | None = None
         self.repack()
 
     @torch.no_grad()
@@ -46,15 +46,23 @@ class PackedLinear(torch.nn.Module):
         """Pack the weight as it is now."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
+    def unpack(self) -> None:
+        """Compute as ``linear`` from now on, with no packed copy to keep: for a layer whose decode-step
+        matmul runs elsewhere (the fused step's stacked copy), left to prefills, where a packed layout
+        gains nothing (``docs/engines.md``). :meth:`repack` packs it again."""
+        self.packed = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        if grad or torch.compiler.is_compiling():  # inductor cannot take the packed tensor: its own kernels
+        # inductor cannot take oneDNN's opaque tensor: its own kernels
+        if self.packed is None or grad or torch.compiler.is_compiling():
             return torch.nn.functional.linear(x, self.weight, self.bias)
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return out
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+        packed = "packed" if self.packed is not None else "unpacked"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {packed}"
 
 
 def pack_linears(model: torch.nn.Module) -> list[PackedLinear]:

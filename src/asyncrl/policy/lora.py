@@ -195,6 +195,12 @@ class MergedCopy:
             if half:
                 w.copy_(acc)
 
+    @property
+    def folded(self) -> list[torch.Tensor]:
+        """The copy's weights :meth:`refresh` writes (the adapted layers'); every other tensor is the LoRA
+        model's own, which an adapter load leaves as it was."""
+        return [w for _, w in self._layers]
+
 
 def _adapter_params(layers: Any) -> list[torch.Tensor]:
     """The ``lora_A`` / ``lora_B`` parameters of ``layers`` (LoRA layers), in order."""

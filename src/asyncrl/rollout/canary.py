@@ -2,25 +2,51 @@
 
 What is recorded and compared, and why: :mod:`asyncrl.policy.canary`. What happens on a mismatch
 (:class:`~asyncrl.rollout.worker.WeightFollower`): the version is refused — the engine goes back to
-the previous good version before any generation runs, so no trajectory is produced under the bad
-one — a ``weights/canary_failed`` event carries the evidence (the orchestrator turns it into a
-``weight_canary`` alert, ``alerts.jsonl``), and the version is reported like a corrupt one
-(``RunState.report_corrupt``): the trainer publishes its weights again as a new version.
+the previous good version, so no trajectory is produced under the bad one — a ``weights/canary_failed``
+event carries the evidence (the orchestrator turns it into a ``weight_canary`` alert, ``alerts.jsonl``),
+and the version is reported like a corrupt one (``RunState.report_corrupt``): the trainer publishes its
+weights again as a new version.
+
+A check has two parts (:meth:`WeightCanary.begin`, :meth:`WeightCanary.finish`). The fingerprint is read
+right after the load and refuses the version before anything runs on it. The probe either runs at once
+(:meth:`WeightCanary.verify`), or, in a rollout worker, rides along the first generation call after the load
+(:meth:`~asyncrl.engine.base.GenerationEngine.generate_probed`; :class:`~asyncrl.engine.batcher.TurnBatcher`
+holds the call's samples until the verdict and, on a refusal, generates them again under the good version).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrl.config import VLLMEngineConfig
-from asyncrl.policy.canary import CanaryRecord, Verdict, check, expected_fingerprint, probe_tolerance
+from asyncrl.policy.canary import (
+    CanaryRecord,
+    Fingerprint,
+    Verdict,
+    check,
+    expected_fingerprint,
+    probe_tolerance,
+)
 from asyncrl.telemetry.reports import CanaryFigures
 
 if TYPE_CHECKING:
     from asyncrl.config import CanaryConfig, RunConfig
     from asyncrl.engine.base import GenerationEngine
     from asyncrl.weights.base import LoadedWeights
+
+
+@dataclass
+class PendingCheck:
+    """A check begun (:meth:`WeightCanary.begin`): the version, its record, the fingerprint read from the
+    engine and the one expected, and the seconds spent so far; its probe still to come."""
+
+    loaded: LoadedWeights
+    record: CanaryRecord
+    fingerprint: Fingerprint | None
+    want: Fingerprint
+    seconds: float
 
 
 class WeightCanaryError(RuntimeError):
@@ -52,23 +78,58 @@ class WeightCanary:
     ) -> Verdict | None:
         """The engine (just loaded with ``loaded``) against the version's record; ``None`` when there is
         nothing to compare (a version published without a canary, or an engine that reports neither part)."""
-        record = CanaryRecord.from_manifest(loaded.manifest)
+        pending = self.begin(engine, loaded, count=count)
+        if pending is None:
+            return None
         t0 = time.perf_counter()
-        got_fp = engine.fingerprint(sorted(record.fingerprint.tensors)) if record else None
-        got_probe = engine.probe(record.probe_ids) if record else None
-        if record is None or (got_fp is None and got_probe is None):
+        probe = engine.probe(pending.record.probe_ids)
+        pending.seconds += time.perf_counter() - t0
+        return self.finish(pending, probe, count=count)
+
+    def begin(
+        self, engine: GenerationEngine, loaded: LoadedWeights, *, count: bool = True
+    ) -> PendingCheck | None:
+        """The first part of :meth:`verify`: the fingerprint read from the engine now, the probe to come
+        (:meth:`finish`); ``None`` for a version published without a record (counted unverified)."""
+        record = CanaryRecord.from_manifest(loaded.manifest)
+        if record is None:
             self.unverified += count
             return None
-        want = expected_fingerprint(record, got_fp.dtype, loaded.tensors) if got_fp else record.fingerprint
-        verdict = check(
-            record, got_fp, want, got_probe, rtol=self.cfg.fingerprint_rtol, tolerance=self.tolerance
-        )
+        t0 = time.perf_counter()
+        got = engine.fingerprint(sorted(record.fingerprint.tensors))
+        want = expected_fingerprint(record, got.dtype, loaded.tensors) if got else record.fingerprint
+        return PendingCheck(loaded, record, got, want, time.perf_counter() - t0)
+
+    def early(self, pending: PendingCheck) -> Verdict:
+        """The fingerprint's verdict alone (nothing counted): what refuses a load before its probe runs."""
+        return self._check(pending, None)
+
+    def finish(
+        self, pending: PendingCheck, probe: list[float] | None, *, count: bool = True
+    ) -> Verdict | None:
+        """The verdict with the engine's ``probe`` of the record's ids (``None``: it has none; with no
+        fingerprint either, the load is counted unverified and ``None`` returned)."""
+        if pending.fingerprint is None and probe is None:
+            self.unverified += count
+            return None
+        t0 = time.perf_counter()
+        verdict = self._check(pending, probe)
         if count:
-            self.seconds += time.perf_counter() - t0
+            self.seconds += pending.seconds + time.perf_counter() - t0
             self.checked += 1
             self.failed += not verdict.ok
             self.last = verdict
         return verdict
+
+    def _check(self, pending: PendingCheck, probe: list[float] | None) -> Verdict:
+        return check(
+            pending.record,
+            pending.fingerprint,
+            pending.want,
+            probe,
+            rtol=self.cfg.fingerprint_rtol,
+            tolerance=self.tolerance,
+        )
 
     def figures(self) -> CanaryFigures:
         """The canary's counts for the worker's report (``weights/canary_*``)."""

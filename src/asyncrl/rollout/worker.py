@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.gateway.agent import AgentRunner
     from asyncrl.policy.canary import Verdict
-    from asyncrl.rollout.canary import WeightCanary
+    from asyncrl.rollout.canary import PendingCheck, WeightCanary
     from asyncrl.rollout.runners import GroupRunner
     from asyncrl.weights.base import LoadedWeights, WeightStore
 
@@ -69,6 +69,9 @@ class WeightFollower:
     valid version until a newer good one appears. With a ``canary`` (:mod:`asyncrl.rollout.canary`)
     every load is checked against the version's manifest; a version that fails is refused the same
     way, after the engine went back to the previous good version (whose tensors are kept for that).
+    ``ride``: the fingerprint is checked at the load, the probe rides along the next generation call
+    (:meth:`due` and :meth:`settle`, which the worker's :class:`~asyncrl.engine.batcher.TurnBatcher` calls);
+    a version loaded over one whose probe has not run yet is probed at once first.
     """
 
     def __init__(
@@ -79,10 +82,14 @@ class WeightFollower:
         name: str = "",
         on_corrupt: Callable[[int], None] | None = None,
         canary: WeightCanary | None = None,
+        *,
+        ride: bool = False,
     ) -> None:
         self.store, self.engine, self.metrics, self.name = store, engine, metrics, name
         self.on_corrupt = on_corrupt
-        self.canary = canary
+        self.canary, self.ride = canary, ride
+        self.pending: PendingCheck | None = None
+        """The loaded version whose probe is to ride along the next generation call."""
         self.good: LoadedWeights | None = None
         """The newest version that passed the canary (what a refused load goes back to)."""
         self.bad_versions: set[int] = set()
@@ -124,17 +131,53 @@ class WeightFollower:
             self._load(loaded)
 
     def _load(self, loaded: LoadedWeights) -> None:
+        self.settle_pending()  # the engine still serves it: probed before it goes
         t0 = time.perf_counter()
         self.engine.load_weights(loaded.version, loaded.tensors, path=loaded.path)
         self.load_seconds += time.perf_counter() - t0
-        if self.canary is not None:
+        self.loads += 1
+        self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
+        if self.canary is None:
+            return
+        if not self.ride:
             verdict = self.canary.verify(self.engine, loaded)
             if verdict is not None and not verdict.ok:
                 self._refuse(loaded, verdict)
                 return
             self.good = loaded
-        self.loads += 1
-        self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
+            return
+        pending = self.canary.begin(self.engine, loaded)
+        if pending is None:  # published without a record: unverified
+            self.good = loaded
+            return
+        self.pending = pending
+        if not self.canary.early(pending).ok:  # the fingerprint refuses it: probed now, for the evidence
+            self.settle_pending()
+
+    def due(self) -> list[int] | None:
+        """The probe ids to ride along the next generation call, if a load awaits its probe."""
+        return self.pending.record.probe_ids if self.pending is not None else None
+
+    def settle(self, probe: list[float] | None) -> bool:
+        """The pending load's verdict with the engine's ``probe`` (run with the call that is waiting): True
+        when it stands (the call's samples may go), False when it was refused (the engine is back on the
+        last good version; the call must be run again)."""
+        pending, self.pending = self.pending, None
+        assert pending is not None and self.canary is not None
+        verdict = self.canary.finish(pending, probe)
+        if verdict is not None and not verdict.ok:
+            self._refuse(pending.loaded, verdict)
+            return False
+        self.good = pending.loaded
+        return True
+
+    def settle_pending(self) -> None:
+        """Run a pending load's probe now (a fingerprint that refuses it, a load over it, the worker's end)."""
+        if self.pending is not None:
+            t0 = time.perf_counter()
+            probe = self.engine.probe(self.pending.record.probe_ids)
+            self.pending.seconds += time.perf_counter() - t0
+            self.settle(probe)
 
     def _refuse(self, loaded: LoadedWeights, verdict: Verdict) -> None:
         """The engine does not serve ``loaded`` as published: go back to the last good version, record
@@ -202,7 +245,13 @@ class RolloutWorker:
         VERIFIER_CACHE.enabled = cfg.cost.reward_cache
         VERIFIER_CACHE.max_entries = cfg.cost.reward_cache_entries
         self.weights = WeightFollower(
-            self.store, self.engine, self.metrics, self.name, self.state.report_corrupt, WeightCanary.of(cfg)
+            self.store,
+            self.engine,
+            self.metrics,
+            self.name,
+            self.state.report_corrupt,
+            WeightCanary.of(cfg),
+            ride=cfg.weights.canary.ride_along,
         )
         self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
         from asyncrl.bootstrap import torch_threads
@@ -327,6 +376,7 @@ class RolloutWorker:
             self.cfg.rollout.engine,
             self.weights.refresh if self.staleness.inflight_updates else None,
             self.lender.waiting if self.lender is not None else None,
+            check=self.weights if self.weights.ride else None,
         )
         runner = await self._runner(batcher)
         running: set[asyncio.Task[None]] = set()
@@ -360,6 +410,7 @@ class RolloutWorker:
         if self.agent is not None:
             await self.agent.stop()
         batcher.close()
+        self.weights.settle_pending()  # a version loaded and never served is checked all the same
         self._report(batcher)
 
     def _report(self, batcher: TurnBatcher) -> None:
