@@ -226,6 +226,7 @@ def test_a_correct_load_passes_and_the_engine_serves_the_trainers_version(
     assert rig.load() == (1 if ride else None) and rig.calls == ([1, 1] if ride else [])
     assert rig.follower.pending is None
     assert rig.engine.version == 1 and rig.canary.checked == 2 and rig.canary.failed == 0
+    assert rig.canary.rode == (2 if ride else 0)
     assert rig.reported == [] and rig.failures() == []
     last = rig.canary.last
     assert last is not None and last.tensors_checked == len(rig.trainer.state_dict_tensors())
@@ -406,7 +407,9 @@ def assert_every_load_passed_the_canary(run_dir: Path, summary: dict[str, Any]) 
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         loads += int(max((r.get("rollout/weight_loads", 0) for r in rows), default=0))
     canary = summary["weights_canary"]
+    rode = canary.pop("rode")
     assert canary == {"checked": loads, "failed": 0, "unverified": 0, "alerts": 0}, (canary, loads)
+    assert 1 <= rode <= loads, rode  # weights.canary.ride_along: the probes of the loads a call followed
     assert loads >= 2, loads
     manifests = list((run_dir / "weights").glob("v*/manifest.json"))
     assert manifests and all(CanaryRecord.from_manifest(json.loads(m.read_text())) for m in manifests)

@@ -54,10 +54,12 @@ def _token_exactness(orch: Orchestrator) -> dict[str, float | None]:
 
 
 def _canary(orch: Orchestrator) -> dict[str, int]:
-    """The weight-sync canary over the run: loads checked, versions refused, loads that could not be checked."""
+    """The weight-sync canary over the run: loads checked (of which with the probe riding along a call),
+    versions refused, loads that could not be checked."""
     c = orch.live.canary()
     return {
         "checked": int(c.canary_checked),
+        "rode": int(c.canary_rode),
         "failed": int(c.canary_failed),
         "unverified": int(c.canary_unverified),
         "alerts": orch.rules.alerts.counts.get("weight_canary", 0),

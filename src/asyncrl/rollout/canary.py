@@ -59,7 +59,7 @@ class WeightCanary:
     def __init__(self, cfg: CanaryConfig, dtypes: tuple[str, ...]) -> None:
         """``dtypes``: the trainer's and the engine's compute dtypes (they set the probe's tolerance)."""
         self.cfg, self.tolerance = cfg, probe_tolerance(cfg, dtypes)
-        self.checked = self.failed = self.unverified = 0
+        self.checked = self.failed = self.unverified = self.rode = 0
         self.seconds = 0.0
         self.last: Verdict | None = None
 
@@ -105,10 +105,11 @@ class WeightCanary:
         return self._check(pending, None)
 
     def finish(
-        self, pending: PendingCheck, probe: list[float] | None, *, count: bool = True
+        self, pending: PendingCheck, probe: list[float] | None, *, count: bool = True, rode: bool = False
     ) -> Verdict | None:
         """The verdict with the engine's ``probe`` of the record's ids (``None``: it has none; with no
-        fingerprint either, the load is counted unverified and ``None`` returned)."""
+        fingerprint either, the load is counted unverified and ``None`` returned); ``rode``: the probe ran
+        inside a generation call."""
         if pending.fingerprint is None and probe is None:
             self.unverified += count
             return None
@@ -117,6 +118,7 @@ class WeightCanary:
         if count:
             self.seconds += pending.seconds + time.perf_counter() - t0
             self.checked += 1
+            self.rode += rode
             self.failed += not verdict.ok
             self.last = verdict
         return verdict
@@ -138,6 +140,7 @@ class WeightCanary:
             canary_checked=float(self.checked),
             canary_failed=float(self.failed),
             canary_unverified=float(self.unverified),
+            canary_rode=float(self.rode),
             canary_seconds=self.seconds,
             canary_probe_diff=float(last) if last is not None else 0.0,
         )

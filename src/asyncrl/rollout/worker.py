@@ -139,32 +139,23 @@ class WeightFollower:
         self.bytes_loaded += sum(t.numel() * t.element_size() for t in loaded.tensors.values())
         if self.canary is None:
             return
-        if not self.ride:
-            verdict = self.canary.verify(self.engine, loaded)
-            if verdict is not None and not verdict.ok:
-                self._refuse(loaded, verdict)
-                return
+        self.pending = self.canary.begin(self.engine, loaded)
+        if self.pending is None:  # published without a record: unverified
             self.good = loaded
-            return
-        pending = self.canary.begin(self.engine, loaded)
-        if pending is None:  # published without a record: unverified
-            self.good = loaded
-            return
-        self.pending = pending
-        if not self.canary.early(pending).ok:  # the fingerprint refuses it: probed now, for the evidence
+        elif not self.ride or not self.canary.early(self.pending).ok:  # a refusal: probed for the evidence
             self.settle_pending()
 
     def due(self) -> list[int] | None:
         """The probe ids to ride along the next generation call, if a load awaits its probe."""
         return self.pending.record.probe_ids if self.pending is not None else None
 
-    def settle(self, probe: list[float] | None) -> bool:
-        """The pending load's verdict with the engine's ``probe`` (run with the call that is waiting): True
-        when it stands (the call's samples may go), False when it was refused (the engine is back on the
-        last good version; the call must be run again)."""
+    def settle(self, probe: list[float] | None, *, rode: bool = True) -> bool:
+        """The pending load's verdict with the engine's ``probe`` (``rode``: run with the call that is
+        waiting): True when it stands (the call's samples may go), False when it was refused (the engine is
+        back on the last good version; the call must be run again)."""
         pending, self.pending = self.pending, None
         assert pending is not None and self.canary is not None
-        verdict = self.canary.finish(pending, probe)
+        verdict = self.canary.finish(pending, probe, rode=rode)
         if verdict is not None and not verdict.ok:
             self._refuse(pending.loaded, verdict)
             return False
@@ -177,7 +168,7 @@ class WeightFollower:
             t0 = time.perf_counter()
             probe = self.engine.probe(self.pending.record.probe_ids)
             self.pending.seconds += time.perf_counter() - t0
-            self.settle(probe)
+            self.settle(probe, rode=False)
 
     def _refuse(self, loaded: LoadedWeights, verdict: Verdict) -> None:
         """The engine does not serve ``loaded`` as published: go back to the last good version, record

@@ -200,6 +200,8 @@ class CanaryFigures(Figures):
     canary_checked: float = 0.0
     canary_failed: float = 0.0
     canary_unverified: float = 0.0
+    canary_rode: float = 0.0
+    """Checks whose probe rode along a generation call (``weights.canary.ride_along``)."""
     canary_seconds: float = 0.0
     canary_probe_diff: float = 0.0
 
