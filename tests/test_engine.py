@@ -686,6 +686,55 @@ def test_fused_decode_step_agrees_with_the_trainer_and_follows_each_load(
     assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 17), "fused, after a load")
 
 
+@pytest.mark.parametrize(("family", "attn"), [("llama", "sdpa"), ("qwen2", "eager")])
+def test_fused_prefill_agrees_with_the_trainer_across_turns(
+    family: str, attn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefills through the written-out forward (``fused_prefill``): levels of spans of different lengths
+    (a shared system prompt, GRPO groups, cached first turns extended by observations of different lengths,
+    new episodes joining) give the model's own prefill's tokens with the same seed and log-probs at the
+    trainer's noise floor; the matmuls run on the real tokens only. Mutants this test kills: a window's
+    padding run in place of its real tokens, a row's logits taken at another token than its last, the
+    causal mask dropped inside a window, the rotary embedding left off the new keys, the query heads
+    grouped across kv heads in the wrong order, the cached columns hidden."""
+    from asyncrl.engine import fused as fused_module
+    from test_prefix_cache import grpo_prompts
+
+    windows: list[tuple[int, int, int]] = []  # (rows, n, real tokens) of every fused prefill
+    real_prefill = fused_module.FusedDecoder.prefill
+
+    def prefill(self: fused_module.FusedDecoder, tokens: torch.Tensor, *a: Any) -> torch.Tensor:
+        allowed = a[1]
+        windows.append((tokens.shape[0], tokens.shape[1], int(allowed[:, -1, -tokens.shape[1] :].sum())))
+        return real_prefill(self, tokens, *a)
+
+    monkeypatch.setattr(fused_module.FusedDecoder, "prefill", prefill)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=10)
+    out: dict[bool, list[list[Sample]]] = {}
+    for fused in (False, True):
+        policy = tiny_lora(family, attn=attn)
+        engine = hf_engine(
+            policy, [2, 50, 60], max_batch=32, prefix_cache_mb=64, prefix_sharing=True, fused_prefill=fused
+        )
+        assert engine.fused is not None and (engine.prefill.fused is not None) == fused
+        first = grpo_prompts(tasks=3, group=3, seed=4, system=24)
+        turns = [engine.generate(first, sp)]
+        second = [
+            p + s.token_ids + random_prompts(1, 1, 9, seed=i)[0]
+            for i, (p, s) in enumerate(zip(first, turns[0], strict=True))
+        ]
+        second += grpo_prompts(tasks=2, group=2, seed=9, system=24)  # new episodes join
+        turns.append(engine.generate(second, sp))
+        out[fused] = turns
+        for prompts, samples in zip((first, second), turns, strict=True):
+            assert_at_noise_floor(
+                logprob_error(policy, prompts, samples, [1.0] * len(prompts)), f"fused={fused}"
+            )
+        assert engine.prefill_tokens_reused > 0 and engine.prefill_tokens_shared > 0
+    assert [[s.token_ids for s in t] for t in out[True]] == [[s.token_ids for s in t] for t in out[False]]
+    assert windows and any(real < rows * n for rows, n, real in windows)  # windows with padding ran
+
+
 def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe's teacher-forced decode steps run the fused step (what is served), at the trainer's
     log-probs; a stacked copy left stale by a load is seen by the probe."""

@@ -70,6 +70,10 @@ class HFEngineConfig(_EngineBase):
     growing-cache decode steps run a written-out one-token forward over the packed weights
     (:mod:`asyncrl.engine.fused`); costs the q/k/v and gate/up weights once more in memory, log-probs
     equal to float32 rounding. See docs/engines.md."""
+    fused_prefill: bool = True
+    """With ``fused_decode``: prefills run the same written-out forward, ``n`` tokens a row (grouped-query
+    attention without copying each key and value per query head; the LM head at each row's last token);
+    log-probs equal to float32 rounding. See docs/engines.md."""
     compact_fraction: float = Field(0.25, ge=0, le=1)
     """Growing cache: drop finished rows from the decoding batch once they are at least this share of it
     (and at least one row). Lower: fewer wasted rows per step, more re-packing of the KV cache; 0 compacts

@@ -46,6 +46,7 @@ def make_engine(
             merge_lora=cfg.merge_lora,
             packed_linear=cfg.packed_linear,
             fused_decode=cfg.fused_decode,
+            fused_prefill=cfg.fused_prefill,
         )
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine

@@ -1,14 +1,17 @@
-"""A written-out one-token decode step for the merged copy's packed weights (``rollout.engine.fused_decode``).
+"""A written-out forward for the merged copy's packed weights: the one-token decode step
+(``rollout.engine.fused_decode``) and the prefill of a level of prompt spans (``rollout.engine.fused_prefill``).
 
 The Hugging Face forward pass runs, per layer, three q/k/v and two gate/up matmuls on the same input, layout
-copies around the attention kernel and the cache update through generic code. :class:`FusedDecoder` runs the
-same arithmetic for one new token per row of a Llama-layout model (:data:`FUSABLE`, no sliding window): q/k/v
+copies around the attention kernel (``repeat_kv``: every key and value copied once per query head sharing it)
+and the cache update through generic code. :class:`FusedDecoder` runs the same arithmetic for new tokens of
+a Llama-layout model (:data:`FUSABLE`, no sliding window): q/k/v
 as **one** packed matmul (:class:`FusedLinear`) and gate/up as one; the rotary tables (the model's own rotary
 module, so every rope type it supports) and the additive mask once per step, not per layer; the step's k and
 v written straight into the cache's buffers (:class:`~asyncrl.engine.decode.BufferLayer`); attention as
-``baddbmm`` + softmax + ``bmm`` with each kv head's query heads stacked as its query rows (no repeat or copy
-of the keys; docs/engines.md says why not ``scaled_dot_product_attention``). The norms, the activation, the
-embedding, o, down and the LM head are the merged copy's own modules.
+``baddbmm`` + softmax + ``bmm`` with each kv head's query heads (and, in a prefill, their query positions)
+stacked as its query rows (no repeat or copy of the keys; docs/engines.md says why not
+``scaled_dot_product_attention``). The norms, the activation, the embedding, o, down and the LM head are the
+merged copy's own modules; a prefill runs the LM head at each row's last position only.
 
 The result equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs
 against the trainer's). The stacked weights are derived data, repacked at every refold of the merged copy
@@ -74,12 +77,18 @@ class FusedLinear(torch.nn.Module):
 
 
 class StepInputs(NamedTuple):
-    """What every layer of one decode step shares: the rotary tables ``[rows, 1, dim]`` and the additive
-    mask ``[rows * kv_heads, 1, columns]``."""
+    """What every layer of one forward shares: the rotary tables and the additive mask. A decode step
+    (``x [rows, hidden]``): ``[rows, 1, dim]`` and ``[rows * kv_heads, 1, columns]``. A prefill of up to ``n``
+    tokens a row (``x [tokens, hidden]``, the rows' real tokens only, row by row): ``[tokens, 1, dim]`` and
+    ``[rows * kv_heads, heads / kv_heads * n, columns]`` (a kv head's query rows: its query heads, each at
+    every position of the row's right-aligned window), ``real`` the tokens' places in the ``rows * n``
+    window and ``n``."""
 
     cos: torch.Tensor
     sin: torch.Tensor
     mask: torch.Tensor
+    real: torch.Tensor | None = None
+    n: int = 1
 
 
 class FusedAttention(torch.nn.Module):
@@ -95,6 +104,8 @@ class FusedAttention(torch.nn.Module):
         self.heads = attn.q_proj.out_features // self.head_dim
 
     def forward(self, x: torch.Tensor, step: StepInputs, layer: BufferLayer) -> torch.Tensor:
+        if step.real is not None:
+            return self._tokens(x, step, layer)
         rows, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv_proj(x).view(rows, h + 2 * kv, d)
         qk = qkv[:, : h + kv]
@@ -106,6 +117,27 @@ class FusedAttention(torch.nn.Module):
         scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
         out = torch.bmm(torch.softmax(scores, dim=-1), values).reshape(rows, h * d)
         projected: torch.Tensor = self.o_proj(out)
+        return projected
+
+    def _tokens(self, x: torch.Tensor, step: StepInputs, layer: BufferLayer) -> torch.Tensor:
+        """A prefill's real tokens ``x [tokens, hidden]``: the matmuls on those only; attention in the rows'
+        windows (``step.real``), where a padding query is zero and sees only its own zero key."""
+        assert step.real is not None
+        h, kv, d, n = self.heads, self.kv_heads, self.head_dim, step.n
+        rows = step.mask.shape[0] // kv
+        qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * kv, d)
+        qk = qkv[:, : h + kv]
+        qkv[:, : h + kv] = qk * step.cos + rotate_half(qk) * step.sin  # type: ignore[no-untyped-call]
+        window = qkv.new_zeros(rows * n, h + 2 * kv, d).index_copy_(0, step.real, qkv).view(rows, n, -1, d)
+        keys, values = layer.update(
+            window[:, :, h : h + kv].transpose(1, 2), window[:, :, h + kv :].transpose(1, 2)
+        )
+        q = window[:, :, :h].reshape(rows, n, kv, h // kv, d).permute(0, 2, 3, 1, 4).reshape(rows * kv, -1, d)
+        keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
+        scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
+        out = torch.bmm(torch.softmax(scores, dim=-1), values)  # [rows * kv, h / kv * n, d]
+        out = out.view(rows, kv, h // kv, n, d).permute(0, 3, 1, 2, 4).reshape(rows * n, h * d)
+        projected: torch.Tensor = self.o_proj(out.index_select(0, step.real))
         return projected
 
 
@@ -121,7 +153,9 @@ class FusedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        down: torch.Tensor = self.down_proj(self.act_fn(gate_up[:, : self.split]) * gate_up[:, self.split :])
+        down: torch.Tensor = self.down_proj(
+            self.act_fn(gate_up[..., : self.split]) * gate_up[..., self.split :]
+        )
         return down
 
 
@@ -153,6 +187,7 @@ class FusedDecoder(torch.nn.Module):
         self.layers = torch.nn.ModuleList(layers)
         self.norm = inner.norm
         self.kv_heads = layers[0].self_attn.kv_heads
+        self.groups = layers[0].self_attn.heads // self.kv_heads
         self.lm_head: PackedLinear = model.lm_head  # type: ignore[assignment]
 
     def stacks(self) -> list[FusedLinear]:
@@ -185,6 +220,31 @@ class FusedDecoder(torch.nn.Module):
             assert isinstance(cache_layer, BufferLayer)
             x = layer(x, step, cache_layer)  # a call: core lending's hook polls here
         logits: torch.Tensor = self.lm_head(self.norm(x))
+        return logits
+
+    def prefill(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """The last-position logits ``[rows, V]`` of ``tokens [rows, n]`` at ``positions [rows, n]``, right-aligned
+        windows, each query seeing the cache columns ``allowed [rows, n, columns]`` marks (the ``columns - n``
+        cached ones and the ``n`` written now, the last ones); a query that sees no column before its own is
+        padding, skipped by the matmuls. Writes the windows' KV into ``cache`` (every layer a
+        :class:`BufferLayer` holding ``columns - n`` columns)."""
+        rows, n, columns = allowed.shape
+        own = allowed[:, -1, columns - n :]  # [rows, n]: the windows' real tokens (the last query sees each)
+        real = own.reshape(-1).nonzero().squeeze(-1)
+        x = self.embed_tokens(tokens.reshape(-1)[real])
+        cos, sin = self.rotary_emb(x, positions.reshape(1, -1)[:, real])  # [1, tokens, dim]
+        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(~allowed, float("-inf"))
+        shape = (rows, self.kv_heads, self.groups, n, columns)
+        mask = bias[:, None, None].expand(shape).reshape(rows * self.kv_heads, self.groups * n, columns)
+        step = StepInputs(cos[0, :, None], sin[0, :, None], mask, real, n)
+        for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
+            assert isinstance(cache_layer, BufferLayer)
+            x = layer(x, step, cache_layer)
+        last = own.sum(1).cumsum(0) - 1  # each row's last token among x's
+        logits: torch.Tensor = self.lm_head(self.norm(x[last]))
         return logits
 
 

@@ -178,6 +178,7 @@ class HFEngine(GenerationEngine):
         merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
         packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
         fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
+        fused_prefill: bool = default_of(HFEngineConfig, "fused_prefill"),
     ) -> None:
         """The keywords are the :class:`~asyncrl.config.HFEngineConfig` fields of the same name
         (:func:`asyncrl.engine.make_engine` passes them), except: ``seed`` makes sampling reproducible
@@ -215,7 +216,9 @@ class HFEngine(GenerationEngine):
         self._decoders: dict[int, StaticDecoder] = {}
         self._graph_pool: Any = None
         self._plain = _plain_dynamic_cache(self.model)
-        self.prefill = Prefill(self.model, self.device, self.pad_token_id, self._plain)
+        self.prefill = Prefill(
+            self.model, self.device, self.pad_token_id, self._plain, self.fused if fused_prefill else None
+        )
         self.prefix_sharing = prefix_sharing
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_mb > 0 and self._plain:

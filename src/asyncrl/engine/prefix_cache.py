@@ -114,13 +114,21 @@ class PrefixCache:
         layers): row ``rows[j]``'s first ``len(seqs[j])`` columns marked in ``valid [B, columns]``, as the
         KV of ``seqs[j]``. Returns the seconds it took."""
         t0 = time.perf_counter()
-        n_cols = valid.shape[1]
-        kv = torch.stack(
-            [torch.stack([k[rows, :, :n_cols], v[rows, :, :n_cols]]) for k, v in map(layer_kv, cache.layers)]
-        )
-        for j, seq in enumerate(seqs):
-            columns = valid[rows[j]].nonzero().squeeze(-1)[: len(seq)]
-            self.store(seq, kv[:, :, j].index_select(-2, columns), version)
+        kv_layers = [layer_kv(layer) for layer in cache.layers]
+        heads, dim = kv_layers[0][0].shape[1], kv_layers[0][0].shape[3]
+        for row, seq in zip(rows.tolist(), seqs, strict=True):
+            columns = valid[row].nonzero().squeeze(-1)[: len(seq)]
+            first, n = int(columns[0]), len(seq)
+            run = int(columns[-1]) - first + 1 == n  # one run of columns: every layout the engine makes
+            ref = kv_layers[0][0]
+            kv = torch.empty((len(kv_layers), 2, heads, n, dim), dtype=ref.dtype, device=ref.device)
+            for i, pair in enumerate(kv_layers):  # one copy each, straight into the entry
+                for part, src in enumerate(pair):
+                    if run:
+                        kv[i, part].copy_(src[row, :, first : first + n])
+                    else:
+                        torch.index_select(src[row], 1, columns, out=kv[i, part])
+            self.store(seq, kv, version)
         return time.perf_counter() - t0
 
     def discard(self, key: tuple[int, ...]) -> None:
