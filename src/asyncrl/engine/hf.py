@@ -12,7 +12,8 @@ With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl
 instead (:attr:`HFEngine.merged`, :attr:`HFEngine.model`; ``policy.model`` stays the PEFT model that loads
 are validated against): plain weights with the adapter folded in, so a decode step runs no adapter matmuls.
 On a CPU the copy's linear layers may be packed (``packed_linear``, :mod:`asyncrl.engine.packed`) and its
-growing-cache decode step fused (``fused_decode``, :mod:`asyncrl.engine.fused`). Everything derived from the
+growing-cache decode step and its prefills fused (``fused_decode``, ``fused_prefill``, :mod:`asyncrl.engine.fused`:
+a prefill's matmuls then run on its real tokens only). Everything derived from the
 weights (the fold, the packed and stacked copies) is rebuilt at every :meth:`HFEngine.load_weights`.
 :meth:`HFEngine.fingerprint` then reports the adapter the copy was folded from and :meth:`HFEngine.probe`
 runs on the copy: the weight-sync canary checks what is served.
@@ -253,8 +254,8 @@ class HFEngine(GenerationEngine):
             self.merge_seconds += time.perf_counter() - t0
 
     def compute_modules(self) -> list[torch.nn.Module]:
-        """The served model (the policy's, or its merged copy: prefills, unfused decode steps) and the
-        fused decode step where on; see the interface."""
+        """The served model (the policy's, or its merged copy: unfused prefills and decode steps) and the
+        fused forward where on; see the interface."""
         return [m for m in (self.model, self.fused) if m is not None]
 
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
