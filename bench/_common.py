@@ -47,3 +47,25 @@ def time_to_target(curve: list[tuple[float, float]], target: float, window: int)
         if sum(r for _, r in curve[i - window + 1 : i + 1]) / window >= target:
             return curve[i][0]
     return None
+
+
+def smollm2_lora_engine(stops: list[int]) -> tuple[Any, Any]:
+    """``(policy, engine)``: SmolLM2-135M-Instruct with a rank-16 LoRA adapter (the demo-real recipe) and the
+    rollout worker's engine for it (``make_engine(HFEngineConfig())``, seed 0, ``stops``), on one torch
+    thread: what the engine benches measure (the model from ``ASYNCRL_MODELS``, as the tests find it)."""
+    import sys
+
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from asyncrl.config import HFEngineConfig, ModelConfig
+    from asyncrl.engine import HFEngine, make_engine
+    from asyncrl.policy import Policy
+    from models_util import smollm2_dir
+
+    model_dir = smollm2_dir()
+    policy = Policy.load(model_dir, cfg=ModelConfig(path=str(model_dir), lora={"rank": 16, "alpha": 32}))
+    engine = make_engine(HFEngineConfig(), policy, stops, seed=0)
+    assert isinstance(engine, HFEngine)
+    return policy, engine

@@ -16,28 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
+from _common import smollm2_lora_engine
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from asyncrl.config import HFEngineConfig, ModelConfig
-    from asyncrl.engine import HFEngine, make_engine
-    from asyncrl.policy import Policy
     from asyncrl.records import SamplingParams
-    from models_util import smollm2_dir
 
-    model_dir = smollm2_dir()
-    policy = Policy.load(model_dir, cfg=ModelConfig(path=str(model_dir), lora={"rank": 16, "alpha": 32}))
-    engine = make_engine(HFEngineConfig(), policy, [2], seed=0)
-    assert isinstance(engine, HFEngine) and engine.fused is not None
+    _, engine = smollm2_lora_engine([2])
+    assert engine.fused is not None
     parts = [p for stack in engine.fused.stacks() for p in stack.parts]
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(100, 10_000, (228,), generator=g).tolist()
