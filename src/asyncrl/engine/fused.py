@@ -227,8 +227,8 @@ class FusedDecoder(torch.nn.Module):
     ) -> torch.Tensor:
         """The last-position logits ``[rows, V]`` of ``tokens [rows, n]`` at ``positions [rows, n]``, right-aligned
         windows, each query seeing the cache columns ``allowed [rows, n, columns]`` marks (the ``columns - n``
-        cached ones and the ``n`` written now, the last ones); a query that sees no column before its own is
-        padding, skipped by the matmuls. Writes the windows' KV into ``cache`` (every layer a
+        cached ones and the ``n`` written now, the last ones); a window column the last query does not see
+        is padding, skipped by the matmuls. Writes the windows' KV into ``cache`` (every layer a
         :class:`BufferLayer` holding ``columns - n`` columns)."""
         rows, n, columns = allowed.shape
         own = allowed[:, -1, columns - n :]  # [rows, n]: the windows' real tokens (the last query sees each)
