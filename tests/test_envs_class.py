@@ -264,8 +264,11 @@ def test_clear_errors_for_config_mistakes(guess_env: tuple[Path, Path], tmp_path
     with pytest.raises(ValueError, match=r"env.class_env is set but env.kind is 'dataset'"):
         EnvConfig(kind="dataset", dataset={"path": "x.jsonl"}, class_env={"factory": "a:B", "rows": "r"})
     base = ["env.kind=class", f"env.class_env.factory={mod}:Guess", f"env.class_env.rows={rows}"]
-    with pytest.raises(ConfigError, match=r"set trainer.sft.steps: 0.*demo_field"):
-        load_config(None, base)
+    with pytest.raises(
+        ConfigError, match=r"set trainer.sft.source: rollouts.*demo_field.*trainer.sft.steps: 0"
+    ):
+        load_config(None, [*base, "trainer.sft.source=demos"])
+    assert load_config(None, base).trainer.sft.source == "auto"  # no demonstrations: auto plays rollouts
     assert load_config(None, [*base, "trainer.sft.steps=0"]).env.class_env is not None
     assert load_config(None, [*base, "env.class_env.demo_field=secret"]).env.class_env is not None
     no_reward = EnvConfig(kind="class", class_env={"factory": f"{mod}:SEEN", "rows": str(rows)})

@@ -358,10 +358,18 @@ def test_check_prints_an_ok_line_per_check_and_checks_the_demonstrator() -> None
         "event loop",
     ):
         assert f"ok    {check}:" in text, text
-    # a run that warm-starts needs demonstrate: a missing one fails now, not minutes into the run
-    cfg = load_config(None, ["env.kind=plugin", f"env.path={path('EchoEnv')}"])
+    # a run that warm-starts from demonstrations needs demonstrate: a missing one fails now, not minutes
+    # into the run; from the policy's own episodes (auto, rollouts) it does not
+    cfg = load_config(None, ["env.kind=plugin", f"env.path={path('EchoEnv')}", "trainer.sft.source=demos"])
     missing = check_environment(cfg.env, episodes=1, warm_start=cfg.trainer.sft)
-    assert not missing.ok and "FAIL  demonstrate: the run warm-starts" in missing.render()
+    assert not missing.ok and "FAIL  demonstrate: the run warm-starts from demonstrations" in missing.render()
+    auto = check_environment(
+        cfg.env, episodes=1, warm_start=cfg.trainer.sft.model_copy(update={"source": "auto"})
+    )
+    assert (
+        auto.ok
+        and "ok    demonstrate: no demonstrate(): the warm start (trainer.sft.source: auto)" in auto.render()
+    )
     assert check_environment(path("EchoEnv"), episodes=1).ok  # without a warm start: a warning only
 
 
@@ -382,7 +390,9 @@ def test_env_check_cli_takes_a_config_with_options_and_difficulty_range(
     out = capsys.readouterr().out
     assert "difficulties [1]" in out and "ok    demonstrate" in out, out
     cfg.write_text(f"env:\n  kind: plugin\n  path: {path('EchoEnv')}\n")
-    assert main(["env", "check", str(cfg), "--episodes", "1"]) == 1  # warm start without demonstrate
+    assert main(["env", "check", str(cfg), "--episodes", "1"]) == 0  # auto: rounds of its own episodes
+    demos = ["--set", "trainer.sft.source=demos"]
+    assert main(["env", "check", str(cfg), "--episodes", "1", *demos]) == 1  # demonstrations, none to give
 
 
 def test_tool_call_is_importable_where_step_result_is() -> None:

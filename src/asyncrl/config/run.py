@@ -102,12 +102,14 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _class_env_demos(self) -> RunConfig:
-        """``env.kind: class`` warm-starts only from gold answers (``env.class_env.demo_field``)."""
-        c = self.env.class_env
-        if c is not None and c.demo_field is None and self.trainer.sft.steps != 0:
+        """``env.kind: class`` demonstrates only gold answers (``env.class_env.demo_field``): without
+        them, a warm start from demonstrations alone (``trainer.sft.source: demos``) has nothing to train on."""
+        c, sft = self.env.class_env, self.trainer.sft
+        if c is not None and c.demo_field is None and sft.steps != 0 and sft.source == "demos":
             raise ValueError(
-                "env.kind 'class' has no demonstrations for the warm start: set trainer.sft.steps: 0 "
-                "(RL from the base policy), or env.class_env.demo_field to a column holding each row's gold answer"
+                "env.kind 'class' has no demonstrations for the warm start: set trainer.sft.source: rollouts "
+                "(the policy's own successful episodes), env.class_env.demo_field to a column holding each "
+                "row's gold answer, or trainer.sft.steps: 0 (RL from the base policy)"
             )
         return self
 

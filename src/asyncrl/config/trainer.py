@@ -11,12 +11,55 @@ from asyncrl.algo.config import PolicyLossConfig
 from asyncrl.config.base import Section
 
 
+class RolloutSFTConfig(Section):
+    """``trainer.sft.source: rollouts`` (and ``auto``'s rounds): rejection-sampling fine-tuning, or
+    expert iteration (Anthony et al. 2017; RFT, Yuan et al. 2023). Each round the current policy plays
+    ``tasks_per_round`` training tasks ``samples_per_task`` times; the episodes the environment itself
+    grades a success are the round's SFT set; then the held-out pass@G (G = ``rollout.group_size``) is
+    measured, and rounds stop once it reaches ``target_pass_at_g`` or a budget runs out. RL starts from
+    the round with the best held-out pass@G (docs/warm-start.md)."""
+
+    rounds: int | None = Field(None, ge=0, le=1000)
+    """Most rounds of play → keep the successes → fine-tune (unset: 3 for a pretrained model, 0 for one
+    built from config, whose tests and demo learn the format from demonstrations; with ``source:
+    rollouts``, 0 measures the start only, with ``auto`` it skips the rounds)."""
+    samples_per_task: int = Field(8, ge=1, le=4096)
+    """Episodes per training task in a round (k: a task is kept if ≥ 1 of its k episodes succeeds)."""
+    tasks_per_round: int = Field(64, ge=1, le=1_000_000)
+    """Training tasks each round plays."""
+    temperatures: list[float] = Field(default_factory=lambda: [1.0, 1.2], min_length=1)
+    """Sampling temperature of round 1, 2, …; the last one repeats (hotter rounds reach tasks the
+    policy rarely solves at its own temperature)."""
+    keep_per_task: int = Field(2, ge=1, le=4096)
+    """Distinct successful episodes kept per task (so easy tasks do not crowd out the others)."""
+    heldout_tasks: int = Field(16, ge=1, le=100_000)
+    """Held-out tasks whose groups of G measure pass@G after each round (the first ones of the split)."""
+    target_pass_at_g: float = Field(0.5, gt=0, le=1)
+    """Stop once this share of held-out tasks has ≥ 1 success in its group of G: at G = 4, a per-episode
+    success of ~16 % (the learnable band's lower edge, ``orchestrator.signal.band_low``) gives ≈ 0.5."""
+    max_minutes: float = Field(20.0, gt=0, le=100_000)
+    """Start no new round after this many minutes of rounds."""
+
+    def temperature(self, round_index: int) -> float:
+        """Round ``round_index``'s (0-based) sampling temperature."""
+        return self.temperatures[min(round_index, len(self.temperatures) - 1)]
+
+
 class SFTConfig(Section):
-    """Warm start: supervised training on corrupted reference-solver demonstrations.
+    """Warm start: supervised training on the environment's demonstrations and/or the policy's own
+    successful episodes (``source``).
 
     Unset fields follow the model kind (:data:`SFT_DEFAULTS`): a 0.1M-parameter model built from
     config needs hundreds of steps at a high learning rate to learn the format at all; a
     pretrained model needs tens of steps at a small one (or none: ``steps: 0``)."""
+
+    source: Literal["demos", "rollouts", "auto"] = "auto"
+    """What the warm start trains on: ``demos``, the environment's demonstrations (its reference solver,
+    ``demo_field``, a dataset's solutions or a ``demonstrator`` function); ``rollouts``, rounds of the
+    policy's own successful episodes (``rollouts``); ``auto``, the demonstrations where the environment
+    has any, then rollout rounds while the held-out pass@G is under ``rollouts.target_pass_at_g`` (an
+    answer-only demonstrator no longer ends the warm start)."""
+    rollouts: RolloutSFTConfig = Field(default_factory=RolloutSFTConfig)
 
     steps: int | None = Field(None, ge=0, le=1_000_000)
     """Optimiser steps (unset: 800 built, 20 pretrained; 0 skips the warm start's training)."""
@@ -35,13 +78,17 @@ class SFTConfig(Section):
     def resolved(self, pretrained: bool, lora: bool = False) -> ResolvedSFT:
         """Every field concrete: unset ones from :data:`SFT_DEFAULTS` for the model kind."""
         base = SFT_DEFAULTS["lora" if lora else "pretrained" if pretrained else "built"]
-        return ResolvedSFT(**{**base, **self.model_dump(exclude_none=True)})
+        own = self.model_dump(exclude_none=True, exclude={"rollouts"})
+        merged = {**base, **own}
+        rounds = self.rollouts.rounds if self.rollouts.rounds is not None else int(merged.pop("rounds"))
+        merged.pop("rounds", None)
+        return ResolvedSFT(**merged, rollouts=self.rollouts.model_copy(update={"rounds": rounds}))
 
 
 SFT_DEFAULTS: dict[str, dict[str, float]] = {
-    "built": {"steps": 800, "batch_size": 32, "lr": 3e-3, "num_demos": 2000},
-    "pretrained": {"steps": 20, "batch_size": 8, "lr": 1e-5, "num_demos": 200},
-    "lora": {"steps": 20, "batch_size": 8, "lr": 2e-4, "num_demos": 200},
+    "built": {"steps": 800, "batch_size": 32, "lr": 3e-3, "num_demos": 2000, "rounds": 0},
+    "pretrained": {"steps": 20, "batch_size": 8, "lr": 1e-5, "num_demos": 200, "rounds": 3},
+    "lora": {"steps": 20, "batch_size": 8, "lr": 2e-4, "num_demos": 200, "rounds": 3},
 }
 """Warm-start defaults per model kind (the only place they are written)."""
 
@@ -56,6 +103,15 @@ class ResolvedSFT(BaseModel):
     num_demos: int
     corruption_rate: float
     seed: int
+    source: Literal["demos", "rollouts", "auto"]
+    rollouts: RolloutSFTConfig
+
+    @property
+    def plays_rounds(self) -> bool:
+        """The warm start plays rollout rounds: it trains (``steps`` > 0) and ``source`` is ``rollouts``,
+        or ``auto`` with rounds to play."""
+        rounds = self.source == "rollouts" or (self.source == "auto" and bool(self.rollouts.rounds))
+        return bool(self.steps) and rounds
 
 
 class TrainerConfig(Section):

@@ -237,12 +237,20 @@ class _Checker:
             add("ok", "solver", f"reference solution succeeded on {len(tasks)} task(s)")
         demonstrate = getattr(cls, "demonstrate", None)
         if not callable(demonstrate):
-            if warm_start is not None:
+            if warm_start is not None and warm_start.source == "demos":
                 add(
                     "error",
                     "demonstrate",
-                    "the run warm-starts but the environment has no reference demonstrator "
-                    "demonstrate(task, rng, corruption_rate) -> list[str]; add one (see docs/environments.md)",
+                    "the run warm-starts from demonstrations (trainer.sft.source: demos) but the environment has "
+                    "no reference demonstrator demonstrate(task, rng, corruption_rate) -> list[str]; add one "
+                    "(see docs/environments.md), or set trainer.sft.source: rollouts",
+                )
+            elif warm_start is not None:
+                add(
+                    "ok",
+                    "demonstrate",
+                    f"no demonstrate(): the warm start (trainer.sft.source: {warm_start.source}) plays rounds of "
+                    "the policy's own episodes and keeps the successes",
                 )
             else:
                 add("warning", "demonstrate", "no demonstrate(): `asyncrl train` cannot warm-start on it")

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import BaseModel
 
 from asyncrl.bootstrap import pinned_threads, torch_threads
-from asyncrl.config import GuardConfig, NoLatencyConfig, RunConfig, config_hash
+from asyncrl.config import EnvConfig, GuardConfig, NoLatencyConfig, RunConfig, config_hash
 from asyncrl.envs import make_env, make_task_source
 from asyncrl.envs.registry import env_class
 from asyncrl.errors import UserError
@@ -45,6 +46,8 @@ from asyncrl.records import Task
 from asyncrl.rollout.heldout import evaluate_policy
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from asyncrl.envs.base import Environment
     from asyncrl.policy.chat import Renderer
     from asyncrl.policy.model import Policy
@@ -98,7 +101,11 @@ def warm_start_key(cfg: RunConfig) -> str:
     model = cfg.model.model_copy(update={"device": "auto"})  # placement does not change the result's meaning
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     versions = f"{chat_template_version(cfg)}-{env_code_version(cfg)}"
-    return config_hash(model, env, sft) + f"-{_digest(versions.encode())[:8]}-t{TEMPLATE_VERSION}"
+    parts: list[BaseModel] = [model, env, sft]
+    if sft.plays_rounds:  # rounds play with the run's sampling and measure pass@G
+        parts.append(cfg.rollout.sampling)
+        versions += f"-g{cfg.rollout.group_size}"
+    return config_hash(*parts) + f"-{_digest(versions.encode())[:8]}-t{TEMPLATE_VERSION}"
 
 
 async def _play(
@@ -132,8 +139,12 @@ async def _play(
 
 
 def build_demonstrations(
-    cfg: RunConfig, renderer: Renderer, max_context: int
+    cfg: RunConfig, renderer: Renderer, max_context: int, faults: list[str] | None = None
 ) -> list[tuple[list[int], list[int]]]:
+    """The environment's demonstrations played through it as SFT samples. A demonstration whose
+    environment or demonstrator raises (a ``reset`` failing past the guard's retries) is skipped and
+    its error appended to ``faults``."""
+    faults = [] if faults is None else faults
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
     source = make_task_source(cfg.env)
@@ -142,15 +153,20 @@ def build_demonstrations(
     demonstrate = getattr(env, "demonstrate", None)
     if demonstrate is None:
         raise UserError(
-            f"environment {cfg.env.kind!r} has no reference solver (demonstrate); cannot warm-start"
+            f"environment {cfg.env.kind!r} has no reference solver (demonstrate) to warm-start from "
+            "demonstrations: set trainer.sft.source: rollouts (or auto) to warm-start from the policy's own episodes"
         )
 
     async def all_demos() -> list[tuple[list[int], list[int]]]:
         out = []
         for _ in range(sft.num_demos):
             task = source.sample(rng)
-            texts = demonstrate(task, rng, sft.corruption_rate)
-            for ids, mask in await _play(env, task, texts, renderer):
+            try:
+                samples = await _play(env, task, demonstrate(task, rng, sft.corruption_rate), renderer)
+            except Exception as exc:  # the user's environment or demonstrator: counted, skipped, reported
+                faults.append(f"task {task.id}: {type(exc).__name__}: {exc}")
+                continue
+            for ids, mask in samples:
                 if len(ids) <= max_context:
                     out.append((ids, mask))
         return out
@@ -266,12 +282,56 @@ def progress_bar(enabled: bool | float) -> Any:
     )
 
 
+def uses_demonstrations(cfg: RunConfig) -> bool:
+    """Whether the warm start trains on the environment's demonstrations: always with ``source: demos``
+    (an environment without any is then an error), with ``auto`` where it has some."""
+    source = cfg.trainer.sft.source
+    return source == "demos" or (source == "auto" and has_demonstrations(cfg.env))
+
+
+def has_demonstrations(env: EnvConfig) -> bool:
+    """The environment (every member of a mix) can demonstrate its tasks: a ``demonstrate`` method
+    (``env.kind: class``: with ``class_env.demo_field`` set)."""
+    if env.kind == "mix":
+        return all(has_demonstrations(m.env) for m in env.mix or [])
+    if env.class_env is not None and env.class_env.demo_field is None:
+        return False
+    return callable(getattr(env_class(env), "demonstrate", None))
+
+
+def _demonstrations(
+    cfg: RunConfig, policy: Policy, faults: list[str], say: Callable[[str], None]
+) -> list[tuple[list[int], list[int]]]:
+    """:func:`build_demonstrations`, with the ones that faulted reported; too few left is one error."""
+    from asyncrl.policy.model import context_limit
+
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
+    demos = build_demonstrations(
+        cfg, make_renderer(cfg.model, policy), context_limit(cfg.model, policy), faults
+    )
+    if faults:
+        say(
+            f"warm start: {len(faults)} of {sft.num_demos} demonstrations faulted and were skipped ({faults[0]})"
+        )
+    if faults and len(demos) < sft.batch_size:
+        raise UserError(
+            f"the warm start has {len(demos)} demonstration samples left (fewer than trainer.sft.batch_size "
+            f"{sft.batch_size}): {len(faults)} of {sft.num_demos} faulted, the first with {faults[0]}; fix the "
+            "environment, or warm-start from the policy's own episodes (trainer.sft.source: rollouts)"
+        )
+    return demos
+
+
+def _say(progress: bool | float) -> Callable[[str], None]:
+    """Where the warm start's one-line reports go: stdout when it shows progress, nowhere otherwise."""
+    return (lambda line: print(line, flush=True)) if progress else (lambda _: None)
+
+
 def warm_start(
     cfg: RunConfig, *, force: bool = False, progress: bool | float = False, eval_limit: int | None = None
 ) -> WarmStartResult:
     """Return the cached warm-start policy for ``cfg``, training it first if needed."""
     from asyncrl.policy import Policy
-    from asyncrl.policy.model import context_limit
 
     out = Path(cfg.cache_dir) / f"warmstart-{warm_start_key(cfg)}"
     meta_path = out / "warmstart.json"
@@ -281,11 +341,18 @@ def warm_start(
 
     t0 = time.perf_counter()
     policy = Policy.from_config(cfg.model).to(cfg.model.device)
-    renderer = make_renderer(cfg.model, policy)
-    steps = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps
-    demos = build_demonstrations(cfg, renderer, context_limit(cfg.model, policy)) if steps else []
+    sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
+    say = _say(progress)
+    faults: list[str] = []
+    demos = _demonstrations(cfg, policy, faults, say) if sft.steps and uses_demonstrations(cfg) else []
     with pinned_threads(torch_threads(cfg, "warm_start")):  # nothing else computes yet: every core
-        losses = train_sft(cfg, policy, demos, progress=progress) if steps else []
+        losses = train_sft(cfg, policy, demos, progress=progress) if demos else []
+        rounds = None
+        if sft.plays_rounds:  # rollouts, or auto's rounds after the demonstrations
+            from asyncrl.jobs.warm_rollouts import rollout_rounds
+
+            tune = lambda samples: train_sft(cfg, policy, samples, progress=progress)  # noqa: E731
+            rounds = rollout_rounds(cfg, policy, make_task_source(cfg.env), tune, say)
         train_seconds = time.perf_counter() - t0
         report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
     seconds = time.perf_counter() - t0
@@ -294,7 +361,11 @@ def warm_start(
         "heldout_success": report["success_rate"],
         "seconds": seconds,
         "train_seconds": train_seconds,
+        "source": sft.source,
         "demos": len(demos),
+        "demo_faults": len(faults),
+        "demo_fault_examples": faults[:3],
+        "rollouts": rounds.as_dict() if rounds else None,
         "final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
         "first_loss": losses[0] if losses else None,
         "key": warm_start_key(cfg),
