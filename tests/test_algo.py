@@ -12,6 +12,7 @@ Layout:
 from __future__ import annotations
 
 import ast
+import importlib
 import math
 import os
 import statistics
@@ -20,6 +21,7 @@ import sys
 import textwrap
 from collections import defaultdict
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pydantic
@@ -1259,35 +1261,34 @@ def test_algo_importable_with_other_asyncrl_modules_blocked() -> None:
     assert "PURE-OK" in proc.stdout
 
 
-def _type_checking_names() -> dict[str, str]:
-    """name -> module of the ``if TYPE_CHECKING:`` imports of ``algo/__init__.py`` (what mypy reads)."""
+def _type_checking_modules() -> list[str]:
+    """The modules star-imported under ``if TYPE_CHECKING:`` in ``algo/__init__.py`` (what mypy reads)."""
     tree = ast.parse((ALGO_DIR / "__init__.py").read_text())
     (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
-    return {
-        alias.asname or alias.name: str(node.module)
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
+    assert all(isinstance(n, ast.ImportFrom) and [a.name for a in n.names] == ["*"] for n in block.body)
+    return [str(n.module) for n in block.body if isinstance(n, ast.ImportFrom)]
 
 
-ALGO_ALL: list[str] = vars(algo)["__all__"]  # built at run time: mypy does not see it (algo/__init__.py)
+def _exporters() -> list[ModuleType]:
+    """``algo.config`` (exported at once) and the lazily exported modules, in order."""
+    return [importlib.import_module(f"asyncrl.algo.{m}") for m in ("config", *algo.MODULES)]
 
 
-def test_the_lazy_table_type_checking_names_and_all_agree() -> None:
-    """``LAZY`` drives ``__all__`` and ``__getattr__``; mypy reads the ``TYPE_CHECKING`` imports instead,
-    so those must name the same names from the same modules."""
-    assert _type_checking_names() == algo.LAZY
-    eager = {"AGG_MODES", "POLICY_LOSS_KINDS", "AggMode", "PolicyLossConfig", "PolicyLossKind"}
-    assert sorted(ALGO_ALL) == sorted(eager | set(algo.LAZY))
-    assert len(ALGO_ALL) == len(set(ALGO_ALL))
+def test_mypy_reads_the_same_modules_the_package_exports_lazily() -> None:
+    """Each name is listed once, in its module's ``__all__``; mypy reads it through the star imports."""
+    assert _type_checking_modules() == list(algo.MODULES)
+    exported = [n for mod in _exporters() for n in mod.__all__]
+    assert algo.__all__ == exported
+    assert len(exported) == len(set(exported)), "a name exported by two modules: one would hide the other"
 
 
 def test_every_exported_name_resolves_to_its_module() -> None:
-    for name in ALGO_ALL:
-        value = getattr(algo, name)
-        if name in algo.LAZY:
-            assert value is vars(sys.modules[f"asyncrl.algo.{algo.LAZY[name]}"])[name], name
+    for mod in _exporters():
+        for name in mod.__all__:
+            assert getattr(algo, name) is vars(mod)[name], name
+    namespace: dict[str, object] = {}
+    exec("from asyncrl.algo import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(algo.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         algo.nonexistent  # noqa: B018
 
@@ -1297,6 +1298,10 @@ def test_importing_the_package_does_not_import_torch() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src_root), os.environ.get("PYTHONPATH", "")])}
     script = (
         "import asyncrl.algo, sys; assert 'torch' not in sys.modules, 'torch imported'\n"
+        "from asyncrl.algo import PolicyLossConfig, config  # the eager names and a submodule\n"
+        "assert not hasattr(asyncrl.algo, '__wrapped__') and not hasattr(asyncrl.algo, 'losses')  # probes\n"
+        "import asyncrl.config; assert 'torch' not in sys.modules, 'torch imported'\n"
+        "from asyncrl.algo import gae; assert gae.__module__ == 'asyncrl.algo.returns'\n"
         "for name in asyncrl.algo.__all__: getattr(asyncrl.algo, name)  # resolves in a fresh process too"
     )
     proc = subprocess.run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "asyncrl"
@@ -433,6 +434,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("cost/ledger.py", "<module>", "MONTH_S"),
             ("policy/memory.py", "<module>", "GIB"),
             ("records.py", "<module>", "SCHEMA_VERSION"),
+            ("credit/samples.py", "<module>", "SAMPLES_SCHEMA"),
             ("transport/embedded.py", "<module>", "SCHEMA_VERSION"),
             ("jobs/warm_start.py", "<module>", "TEMPLATE_VERSION"),
             ("launch/ray_launcher.py", "<module>", "_KILLED"),
@@ -611,19 +613,99 @@ def test_the_value_scan_can_fail(tmp_path: Path) -> None:
     }
 
 
+def _group_keys(tree: ast.AST) -> Iterator[ast.expr]:
+    """The expressions of ``tree`` that key something: a subscript, the key of ``get`` / ``setdefault`` /
+    ``pop``, a dict (or dict comprehension) key, a ``key=`` function (``sorted``, ``groupby``), the left of
+    an ``or`` (``t.group_id or t.id``) and what a function returns as it is (a key-maker)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            yield node.slice
+        elif isinstance(node, ast.Call):
+            if (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "setdefault", "pop")
+                and node.args
+            ):
+                yield node.args[0]
+            yield from (k.value for k in node.keywords if k.arg == "key")
+        elif isinstance(node, ast.DictComp):
+            yield node.key
+        elif isinstance(node, ast.Dict):
+            yield from (k for k in node.keys if k is not None)
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            yield node.values[0]
+        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Attribute):
+            yield node.value
+
+
+def _key_makers(trees: Iterable[ast.AST]) -> set[str]:
+    """Functions (anywhere, ``records.py`` included) that return a sample's group id, as ``group_key``
+    did: ``return t.group_id`` or ``return t.group_id or t.id``."""
+    out = set()
+    for tree in trees:
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            for ret in (n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None):
+                v = ret.value.values[0] if isinstance(ret.value, ast.BoolOp) else ret.value
+                if _is_attr(v, "group_id"):
+                    out.add(fn.name)
+    return out
+
+
 def _regroupings(files: dict[str, str]) -> list[str]:
-    """Places outside ``records.py`` that rebuild a group from its members' ``group_id``."""
-    pattern = re.compile(r"group_id\s+or\b")
-    return [name for name, text in files.items() if name != "records.py" and pattern.search(text)]
+    """``file:line`` of each place outside ``records.py`` that keys by a sample's group (an expression of
+    :func:`_group_keys` that reads a ``.group_id`` or calls a :func:`_key_makers` function) or regroups
+    with ``records.groups_of``."""
+    trees = {name: ast.parse(text) for name, text in files.items()}
+    makers = _key_makers(trees.values()) | {"groups_of"}
+
+    def reads_group(expr: ast.AST) -> bool:
+        return any(
+            _is_attr(n, "group_id") or (isinstance(n, ast.Call) and _names(n.func, makers))
+            for n in ast.walk(expr)
+        )
+
+    out = []
+    for name, tree in trees.items():
+        if name == "records.py":
+            continue
+        keys = [k for k in _group_keys(tree) if reads_group(k)]
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _names(n.func, {"groups_of"})]
+        out += sorted({f"{name}:{n.lineno}" for n in keys + calls})
+    return out
+
+
+def _is_attr(node: ast.AST, attr: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr
+
+
+def _names(func: ast.expr, names: set[str]) -> bool:
+    return (isinstance(func, ast.Name) and func.id in names) or (
+        isinstance(func, ast.Attribute) and func.attr in names
+    )
 
 
 def test_groups_are_never_rebuilt_from_their_members() -> None:
-    """A group flows whole (``records.Group``) from the worker to the learner: nothing regroups samples
-    by ``group_id`` except ``records.py`` (for samples read back from files: ``records.group_key``)."""
+    """A group flows whole (``records.Group``) from the worker to the learner and into the credit sample
+    files (``credit.samples.CreditGroup``): outside ``records.py`` (``groups_of``, for tests that build
+    samples by hand) nothing keys, sorts or groups samples by their ``group_id``."""
     files = {str(p.relative_to(SRC)): p.read_text() for p in SRC.rglob("*.py")}
     assert _regroupings(files) == []
-    # the rule can fail
-    assert _regroupings({"trainer/buffer.py": "key = traj.group_id or traj.id"}) == ["trainer/buffer.py"]
+    # the rule can fail: each way a group has been (or could be) rebuilt from its members
+    probes = {
+        "a.py": "key = traj.group_id or traj.id",
+        "b.py": "def group_key(t):\n    return t.group_id",
+        "c.py": "groups.setdefault(smp.trajectory.group_id, []).append(smp)",
+        "d.py": "by_group[t.group_id].append(t)",
+        "e.py": "heads = {t.group_id: t for t in ts}",
+        "f.py": "runs = itertools.groupby(ts, key=lambda t: t.group_id)",
+        "g.py": "first = seen.get(t.group_id)",
+        "h.py": "groups = records.groups_of(samples)",
+        "i.py": "from asyncrl.records import group_key\ngroups.setdefault(group_key(smp.trajectory), [])",
+        "records.py": "def group_key(traj):\n    return traj.group_id or traj.id",
+        # reading or passing a group id on is no regrouping
+        "ok.py": "s = Session(group_id=session.group_id)\nif t.group_id != self.id:\n    raise E(t.group_id)",
+    }
+    assert _regroupings(probes) == [f"{c}.py:{1 + (c in 'bi')}" for c in "abcdefghi"]
 
 
 def test_every_end_to_end_file_runs_serially() -> None:

@@ -46,6 +46,15 @@ def test_every_yaml_in_repo_parses(path: Path) -> None:
         assert data is not None
 
 
+def test_the_readme_yaml_is_copied_from_a_config_the_suite_parses() -> None:
+    """README's "bring your environment" block is the config it links, line for line: parsed above,
+    and it cannot drift from the file."""
+    readme = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    (name,) = set(re.findall(r"\]\(configs/([\w.]+\.yaml)\)", readme))
+    assert f"\n{block}" in (ROOT / "configs" / name).read_text()
+
+
 def test_defaults_and_overrides() -> None:
     cfg = load_config(None, ["trainer.lr=1e-5", "env.latency.kind=pareto", "rollout.group_size=4"])
     assert cfg.trainer.lr == pytest.approx(1e-5)

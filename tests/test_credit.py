@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from torch.testing import assert_close
@@ -580,16 +581,29 @@ def test_credit_samples_are_drawn_whole_groups_or_plain(tmp_path: Path) -> None:
     a.advantages(groups_of(trajs), ids, attn, mask)
     a.whole_groups = True
     assert a.write_samples(tmp_path, 1, random.Random(0)) is not None
-    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 1]
-    assert len(picked) == 2 and len({smp.trajectory.group_id for smp in picked}) == 1  # one whole group
+    (f,) = [f for f in read_samples(tmp_path) if f.step == 1]
+    assert f.whole and len(f.groups) == 1 and len(f.samples) == 2  # one whole group
+    (g,) = f.groups
+    assert [s.trajectory.group_id for s in g.samples] == [
+        g.id,
+        g.id,
+    ]  # the file holds the group as it trained
     a.cfg.sample_size = 3  # one group is not enough: the second comes whole too
     a.write_samples(tmp_path, 2, random.Random(0))
-    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 2]
-    assert sorted(smp.trajectory.group_id for smp in picked) == ["g1", "g1", "g2", "g2"]
+    (f,) = [f for f in read_samples(tmp_path) if f.step == 2]
+    assert sorted(g.id for g in f.groups) == ["g1", "g2"]
+    assert all([s.trajectory.group_id for s in g.samples] == [g.id, g.id] for g in f.groups)
     a.whole_groups = False
     a.write_samples(tmp_path, 3, random.Random(0))
-    (picked,) = [f.samples for f in read_samples(tmp_path) if f.step == 3]
-    assert len(picked) == 3 and len({smp.trajectory.id for smp in picked}) == 3
+    (f,) = [f for f in read_samples(tmp_path) if f.step == 3]
+    assert not f.whole and len(f.samples) == 3 and len({smp.trajectory.id for smp in f.samples}) == 3
+    # drawn members stay in their own group, groups and members in batch order
+    assert [g.id for g in f.groups] == ["g1", "g2"]
+    assert all(s.trajectory.group_id == g.id for g in f.groups for s in g.samples)
+    batch = [t.id for t in trajs]
+    assert [batch.index(s.trajectory.id) for s in f.samples] == sorted(
+        batch.index(s.trajectory.id) for s in f.samples
+    )
     a.cfg.sample_every = 0
     assert a.write_samples(tmp_path, 4, random.Random(0)) is None
 
@@ -650,10 +664,16 @@ def test_samples_round_trip_and_clear_errors(tmp_path: Path) -> None:
     ids, attn, mask = tensors(trajs)
     a = assigner("outcome")
     a.advantages(groups_of(trajs), ids, attn, mask)
-    write_samples(tmp_path, CreditSampleFile(step=3, strategy="outcome", samples=a.last_samples))
+    write_samples(tmp_path, CreditSampleFile(step=3, strategy="outcome", groups=a.last_groups, whole=True))
     files = read_samples(tmp_path)
     assert files[0].step == 3 and files[0].samples[0].trajectory.token_ids() == trajs[0].token_ids()
-    (tmp_path / "credit" / "samples-00000009.msgpack").write_bytes(b"\x93garbage")
+    assert [g.id for g in files[0].groups] == ["g1", "g2"] and len(files[0].samples) == len(trajs)
+    # a schema-1 file (members flat, before groups were kept whole) gets one line saying so
+    old = {"step": 1, "strategy": "outcome", "samples": [], "schema_version": 1}
+    (tmp_path / "credit" / "samples-00000001.msgpack").write_bytes(msgspec.msgpack.encode(old))
+    with pytest.raises(UserError, match=r"has schema 1 and this asyncrl reads schema 2 \(groups whole\)"):
+        read_samples(tmp_path)
+    (tmp_path / "credit" / "samples-00000001.msgpack").write_bytes(b"\x93garbage")
     with pytest.raises(UserError, match="not readable"):
         read_samples(tmp_path)
 

@@ -163,10 +163,10 @@ def test_credit_show_draws_the_tree_of_a_tree_group(capsys: pytest.CaptureFixtur
     assert main(["credit", "show", str(run), "--n", "1"]) == 0
     out = capsys.readouterr().out
     last = read_samples(run)[-1]
-    assert last.strategy == "tree" and len({s.trajectory.group_id for s in last.samples}) >= 1
+    assert last.strategy == "tree" and last.whole and last.groups
     # whole groups are sampled; the tree's root line counts its episodes, each node its leaves below
-    group = last.samples[0].trajectory.group_id
-    members = sum(1 for s in last.samples if s.trajectory.group_id == group)
-    assert f"{members} episodes" in out and "below" in out and "credit" in out
+    for group in last.groups:
+        assert {s.trajectory.group_id for s in group.samples} == {group.id}
+    assert f"{len(last.groups[0].samples)} episodes" in out and "below" in out and "credit" in out
     for s in last.samples:  # measured values: V after the last segment is the episode's reward
         assert s.segments[-1].v_after == pytest.approx(s.trajectory.final_reward)

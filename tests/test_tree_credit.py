@@ -236,7 +236,7 @@ def test_ablate_with_siblings_compares_each_branch_with_its_siblings(tmp_path: A
     """A: 10→20→30 wins; B replays A's first turn, then 40→50 loses; C: 60→70 loses. Root's children:
     A's first state (leaves A, B: 0.5) and C's (0); that state's children: A's (1) and B's (0)."""
     from asyncrl.config import dump_yaml, load_config
-    from asyncrl.credit.samples import CreditSampleFile, write_samples
+    from asyncrl.credit.samples import CreditGroup, CreditSampleFile, write_samples
     from asyncrl.errors import UserError
     from asyncrl.jobs.credit_ablate import ablate
 
@@ -246,7 +246,8 @@ def test_ablate_with_siblings_compares_each_branch_with_its_siblings(tmp_path: A
     for smp, credits in ((a, [0.4, 0.9, 0.0]), (b, [0.0, -0.9, 0.0]), (c, [-0.4, 0.0])):
         for seg, cr in zip(smp.segments, credits, strict=True):
             seg.credit = cr
-    write_samples(tmp_path, CreditSampleFile(step=1, strategy="tree", samples=[a, b, c]))
+    group = CreditGroup(id="g", samples=[a, b, c])
+    write_samples(tmp_path, CreditSampleFile(step=1, strategy="tree", groups=[group], whole=True))
     cfg = load_config(None, ["rollout.tree.enabled=true", "credit.strategy=tree"])
     (tmp_path / "config.yaml").write_text(dump_yaml(cfg))
     rep = ablate(tmp_path, trajectories=3, siblings=True)

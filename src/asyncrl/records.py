@@ -330,19 +330,14 @@ def members(groups: Sequence[Group]) -> list[Trajectory]:
     return [t for g in groups for t in g.members]
 
 
-def group_key(traj: Trajectory) -> str:
-    """The group ``traj`` was sampled in (its own id if it carries none): the one place a sample's group
-    is read off the sample, for samples read back from files."""
-    return traj.group_id or traj.id
-
-
 def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
     """Trajectories regrouped by ``group_id`` (a trajectory without one is a group of its own), in
-    order of first appearance — for samples read back from files (credit samples, archives) and tests;
-    the running system moves :class:`Group` records and never regroups."""
+    order of first appearance — for tests that build samples by hand: the running system and every
+    file it writes keep :class:`Group` records whole, and nothing outside this module regroups
+    (``tests/test_architecture.py``)."""
     by_id: dict[str, list[Trajectory]] = {}
     for t in trajs:
-        by_id.setdefault(group_key(t), []).append(t)
+        by_id.setdefault(t.group_id or t.id, []).append(t)
     return [Group.of(ms[0].task, ms, id=gid) for gid, ms in by_id.items()]
 
 

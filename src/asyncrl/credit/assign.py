@@ -35,7 +35,7 @@ import torch
 from asyncrl.algo import brier_score, gae, roc_auc, turn_group_advantages, turn_level_gae, value_delta_credit
 from asyncrl.config import RunConfig, TrainerConfig, default_of
 from asyncrl.credit.outcome import process_to_go, reward_to_go, sequence_advantages, token_advantages
-from asyncrl.credit.samples import CreditSample, CreditSampleFile, SegmentCredit, write_samples
+from asyncrl.credit.samples import CreditGroup, CreditSample, CreditSampleFile, SegmentCredit, write_samples
 from asyncrl.credit.tree import tree_segment_advantages
 from asyncrl.records import Group, Trajectory, members
 
@@ -61,15 +61,29 @@ def segment_spans(traj: Trajectory) -> list[tuple[int, int, int, float]]:
     return [s for s in out if s[1] > s[0]]
 
 
-def _whole_groups(groups: list[list[CreditSample]], n: int, rng: random.Random) -> list[CreditSample]:
+def _whole_groups(groups: list[CreditGroup], n: int, rng: random.Random) -> list[CreditGroup]:
     """Random groups, whole, until at least ``n`` samples (at least one group)."""
     order = list(range(len(groups)))
     rng.shuffle(order)
-    out: list[CreditSample] = []
+    out: list[CreditGroup] = []
     for g in order:
-        if out and len(out) >= n:
+        if out and sum(len(o.samples) for o in out) >= n:
             break
-        out += groups[g]
+        out.append(groups[g])
+    return out
+
+
+def _some_members(groups: list[CreditGroup], n: int, rng: random.Random) -> list[CreditGroup]:
+    """``n`` samples drawn at random from all the groups' members, each kept in its group (batch order)."""
+    total = sum(len(g.samples) for g in groups)
+    drawn = set(rng.sample(range(total), min(n, total)))
+    out: list[CreditGroup] = []
+    first = 0
+    for g in groups:
+        kept = [s for j, s in enumerate(g.samples, first) if j in drawn]
+        first += len(g.samples)
+        if kept:
+            out.append(CreditGroup(id=g.id, samples=kept))
     return out
 
 
@@ -83,7 +97,7 @@ class CreditAssigner:
             if self.cfg.strategy in VALUE_STRATEGIES
             else None
         )
-        self.last_groups: list[list[CreditSample]] = []
+        self.last_groups: list[CreditGroup] = []
         """The last batch's per-segment records, group by group (the credit sample files)."""
         self.whole_groups = self.cfg.strategy == "tree" or cfg.rollout.tree.enabled
         """Sample whole groups: ``credit show`` draws their trees, ``credit ablate --siblings`` compares
@@ -95,7 +109,7 @@ class CreditAssigner:
     @property
     def last_samples(self) -> list[CreditSample]:
         """The last batch's per-segment records, one per sample (rows of the batch, in order)."""
-        return [s for g in self.last_groups for s in g]
+        return [s for g in self.last_groups for s in g.samples]
 
     # -- advantages ----------------------------------------------------------------------------
     def advantages(
@@ -128,7 +142,7 @@ class CreditAssigner:
         if values is not None:
             metrics.update(self._calibration(trajs, spans, values))
         records = iter(self._records(trajs, spans, values, adv, seq_adv))
-        self.last_groups = [[next(records) for _ in g.members] for g in groups]
+        self.last_groups = [CreditGroup(id=g.id, samples=[next(records) for _ in g.members]) for g in groups]
         return adv, metrics
 
     def _segment_advantages(
@@ -289,12 +303,11 @@ class CreditAssigner:
         c = self.cfg
         if not c.sample_every or not self.last_groups:
             return None
-        if self.whole_groups:
-            picked = _whole_groups(self.last_groups, c.sample_size, rng)
-        else:
-            every = self.last_samples
-            picked = rng.sample(every, min(c.sample_size, len(every)))
-        return write_samples(run_dir, CreditSampleFile(step=step, strategy=c.strategy, samples=picked))
+        pick = _whole_groups if self.whole_groups else _some_members
+        picked = pick(self.last_groups, c.sample_size, rng)
+        return write_samples(
+            run_dir, CreditSampleFile(step=step, strategy=c.strategy, groups=picked, whole=self.whole_groups)
+        )
 
     def save_value(
         self, run_dir: Path, step: int, keep: int = default_of(TrainerConfig, "keep_checkpoints")

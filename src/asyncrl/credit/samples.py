@@ -3,6 +3,10 @@
 The trainer writes ``{run_dir}/credit/samples-{step:08d}.msgpack`` every ``credit.sample_every``
 steps: one MessagePack-encoded :class:`CreditSampleFile` (schema-versioned, never pickle).
 ``asyncrl credit show`` and ``asyncrl credit ablate`` read them; so does the run report.
+
+The file holds the batch's groups as groups (:class:`CreditGroup`), as the group travelled from the
+worker to the trainer: a reader never rebuilds a group from its members' ``group_id``. Schema 1 (the
+members flat) is refused with one line saying which asyncrl wrote it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import msgspec
 from asyncrl.errors import UserError
 from asyncrl.records import Trajectory
 
-SAMPLES_SCHEMA = 1
+SAMPLES_SCHEMA = 2
+"""2: groups whole (:class:`CreditGroup`); 1: the samples flat, the group read off each one."""
 SAMPLES_DIR = "credit"
 
 
@@ -40,11 +45,34 @@ class CreditSample(msgspec.Struct, kw_only=True):
     """The trajectory's outcome (group-baseline) advantage."""
 
 
+class CreditGroup(msgspec.Struct, kw_only=True):
+    """The sampled members of one training group, in batch order."""
+
+    id: str
+    """The group's id (``records.Group.id``)."""
+    samples: list[CreditSample]
+    """All its members when the file's ``whole`` is set, else the ones drawn at random."""
+
+
 class CreditSampleFile(msgspec.Struct, kw_only=True):
     step: int
     strategy: str
-    samples: list[CreditSample]
+    groups: list[CreditGroup]
+    whole: bool
+    """Each group holds every member it trained with (tree credit and tree rollouts: ``credit show``
+    draws the tree, ``credit ablate --siblings`` compares branches); else members drawn at random."""
     schema_version: int = SAMPLES_SCHEMA
+
+    @property
+    def samples(self) -> list[CreditSample]:
+        """Every sampled trajectory, group by group."""
+        return [s for g in self.groups for s in g.samples]
+
+
+class _Schema(msgspec.Struct):
+    """What every schema of the file has: read first, so an old file gets its own message."""
+
+    schema_version: int
 
 
 def write_samples(run_dir: Path, data: CreditSampleFile) -> Path:
@@ -69,13 +97,15 @@ def read_samples(run_dir: Path) -> list[CreditSampleFile]:
         )
     out: list[CreditSampleFile] = []
     for f in files:
+        raw = f.read_bytes()
         try:
-            data = msgspec.msgpack.decode(f.read_bytes(), type=CreditSampleFile)
+            version = msgspec.msgpack.decode(raw, type=_Schema).schema_version
+            if version != SAMPLES_SCHEMA:
+                raise UserError(
+                    f"credit sample file {str(f)!r} has schema {version} and this asyncrl reads "
+                    f"schema {SAMPLES_SCHEMA} (groups whole); read it with the asyncrl version that wrote it"
+                )
+            out.append(msgspec.msgpack.decode(raw, type=CreditSampleFile))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise UserError(f"credit sample file {str(f)!r} is not readable: {exc}") from None
-        if data.schema_version != SAMPLES_SCHEMA:
-            raise UserError(
-                f"{str(f)!r} has schema {data.schema_version}, this asyncrl reads {SAMPLES_SCHEMA}"
-            )
-        out.append(data)
     return out

@@ -39,9 +39,8 @@ import torch
 
 from asyncrl.algo import spearman
 from asyncrl.config import load_config
-from asyncrl.credit.samples import CreditSample, read_samples
+from asyncrl.credit.samples import CreditGroup, CreditSample, read_samples
 from asyncrl.errors import UserError
-from asyncrl.records import group_key
 from asyncrl.rollout.heldout import run_episodes
 
 if TYPE_CHECKING:
@@ -77,17 +76,14 @@ def load_policy(run_dir: Path, checkpoint: str | None) -> tuple[Policy, str]:
     return policy, f"version {loaded.version}"
 
 
-def sibling_rows(samples: list[CreditSample]) -> tuple[list[dict[str, Any]], int]:
+def sibling_rows(groups: list[CreditGroup]) -> tuple[list[dict[str, Any]], int]:
     """The sibling contrast of every branching segment of the sampled tree groups (module docstring);
     also returns how many sampled segments had no sibling."""
     from asyncrl.credit.tree import TreeIndex
 
-    groups: dict[str, list[CreditSample]] = {}
-    for smp in samples:
-        groups.setdefault(group_key(smp.trajectory), []).append(smp)
     rows: list[dict[str, Any]] = []
     lonely = 0
-    for members in groups.values():
+    for members in (g.samples for g in groups):
         index = TreeIndex()
         paths = [
             index.add(0, m.trajectory, [(g.start, g.start, g.end, g.process_reward) for g in m.segments])
@@ -126,17 +122,17 @@ def _leaf_sums(
     return wins, leaves
 
 
-def _pick(run_dir: Path, n: int, whole_groups: bool = False) -> list[CreditSample]:
-    """The newest ``n`` sampled trajectories (``whole_groups``: whole groups until at least ``n``)."""
-    out: list[CreditSample] = []
+def _pick(run_dir: Path, n: int, whole_groups: bool = False) -> list[CreditGroup]:
+    """The newest ``n`` sampled trajectories with segments, in their groups (``whole_groups``: whole
+    groups until at least ``n``)."""
+    out: list[CreditGroup] = []
+    taken = 0
     for f in reversed(read_samples(run_dir)):  # newest first
-        groups: dict[str, list[CreditSample]] = {}
-        for s in f.samples:
-            if s.segments:
-                groups.setdefault(group_key(s.trajectory) if whole_groups else s.trajectory.id, []).append(s)
-        for members in groups.values():
-            if len(out) < n:
-                out += members
+        for g in f.groups:
+            kept = [s for s in g.samples if s.segments][: None if whole_groups else max(n - taken, 0)]
+            if kept and taken < n:
+                out.append(CreditGroup(id=g.id, samples=kept))
+                taken += len(kept)
     return out
 
 
@@ -158,7 +154,8 @@ def ablate(
     if trajectories < 1 or k < 1:
         raise UserError("--trajectories and --k must be >= 1")
     cfg = load_config(run / "config.yaml")
-    samples = _pick(run, trajectories, whole_groups=siblings)
+    groups = _pick(run, trajectories, whole_groups=siblings)
+    samples = [s for g in groups for s in g.samples]
     report: dict[str, Any] = {"run": str(run), "strategy": cfg.credit.strategy, "trajectories": len(samples)}
     if siblings:
         if not cfg.rollout.tree.enabled:
@@ -166,7 +163,7 @@ def ablate(
                 f"--siblings needs tree groups, and {str(run)!r} was run without rollout.tree.enabled; "
                 "leave --siblings out to replay the segments instead"
             )
-        rows, lonely = sibling_rows(samples)
+        rows, lonely = sibling_rows(groups)
         report.update(
             policy="recorded tree groups", counterfactual="siblings", k=0, episodes=0, unbranched=lonely
         )

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.credit.samples import SAMPLES_DIR, CreditSample, CreditSampleFile, read_samples
-from asyncrl.records import group_key
 from asyncrl.telemetry.markup import templates
 
 if TYPE_CHECKING:
@@ -115,11 +114,8 @@ def render_terminal(run_dir: str | Path, n: int = 5) -> None:
         f"[bold]credit samples[/] of {run} — strategy {files[-1].strategy}, {len(files)} sample file(s)"
     )
     if files[-1].strategy == "tree":
-        groups: dict[str, list[CreditSample]] = {}
-        for smp in files[-1].samples:
-            groups.setdefault(group_key(smp.trajectory), []).append(smp)
-        for members in groups.values():
-            console.print(group_tree(members, tok))
+        for group in files[-1].groups:
+            console.print(group_tree(group.samples, tok))
     for view in _views(picked, tok):
         table = Table(title=view.heading, caption=escape(view.prompt[:200]), show_lines=True)
         for col in ("#", "model turn → observation", "process", "V before", "V after", "credit"):
