@@ -1,15 +1,18 @@
-"""The real model on environments asyncrl did not write (issue #34 item 8): one row per environment
-kind, SmolLM2-135M-Instruct + LoRA with the demo-real recipe (``configs/smollm2_arithmetic.yaml``:
-12-step warm start from the environment's own demonstrations, held-out evaluation, asynchronous RL,
-evaluation) on 2 cores. Each row is that config with its ``env`` section (and a system prompt that
-says how to answer) replaced; everything else is the recipe's. Every row is reported whatever it
-shows: held-out success after the warm start -> after RL (``--heldout`` tasks, default 64), the
-samples lost, the token-exactness of the checked samples, tool calls per episode and the wall time.
+"""The real model on environments asyncrl did not write (issues #34 item 8, #57 item 6): one row per
+environment kind, SmolLM2-135M-Instruct + LoRA with the demo-real recipe (``configs/smollm2_arithmetic.yaml``:
+12-step warm start, held-out evaluation, asynchronous RL, evaluation) on 2 cores, the warm start's source
+``--source`` (default ``auto``: the environment's demonstrations where it has any, then rounds of the
+policy's own successful episodes; docs/warm-start.md). Each row is that config with its ``env`` section
+(and a system prompt that says how to answer) replaced; everything else is the recipe's. Every row is
+reported whatever it shows, per seed (``--seeds``, default 0 1): held-out success of the base model
+(``asyncrl eval`` on ``model.path``) -> after the warm start -> after RL (``--heldout`` tasks, default
+64), the total and the RL gain in points, the samples lost, the token-exactness of the checked samples,
+tool calls per episode, the wall time and the warm start's rounds.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --rows rg-answer rg-calc
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --dry-run   # configs only
 
-Writes ``bench/results/ecosystem_real.json`` (rows merged by name, so rows can run in separate
+Writes ``bench/results/ecosystem_real.json`` (rows merged by ``name@seed``, so rows can run in separate
 sessions) and prints the table that ``docs/benchmarks.md`` shows ("Environments from other
 ecosystems"). A row whose kind is not on this main (its module is missing) is reported as
 ``not run``, never as a result.
@@ -165,20 +168,26 @@ def rows(work: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def config_for(name: str, row: dict[str, Any], work: Path, steps: int, heldout: int, seed: int) -> Path:
+def config_for(
+    name: str, row: dict[str, Any], work: Path, steps: int, heldout: int, seed: int, source: str
+) -> Path:
     cfg = yaml.safe_load(BASE.read_text())
     cfg["name"] = f"eco-{name}"
     cfg["seed"] = seed
+    cfg["trainer"]["sft"]["source"] = source  # the recipe's own is demos (its calculator demonstrator)
     cfg["run_root"] = str(work / "runs")
     if "from_config" in row:  # its env, system prompt and warm start; the rest is the recipe's
         shipped = yaml.safe_load(Path(row["from_config"]).read_text())
         row = {**row, "env": shipped["env"], "system_prompt": shipped.get("model", {}).get("system_prompt")}
-        cfg["trainer"]["sft"] = {**cfg["trainer"]["sft"], **shipped.get("trainer", {}).get("sft", {})}
+        sft = dict(shipped.get("trainer", {}).get("sft", {}))
+        if source != "demos" and sft.get("steps") == 0:  # "no demonstrations, no warm start": now rounds
+            del sft["steps"]
+        cfg["trainer"]["sft"] = {**cfg["trainer"]["sft"], **sft}
     if row["system_prompt"] is not None:
         cfg["model"]["system_prompt"] = row["system_prompt"]
     cfg["env"] = {**row["env"], "heldout_size": heldout}
     cfg["trainer"]["total_steps"] = steps
-    path = work / f"{name}.yaml"
+    path = work / f"{name}-s{seed}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -191,6 +200,22 @@ def _mean_metric(path: Path, key: str) -> float | None:
         if isinstance(value, (int, float)):
             values.append(float(value))
     return sum(values) / len(values) if values else None
+
+
+def base_success(config: Path, heldout: int) -> float | None:
+    """Held-out success of the base model itself (``asyncrl eval`` on ``model.path``), the table's start."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "asyncrl.cli", "eval", str(config), "--limit", str(heldout), "--json"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    return float(json.loads(proc.stdout)["success_rate"])
+
+
+def _warm_start_rounds(run_dir: Path) -> list[dict[str, Any]] | None:
+    meta = run_dir / "initial_policy" / "warmstart.json"
+    rollouts = json.loads(meta.read_text()).get("rollouts") if meta.exists() else None
+    return rollouts["rounds"] if rollouts else None
 
 
 def run_row(name: str, config: Path, work: Path) -> dict[str, Any]:
@@ -224,25 +249,33 @@ def run_row(name: str, config: Path, work: Path) -> dict[str, Any]:
         ),
         "wall_s": wall,
         "rl_s": s.get("rl_seconds"),
+        "warm_start_rounds": _warm_start_rounds(summary_path.parent),
         "run_dir": str(summary_path.parent),
     }
 
 
+def _points(a: float | None, b: float | None) -> str:
+    return "—" if a is None or b is None else f"{100 * (b - a):+.1f}"
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| row | environment | held-out after warm start → after RL | steps | lost | token-exact (checked) "
-        "| tool calls / episode | wall |",
-        "|---|---|---|---|---|---|---|---|",
+        "| row | seed | held-out: base → warm start → RL | gain: total / RL | steps | lost "
+        "| token-exact (checked) | tool calls / episode | wall |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in results.items():
+    for key, r in results.items():
+        name, seed = key.split("@") if "@" in key else (key, str(r.get("seed", "")))
         if r.get("status") != "ran":
-            lines.append(f"| {name} | {r.get('what', '')} | {r.get('status')} | | | | | |")
+            lines.append(f"| {name} | {seed} | {r.get('status')} | | | | | | |")
             continue
         exact = r["token_exact_rate"]
         exact_s = "None" if exact is None else f"{exact:.3f} ({r['token_exact_checked']})"
         calls = "—" if r["tool_calls_per_episode"] is None else f"{r['tool_calls_per_episode']:.2f}"
+        base, ws, rl = r.get("heldout_base"), r["heldout_after_warm_start"], r["heldout_after_rl"]
+        base_s = "—" if base is None else f"{base:.1%}"
         lines.append(
-            f"| {name} | {r['what']} | {r['heldout_after_warm_start']:.1%} → {r['heldout_after_rl']:.1%} "
+            f"| {name} | {seed} | {base_s} → {ws:.1%} → {rl:.1%} | {_points(base, rl)} / {_points(ws, rl)} "
             f"| {r['trainer_steps']} | {r['lost']} | {exact_s} | {calls} | {r['wall_s'] / 60:.1f} min |"
         )
     return "\n".join(lines)
@@ -253,7 +286,10 @@ def main() -> None:
     ap.add_argument("--rows", nargs="*", help="rows to run (default: all)")
     ap.add_argument("--steps", type=int, default=24, help="RL steps (the recipe's 24)")
     ap.add_argument("--heldout", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument(
+        "--source", default="auto", choices=["demos", "rollouts", "auto"], help="trainer.sft.source"
+    )
     ap.add_argument("--work", default=str(ROOT / "runs" / "ecosystem-real"))
     ap.add_argument("--dry-run", action="store_true", help="write and validate the configs; train nothing")
     args = ap.parse_args()
@@ -268,7 +304,7 @@ def main() -> None:
     from asyncrl.config import load_config
     from asyncrl.envs.registry import make_task_source
 
-    for name in chosen:
+    for name, seed in [(n, s) for n in chosen for s in args.seeds]:
         row = all_rows[name]
         if "prepare" in row:
             row["prepare"]()
@@ -277,7 +313,7 @@ def main() -> None:
                 json.dumps({"row": name, "status": f"not run: {row['from_config'].name} is not on this main"})
             )
             continue
-        config = config_for(name, row, work, args.steps, args.heldout, args.seed)
+        config = config_for(name, row, work, args.steps, args.heldout, seed, args.source)
         # a typo or a split too small fails here, before any training
         make_task_source(load_config(str(config), []).env).heldout()
         if args.dry_run:
@@ -285,11 +321,13 @@ def main() -> None:
             continue
         out = {
             "what": row["what"],
-            "seed": args.seed,
+            "seed": seed,
+            "source": args.source,
             "date": time.strftime("%Y-%m-%d"),
+            "heldout_base": base_success(config, args.heldout),
             **run_row(name, config, work),
         }
-        results[name] = out
+        results[f"{name}@{seed}"] = out
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         print(json.dumps({"row": name, **{k: v for k, v in out.items() if k != "stderr_tail"}}), flush=True)
