@@ -67,7 +67,8 @@ def test_the_kept_set_is_distinct_successes_capped_per_task_and_never_a_fault() 
         _traj("c", "c0", "success", [5], sample="c0-0"),
         _traj("c", "c0", "success", [6], sample="c0-1"),
     ]
-    kept, solved, faulted = keep_successes(trajs, per_task=2)
+    seen: dict[str, set[tuple[int, ...]]] = {}
+    kept, solved, faulted = keep_successes(trajs, per_task=2, seen=seen)
     assert (solved, faulted) == (2, 1)
     assert kept == [
         ([1, 2, 4], [0, 0, 1]),
@@ -75,6 +76,14 @@ def test_the_kept_set_is_distinct_successes_capped_per_task_and_never_a_fault() 
         ([1, 2, 5], [0, 0, 1]),
         ([1, 2, 6], [0, 0, 1]),
     ]
+    # a later round: what was kept is not kept again, the per-task cap holds over rounds
+    later = [
+        _traj("a", "a4", "success", [7]),
+        _traj("c", "c2", "success", [5]),
+        _traj("d", "d0", "success", [5]),
+    ]
+    kept, solved, faulted = keep_successes(later, per_task=2, seen=seen)
+    assert (kept, solved, faulted) == ([([1, 2, 5], [0, 0, 1])] * 2, 3, 0)  # c's second, d's first
 
 
 # -- a plugin that chance solves sometimes ---------------------------------------------------------
@@ -133,6 +142,7 @@ def _cfg(cache: Path, env: str, *extra: str) -> RunConfig:
             "trainer.sft.rollouts.tasks_per_round=32",
             "trainer.sft.rollouts.samples_per_task=8",
             "trainer.sft.rollouts.heldout_tasks=32",
+            "trainer.sft.rollouts.epochs=20",
             f"cache_dir={cache}",
             *extra,
         ],
@@ -160,7 +170,9 @@ def test_rounds_of_the_policys_own_successes_raise_success_and_pass_at_g(tmp_pat
     first = played[0]
     assert first["tasks"] == 32 and first["episodes"] == 256 and first["temperature"] == 1.0
     assert first["tasks_with_success"] > 0 and first["kept"] >= first["tasks_with_success"]
-    assert played[1]["temperature"] == 1.2
+    assert first["kept_total"] == first["kept"] and first["steps"] == min(100, -(-20 * first["kept"] // 16))
+    second = played[1]
+    assert second["temperature"] == 1.2 and second["kept_total"] == first["kept"] + second["kept"]
     best = max(rounds, key=lambda r: r["heldout_pass_at_g"])
     assert meta["rollouts"]["best_round"] == best["round"] > 0
     assert best["heldout_pass_at_g"] >= start["heldout_pass_at_g"] + 0.3, rounds

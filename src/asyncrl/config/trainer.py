@@ -13,11 +13,12 @@ from asyncrl.config.base import Section
 
 class RolloutSFTConfig(Section):
     """``trainer.sft.source: rollouts`` (and ``auto``'s rounds): rejection-sampling fine-tuning, or
-    expert iteration (Anthony et al. 2017; RFT, Yuan et al. 2023). Each round the current policy plays
-    ``tasks_per_round`` training tasks ``samples_per_task`` times; the episodes the environment itself
-    grades a success are the round's SFT set; then the held-out pass@G (G = ``rollout.group_size``) is
-    measured, and rounds stop once it reaches ``target_pass_at_g`` or a budget runs out. RL starts from
-    the round with the best held-out pass@G (docs/warm-start.md)."""
+    expert iteration (Anthony et al. 2017; RFT, Yuan et al. 2023; ReST-EM, Singh et al. 2023). Each round
+    the current policy plays ``tasks_per_round`` training tasks ``samples_per_task`` times; the episodes
+    the environment itself grades a success join the kept set, and the starting policy is fine-tuned
+    afresh on all of it; then the held-out pass@G (G = ``rollout.group_size``) is measured, and rounds
+    stop once it reaches ``target_pass_at_g`` or a budget runs out. RL starts from the round with the
+    best held-out pass@G (docs/warm-start.md)."""
 
     rounds: int | None = Field(None, ge=0, le=1000)
     """Most rounds of play → keep the successes → fine-tune (unset: 3 for a pretrained model, 0 for one
@@ -32,6 +33,12 @@ class RolloutSFTConfig(Section):
     policy rarely solves at its own temperature)."""
     keep_per_task: int = Field(2, ge=1, le=4096)
     """Distinct successful episodes kept per task (so easy tasks do not crowd out the others)."""
+    epochs: float = Field(3.0, gt=0, le=1000)
+    """Passes over the kept samples a round fine-tunes for: ``⌈epochs × kept / trainer.sft.batch_size⌉``
+    optimiser steps (at least 1, at most ``max_steps``), so a round that kept two episodes does not
+    take a hundred steps on them."""
+    max_steps: int = Field(100, ge=1, le=1_000_000)
+    """Most optimiser steps a round's fine-tuning takes."""
     heldout_tasks: int = Field(16, ge=1, le=100_000)
     """Held-out tasks whose groups of G measure pass@G after each round (the first ones of the split)."""
     target_pass_at_g: float = Field(0.5, gt=0, le=1)

@@ -15,8 +15,10 @@ learned). The rule, a round at a time (:class:`~asyncrl.config.trainer.RolloutSF
 4. **Keep** the episodes the environment itself grades ``success`` — its own reward and outcome decide,
    nothing here re-scores — as token-exact samples: the ids the engine sampled and the renderer built
    (tool calls and observations included, observations masked out of the loss), at most
-   ``keep_per_task`` distinct ones per task.
-5. **Fine-tune** the policy on them (``trainer.sft``'s steps, batch size and learning rate), then go
+   ``keep_per_task`` distinct ones per task over all rounds. The kept set grows round by round.
+5. **Fine-tune** the *starting* policy afresh on the whole kept set (ReST-EM's choice: no drift from
+   fine-tuning a fine-tuned policy again on its own samples) for ``⌈epochs × kept / batch_size⌉``
+   steps (at least 1, at most ``max_steps``; ``trainer.sft``'s batch size and learning rate), then go
    to 1.
 
 The policy RL starts from is the round with the best held-out pass@G (the earliest on a tie): a
@@ -31,6 +33,7 @@ can work (demonstrations, a tool, an easier level).
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import defaultdict
@@ -69,7 +72,12 @@ class RoundReport:
     tasks_with_success: int
     """Training tasks with ≥ 1 successful episode of ``samples_per_task``."""
     kept: int
-    """SFT samples kept (distinct successful episodes, at most ``keep_per_task`` a task)."""
+    """SFT samples this round added to the kept set (distinct successful episodes, at most
+    ``keep_per_task`` a task over all rounds)."""
+    kept_total: int
+    """The kept set the round fine-tuned on."""
+    steps: int
+    """Its optimiser steps."""
     faulted: int
     """Episodes whose environment faulted (skipped, never kept)."""
     round_seconds: float
@@ -110,22 +118,29 @@ def pass_at_g(trajs: list[Trajectory]) -> tuple[float, float]:
     return sum(episodes) / len(episodes), sum(any(oks) for oks in tasks.values()) / len(tasks)
 
 
-def keep_successes(trajs: list[Trajectory], per_task: int) -> tuple[list[Sample], int, int]:
-    """The SFT samples of successful episodes, at most ``per_task`` distinct episodes a task; also the
-    number of tasks with a success and of faulted episodes."""
+def keep_successes(
+    trajs: list[Trajectory], per_task: int, seen: dict[str, set[tuple[int, ...]]] | None = None
+) -> tuple[list[Sample], int, int]:
+    """The SFT samples of successful episodes not in ``seen`` (task id → the token sequences kept so far,
+    updated), at most ``per_task`` distinct episodes a task; also the number of tasks of ``trajs`` with a
+    success and of faulted episodes."""
     kept: list[Sample] = []
-    seen: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    seen = defaultdict(set) if seen is None else seen
+    solved: set[str] = set()
     faulted = 0
     for samples in episodes_of(trajs).values():
         first = samples[0]
         faulted += first.outcome == "env_error"
         key = tuple(i for s in samples for i in s.token_ids())
-        distinct = seen[first.task.id]
-        if first.outcome != "success" or key in distinct or len(distinct) >= per_task:
+        if first.outcome != "success":
+            continue
+        solved.add(first.task.id)
+        distinct = seen.setdefault(first.task.id, set())
+        if key in distinct or len(distinct) >= per_task:
             continue
         distinct.add(key)
         kept.extend((s.token_ids(), s.loss_mask()) for s in samples)
-    return kept, sum(1 for s in seen.values() if s), faulted
+    return kept, len(solved), faulted
 
 
 def _sampling(cfg: RunConfig, temperature: float | None) -> SamplingParams:
@@ -160,11 +175,11 @@ def rollout_rounds(
     cfg: RunConfig,
     policy: Policy,
     source: TaskSource,
-    fine_tune: Callable[[list[Sample]], object],
+    fine_tune: Callable[[list[Sample], int], object],
     say: Callable[[str], None] = lambda _: None,
 ) -> RolloutsReport:
     """Run the rounds of the module docstring on ``policy`` (in place: it ends as the best round's),
-    fine-tuning with ``fine_tune(samples)``; ``say`` gets one line per round."""
+    fine-tuning with ``fine_tune(samples, steps)``; ``say`` gets one line per round."""
     rc = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).rollouts
     rounds = rc.rounds or 0
     g, seed = cfg.rollout.group_size, cfg.trainer.sft.seed
@@ -175,7 +190,11 @@ def rollout_rounds(
     def measure(r: int) -> tuple[float, float]:
         return pass_at_g(_play(cfg, policy, held, g, seed + 7919 * r, None))
 
-    best, snapshot = RoundReport(0, *measure(0), None, 0, 0, 0, 0, 0, 0.0), _Snapshot(policy)
+    best = RoundReport(0, *measure(0), None, 0, 0, 0, 0, 0, 0, 0, 0.0)
+    start_params = snapshot = _Snapshot(policy)
+    kept: list[Sample] = []
+    seen: dict[str, set[tuple[int, ...]]] = {}
+    batch = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).batch_size
     report.rounds.append(best)
     say(_line(best, g))
     rng = random.Random(seed + 2)
@@ -189,11 +208,26 @@ def rollout_rounds(
         t0, temperature = time.monotonic(), rc.temperature(r - 1)
         tasks = [source.sample(rng) for _ in range(rc.tasks_per_round)]
         played = _play(cfg, policy, tasks, rc.samples_per_task, seed + 104729 * r, temperature)
-        kept, solved, faulted = keep_successes(played, rc.keep_per_task)
-        if kept:
-            fine_tune(kept)
+        new, solved, faulted = keep_successes(played, rc.keep_per_task, seen)
+        kept += new
+        steps = min(rc.max_steps, max(1, math.ceil(rc.epochs * len(kept) / batch))) if kept else 0
+        if new:  # the starting policy, fine-tuned afresh on everything kept so far
+            start_params.restore(policy)
+            fine_tune(kept, steps)
         episodes = len(tasks) * rc.samples_per_task
-        row = RoundReport(r, *measure(r), temperature, len(tasks), episodes, solved, len(kept), faulted, 0.0)
+        row = RoundReport(
+            r,
+            *measure(r),
+            temperature,
+            len(tasks),
+            episodes,
+            solved,
+            len(new),
+            len(kept),
+            steps,
+            faulted,
+            0.0,
+        )
         row.round_seconds = time.monotonic() - t0
         report.rounds.append(row)
         say(_line(row, g))
@@ -215,6 +249,6 @@ def _line(row: RoundReport, g: int) -> str:
     else:
         head += (
             f": {row.tasks_with_success}/{row.tasks} tasks with a success at T={row.temperature:g}, "
-            f"{row.kept} samples kept, {row.faulted} faulted episodes"
+            f"{row.kept} samples kept ({row.kept_total} in all, {row.steps} steps), {row.faulted} faulted episodes"
         )
     return f"{head}; held-out success {row.heldout_success:.1%}, pass@{g} {row.heldout_pass_at_g:.1%}"

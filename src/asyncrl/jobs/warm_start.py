@@ -210,9 +210,16 @@ def sft_loss(
 
 
 def train_sft(
-    cfg: RunConfig, policy: Policy, demos: list[tuple[list[int], list[int]]], progress: bool | float = False
+    cfg: RunConfig,
+    policy: Policy,
+    demos: list[tuple[list[int], list[int]]],
+    progress: bool | float = False,
+    steps: int | None = None,
 ) -> list[float]:
+    """``trainer.sft``'s optimiser steps on ``demos`` (``steps``: that many instead)."""
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
+    if steps is not None:
+        sft = sft.model_copy(update={"steps": steps})
     rng = random.Random(sft.seed + 1)
     torch.manual_seed(sft.seed)
     model = policy.model
@@ -351,7 +358,7 @@ def warm_start(
         if sft.plays_rounds:  # rollouts, or auto's rounds after the demonstrations
             from asyncrl.jobs.warm_rollouts import rollout_rounds
 
-            tune = lambda samples: train_sft(cfg, policy, samples, progress=progress)  # noqa: E731
+            tune = lambda samples, n: train_sft(cfg, policy, samples, progress, n)  # noqa: E731
             rounds = rollout_rounds(cfg, policy, make_task_source(cfg.env), tune, say)
         train_seconds = time.perf_counter() - t0
         report = evaluate_policy(cfg, policy, limit=eval_limit, seed=cfg.seed)
