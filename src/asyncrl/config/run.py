@@ -102,12 +102,14 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _class_env_demos(self) -> RunConfig:
-        """``env.kind: class`` warm-starts only from gold answers (``env.class_env.demo_field``)."""
+        """``env.kind: class`` warm-starts only from demonstrations (``env.class_env.demo_field`` or
+        ``demonstrator``)."""
         c = self.env.class_env
-        if c is not None and c.demo_field is None and self.trainer.sft.steps != 0:
+        if c is not None and c.demo_field is None and c.demonstrator is None and self.trainer.sft.steps != 0:
             raise ValueError(
                 "env.kind 'class' has no demonstrations for the warm start: set trainer.sft.steps: 0 "
-                "(RL from the base policy), or env.class_env.demo_field to a column holding each row's gold answer"
+                "(RL from the base policy), env.class_env.demo_field to a column holding each row's gold answer, "
+                "or env.class_env.demonstrator to a function 'module:function' returning the model turns"
             )
         return self
 

@@ -136,7 +136,11 @@ def build_demonstrations(
 ) -> list[tuple[list[int], list[int]]]:
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
+    from asyncrl.envs.mix import MixTaskSource
+
     source = make_task_source(cfg.env)
+    # a mix draws its demonstrations by the members' shares of the warm start (env.mix[].sft_share)
+    draw = source.for_warm_start().sample if isinstance(source, MixTaskSource) else source.sample
     env_cfg = cfg.env.model_copy(update={"latency": NoLatencyConfig()})  # demonstrations need no delays
     env = make_env(env_cfg, sft.seed)
     demonstrate = getattr(env, "demonstrate", None)
@@ -148,7 +152,7 @@ def build_demonstrations(
     async def all_demos() -> list[tuple[list[int], list[int]]]:
         out = []
         for _ in range(sft.num_demos):
-            task = source.sample(rng)
+            task = draw(rng)
             texts = demonstrate(task, rng, sft.corruption_rate)
             for ids, mask in await _play(env, task, texts, renderer):
                 if len(ids) <= max_context:
