@@ -346,7 +346,7 @@ def test_mix_notes_name_the_member_whose_tools_the_warm_start_never_shows(tmp_pa
     assert notes == [
         "env.mix member 'sums' (env.dataset) offers the tools ['calc'] but none of 8 warm-start demonstrations "
         "calls one (they only answer): the warm start teaches answering without tools; give a demonstrator "
-        "whose turns call them (docs/environments.md#demonstrations)"
+        "whose turns call them (docs/environments.md#demonstrations-from-your-data)"
     ]
     assert (
         tool_notes(mix_cfg(tmp_path, sums={"sft_share": 0}), make_task_source(cfg), make_raw_env(cfg)) == []

@@ -127,7 +127,7 @@ def tool_note(env: Any, tasks: list[Task], where: str) -> str | None:
     return (
         f"{where} offers the tools {names} but none of {shown} warm-start demonstrations calls one "
         "(they only answer): the warm start teaches answering without tools; give a demonstrator whose "
-        "turns call them (docs/environments.md#demonstrations)"
+        "turns call them (docs/environments.md#demonstrations-from-your-data)"
     )
 
 
