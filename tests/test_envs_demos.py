@@ -351,3 +351,34 @@ def test_mix_notes_name_the_member_whose_tools_the_warm_start_never_shows(tmp_pa
     assert (
         tool_notes(mix_cfg(tmp_path, sums={"sft_share": 0}), make_task_source(cfg), make_raw_env(cfg)) == []
     )
+
+
+def test_the_warm_start_plays_each_members_share_and_a_worked_solution_is_trained_whole(
+    tmp_path: Path,
+) -> None:
+    from asyncrl.jobs.warm_start import build_demonstrations
+    from asyncrl.policy.renderer import TextRenderer
+    from asyncrl.policy.tokenizer import build_tokenizer
+
+    (tmp_path / "guess_env.py").write_text(TRL_STYLE)
+    rows = write_jsonl(tmp_path / "guess.jsonl", [{"prompt": f"Find #{i}.", "secret": i} for i in range(60)])
+    gsm = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K)
+    guess = {
+        "kind": "class",
+        "heldout_size": 4,
+        "class_env": {"factory": f"{tmp_path / 'guess_env.py'}:Guess", "rows": str(rows)},
+    }
+    ds = {"kind": "dataset", "heldout_size": 4, "dataset": {"path": str(gsm), "solution_field": "answer"}}
+    members = [
+        {"name": "guess", "weight": 5, "sft_share": 0, "env": guess},
+        {"name": "gsm", "system_prompt": "Show your work.", "env": ds},
+    ]
+    cfg = load_config(None, ["trainer.sft.num_demos=12"])
+    cfg = cfg.model_copy(update={"env": EnvConfig(kind="mix", mix=members)})
+    tok = build_tokenizer("char")
+    demos = build_demonstrations(cfg, TextRenderer(tok), max_context=4096)
+    assert len(demos) == 12  # every one from the member with a share: the guess game has no demonstrations
+    for ids, mask in demos:
+        prompt = tok.decode([i for i, m in zip(ids, mask, strict=True) if m == 0])
+        turn = tok.decode([i for i, m in zip(ids, mask, strict=True) if m == 1])
+        assert "Show your work." in prompt and turn.startswith("In May she sold") and "####" not in turn
