@@ -499,6 +499,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ("envs/sandbox.py", "call:wait_for", "timeout"),
             ("launch/ray_launcher.py", "call:wait", "timeout"),
             ("launch/ray_launcher.py", "<module>", "_LOCAL_MIN_CPUS"),
+            ("envs/demos.py", "<module>", "TOOL_NOTE_TASKS"),
             ("jobs/train.py", "<module>", "CONTEXT_PROBE_TASKS"),
             ("policy/canary.py", "<module>", "SAMPLE"),
             ("policy/canary.py", "<module>", "ROW"),

@@ -174,11 +174,11 @@ def test_tools_are_opt_in_and_pay_the_process_rewards() -> None:
 def test_warm_start_demonstrations_are_the_gold_answer_with_corruptions() -> None:
     cfg = rg_env(ARITH)
     task = make_task_source(cfg).sample(random.Random(0))
-    cls = type(make_raw_env(cfg))
+    env = make_raw_env(cfg)
     rng = random.Random(0)
-    demos = [cls.demonstrate(task, rng, 0.5)[0] for _ in range(40)]
+    demos = [env.demonstrate(task, rng, 0.5)[0] for _ in range(40)]
     gold = f"<answer>{rge.entry(task)['answer']}</answer>"
-    assert 10 < demos.count(gold) < 30 and cls.solve(task) == [gold]
+    assert 10 < demos.count(gold) < 30 and env.solve(task) == [gold]
 
 
 def test_unknown_dataset_is_a_clear_error() -> None:

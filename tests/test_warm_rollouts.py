@@ -229,3 +229,20 @@ def test_demos_without_demonstrations_refuses_where_auto_plays_rounds(tmp_path: 
     auto = _cfg(tmp_path, "FlakyLetterEnv")
     assert has_demonstrations(auto.env) and uses_demonstrations(auto)
     assert not uses_demonstrations(_cfg(tmp_path, "FlakyLetterEnv", "trainer.sft.source=rollouts"))
+
+
+def test_editing_the_demonstrator_function_invalidates_the_cached_warm_start(tmp_path: Path) -> None:
+    from asyncrl.jobs.warm_start import warm_start_key
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"question": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(40))
+    )
+    demo = tmp_path / "my_demos.py"
+    demo.write_text("def turns(example, rng):\n    return ['<answer>' + example['answer'] + '</answer>']\n")
+    over = ["env.kind=dataset", f"env.dataset.path={rows}", f"env.dataset.demonstrator={demo}:turns"]
+    before = warm_start_key(load_config(None, over))
+    demo.write_text(
+        "def turns(example, rng):\n    return ['Sure. <answer>' + example['answer'] + '</answer>']\n"
+    )
+    assert warm_start_key(load_config(None, over)) != before

@@ -145,6 +145,13 @@ class _AnswerEnvBase(Section):
     hygiene_tasks: int = Field(8, ge=1, le=1000)
     """Tasks (per dataset) on which the scorer is tried with deliberately wrong answers when the
     environment is built; a scorer that credits one in full is refused."""
+    demonstrator: str | None = None
+    """The warm start's demonstrations from your code: ``package.module:function`` or
+    ``path/to/file.py:function``, called as ``function(example, rng) -> list[str]`` with the task's
+    example (``dataset``: its row, every column; ``reasoning_gym``: the entry, ``question``,
+    ``answer``, ``metadata``) and a ``random.Random``; it returns the model turns in asyncrl's text
+    protocol, tool calls included (``["<tool>calc(2+3)</tool>", "<answer>5</answer>"]``). Unset: the
+    reference answer alone (``dataset``: its worked solution when ``solution_field`` is set)."""
 
 
 class ReasoningGymDatasetConfig(Section):
@@ -195,6 +202,19 @@ class DatasetConfig(_AnswerEnvBase):
     the held-out split is chosen by a hash of the prompt (disjoint by content)."""
     heldout_value: str = "test"
     """The ``split_field`` value of held-out rows."""
+    solution_field: str | None = None
+    """Column holding a worked solution: the warm start demonstrates it as the model's turn, the
+    solution's text as reasoning followed by ``<answer>`` and the row's answer. A final line
+    ``#### N`` (GSM8K's) is left out of the reasoning. Not with ``demonstrator``."""
+
+    @model_validator(mode="after")
+    def _one_demonstration(self) -> DatasetConfig:
+        if self.solution_field and self.demonstrator:
+            raise ValueError(
+                "env.dataset: set solution_field or demonstrator, not both (both make the warm start's "
+                "demonstrations)"
+            )
+        return self
 
 
 ANSWER_KINDS = ("reasoning_gym", "dataset")
@@ -219,6 +239,14 @@ class MixMemberConfig(Section):
     env: EnvConfig
     """Its full environment config (any kind but ``mix`` and ``agent``): its own tasks, held-out split,
     difficulty range, latency, faults, guard and sandbox."""
+    system_prompt: str | None = None
+    """Text that leads the prompt of every episode of this environment (as a ``dataset`` row's
+    ``system_field`` does), training and held-out alike. The model's system message stays
+    ``model.system_prompt`` (or the generated one), which every member shares."""
+    sft_share: float | None = Field(None, ge=0, le=1e6)
+    """Relative share of the warm start's demonstrations drawn from this environment. Unset: its
+    ``weight``. ``0``: none (an environment without demonstrations can still be a member of a run
+    that warm-starts)."""
 
 
 class EnvConfig(Section):

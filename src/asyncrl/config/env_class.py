@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.config.base import Section
 
@@ -36,7 +36,21 @@ class ClassEnvConfig(Section):
     """The ``split_field`` value of held-out rows."""
     demo_field: str | None = None
     """Column holding each row's demonstration for the warm start: a gold final answer (a string),
-    or the model turns in asyncrl's text protocol (a list of strings, tool calls included). Unset:
-    the run must not warm-start (``trainer.sft.steps: 0``)."""
+    or the model turns in asyncrl's text protocol (a list of strings, tool calls included). Unset
+    (and no ``demonstrator``): the run must not warm-start (``trainer.sft.steps: 0``)."""
+    demonstrator: str | None = None
+    """The warm start's demonstrations from your code (instead of ``demo_field``):
+    ``package.module:function`` or ``path/to/file.py:function``, called as ``function(row, rng) ->
+    list[str]`` with the task's row (every column) and a ``random.Random``; it returns the model
+    turns in asyncrl's text protocol, tool calls included, as a ``demo_field`` list holds them."""
     success_reward: float = Field(1.0, ge=-1e9, le=1e9)
     """An episode whose reward is at least this is a success."""
+
+    @model_validator(mode="after")
+    def _one_demonstration(self) -> ClassEnvConfig:
+        if self.demo_field and self.demonstrator:
+            raise ValueError(
+                "env.class_env: set demo_field or demonstrator, not both (both make the warm start's "
+                "demonstrations)"
+            )
+        return self

@@ -102,14 +102,16 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _class_env_demos(self) -> RunConfig:
-        """``env.kind: class`` demonstrates only gold answers (``env.class_env.demo_field``): without
-        them, a warm start from demonstrations alone (``trainer.sft.source: demos``) has nothing to train on."""
+        """``env.kind: class`` demonstrates only from ``env.class_env.demo_field`` or ``demonstrator``: without
+        either, a warm start from demonstrations alone (``trainer.sft.source: demos``) has nothing to train on."""
         c, sft = self.env.class_env, self.trainer.sft
-        if c is not None and c.demo_field is None and sft.steps != 0 and sft.source == "demos":
+        no_demos = c is not None and c.demo_field is None and c.demonstrator is None
+        if no_demos and sft.steps != 0 and sft.source == "demos":
             raise ValueError(
                 "env.kind 'class' has no demonstrations for the warm start: set trainer.sft.source: rollouts "
                 "(the policy's own successful episodes), env.class_env.demo_field to a column holding each "
-                "row's gold answer, or trainer.sft.steps: 0 (RL from the base policy)"
+                "row's gold answer, env.class_env.demonstrator to a function 'module:function' returning the "
+                "model turns, or trainer.sft.steps: 0 (RL from the base policy)"
             )
         return self
 

@@ -4,7 +4,8 @@ The prompt is the task's question; the model answers with ``<answer>TEXT</answer
 scorer of the subclass grades TEXT (see :mod:`asyncrl.envs.scoring` for the hygiene rules).
 Tools are opt-in (``tools: [calc, python]``): the calculator's ``calc`` and the sandboxed
 ``python`` of the built-ins, with the same process rewards (:class:`~asyncrl.envs.base.EpisodeRewards`).
-Warm starts use the reference answer, corrupted at ``trainer.sft.corruption_rate``.
+Warm starts use the reference answer, corrupted at ``trainer.sft.corruption_rate``, or the turns of
+the user's ``demonstrator`` function (:mod:`asyncrl.envs.demos`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from abc import abstractmethod
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from asyncrl.envs.base import ToolCallAction, parse_action
 from asyncrl.envs.calculator import CALC_TOOL, run_calc
+from asyncrl.envs.demos import UserDemonstrator
 from asyncrl.envs.python_env import PYTHON_TOOL, run_sandboxed
 from asyncrl.envs.toolenv import ToolEnv, env_section
 
@@ -31,6 +34,7 @@ __all__ = [
     "answer_demonstrate",
     "cached_source",
     "corrupt_answer",
+    "corrupt_turns",
 ]
 
 _INT_RE = re.compile(r"-?\d+")
@@ -39,11 +43,16 @@ _INT_RE = re.compile(r"-?\d+")
 class AnswerEnv(ToolEnv):
     """A question answered once, scored by :meth:`score`; ``tools`` names the opt-in tools."""
 
-    def __init__(self, tools: Sequence[str], reward: str, sandbox: SandboxConfig) -> None:
+    def __init__(
+        self, tools: Sequence[str], reward: str, sandbox: SandboxConfig, demonstrator: str | None = None
+    ) -> None:
+        """``demonstrator``: the ``env.<kind>.demonstrator`` function making the warm start's turns."""
         super().__init__()
         self.sandbox = sandbox
         self.tools = [{"calc": CALC_TOOL, "python": PYTHON_TOOL}[name] for name in tools]
         self.partial_credit = reward == "score"
+        field = f"env.{self.kind}.demonstrator"
+        self.demonstrator = UserDemonstrator(demonstrator, field) if demonstrator else None
 
     source_class: ClassVar[type[HashSplitTaskSource]]
     """The task source, built as ``source_class(env.<kind> section, seed=, heldout_size=, lo=, hi=)``."""
@@ -58,13 +67,24 @@ class AnswerEnv(ToolEnv):
     def gold(task: Task) -> str:
         """The task's reference answer."""
 
-    @classmethod
-    def solve(cls, task: Task) -> list[str]:  # type: ignore[override]
-        return [f"<answer>{cls.gold(task).strip()}</answer>"]
+    @abstractmethod
+    def example(self, task: Task) -> dict[str, Any]:
+        """The task as the ``demonstrator`` function receives it (the row, the entry)."""
 
-    @classmethod
-    def demonstrate(cls, task: Task, rng: random.Random, corruption_rate: float) -> list[str]:  # type: ignore[override]
-        return answer_demonstrate(cls.gold(task), rng, corruption_rate)
+    def answer_turn(self, task: Task, answer: str) -> str:
+        """The demonstrated turn giving ``answer``: ``<answer>answer</answer>``, unless a subclass
+        shows more (``dataset``: the row's worked solution first)."""
+        return f"<answer>{answer}</answer>"
+
+    def solve(self, task: Task) -> list[str]:  # type: ignore[override]
+        if self.demonstrator is not None:
+            return self.demonstrator.solve(self.example(task), task)
+        return [self.answer_turn(task, self.gold(task).strip())]
+
+    def demonstrate(self, task: Task, rng: random.Random, corruption_rate: float) -> list[str]:  # type: ignore[override]
+        if self.demonstrator is not None:
+            return corrupt_turns(self.demonstrator.turns(self.example(task), rng), rng, corruption_rate)
+        return [self.answer_turn(task, corrupted(self.gold(task), rng, corruption_rate))]
 
     async def run_tool(self, name: str, args: str) -> tuple[bool, str]:
         return run_calc(args) if name == "calc" else await run_sandboxed(args, self.sandbox)
@@ -93,10 +113,28 @@ def corrupt_answer(gold: str, rng: random.Random) -> str:
     return text + "x"
 
 
+def corrupted(gold: str, rng: random.Random, corruption_rate: float) -> str:
+    """The reference answer (stripped), or (with probability ``corruption_rate``) a wrong one."""
+    return corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
+
+
 def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) -> list[str]:
-    """The reference answer, or (with probability ``corruption_rate``) a wrong one."""
-    answer = corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
-    return [f"<answer>{answer}</answer>"]
+    """The reference answer, or (with probability ``corruption_rate``) a wrong one, as the one turn."""
+    return [f"<answer>{corrupted(gold, rng, corruption_rate)}</answer>"]
+
+
+def corrupt_turns(turns: list[str], rng: random.Random, corruption_rate: float) -> list[str]:
+    """``turns``, or (with probability ``corruption_rate``) with one integer changed: in a tool call
+    when one has an integer (an answer's text may not be what the reward reads), else in any turn."""
+    turns = list(turns)
+    calls = [
+        i for i, t in enumerate(turns) if _INT_RE.search(t) and isinstance(parse_action(t), ToolCallAction)
+    ]
+    spots = calls or [i for i, t in enumerate(turns) if _INT_RE.search(t)]
+    if spots and rng.random() < corruption_rate:
+        i = rng.choice(spots)
+        turns[i] = _INT_RE.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)
+    return turns
 
 
 def cached_source(source: type[Any], section: Any, cfg: EnvConfig) -> Any:

@@ -39,6 +39,7 @@ from asyncrl.envs.base import (
     is_async_method,
     step_problems,
 )
+from asyncrl.envs.demos import env_where, tool_note
 from asyncrl.envs.mix import MixTaskSource, mix_members
 from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
 from asyncrl.records import Task
@@ -227,15 +228,16 @@ class _Checker:
             self.report.add("ok", "reset", f"prompt {prompt[:60]!r}")
         return True
 
-    async def reference(self, cls: type, tasks: list[Task], warm_start: SFTConfig | None) -> None:
-        """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)."""
-        add = self.report.add
-        solve = getattr(cls, "solve", None)
+    async def reference(self, tasks: list[Task], warm_start: SFTConfig | None) -> None:
+        """The optional solver ``solve`` and the demonstrator ``demonstrate`` (required to warm-start)
+        of the built environment."""
+        add, env = self.report.add, self.env
+        solve = getattr(env, "solve", None)
         if not callable(solve):
             add("ok", "solver", "no reference solver (solve) declared; skipped")
         elif tasks and await self.play("solver", tasks, solve):
             add("ok", "solver", f"reference solution succeeded on {len(tasks)} task(s)")
-        demonstrate = getattr(cls, "demonstrate", None)
+        demonstrate = getattr(env, "demonstrate", None)
         if not callable(demonstrate):
             if warm_start is not None and warm_start.source == "demos":
                 add(
@@ -324,13 +326,17 @@ class _Checker:
             self.report.add("ok", "event loop", f"async methods never blocked it ({gap})")
 
 
-async def _check_mix(cfg: EnvConfig, check: Callable[[EnvConfig], Awaitable[CheckReport]]) -> CheckReport:
+async def _check_mix(
+    cfg: EnvConfig, check: Callable[..., Awaitable[CheckReport]], warm_start: SFTConfig | None
+) -> CheckReport:
     """A mix: ``check`` (:func:`acheck_environment` with the caller's settings) on every member's own
-    config, each finding prefixed with the member's name, then the mix's task source (every member
-    drawn from, every member's held-out split)."""
+    config (a member of ``sft_share`` 0 as one that does not warm-start), each finding prefixed with
+    the member's name, then the mix's task source (every member drawn from, every member's held-out
+    split)."""
     report = CheckReport(cfg.kind)
+    shares = {m.name: m.sft_share for m in cfg.mix or []}
     for name, weight, member in mix_members(cfg):
-        sub = await check(member)
+        sub = await check(member, warm_start=None if shares[name] == 0 else warm_start)
         report.add("ok", f"{name}", f"member {name!r} ({sub.target}, weight {weight:g})")
         for f in sub.findings:
             report.add(f.level, f"{name}: {f.check}", f.message)
@@ -395,8 +401,8 @@ async def acheck_environment(
     if cfg.kind == "mix":  # every member, then the mix's own task source
         kw: dict[str, Any] = {"episodes": episodes, "max_steps": max_steps, "timeout_s": timeout_s}
         kw["slow_s"] = slow_s
-        kw |= {"stall_s": stall_s, "overlap_samples": overlap_samples, "warm_start": warm_start}
-        return await _check_mix(cfg, functools.partial(acheck_environment, **kw))
+        kw |= {"stall_s": stall_s, "overlap_samples": overlap_samples}
+        return await _check_mix(cfg, functools.partial(acheck_environment, **kw), warm_start)
     report = CheckReport(cfg.path if cfg.kind == "plugin" and cfg.path else cfg.kind)
 
     # -- load and construct ---------------------------------------------------------------------
@@ -429,7 +435,9 @@ async def acheck_environment(
         for i, task in enumerate(tasks):
             await checker.episode(tools, task, max_steps, first=i == 0)
         solved = [t for t in tasks if t.payload]
-        await checker.reference(type(env), solved, warm_start)  # the built class
+        await checker.reference(solved, warm_start)
+        if note := tool_note(env, solved, env_where(cfg)):
+            report.add("warning", "tools", note)
         if (await checker.attempt("close", "close()", "the call", lambda: close_env(env)))[0]:
             report.add("ok", "close", "closed")
     finally:

@@ -30,19 +30,17 @@ import json
 import math
 import numbers
 import random
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.answer_env import answer_demonstrate, cached_source, corrupt_answer
+from asyncrl.envs.answer_env import answer_demonstrate, cached_source, corrupt_turns
 from asyncrl.envs.base import (
     AnswerAction,
     MalformedAction,
     StepResult,
     Tool,
-    ToolCallAction,
     call_env,
     parse_action,
     repeat_final,
@@ -51,8 +49,8 @@ from asyncrl.envs.base import (
 )
 from asyncrl.envs.class_tools import call_tool, class_tools, load_object
 from asyncrl.envs.dataset_env import RowTasks
+from asyncrl.envs.demos import UserDemonstrator
 from asyncrl.envs.imports import EnvPluginError
-from asyncrl.errors import UserError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -61,7 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["ClassEnv", "ClassTasks", "DemoClassEnv"]
 
 FIELD = "env.class_env"
-_INT = re.compile(r"-?\d+")
 
 
 def _section(cfg: EnvConfig) -> ClassEnvConfig:
@@ -85,10 +82,7 @@ class ClassTasks(RowTasks):
         cc = self.cc
         fields = (cc.prompt_field, cc.system_field, cc.difficulty_field, cc.split_field, cc.demo_field)
         difficulty = self.checked_difficulty(i, row, fields, cc.difficulty_field)
-        try:
-            key = msgspec.json.encode(row, order="sorted").decode()
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise UserError(f"{self.path_field} {cc.rows!r}: row {i} cannot travel as JSON: {exc}") from None
+        key = self.json_row(i, row)
         system, prompt = _prompt_of(row[cc.prompt_field]) if cc.prompt_field else (None, "")
         if cc.system_field:
             system = str(row[cc.system_field])
@@ -157,7 +151,7 @@ class ClassEnv:
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ClassEnv:
         cc = _section(cfg)
-        return (DemoClassEnv if cc.demo_field else ClassEnv)(cc, cfg.options)
+        return (DemoClassEnv if cc.demo_field or cc.demonstrator else ClassEnv)(cc, cfg.options)
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> ClassTasks:
@@ -245,28 +239,29 @@ class ClassEnv:
 
 
 class DemoClassEnv(ClassEnv):
-    """:class:`ClassEnv` with ``demo_field`` set: the row's demonstration is a reference solution
-    and the warm start's demonstration. A string is the gold final answer; a list of strings is the
-    model turns themselves in asyncrl's text protocol (``<tool>add({"amount": 3})</tool>``,
-    ``<answer>7</answer>``). Corrupted at ``trainer.sft.corruption_rate``: one number changed, in a
-    tool call when there is one (the answer's text may not be what the reward reads)."""
+    """:class:`ClassEnv` with ``demo_field`` or ``demonstrator`` set: the warm start's demonstrations,
+    and a reference solution. A ``demo_field`` string is the gold final answer; a list of strings is
+    the model turns themselves in asyncrl's text protocol (``<tool>add({"amount": 3})</tool>``,
+    ``<answer>7</answer>``), as is what the ``demonstrator(row, rng)`` function returns. Corrupted at
+    ``trainer.sft.corruption_rate``: one number changed, in a tool call when there is one (the
+    answer's text may not be what the reward reads)."""
 
-    @staticmethod
-    def solve(task: Task) -> list[str]:
+    def __init__(self, cc: ClassEnvConfig, options: dict[str, object]) -> None:
+        super().__init__(cc, options)
+        field = f"{FIELD}.demonstrator"
+        self.demonstrator = UserDemonstrator(cc.demonstrator, field) if cc.demonstrator else None
+
+    def solve(self, task: Task) -> list[str]:
+        if self.demonstrator is not None:
+            return self.demonstrator.solve(task.payload["row"], task)
         demo = task.payload["demo"]
         return [str(t) for t in demo] if isinstance(demo, list) else [f"<answer>{demo}</answer>"]
 
-    @staticmethod
-    def demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+    def demonstrate(self, task: Task, rng: random.Random, corruption_rate: float) -> list[str]:
+        if self.demonstrator is not None:
+            turns = self.demonstrator.turns(task.payload["row"], rng)
+            return corrupt_turns(turns, rng, corruption_rate)
         demo = task.payload["demo"]
         if not isinstance(demo, list):
             return answer_demonstrate(str(demo), rng, corruption_rate)
-        turns = [str(t) for t in demo]
-        calls = [
-            i for i, t in enumerate(turns) if _INT.search(t) and isinstance(parse_action(t), ToolCallAction)
-        ]
-        spots = calls or [i for i, t in enumerate(turns) if _INT.search(t)]
-        if spots and rng.random() < corruption_rate:
-            i = rng.choice(spots)
-            turns[i] = _INT.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)
-        return turns
+        return corrupt_turns([str(t) for t in demo], rng, corruption_rate)

@@ -2,8 +2,10 @@
 
 Rows come from a ``.jsonl``, ``.csv`` or ``.parquet`` file, or a directory written by the
 ``datasets`` library's ``save_to_disk`` (never the hub). ``env.dataset`` names the prompt,
-answer and optional system-prompt, difficulty and split columns. A task carries its row's
-texts (``payload = {row, prompt, answer[, system]}``).
+answer and optional system-prompt, difficulty, split and worked-solution columns. A task carries its
+row's texts (``payload = {row, prompt, answer[, system][, solution][, example]}``: ``example``, the
+whole row, only for a ``demonstrator``). An answer ending with GSM8K's line ``#### N`` is ``N``;
+demonstrations from a solution column or a demonstrator: :mod:`asyncrl.envs.demos`.
 
 Held-out split: rows whose ``split_field`` is ``heldout_value``, or -- without a split column --
 rows whose prompt hashes into the held-out bucket (:class:`~asyncrl.envs.base.HashSplitTaskSource`).
@@ -20,8 +22,11 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import msgspec
+
 from asyncrl.envs.answer_env import AnswerEnv
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
+from asyncrl.envs.demos import final_answer, solution_turn
 from asyncrl.envs.scoring import Scorer, load_scorer, refuse_lenient_scorer, safe_score
 from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
@@ -140,6 +145,15 @@ class RowTasks(HashSplitTaskSource):
         except (TypeError, ValueError):
             raise UserError(f"{where}: {field!r} is not an integer") from None
 
+    def json_row(self, i: int, row: dict[str, Any]) -> str:
+        """Row ``i`` as JSON text (keys sorted); a :class:`UserError` when it cannot travel as JSON."""
+        try:
+            return msgspec.json.encode(row, order="sorted").decode()
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise UserError(
+                f"{self.path_field} {self.path!r}: row {i} cannot travel as JSON: {exc}"
+            ) from None
+
     def is_heldout(self, task: Task) -> bool:
         return task.id in self.held if self.split else super().is_heldout(task)
 
@@ -179,10 +193,15 @@ class DatasetTasks(RowTasks):
     def row_task(self, i: int, row: dict[str, Any]) -> Task:
         dc = self.dc
         fields = (dc.prompt_field, dc.answer_field, dc.system_field, dc.difficulty_field, dc.split_field)
-        difficulty = self.checked_difficulty(i, row, fields, dc.difficulty_field)
-        payload = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": str(row[dc.answer_field]).strip()}
+        difficulty = self.checked_difficulty(i, row, (*fields, dc.solution_field), dc.difficulty_field)
+        answer = final_answer(str(row[dc.answer_field]))
+        payload: dict[str, Any] = {"row": i, "prompt": str(row[dc.prompt_field]), "answer": answer}
         if dc.system_field:
             payload["system"] = str(row[dc.system_field])
+        if dc.solution_field:
+            payload["solution"] = str(row[dc.solution_field])
+        if dc.demonstrator:
+            payload["example"] = msgspec.json.decode(self.json_row(i, row))
         key = f"{payload['prompt']}\x00{payload['answer']}\x00{payload.get('system', '')}"
         return Task(id=task_id("ds", key), task_type="dataset", difficulty=difficulty, payload=payload)
 
@@ -197,7 +216,7 @@ class DatasetEnv(AnswerEnv):
     source_class = DatasetTasks
 
     def __init__(self, dc: DatasetConfig, cfg: EnvConfig) -> None:
-        super().__init__(dc.tools, dc.reward, cfg.sandbox)
+        super().__init__(dc.tools, dc.reward, cfg.sandbox, dc.demonstrator)
         self.scorer: Scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
 
     @classmethod
@@ -207,6 +226,17 @@ class DatasetEnv(AnswerEnv):
     @staticmethod
     def gold(task: Task) -> str:
         return str(task.payload["answer"])
+
+    def example(self, task: Task) -> dict[str, Any]:
+        return dict(task.payload["example"])
+
+    def answer_turn(self, task: Task, answer: str) -> str:
+        solution = task.payload.get("solution")
+        return (
+            solution_turn(str(solution), answer)
+            if solution is not None
+            else super().answer_turn(task, answer)
+        )
 
     def prompt(self, task: Task) -> str:
         system = task.payload.get("system")

@@ -8,11 +8,12 @@ split is every member's own held-out split, interleaved member by member (so a l
 of evaluation tasks still covers every member). Curriculum buckets carry the member's name
 (``name/type:difficulty``, :mod:`asyncrl.control.buckets`), so the curriculum, the breakers
 and the reports see each environment apart; ``bucket_prior`` there spreads a member's weight over its
-buckets, so the curriculum's weights scale the members' shares instead of replacing them.
+buckets, so the curriculum's weights scale the members' shares instead of replacing them. The warm
+start draws its demonstrations by the members' ``sft_share`` instead (:meth:`MixTaskSource.for_warm_start`).
 
 :class:`MixEnv` routes an episode to its member by ``task.env``: the member environment is built by
 :func:`asyncrl.envs.make_env` with the member's own config (its latency, faults and guard), so a
-broken member's faults are its own.
+broken member's faults are its own. A member's ``system_prompt`` leads the prompt of its episodes.
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ def mix_members(cfg: EnvConfig) -> list[tuple[str, float, EnvConfig]]:
 class MixTaskSource:
     """The members' task sources as one (module docstring)."""
 
-    def __init__(self, members: list[tuple[str, float, TaskSource]]) -> None:
+    def __init__(
+        self, members: list[tuple[str, float, TaskSource]], sft_shares: dict[str, float] | None = None
+    ) -> None:
+        """``sft_shares``: each member's share of the warm start's demonstrations (default: its weight)."""
         if not members:
             raise ValueError("env.mix has no members")
         self.members = {name: src for name, _, src in members}
         self.weights = {name: float(w) for name, w, _ in members}
+        self.sft_shares = {name: (sft_shares or {}).get(name, w) for name, w in self.weights.items()}
         self.task_types = tuple(f"{name}/{t}" for name, _, src in members for t in src.task_types)
         self.difficulties = tuple(sorted({d for _, _, src in members for d in src.difficulties}))
 
@@ -60,7 +65,18 @@ class MixTaskSource:
                 members.append((name, weight, make_source(member)))
             except EnvPluginError as exc:
                 raise EnvPluginError(f"env.mix member {name!r}: {exc}") from None
-        return cls(members)
+        return cls(members, {m.name: m.sft_share for m in cfg.mix or [] if m.sft_share is not None})
+
+    def for_warm_start(self) -> MixTaskSource:
+        """The members drawn by their ``sft_share`` (those of share 0 left out): the warm start's
+        demonstrations; a :class:`UserError` when every share is 0."""
+        members = [(n, w, self.members[n]) for n, w in self.sft_shares.items() if w > 0]
+        if not members:
+            raise UserError(
+                "every env.mix member has sft_share 0: the warm start has no demonstrations to draw; "
+                "give one a share or set trainer.sft.steps: 0"
+            )
+        return MixTaskSource(members)
 
     @staticmethod
     def tag(name: str, task: Task) -> Task:
@@ -99,6 +115,7 @@ class MixEnv:
     ) -> None:
         self.cfg, self.build = cfg, build
         self.configs = {name: member for name, _, member in mix_members(cfg)}
+        self.system_prompts = {m.name: m.system_prompt for m in cfg.mix or [] if m.system_prompt}
         self.rng = random.Random(rng_seed)
         self._envs: dict[str, AnyEnvironment] = {}
         self._current: AnyEnvironment | None = None
@@ -123,7 +140,8 @@ class MixEnv:
     async def reset(self, task: Task) -> str:
         self._current = self.member(task.env)
         prompt: str = await call_env(self._current.reset, task)
-        return prompt
+        system = self.system_prompts.get(task.env)
+        return f"{system}\n\n{prompt}" if system and isinstance(prompt, str) else prompt
 
     async def step(self, model_text: str) -> StepResult:
         if self._current is None:

@@ -181,9 +181,12 @@ class ReasoningGymEnv(AnswerEnv):
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ReasoningGymEnv:
         rc = env_section(cfg, cfg.reasoning_gym)
-        return cls(rc.tools, rc.reward, cfg.sandbox)
+        return cls(rc.tools, rc.reward, cfg.sandbox, rc.demonstrator)
 
     gold = staticmethod(_gold)
+
+    def example(self, task: Task) -> dict[str, Any]:
+        return dict(entry(task))
 
     def prompt(self, task: Task) -> str:
         return str(entry(task)["question"])

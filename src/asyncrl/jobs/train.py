@@ -26,6 +26,7 @@ from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
 from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
+from asyncrl.envs.demos import tool_notes
 from asyncrl.errors import UserError
 from asyncrl.jobs.summary import summarize
 from asyncrl.orchestrator.run import Orchestrator, new_run_dir
@@ -277,6 +278,9 @@ def _check_env(cfg: RunConfig, plan: ModelPlan | None) -> None:
     source = make_task_source(cfg.env)
     check_heldout(source, cfg.env)
     env = make_raw_env(cfg.env)
+    if cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None).steps:
+        for note in tool_notes(cfg.env, source, env):  # tools the warm start never shows
+            print(f"asyncrl: {note}", file=sys.stderr, flush=True)
     if plan is None or cfg.env.kind == "agent":  # an agent's prompts are its own: the gateway checks them
         asyncio.run(close_env(env))
         return

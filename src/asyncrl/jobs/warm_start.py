@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from asyncrl.bootstrap import pinned_threads, torch_threads
 from asyncrl.config import EnvConfig, GuardConfig, NoLatencyConfig, RunConfig, config_hash
 from asyncrl.envs import make_env, make_task_source
+from asyncrl.envs.class_tools import load_object
 from asyncrl.envs.registry import env_class
 from asyncrl.errors import UserError
 from asyncrl.policy.chat import make_renderer
@@ -74,16 +75,27 @@ def _digest(data: bytes) -> str:
 
 
 def env_code_version(cfg: RunConfig) -> str:
-    """Hash of the source of the environment's module (a plugin or a built-in; a mix: and every member's)."""
+    """Hash of the source of the environment's module (a plugin or a built-in; a mix: and every member's)
+    and of the module of a ``demonstrator`` function."""
 
-    classes = [env_class(cfg.env), *(env_class(m.env) for m in cfg.env.mix or [])]
+    envs = [cfg.env, *(m.env for m in cfg.env.mix or [])]
+    objects: list[Any] = [env_class(env) for env in envs]
+    objects += [load_object(spec, "demonstrator") for env in envs if (spec := _demonstrator(env))]
     sources = []
-    for cls in classes:
+    for obj in objects:  # the environment's module and the user's demonstrator's: editing either counts
         try:
-            sources.append(inspect.getsource(sys.modules[cls.__module__]))
+            sources.append(inspect.getsource(sys.modules[obj.__module__]))
         except (OSError, TypeError, KeyError):  # no source available (e.g. a compiled module)
-            sources.append(f"{cls.__module__}.{cls.__qualname__}")
+            sources.append(f"{obj.__module__}.{obj.__qualname__}")
     return _digest("\0".join(sources).encode())
+
+
+def _demonstrator(env: EnvConfig) -> str | None:
+    """The ``demonstrator`` function an environment's section names, if any."""
+    for section in (env.dataset, env.reasoning_gym, env.class_env):
+        if section is not None and section.demonstrator:
+            return section.demonstrator
+    return None
 
 
 def chat_template_version(cfg: RunConfig) -> str:
@@ -147,7 +159,11 @@ def build_demonstrations(
     faults = [] if faults is None else faults
     sft = cfg.trainer.sft.resolved(cfg.model.is_pretrained, cfg.model.lora is not None)
     rng = random.Random(sft.seed)
+    from asyncrl.envs.mix import MixTaskSource
+
     source = make_task_source(cfg.env)
+    # a mix draws its demonstrations by the members' shares of the warm start (env.mix[].sft_share)
+    draw = source.for_warm_start().sample if isinstance(source, MixTaskSource) else source.sample
     env_cfg = cfg.env.model_copy(update={"latency": NoLatencyConfig()})  # demonstrations need no delays
     env = make_env(env_cfg, sft.seed)
     demonstrate = getattr(env, "demonstrate", None)
@@ -160,9 +176,11 @@ def build_demonstrations(
     async def all_demos() -> list[tuple[list[int], list[int]]]:
         out = []
         for _ in range(sft.num_demos):
-            task = source.sample(rng)
+            task = draw(rng)
             try:
                 samples = await _play(env, task, demonstrate(task, rng, sft.corruption_rate), renderer)
+            except UserError:  # a mistake in the config (a demonstrator's path, its return type): one line
+                raise
             except Exception as exc:  # the user's environment or demonstrator: counted, skipped, reported
                 faults.append(f"task {task.id}: {type(exc).__name__}: {exc}")
                 continue
@@ -299,9 +317,10 @@ def uses_demonstrations(cfg: RunConfig) -> bool:
 def has_demonstrations(env: EnvConfig) -> bool:
     """The environment (every member of a mix) can demonstrate its tasks: a ``demonstrate`` method
     (``env.kind: class``: with ``class_env.demo_field`` set)."""
-    if env.kind == "mix":
-        return all(has_demonstrations(m.env) for m in env.mix or [])
-    if env.class_env is not None and env.class_env.demo_field is None:
+    if env.kind == "mix":  # a member with no share of the warm start (sft_share: 0) is not asked
+        return all(has_demonstrations(m.env) for m in env.mix or [] if m.sft_share != 0)
+    c = env.class_env
+    if c is not None and c.demo_field is None and c.demonstrator is None:
         return False
     return callable(getattr(env_class(env), "demonstrate", None))
 

@@ -22,7 +22,15 @@ import re
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from asyncrl.envs.base import ANSWER_CLOSE, ANSWER_OPEN, AnswerAction, ToolCallAction, parse_action
+from asyncrl.envs.base import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    TOOL_CLOSE,
+    TOOL_OPEN,
+    AnswerAction,
+    ToolCallAction,
+    parse_action,
+)
 from asyncrl.policy.messages import ToolCall, ToolSchema
 
 if TYPE_CHECKING:
@@ -122,13 +130,16 @@ class ToolCallFormat(ABC):
         return f"{ANSWER_OPEN}{body}{ANSWER_CLOSE}"
 
     def from_action(self, action_text: str, tools: list[Tool]) -> str:
-        """Native text of a canonical action (demonstrations for the warm start)."""
+        """Native text of a canonical action (demonstrations for the warm start); the text before the
+        action's opening tag (reasoning, a worked solution) stays in front of it."""
         action = parse_action(action_text)
         if isinstance(action, ToolCallAction):
             tool = next((t for t in tools if t.name == action.name), None)
-            return self.write_call(action.name, call_arguments(tool, action.args))
+            thought = action_text[: action_text.rfind(TOOL_OPEN, 0, action_text.find(TOOL_CLOSE))]
+            return thought + self.write_call(action.name, call_arguments(tool, action.args))
         if isinstance(action, AnswerAction):
-            return f"{ANSWER_OPEN}{action.answer}{ANSWER_CLOSE}"
+            thought = action_text[: action_text.rfind(ANSWER_OPEN, 0, action_text.find(ANSWER_CLOSE))]
+            return f"{thought}{ANSWER_OPEN}{action.answer}{ANSWER_CLOSE}"
         return action_text
 
 
