@@ -6,6 +6,11 @@
   fires it; a hopeless bucket beside a learnable one alerts for the bucket only, never for the run;
 * ``asyncrl env signal`` on a plugin no policy can solve reports 0 % with the advice and exits 1; on a
   plugin whose groups always differ it reports the learnable band and exits 0;
+* ``env signal`` for people: buckets in numeric order (2 before 10), consecutive levels of one verdict
+  as one row and one advice line, pass@G per bucket (tasks with a success, not episodes), advice that
+  never lowers a task type's lowest level (unless ``env.min_difficulty`` cut lower ones off) and names
+  ``trainer.sft.source: rollouts``, ``--levels`` / ``--max-difficulty``, and a held-out split too small
+  for ``env.heldout_size`` in one line with exit 2;
 * the report's per-bucket series and the summary's ``signal`` count what the group events say.
 """
 
@@ -226,6 +231,11 @@ def test_signal_series_and_summary_count_the_group_events(tmp_path: Path) -> Non
     assert summary["hard:9"]["success"] == 0.0 and "no episode succeeds" in summary["hard:9"]["advice"]
 
 
+def test_the_reports_buckets_are_in_numeric_order(tmp_path: Path) -> None:
+    groups = [_group(b, [1.0, 0.0] * 4) for b in ("x:10", "x:9", "x:1")]
+    assert list(signal_series(groups, 8)) == ["x:1", "x:9", "x:10", "all"]
+
+
 # -- asyncrl env signal on plugins --------------------------------------------------------------------
 class CoinTasks(HashSplitTaskSource):
     task_types = ("coin",)
@@ -430,6 +440,31 @@ def test_env_signal_merges_the_levels_of_one_verdict_into_one_line(cache_dir: Pa
     )
     assert "max_difficulty" not in line and "0 of 24 episodes succeeded" in line
     assert report.to_dict()["policies"][0]["merged"][0]["levels"] == list(range(12))
+
+
+class LadderEnv(ManyLevelsEnv, AlternatingEnv):
+    """Levels 0–2 as AlternatingEnv (every group differs), levels 3–11 unsolvable."""
+
+    async def step(self, model_text: str) -> StepResult:
+        if self.task.difficulty > 2:
+            return StepResult(observation="", done=True, reward=0.0, outcome="failure")
+        return await super().step(model_text)
+
+
+def test_levels_above_a_learnable_one_are_told_to_go_down_to_it(cache_dir: Path) -> None:
+    """Two runs of levels, two rows: the unsolvable levels above a learnable lowest level are told to
+    train where there is success (env.max_difficulty), the learnable ones are in the band."""
+    from asyncrl.jobs.signal import Levels, check_signal
+
+    SEEN.clear()
+    cfg = _plugin_cfg("LadderEnv", cache_dir, "env.heldout_size=12")
+    [base] = check_signal(cfg, tasks=1, levels=Levels(None, None), name="ladder").policies
+    assert [(b.bucket, b.verdict, b.lowest) for b in base.merged] == [
+        ("coin:0–2", "learnable", True),
+        ("coin:3–11", "no_success", False),
+    ]
+    assert base.merged[0].pass_at_g == 1.0 and base.merged[0].success == 0.5
+    assert "env.max_difficulty" in base.merged[1].advice and "lower levels" in base.merged[1].advice
 
 
 class FewTasks(CoinTasks):
