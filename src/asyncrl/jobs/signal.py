@@ -7,11 +7,16 @@ source, the first ``tasks`` held-out tasks of that bucket, each ``rollout.group_
 built model) and with the **warm start** the run would begin from (``trainer.sft``; cached under
 ``cache_dir`` and shared with ``asyncrl sft`` and ``asyncrl train``; skipped when it trains no steps).
 
-Per bucket and policy it reports held-out success ``p``, the measured share of groups whose rewards
-differ (the groups that carry a GRPO gradient), the expected share ``s(p, G) = 1 − p^G − (1 − p)^G``
-for binary rewards (:mod:`asyncrl.signal`), the band verdict against ``orchestrator.signal.band_low`` /
-``band_high`` and what to change. The run can learn when at least one bucket of the policy RL starts
-from has groups with a reward difference; the command exits 1 when none has.
+Per bucket and policy it reports held-out success ``p``, pass@G (the share of its tasks with at least
+one success in their group), the measured share of groups whose rewards differ (the groups that carry
+a GRPO gradient), the expected share ``s(p, G) = 1 − p^G − (1 − p)^G`` for binary rewards
+(:mod:`asyncrl.signal`), the band verdict against ``orchestrator.signal.band_low`` / ``band_high`` and
+what to change — knowing whether the bucket is at its task type's lowest level. Buckets are in numeric
+order of level; consecutive levels of one task type with the same verdict are merged into one row with
+pooled counts and one advice line (:func:`merge`). :class:`Levels` restricts the scan to some levels
+(the task source and warm start stay the run's). The run can learn when at least one bucket of the
+policy RL starts from has groups with a reward difference; the command exits 1 when none has, 2 on a
+config error (a held-out split too small for ``env.heldout_size``, levels that select nothing).
 
 ``bench/task_signal.py`` times the same groups (:func:`play_groups`) with one learner step on them.
 """
