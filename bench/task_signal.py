@@ -76,14 +76,14 @@ def batch_figures(cfg: Any, policy: Any, n_tasks: int) -> dict[str, Any]:
                 if turn.role == "model":
                     turn.version = 0
     trajs = [t for group in groups for t in group]
-    differ, n, wins, episodes = group_signal(groups)
+    c = group_signal(groups)
     learner = Learner(cfg, policy)
     metrics, step_wall, step_cpu = _timed(lambda: learner.step(groups_of(trajs), version=0))
     tokens = sum(len(u.token_ids) for t in trajs for u in t.turns)
     return {
         "trajectories": len(trajs),
-        "success_rate": wins / episodes,
-        "groups_with_signal": differ / n,
+        "success_rate": c.successes / c.episodes,
+        "groups_with_signal": c.differ / c.groups,
         "tokens_per_trajectory": round(tokens / len(trajs), 1),
         "sampled_tokens": sum(len(u.token_ids) for t in trajs for u in t.turns if u.role == "model"),
         "rollout_wall_s": round(roll_wall, 1),

@@ -6,6 +6,11 @@
   fires it; a hopeless bucket beside a learnable one alerts for the bucket only, never for the run;
 * ``asyncrl env signal`` on a plugin no policy can solve reports 0 % with the advice and exits 1; on a
   plugin whose groups always differ it reports the learnable band and exits 0;
+* ``env signal`` for people: buckets in numeric order (2 before 10), consecutive levels of one verdict
+  as one row and one advice line, pass@G per bucket (tasks with a success, not episodes), advice that
+  never lowers a task type's lowest level (unless ``env.min_difficulty`` cut lower ones off) and names
+  ``trainer.sft.source: rollouts``, ``--levels`` / ``--max-difficulty``, and a held-out split too small
+  for ``env.heldout_size`` in one line with exit 2;
 * the report's per-bucket series and the summary's ``signal`` count what the group events say.
 """
 
@@ -22,9 +27,10 @@ import pytest
 
 from asyncrl.config import EnvConfig, RunConfig, load_config
 from asyncrl.envs import HashSplitTaskSource, StepResult
+from asyncrl.errors import UserError
 from asyncrl.orchestrator.rules import Rules
-from asyncrl.records import Task
-from asyncrl.signal import advice, group_size_for, signal_share, verdict
+from asyncrl.records import Task, Trajectory
+from asyncrl.signal import advice, bucket_order, group_size_for, levels_label, signal_share, verdict
 from asyncrl.telemetry.reports import GroupReport
 from asyncrl.telemetry.signal import signal_series, signal_summary
 
@@ -60,11 +66,55 @@ def test_verdicts_and_advice_name_the_knobs() -> None:
         "easy",
         "solved",
     ]
-    assert "env.max_difficulty" in advice(0.0, 0.0, 8, 0.15, 0.5)
-    assert "rollout.group_size 14" in advice(0.05, 0.3, 8, 0.15, 0.5)
-    cold = advice(0.5, 0.0, 8, 0.15, 0.5)  # half the episodes succeed, yet no group differs
+    assert "env.max_difficulty" in advice(0.0, 0.0, 8, 0.15, 0.5, lowest=False, pass_at_g=0.0)
+    rare = advice(0.05, 0.3, 8, 0.15, 0.5, lowest=False, pass_at_g=0.4)
+    assert "rollout.group_size 14" in rare and "pass@8 40% of tasks" in rare
+    assert "trainer.sft.source: rollouts" in rare
+    cold = advice(0.5, 0.0, 8, 0.15, 0.5, lowest=None, pass_at_g=0.5)  # half succeed, no group differs
     assert "rollout.sampling.temperature" in cold
-    assert "temperature" not in advice(0.5, 0.99, 8, 0.15, 0.5)
+    assert "temperature" not in advice(0.5, 0.99, 8, 0.15, 0.5, lowest=None, pass_at_g=1.0)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.05])
+def test_advice_never_lowers_a_difficulty_that_is_the_lowest(p: float) -> None:
+    """At a task type's lowest level the advice names what can still work, not a lower level; above
+    it (or not known) a lower level is among the steps."""
+    pass_at_g = 0.0 if p == 0.0 else 0.25
+    at_floor = advice(p, 0.0, 8, 0.15, 0.5, lowest=True, pass_at_g=pass_at_g)
+    assert "max_difficulty" not in at_floor and "lower" not in at_floor, at_floor
+    assert "trainer.sft.source: rollouts" in at_floor
+    for lowest in (False, None):
+        assert "env.max_difficulty" in advice(p, 0.0, 8, 0.15, 0.5, lowest=lowest, pass_at_g=pass_at_g)
+    if p == 0.0:  # pass@G is 0: the rollouts warm start needs more samples, or a tool / demonstrations
+        assert "pass@8 0%" in at_floor and "more samples per task than 8" in at_floor
+        assert "tool" in at_floor
+
+
+def test_buckets_sort_by_level_as_a_number() -> None:
+    names = ["leg:10", "leg:2", "leg:0", "a/leg:11", "leg:1", "coin:3"]
+    assert sorted(names, key=bucket_order) == ["a/leg:11", "coin:3", "leg:0", "leg:1", "leg:2", "leg:10"]
+    assert levels_label([0, 1, 2, 3, 5, 10, 11]) == "0–3, 5, 10–11"
+    assert levels_label([7]) == "7"
+
+
+def test_levels_option_reads_lists_and_ranges() -> None:
+    import argparse
+
+    from asyncrl.cli.parser import _levels
+    from asyncrl.jobs.signal import Levels
+
+    assert _levels("0,1,5") == {0, 1, 5}
+    assert _levels("0-3, 7,10–11") == {0, 1, 2, 3, 7, 10, 11}
+    for bad in ("a", "3-1", "-2", "1,,2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _levels(bad)
+    both = Levels(frozenset({0, 1, 5}), 4)
+    assert [d for d in range(8) if both.keeps(d)] == [0, 1]
+    assert [d for d in range(8) if Levels(None, 2).keeps(d)] == [0, 1, 2]
+    assert (
+        both.describe() == "levels 0–1, 5 and up to level 4"
+        and Levels(None, None).describe() == "every level"
+    )
 
 
 # -- the no-signal alert --------------------------------------------------------------------------
@@ -181,6 +231,11 @@ def test_signal_series_and_summary_count_the_group_events(tmp_path: Path) -> Non
     assert summary["hard:9"]["success"] == 0.0 and "no episode succeeds" in summary["hard:9"]["advice"]
 
 
+def test_the_reports_buckets_are_in_numeric_order(tmp_path: Path) -> None:
+    groups = [_group(b, [1.0, 0.0] * 4) for b in ("x:10", "x:9", "x:1")]
+    assert list(signal_series(groups, 8)) == ["x:1", "x:9", "x:10", "all"]
+
+
 # -- asyncrl env signal on plugins --------------------------------------------------------------------
 class CoinTasks(HashSplitTaskSource):
     task_types = ("coin",)
@@ -269,8 +324,16 @@ def test_env_signal_on_an_unsolvable_plugin_reports_zero_and_the_advice(
         assert [b["bucket"] for b in policy["buckets"]] == ["coin:1", "coin:2"]
         for b in policy["buckets"]:
             assert (b["groups"], b["differ"], b["episodes"], b["success"]) == (2, 0, 8, 0.0)
-            assert b["verdict"] == "no_success" and "env.max_difficulty" in b["advice"]
+            assert b["pass_at_g"] == 0.0 and b["verdict"] == "no_success"
             assert "0 of 8 episodes succeeded: the true rate is below 38% at 95% confidence" in b["advice"]
+        floor, above = policy["buckets"]  # coin:1 is the plugin's lowest level: nothing lower to advise
+        assert (floor["lowest"], above["lowest"]) == (True, False)
+        assert "max_difficulty" not in floor["advice"] and "trainer.sft.source: rollouts" in floor["advice"]
+        assert "env.max_difficulty" in above["advice"]
+        [merged] = policy["merged"]  # one verdict over both levels: one line, counts pooled
+        assert (merged["bucket"], merged["levels"], merged["episodes"]) == ("coin:1–2", [1, 2], 16)
+        assert merged["lowest"] and "max_difficulty" not in merged["advice"]
+        assert "0 of 16 episodes succeeded" in merged["advice"]
 
 
 def test_env_signal_on_a_plugin_whose_groups_differ_finds_the_band(
@@ -282,8 +345,167 @@ def test_env_signal_on_a_plugin_whose_groups_differ_finds_the_band(
     start = report["policies"][-1]
     for b in start["buckets"]:
         assert (b["groups"], b["differ"], b["success"], b["signal_share"]) == (2, 2, 0.5, 1.0)
+        assert b["pass_at_g"] == 1.0  # every task succeeded at least once in its group
         assert b["verdict"] == "learnable"
         assert b["expected_share"] == pytest.approx(signal_share(0.5, 4))
+
+
+def _traj(task: Task, i: int, ok: bool) -> Trajectory:
+    return Trajectory(
+        id=f"{task.id}-{i}",
+        task=task,
+        turns=[],
+        final_reward=float(ok),
+        outcome="success" if ok else "failure",
+    )
+
+
+def test_group_signal_counts_pass_at_g_per_task() -> None:
+    """pass@G counts tasks with at least one success in their group, not successful episodes."""
+    from asyncrl.jobs.signal import group_signal
+
+    tasks = [Task(id=f"t{i}", task_type="coin", difficulty=1, payload={}) for i in range(3)]
+    wins = [[0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    groups = [[_traj(t, i, bool(w)) for i, w in enumerate(ws)] for t, ws in zip(tasks, wins, strict=True)]
+    c = group_signal(groups)
+    assert (c.groups, c.differ, c.solved, c.successes, c.episodes) == (3, 1, 2, 5, 12)
+
+
+class LevelTasks(CoinTasks):
+    difficulties = tuple(range(12))
+
+
+class ManyLevelsEnv(NeverEnv):
+    """Twelve levels (0–11), none solvable."""
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> CoinTasks:
+        return LevelTasks(
+            seed=cfg.seed,
+            heldout_size=cfg.heldout_size,
+            min_difficulty=cfg.min_difficulty,
+            max_difficulty=cfg.max_difficulty,
+        )
+
+
+def _plugin_cfg(env: str, cache: Path, *extra: str) -> RunConfig:
+    from asyncrl.envs.check import ENV_OWN_DIFFICULTIES
+
+    own = [f"env.{k}={v}" for k, v in ENV_OWN_DIFFICULTIES.items()]
+    sets = ["env.kind=plugin", f"env.path={__name__}:{env}", *own, "rollout.group_size=2"]
+    sets += ["rollout.sampling.max_new_tokens=4", "trainer.sft.steps=0", f"cache_dir={cache}", *extra]
+    return load_config(None, sets)
+
+
+def test_lowest_level_is_the_task_types_unless_min_difficulty_cut_it(cache_dir: Path) -> None:
+    from asyncrl.envs import make_task_source
+    from asyncrl.jobs.signal import lowest_buckets
+
+    every = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=12")
+    buckets = [f"coin:{d}" for d in range(12)]
+    assert lowest_buckets(make_task_source(every.env), buckets) == {"coin:0"}
+    cut = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=12", "env.min_difficulty=2")
+    assert lowest_buckets(make_task_source(cut.env), buckets[2:]) == set()  # levels 0-1 exist below
+
+
+def test_a_quick_scan_plays_only_the_levels_asked_for(cache_dir: Path) -> None:
+    from asyncrl.jobs.signal import Levels, tasks_by_bucket
+
+    cfg = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=24")
+    every, lowest = tasks_by_bucket(cfg, 1, Levels(None, None))
+    assert list(every) == [f"coin:{d}" for d in range(12)] and lowest == {"coin:0"}  # numeric order
+    some, _ = tasks_by_bucket(cfg, 1, Levels(frozenset({0, 1, 5, 10}), 5))
+    assert list(some) == ["coin:0", "coin:1", "coin:5"]
+    assert [len(ts) for ts in some.values()] == [1, 1, 1]
+    with pytest.raises(UserError, match="keeps none of this environment's levels \\(0–11\\)"):
+        tasks_by_bucket(cfg, 1, Levels(frozenset({40}), None))
+
+
+def test_env_signal_merges_the_levels_of_one_verdict_into_one_line(cache_dir: Path) -> None:
+    """12 unsolvable levels: 12 buckets in numeric order in the JSON, one table row and one advice line,
+    which does not tell the user to lower a difficulty that starts at the lowest level."""
+    from asyncrl.jobs.signal import Levels, check_signal
+
+    cfg = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=12")
+    report = check_signal(cfg, tasks=1, levels=Levels(None, None), name="many")
+    [base] = report.policies
+    assert [b.bucket for b in base.buckets] == [f"coin:{d}" for d in range(12)]
+    assert [(b.bucket, b.groups, b.episodes, b.lowest) for b in base.merged] == [("coin:0–11", 12, 24, True)]
+    text = report.render()
+    rows = [line for line in text.splitlines() if line.startswith("base ") and "coin" in line]
+    assert len(rows) == 1 and rows[0].split()[1:4] == ["coin:0–11", "12", "0%"]
+    [line] = [x for x in text.splitlines() if x.startswith("  coin")]
+    assert line.startswith(
+        "  coin levels 0–11: no episode succeeds (pass@2 0%), down to this task type's lowest"
+    )
+    assert "max_difficulty" not in line and "0 of 24 episodes succeeded" in line
+    assert report.to_dict()["policies"][0]["merged"][0]["levels"] == list(range(12))
+
+
+class LadderEnv(ManyLevelsEnv, AlternatingEnv):
+    """Levels 0–2 as AlternatingEnv (every group differs), levels 3–11 unsolvable."""
+
+    async def step(self, model_text: str) -> StepResult:
+        if self.task.difficulty > 2:
+            return StepResult(observation="", done=True, reward=0.0, outcome="failure")
+        return await super().step(model_text)
+
+
+def test_levels_above_a_learnable_one_are_told_to_go_down_to_it(cache_dir: Path) -> None:
+    """Two runs of levels, two rows: the unsolvable levels above a learnable lowest level are told to
+    train where there is success (env.max_difficulty), the learnable ones are in the band."""
+    from asyncrl.jobs.signal import Levels, check_signal
+
+    SEEN.clear()
+    cfg = _plugin_cfg("LadderEnv", cache_dir, "env.heldout_size=12")
+    [base] = check_signal(cfg, tasks=1, levels=Levels(None, None), name="ladder").policies
+    assert [(b.bucket, b.verdict, b.lowest) for b in base.merged] == [
+        ("coin:0–2", "learnable", True),
+        ("coin:3–11", "no_success", False),
+    ]
+    assert base.merged[0].pass_at_g == 1.0 and base.merged[0].success == 0.5
+    assert "env.max_difficulty" in base.merged[1].advice and "lower levels" in base.merged[1].advice
+
+
+class FewTasks(CoinTasks):
+    """Six distinct tasks per level: a held-out split of a few tasks at most."""
+
+    heldout_permille = 500
+    max_attempts = 50
+
+    def generate(self, rng: random.Random, difficulty: int) -> Task:
+        n = rng.randrange(6)
+        return Task(id=f"few-{difficulty}-{n}", task_type="coin", difficulty=difficulty, payload={"n": n})
+
+
+class FewTasksEnv(NeverEnv):
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> CoinTasks:
+        return FewTasks(seed=cfg.seed, heldout_size=cfg.heldout_size)
+
+
+def test_env_signal_says_a_held_out_split_too_small_in_one_line(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """env.heldout_size above the held-out tasks the levels have: one line and exit 2, as train says it
+    (it was a ValueError traceback)."""
+    from asyncrl.cli import main
+
+    code = main(
+        [
+            "env",
+            "signal",
+            f"{__name__}:FewTasksEnv",
+            "--set",
+            "env.heldout_size=64",
+            "--set",
+            f"cache_dir={cache_dir}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("asyncrl: error: env.heldout_size: FewTasks: could only find")
+    assert "lower env.heldout_size (now 64)" in err
 
 
 # -- a real run -------------------------------------------------------------------------------------

@@ -37,6 +37,13 @@ Definitions
 
   and, whatever the band, **cold** when ``m`` is under half of ``s(p, G)``: successes and failures fall
   on different tasks, not within groups.
+* **pass@G** of a bucket: the share of its tasks with at least one success in their group of ``G``
+  (the groups already played, no extra episode). A warm start from the policy's own successful episodes
+  (``trainer.sft.source: rollouts``) has something to learn from exactly where it is above 0.
+* **Advice** (:func:`advice`) names the next step that can work: a larger group where success is rare,
+  the rollouts warm start, a lower level only where the task type has one (never at its lowest level),
+  and, where no episode succeeds at all, what can still lift pass@G above 0 (more samples per task, a
+  tool, demonstrations that show the work, a partial reward).
 """
 
 from __future__ import annotations
@@ -85,24 +92,32 @@ def cold(measured: float | None, p: float, group_size: int) -> bool:
     return measured is not None and expected > 0.0 and measured < expected / 2.0
 
 
-def advice(p: float, measured: float | None, group_size: int, low: float, high: float) -> str:
-    """What to change for a bucket with success ``p`` and a measured share ``measured`` of groups with a
-    reward difference (``None``: not measured), as one sentence naming the config fields."""
+ROLLOUTS = "a warm start from the policy's own successful episodes (trainer.sft.source: rollouts)"
+"""The warm start that needs no demonstration: it keeps what the policy already solves once in a while."""
+
+
+def advice(
+    p: float,
+    measured: float | None,
+    group_size: int,
+    low: float,
+    high: float,
+    *,
+    lowest: bool | None,
+    pass_at_g: float | None,
+) -> str:
+    """What to change for a bucket with success ``p``, a measured share ``measured`` of groups with a
+    reward difference and ``pass_at_g``, the share of its tasks with at least one success in a group of
+    ``group_size`` (``None``: not measured), as one sentence naming the config fields. ``lowest``: the
+    bucket is at its task type's lowest level (``False``: a lower one exists; ``None``: not known) — the
+    advice never says to lower a difficulty that cannot go lower."""
     v = verdict(p, low, high)
     if v == "no_success":
-        text = (
-            "no episode succeeds: lower the difficulty (env.max_difficulty, or drop this task type), "
-            "warm-start longer (trainer.sft.steps), or make the reward partial instead of all-or-nothing"
-        )
+        text = _no_success(group_size, lowest)
     elif v == "solved":
         text = "every episode succeeds: raise the difficulty (env.min_difficulty) or drop this bucket"
     elif v == "rare":
-        g = group_size_for(p, 0.5)
-        bigger = f"rollout.group_size {g} gives half the groups a difference" if g else "a larger group"
-        text = (
-            f"success is rare ({p:.0%}): {bigger}, or warm-start longer (trainer.sft.steps) / lower "
-            "env.max_difficulty to reach the band"
-        )
+        text = _rare(p, group_size, lowest, pass_at_g)
     elif v == "easy":
         text = f"mostly solved ({p:.0%}): little left to gain; raise env.min_difficulty for harder tasks"
     else:
@@ -115,6 +130,32 @@ def advice(p: float, measured: float | None, group_size: int, low: float, high: 
     return text
 
 
+def _no_success(g: int, lowest: bool | None) -> str:
+    """Advice at ``p = 0`` (pass@G is 0 too): a lower level where one exists, else what can still work."""
+    beyond = (
+        f"{ROLLOUTS} needs one success per task, so give it more samples per task than {g}; or give the "
+        "environment a tool that does the hard step, demonstrations that show the work, or a partial "
+        "reward instead of all-or-nothing"
+    )
+    if lowest is None:
+        return f"no episode succeeds (pass@{g} 0%): lower the difficulty where there is a lower level (env.max_difficulty); {beyond}"
+    if lowest:
+        return f"no episode succeeds (pass@{g} 0%), down to this task type's lowest level: {beyond}"
+    return (
+        f"no episode succeeds (pass@{g} 0%): scan this task type's lower levels (asyncrl env signal --levels) "
+        f"and train on those with success (env.max_difficulty); if none has any, {beyond}"
+    )
+
+
+def _rare(p: float, g: int, lowest: bool | None, pass_at_g: float | None) -> str:
+    """Advice at ``0 < p < low``: a larger group, the rollouts warm start (pass@G > 0), a lower level."""
+    size = group_size_for(p, 0.5)
+    bigger = f"rollout.group_size {size} gives half the groups a difference" if size else "a larger group"
+    solved = f", pass@{g} {pass_at_g:.0%} of tasks" if pass_at_g is not None else ""
+    lower = "" if lowest else "; or lower env.max_difficulty to reach the band"
+    return f"success is rare ({p:.0%}{solved}): {bigger}; {ROLLOUTS} lifts success toward the band{lower}"
+
+
 def share_or_none(hits: int, total: int) -> float | None:
     """``hits / total``, or ``None`` when nothing was measured (never a made-up 0)."""
     return hits / total if total else None
@@ -122,3 +163,21 @@ def share_or_none(hits: int, total: int) -> float | None:
 
 def fmt_share(x: float | None) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.0%}"
+
+
+def bucket_order(bucket: str) -> tuple[str, int, str]:
+    """Sort key of a bucket ``[env/]type:difficulty``: by task type, then by difficulty as a number
+    (``x:2`` before ``x:10``); a difficulty that is not a number sorts after the numbers, by text."""
+    task_type, _, level = bucket.rpartition(":")
+    return (task_type, int(level), "") if level.isdigit() else (task_type, 1 << 62, level)
+
+
+def levels_label(levels: list[int]) -> str:
+    """``0–35`` for a run of levels, ``0–3, 5, 10`` for runs and single levels (ascending input)."""
+    runs: list[list[int]] = []
+    for d in levels:
+        if runs and d == runs[-1][-1] + 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)

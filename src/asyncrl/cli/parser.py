@@ -45,6 +45,29 @@ def _count(text: str) -> int:
     return n
 
 
+def _level(text: str) -> int:
+    """An argparse type: a difficulty level, a whole number >= 0."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a level is >= 0, got {n}")
+    return n
+
+
+def _levels(text: str) -> frozenset[int]:
+    """An argparse type: levels as ``0,1,5`` and ranges ``0-3`` (``0–3``), e.g. ``0-3,7,10-12``."""
+    out: set[int] = set()
+    for part in text.replace("–", "-").split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a level or a range like 0-3") from None
+        if a < 0 or b < a:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: levels are >= 0, a range low-high")
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("config", nargs=None if required else "?", help="YAML run configuration")
     _add_set(p, "dotted override, e.g. --set trainer.lr=1e-5 (repeatable; values are read as YAML)")
@@ -161,6 +184,20 @@ def _add_env_commands(sub: Sub) -> None:
         type=_count,
         default=4,
         help="held-out tasks per bucket, each played as one group (default 4)",
+    )
+    sig.add_argument(
+        "--levels",
+        type=_levels,
+        default=None,
+        help="play only these difficulty levels, e.g. 0,1,5 or 0-3,10 (a quick scan; the run's task source "
+        "and warm start are unchanged)",
+    )
+    sig.add_argument(
+        "--max-difficulty",
+        type=_level,
+        default=None,
+        metavar="N",
+        help="play only the levels up to N (with --levels: both apply)",
     )
     sig.add_argument("--no-progress", action="store_true", help="no progress bar")
     _json_flag(sig)

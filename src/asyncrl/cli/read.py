@@ -70,13 +70,14 @@ def _env_target(args: argparse.Namespace) -> tuple[C.RunConfig, bool]:
 
 
 def _env_signal(args: argparse.Namespace) -> int:
-    """``asyncrl env signal``: exit 0 when the starting policy has groups with a reward difference, else 1."""
-    from asyncrl.jobs.signal import check_signal
+    """``asyncrl env signal``: exit 0 when the starting policy has groups with a reward difference, else 1
+    (2 for a config error, raised as a :class:`UserError`)."""
+    from asyncrl.jobs.signal import Levels, check_signal
 
     cfg, _ = _env_target(args)
-    report = check_signal(
-        cfg, tasks=args.tasks, progress=not (args.no_progress or args.json), name=args.target
-    )
+    levels = Levels(args.levels, args.max_difficulty)
+    quiet = args.no_progress or args.json
+    report = check_signal(cfg, tasks=args.tasks, levels=levels, progress=not quiet, name=args.target)
     print(json.dumps(report.to_dict(), sort_keys=True) if args.json else report.render())
     return 0 if report.ok else 1
 

@@ -93,7 +93,11 @@ class SignalMonitor:
             "expected_signal_share": round(signal_share(p, self.group_size), 4),
             "group_size": self.group_size,
         }
-        fix = advice(p, differs, self.group_size, self.c.band_low, self.c.band_high)
+        q = self.windows[key]
+        solved = sum(g.successes > 0 for g in q) / len(q)  # pass@G over the window's groups
+        fix = advice(
+            p, differs, self.group_size, self.c.band_low, self.c.band_high, lowest=None, pass_at_g=solved
+        )
         if key == RUN:
             action = (
                 f"no bucket has signal: {share:.0%} of the last {len(self.windows[key])} training groups had "

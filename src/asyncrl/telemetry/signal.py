@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config import RunConfig
-from asyncrl.signal import advice, share_or_none
+from asyncrl.signal import advice, bucket_order, share_or_none
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, Table, pct
 from asyncrl.telemetry.reports import Decoded, GroupReport
@@ -37,6 +37,8 @@ class GroupCounts:
     differ: int = 0
     """Groups whose rewards differed."""
     successes: int = 0
+    solved: int = 0
+    """Groups with at least one success (pass@G's numerator)."""
     episodes: int = 0
     reward: float = 0.0
     faults: int = 0
@@ -47,6 +49,7 @@ class GroupCounts:
         self.groups += 1
         self.differ += len(set(g.rewards)) > 1
         self.successes += sum(o == "success" for o in g.outcomes)
+        self.solved += "success" in g.outcomes
         self.episodes += len(g.rewards)
         self.reward += sum(g.rewards)
         self.faults += g.faults
@@ -81,7 +84,7 @@ def signal_series(reports: Iterable[Decoded], window: int) -> dict[str, BucketSe
                 s.windows.append(GroupCounts())
             s.windows[-1].add(g)
             s.total.add(g)
-    return dict(sorted(out.items(), key=lambda kv: (kv[0] == RUN, kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] == RUN, bucket_order(kv[0]))))
 
 
 def signal_summary(reports: Iterable[Decoded], cfg: RunConfig) -> dict[str, Any]:
@@ -91,7 +94,12 @@ def signal_summary(reports: Iterable[Decoded], cfg: RunConfig) -> dict[str, Any]
     out: dict[str, Any] = {}
     for key, s in signal_series(reports, cfg.signal_window()).items():
         last = s.windows[-1]
-        p = last.success
+        p, solved = last.success, share_or_none(last.solved, last.groups)
+        fix = (
+            advice(p, last.signal_share, g, c.band_low, c.band_high, lowest=None, pass_at_g=solved)
+            if p is not None
+            else None
+        )
         out[key] = {
             "groups": s.total.groups,
             "signal_share": s.total.signal_share,
@@ -99,7 +107,8 @@ def signal_summary(reports: Iterable[Decoded], cfg: RunConfig) -> dict[str, Any]
             "last_window_groups": last.groups,
             "last_signal_share": last.signal_share,
             "last_success": p,
-            "advice": advice(p, last.signal_share, g, c.band_low, c.band_high) if p is not None else None,
+            "last_pass_at_g": solved,
+            "advice": fix,
         }
     return out
 
