@@ -18,7 +18,9 @@ open breakers and the curriculum floor for half-open ones (:func:`compose`). Eac
   load is less than one group's worth (``group_size x max_turns``) above the smallest load among the
   live workers named in ``workers`` (heartbeat within ``control.heartbeat_s``), so new groups go to
   the least-loaded worker by steps, not by episode count;
-* tells a worker named in ``retire`` to stop starting groups (elastic scale-down).
+* tells a worker named in ``retire`` to stop starting groups (elastic scale-down);
+* sizes a training group by its bucket's entry in ``group_sizes`` (``rollout.adaptive_group_size``:
+  larger groups for buckets of rare success), ``rollout.group_size`` elsewhere.
 
 Group reports
 -------------
@@ -60,6 +62,9 @@ class Directives:
     heldout_rate: float = 0.0
     workers: list[str] = field(default_factory=list)
     retire: list[str] = field(default_factory=list)
+    group_sizes: dict[str, int] = field(default_factory=dict)
+    """Bucket -> the size of its training groups where it is not ``rollout.group_size``
+    (``rollout.adaptive_group_size``)."""
     at: float = 0.0
 
     def to_doc(self) -> dict[str, Any]:
@@ -81,6 +86,7 @@ def compose(
     heldout_rate: float,
     workers: list[str],
     retire: list[str],
+    group_sizes: dict[str, int] | None = None,
 ) -> Directives:
     w = {b: x * drift_factors.get(b, 1.0) for b, x in weights.items()}
     for b in half_open:
@@ -95,6 +101,7 @@ def compose(
         heldout_rate=heldout_rate,
         workers=sorted(workers),
         retire=sorted(retire),
+        group_sizes=dict(group_sizes or {}),
         at=time.time(),
     )
 

@@ -136,6 +136,16 @@ class Rules:
             self.cfg.orchestrator.drift.heldout_rate,
             workers,
             retire,
+            self._group_sizes(),
+        )
+
+    def _group_sizes(self) -> dict[str, int]:
+        """``rollout.adaptive_group_size``: larger groups for buckets of rare success (:meth:`Curriculum.group_sizes`)."""
+        r = self.cfg.rollout
+        if not r.adaptive_group_size or r.tree.enabled:
+            return {}
+        return self.curriculum.group_sizes(
+            r.group_size, r.max_group_size, self.cfg.orchestrator.signal.band_low
         )
 
     def metrics(self, now: float | None = None) -> dict[str, float]:
@@ -143,6 +153,7 @@ class Rules:
         return {
             **self.alerts.metrics(),
             **self.curriculum.metrics(),
+            **{f"curriculum/group_size/{b}": float(g) for b, g in self._group_sizes().items()},
             **self.breakers.metrics(),
             **self.drift.metrics(now),
             **self.signal.metrics(),

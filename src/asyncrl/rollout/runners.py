@@ -94,14 +94,14 @@ class AgentPlayer:
 
 @dataclass
 class FlatRunner:
-    """``group_size`` independent episodes, played concurrently."""
+    """The ticket's :attr:`~asyncrl.control.admission.Ticket.size` independent episodes (``group_size``, or
+    the bucket's adaptive size), played concurrently."""
 
     play: Player
-    group_size: int
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
         gid = new_id()
-        episodes = await asyncio.gather(*(self.play(ticket, task, gid) for _ in range(self.group_size)))
+        episodes = await asyncio.gather(*(self.play(ticket, task, gid) for _ in range(ticket.size)))
         return Group.of(task, [t for ts in episodes for t in ts], id=gid, heldout=heldout)
 
 
@@ -111,7 +111,7 @@ class TreeRunner:
 
     def __init__(self, cfg: RunConfig, play: Player) -> None:
         self.cfg, self.play = cfg, play
-        self.flat = FlatRunner(play, cfg.rollout.group_size)
+        self.flat = FlatRunner(play)
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
         if heldout:
@@ -123,7 +123,7 @@ class TreeRunner:
             (traj,) = await self.play(ticket, task, gid, [t.token_ids for t in prefix])
             return traj
 
-        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
+        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.tree_max_leaves)
         return Group.of(task, trajs, id=gid, tree=stats)
 
 
@@ -131,4 +131,4 @@ def make_runner(cfg: RunConfig, play: Player) -> GroupRunner:
     """The runner of ``cfg``'s groups, playing episodes with ``play``."""
     if cfg.rollout.tree.enabled:
         return TreeRunner(cfg, play)
-    return FlatRunner(play, cfg.rollout.group_size)
+    return FlatRunner(play)
