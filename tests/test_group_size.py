@@ -1,5 +1,7 @@
 """Adaptive group size (``rollout.adaptive_group_size``): buckets of rare success get larger groups.
 
+(The worker test also covers the per-bucket temperature of :mod:`asyncrl.orchestrator.temperature`.)
+
 The rule (the orchestrator's curriculum), the directive the workers follow, the ticket that admits and
 plays that many episodes, and a rollout worker on a tiny built model whose groups come out that large,
 each whole as one queue record.
@@ -21,8 +23,7 @@ from asyncrl.orchestrator.rules import Rules
 from asyncrl.records import Group, Task, Trajectory, Turn
 from asyncrl.rollout.runners import FlatRunner
 from asyncrl.signal import group_size_for, signal_share
-from asyncrl.telemetry.reports import GroupReport
-from helpers import TINY_MODEL, wait_for
+from helpers import TINY_MODEL, training_group, wait_for
 
 
 def _cfg(*extra: str) -> RunConfig:
@@ -55,20 +56,8 @@ def test_rare_buckets_get_the_smallest_size_that_gives_half_the_groups_a_differe
     assert c.group_sizes(base=16, most=32, band_low=0.15) == {"rarest:2": 32}  # never below the base
 
 
-def _report(bucket: str, rewards: list[float]) -> GroupReport:
-    outcomes = ["success" if r > 0 else "failure" for r in rewards]
-    return GroupReport(
-        bucket=bucket,
-        started=0.0,
-        heldout=False,
-        outcomes=outcomes,
-        rewards=rewards,
-        anomalies=[None] * len(rewards),
-    )
-
-
 def test_the_orchestrator_publishes_the_sizes_only_when_switched_on() -> None:
-    rare = [_report("calc:1", [1.0] + [0.0] * 15), _report("calc:1", [0.0] * 16)]  # 1 of 32
+    rare = [training_group("calc:1", [1.0] + [0.0] * 15), training_group("calc:1", [0.0] * 16)]  # 1 of 32
     on = Rules(_cfg("rollout.adaptive_group_size=true"), None, buckets=["calc:1"])
     off = Rules(_cfg(), None, buckets=["calc:1"])
     for rules in (on, off):
@@ -104,7 +93,9 @@ def test_a_ticket_admits_budgets_and_plays_its_own_size(tmp_path: Path) -> None:
     assert admission.episodes == 0
 
 
-def test_a_worker_on_a_tiny_model_plays_the_bucket_size_whole(tmp_path: Path) -> None:
+def test_a_worker_on_a_tiny_model_plays_the_bucket_size_whole_at_its_temperature(tmp_path: Path) -> None:
+    """The directives' ``group_sizes`` and ``temperature_factors`` (:mod:`asyncrl.orchestrator.temperature`)
+    reach the episodes a real worker plays."""
     from asyncrl.policy import Policy
     from asyncrl.rollout.worker import RolloutWorker
     from asyncrl.transport import make_queue
@@ -125,7 +116,8 @@ def test_a_worker_on_a_tiny_model_plays_the_bucket_size_whole(tmp_path: Path) ->
     state.begin(resume=False)
     worker = RolloutWorker(cfg, tmp_path, 0)
     sizes = {b: 11 for b in worker.control.buckets}  # every bucket: 11 episodes, above the cap of 8
-    state.publish_directives(Directives(group_sizes=sizes, at=time.time()))
+    hot = {b: 1.3 for b in worker.control.buckets}
+    state.publish_directives(Directives(group_sizes=sizes, temperature_factors=hot, at=time.time()))
     thread = threading.Thread(target=asyncio.run, args=(worker.run(),), daemon=True)
     thread.start()
     queue = make_queue(cfg.transport, tmp_path)
@@ -137,5 +129,7 @@ def test_a_worker_on_a_tiny_model_plays_the_bucket_size_whole(tmp_path: Path) ->
     groups: list[Group] = [d.group for d in queue.get_batch(10, timeout=1.0, consumer="trainer")]
     assert len(groups) >= 2
     assert all(g.episodes == 11 and len({t.group_id for t in g.members}) == 1 for g in groups)
+    base = cfg.rollout.sampling.temperature
+    assert {t.sampling.temperature for g in groups for t in g.members} == {1.3 * base}
     # every ticket admitted 11 episodes: delivered whole, or given back whole when the stop cancelled it
     assert state.store.get("admitted") == 11 * int(queue.stats().put_total) + state.store.get("released")

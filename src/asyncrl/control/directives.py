@@ -20,7 +20,9 @@ open breakers and the curriculum floor for half-open ones (:func:`compose`). Eac
   the least-loaded worker by steps, not by episode count;
 * tells a worker named in ``retire`` to stop starting groups (elastic scale-down);
 * sizes a training group by its bucket's entry in ``group_sizes`` (``rollout.adaptive_group_size``:
-  larger groups for buckets of rare success), ``rollout.group_size`` elsewhere.
+  larger groups for buckets of rare success), ``rollout.group_size`` elsewhere;
+* samples a bucket's episodes at its ``temperature_factors`` entry × ``rollout.sampling.temperature``
+  (``orchestrator.signal.raise_temperature``: a hotter bucket where the policy became deterministic).
 
 Group reports
 -------------
@@ -65,6 +67,9 @@ class Directives:
     group_sizes: dict[str, int] = field(default_factory=dict)
     """Bucket -> the size of its training groups where it is not ``rollout.group_size``
     (``rollout.adaptive_group_size``)."""
+    temperature_factors: dict[str, float] = field(default_factory=dict)
+    """Bucket -> the factor on ``rollout.sampling.temperature`` its episodes are sampled at, where it is
+    not 1 (``orchestrator.signal.raise_temperature``: :mod:`asyncrl.orchestrator.temperature`)."""
     at: float = 0.0
 
     def to_doc(self) -> dict[str, Any]:
@@ -87,6 +92,7 @@ def compose(
     workers: list[str],
     retire: list[str],
     group_sizes: dict[str, int] | None = None,
+    temperature_factors: dict[str, float] | None = None,
 ) -> Directives:
     w = {b: x * drift_factors.get(b, 1.0) for b, x in weights.items()}
     for b in half_open:
@@ -102,6 +108,7 @@ def compose(
         workers=sorted(workers),
         retire=sorted(retire),
         group_sizes=dict(group_sizes or {}),
+        temperature_factors=dict(temperature_factors or {}),
         at=time.time(),
     )
 

@@ -92,6 +92,11 @@ class WorkerControl:
         base = self.cfg.rollout.group_size
         return base if heldout else self.directives().group_sizes.get(bucket_of(task), base)
 
+    def temperature_factor(self, task: Task) -> float:
+        """The factor on ``rollout.sampling.temperature`` for ``task``'s episodes: its bucket's entry in the
+        directives (``orchestrator.signal.raise_temperature``), else 1."""
+        return self.directives().temperature_factors.get(bucket_of(task), 1.0)
+
     def temperature_jitter(self) -> float:
         return self._exploration(self.directives()).temperature_jitter
 

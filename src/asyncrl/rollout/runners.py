@@ -51,13 +51,19 @@ class EpisodePlayer:
     worker: str
     rng: random.Random
     jitter: Callable[[], float]
+    factor: Callable[[Task], float]
+    """The task's factor on ``rollout.sampling.temperature`` (the orchestrator's entropy-collapse counter)."""
 
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
     ) -> list[Trajectory]:
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
-        base = SamplingParams(**self.cfg.rollout.sampling.model_dump())
+        sampling = self.cfg.rollout.sampling
+        base = SamplingParams(
+            **sampling.model_dump(exclude={"temperature"}),
+            temperature=sampling.temperature * self.factor(task),
+        )
         env = make_env(self.cfg.env, self.rng.randrange(2**31))
         settings = EpisodeSettings(
             self.cfg.env.max_turns,

@@ -340,8 +340,9 @@ class RolloutWorker:
             play = AgentPlayer(self.agent)
         else:
             jitter = self.control.temperature_jitter
+            factor = self.control.temperature_factor
             play = EpisodePlayer(
-                self.cfg, batcher, self.renderer, self.max_context, self.name, self.rng, jitter
+                self.cfg, batcher, self.renderer, self.max_context, self.name, self.rng, jitter, factor
             )
         return make_runner(self.cfg, play)
 
