@@ -9,6 +9,7 @@ from typing import Any
 
 from asyncrl.envs.base import AnyEnvironment, StepResult, call_env
 from asyncrl.records import Task
+from asyncrl.telemetry.reports import GroupReport
 
 TINY_RUN = [  # the core of a small, quick training run; each file adds its sizes (held-out, batch, steps)
     "model.max_context=256",
@@ -120,3 +121,16 @@ def run_texts_sync(env: AnyEnvironment, task: Task, texts: Sequence[str]) -> lis
         return results
 
     return asyncio.run(go())
+
+
+def training_group(bucket: str, rewards: list[float]) -> GroupReport:
+    """The ``rollout/group`` report of a finished training group of ``bucket`` (success: reward > 0)."""
+    outcomes = ["success" if r > 0 else "failure" for r in rewards]
+    return GroupReport(
+        bucket=bucket,
+        started=0.0,
+        heldout=False,
+        outcomes=outcomes,
+        rewards=rewards,
+        anomalies=[None] * len(rewards),
+    )

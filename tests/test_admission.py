@@ -110,7 +110,7 @@ class ScriptedPlayer:
 def test_a_flat_runner_returns_the_whole_group_and_settles_its_load(admission: Admission) -> None:
     ticket = admission.admit(0)
     assert ticket is not None
-    group = asyncio.run(FlatRunner(ScriptedPlayer(samples=2), G).run(ticket, TASK))
+    group = asyncio.run(FlatRunner(ScriptedPlayer(samples=2)).run(ticket, TASK))
     assert len(group) == 2 * G and group.episodes == G and group.tree is None
     assert all(t.group_id == group.id for t in group.members)
     ticket.deliver(group)

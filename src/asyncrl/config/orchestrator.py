@@ -118,6 +118,17 @@ class SignalConfig(Section):
     """Lower edge of the learnable band of success (below: success is rare, few groups differ)."""
     band_high: float = Field(0.5, ge=0, le=1)
     """Upper edge of the learnable band of success (above: mostly solved, little left to gain)."""
+    raise_temperature: bool = True
+    """Counter entropy collapse per bucket (:mod:`asyncrl.orchestrator.temperature`): after every window of
+    a bucket's training groups, when the share of them with a reward difference is under half of what
+    its success ``p`` predicts (``s(p, G)``: the policy solves some tasks always and others never), raise
+    the bucket's sampling temperature by ``temperature_step`` × ``rollout.sampling.temperature`` (up to
+    ``max_temperature_factor`` × it), with a ``temperature`` alert; lower it a step after a window that
+    is not cold."""
+    temperature_step: float = Field(0.1, gt=0, le=1)
+    """Change of a bucket's temperature factor per decision (a share of ``rollout.sampling.temperature``)."""
+    max_temperature_factor: float = Field(1.5, ge=1, le=10)
+    """Highest factor ``raise_temperature`` puts on ``rollout.sampling.temperature`` for a bucket."""
 
     @model_validator(mode="after")
     def _check(self) -> SignalConfig:

@@ -177,9 +177,21 @@ class RolloutConfig(Section):
     exploration_rate: float = Field(0.0, ge=0, le=1)
     """Share of episodes drawn from the hardest difficulty regardless of curriculum."""
     tree: TreeConfig = Field(default_factory=TreeConfig)
+    adaptive_group_size: bool = False
+    """Give a bucket (task type × difficulty) of rare success larger groups: with ``p`` its success over
+    the curriculum window (once it holds ``orchestrator.curriculum.min_episodes`` episodes) and ``0 < p <
+    orchestrator.signal.band_low``, its training groups get the smallest size ``G`` with ``s(p, G) = 1 −
+    p^G − (1 − p)^G ≥ 1/2`` (half the groups carry a reward difference, :func:`asyncrl.signal.group_size_for`),
+    at least ``group_size`` and at most ``max_group_size``. Other buckets, held-out probes and tree groups
+    keep ``group_size``. A group still travels whole as one record; a batch takes whole groups until it
+    holds ``trainer.batch_size`` samples, so with larger groups a batch may hold up to
+    ``max_group_size − 1`` samples more."""
+    max_group_size: int = Field(32, ge=2, le=1024)
+    """Largest group ``adaptive_group_size`` gives a bucket (episodes; below ``group_size`` it never
+    lowers a group)."""
 
     @property
-    def max_group_size(self) -> int:
-        """Most episodes one group can deliver (a tree with a token budget may exceed ``group_size``)."""
+    def tree_max_leaves(self) -> int:
+        """Most episodes one tree group can deliver (a tree with a token budget may exceed ``group_size``)."""
         tree = self.tree.enabled and self.tree.budget == "tokens"
         return TREE_TOKEN_BUDGET_FACTOR * self.group_size if tree else self.group_size

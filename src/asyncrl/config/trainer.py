@@ -171,6 +171,16 @@ class TrainerConfig(Section):
     once a checkpoint covers it, so a crash loses nothing; dropped ones are acknowledged at once)."""
     keep_checkpoints: int = Field(2, ge=1, le=1000)
     """Checkpoints kept on disk (older ones are deleted)."""
+    skip_equal_reward_groups: bool = True
+    """Leave groups whose members' final rewards are all equal out of the gradient (DAPO's dynamic
+    sampling filter, Yu et al. 2025): a group-relative advantage is zero for every member of such a
+    group, so it only dilutes the loss's normaliser (and the entropy / KL terms). The batch is still
+    consumed whole — its samples' fate is ``trained`` and the step counts — but only the groups with a
+    reward difference are forwarded; a batch with none takes no optimiser step
+    (``trainer/empty_steps``). Applies where an equal-reward group's advantage is zero:
+    ``credit.strategy: outcome`` with a group baseline (``grpo``, ``dr_grpo``, ``rloo``); other
+    strategies train every group. The left-out groups count as ``zero_advantage`` waste (their
+    generation; they cost no training)."""
     buffer_steps: int = Field(4, ge=1, le=100000)
     """Replay-buffer capacity in training steps (× batch_size samples); the oldest groups beyond it
     are evicted and counted as dropped."""

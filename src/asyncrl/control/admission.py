@@ -2,7 +2,8 @@
 of the staleness budget (rule 1, :meth:`RunState.admit`) and what it adds to the worker's in-flight load
 (model turns its episodes may still take — what load balancing compares).
 
-A ticket is admitted for ``group_size`` episodes of ``max_turns`` turns each. While the group runs its
+A ticket is admitted for :attr:`Ticket.size` episodes (``rollout.group_size``, or its bucket's size
+under ``rollout.adaptive_group_size``) of ``max_turns`` turns each; the group runner plays that many. While the group runs its
 episodes report each model turn (:meth:`Ticket.turn_done`) and their end (:meth:`Ticket.episode_done`:
 the turns they did not take go back to the load). When the group is finished, :meth:`Ticket.deliver`
 settles it — episodes that produced nothing go back to the budget (which counts episodes), the worker's
@@ -28,24 +29,29 @@ class Admission:
         self.group_size, self.max_turns = group_size, max_turns
         self.load = 0
         """Model turns the admitted groups' episodes may still take."""
+        self.episodes = 0
+        """Episodes of the open tickets (what ``rollout.concurrent_episodes`` bounds)."""
 
-    def admit(self, worker_version: int) -> Ticket | None:
-        """A ticket for one group if the staleness budget admits it (counted against the version the
-        worker's engine holds), else ``None``."""
-        if not self.state.admit(self.worker, self.group_size, worker_version):
+    def admit(self, worker_version: int, size: int | None = None) -> Ticket | None:
+        """A ticket for one group of ``size`` episodes (default ``group_size``) if the staleness budget
+        admits it (counted against the version the worker's engine holds), else ``None``."""
+        size = self.group_size if size is None else size
+        if not self.state.admit(self.worker, size, worker_version):
             return None
-        return Ticket(self)
+        return Ticket(self, size)
 
 
 class Ticket:
     """One admitted group's claim on the budget and the load (module docstring)."""
 
-    def __init__(self, admission: Admission) -> None:
-        self.admission = admission
-        self.reserved = admission.group_size * admission.max_turns
+    def __init__(self, admission: Admission, size: int) -> None:
+        self.admission, self.size = admission, size
+        """``size``: the episodes admitted, which the group runner plays."""
+        self.reserved = size * admission.max_turns
         """Turns of the load this ticket still holds."""
         self.open = True
         admission.load += self.reserved
+        admission.episodes += size
 
     def turn_done(self) -> None:
         """A model turn of one of the group's episodes is done."""
@@ -60,21 +66,22 @@ class Ticket:
 
     def _close(self) -> None:
         self.admission.load -= self.reserved  # a tree's extra leaves took more than admitted: back up
+        self.admission.episodes -= self.size
         self.reserved, self.open = 0, False
 
     def deliver(self, group: Group) -> None:
         """``group`` is in the queue: its empty episodes go back to the budget, and its samples (more or
-        fewer than the ``group_size`` episodes admitted) are delivered."""
+        fewer than the ``size`` episodes admitted) are delivered."""
         a = self.admission
         state, worker = a.state, a.worker
-        empty = max(0, a.group_size - group.episodes)  # episodes that produced nothing: back to the budget
+        empty = max(0, self.size - group.episodes)  # episodes that produced nothing: back to the budget
         state.release(worker, empty)
-        state.delivered(worker, a.group_size - empty)  # the rest of what was admitted is in the queue
+        state.delivered(worker, self.size - empty)  # the rest of what was admitted is in the queue
         self._close()
 
     def release(self) -> None:
         """The group never reaches the trainer (a held-out probe, nothing produced): its admissions go back."""
-        self.admission.state.release(self.admission.worker, self.admission.group_size)
+        self.admission.state.release(self.admission.worker, self.size)
         self._close()
 
     def __enter__(self) -> Ticket:

@@ -18,7 +18,11 @@ open breakers and the curriculum floor for half-open ones (:func:`compose`). Eac
   load is less than one group's worth (``group_size x max_turns``) above the smallest load among the
   live workers named in ``workers`` (heartbeat within ``control.heartbeat_s``), so new groups go to
   the least-loaded worker by steps, not by episode count;
-* tells a worker named in ``retire`` to stop starting groups (elastic scale-down).
+* tells a worker named in ``retire`` to stop starting groups (elastic scale-down);
+* sizes a training group by its bucket's entry in ``group_sizes`` (``rollout.adaptive_group_size``:
+  larger groups for buckets of rare success), ``rollout.group_size`` elsewhere;
+* samples a bucket's episodes at its ``temperature_factors`` entry × ``rollout.sampling.temperature``
+  (``orchestrator.signal.raise_temperature``: a hotter bucket where the policy became deterministic).
 
 Group reports
 -------------
@@ -60,6 +64,12 @@ class Directives:
     heldout_rate: float = 0.0
     workers: list[str] = field(default_factory=list)
     retire: list[str] = field(default_factory=list)
+    group_sizes: dict[str, int] = field(default_factory=dict)
+    """Bucket -> the size of its training groups where it is not ``rollout.group_size``
+    (``rollout.adaptive_group_size``)."""
+    temperature_factors: dict[str, float] = field(default_factory=dict)
+    """Bucket -> the factor on ``rollout.sampling.temperature`` its episodes are sampled at, where it is
+    not 1 (``orchestrator.signal.raise_temperature``: :mod:`asyncrl.orchestrator.temperature`)."""
     at: float = 0.0
 
     def to_doc(self) -> dict[str, Any]:
@@ -81,6 +91,8 @@ def compose(
     heldout_rate: float,
     workers: list[str],
     retire: list[str],
+    group_sizes: dict[str, int] | None = None,
+    temperature_factors: dict[str, float] | None = None,
 ) -> Directives:
     w = {b: x * drift_factors.get(b, 1.0) for b, x in weights.items()}
     for b in half_open:
@@ -95,6 +107,8 @@ def compose(
         heldout_rate=heldout_rate,
         workers=sorted(workers),
         retire=sorted(retire),
+        group_sizes=dict(group_sizes or {}),
+        temperature_factors=dict(temperature_factors or {}),
         at=time.time(),
     )
 

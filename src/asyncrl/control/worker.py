@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
 from asyncrl.control.buckets import (
+    bucket_of,
     bucket_prior,
     buckets_of_source,
     sample_in_bucket,
@@ -83,6 +84,18 @@ class WorkerControl:
         if self.prior:
             w = {b: x * self.prior.get(b, 0.0) for b, x in w.items()}
         return w
+
+    def group_size(self, task: Task, heldout: bool) -> int:
+        """Episodes of the group to play for ``task``: its bucket's adaptive size for a training group
+        (``rollout.adaptive_group_size``; the orchestrator decides, :mod:`asyncrl.control.directives`),
+        else ``rollout.group_size``."""
+        base = self.cfg.rollout.group_size
+        return base if heldout else self.directives().group_sizes.get(bucket_of(task), base)
+
+    def temperature_factor(self, task: Task) -> float:
+        """The factor on ``rollout.sampling.temperature`` for ``task``'s episodes: its bucket's entry in the
+        directives (``orchestrator.signal.raise_temperature``), else 1."""
+        return self.directives().temperature_factors.get(bucket_of(task), 1.0)
 
     def temperature_jitter(self) -> float:
         return self._exploration(self.directives()).temperature_jitter

@@ -26,7 +26,8 @@ Waste (each a part of one component, never counted twice):
 * ``stale_dropped`` — busy generation cost of the tokens of samples dropped as too stale;
 * ``early_terminated`` — busy generation cost of truncated / timed-out trajectories that were trained
   (outside zero-advantage groups: those are counted there);
-* ``zero_advantage`` — generation and training cost of groups whose rewards were all equal (no signal);
+* ``zero_advantage`` — generation and training cost of groups whose rewards were all equal (no signal;
+  those left out of the gradient, ``trainer.skip_equal_reward_groups``, cost their generation alone);
 * ``masked_tokens`` — training cost of prompt and observation tokens (processed, not learned from);
 * ``failed_env_calls`` — environment cost of calls the guard had to retry.
 """
@@ -71,6 +72,8 @@ class Usage:
     zero_adv_samples: float = 0.0
     zero_adv_tokens: float = 0.0
     zero_adv_model_tokens: float = 0.0
+    zero_adv_skipped_model_tokens: float = 0.0
+    """Of ``zero_adv_model_tokens``: those of groups left out of the gradient (generated, never trained)."""
     samples_generated: float = 0.0
     samples_trained: float = 0.0
     reward_cache_hits: float = 0.0
@@ -137,6 +140,7 @@ def _add_trainer(u: Usage, r: TrainerReport, alive_s: float) -> None:
     u.zero_adv_samples += t.zero_adv_samples
     u.zero_adv_tokens += t.zero_adv_tokens
     u.zero_adv_model_tokens += t.zero_adv_model_tokens
+    u.zero_adv_skipped_model_tokens += t.zero_adv_skipped_model_tokens
     u.weight_bytes += t.bytes_published
     u.samples_trained += t.samples_trained
     u.queue_bytes = max(u.queue_bytes, r.queue.bytes_in)  # a queue-wide total: the newest, not a sum
@@ -206,7 +210,11 @@ def price(u: Usage, cfg: CostConfig, *, success_gain_points: float | None = None
     train_busy = u.trainer_busy_s * dev
     per_gen_token = gen_busy / u.tokens_generated if u.tokens_generated else 0.0
     per_train_token = train_busy / u.tokens_processed if u.tokens_processed else 0.0
-    zero_adv_masked = max(0.0, u.zero_adv_tokens - u.zero_adv_model_tokens)
+    # the prompt and observation tokens of zero-advantage groups the trainer processed (those it left
+    # out of the gradient were never processed: zero_adv_tokens holds none of theirs)
+    zero_adv_masked = max(
+        0.0, u.zero_adv_tokens - (u.zero_adv_model_tokens - u.zero_adv_skipped_model_tokens)
+    )
     per_call = comp["environment"] / u.env_calls if u.env_calls else 0.0
     waste = {
         "idle_devices": max(0.0, (u.rollout_alive_s - u.rollout_busy_s) * dev)

@@ -3,7 +3,8 @@
 Every rule that acts (a breaker opening, a drift alarm, a staleness tightening, a scaling
 decision, suspected reward hacking, an environment fault rate above its threshold, a weight version a
 worker refused because its engine did not serve it as published, training groups without a reward
-difference — a run or bucket that cannot learn) emits one :class:`Alert`. :class:`AlertLog` appends it as a
+difference — a run or bucket that cannot learn —, a bucket's sampling temperature raised against entropy
+collapse) emits one :class:`Alert`. :class:`AlertLog` appends it as a
 JSON line to ``run_dir/alerts.jsonl`` (the run's record), keeps the most recent ones for the live
 display, and counts them by kind (the ``alerts/*`` metrics).
 """
@@ -33,6 +34,7 @@ AlertKind = Literal[
     "stall",
     "weight_canary",
     "no_signal",
+    "temperature",
 ]
 
 

@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from asyncrl.config import CurriculumConfig
+from asyncrl.signal import group_size_for
 
 
 class Curriculum:
@@ -47,6 +48,24 @@ class Curriculum:
             return c.ceiling
         p = sum(q) / len(q)
         return c.floor + (c.ceiling - c.floor) * 4.0 * p * (1.0 - p)
+
+    def measured(self, bucket: str) -> float | None:
+        """The bucket's success once its window holds ``min_episodes`` episodes (``None`` before)."""
+        q = self.outcomes.get(bucket)
+        return sum(q) / len(q) if q is not None and len(q) >= self.c.min_episodes else None
+
+    def group_sizes(self, base: int, most: int, band_low: float) -> dict[str, int]:
+        """Adaptive group size (``rollout.adaptive_group_size``): bucket -> the smallest ``G`` that gives
+        half its groups a reward difference at its measured success ``p``
+        (:func:`asyncrl.signal.group_size_for`), between ``base`` and ``most``, for each bucket of rare
+        success (``0 < p < band_low``) that needs more than ``base``."""
+        out: dict[str, int] = {}
+        for b in sorted(self.outcomes):
+            p = self.measured(b)
+            g = group_size_for(p, 0.5) if p is not None and 0.0 < p < band_low else None
+            if g is not None and g > base:
+                out[b] = max(base, min(most, g))
+        return out
 
     def weights(self) -> dict[str, float]:
         return {b: self.weight(b) for b in sorted(self.outcomes)}

@@ -1,7 +1,7 @@
 """All of the orchestrator's rules behind one object: fed the roles' reports, returns alerts and directives.
 
 :class:`Rules` owns one instance of each rule (curriculum, breakers, environment fault rate, drift,
-reward hacking, exploration, learning signal, elastic capacity) and the alert log; it also turns a
+reward hacking, exploration, learning signal and its temperature counter, elastic capacity) and the alert log; it also turns a
 worker's refusal of a weight version (``weights/canary_failed``) into a ``weight_canary`` alert. The
 orchestrator tick calls :meth:`feed` with the new reports (:mod:`asyncrl.telemetry.reports`, decoded
 once per tick), :meth:`directives` to get the document the workers follow, and :meth:`snapshot` /
@@ -28,6 +28,7 @@ from asyncrl.orchestrator.elastic import ElasticController
 from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.mix import curriculum_shares, env_metrics
 from asyncrl.orchestrator.signal import SignalMonitor
+from asyncrl.orchestrator.temperature import TemperatureRule
 from asyncrl.telemetry.report_envs import EnvTally
 from asyncrl.telemetry.reports import (
     CANARY_FAILED,
@@ -65,6 +66,7 @@ class Rules:
         self.exploration = ExplorationController(c.exploration, r.temperature_jitter, r.exploration_rate)
         self.elastic = ElasticController(c.elastic)
         self.signal = SignalMonitor(c.signal, cfg.signal_window(), r.group_size)
+        self.temperature = TemperatureRule(c.signal, cfg.signal_window())
         self.train_reward: float | None = None
         self.groups = 0
 
@@ -105,6 +107,7 @@ class Rules:
                 out += self.drift.observe(g.bucket, sum(g.rewards) / len(g.rewards), now)
         out += self.exploration.observe(g.rewards)
         out += self.signal.observe(g.bucket, g.rewards, g.outcomes)
+        out += self.temperature.observe(g.bucket, self.signal)
         return out
 
     def env_shares(self) -> dict[str, float]:
@@ -136,6 +139,17 @@ class Rules:
             self.cfg.orchestrator.drift.heldout_rate,
             workers,
             retire,
+            self._group_sizes(),
+            self.temperature.live(),
+        )
+
+    def _group_sizes(self) -> dict[str, int]:
+        """``rollout.adaptive_group_size``: larger groups for buckets of rare success (:meth:`Curriculum.group_sizes`)."""
+        r = self.cfg.rollout
+        if not r.adaptive_group_size or r.tree.enabled:
+            return {}
+        return self.curriculum.group_sizes(
+            r.group_size, r.max_group_size, self.cfg.orchestrator.signal.band_low
         )
 
     def metrics(self, now: float | None = None) -> dict[str, float]:
@@ -143,9 +157,11 @@ class Rules:
         return {
             **self.alerts.metrics(),
             **self.curriculum.metrics(),
+            **{f"curriculum/group_size/{b}": float(g) for b, g in self._group_sizes().items()},
             **self.breakers.metrics(),
             **self.drift.metrics(now),
             **self.signal.metrics(),
+            **self.temperature.metrics(),
             "hacking/flags": float(self.hacking.flags),
             "exploration/temperature_jitter": self.exploration.jitter,
             "exploration/rate": self.exploration.rate,
@@ -165,6 +181,7 @@ class Rules:
             "exploration": self.exploration.snapshot(),
             "elastic": self.elastic.snapshot(),
             "signal": self.signal.snapshot(),
+            "temperature": self.temperature.snapshot(),
             "faults": self.faults.snapshot(),
             "env_counts": {k: msgspec.to_builtins(v) for k, v in self.env_counts.items()},
             "train_reward": self.train_reward,
@@ -180,6 +197,7 @@ class Rules:
         self.exploration.restore(doc["exploration"])
         self.elastic.restore(doc["elastic"])
         self.signal.restore(doc.get("signal", {}))  # absent in snapshots written before the rule existed
+        self.temperature.restore(doc.get("temperature", {}))  # likewise
         if "faults" in doc:  # absent in snapshots written before the fault-rate alert existed
             self.faults.restore(doc["faults"])
             counts = doc.get("env_counts", {})

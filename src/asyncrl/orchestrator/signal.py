@@ -71,6 +71,11 @@ class SignalMonitor:
         n = sum(g.size for g in q) if q else 0
         return sum(g.successes for g in q) / n if q and n else None
 
+    def mean_size(self, key: str) -> int:
+        """The window's mean group size, rounded (the configured size before any group)."""
+        q = self.windows.get(key)
+        return round(sum(g.size for g in q) / len(q)) if q else self.group_size
+
     def _check(self, key: str) -> Alert | None:
         q, share = self.windows[key], self.no_signal_share(key)
         if share is None or len(q) < self.window:

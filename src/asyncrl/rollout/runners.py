@@ -51,13 +51,19 @@ class EpisodePlayer:
     worker: str
     rng: random.Random
     jitter: Callable[[], float]
+    factor: Callable[[Task], float]
+    """The task's factor on ``rollout.sampling.temperature`` (the orchestrator's entropy-collapse counter)."""
 
     async def __call__(
         self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
     ) -> list[Trajectory]:
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
-        base = SamplingParams(**self.cfg.rollout.sampling.model_dump())
+        sampling = self.cfg.rollout.sampling
+        base = SamplingParams(
+            **sampling.model_dump(exclude={"temperature"}),
+            temperature=sampling.temperature * self.factor(task),
+        )
         env = make_env(self.cfg.env, self.rng.randrange(2**31))
         settings = EpisodeSettings(
             self.cfg.env.max_turns,
@@ -94,14 +100,14 @@ class AgentPlayer:
 
 @dataclass
 class FlatRunner:
-    """``group_size`` independent episodes, played concurrently."""
+    """The ticket's :attr:`~asyncrl.control.admission.Ticket.size` independent episodes (``group_size``, or
+    the bucket's adaptive size), played concurrently."""
 
     play: Player
-    group_size: int
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
         gid = new_id()
-        episodes = await asyncio.gather(*(self.play(ticket, task, gid) for _ in range(self.group_size)))
+        episodes = await asyncio.gather(*(self.play(ticket, task, gid) for _ in range(ticket.size)))
         return Group.of(task, [t for ts in episodes for t in ts], id=gid, heldout=heldout)
 
 
@@ -111,7 +117,7 @@ class TreeRunner:
 
     def __init__(self, cfg: RunConfig, play: Player) -> None:
         self.cfg, self.play = cfg, play
-        self.flat = FlatRunner(play, cfg.rollout.group_size)
+        self.flat = FlatRunner(play)
 
     async def run(self, ticket: Ticket, task: Task, heldout: bool = False) -> Group:
         if heldout:
@@ -123,7 +129,7 @@ class TreeRunner:
             (traj,) = await self.play(ticket, task, gid, [t.token_ids for t in prefix])
             return traj
 
-        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.max_group_size)
+        trajs, stats = await grow_tree(leaf, rc.tree, rc.group_size, rc.tree_max_leaves)
         return Group.of(task, trajs, id=gid, tree=stats)
 
 
@@ -131,4 +137,4 @@ def make_runner(cfg: RunConfig, play: Player) -> GroupRunner:
     """The runner of ``cfg``'s groups, playing episodes with ``play``."""
     if cfg.rollout.tree.enabled:
         return TreeRunner(cfg, play)
-    return FlatRunner(play, cfg.rollout.group_size)
+    return FlatRunner(play)

@@ -24,7 +24,7 @@ entropy there: where the policy was least sure, a branch is most informative).
 
 Budget (``rollout.tree.budget``): ``leaves`` — exactly ``group_size`` episodes, as a flat group;
 ``tokens`` — episodes until the generated (not replayed) tokens reach ``group_size`` × the roots'
-mean, at most :meth:`~asyncrl.config.RolloutConfig.max_group_size` episodes.
+mean, at most :meth:`~asyncrl.config.RolloutConfig.tree_max_leaves` episodes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A rollout worker process: many concurrent episodes, one batched engine, trajectories to the queue.
 
 The worker keeps up to ``rollout.concurrent_episodes`` episodes running. It starts a new *group*
-(``group_size`` episodes of one task) only when the staleness budget admits it and the queue is
+(``group_size`` episodes of one task, or its bucket's
+adaptive size: ``rollout.adaptive_group_size``) only when the staleness budget admits it and the queue is
 not above high water (rules in :mod:`asyncrl.staleness`; the budget counts a group
 against the worker's own weight version). Before starting, it loads newer weights whenever it may
 (always in ``async`` mode, otherwise only with no episode running) and starts nothing while its
@@ -339,15 +340,16 @@ class RolloutWorker:
             play = AgentPlayer(self.agent)
         else:
             jitter = self.control.temperature_jitter
+            factor = self.control.temperature_factor
             play = EpisodePlayer(
-                self.cfg, batcher, self.renderer, self.max_context, self.name, self.rng, jitter
+                self.cfg, batcher, self.renderer, self.max_context, self.name, self.rng, jitter, factor
             )
         return make_runner(self.cfg, play)
 
-    async def _admit(self, batcher: TurnBatcher, busy: bool) -> Ticket | None:
+    async def _admit(self, batcher: TurnBatcher, busy: bool, size: int) -> Ticket | None:
         """Rule 2, then rule 1: load newer weights whenever allowed (``sync`` / ``one_step_off``: only with
         no group running, ``busy``), so that the budget counts the next group against the version it will
-        use; a ticket when the worker is not too stale and the budget admits a group."""
+        use; a ticket when the worker is not too stale and the budget admits a group of ``size``."""
         bound = self.state.effective_max_staleness()
         newest = self.weights.newest_valid()
         if newest > self.engine.version and (self.staleness.inflight_updates or not busy):
@@ -356,7 +358,13 @@ class RolloutWorker:
             newest = self.weights.newest_valid()  # the load may have set a corrupt version aside
         if self.staleness.must_refresh(self.engine.version, newest, bound):
             return None
-        return self.admission.admit(int(self.engine.version))
+        return self.admission.admit(int(self.engine.version), size)
+
+    def _next_group(self) -> tuple[Task, bool, int]:
+        """The next group to start: its task (curriculum, breakers, exploration), whether it is a
+        held-out probe, and its size (``rollout.adaptive_group_size``)."""
+        task, heldout = self.control.next_task(self.rng)
+        return task, heldout, self.control.group_size(task, heldout)
 
     async def run(self) -> None:
         """The worker loop: refresh → admit → run → deliver, up to ``rollout.concurrent_episodes``."""
@@ -371,8 +379,8 @@ class RolloutWorker:
         )
         runner = await self._runner(batcher)
         running: set[asyncio.Task[None]] = set()
-        G = self.cfg.rollout.group_size
-        cap = max(self.cfg.rollout.concurrent_episodes, G)
+        cap = self.cfg.rollout.concurrent_episodes
+        nxt: tuple[Task, bool, int] | None = None  # the next group: drawn once, started once admitted
         last_report = time.time()
         while not self.state.stopping():
             started = False
@@ -380,13 +388,14 @@ class RolloutWorker:
             self.control.publish_load(load)
             if self.control.retiring() and not running:
                 break  # elastic scale-down: every admitted group delivered
-            if len(running) * G + G <= cap and not self.control.retiring() and self.control.may_take(load):
-                ticket = await self._admit(batcher, bool(running))
+            task, heldout, size = nxt = nxt or self._next_group()
+            room = self.admission.episodes + size <= max(cap, size)  # a group larger than the cap runs alone
+            if room and not self.control.retiring() and self.control.may_take(load):
+                ticket = await self._admit(batcher, bool(running), size)
                 if ticket is not None:
                     self.control.publish_load(self.admission.load, force=True)
-                    task, heldout = self.control.next_task(self.rng)  # curriculum, breakers, exploration
                     running.add(asyncio.create_task(self._run_group(runner, ticket, task, heldout)))
-                    started = True
+                    nxt, started = None, True
             for t in [t for t in running if t.done()]:
                 running.discard(t)
                 t.result()  # an unexpected error propagates to the supervisor (restart)

@@ -264,6 +264,13 @@ class TrainerFigures(Figures):
     zero_adv_samples: float = 0.0
     zero_adv_tokens: float = 0.0
     zero_adv_model_tokens: float = 0.0
+    zero_adv_skipped_samples: float = 0.0
+    """Of ``zero_adv_samples``: those left out of the gradient (``trainer.skip_equal_reward_groups``)."""
+    zero_adv_skipped_model_tokens: float = 0.0
+    """Of ``zero_adv_model_tokens``: those of samples left out of the gradient (never forwarded, so not
+    in ``zero_adv_tokens`` or ``tokens_processed``)."""
+    empty_steps: float = 0.0
+    """Steps whose every group was left out of the gradient: no optimiser step."""
     dropped_stale_tokens: float = 0.0
     dropped_other_tokens: float = 0.0
     bytes_published: float = 0.0

@@ -13,7 +13,9 @@ and not before:
   the fate is written to the ledger now and the entry acknowledged now. Such a fate does not
   depend on the model's weights, so no checkpoint has to cover it;
 * **trained**: the fate is written and the entry acknowledged right after the next checkpoint is on
-  disk — the weights that learnt from it must be durable first. A crash before that leaves the
+  disk — the weights that learnt from it must be durable first. A group the learner left out of the
+  gradient (no reward difference, ``trainer.skip_equal_reward_groups``) was consumed by its step all
+  the same: its fate is ``trained`` too, on the same terms. A crash before that leaves the
   entry un-acknowledged: it is redelivered after its lease and the resumed trainer (restored to that
   checkpoint, whose consumed ids are the ledger) trains it once;
 * **buffered** (no fate yet): held under its lease; an expired lease is redelivered to the trainer,

@@ -1,6 +1,8 @@
 """The learner: one training step on a batch of trajectories.
 
-A step: collate (right-padded tensors) → advantages (credit) → proximal log-probs under the
+A step: leave out the groups without a reward difference (``trainer.skip_equal_reward_groups``,
+:mod:`asyncrl.trainer.zero_signal`; none left: nothing runs) → collate (right-padded tensors) →
+advantages (credit) → proximal log-probs under the
 weights at the start of the step → epochs × minibatches of the unified policy loss with the
 staleness age of every token → approximate-KL early stop → gradient clip → optimiser and LR
 schedule step. A step whose loss or gradients are not finite anywhere is undone as a whole and
@@ -53,6 +55,7 @@ from asyncrl.policy.packing import shared_microbatches
 from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.records import Group, Trajectory, members
 from asyncrl.trainer.parallel import Parallel, Single
+from asyncrl.trainer.zero_signal import Split
 
 if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
@@ -227,7 +230,24 @@ class Learner:
 
     def step(self, groups: Sequence[Group], version: int) -> dict[str, float]:
         """Train on the members of ``groups`` at weight ``version``; returns metrics (``train/skipped``
-        = 1 if not finite)."""
+        = 1 if not finite). Groups without a reward difference are left out of the gradient
+        (``trainer.skip_equal_reward_groups``, :mod:`asyncrl.trainer.zero_signal`); with none left the
+        step runs nothing (``train/samples`` 0: no forward, no optimiser or LR step). The reward figures
+        are the whole batch's."""
+        split = Split.of(groups, self.cfg)
+        trajs = members(groups)
+        metrics = {
+            **split.metrics(),
+            "reward/mean": float(sum(t.final_reward for t in trajs) / len(trajs)),
+            "reward/success_rate": sum(t.outcome == "success" for t in trajs) / len(trajs),
+        }
+        if not split.kept:
+            lr = float(self.scheduler.get_last_lr()[0])
+            return metrics | {"train/skipped": 0.0, "train/samples": 0.0, "train/tokens": 0.0, "train/lr": lr}
+        return self._train(split.kept, version) | metrics
+
+    def _train(self, groups: Sequence[Group], version: int) -> dict[str, float]:
+        """:meth:`step` on the groups it keeps."""
         algo = self.cfg.algo
         self.parallel.release()  # a gathered full state is about to go stale
         pad = self.policy.tokenizer.pad_token_id
@@ -262,8 +282,6 @@ class Learner:
                 "train/samples": float(len(trajs)),
                 "staleness/mean": float(ages.mean()) if ages.numel() else 0.0,
                 "staleness/max": float(ages.max()) if ages.numel() else 0.0,
-                "reward/mean": float(sum(t.final_reward for t in trajs) / len(trajs)),
-                "reward/success_rate": sum(t.outcome == "success" for t in trajs) / len(trajs),
                 "length/mean_tokens": float(host.attn.sum(1).float().mean()),
             }
         )

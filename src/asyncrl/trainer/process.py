@@ -43,6 +43,7 @@ from asyncrl.telemetry.trainer import TrainerTelemetry
 from asyncrl.trainer.buffer import Dropped, ReplayBuffer
 from asyncrl.trainer.distributed import Checkpoint, Init, Step, Stop
 from asyncrl.trainer.intake import Intake
+from asyncrl.trainer.zero_signal import Split, differs
 from asyncrl.transport import make_queue
 
 if TYPE_CHECKING:
@@ -296,14 +297,23 @@ class TrainerRole:
             self.state.mark_trainer_finished()
 
     def _tally_batch(self, batch: list[Group]) -> None:
-        """Token accounting for the cost ledger: trained, processed, and zero-signal groups."""
-        for t in members(batch):
-            self.own.samples_trained += 1
+        """Token accounting for the cost ledger: trained, processed, and zero-signal groups — those the
+        learner left out (generation cost only: never forwarded) and those it trained all the same."""
+        split = Split.of(batch, self.cfg)
+        self.own.empty_steps += not split.kept
+        self.own.samples_trained += len(members(batch))  # every sample of the step: fate ``trained``
+        for t in members(split.kept):
             self.own.tokens_trained += t.num_model_tokens()
             self.own.tokens_processed += len(t.token_ids())
-        for group in batch:
+        for group in split.left_out:
+            model_tokens = sum(m.num_model_tokens() for m in group.members)
+            self.own.zero_adv_samples += len(group.members)
+            self.own.zero_adv_model_tokens += model_tokens
+            self.own.zero_adv_skipped_samples += len(group.members)
+            self.own.zero_adv_skipped_model_tokens += model_tokens
+        for group in split.kept:
             rows = group.members
-            if len(rows) > 1 and len({m.final_reward for m in rows}) == 1:  # advantage 0 everywhere
+            if not differs(group):  # trained, advantage 0 everywhere
                 self.own.zero_adv_samples += len(rows)
                 self.own.zero_adv_tokens += sum(len(m.token_ids()) for m in rows)
                 self.own.zero_adv_model_tokens += sum(m.num_model_tokens() for m in rows)
