@@ -27,8 +27,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
+from asyncrl.engine.cpu.packed import PackedForward, PackedLinear, pack, packable, packed_linear
 from asyncrl.engine.decode import BufferLayer
-from asyncrl.engine.packed import PackedLinear
 
 FUSABLE = {
     "llama": ("LlamaAttention", "LlamaMLP"),
@@ -56,7 +56,7 @@ class FusedLinear(torch.nn.Module):
     def repack(self) -> None:
         """Stack and pack the parts' weights as they are now."""
         weight = torch.cat([p.weight.detach() for p in self.parts])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        self.packed = pack(weight)
         biases = [p.bias for p in self.parts]
         if all(b is None for b in biases):
             self.bias = None
@@ -69,8 +69,7 @@ class FusedLinear(torch.nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return out
+        return packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={len(self.parts)}, packed"
@@ -249,8 +248,9 @@ class FusedDecoder(torch.nn.Module):
 
 
 def fusable(model: PreTrainedModel) -> bool:
-    """Whether :class:`FusedDecoder` computes ``model``'s decode step: a known Llama-layout model (no
-    sliding window, no logit scaling) whose linear layers are all :class:`PackedLinear` s."""
+    """Whether :class:`FusedDecoder` computes ``model``'s forward once its linears are packed: a known
+    Llama-layout model (no sliding window, no logit scaling) whose linear layers
+    :func:`~asyncrl.engine.cpu.packed.pack_linears` all packs."""
     cfg = model.config.to_dict()
     names = FUSABLE.get(str(cfg.get("model_type", "")))
     children = dict(model.named_children())
@@ -259,7 +259,7 @@ def fusable(model: PreTrainedModel) -> bool:
         return False
     if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
         return False
-    if not isinstance(children.get("lm_head"), PackedLinear):
+    if not packable(children.get("lm_head", torch.nn.Identity())):
         return False
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -274,6 +274,42 @@ def fusable(model: PreTrainedModel) -> bool:
             mlp.up_proj,
             mlp.down_proj,
         ]
-        if not all(isinstance(m, PackedLinear) for m in linears):
+        if not all(packable(m) for m in linears):
             return False
     return True
+
+
+class FusedForward(PackedForward):
+    """Packed linears, and growing-cache decode steps (and, with ``fused_prefill``, prefills) through
+    :class:`FusedDecoder`. Its stacked q/k/v and gate/up copies decode; their parts keep no packed copy of
+    their own and run only in the model's forward (``fused_prefill`` off), as plain ``linear``."""
+
+    def __init__(self, model: PreTrainedModel, fused_prefill: bool) -> None:
+        super().__init__(model)
+        self.fused = FusedDecoder(model)
+        self.fused_prefill = fused_prefill
+        stacked = {id(p) for stack in self.fused.stacks() for p in stack.parts}
+        for layer in self.packed:
+            if id(layer) in stacked:
+                layer.unpack()
+        self.packed = [layer for layer in self.packed if id(layer) not in stacked]
+
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        logits: torch.Tensor = self.fused(tokens, positions, valid, cache)
+        return logits
+
+    def prefill(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        if self.fused_prefill:
+            return self.fused.prefill(tokens, positions, allowed, cache)
+        return super().prefill(tokens, positions, allowed, cache)
+
+    def repack(self, changed: set[int] | None) -> None:
+        super().repack(changed)
+        self.fused.repack(changed)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model, self.fused]
