@@ -30,7 +30,7 @@ def main() -> None:
 
     _, engine = smollm2_lora_engine([2])
     assert isinstance(engine.forward, FusedForward)
-    parts = [p for stack in engine.forward.fused.stacks() for p in stack.parts]
+    parts = [p for stack in engine.forward.fused.stacks for p in stack.parts]
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(100, 10_000, (228,), generator=g).tolist()
     turn1 = [prefix + torch.randint(100, 10_000, (40,), generator=g).tolist() for _ in range(10)]

@@ -602,16 +602,16 @@ def test_a_load_repacks_what_it_changed() -> None:
     engine = uncached_engine(policy, max_batch=32)
     fwd = engine.forward
     assert isinstance(fwd, FusedForward)
-    parts = [p for stack in fwd.fused.stacks() for p in stack.parts]
+    parts = [p for stack in fwd.fused.stacks for p in stack.parts]
     assert len(parts) == 5 * len(fwd.fused.layers) and all(p.packed is None for p in parts)
     assert not {id(p) for p in parts} & {id(p) for p in fwd.packed}
     head, o_proj = engine.model.lm_head, engine.model.model.layers[0].self_attn.o_proj
-    before = head.packed, o_proj.packed, fwd.fused.stacks()[0].packed
+    before = head.packed, o_proj.packed, fwd.fused.stacks[0].packed
     prompts = random_prompts(9, 2, 40, seed=5)
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=12)
     engine.load_weights(1, adapter(policy, 7, 0.1))
     assert head.packed is before[0] and o_proj.packed is not before[1]
-    assert fwd.fused.stacks()[0].packed is not before[2]
+    assert fwd.fused.stacks[0].packed is not before[2]
     samples = engine.generate(prompts, sp)
     assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 9), "after an adapter load")
     g = torch.Generator().manual_seed(11)
@@ -753,7 +753,7 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
 def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe's teacher-forced decode steps run the fused step (what is served), at the trainer's
     log-probs; a stacked copy left stale by a load is seen by the probe."""
-    from asyncrl.engine.cpu.fused import FusedForward
+    from asyncrl.engine.cpu.fused import FusedForward, FusedLinear
     from asyncrl.policy.canary import probe_logprobs
 
     steps = count_fused_steps(monkeypatch)
@@ -766,7 +766,7 @@ def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.Mon
         max(abs(a - b) for a, b in zip(got, probe_logprobs(policy.model, ids), strict=True)) < LOGPROB_TOL_MAX
     )
     assert steps == [2] * 16  # two rows, 16 decode steps
-    engine.forward.fused.repack = lambda changed=None: None  # type: ignore[method-assign]  # a load that leaves it stale
+    monkeypatch.setattr(FusedLinear, "repack", lambda self: None)  # a load that leaves the stacks stale
     engine.load_weights(1, adapter(policy, 7, 0.1))
     stale = engine.probe(ids)
     assert max(abs(a - b) for a, b in zip(stale, probe_logprobs(policy.model, ids), strict=True)) > 1e-3

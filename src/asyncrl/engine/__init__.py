@@ -17,14 +17,7 @@ if TYPE_CHECKING:
     from asyncrl.config import EngineConfig
     from asyncrl.policy.model import Policy
 
-__all__ = [
-    "GenerationEngine",
-    "HFEngine",
-    "Sample",
-    "check_requests",
-    "make_engine",
-    "read_weights",
-]
+__all__ = ["GenerationEngine", "HFEngine", "Sample", "check_requests", "make_engine", "read_weights"]
 
 
 def make_engine(

@@ -121,7 +121,6 @@ class StaticDecoder:
         graphs: bool,
         graph_pool: Any = None,
     ) -> None:
-        """``attn``: the model's attention implementation (:attr:`asyncrl.engine.forward.Forward.attn`)."""
         self.model, self.attn, self.rows, self.cache_len = model, attn, rows, cache_len
         dev = next(model.parameters()).device
         self.cache = StaticCache(config=model.config, max_cache_len=cache_len)

@@ -4,17 +4,16 @@ causal LM in this process, a KV cache, optional static decoding with CUDA graphs
 The interface, the behaviour log-prob definition it implements and the one weight-load method:
 :mod:`asyncrl.engine.base`.
 
-With a prefix cache (``prefix_cache_mb > 0``) each row's KV is kept after a call
+With a prefix cache (``prefix_cache``) each row's KV is kept after a call
 (:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept sequence prefills only
 its new tokens (the layout: :meth:`asyncrl.engine.prefill.Prefill._level`).
 
 With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl.policy.lora.MergedCopy`
 instead (:attr:`HFEngine.merged`, :attr:`HFEngine.model`; ``policy.model`` stays the PEFT model that loads
 are validated against): plain weights with the adapter folded in, so a decode step runs no adapter matmuls.
-Growing-cache decode steps and prefills run through :attr:`HFEngine.forward`
-(:class:`~asyncrl.engine.forward.Forward`: the model's own forward, or on a CPU the fast path of
-:mod:`asyncrl.engine.cpu` over the copy's packed weights). Everything derived from the
-weights (the fold, the fast path's packed copies) is rebuilt at every :meth:`HFEngine.load_weights`.
+Growing-cache decode steps and prefills run through :attr:`HFEngine.forward` (:mod:`asyncrl.engine.forward`;
+on a CPU, :mod:`asyncrl.engine.cpu`'s fast path over the copy's packed weights). Everything derived from
+the weights is rebuilt at every :meth:`HFEngine.load_weights`.
 :meth:`HFEngine.fingerprint` then reports the adapter the copy was folded from and :meth:`HFEngine.probe`
 runs on the copy: the weight-sync canary checks what is served.
 """

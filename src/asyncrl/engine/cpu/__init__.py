@@ -1,16 +1,9 @@
-"""The built-in engine's CPU fast path, behind :class:`~asyncrl.engine.forward.Forward` (the questions the
-engine asks of a forward pass): :func:`make_forward` picks the answer once, at the engine's construction.
-
-* :class:`~asyncrl.engine.cpu.fused.FusedForward` (``fused_decode``): the merged copy's linears packed and a
-  written-out Llama-layout forward for decode steps (and prefills: ``fused_prefill``),
-  :mod:`asyncrl.engine.cpu.fused`;
-* :class:`~asyncrl.engine.cpu.packed.PackedForward` (``packed_linear``): the linears packed, the model's own
-  forward, :mod:`asyncrl.engine.cpu.packed`;
-* :class:`~asyncrl.engine.forward.Forward`: the model's own forward (a GPU, no merged LoRA copy, the
-  switches off, or torch / transformers releases this code was not written for: :data:`WRITTEN_FOR`).
-
-One log line says why a part the config asks for is off. :mod:`asyncrl.engine.cpu.head_padding` is the other
-CPU piece: vLLM's CPU attention kernels take only some head sizes.
+"""The built-in engine's CPU fast path behind :class:`~asyncrl.engine.forward.Forward`; :func:`make_forward`
+picks, once: :class:`~asyncrl.engine.cpu.fused.FusedForward` (``fused_decode``: packed linears and a
+written-out Llama-layout forward), :class:`~asyncrl.engine.cpu.packed.PackedForward` (``packed_linear``) or
+the model's own forward (a GPU, no merged LoRA copy, the switches off, or releases the code was not written
+for: :data:`WRITTEN_FOR`), with one log line saying why a part asked for is off. Also here:
+:mod:`~asyncrl.engine.cpu.head_padding`, for vLLM's CPU attention kernels.
 """
 
 from __future__ import annotations
@@ -38,8 +31,8 @@ stable interface, so under any other release the plain forward runs."""
 def unsupported_release() -> str | None:
     """Why this process's torch or transformers is not a release the fast path was written for, or ``None``
     (a local build of the release, ``2.13.0+cpu``, is that release)."""
-    for name, want in WRITTEN_FOR.items():
-        have = str(importlib.import_module(name).__version__)  # the module now loaded (peft swaps transformers')
+    for name, want in WRITTEN_FOR.items():  # the modules now loaded (importing peft swaps transformers')
+        have = str(importlib.import_module(name).__version__)
         if Version(have).public != want:
             return f"{name} {have} is not {want}, the release it was written for"
     return None
