@@ -160,9 +160,8 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_ref:
-            base = baseline_engine_class(
-                args.baseline_ref, Path(tmp)
-            )  # a ref with HFEngine(policy, cfg, ...)
+            # a ref whose HFEngine takes (policy, cfg, stop_token_ids, seed=...)
+            base = baseline_engine_class(args.baseline_ref, Path(tmp))
             base_cfg = importlib.import_module("asyncrl_base.config").HFEngineConfig
             sides = {
                 "baseline": lambda: base(policy, base_cfg(**off, prefix_sharing=False), [], seed=args.seed),
