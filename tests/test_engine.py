@@ -730,7 +730,7 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
         engine = hf_engine(
             policy, [2, 50, 60], max_batch=32, prefix_cache=True, prefix_sharing=True, fused_prefill=fused
         )
-        fwd = engine.forward
+        fwd, before = engine.forward, len(windows)
         assert isinstance(fwd, fused_module.FusedForward) and fwd.fused_prefill == fused
         first = grpo_prompts(tasks=3, group=3, seed=4, system=24)
         turns = [engine.generate(first, sp)]
@@ -746,6 +746,7 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
                 logprob_error(policy, prompts, samples, [1.0] * len(prompts)), f"fused={fused}"
             )
         assert engine.prefill_tokens_reused > 0 and engine.prefill_tokens_shared > 0
+        assert (len(windows) > before) == fused  # the switch picks the path the prefills take
     assert [[s.token_ids for s in t] for t in out[True]] == [[s.token_ids for s in t] for t in out[False]]
     assert windows and any(real < rows * n for rows, n, real in windows)  # windows with padding ran
 
