@@ -63,9 +63,10 @@ from typing import Any
 import torch
 
 import asyncrl.engine.hf as hf_module
-from asyncrl.config import LoraConfig, ModelConfig
+from asyncrl.config import HFEngineConfig, LoraConfig, ModelConfig
 from asyncrl.engine import HFEngine
-from asyncrl.engine.packed import PackedLinear, packing_available
+from asyncrl.engine.cpu.fused import FusedForward
+from asyncrl.engine.cpu.packed import PackedLinear
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.policy.lora import apply_lora
 from asyncrl.records import SamplingParams
@@ -80,7 +81,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fused_decode": {"packed_linear": True, "fused_decode": True},
     "unmerged": {"merge_lora": False},  # through PEFT's adapter layers (no copy, nothing packed)
 }
-"""Engine switches measured one at a time: name -> extra :class:`HFEngine` keyword arguments."""
+"""Engine switches measured one at a time: name -> :class:`HFEngineConfig` fields."""
 
 
 def spread(xs: list[float], nd: int = 2) -> dict[str, float]:
@@ -88,7 +89,7 @@ def spread(xs: list[float], nd: int = 2) -> dict[str, float]:
 
 
 def switches(name: str) -> dict[str, Any]:
-    """The engine keyword arguments of a variant, or of several joined by ``+``."""
+    """The engine settings of a variant, or of several joined by ``+``."""
     return {k: v for part in name.split("+") for k, v in VARIANTS[part].items()}
 
 
@@ -194,7 +195,7 @@ def matmul_ms(batch: int, fan_in: int, fan_out: int, budget_s: float) -> tuple[f
     rows = min(fan_out, max(1, (8 << 20) // (4 * fan_in)))  # a weight over 8 MiB: a slice of it
     x, w = torch.randn(batch, fan_in), torch.randn(rows, fan_in)
     s = best_seconds(lambda: torch.nn.functional.linear(x, w), budget_s)
-    if packing_available(x.device):
+    if torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         p = PackedLinear(torch.nn.Linear(fan_in, rows, bias=False))
         s = min(s, best_seconds(lambda: p(x), budget_s))
     rate = 2 * batch * fan_in * rows / s
@@ -357,7 +358,8 @@ def profile_call(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams)
     s0, n0 = engine.decode_seconds, engine.decode_steps
 
     def decode(*a: Any, **kw: Any) -> int:
-        timers = module_timers(engine.fused if engine.fused is not None else engine.model, acc)
+        fwd = engine.forward
+        timers = module_timers(fwd.fused if isinstance(fwd, FusedForward) else engine.model, acc)
         with timers, function_timer("sample_tokens", "sampling", acc):
             return in_decode(*a, **kw)
 
@@ -428,7 +430,7 @@ def main() -> None:
         ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)} (join with + to combine)")
     policy = build_policy(args)
     engines = {
-        n: HFEngine(policy, [], seed=0, max_batch=64, cuda_graphs=False, prefix_sharing=True, **switches(n))
+        n: HFEngine(policy, HFEngineConfig(cuda_graphs=False, prefix_cache=False, **switches(n)), [], seed=0)
         for n in names
     }
     prompts, sp = workload(args, engines[names[0]].vocab_size)

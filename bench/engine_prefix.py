@@ -149,20 +149,22 @@ def main() -> None:
     ap.add_argument("--baseline-ref", default="main")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    from asyncrl.config import HFEngineConfig
     from asyncrl.engine import HFEngine
 
     _, policy, prompts, warm = grpo_batch(args)
+    off: dict[str, Any] = {"cuda_graphs": False, "prefix_cache": False}
     sides: dict[str, Any] = {
-        "unshared": lambda: HFEngine(policy, [], seed=args.seed, max_batch=64, cuda_graphs=False),
-        "shared": lambda: HFEngine(
-            policy, [], seed=args.seed, max_batch=64, cuda_graphs=False, prefix_sharing=True
-        ),
+        "unshared": lambda: HFEngine(policy, HFEngineConfig(**off, prefix_sharing=False), [], seed=args.seed),
+        "shared": lambda: HFEngine(policy, HFEngineConfig(**off, prefix_sharing=True), [], seed=args.seed),
     }
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_ref:
+            # a ref whose HFEngine takes (policy, cfg, stop_token_ids, seed=...)
             base = baseline_engine_class(args.baseline_ref, Path(tmp))
+            base_cfg = importlib.import_module("asyncrl_base.config").HFEngineConfig
             sides = {
-                "baseline": lambda: base(policy, [], seed=args.seed, max_batch=64, cuda_graphs=False),
+                "baseline": lambda: base(policy, base_cfg(**off, prefix_sharing=False), [], seed=args.seed),
                 **sides,
             }
         gflops = matmul_gflops()

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.config import ModelConfig, VLLMEngineConfig
+from asyncrl.config import HFEngineConfig, ModelConfig, VLLMEngineConfig
 from asyncrl.engine import GenerationEngine, HFEngine, Sample, make_engine
 from asyncrl.policy import Policy, token_logprobs
 from asyncrl.records import SamplingParams
@@ -115,7 +115,12 @@ def bench_model(
     for kind in engines:
         t0 = time.perf_counter()
         if kind == "hf":
-            engine: GenerationEngine = HFEngine(policy, [], max_batch=batch, seed=0, cuda_graphs=False)
+            engine: GenerationEngine = HFEngine(
+                policy,
+                HFEngineConfig(max_batch=batch, cuda_graphs=False, prefix_cache=False, prefix_sharing=False),
+                [],
+                seed=0,
+            )
         else:
             engine = make_engine(VLLMEngineConfig(max_batch=batch, vllm_dtype=vllm_dtype), policy, [], seed=0)  # type: ignore[arg-type]
         startup = time.perf_counter() - t0

@@ -64,7 +64,7 @@ def engine_part(
     """Decode-step latency of the growing-cache and static-cache paths, and of ``generate``."""
     import torch
 
-    from asyncrl.config import ModelConfig
+    from asyncrl.config import HFEngineConfig, ModelConfig
     from asyncrl.engine import HFEngine
     from asyncrl.policy import Policy, num_parameters
     from asyncrl.records import SamplingParams
@@ -80,7 +80,12 @@ def engine_part(
     for batch in batches:
         prompts = torch.randint(10, 90, (batch, 64), generator=g).tolist()
         for name, static in (("growing_cache", False), ("static_cache_graphs", True)):
-            engine = HFEngine(policy, [], seed=0, max_batch=batch, static_cache=static, cuda_graphs=True)
+            engine = HFEngine(
+                policy,
+                HFEngineConfig(max_batch=batch, static_cache="on" if static else "off", prefix_cache=False),
+                [],
+                seed=0,
+            )
             t_first = time.perf_counter()
             engine.generate(prompts, sp)  # warm-up (and graph capture on the static path)
             _sync(dev)

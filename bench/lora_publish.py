@@ -22,14 +22,16 @@ import torch
 
 
 def measure(model_dir: Path, lora: dict[str, int] | None, versions: int) -> dict[str, float]:
-    from asyncrl.config import LocalWeightsConfig, ModelConfig
+    from asyncrl.config import HFEngineConfig, LocalWeightsConfig, ModelConfig
     from asyncrl.engine import HFEngine
     from asyncrl.policy import Policy
     from asyncrl.weights import make_weight_store
 
     cfg = ModelConfig(path=str(model_dir), lora=lora)
     trainer, sampler = Policy.load(model_dir, cfg=cfg), Policy.load(model_dir, cfg=cfg)
-    engine = HFEngine(sampler, [2], seed=0, max_batch=64, cuda_graphs=False)
+    engine = HFEngine(
+        sampler, HFEngineConfig(cuda_graphs=False, prefix_cache=False, prefix_sharing=False), [2], seed=0
+    )
     publish, load = [], []
     with tempfile.TemporaryDirectory() as run_dir:
         store = make_weight_store(LocalWeightsConfig(keep=2), Path(run_dir))

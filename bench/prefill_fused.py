@@ -55,12 +55,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    from asyncrl.engine.cpu.fused import FusedForward
     from asyncrl.engine.prefix_cache import PrefixCache
     from asyncrl.records import SamplingParams
 
     _, engine = smollm2_lora_engine([])
-    assert engine.prefill.fused is not None
-    fused = engine.prefill.fused
+    assert isinstance(engine.forward, FusedForward)
     g = torch.Generator().manual_seed(0)
 
     def tokens(n: int) -> list[int]:
@@ -87,7 +87,7 @@ def main() -> None:
         return out
 
     def run(name: str, record: bool) -> list[list[int]]:
-        engine.prefill.fused = fused if name == "fused" else None
+        engine.forward.fused_prefill = name == "fused"
         engine.clear_prefix_cache()
         engine.generator.manual_seed(1)
         samples = timed("cold_turn1", turn1, first, name)
@@ -104,7 +104,7 @@ def main() -> None:
         for name in ("model", "fused") if r % 2 else ("fused", "model"):
             turn2 = run(name, True)
         # the store, both ways, on one call's cache: the call's rows kept as the engine keeps them
-        engine.prefill.fused = fused
+        engine.forward.fused_prefill = True
         with torch.inference_mode():
             _, cache, valid = engine.prefill_rows(turn2[:10], 1)
         rows, seqs = torch.arange(10), [list(p) for p in turn2[:10]]

@@ -25,11 +25,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    from asyncrl.engine.cpu.fused import FusedForward
     from asyncrl.records import SamplingParams
 
     _, engine = smollm2_lora_engine([2])
-    assert engine.fused is not None
-    parts = [p for stack in engine.fused.stacks() for p in stack.parts]
+    assert isinstance(engine.forward, FusedForward)
+    parts = [p for stack in engine.forward.fused.stacks for p in stack.parts]
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(100, 10_000, (228,), generator=g).tolist()
     turn1 = [prefix + torch.randint(100, 10_000, (40,), generator=g).tolist() for _ in range(10)]

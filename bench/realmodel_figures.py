@@ -27,7 +27,7 @@ import torch
 
 
 def figures(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    from asyncrl.config import load_config
+    from asyncrl.config import HFEngineConfig, load_config
     from asyncrl.engine import HFEngine
     from asyncrl.envs.registry import make_raw_env, make_task_source
     from asyncrl.policy import Policy, token_logprobs
@@ -43,7 +43,12 @@ def figures(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     tasks = [source.sample(rng) for _ in range(args.prompts)]
     tools = make_raw_env(cfg.env).tools
     prompts = [renderer.start(str(t.payload["prompt"]), tools).ids for t in tasks]
-    engine = HFEngine(policy, renderer.stop_token_ids, seed=0, max_batch=64, cuda_graphs=False)
+    engine = HFEngine(
+        policy,
+        HFEngineConfig(cuda_graphs=False, prefix_cache=False, prefix_sharing=False),
+        renderer.stop_token_ids,
+        seed=0,
+    )
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     engine.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=4))  # warm-up
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.config import CanaryConfig, LocalWeightsConfig, ModelConfig, load_config
+from asyncrl.config import CanaryConfig, HFEngineConfig, LocalWeightsConfig, ModelConfig, load_config
 from asyncrl.engine import HFEngine
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.policy import Policy
@@ -140,8 +140,9 @@ class Rig:
         cfg = lora(tiny)
         torch.manual_seed(0)
         self.trainer = Policy.load(tiny, cfg=cfg)
+        settings = {"max_batch": 8, "cuda_graphs": False, "prefix_cache": False, "prefix_sharing": False}
         self.engine = BrokenEngine(
-            Policy.load(tiny, cfg=cfg), [2], max_batch=8, cuda_graphs=False, seed=0, **engine
+            Policy.load(tiny, cfg=cfg), HFEngineConfig(**(settings | engine)), [2], seed=0
         )
         self.engine.version = -1
         self.store = make_weight_store(LocalWeightsConfig(keep=10), tmp)
@@ -313,7 +314,7 @@ def test_a_fault_one_adam_step_small_is_refused(
     the probe alone, through the engine's generation path (cached prefill + decode steps); so is a
     merged copy still folded from the version one step before while it reports the new adapter. Riding
     along, the probe's rows are in a call beside a row that samples."""
-    rig = Rig(tiny, tmp_path, ride=ride, prefix_cache_mb=64, prefix_sharing=True, static_cache=static)
+    rig = Rig(tiny, tmp_path, ride=ride, prefix_cache=True, prefix_sharing=True, static_cache=static)
     perturb(rig.trainer)
     rig.publish()
     rig.load()  # version 0 loads; its probe leaves its KV in the prefix cache

@@ -94,17 +94,17 @@ def assert_at_noise_floor(delta: torch.Tensor, what: str = "") -> None:
     assert float(delta.mean()) < LOGPROB_TOL_MEAN, (what, float(delta.mean()))
 
 
-def hf_engine(policy: Policy, stops: list[int], **kw: Any) -> HFEngine:
-    """The built-in engine as these tests build it: seed 0, ``max_batch`` 64, no CUDA graphs, the prefix
-    cache off (the engine's own default), each overridable by keyword."""
-    return HFEngine(policy, stops, **({"seed": 0, "max_batch": 64, "cuda_graphs": False} | kw))
+def hf_engine(policy: Policy, stops: list[int], *, seed: int = 0, **kw: Any) -> HFEngine:
+    """The built-in engine as these tests build it: seed 0, no CUDA graphs, the prefix cache and prefix
+    sharing off, each overridable (``kw``: :class:`HFEngineConfig` fields)."""
+    off = {"cuda_graphs": False, "prefix_cache": False, "prefix_sharing": False}
+    return HFEngine(policy, HFEngineConfig(**(off | kw)), stops, seed=seed)
 
 
 def uncached_engine(policy: Policy, **kw: Any) -> HFEngine:
-    """:func:`hf_engine` with the prefix cache OFF (``prefix_cache_mb=0``) and stop tokens 2, 50, 60, so
-    that every prefill and decode step is computed in this call: a position or cache bug cannot hide
-    behind a cache hit."""
-    return hf_engine(policy, kw.pop("stops", [2, 50, 60]), prefix_cache_mb=0, **kw)
+    """:func:`hf_engine` (the prefix cache OFF) with stop tokens 2, 50, 60, so that every prefill and decode
+    step is computed in this call: a position or cache bug cannot hide behind a cache hit."""
+    return hf_engine(policy, kw.pop("stops", [2, 50, 60]), **kw)
 
 
 def greedy_reference(policy: Policy, prompt: list[int], n: int) -> list[int]:
@@ -335,7 +335,7 @@ def test_first_token_frequencies_match_distribution(temperature: float, top_p: f
     policy = tiny(peaky=4.0)
     prompt = [1, 20, 30, 40]
     n = 6000
-    engine = hf_engine(policy, [], seed=13, max_batch=n)
+    engine = hf_engine(policy, [], seed=13, max_batch=n // 2)  # two chunks: the config bounds max_batch
     samples = engine.generate(
         [prompt] * n, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1)
     )
@@ -409,6 +409,7 @@ def test_the_canary_probe_runs_the_generation_path(static: bool) -> None:
         [2],
         max_batch=8,
         static_cache=static,
+        prefix_cache=True,
         prefix_cache_mb=8,
         prefix_sharing=True,
     )
@@ -567,17 +568,16 @@ def test_packed_linear_logprobs_agree_with_the_trainer_and_follow_each_load(
     """The merged copy's linear layers packed by oneDNN: behaviour log-probs at the trainer's noise floor,
     the unpacked engine's tokens with the same seed, and a new adapter version served after a load (the
     packed weights are refolded with the copy); the policy's own layers are not touched."""
-    from asyncrl.engine.packed import PackedLinear, packing_available
+    from asyncrl.engine.cpu.packed import PackedForward, PackedLinear
 
-    if not packing_available(torch.device("cpu")):
-        pytest.skip("this torch has no oneDNN linear packing")
+    needs_onednn()
     prompts = random_prompts(17, 2, 40, seed=3)
     sp = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=20)
     out = {}
     for packed in (False, True):  # the packed engine last: it takes the load below
         policy = tiny_lora(family)
         engine = uncached_engine(policy, max_batch=32, static_cache=static, packed_linear=packed)
-        assert bool(engine.packed) == packed
+        assert isinstance(engine.forward, PackedForward) == packed
         assert any(isinstance(m, PackedLinear) for m in engine.model.modules()) == packed
         assert not any(isinstance(m, PackedLinear) for m in policy.model.modules())
         out[packed] = engine.generate(prompts, sp)
@@ -595,21 +595,23 @@ def test_a_load_repacks_what_it_changed() -> None:
     packed copy. After either, log-probs at the trainer's noise floor. Mutants this test kills: every load
     treated as adapter-only (the stale LM head after the base load), the stacks not repacked, the stacks'
     parts left packed, the LM head repacked at an adapter load."""
+    from asyncrl.engine.cpu.fused import FusedForward
     from asyncrl.policy.lora import base_model
 
     policy = tiny_lora("llama")
     engine = uncached_engine(policy, max_batch=32)
-    assert engine.fused is not None
-    parts = [p for stack in engine.fused.stacks() for p in stack.parts]
-    assert len(parts) == 5 * len(engine.fused.layers) and all(p.packed is None for p in parts)
-    assert not {id(p) for p in parts} & {id(p) for p in engine.packed}
+    fwd = engine.forward
+    assert isinstance(fwd, FusedForward)
+    parts = [p for stack in fwd.fused.stacks for p in stack.parts]
+    assert len(parts) == 5 * len(fwd.fused.layers) and all(p.packed is None for p in parts)
+    assert not {id(p) for p in parts} & {id(p) for p in fwd.packed}
     head, o_proj = engine.model.lm_head, engine.model.model.layers[0].self_attn.o_proj
-    before = head.packed, o_proj.packed, engine.fused.stacks()[0].packed
+    before = head.packed, o_proj.packed, fwd.fused.stacks[0].packed
     prompts = random_prompts(9, 2, 40, seed=5)
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=12)
     engine.load_weights(1, adapter(policy, 7, 0.1))
     assert head.packed is before[0] and o_proj.packed is not before[1]
-    assert engine.fused.stacks()[0].packed is not before[2]
+    assert fwd.fused.stacks[0].packed is not before[2]
     samples = engine.generate(prompts, sp)
     assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 9), "after an adapter load")
     g = torch.Generator().manual_seed(11)
@@ -626,19 +628,27 @@ def test_a_load_repacks_what_it_changed() -> None:
 
 
 def test_packed_linear_is_ignored_without_a_merged_copy() -> None:
-    assert not hf_engine(tiny(), [2], max_batch=4, packed_linear=True).packed
+    from asyncrl.engine.cpu.packed import PackedForward
+    from asyncrl.engine.forward import Forward
+
+    assert type(hf_engine(tiny(), [2], max_batch=4, packed_linear=True).forward) is Forward
     engine = make_engine(HFEngineConfig(packed_linear=True), tiny_lora(), stop_token_ids=[2], seed=0)
-    assert isinstance(engine, HFEngine) and (bool(engine.packed) or engine.device.type != "cpu")
+    assert isinstance(engine, HFEngine)
+    assert isinstance(engine.forward, PackedForward) or engine.device.type != "cpu"
 
 
 # ---- CPU: the written-out decode step (rollout.engine.fused_decode) ---------------------------------
+def needs_onednn() -> None:
+    """Skip where this torch cannot pack linear weights (the CPU fast path needs oneDNN)."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        pytest.skip("this torch has no oneDNN linear packing")
+
+
 def count_fused_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records the rows of every :class:`FusedDecoder` step run from now on (skips without oneDNN packing)."""
-    from asyncrl.engine import fused
-    from asyncrl.engine.packed import packing_available
+    from asyncrl.engine.cpu import fused
 
-    if not packing_available(torch.device("cpu")):
-        pytest.skip("this torch has no oneDNN linear packing")
+    needs_onednn()
     steps: list[int] = []
     real = fused.FusedDecoder.forward
 
@@ -662,6 +672,9 @@ def test_fused_decode_step_agrees_with_the_trainer_and_follows_each_load(
     random q/k/v biases (stacked too). Mutants this test kills: q and k stacked in the wrong order, gate and up swapped, the
     q/k/v biases stacked out of order, the query heads grouped across kv heads in the wrong order, the
     rotary embedding left off k, the mask dropped, the stacked weights not repacked at a load."""
+    from asyncrl.engine.cpu.fused import FusedForward
+    from asyncrl.engine.cpu.packed import PackedForward
+
     steps = count_fused_steps(monkeypatch)
     prompts = random_prompts(17, 2, 40, seed=3)
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=20)
@@ -674,7 +687,8 @@ def test_fused_decode_step_agrees_with_the_trainer_and_follows_each_load(
                 if name.endswith(".bias"):
                     p.copy_(torch.randn(p.shape, generator=g) * 0.3)
         engine = uncached_engine(policy, max_batch=32, compact_fraction=compact, fused_decode=fused)
-        assert engine.packed and (engine.fused is not None) == fused
+        assert isinstance(engine.forward, PackedForward)
+        assert isinstance(engine.forward, FusedForward) == fused
         out[fused] = engine.generate(prompts, sp)
         assert_at_noise_floor(logprob_error(policy, prompts, out[fused], [1.0] * 17), f"fused={fused}")
         assert bool(steps) == fused
@@ -697,7 +711,7 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
     padding run in place of its real tokens, a row's logits taken at another token than its last, the
     causal mask dropped inside a window, the rotary embedding left off the new keys, the query heads
     grouped across kv heads in the wrong order, the cached columns hidden."""
-    from asyncrl.engine import fused as fused_module
+    from asyncrl.engine.cpu import fused as fused_module
     from test_prefix_cache import grpo_prompts
 
     windows: list[tuple[int, int, int]] = []  # (rows, n, real tokens) of every fused prefill
@@ -714,9 +728,10 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
     for fused in (False, True):
         policy = tiny_lora(family, attn=attn)
         engine = hf_engine(
-            policy, [2, 50, 60], max_batch=32, prefix_cache_mb=64, prefix_sharing=True, fused_prefill=fused
+            policy, [2, 50, 60], max_batch=32, prefix_cache=True, prefix_sharing=True, fused_prefill=fused
         )
-        assert engine.fused is not None and (engine.prefill.fused is not None) == fused
+        fwd, before = engine.forward, len(windows)
+        assert isinstance(fwd, fused_module.FusedForward) and fwd.fused_prefill == fused
         first = grpo_prompts(tasks=3, group=3, seed=4, system=24)
         turns = [engine.generate(first, sp)]
         second = [
@@ -731,6 +746,7 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
                 logprob_error(policy, prompts, samples, [1.0] * len(prompts)), f"fused={fused}"
             )
         assert engine.prefill_tokens_reused > 0 and engine.prefill_tokens_shared > 0
+        assert (len(windows) > before) == fused  # the switch picks the path the prefills take
     assert [[s.token_ids for s in t] for t in out[True]] == [[s.token_ids for s in t] for t in out[False]]
     assert windows and any(real < rows * n for rows, n, real in windows)  # windows with padding ran
 
@@ -738,19 +754,20 @@ def test_fused_prefill_agrees_with_the_trainer_across_turns(
 def test_the_canary_probe_decodes_through_the_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe's teacher-forced decode steps run the fused step (what is served), at the trainer's
     log-probs; a stacked copy left stale by a load is seen by the probe."""
+    from asyncrl.engine.cpu.fused import FusedForward, FusedLinear
     from asyncrl.policy.canary import probe_logprobs
 
     steps = count_fused_steps(monkeypatch)
     policy = tiny_lora("llama")
     engine = uncached_engine(policy, stops=[2], max_batch=8)
-    assert engine.fused is not None
+    assert isinstance(engine.forward, FusedForward)
     ids = random_prompts(1, 32, 32, seed=3)[0] + [2]
     got = engine.probe(ids)
     assert (
         max(abs(a - b) for a, b in zip(got, probe_logprobs(policy.model, ids), strict=True)) < LOGPROB_TOL_MAX
     )
     assert steps == [2] * 16  # two rows, 16 decode steps
-    engine.fused.repack = lambda changed=None: None  # type: ignore[method-assign]  # a load that leaves it stale
+    monkeypatch.setattr(FusedLinear, "repack", lambda self: None)  # a load that leaves the stacks stale
     engine.load_weights(1, adapter(policy, 7, 0.1))
     stale = engine.probe(ids)
     assert max(abs(a - b) for a, b in zip(stale, probe_logprobs(policy.model, ids), strict=True)) > 1e-3
@@ -790,19 +807,71 @@ def test_the_probe_rides_along_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fused_decode_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not without packed linears (no merged copy, or ``packed_linear`` off); the static path and prefills
     never run it, growing-cache decode steps do."""
+    from asyncrl.engine.cpu.fused import FusedForward
+
     steps = count_fused_steps(monkeypatch)
-    assert hf_engine(tiny("llama"), [2]).fused is None  # no LoRA: no merged copy, nothing packed
-    assert hf_engine(tiny_lora("llama"), [2], packed_linear=False).fused is None
-    assert make_engine(HFEngineConfig(fused_decode=False), tiny_lora(), [2]).fused is None  # type: ignore[attr-defined]
-    assert make_engine(HFEngineConfig(), tiny_lora(), [2]).fused is not None  # type: ignore[attr-defined]
+    assert not isinstance(hf_engine(tiny("llama"), [2]).forward, FusedForward)  # no LoRA: no merged copy
+    assert not isinstance(hf_engine(tiny_lora("llama"), [2], packed_linear=False).forward, FusedForward)
+    assert not isinstance(hf_engine(tiny_lora(), [2], fused_decode=False).forward, FusedForward)
+    assert isinstance(hf_engine(tiny_lora(), [2]).forward, FusedForward)
     prompts = random_prompts(4, 2, 12, seed=2)
     sp = SamplingParams(max_new_tokens=6)
     for kw, runs in (({"static_cache": True}, False), ({}, True)):
         engine = hf_engine(tiny_lora("llama"), [], **kw)
-        assert engine.fused is not None
+        assert isinstance(engine.forward, FusedForward)
         engine.generate(prompts, sp)
         assert engine.decode_steps > 0 and bool(steps) == runs
         steps.clear()
+
+
+@pytest.mark.parametrize(
+    ("lib", "release", "on"),
+    [("torch", "2.14.0", False), ("transformers", "5.24.0", False), ("torch", "2.13.0+cu128", True)],
+)
+def test_the_fast_path_is_off_under_a_release_it_was_not_written_for(
+    lib: str, release: str, on: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under a torch or transformers release other than :data:`~asyncrl.engine.cpu.WRITTEN_FOR` the engine
+    runs the model's own forward (nothing packed, the fused step never runs), says why in one warning line,
+    and samples at the trainer's noise floor; a local build of the same release (``+cu128``) keeps the fast
+    path, with no line. Mutants this test kills: the gate not asked, transformers' release not checked, the
+    local build tag compared, the line not logged."""
+    import logging
+
+    import transformers
+
+    from asyncrl.engine.cpu.fused import FusedForward
+    from asyncrl.engine.cpu.packed import PackedLinear
+    from asyncrl.engine.forward import Forward
+
+    steps = count_fused_steps(monkeypatch)
+    monkeypatch.setattr({"torch": torch, "transformers": transformers}[lib], "__version__", release)
+    policy = tiny_lora("llama")
+    with caplog.at_level(logging.INFO, logger="asyncrl.engine.cpu"):
+        engine = uncached_engine(policy, max_batch=8)
+    lines = [r for r in caplog.records if r.name == "asyncrl.engine.cpu"]
+    assert isinstance(engine.forward, FusedForward) == on and (type(engine.forward) is Forward) != on
+    assert any(isinstance(m, PackedLinear) for m in engine.model.modules()) == on
+    want = [] if on else [(logging.WARNING, True)]
+    assert [(r.levelno, f"{lib} {release} is not" in r.getMessage()) for r in lines] == want
+    prompts = random_prompts(6, 2, 20, seed=3)
+    samples = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=8))
+    assert bool(steps) == on
+    assert_at_noise_floor(logprob_error(policy, prompts, samples, [1.0] * 6), f"{lib} {release}")
+
+
+def test_the_fast_path_is_written_for_the_pinned_releases() -> None:
+    """:data:`~asyncrl.engine.cpu.WRITTEN_FOR` names pyproject.toml's pins: a pin moved without the fast
+    path checked against the new release fails here."""
+    import tomllib
+
+    from asyncrl.engine.cpu import WRITTEN_FOR
+
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    pins = dict(d.split("==") for d in deps if d.split("==")[0] in WRITTEN_FOR)
+    assert pins == WRITTEN_FOR
 
 
 # ---- the caller's train mode (issue #36 E) ----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Exact head-dimension padding (``asyncrl.engine.head_padding``), checked without vLLM.
+"""Exact head-dimension padding (``asyncrl.engine.cpu.head_padding``), checked without vLLM.
 
 The padded model, loaded into a Hugging Face model built from the padded config (HF honours
 ``head_dim`` and scales attention by ``head_dim ** -0.5``, as vLLM does), must give the same
@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.config import ModelConfig
-from asyncrl.engine.head_padding import (
+from asyncrl.engine.cpu.head_padding import (
     HeadPaddingError,
     check_rope_frequencies,
     head_dim_of,

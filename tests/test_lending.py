@@ -152,12 +152,14 @@ def test_a_worker_polls_at_every_decode_step_of_a_merged_fused_engine(
     the policy's model: the worker joins with what the engine runs, so it polls (announces computing,
     takes its grant) in the prefill and at every decode step. Joined with the policy's model, as before,
     it polled never, and a waiting trainer borrowed the busy worker's core."""
+    from asyncrl.engine.cpu.fused import FusedForward
     from asyncrl.records import SamplingParams
     from test_engine import hf_engine, tiny_lora
 
     engine = hf_engine(tiny_lora(), [], merge_lora=True, packed_linear=True, fused_decode=True)
     modules = engine.compute_modules()
-    assert engine.fused is not None and engine.fused in modules and engine.policy.model not in modules
+    assert isinstance(engine.forward, FusedForward)
+    assert engine.forward.fused in modules and engine.policy.model not in modules
     open_board(tmp_path, TWO)
     lender = ThreadLender.join(tmp_path, "rollout-0", own=1, models=modules)
     assert lender is not None

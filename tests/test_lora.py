@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.config import ModelConfig, load_config
+from asyncrl.config import HFEngineConfig, ModelConfig, load_config
 from asyncrl.engine import HFEngine
 from asyncrl.errors import UserError
 from asyncrl.policy import Policy
@@ -65,7 +65,9 @@ def test_an_adapter_version_makes_the_engine_sample_the_trainers_policy(tiny: Pa
     assert torch.equal(logits(trainer, ids), logits(sampler, ids))  # B = 0: both are the base model
     perturb(trainer)
     assert not torch.allclose(logits(trainer, ids), logits(sampler, ids))
-    engine = HFEngine(sampler, [2], seed=0, max_batch=64, cuda_graphs=False)
+    engine = HFEngine(
+        sampler, HFEngineConfig(cuda_graphs=False, prefix_cache=False, prefix_sharing=False), [2], seed=0
+    )
     engine.load_weights(5, trainer.state_dict_tensors())
     assert engine.version == 5
     torch.testing.assert_close(logits(trainer, ids), logits(sampler, ids))
@@ -83,7 +85,9 @@ def test_an_adapter_of_another_shape_fails_loudly(tiny: Path) -> None:
     other = Policy.load(tiny, cfg=lora_cfg(tiny, rank=8)).state_dict_tensors()
     sampler = Policy.load(tiny, cfg=lora_cfg(tiny))
     with pytest.raises(AdapterError, match=r"another model\.lora"):
-        HFEngine(sampler, [2], max_batch=64, cuda_graphs=False).load_weights(1, other)
+        HFEngine(
+            sampler, HFEngineConfig(cuda_graphs=False, prefix_cache=False, prefix_sharing=False), [2]
+        ).load_weights(1, other)
     full = Policy.load(tiny).state_dict_tensors()
     with pytest.raises(AdapterError):
         sampler.load_tensors(

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.config import EnvConfig, ModelConfig, load_config
+from asyncrl.config import EnvConfig, HFEngineConfig, ModelConfig, load_config
 from asyncrl.engine import GenerationEngine, Sample
 from asyncrl.engine.batcher import TurnBatcher
 from asyncrl.envs import Tool, make_env
@@ -456,7 +456,12 @@ def test_engine_and_trainer_log_probs_agree_on_smollm2(smollm2: Path) -> None:
     policy = Policy.load(smollm2, cfg=cfg)
     r = make_renderer(cfg, policy)
     prompt = r.start("Tom has 3 bags of 4 shells. How many shells?", CALC).ids
-    engine = HFEngine(policy, r.stop_token_ids, seed=0, max_batch=64, cuda_graphs=False)
+    engine = HFEngine(
+        policy,
+        HFEngineConfig(cuda_graphs=False, prefix_cache=False, prefix_sharing=False),
+        r.stop_token_ids,
+        seed=0,
+    )
     samples = engine.generate([prompt, prompt[:-5]], SamplingParams(temperature=1.0, max_new_tokens=12))
     for prompt_ids, s in zip([prompt, prompt[:-5]], samples, strict=True):
         ids = torch.tensor([prompt_ids + s.token_ids])

@@ -13,7 +13,7 @@ from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.engine.prefix_cache import PrefixCache
 from asyncrl.engine.prefix_tree import CACHED, plan_prefill
 from asyncrl.records import SamplingParams
-from test_engine import PEAKY, assert_at_noise_floor, logprob_error, random_prompts, tiny
+from test_engine import PEAKY, assert_at_noise_floor, hf_engine, logprob_error, random_prompts, tiny
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,10 +62,10 @@ def test_reuse_gives_the_samples_of_a_full_prefill(
 ) -> None:
     policy = tiny(family, peaky=PEAKY, attn=attn)
     sp = SamplingParams(temperature=temperature, max_new_tokens=16)
-    cached = HFEngine(
-        policy, STOPS, seed=3, max_batch=8, compact_fraction=compact, prefix_cache_mb=64, cuda_graphs=False
+    cached = hf_engine(
+        policy, STOPS, seed=3, max_batch=8, compact_fraction=compact, prefix_cache=True, prefix_cache_mb=64
     )
-    plain = HFEngine(policy, STOPS, seed=3, max_batch=8, compact_fraction=compact, cuda_graphs=False)
+    plain = hf_engine(policy, STOPS, seed=3, max_batch=8, compact_fraction=compact)
     prompts, with_reuse = multi_turn(cached, 3, sp)
     _, without = multi_turn(plain, 3, sp)
     assert_same(with_reuse, without)
@@ -82,8 +82,8 @@ def test_reuse_gives_the_samples_of_a_full_prefill(
 def test_stored_kv_equals_a_fresh_forward_pass() -> None:
     """Every entry (rows compacted away mid-decode and rows left at the end) holds its ids' own KV."""
     policy = tiny(peaky=2.0)
-    engine = HFEngine(
-        policy, STOPS, seed=1, max_batch=16, compact_fraction=0.0, prefix_cache_mb=64, cuda_graphs=False
+    engine = hf_engine(
+        policy, STOPS, seed=1, max_batch=16, compact_fraction=0.0, prefix_cache=True, prefix_cache_mb=64
     )
     prompts = random_prompts(12, 3, 25, seed=5)
     samples = engine.generate(prompts, SamplingParams(max_new_tokens=12))
@@ -104,8 +104,8 @@ def test_stored_kv_equals_a_fresh_forward_pass() -> None:
 @pytest.mark.parametrize("share", [False, True])
 def test_weight_load_drops_the_cache(tmp_path: Path, share: bool) -> None:
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=10)
-    engine = HFEngine(
-        tiny(seed=0), STOPS, seed=0, prefix_cache_mb=64, max_batch=64, cuda_graphs=False, prefix_sharing=share
+    engine = hf_engine(
+        tiny(seed=0), STOPS, seed=0, prefix_cache=True, prefix_cache_mb=64, max_batch=64, prefix_sharing=share
     )
     prompts = random_prompts(6, 2, 12, seed=14)
     first = engine.generate(prompts, greedy)
@@ -117,7 +117,7 @@ def test_weight_load_drops_the_cache(tmp_path: Path, share: bool) -> None:
     assert len(engine.prefix_cache) == 0 and engine.prefix_cache.bytes == 0
     after = engine.generate(nxt, greedy)
     assert engine.prefill_tokens_reused == 0
-    fresh = HFEngine(other, STOPS, seed=0, max_batch=64, cuda_graphs=False).generate(nxt, greedy)
+    fresh = hf_engine(other, STOPS, seed=0, max_batch=64).generate(nxt, greedy)
     assert [s.token_ids for s in after] == [s.token_ids for s in fresh]
     # a version set by hand (not through a load) does not match the entries either
     engine.version = 4
@@ -130,16 +130,16 @@ def test_eviction_keeps_the_memory_bound_and_the_samples(share: bool) -> None:
     policy = tiny()
     per_token = 2 * 2 * 2 * 8 * 4  # layers x (k, v) x kv_heads x head_dim x float32 bytes
     sp = SamplingParams(temperature=1.0, max_new_tokens=16)
-    small = HFEngine(
+    small = hf_engine(
         policy,
         STOPS,
         seed=7,
         max_batch=8,
+        prefix_cache=True,
         prefix_cache_mb=200 * per_token / 2**20,
-        cuda_graphs=False,
         prefix_sharing=share,
     )
-    plain = HFEngine(policy, STOPS, seed=7, max_batch=8, cuda_graphs=False)
+    plain = hf_engine(policy, STOPS, seed=7, max_batch=8)
     _, a = multi_turn(small, 3, sp, seed=2)
     _, b = multi_turn(plain, 3, sp, seed=2)
     assert_same(a, b)
@@ -219,9 +219,7 @@ def test_sharing_gives_the_samples_of_unshared_generation(
     sp = SamplingParams(temperature=temperature, max_new_tokens=12)
 
     def engine(share: bool) -> HFEngine:
-        return HFEngine(
-            policy, STOPS, seed=5, max_batch=16, static_cache=static, cuda_graphs=False, prefix_sharing=share
-        )
+        return hf_engine(policy, STOPS, seed=5, max_batch=16, static_cache=static, prefix_sharing=share)
 
     shared, plain = engine(True), engine(False)
     a, b = shared.generate(prompts, sp), plain.generate(prompts, sp)
@@ -243,19 +241,12 @@ def test_sharing_and_the_prefix_cache_across_turns(static: bool) -> None:
     policy = tiny(peaky=2.0)
     sp = SamplingParams(temperature=1.0, max_new_tokens=10)
 
-    def engine(cache_mb: float, share: bool) -> HFEngine:
-        return HFEngine(
-            policy,
-            STOPS,
-            seed=2,
-            max_batch=32,
-            static_cache=static,
-            cuda_graphs=False,
-            prefix_cache_mb=cache_mb,
-            prefix_sharing=share,
+    def engine(cache: bool, share: bool) -> HFEngine:
+        return hf_engine(
+            policy, STOPS, seed=2, max_batch=32, static_cache=static, prefix_cache=cache, prefix_sharing=share
         )
 
-    both, cache_only, plain = engine(64, True), engine(64, False), engine(0, False)
+    both, cache_only, plain = engine(True, True), engine(True, False), engine(False, False)
     outs = []
     for e in (both, cache_only, plain):
         prompts = grpo_prompts(tasks=2, group=3, seed=4)
@@ -305,7 +296,7 @@ def test_static_path_fits_cached_rows_beside_fresh_ones() -> None:
     policy = tiny(max_context=64)
     greedy = SamplingParams(temperature=1e-4, max_new_tokens=5)
     engines = [
-        HFEngine(policy, [], seed=0, max_batch=8, static_cache=static, cuda_graphs=False, prefix_cache_mb=8)
+        hf_engine(policy, [], max_batch=8, static_cache=static, prefix_cache=True, prefix_cache_mb=8)
         for static in (True, False)
     ]
     outs = []

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.config import EngineConfig, ModelConfig, RunConfig, VLLMEngineConfig, load_config
+from asyncrl.config import EngineConfig, HFEngineConfig, ModelConfig, RunConfig, VLLMEngineConfig, load_config
 from asyncrl.engine import HFEngine, Sample, make_engine, read_weights
 from asyncrl.errors import UserError
 from asyncrl.policy import Policy, token_logprobs
@@ -282,7 +282,12 @@ def test_vllm_probe_passes_the_weight_sync_canary(vllm_setup: tuple[Any, Policy]
 def test_vllm_engine_versions_match_the_builtin_engine_interface(vllm_setup: tuple[Any, Policy]) -> None:
     """Same interface as HFEngine: the same calls give samples of the same shape and semantics."""
     engine, policy = vllm_setup
-    hf = HFEngine(policy, [2, 50, 60], seed=0, max_batch=64, cuda_graphs=False)
+    hf = HFEngine(
+        policy,
+        HFEngineConfig(cuda_graphs=False, prefix_cache=False, prefix_sharing=False),
+        [2, 50, 60],
+        seed=0,
+    )
     prompts = random_prompts(6, 3, 8, seed=5)
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     for out in (engine.generate(prompts, sp), hf.generate(prompts, sp)):

@@ -64,11 +64,13 @@ class HFEngineConfig(_EngineBase):
     packed_linear: bool = True
     """With ``merge_lora`` on a CPU: the merged copy's linear layers compute through weights packed by
     oneDNN (repacked at every load); costs those weights once more in memory, log-probs equal to float32
-    rounding. See docs/engines.md."""
+    rounding. The CPU fast path (this and the two below, :mod:`asyncrl.engine.cpu`) runs only under the
+    torch and transformers releases it was written for (else one log line, and the model's own forward).
+    See docs/engines.md."""
     fused_decode: bool = True
     """With ``packed_linear`` and a Llama-layout model (llama, qwen2, mistral without a sliding window):
     growing-cache decode steps run a written-out one-token forward over the packed weights
-    (:mod:`asyncrl.engine.fused`); costs the q/k/v and gate/up weights once more in memory, log-probs
+    (:mod:`asyncrl.engine.cpu.fused`); costs the q/k/v and gate/up weights once more in memory, log-probs
     equal to float32 rounding. See docs/engines.md."""
     fused_prefill: bool = True
     """With ``fused_decode``: prefills run the same written-out forward, ``n`` tokens a row (grouped-query

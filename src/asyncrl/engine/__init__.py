@@ -17,14 +17,7 @@ if TYPE_CHECKING:
     from asyncrl.config import EngineConfig
     from asyncrl.policy.model import Policy
 
-__all__ = [
-    "GenerationEngine",
-    "HFEngine",
-    "Sample",
-    "check_requests",
-    "make_engine",
-    "read_weights",
-]
+__all__ = ["GenerationEngine", "HFEngine", "Sample", "check_requests", "make_engine", "read_weights"]
 
 
 def make_engine(
@@ -32,22 +25,7 @@ def make_engine(
 ) -> GenerationEngine:
     """The engine ``cfg.kind`` names, sampling from ``policy``."""
     if cfg.kind == "hf":
-        static = {"auto": None, "on": True, "off": False}[cfg.static_cache]
-        return HFEngine(
-            policy,
-            stop_token_ids,
-            max_batch=cfg.max_batch,
-            seed=seed,
-            static_cache=static,
-            cuda_graphs=cfg.cuda_graphs,
-            prefix_cache_mb=cfg.prefix_cache_mb if cfg.prefix_cache else 0.0,
-            prefix_sharing=cfg.prefix_sharing,
-            compact_fraction=cfg.compact_fraction,
-            merge_lora=cfg.merge_lora,
-            packed_linear=cfg.packed_linear,
-            fused_decode=cfg.fused_decode,
-            fused_prefill=cfg.fused_prefill,
-        )
+        return HFEngine(policy, cfg, stop_token_ids, seed=seed)
     if cfg.kind == "vllm":  # optional dependency: imported only when chosen
         from asyncrl.engine.vllm_backend import VLLMEngine
 

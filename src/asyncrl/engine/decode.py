@@ -113,11 +113,16 @@ class StaticDecoder:
     """
 
     def __init__(
-        self, model: PreTrainedModel, rows: int, cache_len: int, *, graphs: bool, graph_pool: Any = None
+        self,
+        model: PreTrainedModel,
+        attn: str,
+        rows: int,
+        cache_len: int,
+        graphs: bool,
+        graph_pool: Any = None,
     ) -> None:
-        self.model, self.rows, self.cache_len = model, rows, cache_len
+        self.model, self.attn, self.rows, self.cache_len = model, attn, rows, cache_len
         dev = next(model.parameters()).device
-        self.attn = model.config._attn_implementation
         self.cache = StaticCache(config=model.config, max_cache_len=cache_len)
         self.ids = torch.zeros((rows, 1), dtype=torch.long, device=dev)
         self.pos = torch.zeros((rows, 1), dtype=torch.long, device=dev)

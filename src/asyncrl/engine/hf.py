@@ -4,17 +4,16 @@ causal LM in this process, a KV cache, optional static decoding with CUDA graphs
 The interface, the behaviour log-prob definition it implements and the one weight-load method:
 :mod:`asyncrl.engine.base`.
 
-With a prefix cache (``prefix_cache_mb > 0``) each row's KV is kept after a call
+With a prefix cache (``prefix_cache``) each row's KV is kept after a call
 (:mod:`asyncrl.engine.prefix_cache`) and a later prompt that extends a kept sequence prefills only
 its new tokens (the layout: :meth:`asyncrl.engine.prefill.Prefill._level`).
 
 With a LoRA policy and ``merge_lora`` the engine samples from a :class:`~asyncrl.policy.lora.MergedCopy`
 instead (:attr:`HFEngine.merged`, :attr:`HFEngine.model`; ``policy.model`` stays the PEFT model that loads
 are validated against): plain weights with the adapter folded in, so a decode step runs no adapter matmuls.
-On a CPU the copy's linear layers may be packed (``packed_linear``, :mod:`asyncrl.engine.packed`) and its
-growing-cache decode step and its prefills fused (``fused_decode``, ``fused_prefill``, :mod:`asyncrl.engine.fused`:
-a prefill's matmuls then run on its real tokens only). Everything derived from the
-weights (the fold, the packed and stacked copies) is rebuilt at every :meth:`HFEngine.load_weights`.
+Growing-cache decode steps and prefills run through :attr:`HFEngine.forward` (:mod:`asyncrl.engine.forward`;
+on a CPU, :mod:`asyncrl.engine.cpu`'s fast path over the copy's packed weights). Everything derived from
+the weights is rebuilt at every :meth:`HFEngine.load_weights`.
 :meth:`HFEngine.fingerprint` then reports the adapter the copy was folded from and :meth:`HFEngine.probe`
 runs on the copy: the weight-sync canary checks what is served.
 """
@@ -34,23 +33,16 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
-from asyncrl.config import HFEngineConfig, default_of
+from asyncrl.config import HFEngineConfig
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests, stop_ids, with_room
-from asyncrl.engine.decode import (
-    StaticDecoder,
-    decode_buckets,
-    last_logits,
-    pad_rows,
-    sample_tokens,
-)
-from asyncrl.engine.fused import FusedDecoder, fusable
-from asyncrl.engine.packed import pack_linears, packing_available
+from asyncrl.engine.cpu import make_forward
+from asyncrl.engine.decode import StaticDecoder, decode_buckets, pad_rows, sample_tokens
 from asyncrl.engine.prefill import Prefill
 from asyncrl.engine.prefix_cache import Hit, PrefixCache
 from asyncrl.engine.prefix_tree import plan_prefill
 from asyncrl.policy.canary import Fingerprint, fingerprint, probe_logprobs
 from asyncrl.policy.lora import MergedCopy, MergeUnsupported, is_lora
-from asyncrl.policy.model import Policy, as_attention_bias, input_vocab_size
+from asyncrl.policy.model import Policy, input_vocab_size
 from asyncrl.records import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -165,65 +157,38 @@ class HFEngine(GenerationEngine):
     """Time looking up and storing prefix-cache entries."""
 
     def __init__(
-        self,
-        policy: Policy,
-        stop_token_ids: Sequence[int],
-        *,
-        max_batch: int,
-        cuda_graphs: bool,
-        seed: int | None = None,
-        compact_fraction: float = default_of(HFEngineConfig, "compact_fraction"),
-        static_cache: bool | None = None,
-        prefix_cache_mb: float = 0.0,
-        prefix_sharing: bool = False,
-        merge_lora: bool = default_of(HFEngineConfig, "merge_lora"),
-        packed_linear: bool = default_of(HFEngineConfig, "packed_linear"),
-        fused_decode: bool = default_of(HFEngineConfig, "fused_decode"),
-        fused_prefill: bool = default_of(HFEngineConfig, "fused_prefill"),
+        self, policy: Policy, cfg: HFEngineConfig, stop_token_ids: Sequence[int], *, seed: int | None = None
     ) -> None:
-        """The keywords are the :class:`~asyncrl.config.HFEngineConfig` fields of the same name
-        (:func:`asyncrl.engine.make_engine` passes them), except: ``seed`` makes sampling reproducible
-        (the generator persists across calls); ``static_cache`` ``None``: on a CUDA device;
-        ``prefix_cache_mb`` 0: no cache. The prefix cache and prefix sharing need a model whose cache
-        layers are plain full-attention layers (else they are off)."""
+        """``seed`` makes sampling reproducible (the generator persists across calls). The prefix cache and
+        prefix sharing need a model whose cache layers are plain full-attention layers (else they are off)."""
         self.policy, self.device = policy, policy.device
-        self.merged = _merged_copy(policy) if merge_lora else None
+        self.merged = _merged_copy(policy) if cfg.merge_lora else None
         self.model: PreTrainedModel = self.merged.model if self.merged is not None else policy.model
-        packable = packed_linear and self.merged is not None and packing_available(self.device)
-        self.packed = pack_linears(self.model) if packable else []
-        fuse = fused_decode and self.packed and fusable(self.model)
-        self.fused = FusedDecoder(self.model) if fuse else None
-        if self.fused is not None:  # the stacks decode; their parts only prefill, as plain ``linear``
-            stacked = {id(p) for stack in self.fused.stacks() for p in stack.parts}
-            for layer in self.packed:
-                if id(layer) in stacked:
-                    layer.unpack()
-            self.packed = [layer for layer in self.packed if id(layer) not in stacked]
+        self._plain = _plain_dynamic_cache(self.model)
+        self.forward = make_forward(self.model, cfg, merged=self.merged is not None, plain=self._plain)
         self.version = 0
         self.max_context = policy.max_context
-        self.max_batch = max_batch
-        self.compact_fraction = compact_fraction
+        self.max_batch = cfg.max_batch
+        self.compact_fraction = cfg.compact_fraction
         self.vocab_size = input_vocab_size(self.model)
-        self.stop_token_ids = stop_ids(stop_token_ids, self.vocab_size, max_batch)
+        self.stop_token_ids = stop_ids(stop_token_ids, self.vocab_size, cfg.max_batch)
         pad = policy.tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         self._stop = torch.tensor(self.stop_token_ids, dtype=torch.long, device=self.device)
-        self.static_cache = self.device.type == "cuda" if static_cache is None else static_cache
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        on_gpu = self.device.type == "cuda"
+        self.static_cache = on_gpu if cfg.static_cache == "auto" else cfg.static_cache == "on"
+        self.cuda_graphs = cfg.cuda_graphs and on_gpu
         self.cache_len = self.max_context + STATIC_CACHE_SLACK
-        self.buckets = decode_buckets(max_batch)
+        self.buckets = decode_buckets(cfg.max_batch)
         self._decoders: dict[int, StaticDecoder] = {}
         self._graph_pool: Any = None
-        self._plain = _plain_dynamic_cache(self.model)
-        self.prefill = Prefill(
-            self.model, self.device, self.pad_token_id, self._plain, self.fused if fused_prefill else None
-        )
-        self.prefix_sharing = prefix_sharing
+        self.prefill = Prefill(self.forward, self.device, self.pad_token_id, self._plain)
+        self.prefix_sharing = cfg.prefix_sharing
         self.prefix_cache: PrefixCache | None = None
-        if prefix_cache_mb > 0 and self._plain:
-            self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        if cfg.prefix_cache and self._plain:
+            self.prefix_cache = PrefixCache(int(cfg.prefix_cache_mb * 2**20))
 
     # ---- weights ---------------------------------------------------------------------------
     def load_weights(
@@ -245,18 +210,13 @@ class HFEngine(GenerationEngine):
         if self.merged is not None:
             t0 = time.perf_counter()
             self.merged.refresh()
-            changed = {id(w) for w in self.merged.folded} if adapter_only else None
-            for layer in self.packed:
-                if changed is None or id(layer.weight) in changed:
-                    layer.repack()
-            if self.fused is not None:
-                self.fused.repack(changed)
+            self.forward.repack({id(w) for w in self.merged.folded} if adapter_only else None)
             self.merge_seconds += time.perf_counter() - t0
 
     def compute_modules(self) -> list[torch.nn.Module]:
-        """The served model (the policy's, or its merged copy: unfused prefills and decode steps) and the
-        fused forward where on; see the interface."""
-        return [m for m in (self.model, self.fused) if m is not None]
+        """The forward's modules (the served model, the policy's or its merged copy, and a fast path's own);
+        see the interface."""
+        return self.forward.modules()
 
     def fingerprint(self, names: Sequence[str]) -> Fingerprint:
         """Read from the live parameters and buffers (no copy); see the interface. With a merged copy,
@@ -396,17 +356,6 @@ class HFEngine(GenerationEngine):
         self.prefill_tokens_shared += sum(map(len, prompts)) - plan.computed_tokens - plan.reused_tokens
         return out
 
-    def step(
-        self, tok: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
-    ) -> torch.Tensor:
-        """One growing-cache decode step: the next logits ``[rows, V]`` of ``tok`` at ``pos``, ``valid``
-        the columns each row sees (this step's included): the fused step where on, else the model's."""
-        if self.fused is not None and self._plain:
-            logits: torch.Tensor = self.fused(tok, pos, valid, cache)
-            return logits
-        mask = as_attention_bias(valid[:, None, None, :], self.model.config._attn_implementation)
-        return last_logits(self.model, tok[:, None], pos[:, None], mask, cache)
-
     def _decode(
         self,
         st: _DecodeState,
@@ -446,7 +395,7 @@ class HFEngine(GenerationEngine):
                     keep = (~st.finished).nonzero().squeeze(-1)
                     cache.batch_select_indices(keep)
                     tok = st.compact(keep, tok)
-                logits = self.step(tok, st.next_pos, st.valid, cache)
+                logits = self.forward.decode(tok, st.next_pos, st.valid, cache)
             st.next_pos = st.next_pos + 1
             steps += 1
         return steps
@@ -488,7 +437,7 @@ class HFEngine(GenerationEngine):
             if self.cuda_graphs and self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             dec = StaticDecoder(
-                self.model, rows, self.cache_len, graphs=self.cuda_graphs, graph_pool=self._graph_pool
+                self.model, self.forward.attn, rows, self.cache_len, self.cuda_graphs, self._graph_pool
             )
             self._decoders[rows] = dec
         return dec

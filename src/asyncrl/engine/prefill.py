@@ -7,28 +7,20 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from asyncrl.engine.decode import buffer_cache, kv_dims, last_logits
-from asyncrl.engine.fused import FusedDecoder
+from asyncrl.engine.decode import buffer_cache, kv_dims
+from asyncrl.engine.forward import Forward
 from asyncrl.engine.prefix_cache import Hit
 from asyncrl.engine.prefix_tree import Piece, PrefillPlan
-from asyncrl.policy.model import as_attention_bias
 
 
 class Prefill:
-    """Prefills through ``model`` on ``device``; ``plain``: the model's growing cache is full-attention
-    layers only (what can be gathered and shared; else each level runs on the model's own cache).
-    ``fused``: the written-out forward each level runs instead of the model's (with ``plain``)."""
+    """Prefills through ``forward`` (each level a :meth:`Forward.prefill`) on ``device``; ``plain``: the
+    model's growing cache is full-attention layers only (what can be gathered and shared; else each level
+    runs on the model's own cache)."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        device: torch.device,
-        pad_token_id: int,
-        plain: bool,
-        fused: FusedDecoder | None = None,
-    ) -> None:
-        self.model, self.device, self.pad_token_id, self._plain = model, device, pad_token_id, plain
-        self.fused = fused if plain else None
+    def __init__(self, forward: Forward, device: torch.device, pad_token_id: int, plain: bool) -> None:
+        self.forward, self.model = forward, forward.model
+        self.device, self.pad_token_id, self._plain = device, pad_token_id, plain
 
     def run(
         self, plan: PrefillPlan, hits: list[Hit | None], prompts: list[list[int]], room: int
@@ -111,11 +103,7 @@ class Prefill:
             cache = buffer_cache(kv, n_cached, self.model.config)
         else:  # sliding-window layers: the model's own growing cache (nothing shared, no prefix cache)
             cache = DynamicCache(config=self.model.config)
-        if self.fused is not None:
-            return self.fused.prefill(input_ids, position_ids, allowed, cache), cache, valid, kv
-        mask = as_attention_bias(allowed[:, None], self.model.config._attn_implementation)
-        logits = last_logits(self.model, input_ids, position_ids, mask, cache)
-        return logits, cache, valid, kv
+        return self.forward.prefill(input_ids, position_ids, allowed, cache), cache, valid, kv
 
 
 def gather(

@@ -26,7 +26,7 @@ that is on by default for this backend (``algo.policy_loss.kind: decoupled_ppo``
 
 **Head padding.** For a head size vLLM's CPU attention lacks (the demo's 16) the engine serves an
 exactly equivalent model with zero-padded heads (:func:`plan_head_padding`,
-:mod:`asyncrl.engine.head_padding`), kept in its staging directory; every reload pads the new tensors.
+:mod:`asyncrl.engine.cpu.head_padding`), kept in its staging directory; every reload pads the new tensors.
 
 **Weights.** :meth:`VLLMEngine.load_weights` reloads in place (``collective_rpc("reload_weights")``)
 from the snapshot directory or a staging copy, then resets vLLM's prefix cache (its KV blocks belong
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.engine.base import GenerationEngine, Sample, check_requests, stop_ids, with_room
-from asyncrl.engine.head_padding import (
+from asyncrl.engine.cpu.head_padding import (
     HeadPaddingError,
     check_paddable,
     head_dim_of,
@@ -306,7 +306,7 @@ class VLLMEngine(GenerationEngine):
 
     def _served_tensors(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The policy's tensors as the model vLLM serves: heads padded (when :attr:`head_padding`;
-        a Qwen2 policy then served as Llama, see :mod:`asyncrl.engine.head_padding`) and a tied
+        a Qwen2 policy then served as Llama, see :mod:`asyncrl.engine.cpu.head_padding`) and a tied
         ``lm_head.weight`` added."""
         out = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         if self.head_padding is not None:

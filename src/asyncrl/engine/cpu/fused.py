@@ -15,7 +15,7 @@ merged copy's own modules; a prefill runs the LM head at each row's last positio
 
 The result equals the model's forward up to float rounding (``tests/test_engine.py`` checks the log-probs
 against the trainer's). The stacked weights are derived data, repacked at every refold of the merged copy
-(:meth:`FusedDecoder.repack`), so the weight-sync canary's probe, which decodes through this step, sees the
+(:meth:`FusedForward.repack`), so the weight-sync canary's probe, which decodes through this step, sees the
 weights served.
 """
 
@@ -27,8 +27,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
+from asyncrl.engine.cpu.packed import PackedForward, PackedLinear, pack, packable, packed_linear
 from asyncrl.engine.decode import BufferLayer
-from asyncrl.engine.packed import PackedLinear
 
 FUSABLE = {
     "llama": ("LlamaAttention", "LlamaMLP"),
@@ -56,21 +56,14 @@ class FusedLinear(torch.nn.Module):
     def repack(self) -> None:
         """Stack and pack the parts' weights as they are now."""
         weight = torch.cat([p.weight.detach() for p in self.parts])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-        biases = [p.bias for p in self.parts]
-        if all(b is None for b in biases):
-            self.bias = None
-        else:
-            self.bias = torch.cat(
-                [
-                    b.detach() if b is not None else p.weight.new_zeros(p.out_features)
-                    for b, p in zip(biases, self.parts, strict=True)
-                ]
-            )
+        self.packed = pack(weight)
+        biases = [
+            p.bias.detach() if p.bias is not None else p.weight.new_zeros(p.out_features) for p in self.parts
+        ]
+        self.bias = None if all(p.bias is None for p in self.parts) else torch.cat(biases)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return out
+        return packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={len(self.parts)}, packed"
@@ -189,28 +182,12 @@ class FusedDecoder(torch.nn.Module):
         self.kv_heads = layers[0].self_attn.kv_heads
         self.groups = layers[0].self_attn.heads // self.kv_heads
         self.lm_head: PackedLinear = model.lm_head  # type: ignore[assignment]
-
-    def stacks(self) -> list[FusedLinear]:
-        """Every layer's stacked q/k/v and gate/up matmuls."""
-        out: list[FusedLinear] = []
-        for layer in self.layers:
-            assert isinstance(layer, FusedLayer)
-            out += [layer.self_attn.qkv_proj, layer.mlp.gate_up_proj]
-        return out
-
-    def repack(self, changed: set[int] | None = None) -> None:
-        """Stack and pack the q/k/v and gate/up weights again (after the weights changed): those with a
-        part whose weight's ``id`` is in ``changed``, or all."""
-        for stack in self.stacks():
-            if changed is None or any(id(p.weight) in changed for p in stack.parts):
-                stack.repack()
+        self.stacks = [s for layer in layers for s in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj)]
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
-        """Next-token logits ``[rows, V]`` of ``tokens [rows]`` at ``positions [rows]``; ``valid [rows,
-        columns]`` the cache columns each row sees, this step's (the next one written) included. Writes
-        the step's KV into ``cache`` (every layer a :class:`BufferLayer`)."""
+        """:meth:`Forward.decode <asyncrl.engine.forward.Forward.decode>` (every cache layer a :class:`BufferLayer`)."""
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary_emb(x, positions[:, None])  # [rows, 1, dim]: once for every layer
         bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(~valid, float("-inf"))
@@ -225,11 +202,9 @@ class FusedDecoder(torch.nn.Module):
     def prefill(
         self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
-        """The last-position logits ``[rows, V]`` of ``tokens [rows, n]`` at ``positions [rows, n]``, right-aligned
-        windows, each query seeing the cache columns ``allowed [rows, n, columns]`` marks (the ``columns - n``
-        cached ones and the ``n`` written now, the last ones); a window column the last query does not see
-        is padding, skipped by the matmuls. Writes the windows' KV into ``cache`` (every layer a
-        :class:`BufferLayer` holding ``columns - n`` columns)."""
+        """:meth:`Forward.prefill <asyncrl.engine.forward.Forward.prefill>` of right-aligned windows (the last ``n``
+        of the ``columns``; every cache layer a :class:`BufferLayer` holding the others): a window column the
+        last query does not see is padding, skipped by the matmuls."""
         rows, n, columns = allowed.shape
         own = allowed[:, -1, columns - n :]  # [rows, n]: the windows' real tokens (the last query sees each)
         real = own.reshape(-1).nonzero().squeeze(-1)
@@ -249,8 +224,9 @@ class FusedDecoder(torch.nn.Module):
 
 
 def fusable(model: PreTrainedModel) -> bool:
-    """Whether :class:`FusedDecoder` computes ``model``'s decode step: a known Llama-layout model (no
-    sliding window, no logit scaling) whose linear layers are all :class:`PackedLinear` s."""
+    """Whether :class:`FusedDecoder` computes ``model``'s forward once its linears are packed: a known
+    Llama-layout model (no sliding window, no logit scaling) whose linear layers
+    :func:`~asyncrl.engine.cpu.packed.pack_linears` all packs."""
     cfg = model.config.to_dict()
     names = FUSABLE.get(str(cfg.get("model_type", "")))
     children = dict(model.named_children())
@@ -259,13 +235,12 @@ def fusable(model: PreTrainedModel) -> bool:
         return False
     if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
         return False
-    if not isinstance(children.get("lm_head"), PackedLinear):
-        return False
+    linears = [children.get("lm_head", torch.nn.Identity())]
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if (type(attn).__name__, type(mlp).__name__) != names or vars(attn).get("sliding_window"):
             return False
-        linears = [
+        linears += [
             attn.q_proj,
             attn.k_proj,
             attn.v_proj,
@@ -274,6 +249,41 @@ def fusable(model: PreTrainedModel) -> bool:
             mlp.up_proj,
             mlp.down_proj,
         ]
-        if not all(isinstance(m, PackedLinear) for m in linears):
-            return False
-    return True
+    return all(packable(m) for m in linears)
+
+
+class FusedForward(PackedForward):
+    """Packed linears, decode steps (and prefills: ``fused_prefill``) through :class:`FusedDecoder`, whose
+    stacks' parts keep no packed copy (they run only in the model's own forward, as plain ``linear``)."""
+
+    def __init__(self, model: PreTrainedModel, fused_prefill: bool) -> None:
+        super().__init__(model)
+        self.fused = FusedDecoder(model)
+        self.fused_prefill = fused_prefill
+        stacked = {id(p) for stack in self.fused.stacks for p in stack.parts}
+        for layer in self.packed:
+            if id(layer) in stacked:
+                layer.unpack()
+        self.packed = [layer for layer in self.packed if id(layer) not in stacked]
+
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        logits: torch.Tensor = self.fused(tokens, positions, valid, cache)
+        return logits
+
+    def prefill(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        if self.fused_prefill:
+            return self.fused.prefill(tokens, positions, allowed, cache)
+        return super().prefill(tokens, positions, allowed, cache)
+
+    def repack(self, changed: set[int] | None) -> None:
+        super().repack(changed)
+        for stack in self.fused.stacks:
+            if changed is None or any(id(p.weight) in changed for p in stack.parts):
+                stack.repack()
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model, self.fused]
