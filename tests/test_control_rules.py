@@ -66,6 +66,49 @@ def test_curriculum_raises_frontier_and_lowers_hopeless_and_converged() -> None:
     assert c.weight("a:3") > 0.9
 
 
+def test_the_curriculum_starts_on_the_buckets_the_initial_evaluation_put_in_the_band() -> None:
+    c = Curriculum(
+        ["a:0", "a:1", "a:2", "a:3", "a:4"],
+        CurriculumConfig(window=40, min_episodes=10, floor=0.1, ceiling=1.0, start_floor=0.02),
+    )
+    line = c.start({"a:0": (8, 8), "a:1": (2, 8), "a:2": (0, 8), "a:3": (0, 0), "x:9": (1, 2)}, (0.15, 0.5))
+    w = c.weights()
+    assert w["a:1"] == pytest.approx(0.1 + 0.9 * 4 * 0.25 * 0.75)  # in the band: the rule at its prior
+    assert w["a:0"] == w["a:2"] == 0.02  # solved / no success at the start: start_floor
+    assert w["a:3"] == w["a:4"] == 1.0  # not played (or no episode): unexplored, the ceiling
+    assert "x:9" not in w and c.measured("a:1") == 0.25 and c.measured("a:3") is None
+    assert line == (
+        "curriculum starts on a:1 (in the band 15%-50%); left out for now: a:2 (success under 15%); "
+        "a:0 (success over 50%) — drawn at start_floor until their own episodes say otherwise"
+    )
+    for _ in range(10):  # a:2's own episodes: it moved into the band, and its window now speaks
+        c.observe("a:2", len(c.outcomes["a:2"]) % 2 == 0)
+    assert c.weight("a:2") == pytest.approx(1.0) and c.measured("a:2") == 0.5
+    again = Curriculum(list(c.outcomes), c.c)
+    again.restore(json.loads(json.dumps(c.state())))  # the prior survives a snapshot
+    assert again.weights() == c.weights()
+
+
+def test_a_run_seeds_its_curriculum_from_the_initial_evaluation_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncrl.orchestrator.run import Orchestrator
+
+    cfg = load_config(None, ["env.min_difficulty=2", "env.max_difficulty=3"])
+    (tmp_path / "initial_eval.json").write_text(json.dumps({"per_bucket": {"arithmetic:2": [3, 10]}}))
+    orch = Orchestrator(cfg, tmp_path, display=False)
+    orch.prepare()
+    assert orch.rules.curriculum.prior == {"arithmetic:2": 0.3}
+    assert "asyncrl: curriculum starts on arithmetic:2 (in the band 15%-50%)" in capsys.readouterr().out
+    off = load_config(None, ["env.min_difficulty=2", "orchestrator.curriculum.start_from_eval=false"])
+    other = tmp_path / "off"
+    other.mkdir()
+    (other / "initial_eval.json").write_text((tmp_path / "initial_eval.json").read_text())
+    orch = Orchestrator(off, other, display=False)
+    orch.prepare()
+    assert orch.rules.curriculum.prior == {}
+
+
 def test_weighted_choice_follows_weights_and_skips_zero() -> None:
     rng = random.Random(1)
     picks = [weighted_choice({"x:1": 3.0, "y:1": 1.0, "z:1": 0.0}, rng) for _ in range(4000)]

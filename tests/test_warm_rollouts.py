@@ -246,3 +246,15 @@ def test_editing_the_demonstrator_function_invalidates_the_cached_warm_start(tmp
         "def turns(example, rng):\n    return ['Sure. <answer>' + example['answer'] + '</answer>']\n"
     )
     assert warm_start_key(load_config(None, over)) != before
+
+
+def test_the_evaluation_counts_episodes_per_bucket() -> None:
+    from asyncrl.rollout.heldout import bucket_counts
+
+    trajs = [
+        _traj("a", "a0", "success", [4]),
+        _traj("a", "a1", "failure", [4]),
+        _traj("c", "c0", "success", [5], sample="c0-0"),  # one episode of two per-turn samples
+        _traj("c", "c0", "success", [6], sample="c0-1"),
+    ]
+    assert bucket_counts(trajs) == {"t:0": [2, 3]}

@@ -22,6 +22,13 @@ class CurriculumConfig(Section):
     """Weight of a bucket at success 0.5 (weight = floor + (ceiling - floor) * 4p(1-p))."""
     steer_buffer: bool = False
     """Also steer the replay buffer's batch composition to the bucket weights."""
+    start_from_eval: bool = True
+    """Start where the signal is: each bucket's success in the initial held-out evaluation (the policy RL
+    starts from) sets its weight until its own window holds ``min_episodes`` episodes; buckets outside
+    the learnable band (``orchestrator.signal.band_low``–``band_high``) start at ``start_floor``, and the
+    run says in one line which it starts on and which it left out (docs/orchestrator.md)."""
+    start_floor: float = Field(0.02, gt=0, le=100)
+    """Weight, at the start, of a bucket the initial evaluation put outside the learnable band."""
 
     @model_validator(mode="after")
     def _check(self) -> CurriculumConfig:

@@ -345,6 +345,20 @@ class Orchestrator:
             if saved is not None:
                 self.restore(saved)
             reap_orphans(self.run_dir, self.state)
+        elif self.cfg.orchestrator.curriculum.start_from_eval:
+            self._start_where_the_signal_is()
+
+    def _start_where_the_signal_is(self) -> None:
+        """Seed the curriculum with the initial evaluation's per-bucket success and say what it left out."""
+        path = self.run_dir / "initial_eval.json"
+        counts = json.loads(path.read_text()).get("per_bucket") if path.is_file() else None
+        if not counts:
+            return
+        sc = self.cfg.orchestrator.signal
+        band = (sc.band_low, sc.band_high)
+        line = self.rules.curriculum.start({b: (int(k), int(n)) for b, (k, n) in counts.items()}, band)
+        log.info(line)
+        print(f"asyncrl: {line}", flush=True)
 
     def run(self) -> TrainerReport | None:
         """Start the roles and supervise them until the trainer finishes or a stop is asked for

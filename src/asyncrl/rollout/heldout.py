@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import EnvConfig, HFEngineConfig, NoLatencyConfig, RunConfig
+from asyncrl.control.buckets import bucket_of
 from asyncrl.envs import make_env, make_task_source
 from asyncrl.errors import UserError
 from asyncrl.records import SamplingParams, Task, Trajectory
@@ -146,11 +147,23 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
         return sorted(groups.items())
 
     report = {**stats(trajs), **retokenization_stats(trajs)}
+    report["per_bucket"] = bucket_counts(trajs)
     report["per_task_type"] = {k: stats(v) for k, v in by(lambda t: t.task_type)}
     report["per_difficulty"] = {str(k): stats(v)["success_rate"] for k, v in by(lambda t: t.difficulty)}
     if any(t.task.env for t in trajs):  # env.kind: mix — every environment's own held-out figures
         report["per_env"] = {k: {**stats(v), **retokenization_stats(v)} for k, v in by(lambda t: t.env) if k}
     return report
+
+
+def bucket_counts(trajs: list[Trajectory]) -> dict[str, list[int]]:
+    """Bucket (:func:`~asyncrl.control.buckets.bucket_of`) -> ``[successful episodes, episodes]``: what the
+    curriculum starts from (``orchestrator.curriculum.start_from_eval``)."""
+    out: dict[str, list[int]] = {}
+    for t in {t.episode: t for t in trajs}.values():  # an episode's samples share its outcome
+        counts = out.setdefault(bucket_of(t.task), [0, 0])
+        counts[0] += t.outcome == "success"
+        counts[1] += 1
+    return dict(sorted(out.items()))
 
 
 def heldout_tasks(cfg: RunConfig, limit: int | None = None) -> list[Task]:
