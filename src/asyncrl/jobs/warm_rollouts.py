@@ -21,8 +21,8 @@ learned). The rule, a round at a time (:class:`~asyncrl.config.trainer.RolloutSF
    steps (at least 1, at most ``max_steps``; ``trainer.sft``'s batch size and learning rate), then go
    to 1.
 
-The policy RL starts from is the round with the best held-out pass@G (the earliest on a tie): a
-round that made things worse is not kept. Episodes whose environment faulted (outcome ``env_error``:
+The policy RL starts from is the round with the best held-out pass@G (on a tie, the better held-out
+success; then the earliest): a round that made things worse is not kept. Episodes whose environment faulted (outcome ``env_error``:
 a ``reset`` or tool that raised past the guard's retries) are counted and skipped, never kept.
 
 What it cannot do: a task the policy never solves once in ``samples_per_task`` samples gives nothing
@@ -231,7 +231,7 @@ def rollout_rounds(
         row.round_seconds = time.monotonic() - t0
         report.rounds.append(row)
         say(_line(row, g))
-        if row.heldout_pass_at_g > best.heldout_pass_at_g:
+        if (row.heldout_pass_at_g, row.heldout_success) > (best.heldout_pass_at_g, best.heldout_success):
             best, snapshot = row, _Snapshot(policy)
     else:
         report.stopped = "rounds" if rounds else "no_rounds"
