@@ -29,7 +29,6 @@ SERIAL = {
     "test_gateway_e2e.py",
     "test_gpu_suite.py",
     "test_lending.py",
-    "test_memory.py",
     "test_models_e2e.py",
     "test_observe_e2e.py",
     "test_ray_cluster.py",
@@ -42,12 +41,12 @@ SERIAL = {
     "test_signal.py",
     "test_state_store.py",
     "test_stop.py",
-    "test_trainer_passes_bench.py",
     "test_transport.py",
     "test_weights.py",
 }
 """Test files marked ``serial``: ``make unit`` runs the others on two xdist workers first, then these
-alone (``tests/test_architecture.py`` checks every ``*_e2e.py`` file is here)."""
+alone (``tests/test_architecture.py`` checks every ``*_e2e.py`` file is here). A file whose tests mostly
+compute in-process stays out, and its few tests that must run alone carry ``@pytest.mark.serial``."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -409,6 +409,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.serial  # a figure of memory (a 400 MB peak): alone, after the two-worker part
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="/proc/self/status")
 def test_a_spawned_role_reports_its_own_peak_not_its_launchers(tmp_path: Path) -> None:
     """Linux keeps ``ru_maxrss`` across fork + exec, so a role spawned after the launcher's warm start
