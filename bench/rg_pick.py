@@ -1,6 +1,7 @@
 """Pick the reasoning-gym rows of the ecosystem table by a stated rule (issue #57 item 6), not by trying
 until one works: walk reasoning-gym's registered datasets in alphabetical order, skip those another row
-uses, build each alone with its default config at its lowest level (``env.max_difficulty: 0``), and
+uses, build each alone with its default config (``size`` 5000: a pool wide enough for the held-out split)
+at its lowest level (``env.max_difficulty: 0``), and
 measure the base model's held-out pass@G there (``--tasks`` held-out tasks, each played G times with the
 recipe's sampling: ``configs/smollm2_arithmetic.yaml``, G = its ``rollout.group_size``). The first
 ``--want`` datasets with pass@G above 0 are the picks. Every dataset looked at is printed (one JSON line
@@ -37,7 +38,9 @@ def _config(name: str, tasks: int) -> Any:
         "max_turns": 1,
         "max_difficulty": 0,
         "heldout_size": tasks,
-        "reasoning_gym": {"datasets": [{"name": name}]},
+        # size only widens the pool a held-out split is drawn from (reasoning-gym's default 500 leaves
+        # some datasets fewer than 16 held-out tasks); the task distribution is the default config's
+        "reasoning_gym": {"datasets": [{"name": name, "config": {"size": 5000}}]},
     }
     return _from_dict(raw)
 
@@ -96,6 +99,8 @@ def main() -> None:
             if len(picks) == args.want:
                 break
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    if args.start and RESULTS.exists():  # a resumed walk keeps what the earlier part scanned
+        rows = [r for r in json.loads(RESULTS.read_text())["scanned"] if r["dataset"] < args.start] + rows
     out = {
         "date": time.strftime("%Y-%m-%d"),
         "rule": __doc__.split("\n\n")[0],
