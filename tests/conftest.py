@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# Role processes fork from one server that imported torch and transformers once, instead of each
-# spawned role importing them again (~5 s of CPU a role, a third of the suite's time): the suite's
-# in-process runs share one server, each ``asyncrl train`` subprocess (which inherits this) has its own.
-# Real runs spawn; tests/test_runtime_e2e.py runs one end to end with spawn (asyncrl.launch.local).
-os.environ.setdefault("ASYNCRL_ROLE_START", "forkserver")
-
 
 SERIAL = {
     # runs of roles (trainers, rollout workers, evaluators, launchers, Ray, torch.distributed ranks),
@@ -76,9 +68,12 @@ def role_server_started() -> None:
     test that reconciles a run's wall time with its roles' lifetimes asks for it."""
     from multiprocessing import forkserver
 
+    from asyncrl.config import LocalLauncherConfig
     from asyncrl.launch.local import role_context
 
-    if role_context().get_start_method() == "forkserver":  # sets the preload list the server reads
+    if (
+        role_context(LocalLauncherConfig().start).get_start_method() == "forkserver"
+    ):  # sets the preload list the server reads
         forkserver.ensure_running()
 
 

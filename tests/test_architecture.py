@@ -719,3 +719,39 @@ def test_every_end_to_end_file_runs_serially() -> None:
     names = {p.name for p in tests.glob("test_*.py")}
     assert {n for n in names if n.endswith("_e2e.py")} <= SERIAL
     assert names >= SERIAL, SERIAL - names
+
+
+# -- a role is built from its own settings ------------------------------------------------------------------
+FOREIGN_SECTIONS = {"rollout": {"orchestrator"}, "trainer": {"orchestrator", "rollout"}}
+"""What each role's package (and its side of the directives, ``control/worker.py``) may not read: another
+role's config section; what it needs from one comes in its settings (``config.run.RolloutSettings``,
+``TrainerSettings``), derived once."""
+
+
+def _foreign_reads(files: dict[str, str]) -> list[str]:
+    found = []
+    for rel, text in files.items():
+        role = "rollout" if rel == "control/worker.py" else rel.partition("/")[0]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Attribute) and node.attr in FOREIGN_SECTIONS.get(role, set()):
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_a_role_reads_no_other_roles_config_section() -> None:
+    files = {str(p.relative_to(SRC)): p.read_text() for p in SRC.rglob("*.py")}
+    assert _foreign_reads(files) == []
+    probes = {
+        "rollout/a.py": "bc = self.cfg.orchestrator.breaker",
+        "control/worker.py": "on = cfg.orchestrator.curriculum.enabled",
+        "trainer/b.py": "steer = cfg.orchestrator.curriculum.steer_buffer",
+        "trainer/c.py": "g = run.rollout.group_size",
+        "trainer/ok.py": "s = cfg.trainer_settings().steer_buffer\nfrom asyncrl.orchestrator import x",
+        "orchestrator/ok.py": "g = cfg.rollout.group_size",
+    }
+    assert _foreign_reads(probes) == [
+        "rollout/a.py:1",
+        "control/worker.py:1",
+        "trainer/b.py:1",
+        "trainer/c.py:1",
+    ]

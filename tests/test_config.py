@@ -551,3 +551,29 @@ def test_cli_warns_once_on_one_line_for_an_old_name() -> None:
         "config: orchestrator.max_staleness is deprecated, use control.max_staleness "
         "(the old name goes in the next release)"
     ]
+
+
+def test_each_role_gets_its_settings_from_the_run_config() -> None:
+    """The values other sections decide for a role arrive in its settings; evaluation's are quiet, on the
+    built-in engine with the run's batching, and play every episode to its end."""
+    cfg = load_config(
+        None,
+        [
+            "orchestrator.exploration.early_stop_invalid=3",
+            "orchestrator.breaker.reward_min=-2",
+            "orchestrator.breaker.reward_max=5",
+            "orchestrator.curriculum.enabled=false",
+            "orchestrator.curriculum.steer_buffer=true",
+            "rollout.engine.kind=vllm",
+            "rollout.engine.max_batch=7",
+            "env.latency.kind=constant",
+            "env.faults.exception_rate=0.5",
+        ],
+    )
+    worker, ev = cfg.rollout_settings(), cfg.eval_settings()
+    assert (worker.early_stop_invalid, worker.reward_bounds, worker.curriculum) == (3, (-2.0, 5.0), False)
+    assert worker.engine.kind == "vllm" and worker.env.faults.exception_rate == 0.5
+    assert ev.engine.kind == "hf" and ev.engine.max_batch == 7 and ev.early_stop_invalid == 0
+    assert ev.env.latency.kind == "none" and ev.env.faults.exception_rate == 0.0
+    assert (ev.reward_bounds, ev.curriculum, ev.sampling) == (worker.reward_bounds, False, worker.sampling)
+    assert cfg.trainer_settings().steer_buffer is True

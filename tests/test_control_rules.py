@@ -268,7 +268,7 @@ def test_worker_control_skips_open_buckets_and_balances_by_steps(tmp_path: Path)
     st = RunState.open(cfg, tmp_path)
     from asyncrl.envs import make_task_source
 
-    wc = WorkerControl(cfg, st, "rollout-0", make_task_source(cfg.env))
+    wc = WorkerControl(cfg, st, "rollout-0", make_task_source(cfg.env), curriculum=True)
     st.publish_directives(
         compose(
             {"arithmetic:2": 1.0, "arithmetic:3": 1.0},
@@ -285,7 +285,7 @@ def test_worker_control_skips_open_buckets_and_balances_by_steps(tmp_path: Path)
     rng = random.Random(0)
     assert {wc.next_task(rng)[0].difficulty for _ in range(50)} == {2}
     group_steps = cfg.rollout.group_size * cfg.env.max_turns
-    other = WorkerControl(cfg, st, "rollout-1", make_task_source(cfg.env))
+    other = WorkerControl(cfg, st, "rollout-1", make_task_source(cfg.env), curriculum=True)
     other.publish_load(group_steps, force=True)  # rollout-1 runs one group
     assert wc.may_take(0) and wc.may_take(group_steps) and wc.may_take(2 * group_steps - 1)
     wc._loads_at = 0.0

@@ -12,14 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from asyncrl.config import RunConfig, load_config
-from asyncrl.launch.local import role_context  # the ranks start as the launcher starts roles
+from asyncrl.config import LocalLauncherConfig, RunConfig, load_config
+from asyncrl.launch.local import role_context
 from asyncrl.records import Task, Trajectory, Turn, decode_trajectory, encode, groups_of
 from asyncrl.trainer.distributed import assign
 from helpers import free_port
 
 # two spawned ranks train a tiny model: about a minute alone, several while other sessions share the cores
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(900)]
+START = LocalLauncherConfig().start
+"""The ranks start as the launcher starts roles."""
 SPAWNS = pytest.mark.slow  # two spawned gloo ranks: ~1 min each on a loaded 2-core machine (imports)
 
 TINY = [
@@ -113,7 +115,7 @@ def _rank(rank: int, port: int, cfg_json: str, model_dir: str | None, out: str, 
 
 
 def run_ranks(cfg: RunConfig, world: int, out: Path, model_dir: str | None, steps: int) -> None:
-    ctx = role_context()
+    ctx = role_context(START)
     port = free_port()
     procs = [
         ctx.Process(target=_rank, args=(r, port, cfg.model_dump_json(), model_dir, str(out), steps))
@@ -265,7 +267,7 @@ def test_rank_1_contributes_its_share_of_the_replicated_gradient(tmp_path: Path)
     same check sees an idle rank: with every micro-batch on rank 0, rank 1's bucket is all zeros (and
     the replicas still agree)."""
     cfg = load_config(None, [*TINY, "trainer.world_size=2", "trainer.parallel=ddp"])
-    ctx, port = role_context(), free_port()
+    ctx, port = role_context(START), free_port()
     procs = [
         ctx.Process(target=_contribution_rank, args=(r, port, cfg.model_dump_json(), str(tmp_path)))
         for r in (0, 1)
@@ -415,7 +417,7 @@ def test_checkpoints_resume_on_another_world_size(tmp_path: Path, parallel: str)
     torch.manual_seed(101)
     one.step(groups_of(batch()), version=1)  # the one-rank continuation, for comparison
 
-    ctx, port, out = role_context(), free_port(), tmp_path / "two"
+    ctx, port, out = role_context(START), free_port(), tmp_path / "two"
     procs = [
         ctx.Process(target=_resume_rank, args=(r, port, cfg.model_dump_json(), str(first), str(out)))
         for r in (0, 1)

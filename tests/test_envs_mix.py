@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.config import EnvConfig, load_config
+from asyncrl.config import EnvConfig, load_config, quiet_env
 from asyncrl.control.buckets import bucket_of, bucket_prior, buckets_of_source, sample_in_bucket
 from asyncrl.control.directives import Directives, group_report
 from asyncrl.control.worker import WorkerControl
@@ -24,7 +24,7 @@ from asyncrl.envs.mix import MixTaskSource
 from asyncrl.errors import UserError
 from asyncrl.orchestrator.mix import curriculum_shares, env_metrics
 from asyncrl.records import Group, Lifecycle, Task, Trajectory, Turn
-from asyncrl.rollout.heldout import eval_env_config, heldout_tasks, summarise
+from asyncrl.rollout.heldout import heldout_tasks, summarise
 from asyncrl.telemetry.report_envs import EnvTally, env_blocks, per_env
 from helpers import run_texts_sync
 
@@ -129,8 +129,7 @@ def test_a_member_short_of_heldout_tasks_is_named(tmp_path: Path) -> None:
 
 def test_evaluation_turns_off_every_members_faults() -> None:
     cfg = mix(member("a", "calculator", faults={"exception_rate": 1.0}), member("b", "kb_lookup"))
-    run = type("Run", (), {"env": cfg})()
-    quiet = eval_env_config(run)  # type: ignore[arg-type]
+    quiet = quiet_env(cfg)
     assert [m.env.faults.exception_rate for m in quiet.mix] == [0.0, 0.0]
     assert (cfg.mix or [])[0].env.faults.exception_rate == 1.0
 
@@ -278,7 +277,7 @@ def test_workers_draw_by_member_weight_times_curriculum_weight(
             "rollout.exploration_rate=0",
         ],
     )
-    control = WorkerControl(cfg, _State(weights), "rollout-0", make_task_source(cfg.env))  # type: ignore[arg-type]
+    control = WorkerControl(cfg, _State(weights), "rollout-0", make_task_source(cfg.env), curriculum=True)  # type: ignore[arg-type]
     rng = random.Random(0)
     draws = [control.next_task(rng)[0].env for _ in range(2000)]
     assert low < draws.count("arith") / 2000 < high  # 3:1 by weight; the curriculum's 0.1 turns it down

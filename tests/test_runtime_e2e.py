@@ -132,11 +132,10 @@ def test_tree_config_learns_async_and_loses_nothing(tmp_path: Path, cache_dir: P
     assert worker["rollout/tree_branch_points"] > 0 and worker["rollout/tree_replay_diverged"] == 0
 
 
-def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(
-    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("ASYNCRL_ROLE_START")  # spawned roles, as in every real run (conftest.py forks them)
-    cfg = make_cfg(tmp_path, cache_dir, "trainer.total_steps=12", "rollout.num_workers=2")
+def test_killed_rollout_worker_is_restarted_and_nothing_is_lost(tmp_path: Path, cache_dir: Path) -> None:
+    cfg = make_cfg(
+        tmp_path, cache_dir, "trainer.total_steps=12", "rollout.num_workers=2", "launcher.start=spawn"
+    )
     th, out = run_in_thread(cfg, eval_limit=8)
     run_dir = the_run_dir(tmp_path)
     state = RunState.open(cfg, run_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.config import CreditConfig, ModelConfig, RunConfig, load_config
+from asyncrl.config import CreditConfig, LocalLauncherConfig, ModelConfig, RunConfig, load_config
 from asyncrl.engine import GenerationEngine, Sample
 from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, groups_of, members
 from asyncrl.staleness import StalenessPolicy
@@ -433,18 +433,18 @@ def _role_env(out: str) -> None:
     Path(out).write_text(os.environ.get("ASYNCRL_TEST_PROBE", "unset"))
 
 
-def test_multiprocess_roles_are_spawned_unless_the_suite_asks_for_the_forkserver(
+def test_the_launcher_starts_roles_as_launcher_start_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Real runs spawn every role; the suite's roles fork from a server (tests/conftest.py) and still
-    get the launcher's environment of the moment they start, not the server's."""
-    from asyncrl.launch.local import START_ENV, LocalLauncher
+    """``launcher.start``: spawned roles, or roles forked from a server that still get the launcher's
+    environment of the moment they start, not the server's."""
+    from asyncrl.launch import make_launcher
+    from asyncrl.launch.local import LocalLauncher
 
-    monkeypatch.delenv(START_ENV)
-    assert LocalLauncher()._ctx.get_start_method() == "spawn"
-    monkeypatch.setenv(START_ENV, "forkserver")
-    launcher = LocalLauncher()
-    assert launcher._ctx.get_start_method() == "forkserver"
+    spawn = make_launcher(LocalLauncherConfig(start="spawn"))
+    assert isinstance(spawn, LocalLauncher) and spawn._ctx.get_start_method() == "spawn"
+    launcher = make_launcher(LocalLauncherConfig(start="forkserver"))
+    assert isinstance(launcher, LocalLauncher) and launcher._ctx.get_start_method() == "forkserver"
     for value in ("first", "second"):  # the server, started by the first role, never saw "second"
         monkeypatch.setenv("ASYNCRL_TEST_PROBE", value)
         launcher.start(f"role-{value}", _role_env, str(tmp_path / value))

@@ -63,7 +63,15 @@ from asyncrl.config.rollout import (
     TreeConfig,
     VLLMEngineConfig,
 )
-from asyncrl.config.run import SECTIONS, RunConfig, max_trainer_held, min_queue_capacity
+from asyncrl.config.run import (
+    SECTIONS,
+    RolloutSettings,
+    RunConfig,
+    TrainerSettings,
+    max_trainer_held,
+    min_queue_capacity,
+    quiet_env,
+)
 from asyncrl.config.telemetry import TelemetryConfig
 from asyncrl.config.trainer import AlgoConfig, ResolvedSFT, SFTConfig, TrainerConfig
 from asyncrl.config.transport import EmbeddedTransportConfig, RedisTransportConfig, TransportConfig
@@ -115,6 +123,7 @@ __all__ = [
     "RedisTransportConfig",
     "ResolvedSFT",
     "RolloutConfig",
+    "RolloutSettings",
     "RunConfig",
     "SFTConfig",
     "SQLiteStateConfig",
@@ -127,6 +136,7 @@ __all__ = [
     "StateStoreConfig",
     "TelemetryConfig",
     "TrainerConfig",
+    "TrainerSettings",
     "TransportConfig",
     "TreeConfig",
     "VLLMEngineConfig",
@@ -140,5 +150,6 @@ __all__ = [
     "load_config",
     "max_trainer_held",
     "min_queue_capacity",
+    "quiet_env",
     "variants",
 ]

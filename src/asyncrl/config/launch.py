@@ -45,6 +45,10 @@ class LocalLauncherConfig(_LauncherBase):
     """OS processes on this machine."""
 
     kind: Literal["local"] = "local"
+    start: Literal["forkserver", "spawn"] = "forkserver"
+    """How role processes start: ``forkserver``, forked from one server process that imported torch and
+    transformers once, each with the launcher's environment of the moment it starts; ``spawn``, a fresh
+    interpreter each, which imports them again (~5 s of CPU a role; start-up measured in docs/reliability.md)."""
     lend_threads: bool = False
     """Core lending (CPU models, one trainer rank): a waiting compute role lends its cores to the roles
     still computing, which raise their torch threads until it computes again. Off by default: no clear

@@ -3,6 +3,7 @@ cross-section rules."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -12,16 +13,53 @@ from asyncrl.config.base import Section, drop_stale_defaults
 from asyncrl.config.control import ControlConfig
 from asyncrl.config.cost import CostConfig
 from asyncrl.config.credit import CreditConfig
-from asyncrl.config.env import EnvConfig
+from asyncrl.config.env import EnvConfig, NoLatencyConfig
 from asyncrl.config.launch import LauncherConfig, LocalLauncherConfig
 from asyncrl.config.model import ModelConfig
 from asyncrl.config.orchestrator import OrchestratorConfig
-from asyncrl.config.rollout import RolloutConfig
+from asyncrl.config.rollout import EngineConfig, HFEngineConfig, RolloutConfig, SamplingConfig
 from asyncrl.config.telemetry import TelemetryConfig
 from asyncrl.config.trainer import AlgoConfig, TrainerConfig
 from asyncrl.config.transport import EmbeddedTransportConfig, TransportConfig
 from asyncrl.config.weights import LocalWeightsConfig, WeightsConfig
 from asyncrl.staleness import StalenessPolicy
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What episodes are played from, in a rollout worker (:meth:`RunConfig.rollout_settings`) and in
+    held-out evaluation (:meth:`RunConfig.eval_settings`): derived once, the values other roles' sections
+    decide for the rollout role included, so that it reads no other role's section."""
+
+    env: EnvConfig
+    """The environment (evaluation: without simulated latency or faults, :func:`quiet_env`)."""
+    engine: EngineConfig
+    """The generation engine (evaluation: always the built-in one, with the run's batching; docs/engines.md)."""
+    sampling: SamplingConfig
+    concurrent_episodes: int
+    early_stop_invalid: int
+    """``orchestrator.exploration.early_stop_invalid`` (evaluation: 0, it plays every episode to its end)."""
+    reward_bounds: tuple[float, float]
+    """``orchestrator.breaker.reward_min`` / ``reward_max``, the range a group's report checks rewards against."""
+    curriculum: bool
+    """``orchestrator.curriculum.enabled``: training tasks are drawn by the curriculum's bucket weights."""
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The values other roles' sections decide for the trainer (:meth:`RunConfig.trainer_settings`)."""
+
+    steer_buffer: bool
+    """``orchestrator.curriculum.steer_buffer``: batch composition follows the curriculum's weights."""
+
+
+def quiet_env(env: EnvConfig) -> EnvConfig:
+    """``env`` without simulated latency or injected faults (in every member of an ``env.kind: mix``)."""
+    faults = env.faults.model_copy(update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0})
+    update: dict[str, object] = {"latency": NoLatencyConfig(), "faults": faults}
+    if env.mix:
+        update["mix"] = [m.model_copy(update={"env": quiet_env(m.env)}) for m in env.mix]
+    return env.model_copy(update=update)
 
 
 class RunConfig(Section):
@@ -58,6 +96,25 @@ class RunConfig(Section):
         """The staleness rules in force for this run (:mod:`asyncrl.staleness`; rule 5 sets the lag)."""
         c = self.control
         return StalenessPolicy.from_config(c.mode, c.max_staleness, self.trainer.batch_size, c.stale_policy)
+
+    def rollout_settings(self) -> RolloutSettings:
+        """A rollout worker's settings."""
+        o, rc = self.orchestrator, self.rollout
+        bounds = (o.breaker.reward_min, o.breaker.reward_max)
+        return RolloutSettings(
+            self.env, rc.engine, rc.sampling, rc.concurrent_episodes, o.exploration.early_stop_invalid, bounds,
+            o.curriculum.enabled,
+        )  # fmt: skip
+
+    def eval_settings(self) -> RolloutSettings:
+        """Held-out evaluation's settings: it measures the policy, not the tools, comparably across engines."""
+        engine = self.rollout.engine
+        if engine.kind != "hf":  # the built-in engine's defaults, with the run's batching
+            engine = HFEngineConfig(max_batch=engine.max_batch, batch_wait_ms=engine.batch_wait_ms)
+        return replace(self.rollout_settings(), env=quiet_env(self.env), engine=engine, early_stop_invalid=0)
+
+    def trainer_settings(self) -> TrainerSettings:
+        return TrainerSettings(steer_buffer=self.orchestrator.curriculum.steer_buffer)
 
     def signal_window(self) -> int:
         """Training groups per window of the no-signal rule (:mod:`asyncrl.orchestrator.signal`) and of the

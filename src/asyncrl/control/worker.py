@@ -27,8 +27,12 @@ if TYPE_CHECKING:
 class WorkerControl:
     """A rollout worker's view of the orchestrator's directives (module docstring)."""
 
-    def __init__(self, cfg: RunConfig, state: RunState, name: str, source: TaskSource) -> None:
+    def __init__(
+        self, cfg: RunConfig, state: RunState, name: str, source: TaskSource, *, curriculum: bool
+    ) -> None:
         self.cfg, self.state, self.name, self.source = cfg, state, name, source
+        self.curriculum = curriculum
+        """``orchestrator.curriculum.enabled`` (:class:`~asyncrl.config.RolloutSettings`)."""
         self.refresh_s = cfg.control.refresh_s
         self.doc = Directives()
         self._read_at = 0.0
@@ -67,7 +71,7 @@ class WorkerControl:
                     self.source, rng, rng.choice([b for b in live if b.endswith(f":{hardest}")])
                 ), False
             return self.source.sample(rng, difficulty=self.cfg.env.max_difficulty), False
-        if not self.cfg.orchestrator.curriculum.enabled and not d.open:
+        if not self.curriculum and not d.open:
             return self.source.sample(rng), False
         bucket = weighted_choice(weights, rng)
         if bucket is None:
@@ -77,7 +81,7 @@ class WorkerControl:
     def _weights(self, d: Directives) -> dict[str, float]:
         known = d.weights
         w = {b: float(known.get(b, 1.0)) for b in self.buckets} if self.buckets else dict(known)
-        if not self.cfg.orchestrator.curriculum.enabled:
+        if not self.curriculum:
             w = {b: (0.0 if x == 0 else 1.0) for b, x in w.items()}
         if w and not any(x > 0 for x in w.values()):  # every bucket open: probe them all
             w = {b: 1.0 for b in w}

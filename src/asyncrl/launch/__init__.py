@@ -26,4 +26,4 @@ def make_launcher(cfg: LauncherConfig, run_dir: Path | None = None) -> Launcher:
         if run_dir is None:
             raise ValueError("launcher.kind 'external' needs the run directory")
         return ExternalLauncher(cfg, run_dir)
-    return LocalLauncher()
+    return LocalLauncher(cfg.start)

@@ -1,15 +1,13 @@
-"""The local launcher (``launcher.kind: local``): role processes on this machine (``multiprocessing``
-with spawn). The contract: :mod:`asyncrl.launch.base`.
+"""The local launcher (``launcher.kind: local``): role processes on this machine (``multiprocessing``).
+The contract: :mod:`asyncrl.launch.base`.
 
 Each role runs in a session of its own (``setsid``): a terminal's Ctrl-C, a closed terminal's SIGHUP
 and a signal to the launcher's process group (``timeout``, ``kill -- -PGID``) reach the orchestrator
 alone, which stops the roles in order (:mod:`asyncrl.orchestrator.stopping`). A role never outlives
 its orchestrator for long: it watches the orchestrator's heartbeat (``launcher.orphan_timeout_s``).
 
-Test-suite hook: with ``ASYNCRL_ROLE_START=forkserver`` in the environment (``tests/conftest.py``)
-the roles fork from one server process that imported their modules once, instead of each spawned
-interpreter importing torch and transformers again (~5 s of CPU a role); each role still gets the
-launcher's environment of the moment it starts. Unset (every real run), roles are spawned.
+``launcher.start``: roles fork from one server process that imported their modules once (``forkserver``),
+each with the launcher's environment of the moment it starts, or are spawned (a fresh interpreter each).
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ import os
 from collections.abc import Callable
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
+from typing import Literal
 
 from asyncrl.launch.base import Launcher
 
-START_ENV = "ASYNCRL_ROLE_START"
-"""``forkserver``: the test suite's faster role start (module docstring); anything else: spawn."""
 _PRELOAD = ["asyncrl.trainer.process", "asyncrl.trainer.ranks", "asyncrl.rollout.worker"]
 _PRELOAD += ["asyncrl.rollout.evaluator", "asyncrl.policy.model"]
 # the transformers classes asyncrl.policy.model imports where it builds or loads a model
@@ -31,8 +28,9 @@ _PRELOAD += [f"transformers.models.{m}" for m in ("auto.modeling_auto", "auto.to
 _PRELOAD += [f"transformers.models.{m}" for m in ("qwen2.modeling_qwen2", "llama.modeling_llama")]
 
 
-def role_context() -> SpawnContext | ForkServerContext:
-    if os.environ.get(START_ENV) != "forkserver":
+def role_context(start: Literal["forkserver", "spawn"]) -> SpawnContext | ForkServerContext:
+    """The multiprocessing context that starts role processes (``launcher.start``)."""
+    if start == "spawn":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts (the first role of the process)
@@ -40,8 +38,8 @@ def role_context() -> SpawnContext | ForkServerContext:
 
 
 class LocalLauncher(Launcher):
-    def __init__(self) -> None:
-        self._ctx = role_context()
+    def __init__(self, start: Literal["forkserver", "spawn"]) -> None:
+        self._ctx = role_context(start)
         self._procs: dict[str, BaseProcess] = {}
 
     def start(self, name: str, target: Callable[..., None], *args: object) -> None:

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.config import EnvConfig, HFEngineConfig, NoLatencyConfig, RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.control.buckets import bucket_of
 from asyncrl.envs import make_env, make_task_source
 from asyncrl.errors import UserError
@@ -23,27 +23,12 @@ if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
 
 
-def eval_env_config(cfg: RunConfig) -> EnvConfig:
-    """The env config used for evaluation: same tasks, no simulated latency or faults (in every member
-    of an ``env.kind: mix``)."""
-    return _quiet(cfg.env)
-
-
-def _quiet(env: EnvConfig) -> EnvConfig:
-    faults = env.faults.model_copy(update={"exception_rate": 0.0, "hang_rate": 0.0, "malformed_rate": 0.0})
-    update: dict[str, object] = {"latency": NoLatencyConfig(), "faults": faults}
-    if env.mix:
-        update["mix"] = [m.model_copy(update={"env": _quiet(m.env)}) for m in env.mix]
-    return env.model_copy(update=update)
-
-
 async def run_episodes(
     cfg: RunConfig,
     policy: Policy,
     tasks: list[Task],
     *,
     seed: int,
-    env_cfg: EnvConfig | None = None,
     sampling: SamplingParams | None = None,
     prefixes: list[list[list[int]]] | None = None,
 ) -> list[Trajectory]:
@@ -58,21 +43,16 @@ async def run_episodes(
     from asyncrl.policy.model import context_limit
     from asyncrl.rollout.episode import EpisodeSettings, run_episode
 
-    env_cfg = env_cfg or eval_env_config(cfg)
+    es = cfg.eval_settings()
     renderer = make_renderer(cfg.model, policy)
-    # Always the built-in engine: evaluation measures the policy, comparably across rollout
-    # backends, and does not pay a vllm engine's start-up (docs/engines.md).
-    engine_cfg = cfg.rollout.engine
-    if engine_cfg.kind != "hf":  # the built-in engine's defaults, with the run's batching
-        engine_cfg = HFEngineConfig(max_batch=engine_cfg.max_batch, batch_wait_ms=engine_cfg.batch_wait_ms)
-    engine = make_engine(engine_cfg, policy, renderer.stop_token_ids, seed=seed)
-    batcher = TurnBatcher.of(engine, engine_cfg)
+    engine = make_engine(es.engine, policy, renderer.stop_token_ids, seed=seed)
+    batcher = TurnBatcher.of(engine, es.engine)
     settings = EpisodeSettings(
         max_turns=cfg.env.max_turns,
         max_context=context_limit(cfg.model, policy),
-        sampling=sampling or SamplingParams(**cfg.rollout.sampling.model_dump()),
+        sampling=sampling or SamplingParams(**es.sampling.model_dump()),
         worker_id="eval",
-        early_stop_invalid=0,  # evaluation plays every episode to its end: it measures, it does not save
+        early_stop_invalid=es.early_stop_invalid,
     )
     if cfg.env.kind == "agent":  # the user's agent program, through a private gateway
         from asyncrl.gateway.agent import run_agent_episodes
@@ -81,11 +61,11 @@ async def run_episodes(
             return await run_agent_episodes(cfg, batcher, renderer, settings.max_context, tasks)
         finally:
             batcher.close()
-    gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
+    gate = asyncio.Semaphore(es.concurrent_episodes)
 
     async def one(i: int, task: Task) -> list[Trajectory]:
         async with gate:
-            env = make_env(env_cfg, seed + i)
+            env = make_env(es.env, seed + i)
             try:
                 prefix = prefixes[i] if prefixes is not None else None
                 return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from asyncrl.config import RunConfig
+from asyncrl.config import RolloutSettings, RunConfig
 from asyncrl.control.admission import Ticket
 from asyncrl.envs import make_env
 from asyncrl.records import Group, SamplingParams, Task, Trajectory, Turn, new_id
@@ -44,7 +44,7 @@ class EpisodePlayer:
     """Environment episodes (:func:`asyncrl.rollout.episode.run_episode`), replaying ``prefix``'s model
     turns first (tree branches)."""
 
-    cfg: RunConfig
+    settings: RolloutSettings
     batcher: TurnBatcher
     renderer: Renderer
     max_context: int
@@ -59,18 +59,18 @@ class EpisodePlayer:
     ) -> list[Trajectory]:
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
-        sampling = self.cfg.rollout.sampling
+        s = self.settings
         base = SamplingParams(
-            **sampling.model_dump(exclude={"temperature"}),
-            temperature=sampling.temperature * self.factor(task),
+            **s.sampling.model_dump(exclude={"temperature"}),
+            temperature=s.sampling.temperature * self.factor(task),
         )
-        env = make_env(self.cfg.env, self.rng.randrange(2**31))
+        env = make_env(s.env, self.rng.randrange(2**31))
         settings = EpisodeSettings(
-            self.cfg.env.max_turns,
+            s.env.max_turns,
             self.max_context,
             jittered(base, self.jitter(), self.rng),
             self.worker,
-            early_stop_invalid=self.cfg.orchestrator.exploration.early_stop_invalid,
+            early_stop_invalid=s.early_stop_invalid,
             on_turn=ticket.turn_done,
         )
         samples: list[Trajectory] = []

@@ -217,6 +217,7 @@ class RolloutWorker:
 
         self.cfg, self.run_dir, self.index = cfg, run_dir, index
         self.name = f"rollout-{index}"
+        self.settings = settings = cfg.rollout_settings()
         self.rng = random.Random(cfg.seed * 1000 + index * 7919 + os.getpid())
         self.state = RunState.for_role(cfg, run_dir)
         self.queue = make_queue(cfg.transport, run_dir)
@@ -225,7 +226,7 @@ class RolloutWorker:
         self.renderer = make_renderer(cfg.model, self.policy)
         self.max_context = context_limit(cfg.model, self.policy)
         self.engine = make_engine(
-            cfg.rollout.engine, self.policy, self.renderer.stop_token_ids, seed=self.rng.randrange(2**31)
+            settings.engine, self.policy, self.renderer.stop_token_ids, seed=self.rng.randrange(2**31)
         )
         self.engine.version = -1
         self.tasks = make_task_source(cfg.env)
@@ -245,7 +246,7 @@ class RolloutWorker:
             WeightCanary.of(cfg),
             ride=cfg.weights.canary.ride_along,
         )
-        self.control = WorkerControl(cfg, self.state, self.name, self.tasks)
+        self.control = WorkerControl(cfg, self.state, self.name, self.tasks, curriculum=settings.curriculum)
         from asyncrl.bootstrap import torch_threads
 
         # core lending (asyncrl.lending), polled before each decoder layer of what the engine runs
@@ -270,8 +271,8 @@ class RolloutWorker:
             if not group.members:
                 ticket.release()
                 return
-            bc = self.cfg.orchestrator.breaker  # the rollout/group event the orchestrator's rules consume
-            self.metrics.group(group_report(group, bc.reward_min, bc.reward_max))
+            # the rollout/group event the orchestrator's rules consume
+            self.metrics.group(group_report(group, *self.settings.reward_bounds))
             if heldout:
                 ticket.release()
                 self.counts.heldout_episodes += len(group)
@@ -342,7 +343,7 @@ class RolloutWorker:
             jitter = self.control.temperature_jitter
             factor = self.control.temperature_factor
             play = EpisodePlayer(
-                self.cfg, batcher, self.renderer, self.max_context, self.name, self.rng, jitter, factor
+                self.settings, batcher, self.renderer, self.max_context, self.name, self.rng, jitter, factor
             )
         return make_runner(self.cfg, play)
 
@@ -372,14 +373,14 @@ class RolloutWorker:
 
         batcher = TurnBatcher.of(
             self.engine,
-            self.cfg.rollout.engine,
+            self.settings.engine,
             self.weights.refresh if self.staleness.inflight_updates else None,
             self.lender.waiting if self.lender is not None else None,
             check=self.weights if self.weights.ride else None,
         )
         runner = await self._runner(batcher)
         running: set[asyncio.Task[None]] = set()
-        cap = self.cfg.rollout.concurrent_episodes
+        cap = self.settings.concurrent_episodes
         nxt: tuple[Task, bool, int] | None = None  # the next group: drawn once, started once admitted
         last_report = time.time()
         while not self.state.stopping():

@@ -100,7 +100,7 @@ class TrainerRole:
         from asyncrl.trainer.checkpoint import latest_checkpoint
         from asyncrl.weights import make_weight_store
 
-        self.cfg, self.run_dir = cfg, run_dir
+        self.cfg, self.run_dir, self.settings = cfg, run_dir, cfg.trainer_settings()
         torch.manual_seed(cfg.seed)
         self.py_rng = random.Random(cfg.seed)
         self.state = RunState.for_role(cfg, run_dir)
@@ -239,7 +239,7 @@ class TrainerRole:
             self._answer_corrupt_reports()
             self.intake.pull(self.buffer)
             bound = self.state.effective_max_staleness()
-            if self.cfg.orchestrator.curriculum.steer_buffer:  # batch composition follows the curriculum
+            if self.settings.steer_buffer:  # batch composition follows the curriculum
                 self.buffer.task_mix = self.state.directives().weights or self.buffer.task_mix
             batch, dropped = self.buffer.take(self.version, bound)
             self._record_drops(dropped)
