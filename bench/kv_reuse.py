@@ -69,7 +69,7 @@ async def episodes(
     from asyncrl.policy.model import context_limit
     from asyncrl.records import SamplingParams
     from asyncrl.rollout.episode import EpisodeSettings, run_episode
-    from asyncrl.rollout.heldout import eval_env_config
+    from asyncrl.config.run import quiet_env
 
     renderer = make_renderer(cfg.model, policy)
     assert cfg.rollout.engine.kind == "hf", "the prefix cache is the built-in engine's"
@@ -84,7 +84,7 @@ async def episodes(
         worker_id="bench",
         early_stop_invalid=0,
     )
-    env_cfg = eval_env_config(cfg)
+    env_cfg = quiet_env(cfg.env)
     t0 = time.perf_counter()
     try:
         episodes = await asyncio.gather(
