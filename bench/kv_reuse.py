@@ -62,6 +62,7 @@ async def episodes(
     cfg: Any, policy: Any, tasks: list[Any], prefix_cache: bool
 ) -> tuple[list[Any], Any, float]:
     """Run one episode per task on a fresh engine (as ``rollout.heldout.run_episodes`` does)."""
+    from asyncrl.config.run import quiet_env
     from asyncrl.engine import make_engine
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.envs import make_env
@@ -69,7 +70,6 @@ async def episodes(
     from asyncrl.policy.model import context_limit
     from asyncrl.records import SamplingParams
     from asyncrl.rollout.episode import EpisodeSettings, run_episode
-    from asyncrl.config.run import quiet_env
 
     renderer = make_renderer(cfg.model, policy)
     assert cfg.rollout.engine.kind == "hf", "the prefix cache is the built-in engine's"
