@@ -361,7 +361,7 @@ def real_batch(cfg: RunConfig, policy: Policy, seed: int) -> list[Group]:
         if len(tasks) == n:
             break
     picked = [t for t in tasks.values() for _ in range(size)]
-    trajs = asyncio.run(run_episodes(cfg, policy, picked, seed=seed, env_cfg=cfg.env))
+    trajs = asyncio.run(run_episodes(cfg, policy, picked, seed=seed))  # the recipe has no latency or faults
     by_task: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_task.setdefault(t.task.id, []).append(t)

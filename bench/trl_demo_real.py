@@ -171,7 +171,9 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         picked = [tasks[int(p)] for p in prompts for _ in range(k)]
         with inference(policy.model):
             trajs = asyncio.run(
-                run_episodes(cfg, policy, picked, seed=args.seed * 1000 + calls[0], env_cfg=cfg.env)
+                run_episodes(
+                    cfg, policy, picked, seed=args.seed * 1000 + calls[0]
+                )  # no latency or faults here
             )
         return _episodes_for_trl(trajs)
 
