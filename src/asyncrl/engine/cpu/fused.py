@@ -101,8 +101,9 @@ def attend(
     if kernel == "sdpa":
         sdpa = torch.nn.functional.scaled_dot_product_attention
         return sdpa(q[:, None], keys[:, None], values[:, None], attn_mask=mask[:, None], scale=scaling)[:, 0]
-    scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scaling).add_(mask)
-    return torch.bmm(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
+    # the cache's views copied first: bfloat16 ``bmm`` on them copies too, and then ran 2x slower
+    scores = torch.bmm(q, keys.contiguous().transpose(1, 2)).mul_(scaling).add_(mask)
+    return torch.bmm(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values.contiguous())
 
 
 class FusedAttention(torch.nn.Module):
