@@ -5,10 +5,12 @@
         --variants packed_linear,fused_decode                                                   # ~4 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 6 \
         --variants unmerged,default --loads 3                          # what bench/decode_merged.py measured
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
+        --variants fused_decode,fused_decode@bfloat16,unpacked@bfloat16           # bfloat16 vs float32
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --tiny     # seconds (tests)
 
-SmolLM2-135M-Instruct (float32, CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads``
-gives a rollout worker) with the LoRA layout of ``configs/smollm2_calculator.yaml`` (rank 16, alpha
+SmolLM2-135M-Instruct (float32, or bfloat16 as ``model.dtype`` for a variant named ``...@bfloat16``;
+CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads`` gives a rollout worker) with the LoRA layout of ``configs/smollm2_calculator.yaml`` (rank 16, alpha
 32, every linear layer, a random non-zero adapter) sampled from the merged copy, as the default
 engine does. Each call generates ``--new-tokens`` tokens for ``--batch`` rows (``--groups`` distinct
 prompts of ``--prompt-tokens`` tokens, prefix sharing on, prefix cache off, no stop tokens); a step's
@@ -26,12 +28,14 @@ by repeat; ``prefill_ms``: the same calls' prefills (``packed_linear`` runs ther
 ``packed_linear``: packed weights through the model's own forward; ``unmerged``: through PEFT's
 adapter layers).
 
-(b) ``limit``: the step's FLOPs (every linear layer and the LM head at ``batch`` rows, plus attention
+(b) ``limit``: per dtype of the variants (``float32``, ``bfloat16``), the step's FLOPs (every linear
+layer and the LM head at ``batch`` rows, plus attention
 over the KV columns a step reads, averaged over the call's steps) and bytes (the weights a step reads
 and that KV), against this machine's matmul rate (each of the step's matmul shapes and its
 attention, timed alone, hot in cache; a weight over 8 MiB is timed on a slice of its output rows)
 and its memory bandwidth (a read of a buffer the size of those weights). ``limit_ms = max(compute
-ms, bytes / bandwidth)``; ``ratio = step / limit`` (issue #37: within 2x). ``compute_ms_stacked``,
+ms, bytes / bandwidth)``, all in that dtype (its matmul rate, its attention, its bytes per weight and
+KV entry); ``ratio = step / limit`` of the variant's own dtype (issues #37, #59: within 2x). ``compute_ms_stacked``,
 ``limit_ms_stacked``, ``ratio_stacked``: the same with q/k/v and gate/up timed as the stacked shapes
 ``fused_decode`` runs (a larger matmul may run at a higher rate: a stricter limit for that variant).
 
