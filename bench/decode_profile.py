@@ -244,7 +244,7 @@ def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> d
     """The step's FLOPs, bytes and the time each takes at this machine's measured rates, in the dtype of
     ``model``'s weights (its matmuls, attention, weight and KV bytes: bfloat16 halves the bytes and, on a
     CPU with AVX-512 BF16, about doubles the matmul rate)."""
-    c, dtype = model.config, model.lm_head.weight.dtype
+    c, dtype = model.config, model.get_input_embeddings().weight.dtype
     size = dtype.itemsize
     layers, heads = c.num_hidden_layers, c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
