@@ -5,10 +5,12 @@
         --variants packed_linear,fused_decode                                                   # ~4 min
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 6 \
         --variants unmerged,default --loads 3                          # what bench/decode_merged.py measured
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --repeats 5 \
+        --variants fused_decode,fused_decode@bfloat16,unpacked@bfloat16           # bfloat16 vs float32
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/decode_profile.py --tiny     # seconds (tests)
 
-SmolLM2-135M-Instruct (float32, CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads``
-gives a rollout worker) with the LoRA layout of ``configs/smollm2_calculator.yaml`` (rank 16, alpha
+SmolLM2-135M-Instruct (float32, or bfloat16 as ``model.dtype`` for a variant named ``...@bfloat16``;
+CPU, ``--threads`` torch threads: 1, as ``launcher.torch_threads`` gives a rollout worker) with the LoRA layout of ``configs/smollm2_calculator.yaml`` (rank 16, alpha
 32, every linear layer, a random non-zero adapter) sampled from the merged copy, as the default
 engine does. Each call generates ``--new-tokens`` tokens for ``--batch`` rows (``--groups`` distinct
 prompts of ``--prompt-tokens`` tokens, prefix sharing on, prefix cache off, no stop tokens); a step's
@@ -26,12 +28,14 @@ by repeat; ``prefill_ms``: the same calls' prefills (``packed_linear`` runs ther
 ``packed_linear``: packed weights through the model's own forward; ``unmerged``: through PEFT's
 adapter layers).
 
-(b) ``limit``: the step's FLOPs (every linear layer and the LM head at ``batch`` rows, plus attention
+(b) ``limit``: per dtype of the variants (``float32``, ``bfloat16``), the step's FLOPs (every linear
+layer and the LM head at ``batch`` rows, plus attention
 over the KV columns a step reads, averaged over the call's steps) and bytes (the weights a step reads
 and that KV), against this machine's matmul rate (each of the step's matmul shapes and its
 attention, timed alone, hot in cache; a weight over 8 MiB is timed on a slice of its output rows)
 and its memory bandwidth (a read of a buffer the size of those weights). ``limit_ms = max(compute
-ms, bytes / bandwidth)``; ``ratio = step / limit`` (issue #37: within 2x). ``compute_ms_stacked``,
+ms, bytes / bandwidth)``, all in that dtype (its matmul rate, its attention, its bytes per weight and
+KV entry); ``ratio = step / limit`` of the variant's own dtype (issues #37, #59: within 2x). ``compute_ms_stacked``,
 ``limit_ms_stacked``, ``ratio_stacked``: the same with q/k/v and gate/up timed as the stacked shapes
 ``fused_decode`` runs (a larger matmul may run at a higher rate: a stricter limit for that variant).
 
@@ -89,18 +93,25 @@ def spread(xs: list[float], nd: int = 2) -> dict[str, float]:
 
 
 def switches(name: str) -> dict[str, Any]:
-    """The engine settings of a variant, or of several joined by ``+``."""
-    return {k: v for part in name.split("+") for k, v in VARIANTS[part].items()}
+    """The engine settings of a variant, or of several joined by ``+`` (an ``@dtype`` suffix aside)."""
+    return {k: v for part in name.split("@")[0].split("+") for k, v in VARIANTS[part].items()}
 
 
-def build_policy(args: argparse.Namespace) -> Policy:
-    """SmolLM2 (or the tiny model) with a LoRA adapter whose ``B ~ N(0, b_std²)``: a non-zero version."""
+def dtype_of(name: str) -> str:
+    """The ``model.dtype`` a variant runs in: its ``@dtype`` suffix, else float32."""
+    return name.split("@")[1] if "@" in name else "float32"
+
+
+def build_policy(args: argparse.Namespace, dtype: str) -> Policy:
+    """SmolLM2 (or the tiny model) in ``dtype`` (as ``model.dtype``: the base weights; peft keeps the
+    adapter float32) with a LoRA adapter whose ``B ~ N(0, b_std²)``: a non-zero version."""
     lora = LoraConfig(rank=16, alpha=32)
     if args.tiny:
         policy = Policy.build(ModelConfig(seed=0, intermediate_size=128, **TINY))  # type: ignore[arg-type]
-        policy.model = apply_lora(policy.model, lora)
+        policy.model = apply_lora(policy.model.to(getattr(torch, dtype)), lora)
     else:
-        policy = Policy.load(MODEL, cfg=ModelConfig(path=str(MODEL), lora=lora.model_dump()))
+        cfg = ModelConfig(path=str(MODEL), lora=lora.model_dump(), dtype=dtype)  # type: ignore[arg-type]
+        policy = Policy.load(MODEL, cfg=cfg)
     policy.load_tensors(adapter_version(policy, args.b_std, seed=0))
     return policy
 
@@ -150,16 +161,14 @@ def step_times(
     return ms, prefill, warmup
 
 
-def load_times(
-    engines: dict[str, HFEngine], policy: Policy, loads: int, b_std: float
-) -> dict[str, list[float]]:
+def load_times(engines: dict[str, HFEngine], loads: int, b_std: float) -> dict[str, list[float]]:
     """Per variant: milliseconds of ``load_weights`` of each of ``loads`` new adapter versions (the fold
     and every repack included), the variants interleaved (the order flips every version). Every engine
     loads every version, so all end on the last one."""
     out: dict[str, list[float]] = {n: [] for n in engines}
     for i in range(1, loads + 1):
-        version = adapter_version(policy, b_std, seed=i)
         for name in list(engines)[:: 1 if i % 2 else -1]:
+            version = adapter_version(engines[name].policy, b_std, seed=i)
             t0 = time.perf_counter()
             engines[name].load_weights(i, version)
             out[name].append(1000 * (time.perf_counter() - t0))
@@ -189,26 +198,40 @@ def linear_shapes(model: torch.nn.Module) -> dict[tuple[int, int], int]:
     return dict(counts)
 
 
-def matmul_ms(batch: int, fan_in: int, fan_out: int, budget_s: float) -> tuple[float, float]:
-    """Milliseconds of ``linear([batch, in], [out, in])`` timed alone, hot in cache, with the faster of
-    torch's ``linear`` (MKL) and a oneDNN-packed weight (``packed_linear``) where torch has it; GFLOP/s."""
-    rows = min(fan_out, max(1, (8 << 20) // (4 * fan_in)))  # a weight over 8 MiB: a slice of it
-    x, w = torch.randn(batch, fan_in), torch.randn(rows, fan_in)
+def matmul_ms(
+    batch: int, fan_in: int, fan_out: int, budget_s: float, dtype: torch.dtype = torch.float32
+) -> tuple[float, float]:
+    """Milliseconds of ``linear([batch, in], [out, in])`` in ``dtype`` timed alone, hot in cache, with the
+    faster of torch's ``linear`` and a oneDNN-packed weight (``packed_linear``) where torch has it; GFLOP/s."""
+    rows = min(fan_out, max(1, (8 << 20) // (dtype.itemsize * fan_in)))  # a weight over 8 MiB: a slice
+    x, w = torch.randn(batch, fan_in, dtype=dtype), torch.randn(rows, fan_in, dtype=dtype)
     s = best_seconds(lambda: torch.nn.functional.linear(x, w), budget_s)
     if torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-        p = PackedLinear(torch.nn.Linear(fan_in, rows, bias=False))
+        p = PackedLinear(torch.nn.Linear(fan_in, rows, bias=False, dtype=dtype))
         s = min(s, best_seconds(lambda: p(x), budget_s))
     rate = 2 * batch * fan_in * rows / s
     return 1000 * 2 * batch * fan_in * fan_out / rate, rate / 1e9
 
 
-def attention_ms(batch: int, heads: int, kv_heads: int, dim: int, cols: int, budget_s: float) -> float:
-    """Milliseconds of one layer's decode attention (packed GQA, boolean mask, as transformers runs it)."""
-    q = torch.randn(batch, kv_heads, heads // kv_heads, dim)
-    k, v = torch.randn(batch, kv_heads, cols, dim), torch.randn(batch, kv_heads, cols, dim)
+def attention_ms(
+    batch: int, heads: int, kv_heads: int, dim: int, cols: int, budget_s: float, dtype: torch.dtype
+) -> float:
+    """Milliseconds of one layer's decode attention in ``dtype``: the faster of sdpa (packed GQA, boolean
+    mask, as transformers runs it) and ``bmm`` + softmax + ``bmm`` on contiguous keys (in bfloat16 sdpa's
+    CPU kernel was 2x slower than that at SmolLM2's decode shapes)."""
+    q = torch.randn(batch, kv_heads, heads // kv_heads, dim, dtype=dtype)
+    k = torch.randn(batch, kv_heads, cols, dim, dtype=dtype)
+    v = torch.randn(batch, kv_heads, cols, dim, dtype=dtype)
     mask = torch.ones(batch, 1, 1, cols, dtype=torch.bool)
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    return 1000 * best_seconds(lambda: sdpa(q, k, v, attn_mask=mask), budget_s)
+    q3, k3, v3 = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # the fused step's layout, contiguous
+
+    def bmm() -> torch.Tensor:
+        return torch.bmm(torch.softmax(torch.bmm(q3, k3.transpose(1, 2)), dim=-1), v3)
+
+    return 1000 * min(
+        best_seconds(lambda: sdpa(q, k, v, attn_mask=mask), budget_s), best_seconds(bmm, budget_s)
+    )
 
 
 def bandwidth_gbs(nbytes: int, budget_s: float) -> float:
@@ -218,8 +241,11 @@ def bandwidth_gbs(nbytes: int, budget_s: float) -> float:
 
 
 def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> dict[str, Any]:
-    """The step's FLOPs, bytes and the time each takes at this machine's measured rates."""
-    c = model.config
+    """The step's FLOPs, bytes and the time each takes at this machine's measured rates, in the dtype of
+    ``model``'s weights (its matmuls, attention, weight and KV bytes: bfloat16 halves the bytes and, on a
+    CPU with AVX-512 BF16, about doubles the matmul rate)."""
+    c, dtype = model.config, model.get_input_embeddings().weight.dtype
+    size = dtype.itemsize
     layers, heads = c.num_hidden_layers, c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     dim = getattr(c, "head_dim", None) or c.hidden_size // heads
@@ -227,30 +253,32 @@ def physical_limit(model: Any, batch: int, kv_cols: float, budget_s: float) -> d
     per_shape, mm_ms, mm_flops = [], 0.0, 0
     raw: dict[tuple[int, int], float] = {}
     for (fi, fo), n in sorted(shapes.items()):
-        ms, gflops = matmul_ms(batch, fi, fo, budget_s)
+        ms, gflops = matmul_ms(batch, fi, fo, budget_s, dtype)
         raw[(fi, fo)] = ms
         per_shape.append(
             {"in": fi, "out": fo, "count": n, "ms_each": round(ms, 3), "gflops": round(gflops, 1)}
         )
         mm_ms, mm_flops = mm_ms + n * ms, mm_flops + n * 2 * batch * fi * fo
     cols = round(kv_cols)
-    attn_ms = layers * attention_ms(batch, heads, kv_heads, dim, cols, budget_s)
+    attn_ms = layers * attention_ms(batch, heads, kv_heads, dim, cols, budget_s, dtype)
     attn_flops = layers * 4 * batch * heads * dim * kv_cols
-    weight_bytes = sum(4 * fi * fo * n for (fi, fo), n in shapes.items())
-    weight_bytes += 4 * sum(p.numel() for n, p in model.named_parameters() if p.dim() == 1)  # norms
-    kv_bytes = 4 * layers * 2 * batch * kv_heads * dim * kv_cols
+    weight_bytes = sum(size * fi * fo * n for (fi, fo), n in shapes.items())
+    weight_bytes += size * sum(p.numel() for n, p in model.named_parameters() if p.dim() == 1)  # norms
+    kv_bytes = size * layers * 2 * batch * kv_heads * dim * kv_cols
     stacked_ms = mm_ms + attn_ms
     fi, qo, kvo, inter = c.hidden_size, heads * dim, kv_heads * dim, getattr(c, "intermediate_size", 0)
     if shapes.get((fi, qo), 0) >= layers and shapes.get((fi, kvo), 0) >= 2 * layers and (fi, inter) in raw:
         apart = raw[(fi, qo)] + 2 * raw[(fi, kvo)] + 2 * raw.get((fi, inter), 0.0)
         joined = (
-            matmul_ms(batch, fi, qo + 2 * kvo, budget_s)[0] + matmul_ms(batch, fi, 2 * inter, budget_s)[0]
+            matmul_ms(batch, fi, qo + 2 * kvo, budget_s, dtype)[0]
+            + matmul_ms(batch, fi, 2 * inter, budget_s, dtype)[0]
         )
         stacked_ms += layers * (joined - apart)
     gbs = bandwidth_gbs(weight_bytes, budget_s)
     compute_ms = mm_ms + attn_ms
     memory_ms = 1000 * (weight_bytes + kv_bytes) / (gbs * 1e9)
     return {
+        "dtype": str(dtype).removeprefix("torch."),
         "gflop": round((mm_flops + attn_flops) / 1e9, 3),
         "matmul_gflops": round(mm_flops / mm_ms / 1e6, 1),
         "matmul_shapes": per_shape,
@@ -401,6 +429,36 @@ def top_ops(engine: HFEngine, prompts: list[list[int]], sp: SamplingParams, n: i
     return [[e.key, e.count, round(e.self_cpu_time_total / 1000, 2)] for e in rows]
 
 
+def build_engines(args: argparse.Namespace, names: list[str]) -> dict[str, HFEngine]:
+    """One engine per variant, over one policy per dtype (the variants of a dtype share it, as before)."""
+    policies = {dt: build_policy(args, dt) for dt in dict.fromkeys(map(dtype_of, names))}
+    return {
+        n: HFEngine(
+            policies[dtype_of(n)],
+            HFEngineConfig(cuda_graphs=False, prefix_cache=False, **switches(n)),
+            [],
+            seed=0,
+        )
+        for n in names
+    }
+
+
+def limits(
+    engines: dict[str, HFEngine], ms: dict[str, list[float]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """``limit`` per dtype (of the first variant in it), and each variant's step against its dtype's."""
+    kv_cols = args.prompt_tokens + args.new_tokens / 2  # the mean of width + step over the call's steps
+    first = {dtype_of(n): e for n, e in reversed(engines.items())}
+    with torch.inference_mode():
+        limit = {dt: physical_limit(e.model, args.batch, kv_cols, args.budget_s) for dt, e in first.items()}
+    own = {n: limit[dtype_of(n)] for n in ms}
+    return {
+        "limit": limit,
+        "ratio": {n: spread([x / own[n]["limit_ms"] for x in v]) for n, v in ms.items()},
+        "ratio_stacked": {n: spread([x / own[n]["limit_ms_stacked"] for x in v]) for n, v in ms.items()},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=16)
@@ -413,7 +471,8 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="packed_linear,fused_decode",
-        help=f"comma-separated, each of {sorted(VARIANTS)} or several joined by + (the first: the base)",
+        help=f"comma-separated, each of {sorted(VARIANTS)} or several joined by + (the first: the base), "
+        "each in float32 or, with @bfloat16 (fused_decode@bfloat16), as model.dtype: bfloat16",
     )
     ap.add_argument("--loads", type=int, default=2, help="adapter versions loaded into each engine, timed")
     ap.add_argument("--budget-s", type=float, default=1.0, help="seconds per rate measurement")
@@ -425,20 +484,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     names = args.variants.split(",")
-    unknown = [p for n in names for p in n.split("+") if p not in VARIANTS]
+    unknown = [p for n in names for p in n.split("@")[0].split("+") if p not in VARIANTS]
+    unknown += [n for n in names if dtype_of(n) not in ("float32", "bfloat16")]
     if unknown:
-        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)} (join with + to combine)")
-    policy = build_policy(args)
-    engines = {
-        n: HFEngine(policy, HFEngineConfig(cuda_graphs=False, prefix_cache=False, **switches(n)), [], seed=0)
-        for n in names
-    }
+        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)} (join with + to combine, @bfloat16)")
+    engines = build_engines(args, names)
     prompts, sp = workload(args, engines[names[0]].vocab_size)
     ms, prefill, warmup = step_times(engines, prompts, sp, args.repeats)
-    loads = load_times(engines, policy, args.loads, args.b_std)
-    kv_cols = args.prompt_tokens + args.new_tokens / 2  # the mean of width + step over the call's steps
-    with torch.inference_mode():
-        limit = physical_limit(engines[names[0]].model, args.batch, kv_cols, args.budget_s)
+    loads = load_times(engines, args.loads, args.b_std)
     result: dict[str, Any] = {
         "model": "tiny" if args.tiny else str(MODEL),
         "threads": args.threads,
@@ -449,9 +502,7 @@ def main() -> None:
         "repeats": args.repeats,
         "step_ms": {n: spread(v) for n, v in ms.items()},
         "step_ms_raw": {n: [round(x, 2) for x in v] for n, v in ms.items()},
-        "limit": limit,
-        "ratio": {n: spread([x / limit["limit_ms"] for x in v]) for n, v in ms.items()},
-        "ratio_stacked": {n: spread([x / limit["limit_ms_stacked"] for x in v]) for n, v in ms.items()},
+        **limits(engines, ms, args),
         "speedup_vs_first": {
             n: spread([a / b for a, b in zip(ms[names[0]], v, strict=True)]) for n, v in ms.items()
         },

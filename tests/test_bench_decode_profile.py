@@ -29,7 +29,7 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
         "--budget-s",
         "0.02",
         "--variants",
-        "packed_linear,unpacked,default+packed_linear,fused_decode",  # packed first: the limit counts packed linears
+        "packed_linear,unpacked,default+packed_linear,fused_decode,fused_decode@bfloat16",  # packed first
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -43,6 +43,7 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
             "packed_linear",
             "default+packed_linear",
             "fused_decode",
+            "fused_decode@bfloat16",
         }
         == set(out["load_weights_ms"])
     )
@@ -53,14 +54,24 @@ def test_tiny_dry_run_reports_step_limit_and_a_profile_that_sums(tmp_path: Path)
     )
     step = out["step_ms"]["unpacked"]
     assert 0 < step["min"] <= step["median"] <= step["max"]
-    limit = out["limit"]
+    assert set(out["limit"]) == {"float32", "bfloat16"}  # the limit at each variant's own dtype
+    limit, half = out["limit"]["float32"], out["limit"]["bfloat16"]
+    assert limit["dtype"] == "float32" and half["dtype"] == "bfloat16"
+    assert (
+        half["weight_mb"] < limit["weight_mb"] and half["gflop"] == limit["gflop"]  # the bytes at 2 a weight
+    )
+    bf16_step = out["step_ms"]["fused_decode@bfloat16"]["median"]
+    assert math.isclose(
+        out["ratio"]["fused_decode@bfloat16"]["median"], bf16_step / half["limit_ms"], rel_tol=0.02
+    )
     assert limit["limit_ms"] == max(limit["compute_ms"], limit["memory_ms"]) > 0
     assert limit["bandwidth_gbs"] > 0 and limit["matmul_gflops"] > 0
     assert limit["limit_ms_stacked"] == max(limit["compute_ms_stacked"], limit["memory_ms"]) > 0
     assert sum(s["count"] for s in limit["matmul_shapes"]) == 2 * 7 + 1  # 2 layers' linears, the LM head
     assert math.isclose(out["ratio"]["unpacked"]["median"], step["median"] / limit["limit_ms"], rel_tol=0.02)
-    for v in out["logprob_vs_trainer"].values():  # the tiny model: the float32 noise floor
-        assert v["tokens"] == 4 * 5 and v["max_abs"] < 1e-5 and v["mean_abs"] < 1e-6
+    for n, v in out["logprob_vs_trainer"].items():  # the tiny model: the float32 noise floor
+        small = (1e-5, 1e-6) if "@" not in n else (2e-2, 5e-3)  # bfloat16: its fold into the merged copy too
+        assert v["tokens"] == 4 * 5 and v["max_abs"] < small[0] and v["mean_abs"] < small[1]
     prof = out["profile_ms"]["packed_linear"]
     parts = {k: v for k, v in prof.items() if k != "step"}
     assert {

@@ -907,3 +907,133 @@ def test_a_model_in_train_mode_with_gradient_checkpointing_samples_as_in_eval_mo
     policy.model.train()
     assert policy.model.training and all(m.training for m in policy.model.modules())
     assert all(p.grad is None for p in policy.model.parameters())
+
+
+# ---- bfloat16: the CPU fast path in model.dtype bfloat16 (issue #59 item 1, engine part) -------------
+BF16_FLOOR_MAX = 7.7e-3
+"""bfloat16's noise floor on the tiny models, largest ``|Δ|`` per token: the model's own KV-cached decode
+(the engine with ``packed_linear: false``) against the trainer's forward (``token_logprobs``) on the same
+weights, 5.0e-3 to 7.7e-3 (llama/sdpa, 4 runs; eager 4.8e-7: its rows round alike in both); the trainer's
+own bfloat16 forward of the same sequences batched 17 together against each alone, 4.9e-4 to 1.0e-3 on
+prompts, 2.2e-3 to 7.6e-3 on prompts with sampled continuations (sdpa; eager 0). Printed by
+:func:`test_bf16_noise_floor_of_the_trainers_forward` and
+:func:`test_bf16_fused_decode_and_prefill_serve_bfloat16` (``-s``, the ``fast=False`` lines)."""
+BF16_FLOOR_MEAN = 4.5e-4
+"""The mean ``|Δ|`` of that floor: the model's own decode against the trainer 3.4e-4 to 4.5e-4 (sdpa;
+eager 6.7e-8); batched against alone 2.7e-6 to 8.2e-5."""
+BF16_TOL_MAX = 1.5e-2
+"""Tolerance on the largest ``|Δ|`` against the trainer in bfloat16: 2x :data:`BF16_FLOOR_MAX`."""
+BF16_TOL_MEAN = 9e-4
+"""Tolerance on the mean ``|Δ|`` against the trainer in bfloat16: 2x :data:`BF16_FLOOR_MEAN`."""
+BF16_TOL_SAME_MEAN = 1e-4
+"""Tolerance on the mean ``|Δ|`` of the fast path against the model's own forward in bfloat16 (the engine
+with ``packed_linear: false``, same weights, same tokens): the batch-composition floor's mean (8.2e-5).
+The fused step rounds where the model's attention rounds (:func:`~asyncrl.engine.cpu.fused.attend`), so
+here it measured 0; with ``baddbmm``'s single rounding it was 1.2e-3 against the trainer."""
+
+
+def tiny_lora_bf16(family: str, attn: str = "sdpa", adapter_seed: int = 0) -> Policy:
+    """:func:`tiny_lora` as ``model.dtype: bfloat16`` loads it: the base weights bfloat16, peft's adapter
+    float32 (the merged copy folds it in float32 and rounds once)."""
+    from asyncrl.config import LoraConfig
+    from asyncrl.policy.lora import apply_lora
+
+    policy = tiny(family, peaky=PEAKY, attn=attn)
+    policy.model = apply_lora(policy.model.to(torch.bfloat16), LoraConfig(rank=4, alpha=8))
+    set_adapter(policy, adapter(policy, adapter_seed, 0.1))
+    return policy
+
+
+def served_logprob_error(engine: HFEngine, prompts: list[list[int]], samples: list[Sample]) -> torch.Tensor:
+    """``|engine − trainer|`` per sampled token, the trainer's forward on the weights the engine serves
+    (the merged copy: bfloat16 rounds the fold, which is the weights', not the engine's, difference)."""
+    served = Policy(engine.model, engine.policy.tokenizer)
+    return logprob_error(served, prompts, samples, [1.0] * len(prompts))
+
+
+def assert_at_bf16_floor(delta: torch.Tensor, what: str) -> None:
+    print(f"{what}: {delta.numel()} tokens, mean |dlogp| {delta.mean():.2e}, max {delta.max():.2e}")
+    assert delta.numel() > 0
+    assert float(delta.max()) < BF16_TOL_MAX, (what, float(delta.max()))
+    assert float(delta.mean()) < BF16_TOL_MEAN, (what, float(delta.mean()))
+
+
+@pytest.mark.parametrize(("family", "attn"), [("llama", "sdpa"), ("qwen2", "sdpa")])
+def test_bf16_noise_floor_of_the_trainers_forward(family: str, attn: str) -> None:
+    """The floor the bfloat16 tolerances stand on: the trainer's bfloat16 forward of the same sequences
+    batched against each alone differs (bfloat16 rounding is not batch-invariant under sdpa), by less than
+    the tolerances; float32 differs by far less."""
+    prompts = random_prompts(17, 2, 60, seed=3)
+    for dtype, tol in ((torch.bfloat16, BF16_FLOOR_MAX), (torch.float32, LOGPROB_FLOOR_MAX)):
+        policy = tiny(family, peaky=PEAKY, attn=attn)
+        policy.model.to(dtype)
+        ids, mask = right_padded(prompts)
+        with torch.no_grad():
+            batched = token_logprobs(policy.model, ids, mask)
+            alone = [
+                token_logprobs(policy.model, torch.tensor([p]), torch.ones(1, len(p)))[0] for p in prompts
+            ]
+        delta = torch.cat([(a - batched[i, : len(a)]).abs() for i, a in enumerate(alone)])
+        print(f"{family} {dtype} batched vs alone: mean {delta.mean():.2e}, max {delta.max():.2e}")
+        assert float(delta.max()) <= tol and float(delta.mean()) <= BF16_TOL_SAME_MEAN
+        if dtype == torch.bfloat16:
+            assert float(delta.max()) > 10 * LOGPROB_TOL_MAX  # bfloat16's floor: not float32's
+
+
+@pytest.mark.parametrize(("family", "attn"), [("llama", "sdpa"), ("qwen2", "eager")])
+def test_bf16_fused_decode_and_prefill_serve_bfloat16(
+    family: str, attn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model.dtype: bfloat16`` gets the fast path (it fell back to the model's own forward: only float32
+    linears were packed): the merged copy's linears packed in bfloat16, decode steps and prefills through
+    the fused forward, which draws the model's own forward's tokens with the same seed at its log-probs
+    (:data:`BF16_TOL_SAME_MEAN`), at the trainer's bfloat16 floor, before and after a load (the stacks
+    repacked in bfloat16). Mutants this test kills: bfloat16 not packed (the fallback), the bfloat16
+    attention rounded once by ``baddbmm``, an sdpa model's step rounded as eager, no repack at a load."""
+    from asyncrl.engine.cpu import fused as fused_module
+    from asyncrl.engine.cpu.packed import PackedLinear
+    from test_prefix_cache import grpo_prompts
+
+    steps = count_fused_steps(monkeypatch)
+    prefills: list[int] = []
+    real_prefill = fused_module.FusedDecoder.prefill
+
+    def prefill(self: fused_module.FusedDecoder, tokens: torch.Tensor, *a: Any) -> torch.Tensor:
+        prefills.append(int(tokens.shape[0]))
+        return real_prefill(self, tokens, *a)
+
+    monkeypatch.setattr(fused_module.FusedDecoder, "prefill", prefill)
+    prompts = grpo_prompts(tasks=3, group=3, seed=4, system=24) + random_prompts(6, 2, 30, seed=5)
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
+    kw: dict[str, Any] = {"max_batch": 32, "prefix_sharing": True, "compact_fraction": 0.25}
+    engines = {
+        fast: hf_engine(tiny_lora_bf16(family, attn), [2, 50, 60], packed_linear=fast, **kw)
+        for fast in (False, True)
+    }
+    fwd = engines[True].forward
+    assert isinstance(fwd, fused_module.FusedForward) and fwd.fused_prefill
+    packed = [m for m in engines[True].model.modules() if isinstance(m, PackedLinear)]
+    assert packed and {m.weight.dtype for m in packed} == {torch.bfloat16}
+    assert not any(isinstance(m, PackedLinear) for m in engines[False].model.modules())
+    for load in (False, True):
+        if load:  # a new adapter version into both engines
+            for e in engines.values():
+                e.load_weights(1, adapter(e.policy, 7, 0.1))
+        steps.clear(), prefills.clear()
+        out = {fast: e.generate(prompts, sp) for fast, e in engines.items()}
+        assert steps and prefills  # the fast engine's decode steps and prefills ran the fused forward
+        assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+        same = torch.cat(
+            [
+                (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs()
+                for a, b in zip(out[True], out[False], strict=True)
+            ]
+        )
+        print(
+            f"{family}/{attn} load={load}: fused vs the model's forward: mean {same.mean():.2e}, max {same.max():.2e}"
+        )
+        assert float(same.mean()) < BF16_TOL_SAME_MEAN
+        for fast, e in engines.items():
+            assert_at_bf16_floor(
+                served_logprob_error(e, prompts, out[fast]), f"{family}/{attn} fast={fast} load={load}"
+            )

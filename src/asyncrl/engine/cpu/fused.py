@@ -84,11 +84,34 @@ class StepInputs(NamedTuple):
     n: int = 1
 
 
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scaling: float, kernel: str
+) -> torch.Tensor:
+    """``softmax(q kᵀ · scaling + mask) v`` over ``q [b, queries, d]``, ``keys, values [b, columns, d]`` and
+    an additive ``mask [b, queries, columns]``. float32: ``baddbmm`` + softmax + ``bmm``. Any other dtype
+    (bfloat16) rounds where the model's own attention ``kernel`` (``config._attn_implementation``) rounds,
+    so the step computes what the model's forward computes: ``sdpa``, the same kernel on the stacked query
+    rows (one head of ``queries`` rows per batch entry); else transformers' eager attention (the scores
+    rounded, scaled, masked; the softmax in float32, rounded before ``bmm``). In bfloat16 ``baddbmm``'s
+    single rounding alone moved the tiny models' log-probs 3x further from the trainer's than the
+    model's own decode step (docs/engines.md)."""
+    if q.dtype == torch.float32:
+        scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=scaling)
+        return torch.bmm(torch.softmax(scores, dim=-1), values)
+    if kernel == "sdpa":
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return sdpa(q[:, None], keys[:, None], values[:, None], attn_mask=mask[:, None], scale=scaling)[:, 0]
+    # the cache's views copied first: bfloat16 ``bmm`` on them copies too, and then ran 2x slower
+    scores = torch.bmm(q, keys.contiguous().transpose(1, 2)).mul_(scaling).add_(mask)
+    return torch.bmm(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values.contiguous())
+
+
 class FusedAttention(torch.nn.Module):
     """One layer's attention for one new token per row (see the module docstring)."""
 
-    def __init__(self, attn: Any) -> None:
+    def __init__(self, attn: Any, kernel: str) -> None:
         super().__init__()
+        self.kernel = kernel  # the model's attention kernel: how a bfloat16 step rounds (attend)
         self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_proj: PackedLinear = attn.o_proj
         self.scaling = float(attn.scaling)
@@ -107,8 +130,7 @@ class FusedAttention(torch.nn.Module):
         keys, values = layer.update(qk[:, h:, None], qkv[:, h + kv :, None])
         q = qk[:, :h].reshape(rows * kv, h // kv, d)  # head j uses kv head j // (h // kv), as repeat_kv
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
-        scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
-        out = torch.bmm(torch.softmax(scores, dim=-1), values).reshape(rows, h * d)
+        out = attend(q, keys, values, step.mask, self.scaling, self.kernel).reshape(rows, h * d)
         projected: torch.Tensor = self.o_proj(out)
         return projected
 
@@ -127,8 +149,7 @@ class FusedAttention(torch.nn.Module):
         )
         q = window[:, :, :h].reshape(rows, n, kv, h // kv, d).permute(0, 2, 3, 1, 4).reshape(rows * kv, -1, d)
         keys, values = keys.flatten(0, 1), values.flatten(0, 1)  # views [rows * kv, columns, d]
-        scores = torch.baddbmm(step.mask, q, keys.transpose(1, 2), alpha=self.scaling)
-        out = torch.bmm(torch.softmax(scores, dim=-1), values)  # [rows * kv, h / kv * n, d]
+        out = attend(q, keys, values, step.mask, self.scaling, self.kernel)  # [rows * kv, h / kv * n, d]
         out = out.view(rows, kv, h // kv, n, d).permute(0, 3, 1, 2, 4).reshape(rows * n, h * d)
         projected: torch.Tensor = self.o_proj(out.index_select(0, step.real))
         return projected
@@ -153,10 +174,10 @@ class FusedMLP(torch.nn.Module):
 
 
 class FusedLayer(torch.nn.Module):
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: Any, kernel: str) -> None:
         super().__init__()
         self.input_layernorm = layer.input_layernorm
-        self.self_attn = FusedAttention(layer.self_attn)
+        self.self_attn = FusedAttention(layer.self_attn, kernel)
         self.post_attention_layernorm = layer.post_attention_layernorm
         self.mlp = FusedMLP(layer.mlp)
 
@@ -176,7 +197,8 @@ class FusedDecoder(torch.nn.Module):
         inner: Any = model.model
         self.embed_tokens = inner.embed_tokens
         self.rotary_emb = inner.rotary_emb
-        layers = [FusedLayer(layer) for layer in inner.layers]
+        kernel = str(model.config._attn_implementation)  # transformers' only spelling of the kernel's name
+        layers = [FusedLayer(layer, kernel) for layer in inner.layers]
         self.layers = torch.nn.ModuleList(layers)
         self.norm = inner.norm
         self.kv_heads = layers[0].self_attn.kv_heads
@@ -226,7 +248,7 @@ class FusedDecoder(torch.nn.Module):
 def fusable(model: PreTrainedModel) -> bool:
     """Whether :class:`FusedDecoder` computes ``model``'s forward once its linears are packed: a known
     Llama-layout model (no sliding window, no logit scaling) whose linear layers
-    :func:`~asyncrl.engine.cpu.packed.pack_linears` all packs."""
+    :func:`~asyncrl.engine.cpu.packed.pack_linears` all packs, in one dtype (float32 or bfloat16)."""
     cfg = model.config.to_dict()
     names = FUSABLE.get(str(cfg.get("model_type", "")))
     children = dict(model.named_children())
@@ -249,7 +271,9 @@ def fusable(model: PreTrainedModel) -> bool:
             mlp.up_proj,
             mlp.down_proj,
         ]
-    return all(packable(m) for m in linears)
+    return (
+        all(packable(m) for m in linears) and len({m.weight.dtype for m in linears}) == 1
+    )  # one stack, one dtype
 
 
 class FusedForward(PackedForward):
