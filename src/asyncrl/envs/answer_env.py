@@ -16,17 +16,16 @@ import re
 import string
 from abc import abstractmethod
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from asyncrl.envs.base import ToolCallAction, parse_action
 from asyncrl.envs.calculator import CALC_TOOL, run_calc
 from asyncrl.envs.demos import UserDemonstrator
 from asyncrl.envs.python_env import PYTHON_TOOL, run_sandboxed
-from asyncrl.envs.toolenv import ToolEnv, env_section
+from asyncrl.envs.toolenv import ToolEnv
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig, SandboxConfig
-    from asyncrl.envs.base import HashSplitTaskSource
     from asyncrl.records import Task
 
 __all__ = [
@@ -53,14 +52,6 @@ class AnswerEnv(ToolEnv):
         self.partial_credit = reward == "score"
         field = f"env.{self.kind}.demonstrator"
         self.demonstrator = UserDemonstrator(demonstrator, field) if demonstrator else None
-
-    source_class: ClassVar[type[HashSplitTaskSource]]
-    """The task source, built as ``source_class(env.<kind> section, seed=, heldout_size=, lo=, hi=)``."""
-
-    @classmethod
-    def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
-        section = env_section(cfg, cfg.reasoning_gym if cls.kind == "reasoning_gym" else cfg.dataset)
-        return cast("HashSplitTaskSource", cached_source(cls.source_class, section, cfg))
 
     @staticmethod
     @abstractmethod

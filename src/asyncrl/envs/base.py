@@ -516,8 +516,11 @@ class TaskSource(Protocol):
     ``difficulties`` the difficulty levels the source supports.
     """
 
-    task_types: tuple[str, ...]
-    difficulties: tuple[int, ...]
+    @property
+    def task_types(self) -> tuple[str, ...]: ...
+
+    @property
+    def difficulties(self) -> tuple[int, ...]: ...
 
     def sample(self, rng: random.Random, difficulty: int | None = None) -> Task: ...
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
-from asyncrl.envs.answer_env import AnswerEnv
+from asyncrl.envs.answer_env import AnswerEnv, cached_source
 from asyncrl.envs.base import HashSplitTaskSource, normalize, task_id
 from asyncrl.envs.demos import final_answer, solution_turn
 from asyncrl.envs.scoring import Scorer, load_scorer, refuse_lenient_scorer, safe_score
@@ -213,11 +213,14 @@ class DatasetEnv(AnswerEnv):
     """Answer a row's prompt; scored by ``env.dataset.scorer`` against the row's answer."""
 
     kind = "dataset"
-    source_class = DatasetTasks
 
     def __init__(self, dc: DatasetConfig, cfg: EnvConfig) -> None:
         super().__init__(dc.tools, dc.reward, cfg.sandbox, dc.demonstrator)
         self.scorer: Scorer = load_scorer(dc.scorer, tolerance=dc.tolerance)
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> DatasetTasks:
+        return cached_source(DatasetTasks, env_section(cfg, cfg.dataset), cfg)  # type: ignore[no-any-return]
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> DatasetEnv:

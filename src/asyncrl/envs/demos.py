@@ -29,17 +29,14 @@ from asyncrl.envs.imports import EnvPluginError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asyncrl.config import EnvConfig
     from asyncrl.records import Task
 
 __all__ = [
     "UserDemonstrator",
-    "env_where",
     "final_answer",
     "solution_turn",
     "split_solution",
     "tool_note",
-    "tool_notes",
 ]
 
 _FINAL = re.compile(r"(?:\A|\n)[ \t]*####[ \t]*(?P<final>[^\n]*?)\s*\Z")
@@ -129,30 +126,3 @@ def tool_note(env: Any, tasks: list[Task], where: str) -> str | None:
         "(they only answer): the warm start teaches answering without tools; give a demonstrator whose "
         "turns call them (docs/environments.md#demonstrations-from-your-data)"
     )
-
-
-def env_where(cfg: EnvConfig) -> str:
-    """How a message names the environment of ``cfg``: its section (``env.dataset``), or its plugin path."""
-    if cfg.kind == "plugin":
-        return f"env.path {cfg.path!r}"
-    if cfg.kind == "agent":
-        return f"env.agent_tasks {cfg.agent_tasks!r}"
-    return "env.class_env" if cfg.kind == "class" else f"env.{cfg.kind}"
-
-
-def tool_notes(cfg: EnvConfig, source: Any, env: Any) -> list[str]:
-    """:func:`tool_note` on training tasks of ``source`` played by the raw ``env`` of ``cfg`` (a mix:
-    every member with a share of the warm start, by name); none for an agent, whose tools are its own."""
-    rng = random.Random(cfg.seed)
-    if cfg.kind == "agent":
-        return []
-    if cfg.kind != "mix":
-        note = tool_note(env, [source.sample(rng) for _ in range(TOOL_NOTE_TASKS)], env_where(cfg))
-        return [note] if note else []
-    notes = []
-    for m in cfg.mix or []:
-        if m.sft_share != 0:
-            tasks = [source.members[m.name].sample(rng) for _ in range(TOOL_NOTE_TASKS)]
-            where = f"env.mix member {m.name!r} ({env_where(m.env)})"
-            notes += [note] if (note := tool_note(env.member(m.name), tasks, where)) else []
-    return notes

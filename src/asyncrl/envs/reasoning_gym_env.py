@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.answer_env import AnswerEnv
+from asyncrl.envs.answer_env import AnswerEnv, cached_source
 from asyncrl.envs.base import HashSplitTaskSource, task_id
 from asyncrl.envs.scoring import refuse_lenient_scorer, safe_score
 from asyncrl.envs.toolenv import env_section
@@ -176,7 +176,10 @@ class ReasoningGymEnv(AnswerEnv):
     """Answer reasoning-gym questions; the score is the dataset's own ``score_answer``."""
 
     kind = "reasoning_gym"
-    source_class = ReasoningGymTasks
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> ReasoningGymTasks:
+        return cached_source(ReasoningGymTasks, env_section(cfg, cfg.reasoning_gym), cfg)  # type: ignore[no-any-return]
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ReasoningGymEnv:

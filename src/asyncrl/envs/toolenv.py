@@ -120,6 +120,11 @@ class ToolEnv(ABC):
 
     # -- construction conventions (also used by plugins, see registry.py) ----------------------
     @classmethod
+    def from_config(cls, cfg: EnvConfig) -> ToolEnv:
+        """The environment of ``cfg``: the class called with ``env.options`` (a kind with a section reads it)."""
+        return cls(**cfg.options)
+
+    @classmethod
     @abstractmethod
     def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
         """The task source matching this environment and config."""
