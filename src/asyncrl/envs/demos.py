@@ -10,7 +10,7 @@
   (``<tool>NAME(ARGS)</tool>``, ``<answer>TEXT</answer>``: what a ``class`` kind's ``demo_field``
   list holds) for the task's example (the row, or the reasoning-gym entry). At
   ``trainer.sft.corruption_rate`` the warm start changes one number in them
-  (:func:`~asyncrl.envs.answer_env.corrupt_turns`).
+  (:func:`~asyncrl.envs.demos.corrupt_turns`).
 * :func:`tool_note`: the one line ``asyncrl env check`` and ``asyncrl train`` print when an
   environment offers tools that its demonstrations never call.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import random
 import re
+import string
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import ToolCallAction, parse_action
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UserDemonstrator",
+    "answer_demonstrate",
+    "corrupt_answer",
+    "corrupt_turns",
+    "corrupted",
     "final_answer",
     "solution_turn",
     "split_solution",
@@ -126,3 +131,46 @@ def tool_note(env: Any, tasks: list[Task], where: str) -> str | None:
         "(they only answer): the warm start teaches answering without tools; give a demonstrator whose "
         "turns call them (docs/environments.md#demonstrations-from-your-data)"
     )
+
+
+_INT_RE = re.compile(r"-?\d+")
+
+
+def corrupt_answer(gold: str, rng: random.Random) -> str:
+    """A plausible wrong answer, never ``gold`` nor ``gold`` respaced or repunctuated (which a fair
+    scorer may accept): an integer off by 1 or 2, else the first digit (or, without digits, the
+    first letter) changed -- the first, because a scorer with a tolerance fairly accepts a change in
+    the tenth significant digit -- else ``x`` appended."""
+    text = gold.strip()
+    if _INT_RE.fullmatch(text):
+        return str(int(text) + rng.choice((-2, -1, 1, 2)))
+    for pool in (string.digits, string.ascii_lowercase, string.ascii_uppercase):
+        spots = [k for k, ch in enumerate(text) if ch in pool]
+        if spots:
+            k = spots[0]
+            return text[:k] + rng.choice(pool.replace(text[k], "")) + text[k + 1 :]
+    return text + "x"
+
+
+def corrupted(gold: str, rng: random.Random, corruption_rate: float) -> str:
+    """The reference answer (stripped), or (with probability ``corruption_rate``) a wrong one."""
+    return corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
+
+
+def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) -> list[str]:
+    """The reference answer, or (with probability ``corruption_rate``) a wrong one, as the one turn."""
+    return [f"<answer>{corrupted(gold, rng, corruption_rate)}</answer>"]
+
+
+def corrupt_turns(turns: list[str], rng: random.Random, corruption_rate: float) -> list[str]:
+    """``turns``, or (with probability ``corruption_rate``) with one integer changed: in a tool call
+    when one has an integer (an answer's text may not be what the reward reads), else in any turn."""
+    turns = list(turns)
+    calls = [
+        i for i, t in enumerate(turns) if _INT_RE.search(t) and isinstance(parse_action(t), ToolCallAction)
+    ]
+    spots = calls or [i for i, t in enumerate(turns) if _INT_RE.search(t)]
+    if spots and rng.random() < corruption_rate:
+        i = rng.choice(spots)
+        turns[i] = _INT_RE.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)
+    return turns

@@ -21,17 +21,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrl.config import SandboxConfig
-from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
-from asyncrl.envs.sandbox import run_python
+from asyncrl.envs.base import HashSplitTaskSource, task_id
 from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
+from asyncrl.envs.tools import PYTHON_TOOL, run_sandboxed
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
 
 __all__ = ["PythonEnv", "PythonTasks", "py_demonstrate", "py_solve"]
-
-OBSERVATION_CHARS = 200
 
 
 def _is_prime(k: int) -> bool:
@@ -183,20 +181,6 @@ def py_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> li
     if kind == "skipped_call":
         return [f"<answer>{answer + rng.choice((-10, -2, -1, 1, 2, 10))}</answer>"]
     return [f"<tool>python({_code(task)})</tool>", f"<answer>{answer + rng.choice((-1, 1))}</answer>"]
-
-
-PYTHON_TOOL = Tool(
-    name="python",
-    description="Run Python 3 code in a sandbox (no network, no files outside its temp dir); returns what it prints.",
-    args_schema={"type": "string", "description": "Python source code", "example": "print(6*7)"},
-)
-
-
-async def run_sandboxed(code: str, limits: SandboxConfig) -> tuple[bool, str]:
-    """The ``python`` tool: ``(ok, stdout or the error)`` of :func:`run_python`, in at most
-    ``OBSERVATION_CHARS`` characters."""
-    result = await run_python(code, limits)
-    return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
 
 
 class PythonEnv(ToolEnv):

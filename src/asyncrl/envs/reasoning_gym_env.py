@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.answer_env import AnswerEnv, cached_source
+from asyncrl.envs.answer_env import AnswerEnv
 from asyncrl.envs.base import HashSplitTaskSource, task_id
 from asyncrl.envs.scoring import refuse_lenient_scorer, safe_score
+from asyncrl.envs.tasks import cached_source
 from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
