@@ -18,7 +18,7 @@ from typing import Any
 
 from asyncrl.envs.base import StepResult, ToolCallAction, parse_action
 from asyncrl.envs.calculator import CalculatorEnv, CalculatorTasks, calc_demonstrate, calc_solve
-from asyncrl.envs.tools import CalcError, evaluate
+from asyncrl.envs.toolenv import CalcError, evaluate
 from asyncrl.records import Task
 
 

@@ -165,7 +165,7 @@ def test_the_checks_can_fail() -> None:
 
 
 def test_no_environment_kind_imports_another() -> None:
-    """What kinds share (task sources, tools, demonstrations) lives in ``envs/tasks.py``, ``envs/tools.py``
+    """What kinds share (task sources, tools, demonstrations) lives in ``envs/tasks.py``, ``envs/toolenv.py``
     and ``envs/demos.py``: no kind's module (an ``ADAPTERS`` entry's) imports another kind's."""
     from asyncrl.envs.registry import ADAPTERS
 
@@ -477,7 +477,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
                 ("envs/kb_lookup.py", "generate", f"num_{x}")
                 for x in ("people", "cities", "countries", "companies")
             ),
-            *(("envs/tools.py", "<module>", x) for x in ("MAX_EXPR_CHARS", "MAX_ABS_VALUE")),
+            *(("envs/toolenv.py", "<module>", x) for x in ("MAX_EXPR_CHARS", "MAX_ABS_VALUE")),
             ("envs/calculator.py", "<module>", "LIMIT"),
             *(
                 ("envs/base.py", "<module>", f"REWARD_{x}")
@@ -485,7 +485,7 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
             ),
             ("envs/base.py", "HashSplitTaskSource", "heldout_permille"),
             ("envs/base.py", "HashSplitTaskSource", "max_attempts"),
-            ("envs/tools.py", "<module>", "OBSERVATION_CHARS"),
+            ("envs/toolenv.py", "<module>", "OBSERVATION_CHARS"),
             ("envs/sandbox.py", "summary", "max_chars"),
             ("envs/toolenv.py", "<module>", "MAX_ARGS_CHARS"),
         ],

@@ -34,8 +34,7 @@ from asyncrl.envs.sandbox import SandboxLimits, SandboxResult, run_python, sandb
 from asyncrl.envs.scoring import load_scorer
 from asyncrl.envs.strings import StringsEnv
 from asyncrl.envs.tasks import read_rows
-from asyncrl.envs.toolenv import ToolEnv
-from asyncrl.envs.tools import CalcError, evaluate
+from asyncrl.envs.toolenv import CalcError, ToolEnv, evaluate
 from asyncrl.envs.wrappers import EnvResetError, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.records import ToolCall  # the StepResult.tool_call field's type
 

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.demos import UserDemonstrator, corrupt_turns, corrupted
-from asyncrl.envs.toolenv import ToolEnv
-from asyncrl.envs.tools import CALC_TOOL, PYTHON_TOOL, run_calc, run_sandboxed
+from asyncrl.envs.toolenv import CALC_TOOL, PYTHON_TOOL, ToolEnv, run_calc, run_sandboxed
 
 if TYPE_CHECKING:
     from asyncrl.config import SandboxConfig

@@ -6,7 +6,7 @@ first two (``n0 op1 n1``), every later step the previous result with the next (`
 n_k``), each sentence's verb fixes its operator, operands are 1..20 (later multipliers 2..5) and
 every intermediate result is a non-negative integer below 1000.
 
-The ``calc`` tool is :mod:`asyncrl.envs.tools`' (shared with the answer environments).
+The ``calc`` tool is :mod:`asyncrl.envs.toolenv`' (shared with the answer environments).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import random
 from typing import TYPE_CHECKING
 
 from asyncrl.envs.base import HashSplitTaskSource, task_id
-from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
-from asyncrl.envs.tools import CALC_TOOL, run_calc
+from asyncrl.envs.toolenv import CALC_TOOL, EnvOptionsError, ToolEnv, run_calc
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -216,7 +215,7 @@ class CalculatorEnv(ToolEnv):
     def make_task_source(cls, cfg: EnvConfig) -> CalculatorTasks:
         if cfg.options:
             raise EnvOptionsError(f"env.options for 'calculator' must be empty, got {sorted(cfg.options)}")
-        return CalculatorTasks.from_config(cfg)  # type: ignore[return-value]
+        return CalculatorTasks.from_config(cfg)
 
     solve = staticmethod(calc_solve)
     demonstrate = staticmethod(calc_demonstrate)

@@ -154,7 +154,7 @@ class ClassEnv:
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> ClassTasks:
-        return cached_source(ClassTasks, _section(cfg), cfg)  # type: ignore[no-any-return]
+        return cached_source(ClassTasks, _section(cfg), cfg)
 
     async def reset(self, task: Task) -> str:
         self.task, self._final, self._completion = task, None, []

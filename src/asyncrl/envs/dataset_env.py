@@ -80,7 +80,7 @@ class DatasetEnv(AnswerEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> DatasetTasks:
-        return cached_source(DatasetTasks, env_section(cfg, cfg.dataset), cfg)  # type: ignore[no-any-return]
+        return cached_source(DatasetTasks, env_section(cfg, cfg.dataset), cfg)
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> DatasetEnv:

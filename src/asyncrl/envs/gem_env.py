@@ -30,8 +30,7 @@ from asyncrl.envs.base import (
     repeat_final,
 )
 from asyncrl.envs.tasks import SeedTasks
-from asyncrl.envs.toolenv import EnvOptionsError, env_section
-from asyncrl.envs.tools import PYTHON_TOOL, run_sandboxed
+from asyncrl.envs.toolenv import PYTHON_TOOL, EnvOptionsError, env_section, run_sandboxed
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.config import SandboxConfig
 from asyncrl.envs.base import HashSplitTaskSource, task_id
-from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
-from asyncrl.envs.tools import PYTHON_TOOL, run_sandboxed
+from asyncrl.envs.toolenv import PYTHON_TOOL, EnvOptionsError, ToolEnv, run_sandboxed
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -207,7 +206,7 @@ class PythonEnv(ToolEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> PythonTasks:
-        return PythonTasks.from_config(cfg)  # type: ignore[return-value]
+        return PythonTasks.from_config(cfg)
 
     solve = staticmethod(py_solve)
     demonstrate = staticmethod(py_demonstrate)

@@ -180,7 +180,7 @@ class ReasoningGymEnv(AnswerEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> ReasoningGymTasks:
-        return cached_source(ReasoningGymTasks, env_section(cfg, cfg.reasoning_gym), cfg)  # type: ignore[no-any-return]
+        return cached_source(ReasoningGymTasks, env_section(cfg, cfg.reasoning_gym), cfg)
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ReasoningGymEnv:

@@ -16,7 +16,7 @@ import random
 from abc import abstractmethod
 from collections.abc import Hashable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import msgspec
 
@@ -26,9 +26,13 @@ from asyncrl.errors import UserError
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from asyncrl.config import ClassEnvConfig, DatasetConfig, EnvConfig
 
 __all__ = ["RowTasks", "SeedTasks", "cached_source", "read_rows"]
+
+S = TypeVar("S")
 
 
 class SeedTasks(HashSplitTaskSource):
@@ -192,20 +196,12 @@ class RowTasks(HashSplitTaskSource):
         return self._held_rows[: self.heldout_size]
 
 
-def cached_source(source: type[Any], section: Any, cfg: EnvConfig) -> Any:
+def cached_source(source: type[S], section: BaseModel, cfg: EnvConfig) -> S:
     """``source(section, seed=, heldout_size=, lo=, hi=)``, built once per process and configuration
     (one generation or read of the rows, one hygiene check of the scorer)."""
-    return (
-        _cached(  # classes are hashable; typeshed's lru_cache says Hashable, which type[Any] is not to mypy
-            cast("Hashable", source),
-            cast("Hashable", type(section)),
-            section.model_dump_json(),
-            cfg.seed,
-            cfg.heldout_size,
-            cfg.min_difficulty,
-            cfg.max_difficulty,
-        )
-    )
+    # classes are hashable; typeshed's lru_cache says Hashable, which type[S] is not to mypy
+    key = (cast("Hashable", source), cast("Hashable", type(section)), section.model_dump_json())
+    return cast("S", _cached(*key, cfg.seed, cfg.heldout_size, cfg.min_difficulty, cfg.max_difficulty))
 
 
 @functools.lru_cache(maxsize=8)
