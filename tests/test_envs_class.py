@@ -145,6 +145,17 @@ def test_a_class_env_is_timed_as_grading_and_a_builtin_grading_itself_is_not(
     assert _wrappers(make_env(EnvConfig(kind="calculator"), rng_seed=0)) == ["GuardedEnv"]
 
 
+def test_a_class_env_has_demonstrations_exactly_when_its_rows_or_demonstrator_give_them(
+    guess_env: tuple[Path, Path],
+) -> None:
+    """``trainer.sft.source: auto`` warm-starts from a class's ``demo_field`` (ClassEnv itself has no
+    ``demonstrate``; the built DemoClassEnv has)."""
+    from asyncrl.jobs.warm_start import has_demonstrations
+
+    assert has_demonstrations(cfg_of(*guess_env, demo_field="secret"))
+    assert not has_demonstrations(cfg_of(*guess_env))
+
+
 def test_tools_are_the_public_methods_with_schemas_from_signature_and_docstring(
     guess_env: tuple[Path, Path],
 ) -> None:
