@@ -1,4 +1,4 @@
-"""Building environments and task sources from config; loading plugin environments.
+"""Building environments and task sources from config: one ``ADAPTERS`` row per built-in kind; plugins.
 
 Conventions a plugin class (``env.path = "my_pkg.my_env:MyEnv"``) follows -- the built-ins
 follow the very same ones:
@@ -124,7 +124,8 @@ def load_plugin(path: str) -> type[Any]:
 
 def plugin_adapter(path: str, where: str) -> Adapter:
     """The plugin class at ``path`` read as an :class:`Adapter` by the conventions of the module docstring
-    (``where`` names it in messages); it grades itself only if it says so through ``VERIFIER_CACHE``."""
+    (``where`` names it in messages); not ``grades_itself``: :class:`AnswerCostWrapper` times its final step
+    unless it calls ``VERIFIER_CACHE`` itself."""
     cls = load_plugin(path)
 
     def build(cfg: EnvConfig) -> Any:
