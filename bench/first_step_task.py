@@ -17,14 +17,8 @@ import random
 from typing import Any
 
 from asyncrl.envs.base import StepResult, ToolCallAction, parse_action
-from asyncrl.envs.calculator import (
-    CalcError,
-    CalculatorEnv,
-    CalculatorTasks,
-    calc_demonstrate,
-    calc_solve,
-    evaluate,
-)
+from asyncrl.envs.calculator import CalculatorEnv, CalculatorTasks, calc_demonstrate, calc_solve
+from asyncrl.envs.toolenv import CalcError, evaluate
 from asyncrl.records import Task
 
 

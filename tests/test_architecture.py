@@ -164,6 +164,16 @@ def test_the_checks_can_fail() -> None:
     assert "asyncrl.jobs.train" in _imports("asyncrl.service", MODULES["asyncrl.service"])
 
 
+def test_no_environment_kind_imports_another() -> None:
+    """What kinds share (task sources, tools, demonstrations) lives in ``envs/tasks.py``, ``envs/toolenv.py``
+    and ``envs/demos.py``: no kind's module (an ``ADAPTERS`` entry's) imports another kind's."""
+    from asyncrl.envs.registry import ADAPTERS
+
+    kinds = {a.env.__module__ for a in ADAPTERS.values()}
+    assert len(kinds) == len(ADAPTERS)
+    assert sorted((m, t) for m in kinds for t in GRAPH[m] & kinds) == []
+
+
 def test_only_the_control_package_uses_the_state_store() -> None:
     """Roles share state through :class:`asyncrl.control.RunState`, never through store keys."""
     users = sorted(
@@ -467,14 +477,15 @@ ALLOWED_LITERALS: dict[tuple[str, str, str], str] = {
                 ("envs/kb_lookup.py", "generate", f"num_{x}")
                 for x in ("people", "cities", "countries", "companies")
             ),
-            *(("envs/calculator.py", "<module>", x) for x in ("MAX_EXPR_CHARS", "MAX_ABS_VALUE", "LIMIT")),
+            *(("envs/toolenv.py", "<module>", x) for x in ("MAX_EXPR_CHARS", "MAX_ABS_VALUE")),
+            ("envs/calculator.py", "<module>", "LIMIT"),
             *(
                 ("envs/base.py", "<module>", f"REWARD_{x}")
                 for x in ("WELL_FORMED", "USES_RESULT", "MALFORMED", "TOOL_ERROR")
             ),
             ("envs/base.py", "HashSplitTaskSource", "heldout_permille"),
             ("envs/base.py", "HashSplitTaskSource", "max_attempts"),
-            ("envs/python_env.py", "<module>", "OBSERVATION_CHARS"),
+            ("envs/toolenv.py", "<module>", "OBSERVATION_CHARS"),
             ("envs/sandbox.py", "summary", "max_chars"),
             ("envs/toolenv.py", "<module>", "MAX_ARGS_CHARS"),
         ],

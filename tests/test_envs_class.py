@@ -19,7 +19,8 @@ from asyncrl.envs.base import Tool
 from asyncrl.envs.check import check_environment
 from asyncrl.envs.class_tools import ToolArgsError, class_tools
 from asyncrl.envs.imports import EnvPluginError
-from asyncrl.envs.registry import make_env, make_raw_env, make_task_source
+from asyncrl.envs.registry import ADAPTERS, env_where, make_env, make_raw_env, make_task_source
+from asyncrl.envs.wrappers import EnvWrapper
 from asyncrl.policy.toolcalls import HermesFormat, args_text
 from helpers import run_texts_sync
 
@@ -123,6 +124,36 @@ def cfg_of(mod: Path, rows: Path, **section: Any) -> EnvConfig:
 def task_with(cfg: EnvConfig, **row: Any) -> Any:
     source = make_task_source(cfg)
     return next(t for t in source.train if all(t.payload["row"][k] == v for k, v in row.items()))
+
+
+def _wrappers(env: Any) -> list[str]:
+    names = []
+    while isinstance(env, EnvWrapper):
+        names.append(type(env).__name__)
+        env = env.env
+    return names
+
+
+def test_a_class_env_is_timed_as_grading_and_a_builtin_grading_itself_is_not(
+    guess_env: tuple[Path, Path],
+) -> None:
+    """``Adapter.grades_itself``: a TRL class's final step is timed as its answer check (AnswerCostWrapper);
+    a built-in grades through the verifier cache itself, so it gets no such wrapper."""
+    assert ADAPTERS["class"].grades_itself is False
+    assert env_where(cfg_of(*guess_env)) == "env.class_env"  # messages name the kind's section
+    assert _wrappers(make_env(cfg_of(*guess_env), rng_seed=0)) == ["GuardedEnv", "AnswerCostWrapper"]
+    assert _wrappers(make_env(EnvConfig(kind="calculator"), rng_seed=0)) == ["GuardedEnv"]
+
+
+def test_a_class_env_has_demonstrations_exactly_when_its_rows_or_demonstrator_give_them(
+    guess_env: tuple[Path, Path],
+) -> None:
+    """``trainer.sft.source: auto`` warm-starts from a class's ``demo_field`` (ClassEnv itself has no
+    ``demonstrate``; the built DemoClassEnv has)."""
+    from asyncrl.jobs.warm_start import has_demonstrations
+
+    assert has_demonstrations(cfg_of(*guess_env, demo_field="secret"))
+    assert not has_demonstrations(cfg_of(*guess_env))
 
 
 def test_tools_are_the_public_methods_with_schemas_from_signature_and_docstring(

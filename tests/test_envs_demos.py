@@ -21,8 +21,9 @@ from asyncrl.config import EnvConfig, load_config
 from asyncrl.envs import make_raw_env, make_task_source
 from asyncrl.envs import reasoning_gym_env as rge
 from asyncrl.envs.check import check_environment
-from asyncrl.envs.demos import split_solution, tool_notes
+from asyncrl.envs.demos import split_solution
 from asyncrl.envs.imports import EnvPluginError
+from asyncrl.envs.registry import tool_notes
 from asyncrl.errors import UserError
 from asyncrl.jobs import train as train_job
 from asyncrl.policy.toolcalls import make_format

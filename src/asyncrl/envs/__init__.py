@@ -18,9 +18,8 @@ from asyncrl.envs.base import (
     close_env,
     parse_action,
 )
-from asyncrl.envs.calculator import CalcError, CalculatorEnv, CalculatorTasks, evaluate
+from asyncrl.envs.calculator import CalculatorEnv, CalculatorTasks
 from asyncrl.envs.check import CheckReport, check_environment
-from asyncrl.envs.dataset_env import read_rows
 from asyncrl.envs.kb_lookup import KBLookupEnv
 from asyncrl.envs.python_env import PythonEnv
 from asyncrl.envs.registry import (
@@ -34,7 +33,8 @@ from asyncrl.envs.registry import (
 from asyncrl.envs.sandbox import SandboxLimits, SandboxResult, run_python, sandbox_support
 from asyncrl.envs.scoring import load_scorer
 from asyncrl.envs.strings import StringsEnv
-from asyncrl.envs.toolenv import ToolEnv
+from asyncrl.envs.tasks import read_rows
+from asyncrl.envs.toolenv import CalcError, ToolEnv, evaluate
 from asyncrl.envs.wrappers import EnvResetError, FaultWrapper, GuardedEnv, LatencyWrapper
 from asyncrl.records import ToolCall  # the StepResult.tool_call field's type
 

@@ -10,34 +10,19 @@ the user's ``demonstrator`` function (:mod:`asyncrl.envs.demos`).
 
 from __future__ import annotations
 
-import functools
 import random
-import re
-import string
 from abc import abstractmethod
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.base import ToolCallAction, parse_action
-from asyncrl.envs.calculator import CALC_TOOL, run_calc
-from asyncrl.envs.demos import UserDemonstrator
-from asyncrl.envs.python_env import PYTHON_TOOL, run_sandboxed
-from asyncrl.envs.toolenv import ToolEnv, env_section
+from asyncrl.envs.demos import UserDemonstrator, corrupt_turns, corrupted
+from asyncrl.envs.toolenv import CALC_TOOL, PYTHON_TOOL, ToolEnv, run_calc, run_sandboxed
 
 if TYPE_CHECKING:
-    from asyncrl.config import EnvConfig, SandboxConfig
-    from asyncrl.envs.base import HashSplitTaskSource
+    from asyncrl.config import SandboxConfig
     from asyncrl.records import Task
 
-__all__ = [
-    "AnswerEnv",
-    "answer_demonstrate",
-    "cached_source",
-    "corrupt_answer",
-    "corrupt_turns",
-]
-
-_INT_RE = re.compile(r"-?\d+")
+__all__ = ["AnswerEnv"]
 
 
 class AnswerEnv(ToolEnv):
@@ -53,14 +38,6 @@ class AnswerEnv(ToolEnv):
         self.partial_credit = reward == "score"
         field = f"env.{self.kind}.demonstrator"
         self.demonstrator = UserDemonstrator(demonstrator, field) if demonstrator else None
-
-    source_class: ClassVar[type[HashSplitTaskSource]]
-    """The task source, built as ``source_class(env.<kind> section, seed=, heldout_size=, lo=, hi=)``."""
-
-    @classmethod
-    def make_task_source(cls, cfg: EnvConfig) -> HashSplitTaskSource:
-        section = env_section(cfg, cfg.reasoning_gym if cls.kind == "reasoning_gym" else cfg.dataset)
-        return cast("HashSplitTaskSource", cached_source(cls.source_class, section, cfg))
 
     @staticmethod
     @abstractmethod
@@ -95,67 +72,3 @@ class AnswerEnv(ToolEnv):
     @abstractmethod
     def score(self, answer: str) -> float:
         """The answer's score in [0, 1] on ``self.task`` (never raises: see ``safe_score``)."""
-
-
-def corrupt_answer(gold: str, rng: random.Random) -> str:
-    """A plausible wrong answer, never ``gold`` nor ``gold`` respaced or repunctuated (which a fair
-    scorer may accept): an integer off by 1 or 2, else the first digit (or, without digits, the
-    first letter) changed -- the first, because a scorer with a tolerance fairly accepts a change in
-    the tenth significant digit -- else ``x`` appended."""
-    text = gold.strip()
-    if _INT_RE.fullmatch(text):
-        return str(int(text) + rng.choice((-2, -1, 1, 2)))
-    for pool in (string.digits, string.ascii_lowercase, string.ascii_uppercase):
-        spots = [k for k, ch in enumerate(text) if ch in pool]
-        if spots:
-            k = spots[0]
-            return text[:k] + rng.choice(pool.replace(text[k], "")) + text[k + 1 :]
-    return text + "x"
-
-
-def corrupted(gold: str, rng: random.Random, corruption_rate: float) -> str:
-    """The reference answer (stripped), or (with probability ``corruption_rate``) a wrong one."""
-    return corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
-
-
-def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) -> list[str]:
-    """The reference answer, or (with probability ``corruption_rate``) a wrong one, as the one turn."""
-    return [f"<answer>{corrupted(gold, rng, corruption_rate)}</answer>"]
-
-
-def corrupt_turns(turns: list[str], rng: random.Random, corruption_rate: float) -> list[str]:
-    """``turns``, or (with probability ``corruption_rate``) with one integer changed: in a tool call
-    when one has an integer (an answer's text may not be what the reward reads), else in any turn."""
-    turns = list(turns)
-    calls = [
-        i for i, t in enumerate(turns) if _INT_RE.search(t) and isinstance(parse_action(t), ToolCallAction)
-    ]
-    spots = calls or [i for i, t in enumerate(turns) if _INT_RE.search(t)]
-    if spots and rng.random() < corruption_rate:
-        i = rng.choice(spots)
-        turns[i] = _INT_RE.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)
-    return turns
-
-
-def cached_source(source: type[Any], section: Any, cfg: EnvConfig) -> Any:
-    """``source(section, seed=, heldout_size=, lo=, hi=)``, built once per process and configuration
-    (one generation or read of the rows, one hygiene check of the scorer)."""
-    return (
-        _cached(  # classes are hashable; typeshed's lru_cache says Hashable, which type[Any] is not to mypy
-            cast("Hashable", source),
-            cast("Hashable", type(section)),
-            section.model_dump_json(),
-            cfg.seed,
-            cfg.heldout_size,
-            cfg.min_difficulty,
-            cfg.max_difficulty,
-        )
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def _cached(
-    source: type[Any], model: Any, section_json: str, seed: int, heldout_size: int, lo: int, hi: int
-) -> Any:
-    section = model.model_validate_json(section_json)
-    return source(section, seed=seed, heldout_size=heldout_size, lo=lo, hi=hi)

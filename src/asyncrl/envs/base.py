@@ -30,7 +30,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias, runtime_checkable
 
 from asyncrl.records import OUTCOMES, Fault, ToolCall
 
@@ -516,8 +516,11 @@ class TaskSource(Protocol):
     ``difficulties`` the difficulty levels the source supports.
     """
 
-    task_types: tuple[str, ...]
-    difficulties: tuple[int, ...]
+    @property
+    def task_types(self) -> tuple[str, ...]: ...
+
+    @property
+    def difficulties(self) -> tuple[int, ...]: ...
 
     def sample(self, rng: random.Random, difficulty: int | None = None) -> Task: ...
 
@@ -571,7 +574,7 @@ class HashSplitTaskSource(ABC):
         self._heldout: list[Task] | None = None
 
     @classmethod
-    def from_config(cls, cfg: EnvConfig, **kwargs: Any) -> HashSplitTaskSource:
+    def from_config(cls, cfg: EnvConfig, **kwargs: Any) -> Self:
         """Build from an :class:`~asyncrl.config.EnvConfig` (seed, difficulty range, held-out size)."""
         lo, hi = cfg.min_difficulty, cfg.max_difficulty
         return cls(

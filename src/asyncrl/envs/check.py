@@ -39,9 +39,9 @@ from asyncrl.envs.base import (
     is_async_method,
     step_problems,
 )
-from asyncrl.envs.demos import env_where, tool_note
+from asyncrl.envs.demos import tool_note
 from asyncrl.envs.mix import MixTaskSource, mix_members
-from asyncrl.envs.registry import EnvPluginError, env_class, make_raw_env, make_task_source
+from asyncrl.envs.registry import EnvPluginError, env_class, env_where, make_raw_env, make_task_source
 from asyncrl.records import Task
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ and ends the episode with the reward. Success is a reward of at least ``success_
 no process rewards (TRL has none): only the reward function's. An episode that uses up
 ``env.max_turns`` ends ``truncated`` with reward 0, without calling the reward function.
 
-Tasks are the rows, read and split by :class:`~asyncrl.envs.dataset_env.RowTasks` (the
+Tasks are the rows, read and split by :class:`~asyncrl.envs.tasks.RowTasks` (the
 ``dataset`` kind's loader); a task carries its whole row (``payload["row"]``), so every column
 reaches ``reset`` and the reward function, and the held-out split is by a hash of the row.
 """
@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from asyncrl.envs.answer_env import answer_demonstrate, cached_source, corrupt_turns
 from asyncrl.envs.base import (
     AnswerAction,
     MalformedAction,
@@ -48,9 +47,9 @@ from asyncrl.envs.base import (
     tool_call,
 )
 from asyncrl.envs.class_tools import call_tool, class_tools, load_object
-from asyncrl.envs.dataset_env import RowTasks
-from asyncrl.envs.demos import UserDemonstrator
+from asyncrl.envs.demos import UserDemonstrator, answer_demonstrate, corrupt_turns
 from asyncrl.envs.imports import EnvPluginError
+from asyncrl.envs.tasks import RowTasks, cached_source
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
@@ -155,7 +154,7 @@ class ClassEnv:
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> ClassTasks:
-        return cached_source(ClassTasks, _section(cfg), cfg)  # type: ignore[no-any-return]
+        return cached_source(ClassTasks, _section(cfg), cfg)
 
     async def reset(self, task: Task) -> str:
         self.task, self._final, self._completion = task, None, []

@@ -10,7 +10,7 @@
   (``<tool>NAME(ARGS)</tool>``, ``<answer>TEXT</answer>``: what a ``class`` kind's ``demo_field``
   list holds) for the task's example (the row, or the reasoning-gym entry). At
   ``trainer.sft.corruption_rate`` the warm start changes one number in them
-  (:func:`~asyncrl.envs.answer_env.corrupt_turns`).
+  (:func:`~asyncrl.envs.demos.corrupt_turns`).
 * :func:`tool_note`: the one line ``asyncrl env check`` and ``asyncrl train`` print when an
   environment offers tools that its demonstrations never call.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import random
 import re
+import string
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.envs.base import ToolCallAction, parse_action
@@ -29,17 +30,18 @@ from asyncrl.envs.imports import EnvPluginError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asyncrl.config import EnvConfig
     from asyncrl.records import Task
 
 __all__ = [
     "UserDemonstrator",
-    "env_where",
+    "answer_demonstrate",
+    "corrupt_answer",
+    "corrupt_turns",
+    "corrupted",
     "final_answer",
     "solution_turn",
     "split_solution",
     "tool_note",
-    "tool_notes",
 ]
 
 _FINAL = re.compile(r"(?:\A|\n)[ \t]*####[ \t]*(?P<final>[^\n]*?)\s*\Z")
@@ -131,28 +133,44 @@ def tool_note(env: Any, tasks: list[Task], where: str) -> str | None:
     )
 
 
-def env_where(cfg: EnvConfig) -> str:
-    """How a message names the environment of ``cfg``: its section (``env.dataset``), or its plugin path."""
-    if cfg.kind == "plugin":
-        return f"env.path {cfg.path!r}"
-    if cfg.kind == "agent":
-        return f"env.agent_tasks {cfg.agent_tasks!r}"
-    return "env.class_env" if cfg.kind == "class" else f"env.{cfg.kind}"
+_INT_RE = re.compile(r"-?\d+")
 
 
-def tool_notes(cfg: EnvConfig, source: Any, env: Any) -> list[str]:
-    """:func:`tool_note` on training tasks of ``source`` played by the raw ``env`` of ``cfg`` (a mix:
-    every member with a share of the warm start, by name); none for an agent, whose tools are its own."""
-    rng = random.Random(cfg.seed)
-    if cfg.kind == "agent":
-        return []
-    if cfg.kind != "mix":
-        note = tool_note(env, [source.sample(rng) for _ in range(TOOL_NOTE_TASKS)], env_where(cfg))
-        return [note] if note else []
-    notes = []
-    for m in cfg.mix or []:
-        if m.sft_share != 0:
-            tasks = [source.members[m.name].sample(rng) for _ in range(TOOL_NOTE_TASKS)]
-            where = f"env.mix member {m.name!r} ({env_where(m.env)})"
-            notes += [note] if (note := tool_note(env.member(m.name), tasks, where)) else []
-    return notes
+def corrupt_answer(gold: str, rng: random.Random) -> str:
+    """A plausible wrong answer, never ``gold`` nor ``gold`` respaced or repunctuated (which a fair
+    scorer may accept): an integer off by 1 or 2, else the first digit (or, without digits, the
+    first letter) changed -- the first, because a scorer with a tolerance fairly accepts a change in
+    the tenth significant digit -- else ``x`` appended."""
+    text = gold.strip()
+    if _INT_RE.fullmatch(text):
+        return str(int(text) + rng.choice((-2, -1, 1, 2)))
+    for pool in (string.digits, string.ascii_lowercase, string.ascii_uppercase):
+        spots = [k for k, ch in enumerate(text) if ch in pool]
+        if spots:
+            k = spots[0]
+            return text[:k] + rng.choice(pool.replace(text[k], "")) + text[k + 1 :]
+    return text + "x"
+
+
+def corrupted(gold: str, rng: random.Random, corruption_rate: float) -> str:
+    """The reference answer (stripped), or (with probability ``corruption_rate``) a wrong one."""
+    return corrupt_answer(gold, rng) if rng.random() < corruption_rate else gold.strip()
+
+
+def answer_demonstrate(gold: str, rng: random.Random, corruption_rate: float) -> list[str]:
+    """The reference answer, or (with probability ``corruption_rate``) a wrong one, as the one turn."""
+    return [f"<answer>{corrupted(gold, rng, corruption_rate)}</answer>"]
+
+
+def corrupt_turns(turns: list[str], rng: random.Random, corruption_rate: float) -> list[str]:
+    """``turns``, or (with probability ``corruption_rate``) with one integer changed: in a tool call
+    when one has an integer (an answer's text may not be what the reward reads), else in any turn."""
+    turns = list(turns)
+    calls = [
+        i for i, t in enumerate(turns) if _INT_RE.search(t) and isinstance(parse_action(t), ToolCallAction)
+    ]
+    spots = calls or [i for i, t in enumerate(turns) if _INT_RE.search(t)]
+    if spots and rng.random() < corruption_rate:
+        i = rng.choice(spots)
+        turns[i] = _INT_RE.sub(lambda m: corrupt_answer(m.group(0), rng), turns[i], count=1)
+    return turns

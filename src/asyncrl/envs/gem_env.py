@@ -3,7 +3,7 @@
 A task is a seed: ``payload = {game, seed}``; the episode is ``reset(seed=seed)`` of the game, and
 every model turn is handed to the game's ``step`` unchanged (the game parses its own action format,
 ``\\boxed{N}`` for GEM, ``[N]`` for TextArena, as its prompt says). The held-out split is a hash
-split of the seeds (:class:`SeedTasks`): a held-out seed is never drawn for training.
+split of the seeds (:class:`~asyncrl.envs.tasks.SeedTasks`): a held-out seed is never drawn for training.
 
 TextArena observations accumulate the whole game history; the model gets only what is new since
 its last turn (from the game's first ``[GAME]`` line, so the echo of its own move is dropped). GEM
@@ -19,23 +19,18 @@ docs/environments.md#gem.
 
 from __future__ import annotations
 
-import random
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from asyncrl.envs.base import (
     EpisodeRewards,
-    HashSplitTaskSource,
     StepResult,
     ToolCallAction,
     parse_action,
     repeat_final,
 )
-from asyncrl.envs.base import task_id as make_task_id
-from asyncrl.envs.python_env import PYTHON_TOOL, run_sandboxed
-from asyncrl.envs.toolenv import EnvOptionsError, env_section
+from asyncrl.envs.tasks import SeedTasks
+from asyncrl.envs.toolenv import PYTHON_TOOL, EnvOptionsError, env_section, run_sandboxed
 from asyncrl.errors import UserError
 from asyncrl.records import Task
 
@@ -44,37 +39,12 @@ if TYPE_CHECKING:
     from asyncrl.config.ecosystem import GemConfig
     from asyncrl.envs.base import Tool
 
-__all__ = ["GemEnv", "SeedTasks", "latest_feedback"]
+__all__ = ["GemEnv", "latest_feedback"]
 
 TEXTARENA = "textarena:"
 UNSANDBOXED = ("code:",)
 """GEM id prefixes whose environments run model code without isolation."""
 INSTALL = "pip install --no-deps 'gem-llm==0.1.0' 'textarena==0.7.4' (docs/environments.md#gem)"
-
-
-class SeedTasks(HashSplitTaskSource):
-    """Tasks ``{game, seed}`` for seeds ``0 .. seeds-1``; held out by a hash of (game, seed)."""
-
-    difficulties = (0,)
-    widen_hint = "raise the section's seeds"
-
-    def __init__(self, game: str, seeds: int, *, seed: int, heldout_size: int, prefix: str) -> None:
-        self.game, self.seeds, self.prefix = game, seeds, prefix
-        self.task_types = (game,)
-        self.salt = f"{prefix}-{seed}"
-        super().__init__(seed=seed, heldout_size=heldout_size)
-
-    def generate(self, rng: random.Random, difficulty: int) -> Task:
-        task = Task(
-            id="",
-            task_type=self.game,
-            difficulty=0,
-            payload={"game": self.game, "seed": rng.randrange(self.seeds)},
-        )
-        return msgspec.structs.replace(task, id=make_task_id(self.prefix, self.content_key(task)))
-
-    def content_key(self, task: Task) -> str:
-        return f"{task.payload['game']}|{task.payload['seed']}"
 
 
 def latest_feedback(before: str, now: str) -> str:

@@ -241,7 +241,7 @@ class KBLookupEnv(ChainToolEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> KBTasks:
-        return KBTasks.from_config(cfg, kb_options=_kb_options(cfg.options))  # type: ignore[return-value]
+        return KBTasks.from_config(cfg, kb_options=_kb_options(cfg.options))
 
     solve = staticmethod(kb_solve)
     demonstrate = staticmethod(kb_demonstrate)

@@ -4,7 +4,7 @@ The class (``env.openenv.path``) is instantiated in this process -- no Docker, n
 tools are listed once with ``step(ListToolsAction())`` and become asyncrl :class:`Tool`\\ s with the
 MCP input schema as their JSON schema; ``<tool>NAME(ARGS)</tool>`` becomes
 ``step(CallToolAction(tool_name=NAME, arguments=...))`` (ARGS: a JSON object, or the plain value of
-a one-argument tool, coerced to its schema type). A task is a seed (:class:`~asyncrl.envs.gem_env.SeedTasks`):
+a one-argument tool, coerced to its schema type). A task is a seed (:class:`~asyncrl.envs.tasks.SeedTasks`):
 the episode starts with ``reset(seed=seed)``, and ends when an observation says ``done``; its
 ``reward`` is the outcome reward (a success from ``success_reward`` up). ``<answer>X</answer>`` calls
 ``answer_tool`` with X when one is set, else it ends the episode as a failure (reward 0).
@@ -29,8 +29,8 @@ from asyncrl.envs.base import (
     parse_action,
     repeat_final,
 )
-from asyncrl.envs.gem_env import SeedTasks
 from asyncrl.envs.imports import import_object
+from asyncrl.envs.tasks import SeedTasks
 from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task

@@ -21,17 +21,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncrl.config import SandboxConfig
-from asyncrl.envs.base import HashSplitTaskSource, Tool, task_id
-from asyncrl.envs.sandbox import run_python
-from asyncrl.envs.toolenv import EnvOptionsError, ToolEnv
+from asyncrl.envs.base import HashSplitTaskSource, task_id
+from asyncrl.envs.toolenv import PYTHON_TOOL, EnvOptionsError, ToolEnv, run_sandboxed
 from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
 
 __all__ = ["PythonEnv", "PythonTasks", "py_demonstrate", "py_solve"]
-
-OBSERVATION_CHARS = 200
 
 
 def _is_prime(k: int) -> bool:
@@ -185,20 +182,6 @@ def py_demonstrate(task: Task, rng: random.Random, corruption_rate: float) -> li
     return [f"<tool>python({_code(task)})</tool>", f"<answer>{answer + rng.choice((-1, 1))}</answer>"]
 
 
-PYTHON_TOOL = Tool(
-    name="python",
-    description="Run Python 3 code in a sandbox (no network, no files outside its temp dir); returns what it prints.",
-    args_schema={"type": "string", "description": "Python source code", "example": "print(6*7)"},
-)
-
-
-async def run_sandboxed(code: str, limits: SandboxConfig) -> tuple[bool, str]:
-    """The ``python`` tool: ``(ok, stdout or the error)`` of :func:`run_python`, in at most
-    ``OBSERVATION_CHARS`` characters."""
-    result = await run_python(code, limits)
-    return result.ok, result.summary(OBSERVATION_CHARS).removeprefix("error: ")
-
-
 class PythonEnv(ToolEnv):
     """Computation questions with a sandboxed ``python(CODE)`` tool; see the module docstring.
 
@@ -223,7 +206,7 @@ class PythonEnv(ToolEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> PythonTasks:
-        return PythonTasks.from_config(cfg)  # type: ignore[return-value]
+        return PythonTasks.from_config(cfg)
 
     solve = staticmethod(py_solve)
     demonstrate = staticmethod(py_demonstrate)

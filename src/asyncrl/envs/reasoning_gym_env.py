@@ -22,6 +22,7 @@ import msgspec
 from asyncrl.envs.answer_env import AnswerEnv
 from asyncrl.envs.base import HashSplitTaskSource, task_id
 from asyncrl.envs.scoring import refuse_lenient_scorer, safe_score
+from asyncrl.envs.tasks import cached_source
 from asyncrl.envs.toolenv import env_section
 from asyncrl.errors import UserError
 from asyncrl.records import Task
@@ -176,7 +177,10 @@ class ReasoningGymEnv(AnswerEnv):
     """Answer reasoning-gym questions; the score is the dataset's own ``score_answer``."""
 
     kind = "reasoning_gym"
-    source_class = ReasoningGymTasks
+
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> ReasoningGymTasks:
+        return cached_source(ReasoningGymTasks, env_section(cfg, cfg.reasoning_gym), cfg)
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> ReasoningGymEnv:

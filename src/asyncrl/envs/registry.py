@@ -1,4 +1,4 @@
-"""Building environments and task sources from config; loading plugin environments.
+"""Building environments and task sources from config: one ``ADAPTERS`` row per built-in kind; plugins.
 
 Conventions a plugin class (``env.path = "my_pkg.my_env:MyEnv"``) follows -- the built-ins
 follow the very same ones:
@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import inspect
 import random
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncrl.envs.base import TaskSource
 from asyncrl.envs.calculator import CalculatorEnv
 from asyncrl.envs.class_env import ClassEnv
 from asyncrl.envs.dataset_env import DatasetEnv
+from asyncrl.envs.demos import TOOL_NOTE_TASKS, tool_note
 from asyncrl.envs.gem_env import GemEnv
 from asyncrl.envs.imports import EnvPluginError, import_object
 from asyncrl.envs.kb_lookup import KBLookupEnv
@@ -43,28 +46,65 @@ if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
 
 __all__ = [
-    "BUILTIN_ENVS",
+    "ADAPTERS",
+    "Adapter",
     "EnvPluginError",
+    "adapter",
     "check_heldout",
     "env_class",
+    "env_where",
     "import_object",
     "load_plugin",
     "make_env",
     "make_task_source",
+    "tool_notes",
 ]
 
-BUILTIN_ENVS: dict[str, type[Any]] = {
-    "calculator": CalculatorEnv,
-    "kb_lookup": KBLookupEnv,
-    "python": PythonEnv,
-    "strings": StringsEnv,
-    "reasoning_gym": ReasoningGymEnv,
-    "dataset": DatasetEnv,
-    "class": ClassEnv,
-    "gem": GemEnv,
-    "openenv": OpenEnvEnv,
-    "verifiers": VerifiersEnv,
+
+@dataclass(frozen=True)
+class Adapter:
+    """What asyncrl asks of one environment kind: the one registration of a kind (``ADAPTERS``).
+
+    A plugin class (``env.kind: plugin``) is read into the same record by :func:`plugin_adapter`."""
+
+    env: type[Any]
+    """The environment class: ``solve``/``demonstrate`` for warm starts and checks; its module is part of
+    the warm start's code version."""
+    config: str | None
+    """The ``env.<config>`` section the kind is set up in (None: the top-level fields and ``env.options``)."""
+    build: Callable[[EnvConfig], Any]
+    """The environment of a config, unwrapped."""
+    tasks: Callable[[EnvConfig], TaskSource]
+    """The task source of a config."""
+    grades_itself: bool = True
+    """Its answer checks go through ``VERIFIER_CACHE`` (timed there); otherwise :func:`make_env` wraps it in
+    :class:`AnswerCostWrapper`, which times the step that ends the episode."""
+
+
+class _Registered(Protocol):
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> Any: ...
+    @classmethod
+    def make_task_source(cls, cfg: EnvConfig) -> TaskSource: ...
+
+
+def _builtin(cls: type[_Registered], config: str | None = None, *, grades_itself: bool = True) -> Adapter:
+    return Adapter(cls, config, cls.from_config, cls.make_task_source, grades_itself)
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "calculator": _builtin(CalculatorEnv),
+    "kb_lookup": _builtin(KBLookupEnv),
+    "python": _builtin(PythonEnv),
+    "strings": _builtin(StringsEnv),
+    "reasoning_gym": _builtin(ReasoningGymEnv, "reasoning_gym"),
+    "dataset": _builtin(DatasetEnv, "dataset"),
+    "class": _builtin(ClassEnv, "class_env", grades_itself=False),
+    "gem": _builtin(GemEnv, "gem"),
+    "openenv": _builtin(OpenEnvEnv, "openenv"),
+    "verifiers": _builtin(VerifiersEnv, "verifiers"),
 }
+"""Every built-in ``env.kind`` but the intrinsic ``plugin``, ``agent`` and ``mix`` (see :func:`adapter`)."""
 
 
 def load_plugin(path: str) -> type[Any]:
@@ -82,44 +122,71 @@ def load_plugin(path: str) -> type[Any]:
     return obj
 
 
-def env_class(cfg: EnvConfig) -> type[Any]:
-    """The environment class for ``cfg``: a built-in by ``kind`` or the plugin at ``path``.
+def plugin_adapter(path: str, where: str) -> Adapter:
+    """The plugin class at ``path`` read as an :class:`Adapter` by the conventions of the module docstring
+    (``where`` names it in messages); not ``grades_itself``: :class:`AnswerCostWrapper` times its final step
+    unless it calls ``VERIFIER_CACHE`` itself."""
+    cls = load_plugin(path)
 
-    ``kind: agent``: the class named by ``agent_tasks`` (its tasks and demonstrations)."""
+    def build(cfg: EnvConfig) -> Any:
+        from_config = getattr(cls, "from_config", None)
+        env = from_config(cfg) if callable(from_config) else cls(**cfg.options)
+        if not isinstance(getattr(env, "tools", None), (list, tuple)):
+            raise EnvPluginError(f"{where}: the environment needs a 'tools' list attribute (it may be empty)")
+        return env
+
+    def tasks(cfg: EnvConfig) -> TaskSource:
+        factory = getattr(cls, "make_task_source", None)
+        if not callable(factory):
+            raise EnvPluginError(
+                f"{where} provides no task source: define a classmethod make_task_source(cls, cfg) -> TaskSource"
+            )
+        source = factory(cfg)
+        missing = [m for m in ("sample", "heldout") if not callable(getattr(source, m, None))]
+        if missing:
+            raise EnvPluginError(
+                f"{where}.make_task_source returned {type(source).__name__}, which has no {' or '.join(missing)} method"
+            )
+        return source  # type: ignore[no-any-return]
+
+    return Adapter(cls, None, build, tasks, grades_itself=False)
+
+
+def adapter(cfg: EnvConfig) -> Adapter:
+    """The :class:`Adapter` of ``cfg``: a built-in by ``kind``, the plugin at ``path`` (``kind: plugin``), or
+    for ``kind: agent`` the one named by ``agent_tasks`` (its tasks and demonstrations). Not for ``mix``."""
     if cfg.kind == "agent":
         tasks = cfg.agent_tasks
-        return load_plugin(tasks) if ":" in tasks else BUILTIN_ENVS[tasks]
+        return plugin_adapter(tasks, "agent") if ":" in tasks else ADAPTERS[tasks]
     if cfg.kind == "plugin":
         if not cfg.path:
             raise EnvPluginError("env.kind 'plugin' needs env.path, e.g. 'my_pkg.my_env:MyEnv'")
-        return load_plugin(cfg.path)
+        return plugin_adapter(cfg.path, cfg.path)
+    return ADAPTERS[cfg.kind]
+
+
+def env_class(cfg: EnvConfig) -> type[Any]:
+    """The environment class of ``cfg`` (:attr:`Adapter.env`; ``kind: mix``: :class:`MixEnv`)."""
+    return MixEnv if cfg.kind == "mix" else adapter(cfg).env
+
+
+def _where(cfg: EnvConfig) -> str:
+    return cfg.path if cfg.kind == "plugin" and cfg.path else cfg.kind
+
+
+def make_raw_env(cfg: EnvConfig) -> Any:
+    """The environment without wrappers (for checks and tests); every user mistake an :class:`EnvPluginError`."""
     if cfg.kind == "mix":
-        return MixEnv
-    return BUILTIN_ENVS[cfg.kind]
-
-
-def _construct(cls: type[Any], cfg: EnvConfig) -> Any:
-    where = cfg.path if cfg.kind == "plugin" else cfg.kind
+        return MixEnv(cfg, lambda member, _seed: make_raw_env(member))
+    build, where = adapter(cfg).build, _where(cfg)
     try:
-        from_config = getattr(cls, "from_config", None)
-        env = from_config(cfg) if callable(from_config) else cls(**cfg.options)
+        return build(cfg)
     except UserError as exc:  # EnvOptionsError, EnvPluginError, a scorer refused ...: already in words
         raise EnvPluginError(str(exc)) from None
     except TypeError as exc:
         raise EnvPluginError(f"could not construct {where} with env.options {cfg.options!r}: {exc}") from exc
     except Exception as exc:
         raise EnvPluginError(f"constructing {where} raised {type(exc).__name__}: {exc}") from exc
-    tools = getattr(env, "tools", None)
-    if not isinstance(tools, (list, tuple)):
-        raise EnvPluginError(f"{where}: the environment needs a 'tools' list attribute (it may be empty)")
-    return env
-
-
-def make_raw_env(cfg: EnvConfig) -> Any:
-    """The environment without wrappers (for checks and tests)."""
-    if cfg.kind == "mix":
-        return MixEnv(cfg, lambda member, _seed: make_raw_env(member))
-    return _construct(env_class(cfg), cfg)
 
 
 def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
@@ -133,7 +200,7 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
     if cfg.kind == "mix":
         return MixEnv(cfg, make_env, rng_seed)
     env = make_raw_env(cfg)
-    if cfg.kind in ("plugin", "class"):  # the built-ins grade through the verifier cache themselves
+    if not adapter(cfg).grades_itself:
         env = AnswerCostWrapper(env)
     rng = random.Random(rng_seed)
     if cfg.latency.kind != "none":
@@ -145,31 +212,18 @@ def make_env(cfg: EnvConfig, rng_seed: int) -> GuardedEnv | MixEnv:
 
 
 def make_task_source(cfg: EnvConfig) -> TaskSource:
-    """The task source for ``cfg``, via the class's ``make_task_source(cfg)`` classmethod (``kind: mix``:
-    every member's, as one)."""
+    """The task source for ``cfg``, by its :attr:`Adapter.tasks` (``kind: mix``: every member's, as one)."""
     if cfg.kind == "mix":
-        return MixTaskSource.of(cfg, make_task_source)  # type: ignore[return-value]
-    cls = env_class(cfg)
-    where = cfg.path if cfg.kind == "plugin" else cfg.kind
-    factory = getattr(cls, "make_task_source", None)
-    if not callable(factory):
-        raise EnvPluginError(
-            f"{where} provides no task source: define a classmethod make_task_source(cls, cfg) -> TaskSource"
-        )
+        return MixTaskSource.of(cfg, make_task_source)
+    tasks, where = adapter(cfg).tasks, _where(cfg)
     try:
-        source = factory(cfg)
+        return tasks(cfg)
     except UserError as exc:  # EnvOptionsError, EnvPluginError, a scorer refused ...: already in words
         raise EnvPluginError(str(exc)) from None
     except ValueError as exc:
         raise EnvPluginError(f"{where}: {exc}") from exc
     except Exception as exc:
         raise EnvPluginError(f"{where}.make_task_source raised {type(exc).__name__}: {exc}") from exc
-    missing = [m for m in ("sample", "heldout") if not callable(getattr(source, m, None))]
-    if missing:
-        raise EnvPluginError(
-            f"{where}.make_task_source returned {type(source).__name__}, which has no {' or '.join(missing)} method"
-        )
-    return source  # type: ignore[no-any-return]
 
 
 def check_heldout(source: TaskSource, cfg: EnvConfig) -> list[Task]:
@@ -182,7 +236,7 @@ def check_heldout(source: TaskSource, cfg: EnvConfig) -> list[Task]:
             except EnvPluginError as exc:
                 raise EnvPluginError(f"env.mix member {name!r}: {exc}") from None
         return source.heldout()
-    where = cfg.agent_tasks if cfg.kind == "agent" else cfg.path if cfg.kind == "plugin" else cfg.kind
+    where = cfg.agent_tasks if cfg.kind == "agent" else _where(cfg)
     try:
         tasks = source.heldout()
     except ValueError as exc:
@@ -193,3 +247,31 @@ def check_heldout(source: TaskSource, cfg: EnvConfig) -> list[Task]:
             "lower env.heldout_size or widen the task source"
         )
     return tasks
+
+
+def env_where(cfg: EnvConfig) -> str:
+    """How a message names the environment of ``cfg``: its section (``env.dataset``), or its plugin path."""
+    if cfg.kind == "plugin":
+        return f"env.path {cfg.path!r}"
+    if cfg.kind == "agent":
+        return f"env.agent_tasks {cfg.agent_tasks!r}"
+    section = ADAPTERS[cfg.kind].config if cfg.kind in ADAPTERS else None
+    return f"env.{section or cfg.kind}"
+
+
+def tool_notes(cfg: EnvConfig, source: Any, env: Any) -> list[str]:
+    """:func:`tool_note` on training tasks of ``source`` played by the raw ``env`` of ``cfg`` (a mix:
+    every member with a share of the warm start, by name); none for an agent, whose tools are its own."""
+    rng = random.Random(cfg.seed)
+    if cfg.kind == "agent":
+        return []
+    if cfg.kind != "mix":
+        note = tool_note(env, [source.sample(rng) for _ in range(TOOL_NOTE_TASKS)], env_where(cfg))
+        return [note] if note else []
+    notes = []
+    for m in cfg.mix or []:
+        if m.sft_share != 0:
+            tasks = [source.members[m.name].sample(rng) for _ in range(TOOL_NOTE_TASKS)]
+            where = f"env.mix member {m.name!r} ({env_where(m.env)})"
+            notes += [note] if (note := tool_note(env.member(m.name), tasks, where)) else []
+    return notes

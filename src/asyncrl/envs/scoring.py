@@ -31,8 +31,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from asyncrl.envs.answer_env import corrupt_answer
 from asyncrl.envs.base import normalize
+from asyncrl.envs.demos import corrupt_answer
 from asyncrl.envs.imports import import_object
 from asyncrl.envs.wrappers import GUARD_STATS
 from asyncrl.errors import UserError
@@ -163,7 +163,7 @@ def load_scorer(spec: str, *, tolerance: float, field: str = "env.dataset.scorer
 def refuse_lenient_scorer(where: str, score: Callable[[str, int], float], golds: Sequence[str]) -> None:
     """Raise :class:`ScorerRefused` if ``score(answer, i)`` (the scorer on task ``i``) does not give
     ``golds[i]`` full credit, or gives full credit to a deliberately wrong answer: a nonsense one or
-    the reference answer with one mistake (:func:`~asyncrl.envs.answer_env.corrupt_answer`, as a
+    the reference answer with one mistake (:func:`~asyncrl.envs.demos.corrupt_answer`, as a
     corrupted demonstration makes it). Another task's answer is not tried: puzzles with many
     solutions (``n_queens``) legitimately accept it."""
     rng = random.Random(0)

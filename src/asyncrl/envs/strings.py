@@ -169,7 +169,7 @@ class StringsEnv(ChainToolEnv):
 
     @classmethod
     def make_task_source(cls, cfg: EnvConfig) -> StringTasks:
-        return StringTasks.from_config(cfg, reference=_reference_option(cfg.options))  # type: ignore[return-value]
+        return StringTasks.from_config(cfg, reference=_reference_option(cfg.options))
 
     async def reset(self, task: Task) -> str:
         self.current = str(task.payload["word"])

@@ -26,7 +26,7 @@ from asyncrl.config import RunConfig, dump_yaml, load_config
 from asyncrl.control import RunState
 from asyncrl.credentials import check_connections
 from asyncrl.envs import call_env, check_heldout, close_env, make_raw_env, make_task_source
-from asyncrl.envs.demos import tool_notes
+from asyncrl.envs.registry import tool_notes
 from asyncrl.errors import UserError
 from asyncrl.jobs.summary import summarize
 from asyncrl.orchestrator.run import Orchestrator, new_run_dir

@@ -320,8 +320,8 @@ def has_demonstrations(env: EnvConfig) -> bool:
     if env.kind == "mix":  # a member with no share of the warm start (sft_share: 0) is not asked
         return all(has_demonstrations(m.env) for m in env.mix or [] if m.sft_share != 0)
     c = env.class_env
-    if c is not None and c.demo_field is None and c.demonstrator is None:
-        return False
+    if c is not None:  # the row's demo_field or the demonstrator (DemoClassEnv), never ClassEnv's methods
+        return c.demo_field is not None or c.demonstrator is not None
     return callable(getattr(env_class(env), "demonstrate", None))
 
 
