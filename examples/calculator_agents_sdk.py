@@ -23,7 +23,7 @@ from agents import (
     set_tracing_disabled,
 )
 
-from asyncrl.envs.calculator import CalcError, evaluate
+from asyncrl.envs import CalcError, evaluate
 
 set_tracing_disabled(True)
 MODEL = "asyncrl-policy"

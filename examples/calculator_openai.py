@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from asyncrl.envs.calculator import CalcError, evaluate
+from asyncrl.envs import CalcError, evaluate
 
 MODEL = "asyncrl-policy"
 TOOLS: list[Any] = [
