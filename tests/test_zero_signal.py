@@ -148,3 +148,15 @@ def test_the_ledger_books_left_out_groups_as_generation_only_waste() -> None:
     assert math.isclose(cost.waste["zero_advantage"], 50 * per_gen + 50 * per_train)
     # the trained group's 30 prompt tokens are zero-advantage waste, not masked-token waste as well
     assert math.isclose(cost.waste["masked_tokens"], (300 - 30) * per_train)
+
+
+def test_a_trainer_group_trains_every_group() -> None:
+    """With ``trainer.world_size > 1`` a rank whose share the filter emptied would sit out the step's
+    collectives (the three-node Ray test timed out and retrained steps): the filter stays off there."""
+    from asyncrl.trainer.zero_signal import Split
+
+    batch = [_group("a", 1.0, 1.0), _group("b", 0.0, 1.0)]
+    one = Split.of(batch, _cfg())
+    many = Split.of(batch, _cfg("trainer.world_size=2"))
+    assert (len(one.kept), len(one.left_out)) == (1, 1)
+    assert (len(many.kept), len(many.left_out)) == (2, 0)

@@ -179,8 +179,9 @@ class TrainerConfig(Section):
     reward difference are forwarded; a batch with none takes no optimiser step
     (``trainer/empty_steps``). Applies where an equal-reward group's advantage is zero:
     ``credit.strategy: outcome`` with a group baseline (``grpo``, ``dr_grpo``, ``rloo``); other
-    strategies train every group. The left-out groups count as ``zero_advantage`` waste (their
-    generation; they cost no training)."""
+    strategies train every group, and so does a trainer group (``world_size > 1``: a rank left with
+    no group could not join the step's collectives). The left-out groups count as ``zero_advantage``
+    waste (their generation; they cost no training)."""
     buffer_steps: int = Field(4, ge=1, le=100000)
     """Replay-buffer capacity in training steps (× batch_size samples); the oldest groups beyond it
     are evicted and counted as dropped."""

@@ -10,6 +10,10 @@ covers the step, as for any trained sample), but forwards only the groups with a
 with none takes no optimiser step (no forward, no NaN from an empty normaliser) and the step still
 counts. The cost ledger books the left-out groups as ``zero_advantage`` waste: their generation, not
 training they never had (:class:`Split`).
+
+Not in a trainer group (``trainer.world_size > 1``): the ranks share a batch's groups, and a rank whose
+share the filter emptied would sit out the step's collectives while the others wait for it (the group
+times out and restarts), so a group trains every group, as before the filter.
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ class Split:
     def of(cls, batch: Sequence[Group], cfg: RunConfig) -> Split:
         """``batch`` as ``trainer.skip_equal_reward_groups`` cuts it (everything kept when off, or when
         the credit strategy gives such groups an advantage)."""
-        if not (cfg.trainer.skip_equal_reward_groups and zero_for_equal_rewards(cfg)):
+        if (
+            not (cfg.trainer.skip_equal_reward_groups and zero_for_equal_rewards(cfg))
+            or cfg.trainer.world_size > 1
+        ):
             return cls(list(batch), [])
         out = cls()
         for g in batch:
