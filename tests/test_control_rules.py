@@ -99,7 +99,8 @@ def test_a_run_seeds_its_curriculum_from_the_initial_evaluation_and_says_so(
     orch = Orchestrator(cfg, tmp_path, display=False)
     orch.prepare()
     assert orch.rules.curriculum.prior == {"arithmetic:2": 0.3}
-    assert "asyncrl: curriculum starts on arithmetic:2 (in the band 15%-50%)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "asyncrl: curriculum starts on arithmetic:2 (in the band 15%-50%)\n" in out  # nothing left out
     off = load_config(None, ["env.min_difficulty=2", "orchestrator.curriculum.start_from_eval=false"])
     other = tmp_path / "off"
     other.mkdir()

@@ -61,7 +61,8 @@ class Curriculum:
             parts.append(f"left out for now: {_names(below)} (success under {low:.0%})")
         if above:
             parts.append(f"{_names(above)} (success over {high:.0%})")
-        return "; ".join(parts) + " — drawn at start_floor until their own episodes say otherwise"
+        tail = " — drawn at start_floor until their own episodes say otherwise" if below or above else ""
+        return "; ".join(parts) + tail
 
     def observe(self, bucket: str, success: bool) -> None:
         self.outcomes.setdefault(bucket, deque(maxlen=self.c.window)).append(int(success))
