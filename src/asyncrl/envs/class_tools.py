@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from asyncrl import jsontext
 from asyncrl.envs.base import Tool, call_env
 from asyncrl.envs.imports import EnvPluginError, import_object
 
@@ -114,7 +115,7 @@ class ClassTool:
         """The single parameter from plain text: as text for ``str``, else JSON first, then the text."""
         if self.adapters[name].json_schema().get("type") != "string":
             try:
-                return self._coerce(name, json.loads(text))
+                return self._coerce(name, jsontext.loads(text))
             except (json.JSONDecodeError, ToolArgsError):
                 pass
         return self._coerce(name, text)
@@ -129,7 +130,7 @@ class ClassTool:
 
 def _json_object(text: str) -> dict[str, Any] | None:
     try:
-        obj = json.loads(text)
+        obj = jsontext.loads(text)
     except json.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None

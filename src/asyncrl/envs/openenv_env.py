@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from asyncrl import jsontext
 from asyncrl.envs.base import (
     AnswerAction,
     EpisodeRewards,
@@ -84,7 +85,7 @@ def call_arguments(args: str, schema: dict[str, Any]) -> dict[str, Any]:
     text = args.strip()
     if text.startswith("{"):
         try:
-            value = json.loads(text)
+            value = jsontext.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"arguments are not valid JSON: {exc.msg}") from None
         if isinstance(value, dict):

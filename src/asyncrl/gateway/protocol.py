@@ -11,7 +11,6 @@ rendered. ``stop`` holds at most 4 strings, as OpenAI's API allows.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -20,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
+
+from asyncrl import jsontext
 
 
 class GatewayError(Exception):
@@ -145,8 +146,8 @@ class ChatRequest(_Loose):
 def parse_request(raw: bytes) -> ChatRequest:
     """Validate a request body; :class:`GatewayError` (400) names the field on failure."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        data = jsontext.loads(raw)
+    except ValueError as exc:
         raise GatewayError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
     if not isinstance(data, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_json")
@@ -163,8 +164,6 @@ def parse_request(raw: bytes) -> ChatRequest:
     except ValidationError as exc:
         param, message = _first_error(exc.errors())
         raise GatewayError(400, f"{param}: {message}", param=param, code="invalid_value") from None
-    except RecursionError:
-        raise GatewayError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
 _MODELS = (FunctionCall, ToolCallIn, ContentPart, Message, FunctionDef, ToolDef, ChatRequest)
@@ -220,11 +219,10 @@ def parse_reward(raw: bytes) -> float:
         raise ValueError(f"{constant} is not a finite number")
 
     try:
-        data = json.loads(raw or b"null", parse_constant=refuse)
-    except (ValueError, RecursionError) as exc:
-        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        data = jsontext.loads(raw or b"null", parse_constant=refuse)
+    except ValueError as exc:
         raise GatewayError(
-            400, f'reward: the body must be {{"reward": <finite number>}} ({why})', param="reward"
+            400, f'reward: the body must be {{"reward": <finite number>}} ({exc})', param="reward"
         ) from None
     reward = data.get("reward") if isinstance(data, dict) else None
     try:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
+from asyncrl import jsontext
 from asyncrl.gateway.protocol import Message, ToolDef
 from asyncrl.policy.chat import Renderer, TextRenderer
 from asyncrl.policy.messages import Message as ChatMessage
@@ -20,7 +21,7 @@ from asyncrl.policy.messages import ToolSchema
 
 def _arguments(raw: str) -> Any:
     try:
-        return json.loads(raw)
+        return jsontext.loads(raw)
     except ValueError:
         return raw
 

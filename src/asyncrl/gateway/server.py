@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from asyncrl import jsontext
 from asyncrl.config import GatewayConfig
 from asyncrl.engine.base import Sample
 from asyncrl.engine.batcher import TurnBatcher
@@ -408,7 +409,7 @@ def _key(content: str | None, calls: list[tuple[str, str]]) -> ReplyKey:
 
 def _canon(arguments: str) -> str:
     try:
-        return json.dumps(json.loads(arguments), sort_keys=True)
+        return json.dumps(jsontext.loads(arguments), sort_keys=True)
     except ValueError:
         return arguments
 

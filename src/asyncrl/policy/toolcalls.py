@@ -22,6 +22,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from asyncrl import jsontext
 from asyncrl.envs.base import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -74,7 +75,7 @@ def call_arguments(tool: Tool | None, args: str) -> dict[str, Any]:
         if len(names) == 1:
             return {names[0]: args}
     try:
-        parsed = json.loads(args)
+        parsed = jsontext.loads(args)
     except json.JSONDecodeError:
         parsed = None
     return parsed if isinstance(parsed, dict) else {"input": args}
@@ -168,12 +169,9 @@ class TextFormat(ToolCallFormat):
         return action_text
 
 
-_JSON_DECODER = json.JSONDecoder()
-
-
 def _json_object_at(text: str, start: int) -> tuple[dict[str, Any], int] | None:
     try:
-        obj, end = _JSON_DECODER.raw_decode(text, start)
+        obj, end = jsontext.raw_decode(text, start)
     except json.JSONDecodeError:
         return None
     return (obj, end) if isinstance(obj, dict) else None
@@ -278,7 +276,7 @@ class MistralFormat(_TaggedFormat):
 
     def _call_at(self, text: str, start: int) -> FoundCall | str:
         try:
-            obj, _ = _JSON_DECODER.raw_decode(text, start)
+            obj, _ = jsontext.raw_decode(text, start)
         except json.JSONDecodeError:
             return f"the JSON after {self.OPEN} does not parse"
         first = obj[0] if isinstance(obj, list) and obj else obj
