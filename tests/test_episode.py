@@ -195,7 +195,7 @@ def test_eval_json_cli(tmp_path: Any) -> None:
             "env.heldout_size=4",
         ],
     )
-    Policy.build(cfg.model).save(tmp_path / "p")
+    Policy.build(cfg.model).save(tmp_path / "step_00000004" / "policy")  # a trainer checkpoint's layout
     res = subprocess.run(
         [
             sys.executable,
@@ -207,7 +207,7 @@ def test_eval_json_cli(tmp_path: Any) -> None:
             "--set",
             "model.max_context=256",
             "--checkpoint",
-            str(tmp_path / "p"),
+            str(tmp_path / "step_00000004"),
             "--json",
             "configs/demo.yaml",
         ],
@@ -219,7 +219,8 @@ def test_eval_json_cli(tmp_path: Any) -> None:
     report = json.loads(res.stdout)
     for key in ("success_rate", "avg_steps", "tool_success_rate", "per_task_type", "distinct_2"):
         assert key in report
-    assert report["episodes"] == 4
+    assert report["episodes"] == 4 and 0.25 <= report["top_reply_share"] <= 1.0
+    assert report["checkpoint"] == str(tmp_path / "step_00000004" / "policy")
 
 
 def test_the_batcher_says_when_it_has_nothing_left_to_generate() -> None:

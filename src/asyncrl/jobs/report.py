@@ -35,7 +35,15 @@ from asyncrl.telemetry.report_blocks import (
     when,
 )
 from asyncrl.telemetry.report_envs import env_blocks
-from asyncrl.telemetry.report_metrics import RunData, freshness, learning, queue, step_wall, utilisation
+from asyncrl.telemetry.report_metrics import (
+    RunData,
+    constant_reply_note,
+    freshness,
+    learning,
+    queue,
+    step_wall,
+    utilisation,
+)
 from asyncrl.telemetry.reports import decode_rows
 from asyncrl.telemetry.signal import signal_blocks, signal_series
 from asyncrl.telemetry.svg import Series
@@ -56,6 +64,7 @@ EVAL_COLUMNS = {
     "tool success": ("tool_success_rate", pct),
     "avg steps": ("avg_steps", num),
     "distinct-2": ("distinct_2", num),
+    "same reply": ("top_reply_share", pct),
     "episodes": ("episodes", num),
 }
 """Held-out evaluation table: column → (evaluation field, formatter)."""
@@ -157,10 +166,11 @@ def evaluation(d: RunData) -> Section:
     chart = svg.line_chart("heldout", [heldout], "weight version", "success rate", share=True)
     title = "Held-out success over weight versions"
     figure = Figure("chart-heldout", title, chart, "no evaluations recorded")
+    note = constant_reply_note(d.initial or {}, d.final) if d.final else None
     return Section(
         "evaluation",
         "Held-out evaluation",
-        [figure, body],
+        [figure, body, *([Note(note, cls="intro")] if note else [])],
         f"Held-out split, every {d.cfg.telemetry.eval_every} published versions (0: start and end only); latency and faults off.",
     )
 
@@ -199,7 +209,7 @@ def _env_faults(summary: dict[str, Any]) -> list[Block]:
     rows = [
         (env, *(pct(f[k]) if k == "fault_rate" else f[k] for k in FAULT_KEYS)) for env, f in faults.items()
     ]
-    notes: list[Block] = [Note(str(n), cls="intro") for n in summary.get("notes") or []]
+    notes: list[Block] = [Note(str(f["note"]), cls="intro") for f in faults.values() if f.get("note")]
     cols = ["environment", *(k.replace("_", " ") for k in FAULT_KEYS)]
     return [Heading("Environment faults"), Table(cols, rows), *notes, *env_blocks(summary)]
 

@@ -17,6 +17,7 @@ from asyncrl.orchestrator.run import Orchestrator
 from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
 from asyncrl.telemetry.report_envs import EnvTally, per_env
+from asyncrl.telemetry.report_metrics import constant_reply_note
 from asyncrl.telemetry.reports import Decoded, QueueStats, Report, TrainerReport, WorkerReport
 from asyncrl.telemetry.signal import signal_summary
 
@@ -174,5 +175,7 @@ def summarize(
         "env_faults": {cfg.env.path or cfg.env.kind: faults},
         **({"per_env": envs} if cfg.env.mix else {}),
         "signal": signal_summary(reports, cfg),
-        "notes": [faults["note"]] if faults["note"] else [],
+        "initial_top_reply_share": prior.get("top_reply_share"),
+        "final_top_reply_share": final.get("top_reply_share"),
+        "notes": [n for n in (faults["note"], constant_reply_note(prior, final)) if n],
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
@@ -78,6 +79,17 @@ async def run_episodes(
         batcher.close()
 
 
+def top_reply_share(episodes: list[Trajectory]) -> float | None:
+    """The share of ``episodes`` whose final reply (the last model turn's token ids) is their most common
+    one; ``None`` without a reply. A policy that collapsed to one answer scores ~1 whatever the tasks ask
+    (held-out success then measures how often that answer is right, not what was learned)."""
+    replies = [
+        tuple(next((u.token_ids for u in reversed(t.turns) if u.role == "model"), ())) for t in episodes
+    ]
+    replies = [r for r in replies if r]
+    return Counter(replies).most_common(1)[0][1] / len(replies) if replies else None
+
+
 def _distinct(seqs: list[list[int]], n: int) -> float:
     grams = [tuple(s[i : i + n]) for s in seqs for i in range(len(s) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
@@ -116,6 +128,7 @@ def summarise(trajs: list[Trajectory]) -> dict[str, Any]:
             "tool_success_rate": (sum(c.ok for c in calls) / len(calls)) if calls else 0.0,
             "distinct_1": _distinct(outputs, 1),
             "distinct_2": _distinct(outputs, 2),
+            "top_reply_share": top_reply_share(episodes),
             "mean_reward": sum(t.final_reward for t in episodes) / n,
             "outcomes": dict(Counter(t.outcome for t in episodes)),
         }
@@ -158,7 +171,8 @@ def evaluate_policy(cfg: RunConfig, policy: Policy, *, seed: int, limit: int | N
 
 
 def evaluate_checkpoint(cfg: RunConfig, path: str | None, *, limit: int | None = None) -> dict[str, Any]:
-    """Evaluate the policy directory ``path`` (default: ``model.path``, the pretrained model itself)."""
+    """Evaluate the policy directory ``path`` (default: ``model.path``, the pretrained model itself); a
+    trainer checkpoint (``checkpoints/step_N``) is evaluated by the policy it holds (its ``policy/``)."""
     from asyncrl.policy import Policy
 
     path = path or cfg.model.path
@@ -166,6 +180,8 @@ def evaluate_checkpoint(cfg: RunConfig, path: str | None, *, limit: int | None =
         raise UserError(
             "asyncrl eval: give --checkpoint DIR (a policy written by sft or train), or set model.path"
         )
+    if (Path(path) / "policy" / "config.json").is_file():
+        path = str(Path(path) / "policy")
     policy = Policy.load(path, cfg=cfg.model).to(cfg.model.device)
     report = evaluate_policy(cfg, policy, limit=limit, seed=cfg.seed)
     report["checkpoint"] = str(path)

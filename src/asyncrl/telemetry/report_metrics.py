@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, astuple
 from pathlib import Path
+from typing import Any
 
 from asyncrl.config import load_config
 from asyncrl.errors import UserError
@@ -245,4 +246,23 @@ def step_wall(d: RunData) -> Section:
         "Each step's interval (trainer row to trainer row): the trainer's learning, publishing, other work "
         "and idle time; the rollout workers' generation (prefill + decode, summed over workers), which "
         "overlaps training in async mode; thread-seconds lent between roles (core lending).",
+    )
+
+
+CONSTANT_REPLY_SHARE = 0.8
+"""A final evaluation where this share of held-out episodes end with one same reply is flagged: a policy
+that learned the tasks answers them differently unless most of them share one answer."""
+
+
+def constant_reply_note(prior: dict[str, Any], final: dict[str, Any]) -> str | None:
+    """The summary's note when the policy after RL gives one reply to most held-out tasks (its success is
+    then that reply's base rate, not learning: docs/when-a-run-does-not-learn.md); ``None`` otherwise."""
+    share, before = final.get("top_reply_share"), prior.get("top_reply_share")
+    if share is None or share < CONSTANT_REPLY_SHARE:
+        return None
+    was = "" if before is None else f" (before RL: {before:.0%})"
+    return (
+        f"{share:.0%} of held-out episodes end with the same reply after RL{was}: held-out success "
+        f"{final['success_rate']:.1%} may be how often that one answer is right, not learning "
+        "(docs/when-a-run-does-not-learn.md#one-answer-for-every-task)"
     )
