@@ -32,6 +32,8 @@ def test_crc32c_matches_the_standard_check_value() -> None:
     assert tb.crc32c(b"123456789") == 0xE3069283  # CRC-32C check value (RFC 3720)
 
 
+HANG_NOTE = "45% of environment time (90s) went to failed calls: hangs stretched the run's wall time"
+
 def test_event_file_round_trip_and_checksums(tmp_path: Path) -> None:
     w = tb.EventFileWriter(tmp_path)
     w.add_scalars(3, {"loss/policy": 0.25, "staleness/mean": 1.5})
@@ -291,8 +293,8 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
         "distinct_2": 0.4,
         "episodes": 16,
     }
-    (run / "initial_eval.json").write_text(json.dumps({**ev, "success_rate": 0.2}))
-    (run / "final_eval.json").write_text(json.dumps({**ev, "success_rate": 0.5}))
+    (run / "initial_eval.json").write_text(json.dumps({**ev, "success_rate": 0.2, "top_reply_share": 0.4}))
+    (run / "final_eval.json").write_text(json.dumps({**ev, "success_rate": 0.5, "top_reply_share": 0.9}))
     (run / "evals.jsonl").write_text(json.dumps({"version": 10, "step": 10, **ev}) + "\n")
     summary = {
         "mode": "async",
@@ -312,9 +314,10 @@ def make_run(root: Path, name: str = "synth", *overrides: str, steps: int = 30, 
                 "timeouts": 40,
                 "exceptions": 80,
                 "malformed": 0,
+                "note": HANG_NOTE,  # summarize() puts each environment's note in its row and in notes
             },
         },
-        "notes": ["45% of environment time (90s) went to failed calls: hangs stretched the run's wall time"],
+        "notes": [HANG_NOTE, "(the summary's copy of the constant-reply note)"],
     }
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "cost.json").write_text(
@@ -410,7 +413,11 @@ def test_report_is_self_contained_with_every_section(tmp_path: Path) -> None:
     assert "Zero-advantage waste (cost ledger): $0.001500 (15.0% of the total cost)" in html
     # environment faults per environment, and why the wall time grew
     assert "Environment faults" in html and "<td>calculator</td><td>400</td><td>30.0%</td>" in html
-    assert "hangs stretched the run" in html
+    assert html.count("hangs stretched the run") == 1  # under the faults, once
+    # the held-out section words the constant-reply note from the evaluations, once; not the faults section
+    assert "the summary's copy" not in html
+    assert html.count("90% of held-out episodes end with the same reply after RL (before RL: 40%)") == 1
+    assert "<th>same reply</th>" in html and "<td>90.0%</td>" in html
     no_ns = html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     for external in ("http://", "https://", "<link", "@import", "url(", " src="):
         assert external not in no_ns
