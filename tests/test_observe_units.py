@@ -34,6 +34,7 @@ def test_crc32c_matches_the_standard_check_value() -> None:
 
 HANG_NOTE = "45% of environment time (90s) went to failed calls: hangs stretched the run's wall time"
 
+
 def test_event_file_round_trip_and_checksums(tmp_path: Path) -> None:
     w = tb.EventFileWriter(tmp_path)
     w.add_scalars(3, {"loss/policy": 0.25, "staleness/mean": 1.5})
