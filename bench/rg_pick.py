@@ -58,14 +58,14 @@ def _from_dict(raw: dict[str, Any]) -> Any:
 def measure(name: str, policy: Any, tasks: int) -> dict[str, Any]:
     """Base pass@G of one dataset at its lowest level, or why it could not be measured."""
     from asyncrl.errors import UserError
-    from asyncrl.jobs.warm_rollouts import _play, pass_at_g
+    from asyncrl.jobs.groups import group_signal, play_groups
     from asyncrl.rollout.heldout import heldout_tasks
 
     t0 = time.perf_counter()
     try:
         cfg = _config(name, tasks)
         held = heldout_tasks(cfg, tasks)
-        p, pg = pass_at_g(_play(cfg, policy, held, cfg.rollout.group_size, cfg.seed, None))
+        p, pg = group_signal(play_groups(cfg, policy, held, seed=cfg.seed)).rates()
     except (UserError, ValueError) as exc:
         return {"dataset": name, "status": f"not measured: {str(exc).splitlines()[0][:160]}"}
     return {

@@ -2,7 +2,7 @@
 
 The per-bucket signal check itself is ``asyncrl env signal CONFIG`` (:mod:`asyncrl.jobs.signal`); this
 script adds the timings (wall and CPU seconds of rollout and of one learner step) on the same groups
-(:func:`asyncrl.jobs.signal.play_groups`, :func:`~asyncrl.jobs.signal.group_signal`).
+(:func:`asyncrl.jobs.groups.play_groups`, :func:`~asyncrl.jobs.groups.group_signal`).
 
 For a run config (and optionally a policy directory, e.g. a warm start written by ``asyncrl sft``):
 
@@ -61,7 +61,7 @@ def heldout_figures(cfg: Any, policy: Any, n: int) -> dict[str, Any]:
 
 def batch_figures(cfg: Any, policy: Any, n_tasks: int) -> dict[str, Any]:
     from asyncrl.envs import make_task_source
-    from asyncrl.jobs.signal import group_signal, play_groups
+    from asyncrl.jobs.groups import group_signal, play_groups
     from asyncrl.records import groups_of
     from asyncrl.trainer.learner import Learner
 

@@ -362,7 +362,7 @@ def _traj(task: Task, i: int, ok: bool) -> Trajectory:
 
 def test_group_signal_counts_pass_at_g_per_task() -> None:
     """pass@G counts tasks with at least one success in their group, not successful episodes."""
-    from asyncrl.jobs.signal import group_signal
+    from asyncrl.jobs.groups import group_signal
 
     tasks = [Task(id=f"t{i}", task_type="coin", difficulty=1, payload={}) for i in range(3)]
     wins = [[0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]

@@ -24,7 +24,8 @@ from tests.test_signal import CoinTasks  # one task type, two levels, ids as con
 from asyncrl.config import EnvConfig, RunConfig, load_config
 from asyncrl.envs import StepResult
 from asyncrl.errors import UserError
-from asyncrl.jobs.warm_rollouts import keep_successes, pass_at_g
+from asyncrl.jobs.groups import Counts, group_signal
+from asyncrl.jobs.warm_rollouts import keep_successes
 from asyncrl.records import Task, Trajectory, Turn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -43,17 +44,17 @@ def _traj(task: str, episode: str, outcome: str, ids: list[int], sample: str = "
 
 
 def test_pass_at_g_counts_episodes_and_tasks_with_a_success() -> None:
-    trajs = [
-        _traj("a", "a0", "failure", [3]),
-        _traj("a", "a1", "success", [4]),
-        _traj("b", "b0", "failure", [3]),
-        _traj("b", "b1", "env_error", [3]),
-        _traj("c", "c0", "success", [5], sample="c0-0"),  # one episode of two per-turn samples
-        _traj("c", "c0", "success", [6], sample="c0-1"),
-        _traj("c", "c1", "success", [5]),
+    groups = [
+        [_traj("a", "a0", "failure", [3]), _traj("a", "a1", "success", [4])],
+        [_traj("b", "b0", "failure", [3]), _traj("b", "b1", "env_error", [3])],
+        [
+            _traj("c", "c0", "success", [5], sample="c0-0"),  # one episode of two per-turn samples
+            _traj("c", "c0", "success", [6], sample="c0-1"),
+            _traj("c", "c1", "success", [5]),
+        ],
     ]
-    assert pass_at_g(trajs) == (3 / 6, 2 / 3)
-    assert pass_at_g([]) == (0.0, 0.0)
+    assert group_signal(groups).rates() == (3 / 6, 2 / 3)
+    assert group_signal([]).rates() == Counts().rates() == (0.0, 0.0)
 
 
 def test_the_kept_set_is_distinct_successes_capped_per_task_and_never_a_fault() -> None:

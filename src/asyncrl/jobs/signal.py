@@ -18,15 +18,14 @@ pooled counts and one advice line (:func:`merge`). :class:`Levels` restricts the
 policy RL starts from has groups with a reward difference; the command exits 1 when none has, 2 on a
 config error (a held-out split too small for ``env.heldout_size``, levels that select nothing).
 
-``bench/task_signal.py`` times the same groups (:func:`play_groups`) with one learner step on them.
+The groups are played and counted by :mod:`asyncrl.jobs.groups` (as the warm start's rounds play theirs);
+``bench/task_signal.py`` times the same groups with one learner step on them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import defaultdict
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
@@ -34,8 +33,8 @@ from asyncrl.control.buckets import bucket_of, buckets_of_source, split_bucket
 from asyncrl.envs import HashSplitTaskSource, check_heldout, make_task_source
 from asyncrl.envs.mix import MixTaskSource
 from asyncrl.errors import UserError
-from asyncrl.records import Task, Trajectory
-from asyncrl.rollout.heldout import run_episodes
+from asyncrl.jobs.groups import Counts, group_signal, play_groups
+from asyncrl.records import Task
 from asyncrl.signal import (
     advice,
     bucket_order,
@@ -72,22 +71,6 @@ class Levels:
         parts = [f"levels {levels_label(sorted(self.only))}"] if self.only is not None else []
         parts += [f"up to level {self.max_difficulty}"] if self.max_difficulty is not None else []
         return " and ".join(parts) or "every level"
-
-
-@dataclass(frozen=True)
-class Counts:
-    """What a bucket's groups (or several buckets' groups) showed."""
-
-    groups: int = 0
-    differ: int = 0
-    """Groups whose members' final rewards differ."""
-    solved: int = 0
-    """Groups with at least one success (pass@G's numerator)."""
-    successes: int = 0
-    episodes: int = 0
-
-    def __add__(self, o: Counts) -> Counts:
-        return Counts(*(a + b for a, b in zip(astuple(self), astuple(o), strict=True)))
 
 
 @dataclass
@@ -210,31 +193,6 @@ class SignalReport:
                 "would run steps of zero advantage. Change the settings above before training."
             )
         return "\n".join(lines)
-
-
-# -- playing groups -------------------------------------------------------------------------------
-def play_groups(cfg: RunConfig, policy: Policy, tasks: list[Task], *, seed: int) -> list[list[Trajectory]]:
-    """Each task played ``rollout.group_size`` times, concurrently (as ``asyncrl eval`` plays):
-    the samples of each task's group, in task order."""
-    g = cfg.rollout.group_size
-    trajs = asyncio.run(run_episodes(cfg, policy, [t for t in tasks for _ in range(g)], seed=seed))
-    by_task: dict[int, list[Trajectory]] = defaultdict(list)
-    index = {t.id: i for i, t in enumerate(tasks)}
-    for t in trajs:
-        by_task[index[t.task.id]].append(t)
-    return [by_task[i] for i in range(len(tasks))]
-
-
-def group_signal(groups: list[list[Trajectory]]) -> Counts:
-    """What the groups showed; an episode of several samples (``model.multi_turn: per_turn``) counts once."""
-    out = Counts()
-    for samples in groups:
-        ends = list({t.episode: t for t in samples}.values())
-        if not ends:
-            continue
-        wins = sum(t.outcome == "success" for t in ends)
-        out += Counts(1, len({t.final_reward for t in ends}) > 1, wins > 0, wins, len(ends))
-    return out
 
 
 def _signal(

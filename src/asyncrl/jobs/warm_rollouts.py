@@ -6,7 +6,8 @@ learned). The rule, a round at a time (:class:`~asyncrl.config.trainer.RolloutSF
 1. **Measure.** The current policy plays the first ``heldout_tasks`` held-out tasks ``G`` times each
    (``G = rollout.group_size``, the run's sampling settings): held-out success ``p`` (successful
    episodes / episodes) and **pass@G**, the share of those tasks with at least one success in their
-   group of ``G`` — the tasks whose GRPO groups can carry a reward difference. Round 0 measures the
+   group of ``G`` — the tasks whose GRPO groups can carry a reward difference (played and counted by
+   :mod:`asyncrl.jobs.groups`, as ``asyncrl env signal`` plays and counts its groups). Round 0 measures the
    starting policy (the base model, or the demonstrations' result under ``auto``).
 2. **Stop** when pass@G reaches ``target_pass_at_g``, or after ``rounds`` rounds, or once
    ``max_minutes`` of rounds have passed.
@@ -32,7 +33,6 @@ can work (demonstrations, a tool, an easier level).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import time
@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asyncrl.records import SamplingParams, Task, Trajectory
-from asyncrl.rollout.heldout import heldout_tasks, run_episodes
+from asyncrl.jobs.groups import group_signal, play, play_groups
+from asyncrl.records import Trajectory
+from asyncrl.rollout.heldout import heldout_tasks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -106,18 +107,6 @@ def episodes_of(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
     return out
 
 
-def pass_at_g(trajs: list[Trajectory]) -> tuple[float, float]:
-    """``(p, pass@G)`` of groups played one task ``G`` times: successful episodes / episodes, and the
-    share of tasks with at least one successful episode. Nothing played: ``(0.0, 0.0)``."""
-    tasks: dict[str, list[bool]] = defaultdict(list)
-    for samples in episodes_of(trajs).values():
-        tasks[samples[0].task.id].append(samples[0].outcome == "success")
-    episodes = [ok for oks in tasks.values() for ok in oks]
-    if not episodes:
-        return 0.0, 0.0
-    return sum(episodes) / len(episodes), sum(any(oks) for oks in tasks.values()) / len(tasks)
-
-
 def keep_successes(
     trajs: list[Trajectory], per_task: int, seen: dict[str, set[tuple[int, ...]]] | None = None
 ) -> tuple[list[Sample], int, int]:
@@ -141,21 +130,6 @@ def keep_successes(
         distinct.add(key)
         kept.extend((s.token_ids(), s.loss_mask()) for s in samples)
     return kept, len(solved), faulted
-
-
-def _sampling(cfg: RunConfig, temperature: float | None) -> SamplingParams:
-    base = SamplingParams(**cfg.rollout.sampling.model_dump())
-    if temperature is not None:
-        base.temperature = temperature
-    return base
-
-
-def _play(
-    cfg: RunConfig, policy: Policy, tasks: list[Task], times: int, seed: int, t: float | None
-) -> list[Trajectory]:
-    """Every task ``times`` times, concurrently, as evaluation plays (no latency, no injected faults)."""
-    repeated = [task for task in tasks for _ in range(times)]
-    return asyncio.run(run_episodes(cfg, policy, repeated, seed=seed, sampling=_sampling(cfg, t)))
 
 
 class _Snapshot:
@@ -188,7 +162,7 @@ def rollout_rounds(
     start = time.monotonic()
 
     def measure(r: int) -> tuple[float, float]:
-        return pass_at_g(_play(cfg, policy, held, g, seed + 7919 * r, None))
+        return group_signal(play_groups(cfg, policy, held, seed=seed + 7919 * r)).rates()
 
     best = RoundReport(0, *measure(0), None, 0, 0, 0, 0, 0, 0, 0, 0.0)
     start_params = snapshot = _Snapshot(policy)
@@ -207,7 +181,9 @@ def rollout_rounds(
             break
         t0, temperature = time.monotonic(), rc.temperature(r - 1)
         tasks = [source.sample(rng) for _ in range(rc.tasks_per_round)]
-        played = _play(cfg, policy, tasks, rc.samples_per_task, seed + 104729 * r, temperature)
+        played = play(
+            cfg, policy, tasks, rc.samples_per_task, seed=seed + 104729 * r, temperature=temperature
+        )
         new, solved, faulted = keep_successes(played, rc.keep_per_task, seen)
         kept += new
         steps = min(rc.max_steps, max(1, math.ceil(rc.epochs * len(kept) / batch))) if kept else 0
