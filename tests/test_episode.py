@@ -243,3 +243,55 @@ def test_the_batcher_says_when_it_has_nothing_left_to_generate() -> None:
             batcher.close()
 
     asyncio.run(go())
+
+
+class _Ticket:
+    """What a group's ticket hears from its episodes (the worker's in-flight load)."""
+
+    def __init__(self) -> None:
+        self.turns, self.ended = 0, list[int]()
+
+    def turn_done(self) -> None:
+        self.turns += 1
+
+    def episode_done(self, turns_taken: int) -> None:
+        self.ended.append(turns_taken)
+
+
+def test_the_worker_and_evaluation_play_episodes_through_one_player() -> None:
+    """``EpisodePlayer`` is the one episode player: the worker calls it with a ticket (each model turn and
+    the episode's end reported, the temperature scaled by the task's factor), held-out evaluation calls
+    its ``episode`` (``run_episodes``); nothing else in src plays an episode (``run_episode``)."""
+    import ast
+    import random
+
+    from asyncrl.rollout.runners import EpisodePlayer
+
+    texts = ["<tool>calc(3*4)</tool>", "<tool>calc(12+5)</tool>", "<answer>17</answer>"]
+    ticket = _Ticket()
+
+    async def go() -> list[Any]:
+        batcher = TurnBatcher(ScriptedEngine(texts), max_batch=64, max_wait_s=0.02)
+        rs = load_config(None, ["rollout.sampling.temperature=0.8"]).rollout_settings()
+        player = EpisodePlayer(rs, batcher, TEMPLATE, 512, "w0", random.Random(0), lambda: 0.0, lambda _: 0.5)
+        try:
+            return await player(ticket, calc_task(), "g1")  # type: ignore[arg-type]
+        finally:
+            batcher.close()
+
+    (traj,) = asyncio.run(go())
+    assert traj.outcome == "success" and (traj.worker_id, traj.group_id) == ("w0", "g1")
+    assert traj.sampling.temperature == pytest.approx(0.4)
+    assert (ticket.turns, ticket.ended) == (3, [3])
+    src = Path(__file__).resolve().parents[1] / "src" / "asyncrl"
+    callers = {
+        f"{path.relative_to(src)}:{fn.name}"
+        for path in src.rglob("*.py")
+        for fn in ast.walk(ast.parse(path.read_text()))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for call in ast.walk(fn)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "run_episode"
+    }
+    assert callers == {"rollout/runners.py:episode"}
+    heldout = ast.parse((src / "rollout" / "heldout.py").read_text())
+    assert "EpisodePlayer" in {n.id for n in ast.walk(heldout) if isinstance(n, ast.Name)}

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING
 
-from asyncrl.records import SamplingParams, Task, Trajectory
+from asyncrl.records import Task, Trajectory
 from asyncrl.rollout.heldout import run_episodes
 
 if TYPE_CHECKING:
@@ -58,11 +58,8 @@ def play(
 ) -> list[Trajectory]:
     """Every task ``times`` times, concurrently: every sample, in task order. ``temperature`` replaces
     the run's sampling temperature."""
-    sampling = SamplingParams(**cfg.rollout.sampling.model_dump())
-    if temperature is not None:
-        sampling.temperature = temperature
     repeated = [task for task in tasks for _ in range(times)]
-    return asyncio.run(run_episodes(cfg, policy, repeated, seed=seed, sampling=sampling))
+    return asyncio.run(run_episodes(cfg, policy, repeated, seed=seed, temperature=temperature))
 
 
 def play_groups(cfg: RunConfig, policy: Policy, tasks: list[Task], *, seed: int) -> list[list[Trajectory]]:

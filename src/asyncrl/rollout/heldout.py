@@ -9,16 +9,18 @@ so the same checkpoint and config give the same numbers.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
 from asyncrl.control.buckets import bucket_of
-from asyncrl.envs import make_env, make_task_source
+from asyncrl.envs import make_task_source
 from asyncrl.errors import UserError
-from asyncrl.records import SamplingParams, Task, Trajectory
+from asyncrl.records import Task, Trajectory
 
 if TYPE_CHECKING:
     from asyncrl.policy.model import Policy
@@ -30,11 +32,13 @@ async def run_episodes(
     tasks: list[Task],
     *,
     seed: int,
-    sampling: SamplingParams | None = None,
+    temperature: float | None = None,
     prefixes: list[list[list[int]]] | None = None,
 ) -> list[Trajectory]:
-    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes); every
-    sample of every episode, in task order (``multi_turn: per_turn`` episodes are several).
+    """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes), with the
+    worker's episode player (:class:`~asyncrl.rollout.runners.EpisodePlayer`; episode ``i``'s environment
+    seeded ``seed + i``); every sample of every episode, in task order (``multi_turn: per_turn``
+    episodes are several). ``temperature`` replaces the run's sampling temperature.
 
     ``prefixes[i]``: model turns replayed before the policy samples in episode ``i`` (see ``run_episode``).
     """
@@ -42,36 +46,31 @@ async def run_episodes(
     from asyncrl.engine.batcher import TurnBatcher
     from asyncrl.policy.chat import make_renderer
     from asyncrl.policy.model import context_limit
-    from asyncrl.rollout.episode import EpisodeSettings, run_episode
+    from asyncrl.rollout.runners import EpisodePlayer
 
     es = cfg.eval_settings()
+    if temperature is not None:
+        es = replace(es, sampling=es.sampling.model_copy(update={"temperature": temperature}))
     renderer = make_renderer(cfg.model, policy)
     engine = make_engine(es.engine, policy, renderer.stop_token_ids, seed=seed)
     batcher = TurnBatcher.of(engine, es.engine)
-    settings = EpisodeSettings(
-        max_turns=cfg.env.max_turns,
-        max_context=context_limit(cfg.model, policy),
-        sampling=sampling or SamplingParams(**es.sampling.model_dump()),
-        worker_id="eval",
-        early_stop_invalid=es.early_stop_invalid,
-    )
+    max_context = context_limit(cfg.model, policy)
     if cfg.env.kind == "agent":  # the user's agent program, through a private gateway
         from asyncrl.gateway.agent import run_agent_episodes
 
         try:
-            return await run_agent_episodes(cfg, batcher, renderer, settings.max_context, tasks)
+            return await run_agent_episodes(cfg, batcher, renderer, max_context, tasks)
         finally:
             batcher.close()
+    # no temperature jitter, no per-bucket factor: evaluation plays the sampling settings as they are
+    player = EpisodePlayer(
+        es, batcher, renderer, max_context, "eval", random.Random(seed), lambda: 0.0, lambda _: 1.0
+    )
     gate = asyncio.Semaphore(es.concurrent_episodes)
 
     async def one(i: int, task: Task) -> list[Trajectory]:
         async with gate:
-            env = make_env(es.env, seed + i)
-            try:
-                prefix = prefixes[i] if prefixes is not None else None
-                return await run_episode(task, env, batcher, renderer, settings, prefix=prefix)
-            finally:
-                await env.close()
+            return await player.episode(task, seed + i, prefix=prefixes[i] if prefixes is not None else None)
 
     try:
         return [t for ts in await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))) for t in ts]

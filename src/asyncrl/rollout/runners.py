@@ -42,7 +42,8 @@ class GroupRunner(Protocol):
 @dataclass
 class EpisodePlayer:
     """Environment episodes (:func:`asyncrl.rollout.episode.run_episode`), replaying ``prefix``'s model
-    turns first (tree branches)."""
+    turns first (tree branches): the one episode player of the worker and of held-out evaluation
+    (:func:`asyncrl.rollout.heldout.run_episodes`, which calls :meth:`episode`)."""
 
     settings: RolloutSettings
     batcher: TurnBatcher
@@ -54,9 +55,15 @@ class EpisodePlayer:
     factor: Callable[[Task], float]
     """The task's factor on ``rollout.sampling.temperature`` (the orchestrator's entropy-collapse counter)."""
 
-    async def __call__(
-        self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    async def episode(
+        self,
+        task: Task,
+        env_seed: int,
+        group_id: str = "",
+        prefix: list[list[int]] | None = None,
+        on_turn: Callable[[], None] | None = None,
     ) -> list[Trajectory]:
+        """One episode of ``task`` in a fresh environment seeded ``env_seed``; its samples."""
         from asyncrl.rollout.episode import EpisodeSettings, jittered, run_episode
 
         s = self.settings
@@ -64,22 +71,29 @@ class EpisodePlayer:
             **s.sampling.model_dump(exclude={"temperature"}),
             temperature=s.sampling.temperature * self.factor(task),
         )
-        env = make_env(s.env, self.rng.randrange(2**31))
+        env = make_env(s.env, env_seed)
         settings = EpisodeSettings(
             s.env.max_turns,
             self.max_context,
             jittered(base, self.jitter(), self.rng),
             self.worker,
             early_stop_invalid=s.early_stop_invalid,
-            on_turn=ticket.turn_done,
+            on_turn=on_turn,
         )
+        try:
+            return await run_episode(task, env, self.batcher, self.renderer, settings, group_id, prefix)
+        finally:
+            await env.close()
+
+    async def __call__(
+        self, ticket: Ticket, task: Task, group_id: str, prefix: list[list[int]] | None = None
+    ) -> list[Trajectory]:
         samples: list[Trajectory] = []
         try:
-            samples = await run_episode(task, env, self.batcher, self.renderer, settings, group_id, prefix)
+            samples = await self.episode(task, self.rng.randrange(2**31), group_id, prefix, ticket.turn_done)
             return samples
         finally:
             ticket.episode_done(sum(1 for tr in samples for t in tr.turns if t.role == "model"))
-            await env.close()
 
 
 @dataclass
