@@ -177,3 +177,15 @@ def test_an_agent_learns_its_session_id_from_its_client_and_posts_its_reward(
 ) -> None:
     ts = scripted_episodes(tmp_path, monkeypatch, "posting_agent", "<answer>12</answer>")
     assert [(t.outcome, t.final_reward) for t in ts] == [("success", 0.25)] * 2
+
+
+def test_held_out_evaluation_plays_the_agent_through_a_private_gateway() -> None:
+    """``asyncrl eval`` on ``env.kind: agent``: one episode of the user's program per held-out task, as
+    evaluation (worker ``eval``), every task answered."""
+    from asyncrl.rollout.heldout import run_episodes, summarise
+
+    cfg = agent_cfg()
+    tasks = make_task_source(cfg.env).heldout()[:4]
+    trajs = asyncio.run(run_episodes(cfg, Policy.build(cfg.model), tasks, seed=0))
+    assert {t.task.id for t in trajs} == {t.id for t in tasks} and {t.worker_id for t in trajs} == {"eval"}
+    assert summarise(trajs)["episodes"] == 4

@@ -183,21 +183,3 @@ def _reward_and_success(result: Any, session: Session) -> tuple[float, bool | No
     if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
         raise TypeError(f"the agent returned {result!r}, not a finite reward")
     return float(result), success
-
-
-async def run_agent_episodes(
-    cfg: RunConfig, batcher: TurnBatcher, renderer: Renderer, max_context: int, tasks: list[Task]
-) -> list[Trajectory]:
-    """One agent episode per task through a private gateway (held-out evaluation); every sample of
-    each episode (one merged sample, or one per call)."""
-    runner = await AgentRunner.start(cfg, batcher, renderer, max_context, worker_id="eval")
-    gate = asyncio.Semaphore(cfg.rollout.concurrent_episodes)
-
-    async def one(task: Task) -> list[Trajectory]:
-        async with gate:
-            return await runner.episode(task)
-
-    try:
-        return [t for ts in await asyncio.gather(*(one(t) for t in tasks)) for t in ts]
-    finally:
-        await runner.stop()

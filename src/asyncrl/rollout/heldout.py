@@ -23,6 +23,7 @@ from asyncrl.errors import UserError
 from asyncrl.records import Task, Trajectory
 
 if TYPE_CHECKING:
+    from asyncrl.gateway.agent import AgentRunner
     from asyncrl.policy.model import Policy
 
 
@@ -36,9 +37,10 @@ async def run_episodes(
     prefixes: list[list[list[int]]] | None = None,
 ) -> list[Trajectory]:
     """Run one episode per task, all concurrently (bounded by rollout.concurrent_episodes), with the
-    worker's episode player (:class:`~asyncrl.rollout.runners.EpisodePlayer`; episode ``i``'s environment
-    seeded ``seed + i``); every sample of every episode, in task order (``multi_turn: per_turn``
-    episodes are several). ``temperature`` replaces the run's sampling temperature.
+    worker's players (:class:`~asyncrl.rollout.runners.EpisodePlayer`, episode ``i``'s environment seeded
+    ``seed + i``; ``env.kind: agent``, the user's program through a private gateway); every sample of
+    every episode, in task order (``multi_turn: per_turn`` episodes are several). ``temperature``
+    replaces the run's sampling temperature (environment episodes).
 
     ``prefixes[i]``: model turns replayed before the policy samples in episode ``i`` (see ``run_episode``).
     """
@@ -51,30 +53,30 @@ async def run_episodes(
     es = cfg.eval_settings()
     if temperature is not None:
         es = replace(es, sampling=es.sampling.model_copy(update={"temperature": temperature}))
-    renderer = make_renderer(cfg.model, policy)
-    engine = make_engine(es.engine, policy, renderer.stop_token_ids, seed=seed)
-    batcher = TurnBatcher.of(engine, es.engine)
-    max_context = context_limit(cfg.model, policy)
-    if cfg.env.kind == "agent":  # the user's agent program, through a private gateway
-        from asyncrl.gateway.agent import run_agent_episodes
-
-        try:
-            return await run_agent_episodes(cfg, batcher, renderer, max_context, tasks)
-        finally:
-            batcher.close()
+    renderer, max_context = make_renderer(cfg.model, policy), context_limit(cfg.model, policy)
+    batcher = TurnBatcher.of(make_engine(es.engine, policy, renderer.stop_token_ids, seed=seed), es.engine)
     # no temperature jitter, no per-bucket factor: evaluation plays the sampling settings as they are
     player = EpisodePlayer(
         es, batcher, renderer, max_context, "eval", random.Random(seed), lambda: 0.0, lambda _: 1.0
     )
+    agent: AgentRunner | None = None
     gate = asyncio.Semaphore(es.concurrent_episodes)
 
     async def one(i: int, task: Task) -> list[Trajectory]:
         async with gate:
+            if agent is not None:  # env.kind: agent — the user's program, through a private gateway
+                return await agent.episode(task)
             return await player.episode(task, seed + i, prefix=prefixes[i] if prefixes is not None else None)
 
     try:
+        if cfg.env.kind == "agent":
+            from asyncrl.gateway.agent import AgentRunner
+
+            agent = await AgentRunner.start(cfg, batcher, renderer, max_context, worker_id="eval")
         return [t for ts in await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))) for t in ts]
     finally:
+        if agent is not None:
+            await agent.stop()
         batcher.close()
 
 
