@@ -1,6 +1,6 @@
 """Does a real-model task start with signal? Held-out success and the cost of one GRPO batch.
 
-The per-bucket signal check itself is ``asyncrl env signal CONFIG`` (:mod:`asyncrl.jobs.signal`); this
+The per-bucket signal check itself is ``asyncrl env signal CONFIG`` (:mod:`asyncrl.jobs.env_signal`); this
 script adds the timings (wall and CPU seconds of rollout and of one learner step) on the same groups
 (:func:`asyncrl.jobs.groups.play_groups`, :func:`~asyncrl.jobs.groups.group_signal`).
 

@@ -24,7 +24,7 @@ FLOORS: list[set[str]] = [
         "durable",
         "algo",
         "staleness",
-        "signal",
+        "learning_signal",
         "jsontext",
     },  # 0: records, shared helpers (bounded JSON of untrusted text), pure maths, the staleness rules,
     # the learning-signal rules

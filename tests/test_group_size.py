@@ -18,11 +18,11 @@ from asyncrl.config import RunConfig, load_config
 from asyncrl.control import RunState
 from asyncrl.control.admission import Admission
 from asyncrl.control.directives import Directives
+from asyncrl.learning_signal import group_size_for, signal_share
 from asyncrl.orchestrator.curriculum import Curriculum
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.records import Group, Task, Trajectory, Turn
 from asyncrl.rollout.runners import FlatRunner
-from asyncrl.signal import group_size_for, signal_share
 from helpers import TINY_MODEL, training_group, wait_for
 
 

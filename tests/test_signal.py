@@ -28,11 +28,11 @@ import pytest
 from asyncrl.config import EnvConfig, RunConfig, load_config
 from asyncrl.envs import HashSplitTaskSource, StepResult
 from asyncrl.errors import UserError
+from asyncrl.learning_signal import advice, bucket_order, group_size_for, levels_label, signal_share, verdict
 from asyncrl.orchestrator.rules import Rules
 from asyncrl.records import Task, Trajectory
-from asyncrl.signal import advice, bucket_order, group_size_for, levels_label, signal_share, verdict
+from asyncrl.telemetry.report_signal import signal_series, signal_summary
 from asyncrl.telemetry.reports import GroupReport
-from asyncrl.telemetry.signal import signal_series, signal_summary
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -101,7 +101,7 @@ def test_levels_option_reads_lists_and_ranges() -> None:
     import argparse
 
     from asyncrl.cli.parser import _levels
-    from asyncrl.jobs.signal import Levels
+    from asyncrl.jobs.env_signal import Levels
 
     assert _levels("0,1,5") == {0, 1, 5}
     assert _levels("0-3, 7,10–11") == {0, 1, 2, 3, 7, 10, 11}
@@ -399,7 +399,7 @@ def _plugin_cfg(env: str, cache: Path, *extra: str) -> RunConfig:
 
 def test_lowest_level_is_the_task_types_unless_min_difficulty_cut_it(cache_dir: Path) -> None:
     from asyncrl.envs import make_task_source
-    from asyncrl.jobs.signal import lowest_buckets
+    from asyncrl.jobs.env_signal import lowest_buckets
 
     every = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=12")
     buckets = [f"coin:{d}" for d in range(12)]
@@ -409,7 +409,7 @@ def test_lowest_level_is_the_task_types_unless_min_difficulty_cut_it(cache_dir: 
 
 
 def test_a_quick_scan_plays_only_the_levels_asked_for(cache_dir: Path) -> None:
-    from asyncrl.jobs.signal import Levels, tasks_by_bucket
+    from asyncrl.jobs.env_signal import Levels, tasks_by_bucket
 
     cfg = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=24")
     every, lowest = tasks_by_bucket(cfg, 1, Levels(None, None))
@@ -424,7 +424,7 @@ def test_a_quick_scan_plays_only_the_levels_asked_for(cache_dir: Path) -> None:
 def test_env_signal_merges_the_levels_of_one_verdict_into_one_line(cache_dir: Path) -> None:
     """12 unsolvable levels: 12 buckets in numeric order in the JSON, one table row and one advice line,
     which does not tell the user to lower a difficulty that starts at the lowest level."""
-    from asyncrl.jobs.signal import Levels, check_signal
+    from asyncrl.jobs.env_signal import Levels, check_signal
 
     cfg = _plugin_cfg("ManyLevelsEnv", cache_dir, "env.heldout_size=12")
     report = check_signal(cfg, tasks=1, levels=Levels(None, None), name="many")
@@ -454,7 +454,7 @@ class LadderEnv(ManyLevelsEnv, AlternatingEnv):
 def test_levels_above_a_learnable_one_are_told_to_go_down_to_it(cache_dir: Path) -> None:
     """Two runs of levels, two rows: the unsolvable levels above a learnable lowest level are told to
     train where there is success (env.max_difficulty), the learnable ones are in the band."""
-    from asyncrl.jobs.signal import Levels, check_signal
+    from asyncrl.jobs.env_signal import Levels, check_signal
 
     SEEN.clear()
     cfg = _plugin_cfg("LadderEnv", cache_dir, "env.heldout_size=12")

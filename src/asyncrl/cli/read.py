@@ -72,7 +72,7 @@ def _env_target(args: argparse.Namespace) -> tuple[C.RunConfig, bool]:
 def _env_signal(args: argparse.Namespace) -> int:
     """``asyncrl env signal``: exit 0 when the starting policy has groups with a reward difference, else 1
     (2 for a config error, raised as a :class:`UserError`)."""
-    from asyncrl.jobs.signal import Levels, check_signal
+    from asyncrl.jobs.env_signal import Levels, check_signal
 
     cfg, _ = _env_target(args)
     levels = Levels(args.levels, args.max_difficulty)

@@ -110,8 +110,8 @@ class ExplorationConfig(Section):
 
 
 class SignalConfig(Section):
-    """The learning-signal rule (:mod:`asyncrl.orchestrator.signal`, a ``no_signal`` alert) and the success
-    band ``asyncrl env signal`` checks buckets against (:mod:`asyncrl.signal`)."""
+    """The learning-signal rule (:mod:`asyncrl.orchestrator.no_signal`, a ``no_signal`` alert) and the success
+    band ``asyncrl env signal`` checks buckets against (:mod:`asyncrl.learning_signal`)."""
 
     enabled: bool = True
     """Raise ``no_signal`` alerts while training groups carry no reward difference."""

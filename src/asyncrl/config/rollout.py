@@ -183,7 +183,7 @@ class RolloutConfig(Section):
     """Give a bucket (task type × difficulty) of rare success larger groups: with ``p`` its success over
     the curriculum window (once it holds ``orchestrator.curriculum.min_episodes`` episodes) and ``0 < p <
     orchestrator.signal.band_low``, its training groups get the smallest size ``G`` with ``s(p, G) = 1 −
-    p^G − (1 − p)^G ≥ 1/2`` (half the groups carry a reward difference, :func:`asyncrl.signal.group_size_for`),
+    p^G − (1 − p)^G ≥ 1/2`` (half the groups carry a reward difference, :func:`asyncrl.learning_signal.group_size_for`),
     at least ``group_size`` and at most ``max_group_size``. Other buckets, held-out probes and tree groups
     keep ``group_size``. A group still travels whole as one record; a batch takes whole groups until it
     holds ``trainer.batch_size`` samples, so with larger groups a batch may hold up to

@@ -117,7 +117,7 @@ class RunConfig(Section):
         return TrainerSettings(steer_buffer=self.orchestrator.curriculum.steer_buffer)
 
     def signal_window(self) -> int:
-        """Training groups per window of the no-signal rule (:mod:`asyncrl.orchestrator.signal`) and of the
+        """Training groups per window of the no-signal rule (:mod:`asyncrl.orchestrator.no_signal`) and of the
         report's signal chart: ``orchestrator.signal.window_steps`` trainer steps' worth of groups."""
         per_step = max(1, self.trainer.batch_size // self.rollout.group_size)
         return self.orchestrator.signal.window_steps * per_step

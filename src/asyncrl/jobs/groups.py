@@ -1,6 +1,6 @@
 """Groups of episodes played offline, and what they show: the one group player of the offline jobs.
 
-``asyncrl env signal`` (:mod:`asyncrl.jobs.signal`), the warm start's rollout rounds
+``asyncrl env signal`` (:mod:`asyncrl.jobs.env_signal`), the warm start's rollout rounds
 (:mod:`asyncrl.jobs.warm_rollouts`) and the benchmarks (``bench/task_signal.py``, ``bench/rg_pick.py``)
 play each task ``G`` times as evaluation plays (:func:`~asyncrl.rollout.heldout.run_episodes`: the
 run's sampling settings, the built-in engine, latency and injected faults off) and count the groups

@@ -44,8 +44,8 @@ from asyncrl.telemetry.report_metrics import (
     step_wall,
     utilisation,
 )
+from asyncrl.telemetry.report_signal import signal_blocks, signal_series
 from asyncrl.telemetry.reports import decode_rows
-from asyncrl.telemetry.signal import signal_blocks, signal_series
 from asyncrl.telemetry.svg import Series
 
 CreditView = Callable[[Path, int], str]

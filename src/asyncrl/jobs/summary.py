@@ -18,8 +18,8 @@ from asyncrl.orchestrator.telemetry import TRAINER
 from asyncrl.telemetry.jsonl import memory
 from asyncrl.telemetry.report_envs import EnvTally, per_env
 from asyncrl.telemetry.report_metrics import constant_reply_note
+from asyncrl.telemetry.report_signal import signal_summary
 from asyncrl.telemetry.reports import Decoded, QueueStats, Report, TrainerReport, WorkerReport
-from asyncrl.telemetry.signal import signal_summary
 
 if TYPE_CHECKING:
     from asyncrl.transport import TrajectoryQueue

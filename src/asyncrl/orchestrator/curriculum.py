@@ -32,7 +32,7 @@ from collections import deque
 from typing import Any
 
 from asyncrl.config import CurriculumConfig
-from asyncrl.signal import group_size_for
+from asyncrl.learning_signal import group_size_for
 
 
 class Curriculum:
@@ -95,7 +95,7 @@ class Curriculum:
     def group_sizes(self, base: int, most: int, band_low: float) -> dict[str, int]:
         """Adaptive group size (``rollout.adaptive_group_size``): bucket -> the smallest ``G`` that gives
         half its groups a reward difference at its measured success ``p``
-        (:func:`asyncrl.signal.group_size_for`), between ``base`` and ``most``, for each bucket of rare
+        (:func:`asyncrl.learning_signal.group_size_for`), between ``base`` and ``most``, for each bucket of rare
         success (``0 < p < band_low``) that needs more than ``base``."""
         out: dict[str, int] = {}
         for b in sorted(self.outcomes):

@@ -10,7 +10,7 @@ metrics of the training groups counted so far (:class:`~asyncrl.telemetry.report
 from __future__ import annotations
 
 from asyncrl.telemetry.report_envs import EnvTally
-from asyncrl.telemetry.signal import GroupCounts
+from asyncrl.telemetry.report_signal import GroupCounts
 
 
 def curriculum_shares(weights: dict[str, float], prior: dict[str, float]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from asyncrl.orchestrator.drift import DriftMonitor, HackingMonitor
 from asyncrl.orchestrator.elastic import ElasticController
 from asyncrl.orchestrator.explore import ExplorationController
 from asyncrl.orchestrator.mix import curriculum_shares, env_metrics
-from asyncrl.orchestrator.signal import SignalMonitor
+from asyncrl.orchestrator.no_signal import SignalMonitor
 from asyncrl.orchestrator.temperature import TemperatureRule
 from asyncrl.telemetry.report_envs import EnvTally
 from asyncrl.telemetry.reports import (

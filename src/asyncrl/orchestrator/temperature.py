@@ -3,13 +3,13 @@
 When a policy becomes deterministic per task, it solves some tasks of a bucket always and the others
 never: the bucket's success ``p`` stays between 0 and 1, but its groups carry a reward difference far
 less often than ``s(p, G) = 1 − p^G − (1 − p)^G`` predicts for independent episodes (**cold**: under
-half of it, :func:`asyncrl.signal.cold`), so GRPO has nothing to learn from them (the letter_counting run
+half of it, :func:`asyncrl.learning_signal.cold`), so GRPO has nothing to learn from them (the letter_counting run
 of issue 57: entropy 0.17 → 0.02 in 24 steps, 316 of 384 trained samples with zero advantage).
 Clip-higher (``algo.policy_loss.eps_high``) and the entropy bonus (``algo.entropy_coef``) slow the
 collapse from the loss side; this rule acts on sampling, where the missing diversity is.
 
 The rule (``orchestrator.signal.raise_temperature``), per bucket, once every ``W`` of its training groups
-(``W``: the no-signal rule's window, :mod:`asyncrl.orchestrator.signal`, whose window it reads — the last
+(``W``: the no-signal rule's window, :mod:`asyncrl.orchestrator.no_signal`, whose window it reads — the last
 ``W`` groups, measured mostly at the factor in force): with ``m`` the share of those groups with a
 reward difference, ``p`` their success and ``G`` their mean size,
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import SignalConfig
+from asyncrl.learning_signal import cold, signal_share
 from asyncrl.orchestrator.alerts import Alert
-from asyncrl.orchestrator.signal import SignalMonitor
-from asyncrl.signal import cold, signal_share
+from asyncrl.orchestrator.no_signal import SignalMonitor
 
 
 class TemperatureRule:

@@ -1,7 +1,7 @@
 """The blocks a report section is made of (:class:`Figure`, :class:`Row`, :class:`Table`, :class:`Cards`,
 :class:`Note`, ...), the page they fill (``templates/report.html.j2``) and the small formatters the
 sections share: :mod:`asyncrl.jobs.report`, :mod:`asyncrl.telemetry.report_metrics` and
-:mod:`asyncrl.telemetry.signal` build with them."""
+:mod:`asyncrl.telemetry.report_signal` build with them."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.telemetry.report_blocks import Block, Heading, Note, Table, num, pct
+from asyncrl.telemetry.report_signal import GroupCounts
 from asyncrl.telemetry.reports import GroupReport
-from asyncrl.telemetry.signal import GroupCounts
 
 __all__ = ["EnvTally", "env_blocks", "per_env"]
 

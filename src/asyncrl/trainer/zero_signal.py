@@ -1,7 +1,7 @@
 """Groups without a reward difference: which the learner is spared (``trainer.skip_equal_reward_groups``).
 
 A group **has a reward difference** when the final rewards of its episodes (one sample per episode:
-:meth:`~asyncrl.records.Group.episode_heads`) are not all equal (:mod:`asyncrl.signal`). With a group
+:meth:`~asyncrl.records.Group.episode_heads`) are not all equal (:mod:`asyncrl.learning_signal`). With a group
 baseline (GRPO and its kin, :func:`asyncrl.algo.group_advantages`) every member of a group without one
 gets advantage exactly 0 — singleton groups included — so the group adds nothing to the policy term
 but its tokens to the normaliser, and its entropy and KL terms. The trainer consumes a batch whole

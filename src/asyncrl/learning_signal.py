@@ -1,8 +1,8 @@
 """Learning signal: which groups can teach a GRPO policy anything, and what to change when none can.
 
 It sits on the lowest floor (it imports nothing of asyncrl) so that ``asyncrl env signal`` (the check
-before a run, :mod:`asyncrl.jobs.signal`), the no-signal rule during a run
-(:mod:`asyncrl.orchestrator.signal`) and the report's per-bucket chart (:mod:`asyncrl.telemetry.signal`)
+before a run, :mod:`asyncrl.jobs.env_signal`), the no-signal rule during a run
+(:mod:`asyncrl.orchestrator.no_signal`) and the report's per-bucket chart (:mod:`asyncrl.telemetry.report_signal`)
 say the same thing in the same words.
 
 Definitions

@@ -1,6 +1,6 @@
 """The no-signal rule: a run that cannot learn says so while it trains.
 
-A training group whose members were all rewarded alike carries no GRPO gradient (:mod:`asyncrl.signal`).
+A training group whose members were all rewarded alike carries no GRPO gradient (:mod:`asyncrl.learning_signal`).
 The curriculum already steers sampling away from such buckets (weight ``floor + (ceiling − floor) ·
 4p(1 − p)``); this rule says when that is not enough. It keeps, per bucket and over the whole run,
 whether each of the last ``W`` training groups had a reward difference, with ``W =
@@ -8,7 +8,7 @@ orchestrator.signal.window_steps × max(1, trainer.batch_size // rollout.group_s
 worth of groups times the window). Once a window is full and at least ``no_signal_share`` of it had no
 difference, it raises one ``no_signal`` alert — bucket ``type:difficulty``, or ``""`` for the whole run
 ("no bucket has signal") — with the evidence (share without a difference, success, expected share
-``s(p, G)``) and the likely fix (:func:`asyncrl.signal.advice`), logs it as a warning, and stays quiet
+``s(p, G)``) and the likely fix (:func:`asyncrl.learning_signal.advice`), logs it as a warning, and stays quiet
 for that bucket until its share falls below the threshold again (one alert per excursion). Held-out
 probe groups are not trained and are not counted.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.config import SignalConfig
+from asyncrl.learning_signal import advice, signal_share
 from asyncrl.orchestrator.alerts import Alert
-from asyncrl.signal import advice, signal_share
 
 log = logging.getLogger("asyncrl.orchestrator")
 RUN = ""

@@ -10,7 +10,7 @@ built model) and with the **warm start** the run would begin from (``trainer.sft
 Per bucket and policy it reports held-out success ``p``, pass@G (the share of its tasks with at least
 one success in their group), the measured share of groups whose rewards differ (the groups that carry
 a GRPO gradient), the expected share ``s(p, G) = 1 − p^G − (1 − p)^G`` for binary rewards
-(:mod:`asyncrl.signal`), the band verdict against ``orchestrator.signal.band_low`` / ``band_high`` and
+(:mod:`asyncrl.learning_signal`), the band verdict against ``orchestrator.signal.band_low`` / ``band_high`` and
 what to change — knowing whether the bucket is at its task type's lowest level. Buckets are in numeric
 order of level; consecutive levels of one task type with the same verdict are merged into one row with
 pooled counts and one advice line (:func:`merge`). :class:`Levels` restricts the scan to some levels
@@ -34,8 +34,7 @@ from asyncrl.envs import HashSplitTaskSource, check_heldout, make_task_source
 from asyncrl.envs.mix import MixTaskSource
 from asyncrl.errors import UserError
 from asyncrl.jobs.groups import Counts, group_signal, play_groups
-from asyncrl.records import Task
-from asyncrl.signal import (
+from asyncrl.learning_signal import (
     advice,
     bucket_order,
     cold,
@@ -45,6 +44,7 @@ from asyncrl.signal import (
     signal_share,
     verdict,
 )
+from asyncrl.records import Task
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -79,7 +79,7 @@ class BucketSignal:
     measured and expected shares of groups with a difference, and what to change."""
 
     bucket: str
-    """``type:level``; for merged levels ``type:0–35`` (:func:`~asyncrl.signal.levels_label`)."""
+    """``type:level``; for merged levels ``type:0–35`` (:func:`~asyncrl.learning_signal.levels_label`)."""
     task_type: str
     levels: list[int]
     groups: int

@@ -3,7 +3,7 @@
 Read from the ``rollout/group`` events (:class:`~asyncrl.telemetry.reports.GroupReport`, one per finished
 group; held-out probes left out, as they are not trained). Per bucket and over the whole run, the groups
 are cut, in the order they started, into consecutive windows of ``W`` groups (the no-signal rule's
-window, :mod:`asyncrl.orchestrator.signal`); each window gives the share of groups whose rewards differed
+window, :mod:`asyncrl.orchestrator.no_signal`); each window gives the share of groups whose rewards differed
 (the groups that carry a GRPO gradient) and the success share of their episodes. The summary keeps the
 whole-run and the last-window figures per bucket; the report draws every window, beside the cost
 ledger's ``zero_advantage`` waste (what the groups without a difference cost) and the run's ``no_signal``
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config import RunConfig
-from asyncrl.signal import advice, bucket_order, share_or_none
+from asyncrl.learning_signal import advice, bucket_order, share_or_none
 from asyncrl.telemetry import svg
 from asyncrl.telemetry.report_blocks import Block, Figure, Note, Row, Table, pct
 from asyncrl.telemetry.reports import Decoded, GroupReport
@@ -89,7 +89,7 @@ def signal_series(reports: Iterable[Decoded], window: int) -> dict[str, BucketSe
 
 def signal_summary(reports: Iterable[Decoded], cfg: RunConfig) -> dict[str, Any]:
     """The summary's ``signal``: per bucket (and ``all``) groups, shares over the run and in its last window,
-    and the advice for the last window (:func:`asyncrl.signal.advice`)."""
+    and the advice for the last window (:func:`asyncrl.learning_signal.advice`)."""
     c, g = cfg.orchestrator.signal, cfg.rollout.group_size
     out: dict[str, Any] = {}
     for key, s in signal_series(reports, cfg.signal_window()).items():
