@@ -22,7 +22,7 @@ import hashlib
 import uuid
 from array import array
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -31,7 +31,9 @@ SCHEMA_VERSION = 3
 
 Role = Literal["model", "tool", "env"]
 Outcome = Literal["success", "failure", "truncated", "timeout", "env_error", "early_stopped"]
-OUTCOMES: tuple[str, ...] = ("success", "failure", "truncated", "timeout", "env_error", "early_stopped")
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+FaultKind = Literal["exception", "timeout", "malformed", "bad_reward"]
+"""What an environment did wrong, as the guard records it (:class:`Fault`)."""
 
 
 class RecordDecodeError(ValueError):
@@ -68,7 +70,7 @@ class ToolCall(msgspec.Struct, kw_only=True):
 class Fault(msgspec.Struct, kw_only=True):
     """An environment misbehaviour the guard absorbed (exception, hang, garbage)."""
 
-    kind: Literal["exception", "timeout", "malformed", "bad_reward"]
+    kind: FaultKind
     message: str
     attempts: int = 1
 

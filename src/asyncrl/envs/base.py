@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias, runtime_checkable
 
-from asyncrl.records import OUTCOMES, Fault, ToolCall
+from asyncrl.records import OUTCOMES, Fault, FaultKind, Outcome, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import EnvConfig
@@ -84,7 +84,7 @@ class StepResult:
     process_reward: float = 0.0
     done: bool = False
     reward: float = 0.0
-    outcome: str | None = None
+    outcome: Outcome | None = None
     info: dict[str, Any] = field(default_factory=dict)
     tool_call: ToolCall | None = None
     malformed: bool = False
@@ -168,12 +168,12 @@ def finite(x: object) -> bool:
         return False
 
 
-def step_problems(res: object) -> list[tuple[str, str]]:
+def step_problems(res: object) -> list[tuple[FaultKind, str]]:
     """What breaks the step contract in ``res``, in words, each with its :class:`~asyncrl.records.Fault`
     kind: ``bad_reward`` for a reward that is not a finite number, else ``malformed``."""
     if not isinstance(res, StepResult):
         return [("malformed", f"step() returned {type(res).__name__}, expected asyncrl.envs.StepResult")]
-    out = []
+    out: list[tuple[FaultKind, str]] = []
     if not isinstance(res.observation, str):
         out.append(("malformed", f"observation is {type(res.observation).__name__}, expected str"))
     for name, x in (("process_reward", res.process_reward), ("reward", res.reward)):

@@ -50,7 +50,7 @@ from asyncrl.envs.class_tools import call_tool, class_tools, load_object
 from asyncrl.envs.demos import UserDemonstrator, answer_demonstrate, corrupt_turns
 from asyncrl.envs.imports import EnvPluginError
 from asyncrl.envs.tasks import RowTasks, cached_source
-from asyncrl.records import Task
+from asyncrl.records import Outcome, Task
 
 if TYPE_CHECKING:
     from asyncrl.config import ClassEnvConfig, EnvConfig
@@ -178,7 +178,7 @@ class ClassEnv:
         if isinstance(action, AnswerAction):
             self._completion.append({"role": "assistant", "content": action.answer})
             reward = await self._reward()
-            outcome = "success" if reward >= self.cc.success_reward else "failure"
+            outcome: Outcome = "success" if reward >= self.cc.success_reward else "failure"
             info = {"action": "answer", "answer": action.answer}
             self._final = StepResult(
                 f"reward {reward:g}", done=True, reward=reward, outcome=outcome, info=info

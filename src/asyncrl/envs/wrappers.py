@@ -40,7 +40,7 @@ from asyncrl.envs.base import (
     tool_call,
 )
 from asyncrl.envs.toolenv import VERIFIER_CACHE
-from asyncrl.records import Fault, ToolCall
+from asyncrl.records import Fault, FaultKind, ToolCall
 
 if TYPE_CHECKING:
     from asyncrl.config import FaultConfig, GuardConfig, LatencyConfig
@@ -227,7 +227,7 @@ class FaultWrapper(EnvWrapper):
 
 # ---------------------------------------------------------------------------------------------
 class _AttemptFailed(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: FaultKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -292,7 +292,7 @@ class GuardedEnv(EnvWrapper):
             try:
                 return validate(await self._attempt(call)), failures
             except _AttemptFailed as failed:
-                failures.append(Fault(kind=failed.kind, message=failed.message, attempts=attempt))  # type: ignore[arg-type]
+                failures.append(Fault(kind=failed.kind, message=failed.message, attempts=attempt))
                 GUARD_STATS.retries += attempt < attempts
                 GUARD_STATS.fault_seconds += time.monotonic() - started
                 if failed.kind == "timeout":

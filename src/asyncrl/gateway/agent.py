@@ -23,7 +23,7 @@ from asyncrl.envs import call_env, close_env, make_raw_env
 from asyncrl.errors import UserError
 from asyncrl.gateway.server import Gateway
 from asyncrl.gateway.sessions import Session, build_trajectories
-from asyncrl.records import SamplingParams, Task, Trajectory
+from asyncrl.records import Outcome, SamplingParams, Task, Trajectory
 
 if TYPE_CHECKING:
     from openai import DefaultAsyncHttpxClient
@@ -120,7 +120,8 @@ class AgentRunner:
             http_client=self.http,
             default_headers={"X-Asyncrl-Session": session.id},
         )
-        outcome, reward = "failure", 0.0
+        outcome: Outcome = "failure"
+        reward = 0.0
         try:
             result = await asyncio.wait_for(
                 self.agent(task, client), self.cfg.rollout.gateway.agent_timeout_s

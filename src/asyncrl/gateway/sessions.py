@@ -21,7 +21,7 @@ from asyncrl.gateway.protocol import ToolDef
 from asyncrl.gateway.render import MessageRenderer
 from asyncrl.policy.chat import Message, Renderer
 from asyncrl.policy.exactness import count_differences
-from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.records import Lifecycle, Outcome, SamplingParams, Task, Trajectory, Turn, new_id
 
 
 @dataclass
@@ -106,7 +106,7 @@ def extends(prev: CallRecord, nxt: CallRecord) -> bool:
 def build_trajectories(
     session: Session,
     reward: float,
-    outcome: str,
+    outcome: Outcome,
     *,
     worker_id: str = "",
     sampling: SamplingParams | None = None,
@@ -126,7 +126,7 @@ def build_trajectories(
             task=session.task,
             turns=turns,
             final_reward=reward,
-            outcome=outcome,  # type: ignore[arg-type]
+            outcome=outcome,
             lifecycle=life,
             worker_id=worker_id,
             group_id=session.group_id,

@@ -37,7 +37,7 @@ from asyncrl.envs.base import Environment
 from asyncrl.policy.chat import ChatTemplateError, Conversation, Renderer
 from asyncrl.policy.exactness import count_differences, engine_diff, ids_diff
 from asyncrl.policy.messages import Message
-from asyncrl.records import Lifecycle, SamplingParams, Task, Trajectory, Turn, new_id
+from asyncrl.records import Lifecycle, Outcome, SamplingParams, Task, Trajectory, Turn, new_id
 
 
 @dataclass
@@ -145,7 +145,7 @@ async def _run_episode(
         life.rollout_end = time.time()
         return [traj]
     seen: list[_Seen] = []
-    outcome: str = "truncated"  # unless the environment ends the episode first
+    outcome: Outcome = "truncated"  # unless the environment ends the episode first
     invalid = 0  # consecutive invalid actions (early termination)
     for turn_no in range(settings.max_turns):
         # 2. model turn: sample within the remaining context
@@ -182,7 +182,7 @@ async def _run_episode(
         renderer.add_observation(conv, text, delta)
         seen[-1].delta = delta
         prompt = nxt
-    traj.outcome = outcome  # type: ignore[assignment]
+    traj.outcome = outcome
     life.rollout_end = time.time()
     if renderer.multi_turn == "per_turn":
         return _per_turn_samples(traj, seen, renderer, conv)
