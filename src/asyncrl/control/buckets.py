@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from asyncrl.envs.base import HashSplitTaskSource
 from asyncrl.envs.mix import MixTaskSource
 from asyncrl.records import Task
 
@@ -30,6 +31,13 @@ def split_bucket(bucket: str) -> tuple[str, int]:
     return task_type, int(difficulty)
 
 
+def active_difficulties(source: TaskSource) -> tuple[int, ...]:
+    """The difficulties ``source`` draws from: those ``env.min_difficulty``/``max_difficulty`` left."""
+    return (
+        source.active_difficulties if isinstance(source, HashSplitTaskSource) else tuple(source.difficulties)
+    )
+
+
 def buckets_of_source(source: TaskSource, probes: int = 64) -> list[str]:
     """The buckets a task source produces: its task types x its active difficulties.
 
@@ -39,7 +47,7 @@ def buckets_of_source(source: TaskSource, probes: int = 64) -> list[str]:
     if isinstance(source, MixTaskSource):
         return [f"{n}/{b}" for n, s in source.members.items() for b in buckets_of_source(s, probes)]
     types = tuple(source.task_types)
-    diffs = tuple(getattr(source, "active_difficulties", None) or source.difficulties)
+    diffs = active_difficulties(source)
     if len(types) <= 1:
         return [f"{t}:{d}" for t in types for d in diffs]
     rng = random.Random(0)

@@ -280,9 +280,9 @@ class _Checker:
             where = f"task {task.id}"
             res: Any = None
             try:
-                await self.call(name, where, lambda t=task: call_env(self.env.reset, t))  # type: ignore[misc]
+                await self.call(name, where, functools.partial(call_env, self.env.reset, task))
                 for text in texts_for(task):
-                    res = await self.call(name, where, lambda t=text: call_env(self.env.step, t))  # type: ignore[misc]
+                    res = await self.call(name, where, functools.partial(call_env, self.env.step, text))
                     if not isinstance(res, StepResult) or res.done:
                         break
             except Exception as exc:

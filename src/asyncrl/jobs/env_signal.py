@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
-from asyncrl.control.buckets import bucket_of, buckets_of_source, split_bucket
-from asyncrl.envs import HashSplitTaskSource, check_heldout, make_task_source
+from asyncrl.control.buckets import active_difficulties, bucket_of, buckets_of_source, split_bucket
+from asyncrl.envs import check_heldout, make_task_source
 from asyncrl.envs.mix import MixTaskSource
 from asyncrl.errors import UserError
 from asyncrl.jobs.groups import Counts, group_signal, play_groups
@@ -300,7 +300,7 @@ def lowest_buckets(source: TaskSource, buckets: list[str]) -> set[str]:
             for n, member in source.members.items()
             for b in lowest_buckets(member, [x.partition("/")[2] for x in buckets if x.startswith(n + "/")])
         }
-    active = source.active_difficulties if isinstance(source, HashSplitTaskSource) else source.difficulties
+    active = active_difficulties(source)
     cut = min(active) > min(source.difficulties)
     floor: dict[str, int] = {}
     for b in buckets:
