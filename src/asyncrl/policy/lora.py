@@ -55,16 +55,16 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
         return get_peft_model(model, peft_cfg)
 
 
-def is_lora(model: Any) -> bool:
+def is_lora(model: object) -> bool:
     return hasattr(model, "peft_config")
 
 
-def adapter_names(model: Any) -> list[str]:
+def adapter_names(model: torch.nn.Module) -> list[str]:
     """The adapter's parameter names (the trainable ones), in module order."""
     return [name for name, p in model.named_parameters() if p.requires_grad]
 
 
-def adapter_tensors(model: Any) -> dict[str, torch.Tensor]:
+def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached CPU copies of the adapter's tensors: what a LoRA weight version holds."""
     return {
         name: p.detach().to("cpu", copy=True).contiguous()
@@ -73,7 +73,7 @@ def adapter_tensors(model: Any) -> dict[str, torch.Tensor]:
     }
 
 
-def load_adapter(model: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+def load_adapter(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     """Copy an adapter version into ``model`` in place; strict about names and shapes."""
     params = dict(model.named_parameters())
     expected = set(adapter_names(model))
@@ -113,7 +113,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return state_dict_tensors(merged)
 
 
-def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The base weights under their plain HF names (no adapter, no peft prefixes)."""
     if not is_lora(model):
         return state_dict_tensors(model)
@@ -155,7 +155,7 @@ class MergedCopy:
                     f"bias {any(m.lora_bias.values())}): only plain LoRA on linear layers is folded"
                 )
         own = {id(m.get_base_layer().weight) for m in layers.values()}
-        memo: dict[int, Any] = {
+        memo: dict[int, torch.Tensor] = {
             id(t): t for t in itertools.chain(inner.parameters(), inner.buffers()) if id(t) not in own
         }
         plain = copy.deepcopy(inner, memo)  # shares every tensor but the adapted weights
