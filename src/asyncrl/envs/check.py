@@ -22,7 +22,7 @@ import functools
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -274,11 +274,11 @@ class _Checker:
             done = f"clean demonstrations succeeded on {len(tasks)} task(s); corruption {rate:g} ok"
             add("ok", "demonstrate", done)
 
-    async def play(self, name: str, tasks: list[Task], texts_for: Callable[[Task], Any]) -> bool:
+    async def play(self, name: str, tasks: list[Task], texts_for: Callable[[Task], Iterable[str]]) -> bool:
         """Play the reference texts of every task; True when every episode succeeds."""
         for task in tasks:
             where = f"task {task.id}"
-            res: Any = None
+            res: object = None
             try:
                 await self.call(name, where, functools.partial(call_env, self.env.reset, task))
                 for text in texts_for(task):
