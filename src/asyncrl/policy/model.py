@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from safetensors.torch import load_file
 
+from asyncrl.durable import staged_dir
 from asyncrl.errors import UserError
 from asyncrl.policy.memory import check_fits, parameter_count
 from asyncrl.policy.tensors import load_tensors, state_dict_tensors
@@ -234,15 +233,12 @@ class Policy:
         """
         dst = Path(path)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        try:
+        with staged_dir(dst, tmp_prefix=f".{dst.name}.tmp-", replace_prefix=f".{dst.name}.old-") as tmp:
             if self.lora:  # the base model as a plain HF directory, and the adapter beside it
                 from safetensors.torch import save_file
 
                 from asyncrl.policy.lora import ADAPTER_FILE, adapter_tensors, base_model, base_state_dict
 
-                tmp.mkdir(parents=True)
                 inner = base_model(self.model)
                 inner.config.save_pretrained(str(tmp))
                 if getattr(inner, "generation_config", None) is not None:
@@ -255,12 +251,6 @@ class Policy:
             self.tokenizer.save_pretrained(str(tmp))
             if not (tmp / WEIGHTS_NAME).is_file():  # pragma: no cover - sharding is off for small models
                 raise RuntimeError(f"save_pretrained did not write {WEIGHTS_NAME} in {tmp}")
-            if dst.exists():
-                os.replace(dst, old)
-            os.replace(tmp, dst)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
 
     # ---- raw weights -----------------------------------------------------------------------
     @property
