@@ -57,6 +57,19 @@ def write_durably(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` as ``path``, replaced whole: a sibling ``.<name>.tmp-<pid>-<random>`` file, fsynced
+    and renamed over ``path``, so a reader (or a crash) sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        write_durably(tmp, data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
     """sha256 (hex) and byte size of a file, read in 1 MiB chunks; with ``fsync`` the file is fsynced too."""
     digest = hashlib.sha256()

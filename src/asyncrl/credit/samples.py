@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from asyncrl.durable import replace_file
 from asyncrl.errors import UserError
 from asyncrl.records import Trajectory
 
@@ -78,9 +79,7 @@ class _Schema(msgspec.Struct):
 def write_samples(run_dir: Path, data: CreditSampleFile) -> Path:
     out = Path(run_dir) / SAMPLES_DIR / f"samples-{data.step:08d}.msgpack"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(msgspec.msgpack.encode(data))
-    tmp.replace(out)
+    replace_file(out, msgspec.msgpack.encode(data))
     return out
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig, dump_yaml
 from asyncrl.control import RunState
+from asyncrl.durable import replace_file
 from asyncrl.errors import UserError
 from asyncrl.launch import make_launcher
 from asyncrl.lending import lending_plan, open_board
@@ -162,11 +162,8 @@ class Orchestrator:
     def _write_pids(self) -> None:
         pids = {n: self.launcher.pid(n) for n in self.launcher.names()}
         started = {n: [p, start_ticks(p)] for n, p in pids.items() if p is not None}
-        # replaced whole (temp file + rename): a reader never sees a half-written file
         for name, doc in (("pids.json", pids), ("roles.json", started)):  # operators, fault tests; orphans
-            tmp = self.run_dir / f".{name}.tmp"
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self.run_dir / name)
+            replace_file(self.run_dir / name, json.dumps(doc).encode())
 
     def _ended(self, name: str) -> None:
         pid = self.launcher.pid(name)

@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncrl
 from asyncrl.config import RunConfig
+from asyncrl.durable import replace_file
 from asyncrl.envs import make_env
 
 SOFTWARE = ("torch", "transformers", "tokenizers", "msgspec", "numpy", "pydantic", "redis")
@@ -111,6 +112,4 @@ def update_run_record(run_dir: Path, **fields: Any) -> None:
     path = run_dir / "run.json"
     rec: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     rec.update(fields)
-    tmp = path.with_name(".run.json.tmp")
-    tmp.write_text(json.dumps(rec, indent=2))
-    tmp.replace(path)
+    replace_file(path, json.dumps(rec, indent=2).encode())

@@ -28,7 +28,6 @@ Readers verify and fall back as :mod:`asyncrl.weights.base` states.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -36,7 +35,6 @@ import os
 import re
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,16 @@ import safetensors
 import safetensors.torch
 import torch
 
-from asyncrl.durable import discard, fsync_dir, hash_file, remove_stale, staged_dir, to_prune, write_durably
+from asyncrl.durable import (
+    discard,
+    fsync_dir,
+    hash_file,
+    remove_stale,
+    replace_file,
+    staged_dir,
+    to_prune,
+    write_durably,
+)
 from asyncrl.weights.base import (
     MANIFEST_FILE,
     MODEL_FILE,
@@ -126,14 +133,7 @@ class LocalWeightStore(WeightStore):
         return parse_pointer(raw)
 
     def _write_pointer(self, version: int) -> None:
-        tmp = self.root / f".latest.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            write_durably(tmp, json.dumps({"version": version}).encode())
-            os.replace(tmp, self.root / POINTER_FILE)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        replace_file(self.root / POINTER_FILE, json.dumps({"version": version}).encode())
         fsync_dir(self.root)
 
     # ---- reading ---------------------------------------------------------------------------
