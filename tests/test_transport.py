@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from asyncrl.records import Group, Task, Trajectory, Turn, encode, new_id
+from asyncrl.telemetry.reports import QueueStats
 from asyncrl.transport import (
     QUEUE_FILENAME,
-    STAT_KEYS,
     BackendUnavailableError,
     EmbeddedQueue,
     QueueClosedError,
@@ -312,7 +312,7 @@ def test_put_get_ack_round_trip(backend: Backend) -> None:
     assert batch[0].group.members[0].turns == sent[0].members[0].turns and batch[0].group.task == sent[0].task
     assert len({d.entry_id for d in batch}) == 3
     stats = q.stats()
-    assert list(STAT_KEYS) == list(stats.flat())
+    assert QueueStats.names() == list(stats.flat())
     assert (stats.depth, stats.ready, stats.leased) == (5, 2, 3)
     assert stats.put_total == 5 and stats.bytes_in == sum(len(encode(t)) for t in sent)
     q.ack([d.entry_id for d in batch])

@@ -14,7 +14,7 @@ The rule, in the order things happen:
    interrupts that work directly.
 3. ``run.json`` says ``"status": "stopped"`` with the signal, the phase, the trainer step and
    version; one line on stderr says how to resume; the command exits with ``128 + signal``
-   (:data:`EXIT_FAILED` for a run that failed, 0 for a finished one).
+   (1 for a run that failed, 0 for a finished one).
 
 ``asyncrl train --resume RUN`` continues a stopped run from its newest checkpoint (a run stopped
 while it was being prepared is prepared again), and refuses to touch a finished one.
@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-EXIT_FAILED = 1
 
 
 class Stopped(BaseException):

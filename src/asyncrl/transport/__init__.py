@@ -8,12 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asyncrl.transport.base import (
-    STAT_KEYS,
-    BackendUnavailableError,
-    QueueClosedError,
-    TrajectoryQueue,
-)
+from asyncrl.transport.base import BackendUnavailableError, QueueClosedError, TrajectoryQueue
 from asyncrl.transport.embedded import EmbeddedQueue
 from asyncrl.transport.redis_backend import RedisQueue  # lazy: embedded users skip redis
 
@@ -24,7 +19,6 @@ QUEUE_FILENAME = "queue.sqlite"
 
 __all__ = [
     "QUEUE_FILENAME",
-    "STAT_KEYS",
     "BackendUnavailableError",
     "EmbeddedQueue",
     "QueueClosedError",

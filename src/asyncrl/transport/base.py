@@ -46,9 +46,6 @@ from asyncrl.errors import UserError
 from asyncrl.records import Group, RecordDecodeError, decode_group, encode
 from asyncrl.telemetry.reports import QueueStats
 
-STAT_KEYS: tuple[str, ...] = tuple(QueueStats.names())
-"""Metric names of every backend's :meth:`TrajectoryQueue.stats` (the trainer reports them)."""
-
 
 class QueueClosedError(RuntimeError):
     """An operation was attempted on a queue after :meth:`TrajectoryQueue.close`."""
