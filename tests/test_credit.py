@@ -312,7 +312,7 @@ def test_value_delta_segment_credits_sum_to_outcome_advantage() -> None:
     assert seg_adv == pytest.approx([0.6, -0.3, 1.2], abs=1e-6)
     assert sum(seg_adv) / len(seg_adv) == pytest.approx(0.5)  # mean segment advantage = outcome advantage
     # the samples record V before/after (terminal = reward) and the credit
-    rec = a.last_samples[0].segments
+    rec = a.last_groups[0].samples[0].segments
     assert [r.v_after for r in rec][-1] == 1.0 and rec[1].v_before == pytest.approx(0.7)
     assert [r.credit for r in rec] == pytest.approx(seg_adv)
     # trajectory 1: S = 0 − 0.5 agrees with A = −0.5 (no guard); group g2 has A = 0 (nothing to distribute)
@@ -565,7 +565,7 @@ def test_assigner_starts_empty_and_samples_whole_groups_for_trees() -> None:
         return CreditAssigner(load_config(None, list(extra)), None)  # type: ignore[arg-type]
 
     a = make("credit.strategy=outcome")
-    assert a.value is None and a.last_samples == [] and a._tree_values == [] and a._old_values is None
+    assert a.value is None and a.last_groups == [] and a._tree_values == [] and a._old_values is None
     assert not a.whole_groups
     assert make("credit.strategy=tree").whole_groups
     assert make("credit.strategy=outcome", "rollout.tree.enabled=true").whole_groups

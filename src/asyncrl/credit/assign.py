@@ -19,7 +19,7 @@
   ``G_k = γ^{n−1−k} R + α Σ_{j≥k} γ^{j−k} p_j`` within a step group.
 
 Every model token of a segment gets the segment's advantage (token-level GAE excepted).
-``last_samples`` keeps the batch's per-segment records for the credit sample files, and the
+``last_groups`` keeps the batch's per-segment records for the credit sample files, and the
 value model (when the strategy needs one) is trained by :meth:`train_value` after the policy step.
 """
 
@@ -105,11 +105,6 @@ class CreditAssigner:
         self._old_values: torch.Tensor | None = None
         self._tree_values: list[list[tuple[float, float]]] = []
         """``tree``: the measured success probability before and after each segment of the batch."""
-
-    @property
-    def last_samples(self) -> list[CreditSample]:
-        """The last batch's per-segment records, one per sample (rows of the batch, in order)."""
-        return [s for g in self.last_groups for s in g.samples]
 
     # -- advantages ----------------------------------------------------------------------------
     def advantages(
