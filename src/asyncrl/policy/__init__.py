@@ -4,30 +4,19 @@ See ``docs/policy.md`` for the token layout, the log-prob definition shared by t
 engine and the trainer, and the save/load format.
 """
 
-from asyncrl.policy.model import (
-    DeviceError,
-    Policy,
-    PolicyLoadError,
-    build_model,
-    num_parameters,
-    resolve_device,
-)
+from asyncrl.policy.model import Policy, PolicyLoadError, build_model, num_parameters, resolve_device
 from asyncrl.policy.scoring import token_logprobs, token_logprobs_and_entropy
-from asyncrl.policy.tensors import load_tensors, state_dict_tensors
 from asyncrl.policy.tokenizer import SPECIAL_TOKENS, build_tokenizer, special_id
 
 __all__ = [
     "SPECIAL_TOKENS",
-    "DeviceError",
     "Policy",
     "PolicyLoadError",
     "build_model",
     "build_tokenizer",
-    "load_tensors",
     "num_parameters",
     "resolve_device",
     "special_id",
-    "state_dict_tensors",
     "token_logprobs",
     "token_logprobs_and_entropy",
 ]
