@@ -1,6 +1,7 @@
-"""Atomic directory snapshots, shared by the weight store and trainer checkpoints.
+"""Atomic directory snapshots (weight store, trainer checkpoints, saved and imported models) and
+atomic file replacement (:func:`replace_file`: the latest pointer, ``run.json``, ``pids.json``, ...).
 
-Both publish a directory the same way, and this module is that one mechanism:
+Every directory is published the same way, and this module is that one mechanism:
 
 1. :func:`staged_dir` hands out a fresh ``<parent>/<tmp_prefix><random>`` directory next to the final
    one; the caller writes its files there (:func:`write_durably` fsyncs each; :func:`hash_file` and
