@@ -17,6 +17,7 @@ token is regressed on the episode's final reward. Outputs pass through a sigmoid
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,12 +72,10 @@ class ValueModel:
         net = self.backbone if self.backbone is not None else self.policy.model.model
         ids, attn = ids.to(self.device), attn.to(self.device)
         mask4d, pos = padded_attention_inputs(attn, net.config._attn_implementation)
-        if self.backbone is None:
-            with torch.no_grad():
-                out = net(input_ids=ids, attention_mask=mask4d, position_ids=pos, use_cache=False)
-            return out.last_hidden_state.detach().float()  # type: ignore[no-any-return]
-        out = net(input_ids=ids, attention_mask=mask4d, position_ids=pos, use_cache=False)
-        return out.last_hidden_state.float()  # type: ignore[no-any-return]
+        with torch.no_grad() if self.backbone is None else contextlib.nullcontext():  # a head: frozen trunk
+            out = net(input_ids=ids, attention_mask=mask4d, position_ids=pos, use_cache=False)
+        hidden: torch.Tensor = out.last_hidden_state.float()
+        return hidden
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Values ``[B, T]`` in (0, 1) with gradient to the value model's parameters."""
