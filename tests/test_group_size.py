@@ -133,3 +133,40 @@ def test_a_worker_on_a_tiny_model_plays_the_bucket_size_whole_at_its_temperature
     assert {t.sampling.temperature for g in groups for t in g.members} == {1.3 * base}
     # every ticket admitted 11 episodes: delivered whole, or given back whole when the stop cancelled it
     assert state.store.get("admitted") == 11 * int(queue.stats().put_total) + state.store.get("released")
+
+
+def _train_under_the_budget(state: RunState, group: int, batch: int, steps: int, credit: bool) -> int:
+    """Workers admit groups of ``group`` whenever the budget allows (at the newest version); the trainer
+    takes whole groups until it holds ``batch`` samples, trains and publishes. Returns the steps trained
+    before the queue stayed short of a batch with nothing admissible (a stall)."""
+    queue: list[int] = []  # the version each queued group was admitted at
+    for step in range(steps):
+        while state.admit("rollout-0", group, state.version()):
+            state.delivered("rollout-0", group)
+            queue.append(state.version())
+        taken = 0
+        while queue and taken < batch:
+            assert step - queue.pop(0) <= state.effective_max_staleness()  # rule 1 still bounds the age
+            taken += group
+        if taken < batch:
+            return step
+        if credit:
+            state.record_beyond_batch(taken - batch)
+        state.announce_version(step + 1)
+    return steps
+
+
+def test_batches_of_whole_large_groups_never_stall_the_staleness_budget(tmp_path: Path) -> None:
+    """Measured on SmolLM2 (docs/benchmarks.md, rg-answer with the levers): groups of 23 against
+    ``batch_size`` 16 stalled a run at step 6 — each batch took more than the budget credits a version,
+    the excess accumulated until no group fitted, the queue stayed empty and nothing trained. The trainer
+    returns a batch's episodes beyond ``batch_size`` to the budget (:meth:`RunState.record_beyond_batch`)."""
+    cfg = _cfg("trainer.batch_size=16", "control.max_staleness=2")
+    assert (
+        _train_under_the_budget(RunState.open(cfg, tmp_path / "a"), 23, 16, 48, credit=False) == 4
+    )  # stalls at its fifth step
+    assert _train_under_the_budget(RunState.open(cfg, tmp_path / "b"), 23, 16, 48, credit=True) == 48
+    state = RunState.open(cfg, tmp_path / "c")
+    state.record_beyond_batch(0)
+    state.record_beyond_batch(-3)  # a short last batch: nothing to return
+    assert state.store.get("beyond_batch") == 0

@@ -196,7 +196,7 @@ class RunState:
 
         def limit(c: dict[str, int]) -> int:
             budget = self.staleness.admission_limit(c.get("version", 0), bound, worker_version=worker_version)
-            return budget + c.get("dropped", 0) + c.get("released", 0)
+            return budget + c.get("dropped", 0) + c.get("released", 0) + c.get("beyond_batch", 0)
 
         if not self.store.try_add_within("admitted", group, limit):
             return False
@@ -233,6 +233,14 @@ class RunState:
         """The trainer dropped (or skipped) ``n`` samples: their slots go back to the budget."""
         if n:
             self.store.add("dropped", n)
+
+    def record_beyond_batch(self, n: int) -> None:
+        """The trainer's batch held ``n`` samples beyond ``trainer.batch_size`` (whole groups larger than
+        what was left to fill it, ``rollout.adaptive_group_size``): the budget counts ``batch_size`` a
+        version, so those slots go back to it — without them the excess accumulates until no group fits
+        and the run stalls with an empty queue."""
+        if n > 0:
+            self.store.add("beyond_batch", n)
 
     # -- versions ----------------------------------------------------------------------------------
     def version(self) -> int:

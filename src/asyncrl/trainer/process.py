@@ -266,6 +266,8 @@ class TrainerRole:
                 self.state.record_dropped(len(samples))
                 self.metrics.event("train/non_finite_step", {"step": self.step})
             else:
+                # the budget counts episodes, batch_size a version: what a batch of whole groups held beyond
+                self.state.record_beyond_batch(len({t.episode for t in samples}) - tc.batch_size)
                 self.intake.mark_trained(samples, self.step, ages)
                 self._tally_batch(batch)
                 metrics.update(self.observe.on_trained(batch, ages, self.step, self.version))
