@@ -23,7 +23,8 @@ Rules
    episode only if, counting it,
    ``admitted − dropped ≤ (max_staleness + min(v, w) + 1) × batch_size`` where ``admitted``
    counts every episode ever started, ``dropped`` every sample the trainer dropped (plus
-   admissions of a dead worker, returned by the orchestrator), and ``v`` is the trainer's current
+   admissions of a dead worker, returned by the orchestrator, and the episodes a batch of whole groups
+   held beyond ``batch_size``, which the batch took early), and ``v`` is the trainer's current
    version. Episodes are admitted a whole group at a time, atomically across all workers. Why:
    in admission order, episode number ``n`` (net of drops) falls into batch ``⌊n / batch_size⌋``,
    which is trained at that version, and its oldest token comes from ``w`` (or later, with
