@@ -8,7 +8,8 @@ start, multi-turn, saved by ``bench/trainer_passes.py --config`` in
 ``bench/results/trainer-passes-batch-smollm2_arithmetic.msgpack``). Per repeat, each (mode, dtype) in
 turn — the order reversed every other repeat: SmolLM2 loaded at that ``model.dtype`` (``lora``: the
 config's adapter, fresh, float32 over the base at that dtype; ``full``: no adapter, every weight
-trained, through float32 masters at bfloat16, :mod:`asyncrl.trainer.master`) — the base model, not the
+trained, through float32 masters at bfloat16, :mod:`asyncrl.trainer.master`; ``lora16``: as ``lora``, but at
+bfloat16 the adapter too is bfloat16, stepped through float32 masters) — the base model, not the
 warm start: a step's cost does not depend on the weights' values — a fresh ``Learner``, one
 untimed warm-up step, then one timed ``Learner.step`` on the batch: wall and CPU seconds of the one
 thread. Ratios are taken within a repeat (the machine is shared; ``load_1m`` is recorded per step).
@@ -47,15 +48,22 @@ def config(dtype: str, mode: str) -> RunConfig:
     return load_config(CONFIG, sets)
 
 
-def policy_at(cfg: RunConfig) -> Policy:
-    """SmolLM2 as a run's trainer loads it at ``cfg.model`` (LoRA: a fresh adapter, ``B = 0``)."""
+def policy_at(cfg: RunConfig, mode: str) -> Policy:
+    """SmolLM2 as a run's trainer loads it at ``cfg.model`` (LoRA: a fresh adapter, ``B = 0``); mode
+    ``lora16`` at bfloat16: the adapter cast to bfloat16 too (the learner then steps it through float32
+    masters), the alternative to peft's float32 adapter."""
     assert cfg.model.path is not None
-    return Policy.load(REPO / cfg.model.path, cfg=cfg.model)
+    policy = Policy.load(REPO / cfg.model.path, cfg=cfg.model)
+    if mode == "lora16" and cfg.model.dtype == "bfloat16":
+        for p in policy.model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(torch.bfloat16)
+    return policy
 
 
 def timed_step(groups: list[Group], dtype: str, mode: str) -> dict[str, Any]:
     cfg = config(dtype, mode)
-    learner = Learner(cfg, policy_at(cfg))
+    learner = Learner(cfg, policy_at(cfg, mode))
     learner.step(groups, version=0)  # warm-up: first-call costs
     t0, c0 = time.perf_counter(), time.process_time()
     m = learner.step(groups, version=0)
@@ -80,7 +88,7 @@ def gap(groups: list[Group], dtype: str, mode: str) -> dict[str, Any]:
     from asyncrl.policy.chat import make_renderer
 
     cfg = config(dtype, mode)
-    policy = policy_at(cfg)
+    policy = policy_at(cfg, mode)
     renderer = make_renderer(cfg.model, policy)
     trajs = members(groups)
     prompts = [list(t.turns[0].token_ids) for t in trajs]
