@@ -5,7 +5,8 @@ A step: leave out the groups without a reward difference (``trainer.skip_equal_r
 advantages (credit) → proximal log-probs under the
 weights at the start of the step → epochs × minibatches of the unified policy loss with the
 staleness age of every token → approximate-KL early stop → gradient clip → optimiser and LR
-schedule step. A step whose loss or gradients are not finite anywhere is undone as a whole and
+schedule step (trained bfloat16 weights through float32 masters: :mod:`asyncrl.trainer.master`) → the
+train–inference log-prob gap of the step's start weights (:mod:`asyncrl.trainer.gap`). A step whose loss or gradients are not finite anywhere is undone as a whole and
 reported; the caller never publishes it. With one optimiser step per learner step the check comes
 before ``optimizer.step`` and costs nothing; with several (``minibatches × epochs > 1``) earlier
 minibatches may already have stepped, so the weights and the optimiser state are snapshotted at
@@ -500,7 +501,8 @@ class Learner:
         assert ent is not None
         m = d.b.mask[rows, :w]
         prox = None if d.prox is None else d.prox[rows, :w]
-        if fill_prox:  # the start weights' log-probs: the gap to the sampler's, on tokens it drew with them
+        if fill_prox and d.prox is None:  # the start weights' log-probs against the sampler's (with
+            # proximal log-probs the gap is taken from them, every row at once: _record_gap)
             self._gap_parts.append(gap_terms(d.b.behaviour[rows, :w], logp, (m > 0) & (d.age[rows, :w] == 0)))
         if fill_prox and d.prox is not None:
             prox = logp.detach()
