@@ -324,3 +324,16 @@ def test_bf16_warm_start_steps_float32_masters(tmp_path: Path) -> None:
     assert all(p.dtype == torch.bfloat16 and p.grad is None for p in params)
     moved = sum(int((p != a).sum()) for p, a in zip(params, w0, strict=True))
     assert moved > 0.6 * sum(a.numel() for a in w0), moved
+
+
+def test_a_step_without_comparable_tokens_reports_no_gap_figures(tmp_path: Path) -> None:
+    """Every token sampled by older weights (age 1): nothing is compared, and the step says so instead of
+    reporting a gap of 0; the process's figures keep what earlier steps compared."""
+    learner = _learner(tmp_path, dtype="float32")
+    trajs = _own_logprobs(learner, _group_trajectories(2, seed=1))
+    m = learner.step(groups_of(trajs), version=1)  # the turns are version 0
+    assert m["gap/step_tokens"] == 0 and not any(
+        k.startswith("gap/step_") and k != "gap/step_tokens" for k in m
+    )
+    f = learner.gap.figures()
+    assert f.tokens == 0 and f.step_mean is None and f.mean == 0.0

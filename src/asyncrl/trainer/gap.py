@@ -31,7 +31,8 @@ class GapTally:
         self.step: dict[str, float] = {}
 
     def add(self, parts: Sequence[GapTerms]) -> dict[str, float]:
-        """Add one step's terms (its micro-batches'); returns the step's figures, ``gap/step_*``."""
+        """Add one step's terms (its micro-batches'); returns the step's figures, ``gap/step_*`` (only
+        ``gap/step_tokens``, 0, when the step compared no token: every one sampled by older weights)."""
         if not parts:
             terms = GapTerms(torch.zeros(0), torch.zeros(0), torch.zeros(0))
         else:
@@ -44,7 +45,8 @@ class GapTally:
         self.sequences += int(step["sequences"])
         self.sequences_over += int(step["sequences_over"])
         self.hist += gap_histogram(terms.token_abs)
-        self.step = {"tokens": step["tokens"], "mean": step["mean"], "p99": step["p99"], "max": step["max"]}
+        keys = ("tokens", "mean", "p99", "max") if step["tokens"] else ("tokens",)  # none compared: no figure
+        self.step = {k: step[k] for k in keys}
         return {f"gap/step_{k}": v for k, v in self.step.items()}
 
     def figures(self) -> GapFigures:
