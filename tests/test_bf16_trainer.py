@@ -285,8 +285,10 @@ def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_run_reports_the_gap_in_summary_json(dtype: str, tiny_chat_model: Path, tmp_path: Path) -> None:
     """A two-step run of a tiny chat model, full fine-tune: summary.json's ``train_inference_gap`` covers
     the trained tokens (sync: all of them) and reads float32's rounding (< 1e-5 a token) or bfloat16's
-    (the engine's fused bfloat16 step against the trainer's forward: a max above 1e-4 and below 0.1 nats;
-    measured 2026-12-07: float32 mean 3.9e-7, max 1.9e-6; bfloat16 mean 1.2e-5, p99 4.9e-4, max 9.8e-4)."""
+    (the engine's fused bfloat16 step against the trainer's forward, below 0.1 nats; measured 2026-12-07:
+    float32 mean 3.9e-7, max 1.9e-6; bfloat16 over 5 runs max 1.9e-6 to 9.8e-4, mean 7e-7 to 1.8e-5 —
+    the sampled tokens vary, and some round alike in both). The gap's own test is the perturbation's
+    above; here the published weights are bfloat16, trained through the float32 masters."""
     import json
 
     from asyncrl.config import load_config
@@ -304,10 +306,15 @@ def test_a_run_reports_the_gap_in_summary_json(dtype: str, tiny_chat_model: Path
     assert gap["tokens"] == trained > 0 and gap["sequences"] == 2 * 4
     print(dtype, gap)
     assert gap["mean"] <= gap["p99"] * 1.0234 + 1e-12 and gap["p99"] <= gap["max"] * 1.0234 + 1e-12
+    from safetensors import safe_open
+
+    with safe_open(str(run_dir / "weights" / "v000002" / "model.safetensors"), "pt") as f:
+        published = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    assert published == {"BF16" if dtype == "bfloat16" else "F32"}
     if dtype == "float32":
         assert gap["max"] < 1e-5 and gap["sequences_over_0.1_share"] == 0.0
-    else:
-        assert 1e-4 < gap["max"] < 0.1 and 0 < gap["mean"] < 1e-3 and gap["k3"] > 0
+    else:  # bfloat16's rounding, which on this tiny model is sometimes float32's: 2e-6 to 1e-3 measured
+        assert gap["max"] < 0.1 and gap["mean"] < 1e-3
 
 
 def test_bf16_warm_start_steps_float32_masters(tmp_path: Path) -> None:
