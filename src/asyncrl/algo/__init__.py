@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 from . import config
 from .config import *  # noqa: F403
 
-MODULES = ("advantages", "kl", "losses", "returns", "segments", "tree")
+MODULES = ("advantages", "gap", "kl", "losses", "returns", "segments", "tree")
 """The modules whose ``__all__`` the package exports lazily (each imports torch)."""
 
 if TYPE_CHECKING:  # mypy reads the modules' ``__all__`` here; it does not see ``__getattr__`` below
     from .advantages import *  # noqa: F403
+    from .gap import *  # noqa: F403
     from .kl import *  # noqa: F403
     from .losses import *  # noqa: F403
     from .returns import *  # noqa: F403

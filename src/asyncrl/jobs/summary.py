@@ -1,6 +1,6 @@
 """``summary.json``: what a finished run reports — success before and after, the queue's and the
-ledger's accounting (lost, duplicates, staleness), token-exactness, the weight canary, core lending,
-peak memory, environment faults, (with ``cost.enabled``) the cost ledger (``cost.json``) and, for an
+ledger's accounting (lost, duplicates, staleness), token-exactness, the train–inference log-prob gap,
+the weight canary, core lending, peak memory, environment faults, (with ``cost.enabled``) the cost ledger (``cost.json``) and, for an
 ``env.kind: mix``, one row per environment (``per_env``, :mod:`asyncrl.telemetry.report_envs`)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from asyncrl.telemetry.jsonl import memory
 from asyncrl.telemetry.report_envs import EnvTally, per_env
 from asyncrl.telemetry.report_metrics import constant_reply_note
 from asyncrl.telemetry.report_signal import signal_summary
-from asyncrl.telemetry.reports import Decoded, QueueStats, Report, TrainerReport, WorkerReport
+from asyncrl.telemetry.reports import Decoded, GapFigures, QueueStats, Report, TrainerReport, WorkerReport
 
 if TYPE_CHECKING:
     from asyncrl.transport import TrajectoryQueue
@@ -51,6 +51,33 @@ def _token_exactness(orch: Orchestrator) -> dict[str, float | None]:
         "token_exact_rate": share_exact(w.token_inexact),
         "retokenization_exact_rate": share_exact(w.retokenization_inexact),
         "retokenization_diff_tokens": int(w.retokenization_diff_tokens),
+    }
+
+
+def train_inference_gap(reports: list[Decoded]) -> dict[str, float | None]:
+    """The train–inference log-prob gap over the run (:class:`~asyncrl.telemetry.reports.GapFigures`,
+    :mod:`asyncrl.trainer.gap`), from the last row of each trainer process (its figures are cumulative
+    for the process): tokens and sequences add up, the mean and k3 are token-weighted, the max is the
+    largest; the p99 is the largest process's (exact up to the histogram's bin with one trainer
+    process, an upper bound of the run's after a restart). ``None`` figures: no comparable token."""
+    last: dict[int | None, GapFigures] = {}
+    for r in reports:
+        if isinstance(r, TrainerReport) and r.gap is not None:
+            last[r.pid] = r.gap
+    n = sum(g.tokens for g in last.values())
+    seqs = sum(g.sequences for g in last.values())
+
+    def weighted(field: str) -> float | None:
+        return sum(getattr(g, field) * g.tokens for g in last.values()) / n if n else None
+
+    return {
+        "tokens": int(n),
+        "mean": weighted("mean"),
+        "p99": max(g.p99 for g in last.values()) if n else None,
+        "max": max(g.max for g in last.values()) if n else None,
+        "sequences": int(seqs),
+        "sequences_over_0.1_share": sum(g.sequences_over for g in last.values()) / seqs if seqs else None,
+        "k3": weighted("k3"),
     }
 
 
@@ -169,6 +196,7 @@ def summarize(
         "cost_waste_share": cost.get("waste_total_share"),
         "cost_usd_per_trained_sample": (cost.get("efficiency") or {}).get("usd_per_trained_sample"),
         **_token_exactness(orch),
+        "train_inference_gap": train_inference_gap(reports),
         "weights_canary": _canary(orch),
         **_lending(orch),
         "peak_rss_mb": _peak_memory(reports),

@@ -45,6 +45,7 @@ from asyncrl.errors import UserError
 from asyncrl.policy.chat import make_renderer
 from asyncrl.records import Task
 from asyncrl.rollout.heldout import evaluate_policy
+from asyncrl.trainer.master import MasterWeights
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -243,7 +244,8 @@ def train_sft(
     model = policy.model
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter alone
-    opt = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=0.0)
+    master = MasterWeights(trainable)  # bfloat16 weights: stepped through float32 masters, as the trainer
+    opt = torch.optim.AdamW(master.params, lr=sft.lr, weight_decay=0.0)
     warmup = max(1, sft.steps // 20)
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -265,8 +267,10 @@ def train_sft(
             )
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            master.grads_in()
+            torch.nn.utils.clip_grad_norm_(master.params, 1.0)
             opt.step()
+            master.weights_out()
             losses.append(float(loss.detach()))
             if bar:
                 bar.update(task_id, advance=1, description=f"warm start (SFT) loss {loss.item():.3f}")

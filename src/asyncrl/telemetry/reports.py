@@ -355,6 +355,28 @@ class LifecycleFigures(Figures):
     end_to_end_p90_s: float | None = None
 
 
+class GapFigures(Figures):
+    """The train–inference log-prob gap (:mod:`asyncrl.trainer.gap`): ``|log p_trainer − log p_sampler|``
+    per model token the sampler drew with the weights the trainer scored it with, cumulative over the
+    process's trained steps, and the last step's (``step_*``)."""
+
+    NS = "gap"
+    tokens: float = 0.0
+    mean: float = 0.0
+    p99: float = 0.0
+    """From a histogram of 100 bins a decade: at most 2.33 % above the exact p99."""
+    max: float = 0.0
+    sequences: float = 0.0
+    sequences_over: float = 0.0
+    """Sequences whose summed log-prob differs by more than 0.1 nats."""
+    k3: float = 0.0
+    """Token mean of the k3 estimate of KL(sampler ‖ trainer)."""
+    step_tokens: float | None = None
+    step_mean: float | None = None
+    step_p99: float | None = None
+    step_max: float | None = None
+
+
 class TrainerReport(Report):
     """The trainer's row (``role: trainer``, one per trained batch and a last one at exit)."""
 
@@ -367,6 +389,7 @@ class TrainerReport(Report):
     diversity: DiversityFigures = msgspec.field(default_factory=DiversityFigures)
     lifecycle: LifecycleFigures = msgspec.field(default_factory=LifecycleFigures)
     cores: CoreFigures | None = None
+    gap: GapFigures | None = None
     learner: dict[str, float] = msgspec.field(default_factory=dict)
     """The learner's figures, by metric name (:data:`LEARNER_NAMESPACES`): written, never decided on."""
 

@@ -5,7 +5,8 @@ A step: leave out the groups without a reward difference (``trainer.skip_equal_r
 advantages (credit) → proximal log-probs under the
 weights at the start of the step → epochs × minibatches of the unified policy loss with the
 staleness age of every token → approximate-KL early stop → gradient clip → optimiser and LR
-schedule step. A step whose loss or gradients are not finite anywhere is undone as a whole and
+schedule step (trained bfloat16 weights through float32 masters: :mod:`asyncrl.trainer.master`) → the
+train–inference log-prob gap of the step's start weights (:mod:`asyncrl.trainer.gap`). A step whose loss or gradients are not finite anywhere is undone as a whole and
 reported; the caller never publishes it. With one optimiser step per learner step the check comes
 before ``optimizer.step`` and costs nothing; with several (``minibatches × epochs > 1``) earlier
 minibatches may already have stepped, so the weights and the optimiser state are snapshotted at
@@ -40,9 +41,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from asyncrl.algo import (
+    GapTerms,
     PolicyLossConfig,
     approx_kl,
     entropy_loss,
+    gap_terms,
     kl_penalty_loss,
     masked_mean,
     microbatch_weights,
@@ -54,6 +57,8 @@ from asyncrl.credit.assign import CreditAssigner
 from asyncrl.policy.packing import shared_microbatches
 from asyncrl.policy.scoring import can_chunk_logits, decoder_layer_shape, token_logprobs_and_entropy
 from asyncrl.records import Group, Trajectory, members
+from asyncrl.trainer.gap import GapTally
+from asyncrl.trainer.master import MasterWeights
 from asyncrl.trainer.parallel import Parallel, Single
 from asyncrl.trainer.zero_signal import Split
 
@@ -164,13 +169,14 @@ class _Snapshot:
     optimizer: dict[str, Any]
 
     @classmethod
-    def take(cls, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> _Snapshot:
-        params = [p.detach().clone() for p in model.parameters()]
+    def take(cls, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> _Snapshot:
+        """``tensors``: the model's parameters and the float32 masters (:mod:`asyncrl.trainer.master`)."""
+        params = [p.detach().clone() for p in tensors]
         return cls(params, copy.deepcopy(optimizer.state_dict()))
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def restore(self, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
         with torch.no_grad():
-            for p, saved in zip(model.parameters(), self.params, strict=True):
+            for p, saved in zip(tensors, self.params, strict=True):
                 p.copy_(saved)
         optimizer.load_state_dict(self.optimizer)
 
@@ -184,6 +190,8 @@ class Learner:
         self.model = policy.model
         self.ref = ref_policy
         tc = cfg.trainer
+        self.gap = GapTally()  # the train-inference log-prob gap over the process's steps
+        self._gap_parts: list[GapTerms] = []
         self.build_optimizer()
         self.credit = CreditAssigner(cfg, policy)  # owns the value model, when the strategy uses one
         if tc.gradient_checkpointing:
@@ -198,13 +206,18 @@ class Learner:
         parallel.wrap(self)
 
     def build_optimizer(self) -> None:
-        """A fresh AdamW and LR schedule on the trainable parameters (again after they were sharded)."""
+        """A fresh AdamW and LR schedule on the trainable parameters (again after they were sharded); a
+        trainable parameter below float32 (``model.dtype: bfloat16``, full fine-tune) is stepped through
+        its float32 master (:mod:`asyncrl.trainer.master`), so the optimiser state is float32 too."""
         tc = self.cfg.trainer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter alone
+        self.master = MasterWeights(trainable)
         # fused: one kernel per step without the foreach path's parameter-sized temporaries (the
         # optimiser step was the peak of a memory-lean step); CPU and CUDA have the kernel
         fused = self.policy.device.type in ("cpu", "cuda") and bool(trainable)
-        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused)
+        self.optimizer = torch.optim.AdamW(
+            self.master.params, lr=tc.lr, weight_decay=tc.weight_decay, fused=fused
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
 
     def _lr_factor(self, step: int) -> float:
@@ -268,9 +281,11 @@ class Learner:
                 ref = self._logprobs(partial(token_logprobs_and_entropy, self.ref.model), b)
         # 3. epochs x minibatches (one optimiser step each) with approximate-KL early stop; a
         # non-finite minibatch undoes the whole step
+        self._gap_parts = []
         skipped, stopped = self._epochs(_Minibatch(b, adv, prox, ref, age), first, metrics)
         if not skipped:
             self.scheduler.step()
+            metrics.update(self._record_gap(b, age, prox))
         metrics.update(self.credit.train_value(trajs, host.ids, host.attn, host.mask))  # 4. the value model
         ages = age[b.mask > 0].float()
         metrics.update(
@@ -297,14 +312,15 @@ class Learner:
         after every epoch but the last.
         """
         tc, b = self.cfg.trainer, data.b
-        snapshot = _Snapshot.take(self.model, self.optimizer) if len(first) * tc.epochs > 1 else None
+        tensors = [*self.model.parameters(), *self.master.masters]
+        snapshot = _Snapshot.take(tensors, self.optimizer) if len(first) * tc.epochs > 1 else None
         metrics["train/microbatches"] = 0.0
         for epoch in range(tc.epochs):
             for i, mb in enumerate(first if epoch == 0 else self._minibatches(b.ids.shape[0])):
                 finite, pm = self._minibatch_step(data, mb, fill_prox=epoch == 0 and i == 0)
                 if not finite:  # never step on a non-finite loss or gradient; undo earlier minibatches
                     if snapshot is not None:
-                        snapshot.restore(self.model, self.optimizer)
+                        snapshot.restore(tensors, self.optimizer)
                     return True, False
                 for k in [k for k in pm if k.startswith("train/microbatches")]:  # counts add up
                     metrics[k] = metrics.get(k, 0.0) + pm.pop(k)
@@ -459,11 +475,13 @@ class Learner:
         total, merged, split = self.parallel.reduce(total, merged)
         if fill_prox and d.prox is not None:
             d.prox[mb] = self.parallel.sum_(d.prox[mb])
-        grad_norm = self.parallel.clip(self.model.parameters(), tc.grad_clip)
+        self.master.grads_in()  # bfloat16 gradients -> the float32 masters (none: nothing to do)
+        grad_norm = self.parallel.clip(self.master.params, tc.grad_clip)
         if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return False, {}
         self.optimizer.step()
+        self.master.weights_out()  # the update, applied in float32, rounded into the working copy
         metrics = _merge_metrics(merged)
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/microbatches"] = float(len(parts))
@@ -483,6 +501,9 @@ class Learner:
         assert ent is not None
         m = d.b.mask[rows, :w]
         prox = None if d.prox is None else d.prox[rows, :w]
+        if fill_prox and d.prox is None:  # the start weights' log-probs against the sampler's (with
+            # proximal log-probs the gap is taken from them, every row at once: _record_gap)
+            self._gap_parts.append(gap_terms(d.b.behaviour[rows, :w], logp, (m > 0) & (d.age[rows, :w] == 0)))
         if fill_prox and d.prox is not None:
             prox = logp.detach()
             d.prox[rows, :w] = prox
@@ -500,3 +521,17 @@ class Learner:
             loss, pm = loss + wt * kl, {**pm, **km}
         pm["entropy/mean"] = float(masked_mean(ent.detach(), m))
         return loss, pm
+
+    def _record_gap(self, b: Batch, age: torch.Tensor, prox: torch.Tensor | None) -> dict[str, float]:
+        """The train-inference gap of this step (:mod:`asyncrl.algo.gap`), added to :attr:`gap`: the
+        trainer's log-probs at the step's start weights against the sampler's, on the model tokens the
+        sampler drew with those same weights (age 0; older tokens differ by the updates since). With
+        proximal log-probs (every row at the start weights) all rows; else the rows of the first
+        minibatch (all of them with ``trainer.minibatches: 1``), whose gradient pass ran on the start
+        weights. Returns the step's figures (``gap/step_*``)."""
+        if prox is not None:
+            parts = [gap_terms(b.behaviour, prox, (b.mask > 0) & (age == 0))]
+        else:
+            parts = self._gap_parts
+        self._gap_parts = []
+        return self.gap.add(parts)

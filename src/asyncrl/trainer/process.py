@@ -74,6 +74,7 @@ def load_learner(
     ts = TrainerState(step=0, last_published=0, consumed=0, extra={})
     if ckpt is not None:
         ts = load_checkpoint(ckpt, policy, learner.optimizer, learner.scheduler, py_rng)
+        learner.master.pull()  # float32 masters from the loaded (bfloat16) weights
         log.info("resumed from %s (step %d)", ckpt, ts.step)
         learner.credit.load_value(run_dir, ts.step)
     learner.parallelize(make_parallel(cfg, group))
@@ -337,7 +338,12 @@ class TrainerRole:
         wait = LifecycleFigures(queue_wait_mean_s=sum(waits) / len(waits) if waits else 0.0)
         lent = {"cores": self.lender.figures()} if self.lender is not None else {}
         report = TrainerReport.of_figures(
-            metrics, trainer=own, lifecycle=wait, queue=self.queue.stats(), **lent
+            metrics,
+            trainer=own,
+            lifecycle=wait,
+            queue=self.queue.stats(),
+            gap=self.learner.gap.figures(),
+            **lent,
         )
         self.metrics.report(report, step=self.step)
 
