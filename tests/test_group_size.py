@@ -58,7 +58,7 @@ def test_rare_buckets_get_the_smallest_size_that_gives_half_the_groups_a_differe
 
 def test_the_orchestrator_publishes_the_sizes_only_when_switched_on() -> None:
     rare = [training_group("calc:1", [1.0] + [0.0] * 15), training_group("calc:1", [0.0] * 16)]  # 1 of 32
-    on = Rules(_cfg("rollout.adaptive_group_size=true"), None, buckets=["calc:1"])
+    on = Rules(_cfg("rollout.adaptive_group_size=true", "control.max_staleness=3"), None, buckets=["calc:1"])
     off = Rules(_cfg(), None, buckets=["calc:1"])
     for rules in (on, off):
         rules.feed(list(rare))
@@ -66,6 +66,15 @@ def test_the_orchestrator_publishes_the_sizes_only_when_switched_on() -> None:
     assert on.directives([], []).group_sizes == {"calc:1": want}
     assert on.metrics()["curriculum/group_size/calc:1"] == want
     assert off.directives([], []).group_sizes == {}
+    # no larger than the staleness budget's slack (max_staleness x batch_size), or it is never admitted
+    tight = Rules(
+        _cfg("rollout.adaptive_group_size=true", "control.max_staleness=1"), None, buckets=["calc:1"]
+    )
+    sync = Rules(_cfg("rollout.adaptive_group_size=true", "control.mode=sync"), None, buckets=["calc:1"])
+    for rules in (tight, sync):
+        rules.feed(list(rare))
+    assert want > 8 and tight.directives([], []).group_sizes == {"calc:1": 8}  # 1 x batch_size 8
+    assert sync.directives([], []).group_sizes == {}  # sync: groups stay at group_size
 
 
 def _episode(group: str, k: int) -> Trajectory:

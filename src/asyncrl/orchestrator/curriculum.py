@@ -101,8 +101,8 @@ class Curriculum:
         for b in sorted(self.outcomes):
             p = self.measured(b)
             g = group_size_for(p, 0.5) if p is not None and 0.0 < p < band_low else None
-            if g is not None and g > base:
-                out[b] = max(base, min(most, g))
+            if g is not None and min(most, g) > base:
+                out[b] = min(most, g)
         return out
 
     def weights(self) -> dict[str, float]:

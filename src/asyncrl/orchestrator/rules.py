@@ -148,9 +148,11 @@ class Rules:
         r = self.cfg.rollout
         if not r.adaptive_group_size or r.tree.enabled:
             return {}
-        return self.curriculum.group_sizes(
-            r.group_size, r.max_group_size, self.cfg.orchestrator.signal.band_low
-        )
+        # a group must fit the staleness budget's slack once the queue holds less than a batch:
+        # max_staleness x batch_size episodes (rule 1), or no worker could ever admit it
+        fits = self.cfg.staleness_policy().max_staleness * self.cfg.trainer.batch_size
+        most = min(r.max_group_size, max(r.group_size, fits))
+        return self.curriculum.group_sizes(r.group_size, most, self.cfg.orchestrator.signal.band_low)
 
     def metrics(self, now: float | None = None) -> dict[str, float]:
         now = time.time() if now is None else now
