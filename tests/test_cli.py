@@ -60,3 +60,18 @@ def test_parser_functions_fit_on_a_screen() -> None:
         if fn.__module__ == module.__name__ and (n := len(inspect.getsource(fn).splitlines())) > 80
     }
     assert long == {} and len([m for m in modules if inspect.getmembers(m, inspect.isfunction)]) == 4
+
+
+def test_the_command_line_imports_no_torch_until_a_command_needs_it() -> None:
+    """``asyncrl status``, ``stop``, ``cost report``, ``config show`` and the other commands that read
+    files start in about a second: importing torch (and transformers) takes several seconds on two
+    cores, so only the handlers that train, evaluate or replay import it (``replay`` did at the top of
+    cli/read.py: every command paid for it)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, asyncrl.cli; print(sorted({'torch', 'transformers', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -17,7 +17,6 @@ from asyncrl.cost.estimate import estimate, measured_assumptions, to_dict
 from asyncrl.errors import UserError
 from asyncrl.jobs.cost_report import cost_report, render_estimate, render_report
 from asyncrl.jobs.credit_inspect import credit_fragment, render_terminal
-from asyncrl.jobs.replay import replay
 from asyncrl.jobs.report import write_report
 from asyncrl.jobs.runs import compare_runs, list_runs, render_compare, render_list
 
@@ -137,6 +136,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from asyncrl.jobs.replay import replay  # torch: imported by the command that trains
+
     result = replay(Path(args.run), steps=args.steps, save=args.save)
     if args.json:
         print(json.dumps(result, sort_keys=True))

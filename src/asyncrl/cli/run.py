@@ -36,12 +36,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from asyncrl.jobs.train import train
+    from asyncrl.orchestrator.runctl import finished_summary
 
     if args.config is None and args.resume is None:
         print("asyncrl train: give a CONFIG or --resume RUN", file=sys.stderr)
         return EXIT_USER_ERROR
     cfg = load_config(args.config, args.overrides) if args.config else load_config()
+    done = finished_summary(Path(args.resume)) if args.resume is not None else None
+    if done is not None:  # a finished run: said so at once, before the job (torch) is imported
+        print(json.dumps(done, indent=2))
+        print(f"run directory: {Path(args.resume)}")
+        return 0
+    from asyncrl.jobs.train import train
+
     run_dir, summary = train(cfg, resume=args.resume, display=not args.no_display, eval_limit=args.eval_limit)
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")

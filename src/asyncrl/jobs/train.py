@@ -30,7 +30,7 @@ from asyncrl.envs.registry import tool_notes
 from asyncrl.errors import UserError
 from asyncrl.jobs.summary import summarize
 from asyncrl.orchestrator.run import Orchestrator, new_run_dir
-from asyncrl.orchestrator.runctl import record_orchestrator
+from asyncrl.orchestrator.runctl import finished_summary, record_orchestrator
 from asyncrl.orchestrator.stopping import Stopped, StopSignals, stop_signals
 from asyncrl.policy.memory import release_memory, set_mmap_threshold
 from asyncrl.rollout.heldout import evaluate_policy
@@ -61,7 +61,7 @@ def train(
     A stop signal raises :class:`~asyncrl.orchestrator.stopping.Stopped` once the run is stopped and
     ``run.json`` says so (:mod:`asyncrl.orchestrator.stopping`).
     """
-    if resume is not None and (done := _finished_summary(Path(resume))) is not None:
+    if resume is not None and (done := finished_summary(Path(resume))) is not None:
         return Path(resume), done
     if cfg.rollout.engine.kind == "vllm":  # optional backend: fail before the warm start, not after
         from asyncrl.engine.vllm_backend import preflight
@@ -119,21 +119,6 @@ def _train(
         trainer_steps=summary.get("trainer_steps"),
     )
     return run_dir, summary
-
-
-def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
-    """``--resume`` of a finished run: its summary, untouched (and a line saying so)."""
-    summary = run_dir / "summary.json"
-    if not summary.is_file():
-        return None
-    done: dict[str, Any] = json.loads(summary.read_text())
-    print(
-        f"asyncrl: {run_dir} already finished ({done.get('trainer_steps')} trainer steps); "
-        "nothing to resume, nothing changed",
-        file=sys.stderr,
-        flush=True,
-    )
-    return done
 
 
 def _record_stop(run_dir: Path, stop: Stopped) -> None:

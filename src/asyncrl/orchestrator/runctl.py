@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -223,3 +224,19 @@ def stop_run(run_dir: str | Path, *, now: bool, wait_s: float) -> RunStatus:
             return st
         time.sleep(0.5)
     return st
+
+
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``--resume`` of a finished run: its summary, untouched (and a line saying so); None for a run that
+    has not finished. Light (no torch): ``asyncrl train --resume`` asks it before importing the job."""
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return None
+    done: dict[str, Any] = json.loads(summary.read_text())
+    print(
+        f"asyncrl: {run_dir} already finished ({done.get('trainer_steps')} trainer steps); "
+        "nothing to resume, nothing changed",
+        file=sys.stderr,
+        flush=True,
+    )
+    return done
