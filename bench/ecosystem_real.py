@@ -18,8 +18,8 @@ levers than the recipe's is merged under its own key (``rg-answer@0 --steps 48 -
         --steps 48 --set rollout.adaptive_group_size=true
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --dry-run   # configs only
 
-Writes ``bench/results/ecosystem_real.json`` (rows merged by ``name@seed``, so rows can run in separate
-sessions) and prints the table that ``docs/benchmarks.md`` shows ("Environments from other
+Writes ``bench/results/ecosystem_real.json`` (rows merged by ``name@seed``, the file read again before each
+write, so rows can run in separate or concurrent invocations) and prints the table that ``docs/benchmarks.md`` shows ("Environments from other
 ecosystems"). A row whose kind is not on this main (its module is missing) is reported as
 ``not run``, never as a result.
 """
@@ -270,6 +270,10 @@ def run_row(name: str, config: Path, work: Path) -> dict[str, Any]:
     }
 
 
+def _load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
 def result_key(name: str, seed: int, steps: int, overrides: list[str]) -> str:
     """``name@seed`` for the recipe itself; a run with other levers is its own entry (never overwrites
     the recipe's): ``name@seed --steps 48 --set rollout.adaptive_group_size=true``."""
@@ -334,7 +338,6 @@ def main() -> None:
     unknown = [r for r in chosen if r not in all_rows]
     if unknown:
         ap.error(f"unknown rows {unknown}; known: {list(all_rows)}")
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     from asyncrl.config import load_config
     from asyncrl.envs.registry import make_task_source
 
@@ -366,12 +369,13 @@ def main() -> None:
             "heldout_base": base_success(config, args.heldout),
             **run_row(name, config, work),
         }
+        results = _load_results()  # read again: another invocation may have merged rows meanwhile
         results[result_key(name, seed, args.steps, args.overrides)] = out
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         print(json.dumps({"row": name, **{k: v for k, v in out.items() if k != "stderr_tail"}}), flush=True)
     if not args.dry_run:
-        print(table(results))
+        print(table(_load_results()))
 
 
 if __name__ == "__main__":
