@@ -7,13 +7,19 @@ policy's own successful episodes; docs/warm-start.md). Each row is that config w
 reported whatever it shows, per seed (``--seeds``, default 0 1): held-out success of the base model
 (``asyncrl eval`` on ``model.path``) -> after the warm start -> after RL (``--heldout`` tasks, default
 64), the total and the RL gain in points, the samples lost, the token-exactness of the checked samples,
-tool calls per episode, the wall time and the warm start's rounds.
+tool calls per episode, the wall time and the warm start's rounds. ``--set KEY=VALUE`` (repeatable)
+applies dotted overrides, as ``asyncrl train --set`` reads them, to every chosen row's config after the
+row's own settings (a lever is stated in the command that reproduces a row and stored in its result as
+``overrides``); ``--steps`` sets ``trainer.total_steps`` and a ``--set`` of it wins. A run with other
+levers than the recipe's is merged under its own key (``rg-answer@0 --steps 48 --set ...``).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --rows rg-answer rg-calc
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --rows rg-answer --seeds 0 \
+        --steps 48 --set rollout.adaptive_group_size=true
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/ecosystem_real.py --dry-run   # configs only
 
-Writes ``bench/results/ecosystem_real.json`` (rows merged by ``name@seed``, so rows can run in separate
-sessions) and prints the table that ``docs/benchmarks.md`` shows ("Environments from other
+Writes ``bench/results/ecosystem_real.json`` (rows merged by ``name@seed``, the file read again before each
+write, so rows can run in separate or concurrent invocations) and prints the table that ``docs/benchmarks.md`` shows ("Environments from other
 ecosystems"). A row whose kind is not on this main (its module is missing) is reported as
 ``not run``, never as a result.
 """
@@ -31,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from asyncrl.config.loader import ConfigError, apply_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "smollm2_arithmetic.yaml"
@@ -169,7 +177,14 @@ def rows(work: Path) -> dict[str, dict[str, Any]]:
 
 
 def config_for(
-    name: str, row: dict[str, Any], work: Path, steps: int, heldout: int, seed: int, source: str
+    name: str,
+    row: dict[str, Any],
+    work: Path,
+    steps: int,
+    heldout: int,
+    seed: int,
+    source: str,
+    overrides: list[str] | None = None,
 ) -> Path:
     cfg = yaml.safe_load(BASE.read_text())
     cfg["name"] = f"eco-{name}"
@@ -187,6 +202,7 @@ def config_for(
         cfg["model"]["system_prompt"] = row["system_prompt"]
     cfg["env"] = {**row["env"], "heldout_size": heldout}
     cfg["trainer"]["total_steps"] = steps
+    cfg = apply_overrides(cfg, list(overrides or []))  # the command's levers, after the row's own
     path = work / f"{name}-s{seed}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -254,6 +270,17 @@ def run_row(name: str, config: Path, work: Path) -> dict[str, Any]:
     }
 
 
+def _load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def result_key(name: str, seed: int, steps: int, overrides: list[str]) -> str:
+    """``name@seed`` for the recipe itself; a run with other levers is its own entry (never overwrites
+    the recipe's): ``name@seed --steps 48 --set rollout.adaptive_group_size=true``."""
+    levers = ([f"--steps {steps}"] if steps != 24 else []) + [f"--set {o}" for o in overrides]
+    return " ".join([f"{name}@{seed}", *levers])
+
+
 def _points(a: float | None, b: float | None) -> str:
     return "—" if a is None or b is None else f"{100 * (b - a):+.1f}"
 
@@ -265,7 +292,10 @@ def table(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, r in results.items():
-        name, seed = key.split("@") if "@" in key else (key, str(r.get("seed", "")))
+        name, _, rest = key.partition("@")
+        seed, _, levers = rest.partition(" ")
+        name = f"{name} {levers}" if levers else name
+        seed = seed or str(r.get("seed", ""))
         if r.get("status") != "ran":
             lines.append(f"| {name} | {seed} | {r.get('status')} | | | | | | |")
             continue
@@ -291,6 +321,14 @@ def main() -> None:
         "--source", default="auto", choices=["demos", "rollouts", "auto"], help="trainer.sft.source"
     )
     ap.add_argument("--work", default=str(ROOT / "runs" / "ecosystem-real"))
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override applied to every row's config (repeatable), e.g. rollout.adaptive_group_size=true",
+    )
     ap.add_argument("--dry-run", action="store_true", help="write and validate the configs; train nothing")
     args = ap.parse_args()
     work = Path(args.work)
@@ -300,7 +338,6 @@ def main() -> None:
     unknown = [r for r in chosen if r not in all_rows]
     if unknown:
         ap.error(f"unknown rows {unknown}; known: {list(all_rows)}")
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     from asyncrl.config import load_config
     from asyncrl.envs.registry import make_task_source
 
@@ -313,9 +350,12 @@ def main() -> None:
                 json.dumps({"row": name, "status": f"not run: {row['from_config'].name} is not on this main"})
             )
             continue
-        config = config_for(name, row, work, args.steps, args.heldout, seed, args.source)
-        # a typo or a split too small fails here, before any training
-        make_task_source(load_config(str(config), []).env).heldout()
+        # a typo in --set or a split too small fails here, in one line, before any training
+        try:
+            config = config_for(name, row, work, args.steps, args.heldout, seed, args.source, args.overrides)
+            make_task_source(load_config(str(config), []).env).heldout()
+        except ConfigError as exc:
+            ap.error(f"row {name}: {exc}")
         if args.dry_run:
             print(json.dumps({"row": name, "config": str(config), "valid": True}))
             continue
@@ -323,16 +363,19 @@ def main() -> None:
             "what": row["what"],
             "seed": seed,
             "source": args.source,
+            "steps": args.steps,
+            "overrides": args.overrides,
             "date": time.strftime("%Y-%m-%d"),
             "heldout_base": base_success(config, args.heldout),
             **run_row(name, config, work),
         }
-        results[f"{name}@{seed}"] = out
+        results = _load_results()  # read again: another invocation may have merged rows meanwhile
+        results[result_key(name, seed, args.steps, args.overrides)] = out
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         print(json.dumps({"row": name, **{k: v for k, v in out.items() if k != "stderr_tail"}}), flush=True)
     if not args.dry_run:
-        print(table(results))
+        print(table(_load_results()))
 
 
 if __name__ == "__main__":
