@@ -189,6 +189,9 @@ def config_for(
     cfg = yaml.safe_load(BASE.read_text())
     cfg["name"] = f"eco-{name}"
     cfg["seed"] = seed
+    # a seed is the run's and its warm start's: trainer.sft.seed is in the warm-start cache key, the run's
+    # seed is not, so without this two seeds would share one warm start (the lever runs of 2026-12-07 did)
+    cfg["trainer"]["sft"]["seed"] = seed
     cfg["trainer"]["sft"]["source"] = source  # the recipe's own is demos (its calculator demonstrator)
     cfg["run_root"] = str(work / "runs")
     if "from_config" in row:  # its env, system prompt and warm start; the rest is the recipe's

@@ -34,6 +34,7 @@ def test_overrides_reach_the_config_after_the_rows_own(tmp_path: Path) -> None:
     assert cfg["trainer"]["sft"]["steps"] == 100
     assert cfg["trainer"]["sft"]["source"] == "auto"  # the row's own settings stay
     assert cfg["env"]["kind"] == "reasoning_gym" and cfg["seed"] == 1
+    assert cfg["trainer"]["sft"]["seed"] == 1  # each seed its own warm start (sft.seed is in its cache key)
 
 
 def test_a_run_with_levers_has_its_own_key() -> None:
