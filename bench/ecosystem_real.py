@@ -258,6 +258,8 @@ def run_row(name: str, config: Path, work: Path) -> dict[str, Any]:
         "status": "ran",
         "heldout_after_warm_start": s["initial_success"],
         "heldout_after_rl": s["final_success"],
+        # near 1: the policy gives one reply to every task (its success is that answer's base rate)
+        "same_reply_after_rl": s.get("final_top_reply_share"),
         "trainer_steps": s["trainer_steps"],
         "lost": s["lost_trajectories"],
         "token_exact_rate": s.get("token_exact_rate"),
