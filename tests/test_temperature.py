@@ -20,7 +20,13 @@ WINDOW = 4  # groups per decision: window_steps 1 × batch_size 32 // group_size
 def _cfg(*extra: str) -> RunConfig:
     return load_config(
         None,
-        [f"rollout.group_size={G}", "trainer.batch_size=32", "orchestrator.signal.window_steps=1", *extra],
+        [
+            f"rollout.group_size={G}",
+            "trainer.batch_size=32",
+            "orchestrator.signal.window_steps=1",
+            "orchestrator.signal.raise_temperature=true",  # off by default
+            *extra,
+        ],
     )
 
 

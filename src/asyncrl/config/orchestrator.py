@@ -125,8 +125,12 @@ class SignalConfig(Section):
     """Lower edge of the learnable band of success (below: success is rare, few groups differ)."""
     band_high: float = Field(0.5, ge=0, le=1)
     """Upper edge of the learnable band of success (above: mostly solved, little left to gain)."""
-    raise_temperature: bool = True
-    """Counter entropy collapse per bucket (:mod:`asyncrl.orchestrator.temperature`): after every window of
+    raise_temperature: bool = False
+    """Off by default: measured on SmolLM2 it never helped and once hurt (letter_counting: 37.5 % on, 35.9 %
+    off; rg-answer: training success fell 0.47 -> 0.05-0.20 as the factor rose to 1.5, docs/benchmarks.md
+    "rg-answer with the levers") — there the groups stop differing because the policy gives each task one
+    answer, not because sampling went cold. On: counter entropy collapse per bucket
+    (:mod:`asyncrl.orchestrator.temperature`): after every window of
     a bucket's training groups, when the share of them with a reward difference is under half of what
     its success ``p`` predicts (``s(p, G)``: the policy solves some tasks always and others never), raise
     the bucket's sampling temperature by ``temperature_step`` × ``rollout.sampling.temperature`` (up to
