@@ -26,6 +26,22 @@ TINY_RUN = [  # the core of a small, quick training run; each file adds its size
 ]
 
 
+TWO_STEPS = [  # a two-step run of a model the test brings: the least that trains, publishes and evaluates
+    "env.kind=calculator",
+    "env.heldout_size=2",
+    "env.max_turns=2",
+    "rollout.group_size=2",
+    "rollout.concurrent_episodes=4",
+    "rollout.sampling.max_new_tokens=16",
+    "trainer.batch_size=4",
+    "trainer.total_steps=2",
+    "trainer.sft.steps=1",
+    "trainer.sft.batch_size=2",
+    "trainer.sft.num_demos=2",
+    "telemetry.eval_every=0",
+    "telemetry.tensorboard=false",
+]
+
 TINY_MODEL = [  # the smallest char model the tests train (one layer, hidden size 32)
     "model.hidden_size=32",
     "model.num_layers=1",

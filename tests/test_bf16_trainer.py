@@ -12,6 +12,7 @@ import torch
 
 from asyncrl.algo import GAP_EDGES, gap_histogram, gap_metrics, gap_terms, histogram_quantile
 from asyncrl.records import Trajectory, groups_of
+from helpers import TWO_STEPS
 from test_learner_passes import _group_trajectories
 from test_memory import _learner_args
 
@@ -252,21 +253,9 @@ def test_the_reported_gap_moves_by_a_known_perturbation(
 
 # ---- a run: the gap in summary.json ------------------------------------------------------------------
 RUN = [
-    "env.kind=calculator",
-    "env.heldout_size=2",
-    "env.max_turns=2",
-    "rollout.group_size=2",
-    "rollout.concurrent_episodes=4",
-    "rollout.sampling.max_new_tokens=16",
-    "trainer.batch_size=4",
-    "trainer.total_steps=2",
+    *TWO_STEPS,
     "trainer.checkpoint_every=1",
-    "trainer.sft.steps=1",
-    "trainer.sft.batch_size=2",
-    "trainer.sft.num_demos=2",
     "trainer.skip_equal_reward_groups=false",  # every step trains (a random model rarely succeeds)
-    "telemetry.eval_every=0",
-    "telemetry.tensorboard=false",
     "control.mode=sync",  # every token sampled by the weights the trainer scores it with
 ]
 

@@ -29,6 +29,7 @@ from asyncrl.policy.preflight import preflight_model
 from asyncrl.policy.template_probe import probe_template
 from asyncrl.rollout.heldout import retokenization_stats
 from families import FAMILIES, build_tokenizer, end_ids, write_family_model
+from helpers import TWO_STEPS
 from models_util import REPO, load_tokenizer, smollm2_dir
 from test_families_render import call_text, play, sampled
 
@@ -37,23 +38,7 @@ BEGIN, END = "<!-- families table: begin (python tests/test_families.py) -->", "
 
 # What train needs and does not have yet, per family it refuses (none since the renderer work of #25).
 REFUSED: dict[str, str] = {}
-SMALL = [
-    "env.kind=calculator",
-    "env.heldout_size=2",
-    "env.max_turns=2",
-    "rollout.group_size=2",
-    "rollout.concurrent_episodes=4",
-    "rollout.sampling.max_new_tokens=16",
-    "trainer.batch_size=4",
-    "trainer.total_steps=2",
-    "trainer.checkpoint_every=2",
-    "trainer.sft.steps=1",
-    "trainer.sft.batch_size=2",
-    "trainer.sft.num_demos=2",
-    "telemetry.eval_every=0",
-    "telemetry.tensorboard=false",
-    "algo.kl_coef=0",
-]
+SMALL = [*TWO_STEPS, "trainer.checkpoint_every=2", "algo.kl_coef=0"]
 
 
 @pytest.fixture(scope="module")
